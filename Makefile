@@ -1,0 +1,28 @@
+# Two commands do all the setup on a fresh machine: `make demo` and `make test`.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+TORCH   := torch==2.13.0
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# the pinned CPU build first: an unpinned torch pulls a multi-GB CUDA build
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/netmorph tour --out report
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/scale.py
+
+clean:
+	rm -rf $(VENV) report build *.egg-info netmorph.egg-info

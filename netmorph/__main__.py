@@ -1,0 +1,5 @@
+import sys
+
+from netmorph.cli import main
+
+sys.exit(main())

@@ -1,0 +1,49 @@
+"""``netmorph`` command line: one module per subcommand, argparse.
+
+Bad input is one line on stderr naming the flag to change, exit code 2, never a
+traceback; Ctrl-C exits 130 without one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from netmorph.errors import UsageError
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (prog: error: ...) and exit 2."""
+
+    def error(self, message):
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        sys.exit(2)
+
+
+def build_parser() -> Parser:
+    from netmorph.cli import collective, mesh, tour
+    p = Parser(prog="netmorph", description="See, measure and run the distributed system under a large model.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    sub.required = True
+    for mod in (collective, tour, mesh):
+        mod.add_parser(sub)
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except UsageError as e:
+        sys.stderr.write(f"netmorph {args.command}: error: {e}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("netmorph: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""``netmorph collective OP``: one collective realised by every algorithm, side by side.
+
+Counts (rounds, messages, bytes on the wire) come from the schedule; time from
+the event simulation on the chosen topology; the closed form each should equal
+is printed with ``--formula``. nccl-tests' column conventions throughout.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from netmorph.collectives import ALGORITHMS, ROOTED, canonical_op, check_algo
+from netmorph.cost.topology import PRESETS, load_topology
+from netmorph.cost.tuner import choose, predict
+from netmorph.errors import UsageError
+from netmorph.report.table import DTYPES, HEADER, format_formula, format_row, record
+from netmorph.units import parse_size, parse_size_range
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "collective", help="count and time a collective, every algorithm side by side",
+        description="Realise one collective with each algorithm and print nccl-tests' table: predicted time, "
+                    "algbw, busbw, plus rounds, messages, bytes on the wire and bytes sent per rank.")
+    p.add_argument("op", help="allreduce, allgather, reduce_scatter, broadcast, reduce or alltoall")
+    p.add_argument("--algo", default="all", help="algorithm name, auto (the tuner's pick) or all (default)")
+    p.add_argument("--world", "-p", type=int, required=True, help="number of ranks")
+    size = p.add_mutually_exclusive_group(required=True)
+    size.add_argument("--bytes", "-b", help="message size, e.g. 8MiB, 1GB, 4096 (nccl-tests' convention per op)")
+    size.add_argument("--sizes", help="sweep MIN:MAX in powers of two, e.g. 1KiB:1GiB")
+    p.add_argument("--topology", "-t", default="flat",
+                   help=f"preset ({', '.join(PRESETS)}) or a JSON file (default: flat)")
+    p.add_argument("--alpha", type=float, help="flat topology: latency per message, seconds (default 1e-6)")
+    p.add_argument("--beta", type=float, help="flat topology: seconds per byte (default 1e-9, i.e. 1 GB/s)")
+    p.add_argument("--gamma", type=float, help="flat topology: reduction seconds per byte (default 0)")
+    p.add_argument("--dtype", default="float", help=f"element type ({', '.join(DTYPES)}; default float)")
+    p.add_argument("--root", type=int, default=0, help="root rank for broadcast and reduce (default 0)")
+    p.add_argument("--segments", type=int, help="double_binary_tree: pipeline each half in N segments (default 1)")
+    p.add_argument("--formula", action="store_true", help="print the closed form under each row, evaluated")
+    p.add_argument("--json", action="store_true", help="print a JSON list, one object per (algorithm, size)")
+    p.set_defaults(run=run)
+
+
+def _topology(args):
+    topo = load_topology(args.topology)
+    over = {k: getattr(args, k) for k in ("alpha", "beta", "gamma") if getattr(args, k) is not None}
+    for k, v in over.items():
+        if v < 0:
+            raise UsageError(f"--{k} must be >= 0, got {v}")
+    if over:
+        if not topo.flat:
+            raise UsageError("--alpha/--beta/--gamma set the flat topology; for a two-level one write a JSON "
+                             "file (see --topology)")
+        topo = topo.with_flat(**over)
+    topo.check_world(args.world)
+    return topo
+
+
+def run(args) -> int:
+    op = canonical_op(args.op)
+    if args.world < 1:
+        raise UsageError(f"--world must be >= 1, got {args.world}")
+    if args.dtype not in DTYPES:
+        raise UsageError(f"--dtype: unknown type {args.dtype!r}; choose one of {', '.join(DTYPES)}")
+    dtype, itemsize = DTYPES[args.dtype]
+    sizes = [parse_size(args.bytes)] if args.bytes is not None else parse_size_range(args.sizes)
+    for n in sizes:
+        if n % itemsize:
+            raise UsageError(f"--bytes {n} is not a whole number of {dtype} elements ({itemsize} B each)")
+    mode = args.algo.lower()
+    algos = list(ALGORITHMS[op]) if mode in ("all", "auto") else [check_algo(op, mode)]
+    if op in ROOTED and not 0 <= args.root < args.world:
+        raise UsageError(f"--root must be in 0..{args.world - 1}, got {args.root}")
+    kw = {"root": args.root} if op in ROOTED else {}
+    if args.segments is not None:
+        if args.segments < 1:
+            raise UsageError(f"--segments must be >= 1, got {args.segments}")
+        if op != "allreduce" or (mode not in ("all", "auto") and algos != ["double_binary_tree"]):
+            raise UsageError("--segments applies only to allreduce --algo double_binary_tree (or all/auto)")
+    topo = _topology(args)
+    redop = "sum" if op in ("allreduce", "reduce", "reduce_scatter") else "none"
+
+    def build_kw(algo):
+        k = dict(kw)
+        if algo == "double_binary_tree" and args.segments:
+            k["segments"] = args.segments
+        return k
+
+    records, reasons = [], []
+    with _progress(len(sizes) * len(algos), args.world) as tick:
+        for n in sizes:
+            if mode == "auto":
+                ch = choose(op, args.world, n, topo, itemsize, algos=algos,
+                            **({"root": args.root} if op in ROOTED else {}))
+                records.append([record(ch.best, topo, args.dtype, redop, auto=True, reason=ch.reason)])
+                reasons.append((n, ch.reason))
+                tick(len(algos))
+                continue
+            row = []
+            for a in algos:
+                row.append(record(predict(op, a, args.world, n, topo, itemsize, **build_kw(a)), topo,
+                                  args.dtype, redop))
+                tick(1)
+            records.append(row)
+
+    flat_records = [r for row in records for r in row]
+    if args.json:
+        json.dump(flat_records, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0
+    print(f"# netmorph collective {op}: world {args.world}, {dtype}, topology {topo.describe()}")
+    print(f"# predicted by event simulation of each schedule; busbw = algbw x "
+          f"{_factor_text(op)} (nccl-tests); * = fastest at that size")
+    print("#" + HEADER[1:])
+    for row in records:
+        best = min(row, key=lambda r: r["predicted_time_s"])
+        for r in row:
+            print(format_row(r, "*" if (len(row) > 1 and r is best) else " "))
+            if args.formula:
+                print(format_formula(r))
+    for n, reason in reasons:
+        print(f"# auto @ {n} B: {reason}")
+    if mode == "all" and len(sizes) > 1:
+        print("# fastest by size: " + _crossovers(records))
+    return 0
+
+
+def _factor_text(op):
+    return {"allreduce": "2(p-1)/p", "broadcast": "1", "reduce": "1"}.get(op, "(p-1)/p")
+
+
+def _crossovers(records) -> str:
+    """Compress per-size winners into ranges: 'recursive_doubling up to 64 KiB, rabenseifner from 128 KiB'."""
+    from netmorph.units import fmt_bytes
+    runs = []
+    for row in records:
+        best = min(row, key=lambda r: r["predicted_time_s"])
+        if runs and runs[-1][0] == best["algo"]:
+            runs[-1][2] = best["bytes"]
+        else:
+            runs.append([best["algo"], best["bytes"], best["bytes"]])
+    return ", ".join(f"{a} {fmt_bytes(lo)}..{fmt_bytes(hi)}" for a, lo, hi in runs)
+
+
+class _progress:
+    """A rich progress bar on stderr for sweeps long enough to want one."""
+
+    def __init__(self, total, world):
+        self.total, self.show = total, total * world > 20000 and sys.stderr.isatty()
+        self.bar = None
+
+    def __enter__(self):
+        if not self.show:
+            return lambda k: None
+        from rich.progress import Progress
+        self.bar = Progress(transient=True)
+        self.bar.start()
+        task = self.bar.add_task("simulating", total=self.total)
+        return lambda k: self.bar.advance(task, k)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+        return False

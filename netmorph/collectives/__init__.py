@@ -1,0 +1,98 @@
+"""Collective algorithms, naive beside real, one signature per operation.
+
+Each builder is ``f(world, count, itemsize=4, **options) -> Schedule``; ``build``
+dispatches by name and turns bad requests into :class:`~netmorph.errors.UsageError`.
+"""
+
+from __future__ import annotations
+
+from netmorph.collectives import allgather, allreduce, alltoall, broadcast, reduce, reduce_scatter
+from netmorph.errors import UsageError
+from netmorph.fabric.schedule import Schedule
+
+ALGORITHMS = {
+    "allreduce": {
+        "naive": allreduce.naive,
+        "ring": allreduce.ring,
+        "recursive_doubling": allreduce.recursive_doubling,
+        "rabenseifner": allreduce.rabenseifner,
+        "binomial": allreduce.binomial,
+        "double_binary_tree": allreduce.double_binary_tree,
+    },
+    "allgather": {
+        "ring": allgather.ring,
+        "recursive_doubling": allgather.recursive_doubling,
+        "bruck": allgather.bruck,
+    },
+    "reduce_scatter": {
+        "ring": reduce_scatter.ring,
+        "pairwise": reduce_scatter.pairwise,
+        "recursive_halving": reduce_scatter.recursive_halving,
+    },
+    "broadcast": {
+        "naive": broadcast.naive,
+        "binomial": broadcast.binomial,
+        "scatter_ring": broadcast.scatter_ring,
+        "scatter_recursive_doubling": broadcast.scatter_recursive_doubling,
+    },
+    "reduce": {
+        "naive": reduce.naive,
+        "binomial": reduce.binomial,
+    },
+    "alltoall": {
+        "naive": alltoall.naive,
+        "pairwise": alltoall.pairwise,
+        "bruck": alltoall.bruck,
+    },
+}
+OPS = tuple(ALGORITHMS)
+ROOTED = ("broadcast", "reduce")
+
+# nccl-tests' bus-bandwidth factor: busbw = algbw * factor(p)
+BUSBW_FACTOR = {
+    "allreduce": lambda p: 2 * (p - 1) / p,
+    "allgather": lambda p: (p - 1) / p,
+    "reduce_scatter": lambda p: (p - 1) / p,
+    "alltoall": lambda p: (p - 1) / p,
+    "broadcast": lambda p: 1.0,
+    "reduce": lambda p: 1.0,
+}
+
+_ALIASES = {"all_reduce": "allreduce", "all_gather": "allgather", "reducescatter": "reduce_scatter",
+            "bcast": "broadcast", "all_to_all": "alltoall", "alltoallv": "alltoall"}
+
+
+def canonical_op(op: str) -> str:
+    name = _ALIASES.get(op.lower().replace("-", "_"), op.lower().replace("-", "_"))
+    if name not in ALGORITHMS:
+        raise UsageError(f"unknown op {op!r}: choose one of {', '.join(OPS)}")
+    return name
+
+
+def check_algo(op: str, algo: str) -> str:
+    op = canonical_op(op)
+    name = algo.lower().replace("-", "_")
+    if name not in ALGORITHMS[op]:
+        raise UsageError(f"--algo: {op} has no algorithm {algo!r}; choose one of "
+                         f"{', '.join(ALGORITHMS[op])}, auto or all")
+    return name
+
+
+def build(op: str, algo: str, world: int, count: int, itemsize: int = 4, root: int = 0,
+          splits=None, **options) -> Schedule:
+    """The schedule of ``algo`` for ``op`` on ``world`` ranks and ``count`` elements."""
+    op = canonical_op(op)
+    algo = check_algo(op, algo)
+    if world < 1:
+        raise UsageError(f"--world must be >= 1, got {world}")
+    if count < 0:
+        raise UsageError(f"--bytes must be >= 0, got {count} elements")
+    fn = ALGORITHMS[op][algo]
+    kw = dict(options)
+    if op in ROOTED:
+        if not 0 <= root < world:
+            raise UsageError(f"--root must be in 0..{world - 1}, got {root}")
+        kw["root"] = root
+    if op == "alltoall" and splits is not None:
+        kw["splits"] = splits
+    return fn(world, count, itemsize, **kw)

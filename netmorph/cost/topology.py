@@ -1,0 +1,141 @@
+"""Modelled machines for the α-β-γ cost model (Hockney's α-β model plus a
+reduction cost γ, as in Thakur, Rabenseifner & Gropp 2005, "Optimization of
+Collective Communication Operations in MPICH").
+
+A message of m bytes on a link costs ``α + m·β``; reducing m received bytes
+costs ``m·γ`` at the receiver. A topology is *flat* (one α, β for every pair)
+or *two-level*: ``gpus_per_node`` devices per node joined by an intra-node
+fabric (NVLink/NVSwitch, α_intra, β_intra), nodes joined by a network where each
+device's own NIC gives ``beta_inter`` and all devices of a node share
+``node_bandwidth`` bytes/s each way (a node with one NIC for eight GPUs is where
+that bites).
+
+Presets, with their sources:
+
+- ``flat``: α = 1 µs, β = 1 ns/B (1 GB/s), γ = 0 -- round numbers for reading formulas.
+- ``dgx-a100`` / ``dgx-a100-cluster``: NVIDIA DGX A100 (as in Selene): 8 A100
+  per node on NVSwitch, NVLink 3 at 600 GB/s bidirectional = 300 GB/s each way
+  per GPU (A100 datasheet); 8 ConnectX-6 HDR InfiniBand NICs per node,
+  200 Gb/s = 25 GB/s each (DGX A100 user guide), 200 GB/s per node.
+  α: NCCL's per-hop latency model (``src/graph/tuning.cc`` ``hwLat``, LL128
+  protocol: NVLink 1.9-2.5 µs, network 2.5-7.5 µs) -> 2 µs intra, 5 µs inter.
+  γ: a reduction reads two bytes and writes one per byte of HBM2e at 2039 GB/s.
+- ``dgx-h100-cluster``: DGX H100: NVLink 4 at 900 GB/s bidirectional = 450 GB/s
+  each way; 8 ConnectX-7 NDR 400 Gb/s = 50 GB/s per GPU; HBM3 3.35 TB/s.
+- ``pcie-ethernet-cluster``: 8 GPUs per node on PCIe Gen4 x16 (~25 GB/s each way
+  per GPU, ~5 µs) and ONE 100 GbE NIC per node (12.5 GB/s shared, ~10 µs) -- the
+  commodity cluster where the inter-node link is the bottleneck.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from netmorph.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Topology:
+    """α in seconds, β and γ in seconds per byte, bandwidths in bytes per second."""
+
+    name: str
+    alpha: float                    # intra-node (or every link, when flat)
+    beta: float
+    gamma: float = 0.0
+    gpus_per_node: int = 0          # 0: flat
+    alpha_inter: float = 0.0
+    beta_inter: float = 0.0         # one device's own NIC
+    node_bandwidth: float = 0.0     # shared by a node's devices, each way; 0: no extra limit
+    nodes: int = 0                  # 0: as many as the world needs
+    description: str = ""
+
+    @property
+    def flat(self) -> bool:
+        return self.gpus_per_node <= 0
+
+    def check_world(self, world: int, flag: str = "--world") -> None:
+        if self.nodes and not self.flat and world > self.nodes * self.gpus_per_node:
+            raise UsageError(f"{flag} {world} exceeds the {self.nodes * self.gpus_per_node} devices of topology "
+                             f"{self.name!r}; pick a cluster preset (e.g. {self.name}-cluster) or a smaller world")
+
+    def node_of(self, devices: np.ndarray) -> np.ndarray:
+        if self.flat:
+            return np.zeros(len(devices), dtype=np.int64)
+        return np.asarray(devices, dtype=np.int64) // self.gpus_per_node
+
+    def with_flat(self, alpha=None, beta=None, gamma=None) -> "Topology":
+        """A copy with α, β, γ overridden (flat topologies only keep one link class)."""
+        d = asdict(self)
+        if alpha is not None:
+            d["alpha"] = alpha
+        if beta is not None:
+            d["beta"] = beta
+        if gamma is not None:
+            d["gamma"] = gamma
+        return Topology(**d)
+
+    def describe(self) -> str:
+        def bw(beta):
+            return f"{1 / beta / 1e9:.3g} GB/s" if beta > 0 else "inf"
+        if self.flat:
+            return (f"{self.name if self.name == 'flat' else self.name + ' (flat)'}: α={self.alpha * 1e6:.3g} us, β={self.beta * 1e9:.3g} ns/B "
+                    f"({bw(self.beta)}), γ={self.gamma * 1e12:.3g} ps/B")
+        node = f", node NIC total {self.node_bandwidth / 1e9:.3g} GB/s" if self.node_bandwidth else ""
+        return (f"{self.name} (two-level): {self.gpus_per_node} devices/node, intra α={self.alpha * 1e6:.3g} us "
+                f"{bw(self.beta)}, inter α={self.alpha_inter * 1e6:.3g} us {bw(self.beta_inter)}/device{node}, "
+                f"γ={self.gamma * 1e12:.3g} ps/B")
+
+
+_A100_GAMMA = 3 / 2039e9
+_H100_GAMMA = 3 / 3350e9
+
+PRESETS = {
+    "flat": Topology("flat", alpha=1e-6, beta=1e-9, gamma=0.0,
+                     description="one α, β for every link: α = 1 us, β = 1 ns/B"),
+    "dgx-a100": Topology("dgx-a100", alpha=2e-6, beta=1 / 300e9, gamma=_A100_GAMMA, gpus_per_node=8,
+                         alpha_inter=5e-6, beta_inter=1 / 25e9, node_bandwidth=200e9, nodes=1,
+                         description="one DGX A100: 8 GPUs on NVSwitch, NVLink 3 300 GB/s each way"),
+    "dgx-a100-cluster": Topology("dgx-a100-cluster", alpha=2e-6, beta=1 / 300e9, gamma=_A100_GAMMA,
+                                 gpus_per_node=8, alpha_inter=5e-6, beta_inter=1 / 25e9, node_bandwidth=200e9,
+                                 description="DGX A100 nodes (Selene-like): NVLink 3 inside, 8x HDR 200 Gb/s IB between"),
+    "dgx-h100-cluster": Topology("dgx-h100-cluster", alpha=2e-6, beta=1 / 450e9, gamma=_H100_GAMMA,
+                                 gpus_per_node=8, alpha_inter=5e-6, beta_inter=1 / 50e9, node_bandwidth=400e9,
+                                 description="DGX H100 nodes: NVLink 4 450 GB/s inside, 8x NDR 400 Gb/s IB between"),
+    "pcie-ethernet-cluster": Topology("pcie-ethernet-cluster", alpha=5e-6, beta=1 / 25e9, gamma=_A100_GAMMA,
+                                      gpus_per_node=8, alpha_inter=10e-6, beta_inter=1 / 12.5e9,
+                                      node_bandwidth=12.5e9,
+                                      description="8 GPUs on PCIe per node, one 100 GbE NIC shared per node"),
+}
+
+
+def load_topology(name_or_file: str, flag: str = "--topology") -> Topology:
+    """A preset by name, or a JSON file with the :class:`Topology` fields."""
+    if name_or_file in PRESETS:
+        return PRESETS[name_or_file]
+    path = Path(name_or_file)
+    if not path.exists():
+        raise UsageError(f"{flag}: {name_or_file!r} is neither a preset ({', '.join(PRESETS)}) nor a file")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UsageError(f"{flag}: cannot read {name_or_file}: {e}") from None
+    fields = set(Topology.__dataclass_fields__)
+    unknown = set(data) - fields
+    if unknown:
+        raise UsageError(f"{flag}: {name_or_file} has unknown keys {sorted(unknown)}; allowed: {sorted(fields)}")
+    data.setdefault("name", path.stem)
+    try:
+        topo = Topology(**data)
+    except TypeError as e:
+        raise UsageError(f"{flag}: {name_or_file}: {e}") from None
+    for k in ("alpha", "beta", "gamma", "alpha_inter", "beta_inter", "node_bandwidth"):
+        v = getattr(topo, k)
+        if not isinstance(v, (int, float)) or v < 0:
+            raise UsageError(f"{flag}: {name_or_file}: {k} must be a number >= 0, got {v!r}")
+    if not topo.flat and (topo.beta_inter <= 0 and topo.node_bandwidth <= 0):
+        raise UsageError(f"{flag}: {name_or_file}: a two-level topology needs beta_inter or node_bandwidth")
+    return topo

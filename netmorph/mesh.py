@@ -1,0 +1,91 @@
+"""A named rank grid and the process groups cut from it.
+
+Stands in for ``torch.distributed.device_mesh.DeviceMesh`` and Megatron-core's
+``RankGenerator`` (``megatron/core/parallel_state.py``): ranks are laid out
+with the first name in ``order`` varying fastest -- Megatron's default
+``"tp-cp-ep-dp-pp"`` keeps tensor parallelism innermost, so a TP group is a run
+of consecutive ranks on one node's NVLink. picotron writes the same grid as
+``torch.arange(world).view(dp, pp, cp, tp)``.
+
+Megatron's documented example: 16 ranks, TP=2, PP=4 (so DP=2) give
+
+- TP groups [0, 1], [2, 3], ..., [14, 15]
+- DP groups [0, 2], [1, 3], [4, 6], [5, 7], ...
+- PP groups [0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15]
+
+A mesh is an object passed explicitly; nothing here is module-level state.
+(Megatron builds expert-parallel groups with a second generator over the
+data-parallel ranks; here ``ep`` is one more grid dimension.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from netmorph.errors import UsageError
+
+DIMS = ("tp", "cp", "ep", "dp", "pp")
+PRINT_ORDER = ("tp", "cp", "ep", "pp", "dp")
+
+
+class Mesh:
+    """``Mesh(16, tp=2, pp=4)``; dp defaults to whatever the world leaves."""
+
+    def __init__(self, world: int, tp: int = 1, pp: int = 1, dp: int | None = None, cp: int = 1, ep: int = 1,
+                 order: str = "tp-cp-ep-dp-pp"):
+        sizes = {"tp": tp, "pp": pp, "cp": cp, "ep": ep}
+        if world < 1:
+            raise UsageError(f"--world must be >= 1, got {world}")
+        for name, v in sizes.items():
+            if v < 1:
+                raise UsageError(f"--{name} must be >= 1, got {v}")
+        rest = tp * pp * cp * ep
+        if dp is None:
+            if world % rest:
+                raise UsageError(f"--world {world} is not divisible by tp*cp*ep*pp = {rest}; "
+                                 f"change --world or --tp/--pp/--cp/--ep")
+            dp = world // rest
+        if dp < 1 or rest * dp != world:
+            raise UsageError(f"--world {world} != tp*cp*ep*dp*pp = {tp}*{cp}*{ep}*{dp}*{pp} = {rest * dp}; "
+                             f"change --world or --tp/--pp/--dp/--cp/--ep")
+        sizes["dp"] = dp
+        names = order.split("-")
+        if sorted(names) != sorted(DIMS):
+            raise UsageError(f"--order must name each of {', '.join(DIMS)} once, joined by '-', got {order!r}")
+        self.world, self.order, self.sizes = world, names, sizes
+        # first name varies fastest: reshape with the last name as the slowest axis
+        self.grid = np.arange(world).reshape([sizes[n] for n in reversed(names)])
+
+    def _axis(self, dim: str) -> int:
+        if dim not in self.sizes:
+            raise UsageError(f"unknown mesh dimension {dim!r}; choose one of {', '.join(DIMS)}")
+        return len(self.order) - 1 - self.order.index(dim)
+
+    def size(self, dim: str) -> int:
+        return self.sizes[dim]
+
+    def groups(self, dim: str) -> list[list[int]]:
+        """Every group along ``dim``: ranks that differ only in their ``dim`` coordinate."""
+        ax = self._axis(dim)
+        g = np.moveaxis(self.grid, ax, -1).reshape(-1, self.sizes[dim])
+        return sorted(g.tolist())
+
+    def group(self, dim: str, rank: int) -> list[int]:
+        for g in self.groups(dim):
+            if rank in g:
+                return g
+        raise UsageError(f"rank {rank} is not in 0..{self.world - 1}")
+
+    def coords(self, rank: int) -> dict[str, int]:
+        idx = np.argwhere(self.grid == rank)[0]
+        return {n: int(idx[len(self.order) - 1 - i]) for i, n in enumerate(self.order)}
+
+    def shown(self) -> list[str]:
+        return [d for d in PRINT_ORDER if d in ("tp", "pp", "dp") or self.sizes[d] > 1]
+
+    def __str__(self) -> str:
+        return "-".join(f"{d.upper()}({self.sizes[d]})" for d in self.shown())
+
+    def describe(self, rank: int) -> str:
+        """picotron's form: ``TP(2)-PP(4)-DP(2)-Rank(3)``, with this rank's coordinates as ``tp=1 pp=0 dp=1``."""
+        return f"{self}-Rank({rank})"

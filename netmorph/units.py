@@ -1,0 +1,72 @@
+"""Sizes and times in real units.
+
+Sizes follow nccl-tests and the SI/IEC split: ``KB/MB/GB`` are decimal
+(10^3, 10^6, 10^9), ``KiB/MiB/GiB`` binary. Bandwidths are decimal GB/s, as
+nccl-tests prints them.
+"""
+
+from __future__ import annotations
+
+import re
+
+from netmorph.errors import UsageError
+
+_UNITS = {
+    "": 1, "B": 1,
+    "K": 1000, "KB": 1000, "M": 1000**2, "MB": 1000**2, "G": 1000**3, "GB": 1000**3,
+    "T": 1000**4, "TB": 1000**4,
+    "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3, "TIB": 1024**4,
+}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(text: str, flag: str = "--bytes") -> int:
+    """``"8MiB"`` -> 8388608; ``"1.5GB"`` -> 1500000000. Raises UsageError naming ``flag``."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise UsageError(f"{flag}: cannot parse size {text!r} (use e.g. 1024, 64KiB, 8MiB, 1GB)")
+    value, unit = float(m.group(1)), m.group(2).upper()
+    if unit not in _UNITS:
+        raise UsageError(f"{flag}: unknown unit {m.group(2)!r} in {text!r} (use B, KB, MB, GB, KiB, MiB, GiB)")
+    nbytes = value * _UNITS[unit]
+    if nbytes != int(nbytes):
+        raise UsageError(f"{flag}: {text!r} is not a whole number of bytes")
+    return int(nbytes)
+
+
+def parse_size_range(text: str, flag: str = "--sizes") -> list[int]:
+    """``"1KiB:1MiB"`` -> every power-of-two multiple from 1 KiB to 1 MiB (nccl-tests ``-f 2``)."""
+    if ":" not in str(text):
+        raise UsageError(f"{flag}: expected MIN:MAX, e.g. 1KiB:64MiB, got {text!r}")
+    lo_s, hi_s = str(text).split(":", 1)
+    lo, hi = parse_size(lo_s, flag), parse_size(hi_s, flag)
+    if lo <= 0 or hi < lo:
+        raise UsageError(f"{flag}: need 0 < MIN <= MAX, got {text!r}")
+    sizes = []
+    s = lo
+    while s <= hi:
+        sizes.append(s)
+        s *= 2
+    return sizes
+
+
+def fmt_bytes(n: float) -> str:
+    """Human size with a binary unit (exact powers print without decimals)."""
+    n = float(n)
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(n) >= scale:
+            v = n / scale
+            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_time(seconds: float) -> str:
+    """Seconds with a unit a reader can compare at a glance."""
+    s = float(seconds)
+    if s == 0:
+        return "0 s"
+    if abs(s) < 1e-3:
+        return f"{s * 1e6:.2f} us"
+    if abs(s) < 1:
+        return f"{s * 1e3:.3f} ms"
+    return f"{s:.3f} s"

@@ -1,0 +1,36 @@
+import pytest
+
+from netmorph.errors import UsageError
+from netmorph.mesh import Mesh
+
+
+def test_megatron_documented_groups():
+    m = Mesh(16, tp=2, pp=4)
+    assert str(m) == "TP(2)-PP(4)-DP(2)"
+    assert m.groups("tp") == [[2 * i, 2 * i + 1] for i in range(8)]
+    assert m.groups("dp") == [[0, 2], [1, 3], [4, 6], [5, 7], [8, 10], [9, 11], [12, 14], [13, 15]]
+    assert m.groups("pp") == [[0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15]]
+    assert m.coords(3) == {"tp": 1, "cp": 0, "ep": 0, "dp": 1, "pp": 0}
+    assert m.describe(3) == "TP(2)-PP(4)-DP(2)-Rank(3)"
+    assert m.group("dp", 5) == [5, 7]
+
+
+def test_every_rank_in_exactly_one_group_per_dim():
+    m = Mesh(48, tp=2, pp=3, cp=2)
+    for d in ("tp", "cp", "ep", "dp", "pp"):
+        flat = sorted(r for g in m.groups(d) for r in g)
+        assert flat == list(range(48))
+        assert all(len(g) == m.size(d) for g in m.groups(d))
+
+
+def test_other_order():
+    m = Mesh(8, tp=2, pp=2, order="tp-cp-ep-pp-dp")
+    assert m.groups("pp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert m.groups("dp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+
+
+@pytest.mark.parametrize("kw,flag", [({"world": 15, "tp": 2}, "--world 15"), ({"world": 16, "tp": 2, "dp": 3}, "--world 16"),
+                                     ({"world": 8, "tp": 0}, "--tp"), ({"world": 8, "order": "tp-dp"}, "--order")])
+def test_bad_factorisation_names_the_flags(kw, flag):
+    with pytest.raises(UsageError, match=flag):
+        Mesh(**kw)
