@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from netmorph.cli import main
+from netmorph.collectives import ALGORITHMS
 
 
 def run(capsys, *argv):
@@ -20,7 +21,7 @@ def test_allreduce_all_table(capsys):
                          "--formula")
     assert code == 0 and err == ""
     rows = [l for l in out.splitlines() if not l.startswith("#")]
-    assert len(rows) == 6
+    assert len(rows) == len(ALGORITHMS["allreduce"]) == 8
     ring = next(l for l in rows if " ring " in l)
     assert "14,680,064" in ring and "117,440,512" in ring and " 14 " in ring and " 112 " in ring
     assert out.count("✓") >= 15 and "✗" not in out

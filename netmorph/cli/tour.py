@@ -25,8 +25,8 @@ def run(args) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     import netmorph
-    from netmorph.report import collectives
-    from netmorph.report.html import write_page
+    from netmorph.report import collectives, fabric
+    from netmorph.report.html import Section, write_page
 
     out = Path(args.out)
     try:
@@ -41,11 +41,21 @@ def run(args) -> int:
     console.print(f"[bold]netmorph tour[/bold] -> {out}/index.html")
     sections = []
     t0 = time.time()
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+    plan = [(collectives, "collectives: simulating schedules"),
+            (fabric, "real ranks: measuring processes")]
+    with Progress(TextColumn("{task.description:<36}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=Console(stderr=True), transient=False,
                   disable=not sys.stderr.isatty()) as bar:
-        task = bar.add_task("collectives: simulating schedules", total=collectives.STEPS)
-        sections.append(collectives.build_section(out, lambda: bar.advance(task)))
+        for mod, label in plan:
+            task = bar.add_task(label, total=mod.STEPS)
+            try:
+                sections.append(mod.build_section(out, lambda t=task: bar.advance(t)))
+            except Exception as e:     # one broken section must not cost the reader the others
+                name = mod.__name__.rsplit(".", 1)[1]
+                console.print(f"[yellow]section {name} could not run: {type(e).__name__}: {e}[/yellow]")
+                sections.append(Section(f"{name} (did not run)", f"<p>This section failed: "
+                                        f"<code>{type(e).__name__}: {e}</code></p>"))
+            bar.update(task, completed=mod.STEPS)
     write_page(out / "index.html", sections, netmorph.__version__)
 
     for sec in sections:

@@ -18,6 +18,8 @@ ALGORITHMS = {
         "rabenseifner": allreduce.rabenseifner,
         "binomial": allreduce.binomial,
         "double_binary_tree": allreduce.double_binary_tree,
+        "one_shot": allreduce.one_shot,
+        "two_shot": allreduce.two_shot,
     },
     "allgather": {
         "ring": allgather.ring,

@@ -1,4 +1,4 @@
-"""All-reduce six ways: ``torch.distributed.all_reduce`` / ``ncclAllReduce`` / ``MPI_Allreduce``.
+"""All-reduce eight ways: ``torch.distributed.all_reduce`` / ``ncclAllReduce`` / ``MPI_Allreduce``.
 
 - ``naive``: reduce everything to rank 0, then send it back out -- the
   parameter-server shape; the root's port carries 2(p-1) full vectors.
@@ -16,6 +16,14 @@
   complementary binary trees -- in the second, the leaves of the first are
   interior nodes -- each reducing then broadcasting half the vector, pipelined in
   ``segments`` pieces (Sanders, Speck, Träff 2009, "Two-tree algorithms").
+- ``one_shot``: every rank sends its whole vector to every other and reduces
+  what it gets -- one step on a fabric where a rank reaches all peers at once
+  (vLLM's ``cross_device_reduce_1stage``, TensorRT-LLM's one-shot all-reduce).
+- ``two_shot``: a direct reduce-scatter (rank r reduces block r read from every
+  peer) then a direct all-gather, two steps of (p-1) concurrent messages (vLLM's
+  ``cross_device_reduce_2stage``, TensorRT-LLM's two-shot); ring's bytes. On a
+  single-port link model these cost what naive and ring cost; on shared memory
+  or NVSwitch, where ports are not the limit, they need 1 and 2 synchronisations.
 
 Non-power-of-two worlds use MPICH's fold (see :mod:`netmorph.collectives.base`).
 """
@@ -80,6 +88,33 @@ def binomial(p: int, count: int, itemsize: int = 4) -> Schedule:
         base.binomial_reduce(s, _ranks(p), 0, count)
         base.binomial_bcast(s, _ranks(p), 0, count)
     return s
+
+
+def one_shot(p: int, count: int, itemsize: int = 4) -> Schedule:
+    s = base.layout("allreduce", "one_shot", p, count, itemsize)
+    if p > 1 and count:
+        src, dst = _rotated_pairs(p)
+        z = np.zeros(len(src), dtype=np.int64)
+        s.add(src, dst, z, z, np.full(len(src), count), REDUCE)
+    return s
+
+
+def two_shot(p: int, count: int, itemsize: int = 4) -> Schedule:
+    s = base.layout("allreduce", "two_shot", p, count, itemsize)
+    if p > 1 and count:
+        b = base.bounds(count, p)
+        src, dst = _rotated_pairs(p)
+        s.add(src, dst, b[dst], b[dst], b[dst + 1] - b[dst], REDUCE)     # block d to its owner d
+        s.add(dst, src, b[dst], b[dst], b[dst + 1] - b[dst], COPY)       # owner d hands block d out
+    return s
+
+
+def _rotated_pairs(p):
+    """All (src, dst) pairs, step k = 1..p-1 sending to src+k: every port busy once per step."""
+    r = np.arange(p, dtype=np.int64)
+    src = np.concatenate([r for _ in range(1, p)])
+    dst = np.concatenate([(r + k) % p for k in range(1, p)])
+    return src, dst
 
 
 # ---------------------------------------------------------------- NCCL's double binary tree

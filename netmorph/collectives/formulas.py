@@ -69,6 +69,13 @@ def closed_form(op: str, algo: str, p: int, n: float, alpha: float, beta: float,
                        naive_reduce + (p - 1) * T, naive_reduce_expr + " + (p−1)(α+nβ)")
     if key == ("allreduce", "double_binary_tree"):
         return None
+    if key == ("allreduce", "one_shot"):
+        return Formula(p - 1, "p−1", (p - 1) * n, "(p−1)·n", naive_reduce, naive_reduce_expr)
+    if key == ("allreduce", "two_shot"):
+        Tb = a + n / p * b
+        rs = Tb + (p - 2) * max(Tb, n / p * g) + n / p * g
+        return Formula(2 * (p - 1), "2(p−1)", 2 * n * (p - 1) / p, "2n(p−1)/p", rs + (p - 1) * Tb,
+                       "(α+nβ/p) + (p−2)·max(α+nβ/p, nγ/p) + nγ/p + (p−1)(α + nβ/p)")
     if key == ("allgather", "ring"):
         return Formula(p - 1, "p−1", n * (p - 1) / p, "n(p−1)/p",
                        (p - 1) * a + n * (p - 1) / p * b, "(p−1)α + n(p−1)/p·β")

@@ -13,6 +13,9 @@ that bites).
 Presets, with their sources:
 
 - ``flat``: α = 1 µs, β = 1 ns/B (1 GB/s), γ = 0 -- round numbers for reading formulas.
+- ``local-shm``: the local shared-memory fabric of :mod:`netmorph.fabric.transport.shm`,
+  roughly (Python per-message overhead ~10 µs, memory copy ~8 GB/s per core); what
+  ``algo="auto"`` tunes for on real ranks. ``netmorph bench`` measures the real thing.
 - ``dgx-a100`` / ``dgx-a100-cluster``: NVIDIA DGX A100 (as in Selene): 8 A100
   per node on NVSwitch, NVLink 3 at 600 GB/s bidirectional = 300 GB/s each way
   per GPU (A100 datasheet); 8 ConnectX-6 HDR InfiniBand NICs per node,
@@ -96,6 +99,9 @@ _H100_GAMMA = 3 / 3350e9
 PRESETS = {
     "flat": Topology("flat", alpha=1e-6, beta=1e-9, gamma=0.0,
                      description="one α, β for every link: α = 1 us, β = 1 ns/B"),
+    "local-shm": Topology("local-shm", alpha=10e-6, beta=1 / 8e9, gamma=1 / 8e9,
+                          description="this machine's shared-memory fabric, roughly: ~10 us per message, "
+                                      "~8 GB/s copy and reduce per core (used by algo='auto' on real ranks)"),
     "dgx-a100": Topology("dgx-a100", alpha=2e-6, beta=1 / 300e9, gamma=_A100_GAMMA, gpus_per_node=8,
                          alpha_inter=5e-6, beta_inter=1 / 25e9, node_bandwidth=200e9, nodes=1,
                          description="one DGX A100: 8 GPUs on NVSwitch, NVLink 3 300 GB/s each way"),

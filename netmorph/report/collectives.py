@@ -1,4 +1,4 @@
-"""Tour section: the same all-reduce six ways, and why the cheapest one morphs.
+"""Tour section: the same all-reduce eight ways, and why the cheapest one morphs.
 
 A tensor-parallel all-reduce runs among 8 GPUs of one node (NVLink, small
 activations, latency-bound); a data-parallel one runs among the same-index GPUs
@@ -8,29 +8,20 @@ different placement on the same cluster -- and different winners.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
 from netmorph.collectives import ALGORITHMS
 from netmorph.cost.topology import PRESETS
 from netmorph.cost.tuner import predict
+from netmorph.report.html import Section
 from netmorph.units import fmt_bytes, fmt_time
 
 ALGOS = list(ALGORITHMS["allreduce"])
 COLORS = {"naive": "#999999", "ring": "#1f77b4", "recursive_doubling": "#ff7f0e", "rabenseifner": "#2ca02c",
-          "binomial": "#9467bd", "double_binary_tree": "#d62728"}
+          "binomial": "#9467bd", "double_binary_tree": "#d62728", "one_shot": "#8c564b", "two_shot": "#17becf"}
 SIZES = [1 << e for e in range(10, 31)]          # 1 KiB .. 1 GiB
 WORLDS = [2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256]
 MAP_SIZES = [1 << e for e in range(10, 31, 2)]
-
-
-@dataclass
-class Section:
-    title: str
-    html: str
-    figures: list = field(default_factory=list)      # (file name, caption)
-    summary: list = field(default_factory=list)      # terminal lines
 
 
 def _curves(topo, placement, world=8):
@@ -114,7 +105,7 @@ def build_section(out_dir, tick=lambda: None) -> Section:
         ax.set_ylabel("world size p (ranks 0..p-1, 8 per node)")
         ax.set_title(f"{name}: fastest all-reduce", fontsize=10)
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[a]) for a in ALGOS]
-    fig.legend(handles, ALGOS, loc="lower center", ncol=6, fontsize=9)
+    fig.legend(handles, ALGOS, loc="lower center", ncol=8, fontsize=8)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(out_dir / "allreduce_winner_map.png", dpi=110)
     plt.close(fig)
@@ -149,7 +140,7 @@ def build_section(out_dir, tick=lambda: None) -> Section:
         p64 = WORLDS.index(64)
         map_lines.append(f"{name}, p = 64: " + _fmt_bands(_bands([ALGOS[i] for i in grid[p64]], MAP_SIZES)))
     html = f"""
-<p>The same all-reduce, written six ways as schedules of point-to-point transfers, counted and timed by
+<p>The same all-reduce, written eight ways as schedules of point-to-point transfers, counted and timed by
 event simulation on a modelled DGX A100 cluster (NVLink 300 GB/s inside a node, 8 × 25 GB/s InfiniBand
 between nodes). The left panel places the 8 ranks inside one node, as a tensor-parallel group is placed;
 the right panel places them on 8 different nodes, as a data-parallel group is.</p>
@@ -161,7 +152,8 @@ a 1 GiB one {big_ratio:.1f}× more (bandwidth: 25 GB/s vs 300 GB/s per GPU).</li
 </ul>
 <p>Small messages are latency-bound: the fewest rounds win (recursive doubling, log<sub>2</sub> p rounds,
 but every rank sends the whole vector each round). Large messages are bandwidth-bound: the fewest bytes win
-(ring and Rabenseifner both send 2n(p−1)/p per rank, the lower bound). The winner map shows the choice moving
+(ring, Rabenseifner and two-shot all send 2n(p−1)/p per rank, the lower bound; two-shot also hides each
+reduction behind its next receive, which is why it edges ahead once γ matters). The winner map shows the choice moving
 with the world size too: where p is not a power of two, Rabenseifner must fold (2n extra bytes) and the ring
 wins large messages; on a cluster whose nodes share one NIC, the ring's single inter-node flow per node beats
 Rabenseifner's eight.</p>
@@ -178,7 +170,7 @@ any placement or sweep: <code>netmorph collective allreduce --world 64 --sizes 1
         f"cross-node penalty: {one_kib_ratio:.1f}x at 1 KiB (latency), {big_ratio:.1f}x at 1 GiB (bandwidth)",
     ] + map_lines
     return Section(
-        "Collectives: one all-reduce, six schedules, and the cheapest one morphs", html,
+        "Collectives: one all-reduce, eight schedules, and the cheapest one morphs", html,
         [("allreduce_tp_vs_dp.png", "Predicted time vs size at p = 8: TP placement (left) vs DP placement (right)."),
          ("allreduce_winner_map.png", "Fastest all-reduce by world size and message size, on two clusters."),
          ("allreduce_rounds_bytes.png", "The two hardware-independent quantities: rounds and bytes.")],

@@ -3,7 +3,18 @@
 from __future__ import annotations
 
 import html as _html
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
+
+
+@dataclass
+class Section:
+    """One part of the tour: HTML text, figures beside the page, and lines for the terminal."""
+
+    title: str
+    html: str
+    figures: list = field(default_factory=list)      # (file name, caption)
+    summary: list = field(default_factory=list)      # terminal lines
 
 CSS = """
 body { font-family: -apple-system, Segoe UI, Helvetica, Arial, sans-serif; max-width: 1100px; margin: 2em auto;

@@ -1,0 +1,156 @@
+"""Measure collectives on real ranks, nccl-tests style (``all_reduce_perf -b MIN -e MAX -f 2``).
+
+One launch covers every (algorithm, size): per case, one checked run counts
+wrong elements (``#wrong``), then ``warmup`` untimed and ``iters`` timed runs
+between barriers; a case's time is the slowest rank's mean, as nccl-tests
+reports. Inputs are small integers so float sums are exact and the check is
+equality.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from netmorph.collectives import ALGORITHMS, BUSBW_FACTOR
+
+OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "alltoall")
+
+
+@dataclass
+class Case:
+    op: str
+    algo: str          # an algorithm name, "auto", or "native" (torch.distributed's own)
+    nbytes: int
+
+
+def _inputs(op, p, rank, count, dtype):
+    """(buffers for the call, expected output, the output array to check)."""
+    i = np.arange(count)
+    if op in ("allreduce", "reduce"):
+        x = ((rank + 1) + (i % 13)).astype(dtype)
+        want = (p * (p + 1) // 2 + p * (i % 13)).astype(dtype)
+        return x, want
+    if op == "broadcast":
+        x = ((i % 13) + 1).astype(dtype) if rank == 0 else np.zeros(count, dtype)
+        return x, ((i % 13) + 1).astype(dtype)
+    if op == "allgather":
+        n = count // p
+        x = ((rank + 1) + (np.arange(n) % 13)).astype(dtype)
+        want = np.concatenate([((r + 1) + (np.arange(n) % 13)) for r in range(p)]).astype(dtype)
+        return x, want
+    if op == "reduce_scatter":
+        x = ((rank + 1) + (i % 13)).astype(dtype)
+        n = count // p
+        full = (p * (p + 1) // 2 + p * (i % 13)).astype(dtype)
+        return x, full[rank * n:(rank + 1) * n]
+    if op == "alltoall":
+        n = count // p
+        x = (rank * 1000 + np.arange(count) % 997).astype(dtype)
+        want = np.concatenate([(s * 1000 + (np.arange(rank * n, (rank + 1) * n) % 997)) for s in range(p)])
+        return x, want.astype(dtype)
+    raise ValueError(op)
+
+
+def _reg(comm, a):
+    """``a`` copied into registered memory (what an NCCL user gets from ncclMemAlloc)."""
+    r = comm.alloc(a.shape, a.dtype)
+    r[:] = a
+    return r
+
+
+def _call(comm, op, algo, x, count, p):
+    kw = {} if algo == "native" else {"algo": algo}
+    if op == "allreduce":
+        comm.all_reduce(x, **kw)
+        return x
+    if op == "reduce":
+        comm.reduce(x, 0, **kw)
+        return x
+    if op == "broadcast":
+        comm.broadcast(x, 0, **kw)
+        return x
+    if op == "allgather":
+        out = comm.alloc(count, x.dtype)
+        comm.all_gather_into_tensor(out, x, **kw)
+        return out
+    if op == "reduce_scatter":
+        out = comm.alloc(count // p, x.dtype)
+        comm.reduce_scatter_tensor(out, x, **kw)
+        return out
+    if op == "alltoall":
+        out = comm.alloc(x.shape, x.dtype)
+        comm.all_to_all_single(out, x, **kw)
+        return out
+    raise ValueError(op)
+
+
+def _rank_fn(comm, cases, iters, warmup, dtype):
+    p, rank = comm.world, comm.rank
+    out = []
+    for c in cases:
+        itemsize = np.dtype(dtype).itemsize
+        count = c.nbytes // itemsize
+        if c.op in ("allgather", "reduce_scatter", "alltoall"):
+            count -= count % p
+        x, want = _inputs(c.op, p, rank, count, dtype)
+        got = _call(comm, c.op, c.algo, _reg(comm, x), count, p)
+        if c.op == "reduce" and rank != 0:
+            wrong = 0
+        else:
+            wrong = int((got != want).sum())
+        comm.free_all()
+        x = _reg(comm, np.zeros_like(x))      # timed runs sum zeros: no overflow, same memory traffic
+        for _ in range(warmup):
+            _call(comm, c.op, c.algo, x, count, p)
+        comm.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            _call(comm, c.op, c.algo, x, count, p)
+        t = (time.perf_counter() - t0) / iters
+        comm.barrier()
+        comm.free_all()
+        out.append((t, wrong))
+    return out
+
+
+def measure(cases, world: int, backend: str = "local", iters: int = 20, warmup: int = 5, dtype="float32",
+            timeout: float = 30.0, progress=None):
+    """Run every case on ``world`` ranks; returns one dict per case (slowest rank's mean time, summed #wrong)."""
+    from netmorph.fabric.launch import launch
+    results = launch(_rank_fn, world, cases, iters, warmup, dtype, backend=backend, timeout=timeout)
+    rows = []
+    for k, c in enumerate(cases):
+        t = max(r[k][0] for r in results)
+        wrong = sum(r[k][1] for r in results)
+        itemsize = np.dtype(dtype).itemsize
+        nbytes = c.nbytes - (c.nbytes // itemsize % world) * itemsize if c.op in (
+            "allgather", "reduce_scatter", "alltoall") else c.nbytes
+        algbw = nbytes / t / 1e9 if t > 0 else 0.0
+        rows.append({"op": c.op, "algo": c.algo, "backend": backend if c.algo != "native" else "torch-native",
+                     "world": world, "bytes": nbytes, "count": nbytes // itemsize, "type": str(np.dtype(dtype)),
+                     "time_s": t, "algbw_gbps": algbw, "busbw_gbps": algbw * BUSBW_FACTOR[c.op](world),
+                     "wrong": wrong})
+    return rows
+
+
+def memcpy_bandwidth(nbytes: int, repeats: int = 20) -> float:
+    """This machine's single-core copy bandwidth for ``nbytes`` (GB/s, payload bytes per second)."""
+    n = max(1, nbytes // 4)
+    a = np.ones(n, np.float32)
+    b = np.empty_like(a)
+    np.copyto(b, a)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - t0)
+    return a.nbytes / best / 1e9
+
+
+def algorithms(op: str, choice: str):
+    if choice == "all":
+        return list(ALGORITHMS[op])
+    return [choice]

@@ -1,0 +1,305 @@
+"""Start N ranks, run ``fn(comm)`` on each, gather results or root-cause the failure.
+
+Stands in for ``torchrun`` / ``torch.multiprocessing.spawn``: ``launch(fn,
+world=4)`` forks 4 processes, hands each a :class:`~netmorph.comm.Comm` and
+returns their results in rank order. If any rank fails, it raises one
+:class:`LaunchError` that names the root cause first -- the rank, its exit code
+or exception and traceback -- as torchrun's ``ChildFailedError`` summary does.
+
+Failure semantics. When a rank dies or raises, the launcher sets the fabric's
+abort word at once, so every peer blocked in the fabric fails with
+:class:`PeerLost` naming that rank within milliseconds; a rank that stops
+answering (alive but silent) makes its peers fail with :class:`PeerTimeout`
+after ``timeout`` seconds. Stragglers are then terminated. Child processes die
+with the launcher (``PR_SET_PDEATHSIG``) and ignore Ctrl-C, which the launcher
+turns into a clean shutdown; the shared mapping is anonymous, so no
+``/dev/shm`` name survives any exit path.
+
+``backend="torch"`` runs the same schedules over torch.distributed (gloo on
+loopback); :func:`init_from_env` joins a job started by ``torchrun``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import os
+import signal
+import socket
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import wait as mp_wait
+
+from netmorph.errors import UsageError
+from netmorph.fabric.ledger import Ledger
+from netmorph.fabric.transport import FabricError, PeerLost, PeerTimeout
+
+BACKENDS = ("local", "torch", "torch-native")
+
+
+@dataclass
+class RankFailure:
+    rank: int
+    pid: int
+    exitcode: int | None
+    exc_type: str = ""
+    message: str = ""
+    traceback: str = ""
+    when: float = 0.0
+
+    @property
+    def consequence(self) -> bool:
+        """True when this rank failed only because a peer did (PeerLost / PeerTimeout)."""
+        return self.exc_type in ("PeerLost", "PeerTimeout")
+
+    def describe(self) -> str:
+        if self.message.startswith("stopped answering"):
+            return f"rank {self.rank} (pid {self.pid}): {self.message}"
+        if self.exc_type:
+            return f"rank {self.rank} (pid {self.pid}): {self.exc_type}: {self.message}"
+        if self.exitcode is not None and self.exitcode < 0:
+            try:
+                sig = signal.Signals(-self.exitcode).name
+            except ValueError:
+                sig = f"signal {-self.exitcode}"
+            return f"rank {self.rank} (pid {self.pid}): killed by {sig} (exit code {self.exitcode})"
+        return f"rank {self.rank} (pid {self.pid}): exited with code {self.exitcode} {self.message}".rstrip()
+
+
+class LaunchError(RuntimeError):
+    """One or more ranks failed; ``root`` is the first real failure, ``failures`` all of them."""
+
+    def __init__(self, failures: list[RankFailure], world: int):
+        self.failures = failures
+        self.root = failures[0]
+        self.rank = self.root.rank
+        lines = [f"{len(failures)} of {world} ranks failed; root cause: {self.root.describe()}"]
+        for f in failures[1:]:
+            lines.append(f"  then {f.describe()}")
+        if self.root.traceback:
+            lines.append(f"traceback of rank {self.root.rank}:\n{self.root.traceback.rstrip()}")
+        super().__init__("\n".join(lines))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)          # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _link_cost_fn(topology, slow_links):
+    """fn(src, dst) -> (alpha, beta) for link emulation, or None."""
+    if topology is None and not slow_links:
+        return None
+    slow = {tuple(k): v for k, v in (slow_links or {}).items()}
+
+    def cost(s, d):
+        if (s, d) in slow:
+            alpha, bw = slow[(s, d)]
+            return alpha, (1.0 / bw if bw else 0.0)
+        if topology is None:
+            return 0.0, 0.0
+        if topology.flat or s // topology.gpus_per_node == d // topology.gpus_per_node:
+            return topology.alpha, topology.beta
+        return topology.alpha_inter, topology.beta_inter
+    return cost
+
+
+def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults, link_cost, port, want_ledger):
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)       # the launcher handles Ctrl-C for everyone
+    from netmorph.comm import Comm
+    comm = None
+    try:
+        if backend == "local":
+            from netmorph.fabric.transport.shm import ShmTransport
+            comm = Comm(ShmTransport(fabric, rank, timeout, link_cost), rank, world, faults)
+        else:
+            from netmorph.fabric.transport.torchdist import init_torch
+            comm = init_torch(rank, world, "127.0.0.1", port, timeout, native=(backend == "torch-native"),
+                              faults=faults)
+        result = fn(comm, *args, **kwargs)
+        conn.send(("ok", rank, result, comm.ledger if want_ledger else None))
+        if backend != "local":
+            comm.transport.close()
+    except BaseException as e:          # noqa: BLE001 - every failure is reported to the launcher
+        try:
+            conn.send(("err", rank, type(e).__name__, str(e), traceback.format_exc(), time.monotonic()))
+        except Exception:               # the pipe itself is gone: the exit code will tell
+            pass
+        os._exit(1)
+    finally:
+        conn.close()
+
+
+def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0, faults=(),
+           topology=None, slow_links=None, ledger: bool = False, **kwargs):
+    """Run ``fn(comm, *args, **kwargs)`` on ``world`` processes and return their results in rank order.
+
+    ``timeout``: seconds a rank waits on a silent peer before failing with PeerTimeout.
+    ``faults``: :class:`~netmorph.comm.Fault` list (kill / hang / raise / delay a rank at its k-th op).
+    ``topology``: a two-level or flat :class:`~netmorph.cost.topology.Topology` (or preset name) to
+    emulate per-link α and β on the local fabric; ``slow_links``: ``{(src, dst): (alpha_s, bytes_per_s)}``.
+    ``ledger=True`` returns ``(results, Ledger)`` with every message of the run.
+    """
+    if world < 1:
+        raise UsageError(f"world must be >= 1, got {world}")
+    if backend not in BACKENDS:
+        raise UsageError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if timeout <= 0:
+        raise UsageError(f"timeout must be > 0 seconds, got {timeout}")
+    if isinstance(topology, str):
+        from netmorph.cost.topology import load_topology
+        topology = load_topology(topology, "topology")
+    if (topology is not None or slow_links) and backend != "local":
+        raise UsageError("link emulation (topology=, slow_links=) needs backend='local'")
+    ctx = mp.get_context("fork")
+    fabric = None
+    if backend == "local":
+        from netmorph.fabric.transport.shm import ShmFabric
+        fabric = ShmFabric(world)
+    port = _free_port() if backend != "local" else 0
+    link_cost = _link_cost_fn(topology, slow_links)
+    procs, conns = [], {}
+    try:
+        for r in range(world):
+            rd, wr = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_child, name=f"netmorph-rank{r}", daemon=True,
+                            args=(r, world, fn, args, kwargs, wr, fabric, backend, timeout, list(faults),
+                                  link_cost, port, ledger))
+            p.start()
+            wr.close()
+            procs.append(p)
+            conns[rd] = r
+        results, ledgers, failures = _monitor(procs, conns, fabric, timeout)
+    except BaseException:
+        _kill_all(procs)
+        raise
+    finally:
+        _kill_all(procs)
+        for c in list(conns):
+            c.close()
+        if fabric is not None:
+            fabric.close()
+    if failures:
+        raise LaunchError(_order(failures), world)
+    if ledger:
+        return results, Ledger.merge(ledgers)
+    return results
+
+
+def _monitor(procs, conns, fabric, timeout):
+    world = len(procs)
+    results, ledgers = [None] * world, [None] * world
+    reported, exited = set(), set()
+    failures: dict[int, RankFailure] = {}
+    first_fail = None
+    sentinels = {p.sentinel: r for r, p in enumerate(procs)}
+    while len(exited) < world:
+        waitables = list(conns) + [s for s, r in sentinels.items() if r not in exited]
+        ready = mp_wait(waitables, timeout=0.2)
+        now = time.monotonic()
+        for obj in ready:
+            if obj in conns:
+                r = conns[obj]
+                try:
+                    msg = obj.recv()
+                except (EOFError, OSError):
+                    del conns[obj]
+                    continue
+                reported.add(r)
+                if msg[0] == "ok":
+                    results[r], ledgers[r] = msg[2], msg[3]
+                else:
+                    _, _, etype, text, tb, when = msg
+                    failures[r] = RankFailure(r, procs[r].pid, None, etype, text, tb, when)
+                    if etype not in ("PeerLost", "PeerTimeout") and fabric is not None:
+                        fabric.abort(r)
+                    first_fail = first_fail or now
+            else:
+                r = sentinels[obj]
+                procs[r].join(2.0)        # the sentinel fires as the process exits; reap it for its exit code
+                exited.add(r)
+                code = procs[r].exitcode
+                if code != 0 and r not in reported:     # a message sent just before exit may still follow
+                    failures.setdefault(r, RankFailure(r, procs[r].pid, code, when=now))
+                    if fabric is not None:
+                        fabric.abort(r)
+                    first_fail = first_fail or now
+                elif r in failures:
+                    failures[r].exitcode = code
+        if first_fail is not None and now - first_fail > timeout + 2.0:
+            for r, p in enumerate(procs):
+                if r not in exited and p.is_alive():
+                    failures.setdefault(r, RankFailure(r, p.pid, None, "", "stopped answering; terminated by the "
+                                                       "launcher after its peers gave up on it", "", first_fail + timeout))
+            _kill_all(procs)
+            break
+    # messages that arrived just before exit
+    for c, r in list(conns.items()):
+        while c.poll():
+            try:
+                msg = c.recv()
+            except (EOFError, OSError):
+                break
+            if msg[0] == "ok":
+                results[r], ledgers[r] = msg[2], msg[3]
+            elif r not in failures or not failures[r].exc_type:
+                _, _, etype, text, tb, when = msg
+                failures[r] = RankFailure(r, procs[r].pid, procs[r].exitcode, etype, text, tb, when)
+    return results, ledgers, list(failures.values())
+
+
+def _order(failures: list[RankFailure]) -> list[RankFailure]:
+    """Root cause first: real failures by time, then hung ranks, then those that only lost a peer."""
+    def key(f):
+        hung = f.message.startswith("stopped answering")
+        return (f.consequence, hung, f.when, f.rank)
+    fs = sorted(failures, key=key)
+    if fs and fs[0].consequence:
+        # everyone only saw a lost peer: the most-blamed rank is the root cause
+        blamed = {}
+        for f in fs:
+            for word in f.message.split():
+                if word.isdigit():
+                    blamed[int(word)] = blamed.get(int(word), 0) + 1
+                    break
+        if blamed:
+            culprit = max(blamed, key=blamed.get)
+            fs.sort(key=lambda f: (f.rank != culprit, f.when))
+    return fs
+
+
+def _kill_all(procs) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 1.0
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(1.0)
+
+
+def init_from_env(backend: str = "torch", timeout: float = 60.0):
+    """Join a job started by ``torchrun``: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (LOCAL_RANK noted)."""
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise UsageError(f"not started by torchrun: {', '.join(missing)} unset (use netmorph.launch instead)")
+    from netmorph.fabric.transport.torchdist import init_torch
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return init_torch(rank, world, os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout,
+                      native=(backend == "torch-native"))
+
+
+__all__ = ["launch", "LaunchError", "RankFailure", "init_from_env", "PeerLost", "PeerTimeout", "FabricError"]

@@ -1,0 +1,79 @@
+"""Every message: source, destination, bytes, round and phase -- the run's wire record.
+
+NCCL has no such record (``NCCL_DEBUG=INFO`` prints setup, the profiler plugin
+API gives per-op events); the closest everyday tool is the PyTorch profiler's
+Chrome trace. This ledger is kept per rank (sends only, so nothing is counted
+twice), merged by the launcher, summarised per phase and per link, and exported
+as a Chrome trace that Perfetto or ``chrome://tracing`` opens.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+FIELDS = ("src", "dst", "bytes", "seq", "round", "phase", "op", "algo", "t0", "t1")
+
+
+class Ledger:
+    def __init__(self, rank: int = -1, records=None):
+        self.rank = rank
+        self.records = list(records or [])
+
+    def add(self, src, dst, nbytes, seq, rnd, phase, op, algo, t0, t1) -> None:
+        self.records.append((src, dst, int(nbytes), seq, rnd, phase, op, algo, t0, t1))
+
+    @classmethod
+    def merge(cls, ledgers) -> "Ledger":
+        recs = [r for led in ledgers if led is not None for r in led.records]
+        recs.sort(key=lambda r: (r[8], r[0]))
+        return cls(-1, recs)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    @property
+    def bytes(self) -> int:
+        return sum(r[2] for r in self.records)
+
+    def by_phase(self) -> dict:
+        """phase -> {"messages", "bytes"}."""
+        out = defaultdict(lambda: {"messages": 0, "bytes": 0})
+        for r in self.records:
+            d = out[r[5] or "(untagged)"]
+            d["messages"] += 1
+            d["bytes"] += r[2]
+        return dict(out)
+
+    def by_link(self) -> dict:
+        """(src, dst) -> {"messages", "bytes"}."""
+        out = defaultdict(lambda: {"messages": 0, "bytes": 0})
+        for r in self.records:
+            d = out[(r[0], r[1])]
+            d["messages"] += 1
+            d["bytes"] += r[2]
+        return dict(out)
+
+    def summary(self) -> str:
+        lines = [f"{'phase':<20} {'messages':>9} {'bytes':>15}"]
+        for ph, d in sorted(self.by_phase().items()):
+            lines.append(f"{ph:<20} {d['messages']:>9} {d['bytes']:>15,}")
+        return "\n".join(lines)
+
+    def chrome_trace(self) -> dict:
+        """Trace Event Format: one complete ("X") event per message on its sender's row."""
+        t_min = min((r[8] for r in self.records), default=0.0)
+        events = []
+        for r in self.records:
+            src, dst, nb, seq, rnd, phase, op, algo, t0, t1 = r
+            events.append({"name": f"{op} -> {dst}", "cat": phase or op, "ph": "X", "pid": 0, "tid": src,
+                           "ts": (t0 - t_min) * 1e6, "dur": max((t1 - t0) * 1e6, 0.01),
+                           "args": {"src": src, "dst": dst, "bytes": nb, "seq": seq, "round": rnd,
+                                    "phase": phase, "algo": algo}})
+        for rank in sorted({r[0] for r in self.records}):
+            events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": rank, "args": {"name": f"rank {rank}"}})
+        return {"traceEvents": events, "displayTimeUnit": "ns"}
+
+    def write_chrome_trace(self, path) -> None:
+        with open(path, "w") as fh:
+            json.dump(self.chrome_trace(), fh)

@@ -1,0 +1,223 @@
+"""Real multi-process tests: every algorithm on 2, 3, 4 ranks, the ledger, point-to-point and groups."""
+
+import numpy as np
+import pytest
+
+from netmorph.collectives import ALGORITHMS, build
+from netmorph.fabric.execute import count
+from netmorph.fabric.launch import launch
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _expected(op, p, rank, n):
+    i = np.arange(n)
+    base = [((r + 1) * 10 + (i % 7)).astype(np.float64) for r in range(p)]
+    if op == "allreduce":
+        return base[rank], np.sum(base, axis=0)
+    if op == "reduce":
+        return base[rank], (np.sum(base, axis=0) if rank == 1 % p else base[rank])
+    if op == "broadcast":
+        return (base[rank] if rank == p - 1 else np.zeros(n)), base[p - 1]
+    if op == "allgather":
+        return base[rank], np.concatenate(base)
+    if op == "reduce_scatter":
+        full = np.sum([np.tile(b, p) for b in base], axis=0)
+        return np.tile(base[rank], p), full[rank * n:(rank + 1) * n]
+    if op == "alltoall":
+        x = (rank * 1000 + np.arange(n * p)).astype(np.float64)
+        return x, np.concatenate([s * 1000 + np.arange(rank * n, (rank + 1) * n) for s in range(p)]).astype(float)
+    raise AssertionError(op)
+
+
+def _all_ops(comm, n, registered):
+    """Run every (op, algorithm) once; return the cases that came out wrong."""
+    p, rank = comm.world, comm.rank
+    bad = []
+    for op, algos in ALGORITHMS.items():
+        for algo in list(algos) + ["auto"]:
+            x, want = _expected(op, p, rank, n)
+            if registered:
+                buf = comm.alloc(x.shape, x.dtype)
+                buf[:] = x
+                x = buf
+            if op == "allreduce":
+                comm.all_reduce(x, algo=algo)
+                got = x
+            elif op == "reduce":
+                comm.reduce(x, dst=1 % p, algo=algo)
+                got = x
+            elif op == "broadcast":
+                comm.broadcast(x, src=p - 1, algo=algo)
+                got = x
+            elif op == "allgather":
+                got = np.empty(n * p)
+                comm.all_gather_into_tensor(got, x, algo=algo)
+            elif op == "reduce_scatter":
+                got = np.empty(n)
+                comm.reduce_scatter_tensor(got, x, algo=algo)
+            else:
+                got = np.empty(n * p)
+                comm.all_to_all_single(got, x, algo=algo)
+            if not np.array_equal(got, want):
+                bad.append((op, algo, rank))
+        comm.free_all()
+    return bad
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("registered", [False, True], ids=["plain", "registered"])
+def test_every_algorithm_on_real_ranks(world, registered):
+    results = launch(_all_ops, world, 37, registered, timeout=20)
+    assert [b for r in results for b in r] == []
+
+
+def _torch_tensors(comm):
+    import torch
+    t = torch.full((1000,), float(comm.rank + 1))
+    comm.all_reduce(t, algo="ring")
+    out = torch.empty(3 * 1000)
+    comm.all_gather_into_tensor(out, torch.full((1000,), float(comm.rank)))
+    return float(t[0]), out[::1000].tolist()
+
+
+def test_torch_tensors_in_place():
+    res = launch(_torch_tensors, 3, timeout=20)
+    assert res == [(6.0, [0.0, 1.0, 2.0])] * 3
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_torch_distributed_backend_runs_netmorph_schedules(world):
+    results = launch(_all_ops, world, 11, False, backend="torch", timeout=30)
+    assert [b for r in results for b in r] == []
+
+
+def _native(comm):
+    x = np.full(100, comm.rank + 1.0)
+    comm.all_reduce(x)
+    y = np.empty(100 * comm.world)
+    comm.all_gather_into_tensor(y, np.full(100, float(comm.rank)))
+    return x[0], y[::100].tolist()
+
+
+def test_torch_native_mode():
+    assert launch(_native, 2, backend="torch-native", timeout=30) == [(3.0, [0.0, 1.0])] * 2
+
+
+def _uneven(comm, algo, seed):
+    rng = np.random.default_rng(seed)
+    p, r = comm.world, comm.rank
+    splits = rng.integers(0, 5, (p, p))            # same matrix on every rank (same seed)
+    x = (r * 100 + np.arange(splits[r].sum())).astype(np.int64)
+    out = np.empty(splits[:, r].sum(), np.int64)
+    comm.all_to_all_single(out, x, output_split_sizes=splits[:, r].tolist(),
+                           input_split_sizes=splits[r].tolist(), algo=algo)
+    offs = np.cumsum(splits, axis=1) - splits
+    want = np.concatenate([s * 100 + np.arange(offs[s, r], offs[s, r] + splits[s, r]) for s in range(p)])
+    return bool(np.array_equal(out, want.astype(np.int64)))
+
+
+@pytest.mark.parametrize("algo", list(ALGORITHMS["alltoall"]))
+def test_all_to_all_single_uneven_splits(algo):
+    for seed in range(3):
+        assert all(launch(_uneven, 4, algo, seed, timeout=20))
+
+
+def _ring_with_ledger(comm, n):
+    with comm.phase("dp.grad"):
+        comm.all_reduce(np.ones(n, np.float32), algo="ring")
+    with comm.phase("tp.fwd"):
+        comm.all_reduce(np.ones(n // 2, np.float32), algo="recursive_doubling")
+    return None
+
+
+def test_ledger_counts_equal_schedule_counts():
+    p, n = 4, 1000
+    _, led = launch(_ring_with_ledger, p, n, ledger=True, timeout=20)
+    want_ring = count(build("allreduce", "ring", p, n, 4))
+    want_rd = count(build("allreduce", "recursive_doubling", p, n // 2, 4))
+    phases = led.by_phase()
+    assert phases["dp.grad"] == {"messages": want_ring.messages, "bytes": want_ring.bytes_on_wire}
+    assert phases["tp.fwd"] == {"messages": want_rd.messages, "bytes": want_rd.bytes_on_wire}
+    links = {k: v["bytes"] for k, v in led.by_link().items()}
+    m = want_ring.traffic_matrix() + want_rd.traffic_matrix()
+    assert links == {(s, d): int(m[s, d]) for s in range(p) for d in range(p) if m[s, d]}
+    trace = led.chrome_trace()
+    xs = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(xs) == want_ring.messages + want_rd.messages and all(e["dur"] > 0 for e in xs)
+
+
+def _p2p(comm, n):
+    """Both ranks isend a big message then recv: must not deadlock on full channel slots."""
+    peer = 1 - comm.rank
+    out = np.full(n, comm.rank, np.float64)
+    inc = np.empty(n)
+    w = comm.isend(out, peer)
+    comm.recv(inc, peer)
+    w.wait()
+    r = comm.irecv(inc, peer)
+    comm.send(out * 2, peer)
+    r.wait()
+    return float(inc.min()), float(inc.max())
+
+
+def test_point_to_point_large_messages():
+    n = 3 << 20        # 24 MiB: many slots' worth
+    assert launch(_p2p, 2, n, timeout=20) == [(2.0, 2.0), (0.0, 0.0)]
+
+
+def _groups(comm):
+    even_odd = [comm.new_group([0, 2]), comm.new_group([1, 3])]
+    g = even_odd[comm.rank % 2]
+    x = np.full(10, comm.rank, np.int64)
+    comm.all_reduce(x, group=g)
+    y = np.full(10, comm.rank, np.int64)
+    comm.broadcast(y, src=g.ranks[-1], group=g)
+    return int(x[0]), int(y[0]), comm.get_rank(g), comm.get_world_size(g)
+
+
+def test_groups_run_concurrently():
+    assert launch(_groups, 4, timeout=20) == [(2, 2, 0, 2), (4, 3, 0, 2), (2, 2, 1, 2), (4, 3, 1, 2)]
+
+
+@pytest.mark.timeout(120)
+def test_torchrun_starts_netmorph_schedules():
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        os.path.join(root, "examples", "torchrun_allreduce.py")],
+                       capture_output=True, text=True, timeout=110)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [l for l in r.stdout.splitlines() if "world 2" in l]
+    assert len(lines) == len(ALGORITHMS["allreduce"]) and all(l.endswith("ok") for l in lines)
+
+
+def test_init_from_env_outside_torchrun_is_a_clear_error(monkeypatch):
+    from netmorph.errors import UsageError
+    from netmorph.fabric.launch import init_from_env
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(UsageError, match="torchrun"):
+        init_from_env()
+
+
+def _emulated(comm, n, algo):
+    import time
+    x = np.ones(n, np.float32)
+    comm.barrier()
+    t0 = time.perf_counter()
+    comm.all_reduce(x, algo=algo)
+    return time.perf_counter() - t0
+
+
+def test_link_emulation_follows_the_cost_model():
+    """A slow emulated two-level topology: measured time tracks the event simulation's prediction."""
+    from netmorph.cost.topology import Topology
+    from netmorph.cost.tuner import predict
+    topo = Topology("slow", alpha=2e-3, beta=1 / 1e9, gpus_per_node=2, alpha_inter=8e-3, beta_inter=1 / 50e6)
+    for algo, n in (("ring", 1 << 16), ("recursive_doubling", 1 << 16)):
+        measured = max(launch(_emulated, 4, n // 4, algo, topology=topo, timeout=30))
+        predicted = predict("allreduce", algo, 4, n, topo).time
+        assert 0.9 * predicted <= measured <= 1.5 * predicted + 0.01, (algo, measured, predicted)
