@@ -323,6 +323,24 @@ class Comm:
         self._peer(src)
         return self.transport.irecv(a, src)
 
+    def recv_any(self, tensor, srcs=None) -> int:
+        """Receive from any of ``srcs`` (default: every other rank); returns the sender (MPI_ANY_SOURCE)."""
+        self._begin()
+        a = as_array(tensor)
+        srcs = [r for r in (range(self.world) if srcs is None else srcs) if r != self.rank]
+        return self.transport.recv_any(a, srcs)
+
+    def shared(self, shape, dtype=np.float64) -> np.ndarray:
+        """One array every rank maps (call on all ranks, same order): Hogwild's parameter vector.
+
+        Only the local fabric has memory all ranks share; elsewhere this raises.
+        """
+        if not hasattr(self.transport, "shared"):
+            raise UsageError("shared memory arrays need the local fabric (backend='local')")
+        dtype = np.dtype(dtype)
+        n = int(np.prod(shape))
+        return self.transport.shared(n * dtype.itemsize).view(dtype).reshape(shape)
+
     def _peer(self, r):
         if not 0 <= r < self.world or r == self.rank:
             raise UsageError(f"peer must be another rank in 0..{self.world - 1}, got {r}")

@@ -222,6 +222,16 @@ class ShmTransport:
         """Release every registered buffer at once (the arena is a bump allocator)."""
         self.arena_top = 0
 
+    def shared(self, nbytes: int) -> np.ndarray:
+        """Bytes at the same place for every rank: carved from the top of rank 0's arena, downwards,
+        in call order (every rank calls in the same order, so they agree without talking)."""
+        self.shared_top = getattr(self, "shared_top", self.f.A)
+        start = (self.shared_top - nbytes) // 64 * 64
+        if start < (self.arena_top if self.rank == 0 else 0):
+            raise MemoryError("shared region exhausted; pass arena_bytes= to launch")
+        self.shared_top = start
+        return self.f.arena(0)[start:start + nbytes]
+
     # ------------------------------------------------------------ engine
     def _push(self, st: _Out) -> bool:
         f = self.f
@@ -536,6 +546,30 @@ class ShmTransport:
         streams = self._enqueue([], [(src, [array], [False])])
         self.progress()
         return Work(self, streams)
+
+    def recv_any(self, array: np.ndarray, srcs) -> int:
+        """Receive the next message from whichever of ``srcs`` has one (MPI_ANY_SOURCE); returns it.
+
+        Sources are polled round-robin from where the last call stopped, so a busy
+        peer cannot starve the others (a parameter server serving many workers).
+        """
+        srcs = list(srcs)
+        f = self.f
+        start = self._any_next = getattr(self, "_any_next", 0)
+        box = {}
+
+        def ready():
+            for j in range(len(srcs)):
+                q = srcs[(start + j) % len(srcs)]
+                if not self.inq.get(q) and f.posted[q * f.world + self.rank] > f.consumed[q * f.world + self.rank]:
+                    box["src"] = q
+                    self._any_next = (start + j + 1) % len(srcs)
+                    return True
+            return False
+
+        self.wait_for([], ready=ready, pull=False)
+        self.irecv(array, box["src"]).wait()
+        return box["src"]
 
     def close(self) -> None:
         pass

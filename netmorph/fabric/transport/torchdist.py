@@ -95,6 +95,13 @@ class TorchTransport:
     def irecv(self, array, src):
         return _TorchWork(_dist().irecv(_to_torch(array), src), src)
 
+    def recv_any(self, array, srcs) -> int:
+        """``dist.recv`` with no source: gloo's recv-from-any (sources outside ``srcs`` are not expected)."""
+        try:
+            return int(_dist().recv(_to_torch(array)))
+        except RuntimeError as e:
+            raise _fail(-1, e) from None
+
     def close(self) -> None:
         dist = _dist()
         if dist.is_initialized():

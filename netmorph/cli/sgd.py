@@ -1,0 +1,157 @@
+"""``netmorph sgd``: data-parallel SGD under one consistency model, or all of them side by side."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from netmorph.errors import UsageError
+
+COLS = f"{'mode':<8} {'updates':>7} {'upd/s':>8} {'wall(s)':>8} {'to target':>9} {'final loss':>11} " \
+       f"{'metric':>18} {'stale max':>9}  {'staleness k:count':<24} {'bytes on wire':>14}"
+
+
+# convex: about half the stability limit 2/L of its Hessian (L ~ 1/64); sparse: batch-1 steps on
+# unit-norm examples; mlp: a plain SGD rate for a 64-64-10 net
+DEFAULT_LR = {"convex": 40.0, "sparse": 0.5, "mlp": 0.5}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("sgd", help="train with BSP / async / SSP / Hogwild / local SGD on real processes",
+                       description="Data-parallel SGD on worker processes under a consistency model; "
+                                   "--compare runs every model on the same problem and update budget.")
+    p.add_argument("--mode", default="bsp", help="bsp, async, ssp, hogwild or local (default bsp)")
+    p.add_argument("--compare", action="store_true", help="run every mode and compare (table + figure)")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--servers", type=int, default=1, help="parameter-server shards for async/ssp (default 1)")
+    p.add_argument("--staleness", type=int, default=2, help="SSP bound s (default 2)")
+    p.add_argument("--local-steps", type=int, default=8, help="local SGD: average every H steps (default 8)")
+    p.add_argument("--outer-lr", type=float, default=1.0, help="local SGD outer learning rate (DiLoCo: 0.7)")
+    p.add_argument("--outer-momentum", type=float, default=0.0, help="local SGD outer Nesterov momentum (DiLoCo: 0.9)")
+    p.add_argument("--n-push", type=int, default=1, help="async: push every n steps (Downpour)")
+    p.add_argument("--n-fetch", type=int, default=1, help="async: fetch every n steps (Downpour)")
+    p.add_argument("--straggler", help="RANK:FACTOR, e.g. 1:4 -- that worker computes FACTOR x slower")
+    p.add_argument("--jitter", type=float, default=0.0, help="random extra delay per step, mean as a fraction of "
+                                                             "--compute-ms (exponential)")
+    p.add_argument("--slow-link", help="SRC:DST:ALPHA_US:MB_PER_S -- emulate a slow link between two ranks")
+    p.add_argument("--steps", type=int, default=200, help="updates per worker; the run's budget is steps x workers")
+    p.add_argument("--compute-ms", type=float, default=2.0, help="emulated forward+backward time per step (default 2)")
+    p.add_argument("--model", default="convex", help="convex (least squares), sparse, or mlp (digits)")
+    p.add_argument("--lr", type=float, help="learning rate of the synchronous step (default: convex 40, "
+                                            "sparse 0.5, mlp 0.5)")
+    p.add_argument("--batch", type=int, help="examples per worker step")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--plot", default="sgd_compare.png", help="--compare: figure path (default sgd_compare.png; "
+                                                              "'none' to skip)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=run)
+
+
+def _pair(text, flag, kinds):
+    parts = text.split(":")
+    if len(parts) != len(kinds):
+        raise UsageError(f"{flag}: expected {':'.join(k.__name__.upper() for k in kinds)}, got {text!r}")
+    try:
+        return tuple(k(x) for k, x in zip(kinds, parts))
+    except ValueError:
+        raise UsageError(f"{flag}: cannot parse {text!r}") from None
+
+
+def config_from(args):
+    from netmorph.consistency import MODES, Config
+    from netmorph.consistency.problems import MODELS
+    if args.mode not in MODES:
+        raise UsageError(f"--mode must be one of {', '.join(MODES)}, got {args.mode!r}")
+    if args.model not in MODELS:
+        raise UsageError(f"--model must be one of {', '.join(MODELS)}, got {args.model!r}")
+    straggler = _pair(args.straggler, "--straggler", (int, float)) if args.straggler else None
+    slow = None
+    if args.slow_link:
+        s, d, a_us, mbps = _pair(args.slow_link, "--slow-link", (int, int, float, float))
+        if mbps <= 0 or a_us < 0:
+            raise UsageError("--slow-link: ALPHA_US must be >= 0 and MB_PER_S > 0")
+        slow = (s, d, a_us * 1e-6, mbps * 1e6)
+    lr = args.lr if args.lr is not None else DEFAULT_LR[args.model]
+    cfg = Config(mode=args.mode, workers=args.workers, servers=args.servers, steps=args.steps, lr=lr,
+                 model=args.model, batch=args.batch, seed=args.seed, staleness=args.staleness,
+                 local_steps=args.local_steps, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
+                 n_push=args.n_push, n_fetch=args.n_fetch, compute_ms=args.compute_ms, straggler=straggler,
+                 jitter=args.jitter, slow_link=slow)
+    cfg.check()
+    if args.workers > 32:
+        raise UsageError(f"--workers {args.workers}: one process per worker; keep it <= 32 on one machine")
+    if slow and not all(0 <= r < args.workers + args.servers for r in slow[:2]):
+        raise UsageError("--slow-link: SRC and DST must be ranks of the run (workers first, then servers)")
+    return cfg
+
+
+def _metric(r):
+    for k in ("test_accuracy", "distance_to_optimum", "distance_to_planted"):
+        if k in r:
+            name = {"test_accuracy": "acc", "distance_to_optimum": "|w-w*|", "distance_to_planted": "rms|w-w0|"}[k]
+            return f"{name} {r[k]:.4g}"
+    return ""
+
+
+def _hist(h):
+    items = sorted(h.items())
+    text = " ".join(f"{k}:{v}" for k, v in items[:5])
+    return text + (" ..." if len(items) > 5 else "")
+
+
+def format_rows(rows):
+    lines = [COLS]
+    for r in rows:
+        tt = f"{r['time_to_target_s']:.2f}" if r.get("time_to_target_s") is not None else "never"
+        lines.append(f"{r['mode']:<8} {r['updates']:>7} {r['updates_per_s']:>8.0f} {r['wall_s']:>8.2f} {tt:>9} "
+                     f"{r['final_loss']:>11.4g} {_metric(r):>18} {r['max_staleness']:>9}  "
+                     f"{_hist(r['staleness_histogram']):<24} {r['bytes_on_wire']:>14,}")
+    return lines
+
+
+def run(args) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from netmorph.consistency import MODES, compare
+    from netmorph.consistency import run as run_mode
+    cfg = config_from(args)
+    err = Console(stderr=True)
+    with Progress(TextColumn("{task.description:<10}"), BarColumn(), TextColumn("{task.completed}/{task.total} updates"),
+                  TimeElapsedColumn(), console=err, transient=True, disable=not sys.stderr.isatty()) as bar:
+        tasks = {}
+
+        def on_mode(m):
+            tasks[m] = bar.add_task(m, total=cfg.steps * cfg.workers)
+            tasks["_current"] = tasks[m]
+
+        def on_progress(done, total):
+            bar.update(tasks["_current"], completed=min(done, total))
+
+        if args.compare:
+            rows = compare(cfg, MODES, on_mode, on_progress)
+        else:
+            on_mode(cfg.mode)
+            rows = [run_mode(cfg, on_progress)]
+    for r in rows:
+        r.pop("_results", None)
+        r.pop("_final", None)
+    if args.json:
+        json.dump(rows, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0
+    strag = f", straggler worker {cfg.straggler[0]} x{cfg.straggler[1]:g}" if cfg.straggler else ""
+    print(f"# netmorph sgd: model {cfg.model}, {cfg.workers} workers (+{cfg.servers} server rank(s) for async/ssp), "
+          f"{cfg.steps * cfg.workers} updates, {cfg.compute_ms:g} ms compute/step{strag}, lr {cfg.lr:g}")
+    if args.compare and rows[0].get("target_loss") is not None:
+        print(f"# target loss {rows[0]['target_loss']:.5f} (90% of the best reduction); staleness in global steps")
+    for line in format_rows(rows):
+        print(line)
+    for r in rows:
+        extra = f"; collisions {100 * r['conflict_rate']:.1f}% of updates" if "conflict_rate" in r else ""
+        print(f"#   {r['mode']:<8} {r['system']}{extra}")
+    if args.compare and args.plot.lower() != "none":
+        from netmorph.report.consistency import plot
+        plot(rows, args.plot, f"{cfg.model}, {cfg.workers} workers{strag}")
+        print(f"# figure: {args.plot}")
+    return 0

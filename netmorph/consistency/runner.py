@@ -1,0 +1,154 @@
+"""Run one consistency mode on real processes, or all of them, and summarise what happened.
+
+Each mode runs under :func:`netmorph.fabric.launch.launch` with the ledger on, so
+bytes on the wire are counted, not estimated. The snapshots the ranks took are
+evaluated here, after the run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from netmorph.consistency.common import Config, ProgressCounter
+from netmorph.consistency.problems import make
+
+MODES = ("bsp", "async", "ssp", "hogwild", "local")
+SYSTEMS = {
+    "bsp": "PyTorch DDP / Horovod: all-reduce every step",
+    "async": "DistBelief Downpour SGD: parameter server, no waiting",
+    "ssp": "Petuum SSPTable: stale synchronous parallel, bound s",
+    "hogwild": "Hogwild!: lock-free writes to shared memory",
+    "local": "local SGD / DiLoCo: average every H steps",
+}
+
+
+def _entry(mode):
+    from netmorph.consistency import hogwild, ps, sync
+    return {"bsp": sync.bsp, "local": sync.local_sgd, "async": ps.ps_rank, "ssp": ps.ps_rank,
+            "hogwild": hogwild.hogwild}[mode]
+
+
+def _rank_fn(comm, cfg, progress):
+    return _entry(cfg.mode)(comm, cfg, progress)
+
+
+def run(cfg: Config, on_progress=None) -> dict:
+    """Train with ``cfg.mode`` on ``cfg.workers`` processes (+ servers); one summary dict."""
+    from netmorph.fabric.launch import launch
+    cfg.check()
+    make(cfg.model, cfg.batch, cfg.seed)       # build before the fork: the ranks inherit it
+    ps_mode = cfg.mode in ("async", "ssp")
+    world = cfg.workers + (cfg.servers if ps_mode else 0)
+    progress = ProgressCounter(world)
+    slow = None
+    if cfg.slow_link is not None:
+        s, d, a, bw = cfg.slow_link
+        slow = {(s, d): (a, bw), (d, s): (a, bw)}
+    stop = threading.Event()
+    if on_progress is not None:
+        def poll():
+            while not stop.wait(0.1):
+                on_progress(progress.total(), cfg.steps * cfg.workers)
+        threading.Thread(target=poll, daemon=True).start()
+    t0 = time.perf_counter()
+    try:
+        results, ledger = launch(_rank_fn, world, cfg, progress, ledger=True, timeout=cfg.timeout,
+                                 slow_links=slow)
+    finally:
+        stop.set()
+    elapsed = time.perf_counter() - t0
+    return summarise(cfg, results, ledger, elapsed)
+
+
+def _combine_shards(results, cfg, dim):
+    """Server snapshots, one per shard at matching update counts, into whole-vector snapshots."""
+    servers = [r for r in results if r.get("role") == "server"]
+    by_updates = {}
+    for srv in servers:
+        lo, hi = srv["shard"]
+        for wall, upd, w in srv["snapshots"]:
+            slot = by_updates.setdefault(upd, [0.0, np.full(dim, np.nan)])
+            slot[0] = max(slot[0], wall)
+            slot[1][lo:hi] = w
+    snaps = [(wall, upd, w) for upd, (wall, w) in sorted(by_updates.items()) if not np.isnan(w).any()]
+    final = np.full(dim, np.nan)
+    for srv in servers:
+        lo, hi = srv["shard"]
+        final[lo:hi] = srv["w"]
+    return snaps, final
+
+
+def summarise(cfg: Config, results, ledger, elapsed) -> dict:
+    prob = make(cfg.model, cfg.batch, cfg.seed)
+    if cfg.mode in ("async", "ssp"):
+        snaps, final = _combine_shards(results, cfg, prob.dim)
+        workers = [r for r in results if r.get("role") == "worker"]
+        stale = {}
+        for r in results:
+            if r.get("role") == "server":
+                for k, v in r["staleness"].items():       # each gradient is recorded once per shard
+                    stale[k] = stale.get(k, 0) + v
+        stale = {k: v // cfg.servers for k, v in stale.items()}
+        wall = max(r["wall"] for r in workers)
+        updates = sum(r["updates"] for r in workers)
+    else:
+        snaps, final = results[0]["snapshots"], results[0]["w"]
+        stale = {}
+        for r in results:
+            for k, v in r["staleness"].items():
+                stale[k] = stale.get(k, 0) + v
+        wall = max(r["wall"] for r in results)
+        updates = sum(r["updates"] for r in results)
+    curve = [[round(t, 6), int(u), prob.loss(w)] for t, u, w in snaps]
+    out = {
+        "mode": cfg.mode, "system": SYSTEMS[cfg.mode], "model": cfg.model, "workers": cfg.workers,
+        "servers": cfg.servers if cfg.mode in ("async", "ssp") else 0,
+        "updates": updates, "wall_s": wall, "updates_per_s": updates / wall if wall > 0 else 0.0,
+        "launch_s": elapsed, "initial_loss": curve[0][2] if curve else None,
+        "final_loss": prob.loss(final), "loss_curve": curve,
+        "max_staleness": max(stale) if stale else 0,
+        "staleness_histogram": {int(k): int(v) for k, v in sorted(stale.items())},
+        "bytes_on_wire": ledger.bytes, "messages": len(ledger),
+        "staleness_bound": cfg.staleness if cfg.mode == "ssp" else None,
+        "local_steps": cfg.local_steps if cfg.mode == "local" else None,
+        "straggler": list(cfg.straggler) if cfg.straggler else None,
+    }
+    out.update(prob.metrics(final))
+    if cfg.mode == "ssp":
+        srv = [r for r in results if r.get("role") == "server"]
+        out["max_clock_gap"] = max(r["max_clock_gap"] for r in srv)
+        out["held_pulls"] = sum(r["held_pulls"] for r in srv)
+    if cfg.mode == "hogwild":
+        out["shared_bytes_written"] = sum(r.get("shared_bytes_written", 0) for r in results)
+        out["conflict_rate"] = sum(r["conflicts"] for r in results) / max(1, updates)
+    out["_results"] = results
+    out["_final"] = final
+    return out
+
+
+def time_to(curve, target):
+    """Wall seconds until the loss first reaches ``target`` (None if never)."""
+    for t, _, loss in curve:
+        if loss <= target:
+            return t
+    return None
+
+
+def compare(base: Config, modes=MODES, on_mode=None, on_progress=None) -> list[dict]:
+    """Every mode with the same model, data, workers and update count."""
+    out = []
+    for m in modes:
+        cfg = Config(**{**base.__dict__, "mode": m})
+        if on_mode:
+            on_mode(m)
+        out.append(run(cfg, on_progress))
+    init = max(r["initial_loss"] for r in out)
+    best = min(r["final_loss"] for r in out)
+    target = best + 0.1 * (init - best)       # 90% of the best reduction any mode achieved
+    for r in out:
+        r["target_loss"] = target
+        r["time_to_target_s"] = time_to(r["loss_curve"], target)
+    return out
