@@ -25,7 +25,7 @@ def run(args) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     import netmorph
-    from netmorph.report import collectives, consistency, fabric
+    from netmorph.report import collectives, consistency, fabric, planner
     from netmorph.report.html import Section, write_page
 
     out = Path(args.out)
@@ -43,7 +43,8 @@ def run(args) -> int:
     t0 = time.time()
     plan = [(collectives, "collectives: simulating schedules"),
             (fabric, "real ranks: measuring processes"),
-            (consistency, "sgd: training under 5 consistency models")]
+            (consistency, "sgd: training under 5 consistency models"),
+            (planner, "planner: searching DP/TP/PP splits")]
     with Progress(TextColumn("{task.description:<36}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=Console(stderr=True), transient=False,
                   disable=not sys.stderr.isatty()) as bar:

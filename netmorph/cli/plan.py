@@ -1,0 +1,191 @@
+"""``netmorph plan``: the best (tp, pp, dp, microbatch, v, ZeRO, recompute) split, and why.
+
+``netmorph plan ...`` searches every configuration and ranks those that fit;
+``netmorph plan estimate ... --tp 8 --pp 8 --dp 16`` breaks one configuration down.
+Configuration flags given to the search fix that dimension.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from netmorph.errors import UsageError
+
+FIXABLE = ("tp", "pp", "dp", "microbatch", "interleave", "zero", "recompute", "sequence_parallel")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plan", help="search DP/TP/PP/ZeRO splits; `plan estimate` breaks one down",
+                       description="Predict memory per GPU and step time for parallel training configurations "
+                                   "(Narayanan et al. 2021, Korthikanti et al. 2022, ZeRO) and rank them.")
+    p.add_argument("action", nargs="?", default="search", choices=("search", "estimate"))
+    g = p.add_argument_group("model")
+    g.add_argument("--model", help="preset: gpt3-175b, ptdp-1.7b .. ptdp-1t (Narayanan Table 1), mt-22b .. mt-1t")
+    g.add_argument("--layers", type=int)
+    g.add_argument("--hidden", type=int)
+    g.add_argument("--heads", type=int)
+    g.add_argument("--seq", type=int, help="sequence length (default 2048)")
+    g.add_argument("--vocab", type=int, help="vocabulary (default 51200)")
+    g.add_argument("--ffn", type=int, help="FFN width (default 4 x hidden)")
+    g.add_argument("--params", type=float, help="a bare parameter count: model-state memory only (estimate)")
+    h = p.add_argument_group("machine")
+    h.add_argument("--gpus", type=int, help="devices (default: tp x pp x dp for estimate)")
+    h.add_argument("--hardware", default="a100-80g", help="a100-80g (default), h100-80g, v100-32g, or a JSON file")
+    h.add_argument("--efficiency", type=float, help="override the hardware's matmul efficiency (fraction of peak)")
+    c = p.add_argument_group("configuration")
+    c.add_argument("--global-batch", type=int, help="sequences per iteration")
+    c.add_argument("--tp", type=int)
+    c.add_argument("--pp", type=int)
+    c.add_argument("--dp", type=int)
+    c.add_argument("--microbatch", type=int)
+    c.add_argument("--interleave", type=int, help="model chunks per pipeline stage, v (default 1)")
+    c.add_argument("--zero", type=int, choices=(0, 1, 2, 3))
+    c.add_argument("--recompute", choices=("none", "selective", "full"))
+    c.add_argument("--sequence-parallel", action="store_true", default=None)
+    c.add_argument("--dp-overlap", action="store_true", help="overlap the gradient reduction with backward")
+    c.add_argument("--param-bytes", type=int, default=2, help="bytes per weight (default 2)")
+    c.add_argument("--grad-bytes", type=int, default=4, help="bytes per gradient (default 4, fp32 main grads; "
+                                                             "2 gives ZeRO's 16 B/param)")
+    c.add_argument("--optimizer-bytes", type=int, default=12, help="optimizer bytes per parameter (default 12)")
+    p.add_argument("--top", type=int, default=5, help="how many plans to print (default 5)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=run)
+
+
+def _common(args):
+    from netmorph.planner.hardware import load_hardware
+    from netmorph.planner.model import from_args
+    model = from_args(args.model, args.layers, args.hidden, args.heads, args.seq, args.vocab, args.ffn, args.params)
+    hw = load_hardware(args.hardware, args.efficiency)
+    for k in ("param_bytes", "grad_bytes", "optimizer_bytes"):
+        if getattr(args, k) < 0:
+            raise UsageError(f"--{k.replace('_', '-')} must be >= 0")
+    for k in ("tp", "pp", "dp", "microbatch", "interleave", "gpus", "global_batch"):
+        v = getattr(args, k)
+        if v is not None and v < 1:
+            raise UsageError(f"--{k.replace('_', '-')} must be >= 1, got {v}")
+    return model, hw
+
+
+def _gb(x):
+    return f"{x / 1e9:.1f}"
+
+
+def run(args) -> int:
+    model, hw = _common(args)
+    return _estimate(args, model, hw) if args.action == "estimate" else _search(args, model, hw)
+
+
+def _estimate(args, model, hw) -> int:
+    from netmorph.planner.config import ParallelConfig
+    from netmorph.planner.search import check, estimate
+    tp, pp = args.tp or 1, args.pp or 1
+    if args.dp is None:
+        if args.gpus is None:
+            dp = 1
+        elif args.gpus % (tp * pp):
+            raise UsageError(f"--gpus {args.gpus} is not divisible by tp x pp = {tp * pp}; change --gpus, --tp or --pp")
+        else:
+            dp = args.gpus // (tp * pp)
+    else:
+        dp = args.dp
+    if args.gpus is not None and args.gpus != tp * pp * dp:
+        raise UsageError(f"--gpus {args.gpus} != tp x pp x dp = {tp}x{pp}x{dp} = {tp * pp * dp}; fix --gpus/--tp/--pp/--dp")
+    mb = args.microbatch or 1
+    gb = args.global_batch or dp * mb
+    c = ParallelConfig(tp, pp, dp, mb, gb, args.interleave or 1, args.zero or 0, args.recompute or "none",
+                       bool(args.sequence_parallel), args.dp_overlap, args.param_bytes, args.grad_bytes,
+                       args.optimizer_bytes)
+    why = check(model, c, hw)
+    if why and not ("inter-node" in why):
+        raise UsageError(f"{why}; change {_flag_for(why)}")
+    e = estimate(model, c, hw)
+    if args.json:
+        json.dump(e, sys.stdout, indent=1, default=float)
+        sys.stdout.write("\n")
+        return 0
+    mem = e["memory_bytes"]
+    print(f"# netmorph plan estimate: {_describe(model)} on {c.gpus} x {hw.name}")
+    print(f"# {c.label()}, global batch {gb} ({c.microbatches} microbatches per pipeline)"
+          + (f"; warning: {why}" if why else ""))
+    print(f"parameters         {e['params_count'] / 1e9:,.2f} x 1e9 (Narayanan eq. 2)")
+    print("memory per GPU     " + ", ".join(f"{k} {_gb(mem[k])} GB ({mem[k] / 2**30:.1f} GiB)"
+                                            for k in ("params", "grads", "optimizer", "activations")))
+    print(f"                   total {_gb(mem['total'])} GB ({mem['total'] / 2**30:.1f} GiB) of "
+          f"{_gb(hw.memory_bytes)} GB ({hw.memory_bytes / 2**30:.0f} GiB): {'fits' if e['fits'] else 'DOES NOT FIT'}")
+    if model.bare:
+        return 0
+    cm = e["comm_s"]
+    print(f"FLOPs / iteration  {e['flops_per_iteration']:.4g} (eq. 3, recompute {c.recompute}); model FLOPs "
+          f"{e['model_flops_per_iteration']:.4g}")
+    print(f"step time          {e['step_time_s']:.3f} s = matmul {e['matmul_s']:.3f} + elementwise "
+          f"{e['elementwise_s']:.3f} + bubble {e['bubble_s']:.3f} + TP {cm['tensor_parallel']:.3f} + PP "
+          f"{cm['pipeline_p2p']:.3f} + DP {cm['data_parallel']:.3f} + ZeRO-3 {cm['zero3_gather']:.3f} + optimizer "
+          f"{e['optimizer_s']:.3f}")
+    print(f"throughput         {e['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU {100 * e['mfu']:.1f}%, "
+          f"{e['tokens_per_s']:,.0f} tokens/s, bubble {100 * e['bubble_fraction']:.1f}% of ideal time "
+          f"((p-1)/(v·m) = {pp - 1}/({c.interleave}·{c.microbatches}))")
+    return 0
+
+
+def _flag_for(why):
+    for word, flag in (("tp", "--tp"), ("pp", "--pp or --interleave"), ("batch", "--global-batch or --microbatch"),
+                       ("interleaving", "--interleave"), ("ZeRO", "--zero or --pp"), ("sequence", "--tp")):
+        if word in why:
+            return flag
+    return "the configuration"
+
+
+def _describe(model):
+    if model.bare:
+        return model.name
+    return (f"{model.name} ({model.params() / 1e9:.1f}e9 params: l {model.layers}, h {model.hidden}, "
+            f"heads {model.heads}, s {model.seq}, V {model.vocab})")
+
+
+def _search(args, model, hw) -> int:
+    from netmorph.planner.search import search
+    if args.gpus is None:
+        raise UsageError("--gpus is required to search (how many devices to split over)")
+    if args.global_batch is None:
+        raise UsageError("--global-batch is required to search (sequences per iteration)")
+    from netmorph.planner.config import ParallelConfig
+    base = ParallelConfig(dp_overlap=args.dp_overlap, param_bytes=args.param_bytes, grad_bytes=args.grad_bytes,
+                          optimizer_bytes=args.optimizer_bytes)
+    t0 = time.perf_counter()
+    ranked, reasons, examples, n_fit = search(model, args.gpus, hw, args.global_batch, base, top=0)
+    fixed = {k: getattr(args, k) for k in FIXABLE if getattr(args, k) is not None}
+    if fixed:
+        ranked = [e for e in ranked if all(e[k] == v for k, v in fixed.items())]
+    elapsed = time.perf_counter() - t0
+    top = ranked[:args.top]
+    if args.json:
+        json.dump(top, sys.stdout, indent=1, default=float)
+        sys.stdout.write("\n")
+        return 0 if top else 1
+    total = sum(reasons.values()) + n_fit
+    print(f"# netmorph plan: {_describe(model)} on {args.gpus} x {hw.name}, global batch {args.global_batch}")
+    print(f"# searched {total:,} configurations in {elapsed:.2f} s: {n_fit:,} fit"
+          + (f", {len(ranked):,} match {fixed}" if fixed else "") + "; ranked by predicted step time")
+    if top:
+        print(f"{'#':>2} {'tp':>3} {'pp':>3} {'dp':>5} {'mb':>3} {'v':>2} {'zero':>4} {'recompute':>9} {'sp':>2} "
+              f"{'step(s)':>9} {'TFLOP/s':>8} {'MFU':>6} {'bubble':>6}  {'GB: params/grads/opt/act = total':<36}"
+              f" {'comm s: tp/pp/dp':<20}")
+        for i, e in enumerate(top, 1):
+            m, cm = e["memory_bytes"], e["comm_s"]
+            mem = f"{_gb(m['params'])}/{_gb(m['grads'])}/{_gb(m['optimizer'])}/{_gb(m['activations'])} = {_gb(m['total'])}"
+            comm = f"{cm['tensor_parallel']:.2f}/{cm['pipeline_p2p']:.2f}/{cm['data_parallel'] + cm['zero3_gather']:.2f}"
+            print(f"{i:>2} {e['tp']:>3} {e['pp']:>3} {e['dp']:>5} {e['microbatch']:>3} {e['interleave']:>2} "
+                  f"{e['zero']:>4} {e['recompute']:>9} {'y' if e['sequence_parallel'] else '-':>2} "
+                  f"{e['step_time_s']:>9.3f} {e['tflops_per_gpu']:>8.1f} {100 * e['mfu']:>5.1f}% "
+                  f"{100 * e['bubble_fraction']:>5.1f}%  {mem:<36} {comm:<20}")
+    else:
+        print("# nothing fits: every configuration was rejected (see below)")
+    print("# rejected, by reason (count: an example):")
+    for k, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        print(f"#   {n:>8,}  {examples[k]}")
+    if top:
+        print("# memory in decimal GB; `netmorph plan estimate` with the same flags breaks one plan down")
+    return 0 if top else 1

@@ -1,0 +1,80 @@
+"""Accelerators and the clusters they come in, for the planner.
+
+Each preset gives peak dense 16-bit tensor FLOP/s, memory, HBM bandwidth, and the
+two-level network the collectives are timed on (:class:`netmorph.cost.topology.Topology`),
+plus the planner's two efficiency knobs, both documented and overridable
+(``--efficiency``, or a JSON file):
+
+- ``gemm_efficiency``: the fraction of peak that large 16-bit matmuls reach (cuBLAS on
+  A100 reaches about 70-80% on transformer-sized GEMMs);
+- ``elementwise_passes``: how many times the bytes of a layer's stored activations
+  (Korthikanti et al.'s per-layer activation bytes) cross HBM in the non-matmul
+  kernels of one forward+backward (layernorm, dropout, softmax, GeLU, residual adds).
+  This memory-bound work is why small hidden sizes reach a lower share of peak.
+
+Sources: NVIDIA V100 / A100 / H100 datasheets (peak FLOP/s, HBM), DGX-2 / DGX A100 /
+DGX H100 system guides (NVSwitch bandwidth per GPU, InfiniBand NICs per node).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from netmorph.cost.topology import Topology
+from netmorph.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    peak_flops: float              # dense fp16/bf16 tensor FLOP/s per device
+    memory_bytes: float
+    hbm_bandwidth: float           # B/s
+    gpus_per_node: int
+    nvlink_bandwidth: float        # B/s each way per device
+    nic_bandwidth: float           # B/s each way per device (its own InfiniBand NIC)
+    alpha_intra: float = 2e-6
+    alpha_inter: float = 5e-6
+    gemm_efficiency: float = 0.70
+    elementwise_passes: float = 6.0
+    description: str = ""
+
+    def topology(self) -> Topology:
+        return Topology(self.name, alpha=self.alpha_intra, beta=1 / self.nvlink_bandwidth,
+                        gamma=3 / self.hbm_bandwidth, gpus_per_node=self.gpus_per_node,
+                        alpha_inter=self.alpha_inter, beta_inter=1 / self.nic_bandwidth,
+                        node_bandwidth=self.nic_bandwidth * self.gpus_per_node)
+
+
+GiB = 1024 ** 3
+PRESETS = {h.name: h for h in [
+    Hardware("v100-32g", 125e12, 32 * GiB, 900e9, 16, 150e9, 12.5e9, gemm_efficiency=0.70,
+             description="DGX-2: 16 V100-32GB on NVSwitch (300 GB/s bidirectional per GPU), 8 x 100 Gb/s EDR per node"),
+    Hardware("a100-80g", 312e12, 80 * GiB, 2039e9, 8, 300e9, 25e9, gemm_efficiency=0.70,
+             description="DGX A100 (Selene): 8 A100-80GB, NVLink 3 600 GB/s bidirectional, 8 x 200 Gb/s HDR per node"),
+    Hardware("h100-80g", 989e12, 80 * GiB, 3350e9, 8, 450e9, 50e9, gemm_efficiency=0.70,
+             description="DGX H100: 8 H100-80GB SXM, NVLink 4 900 GB/s bidirectional, 8 x 400 Gb/s NDR per node"),
+]}
+
+
+def load_hardware(name_or_file: str, efficiency: float | None = None) -> Hardware:
+    if name_or_file in PRESETS:
+        hw = PRESETS[name_or_file]
+    else:
+        path = Path(name_or_file)
+        if not path.exists():
+            raise UsageError(f"--hardware: {name_or_file!r} is neither a preset ({', '.join(PRESETS)}) nor a file")
+        try:
+            data = json.loads(path.read_text())
+            data.setdefault("name", path.stem)
+            hw = Hardware(**data)
+        except (OSError, json.JSONDecodeError, TypeError) as e:
+            raise UsageError(f"--hardware: cannot use {name_or_file}: {e}; fields: "
+                             f"{', '.join(asdict(PRESETS['a100-80g']))}") from None
+    if efficiency is not None:
+        if not 0 < efficiency <= 1:
+            raise UsageError(f"--efficiency must be in (0, 1], got {efficiency}")
+        hw = replace(hw, gemm_efficiency=efficiency)
+    return hw

@@ -1,0 +1,97 @@
+"""Tour section: one model across its parallel splits -- memory per GPU and throughput, the plan marked."""
+
+from __future__ import annotations
+
+from netmorph.report.html import Section
+
+STEPS = 2
+MODEL, GPUS, BATCH = "gpt3-175b", 1024, 1536
+
+
+def build_section(out_dir, tick=lambda: None) -> Section:
+    import time
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from netmorph.planner.config import ParallelConfig
+    from netmorph.planner.hardware import PRESETS as HW
+    from netmorph.planner.memory import memory
+    from netmorph.planner.model import PRESETS
+    from netmorph.planner.search import search
+
+    model, hw = PRESETS[MODEL], HW["a100-80g"]
+    t0 = time.perf_counter()
+    ranked, reasons, _, n_fit = search(model, GPUS, hw, BATCH, top=0)
+    elapsed = time.perf_counter() - t0
+    tick()
+    best = ranked[0]
+    splits = [(t, p) for t in (1, 2, 4, 8) for p in (1, 2, 4, 8, 16, 32) if model.layers % p == 0]
+    mems, thr, labels = [], [], []
+    for t, p in splits:
+        d = GPUS // (t * p)
+        c = ParallelConfig(t, p, d, 1, BATCH, 1, 1, "selective", t > 1)
+        mems.append(memory(model, c))
+        here = [e for e in ranked if e["tp"] == t and e["pp"] == p]
+        thr.append(here[0]["tflops_per_gpu"] if here else 0.0)
+        labels.append(f"t{t}\np{p}")
+    tick()
+    fig, axes = plt.subplots(2, 1, figsize=(13, 8), sharex=True)
+    x = np.arange(len(splits))
+    bottom = np.zeros(len(splits))
+    for key, color in (("params", "#1f77b4"), ("grads", "#ff7f0e"), ("optimizer", "#2ca02c"),
+                       ("activations", "#d62728")):
+        vals = np.array([m[key] / 2**30 for m in mems])
+        axes[0].bar(x, vals, bottom=bottom, color=color, label=key)
+        bottom += vals
+    axes[0].axhline(hw.memory_bytes / 2**30, color="black", ls="--", lw=1, label="80 GiB per A100")
+    axes[0].set_yscale("log")
+    axes[0].set_ylim(1, None)
+    axes[0].set_ylabel("GiB per GPU (ZeRO-1, selective recompute, mb 1)")
+    axes[0].legend(fontsize=8, ncol=5)
+    colors = ["#999999" if v == 0 else "#1f77b4" for v in thr]
+    bi = splits.index((best["tp"], best["pp"])) if (best["tp"], best["pp"]) in splits else None
+    if bi is not None:
+        colors[bi] = "#d62728"
+    axes[1].bar(x, thr, color=colors)
+    for i, v in enumerate(thr):
+        if v == 0:
+            axes[1].text(i, 2, "no fit", ha="center", fontsize=7, rotation=90)
+    if bi is not None:
+        axes[1].annotate(f"plan: {best['tp']}x{best['pp']}x{best['dp']}, mb {best['microbatch']}, v {best['interleave']}"
+                         f", ZeRO-{best['zero']}, {best['recompute']}", (bi, thr[bi]), xytext=(bi - 6, thr[bi] * 1.08),
+                         arrowprops={"arrowstyle": "->"}, fontsize=9)
+    axes[1].set_ylabel("best predicted TFLOP/s per GPU")
+    axes[1].set_xticks(x, labels, fontsize=8)
+    axes[1].set_xlabel("tensor x pipeline split (data parallel = 1024 / (t·p))")
+    fig.suptitle(f"GPT-3 175B on {GPUS} A100-80GB, global batch {BATCH}: what each split costs", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(out_dir / "plan_splits.png", dpi=110)
+    plt.close(fig)
+    mem = best["memory_bytes"]
+    html = f"""
+<p>The planner's memory model (ZeRO's partitioning, Megatron's sharding, Korthikanti et al.'s activations) and
+time model (Narayanan et al.'s FLOPs, the pipeline bubble, every collective simulated on the DGX A100 cluster
+topology) over every split of GPT-3 175B on {GPUS} A100s: {sum(reasons.values()) + n_fit:,} configurations in
+{elapsed:.2f} s, {n_fit:,} of which fit. Without tensor or pipeline parallelism a GPU would hold
+{mems[0]['total'] / 2**40:.1f} TiB; tensor parallelism beyond one node's 8 GPUs is rejected outright (an all-reduce per
+layer on InfiniBand).</p>
+<p><b>The plan:</b> tp {best['tp']}, pp {best['pp']}, dp {best['dp']}, microbatch {best['microbatch']},
+interleaving {best['interleave']}, ZeRO-{best['zero']}, {best['recompute']} recomputation
+{'with' if best['sequence_parallel'] else 'without'} sequence parallelism: {best['step_time_s']:.2f} s per iteration,
+{best['tflops_per_gpu']:.0f} TFLOP/s per GPU, MFU {100 * best['mfu']:.0f}%, bubble {100 * best['bubble_fraction']:.1f}%,
+{mem['total'] / 2**30:.1f} GiB per GPU. Its accuracy against the papers' published runs is in
+<code>docs/validation.md</code>.</p>
+<p>Reproduce: <code>netmorph plan --model gpt3-175b --gpus 1024 --global-batch 1536</code>;
+<code>netmorph plan estimate --model gpt3-175b --tp 8 --pp 8 --dp 16 --global-batch 1536 --recompute full</code>.</p>
+"""
+    summary = [f"{MODEL} on {GPUS} x a100-80g: {n_fit} of {sum(reasons.values()) + n_fit:,} configurations fit "
+               f"(searched in {elapsed:.2f} s)",
+               f"plan: tp{best['tp']} pp{best['pp']} dp{best['dp']} mb{best['microbatch']} v{best['interleave']} "
+               f"ZeRO-{best['zero']} {best['recompute']}: {best['step_time_s']:.2f} s/iter, "
+               f"{best['tflops_per_gpu']:.0f} TFLOP/s/GPU, MFU {100 * best['mfu']:.0f}%"]
+    return Section("Parallelism planner: what each DP/TP/PP split costs", html,
+                   [("plan_splits.png", "Memory per GPU and best throughput for each tensor x pipeline split.")],
+                   summary)
