@@ -18,16 +18,22 @@ from netmorph.consistency.common import Pacer, Snapshots
 from netmorph.consistency.problems import make
 
 
-def bsp(comm, cfg, progress):
+def _start(comm, cfg):
+    """The problem, initial parameters, pacer; then a barrier, the clock, and rank 0's snapshots."""
     prob = make(cfg.model, cfg.batch, cfg.seed)
-    p, rank = comm.world, comm.rank
     w = prob.init(cfg.seed)
-    pace = Pacer(cfg, rank)
+    pace = Pacer(cfg, comm.rank)
     comm.barrier()
     t0 = time.perf_counter()
-    snaps = Snapshots(cfg.steps * p, cfg.snapshots, t0) if rank == 0 else None
+    snaps = Snapshots(cfg.steps * comm.world, cfg.snapshots, t0) if comm.rank == 0 else None
     if snaps:
         snaps.maybe(0, w)
+    return prob, w, pace, t0, snaps
+
+
+def bsp(comm, cfg, progress):
+    p, rank = comm.world, comm.rank
+    prob, w, pace, t0, snaps = _start(comm, cfg)
     for step in range(cfg.steps):
         pace.start()
         _, g = prob.grad(w, prob.batch(rank, step))
@@ -46,18 +52,11 @@ def bsp(comm, cfg, progress):
 
 
 def local_sgd(comm, cfg, progress):
-    prob = make(cfg.model, cfg.batch, cfg.seed)
     p, rank, H = comm.world, comm.rank, cfg.local_steps
-    w_global = prob.init(cfg.seed)
+    prob, w_global, pace, t0, snaps = _start(comm, cfg)
     w = w_global.copy()
     momentum = np.zeros_like(w)
-    pace = Pacer(cfg, rank)
     stale = {}
-    comm.barrier()
-    t0 = time.perf_counter()
-    snaps = Snapshots(cfg.steps * p, cfg.snapshots, t0) if rank == 0 else None
-    if snaps:
-        snaps.maybe(0, w_global)
     for step in range(cfg.steps):
         pace.start()
         _, g = prob.grad(w, prob.batch(rank, step))

@@ -302,23 +302,27 @@ class ShmTransport:
         pairs = f.slot(ch, k)[:nb].view(np.int64).reshape(-1, 2).copy()
         src_arena = f.arena(st.peer)
         for off, ln in pairs.tolist():
-            at = 0
-            while at < ln:
-                dst = st.segs[st.seg]
-                take = min(ln - at, dst.nbytes - st.pos)
-                chunk = src_arena[off + at:off + at + take]
-                if st.flags[st.seg]:
-                    isz = dst.itemsize
-                    a, b = st.pos // isz, (st.pos + take) // isz
-                    self.ufunc(dst[a:b], chunk.view(dst.dtype), out=dst[a:b])
-                else:
-                    dst.view(np.uint8)[st.pos:st.pos + take] = chunk
-                at += take
-                st.pos += take
-                if st.pos == dst.nbytes:
-                    st.seg += 1
-                    st.pos = 0
-            st.got += ln
+            self._land(st, src_arena[off:off + ln])
+
+    def _land(self, st: _In, data: np.ndarray) -> None:
+        """Copy or reduce the next ``len(data)`` bytes of the stream into its destination segments."""
+        at, n = 0, len(data)
+        while at < n:
+            dst = st.segs[st.seg]
+            take = min(n - at, dst.nbytes - st.pos)
+            chunk = data[at:at + take]
+            if st.flags[st.seg]:
+                isz = dst.itemsize
+                a, b = st.pos // isz, (st.pos + take) // isz
+                self.ufunc(dst[a:b], chunk.view(dst.dtype), out=dst[a:b])
+            else:
+                dst.view(np.uint8)[st.pos:st.pos + take] = chunk
+            at += take
+            st.pos += take
+            if st.pos == dst.nbytes:
+                st.seg += 1
+                st.pos = 0
+        st.got += n
 
     def _pull(self, st: _In) -> bool:
         f = self.f
@@ -337,23 +341,7 @@ class ShmTransport:
                 moved = True
                 st.done = st.got == st.total
                 continue
-            slot = f.slot(ch, k)
-            at = 0
-            while at < nb:
-                dst = st.segs[st.seg]
-                take = min(nb - at, dst.nbytes - st.pos)
-                if st.flags[st.seg]:
-                    isz = dst.itemsize
-                    a, b = st.pos // isz, (st.pos + take) // isz
-                    self.ufunc(dst[a:b], slot[at:at + take].view(dst.dtype), out=dst[a:b])
-                else:
-                    dst.view(np.uint8)[st.pos:st.pos + take] = slot[at:at + take]
-                at += take
-                st.pos += take
-                if st.pos == dst.nbytes:
-                    st.seg += 1
-                    st.pos = 0
-            st.got += nb
+            self._land(st, f.slot(ch, k)[:nb])
             f.consumed[ch] += 1                  # hand the slot back after reading it
             moved = True
             st.done = st.got == st.total
