@@ -122,6 +122,9 @@ def test_cli_estimate_and_fixed_search(capsys):
                  "--global-batch", "1536", "--recompute", "full"]) == 0
     out = capsys.readouterr().out
     assert "TFLOP/s per GPU" in out and "fits" in out and "GiB" in out
+    assert main(["plan", "--model", "gpt3-175b", "--gpus", "1024", "--global-batch", "1536"]) == 0
+    out = capsys.readouterr().out
+    assert "what costs them most" in out and "mostly" in out and "out of memory" in out
     assert main(["plan", "--model", "gpt3-175b", "--gpus", "1024", "--global-batch", "1536", "--tp", "8"]) == 0
     rows = [l for l in capsys.readouterr().out.splitlines() if l[:2].strip().isdigit()]
     assert rows and all(l.split()[1] == "8" for l in rows)

@@ -130,6 +130,32 @@ def _estimate(args, model, hw) -> int:
     return 0
 
 
+PARTS = (("bubble", lambda e: e["bubble_s"]), ("tensor-parallel comm", lambda e: e["comm_s"]["tensor_parallel"]),
+         ("pipeline p2p", lambda e: e["comm_s"]["pipeline_p2p"]),
+         ("data-parallel comm", lambda e: e["comm_s"]["data_parallel"] + e["comm_s"]["zero3_gather"]),
+         ("recomputed matmuls", lambda e: e["matmul_s"]),
+         ("memory-bound kernels", lambda e: e["elementwise_s"]), ("optimizer step", lambda e: e["optimizer_s"]))
+
+
+def _why_slower(ranked, top, n=5):
+    """For the best configuration of each other (tp, pp) split: how much slower, and the part that grew most."""
+    best = ranked[0]
+    shown = {(e["tp"], e["pp"]) for e in top}
+    seen, out = set(), []
+    for e in ranked:
+        key = (e["tp"], e["pp"])
+        if key in shown or key in seen:
+            continue
+        seen.add(key)
+        name, grew = max(((nm, f(e) - f(best)) for nm, f in PARTS), key=lambda x: x[1])
+        out.append(f"tp{e['tp']} pp{e['pp']} dp{e['dp']}: {e['step_time_s']:.2f} s "
+                   f"(+{100 * (e['step_time_s'] / best['step_time_s'] - 1):.0f}%), mostly {name} "
+                   f"(+{grew:.2f} s{', bubble ' + format(e['bubble_fraction'], '.0%') if name == 'bubble' else ''})")
+        if len(out) == n:
+            break
+    return out
+
+
 def _flag_for(why):
     for word, flag in (("tp", "--tp"), ("pp", "--pp or --interleave"), ("batch", "--global-batch or --microbatch"),
                        ("interleaving", "--interleave"), ("ZeRO", "--zero or --pp"), ("sequence", "--tp")):
@@ -183,6 +209,12 @@ def _search(args, model, hw) -> int:
                   f"{100 * e['bubble_fraction']:>5.1f}%  {mem:<36} {comm:<20}")
     else:
         print("# nothing fits: every configuration was rejected (see below)")
+    if top:
+        lines = _why_slower(ranked, top)
+        if lines:
+            print("# other splits that fit, best of each, and what costs them most against plan 1:")
+            for line in lines:
+                print(f"#   {line}")
     print("# rejected, by reason (count: an example):")
     for k, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
         print(f"#   {n:>8,}  {examples[k]}")
