@@ -14,7 +14,7 @@ from netmorph.collectives import ALGORITHMS, ROOTED, canonical_op, check_algo
 from netmorph.cost.topology import PRESETS, load_topology
 from netmorph.cost.tuner import choose, predict
 from netmorph.errors import UsageError
-from netmorph.report.table import DTYPES, HEADER, format_formula, format_row, record
+from netmorph.report.table import DTYPES, HEADER, format_formula, format_row, record, size_bands
 from netmorph.units import parse_size, parse_size_range
 
 
@@ -131,16 +131,9 @@ def _factor_text(op):
 
 
 def _crossovers(records) -> str:
-    """Compress per-size winners into ranges: 'recursive_doubling up to 64 KiB, rabenseifner from 128 KiB'."""
-    from netmorph.units import fmt_bytes
-    runs = []
-    for row in records:
-        best = min(row, key=lambda r: r["predicted_time_s"])
-        if runs and runs[-1][0] == best["algo"]:
-            runs[-1][2] = best["bytes"]
-        else:
-            runs.append([best["algo"], best["bytes"], best["bytes"]])
-    return ", ".join(f"{a} {fmt_bytes(lo)}..{fmt_bytes(hi)}" for a, lo, hi in runs)
+    """The fastest algorithm at each size, as ranges of sizes."""
+    best = [min(row, key=lambda r: r["predicted_time_s"]) for row in records]
+    return size_bands([r["algo"] for r in best], [r["bytes"] for r in best], sep="..")
 
 
 class _progress:

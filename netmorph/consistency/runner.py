@@ -63,7 +63,7 @@ def run(cfg: Config, on_progress=None) -> dict:
     return summarise(cfg, results, ledger, elapsed)
 
 
-def _combine_shards(results, cfg, dim):
+def _combine_shards(results, dim):
     """Server snapshots, one per shard at matching update counts, into whole-vector snapshots."""
     servers = [r for r in results if r.get("role") == "server"]
     by_updates = {}
@@ -84,7 +84,7 @@ def _combine_shards(results, cfg, dim):
 def summarise(cfg: Config, results, ledger, elapsed) -> dict:
     prob = make(cfg.model, cfg.batch, cfg.seed)
     if cfg.mode in ("async", "ssp"):
-        snaps, final = _combine_shards(results, cfg, prob.dim)
+        snaps, final = _combine_shards(results, prob.dim)
         workers = [r for r in results if r.get("role") == "worker"]
         stale = {}
         for r in results:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from netmorph.collectives import ALGORITHMS, BUSBW_FACTOR
+from netmorph.collectives import BUSBW_FACTOR
 
 OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "alltoall")
 
@@ -117,7 +117,7 @@ def _rank_fn(comm, cases, iters, warmup, dtype):
 
 
 def measure(cases, world: int, backend: str = "local", iters: int = 20, warmup: int = 5, dtype="float32",
-            timeout: float = 30.0, progress=None):
+            timeout: float = 30.0):
     """Run every case on ``world`` ranks; returns one dict per case (slowest rank's mean time, summed #wrong)."""
     from netmorph.fabric.launch import launch
     results = launch(_rank_fn, world, cases, iters, warmup, dtype, backend=backend, timeout=timeout)
@@ -148,9 +148,3 @@ def memcpy_bandwidth(nbytes: int, repeats: int = 20) -> float:
         np.copyto(b, a)
         best = min(best, time.perf_counter() - t0)
     return a.nbytes / best / 1e9
-
-
-def algorithms(op: str, choice: str):
-    if choice == "all":
-        return list(ALGORITHMS[op])
-    return [choice]

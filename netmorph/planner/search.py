@@ -16,8 +16,6 @@ without pipeline parallelism; and the most loaded device must fit in memory.
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 from netmorph.errors import UsageError
 from netmorph.planner.config import RECOMPUTE, ParallelConfig
 from netmorph.planner.hardware import Hardware
@@ -146,7 +144,3 @@ def _reason_key(why: str) -> str:
             return {"does not divide the": "tp/pp does not divide the model",
                     "does not split": "batch does not split"}.get(key, key)
     return why
-
-
-def as_json(est: dict) -> dict:
-    return {k: (v if not hasattr(v, "__dataclass_fields__") else asdict(v)) for k, v in est.items()}

@@ -14,6 +14,7 @@ from netmorph.collectives import ALGORITHMS
 from netmorph.cost.topology import PRESETS
 from netmorph.cost.tuner import predict
 from netmorph.report.html import Section
+from netmorph.report.table import size_bands
 from netmorph.units import fmt_bytes, fmt_time
 
 ALGOS = list(ALGORITHMS["allreduce"])
@@ -31,20 +32,6 @@ def _curves(topo, placement, world=8):
 def _winners(curves):
     stack = np.array([curves[a] for a in ALGOS])
     return [ALGOS[i] for i in stack.argmin(axis=0)]
-
-
-def _bands(winners, sizes):
-    runs = []
-    for a, n in zip(winners, sizes):
-        if runs and runs[-1][0] == a:
-            runs[-1][2] = n
-        else:
-            runs.append([a, n, n])
-    return runs
-
-
-def _fmt_bands(runs):
-    return ", ".join(f"{a} {fmt_bytes(lo)}–{fmt_bytes(hi)}" for a, lo, hi in runs)
 
 
 def build_section(out_dir, tick=lambda: None) -> Section:
@@ -75,7 +62,7 @@ def build_section(out_dir, tick=lambda: None) -> Section:
         ticks = [1 << e for e in range(10, 31, 4)]
         ax.set_xticks(ticks, [fmt_bytes(t).replace(" ", "") for t in ticks])
         ax.grid(True, which="major", alpha=0.3)
-        band_text[label] = _bands(win, SIZES)
+        band_text[label] = size_bands(win, SIZES)
     axes[0].set_ylabel("predicted time (s)")
     axes[0].legend(fontsize=8, loc="upper left")
     fig.suptitle("One all-reduce, p = 8, on a DGX A100 cluster: tensor-parallel vs data-parallel placement")
@@ -138,15 +125,15 @@ def build_section(out_dir, tick=lambda: None) -> Section:
     map_lines = []
     for name, grid in maps.items():
         p64 = WORLDS.index(64)
-        map_lines.append(f"{name}, p = 64: " + _fmt_bands(_bands([ALGOS[i] for i in grid[p64]], MAP_SIZES)))
+        map_lines.append(f"{name}, p = 64: " + size_bands([ALGOS[i] for i in grid[p64]], MAP_SIZES))
     html = f"""
 <p>The same all-reduce, written eight ways as schedules of point-to-point transfers, counted and timed by
 event simulation on a modelled DGX A100 cluster (NVLink 300 GB/s inside a node, 8 × 25 GB/s InfiniBand
 between nodes). The left panel places the 8 ranks inside one node, as a tensor-parallel group is placed;
 the right panel places them on 8 different nodes, as a data-parallel group is.</p>
 <ul>
-<li><b>Tensor-parallel placement:</b> {_fmt_bands(band_text[tp_label])}.</li>
-<li><b>Data-parallel placement:</b> {_fmt_bands(band_text[dp_label])}.</li>
+<li><b>Tensor-parallel placement:</b> {band_text[tp_label]}.</li>
+<li><b>Data-parallel placement:</b> {band_text[dp_label]}.</li>
 <li>A 1 KiB all-reduce costs {one_kib_ratio:.1f}× more across nodes (latency: α 5 µs vs 2 µs);
 a 1 GiB one {big_ratio:.1f}× more (bandwidth: 25 GB/s vs 300 GB/s per GPU).</li>
 </ul>
@@ -165,8 +152,8 @@ any placement or sweep: <code>netmorph collective allreduce --world 64 --sizes 1
 --topology pcie-ethernet-cluster</code>.</p>
 """
     summary = [
-        f"TP all-reduce (8 GPUs, one node):   {_fmt_bands(band_text[tp_label])}",
-        f"DP all-reduce (8 nodes, IB):        {_fmt_bands(band_text[dp_label])}",
+        f"TP all-reduce (8 GPUs, one node):   {band_text[tp_label]}",
+        f"DP all-reduce (8 nodes, IB):        {band_text[dp_label]}",
         f"cross-node penalty: {one_kib_ratio:.1f}x at 1 KiB (latency), {big_ratio:.1f}x at 1 GiB (bandwidth)",
     ] + map_lines
     return Section(

@@ -19,6 +19,18 @@ DTYPES = {"float": ("float32", 4), "float32": ("float32", 4), "half": ("float16"
           "int32": ("int32", 4), "int64": ("int64", 8), "int8": ("int8", 1), "uint8": ("uint8", 1)}
 
 
+def size_bands(winners, sizes, sep: str = "–") -> str:
+    """Per-size winners as ranges: 'recursive_doubling 1 KiB–256 KiB, rabenseifner 512 KiB–1 GiB'."""
+    from netmorph.units import fmt_bytes
+    runs = []
+    for a, n in zip(winners, sizes):
+        if runs and runs[-1][0] == a:
+            runs[-1][2] = n
+        else:
+            runs.append([a, n, n])
+    return ", ".join(f"{a} {fmt_bytes(lo)}{sep}{fmt_bytes(hi)}" for a, lo, hi in runs)
+
+
 def bandwidths(op: str, nbytes: int, seconds: float, world: int) -> tuple[float, float]:
     """(algbw, busbw) in GB/s, nccl-tests' definitions."""
     if seconds <= 0:

@@ -350,18 +350,18 @@ class ShmTransport:
         return moved
 
     def progress(self, pull: bool = True) -> bool:
+        moved = self._drain(self.outq, self._push)
+        if pull:
+            moved |= self._drain(self.inq, self._pull)
+        return moved
+
+    @staticmethod
+    def _drain(queues, step) -> bool:
+        """Advance the head stream of every per-peer FIFO, popping those that finish."""
         moved = False
-        for q in self.outq.values():
+        for q in queues.values():
             while q:
-                moved |= self._push(q[0])
-                if not q[0].done:
-                    break
-                q.popleft()
-        if not pull:
-            return moved
-        for q in self.inq.values():
-            while q:
-                moved |= self._pull(q[0])
+                moved |= step(q[0])
                 if not q[0].done:
                     break
                 q.popleft()
