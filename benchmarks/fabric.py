@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from netmorph.fabric.bench import Case, measure, memcpy_bandwidth
+from netmorph.runtime.bench import Case, measure, memcpy_bandwidth
 from netmorph.units import parse_size
 
 LOCAL_ALGOS = ["ring", "rabenseifner", "double_binary_tree", "two_shot"]

@@ -15,7 +15,7 @@ import time
 from netmorph.collectives import build
 from netmorph.cost.simulate import simulate
 from netmorph.cost.topology import load_topology
-from netmorph.fabric.execute import count
+from netmorph.schedule import count
 from netmorph.units import fmt_time, parse_size
 
 

@@ -11,7 +11,7 @@ the result, and rank 0 prints one line per algorithm.
 import numpy as np
 
 from netmorph.collectives import ALGORITHMS
-from netmorph.fabric.launch import init_from_env
+from netmorph.runtime import init_from_env
 
 
 def main() -> None:

@@ -4,14 +4,13 @@ Every part counts the two hardware-independent quantities NCCL and Megatron-LM
 trade against each other -- bytes on the wire and message rounds -- and names
 the production primitive it stands in for.
 
-The foundation is ``netmorph.fabric.schedule``: a collective algorithm is a
-function that returns a :class:`~netmorph.fabric.schedule.Schedule`, and that one
+The foundation is :mod:`netmorph.schedule`: a collective algorithm is a
+function that returns a :class:`~netmorph.schedule.Schedule`, and that one
 object is validated, executed, counted and timed.
 """
 
 from netmorph.errors import UsageError
-from netmorph.fabric.schedule import Round, Schedule
-from netmorph.fabric.execute import Counts, count, execute
+from netmorph.schedule import Counts, Round, Schedule, count, execute
 from netmorph.collectives import ALGORITHMS, OPS, build
 from netmorph.cost.topology import Topology, load_topology
 from netmorph.cost.simulate import simulate

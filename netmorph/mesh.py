@@ -35,23 +35,23 @@ class Mesh:
                  order: str = "tp-cp-ep-dp-pp"):
         sizes = {"tp": tp, "pp": pp, "cp": cp, "ep": ep}
         if world < 1:
-            raise UsageError(f"--world must be >= 1, got {world}")
+            raise UsageError(f"{{world}} must be >= 1, got {world}", "world")
         for name, v in sizes.items():
             if v < 1:
-                raise UsageError(f"--{name} must be >= 1, got {v}")
+                raise UsageError(f"{{{name}}} must be >= 1, got {v}", name)
         rest = tp * pp * cp * ep
         if dp is None:
             if world % rest:
-                raise UsageError(f"--world {world} is not divisible by tp*cp*ep*pp = {rest}; "
-                                 f"change --world or --tp/--pp/--cp/--ep")
+                raise UsageError(f"{{world}} {world} is not divisible by tp*cp*ep*pp = {rest}; "
+                                 f"change {{world}} or {{tp}}/{{pp}}/{{cp}}/{{ep}}", "world")
             dp = world // rest
         if dp < 1 or rest * dp != world:
-            raise UsageError(f"--world {world} != tp*cp*ep*dp*pp = {tp}*{cp}*{ep}*{dp}*{pp} = {rest * dp}; "
-                             f"change --world or --tp/--pp/--dp/--cp/--ep")
+            raise UsageError(f"{{world}} {world} != tp*cp*ep*dp*pp = {tp}*{cp}*{ep}*{dp}*{pp} = {rest * dp}; "
+                             f"change {{world}} or {{tp}}/{{pp}}/{{dp}}/{{cp}}/{{ep}}", "world")
         sizes["dp"] = dp
         names = order.split("-")
         if sorted(names) != sorted(DIMS):
-            raise UsageError(f"--order must name each of {', '.join(DIMS)} once, joined by '-', got {order!r}")
+            raise UsageError(f"{{order}} must name each of {', '.join(DIMS)} once, joined by '-', got {order!r}", "order")
         self.world, self.order, self.sizes = world, names, sizes
         # first name varies fastest: reshape with the last name as the slowest axis
         self.grid = np.arange(world).reshape([sizes[n] for n in reversed(names)])

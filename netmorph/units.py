@@ -20,28 +20,29 @@ _UNITS = {
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
-def parse_size(text: str, flag: str = "--bytes") -> int:
-    """``"8MiB"`` -> 8388608; ``"1.5GB"`` -> 1500000000. Raises UsageError naming ``flag``."""
+def parse_size(text: str, argument: str = "nbytes") -> int:
+    """``"8MiB"`` -> 8388608; ``"1.5GB"`` -> 1500000000. Raises UsageError naming ``argument``."""
     m = _SIZE.match(str(text))
     if not m:
-        raise UsageError(f"{flag}: cannot parse size {text!r} (use e.g. 1024, 64KiB, 8MiB, 1GB)")
+        raise UsageError(f"{{{argument}}}: cannot parse size {text!r} (use e.g. 1024, 64KiB, 8MiB, 1GB)", argument)
     value, unit = float(m.group(1)), m.group(2).upper()
     if unit not in _UNITS:
-        raise UsageError(f"{flag}: unknown unit {m.group(2)!r} in {text!r} (use B, KB, MB, GB, KiB, MiB, GiB)")
+        raise UsageError(f"{{{argument}}}: unknown unit {m.group(2)!r} in {text!r} (use B, KB, MB, GB, KiB, MiB, GiB)",
+                         argument)
     nbytes = value * _UNITS[unit]
     if nbytes != int(nbytes):
-        raise UsageError(f"{flag}: {text!r} is not a whole number of bytes")
+        raise UsageError(f"{{{argument}}}: {text!r} is not a whole number of bytes", argument)
     return int(nbytes)
 
 
-def parse_size_range(text: str, flag: str = "--sizes") -> list[int]:
+def parse_size_range(text: str, argument: str = "sizes") -> list[int]:
     """``"1KiB:1MiB"`` -> every power-of-two multiple from 1 KiB to 1 MiB (nccl-tests ``-f 2``)."""
     if ":" not in str(text):
-        raise UsageError(f"{flag}: expected MIN:MAX, e.g. 1KiB:64MiB, got {text!r}")
+        raise UsageError(f"{{{argument}}}: expected MIN:MAX, e.g. 1KiB:64MiB, got {text!r}", argument)
     lo_s, hi_s = str(text).split(":", 1)
-    lo, hi = parse_size(lo_s, flag), parse_size(hi_s, flag)
+    lo, hi = parse_size(lo_s, argument), parse_size(hi_s, argument)
     if lo <= 0 or hi < lo:
-        raise UsageError(f"{flag}: need 0 < MIN <= MAX, got {text!r}")
+        raise UsageError(f"{{{argument}}}: need 0 < MIN <= MAX, got {text!r}", argument)
     sizes = []
     s = lo
     while s <= hi:

@@ -5,7 +5,7 @@ import pytest
 
 from netmorph.collectives import ALGORITHMS, build
 from netmorph.collectives.formulas import closed_form
-from netmorph.fabric.execute import count
+from netmorph.schedule import count
 
 from conftest import ALL
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from netmorph.collectives import ALGORITHMS, build
-from netmorph.fabric.execute import count
-from netmorph.fabric.launch import launch
+from netmorph.schedule import count
+from netmorph.runtime.launch import launch
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -196,7 +196,7 @@ def test_torchrun_starts_netmorph_schedules():
 
 def test_init_from_env_outside_torchrun_is_a_clear_error(monkeypatch):
     from netmorph.errors import UsageError
-    from netmorph.fabric.launch import init_from_env
+    from netmorph.runtime import init_from_env
     for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)
     with pytest.raises(UsageError, match="torchrun"):

@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from netmorph.comm import Fault
-from netmorph.fabric.launch import LaunchError, launch
+from netmorph.runtime import Fault
+from netmorph.runtime.launch import LaunchError, launch
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -114,7 +114,7 @@ def test_ctrl_c_releases_every_rank(tmp_path):
     pids = tmp_path / "pids"
     script = textwrap.dedent(f"""
         import os, time
-        from netmorph.fabric.launch import launch
+        from netmorph.runtime.launch import launch
         def fn(comm):
             with open({str(pids)!r}, "a") as fh:
                 fh.write(f"{{os.getpid()}}\\n")

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from netmorph.collectives import ALGORITHMS, build
-from netmorph.fabric.execute import execute
+from netmorph.schedule import execute
 
 from conftest import ALL
 

@@ -13,13 +13,14 @@ def test_parse(text, want):
 
 @pytest.mark.parametrize("text", ["-1KiB", "abc", "1.5B", "8XB", ""])
 def test_parse_rejects(text):
-    with pytest.raises(UsageError, match="--bytes"):
+    with pytest.raises(UsageError, match="^nbytes: ") as e:
         parse_size(text)
+    assert e.value.argument == "nbytes" and e.value.render({"nbytes": "--bytes"}).startswith("--bytes: ")
 
 
 def test_range():
     assert parse_size_range("1KiB:8KiB") == [1024, 2048, 4096, 8192]
-    with pytest.raises(UsageError, match="--sizes"):
+    with pytest.raises(UsageError, match="^sizes: need 0 < MIN <= MAX"):
         parse_size_range("8KiB:1KiB")
 
 

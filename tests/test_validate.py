@@ -5,8 +5,8 @@ import pytest
 
 from netmorph.collectives import build
 from netmorph.collectives.base import layout
-from netmorph.fabric.schedule import COPY, REDUCE, Round
-from netmorph.fabric.validate import ScheduleError
+from netmorph.schedule import COPY, REDUCE, Round
+from netmorph.schedule.validate import ScheduleError
 
 from conftest import ALL
 

@@ -1,7 +1,10 @@
 """``netmorph`` command line: one module per subcommand, argparse.
 
 Bad input is one line on stderr naming the flag to change, exit code 2, never a
-traceback; Ctrl-C exits 130 without one.
+traceback; Ctrl-C exits 130 without one. Library errors name a parameter
+(:class:`~netmorph.errors.UsageError`); each subcommand's ``FLAGS`` table says
+which flag sets which parameter where the names differ (``count`` -> ``--bytes``),
+and every other parameter ``x_y`` is the flag ``--x-y``.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ def main(argv=None) -> int:
     try:
         return int(args.run(args) or 0)
     except UsageError as e:
-        sys.stderr.write(f"netmorph {args.command}: error: {e}\n")
+        sys.stderr.write(f"netmorph {args.command}: error: {e.render(getattr(args, 'flags', {}))}\n")
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("netmorph: interrupted\n")

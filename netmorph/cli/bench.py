@@ -18,6 +18,9 @@ from netmorph.units import parse_size, parse_size_range
 
 DTYPES = ("float32", "float64", "float16", "int32", "int64")
 
+# library parameters set by a flag of another name (the rest are --name)
+FLAGS = {"count": "--bytes", "nbytes": "--bytes"}
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="measure collectives on real processes (nccl-tests style)",
@@ -38,13 +41,13 @@ def add_parser(sub) -> None:
     p.add_argument("--no-compare", action="store_true", help="skip the torch.distributed (gloo) comparison rows")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds a rank waits on a silent peer (default 30)")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, flags=FLAGS)
 
 
 def run(args) -> int:
-    from netmorph.cost.topology import load_topology
-    from netmorph.cost.tuner import predict
-    from netmorph.fabric.bench import Case, measure, memcpy_bandwidth
+    from netmorph.cost.topology import PRESETS, load_topology
+    from netmorph.cost.tuner import auto_algo, predict
+    from netmorph.runtime.bench import Case, measure, memcpy_bandwidth
 
     op = canonical_op(args.op)
     if args.world < 1:
@@ -91,8 +94,7 @@ def run(args) -> int:
     for r in rows:
         algo = r["algo"]
         if algo == "auto":
-            from netmorph.comm import _auto
-            algo = r["algo"] = _auto(op, args.world, r["bytes"], itemsize, "local-shm") + " (auto)"
+            algo = r["algo"] = auto_algo(op, args.world, r["bytes"], itemsize, PRESETS["local-shm"]) + " (auto)"
         base = algo.split(" ")[0]
         if base in ALGORITHMS[op]:
             r["predicted_time_s"] = predict(op, base, args.world, r["bytes"], topo, itemsize,

@@ -17,6 +17,9 @@ from netmorph.errors import UsageError
 from netmorph.report.table import DTYPES, HEADER, format_formula, format_row, record, size_bands
 from netmorph.units import parse_size, parse_size_range
 
+# library parameters set by a flag of another name (the rest are --name)
+FLAGS = {"count": "--bytes", "nbytes": "--bytes"}
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -39,7 +42,7 @@ def add_parser(sub) -> None:
     p.add_argument("--segments", type=int, help="double_binary_tree: pipeline each half in N segments (default 1)")
     p.add_argument("--formula", action="store_true", help="print the closed form under each row, evaluated")
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per (algorithm, size)")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, flags=FLAGS)
 
 
 def _topology(args):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from netmorph.collectives import allgather, allreduce, alltoall, broadcast, reduce, reduce_scatter
 from netmorph.errors import UsageError
-from netmorph.fabric.schedule import Schedule
+from netmorph.schedule import Schedule
 
 ALGORITHMS = {
     "allreduce": {
@@ -67,16 +67,20 @@ _ALIASES = {"all_reduce": "allreduce", "all_gather": "allgather", "reducescatter
 def canonical_op(op: str) -> str:
     name = _ALIASES.get(op.lower().replace("-", "_"), op.lower().replace("-", "_"))
     if name not in ALGORITHMS:
-        raise UsageError(f"unknown op {op!r}: choose one of {', '.join(OPS)}")
+        raise UsageError(f"unknown op {op!r}: choose one of {', '.join(OPS)}", "op")
     return name
 
 
-def check_algo(op: str, algo: str) -> str:
+def check_algo(op: str, algo: str, also=("auto", "all")) -> str:
+    """The canonical name of ``algo`` for ``op`` -- the one validator of algorithm names.
+
+    ``also`` lists the extra choices the caller accepts, for the message only."""
     op = canonical_op(op)
     name = algo.lower().replace("-", "_")
     if name not in ALGORITHMS[op]:
-        raise UsageError(f"--algo: {op} has no algorithm {algo!r}; choose one of "
-                         f"{', '.join(ALGORITHMS[op])}, auto or all")
+        extra = f", {' or '.join(also)}" if also else ""
+        raise UsageError(f"{{algo}}: {op} has no algorithm {algo!r}; choose one of "
+                         f"{', '.join(ALGORITHMS[op])}{extra}", "algo")
     return name
 
 
@@ -86,14 +90,14 @@ def build(op: str, algo: str, world: int, count: int, itemsize: int = 4, root: i
     op = canonical_op(op)
     algo = check_algo(op, algo)
     if world < 1:
-        raise UsageError(f"--world must be >= 1, got {world}")
+        raise UsageError(f"{{world}} must be >= 1, got {world}", "world")
     if count < 0:
-        raise UsageError(f"--bytes must be >= 0, got {count} elements")
+        raise UsageError(f"{{count}} must be >= 0, got {count} elements", "count")
     fn = ALGORITHMS[op][algo]
     kw = dict(options)
     if op in ROOTED:
         if not 0 <= root < world:
-            raise UsageError(f"--root must be in 0..{world - 1}, got {root}")
+            raise UsageError(f"{{root}} must be in 0..{world - 1}, got {root}", "root")
         kw["root"] = root
     if op == "alltoall" and splits is not None:
         kw["splits"] = splits

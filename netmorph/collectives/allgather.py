@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from netmorph.collectives import base
-from netmorph.fabric.schedule import COPY, Schedule
+from netmorph.schedule import COPY, Schedule
 
 
 def ring(p: int, count: int, itemsize: int = 4) -> Schedule:

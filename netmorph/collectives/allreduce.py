@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from netmorph.collectives import base
-from netmorph.fabric.schedule import COPY, REDUCE, Schedule
+from netmorph.schedule import COPY, REDUCE, Schedule
 
 
 def _ranks(p):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from netmorph.collectives import base
-from netmorph.fabric.schedule import COPY, Schedule
+from netmorph.schedule import COPY, Schedule
 
 
 def _add(s: Schedule, src, dst, so, do, ln, msg=None) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from netmorph.fabric.schedule import COPY, REDUCE, Schedule
+from netmorph.schedule import COPY, REDUCE, Schedule
 
 
 def bounds(n: int, k: int) -> np.ndarray:

@@ -17,7 +17,7 @@ import numpy as np
 
 from netmorph.collectives import base
 from netmorph.collectives.allgather import recursive_doubling_rounds
-from netmorph.fabric.schedule import COPY, Schedule
+from netmorph.schedule import COPY, Schedule
 
 
 def _relative(p, root):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from netmorph.collectives import base
-from netmorph.fabric.schedule import REDUCE, Schedule
+from netmorph.schedule import REDUCE, Schedule
 
 
 def naive(p: int, count: int, itemsize: int = 4, root: int = 0) -> Schedule:

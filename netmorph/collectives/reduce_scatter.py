@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from netmorph.collectives import base
-from netmorph.fabric.schedule import COPY, REDUCE, Schedule
+from netmorph.schedule import COPY, REDUCE, Schedule
 
 
 def ring(p: int, count: int, itemsize: int = 4) -> Schedule:

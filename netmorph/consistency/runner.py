@@ -1,6 +1,6 @@
 """Run one consistency mode on real processes, or all of them, and summarise what happened.
 
-Each mode runs under :func:`netmorph.fabric.launch.launch` with the ledger on, so
+Each mode runs under :func:`netmorph.runtime.launch.launch` with the ledger on, so
 bytes on the wire are counted, not estimated. The snapshots the ranks took are
 evaluated here, after the run.
 """
@@ -37,7 +37,7 @@ def _rank_fn(comm, cfg, progress):
 
 def run(cfg: Config, on_progress=None) -> dict:
     """Train with ``cfg.mode`` on ``cfg.workers`` processes (+ servers); one summary dict."""
-    from netmorph.fabric.launch import launch
+    from netmorph.runtime.launch import launch
     cfg.check()
     make(cfg.model, cfg.batch, cfg.seed)       # build before the fork: the ranks inherit it
     ps_mode = cfg.mode in ("async", "ssp")

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from netmorph.cost.topology import Topology
-from netmorph.fabric.schedule import Schedule
+from netmorph.schedule import Schedule
 
 
 @dataclass

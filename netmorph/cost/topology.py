@@ -13,7 +13,7 @@ that bites).
 Presets, with their sources:
 
 - ``flat``: α = 1 µs, β = 1 ns/B (1 GB/s), γ = 0 -- round numbers for reading formulas.
-- ``local-shm``: the local shared-memory fabric of :mod:`netmorph.fabric.transport.shm`,
+- ``local-shm``: the local shared-memory fabric of :mod:`netmorph.runtime.transport.shm`,
   roughly (Python per-message overhead ~10 µs, memory copy ~8 GB/s per core); what
   ``algo="auto"`` tunes for on real ranks. ``netmorph bench`` measures the real thing.
 - ``dgx-a100`` / ``dgx-a100-cluster``: NVIDIA DGX A100 (as in Selene): 8 A100
@@ -60,10 +60,11 @@ class Topology:
     def flat(self) -> bool:
         return self.gpus_per_node <= 0
 
-    def check_world(self, world: int, flag: str = "--world") -> None:
+    def check_world(self, world: int) -> None:
         if self.nodes and not self.flat and world > self.nodes * self.gpus_per_node:
-            raise UsageError(f"{flag} {world} exceeds the {self.nodes * self.gpus_per_node} devices of topology "
-                             f"{self.name!r}; pick a cluster preset (e.g. {self.name}-cluster) or a smaller world")
+            raise UsageError(f"{{world}} {world} exceeds the {self.nodes * self.gpus_per_node} devices of topology "
+                             f"{self.name!r}; pick a cluster preset (e.g. {self.name}-cluster) or a smaller world",
+                             "world")
 
     def node_of(self, devices: np.ndarray) -> np.ndarray:
         if self.flat:
@@ -118,30 +119,36 @@ PRESETS = {
 }
 
 
-def load_topology(name_or_file: str, flag: str = "--topology") -> Topology:
+def load_topology(name_or_file: str) -> Topology:
     """A preset by name, or a JSON file with the :class:`Topology` fields."""
     if name_or_file in PRESETS:
         return PRESETS[name_or_file]
     path = Path(name_or_file)
     if not path.exists():
-        raise UsageError(f"{flag}: {name_or_file!r} is neither a preset ({', '.join(PRESETS)}) nor a file")
+        raise UsageError(f"{{topology}}: {name_or_file!r} is neither a preset ({', '.join(PRESETS)}) nor a file",
+                         "topology")
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise UsageError(f"{flag}: cannot read {name_or_file}: {e}") from None
+        raise UsageError(f"{{topology}}: cannot read {name_or_file}: {e}",
+                         "topology") from None
     fields = set(Topology.__dataclass_fields__)
     unknown = set(data) - fields
     if unknown:
-        raise UsageError(f"{flag}: {name_or_file} has unknown keys {sorted(unknown)}; allowed: {sorted(fields)}")
+        raise UsageError(f"{{topology}}: {name_or_file} has unknown keys {sorted(unknown)}; allowed: {sorted(fields)}",
+                         "topology")
     data.setdefault("name", path.stem)
     try:
         topo = Topology(**data)
     except TypeError as e:
-        raise UsageError(f"{flag}: {name_or_file}: {e}") from None
+        raise UsageError(f"{{topology}}: {name_or_file}: {e}",
+                         "topology") from None
     for k in ("alpha", "beta", "gamma", "alpha_inter", "beta_inter", "node_bandwidth"):
         v = getattr(topo, k)
         if not isinstance(v, (int, float)) or v < 0:
-            raise UsageError(f"{flag}: {name_or_file}: {k} must be a number >= 0, got {v!r}")
+            raise UsageError(f"{{topology}}: {name_or_file}: {k} must be a number >= 0, got {v!r}",
+                             "topology")
     if not topo.flat and (topo.beta_inter <= 0 and topo.node_bandwidth <= 0):
-        raise UsageError(f"{flag}: {name_or_file}: a two-level topology needs beta_inter or node_bandwidth")
+        raise UsageError(f"{{topology}}: {name_or_file}: a two-level topology needs beta_inter or node_bandwidth",
+                         "topology")
     return topo

@@ -11,11 +11,12 @@ bandwidth part (bytes times β), which is what moves the choice as p and n move.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from netmorph.collectives import ALGORITHMS, build, canonical_op
 from netmorph.cost.simulate import simulate
 from netmorph.cost.topology import Topology
-from netmorph.fabric.execute import Counts, count
+from netmorph.schedule import Counts, count
 from netmorph.units import fmt_time
 
 
@@ -70,6 +71,13 @@ def choose(op: str, world: int, nbytes: int, topo: Topology, itemsize: int = 4, 
     best.latency_part = simulate(s, _latency_only(topo), placement).time
     best.bandwidth_part = simulate(s, _bandwidth_only(topo), placement).time
     return Choice(best, preds, _reason(best, preds))
+
+
+@lru_cache(maxsize=512)
+def auto_algo(op: str, world: int, nbytes: int, itemsize: int, topo: Topology) -> str:
+    """The tuner's pick alone, cached: what ``algo="auto"`` runs on real ranks (NCCL's
+    ``getAlgoInfo`` answers the same question once per call, from tables it built at init)."""
+    return choose(op, world, nbytes, topo, itemsize).best.algo
 
 
 def _reason(best: Prediction, preds: list) -> str:

@@ -49,8 +49,8 @@ def build_section(out_dir, tick=lambda: None) -> Section:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from netmorph.fabric.bench import Case, measure, memcpy_bandwidth
-    from netmorph.fabric.launch import launch
+    from netmorph.runtime.bench import Case, measure, memcpy_bandwidth
+    from netmorph.runtime.launch import launch
 
     bw = {}
     for p in WORLDS:

@@ -1,9 +1,4 @@
-"""Transports move one rank's messages: the local shared-memory fabric and torch.distributed.
-
-Both run the same per-rank programs (:mod:`netmorph.fabric.program`) through one
-method, ``run_round(sends, recvs, ufunc, snapshot)``, plus torch-style
-point-to-point ``send/recv/isend/irecv``.
-"""
+"""What a rank sees when the fabric under it fails: a lost peer, a silent peer."""
 
 from __future__ import annotations
 
@@ -27,18 +22,3 @@ class PeerTimeout(FabricError):
         self.rank = rank
         super().__init__(f"timed out after {seconds:g} s waiting for rank {rank} ({what}); "
                          f"it is hung or far slower than its peers (raise timeout= to wait longer)")
-
-
-class Work:
-    """Handle of an asynchronous operation, as ``torch.distributed.Work``: ``wait()``, ``is_completed()``."""
-
-    def __init__(self, transport, streams):
-        self._t, self._streams = transport, streams
-
-    def is_completed(self) -> bool:
-        self._t.progress()
-        return all(s.done for s in self._streams)
-
-    def wait(self, timeout=None) -> bool:
-        self._t.wait_for(self._streams)
-        return True

@@ -1,4 +1,5 @@
-"""Symbolic execution of a :class:`~netmorph.fabric.schedule.Schedule`.
+"""Symbolic execution of a :class:`~netmorph.schedule.core.Schedule` (duck-typed: this
+module sits below ``core``, which calls it from ``Schedule.validate``).
 
 Each element of each rank's workspace carries a *key* (which input element it
 derives from, -1 for "nothing yet") and a *mask* of the ranks whose
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from netmorph.fabric.schedule import Schedule, expand_ranges
+from netmorph.schedule.ranges import expand_ranges
 
 
 class ScheduleError(ValueError):
@@ -26,7 +27,7 @@ def _span(a: np.ndarray) -> str:
     return f"[{a.min()}, {a.max() + 1})" if len(a) else "[]"
 
 
-def expected_output(s: Schedule, r: int) -> tuple[np.ndarray, np.ndarray]:
+def expected_output(s, r: int) -> tuple[np.ndarray, np.ndarray]:
     """(key, mask) every output element of rank ``r`` must end with."""
     p = s.world
     lo, n = int(s.out_off[r]), int(s.out_len[r])
@@ -50,7 +51,7 @@ def expected_output(s: Schedule, r: int) -> tuple[np.ndarray, np.ndarray]:
     return key, mask
 
 
-def validate(s: Schedule) -> None:
+def validate(s) -> None:
     p = s.world
     L = int(max(1, s.buf_len.max()))
     key = np.full((p, L), -1, dtype=np.int64)

@@ -26,8 +26,8 @@ start only after its receives of rounds < k have landed (the
 ``MPI_Sendrecv``-loop dependency MPICH's implementations have).
 
 The same object is validated (:meth:`Schedule.validate`), executed and counted
-(:mod:`netmorph.fabric.execute`), timed (:mod:`netmorph.cost.simulate`) and,
-later, run on real ranks by a transport.
+(:mod:`netmorph.schedule.execute`), timed (:mod:`netmorph.cost.simulate`) and
+run on real ranks (:mod:`netmorph.runtime`).
 """
 
 from __future__ import annotations
@@ -36,21 +36,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from netmorph.schedule.ranges import expand_ranges  # noqa: F401  (re-exported)
+from netmorph.schedule.validate import validate as _validate
+
 COPY, REDUCE = False, True
 
 
 def _i64(a) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(a, dtype=np.int64).reshape(-1))
-
-
-def expand_ranges(offs: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """Concatenate ``arange(o, o + l)`` for every (o, l) pair, vectorised."""
-    lens = np.asarray(lens, dtype=np.int64)
-    total = int(lens.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    starts = np.cumsum(lens) - lens
-    return np.repeat(np.asarray(offs, dtype=np.int64) - starts, lens) + np.arange(total, dtype=np.int64)
 
 
 class Round:
@@ -173,6 +166,5 @@ class Schedule:
         Symbolic state is a source index and a bitmask of contributing ranks per
         element, so this is for test-sized worlds and buffers.
         """
-        from netmorph.fabric.validate import validate
-        validate(self)
+        _validate(self)
         return self

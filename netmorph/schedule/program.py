@@ -12,11 +12,10 @@ keeping the schedule's start-of-round read semantics.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 
-from netmorph.fabric.schedule import Schedule
+from netmorph.schedule.core import Schedule
 
 
 @dataclass
@@ -91,15 +90,3 @@ def rank_program(s: Schedule, rank: int) -> list[RankRound]:
             rr.overlap = _intervals_overlap(so, sl, ro, rl)
         prog.append(rr)
     return prog
-
-
-@lru_cache(maxsize=256)
-def cached_program(key, rank: int):
-    """Programs for a schedule identified by ``key`` = (op, algo, world, count, itemsize, root, splits, options)."""
-    from netmorph.collectives import build
-    op, algo, world, count, itemsize, root, splits, opts = key
-    kw = dict(opts)
-    if splits is not None:
-        kw["splits"] = np.array(splits, dtype=np.int64).reshape(world, world)
-    s = build(op, algo, world, count, itemsize, root=root, **kw)
-    return s, rank_program(s, rank)

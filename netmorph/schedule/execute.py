@@ -1,6 +1,6 @@
 """Executors of one schedule: the in-process oracle and the counter.
 
-``execute`` runs a :class:`~netmorph.fabric.schedule.Schedule` on p numpy
+``execute`` runs a :class:`~netmorph.schedule.core.Schedule` on p numpy
 buffers in one process -- the oracle every transport is checked against, and
 itself checked against numpy's reductions. ``count`` reports what a run would
 put on the wire, the quantities nccl-tests and the MPICH cost papers reason in:
@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from netmorph.fabric.schedule import Schedule, expand_ranges
+from netmorph.schedule.core import Schedule
+from netmorph.schedule.ranges import expand_ranges
 
 REDOPS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 

@@ -119,7 +119,7 @@ def _rank_fn(comm, cases, iters, warmup, dtype):
 def measure(cases, world: int, backend: str = "local", iters: int = 20, warmup: int = 5, dtype="float32",
             timeout: float = 30.0):
     """Run every case on ``world`` ranks; returns one dict per case (slowest rank's mean time, summed #wrong)."""
-    from netmorph.fabric.launch import launch
+    from netmorph.runtime.launch import launch
     results = launch(_rank_fn, world, cases, iters, warmup, dtype, backend=backend, timeout=timeout)
     rows = []
     for k, c in enumerate(cases):

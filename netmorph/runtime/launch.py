@@ -1,7 +1,7 @@
 """Start N ranks, run ``fn(comm)`` on each, gather results or root-cause the failure.
 
 Stands in for ``torchrun`` / ``torch.multiprocessing.spawn``: ``launch(fn,
-world=4)`` forks 4 processes, hands each a :class:`~netmorph.comm.Comm` and
+world=4)`` forks 4 processes, hands each a :class:`~netmorph.runtime.comm.Comm` and
 returns their results in rank order. If any rank fails, it raises one
 :class:`LaunchError` that names the root cause first -- the rank, its exit code
 or exception and traceback -- as torchrun's ``ChildFailedError`` summary does.
@@ -16,7 +16,8 @@ turns into a clean shutdown; the shared mapping is anonymous, so no
 ``/dev/shm`` name survives any exit path.
 
 ``backend="torch"`` runs the same schedules over torch.distributed (gloo on
-loopback); :func:`init_from_env` joins a job started by ``torchrun``.
+loopback); :func:`netmorph.runtime.torchrun.init_from_env` joins a job started
+by ``torchrun``.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait as mp_wait
 
 from netmorph.errors import UsageError
-from netmorph.fabric.ledger import Ledger
-from netmorph.fabric.transport import FabricError, PeerLost, PeerTimeout
+from netmorph.runtime import links
+from netmorph.runtime.ledger import Ledger
+from netmorph.runtime.transport import FabricError, PeerLost, PeerTimeout
 
 BACKENDS = ("local", "torch", "torch-native")
 
@@ -47,6 +49,7 @@ class RankFailure:
     message: str = ""
     traceback: str = ""
     when: float = 0.0
+    blames: int | None = None       # the peer a PeerLost / PeerTimeout named (-1: unknown)
 
     @property
     def consequence(self) -> bool:
@@ -96,35 +99,17 @@ def _die_with_parent() -> None:
         pass
 
 
-def _link_cost_fn(topology, slow_links):
-    """fn(src, dst) -> (alpha, beta) for link emulation, or None."""
-    if topology is None and not slow_links:
-        return None
-    slow = {tuple(k): v for k, v in (slow_links or {}).items()}
-
-    def cost(s, d):
-        if (s, d) in slow:
-            alpha, bw = slow[(s, d)]
-            return alpha, (1.0 / bw if bw else 0.0)
-        if topology is None:
-            return 0.0, 0.0
-        if topology.flat or s // topology.gpus_per_node == d // topology.gpus_per_node:
-            return topology.alpha, topology.beta
-        return topology.alpha_inter, topology.beta_inter
-    return cost
-
-
 def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults, link_cost, port, want_ledger):
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # the launcher handles Ctrl-C for everyone
-    from netmorph.comm import Comm
     comm = None
     try:
         if backend == "local":
-            from netmorph.fabric.transport.shm import ShmTransport
+            from netmorph.runtime.comm import Comm
+            from netmorph.runtime.transport.shm import ShmTransport
             comm = Comm(ShmTransport(fabric, rank, timeout, link_cost), rank, world, faults)
         else:
-            from netmorph.fabric.transport.torchdist import init_torch
+            from netmorph.runtime.torchrun import init_torch
             comm = init_torch(rank, world, "127.0.0.1", port, timeout, native=(backend == "torch-native"),
                               faults=faults)
         result = fn(comm, *args, **kwargs)
@@ -133,7 +118,8 @@ def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults
             comm.transport.close()
     except BaseException as e:          # noqa: BLE001 - every failure is reported to the launcher
         try:
-            conn.send(("err", rank, type(e).__name__, str(e), traceback.format_exc(), time.monotonic()))
+            culprit = e.rank if isinstance(e, FabricError) else None      # whom this rank blames
+            conn.send(("err", rank, type(e).__name__, str(e), traceback.format_exc(), time.monotonic(), culprit))
         except Exception:               # the pipe itself is gone: the exit code will tell
             pass
         os._exit(1)
@@ -146,29 +132,29 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
     """Run ``fn(comm, *args, **kwargs)`` on ``world`` processes and return their results in rank order.
 
     ``timeout``: seconds a rank waits on a silent peer before failing with PeerTimeout.
-    ``faults``: :class:`~netmorph.comm.Fault` list (kill / hang / raise / delay a rank at its k-th op).
+    ``faults``: :class:`~netmorph.runtime.comm.Fault` list (kill / hang / raise / delay a rank at its k-th op).
     ``topology``: a two-level or flat :class:`~netmorph.cost.topology.Topology` (or preset name) to
     emulate per-link α and β on the local fabric; ``slow_links``: ``{(src, dst): (alpha_s, bytes_per_s)}``.
     ``ledger=True`` returns ``(results, Ledger)`` with every message of the run.
     """
     if world < 1:
-        raise UsageError(f"world must be >= 1, got {world}")
+        raise UsageError(f"{{world}} must be >= 1, got {world}", "world")
     if backend not in BACKENDS:
-        raise UsageError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        raise UsageError(f"{{backend}} must be one of {', '.join(BACKENDS)}, got {backend!r}", "backend")
     if timeout <= 0:
-        raise UsageError(f"timeout must be > 0 seconds, got {timeout}")
+        raise UsageError(f"{{timeout}} must be > 0 seconds, got {timeout}", "timeout")
     if isinstance(topology, str):
         from netmorph.cost.topology import load_topology
-        topology = load_topology(topology, "topology")
+        topology = load_topology(topology)
     if (topology is not None or slow_links) and backend != "local":
-        raise UsageError("link emulation (topology=, slow_links=) needs backend='local'")
+        raise UsageError("link emulation (topology=, slow_links=) needs {backend} 'local'", "backend")
     ctx = mp.get_context("fork")
     fabric = None
     if backend == "local":
-        from netmorph.fabric.transport.shm import ShmFabric
+        from netmorph.runtime.transport.shm import ShmFabric
         fabric = ShmFabric(world)
     port = _free_port() if backend != "local" else 0
-    link_cost = _link_cost_fn(topology, slow_links)
+    link_cost = links.link_cost(topology, slow_links)
     procs, conns = [], {}
     try:
         for r in range(world):
@@ -220,8 +206,8 @@ def _monitor(procs, conns, fabric, timeout):
                 if msg[0] == "ok":
                     results[r], ledgers[r] = msg[2], msg[3]
                 else:
-                    _, _, etype, text, tb, when = msg
-                    failures[r] = RankFailure(r, procs[r].pid, None, etype, text, tb, when)
+                    _, _, etype, text, tb, when, culprit = msg
+                    failures[r] = RankFailure(r, procs[r].pid, None, etype, text, tb, when, culprit)
                     if etype not in ("PeerLost", "PeerTimeout") and fabric is not None:
                         fabric.abort(r)
                     first_fail = first_fail or now
@@ -254,8 +240,8 @@ def _monitor(procs, conns, fabric, timeout):
             if msg[0] == "ok":
                 results[r], ledgers[r] = msg[2], msg[3]
             elif r not in failures or not failures[r].exc_type:
-                _, _, etype, text, tb, when = msg
-                failures[r] = RankFailure(r, procs[r].pid, procs[r].exitcode, etype, text, tb, when)
+                _, _, etype, text, tb, when, culprit = msg
+                failures[r] = RankFailure(r, procs[r].pid, procs[r].exitcode, etype, text, tb, when, culprit)
     return results, ledgers, list(failures.values())
 
 
@@ -269,10 +255,8 @@ def _order(failures: list[RankFailure]) -> list[RankFailure]:
         # everyone only saw a lost peer: the most-blamed rank is the root cause
         blamed = {}
         for f in fs:
-            for word in f.message.split():
-                if word.isdigit():
-                    blamed[int(word)] = blamed.get(int(word), 0) + 1
-                    break
+            if f.blames is not None and f.blames >= 0:
+                blamed[f.blames] = blamed.get(f.blames, 0) + 1
         if blamed:
             culprit = max(blamed, key=blamed.get)
             fs.sort(key=lambda f: (f.rank != culprit, f.when))
@@ -291,15 +275,4 @@ def _kill_all(procs) -> None:
             p.join(1.0)
 
 
-def init_from_env(backend: str = "torch", timeout: float = 60.0):
-    """Join a job started by ``torchrun``: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (LOCAL_RANK noted)."""
-    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
-    if missing:
-        raise UsageError(f"not started by torchrun: {', '.join(missing)} unset (use netmorph.launch instead)")
-    from netmorph.fabric.transport.torchdist import init_torch
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    return init_torch(rank, world, os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout,
-                      native=(backend == "torch-native"))
-
-
-__all__ = ["launch", "LaunchError", "RankFailure", "init_from_env", "PeerLost", "PeerTimeout", "FabricError"]
+__all__ = ["launch", "LaunchError", "RankFailure", "PeerLost", "PeerTimeout", "FabricError"]

@@ -1,0 +1,167 @@
+"""What every communicator shares, whoever runs its collectives: ranks, groups, phases, faults, p2p.
+
+Stands in for the parts of ``torch.distributed`` that are not collectives:
+``get_rank``/``get_world_size``, ``new_group`` (a group is an object, never a
+global), ``send/recv/isend/irecv``, and NCCL's registered memory
+(``ncclMemAlloc``). :class:`~netmorph.runtime.comm.Comm` adds collectives run from
+netmorph schedules; :class:`~netmorph.runtime.native.NativeComm` adds
+torch.distributed's own. ``with comm.phase("dp.grad"):`` tags every message in
+the ledger.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import numpy as np
+
+from netmorph.errors import UsageError
+from netmorph.runtime.ledger import Ledger
+
+
+class Group:
+    """An ordered set of global ranks; schedule rank i runs on ``ranks[i]``."""
+
+    def __init__(self, ranks):
+        self.ranks = tuple(int(r) for r in ranks)
+        self.index = {r: i for i, r in enumerate(self.ranks)}
+
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def __repr__(self):
+        return f"Group({list(self.ranks)})"
+
+
+def as_array(t) -> np.ndarray:
+    """A flat numpy view of a numpy array or CPU torch tensor (no copy)."""
+    if isinstance(t, np.ndarray):
+        arr = t
+    elif hasattr(t, "numpy") and hasattr(t, "is_contiguous"):
+        if t.device.type != "cpu":
+            raise UsageError("the local fabric works on CPU tensors; use backend='torch' (NCCL) for GPU tensors",
+                             "tensor")
+        if not t.is_contiguous():
+            raise UsageError("tensor must be contiguous (call .contiguous() first)", "tensor")
+        arr = t.detach().numpy()
+    else:
+        raise UsageError(f"expected a numpy array or torch tensor, got {type(t).__name__}", "tensor")
+    if not arr.flags.c_contiguous:
+        raise UsageError("array must be C-contiguous (use np.ascontiguousarray)", "tensor")
+    return arr.reshape(-1)
+
+
+class CommBase:
+    """One rank's communicator over a transport, less the collectives."""
+
+    def __init__(self, transport, rank: int, world: int, faults=()):
+        self.transport = transport
+        self.rank, self.world = rank, world
+        self.WORLD = Group(range(world))
+        self.ledger = Ledger(rank)
+        self.current_phase = ""
+        self.ops = 0                                   # communication calls started so far
+        self.faults = [f for f in faults if f.rank == rank]
+
+    # torch.distributed spellings
+    def get_rank(self, group: Group | None = None) -> int:
+        return self.rank if group is None else group.index[self.rank]
+
+    def get_world_size(self, group: Group | None = None) -> int:
+        return self.world if group is None else group.size()
+
+    def new_group(self, ranks) -> Group:
+        ranks = list(ranks)
+        bad = [r for r in ranks if not 0 <= r < self.world]
+        if bad or len(set(ranks)) != len(ranks):
+            raise UsageError(f"new_group: {{ranks}} must be distinct members of 0..{self.world - 1}, got {ranks}",
+                             "ranks")
+        return Group(ranks)
+
+    @contextmanager
+    def phase(self, tag: str):
+        """Tag every message sent inside the block (e.g. ``"dp.grad"``, ``"tp.fwd"``)."""
+        old, self.current_phase = self.current_phase, tag
+        try:
+            yield
+        finally:
+            self.current_phase = old
+
+    # ------------------------------------------------------------ memory
+    def alloc(self, shape, dtype=np.float32) -> np.ndarray:
+        """A zeroed array in registered memory (NCCL's ``ncclMemAlloc`` + ``ncclCommRegister``).
+
+        On the local fabric peers read such buffers in place, so a collective on them
+        moves each byte once instead of through the channel slots. Elsewhere it is
+        plain memory. Wrap with ``torch.from_numpy`` for a tensor. Released together by
+        :meth:`free_all` (the arena is a bump allocator: allocate long-lived buffers).
+        """
+        dtype = np.dtype(dtype)
+        n = int(np.prod(shape)) if np.ndim(shape) else int(shape)
+        if not hasattr(self.transport, "alloc"):
+            return np.zeros(shape, dtype)
+        raw = self.transport.alloc(n * dtype.itemsize)
+        raw[:] = 0
+        return raw.view(dtype).reshape(shape)
+
+    def free_all(self) -> None:
+        if hasattr(self.transport, "free_all"):
+            self.transport.free_all()
+
+    def shared(self, shape, dtype=np.float64) -> np.ndarray:
+        """One array every rank maps (call on all ranks, same order): Hogwild's parameter vector.
+
+        Only the local fabric has memory all ranks share; elsewhere this raises.
+        """
+        if not hasattr(self.transport, "shared"):
+            raise UsageError("shared memory arrays need the local fabric (backend='local')", "backend")
+        dtype = np.dtype(dtype)
+        n = int(np.prod(shape))
+        return self.transport.shared(n * dtype.itemsize).view(dtype).reshape(shape)
+
+    # ------------------------------------------------------------ point to point
+    def send(self, tensor, dst: int) -> None:
+        self.isend(tensor, dst).wait()
+
+    def recv(self, tensor, src: int) -> None:
+        self.irecv(tensor, src).wait()
+
+    def isend(self, tensor, dst: int):
+        seq = self._begin()
+        a = as_array(tensor)
+        self._peer(dst)
+        t = time.perf_counter()
+        self.ledger.add(self.rank, dst, a.nbytes, seq, 0, self.current_phase, "send", "p2p", t, t)
+        return self.transport.isend(a, dst)
+
+    def irecv(self, tensor, src: int):
+        self._begin()
+        a = as_array(tensor)
+        self._peer(src)
+        return self.transport.irecv(a, src)
+
+    def recv_any(self, tensor, srcs=None) -> int:
+        """Receive from any of ``srcs`` (default: every other rank); returns the sender (MPI_ANY_SOURCE)."""
+        self._begin()
+        a = as_array(tensor)
+        srcs = [r for r in (range(self.world) if srcs is None else srcs) if r != self.rank]
+        return self.transport.recv_any(a, srcs)
+
+    # ------------------------------------------------------------ internals
+    def _begin(self) -> int:
+        """Count one communication call (and fire any fault set for it); its sequence number."""
+        self.ops += 1
+        for f in self.faults:
+            f.trigger(self.ops)
+        return self.ops
+
+    def _group(self, group) -> Group:
+        g = group or self.WORLD
+        if self.rank not in g.index:
+            raise UsageError(f"rank {self.rank} is not a member of {g}", "group")
+        return g
+
+    def _peer(self, r) -> None:
+        if not 0 <= r < self.world or r == self.rank:
+            raise UsageError(f"peer must be another rank in 0..{self.world - 1}, got {r}", "peer")

@@ -1,0 +1,174 @@
+"""The process-group API model code calls: ``comm.all_reduce(t, group=...)``, run from netmorph schedules.
+
+Stands in for ``torch.distributed`` (``ProcessGroup``, ``all_reduce``,
+``all_gather_into_tensor``, ``reduce_scatter_tensor``, ``broadcast``, ``reduce``,
+``all_to_all_single``, ``barrier``) with the same argument order, on numpy arrays
+and CPU torch tensors (a torch tensor is viewed as numpy, no copy). Each
+collective names its schedule (:class:`~netmorph.runtime.interpreter.Call`) and
+the interpreter runs this rank's part of it on the transport, so what runs is
+exactly what was counted and timed. ``algo="auto"`` asks the cost model's tuner
+(:func:`netmorph.cost.tuner.auto_algo`), as NCCL's tuner picks ring or tree.
+
+Ranks, groups, phases, point-to-point and registered memory live in
+:class:`~netmorph.runtime.base.CommBase`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from netmorph.collectives import check_algo
+from netmorph.cost.topology import PRESETS, Topology
+from netmorph.cost.tuner import auto_algo
+from netmorph.errors import UsageError
+from netmorph.runtime.base import CommBase, Group, as_array
+from netmorph.runtime.interpreter import Call, interpret, program
+from netmorph.schedule import REDOPS
+
+__all__ = ["Comm", "Group", "as_array"]
+
+
+class Comm(CommBase):
+    """One rank's communicator over a transport (local shared memory or torch.distributed point-to-point).
+
+    ``tuner_topology``: the :class:`~netmorph.cost.topology.Topology` ``algo="auto"`` tunes for.
+    """
+
+    def __init__(self, transport, rank: int, world: int, faults=(), tuner_topology: Topology | None = None):
+        super().__init__(transport, rank, world, faults)
+        self.tuner_topology = tuner_topology or PRESETS["local-shm"]
+
+    def _algo(self, op, algo, p, nbytes, itemsize) -> str:
+        if algo in (None, "auto"):
+            return auto_algo(op, p, nbytes, itemsize, self.tuner_topology)
+        return check_algo(op, algo, also=("auto",))
+
+    def _run(self, op, algo, g: Group, count, arr_dtype, regions, redop="sum", root=0, splits=None):
+        seq = self._begin()
+        itemsize = np.dtype(arr_dtype).itemsize
+        if redop not in REDOPS:
+            raise UsageError(f"{{op}} must be one of {', '.join(REDOPS)}, got {redop!r}", "op")
+        call = Call(op, self._algo(op, algo, g.size(), count * itemsize, itemsize), g.size(), count, itemsize,
+                    root, splits)
+        interpret(self.transport, self.ledger, call, g.ranks, g.index[self.rank], regions, REDOPS[redop], seq,
+                  self.current_phase)
+        return call.algo
+
+    # ------------------------------------------------------------ collectives
+    def all_reduce(self, tensor, op: str = "sum", group: Group | None = None, algo: str = "auto"):
+        """In place, like ``torch.distributed.all_reduce``. Returns the tensor."""
+        a = as_array(tensor)
+        g = self._group(group)
+        if g.size() > 1:
+            self._run("allreduce", algo, g, len(a), a.dtype, [(0, a)], op)
+        return tensor
+
+    def reduce(self, tensor, dst: int, op: str = "sum", group: Group | None = None, algo: str = "auto"):
+        """Only ``dst`` (a global rank) gets the result; other ranks' tensors are left unchanged."""
+        a = as_array(tensor)
+        g = self._group(group)
+        if g.size() > 1:
+            root = g.index[dst]
+            work = a if self.rank == dst else a.copy()
+            self._run("reduce", algo, g, len(a), a.dtype, [(0, work)], op, root=root)
+        return tensor
+
+    def broadcast(self, tensor, src: int, group: Group | None = None, algo: str = "auto"):
+        a = as_array(tensor)
+        g = self._group(group)
+        if g.size() > 1:
+            self._run("broadcast", algo, g, len(a), a.dtype, [(0, a)], root=g.index[src])
+        return tensor
+
+    def all_gather_into_tensor(self, output, input, group: Group | None = None, algo: str = "auto"):
+        """``output`` (p·n elements) gets every rank's ``input`` (n elements) in rank order."""
+        out, inp = as_array(output), as_array(input)
+        g = self._group(group)
+        p, me = g.size(), g.index[self.rank]
+        if len(out) != p * len(inp):
+            raise UsageError(f"all_gather: {{output}} has {len(out)} elements, need world*input = {p * len(inp)}",
+                             "output")
+        n = len(inp)
+        out[me * n:(me + 1) * n] = inp
+        if p > 1:
+            self._run("allgather", algo, g, len(out), out.dtype, [(0, out)])
+        return output
+
+    def all_gather(self, tensor_list, tensor, group: Group | None = None, algo: str = "auto"):
+        """List form: ``tensor_list[i]`` gets rank i's ``tensor``."""
+        inp = as_array(tensor)
+        flat = np.empty(len(tensor_list) * len(inp), dtype=inp.dtype)
+        self.all_gather_into_tensor(flat, inp, group, algo)
+        for i, t in enumerate(tensor_list):
+            as_array(t)[:] = flat[i * len(inp):(i + 1) * len(inp)]
+        return tensor_list
+
+    def reduce_scatter_tensor(self, output, input, op: str = "sum", group: Group | None = None,
+                              algo: str = "auto"):
+        """``output`` (n elements) gets block ``rank`` of the reduction of every ``input`` (p·n)."""
+        out, inp = as_array(output), as_array(input)
+        g = self._group(group)
+        p, me = g.size(), g.index[self.rank]
+        if len(inp) != p * len(out):
+            raise UsageError(f"reduce_scatter: {{input}} has {len(inp)} elements, need world*output = "
+                             f"{p * len(out)}", "input")
+        if p == 1:
+            out[:] = inp
+            return output
+        work = inp.copy()          # the schedule reduces in place; the caller's input stays intact
+        self._run("reduce_scatter", algo, g, len(work), work.dtype, [(0, work)], op)
+        n = len(out)
+        out[:] = work[me * n:(me + 1) * n]
+        return output
+
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None,
+                          group: Group | None = None, algo: str = "auto"):
+        """``torch.distributed.all_to_all_single``: block i of ``input`` goes to rank i.
+
+        Split sizes are element counts along the flat tensor; every rank must pass
+        consistent ones (rank s's input split for d equals rank d's output split for s).
+        """
+        out, inp = as_array(output), as_array(input)
+        g = self._group(group)
+        p, me = g.size(), g.index[self.rank]
+        ins = _splits(input_split_sizes, len(inp), p, "input_split_sizes")
+        outs = _splits(output_split_sizes, len(out), p, "output_split_sizes")
+        algo = self._algo("alltoall", algo, p, len(inp) * out.itemsize, out.itemsize)
+        table = np.zeros((p, p), dtype=np.int64)
+        table[me], table[:, me] = ins, outs
+        uneven = input_split_sizes is not None or output_split_sizes is not None
+        if algo == "bruck" and uneven:
+            # Bruck forwards other ranks' blocks, so every rank needs the whole matrix: the split
+            # vectors travel first (Megatron's MoEAlltoAllTokenDispatcher likewise exchanges token
+            # counts before the tokens). Direct algorithms need only this rank's row and column.
+            self.all_gather_into_tensor(table.reshape(-1), ins.copy(), group=g, algo="bruck")
+            if not np.array_equal(table[:, me], outs):
+                raise UsageError(f"all_to_all_single: rank {self.rank} expects {outs.tolist()} elements from "
+                                 f"each rank but they send {table[:, me].tolist()}", "output_split_sizes")
+        elif not uneven:
+            table[:] = ins[0]
+        send_total = int(table[me].sum())
+        splits = tuple(table.reshape(-1).tolist())
+        regions = [(0, inp), (send_total, out)]
+        if algo == "bruck":     # forwarded blocks rest in a scratch region sized by the schedule
+            s, _ = program(Call("alltoall", "bruck", p, len(inp), out.itemsize, 0, splits), me)
+            regions.append((send_total + len(out), np.empty(int(s.buf_len[me]) - send_total - len(out), out.dtype)))
+        self._run("alltoall", algo, g, len(inp), out.dtype, regions, splits=splits)
+        return output
+
+    def barrier(self, group: Group | None = None) -> None:
+        """A 1-element recursive-doubling all-reduce (log2 p rounds)."""
+        self.all_reduce(np.zeros(1, dtype=np.int32), group=group, algo="recursive_doubling")
+
+
+def _splits(sizes, n, p, name):
+    if sizes is None:
+        if n % p:
+            raise UsageError(f"all_to_all_single: {n} elements do not split evenly over {p} ranks; pass {{{name}}}",
+                             name)
+        return np.full(p, n // p, dtype=np.int64)
+    sizes = np.asarray(list(sizes), dtype=np.int64)
+    if len(sizes) != p or (sizes < 0).any() or sizes.sum() != n:
+        raise UsageError(f"all_to_all_single: {{{name}}} must be {p} non-negative counts summing to {n}", name)
+    return sizes
+

@@ -1,0 +1,83 @@
+"""torch.distributed's own collectives behind netmorph's communicator API (``backend="torch-native"``).
+
+``dist.all_reduce``, ``dist.broadcast``, ``dist.all_gather_into_tensor``,
+``dist.all_to_all_single`` ... called directly: what the schedule-driven
+:class:`~netmorph.runtime.comm.Comm` is measured against (gloo here, NCCL on GPUs).
+Only the collectives differ; ranks, groups, phases and point-to-point are the
+shared :class:`~netmorph.runtime.base.CommBase`. The ledger records one entry per
+call (``dst`` -1: torch does not say who sent what).
+"""
+
+from __future__ import annotations
+
+import time
+
+from netmorph.runtime.base import CommBase, as_array
+from netmorph.runtime.transport.torchdist import dist_module, lost_peer, to_torch
+
+_NATIVE_OPS = {"sum": "SUM", "prod": "PRODUCT", "max": "MAX", "min": "MIN"}
+
+
+class NativeComm(CommBase):
+    """``torch.distributed``'s own collectives behind the same API (``backend="torch-native"``)."""
+
+    def _native(self, name, nbytes, call):
+        seq = self._begin()
+        t0 = time.perf_counter()
+        try:
+            call()
+        except RuntimeError as e:
+            raise lost_peer(-1, e) from None
+        self.ledger.add(self.rank, -1, nbytes, seq, 0, self.current_phase, name, "torch-native", t0, time.perf_counter())
+
+    def _pg(self, group):
+        return None if group is None else dist_module().new_group(list(group.ranks))
+
+    def all_reduce(self, tensor, op="sum", group=None, algo="auto"):
+        a = as_array(tensor)
+        dist = dist_module()
+        self._native("allreduce", a.nbytes,
+                     lambda: dist.all_reduce(to_torch(a), op=getattr(dist.ReduceOp, _NATIVE_OPS[op]),
+                                             group=self._pg(group)))
+        return tensor
+
+    def broadcast(self, tensor, src, group=None, algo="auto"):
+        a = as_array(tensor)
+        self._native("broadcast", a.nbytes, lambda: dist_module().broadcast(to_torch(a), src, group=self._pg(group)))
+        return tensor
+
+    def reduce(self, tensor, dst, op="sum", group=None, algo="auto"):
+        a = as_array(tensor)
+        dist = dist_module()
+        self._native("reduce", a.nbytes, lambda: dist.reduce(to_torch(a), dst,
+                                                             op=getattr(dist.ReduceOp, _NATIVE_OPS[op]),
+                                                             group=self._pg(group)))
+        return tensor
+
+    def all_gather_into_tensor(self, output, input, group=None, algo="auto"):
+        out, inp = as_array(output), as_array(input)
+        self._native("allgather", out.nbytes,
+                     lambda: dist_module().all_gather_into_tensor(to_torch(out), to_torch(inp), group=self._pg(group)))
+        return output
+
+    def reduce_scatter_tensor(self, output, input, op="sum", group=None, algo="auto"):
+        out, inp = as_array(output), as_array(input)
+        dist = dist_module()
+        # gloo has no reduce_scatter_tensor; all-reduce then keep our block (what torch users do on gloo)
+        me = self.get_rank(group)
+        def call():
+            work = inp.copy()
+            dist.all_reduce(to_torch(work), op=getattr(dist.ReduceOp, _NATIVE_OPS[op]), group=self._pg(group))
+            out[:] = work[me * len(out):(me + 1) * len(out)]
+        self._native("reduce_scatter", inp.nbytes, call)
+        return output
+
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, group=None,
+                          algo="auto"):
+        out, inp = as_array(output), as_array(input)
+        self._native("alltoall", inp.nbytes, lambda: dist_module().all_to_all_single(
+            to_torch(out), to_torch(inp), output_split_sizes, input_split_sizes, group=self._pg(group)))
+        return output
+
+    def barrier(self, group=None):
+        self._native("barrier", 0, lambda: dist_module().barrier(group=self._pg(group)))

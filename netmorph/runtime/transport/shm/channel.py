@@ -1,0 +1,186 @@
+"""The single-producer single-consumer channels of the local fabric, and the streams that use them.
+
+Stands in for NCCL's ``head``/``tail`` FIFO of ``NCCL_STEPS`` buffers per peer: a
+message is cut into slot-sized pieces, so the sender's copy in and the
+receiver's copy or reduction out overlap, and the receiver reduces straight
+from the slot into its own buffer (one pass). A message whose every segment lies
+in the sender's registered arena travels as one *descriptor* (offsets and
+lengths, a negative ``piece_bytes``) and the receiver reads the sender's buffer in
+place; its ``consumed`` bump is then the acknowledgement that the sender may
+change that buffer again.
+
+Ordering assumption: a counter store becomes visible after the data stores that
+precede it (x86-64 TSO; each wait also crosses a system call on other CPUs).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from netmorph.runtime.transport.shm.mapping import address
+
+
+class OutStream:
+    """A message being pushed into a channel, piece by piece, or as one descriptor
+    (``ack_at`` is then the ``consumed`` count that says the receiver is done reading)."""
+
+    __slots__ = ("peer", "segs", "seg", "pos", "done", "total", "sent", "start", "desc", "ack_at")
+
+    def __init__(self, peer, views, arena_range=None):
+        self.peer = peer
+        self.segs = [v.reshape(-1).view(np.uint8) for v in views if v.size]
+        self.seg = self.pos = self.sent = 0
+        self.total = sum(len(s) for s in self.segs)
+        self.done = self.total == 0
+        self.start = None
+        self.desc = None
+        self.ack_at = None
+        if arena_range is not None and self.segs:
+            lo, hi = arena_range
+            ptrs = [address(s) for s in self.segs]
+            if all(lo <= q and q + len(s) <= hi for q, s in zip(ptrs, self.segs)):
+                self.desc = np.array([[q - lo, len(s)] for q, s in zip(ptrs, self.segs)], dtype=np.int64)
+
+
+class InStream:
+    """A message being pulled out of a channel and copied or reduced into its destination views."""
+
+    __slots__ = ("peer", "segs", "flags", "seg", "pos", "done", "total", "got")
+
+    def __init__(self, peer, views, flags):
+        keep = [(v.reshape(-1), bool(f)) for v, f in zip(views, flags) if v.size]
+        self.peer = peer
+        self.segs = [v for v, _ in keep]
+        self.flags = [f for _, f in keep]
+        self.seg = self.pos = self.got = 0           # pos in bytes within segment
+        self.total = sum(v.nbytes for v in self.segs)
+        self.done = self.total == 0
+
+
+class Channels:
+    """One rank's ends of every channel: push out-streams, pull in-streams."""
+
+    def __init__(self, fabric, rank: int, clock):
+        self.f, self.rank, self.clock = fabric, rank, clock
+
+    # ------------------------------------------------------------ sender
+    def push(self, st: OutStream) -> bool:
+        """Fill free slots toward ``st.peer``; True if anything moved."""
+        f = self.f
+        ch = f.channel(self.rank, st.peer)
+        if st.desc is not None:
+            return self._push_desc(st, ch)
+        moved = False
+        while not st.done and f.posted[ch] - f.consumed[ch] < f.K:
+            k = int(f.posted[ch] % f.K)
+            slot = f.slot(ch, k)
+            fill = 0
+            while fill < f.S and st.seg < len(st.segs):
+                src = st.segs[st.seg]
+                take = min(f.S - fill, len(src) - st.pos)
+                slot[fill:fill + take] = src[st.pos:st.pos + take]
+                fill += take
+                st.pos += take
+                if st.pos == len(src):
+                    st.seg += 1
+                    st.pos = 0
+            st.sent += fill
+            i = ch * f.K + k
+            f.piece_bytes[i] = fill
+            self.clock.stamp(f.not_before, i, st)
+            f.posted[ch] += 1                    # publish after the data
+            moved = True
+            st.done = st.sent == st.total
+        if moved:
+            f.ring(st.peer)
+        return moved
+
+    def _push_desc(self, st: OutStream, ch: int) -> bool:
+        f = self.f
+        if st.ack_at is None:
+            if f.posted[ch] - f.consumed[ch] >= f.K:
+                return False
+            k = int(f.posted[ch] % f.K)
+            i = ch * f.K + k
+            raw = st.desc.reshape(-1).view(np.uint8)
+            f.slot(ch, k)[:len(raw)] = raw
+            f.piece_bytes[i] = -len(raw)            # negative: a descriptor, not data
+            st.sent = st.total
+            self.clock.stamp(f.not_before, i, st)
+            f.posted[ch] += 1
+            st.ack_at = int(f.posted[ch])
+            f.ring(st.peer)
+            return True
+        if f.consumed[ch] >= st.ack_at:             # the receiver has read our buffer: it may change again
+            st.done = True
+            return True
+        return False
+
+    # ------------------------------------------------------------ receiver
+    def pull(self, st: InStream, ufunc) -> bool:
+        """Land every visible piece from ``st.peer``; True if anything moved."""
+        f = self.f
+        ch = f.channel(st.peer, self.rank)
+        moved = False
+        while not st.done and f.posted[ch] > f.consumed[ch]:
+            k = int(f.consumed[ch] % f.K)
+            i = ch * f.K + k
+            if not self.clock.visible(f.not_before, i):
+                break
+            nb = int(f.piece_bytes[i])
+            if nb < 0:
+                self._pull_desc(st, ch, k, -nb, ufunc)
+            else:
+                land(st, f.slot(ch, k)[:nb], ufunc)
+            f.consumed[ch] += 1                  # hand the slot back (for a descriptor: the ack)
+            moved = True
+            st.done = st.got == st.total
+        if moved:
+            f.ring(st.peer)
+        return moved
+
+    def _pull_desc(self, st: InStream, ch: int, k: int, nb: int, ufunc) -> None:
+        """Read the sender's registered buffer in place: one pass, straight into our destination."""
+        pairs = self.f.slot(ch, k)[:nb].view(np.int64).reshape(-1, 2).copy()
+        src_arena = self.f.arena(st.peer)
+        for off, ln in pairs.tolist():
+            land(st, src_arena[off:off + ln], ufunc)
+
+    def head_descriptor(self, st: InStream):
+        """(channel, slot, nbytes) when the next piece from ``st.peer`` is a visible descriptor;
+        None when nothing is visible yet; () when it is plain data."""
+        f = self.f
+        ch = f.channel(st.peer, self.rank)
+        if f.posted[ch] <= f.consumed[ch]:
+            return None
+        k = int(f.consumed[ch] % f.K)
+        i = ch * f.K + k
+        if not self.clock.visible(f.not_before, i):
+            return None
+        nb = int(f.piece_bytes[i])
+        return (ch, k, -nb) if nb < 0 else ()
+
+    def has_message(self, src: int) -> bool:
+        ch = self.f.channel(src, self.rank)
+        return bool(self.f.posted[ch] > self.f.consumed[ch])
+
+
+def land(st: InStream, data: np.ndarray, ufunc) -> None:
+    """Copy or reduce the next ``len(data)`` bytes of the stream into its destination segments."""
+    at, n = 0, len(data)
+    while at < n:
+        dst = st.segs[st.seg]
+        take = min(n - at, dst.nbytes - st.pos)
+        chunk = data[at:at + take]
+        if st.flags[st.seg]:
+            isz = dst.itemsize
+            a, b = st.pos // isz, (st.pos + take) // isz
+            ufunc(dst[a:b], chunk.view(dst.dtype), out=dst[a:b])
+        else:
+            dst.view(np.uint8)[st.pos:st.pos + take] = chunk
+        at += take
+        st.pos += take
+        if st.pos == dst.nbytes:
+            st.seg += 1
+            st.pos = 0
+    st.got += n

@@ -1,0 +1,127 @@
+"""The progress engine of the local fabric: per-peer FIFOs, waiting, sleeping and blame.
+
+One engine per rank serves collectives and point-to-point alike (NCCL's proxy
+thread plays this part for network sends): streams queue per peer in posting
+order, and every call advances the head stream of each queue, so ``isend``/``recv``
+pairs never deadlock on full slots.
+
+Waiting spins briefly, then sleeps on the rank's doorbell (a futex) until a peer
+rings it, re-checking first so no ring is missed. Every wait checks the abort
+word the launcher sets when a rank dies (-> :class:`PeerLost` naming it) and a
+deadline since the last progress (-> :class:`PeerTimeout` naming the silent peer).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+
+import numpy as np
+
+from netmorph.runtime.transport.errors import PeerLost, PeerTimeout
+from netmorph.runtime.transport.shm.channel import InStream, OutStream
+from netmorph.runtime.transport.shm.mapping import address
+
+
+class ProgressEngine:
+    def __init__(self, fabric, rank: int, timeout: float, channels, clock, arena_range):
+        self.f, self.rank, self.timeout = fabric, rank, timeout
+        self.channels, self.clock = channels, clock
+        self.arena_range = arena_range        # descriptors for sends from our registered arena
+        self.outq: dict[int, deque] = {}      # peer -> deque[OutStream]
+        self.inq: dict[int, deque] = {}       # peer -> deque[InStream]
+        self.ufunc = np.add                   # the reduction of the round in flight
+        self.ppid = os.getppid()
+        # more ranks than cores: a waiting rank must hand its core over at once, not spin
+        self.spins = 64 if fabric.world <= (os.cpu_count() or 1) else 2
+        self.bell = address(fabric.doorbell[rank:rank + 1])
+
+    def enqueue(self, sends, recvs) -> list:
+        """Queue ``[(peer, [views])]`` sends and ``[(peer, [views], [reduce?])]`` receives; the live streams."""
+        outs, ins = [], []
+        for peer, views in sends:
+            st = OutStream(peer, views, self.arena_range)
+            if not st.done:
+                self.outq.setdefault(peer, deque()).append(st)
+                outs.append(st)
+        for peer, views, flags in recvs:
+            st = InStream(peer, views, flags)
+            if not st.done:
+                self.inq.setdefault(peer, deque()).append(st)
+                ins.append(st)
+        return outs + ins
+
+    def progress(self, pull: bool = True) -> bool:
+        moved = _drain(self.outq, self.channels.push)
+        if pull:
+            moved |= _drain(self.inq, lambda st: self.channels.pull(st, self.ufunc))
+        return moved
+
+    def wait_for(self, streams, ready=None, pull: bool = True) -> None:
+        """Progress until every stream is done (or ``ready()`` holds), or fail naming the peer."""
+        spins = 0
+        last = time.perf_counter()
+        while True:
+            if self.progress(pull):
+                spins = 0
+                last = time.perf_counter()
+            if ready() if ready is not None else all(s.done for s in streams):
+                return
+            spins += 1
+            if spins < self.spins:
+                continue
+            self._check()
+            idle = time.perf_counter() - last
+            if idle > self.timeout:
+                peer, what = _blame(streams)
+                raise PeerTimeout(peer, self.timeout, what)
+            self._sleep(idle, pull)
+
+    def _check(self) -> None:
+        lost = self.f.aborted
+        if lost is not None:
+            raise PeerLost(lost, "it exited or raised")
+        if os.getppid() != self.ppid:
+            raise PeerLost(-1, "the launcher exited")
+
+    def _sleep(self, idle: float, pull: bool) -> None:
+        """Block until a peer rings our doorbell (futex), re-checking first to never miss a ring."""
+        f = self.f
+        if f.futex is None:
+            if idle < 50e-3:
+                os.sched_yield()
+            else:
+                time.sleep(min(5e-4, idle / 20))
+            return
+        me = self.rank
+        seen = int(f.doorbell[me])
+        f.sleeping[me] = 1
+        try:
+            if self.progress(pull) or f.hdr[0]:
+                return
+            nap = self.clock.nap(0.05)        # emulated links: the next piece shows by the clock, not a ring
+            if nap > 0:
+                f.futex.wait(self.bell, seen, nap)
+        finally:
+            f.sleeping[me] = 0
+
+
+def _drain(queues, step) -> bool:
+    """Advance the head stream of every per-peer FIFO, popping those that finish."""
+    moved = False
+    for q in queues.values():
+        while q:
+            moved |= step(q[0])
+            if not q[0].done:
+                break
+            q.popleft()
+    return moved
+
+
+def _blame(streams):
+    """The peer of the first unfinished stream, and what we were waiting for from it."""
+    for s in streams:
+        if not s.done:
+            return s.peer, ("no data arrived" if isinstance(s, InStream) else "its receive slots stayed full")
+    return -1, "nothing in flight"

@@ -1,0 +1,108 @@
+"""The shared mapping of the local fabric: its layout, the registered arenas, the abort word, doorbells.
+
+Stands in for the memory NCCL's intra-node SHM/P2P transports set up
+(``src/transport/shm.cc``, ``p2p.cc``): every directed pair of ranks owns a
+channel of ``K`` slots of ``S`` bytes (NCCL's ``NCCL_STEPS`` buffers), with two
+counters, ``posted`` (the sender's ``head``) and ``consumed`` (the receiver's
+``tail``). Each rank also owns a registered arena (``ncclMemAlloc`` +
+``ncclCommRegister``) that peers read in place.
+
+The mapping is anonymous (``mmap(-1, ...)``) and created before the ranks fork:
+no name exists in ``/dev/shm``, so nothing can leak -- the kernel frees it when
+the last process holding it exits, on every exit path, SIGKILL included.
+
+Layout (int64 words unless noted): a header ([0] abort flag, [1] aborted rank,
+[2] world, [3] K, [4] S), ``posted[p*p]``, ``consumed[p*p]``,
+``piece_bytes[p*p*K]`` (negative: a descriptor), ``not_before[p*p*K]`` (float64,
+emulated links), then int32 ``doorbell[p]`` and ``sleeping[p]``; page-aligned slot
+data, then the arenas.
+"""
+
+from __future__ import annotations
+
+import mmap
+import sys
+
+import numpy as np
+
+from netmorph.runtime.transport.shm.futex import Futex
+
+_HDR = 16
+_MAP_NORESERVE = 0x4000 if sys.platform.startswith("linux") else 0
+
+
+def address(a: np.ndarray) -> int:
+    """The address of an array's first byte."""
+    return a.__array_interface__["data"][0]
+
+
+class ShmFabric:
+    """The shared mapping for ``world`` ranks; created once in the launcher before the ranks start."""
+
+    def __init__(self, world: int, slots: int = 4, slot_bytes: int | None = None, arena_bytes: int | None = None):
+        if slot_bytes is None:
+            slot_bytes = 1 << 20 if world <= 8 else max(64 << 10, (8 << 20) // world)
+        slot_bytes -= slot_bytes % 64
+        if arena_bytes is None:
+            arena_bytes = min(1 << 30, (8 << 30) // world)
+        arena_bytes -= arena_bytes % 4096
+        self.world, self.K, self.S, self.A = world, slots, slot_bytes, arena_bytes
+        p2 = world * world
+        sizes = [_HDR * 8, p2 * 8, p2 * 8, p2 * slots * 8, p2 * slots * 8, 2 * world * 4 + 8]
+        offs = np.cumsum([0] + sizes)
+        data_off = int(-(-offs[-1] // 4096) * 4096)
+        arena_off = data_off + p2 * slots * slot_bytes
+        total = arena_off + world * arena_bytes
+        self.mem = mmap.mmap(-1, total, flags=mmap.MAP_SHARED | _MAP_NORESERVE)
+        buf = self.mem
+        self.hdr = np.frombuffer(buf, np.int64, _HDR, 0)
+        self.posted = np.frombuffer(buf, np.int64, p2, int(offs[1]))
+        self.consumed = np.frombuffer(buf, np.int64, p2, int(offs[2]))
+        self.piece_bytes = np.frombuffer(buf, np.int64, p2 * slots, int(offs[3]))
+        self.not_before = np.frombuffer(buf, np.float64, p2 * slots, int(offs[4]))
+        # per rank: a doorbell word peers bump when they post to it or free its slots, and a sleeping flag
+        self.doorbell = np.frombuffer(buf, np.int32, world, int(offs[5]))
+        self.sleeping = np.frombuffer(buf, np.int32, world, int(offs[5]) + 4 * world)
+        self.futex = Futex.make()
+        self.data = np.frombuffer(buf, np.uint8, p2 * slots * slot_bytes, data_off)
+        self.arenas = np.frombuffer(buf, np.uint8, world * arena_bytes, arena_off)
+        self.hdr[2:5] = (world, slots, slot_bytes)
+
+    def arena(self, rank: int) -> np.ndarray:
+        """Rank ``rank``'s registered memory: buffers here are read by peers in place (zero copy)."""
+        return self.arenas[rank * self.A:(rank + 1) * self.A]
+
+    def channel(self, src: int, dst: int) -> int:
+        """The index of the directed channel ``src -> dst``."""
+        return src * self.world + dst
+
+    def slot(self, channel: int, k: int) -> np.ndarray:
+        i = channel * self.K + k
+        return self.data[i * self.S:(i + 1) * self.S]
+
+    def close(self) -> None:
+        """Drop this process's mapping (the kernel frees it when the last holder is gone)."""
+        self.hdr = self.posted = self.consumed = self.piece_bytes = self.not_before = self.data = None
+        self.arenas = self.doorbell = self.sleeping = None
+        try:
+            self.mem.close()
+        except BufferError:       # a view is still referenced somewhere: the GC will unmap it
+            pass
+
+    def abort(self, rank: int) -> None:
+        """Tell every rank that ``rank`` is gone (the launcher calls this when a process dies)."""
+        if not self.hdr[0]:
+            self.hdr[1] = rank
+            self.hdr[0] = 1
+        for r in range(self.world):
+            self.ring(r)
+
+    def ring(self, rank: int) -> None:
+        """Wake ``rank`` if it sleeps: something it may wait for has changed."""
+        self.doorbell[rank] += 1
+        if self.futex is not None and self.sleeping[rank]:
+            self.futex.wake(address(self.doorbell[rank:rank + 1]))
+
+    @property
+    def aborted(self) -> int | None:
+        return int(self.hdr[1]) if self.hdr[0] else None
