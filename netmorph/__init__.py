@@ -15,9 +15,9 @@ from netmorph.collectives import ALGORITHMS, OPS, build
 from netmorph.cost.topology import Topology, load_topology
 from netmorph.cost.simulate import simulate
 from netmorph.mesh import Mesh
+from netmorph.version import __version__
 
 __all__ = [
     "ALGORITHMS", "OPS", "Counts", "Mesh", "Round", "Schedule", "Topology",
     "UsageError", "build", "count", "execute", "load_topology", "simulate",
 ]
-__version__ = "0.1.0"

@@ -24,9 +24,9 @@ def run(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    import netmorph
     from netmorph.report import collectives, consistency, fabric, planner
     from netmorph.report.html import Section, write_page
+    from netmorph.version import __version__
 
     out = Path(args.out)
     try:
@@ -58,7 +58,7 @@ def run(args) -> int:
                 sections.append(Section(f"{name} (did not run)", f"<p>This section failed: "
                                         f"<code>{type(e).__name__}: {e}</code></p>"))
             bar.update(task, completed=mod.STEPS)
-    write_page(out / "index.html", sections, netmorph.__version__)
+    write_page(out / "index.html", sections, __version__)
 
     for sec in sections:
         console.print(f"\n[bold]{sec.title}[/bold]")
