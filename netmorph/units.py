@@ -17,6 +17,11 @@ _UNITS = {
     "T": 1000**4, "TB": 1000**4,
     "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3, "TIB": 1024**4,
 }
+# element types by nccl-tests' names and numpy's: name -> (numpy name, bytes per element).
+# bfloat16 has no numpy type: it counts and simulates, but real ranks cannot carry it.
+DTYPES = {"float": ("float32", 4), "float32": ("float32", 4), "half": ("float16", 2), "float16": ("float16", 2),
+          "bfloat16": ("bfloat16", 2), "double": ("float64", 8), "float64": ("float64", 8),
+          "int32": ("int32", 4), "int64": ("int64", 8), "int8": ("int8", 1), "uint8": ("uint8", 1)}
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -49,6 +54,13 @@ def parse_size_range(text: str, argument: str = "sizes") -> list[int]:
         sizes.append(s)
         s *= 2
     return sizes
+
+
+def parse_dtype(name: str, argument: str = "dtype") -> tuple[str, int]:
+    """``"float"`` -> ``("float32", 4)`` (nccl-tests' ``-d`` names and numpy's)."""
+    if name not in DTYPES:
+        raise UsageError(f"{{{argument}}}: unknown type {name!r}; choose one of {', '.join(DTYPES)}", argument)
+    return DTYPES[name]
 
 
 def fmt_bytes(n: float) -> str:

@@ -1,7 +1,7 @@
 import pytest
 
 from netmorph.errors import UsageError
-from netmorph.report.table import bandwidths
+from netmorph.collectives import bandwidths
 from netmorph.units import parse_size, parse_size_range
 
 

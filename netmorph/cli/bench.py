@@ -14,9 +14,7 @@ import sys
 
 from netmorph.collectives import ALGORITHMS, ROOTED, canonical_op, check_algo
 from netmorph.errors import UsageError
-from netmorph.units import parse_size, parse_size_range
-
-DTYPES = ("float32", "float64", "float16", "int32", "int64")
+from netmorph.units import DTYPES, parse_dtype, parse_size, parse_size_range
 
 # library parameters set by a flag of another name (the rest are --name)
 FLAGS = {"count": "--bytes", "nbytes": "--bytes"}
@@ -36,7 +34,7 @@ def add_parser(sub) -> None:
                    help="local shared memory (default), torch.distributed point-to-point, or torch's own collective")
     p.add_argument("--iters", type=int, default=20, help="timed iterations per case (default 20)")
     p.add_argument("--warmup", type=int, default=5, help="untimed iterations per case (default 5)")
-    p.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)} (default float32)")
+    p.add_argument("--dtype", default="float32", help=f"one of {', '.join(d for d in DTYPES if d != 'bfloat16')} (default float32)")
     p.add_argument("--topology", default="local-shm", help="cost model for the prediction column (default local-shm)")
     p.add_argument("--no-compare", action="store_true", help="skip the torch.distributed (gloo) comparison rows")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds a rank waits on a silent peer (default 30)")
@@ -47,6 +45,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from netmorph.cost.topology import PRESETS, load_topology
     from netmorph.cost.tuner import auto_algo, predict
+    from netmorph.report.table import MEASURED, header, row
     from netmorph.runtime.bench import Case, measure, memcpy_bandwidth
 
     op = canonical_op(args.op)
@@ -54,19 +53,18 @@ def run(args) -> int:
         raise UsageError(f"--world must be >= 1, got {args.world}")
     if args.world > 64:
         raise UsageError(f"--world {args.world}: this launches one process per rank; keep it <= 64 on one machine")
-    if args.dtype not in DTYPES:
-        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
+    numpy_dtype, itemsize = parse_dtype(args.dtype)
+    if numpy_dtype == "bfloat16":
+        raise UsageError("--dtype bfloat16 has no numpy type to run on; pick float16 or float32")
     for flag in ("iters", "warmup"):
         if getattr(args, flag) < (1 if flag == "iters" else 0):
             raise UsageError(f"--{flag} must be >= {1 if flag == 'iters' else 0}")
     if args.timeout <= 0:
         raise UsageError("--timeout must be > 0 seconds")
-    import numpy as np
-    itemsize = np.dtype(args.dtype).itemsize
     sizes = [parse_size(args.bytes)] if args.bytes is not None else parse_size_range(args.sizes)
     for n in sizes:
         if n % itemsize:
-            raise UsageError(f"--bytes {n} is not a whole number of {args.dtype} elements")
+            raise UsageError(f"--bytes {n} is not a whole number of {numpy_dtype} elements")
     if args.backend == "torch-native":
         algos = ["native"]
     elif args.algo.lower() == "all":
@@ -83,10 +81,10 @@ def run(args) -> int:
     try:
         for n in sizes:
             cases = [Case(op, a, n) for a in algos]
-            rows += measure(cases, args.world, args.backend, args.iters, args.warmup, args.dtype, args.timeout)
+            rows += measure(cases, args.world, args.backend, args.iters, args.warmup, numpy_dtype, args.timeout)
             if compare:
                 rows += measure([Case(op, "native", n)], args.world, "torch-native", args.iters, args.warmup,
-                                args.dtype, args.timeout)
+                                numpy_dtype, args.timeout)
             progress.advance()
     finally:
         progress.close()
@@ -106,16 +104,12 @@ def run(args) -> int:
         json.dump(rows, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return 0
-    print(f"# netmorph bench {op}: world {args.world}, {args.dtype}, backend {args.backend}, "
+    print(f"# netmorph bench {op}: world {args.world}, {numpy_dtype}, backend {args.backend}, "
           f"{args.iters} iterations (+{args.warmup} warmup); slowest rank's mean")
     print(f"# predicted: cost model on {topo.name}; memcpy: {copy_bw:.2f} GB/s on one core here")
-    print(f"#{'size':>11} {'count':>10} {'type':>8} {'algorithm':<26} {'backend':<13}{'time(us)':>10} "
-          f"{'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>6} {'pred(us)':>10} {'of memcpy':>9}")
+    print(header(MEASURED))
     for r in rows:
-        pred = f"{r['predicted_time_s'] * 1e6:>10.1f}" if r["predicted_time_s"] is not None else f"{'-':>10}"
-        print(f"{r['bytes']:>12} {r['count']:>10} {r['type']:>8} {r['algo']:<26} {r['backend']:<13}"
-              f"{r['time_s'] * 1e6:>10.1f} {r['algbw_gbps']:>11.3f} {r['busbw_gbps']:>11.3f} {r['wrong']:>6} "
-              f"{pred} {r['of_memcpy']:>9.0%}")
+        print(row(MEASURED, r))
     if compare:
         for n in sizes:
             here = [r for r in rows if r["bytes"] == n or abs(r["bytes"] - n) < itemsize * args.world]

@@ -14,8 +14,9 @@ from netmorph.collectives import ALGORITHMS, ROOTED, canonical_op, check_algo
 from netmorph.cost.topology import PRESETS, load_topology
 from netmorph.cost.tuner import choose, predict
 from netmorph.errors import UsageError
-from netmorph.report.table import DTYPES, HEADER, format_formula, format_row, record, size_bands
-from netmorph.units import parse_size, parse_size_range
+from netmorph.report.table import PREDICTED, format_formula, record, size_bands
+from netmorph.report.table import header as table_header, row as table_row
+from netmorph.units import DTYPES, parse_dtype, parse_size, parse_size_range
 
 # library parameters set by a flag of another name (the rest are --name)
 FLAGS = {"count": "--bytes", "nbytes": "--bytes"}
@@ -64,9 +65,7 @@ def run(args) -> int:
     op = canonical_op(args.op)
     if args.world < 1:
         raise UsageError(f"--world must be >= 1, got {args.world}")
-    if args.dtype not in DTYPES:
-        raise UsageError(f"--dtype: unknown type {args.dtype!r}; choose one of {', '.join(DTYPES)}")
-    dtype, itemsize = DTYPES[args.dtype]
+    dtype, itemsize = parse_dtype(args.dtype)
     sizes = [parse_size(args.bytes)] if args.bytes is not None else parse_size_range(args.sizes)
     for n in sizes:
         if n % itemsize:
@@ -115,11 +114,11 @@ def run(args) -> int:
     print(f"# netmorph collective {op}: world {args.world}, {dtype}, topology {topo.describe()}")
     print(f"# predicted by event simulation of each schedule; busbw = algbw x "
           f"{_factor_text(op)} (nccl-tests); * = fastest at that size")
-    print("#" + HEADER[1:])
-    for row in records:
-        best = min(row, key=lambda r: r["predicted_time_s"])
-        for r in row:
-            print(format_row(r, "*" if (len(row) > 1 and r is best) else " "))
+    print(table_header(PREDICTED))
+    for same_size in records:
+        best = min(same_size, key=lambda r: r["predicted_time_s"])
+        for r in same_size:
+            print(table_row(PREDICTED, {**r, "mark": "*" if (len(same_size) > 1 and r is best) else " "}))
             if args.formula:
                 print(format_formula(r))
     for n, reason in reasons:

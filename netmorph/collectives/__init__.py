@@ -60,6 +60,16 @@ BUSBW_FACTOR = {
     "reduce": lambda p: 1.0,
 }
 
+
+
+def bandwidths(op: str, nbytes: int, seconds: float, world: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s, nccl-tests' definitions: algbw = size / time, busbw = algbw x factor."""
+    if seconds <= 0:
+        return 0.0, 0.0
+    algbw = nbytes / seconds / 1e9
+    return algbw, algbw * BUSBW_FACTOR[op](world)
+
+
 _ALIASES = {"all_reduce": "allreduce", "all_gather": "allgather", "reducescatter": "reduce_scatter",
             "bcast": "broadcast", "all_to_all": "alltoall", "alltoallv": "alltoall"}
 

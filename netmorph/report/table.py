@@ -3,25 +3,81 @@
 nccl-tests (``all_reduce_perf``) prints ``size count type redop time algbw busbw
 #wrong`` where algbw = size / time and busbw = algbw times the op's bus factor
 (2(p-1)/p for all-reduce; (p-1)/p for all-gather, reduce-scatter, all-to-all;
-1 for broadcast and reduce), so busbw is comparable to the link speed whatever
-the world size. Bandwidths are decimal GB/s.
+1 for broadcast and reduce; :func:`netmorph.collectives.bandwidths`), so busbw is
+comparable to the link speed whatever the world size. Bandwidths are decimal
+GB/s. One printer (:class:`Column`, :func:`header`, :func:`row`) serves the
+predicted table of ``netmorph collective`` and the measured one of ``netmorph
+bench``.
 """
 
 from __future__ import annotations
 
-from netmorph.collectives import BUSBW_FACTOR
+from dataclasses import dataclass
+from typing import Callable
+
+from netmorph.collectives import bandwidths
 from netmorph.collectives.formulas import closed_form
 from netmorph.cost.topology import Topology
+from netmorph.units import fmt_bytes
 
-# nccl-tests' type names
-DTYPES = {"float": ("float32", 4), "float32": ("float32", 4), "half": ("float16", 2), "float16": ("float16", 2),
-          "bfloat16": ("bfloat16", 2), "double": ("float64", 8), "float64": ("float64", 8),
-          "int32": ("int32", 4), "int64": ("int64", 8), "int8": ("int8", 1), "uint8": ("uint8", 1)}
+
+@dataclass(frozen=True)
+class Column:
+    """One column: its title, width and alignment, the cell's value, its format spec, and the gap before it."""
+
+    title: str
+    width: int
+    cell: Callable[[dict], object]
+    spec: str = ""
+    align: str = ">"
+    sep: str = " "
+
+
+def header(columns) -> str:
+    """The title line, starting with '#' as nccl-tests' does."""
+    line = "".join((c.sep if i else "") + format(c.title, f"{c.align}{c.width}") for i, c in enumerate(columns))
+    return "#" + line[1:]
+
+
+def row(columns, rec: dict) -> str:
+    out = []
+    for i, c in enumerate(columns):
+        v = c.cell(rec)
+        spec = c.spec if not isinstance(v, str) else ""
+        out.append((c.sep if i else "") + format(v, f"{c.align}{c.width}{spec}"))
+    return "".join(out)
+
+
+# netmorph collective: predicted time and the schedule's counts; rec["mark"] flags the fastest
+PREDICTED = (
+    Column("size", 12, lambda r: r["bytes"]), Column("count", 11, lambda r: r["count"]),
+    Column("type", 8, lambda r: r["type"]), Column("redop", 5, lambda r: r["redop"]),
+    Column(" algorithm", 28, lambda r: r.get("mark", " ") + r["algo"] + (" (auto)" if r.get("auto") else ""),
+           align="<"),
+    Column("time(us)", 11, lambda r: r["predicted_time_s"] * 1e6, ".2f", sep=""),
+    Column("algbw(GB/s)", 11, lambda r: r["algbw_gbps"], ".3f"),
+    Column("busbw(GB/s)", 11, lambda r: r["busbw_gbps"], ".3f"),
+    Column("rounds", 7, lambda r: r["rounds"]), Column("msgs", 9, lambda r: r["messages"]),
+    Column("bytes_on_wire", 15, lambda r: r["bytes_on_wire"], ","),
+    Column("max_sent/rank", 14, lambda r: r["max_bytes_sent"], ","),
+)
+
+# netmorph bench: measured time beside the prediction and the memory-copy bound
+MEASURED = (
+    Column("size", 12, lambda r: r["bytes"]), Column("count", 10, lambda r: r["count"]),
+    Column("type", 8, lambda r: r["type"]), Column("algorithm", 26, lambda r: r["algo"], align="<"),
+    Column("backend", 13, lambda r: r["backend"], align="<"),
+    Column("time(us)", 10, lambda r: r["time_s"] * 1e6, ".1f", sep=""),
+    Column("algbw(GB/s)", 11, lambda r: r["algbw_gbps"], ".3f"),
+    Column("busbw(GB/s)", 11, lambda r: r["busbw_gbps"], ".3f"),
+    Column("#wrong", 6, lambda r: r["wrong"]),
+    Column("pred(us)", 10, lambda r: "-" if r["predicted_time_s"] is None else r["predicted_time_s"] * 1e6, ".1f"),
+    Column("of memcpy", 9, lambda r: r["of_memcpy"], ".0%"),
+)
 
 
 def size_bands(winners, sizes, sep: str = "–") -> str:
     """Per-size winners as ranges: 'recursive_doubling 1 KiB–256 KiB, rabenseifner 512 KiB–1 GiB'."""
-    from netmorph.units import fmt_bytes
     runs = []
     for a, n in zip(winners, sizes):
         if runs and runs[-1][0] == a:
@@ -29,14 +85,6 @@ def size_bands(winners, sizes, sep: str = "–") -> str:
         else:
             runs.append([a, n, n])
     return ", ".join(f"{a} {fmt_bytes(lo)}{sep}{fmt_bytes(hi)}" for a, lo, hi in runs)
-
-
-def bandwidths(op: str, nbytes: int, seconds: float, world: int) -> tuple[float, float]:
-    """(algbw, busbw) in GB/s, nccl-tests' definitions."""
-    if seconds <= 0:
-        return 0.0, 0.0
-    algbw = nbytes / seconds / 1e9
-    return algbw, algbw * BUSBW_FACTOR[op](world)
 
 
 def record(pred, topo: Topology, dtype: str, redop: str, auto: bool = False, reason: str = "") -> dict:
@@ -64,20 +112,8 @@ def record(pred, topo: Topology, dtype: str, redop: str, auto: bool = False, rea
     return rec
 
 
-HEADER = (f"{'size':>12} {'count':>11} {'type':>8} {'redop':>5}  {'algorithm':<27}{'time(us)':>11} "
-          f"{'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'rounds':>7} {'msgs':>9} {'bytes_on_wire':>15} "
-          f"{'max_sent/rank':>14}")
-
-
 def _ok(want, got, rel=1e-9):
     return "✓" if want is not None and abs(want - got) <= rel * max(abs(want), abs(got), 1e-30) else "✗"
-
-
-def format_row(rec: dict, mark: str = " ") -> str:
-    algo = rec["algo"] + (" (auto)" if rec.get("auto") else "")
-    return (f"{rec['bytes']:>12} {rec['count']:>11} {rec['type']:>8} {rec['redop']:>5} {mark}{algo:<27}"
-            f"{rec['predicted_time_s'] * 1e6:>11.2f} {rec['algbw_gbps']:>11.3f} {rec['busbw_gbps']:>11.3f} "
-            f"{rec['rounds']:>7} {rec['messages']:>9} {rec['bytes_on_wire']:>15,} {rec['max_bytes_sent']:>14,}")
 
 
 def format_formula(rec: dict) -> str:

@@ -14,9 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from netmorph.collectives import BUSBW_FACTOR
-
-OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "alltoall")
+from netmorph.collectives import bandwidths
+from netmorph.runtime.launch import launch
 
 
 @dataclass
@@ -119,7 +118,6 @@ def _rank_fn(comm, cases, iters, warmup, dtype):
 def measure(cases, world: int, backend: str = "local", iters: int = 20, warmup: int = 5, dtype="float32",
             timeout: float = 30.0):
     """Run every case on ``world`` ranks; returns one dict per case (slowest rank's mean time, summed #wrong)."""
-    from netmorph.runtime.launch import launch
     results = launch(_rank_fn, world, cases, iters, warmup, dtype, backend=backend, timeout=timeout)
     rows = []
     for k, c in enumerate(cases):
@@ -128,10 +126,10 @@ def measure(cases, world: int, backend: str = "local", iters: int = 20, warmup: 
         itemsize = np.dtype(dtype).itemsize
         nbytes = c.nbytes - (c.nbytes // itemsize % world) * itemsize if c.op in (
             "allgather", "reduce_scatter", "alltoall") else c.nbytes
-        algbw = nbytes / t / 1e9 if t > 0 else 0.0
+        algbw, busbw = bandwidths(c.op, nbytes, t, world)
         rows.append({"op": c.op, "algo": c.algo, "backend": backend if c.algo != "native" else "torch-native",
                      "world": world, "bytes": nbytes, "count": nbytes // itemsize, "type": str(np.dtype(dtype)),
-                     "time_s": t, "algbw_gbps": algbw, "busbw_gbps": algbw * BUSBW_FACTOR[c.op](world),
+                     "time_s": t, "algbw_gbps": algbw, "busbw_gbps": busbw,
                      "wrong": wrong})
     return rows
 
