@@ -106,7 +106,7 @@ def main() -> int:
     hw = HARDWARE["a100-80g"]
     z, n, k = zero_rows(), ptdp_rows(hw), korthikanti_rows(hw)
     t0 = time.perf_counter()
-    _, _, _, n_fit = search(MODELS["ptdp-1t"], 3072, hw, 3072)
+    n_fit = search(MODELS["ptdp-1t"], 3072, hw, 3072).fits
     t_search = time.perf_counter() - t0
 
     out = ["# Planner validation", "",

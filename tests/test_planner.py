@@ -1,7 +1,6 @@
 """The planner: the papers' formulas, the search, and the CLI."""
 
 import json
-import time
 
 import pytest
 
@@ -71,46 +70,58 @@ def test_memory_shrinks_the_way_the_splits_say():
     assert full["activations"] < tp8["activations"] / 10
 
 
-def test_search_1t_on_3072_gpus_is_fast_and_ranked():
-    t0 = time.perf_counter()
-    top, reasons, examples, n_fit = search(PRESETS["ptdp-1t"], 3072, A100, 3072)
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 5            # the goal is < 1 s on a quiet machine: benchmarked in docs/validation.md
-    assert n_fit > 0 and top
+def test_search_1t_on_3072_gpus_is_ranked():
+    """(Its speed is a benchmark: benchmarks/planner.py, not a timed test.)"""
+    res = search(PRESETS["ptdp-1t"], 3072, A100, 3072)
+    top = res.ranked
+    assert res.fits > 0 and top
     times = [e["step_time_s"] for e in top]
     assert times == sorted(times)
     assert all(e["fits"] and e["tp"] <= 8 for e in top)
-    assert reasons["out of memory"] > 0 and "inter-node tensor parallelism" in reasons
+    assert res.rejected["memory"].count > 0 and "inter-node-tp" in res.rejected
+    assert res.searched == res.fits + sum(r.count for r in res.rejected.values())
     assert all(e["gpus"] == 3072 for e in top)
 
 
 def test_rules_reject_with_reasons():
     m = PRESETS["gpt3-175b"]
-    assert "heads" in check(m, ParallelConfig(tp=5), A100)
-    assert "layers" in check(m, ParallelConfig(pp=5), A100)
-    assert "ZeRO-2/3" in check(m, ParallelConfig(pp=2, zero=2, global_batch=8), A100)
-    assert "inter-node" in check(m, ParallelConfig(tp=16), A100)
+    cases = [(ParallelConfig(tp=5), "heads", "--tp", "heads"),
+             (ParallelConfig(pp=5), "layers", "--pp or --interleave", "layers"),
+             (ParallelConfig(pp=2, zero=2, global_batch=8), "zero-pp", "--zero or --pp", "ZeRO-2/3"),
+             (ParallelConfig(tp=16), "inter-node-tp", "--tp", "inter-node"),
+             (ParallelConfig(dp=3, global_batch=8), "batch", "--global-batch or --microbatch", "does not split"),
+             (ParallelConfig(tp=1, sequence_parallel=True), "sp-needs-tp", "--tp", "sequence parallelism")]
+    for cfg, key, flag, words in cases:
+        why = check(m, cfg, A100)
+        assert (why.key, why.flag) == (key, flag) and words in why.text
+        assert why.soft == (key == "inter-node-tp")
+    assert check(m, ParallelConfig(tp=8, pp=8, dp=16, global_batch=1536), A100) is None
 
 
 def test_model_that_fits_nowhere():
-    top, reasons, _, n_fit = search(PRESETS["gpt3-175b"], 8, A100, 8)
-    assert n_fit == 0 and not top and reasons["out of memory"] > 0
+    res = search(PRESETS["gpt3-175b"], 8, A100, 8)
+    assert res.fits == 0 and not res.ranked and res.rejected["memory"].count > 0
 
 
 def test_bad_model_flags():
-    with pytest.raises(UsageError, match="--heads"):
-        from_args(layers=2, hidden=100, heads=3)
-    with pytest.raises(UsageError, match="--model"):
-        from_args(model="gpt5")
-    with pytest.raises(UsageError, match="--layers"):
-        from_args(hidden=100, heads=4)
+    for kw, arg, flag_text in ((dict(layers=2, hidden=100, heads=3), "hidden", "--hidden 100 is not divisible by --heads 3"),
+                               (dict(model="gpt5"), "model", "--model: unknown preset 'gpt5'"),
+                               (dict(hidden=100, heads=4), "layers", "or --layers")):
+        with pytest.raises(UsageError) as e:
+            from_args(**kw)
+        assert e.value.argument == arg and "--" not in str(e.value) and flag_text in e.value.render({})
 
 
 def test_cli_plan_json_keys(capsys):
     code = main(["plan", "--model", "gpt3-175b", "--gpus", "1024", "--hardware", "a100-80g",
                  "--global-batch", "1536", "--top", "3", "--json"])
-    rows = json.loads(capsys.readouterr().out)
+    doc = json.loads(capsys.readouterr().out)
+    rows = doc["plans"]
     assert code == 0 and len(rows) == 3
+    assert doc["searched"] == 42924 and doc["fits"] == 613
+    assert sum(r["count"] for r in doc["rejected"]) == doc["searched"] - doc["fits"]
+    mem = next(r for r in doc["rejected"] if r["key"] == "memory")
+    assert mem["flag"] and mem["example"].endswith("GB)") and "out of memory" in mem["example"]
     for k in ("tp", "pp", "dp", "microbatch", "zero", "recompute", "memory_bytes", "step_time_s",
               "tflops_per_gpu", "mfu", "bubble_fraction", "params_count", "flops_per_iteration", "fits"):
         assert k in rows[0]

@@ -7,6 +7,7 @@ Configuration flags given to the search fix that dimension.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -99,8 +100,8 @@ def _estimate(args, model, hw) -> int:
                        bool(args.sequence_parallel), args.dp_overlap, args.param_bytes, args.grad_bytes,
                        args.optimizer_bytes)
     why = check(model, c, hw)
-    if why and not ("inter-node" in why):
-        raise UsageError(f"{why}; change {_flag_for(why)}")
+    if why and not why.soft:
+        raise UsageError(f"{why}; change {why.flag}")
     e = estimate(model, c, hw)
     if args.json:
         json.dump(e, sys.stdout, indent=1, default=float)
@@ -156,14 +157,6 @@ def _why_slower(ranked, top, n=5):
     return out
 
 
-def _flag_for(why):
-    for word, flag in (("tp", "--tp"), ("pp", "--pp or --interleave"), ("batch", "--global-batch or --microbatch"),
-                       ("interleaving", "--interleave"), ("ZeRO", "--zero or --pp"), ("sequence", "--tp")):
-        if word in why:
-            return flag
-    return "the configuration"
-
-
 def _describe(model):
     if model.bare:
         return model.name
@@ -181,17 +174,20 @@ def _search(args, model, hw) -> int:
     base = ParallelConfig(dp_overlap=args.dp_overlap, param_bytes=args.param_bytes, grad_bytes=args.grad_bytes,
                           optimizer_bytes=args.optimizer_bytes)
     t0 = time.perf_counter()
-    ranked, reasons, examples, n_fit = search(model, args.gpus, hw, args.global_batch, base, top=0)
+    result = search(model, args.gpus, hw, args.global_batch, base, top=0)
+    ranked = result.ranked
     fixed = {k: getattr(args, k) for k in FIXABLE if getattr(args, k) is not None}
     if fixed:
         ranked = [e for e in ranked if all(e[k] == v for k, v in fixed.items())]
     elapsed = time.perf_counter() - t0
     top = ranked[:args.top]
     if args.json:
-        json.dump(top, sys.stdout, indent=1, default=float)
+        rejected = [dataclasses.asdict(r) for r in sorted(result.rejected.values(), key=lambda r: -r.count)]
+        json.dump({"plans": top, "searched": result.searched, "fits": result.fits, "rejected": rejected},
+                  sys.stdout, indent=1, default=float)
         sys.stdout.write("\n")
         return 0 if top else 1
-    total = sum(reasons.values()) + n_fit
+    total, n_fit = result.searched, result.fits
     print(f"# netmorph plan: {_describe(model)} on {args.gpus} x {hw.name}, global batch {args.global_batch}")
     print(f"# searched {total:,} configurations in {elapsed:.2f} s: {n_fit:,} fit"
           + (f", {len(ranked):,} match {fixed}" if fixed else "") + "; ranked by predicted step time")
@@ -216,8 +212,8 @@ def _search(args, model, hw) -> int:
             for line in lines:
                 print(f"#   {line}")
     print("# rejected, by reason (count: an example):")
-    for k, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
-        print(f"#   {n:>8,}  {examples[k]}")
+    for r in sorted(result.rejected.values(), key=lambda r: -r.count):
+        print(f"#   {r.count:>8,}  {r.example}")
     if top:
         print("# memory in decimal GB; `netmorph plan estimate` with the same flags breaks one plan down")
     return 0 if top else 1

@@ -47,26 +47,26 @@ class Config:
 
     def check(self) -> None:
         if self.workers < 1:
-            raise UsageError(f"--workers must be >= 1, got {self.workers}")
+            raise UsageError(f"{{workers}} must be >= 1, got {self.workers}", "workers")
         if self.servers < 1 or self.servers > 8:
-            raise UsageError(f"--servers must be in 1..8, got {self.servers}")
+            raise UsageError(f"{{servers}} must be in 1..8, got {self.servers}", "servers")
         if self.steps < 1:
-            raise UsageError(f"--steps must be >= 1, got {self.steps}")
+            raise UsageError(f"{{steps}} must be >= 1, got {self.steps}", "steps")
         if self.staleness < 0:
-            raise UsageError(f"--staleness must be >= 0, got {self.staleness}")
+            raise UsageError(f"{{staleness}} must be >= 0, got {self.staleness}", "staleness")
         if self.local_steps < 1:
-            raise UsageError(f"--local-steps must be >= 1, got {self.local_steps}")
+            raise UsageError(f"{{local_steps}} must be >= 1, got {self.local_steps}", "local_steps")
         if self.n_push < 1 or self.n_fetch < 1:
-            raise UsageError("--n-push and --n-fetch must be >= 1")
+            raise UsageError("{n_push} and {n_fetch} must be >= 1", "n_push")
         if self.lr <= 0:
-            raise UsageError(f"--lr must be > 0, got {self.lr}")
+            raise UsageError(f"{{lr}} must be > 0, got {self.lr}", "lr")
         if self.compute_ms < 0 or self.jitter < 0:
-            raise UsageError("--compute-ms and --jitter must be >= 0")
+            raise UsageError("{compute_ms} and {jitter} must be >= 0", "compute_ms")
         if self.straggler is not None:
             r, f = self.straggler
             if not 0 <= r < self.workers or f < 1:
-                raise UsageError(f"--straggler RANK:FACTOR needs 0 <= RANK < {self.workers} and FACTOR >= 1, "
-                                 f"got {r}:{f}")
+                raise UsageError(f"{{straggler}} RANK:FACTOR needs 0 <= RANK < {self.workers} and FACTOR >= 1, "
+                                 f"got {r}:{f}", "straggler")
 
 
 class Pacer:

@@ -177,4 +177,4 @@ def _make(model: str, batch: int | None, seed: int):
         return SparseLeastSquares(batch=batch or 1, seed=seed)
     if model == "mlp":
         return DigitsMLP(batch=batch or 32, seed=seed)
-    raise UsageError(f"--model must be one of {', '.join(MODELS)}, got {model!r}")
+    raise UsageError(f"{{model}} must be one of {', '.join(MODELS)}, got {model!r}", "model")

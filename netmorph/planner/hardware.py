@@ -65,16 +65,17 @@ def load_hardware(name_or_file: str, efficiency: float | None = None) -> Hardwar
     else:
         path = Path(name_or_file)
         if not path.exists():
-            raise UsageError(f"--hardware: {name_or_file!r} is neither a preset ({', '.join(PRESETS)}) nor a file")
+            raise UsageError(f"{{hardware}}: {name_or_file!r} is neither a preset ({', '.join(PRESETS)}) nor a file",
+                             "hardware")
         try:
             data = json.loads(path.read_text())
             data.setdefault("name", path.stem)
             hw = Hardware(**data)
         except (OSError, json.JSONDecodeError, TypeError) as e:
-            raise UsageError(f"--hardware: cannot use {name_or_file}: {e}; fields: "
-                             f"{', '.join(asdict(PRESETS['a100-80g']))}") from None
+            raise UsageError(f"{{hardware}}: cannot use {name_or_file}: {e}; fields: "
+                             f"{', '.join(asdict(PRESETS['a100-80g']))}", "hardware") from None
     if efficiency is not None:
         if not 0 < efficiency <= 1:
-            raise UsageError(f"--efficiency must be in (0, 1], got {efficiency}")
+            raise UsageError(f"{{efficiency}} must be in (0, 1], got {efficiency}", "efficiency")
         hw = replace(hw, gemm_efficiency=efficiency)
     return hw

@@ -73,7 +73,8 @@ class ModelSpec:
         (1 + s/6h + V/12lh)); "selective": 3 x both + the attention core again.
         """
         if self.bare:
-            raise UsageError("--params gives model-state memory only; FLOPs need --layers/--hidden/--heads or --model")
+            raise UsageError("{params} gives model-state memory only; FLOPs need {layers}/{hidden}/{heads} or {model}",
+                             "params")
         layer = self.layer_flops_fwd(batch)
         logit = self.logit_flops_fwd(batch)
         if recompute == "full":
@@ -108,24 +109,25 @@ def from_args(model=None, layers=None, hidden=None, heads=None, seq=None, vocab=
     """A preset (optionally with fields overridden) or a model from flags; errors name the flag."""
     if params is not None:
         if params <= 0:
-            raise UsageError(f"--params must be > 0, got {params}")
+            raise UsageError(f"{{params}} must be > 0, got {params}", "params")
         return ModelSpec(f"{params:.3g} params", 0, 0, 0, params_only=float(params))
     if model is not None:
         key = model.lower()
         if key not in PRESETS:
-            raise UsageError(f"--model: unknown preset {model!r}; choose one of {', '.join(PRESETS)}")
+            raise UsageError(f"{{model}}: unknown preset {model!r}; choose one of {', '.join(PRESETS)}", "model")
         spec = PRESETS[key]
         over = {k: v for k, v in dict(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab,
                                       ffn=ffn).items() if v is not None}
         spec = replace(spec, **over) if over else spec
     else:
-        missing = [f"--{k}" for k, v in (("layers", layers), ("hidden", hidden), ("heads", heads)) if v is None]
+        missing = ["{" + k + "}" for k, v in (("layers", layers), ("hidden", hidden), ("heads", heads)) if v is None]
         if missing:
-            raise UsageError(f"describe the model with --model NAME, --params N, or {' '.join(missing)}")
+            raise UsageError("describe the model with {model} NAME, {params} N, or " + " ".join(missing),
+                             missing[0][1:-1])
         spec = ModelSpec("custom", layers, hidden, heads, seq or 2048, vocab or 51200, ffn or 0)
     for k in ("layers", "hidden", "heads", "seq", "vocab"):
         if getattr(spec, k) < 1:
-            raise UsageError(f"--{k} must be >= 1, got {getattr(spec, k)}")
+            raise UsageError(f"{{{k}}} must be >= 1, got {getattr(spec, k)}", k)
     if spec.hidden % spec.heads:
-        raise UsageError(f"--hidden {spec.hidden} is not divisible by --heads {spec.heads}")
+        raise UsageError(f"{{hidden}} {spec.hidden} is not divisible by {{heads}} {spec.heads}", "hidden")
     return spec

@@ -16,6 +16,8 @@ without pipeline parallelism; and the most loaded device must fit in memory.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from netmorph.errors import UsageError
 from netmorph.planner.config import RECOMPUTE, ParallelConfig
 from netmorph.planner.hardware import Hardware
@@ -24,23 +26,79 @@ from netmorph.planner.model import ModelSpec
 from netmorph.planner.timing import step_time
 
 
-def check(model: ModelSpec, c: ParallelConfig, hw: Hardware) -> str | None:
-    """Why ``c`` cannot run (one phrase), or None."""
+@dataclass(frozen=True)
+class Rejection:
+    """Why a configuration cannot run: a stable ``key``, the ``flag`` that changes it, and the sentence.
+
+    ``soft``: a rule of thumb rather than a rule (``plan estimate`` still prices it, with a warning).
+    """
+
+    key: str
+    flag: str
+    text: str
+    soft: bool = False
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass
+class Rejected:
+    """Every configuration the search rejected for one reason: how many, and one example."""
+
+    key: str
+    flag: str
+    count: int
+    example: str
+
+
+@dataclass
+class SearchResult:
+    ranked: list                   # estimates that fit, fastest first (the first ``top``, or all)
+    rejected: dict                 # key -> Rejected
+    fits: int                      # how many configurations fit
+
+    @property
+    def searched(self) -> int:
+        return self.fits + sum(r.count for r in self.rejected.values())
+
+
+def heads(model, tp):
+    return Rejection("heads", "--tp", f"tp {tp} does not divide the {model.heads} heads")
+
+
+def layers(model, pp):
+    return Rejection("layers", "--pp or --interleave", f"pp {pp} does not divide the {model.layers} layers")
+
+
+def batch(c):
+    return Rejection("batch", "--global-batch or --microbatch",
+                     f"global batch {c.global_batch} does not split into dp {c.dp} x microbatch {c.microbatch}")
+
+
+ZERO_PP = Rejection("zero-pp", "--zero or --pp", "ZeRO-2/3 with pipeline parallelism (DeepSpeed supports stage 1 only)")
+
+
+def check(model: ModelSpec, c: ParallelConfig, hw: Hardware) -> Rejection | None:
+    """Why ``c`` cannot run, or None."""
     if not model.bare and model.heads % c.tp:
-        return f"tp {c.tp} does not divide the {model.heads} heads"
+        return heads(model, c.tp)
     if c.tp > hw.gpus_per_node:
-        return f"inter-node tensor parallelism (tp {c.tp} > {hw.gpus_per_node} devices per node)"
+        return Rejection("inter-node-tp", "--tp", f"inter-node tensor parallelism (tp {c.tp} > {hw.gpus_per_node} "
+                         f"devices per node)", soft=True)
     if not model.bare and model.layers % (c.pp * c.interleave):
-        return f"pp x v = {c.pp * c.interleave} does not divide the {model.layers} layers"
+        return Rejection("layers", "--pp or --interleave",
+                         f"pp x v = {c.pp * c.interleave} does not divide the {model.layers} layers")
     if c.global_batch % (c.dp * c.microbatch):
-        return f"global batch {c.global_batch} does not split into dp {c.dp} x microbatch {c.microbatch}"
+        return batch(c)
     m = c.microbatches
     if c.interleave > 1 and (c.pp == 1 or m % c.pp):
-        return f"interleaving needs pp > 1 and microbatches ({m}) a multiple of pp ({c.pp})"
+        return Rejection("interleave", "--interleave",
+                         f"interleaving needs pp > 1 and microbatches ({m}) a multiple of pp ({c.pp})")
     if c.zero >= 2 and c.pp > 1:
-        return "ZeRO-2/3 with pipeline parallelism (DeepSpeed supports stage 1 only)"
+        return ZERO_PP
     if c.sequence_parallel and c.tp == 1:
-        return "sequence parallelism needs tp > 1"
+        return Rejection("sp-needs-tp", "--tp", "sequence parallelism needs tp > 1")
     return None
 
 
@@ -73,22 +131,25 @@ def _divisors(n: int, cap: int | None = None):
 
 
 def search(model: ModelSpec, gpus: int, hw: Hardware, global_batch: int, base: ParallelConfig | None = None,
-           max_microbatch: int = 8, max_interleave: int = 8, top: int = 5):
-    """(ranked estimates that fit, rejected counts by reason, best rejected examples)."""
+           max_microbatch: int = 8, max_interleave: int = 8, top: int = 5) -> SearchResult:
+    """Every configuration: the ``top`` that fit (0: all), ranked; the rest counted by reason."""
     if gpus < 1:
-        raise UsageError(f"--gpus must be >= 1, got {gpus}")
+        raise UsageError(f"{{gpus}} must be >= 1, got {gpus}", "gpus")
     if global_batch < 1:
-        raise UsageError(f"--global-batch must be >= 1, got {global_batch}")
+        raise UsageError(f"{{global_batch}} must be >= 1, got {global_batch}", "global_batch")
     if model.bare:
-        raise UsageError("a bare --params count has no layers to split; use `netmorph plan estimate` for its memory")
+        raise UsageError("a bare parameter count has no layers to split; use `netmorph plan estimate` for its "
+                         "memory", "params")
     base = base or ParallelConfig()
-    fits, reasons, examples = [], {}, {}
+    fits, rejected = [], {}
     mbs = [k for k in (1, 2, 4, 8, 16) if k <= max_microbatch]
     vs = list(range(1, max_interleave + 1))
 
-    def reject(key, why, c, n=1):
-        reasons[key] = reasons.get(key, 0) + n
-        examples.setdefault(key, f"{c.label()}: {why}")
+    def reject(why: Rejection, c, n=1):
+        r = rejected.get(why.key)
+        if r is None:
+            r = rejected[why.key] = Rejected(why.key, why.flag, 0, f"{c.label()}: {why.text}")
+        r.count += n
 
     def make(tp, pp, dp, mb=1, v=1, zero=0, rc="none", sp=False):
         return ParallelConfig(tp, pp, dp, mb, global_batch, v, zero, rc, sp, base.dp_overlap,
@@ -99,48 +160,38 @@ def search(model: ModelSpec, gpus: int, hw: Hardware, global_batch: int, base: P
         pps = _divisors(gpus // tp)
         c0 = make(tp, 1, gpus // tp)
         why = check(model, c0, hw)
-        if why and ("heads" in why or "inter-node" in why):
-            reject(_reason_key(why), why, c0, len(pps) * per_pp)
+        if why and why.key in ("heads", "inter-node-tp"):
+            reject(why, c0, len(pps) * per_pp)
             continue
         for pp in pps:
             dp = gpus // (tp * pp)
             if model.layers % pp:
-                reject("tp/pp does not divide the model", f"pp {pp} does not divide the {model.layers} layers",
-                       make(tp, pp, dp), per_pp)
+                reject(layers(model, pp), make(tp, pp, dp), per_pp)
                 continue
             for mb in mbs:
                 if global_batch % (dp * mb):
-                    reject("batch does not split", f"global batch {global_batch} does not split into dp {dp} x "
-                           f"microbatch {mb}", make(tp, pp, dp, mb), per_pp // len(mbs))
+                    c = make(tp, pp, dp, mb)
+                    reject(batch(c), c, per_pp // len(mbs))
                     continue
                 for v in vs:
                     cv = make(tp, pp, dp, mb, v)
                     why = check(model, cv, hw)
                     if why:
-                        reject(_reason_key(why), why, cv, 4 * 3 * 2)
+                        reject(why, cv, 4 * 3 * 2)
                         continue
                     for zero in (0, 1, 2, 3):
                         if zero >= 2 and pp > 1:
-                            reject("ZeRO-2/3", "ZeRO-2/3 with pipeline parallelism (DeepSpeed supports stage 1 "
-                                   "only)", make(tp, pp, dp, mb, v, zero), 3 * 2)
+                            reject(ZERO_PP, make(tp, pp, dp, mb, v, zero), 3 * 2)
                             continue
                         for rc in RECOMPUTE:
                             for sp in ((False, True) if tp > 1 else (False,)):
                                 c = make(tp, pp, dp, mb, v, zero, rc, sp)
                                 total = memory(model, c)["total"]
                                 if total > hw.memory_bytes:
-                                    reject("out of memory", f"out of memory ({total / 1e9:.1f} GB > "
-                                           f"{hw.memory_bytes / 1e9:.1f} GB)", c)
+                                    reject(Rejection("memory", "--gpus, --hardware or --recompute",
+                                                     f"out of memory ({total / 1e9:.1f} GB > "
+                                                     f"{hw.memory_bytes / 1e9:.1f} GB)"), c)
                                     continue
                                 fits.append(c)
     ests = sorted((estimate(model, c, hw) for c in fits), key=lambda e: e["step_time_s"])
-    return (ests[:top] if top else ests), reasons, examples, len(ests)
-
-
-def _reason_key(why: str) -> str:
-    for key in ("inter-node tensor parallelism", "does not divide the", "does not split", "interleaving needs",
-                "ZeRO-2/3", "sequence parallelism needs"):
-        if key in why:
-            return {"does not divide the": "tp/pp does not divide the model",
-                    "does not split": "batch does not split"}.get(key, key)
-    return why
+    return SearchResult(ests[:top] if top else ests, rejected, len(ests))

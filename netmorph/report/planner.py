@@ -24,7 +24,8 @@ def build_section(out_dir, tick=lambda: None) -> Section:
 
     model, hw = PRESETS[MODEL], HW["a100-80g"]
     t0 = time.perf_counter()
-    ranked, reasons, _, n_fit = search(model, GPUS, hw, BATCH, top=0)
+    result = search(model, GPUS, hw, BATCH, top=0)
+    ranked, n_fit = result.ranked, result.fits
     elapsed = time.perf_counter() - t0
     tick()
     best = ranked[0]
@@ -74,7 +75,7 @@ def build_section(out_dir, tick=lambda: None) -> Section:
     html = f"""
 <p>The planner's memory model (ZeRO's partitioning, Megatron's sharding, Korthikanti et al.'s activations) and
 time model (Narayanan et al.'s FLOPs, the pipeline bubble, every collective simulated on the DGX A100 cluster
-topology) over every split of GPT-3 175B on {GPUS} A100s: {sum(reasons.values()) + n_fit:,} configurations in
+topology) over every split of GPT-3 175B on {GPUS} A100s: {result.searched:,} configurations in
 {elapsed:.2f} s, {n_fit:,} of which fit. Without tensor or pipeline parallelism a GPU would hold
 {mems[0]['total'] / 2**40:.1f} TiB; tensor parallelism beyond one node's 8 GPUs is rejected outright (an all-reduce per
 layer on InfiniBand).</p>
@@ -87,7 +88,7 @@ interleaving {best['interleave']}, ZeRO-{best['zero']}, {best['recompute']} reco
 <p>Reproduce: <code>netmorph plan --model gpt3-175b --gpus 1024 --global-batch 1536</code>;
 <code>netmorph plan estimate --model gpt3-175b --tp 8 --pp 8 --dp 16 --global-batch 1536 --recompute full</code>.</p>
 """
-    summary = [f"{MODEL} on {GPUS} x a100-80g: {n_fit} of {sum(reasons.values()) + n_fit:,} configurations fit "
+    summary = [f"{MODEL} on {GPUS} x a100-80g: {n_fit} of {result.searched:,} configurations fit "
                f"(searched in {elapsed:.2f} s)",
                f"plan: tp{best['tp']} pp{best['pp']} dp{best['dp']} mb{best['microbatch']} v{best['interleave']} "
                f"ZeRO-{best['zero']} {best['recompute']}: {best['step_time_s']:.2f} s/iter, "
