@@ -129,13 +129,10 @@ def run(args) -> int:
             bar.update(tasks["_current"], completed=min(done, total))
 
         if args.compare:
-            rows = compare(cfg, MODES, on_mode, on_progress)
+            rows = [r.summary for r in compare(cfg, MODES, on_mode, on_progress)]
         else:
             on_mode(cfg.mode)
-            rows = [run_mode(cfg, on_progress)]
-    for r in rows:
-        r.pop("_results", None)
-        r.pop("_final", None)
+            rows = [run_mode(cfg, on_progress).summary]
     if args.json:
         json.dump(rows, sys.stdout, indent=1)
         sys.stdout.write("\n")

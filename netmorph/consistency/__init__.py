@@ -6,6 +6,6 @@ see :mod:`netmorph.consistency.runner` to run them.
 """
 
 from netmorph.consistency.common import Config
-from netmorph.consistency.runner import MODES, SYSTEMS, compare, run
+from netmorph.consistency.runner import MODES, SYSTEMS, RunResult, compare, run
 
-__all__ = ["Config", "MODES", "SYSTEMS", "compare", "run"]
+__all__ = ["Config", "MODES", "RunResult", "SYSTEMS", "compare", "run"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -25,6 +26,16 @@ SYSTEMS = {
 }
 
 
+@dataclass
+class RunResult:
+    """One mode's run: the JSON-ready summary (what ``netmorph sgd --json`` prints), what every rank
+    returned, and the trained parameters."""
+
+    summary: dict
+    ranks: list
+    final: np.ndarray
+
+
 def _entry(mode):
     from netmorph.consistency import hogwild, ps, sync
     return {"bsp": sync.bsp, "local": sync.local_sgd, "async": ps.ps_rank, "ssp": ps.ps_rank,
@@ -35,8 +46,8 @@ def _rank_fn(comm, cfg, progress):
     return _entry(cfg.mode)(comm, cfg, progress)
 
 
-def run(cfg: Config, on_progress=None) -> dict:
-    """Train with ``cfg.mode`` on ``cfg.workers`` processes (+ servers); one summary dict."""
+def run(cfg: Config, on_progress=None) -> RunResult:
+    """Train with ``cfg.mode`` on ``cfg.workers`` processes (+ servers)."""
     from netmorph.runtime.launch import launch
     cfg.check()
     make(cfg.model, cfg.batch, cfg.seed)       # build before the fork: the ranks inherit it
@@ -81,7 +92,7 @@ def _combine_shards(results, dim):
     return snaps, final
 
 
-def summarise(cfg: Config, results, ledger, elapsed) -> dict:
+def summarise(cfg: Config, results, ledger, elapsed) -> RunResult:
     prob = make(cfg.model, cfg.batch, cfg.seed)
     if cfg.mode in ("async", "ssp"):
         snaps, final = _combine_shards(results, prob.dim)
@@ -124,9 +135,7 @@ def summarise(cfg: Config, results, ledger, elapsed) -> dict:
     if cfg.mode == "hogwild":
         out["shared_bytes_written"] = sum(r.get("shared_bytes_written", 0) for r in results)
         out["conflict_rate"] = sum(r["conflicts"] for r in results) / max(1, updates)
-    out["_results"] = results
-    out["_final"] = final
-    return out
+    return RunResult(out, results, final)
 
 
 def time_to(curve, target):
@@ -137,7 +146,7 @@ def time_to(curve, target):
     return None
 
 
-def compare(base: Config, modes=MODES, on_mode=None, on_progress=None) -> list[dict]:
+def compare(base: Config, modes=MODES, on_mode=None, on_progress=None) -> list[RunResult]:
     """Every mode with the same model, data, workers and update count."""
     out = []
     for m in modes:
@@ -145,10 +154,10 @@ def compare(base: Config, modes=MODES, on_mode=None, on_progress=None) -> list[d
         if on_mode:
             on_mode(m)
         out.append(run(cfg, on_progress))
-    init = max(r["initial_loss"] for r in out)
-    best = min(r["final_loss"] for r in out)
+    init = max(r.summary["initial_loss"] for r in out)
+    best = min(r.summary["final_loss"] for r in out)
     target = best + 0.1 * (init - best)       # 90% of the best reduction any mode achieved
     for r in out:
-        r["target_loss"] = target
-        r["time_to_target_s"] = time_to(r["loss_curve"], target)
+        r.summary["target_loss"] = target
+        r.summary["time_to_target_s"] = time_to(r.summary["loss_curve"], target)
     return out
