@@ -7,7 +7,7 @@ from netmorph.collectives import ALGORITHMS, build
 from netmorph.collectives.formulas import closed_form
 from netmorph.schedule import count
 
-from conftest import ALL
+from cases import ALL
 
 MiB = 1 << 20
 

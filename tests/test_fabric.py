@@ -215,18 +215,34 @@ def _emulated(comm, n, algo):
     return best
 
 
-def test_link_emulation_follows_the_cost_model():
-    """A slow emulated two-level topology: measured time tracks the event simulation's prediction."""
+SLOW = dict(alpha=2e-3, beta=1 / 1e9, gpus_per_node=2, alpha_inter=8e-3, beta_inter=1 / 50e6)
+
+
+def _measure_emulated():
     from netmorph.cost.topology import Topology
     from netmorph.cost.tuner import predict
-    topo = Topology("slow", alpha=2e-3, beta=1 / 1e9, gpus_per_node=2, alpha_inter=8e-3, beta_inter=1 / 50e6)
+    topo = Topology("slow", **SLOW)
     got = {}
     for algo in ("ring", "recursive_doubling"):
         n = 1 << 16
         measured = max(launch(_emulated, 4, n // 4, algo, topology=topo, timeout=30))
-        predicted = predict("allreduce", algo, 4, n, topo).time
-        assert 0.9 * predicted <= measured <= 2 * predicted + 0.03, (algo, measured, predicted)
-        got[algo] = (measured, predicted)
-    # the model's ordering holds on the processes: ring pays 6 slow rounds, recursive doubling 2
+        got[algo] = (measured, predict("allreduce", algo, 4, n, topo).time)
+    return got
+
+
+def test_emulated_links_are_never_faster_than_the_model():
+    """Emulated α and β are a floor: no all-reduce beats the event simulation of its schedule
+    (a busy machine can only add time; how close it stays is the perf test below)."""
+    for algo, (measured, predicted) in _measure_emulated().items():
+        assert measured >= 0.9 * predicted, (algo, measured, predicted)
+
+
+@pytest.mark.perf
+def test_link_emulation_follows_the_cost_model():
+    """On a quiet machine measured time tracks the prediction, and the model's ordering holds:
+    ring pays 6 slow rounds, recursive doubling 2."""
+    got = _measure_emulated()
+    for algo, (measured, predicted) in got.items():
+        assert measured <= 2 * predicted + 0.03, (algo, measured, predicted)
     assert got["ring"][1] > 2 * got["recursive_doubling"][1]
     assert got["ring"][0] > got["recursive_doubling"][0]

@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 from netmorph.collectives import ALGORITHMS, build
 from netmorph.schedule import execute
 
-from conftest import ALL
+from cases import ALL
 
 WORLDS = list(range(1, 18)) + [24, 32, 33]
 REDUCE = {"sum": np.sum, "max": np.max, "min": np.min}

@@ -9,7 +9,7 @@ from netmorph.cost.simulate import simulate
 from netmorph.cost.topology import PRESETS, Topology
 from netmorph.cost.tuner import choose, predict
 
-from conftest import ALL
+from cases import ALL
 
 A, B, G = 2e-6, 1e-9, 0.25e-9
 FLAT = PRESETS["flat"].with_flat(A, B, G)
@@ -100,3 +100,24 @@ def test_prediction_parts_add_up():
 def test_world_one_costs_nothing():
     for op, algo in ALL:
         assert simulate(build(op, algo, 1, 100, 4), PRESETS["dgx-a100"]).time == 0.0
+
+
+@pytest.mark.parametrize("p", [2, 3, 5, 8])
+def test_direct_algorithms_against_the_textbook_limits(p):
+    """naive / one_shot / two_shot timed from first principles, not from formulas.py: with free
+    reductions a root that receives p-1 whole vectors through one port pays (p-1)(α+nβ) (Thakur et
+    al.'s linear algorithm); when reducing is slower than receiving it pays the first message and
+    then p-1 reductions back to back, α+nβ + (p-1)nγ. Two-shot moves n/p per message, twice."""
+    a, b, n = 3e-6, 1e-9, p * 8192 * 4
+    T, Tb = a + n * b, a + n / p * b
+    free = Topology("free-reduce", alpha=a, beta=b, gamma=0.0)
+    slow = Topology("slow-reduce", alpha=a, beta=b, gamma=10 * b)
+    t = {key: simulate(build(*key, p, n // 4, 4), free).time
+         for key in (("reduce", "naive"), ("allreduce", "naive"), ("allreduce", "one_shot"), ("allreduce", "two_shot"))}
+    assert t["reduce", "naive"] == pytest.approx((p - 1) * T, rel=1e-12)
+    assert t["allreduce", "naive"] == pytest.approx(2 * (p - 1) * T, rel=1e-12)     # to a root, then back out
+    assert t["allreduce", "one_shot"] == pytest.approx((p - 1) * T, rel=1e-12)      # every rank gathers every vector
+    assert t["allreduce", "two_shot"] == pytest.approx(2 * (p - 1) * Tb, rel=1e-12)  # reduce-scatter + all-gather
+    if p > 2:
+        g = 10 * b * n
+        assert simulate(build("reduce", "naive", p, n // 4, 4), slow).time == pytest.approx(T + (p - 1) * g, rel=1e-12)

@@ -8,7 +8,7 @@ from netmorph.collectives.base import layout
 from netmorph.schedule import COPY, REDUCE, Round
 from netmorph.schedule.validate import ScheduleError
 
-from conftest import ALL
+from cases import ALL
 
 
 @pytest.mark.parametrize("op,algo", ALL)

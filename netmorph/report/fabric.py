@@ -9,6 +9,7 @@ event simulation's prediction for the same schedules.
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -116,8 +117,7 @@ def build_section(out_dir, tick=lambda: None) -> Section:
 <p>The schedules of the previous section run here on real OS processes. The local fabric moves messages through
 shared memory: per pair of ranks a ring of slots (NCCL's SHM transport FIFO); buffers allocated with
 <code>comm.alloc</code> (registered memory, like <code>ncclMemAlloc</code>) are read by peers in place, so each byte
-moves once. At {fmt_bytes(SIZES[-1])}: {ratio_txt}. This machine has 2 cores, so world 4 runs two ranks per core and
-memory bandwidth, not the fabric, sets the ceiling.</p>
+moves once. At {fmt_bytes(SIZES[-1])}: {ratio_txt}. {_cores_note(max(ratios, default=1))}</p>
 <p>Below, the fabric imposes the α and β of an emulated two-level topology ({LAB.description}) on every message,
 and the measured time of each schedule is set against the event simulation's prediction. Mean absolute error
 {100 * float(np.mean(err)):.0f}%; what the model leaves out is the Python cost of each round and the receive port
@@ -133,3 +133,12 @@ and the measured time of each schedule is set against the event simulation's pre
                    [("fabric_busbw.png", "Measured bus bandwidth vs size: local fabric, gloo, memcpy bound."),
                     ("fabric_measured_vs_predicted.png", "Measured vs predicted on an emulated two-level topology.")],
                    summary)
+
+
+def _cores_note(world: int) -> str:
+    """What the core count of the machine that ran the tour means for the busbw above."""
+    cores = os.cpu_count() or 1
+    if world > cores:
+        return (f"This machine has {cores} core{'s' if cores > 1 else ''}, so world {world} runs more than one rank "
+                f"per core and memory bandwidth, not the fabric, sets the ceiling.")
+    return f"This machine has {cores} cores: every rank has a core of its own."
