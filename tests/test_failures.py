@@ -58,6 +58,7 @@ def test_killed_rank_is_named_and_peers_fail_fast(no_leaks):
     assert err.rank == 1 and "SIGKILL" in str(err).splitlines()[0]
     assert {f.rank for f in err.failures} == {0, 1, 2, 3}
     assert all(f.exc_type == "PeerLost" and "rank 1" in f.message for f in err.failures[1:])
+    assert all(f.blames == 1 for f in err.failures[1:])           # the culprit travels as a field
     assert elapsed < 10, f"peers took {elapsed:.1f} s to notice (timeout was 30 s: the abort word must beat it)"
 
 
@@ -139,3 +140,14 @@ def test_ctrl_c_releases_every_rank(tmp_path):
                  open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
         time.sleep(0.05)
     assert alive == [], f"ranks {alive} survived Ctrl-C"
+
+
+def test_root_cause_comes_from_the_blamed_field_not_the_message():
+    """When every rank only timed out, the rank most of them blame is the root cause -- read from the
+    PeerTimeout's rank, not from digits in its text (a 1 s timeout once blamed rank 1)."""
+    from netmorph.runtime.launch import RankFailure, _order
+    def timeout(rank, peer):
+        return RankFailure(rank, 100 + rank, 1, "PeerTimeout", f"timed out after 1 s waiting for rank {peer} "
+                           "(no data arrived)", when=float(rank), blames=peer)
+    fs = [timeout(0, 2), timeout(1, 2), timeout(2, 3), timeout(3, 2)]
+    assert [f.rank for f in _order(fs)] == [2, 0, 1, 3]

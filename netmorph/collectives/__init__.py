@@ -6,6 +6,8 @@ dispatches by name and turns bad requests into :class:`~netmorph.errors.UsageErr
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from netmorph.collectives import allgather, allreduce, alltoall, broadcast, reduce, reduce_scatter
 from netmorph.errors import UsageError
 from netmorph.schedule import Schedule
@@ -81,6 +83,7 @@ def canonical_op(op: str) -> str:
     return name
 
 
+@lru_cache(maxsize=256)
 def check_algo(op: str, algo: str, also=("auto", "all")) -> str:
     """The canonical name of ``algo`` for ``op`` -- the one validator of algorithm names.
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import bisect
 import time
-from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
@@ -22,9 +22,9 @@ from netmorph.collectives import build
 from netmorph.schedule import rank_program
 
 
-@dataclass(frozen=True)
-class Call:
-    """What identifies one collective's schedule: the key of the program cache."""
+class Call(NamedTuple):
+    """What identifies one collective's schedule: the key of the program cache (a tuple: cheap to
+    build and hash once per collective call)."""
 
     op: str
     algo: str

@@ -62,12 +62,13 @@ class Channels:
 
     def __init__(self, fabric, rank: int, clock):
         self.f, self.rank, self.clock = fabric, rank, clock
+        self.ufunc = np.add                   # the reduction of the round in flight
 
     # ------------------------------------------------------------ sender
     def push(self, st: OutStream) -> bool:
         """Fill free slots toward ``st.peer``; True if anything moved."""
         f = self.f
-        ch = f.channel(self.rank, st.peer)
+        ch = self.rank * f.world + st.peer
         if st.desc is not None:
             return self._push_desc(st, ch)
         moved = False
@@ -117,21 +118,21 @@ class Channels:
         return False
 
     # ------------------------------------------------------------ receiver
-    def pull(self, st: InStream, ufunc) -> bool:
+    def pull(self, st: InStream) -> bool:
         """Land every visible piece from ``st.peer``; True if anything moved."""
         f = self.f
-        ch = f.channel(st.peer, self.rank)
+        ch = st.peer * f.world + self.rank
         moved = False
         while not st.done and f.posted[ch] > f.consumed[ch]:
             k = int(f.consumed[ch] % f.K)
             i = ch * f.K + k
-            if not self.clock.visible(f.not_before, i):
+            if self.clock.cost is not None and not self.clock.visible(f.not_before, i):
                 break
             nb = int(f.piece_bytes[i])
             if nb < 0:
-                self._pull_desc(st, ch, k, -nb, ufunc)
+                self._pull_desc(st, ch, k, -nb, self.ufunc)
             else:
-                land(st, f.slot(ch, k)[:nb], ufunc)
+                land(st, f.slot(ch, k)[:nb], self.ufunc)
             f.consumed[ch] += 1                  # hand the slot back (for a descriptor: the ack)
             moved = True
             st.done = st.got == st.total

@@ -17,8 +17,6 @@ import os
 import time
 from collections import deque
 
-import numpy as np
-
 from netmorph.runtime.transport.errors import PeerLost, PeerTimeout
 from netmorph.runtime.transport.shm.channel import InStream, OutStream
 from netmorph.runtime.transport.shm.mapping import address
@@ -31,7 +29,6 @@ class ProgressEngine:
         self.arena_range = arena_range        # descriptors for sends from our registered arena
         self.outq: dict[int, deque] = {}      # peer -> deque[OutStream]
         self.inq: dict[int, deque] = {}       # peer -> deque[InStream]
-        self.ufunc = np.add                   # the reduction of the round in flight
         self.ppid = os.getppid()
         # more ranks than cores: a waiting rank must hand its core over at once, not spin
         self.spins = 64 if fabric.world <= (os.cpu_count() or 1) else 2
@@ -55,7 +52,7 @@ class ProgressEngine:
     def progress(self, pull: bool = True) -> bool:
         moved = _drain(self.outq, self.channels.push)
         if pull:
-            moved |= _drain(self.inq, lambda st: self.channels.pull(st, self.ufunc))
+            moved |= _drain(self.inq, self.channels.pull)
         return moved
 
     def wait_for(self, streams, ready=None, pull: bool = True) -> None:

@@ -63,7 +63,7 @@ def fused_reduce(engine, ins, streams) -> None:
         off = int(pairs[0, 0])
         srcs.append(f.arena(st.peer)[off:off + dst.nbytes].view(dst.dtype))
     step = max(1, CHUNK // dst.itemsize)
-    ufunc = engine.ufunc
+    ufunc = channels.ufunc
     for a in range(0, len(dst), step):
         d = dst[a:a + step]
         for src in srcs:

@@ -70,7 +70,7 @@ class ShmTransport:
         """Send ``[(peer, [views])]`` and receive ``[(peer, [views], [reduce?])]`` as one step."""
         if snapshot:
             sends = [(peer, [np.concatenate([v.reshape(-1) for v in views])]) for peer, views in sends]
-        self.engine.ufunc = ufunc
+        self.channels.ufunc = ufunc
         streams = self.engine.enqueue(sends, recvs)
         ins = [st for st in streams if isinstance(st, InStream)]
         if fusable(ins):
