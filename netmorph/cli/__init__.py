@@ -24,11 +24,11 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> Parser:
-    from netmorph.cli import bench, collective, mesh, plan, sgd, tour
+    from netmorph.cli import bench, collective, mesh, plan, sgd, tour, train
     p = Parser(prog="netmorph", description="See, measure and run the distributed system under a large model.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
-    for mod in (collective, bench, sgd, plan, tour, mesh):
+    for mod in (collective, bench, train, sgd, plan, tour, mesh):
         mod.add_parser(sub)
     return p
 

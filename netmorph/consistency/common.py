@@ -11,7 +11,6 @@ launcher evaluates them afterwards, so measuring the loss never slows the run it
 
 from __future__ import annotations
 
-import mmap
 import time
 from dataclasses import dataclass, field
 
@@ -104,19 +103,3 @@ class Snapshots:
         if force or updates >= self.next:
             self.items.append((time.perf_counter() - self.t0, int(updates), np.array(w, copy=True)))
             self.next = (updates // self.every + 1) * self.every
-
-
-class ProgressCounter:
-    """An int64 per rank in anonymous shared memory, made before the ranks fork: workers count
-    their steps, the launcher's thread draws a progress bar from the sum."""
-
-    def __init__(self, n: int):
-        self.mem = mmap.mmap(-1, max(8, 8 * n))
-        self.arr = np.frombuffer(self.mem, np.int64, n)
-
-    def bump(self, rank: int) -> None:
-        if rank < len(self.arr):
-            self.arr[rank] += 1
-
-    def total(self) -> int:
-        return int(self.arr.sum())

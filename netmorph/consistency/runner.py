@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from netmorph.consistency.common import Config, ProgressCounter
+from netmorph.consistency.common import Config
+from netmorph.runtime.progress import ProgressCounter
 from netmorph.consistency.problems import make
 
 MODES = ("bsp", "async", "ssp", "hogwild", "local")

@@ -11,6 +11,7 @@ the ledger.
 
 from __future__ import annotations
 
+import ctypes
 import time
 from contextlib import contextmanager
 
@@ -20,12 +21,22 @@ from netmorph.errors import UsageError
 from netmorph.runtime.ledger import Ledger
 
 
+_NUMPY_DTYPE = {}
+
+
+def _numpy_dtypes():
+    import torch
+    for name in ("float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool"):
+        _NUMPY_DTYPE[getattr(torch, name)] = np.dtype(name)
+
+
 class Group:
     """An ordered set of global ranks; schedule rank i runs on ``ranks[i]``."""
 
     def __init__(self, ranks):
         self.ranks = tuple(int(r) for r in ranks)
         self.index = {r: i for i, r in enumerate(self.ranks)}
+        self.pg = None                        # torch.distributed's ProcessGroup, for the torch-native backend
 
     def size(self) -> int:
         return len(self.ranks)
@@ -39,17 +50,32 @@ def as_array(t) -> np.ndarray:
     if isinstance(t, np.ndarray):
         arr = t
     elif hasattr(t, "numpy") and hasattr(t, "is_contiguous"):
+        if not _NUMPY_DTYPE:
+            _numpy_dtypes()
         if t.device.type != "cpu":
             raise UsageError("the local fabric works on CPU tensors; use backend='torch' (NCCL) for GPU tensors",
                              "tensor")
         if not t.is_contiguous():
             raise UsageError("tensor must be contiguous (call .contiguous() first)", "tensor")
-        arr = t.detach().numpy()
+        arr = _view(t)
     else:
         raise UsageError(f"expected a numpy array or torch tensor, got {type(t).__name__}", "tensor")
     if not arr.flags.c_contiguous:
         raise UsageError("array must be C-contiguous (use np.ascontiguousarray)", "tensor")
     return arr.reshape(-1)
+
+
+def _view(t) -> np.ndarray:
+    """The tensor's memory as numpy, through its address: unlike ``Tensor.numpy()`` this leaves the
+    storage resizable, which ZeRO-3 and FSDP release and re-grow. The caller keeps ``t`` alive for
+    as long as the view is in use (a collective's duration; an ``isend`` until its ``wait``)."""
+    dtype = _NUMPY_DTYPE.get(t.dtype)
+    if dtype is None:
+        return t.detach().numpy()                     # numpy raises its own clear error for the rest
+    n = t.numel() * dtype.itemsize
+    if n == 0:
+        return np.empty(0, dtype)
+    return np.ctypeslib.as_array((ctypes.c_char * n).from_address(t.data_ptr())).view(dtype)
 
 
 class CommBase:
@@ -133,13 +159,17 @@ class CommBase:
         self._peer(dst)
         t = time.perf_counter()
         self.ledger.add(self.rank, dst, a.nbytes, seq, 0, self.current_phase, "send", "p2p", t, t)
-        return self.transport.isend(a, dst)
+        work = self.transport.isend(a, dst)
+        work.keep = tensor                    # the memory stays alive until the send completes
+        return work
 
     def irecv(self, tensor, src: int):
         self._begin()
         a = as_array(tensor)
         self._peer(src)
-        return self.transport.irecv(a, src)
+        work = self.transport.irecv(a, src)
+        work.keep = tensor
+        return work
 
     def recv_any(self, tensor, srcs=None) -> int:
         """Receive from any of ``srcs`` (default: every other rank); returns the sender (MPI_ANY_SOURCE)."""

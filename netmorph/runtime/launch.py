@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import socket
 import time
@@ -113,13 +114,15 @@ def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults
             comm = init_torch(rank, world, "127.0.0.1", port, timeout, native=(backend == "torch-native"),
                               faults=faults)
         result = fn(comm, *args, **kwargs)
-        conn.send(("ok", rank, result, comm.ledger if want_ledger else None))
+        # plain pickle: multiprocessing's would hand torch tensors over as shared-memory handles
+        conn.send_bytes(pickle.dumps(("ok", rank, result, comm.ledger if want_ledger else None)))
         if backend != "local":
             comm.transport.close()
     except BaseException as e:          # noqa: BLE001 - every failure is reported to the launcher
         try:
             culprit = e.rank if isinstance(e, FabricError) else None      # whom this rank blames
-            conn.send(("err", rank, type(e).__name__, str(e), traceback.format_exc(), time.monotonic(), culprit))
+            conn.send_bytes(pickle.dumps(("err", rank, type(e).__name__, str(e), traceback.format_exc(),
+                                          time.monotonic(), culprit)))
         except Exception:               # the pipe itself is gone: the exit code will tell
             pass
         os._exit(1)
@@ -198,7 +201,7 @@ def _monitor(procs, conns, fabric, timeout):
             if obj in conns:
                 r = conns[obj]
                 try:
-                    msg = obj.recv()
+                    msg = pickle.loads(obj.recv_bytes())
                 except (EOFError, OSError):
                     del conns[obj]
                     continue
@@ -234,14 +237,18 @@ def _monitor(procs, conns, fabric, timeout):
     for c, r in list(conns.items()):
         while c.poll():
             try:
-                msg = c.recv()
+                msg = pickle.loads(c.recv_bytes())
             except (EOFError, OSError):
                 break
+            reported.add(r)
             if msg[0] == "ok":
                 results[r], ledgers[r] = msg[2], msg[3]
             elif r not in failures or not failures[r].exc_type:
                 _, _, etype, text, tb, when, culprit = msg
                 failures[r] = RankFailure(r, procs[r].pid, procs[r].exitcode, etype, text, tb, when, culprit)
+    for r, p in enumerate(procs):         # gone without a word: exit code 0 before fn returned is a failure too
+        if r not in reported and r not in failures:
+            failures[r] = RankFailure(r, p.pid, p.exitcode, "", "before returning a result", when=time.monotonic())
     return results, ledgers, list(failures.values())
 
 

@@ -30,8 +30,15 @@ class NativeComm(CommBase):
             raise lost_peer(-1, e) from None
         self.ledger.add(self.rank, -1, nbytes, seq, 0, self.current_phase, name, "torch-native", t0, time.perf_counter())
 
+    def new_group(self, ranks):
+        """``dist.new_group``: collective over the whole world -- every rank creates every group, in
+        the same order, members or not."""
+        g = super().new_group(ranks)
+        g.pg = dist_module().new_group(list(g.ranks))
+        return g
+
     def _pg(self, group):
-        return None if group is None else dist_module().new_group(list(group.ranks))
+        return None if group is None else group.pg
 
     def all_reduce(self, tensor, op="sum", group=None, algo="auto"):
         a = as_array(tensor)

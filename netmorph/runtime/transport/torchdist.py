@@ -34,6 +34,7 @@ def lost_peer(peer, e):
 class _TorchWork(Work):
     def __init__(self, work, peer, after=None):
         self._w, self._peer, self._after = work, peer, after
+        self.keep = None
 
     def is_completed(self) -> bool:
         return self._w.is_completed()

@@ -1,0 +1,221 @@
+"""A small GPT in torch: pre-LN blocks, learned positions, GELU MLP, tied word embedding.
+
+nanoGPT's model with Megatron-LM's parameter layout, so that every split of it is
+the split Megatron makes: the QKV projection is one weight whose output rows are
+grouped per head ``(heads, 3, head_dim)``, so a contiguous shard along the
+output holds whole heads (``ColumnParallelLinear`` with ``gather_output=False``);
+the word embedding is tied to the LM head, as Megatron's ``share_embeddings_and_
+output_weights``. Parameters per layer: 4h² + 2hf + 9h + f (Narayanan et al. 2021,
+eq. 2), plus (V + s)·h for the embeddings and 2h for the final LayerNorm.
+
+Tensors run sequence-first, ``(T, B, h)``, as Megatron's do, so that sequence
+parallelism splits the outermost dimension. One model, any layout: a stage
+holds layers ``[first, last)`` (pipeline parallelism) and builds its linear
+layers, embedding and loss through a *layers* object -- :class:`PlainLayers` here
+(plain torch, one rank), :class:`netmorph.parallel.tensor_parallel.TensorParallel`
+for Megatron's sharded ones. Every stage draws the same full initial weights from
+one seed and keeps its slice, so any layout starts from the 1-rank model exactly.
+
+Data: :func:`synthetic_batch` -- token sequences from a fixed random bigram
+language (numpy, seeded per sample index), so every layout sees the same samples
+in the same order, and there is something to learn (the loss falls towards the
+bigram entropy). No network, no files.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    layers: int = 4
+    hidden: int = 64
+    heads: int = 4
+    seq: int = 32
+    vocab: int = 128
+    seed: int = 0
+
+    @property
+    def ffn(self) -> int:
+        return 4 * self.hidden
+
+    def params(self) -> int:
+        """Every parameter of the 1-rank model (tied embedding counted once)."""
+        h, f = self.hidden, self.ffn
+        return self.layers * (4 * h * h + 2 * h * f + 9 * h + f) + (self.vocab + self.seq) * h + 2 * h
+
+
+def full_weights(cfg: GPTConfig, dtype=torch.float64) -> dict:
+    """Every weight of the 1-rank model, drawn in one fixed order from ``cfg.seed`` (GPT-2's init:
+    N(0, 0.02), residual projections scaled by 1/sqrt(2·layers), biases zero, LayerNorm 1/0)."""
+    g = torch.Generator().manual_seed(cfg.seed)
+    h, f, std = cfg.hidden, cfg.ffn, 0.02
+    proj_std = std / math.sqrt(2 * cfg.layers)
+
+    def normal(*shape, s=std):
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * s).to(dtype)
+
+    w = {"wte": normal(cfg.vocab, h), "wpe": normal(cfg.seq, h),
+         "ln_f.w": torch.ones(h, dtype=dtype), "ln_f.b": torch.zeros(h, dtype=dtype)}
+    for i in range(cfg.layers):
+        w.update({
+            f"{i}.ln1.w": torch.ones(h, dtype=dtype), f"{i}.ln1.b": torch.zeros(h, dtype=dtype),
+            f"{i}.qkv.w": normal(3 * h, h), f"{i}.qkv.b": torch.zeros(3 * h, dtype=dtype),
+            f"{i}.proj.w": normal(h, h, s=proj_std), f"{i}.proj.b": torch.zeros(h, dtype=dtype),
+            f"{i}.ln2.w": torch.ones(h, dtype=dtype), f"{i}.ln2.b": torch.zeros(h, dtype=dtype),
+            f"{i}.fc.w": normal(f, h), f"{i}.fc.b": torch.zeros(f, dtype=dtype),
+            f"{i}.fc2.w": normal(h, f, s=proj_std), f"{i}.fc2.b": torch.zeros(h, dtype=dtype),
+        })
+    return w
+
+
+class Linear(nn.Module):
+    """``y = x Wᵀ + b`` holding given weights (nn.Linear without its own init)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.weight = nn.Parameter(weight.clone())
+        self.bias = None if bias is None else nn.Parameter(bias.clone())
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, weight, bias):
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(weight.clone()), nn.Parameter(bias.clone())
+
+    def forward(self, x):
+        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, 1e-5)
+
+
+class PlainLayers:
+    """The 1-rank building blocks: what :class:`~netmorph.parallel.tensor_parallel.TensorParallel`
+    shards. Same interface: heads per rank, column/row linears, the embedding, the LM head's loss."""
+
+    tp, sequence_parallel = 1, False
+
+    def heads(self, heads: int) -> int:
+        return heads
+
+    def column(self, weight, bias):
+        return Linear(weight, bias)
+
+    def row(self, weight, bias):
+        return Linear(weight, bias)
+
+    def embedding(self, weight):
+        return nn.Parameter(weight.clone())
+
+    def layer_norm(self, weight, bias):
+        return LayerNorm(weight, bias)
+
+    def embed(self, table, tokens, wpe):                # tokens (T, B) -> (T, B, h)
+        return F.embedding(tokens, table) + wpe[:tokens.shape[0]].unsqueeze(1)
+
+    def logits_loss(self, x, table, targets):           # x (T, B, h), targets (T, B) -> mean loss
+        logits = x @ table.t()                          # (T, B, V)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    def replicated(self):
+        """Parameters every TP rank holds whole whose gradients differ per rank (none without SP)."""
+        return []
+
+
+class Block(nn.Module):
+    """Pre-LN transformer layer: x + attn(ln1(x)), then + mlp(ln2(x))."""
+
+    def __init__(self, w: dict, i: int, cfg: GPTConfig, L):
+        super().__init__()
+        self.L = L
+        h, nh = cfg.hidden, cfg.heads
+        self.hd = h // nh
+        self.nh = L.heads(nh)                                            # heads on this rank
+        self.ln1 = L.layer_norm(w[f"{i}.ln1.w"], w[f"{i}.ln1.b"])
+        self.qkv = L.column(w[f"{i}.qkv.w"], w[f"{i}.qkv.b"])           # h -> 3h / t
+        self.proj = L.row(w[f"{i}.proj.w"], w[f"{i}.proj.b"])           # h / t -> h
+        self.ln2 = L.layer_norm(w[f"{i}.ln2.w"], w[f"{i}.ln2.b"])
+        self.fc = L.column(w[f"{i}.fc.w"], w[f"{i}.fc.b"])              # h -> 4h / t
+        self.fc2 = L.row(w[f"{i}.fc2.w"], w[f"{i}.fc2.b"])              # 4h / t -> h
+
+    def forward(self, x):                                                # x (T', B, h); T' = T / t with SP
+        a = self.qkv(self.ln1(x))                                        # (T, B, 3h/t)
+        T, B, _ = a.shape
+        q, k, v = a.view(T, B, self.nh, 3, self.hd).unbind(3)            # each (T, B, nh, hd)
+        q, k, v = (z.permute(1, 2, 0, 3) for z in (q, k, v))             # (B, nh, T, hd)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)      # (B, nh, T, hd)
+        y = y.permute(2, 0, 1, 3).reshape(T, B, self.nh * self.hd)       # (T, B, h/t)
+        x = x + self.proj(y)                                             # (T', B, h)
+        x = x + self.fc2(F.gelu(self.fc(self.ln2(x))))                   # (T', B, h)
+        return x
+
+
+class GPTStage(nn.Module):
+    """Layers ``[first, last)`` of the GPT; the first stage embeds, the last computes the loss.
+
+    With one stage this is the whole model. ``layers`` builds the linears, the embedding and
+    the loss (:class:`PlainLayers` or Megatron's tensor-parallel ones).
+    """
+
+    def __init__(self, cfg: GPTConfig, first: int = 0, last: int | None = None, layers=None,
+                 dtype=torch.float64):
+        super().__init__()
+        last = cfg.layers if last is None else last
+        L = layers or PlainLayers()
+        self.cfg, self.L, self.first, self.last = cfg, L, first, last
+        self.is_first, self.is_last = first == 0, last == cfg.layers
+        w = full_weights(cfg, dtype)
+        if self.is_first or self.is_last:            # the tied word embedding lives on both ends
+            self.wte = L.embedding(w["wte"])
+        if self.is_first:
+            self.wpe = nn.Parameter(w["wpe"].clone())
+        self.blocks = nn.ModuleList(Block(w, i, cfg, L) for i in range(first, last))
+        if self.is_last:
+            self.ln_f = L.layer_norm(w["ln_f.w"], w["ln_f.b"])
+
+    def forward(self, x, targets=None):
+        """First stage: ``x`` are tokens (T, B); else the residual stream (T', B, h). Last stage
+        returns the mean cross-entropy against ``targets`` (T, B); others the stream."""
+        if self.is_first:
+            x = self.L.embed(self.wte, x, self.wpe)                      # (T', B, h)
+        for blk in self.blocks:
+            x = blk(x)                                                   # (T', B, h)
+        if not self.is_last:
+            return x
+        return self.L.logits_loss(self.ln_f(x), self.wte, targets)       # () mean over T x B tokens
+
+
+def bigram_table(vocab: int, seed: int = 1234) -> np.ndarray:
+    """A fixed random bigram language: each token has a handful of likely successors."""
+    rng = np.random.default_rng(seed)
+    logits = rng.standard_normal((vocab, vocab)) * 3.0
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    return p / p.sum(1, keepdims=True)
+
+
+def synthetic_batch(cfg: GPTConfig, indices) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples ``indices`` (global sample numbers) as (tokens, targets), each (T, B) int64.
+
+    Sample i is a walk through the bigram language seeded by i alone: the same sample for
+    every layout, whichever rank draws it."""
+    table = bigram_table(cfg.vocab)
+    cum = np.cumsum(table, axis=1)
+    out = np.empty((len(indices), cfg.seq + 1), dtype=np.int64)
+    for j, i in enumerate(indices):
+        rng = np.random.default_rng((cfg.seed, int(i)))
+        u = rng.random(cfg.seq)
+        t = int(rng.integers(cfg.vocab))
+        out[j, 0] = t
+        for k in range(cfg.seq):
+            t = min(int(np.searchsorted(cum[t], u[k])), cfg.vocab - 1)
+            out[j, k + 1] = t
+    seqs = torch.from_numpy(out).t().contiguous()                        # (T + 1, B)
+    return seqs[:-1], seqs[1:]

@@ -1,0 +1,1 @@
+"""Parallel training on real ranks: DP, ZeRO, Megatron TP (+SP), pipeline schedules, composed as 3D."""

@@ -1,0 +1,84 @@
+"""One flat buffer for a rank's parameters and one for its gradients, and Adam on flat slices.
+
+Megatron's ``DistributedDataParallel`` (``param_and_grad_buffer``) and DeepSpeed's
+ZeRO both lay every parameter of a rank out in one contiguous buffer: a bucket of
+gradients is then a slice that one collective reduces in place (PyTorch DDP's
+``gradient_as_bucket_view``), and a ZeRO shard is a slice too. The buffer is
+padded to a multiple of the data-parallel degree so every rank's shard is the
+same size.
+
+Adam here is plain elementwise Adam (Kingma & Ba, bias-corrected) on a slice of
+the flat buffer, so that the 1-rank run, DP and every ZeRO stage apply the very
+same arithmetic to every element -- the reason a ZeRO shard's update equals the
+unsharded one bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class FlatParams:
+    """``params`` re-homed into one flat parameter buffer and one flat gradient buffer."""
+
+    def __init__(self, params, pad_to: int = 1, dtype=torch.float64):
+        self.params = list(params)
+        self.offsets = []
+        n = 0
+        for p in self.params:
+            self.offsets.append(n)
+            n += p.numel()
+        self.numel = n
+        self.padded = -(-max(n, 1) // pad_to) * pad_to
+        self.data = torch.zeros(self.padded, dtype=dtype)
+        self.grad = torch.zeros(self.padded, dtype=dtype)
+        for p, off in zip(self.params, self.offsets):
+            self.data[off:off + p.numel()].copy_(p.data.reshape(-1))
+            p.data = self.data[off:off + p.numel()].view_as(p)
+            p.grad = self.grad[off:off + p.numel()].view_as(p)
+
+    def span(self, p) -> tuple[int, int]:
+        i = next(k for k, q in enumerate(self.params) if q is p)
+        return self.offsets[i], self.offsets[i] + self.params[i].numel()
+
+    def zero_grad(self) -> None:
+        self.grad.zero_()
+        for p, off in zip(self.params, self.offsets):         # autograd may have replaced a .grad
+            if p.grad is None or p.grad.data_ptr() != self.grad[off:].data_ptr():
+                p.grad = self.grad[off:off + p.numel()].view_as(p)
+
+    def collect_grads(self) -> None:
+        """Make sure every gradient is in the flat buffer (a no-op when autograd accumulated in place)."""
+        for p, off in zip(self.params, self.offsets):
+            if p.grad is not None and p.grad.data_ptr() != self.grad[off:].data_ptr():
+                self.grad[off:off + p.numel()].copy_(p.grad.reshape(-1))
+                p.grad = self.grad[off:off + p.numel()].view_as(p)
+
+    def bytes(self) -> dict:
+        """Measured model-state bytes of this rank (unpadded)."""
+        isz = self.data.element_size()
+        return {"params": self.numel * isz, "grads": self.numel * isz}
+
+
+class Adam:
+    """Adam on a slice ``[lo, hi)`` of a flat buffer; its state is two buffers of that slice's size."""
+
+    def __init__(self, lo: int, hi: int, lr: float = 3e-3, betas=(0.9, 0.95), eps: float = 1e-8,
+                 dtype=torch.float64):
+        self.lo, self.hi = lo, hi
+        self.lr, (self.b1, self.b2), self.eps = lr, betas, eps
+        self.m = torch.zeros(hi - lo, dtype=dtype)
+        self.v = torch.zeros(hi - lo, dtype=dtype)
+        self.t = 0
+
+    def step(self, param: torch.Tensor, grad: torch.Tensor) -> None:
+        """``param`` and ``grad`` are the slice (hi - lo elements), updated in place."""
+        self.t += 1
+        self.m.mul_(self.b1).add_(grad, alpha=1 - self.b1)
+        self.v.mul_(self.b2).addcmul_(grad, grad, value=1 - self.b2)
+        mhat = self.m / (1 - self.b1 ** self.t)
+        vhat = self.v / (1 - self.b2 ** self.t)
+        param.sub_(self.lr * mhat / (vhat.sqrt() + self.eps))
+
+    def bytes(self) -> int:
+        return (self.m.numel() + self.v.numel()) * self.m.element_size()

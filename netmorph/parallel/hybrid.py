@@ -1,0 +1,295 @@
+"""3D parallelism (PTD-P): tensor x pipeline x data parallel, with ZeRO over the data-parallel group.
+
+Megatron-LM's training loop on netmorph's mesh (tp innermost, order tp-cp-ep-dp-pp):
+each rank builds its model chunks (layers of its pipeline stage, sharded over its
+TP group), lays its parameters out in one flat buffer, and per step runs the
+pipeline schedule over its microbatches, then synchronises gradients -- SP's
+replicated parameters over TP, the tied word embedding between the first and last
+stage (Megatron's embedding group), the rest over DP (all-reduce, or ZeRO's
+reduce-scatter + all-gather) -- and steps Adam.
+
+:func:`train_rank` is the SPMD function every rank runs (under ``launch`` or
+``torchrun``); :func:`reference` is the 1-rank run every layout must equal.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from netmorph.errors import UsageError
+from netmorph.mesh import Mesh
+from netmorph.models.gpt import GPTConfig, GPTStage, synthetic_batch
+from netmorph.parallel.data_parallel import DataParallelBucket, DataParallelNaive
+from netmorph.parallel.flat import Adam, FlatParams
+from netmorph.parallel.pipeline import Executor, check, schedule
+from netmorph.parallel.tensor_parallel import TensorParallel
+from netmorph.parallel.traffic import predicted
+from netmorph.parallel.zero import ZeRO
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+@dataclass
+class TrainConfig:
+    model: GPTConfig = field(default_factory=GPTConfig)
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    zero: int = 0
+    dp_mode: str = "bucket"          # "bucket" (DDP's reducer) or "naive" (one all-reduce per gradient)
+    bucket_mb: float = 1.0
+    overlap: bool = True             # bucket all-reduce on a comm thread during backward (tp = pp = 1)
+    sequence_parallel: bool = False
+    schedule: str = "1f1b"
+    interleave: int = 1
+    microbatches: int = 2
+    micro_batch_size: int = 2
+    steps: int = 4
+    lr: float = 3e-3
+    dtype: str = "float64"
+    compute_ms: float = 0.0          # emulated extra compute per microbatch forward (backward: twice)
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def global_batch(self) -> int:
+        return self.dp * self.microbatches * self.micro_batch_size
+
+    def check(self) -> None:
+        m = self.model
+        for k in ("tp", "pp", "dp", "microbatches", "micro_batch_size", "steps", "interleave"):
+            if getattr(self, k) < 1:
+                raise UsageError(f"{{{k}}} must be >= 1, got {getattr(self, k)}", k)
+        if self.zero not in (0, 1, 2, 3):
+            raise UsageError(f"{{zero}} must be 0, 1, 2 or 3, got {self.zero}", "zero")
+        if self.dtype not in DTYPES:
+            raise UsageError(f"{{dtype}} must be float64 or float32, got {self.dtype!r}", "dtype")
+        if self.dp_mode not in ("bucket", "naive"):
+            raise UsageError(f"{{dp_mode}} must be bucket or naive, got {self.dp_mode!r}", "dp_mode")
+        if m.heads % self.tp:
+            raise UsageError(f"{{heads}} {m.heads} is not divisible by tp {self.tp}", "heads")
+        if m.vocab % self.tp:
+            raise UsageError(f"{{vocab}} {m.vocab} is not divisible by tp {self.tp}", "vocab")
+        if m.hidden % m.heads:
+            raise UsageError(f"{{hidden}} {m.hidden} is not divisible by {{heads}} {m.heads}", "hidden")
+        if m.layers % (self.pp * self.interleave):
+            raise UsageError(f"{{layers}} {m.layers} is not divisible by pp x interleave = "
+                             f"{self.pp * self.interleave}", "layers")
+        if self.sequence_parallel and self.tp == 1:
+            raise UsageError("{sequence_parallel} needs tp > 1", "sequence_parallel")
+        if self.sequence_parallel and m.seq % self.tp:
+            raise UsageError(f"{{seq}} {m.seq} is not divisible by tp {self.tp} (sequence parallelism)", "seq")
+        if self.zero >= 2 and self.pp > 1:
+            raise UsageError("{zero} 2 and 3 with pipeline parallelism: DeepSpeed supports stage 1 only", "zero")
+        if self.interleave > 1 and self.schedule != "interleaved":
+            raise UsageError(f"{{interleave}} {self.interleave} needs the interleaved schedule", "interleave")
+        check(schedule(self.schedule, self.pp, self.microbatches, self.interleave), self.interleave)
+
+
+@dataclass
+class Layout:
+    """This rank's place in the mesh and its groups (objects, no globals)."""
+
+    tp_group: object
+    pp_group: object
+    dp_group: object
+    emb_group: object | None
+    tp_rank: int
+    pp_rank: int
+    dp_rank: int
+
+
+def layout(comm, cfg: TrainConfig) -> Layout:
+    mesh = Mesh(cfg.world, tp=cfg.tp, pp=cfg.pp, dp=cfg.dp)
+    me = comm.rank
+    # every rank creates every group, in one order (torch.distributed.new_group is collective over the
+    # world, as in Megatron's initialize_model_parallel), and keeps its own
+    groups = {}
+    for dim in ("tp", "pp", "dp"):
+        for ranks in mesh.groups(dim):
+            g = comm.new_group(ranks)
+            if me in ranks:
+                groups[dim] = g
+    emb = None
+    if cfg.pp > 1:
+        for ranks in mesh.groups("pp"):
+            g = comm.new_group([ranks[0], ranks[-1]])
+            if me in (ranks[0], ranks[-1]):
+                emb = g
+    c = mesh.coords(me)
+    return Layout(groups["tp"], groups["pp"], groups["dp"], emb, c["tp"], c["pp"], c["dp"])
+
+
+def build_chunks(comm, cfg: TrainConfig, lay: Layout):
+    """This rank's model chunks: chunk c is virtual stage c·pp + pp_rank."""
+    stages = cfg.pp * cfg.interleave
+    per = cfg.model.layers // stages
+    tp = TensorParallel(comm, lay.tp_group, cfg.sequence_parallel)
+    dtype = DTYPES[cfg.dtype]
+    chunks = [GPTStage(cfg.model, vs * per, (vs + 1) * per, tp, dtype)
+              for vs in (c * cfg.pp + lay.pp_rank for c in range(cfg.interleave))]
+    return chunks, tp
+
+
+def _sleep_ms(ms: float) -> None:
+    if ms > 0:
+        time.sleep(ms / 1000)
+
+
+def train_rank(comm, cfg: TrainConfig, progress=None) -> dict:
+    """One rank's part of ``cfg.steps`` training steps; what it measured (``progress``: a
+    :class:`~netmorph.runtime.progress.ProgressCounter` bumped once per step)."""
+    torch.manual_seed(0)
+    torch.set_num_threads(1)            # torchrun's OMP_NUM_THREADS=1: one process per core, no spinning pools
+    lay = layout(comm, cfg)
+    chunks, tp = build_chunks(comm, cfg, lay)
+    dtype = DTYPES[cfg.dtype]
+    params = [p for c in chunks for p in c.parameters()]
+    flat = FlatParams(params, pad_to=cfg.dp, dtype=dtype)
+    zero = ZeRO(comm, lay.dp_group, flat, cfg.zero, cfg.lr) if cfg.zero else None
+    adam = None if zero else Adam(0, flat.padded, lr=cfg.lr, dtype=dtype)
+    dp = None
+    if not zero:
+        overlap = cfg.overlap and cfg.tp == 1 and cfg.pp == 1
+        dp = (DataParallelNaive(comm, lay.dp_group, flat) if cfg.dp_mode == "naive"
+              else DataParallelBucket(comm, lay.dp_group, flat, cfg.bucket_mb, overlap))
+    slots = schedule(cfg.schedule, cfg.pp, cfg.microbatches, cfg.interleave)[lay.pp_rank]
+    T = cfg.model.seq // (cfg.tp if tp.sequence_parallel else 1)
+    ex = Executor(comm, lay.pp_group, chunks, cfg.interleave, (T, cfg.micro_batch_size, cfg.model.hidden), dtype)
+    last_backward = max(i for i, s in enumerate(slots) if s.kind == "B")
+    is_last_stage = lay.pp_rank == cfg.pp - 1
+    losses, times, peaks, bounds = [], [], [], []
+    try:
+        for step in range(cfg.steps):
+            t0 = time.perf_counter()
+            if zero:
+                zero.zero_grad()
+            else:
+                flat.zero_grad()
+            base = (step * cfg.dp + lay.dp_rank) * cfg.microbatches * cfg.micro_batch_size
+
+            def inputs(i, base=base):
+                lo = base + i * cfg.micro_batch_size
+                return synthetic_batch(cfg.model, range(lo, lo + cfg.micro_batch_size))
+
+            hooks = _Hooks(zero, dp, last_backward, cfg.compute_ms)
+            mb_losses, peak = ex.run(slots, inputs, cfg.microbatches, hooks)
+            if dp is not None:
+                dp.finish()
+            _sync_replicated(comm, lay, tp, chunks, flat)
+            if zero:
+                zero.step()
+            else:
+                adam.step(flat.data, flat.grad)
+            loss = torch.tensor([sum(mb_losses)], dtype=torch.float64)
+            if is_last_stage and lay.tp_rank == 0:
+                with comm.phase("metrics"):
+                    comm.all_reduce(loss, group=lay.dp_group)
+            losses.append(float(loss) / (cfg.dp * cfg.microbatches))
+            t1 = time.perf_counter()
+            times.append(t1 - t0)
+            bounds.append((t0, t1))
+            peaks.append(peak)
+            if progress is not None:
+                progress.bump(comm.rank)
+        if zero:
+            zero.gather()
+        state = _named(chunks, cfg)
+    finally:
+        if dp is not None:
+            dp.close()
+    mem = zero.bytes() if zero else {**flat.bytes(), "optimizer": adam.bytes()}
+    isz = flat.data.element_size()
+    pred = predicted(cfg, lay.pp_rank, flat.padded, isz, any(c.is_first for c in chunks),
+                     any(c.is_last for c in chunks), sum(len(c.blocks) for c in chunks),
+                     sum(p.numel() for p in tp.replicated()))
+    if not zero and cfg.dp > 1 and cfg.dp_mode == "naive":
+        pred["dp"] = (sum(_ring_sent(p.numel(), lay.dp_group.size(), lay.dp_rank, isz) for p in flat.params),
+                      "Σ over parameters of one ring all-reduce each")
+    return {"rank": comm.rank, "tp": lay.tp_rank, "pp": lay.pp_rank, "dp": lay.dp_rank,
+            "losses": losses if is_last_stage and lay.tp_rank == 0 else None, "step_times": times,
+            "in_flight_peak": max(peaks), "memory_bytes": mem, "state": state,
+            "bytes_by_step": _bytes_by_step(comm.ledger, bounds), "predicted": pred, "params": flat.numel}
+
+
+def _ring_sent(n: int, g: int, r: int, isz: int) -> int:
+    from netmorph.collectives import build
+    from netmorph.schedule import count
+    return int(count(build("allreduce", "ring", g, n, isz)).bytes_sent[r])
+
+
+def _bytes_by_step(ledger, bounds) -> list:
+    """{phase: bytes this rank sent} for each step, from the ledger's timestamps."""
+    out = [{} for _ in bounds]
+    starts = [b[0] for b in bounds]
+    for rec in ledger.records:
+        k = bisect.bisect_right(starts, rec[8]) - 1
+        if 0 <= k < len(out) and rec[8] <= bounds[k][1]:
+            ph = rec[5] or "(untagged)"
+            out[k][ph] = out[k].get(ph, 0) + rec[2]
+    return out
+
+
+class _Hooks:
+    """What runs around each forward and backward: ZeRO-3's gather, DDP's arming, emulated compute."""
+
+    def __init__(self, zero, dp, last_backward: int, compute_ms: float):
+        self.zero, self.dp, self.last, self.ms = zero, dp, last_backward, compute_ms
+
+    def forward(self, fn):
+        _sleep_ms(self.ms)
+        return self.zero.forward(fn) if self.zero else fn()
+
+    def backward(self, index: int, fn):
+        _sleep_ms(2 * self.ms)
+        if self.dp is not None and index == self.last:
+            self.dp.arm()
+        fn()
+        if self.zero:
+            self.zero.after_backward()
+
+
+def _sync_replicated(comm, lay: Layout, tp, chunks, flat) -> None:
+    """SP's replicated parameters over TP; the tied word embedding between first and last stage."""
+    rep = tp.replicated()
+    if rep:
+        with comm.phase("tp.sp-grads"):
+            for p in rep:
+                lo, hi = flat.span(p)
+                comm.all_reduce(flat.grad[lo:hi], group=lay.tp_group, algo="ring")
+    if lay.emb_group is not None:
+        for c in chunks:
+            if hasattr(c, "wte") and (c.is_first or c.is_last):
+                lo, hi = flat.span(c.wte)
+                with comm.phase("pp.emb"):
+                    comm.all_reduce(flat.grad[lo:hi], group=lay.emb_group, algo="ring")
+
+
+SHARD_DIM = {"qkv.weight": 0, "qkv.bias": 0, "fc.weight": 0, "fc.bias": 0, "proj.weight": 1, "fc2.weight": 1}
+FULL = {"ln1.weight": "ln1.w", "ln1.bias": "ln1.b", "ln2.weight": "ln2.w", "ln2.bias": "ln2.b",
+        "qkv.weight": "qkv.w", "qkv.bias": "qkv.b", "proj.weight": "proj.w", "proj.bias": "proj.b",
+        "fc.weight": "fc.w", "fc.bias": "fc.b", "fc2.weight": "fc2.w", "fc2.bias": "fc2.b"}
+
+
+def _named(chunks, cfg: TrainConfig) -> dict:
+    """{full weight name: (this rank's piece, the dimension it is split along or None)}."""
+    out = {}
+    for c in chunks:
+        for name, p in c.named_parameters():
+            t = p.detach().clone()
+            if name == "wte":
+                out["wte"] = (t, 0)
+            elif name == "wpe":
+                out["wpe"] = (t, None)
+            elif name.startswith("ln_f."):
+                out["ln_f." + name[5]] = (t, None)
+            else:
+                _, j, rest = name.split(".", 2)
+                out[f"{c.first + int(j)}.{FULL[rest]}"] = (t, SHARD_DIM.get(rest))
+    return out

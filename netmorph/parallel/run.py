@@ -1,0 +1,115 @@
+"""Run a training layout on real ranks and summarise it: losses, traffic against the closed forms,
+the pipeline's in-flight microbatches and bubble, memory, and the 1-rank reference.
+
+What ``netmorph train`` prints and ``--json`` returns; the SPMD rank function is
+:func:`netmorph.parallel.hybrid.train_rank` (run by ``launch`` here, or by every
+process of a torchrun job).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from dataclasses import asdict
+
+import torch
+
+from netmorph.models.gpt import GPTStage, synthetic_batch
+from netmorph.parallel.flat import Adam, FlatParams
+from netmorph.parallel.hybrid import DTYPES, TrainConfig, _named, train_rank
+from netmorph.runtime.launch import launch
+from netmorph.runtime.progress import ProgressCounter
+
+
+def train(cfg: TrainConfig, backend: str = "local", timeout: float = 60.0, check: bool = False,
+          on_progress=None) -> dict:
+    """Train ``cfg`` on ``cfg.world`` processes; the summary (the ``--json`` object)."""
+    cfg.check()
+    progress = ProgressCounter(cfg.world)
+    stop = threading.Event()
+    if on_progress is not None:
+        def poll():
+            while not stop.wait(0.1):
+                on_progress(min(int(progress.arr.min()), cfg.steps), cfg.steps)
+        threading.Thread(target=poll, daemon=True).start()
+    try:
+        results = launch(train_rank, cfg.world, cfg, progress, backend=backend, timeout=timeout)
+    finally:
+        stop.set()
+    return summarise(cfg, results, backend, reference(cfg) if check else None)
+
+
+def summarise(cfg: TrainConfig, results: list, backend: str, ref=None) -> dict:
+    losses = next(r["losses"] for r in results if r["losses"] is not None)
+    times = [max(r["step_times"][k] for r in results) for k in range(cfg.steps)]
+    tokens = cfg.global_batch * cfg.model.seq
+    phases = sorted({ph for r in results for s in r["bytes_by_step"] for ph in s} |
+                    {ph for r in results for ph in r["predicted"]})
+    measured = {ph: max(max(s.get(ph, 0) for s in r["bytes_by_step"]) for r in results) for ph in phases}
+    predicted = {ph: max((r["predicted"].get(ph, (0, ""))[0] for r in results), default=0) for ph in phases}
+    # torch-native: torch does not say what each rank sent; the ledger holds one buffer size per call
+    exact = {} if backend == "torch-native" else {
+        ph: all(all(s.get(ph, 0) == r["predicted"][ph][0] for s in r["bytes_by_step"])
+                for r in results if ph in r["predicted"]) for ph in phases if predicted[ph]}
+    formulas = {}
+    for r in results:
+        for ph, (_, text) in r["predicted"].items():
+            formulas.setdefault(ph, text)
+    med = statistics.median(times[1:] if len(times) > 1 else times)
+    p, m, v = cfg.pp, cfg.microbatches, cfg.interleave
+    out = {
+        "world": cfg.world, "tp": cfg.tp, "pp": cfg.pp, "dp": cfg.dp, "zero": cfg.zero, "schedule": cfg.schedule,
+        "interleave": v, "microbatches": m, "micro_batch_size": cfg.micro_batch_size,
+        "global_batch": cfg.global_batch, "steps": cfg.steps, "backend": backend, "dtype": cfg.dtype,
+        "sequence_parallel": cfg.sequence_parallel, "dp_mode": cfg.dp_mode,
+        "model": {**asdict(cfg.model), "params": cfg.model.params()},
+        "losses": losses, "step_times_s": times, "step_time_s": med, "tokens_per_s": tokens / med if med else 0.0,
+        "bytes_per_rank_by_phase": measured, "predicted_bytes_per_rank_by_phase": predicted,
+        "traffic_exact": exact, "formulas": formulas,
+        "in_flight_peak": {r["pp"]: r["in_flight_peak"] for r in results},
+        "bubble_fraction": {"theory": (p - 1) / (v * m + p - 1)},
+        "memory_bytes": {k: max(r["memory_bytes"][k] for r in results) for k in ("params", "grads", "optimizer")},
+        "step_bytes_by_phase": [{ph: max(r["bytes_by_step"][k].get(ph, 0) for r in results) for ph in phases}
+                                for k in range(cfg.steps)],
+    }
+    if ref is not None:
+        ref_losses, ref_w = ref
+        out["reference_losses"] = ref_losses
+        out["max_rel_loss_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
+        full = assemble(results, cfg)
+        out["max_abs_weight_diff"] = max(float((full[k] - ref_w[k]).abs().max()) for k in ref_w)
+    return out
+
+
+
+def assemble(results: list, cfg: TrainConfig) -> dict:
+    """The full model's weights from every rank's pieces (TP shards concatenated in TP order)."""
+    pieces = {}
+    for r in sorted((r for r in results if r["dp"] == 0), key=lambda r: (r["pp"], r["tp"])):
+        for name, (t, dim) in r["state"].items():
+            pieces.setdefault(name, {})[r["tp"]] = (t, dim)
+    full = {}
+    for name, by_tp in pieces.items():
+        dim = by_tp[0][1]
+        parts = [by_tp[k][0] for k in sorted(by_tp)]
+        full[name] = parts[0] if dim is None else torch.cat(parts, dim=dim)
+    return full
+
+
+def reference(cfg: TrainConfig) -> tuple[list, dict]:
+    """The 1-rank run on the same global batches: (losses per step, final weights)."""
+    dtype = DTYPES[cfg.dtype]
+    model = GPTStage(cfg.model, dtype=dtype)
+    flat = FlatParams(list(model.parameters()), dtype=dtype)
+    adam = Adam(0, flat.padded, lr=cfg.lr, dtype=dtype)
+    G = cfg.global_batch
+    losses = []
+    for step in range(cfg.steps):
+        flat.zero_grad()
+        x, y = synthetic_batch(cfg.model, range(step * G, (step + 1) * G))
+        loss = model(x, y)
+        loss.backward()
+        flat.collect_grads()
+        adam.step(flat.data, flat.grad)
+        losses.append(float(loss.detach()))
+    return losses, {k: v for k, (v, _) in _named([model], cfg).items()}

@@ -1,0 +1,72 @@
+"""The bytes each rank should send per training step, by phase: the closed forms beside the ledger.
+
+Ring collectives on n elements of B bytes over g ranks send, per rank, 2(g-1)/g·n·B
+(all-reduce) or (g-1)/g·n·B (all-gather, reduce-scatter) when g divides n (Patarasuk
+& Yuan 2009; nccl-tests' bus factor). With b = micro-batch size, s = sequence, h =
+hidden, V = vocabulary, m = microbatches, Ψ = the elements of this rank's flat
+parameter buffer (padded to a multiple of d):
+
+- ``dp``   bucketed all-reduce of the gradients: 2(d-1)/d·Ψ·B
+- ``zero`` stages 1-2: reduce-scatter + all-gather, the same 2(d-1)/d·Ψ·B;
+           stage 3: (2m+1)(d-1)/d·Ψ·B (two gathers per microbatch, one scatter)
+- ``tp``   per layer per microbatch 8(t-1)/t·bsh·B (4 all-reduces, or with SP 4
+           all-gathers + 4 reduce-scatters of the same bytes); the vocab-parallel
+           embedding (first stage) and LM head (last) 2(t-1)/t·bsh·B each; the
+           vocab-parallel loss 3 all-reduces of bs elements, 6(t-1)/t·bs·B
+- ``pp``   per microbatch one activation forward (b·s·h/t' elements, t' = t with SP)
+           per chunk that is not the last virtual stage and one gradient back per
+           chunk that is not the first
+- ``pp.emb`` the tied word embedding's gradient between first and last stage: an
+           all-reduce over 2 ranks of V/t·h elements, V·h/t·B
+- ``tp.sp-grads`` SP only: the replicated LayerNorm, row biases and positions, all-reduced over TP
+"""
+
+from __future__ import annotations
+
+
+def ring_allreduce(n: int, g: int, isz: int) -> float:
+    return 2 * (g - 1) / g * n * isz if g > 1 else 0.0
+
+
+def ring_half(n: int, g: int, isz: int) -> float:
+    return (g - 1) / g * n * isz if g > 1 else 0.0
+
+
+def predicted(cfg, lay_pp_rank: int, padded: int, isz: int, first: bool, last: bool, chunks_layers: int,
+              sp_elems: int = 0) -> dict:
+    """{phase: (bytes per rank per step, the formula as text)} for this rank."""
+    m, mb, model = cfg.microbatches, cfg.micro_batch_size, cfg.model
+    t, d, p, v = cfg.tp, cfg.dp, cfg.pp, cfg.interleave
+    bsh, bs = mb * model.seq * model.hidden, mb * model.seq
+    out = {}
+    if cfg.zero:
+        k = 2 * m + 1 if cfg.zero >= 3 else 2
+        out["zero"] = (k * ring_half(padded, d, isz), f"{k}(d-1)/d·Ψ·B = {k}·{d - 1}/{d}·{padded}·{isz}")
+    elif d > 1:
+        if cfg.dp_mode == "bucket":
+            out["dp"] = (ring_allreduce(padded, d, isz), f"2(d-1)/d·Ψ·B = 2·{d - 1}/{d}·{padded}·{isz}")
+    if t > 1:
+        per = 8 * (t - 1) / t * bsh * isz
+        total = chunks_layers * m * per
+        text = f"l_rank·m·8(t-1)/t·bsh·B = {chunks_layers}·{m}·8·{t - 1}/{t}·{bsh}·{isz}"
+        if first:
+            total += m * ring_allreduce(bsh, t, isz)
+            text += " + m·2(t-1)/t·bsh·B (embedding)"
+        if last:
+            total += m * ring_allreduce(bsh, t, isz) + m * 3 * ring_allreduce(bs, t, isz)
+            text += " + m·2(t-1)/t·bsh·B (LM head) + m·6(t-1)/t·bs·B (vocab-parallel loss)"
+        out["tp"] = (total, text)
+        if cfg.sequence_parallel and sp_elems:
+            out["tp.sp-grads"] = (ring_allreduce(sp_elems, t, isz),
+                                  f"2(t-1)/t·{sp_elems}·B (LayerNorms, row biases, positions)")
+    if p > 1:
+        tprime = t if cfg.sequence_parallel else 1
+        act = bsh // tprime * isz
+        fwd = v - (1 if lay_pp_rank == p - 1 else 0)       # chunks whose output goes to another stage
+        bwd = v - (1 if lay_pp_rank == 0 else 0)
+        out["pp"] = ((fwd + bwd) * m * act, f"({fwd} fwd + {bwd} bwd chunk boundaries)·m·bsh/t'·B = "
+                                            f"{fwd + bwd}·{m}·{bsh // tprime}·{isz}")
+        if first or last:
+            n = model.vocab // t * model.hidden
+            out["pp.emb"] = (ring_allreduce(n, 2, isz), f"V/t·h·B = {n}·{isz}")
+    return out
