@@ -52,6 +52,8 @@ def add_parser(sub) -> None:
                    help="emulated extra compute per microbatch forward (backward: twice)")
     r.add_argument("--backend", default="local", choices=BACKENDS)
     r.add_argument("--check", action="store_true", help="also run the 1-rank model and compare the losses")
+    r.add_argument("--baseline", choices=("ddp",), help="also time PyTorch DDP (gloo) and the no-communication "
+                                                        "bound on the same ranks (data parallelism only)")
     r.add_argument("--timeout", type=float, default=60.0, help="seconds a rank waits on a silent peer")
     r.add_argument("--json", action="store_true")
     p.set_defaults(run=run, flags=FLAGS)
@@ -88,6 +90,8 @@ def config_from(args):
                       microbatches=micro if micro is not None else 2, micro_batch_size=mbs, steps=args.steps,
                       lr=args.lr, dtype=args.dtype, compute_ms=args.compute_ms)
     cfg.check()
+    if args.baseline and (cfg.tp > 1 or cfg.pp > 1):
+        raise UsageError("--baseline ddp compares data parallelism only: use it with --tp 1 --pp 1")
     return cfg
 
 
@@ -105,7 +109,7 @@ def run(args) -> int:
                   disable=not sys.stderr.isatty()) as bar:
         task = bar.add_task("train", total=cfg.steps)
         out = train(cfg, args.backend, args.timeout, args.check,
-                    on_progress=lambda done, total: bar.update(task, completed=done))
+                    on_progress=lambda done, total: bar.update(task, completed=done), baseline=args.baseline)
     if args.json:
         json.dump(out, sys.stdout, indent=1, default=float)
         sys.stdout.write("\n")
@@ -152,13 +156,22 @@ def print_run(cfg, out) -> None:
               f"{out['formulas'].get(ph, '')}")
     if cfg.pp > 1:
         fl = out["in_flight_peak"]
-        bound = cfg.microbatches if cfg.schedule == "afab" else "p"
+        bound = {"afab": f"m = {cfg.microbatches}", "1f1b": f"p = {cfg.pp}"}.get(cfg.schedule, "(p-1)·2 + (v-1)·p + 1")
         print(f"# pipeline: microbatches in flight per stage {[fl[s] for s in sorted(fl)]} "
-              f"({cfg.schedule}: at most {bound} on stage 0); bubble (p-1)/(v·m+p-1) = "
-              f"{out['bubble_fraction']['theory']:.1%}")
+              f"({cfg.schedule}: at most {bound} on stage 0)")
+        bub = out["bubble_fraction"]
+        how = (f"emulated compute {cfg.compute_ms:g} ms per forward" if cfg.compute_ms else
+               "no --compute-ms: with more ranks than cores this measures the scheduler, not the schedule")
+        print(f"# bubble: measured {bub['measured']:.1%} of the pipeline's time idle vs (p-1)/(v·m+p-1) = "
+              f"{bub['theory']:.1%} ({how})")
     mem = out["memory_bytes"]
     print(f"# model states per rank (max): params {mem['params']:,} B, grads {mem['grads']:,} B, "
           f"optimizer {mem['optimizer']:,} B")
+    if "baseline" in out:
+        b, me = out["baseline"], out["tokens_per_s"]
+        print(f"# baseline, same ranks and data: netmorph {me:,.0f} tokens/s, PyTorch DDP (gloo) "
+              f"{b['tokens_per_s']:,.0f}, no communication {b['no_comm_tokens_per_s']:,.0f}: netmorph "
+              f"{me / b['no_comm_tokens_per_s']:.0%} of the bound, DDP {b['tokens_per_s'] / b['no_comm_tokens_per_s']:.0%}")
     if "reference_losses" in out:
         tol = 1e-9 if cfg.dtype == "float64" else 1e-4
         ok = "✓" if out["max_rel_loss_diff"] <= tol else "✗"

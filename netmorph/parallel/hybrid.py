@@ -164,7 +164,7 @@ def train_rank(comm, cfg: TrainConfig, progress=None) -> dict:
     ex = Executor(comm, lay.pp_group, chunks, cfg.interleave, (T, cfg.micro_batch_size, cfg.model.hidden), dtype)
     last_backward = max(i for i, s in enumerate(slots) if s.kind == "B")
     is_last_stage = lay.pp_rank == cfg.pp - 1
-    losses, times, peaks, bounds = [], [], [], []
+    losses, times, peaks, bounds, idle = [], [], [], [], []
     try:
         for step in range(cfg.steps):
             t0 = time.perf_counter()
@@ -179,7 +179,10 @@ def train_rank(comm, cfg: TrainConfig, progress=None) -> dict:
                 return synthetic_batch(cfg.model, range(lo, lo + cfg.micro_batch_size))
 
             hooks = _Hooks(zero, dp, last_backward, cfg.compute_ms)
+            t_pipe = time.perf_counter()
             mb_losses, peak = ex.run(slots, inputs, cfg.microbatches, hooks)
+            t_pipe = time.perf_counter() - t_pipe
+            idle.append(1 - hooks.busy / t_pipe if t_pipe > 0 else 0.0)
             if dp is not None:
                 dp.finish()
             _sync_replicated(comm, lay, tp, chunks, flat)
@@ -214,7 +217,7 @@ def train_rank(comm, cfg: TrainConfig, progress=None) -> dict:
                       "Σ over parameters of one ring all-reduce each")
     return {"rank": comm.rank, "tp": lay.tp_rank, "pp": lay.pp_rank, "dp": lay.dp_rank,
             "losses": losses if is_last_stage and lay.tp_rank == 0 else None, "step_times": times,
-            "in_flight_peak": max(peaks), "memory_bytes": mem, "state": state,
+            "in_flight_peak": max(peaks), "memory_bytes": mem, "state": state, "idle_fraction": idle,
             "bytes_by_step": _bytes_by_step(comm.ledger, bounds), "predicted": pred, "params": flat.numel}
 
 
@@ -237,22 +240,30 @@ def _bytes_by_step(ledger, bounds) -> list:
 
 
 class _Hooks:
-    """What runs around each forward and backward: ZeRO-3's gather, DDP's arming, emulated compute."""
+    """What runs around each forward and backward: ZeRO-3's gather, DDP's arming, emulated compute
+    (``compute_ms`` per forward, twice that per backward), and the time spent computing -- the
+    rest of a pipeline rank's step is waiting: its bubble."""
 
     def __init__(self, zero, dp, last_backward: int, compute_ms: float):
         self.zero, self.dp, self.last, self.ms = zero, dp, last_backward, compute_ms
+        self.busy = 0.0
 
     def forward(self, fn):
+        t0 = time.perf_counter()
         _sleep_ms(self.ms)
-        return self.zero.forward(fn) if self.zero else fn()
+        out = self.zero.forward(fn) if self.zero else fn()
+        self.busy += time.perf_counter() - t0
+        return out
 
     def backward(self, index: int, fn):
+        t0 = time.perf_counter()
         _sleep_ms(2 * self.ms)
         if self.dp is not None and index == self.last:
             self.dp.arm()
         fn()
         if self.zero:
             self.zero.after_backward()
+        self.busy += time.perf_counter() - t0
 
 
 def _sync_replicated(comm, lay: Layout, tp, chunks, flat) -> None:

@@ -21,8 +21,21 @@ from netmorph.runtime.launch import launch
 from netmorph.runtime.progress import ProgressCounter
 
 
+def baselines(cfg: TrainConfig, timeout: float = 60.0) -> dict:
+    """Tokens/s of PyTorch DDP (gloo) and of the no-communication bound, same ranks, model and data."""
+    from netmorph.parallel.baseline import baseline_rank
+    out = {}
+    tokens = cfg.global_batch * cfg.model.seq
+    for mode, backend in (("ddp", "torch"), ("no_comm", "local")):
+        res = launch(baseline_rank, cfg.dp, cfg, mode, backend=backend, timeout=timeout)
+        times = [max(r[k] for r in res) for k in range(cfg.steps)]
+        med = statistics.median(times[1:] if len(times) > 1 else times)
+        out[f"{mode}_tokens_per_s" if mode == "no_comm" else "tokens_per_s"] = tokens / med
+    return out
+
+
 def train(cfg: TrainConfig, backend: str = "local", timeout: float = 60.0, check: bool = False,
-          on_progress=None) -> dict:
+          on_progress=None, baseline: str | None = None) -> dict:
     """Train ``cfg`` on ``cfg.world`` processes; the summary (the ``--json`` object)."""
     cfg.check()
     progress = ProgressCounter(cfg.world)
@@ -36,7 +49,10 @@ def train(cfg: TrainConfig, backend: str = "local", timeout: float = 60.0, check
         results = launch(train_rank, cfg.world, cfg, progress, backend=backend, timeout=timeout)
     finally:
         stop.set()
-    return summarise(cfg, results, backend, reference(cfg) if check else None)
+    out = summarise(cfg, results, backend, reference(cfg) if check else None)
+    if baseline == "ddp":
+        out["baseline"] = baselines(cfg, timeout)
+    return out
 
 
 def summarise(cfg: TrainConfig, results: list, backend: str, ref=None) -> dict:
@@ -67,7 +83,11 @@ def summarise(cfg: TrainConfig, results: list, backend: str, ref=None) -> dict:
         "bytes_per_rank_by_phase": measured, "predicted_bytes_per_rank_by_phase": predicted,
         "traffic_exact": exact, "formulas": formulas,
         "in_flight_peak": {r["pp"]: r["in_flight_peak"] for r in results},
-        "bubble_fraction": {"theory": (p - 1) / (v * m + p - 1)},
+        # measured: the share of the pipeline's time a rank waited, averaged over ranks and the steps after
+        # the first (the first pays for warming up)
+        "bubble_fraction": {"theory": (p - 1) / (v * m + p - 1),
+                            "measured": statistics.mean(statistics.mean(r["idle_fraction"][1:] or r["idle_fraction"])
+                                                        for r in results)},
         "memory_bytes": {k: max(r["memory_bytes"][k] for r in results) for k in ("params", "grads", "optimizer")},
         "step_bytes_by_phase": [{ph: max(r["bytes_by_step"][k].get(ph, 0) for r in results) for ph in phases}
                                 for k in range(cfg.steps)],
