@@ -129,3 +129,18 @@ def test_torch_backend_trains_the_same_losses():
     torch_ = summarise(cfg, launch(train_rank, 4, cfg, backend="torch", timeout=60), "torch")
     assert torch_["losses"] == local["losses"]
     assert all(torch_["traffic_exact"].values())
+
+
+@pytest.mark.timeout(180)
+def test_torchrun_trains_the_same_losses_as_the_local_fabric(tmp_path):
+    args = ["train", "--tp", "2", "--steps", "2", "--layers", "4", "--hidden", "32", "--seq", "16", "--vocab", "64",
+            "--dtype", "float64", "--json"]
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "-m", "netmorph",
+                        *args], capture_output=True, text=True, timeout=170, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    job = json.loads(r.stdout)                       # rank 0 alone prints, for the whole job
+    assert job["world"] == 4 and job["dp"] == 2 and job["backend"] == "torch"
+    cfg = TrainConfig(model=TINY, tp=2, dp=2, steps=2)
+    local = summarise(cfg, launch(train_rank, 4, cfg, timeout=60), "local")
+    assert job["losses"] == local["losses"]
+    assert job["traffic_exact"] == {"dp": True, "tp": True}

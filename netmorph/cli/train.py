@@ -25,7 +25,8 @@ def add_parser(sub) -> None:
     g = p.add_argument_group("layout (Megatron's flag names accepted too)")
     g.add_argument("--tp", "--tensor-model-parallel-size", type=int, default=1, help="tensor-parallel size")
     g.add_argument("--pp", "--pipeline-model-parallel-size", type=int, default=1, help="pipeline stages")
-    g.add_argument("--dp", type=int, default=1, help="data-parallel size (world = tp x pp x dp)")
+    g.add_argument("--dp", type=int, help="data-parallel size (world = tp x pp x dp; default 1, or under "
+                                         "torchrun WORLD_SIZE / (tp x pp))")
     g.add_argument("--zero", type=int, default=0, help="ZeRO stage over the DP group: 0 (plain DP), 1, 2, 3")
     g.add_argument("--dp-mode", default="bucket", choices=("bucket", "naive"),
                    help="DDP-style buckets with backward overlap (default), or one all-reduce per gradient")
@@ -50,7 +51,8 @@ def add_parser(sub) -> None:
     r.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     r.add_argument("--compute-ms", type=float, default=0.0,
                    help="emulated extra compute per microbatch forward (backward: twice)")
-    r.add_argument("--backend", default="local", choices=BACKENDS)
+    r.add_argument("--backend", choices=BACKENDS, help="local shared memory (default), torch (netmorph's "
+                   "schedules over torch.distributed; the default under torchrun) or torch-native")
     r.add_argument("--check", action="store_true", help="also run the 1-rank model and compare the losses")
     r.add_argument("--baseline", choices=("ddp",), help="also time PyTorch DDP (gloo) and the no-communication "
                                                         "bound on the same ranks (data parallelism only)")
@@ -69,8 +71,21 @@ def config_from(args):
         raise UsageError(f"--lr must be a positive number, got {args.lr}")
     if not 0 <= args.compute_ms < 1e4:
         raise UsageError(f"--compute-ms must be in [0, 10000), got {args.compute_ms}")
+    job = under_torchrun()
+    if job is not None:
+        if args.backend == "local":
+            raise UsageError("--backend local cannot span torchrun's processes; use torch or torch-native")
+        args.backend = args.backend or "torch"
+        if args.tp < 1 or args.pp < 1 or job % (args.tp * args.pp):
+            raise UsageError(f"--tp x --pp = {args.tp * args.pp} does not divide torchrun's WORLD_SIZE {job}")
+        if args.dp is None:
+            args.dp = job // (args.tp * args.pp)
+        if args.tp * args.pp * args.dp != job:
+            raise UsageError(f"--tp x --pp x --dp = {args.tp * args.pp * args.dp} != torchrun's WORLD_SIZE {job}")
+    args.backend = args.backend or "local"
+    args.dp = 1 if args.dp is None else args.dp
     world = args.tp * args.pp * args.dp
-    if world > 16:
+    if world > 16 and job is None:
         raise UsageError(f"tp x pp x dp = {world} processes; keep it <= 16 on one machine (--tp/--pp/--dp)")
     mbs = args.micro_batch_size
     micro = args.microbatches
@@ -102,20 +117,37 @@ def run(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from netmorph.parallel.run import train
+    from netmorph.parallel.run import train, train_torchrun
     cfg = config_from(args)
+    if under_torchrun() is not None:
+        out = train_torchrun(cfg, args.backend, args.timeout, args.check)
+        if out is None:                  # not rank 0: rank 0 prints for the job, as nccl-tests under mpirun
+            return 0
+        return _print(args, cfg, out)
     with Progress(TextColumn("training"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
                   TimeElapsedColumn(), console=Console(stderr=True), transient=True,
                   disable=not sys.stderr.isatty()) as bar:
         task = bar.add_task("train", total=cfg.steps)
         out = train(cfg, args.backend, args.timeout, args.check,
                     on_progress=lambda done, total: bar.update(task, completed=done), baseline=args.baseline)
+    return _print(args, cfg, out)
+
+
+def _print(args, cfg, out) -> int:
     if args.json:
         json.dump(out, sys.stdout, indent=1, default=float)
         sys.stdout.write("\n")
         return 0
     print_run(cfg, out)
     return 0
+
+
+def under_torchrun() -> int | None:
+    """torchrun's WORLD_SIZE when this process was started by it (RANK, WORLD_SIZE, LOCAL_RANK set)."""
+    import os
+    if all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")):
+        return int(os.environ["WORLD_SIZE"])
+    return None
 
 
 def _layout(cfg) -> str:

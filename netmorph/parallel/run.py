@@ -55,6 +55,24 @@ def train(cfg: TrainConfig, backend: str = "local", timeout: float = 60.0, check
     return out
 
 
+def train_torchrun(cfg: TrainConfig, backend: str = "torch", timeout: float = 60.0, check: bool = False):
+    """This process's part of a job ``torchrun`` started: train, then rank 0 gathers every rank's
+    report (``all_gather_object``) and returns the summary; the other ranks return None."""
+    from netmorph.runtime.torchrun import init_from_env
+    from netmorph.runtime.transport.torchdist import dist_module
+    cfg.check()
+    comm = init_from_env(backend, timeout)
+    try:
+        res = train_rank(comm, cfg)
+        everyone = [None] * comm.world
+        dist_module().all_gather_object(everyone, res)
+    finally:
+        comm.transport.close()
+    if comm.rank != 0:
+        return None
+    return summarise(cfg, everyone, backend, reference(cfg) if check else None)
+
+
 def summarise(cfg: TrainConfig, results: list, backend: str, ref=None) -> dict:
     losses = next(r["losses"] for r in results if r["losses"] is not None)
     times = [max(r["step_times"][k] for r in results) for k in range(cfg.steps)]
