@@ -85,10 +85,11 @@ def summarise(cfg: TrainConfig, results: list, backend: str, ref=None) -> dict:
     exact = {} if backend == "torch-native" else {
         ph: all(all(s.get(ph, 0) == r["predicted"][ph][0] for s in r["bytes_by_step"])
                 for r in results if ph in r["predicted"]) for ph in phases if predicted[ph]}
-    formulas = {}
-    for r in results:
-        for ph, (_, text) in r["predicted"].items():
-            formulas.setdefault(ph, text)
+    formulas = {}                         # the closed form of the rank that sends the most
+    for ph in phases:
+        ranks = [r for r in results if ph in r["predicted"]]
+        if ranks:
+            formulas[ph] = max(ranks, key=lambda r: r["predicted"][ph][0])["predicted"][ph][1]
     med = statistics.median(times[1:] if len(times) > 1 else times)
     p, m, v = cfg.pp, cfg.microbatches, cfg.interleave
     out = {
