@@ -24,7 +24,7 @@ def run(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from netmorph.report import collectives, consistency, fabric, planner
+    from netmorph.report import collectives, consistency, fabric, planner, train
     from netmorph.report.html import Section, write_page
     from netmorph.version import __version__
 
@@ -43,6 +43,7 @@ def run(args) -> int:
     t0 = time.time()
     plan = [(collectives, "collectives: simulating schedules"),
             (fabric, "real ranks: measuring processes"),
+            (train, "train: DP, ZeRO, TP and PP on real ranks"),
             (consistency, "sgd: training under 5 consistency models"),
             (planner, "planner: searching DP/TP/PP splits")]
     with Progress(TextColumn("{task.description:<36}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),

@@ -57,6 +57,8 @@ def add_parser(sub) -> None:
     r.add_argument("--baseline", choices=("ddp",), help="also time PyTorch DDP (gloo) and the no-communication "
                                                         "bound on the same ranks (data parallelism only)")
     r.add_argument("--timeout", type=float, default=60.0, help="seconds a rank waits on a silent peer")
+    r.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the last step, one track "
+                                                   "per rank (compute slots and every message)")
     r.add_argument("--json", action="store_true")
     p.set_defaults(run=run, flags=FLAGS)
 
@@ -103,8 +105,13 @@ def config_from(args):
                       bucket_mb=args.bucket_mb, overlap=not args.no_overlap,
                       sequence_parallel=args.sequence_parallel, schedule=args.schedule, interleave=args.interleave,
                       microbatches=micro if micro is not None else 2, micro_batch_size=mbs, steps=args.steps,
-                      lr=args.lr, dtype=args.dtype, compute_ms=args.compute_ms)
+                      lr=args.lr, dtype=args.dtype, compute_ms=args.compute_ms, trace=bool(args.trace))
     cfg.check()
+    if args.trace:
+        import os
+        d = os.path.dirname(os.path.abspath(args.trace))
+        if not os.path.isdir(d) or not os.access(d, os.W_OK):
+            raise UsageError(f"--trace: cannot write to {d}")
     if args.baseline and (cfg.tp > 1 or cfg.pp > 1):
         raise UsageError("--baseline ddp compares data parallelism only: use it with --tp 1 --pp 1")
     return cfg
@@ -134,12 +141,33 @@ def run(args) -> int:
 
 
 def _print(args, cfg, out) -> int:
+    trace = out.pop("trace", None)
+    if trace is not None:
+        _write_json(args.trace, trace)
     if args.json:
         json.dump(out, sys.stdout, indent=1, default=float)
         sys.stdout.write("\n")
         return 0
     print_run(cfg, out)
+    if trace is not None:
+        print(f"# trace of the last step: {args.trace} (open in Perfetto or chrome://tracing)")
     return 0
+
+
+def _write_json(path: str, obj) -> None:
+    """Atomically: a temporary file beside the target, then rename."""
+    import os
+    import tempfile
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".netmorph-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(obj, fh)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def under_torchrun() -> int | None:

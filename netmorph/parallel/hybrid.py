@@ -52,6 +52,7 @@ class TrainConfig:
     lr: float = 3e-3
     dtype: str = "float64"
     compute_ms: float = 0.0          # emulated extra compute per microbatch forward (backward: twice)
+    trace: bool = False              # return every rank's ledger records too (for a Chrome trace)
 
     @property
     def world(self) -> int:
@@ -218,6 +219,7 @@ def train_rank(comm, cfg: TrainConfig, progress=None) -> dict:
     return {"rank": comm.rank, "tp": lay.tp_rank, "pp": lay.pp_rank, "dp": lay.dp_rank,
             "losses": losses if is_last_stage and lay.tp_rank == 0 else None, "step_times": times,
             "in_flight_peak": max(peaks), "memory_bytes": mem, "state": state, "idle_fraction": idle,
+            "timeline": ex.spans, "step_bounds": bounds, "ledger": comm.ledger.records if cfg.trace else None,
             "bytes_by_step": _bytes_by_step(comm.ledger, bounds), "predicted": pred, "params": flat.numel}
 
 

@@ -24,6 +24,7 @@ gradient per stage boundary per microbatch.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -152,6 +153,7 @@ class Executor:
         self.hidden_shape, self.dtype = hidden_shape, dtype
         self.mailbox: dict[int, dict] = {}
         self.pending = []                 # (work, tensor) of sends still in flight
+        self.spans = []
 
     def _peer(self, d):
         return self.group.ranks[(self.rank + d) % self.pp]
@@ -177,6 +179,7 @@ class Executor:
 
     def run(self, slots, inputs, m: int, hooks=None):
         hooks = hooks or _NoHooks()
+        self.spans = []                   # (kind, microbatch, chunk, t0, t1): the step's timeline
         saved = {}                        # (chunk, mb) -> (input needing grad or None, output)
         losses, in_flight, peak = {}, 0, 0
         for index, s in enumerate(slots):
@@ -190,7 +193,9 @@ class Executor:
                     x_in = self._take(0, vs, s.microbatch, self._peer(-1)).view(self.hidden_shape)
                     x_in.requires_grad_(True)
                     x = x_in
+                t0 = time.perf_counter()
                 out = hooks.forward(lambda: model(x, targets if vs == self.stages - 1 else None))
+                self.spans.append(("F", s.microbatch, s.chunk, t0, time.perf_counter()))
                 if vs == self.stages - 1:
                     losses[s.microbatch] = float(out.detach())
                     out = out / m
@@ -202,10 +207,13 @@ class Executor:
             else:
                 x_in, out = saved.pop((s.chunk, s.microbatch))
                 if vs == self.stages - 1:
+                    t0 = time.perf_counter()
                     hooks.backward(index, out.backward)
                 else:
                     g = self._take(1, vs, s.microbatch, self._peer(1)).view(out.shape)
+                    t0 = time.perf_counter()
                     hooks.backward(index, lambda: out.backward(g))
+                self.spans.append(("B", s.microbatch, s.chunk, t0, time.perf_counter()))
                 if vs > 0:
                     self._send(1, vs - 1, s.microbatch, x_in.grad, self._peer(-1))
                 in_flight -= 1

@@ -50,6 +50,8 @@ def train(cfg: TrainConfig, backend: str = "local", timeout: float = 60.0, check
     finally:
         stop.set()
     out = summarise(cfg, results, backend, reference(cfg) if check else None)
+    if cfg.trace:
+        out["trace"] = chrome_trace(results)
     if baseline == "ddp":
         out["baseline"] = baselines(cfg, timeout)
     return out
@@ -108,6 +110,8 @@ def summarise(cfg: TrainConfig, results: list, backend: str, ref=None) -> dict:
                             "measured": statistics.mean(statistics.mean(r["idle_fraction"][1:] or r["idle_fraction"])
                                                         for r in results)},
         "memory_bytes": {k: max(r["memory_bytes"][k] for r in results) for k in ("params", "grads", "optimizer")},
+        "timeline": {r["rank"]: r["timeline"] for r in results if r["tp"] == 0 and r["dp"] == 0},
+        "pp_rank": {r["rank"]: r["pp"] for r in results},
         "step_bytes_by_phase": [{ph: max(r["bytes_by_step"][k].get(ph, 0) for r in results) for ph in phases}
                                 for k in range(cfg.steps)],
     }
@@ -152,3 +156,24 @@ def reference(cfg: TrainConfig) -> tuple[list, dict]:
         adam.step(flat.data, flat.grad)
         losses.append(float(loss.detach()))
     return losses, {k: v for k, (v, _) in _named([model], cfg).items()}
+
+
+def chrome_trace(results: list) -> dict:
+    """The last step on every rank as a Trace Event Format object (Perfetto, chrome://tracing): one
+    track per rank, its forward and backward slots as compute spans and every message it sent."""
+    events = []
+    t_min = min(r["step_bounds"][-1][0] for r in results)
+    for r in results:
+        lo, hi = r["step_bounds"][-1]
+        for kind, mb, chunk, t0, t1 in r["timeline"]:
+            events.append({"name": f"{kind}{mb}" + (f".{chunk}" if chunk else ""), "cat": "compute", "ph": "X",
+                           "pid": 0, "tid": r["rank"], "ts": (t0 - t_min) * 1e6, "dur": (t1 - t0) * 1e6,
+                           "args": {"microbatch": mb, "chunk": chunk}})
+        for src, dst, nb, seq, rnd, phase, op, algo, t0, t1 in r["ledger"] or ():
+            if lo <= t0 <= hi:
+                events.append({"name": f"{phase or op} -> {dst}", "cat": phase or op, "ph": "X", "pid": 0,
+                               "tid": src, "ts": (t0 - t_min) * 1e6, "dur": max((t1 - t0) * 1e6, 0.01),
+                               "args": {"bytes": nb, "op": op, "algo": algo, "round": rnd}})
+        events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": r["rank"],
+                       "args": {"name": f"rank {r['rank']} (tp{r['tp']} pp{r['pp']} dp{r['dp']})"}})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
