@@ -144,3 +144,16 @@ def test_torchrun_trains_the_same_losses_as_the_local_fabric(tmp_path):
     local = summarise(cfg, launch(train_rank, 4, cfg, timeout=60), "local")
     assert job["losses"] == local["losses"]
     assert job["traffic_exact"] == {"dp": True, "tp": True}
+
+
+@pytest.mark.parametrize("kw", [dict(tp=2, pp=2, dp=2, zero=1), dict(dp=2, zero=2), dict(dp=2, zero=3),
+                                dict(tp=2, dp=2, sequence_parallel=True), dict(pp=2, schedule="interleaved",
+                                                                               interleave=2)],
+                         ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
+def test_model_state_memory_equals_the_planners_formula(kw):
+    """Parameters, gradients and Adam states of the most loaded rank, in bytes, equal what
+    `netmorph plan estimate` computes for the same model and layout (fp64, two Adam states)."""
+    from netmorph.cli.train import planner_memory
+    cfg = TrainConfig(model=TINY, steps=1, **kw)
+    out = summarise(cfg, launch(train_rank, cfg.world, cfg, timeout=60), "local")
+    assert out["memory_bytes"] == planner_memory(cfg)

@@ -140,7 +140,22 @@ def run(args) -> int:
     return _print(args, cfg, out)
 
 
+def planner_memory(cfg) -> dict:
+    """What ``netmorph plan estimate`` says the most loaded rank holds, in this run's element sizes
+    (Adam keeps two states per parameter, no master copy: optimizer bytes = 2 x the element size)."""
+    from netmorph.planner.config import ParallelConfig
+    from netmorph.planner.memory import memory
+    from netmorph.planner.model import ModelSpec
+    m = cfg.model
+    isz = 8 if cfg.dtype == "float64" else 4
+    c = ParallelConfig(cfg.tp, cfg.pp, cfg.dp, cfg.micro_batch_size, cfg.global_batch, cfg.interleave, cfg.zero,
+                       "none", cfg.sequence_parallel, False, isz, isz, 2 * isz)
+    est = memory(ModelSpec("netmorph-gpt", m.layers, m.hidden, m.heads, m.seq, m.vocab), c)
+    return {k: est[k] for k in ("params", "grads", "optimizer")}
+
+
 def _print(args, cfg, out) -> int:
+    out["planner_memory_bytes"] = planner_memory(cfg)
     trace = out.pop("trace", None)
     if trace is not None:
         _write_json(args.trace, trace)
@@ -224,9 +239,12 @@ def print_run(cfg, out) -> None:
                "no --compute-ms: with more ranks than cores this measures the scheduler, not the schedule")
         print(f"# bubble: measured {bub['measured']:.1%} of the pipeline's time idle vs (p-1)/(v·m+p-1) = "
               f"{bub['theory']:.1%} ({how})")
-    mem = out["memory_bytes"]
-    print(f"# model states per rank (max): params {mem['params']:,} B, grads {mem['grads']:,} B, "
-          f"optimizer {mem['optimizer']:,} B")
+    mem, plan = out["memory_bytes"], out["planner_memory_bytes"]
+    parts = []
+    for k in ("params", "grads", "optimizer"):
+        ok = "✓" if mem[k] == plan[k] else f"(padded to a multiple of dp)" if mem[k] > plan[k] else "✗"
+        parts.append(f"{k} {mem[k]:,} B vs {plan[k]:,.0f} {ok}")
+    print("# model states on the most loaded rank, measured vs `netmorph plan estimate`: " + ", ".join(parts))
     if "baseline" in out:
         b, me = out["baseline"], out["tokens_per_s"]
         print(f"# baseline, same ranks and data: netmorph {me:,.0f} tokens/s, PyTorch DDP (gloo) "

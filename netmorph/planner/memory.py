@@ -4,9 +4,10 @@ Model states follow ZeRO (Rajbhandari et al. 2020, Table 1): with Ψ parameters 
 device, K = optimizer bytes per parameter and N_d the data-parallel degree, stage 1
 shards the optimizer state (2Ψ + 2Ψ + KΨ/N_d with 16-bit gradients), stage 2 also the
 gradients, stage 3 also the weights. Tensor parallelism divides every layer's
-weights by t (the position embedding is replicated); pipeline parallelism gives each
-stage l/p layers, the first stage also the word embedding (V·h/t) and position
-embedding -- Megatron's ``num_parameters_on_most_loaded_model_shard``.
+sharded weights by t (LayerNorms, row-parallel biases and the position embedding
+stay whole); pipeline parallelism gives each stage l/p layers, the first stage also
+the word embedding (V·h/t) and position embedding -- Megatron's
+``num_parameters_on_most_loaded_model_shard``, counted exactly.
 
 Activations follow Korthikanti et al. 2022 (Table 2), per layer and microbatch of b
 sequences, 16-bit, in bytes (sbh = s·b·h, a = heads; 34 = 10 + 24 for f = 4h):
@@ -32,12 +33,19 @@ from netmorph.planner.model import ModelSpec
 
 
 def params_on_device(model: ModelSpec, c: ParallelConfig) -> float:
-    """Parameters held by the most loaded device (first pipeline stage), before ZeRO."""
+    """Parameters held by the most loaded device (first pipeline stage), before ZeRO.
+
+    Exactly what Megatron's layout puts there (and ``netmorph train`` measures): per layer the
+    column-parallel weights and biases and the row-parallel weights divided by t, the row-parallel
+    biases and the two LayerNorms whole (6h); the vocab-parallel word embedding V·h/t and the
+    positions s·h; with one stage also the final LayerNorm (2h)."""
     if model.bare:
         return model.params() / (c.tp * c.pp)
     layers = math.ceil(model.layers / c.pp)
-    emb = model.vocab * model.hidden / c.tp + model.seq * model.hidden
-    return layers * model.layer_params() / c.tp + emb
+    h, f, t = model.hidden, model.f, c.tp
+    per_layer = (4 * h * h + 2 * h * f + 3 * h + f) / t + 6 * h
+    emb = model.vocab * h / t + model.seq * h
+    return layers * per_layer + emb + (2 * h if c.pp == 1 else 0)
 
 
 def activation_bytes_per_layer(model: ModelSpec, c: ParallelConfig, recompute: str | None = None) -> float:
