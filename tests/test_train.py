@@ -156,4 +156,8 @@ def test_model_state_memory_equals_the_planners_formula(kw):
     from netmorph.cli.train import planner_memory
     cfg = TrainConfig(model=TINY, steps=1, **kw)
     out = summarise(cfg, launch(train_rank, cfg.world, cfg, timeout=60), "local")
-    assert out["memory_bytes"] == planner_memory(cfg)
+    want = planner_memory(cfg)
+    for k in ("params", "grads", "optimizer"):
+        assert out["memory_bytes"][k] == want[k], k
+    act = out["memory_bytes"]["activations_peak"]
+    assert act is None if cfg.zero >= 3 else 0.2 < act / want["activations"] < 5

@@ -151,7 +151,7 @@ def planner_memory(cfg) -> dict:
     c = ParallelConfig(cfg.tp, cfg.pp, cfg.dp, cfg.micro_batch_size, cfg.global_batch, cfg.interleave, cfg.zero,
                        "none", cfg.sequence_parallel, False, isz, isz, 2 * isz)
     est = memory(ModelSpec("netmorph-gpt", m.layers, m.hidden, m.heads, m.seq, m.vocab), c)
-    return {k: est[k] for k in ("params", "grads", "optimizer")}
+    return {**{k: est[k] for k in ("params", "grads", "optimizer")}, "activations": est["activations"]}
 
 
 def _print(args, cfg, out) -> int:
@@ -245,6 +245,11 @@ def print_run(cfg, out) -> None:
         ok = "✓" if mem[k] == plan[k] else f"(padded to a multiple of dp)" if mem[k] > plan[k] else "✗"
         parts.append(f"{k} {mem[k]:,} B vs {plan[k]:,.0f} {ok}")
     print("# model states on the most loaded rank, measured vs `netmorph plan estimate`: " + ", ".join(parts))
+    act = mem.get("activations_peak")
+    if act:
+        print(f"# activations at the peak (saved for backward x microbatches held): {act:,} B; Korthikanti et al.'s "
+              f"estimate {plan['activations']:,.0f} B (16-bit, with dropout masks, which this model has not): "
+              f"ratio {act / plan['activations']:.2f}")
     if "baseline" in out:
         b, me = out["baseline"], out["tokens_per_s"]
         print(f"# baseline, same ranks and data: netmorph {me:,.0f} tokens/s, PyTorch DDP (gloo) "

@@ -166,6 +166,7 @@ def train_rank(comm, cfg: TrainConfig, progress=None) -> dict:
     last_backward = max(i for i, s in enumerate(slots) if s.kind == "B")
     is_last_stage = lay.pp_rank == cfg.pp - 1
     losses, times, peaks, bounds, idle = [], [], [], [], []
+    saved = 0
     try:
         for step in range(cfg.steps):
             t0 = time.perf_counter()
@@ -179,7 +180,7 @@ def train_rank(comm, cfg: TrainConfig, progress=None) -> dict:
                 lo = base + i * cfg.micro_batch_size
                 return synthetic_batch(cfg.model, range(lo, lo + cfg.micro_batch_size))
 
-            hooks = _Hooks(zero, dp, last_backward, cfg.compute_ms)
+            hooks = _Hooks(zero, dp, last_backward, cfg.compute_ms, flat.data.untyped_storage()._cdata)
             t_pipe = time.perf_counter()
             mb_losses, peak = ex.run(slots, inputs, cfg.microbatches, hooks)
             t_pipe = time.perf_counter() - t_pipe
@@ -200,6 +201,7 @@ def train_rank(comm, cfg: TrainConfig, progress=None) -> dict:
             times.append(t1 - t0)
             bounds.append((t0, t1))
             peaks.append(peak)
+            saved = max(saved, hooks.saved_per_microbatch)
             if progress is not None:
                 progress.bump(comm.rank)
         if zero:
@@ -209,6 +211,8 @@ def train_rank(comm, cfg: TrainConfig, progress=None) -> dict:
         if dp is not None:
             dp.close()
     mem = zero.bytes() if zero else {**flat.bytes(), "optimizer": adam.bytes()}
+    # activations: what autograd saved for one microbatch's backward, times the most microbatches held
+    mem["activations_peak"] = None if zero and zero.stage >= 3 else saved * max(peaks)
     isz = flat.data.element_size()
     pred = predicted(cfg, lay.pp_rank, flat.padded, isz, any(c.is_first for c in chunks),
                      any(c.is_last for c in chunks), sum(len(c.blocks) for c in chunks),
@@ -246,14 +250,28 @@ class _Hooks:
     (``compute_ms`` per forward, twice that per backward), and the time spent computing -- the
     rest of a pipeline rank's step is waiting: its bubble."""
 
-    def __init__(self, zero, dp, last_backward: int, compute_ms: float):
+    def __init__(self, zero, dp, last_backward: int, compute_ms: float, params_storage):
         self.zero, self.dp, self.last, self.ms = zero, dp, last_backward, compute_ms
         self.busy = 0.0
+        self.params_storage = params_storage
+        self.saved_per_microbatch = 0         # bytes autograd saves for one microbatch's backward (max)
 
     def forward(self, fn):
         t0 = time.perf_counter()
         _sleep_ms(self.ms)
-        out = self.zero.forward(fn) if self.zero else fn()
+        if self.zero and self.zero.stage >= 3:
+            out = self.zero.forward(fn)       # ZeRO-3's own hooks see the saved tensors (not measured)
+        else:
+            seen = {}
+
+            def pack(x):
+                if x.untyped_storage()._cdata != self.params_storage:
+                    seen[(x.data_ptr(), x.numel(), x.dtype)] = x.numel() * x.element_size()
+                return x
+
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+                out = fn()
+            self.saved_per_microbatch = max(self.saved_per_microbatch, sum(seen.values()))
         self.busy += time.perf_counter() - t0
         return out
 

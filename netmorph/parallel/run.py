@@ -109,7 +109,10 @@ def summarise(cfg: TrainConfig, results: list, backend: str, ref=None) -> dict:
         "bubble_fraction": {"theory": (p - 1) / (v * m + p - 1),
                             "measured": statistics.mean(statistics.mean(r["idle_fraction"][1:] or r["idle_fraction"])
                                                         for r in results)},
-        "memory_bytes": {k: max(r["memory_bytes"][k] for r in results) for k in ("params", "grads", "optimizer")},
+        "memory_bytes": {**{k: max(r["memory_bytes"][k] for r in results) for k in ("params", "grads", "optimizer")},
+                         "activations_peak": None if any(r["memory_bytes"]["activations_peak"] is None
+                                                         for r in results)
+                         else max(r["memory_bytes"]["activations_peak"] for r in results)},
         "timeline": {r["rank"]: r["timeline"] for r in results if r["tp"] == 0 and r["dp"] == 0},
         "pp_rank": {r["rank"]: r["pp"] for r in results},
         "step_bytes_by_phase": [{ph: max(r["bytes_by_step"][k].get(ph, 0) for r in results) for ph in phases}
