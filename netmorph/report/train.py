@@ -70,10 +70,18 @@ def build_section(out_dir, tick=lambda: None) -> Section:
     plt.close(fig)
 
     # 3. ZeRO stages on dp 4: model-state bytes per rank
-    mems = []
+    from netmorph.planner.config import ParallelConfig
+    from netmorph.planner.memory import memory
+    from netmorph.planner.model import ModelSpec
+    g = GPTConfig()
+    spec = ModelSpec("netmorph-gpt", g.layers, g.hidden, g.heads, g.seq, g.vocab)
+    mems, plans = [], []
     for z in (0, 1, 2, 3):
-        mems.append(train(TrainConfig(model=GPTConfig(), dp=4, zero=z, microbatches=1, steps=1,
+        mems.append(train(TrainConfig(model=g, dp=4, zero=z, microbatches=1, steps=1,
                                       dtype="float32"))["memory_bytes"])
+        est = memory(spec, ParallelConfig(dp=4, global_batch=4, zero=z, param_bytes=4, grad_bytes=4,
+                                          optimizer_bytes=8))
+        plans.append(est["params"] + est["grads"] + est["optimizer"])
     tick()
     fig, ax = plt.subplots(figsize=(9, 3.8))
     bottom = np.zeros(4)
@@ -81,6 +89,8 @@ def build_section(out_dir, tick=lambda: None) -> Section:
         vals = np.array([m[key] / 1e6 for m in mems])
         ax.bar(range(4), vals, bottom=bottom, color=color, label=key)
         bottom += vals
+    ax.scatter(range(4), [v / 1e6 for v in plans], marker="_", s=2500, color="black", zorder=3,
+               label="netmorph plan estimate")
     ax.set_xticks(range(4), ["DP", "ZeRO-1", "ZeRO-2", "ZeRO-3"])
     ax.set_ylabel("MB per rank held between steps")
     ax.set_title("The default GPT on 4 data-parallel ranks, fp32 Adam: ZeRO shards what the paper says", fontsize=10)
@@ -104,7 +114,8 @@ bubble; two model chunks per rank shrink the bubble to (p-1)/(v·m+p-1). Compute
 <p><b>Traffic</b>: the ledger's bytes per phase {'equal' if exact else 'differ from'} the closed forms on every rank
 and step (ZeRO's reduce-scatter + all-gather 2(d-1)/d·Ψ, Megatron's 8(t-1)/t·bsh per layer per microbatch plus the
 embedding, LM head and vocab-parallel loss, one activation and one gradient per stage boundary per microbatch).
-<b>Memory</b>: ZeRO-1 divides the optimizer state by d, ZeRO-2 the gradients too, ZeRO-3 the parameters.</p>
+<b>Memory</b>: ZeRO-1 divides the optimizer state by d, ZeRO-2 the gradients too, ZeRO-3 the parameters; the
+bytes each rank holds equal the planner's formula for the same layout (the black marks).</p>
 <p>Reproduce: <code>netmorph train --tp 2 --pp 2 --dp 2 --zero 1 --microbatches 4 --check</code>;
 <code>netmorph train --pp 4 --schedule 1f1b --microbatches 8 --layers 8 --compute-ms 15 --trace run.json</code>.</p>
 """
@@ -113,8 +124,10 @@ embedding, LM head and vocab-parallel loss, one activation and one gradient per 
                f"({', '.join(phases)})",
                "pipeline bubble, 4 stages x 8 microbatches: " + ", ".join(
                    f"{n} {b['measured']:.0%} (theory {b['theory']:.0%})" for n, b in bub.items()),
-               f"ZeRO on dp 4, MB per rank: " + ", ".join(
-                   f"{lab} {sum(m.values()) / 1e6:.2f}" for lab, m in zip(("DP", "Z1", "Z2", "Z3"), mems))]
+               "ZeRO on dp 4, model states MB per rank (= planner): " + ", ".join(
+                   f"{lab} {sum(m[k] for k in ('params', 'grads', 'optimizer')) / 1e6:.2f}"
+                   + ("" if abs(sum(m[k] for k in ('params', 'grads', 'optimizer')) - q) < 1 else " (planner differs)")
+                   for lab, m, q in zip(("DP", "Z1", "Z2", "Z3"), mems, plans))]
     return Section("Parallel training: DP, ZeRO, TP and PP on real ranks", html,
                    [("train_pipeline.png", "One step's timeline under GPipe, 1F1B and interleaved 1F1B."),
                     ("train_traffic.png", "Bytes per rank per step by phase: ledger vs closed form."),
