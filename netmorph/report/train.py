@@ -62,12 +62,8 @@ def build_section(out_dir, tick=lambda: None) -> Section:
     ax.bar(x + 0.2, [out3["predicted_bytes_per_rank_by_phase"][p] / 1e3 for p in phases], 0.4,
            label="closed form", color="#aaaaaa")
     ax.set_xticks(x, phases)
-    ax.set_ylabel("kB sent per rank per step (max over ranks)")
-    ax.set_title("tp2 pp2 dp2 ZeRO-1: what each phase sent vs its closed form", fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_dir / "train_traffic.png", dpi=110)
-    plt.close(fig)
+    _finish(plt, fig, ax, "kB sent per rank per step (max over ranks)",
+            "tp2 pp2 dp2 ZeRO-1: what each phase sent vs its closed form", out_dir / "train_traffic.png")
 
     # 3. ZeRO stages on dp 4: model-state bytes per rank
     from netmorph.planner.config import ParallelConfig
@@ -92,12 +88,9 @@ def build_section(out_dir, tick=lambda: None) -> Section:
     ax.scatter(range(4), [v / 1e6 for v in plans], marker="_", s=2500, color="black", zorder=3,
                label="netmorph plan estimate")
     ax.set_xticks(range(4), ["DP", "ZeRO-1", "ZeRO-2", "ZeRO-3"])
-    ax.set_ylabel("MB per rank held between steps")
-    ax.set_title("The default GPT on 4 data-parallel ranks, fp32 Adam: ZeRO shards what the paper says", fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_dir / "train_zero_memory.png", dpi=110)
-    plt.close(fig)
+    _finish(plt, fig, ax, "MB per rank held between steps",
+            "The default GPT on 4 data-parallel ranks, fp32 Adam: ZeRO shards what the paper says",
+            out_dir / "train_zero_memory.png")
 
     exact = all(out3["traffic_exact"].values())
     bub = {name: out["bubble_fraction"] for name, _, out in runs}
@@ -133,3 +126,12 @@ bytes each rank holds equal the planner's formula for the same layout (the black
                     ("train_traffic.png", "Bytes per rank per step by phase: ledger vs closed form."),
                     ("train_zero_memory.png", "Model-state bytes per rank for DP and each ZeRO stage.")],
                    summary)
+
+
+def _finish(plt, fig, ax, ylabel: str, title: str, path) -> None:
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
