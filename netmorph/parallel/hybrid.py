@@ -26,6 +26,7 @@ from netmorph.models.gpt import GPTConfig, GPTStage, synthetic_batch
 from netmorph.parallel.data_parallel import DataParallelBucket, DataParallelNaive
 from netmorph.parallel.flat import Adam, FlatParams
 from netmorph.parallel.pipeline import Executor, check, schedule
+from netmorph.parallel.state import named_pieces
 from netmorph.parallel.tensor_parallel import TensorParallel
 from netmorph.parallel.traffic import predicted
 from netmorph.parallel.zero import ZeRO
@@ -206,7 +207,7 @@ def train_rank(comm, cfg: TrainConfig, progress=None) -> dict:
                 progress.bump(comm.rank)
         if zero:
             zero.gather()
-        state = _named(chunks, cfg)
+        state = named_pieces(chunks)
     finally:
         if dp is not None:
             dp.close()
@@ -300,27 +301,3 @@ def _sync_replicated(comm, lay: Layout, tp, chunks, flat) -> None:
                 lo, hi = flat.span(c.wte)
                 with comm.phase("pp.emb"):
                     comm.all_reduce(flat.grad[lo:hi], group=lay.emb_group, algo="ring")
-
-
-SHARD_DIM = {"qkv.weight": 0, "qkv.bias": 0, "fc.weight": 0, "fc.bias": 0, "proj.weight": 1, "fc2.weight": 1}
-FULL = {"ln1.weight": "ln1.w", "ln1.bias": "ln1.b", "ln2.weight": "ln2.w", "ln2.bias": "ln2.b",
-        "qkv.weight": "qkv.w", "qkv.bias": "qkv.b", "proj.weight": "proj.w", "proj.bias": "proj.b",
-        "fc.weight": "fc.w", "fc.bias": "fc.b", "fc2.weight": "fc2.w", "fc2.bias": "fc2.b"}
-
-
-def _named(chunks, cfg: TrainConfig) -> dict:
-    """{full weight name: (this rank's piece, the dimension it is split along or None)}."""
-    out = {}
-    for c in chunks:
-        for name, p in c.named_parameters():
-            t = p.detach().clone()
-            if name == "wte":
-                out["wte"] = (t, 0)
-            elif name == "wpe":
-                out["wpe"] = (t, None)
-            elif name.startswith("ln_f."):
-                out["ln_f." + name[5]] = (t, None)
-            else:
-                _, j, rest = name.split(".", 2)
-                out[f"{c.first + int(j)}.{FULL[rest]}"] = (t, SHARD_DIM.get(rest))
-    return out

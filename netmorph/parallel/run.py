@@ -16,7 +16,8 @@ import torch
 
 from netmorph.models.gpt import GPTStage, synthetic_batch
 from netmorph.parallel.flat import Adam, FlatParams
-from netmorph.parallel.hybrid import DTYPES, TrainConfig, _named, train_rank
+from netmorph.parallel.hybrid import DTYPES, TrainConfig, train_rank
+from netmorph.parallel.state import assemble, named_pieces
 from netmorph.runtime.launch import launch
 from netmorph.runtime.progress import ProgressCounter
 
@@ -122,24 +123,10 @@ def summarise(cfg: TrainConfig, results: list, backend: str, ref=None) -> dict:
         ref_losses, ref_w = ref
         out["reference_losses"] = ref_losses
         out["max_rel_loss_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
-        full = assemble(results, cfg)
+        full = assemble(results)
         out["max_abs_weight_diff"] = max(float((full[k] - ref_w[k]).abs().max()) for k in ref_w)
     return out
 
-
-
-def assemble(results: list, cfg: TrainConfig) -> dict:
-    """The full model's weights from every rank's pieces (TP shards concatenated in TP order)."""
-    pieces = {}
-    for r in sorted((r for r in results if r["dp"] == 0), key=lambda r: (r["pp"], r["tp"])):
-        for name, (t, dim) in r["state"].items():
-            pieces.setdefault(name, {})[r["tp"]] = (t, dim)
-    full = {}
-    for name, by_tp in pieces.items():
-        dim = by_tp[0][1]
-        parts = [by_tp[k][0] for k in sorted(by_tp)]
-        full[name] = parts[0] if dim is None else torch.cat(parts, dim=dim)
-    return full
 
 
 def reference(cfg: TrainConfig) -> tuple[list, dict]:
@@ -158,7 +145,7 @@ def reference(cfg: TrainConfig) -> tuple[list, dict]:
         flat.collect_grads()
         adam.step(flat.data, flat.grad)
         losses.append(float(loss.detach()))
-    return losses, {k: v for k, (v, _) in _named([model], cfg).items()}
+    return losses, {k: v for k, (v, _) in named_pieces([model]).items()}
 
 
 def chrome_trace(results: list) -> dict:
