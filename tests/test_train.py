@@ -116,6 +116,11 @@ def test_cli_json_keys(capsys):
     (["--dp", "2", "--global-batch-size", "5"], "--global-batch-size"),
     (["--pp", "2", "--zero", "2"], "--zero"),
     (["--tp", "4", "--pp", "4", "--dp", "4"], "--tp"),
+    (["--dp", "2", "--bucket-mb", "0"], "--bucket-mb"),
+    (["--dp", "2", "--bucket-mb", "inf"], "--bucket-mb"),
+    (["--timeout", "nan"], "--timeout"),
+    (["--global-batch-size", "0"], "--global-batch-size"),
+    (["--compute-ms", "-1"], "--compute-ms"),
 ])
 def test_bad_layouts_are_one_line_naming_the_flag(argv, flag, capsys):
     assert main(["train", *argv]) == 2

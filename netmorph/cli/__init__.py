@@ -13,6 +13,7 @@ import argparse
 import sys
 
 from netmorph.errors import UsageError
+from netmorph.runtime.launch import LaunchError
 
 
 class Parser(argparse.ArgumentParser):
@@ -41,6 +42,9 @@ def main(argv=None) -> int:
     except UsageError as e:
         sys.stderr.write(f"netmorph {args.command}: error: {e.render(getattr(args, 'flags', {}))}\n")
         return 2
+    except LaunchError as e:         # a rank failed: the launcher's root cause, as torchrun prints it
+        sys.stderr.write(f"netmorph {args.command}: {e}\n")
+        return 1
     except KeyboardInterrupt:
         sys.stderr.write("netmorph: interrupted\n")
         return 130

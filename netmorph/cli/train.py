@@ -71,8 +71,8 @@ def config_from(args):
             raise UsageError(f"--{k} must be >= 1, got {getattr(args, k)}")
     if not args.lr > 0 or args.lr == float("inf"):
         raise UsageError(f"--lr must be a positive number, got {args.lr}")
-    if not 0 <= args.compute_ms < 1e4:
-        raise UsageError(f"--compute-ms must be in [0, 10000), got {args.compute_ms}")
+    if not 0 < args.timeout < 1e6:
+        raise UsageError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
     job = under_torchrun()
     if job is not None:
         if args.backend == "local":
@@ -92,7 +92,7 @@ def config_from(args):
     mbs = args.micro_batch_size
     micro = args.microbatches
     if args.global_batch_size is not None:
-        if args.dp < 1 or mbs < 1 or args.global_batch_size % (args.dp * mbs):
+        if args.dp < 1 or mbs < 1 or args.global_batch_size < 1 or args.global_batch_size % (args.dp * mbs):
             raise UsageError(f"--global-batch-size {args.global_batch_size} does not split into dp {args.dp} x "
                              f"--micro-batch-size {mbs}")
         from_global = args.global_batch_size // (args.dp * mbs)

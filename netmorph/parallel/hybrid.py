@@ -68,6 +68,10 @@ class TrainConfig:
         for k in ("tp", "pp", "dp", "microbatches", "micro_batch_size", "steps", "interleave"):
             if getattr(self, k) < 1:
                 raise UsageError(f"{{{k}}} must be >= 1, got {getattr(self, k)}", k)
+        if not 0 < self.bucket_mb < 1 << 20:
+            raise UsageError(f"{{bucket_mb}} must be a size in MiB > 0, got {self.bucket_mb}", "bucket_mb")
+        if not 0 <= self.compute_ms < 1e4:
+            raise UsageError(f"{{compute_ms}} must be in [0, 10000), got {self.compute_ms}", "compute_ms")
         if self.zero not in (0, 1, 2, 3):
             raise UsageError(f"{{zero}} must be 0, 1, 2 or 3, got {self.zero}", "zero")
         if self.dtype not in DTYPES:
