@@ -246,3 +246,47 @@ def test_link_emulation_follows_the_cost_model():
         assert measured <= 2 * predicted + 0.03, (algo, measured, predicted)
     assert got["ring"][1] > 2 * got["recursive_doubling"][1]
     assert got["ring"][0] > got["recursive_doubling"][0]
+
+
+def _arena(comm, n_shared, n_alloc):
+    from netmorph.errors import UsageError
+    out = []
+    try:
+        comm.alloc(-10, np.uint8)
+    except UsageError as e:
+        out.append(("negative", e.argument))
+    s = comm.shared(n_shared, np.uint8)
+    s[:] = 7
+    comm.barrier()
+    try:
+        a = comm.alloc(n_alloc, np.uint8)
+        a[:] = 1
+        out.append(("alloc", len(a)))
+    except MemoryError as e:
+        out.append(("full", "arena_bytes" in str(e)))
+    comm.barrier()
+    out.append(("shared intact", int(s.sum()) == 7 * n_shared))
+    return out
+
+
+def test_registered_memory_is_bounded_and_never_overlaps_shared():
+    """alloc refuses negative sizes; on rank 0 it stops where the shared() region begins; launch's
+    arena_bytes sets the size the message tells the user to raise."""
+    arena = 1 << 20
+    res = launch(_arena, 2, arena // 2, arena // 2 + 4096, arena_bytes=arena, timeout=20)
+    assert res[0] == [("negative", "nbytes"), ("full", True), ("shared intact", True)]
+    assert res[1] == [("negative", "nbytes"), ("alloc", arena // 2 + 4096), ("shared intact", True)]
+    ok = launch(_arena, 2, arena // 4, arena // 2, arena_bytes=arena, timeout=20)
+    assert ok[0][1] == ("alloc", arena // 2)
+
+
+def _reduce_contract(comm):
+    x = np.full(4, comm.rank + 1.0)
+    comm.reduce(x, 0)
+    return x.tolist()
+
+
+@pytest.mark.parametrize("backend", ["local", "torch", "torch-native"])
+def test_reduce_leaves_non_roots_untouched_on_every_backend(backend):
+    res = launch(_reduce_contract, 3, backend=backend, timeout=30)
+    assert res == [[6.0] * 4, [2.0] * 4, [3.0] * 4]

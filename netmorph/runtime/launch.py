@@ -131,7 +131,7 @@ def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults
 
 
 def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0, faults=(),
-           topology=None, slow_links=None, ledger: bool = False, **kwargs):
+           topology=None, slow_links=None, ledger: bool = False, arena_bytes: int | None = None, **kwargs):
     """Run ``fn(comm, *args, **kwargs)`` on ``world`` processes and return their results in rank order.
 
     ``timeout``: seconds a rank waits on a silent peer before failing with PeerTimeout.
@@ -139,11 +139,15 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
     ``topology``: a two-level or flat :class:`~netmorph.cost.topology.Topology` (or preset name) to
     emulate per-link α and β on the local fabric; ``slow_links``: ``{(src, dst): (alpha_s, bytes_per_s)}``.
     ``ledger=True`` returns ``(results, Ledger)`` with every message of the run.
+    ``arena_bytes``: each rank's registered memory on the local fabric (``comm.alloc``; rank 0's also
+    holds ``comm.shared`` arrays); default min(1 GiB, 8 GiB / world), reserved, not committed.
     """
     if world < 1:
         raise UsageError(f"{{world}} must be >= 1, got {world}", "world")
     if backend not in BACKENDS:
         raise UsageError(f"{{backend}} must be one of {', '.join(BACKENDS)}, got {backend!r}", "backend")
+    if arena_bytes is not None and not 4096 <= arena_bytes <= 1 << 40:
+        raise UsageError(f"{{arena_bytes}} must be in 4 KiB..1 TiB, got {arena_bytes}", "arena_bytes")
     if timeout <= 0:
         raise UsageError(f"{{timeout}} must be > 0 seconds, got {timeout}", "timeout")
     if isinstance(topology, str):
@@ -155,7 +159,7 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
     fabric = None
     if backend == "local":
         from netmorph.runtime.transport.shm import ShmFabric
-        fabric = ShmFabric(world)
+        fabric = ShmFabric(world, arena_bytes=arena_bytes)
     port = _free_port() if backend != "local" else 0
     link_cost = links.link_cost(topology, slow_links)
     procs, conns = [], {}

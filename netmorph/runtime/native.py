@@ -54,9 +54,13 @@ class NativeComm(CommBase):
         return tensor
 
     def reduce(self, tensor, dst, op="sum", group=None, algo="auto"):
+        """Only ``dst`` gets the result; the others' tensors stay as they were (gloo's reduce
+        scribbles partial sums into them, so they hand torch a copy) -- the contract of the
+        schedule-driven backends."""
         a = as_array(tensor)
+        work = a if self.rank == dst else a.copy()
         dist = dist_module()
-        self._native("reduce", a.nbytes, lambda: dist.reduce(to_torch(a), dst,
+        self._native("reduce", a.nbytes, lambda: dist.reduce(to_torch(work), dst,
                                                              op=getattr(dist.ReduceOp, _NATIVE_OPS[op]),
                                                              group=self._pg(group)))
         return tensor

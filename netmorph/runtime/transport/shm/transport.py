@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from netmorph.errors import UsageError
 from netmorph.runtime.transport import Work
 from netmorph.runtime.transport.shm.channel import Channels, InStream
 from netmorph.runtime.transport.shm.engine import ProgressEngine
@@ -39,10 +40,13 @@ class ShmTransport:
     # ------------------------------------------------------------ memory
     def alloc(self, nbytes: int) -> np.ndarray:
         """Bytes in this rank's registered arena (``ncclMemAlloc``-like): peers read them in place."""
+        if nbytes < 0:
+            raise UsageError(f"alloc: {{nbytes}} must be >= 0, got {nbytes}", "nbytes")
         start = -(-self.arena_top // 64) * 64
-        if start + nbytes > self.f.A:
-            raise MemoryError(f"registered arena of rank {self.rank} is full ({self.f.A:,} B); "
-                              f"pass arena_bytes= to launch")
+        limit = self.shared_top if self.rank == 0 else self.f.A      # rank 0's top holds shared() arrays
+        if start + nbytes > limit:
+            raise MemoryError(f"registered arena of rank {self.rank} is full ({limit - start:,} of {self.f.A:,} B "
+                              f"free, {nbytes:,} asked); pass a larger arena_bytes= to launch")
         self.arena_top = start + nbytes
         return self.f.arena(self.rank)[start:start + nbytes]
 
