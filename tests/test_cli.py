@@ -143,3 +143,17 @@ def test_tour_writes_every_section_and_figure(tmp_path, capsys):
         img = mpimg.imread(tmp_path / "rep" / png)                 # a real PNG, drawn on
         assert img.shape[0] > 300 and img.shape[1] > 400
         assert float(np.std(img[..., :3])) > 0.05, f"{png} is blank"
+
+
+def test_tour_write_check_follows_no_planted_link(tmp_path):
+    """Proving --out writable must not truncate what a link under a fixed name points at."""
+    import os
+
+    from netmorph.cli.tour import check_writable
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    out = tmp_path / "rep"
+    out.mkdir()
+    os.symlink(victim, out / ".netmorph-write-test")
+    check_writable(out)
+    assert victim.read_text() == "keep me" and sorted(os.listdir(out)) == [".netmorph-write-test"]

@@ -6,7 +6,9 @@ for now, the collectives.
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,13 +31,7 @@ def run(args) -> int:
     from netmorph.version import __version__
 
     out = Path(args.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".netmorph-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise UsageError(f"--out: cannot write to {out}: {e.strerror or e}") from None
+    check_writable(out)
 
     console = Console(soft_wrap=True)
     console.print(f"[bold]netmorph tour[/bold] -> {out}/index.html")
@@ -69,3 +65,15 @@ def run(args) -> int:
             console.print(f"  figure: {out / name}", highlight=False)
     console.print(f"\nwrote {out / 'index.html'} in {time.time() - t0:.1f} s", highlight=False)
     return 0
+
+
+def check_writable(out: Path) -> None:
+    """Make ``out`` and prove it writable before any work: a fresh name created exclusively
+    (``mkstemp``), so a link planted under a fixed name is never followed and truncated."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=out, prefix=".netmorph-write-test-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(f"--out: cannot write to {out}: {e.strerror or e}") from None
