@@ -44,6 +44,11 @@ def main() -> None:
         print(f"{dp:>3} {med['naive']:>9,.0f} {med['bucket']:>9,.0f} {med['no-overlap']:>10,.0f} "
               f"{med['ddp']:>9,.0f} {med['bound']:>9,.0f} {med['bucket'] / med['bound']:>12.0%} "
               f"{med['ddp'] / med['bound']:>9.0%}")
+    print("\n# 8 ranks, the same global batch of 32: 3D against pure data parallelism (tokens/s, step ms)")
+    for label, kw in (("dp8", dict(dp=8, microbatches=2)), ("tp2 pp2 dp2", dict(tp=2, pp=2, dp=2, microbatches=8)),
+                      ("tp2 pp2 dp2 ZeRO-1", dict(tp=2, pp=2, dp=2, zero=1, microbatches=8))):
+        out = train(TrainConfig(model=model, steps=args.steps // 2 + 1, dtype="float32", **kw))
+        print(f"{label:<20} {out['tokens_per_s']:>9,.0f} {out['step_time_s'] * 1e3:>8.1f} ms")
     print("\n# pipeline bubble, pp 4, 8 microbatches, 20 ms emulated compute per forward")
     print(f"{'schedule':<16} {'measured':>9} {'theory':>8}")
     for name, v in (("afab", 1), ("1f1b", 1), ("interleaved", 2)):
