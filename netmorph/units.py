@@ -22,6 +22,7 @@ _UNITS = {
 DTYPES = {"float": ("float32", 4), "float32": ("float32", 4), "half": ("float16", 2), "float16": ("float16", 2),
           "bfloat16": ("bfloat16", 2), "double": ("float64", 8), "float64": ("float64", 8),
           "int32": ("int32", 4), "int64": ("int64", 8), "int8": ("int8", 1), "uint8": ("uint8", 1)}
+MAX_SIZE = 1 << 50          # 1 PiB: past it counts overflow int64 element arithmetic
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -35,6 +36,8 @@ def parse_size(text: str, argument: str = "nbytes") -> int:
         raise UsageError(f"{{{argument}}}: unknown unit {m.group(2)!r} in {text!r} (use B, KB, MB, GB, KiB, MiB, GiB)",
                          argument)
     nbytes = value * _UNITS[unit]
+    if nbytes > MAX_SIZE:
+        raise UsageError(f"{{{argument}}}: {text!r} is more than 1 PiB", argument)
     if nbytes != int(nbytes):
         raise UsageError(f"{{{argument}}}: {text!r} is not a whole number of bytes", argument)
     return int(nbytes)

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent / "netmorph"
 
 # floors from the ground up (../shared/DESIGN.md); a room on floor k imports floors <= k only
 FLOORS = {
-    "errors": 0, "units": 0, "version": 0,
+    "errors": 0, "units": 0, "version": 0, "files": 0,
     "schedule": 1,
     "collectives": 2,
     "cost": 3,

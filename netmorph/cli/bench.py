@@ -59,12 +59,16 @@ def run(args) -> int:
     for flag in ("iters", "warmup"):
         if getattr(args, flag) < (1 if flag == "iters" else 0):
             raise UsageError(f"--{flag} must be >= {1 if flag == 'iters' else 0}")
-    if args.timeout <= 0:
-        raise UsageError("--timeout must be > 0 seconds")
+    if not 0 < args.timeout < 1e6:
+        raise UsageError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
     sizes = [parse_size(args.bytes)] if args.bytes is not None else parse_size_range(args.sizes)
     for n in sizes:
         if n % itemsize:
             raise UsageError(f"--bytes {n} is not a whole number of {numpy_dtype} elements")
+        per_rank = min(1 << 30, (8 << 30) // args.world) // 4          # the registered arena holds ~3 buffers
+        if n > per_rank:
+            raise UsageError(f"--bytes {n:,} is more than this machine's fabric holds per rank at world "
+                             f"{args.world} ({per_rank:,} B)")
     if args.backend == "torch-native":
         algos = ["native"]
     elif args.algo.lower() == "all":

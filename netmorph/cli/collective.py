@@ -50,8 +50,8 @@ def _topology(args):
     topo = load_topology(args.topology)
     over = {k: getattr(args, k) for k in ("alpha", "beta", "gamma") if getattr(args, k) is not None}
     for k, v in over.items():
-        if v < 0:
-            raise UsageError(f"--{k} must be >= 0, got {v}")
+        if not 0 <= v < 1e6:
+            raise UsageError(f"--{k} must be a number >= 0 (seconds), got {v}")
     if over:
         if not topo.flat:
             raise UsageError("--alpha/--beta/--gamma set the flat topology; for a two-level one write a JSON "
@@ -63,8 +63,8 @@ def _topology(args):
 
 def run(args) -> int:
     op = canonical_op(args.op)
-    if args.world < 1:
-        raise UsageError(f"--world must be >= 1, got {args.world}")
+    if not 1 <= args.world <= 16384:
+        raise UsageError(f"--world must be in 1..16384, got {args.world} (benchmarks/scale.py times larger rings)")
     dtype, itemsize = parse_dtype(args.dtype)
     sizes = [parse_size(args.bytes)] if args.bytes is not None else parse_size_range(args.sizes)
     for n in sizes:
@@ -76,8 +76,8 @@ def run(args) -> int:
         raise UsageError(f"--root must be in 0..{args.world - 1}, got {args.root}")
     kw = {"root": args.root} if op in ROOTED else {}
     if args.segments is not None:
-        if args.segments < 1:
-            raise UsageError(f"--segments must be >= 1, got {args.segments}")
+        if not 1 <= args.segments <= 1024:
+            raise UsageError(f"--segments must be in 1..1024, got {args.segments}")
         if op != "allreduce" or (mode not in ("all", "auto") and algos != ["double_binary_tree"]):
             raise UsageError("--segments applies only to allreduce --algo double_binary_tree (or all/auto)")
     topo = _topology(args)

@@ -22,6 +22,9 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    if not 1 <= args.world <= 1 << 20:
+        from netmorph.errors import UsageError
+        raise UsageError(f"--world must be in 1..{1 << 20}, got {args.world}")
     m = Mesh(args.world, tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, ep=args.ep, order=args.order)
     if args.rank is not None and not 0 <= args.rank < args.world:
         from netmorph.errors import UsageError

@@ -65,8 +65,8 @@ def _common(args):
             raise UsageError(f"--{k.replace('_', '-')} must be >= 0")
     for k in ("tp", "pp", "dp", "microbatch", "interleave", "gpus", "global_batch"):
         v = getattr(args, k)
-        if v is not None and v < 1:
-            raise UsageError(f"--{k.replace('_', '-')} must be >= 1, got {v}")
+        if v is not None and not 1 <= v <= 1 << 24:
+            raise UsageError(f"--{k.replace('_', '-')} must be in 1..{1 << 24:,}, got {v}")
     return model, hw
 
 
@@ -170,6 +170,10 @@ def _search(args, model, hw) -> int:
         raise UsageError("--gpus is required to search (how many devices to split over)")
     if args.global_batch is None:
         raise UsageError("--global-batch is required to search (sequences per iteration)")
+    for k in ("tp", "pp", "dp"):
+        v = getattr(args, k)
+        if v is not None and args.gpus % v:
+            raise UsageError(f"--{k} {v} does not divide --gpus {args.gpus}")
     from netmorph.planner.config import ParallelConfig
     base = ParallelConfig(dp_overlap=args.dp_overlap, param_bytes=args.param_bytes, grad_bytes=args.grad_bytes,
                           optimizer_bytes=args.optimizer_bytes)

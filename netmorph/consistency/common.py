@@ -57,14 +57,22 @@ class Config:
             raise UsageError(f"{{local_steps}} must be >= 1, got {self.local_steps}", "local_steps")
         if self.n_push < 1 or self.n_fetch < 1:
             raise UsageError("{n_push} and {n_fetch} must be >= 1", "n_push")
-        if self.lr <= 0:
-            raise UsageError(f"{{lr}} must be > 0, got {self.lr}", "lr")
-        if self.compute_ms < 0 or self.jitter < 0:
-            raise UsageError("{compute_ms} and {jitter} must be >= 0", "compute_ms")
+        if not 0 < self.lr < float("inf"):
+            raise UsageError(f"{{lr}} must be a positive number, got {self.lr}", "lr")
+        if not (0 <= self.compute_ms <= 1e4 and 0 <= self.jitter <= 1e3):
+            raise UsageError("{compute_ms} must be in [0, 10000] and {jitter} in [0, 1000]", "compute_ms")
+        if not 0 < self.timeout < 1e6:
+            raise UsageError(f"{{timeout}} must be a number of seconds > 0, got {self.timeout}", "timeout")
+        if self.batch is not None and not 1 <= self.batch <= 1 << 16:
+            raise UsageError(f"{{batch}} must be in 1..65536, got {self.batch}", "batch")
+        if not 0 <= self.seed < 2 ** 63:
+            raise UsageError(f"{{seed}} must be a non-negative integer, got {self.seed}", "seed")
+        if self.steps > 1_000_000:
+            raise UsageError(f"{{steps}} must be at most 1,000,000, got {self.steps}", "steps")
         if self.straggler is not None:
             r, f = self.straggler
-            if not 0 <= r < self.workers or f < 1:
-                raise UsageError(f"{{straggler}} RANK:FACTOR needs 0 <= RANK < {self.workers} and FACTOR >= 1, "
+            if not 0 <= r < self.workers or not 1 <= f <= 1000:
+                raise UsageError(f"{{straggler}} RANK:FACTOR needs 0 <= RANK < {self.workers} and 1 <= FACTOR <= 1000, "
                                  f"got {r}:{f}", "straggler")
 
 

@@ -32,13 +32,13 @@ Presets, with their sources:
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from netmorph.errors import UsageError
+from netmorph.files import read_json_object
 
 
 @dataclass(frozen=True)
@@ -127,11 +127,7 @@ def load_topology(name_or_file: str) -> Topology:
     if not path.exists():
         raise UsageError(f"{{topology}}: {name_or_file!r} is neither a preset ({', '.join(PRESETS)}) nor a file",
                          "topology")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise UsageError(f"{{topology}}: cannot read {name_or_file}: {e}",
-                         "topology") from None
+    data = read_json_object(path, "topology")
     fields = set(Topology.__dataclass_fields__)
     unknown = set(data) - fields
     if unknown:
@@ -145,9 +141,13 @@ def load_topology(name_or_file: str) -> Topology:
                          "topology") from None
     for k in ("alpha", "beta", "gamma", "alpha_inter", "beta_inter", "node_bandwidth"):
         v = getattr(topo, k)
-        if not isinstance(v, (int, float)) or v < 0:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e6:
             raise UsageError(f"{{topology}}: {name_or_file}: {k} must be a number >= 0, got {v!r}",
                              "topology")
+    for k in ("gpus_per_node", "nodes"):
+        v = getattr(topo, k)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 1 << 20:
+            raise UsageError(f"{{topology}}: {name_or_file}: {k} must be a whole number >= 0, got {v!r}", "topology")
     if not topo.flat and (topo.beta_inter <= 0 and topo.node_bandwidth <= 0):
         raise UsageError(f"{{topology}}: {name_or_file}: a two-level topology needs beta_inter or node_bandwidth",
                          "topology")

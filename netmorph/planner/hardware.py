@@ -18,12 +18,12 @@ DGX H100 system guides (NVSwitch bandwidth per GPU, InfiniBand NICs per node).
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from netmorph.cost.topology import Topology
 from netmorph.errors import UsageError
+from netmorph.files import read_json_object
 
 
 @dataclass(frozen=True)
@@ -67,11 +67,11 @@ def load_hardware(name_or_file: str, efficiency: float | None = None) -> Hardwar
         if not path.exists():
             raise UsageError(f"{{hardware}}: {name_or_file!r} is neither a preset ({', '.join(PRESETS)}) nor a file",
                              "hardware")
+        data = read_json_object(path, "hardware")
+        data.setdefault("name", path.stem)
         try:
-            data = json.loads(path.read_text())
-            data.setdefault("name", path.stem)
             hw = Hardware(**data)
-        except (OSError, json.JSONDecodeError, TypeError) as e:
+        except TypeError as e:
             raise UsageError(f"{{hardware}}: cannot use {name_or_file}: {e}; fields: "
                              f"{', '.join(asdict(PRESETS['a100-80g']))}", "hardware") from None
     if efficiency is not None:

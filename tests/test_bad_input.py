@@ -1,0 +1,67 @@
+"""Malformed values and files on every subcommand: exit 2 with one line naming the flag, never a
+traceback, never an unbounded run (each case was a traceback or a hang before)."""
+
+import json
+
+import pytest
+
+from netmorph.cli import main
+
+CASES = [
+    (["collective", "allreduce", "--world", "8", "--bytes", "1e30"], "--bytes"),
+    (["collective", "allreduce", "--world", "100000", "--bytes", "1KiB"], "--world"),
+    (["collective", "allreduce", "--world", "8", "--bytes", "1KiB", "--segments", "1000000000"], "--segments"),
+    (["collective", "allreduce", "--world", "8", "--bytes", "1KiB", "--alpha", "nan"], "--alpha"),
+    (["mesh", "--world", "1000000000"], "--world"),
+    (["plan", "--model", "gpt3-175b", "--gpus", "1024", "--global-batch", "1536", "--dp", "3"], "--dp"),
+    (["plan", "--model", "gpt3-175b", "--gpus", "1024", "--global-batch", "1536", "--dp",
+      "100000000000000000000"], "--dp"),
+    (["sgd", "--straggler", "1:inf", "--steps", "5"], "--straggler"),
+    (["sgd", "--batch", "-5", "--steps", "5"], "--batch"),
+    (["sgd", "--seed", "-1", "--steps", "5"], "--seed"),
+    (["sgd", "--lr", "nan", "--steps", "5"], "--lr"),
+    (["sgd", "--compare", "--plot", "/nonexistent/x.png", "--steps", "5"], "--plot"),
+    (["bench", "allreduce", "--world", "2", "--bytes", "1e30"], "--bytes"),
+    (["bench", "allreduce", "--world", "2", "--bytes", "1GiB"], "--bytes"),
+    (["bench", "allreduce", "--world", "2", "--bytes", "1KiB", "--timeout", "nan"], "--timeout"),
+]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("argv,flag", CASES, ids=lambda x: " ".join(x) if isinstance(x, list) else x)
+def test_bad_values_are_one_line_exit_2(argv, flag, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert flag in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+FILES = [
+    (b'{"alpha": "x", "beta": 1}', "alpha must be a number"),
+    (b"[1, 2]", "one JSON object"),
+    (b'{"alpha": 1e-6, "beta": 1e-9, "gpus_per_node": -4, "beta_inter": 1e-9}', "gpus_per_node"),
+    (b'{"alpha": NaN, "beta": 1e-9}', "alpha must be a number"),
+    (b"\xff\xfe", "not UTF-8"),
+    (b"[" * 100000, "cannot read it as JSON"),
+]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("data,words", FILES, ids=[w for _, w in FILES])
+def test_bad_topology_and_hardware_files(tmp_path, data, words, capsys):
+    f = tmp_path / "t.json"
+    f.write_bytes(data)
+    assert main(["collective", "allreduce", "--world", "8", "--bytes", "1KiB", "--topology", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "--topology" in err and words in err and len(err.strip().splitlines()) == 1
+    if words in ("one JSON object", "not UTF-8"):
+        assert main(["plan", "estimate", "--model", "gpt3-175b", "--hardware", str(f)]) == 2
+        assert "--hardware" in capsys.readouterr().err
+
+
+def test_devices_and_huge_files_are_refused_unread(tmp_path, capsys):
+    assert main(["collective", "allreduce", "--world", "8", "--bytes", "1KiB", "--topology", "/dev/zero"]) == 2
+    assert "not a regular file" in capsys.readouterr().err
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"alpha": 1e-6, "beta": 1e-9, "description": "x" * (2 << 20)}))
+    assert main(["collective", "allreduce", "--world", "8", "--bytes", "1KiB", "--topology", str(big)]) == 2
+    assert "at most" in capsys.readouterr().err
