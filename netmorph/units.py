@@ -1,7 +1,8 @@
 """Sizes and times in real units.
 
-Sizes follow nccl-tests and the SI/IEC split: ``KB/MB/GB`` are decimal
-(10^3, 10^6, 10^9), ``KiB/MiB/GiB`` binary. Bandwidths are decimal GB/s, as
+Sizes follow nccl-tests and the SI/IEC split: a bare ``K/M/G`` is binary as in
+nccl-tests (``-e 128M`` = 128·2^20 B), ``KiB/MiB/GiB`` binary, ``KB/MB/GB`` decimal
+(10^3, 10^6, 10^9). Bandwidths are decimal GB/s, as
 nccl-tests prints them.
 """
 
@@ -13,8 +14,8 @@ from netmorph.errors import UsageError
 
 _UNITS = {
     "": 1, "B": 1,
-    "K": 1000, "KB": 1000, "M": 1000**2, "MB": 1000**2, "G": 1000**3, "GB": 1000**3,
-    "T": 1000**4, "TB": 1000**4,
+    "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4,          # nccl-tests' -b 8 -e 128M: binary
+    "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4,
     "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3, "TIB": 1024**4,
 }
 # element types by nccl-tests' names and numpy's: name -> (numpy name, bytes per element).
@@ -33,7 +34,7 @@ def parse_size(text: str, argument: str = "nbytes") -> int:
         raise UsageError(f"{{{argument}}}: cannot parse size {text!r} (use e.g. 1024, 64KiB, 8MiB, 1GB)", argument)
     value, unit = float(m.group(1)), m.group(2).upper()
     if unit not in _UNITS:
-        raise UsageError(f"{{{argument}}}: unknown unit {m.group(2)!r} in {text!r} (use B, KB, MB, GB, KiB, MiB, GiB)",
+        raise UsageError(f"{{{argument}}}: unknown unit {m.group(2)!r} in {text!r} (use B, K, M, G (binary), KiB, MiB, GiB, or KB, MB, GB (decimal))",
                          argument)
     nbytes = value * _UNITS[unit]
     if nbytes > MAX_SIZE:

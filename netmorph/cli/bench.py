@@ -4,42 +4,97 @@ Every algorithm's schedule runs on ``--world`` OS processes over the chosen
 backend; each row shows measured time, algbw, busbw and ``#wrong`` beside the
 cost model's prediction, and (for the local fabric) torch.distributed's own
 collective on gloo measured on the same machine, plus the fraction of this
-machine's single-core memory-copy bandwidth.
+machine's single-core memory-copy bandwidth. nccl-tests' flags mean what they
+mean there (``all_reduce_perf -b 8 -e 128M -f 2 -n 20 -w 5 -c 1 -o sum -d float``);
+rows print as each size completes, then nccl-tests' footers.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import sys
 
 from netmorph.collectives import ALGORITHMS, ROOTED, canonical_op, check_algo
 from netmorph.errors import UsageError
+from netmorph.schedule import REDOPS
 from netmorph.units import DTYPES, parse_dtype, parse_size, parse_size_range
 
 # library parameters set by a flag of another name (the rest are --name)
 FLAGS = {"count": "--bytes", "nbytes": "--bytes"}
+CSV_FIELDS = ("op", "algo", "backend", "world", "bytes", "count", "type", "redop", "root", "time_s", "algbw_gbps",
+              "busbw_gbps", "wrong", "predicted_time_s", "of_memcpy")
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="measure collectives on real processes (nccl-tests style)",
                        description="Run each algorithm on --world processes and print nccl-tests' table "
-                                   "(time, algbw, busbw, #wrong) beside the cost model and gloo.")
+                                   "(time, algbw, busbw, #wrong) beside the cost model and gloo. nccl-tests' "
+                                   "flags -b -e -f -i -n -w -c -o -d -r are accepted with their meanings.")
     p.add_argument("op", help="allreduce, allgather, reduce_scatter, broadcast, reduce or alltoall")
-    p.add_argument("--world", "-p", type=int, required=True)
-    size = p.add_mutually_exclusive_group(required=True)
-    size.add_argument("--bytes", "-b", help="message size, e.g. 16MiB")
-    size.add_argument("--sizes", help="sweep MIN:MAX in powers of two, e.g. 1KiB:64MiB")
+    p.add_argument("--world", "-p", type=int, required=True, help="processes (ranks)")
+    p.add_argument("--bytes", "--minbytes", "-b", help="message size, or the sweep's smallest (nccl-tests -b); "
+                                                        "K/M/G binary as in nccl-tests, KB/MB/GB decimal")
+    p.add_argument("--maxbytes", "-e", help="the sweep's largest size (nccl-tests -e)")
+    p.add_argument("--stepfactor", "-f", type=int, help="multiply the size by this between rows (nccl-tests -f; "
+                                                         "default 2)")
+    p.add_argument("--stepbytes", "-i", help="add this many bytes between rows instead (nccl-tests -i)")
+    p.add_argument("--sizes", help="sweep MIN:MAX in powers of two, e.g. 1KiB:64MiB (= -b MIN -e MAX -f 2)")
     p.add_argument("--algo", default="all", help="algorithm, auto, or all (default)")
     p.add_argument("--backend", default="local", choices=("local", "torch", "torch-native"),
                    help="local shared memory (default), torch.distributed point-to-point, or torch's own collective")
-    p.add_argument("--iters", type=int, default=20, help="timed iterations per case (default 20)")
-    p.add_argument("--warmup", type=int, default=5, help="untimed iterations per case (default 5)")
-    p.add_argument("--dtype", default="float32", help=f"one of {', '.join(d for d in DTYPES if d != 'bfloat16')} (default float32)")
+    p.add_argument("--iters", "-n", type=int, default=20, help="timed iterations per case (default 20)")
+    p.add_argument("--warmup", "-w", type=int, default=5, help="untimed iterations per case (default 5)")
+    p.add_argument("--check", "-c", type=int, default=1, choices=(0, 1),
+                   help="1 (default): one checked run counts #wrong; 0: skip it (#wrong N/A)")
+    p.add_argument("--redop", "-o", default="sum", help=f"reduction: {', '.join(REDOPS)} (default sum)")
+    p.add_argument("--dtype", "--datatype", "-d", default="float32",
+                   help=f"one of {', '.join(d for d in DTYPES if d != 'bfloat16')} (default float32)")
+    p.add_argument("--root", "-r", type=int, default=0, help="root rank of broadcast and reduce (default 0)")
     p.add_argument("--topology", default="local-shm", help="cost model for the prediction column (default local-shm)")
     p.add_argument("--no-compare", action="store_true", help="skip the torch.distributed (gloo) comparison rows")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds a rank waits on a silent peer (default 30)")
-    p.add_argument("--json", action="store_true")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="one JSON list of every row, at the end")
+    out.add_argument("--csv", action="store_true", help="CSV rows as they complete, with a header")
     p.set_defaults(run=run, flags=FLAGS)
+
+
+def sizes_from(args) -> list[int]:
+    """nccl-tests' sweep: -b to -e, times -f (default 2) or plus -i; or --sizes; or one -b."""
+    if args.sizes is not None:
+        if args.bytes is not None or args.maxbytes is not None:
+            raise UsageError("--sizes replaces -b/-e: give one or the other")
+        return parse_size_range(args.sizes)
+    if args.bytes is None:
+        raise UsageError("give a size: --bytes/-b SIZE (with -e MAX for a sweep) or --sizes MIN:MAX")
+    lo = parse_size(args.bytes)
+    hi = parse_size(args.maxbytes, "maxbytes") if args.maxbytes is not None else lo
+    if hi < lo:
+        raise UsageError(f"--maxbytes {hi} is smaller than --bytes {lo}")
+    if args.stepfactor is not None and args.stepbytes is not None:
+        raise UsageError("--stepfactor/-f and --stepbytes/-i are alternatives: give one")
+    if args.stepbytes is not None:
+        step = parse_size(args.stepbytes, "stepbytes")
+        if step < 1:
+            raise UsageError("--stepbytes must be >= 1")
+        n = (hi - lo) // step + 1
+        if n > 64:
+            raise UsageError(f"--stepbytes {step} makes {n} sizes from {lo} to {hi}; at most 64")
+        return [lo + k * step for k in range(n)]
+    f = 2 if args.stepfactor is None else args.stepfactor
+    if f < 2 and hi > lo:
+        raise UsageError(f"--stepfactor must be >= 2, got {f}")
+    if lo == 0:
+        return [0] if hi == 0 else [0] + _geometric(1, hi, f)
+    return _geometric(lo, hi, f)
+
+
+def _geometric(lo, hi, f):
+    out = [lo]
+    while out[-1] * f <= hi and f > 1:
+        out.append(out[-1] * f)
+    return out
 
 
 def run(args) -> int:
@@ -56,16 +111,20 @@ def run(args) -> int:
     numpy_dtype, itemsize = parse_dtype(args.dtype)
     if numpy_dtype == "bfloat16":
         raise UsageError("--dtype bfloat16 has no numpy type to run on; pick float16 or float32")
+    if args.redop not in REDOPS:
+        raise UsageError(f"--redop/-o must be one of {', '.join(REDOPS)}, got {args.redop!r}")
+    if op in ROOTED and not 0 <= args.root < args.world:
+        raise UsageError(f"--root/-r must be in 0..{args.world - 1}, got {args.root}")
     for flag in ("iters", "warmup"):
-        if getattr(args, flag) < (1 if flag == "iters" else 0):
-            raise UsageError(f"--{flag} must be >= {1 if flag == 'iters' else 0}")
+        if not (1 if flag == "iters" else 0) <= getattr(args, flag) <= 100_000:
+            raise UsageError(f"--{flag} must be in {1 if flag == 'iters' else 0}..100000")
     if not 0 < args.timeout < 1e6:
         raise UsageError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
-    sizes = [parse_size(args.bytes)] if args.bytes is not None else parse_size_range(args.sizes)
+    sizes = sizes_from(args)
+    per_rank = min(1 << 30, (8 << 30) // args.world) // 4          # the registered arena holds ~3 buffers
     for n in sizes:
         if n % itemsize:
             raise UsageError(f"--bytes {n} is not a whole number of {numpy_dtype} elements")
-        per_rank = min(1 << 30, (8 << 30) // args.world) // 4          # the registered arena holds ~3 buffers
         if n > per_rank:
             raise UsageError(f"--bytes {n:,} is more than this machine's fabric holds per rank at world "
                              f"{args.world} ({per_rank:,} B)")
@@ -79,44 +138,74 @@ def run(args) -> int:
         algos = [check_algo(op, args.algo)]
     topo = load_topology(args.topology)
     compare = args.backend == "local" and not args.no_compare
-
-    rows = []
-    progress = _Progress(len(sizes))
-    try:
-        for n in sizes:
-            cases = [Case(op, a, n) for a in algos]
-            rows += measure(cases, args.world, args.backend, args.iters, args.warmup, numpy_dtype, args.timeout)
-            if compare:
-                rows += measure([Case(op, "native", n)], args.world, "torch-native", args.iters, args.warmup,
-                                numpy_dtype, args.timeout)
-            progress.advance()
-    finally:
-        progress.close()
     copy_bw = memcpy_bandwidth(max(sizes))
-    for r in rows:
+    root = args.root if op in ROOTED else 0
+    redop = args.redop if op in ("allreduce", "reduce", "reduce_scatter") else "none"
+
+    def finish(r):
         algo = r["algo"]
         if algo == "auto":
             algo = r["algo"] = auto_algo(op, args.world, r["bytes"], itemsize, PRESETS["local-shm"]) + " (auto)"
         base = algo.split(" ")[0]
-        if base in ALGORITHMS[op]:
-            r["predicted_time_s"] = predict(op, base, args.world, r["bytes"], topo, itemsize,
-                                            **({"root": 0} if op in ROOTED else {})).time
-        else:
-            r["predicted_time_s"] = None
+        r["predicted_time_s"] = (predict(op, base, args.world, r["bytes"], topo, itemsize,
+                                         **({"root": root} if op in ROOTED else {})).time
+                                 if base in ALGORITHMS[op] else None)
         r["of_memcpy"] = r["busbw_gbps"] / copy_bw if copy_bw else None
+        r["redop"], r["root"] = redop, root
+        return r
+
+    text = not (args.json or args.csv)
+    if text:
+        print(f"# netmorph bench {op}: world {args.world}, {numpy_dtype}, redop {redop}, root {root}, backend "
+              f"{args.backend}, {args.iters} iterations (+{args.warmup} warmup){'' if args.check else ', no check'}; "
+              f"slowest rank's mean")
+        print(f"# predicted: cost model on {topo.name}; memcpy: {copy_bw:.2f} GB/s on one core here")
+        print(header(MEASURED))
+    writer = None
+    if args.csv:
+        writer = csv.DictWriter(sys.stdout, CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+    rows = []
+    progress = _Progress(len(sizes))
+    try:
+        for n in sizes:
+            cases = [Case(op, a, n, args.redop, root, bool(args.check)) for a in algos]
+            here = measure(cases, args.world, args.backend, args.iters, args.warmup, numpy_dtype, args.timeout)
+            if compare:
+                here += measure([Case(op, "native", n, args.redop, root, bool(args.check))], args.world,
+                                "torch-native", args.iters, args.warmup, numpy_dtype, args.timeout)
+            for r in here:
+                finish(r)
+                if text:
+                    print(row(MEASURED, {**r, "wrong": r["wrong"] if r["wrong"] >= 0 else "N/A"}), flush=True)
+                elif writer is not None:
+                    writer.writerow(r)
+                    sys.stdout.flush()
+            rows += here
+            progress.advance()
+    finally:
+        progress.close()
     if args.json:
         json.dump(rows, sys.stdout, indent=1)
         sys.stdout.write("\n")
-        return 0
-    print(f"# netmorph bench {op}: world {args.world}, {numpy_dtype}, backend {args.backend}, "
-          f"{args.iters} iterations (+{args.warmup} warmup); slowest rank's mean")
-    print(f"# predicted: cost model on {topo.name}; memcpy: {copy_bw:.2f} GB/s on one core here")
-    print(header(MEASURED))
-    for r in rows:
-        print(row(MEASURED, r))
+    if text:
+        _footers(rows, sizes, compare, itemsize, args.world, bool(args.check))
+    bad = sum(r["wrong"] for r in rows if r["wrong"] > 0)
+    return 1 if bad else 0
+
+
+def _footers(rows, sizes, compare, itemsize, world, checked) -> None:
+    """nccl-tests' closing lines, per algorithm; then the local fabric against gloo, per size."""
+    bad = sum(r["wrong"] for r in rows if r["wrong"] > 0)
+    print(f"# Out of bounds values : {bad} {'OK' if not bad else 'FAILED'}" if checked
+          else "# Out of bounds values : N/A (--check 0)")
+    for algo in dict.fromkeys(r["algo"] for r in rows):
+        mine = [r["busbw_gbps"] for r in rows if r["algo"] == algo]
+        backend = next(r["backend"] for r in rows if r["algo"] == algo)
+        print(f"# Avg bus bandwidth    : {sum(mine) / len(mine):.3f}  ({algo}, {backend}, {len(mine)} sizes)")
     if compare:
         for n in sizes:
-            here = [r for r in rows if r["bytes"] == n or abs(r["bytes"] - n) < itemsize * args.world]
+            here = [r for r in rows if r["bytes"] == n or abs(r["bytes"] - n) < itemsize * world]
             gloo = [r for r in here if r["backend"] == "torch-native"]
             mine = [r for r in here if r["backend"] == "local"]
             if gloo and mine and gloo[0]["busbw_gbps"] > 0:
@@ -124,8 +213,6 @@ def run(args) -> int:
                 print(f"# {n} B: best local {best['algo']} {best['busbw_gbps']:.2f} GB/s busbw = "
                       f"{best['busbw_gbps'] / gloo[0]['busbw_gbps']:.1f}x gloo; time "
                       f"{min(r['time_s'] for r in mine) * 1e6:.1f} us vs {gloo[0]['time_s'] * 1e6:.1f} us")
-    bad = sum(r["wrong"] for r in rows)
-    return 1 if bad else 0
 
 
 class _Progress:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from netmorph.collectives import bandwidths
+from netmorph.schedule import REDOPS
 from netmorph.runtime.launch import launch
 
 
@@ -23,28 +24,39 @@ class Case:
     op: str
     algo: str          # an algorithm name, "auto", or "native" (torch.distributed's own)
     nbytes: int
+    redop: str = "sum"  # nccl-tests' -o
+    root: int = 0       # nccl-tests' -r (broadcast, reduce)
+    check: bool = True  # nccl-tests' -c: one checked run before the timed ones
 
 
-def _inputs(op, p, rank, count, dtype):
-    """(buffers for the call, expected output, the output array to check)."""
+def _contribution(op, redop, rank, count, dtype):
+    """Rank ``rank``'s input to a reduction: small integers, so every sum, max, min and (powers of
+    two) product is exact in every type and the check is equality."""
     i = np.arange(count)
-    if op in ("allreduce", "reduce"):
-        x = ((rank + 1) + (i % 13)).astype(dtype)
-        want = (p * (p + 1) // 2 + p * (i % 13)).astype(dtype)
-        return x, want
+    if redop == "prod":
+        return ((rank + i) % 2 + 1).astype(dtype)
+    return ((rank + 1) + (i % 13)).astype(dtype)
+
+
+def _inputs(op, p, rank, count, dtype, redop="sum", root=0):
+    """(this rank's input, the expected output)."""
+    i = np.arange(count)
+    if op in ("allreduce", "reduce", "reduce_scatter"):
+        ufunc = REDOPS[redop]
+        x = _contribution(op, redop, rank, count, dtype)
+        full = ufunc.reduce(np.stack([_contribution(op, redop, r, count, dtype) for r in range(p)]), axis=0)
+        if op == "reduce_scatter":
+            n = count // p
+            return x, full[rank * n:(rank + 1) * n]
+        return x, full.astype(dtype)
     if op == "broadcast":
-        x = ((i % 13) + 1).astype(dtype) if rank == 0 else np.zeros(count, dtype)
+        x = ((i % 13) + 1).astype(dtype) if rank == root else np.zeros(count, dtype)
         return x, ((i % 13) + 1).astype(dtype)
     if op == "allgather":
         n = count // p
         x = ((rank + 1) + (np.arange(n) % 13)).astype(dtype)
         want = np.concatenate([((r + 1) + (np.arange(n) % 13)) for r in range(p)]).astype(dtype)
         return x, want
-    if op == "reduce_scatter":
-        x = ((rank + 1) + (i % 13)).astype(dtype)
-        n = count // p
-        full = (p * (p + 1) // 2 + p * (i % 13)).astype(dtype)
-        return x, full[rank * n:(rank + 1) * n]
     if op == "alltoall":
         n = count // p
         x = (rank * 1000 + np.arange(count) % 997).astype(dtype)
@@ -60,16 +72,16 @@ def _reg(comm, a):
     return r
 
 
-def _call(comm, op, algo, x, count, p):
+def _call(comm, op, algo, x, count, p, redop="sum", root=0):
     kw = {} if algo == "native" else {"algo": algo}
     if op == "allreduce":
-        comm.all_reduce(x, **kw)
+        comm.all_reduce(x, op=redop, **kw)
         return x
     if op == "reduce":
-        comm.reduce(x, 0, **kw)
+        comm.reduce(x, root, op=redop, **kw)
         return x
     if op == "broadcast":
-        comm.broadcast(x, 0, **kw)
+        comm.broadcast(x, root, **kw)
         return x
     if op == "allgather":
         out = comm.alloc(count, x.dtype)
@@ -77,7 +89,7 @@ def _call(comm, op, algo, x, count, p):
         return out
     if op == "reduce_scatter":
         out = comm.alloc(count // p, x.dtype)
-        comm.reduce_scatter_tensor(out, x, **kw)
+        comm.reduce_scatter_tensor(out, x, op=redop, **kw)
         return out
     if op == "alltoall":
         out = comm.alloc(x.shape, x.dtype)
@@ -94,20 +106,19 @@ def _rank_fn(comm, cases, iters, warmup, dtype):
         count = c.nbytes // itemsize
         if c.op in ("allgather", "reduce_scatter", "alltoall"):
             count -= count % p
-        x, want = _inputs(c.op, p, rank, count, dtype)
-        got = _call(comm, c.op, c.algo, _reg(comm, x), count, p)
-        if c.op == "reduce" and rank != 0:
-            wrong = 0
-        else:
-            wrong = int((got != want).sum())
-        comm.free_all()
-        x = _reg(comm, np.zeros_like(x))      # timed runs sum zeros: no overflow, same memory traffic
+        x, want = _inputs(c.op, p, rank, count, dtype, c.redop, c.root)
+        wrong = -1                            # -1: not checked (-c 0)
+        if c.check:
+            got = _call(comm, c.op, c.algo, _reg(comm, x), count, p, c.redop, c.root)
+            wrong = 0 if c.op == "reduce" and rank != c.root else int((got != want).sum())
+            comm.free_all()
+        x = _reg(comm, np.zeros_like(x))      # timed runs reduce zeros: no overflow, same memory traffic
         for _ in range(warmup):
-            _call(comm, c.op, c.algo, x, count, p)
+            _call(comm, c.op, c.algo, x, count, p, c.redop, c.root)
         comm.barrier()
         t0 = time.perf_counter()
         for _ in range(iters):
-            _call(comm, c.op, c.algo, x, count, p)
+            _call(comm, c.op, c.algo, x, count, p, c.redop, c.root)
         t = (time.perf_counter() - t0) / iters
         comm.barrier()
         comm.free_all()
@@ -122,7 +133,7 @@ def measure(cases, world: int, backend: str = "local", iters: int = 20, warmup: 
     rows = []
     for k, c in enumerate(cases):
         t = max(r[k][0] for r in results)
-        wrong = sum(r[k][1] for r in results)
+        wrong = -1 if not c.check else sum(r[k][1] for r in results)
         itemsize = np.dtype(dtype).itemsize
         nbytes = c.nbytes - (c.nbytes // itemsize % world) * itemsize if c.op in (
             "allgather", "reduce_scatter", "alltoall") else c.nbytes
