@@ -15,9 +15,11 @@ from netmorph.collectives import ALGORITHMS, OPS, build
 from netmorph.cost.topology import Topology, load_topology
 from netmorph.cost.simulate import simulate
 from netmorph.mesh import Mesh
+from netmorph.runtime import Fault, LaunchError, init_from_env, launch
+from netmorph.runtime.base import ReduceOp
 from netmorph.version import __version__
 
 __all__ = [
-    "ALGORITHMS", "OPS", "Counts", "Mesh", "Round", "Schedule", "Topology",
-    "UsageError", "build", "count", "execute", "load_topology", "simulate",
+    "ALGORITHMS", "OPS", "Counts", "Fault", "LaunchError", "Mesh", "ReduceOp", "Round", "Schedule", "Topology",
+    "UsageError", "build", "count", "execute", "init_from_env", "launch", "load_topology", "simulate",
 ]

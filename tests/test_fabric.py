@@ -290,3 +290,50 @@ def _reduce_contract(comm):
 def test_reduce_leaves_non_roots_untouched_on_every_backend(backend):
     res = launch(_reduce_contract, 3, backend=backend, timeout=30)
     assert res == [[6.0] * 4, [2.0] * 4, [3.0] * 4]
+
+
+def _surface(comm):
+    import torch
+    import torch.distributed as dist
+
+    import netmorph
+    out = {}
+    for name, op in (("str", "sum"), ("upper", "SUM"), ("enum", netmorph.ReduceOp.MAX), ("torch", dist.ReduceOp.MIN),
+                     ("avg", netmorph.ReduceOp.AVG), ("product", "product")):
+        x = torch.full((4,), float(comm.rank + 1), dtype=torch.float64)
+        work = comm.all_reduce(x, op=op, async_op=True)
+        out[name] = (work.wait(), work.is_completed(), float(x[0]))
+    y = np.zeros(2, np.float32)
+    comm.reduce_scatter_tensor(y, np.full(2 * comm.world, comm.rank + 1.0, np.float32), op="avg")
+    out["rs_avg"] = float(y[0])
+    return out
+
+
+@pytest.mark.parametrize("backend", ["local", "torch-native"])
+def test_torch_distributed_surface_reduce_ops_and_async(backend):
+    """ReduceOp as strings, netmorph's enum or torch's own; AVG; async_op handles (already complete)."""
+    res = launch(_surface, 3, backend=backend, timeout=30)
+    want = {"str": 6.0, "upper": 6.0, "enum": 3.0, "torch": 1.0, "avg": 2.0, "product": 6.0}
+    for r in res:
+        assert {k: v[2] for k, v in r.items() if k in want} == want
+        assert all(v[0] is True and v[1] is True for k, v in r.items() if k in want)
+        assert r["rs_avg"] == 2.0
+
+
+def _closing(comm):
+    with comm as c:
+        c.barrier()
+    comm.close()                                    # idempotent
+    return comm.transport is None
+
+
+def test_comm_closes_as_a_context_manager():
+    assert launch(_closing, 2, timeout=20) == [True, True]
+
+
+def test_the_runtime_is_reachable_from_the_top():
+    import netmorph
+    assert netmorph.launch(lambda comm: comm.rank, 2) == [0, 1]
+    assert callable(netmorph.init_from_env) and netmorph.Fault("kill", 0).kind == "kill"
+    with pytest.raises(netmorph.LaunchError, match="AVG needs a floating-point tensor, got int32"):
+        netmorph.launch(lambda comm: comm.all_reduce(np.ones(2, np.int32), op="avg"), 2)

@@ -14,7 +14,7 @@ emulation), ``ledger``, ``bench`` (nccl-tests-style measurement) and
 ``transport/`` (``shm/`` the local fabric, ``torchdist`` torch point-to-point).
 """
 
-from netmorph.runtime.base import Group
+from netmorph.runtime.base import Group, ReduceOp
 from netmorph.runtime.faults import Fault
 from netmorph.runtime.launch import LaunchError, RankFailure, launch
 from netmorph.runtime.ledger import Ledger
@@ -27,5 +27,5 @@ def init_from_env(backend: str = "torch", timeout: float = 60.0):
     return join(backend, timeout)
 
 
-__all__ = ["FabricError", "Fault", "Group", "LaunchError", "Ledger", "PeerLost", "PeerTimeout", "RankFailure",
+__all__ = ["FabricError", "Fault", "Group", "ReduceOp", "LaunchError", "Ledger", "PeerLost", "PeerTimeout", "RankFailure",
            "init_from_env", "launch"]

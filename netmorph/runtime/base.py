@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import time
 from contextlib import contextmanager
+from enum import Enum
 
 import numpy as np
 
@@ -28,6 +29,45 @@ def _numpy_dtypes():
     import torch
     for name in ("float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool"):
         _NUMPY_DTYPE[getattr(torch, name)] = np.dtype(name)
+
+
+class ReduceOp(str, Enum):
+    """``torch.distributed.ReduceOp``'s names: every reduction argument also takes these, torch's own
+    members (``dist.ReduceOp.SUM``) and the strings ``"sum"``, ``"avg"``, ``"prod"``, ``"min"``, ``"max"``."""
+
+    SUM = "sum"
+    AVG = "avg"
+    PRODUCT = "prod"
+    MIN = "min"
+    MAX = "max"
+
+
+_REDOP_NAMES = {"sum": "sum", "avg": "avg", "prod": "prod", "product": "prod", "min": "min", "max": "max"}
+
+
+def canonical_redop(op) -> str:
+    """``"sum" | "avg" | "prod" | "min" | "max"`` for a string, a :class:`ReduceOp` or torch's ``ReduceOp``."""
+    if isinstance(op, ReduceOp):
+        return op.value
+    name = getattr(op, "name", op)               # torch.distributed.ReduceOp.SUM has .name == "SUM"
+    key = str(name).lower()
+    if key not in _REDOP_NAMES:
+        raise UsageError(f"{{op}} must be one of SUM, AVG, PRODUCT, MIN, MAX (or their lower-case names), "
+                         f"got {op!r}", "op")
+    return _REDOP_NAMES[key]
+
+
+class CompletedWork:
+    """What ``async_op=True`` returns: the collective has already run (netmorph's collectives are
+    blocking), so ``wait()`` returns at once -- the handle exists so torch-style code runs unchanged."""
+
+    keep = None
+
+    def wait(self, timeout=None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
 
 
 class Group:
@@ -91,6 +131,18 @@ class CommBase:
         self.faults = [f for f in faults if f.rank == rank]
 
     # torch.distributed spellings
+    def close(self) -> None:
+        """``destroy_process_group`` for this communicator: release the transport (idempotent)."""
+        if self.transport is not None:
+            self.transport.close()
+            self.transport = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def get_rank(self, group: Group | None = None) -> int:
         return self.rank if group is None else group.index[self.rank]
 

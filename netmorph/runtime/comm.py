@@ -21,11 +21,11 @@ from netmorph.collectives import check_algo
 from netmorph.cost.topology import PRESETS, Topology
 from netmorph.cost.tuner import auto_algo
 from netmorph.errors import UsageError
-from netmorph.runtime.base import CommBase, Group, as_array
+from netmorph.runtime.base import CommBase, CompletedWork, Group, ReduceOp, as_array, canonical_redop
 from netmorph.runtime.interpreter import Call, interpret, program
 from netmorph.schedule import REDOPS
 
-__all__ = ["Comm", "Group", "as_array"]
+__all__ = ["Comm", "Group", "ReduceOp", "as_array"]
 
 
 class Comm(CommBase):
@@ -46,8 +46,7 @@ class Comm(CommBase):
     def _run(self, op, algo, g: Group, count, arr_dtype, regions, redop="sum", root=0, splits=None):
         seq = self._begin()
         itemsize = np.dtype(arr_dtype).itemsize
-        if redop not in REDOPS:
-            raise UsageError(f"{{op}} must be one of {', '.join(REDOPS)}, got {redop!r}", "op")
+        redop = "sum" if redop == "avg" else redop           # averages are sums the caller divides
         call = Call(op, self._algo(op, algo, g.size(), count * itemsize, itemsize), g.size(), count, itemsize,
                     root, splits)
         interpret(self.transport, self.ledger, call, g.ranks, g.index[self.rank], regions, REDOPS[redop], seq,
@@ -55,32 +54,41 @@ class Comm(CommBase):
         return call.algo
 
     # ------------------------------------------------------------ collectives
-    def all_reduce(self, tensor, op: str = "sum", group: Group | None = None, algo: str = "auto"):
-        """In place, like ``torch.distributed.all_reduce``. Returns the tensor."""
+    def all_reduce(self, tensor, op="sum", group: Group | None = None, algo: str = "auto", async_op: bool = False):
+        """In place, like ``torch.distributed.all_reduce``. Returns the tensor, or with ``async_op``
+        a completed work handle."""
         a = as_array(tensor)
         g = self._group(group)
+        op = _redop(op, a)
         if g.size() > 1:
             self._run("allreduce", algo, g, len(a), a.dtype, [(0, a)], op)
-        return tensor
+            if op == "avg":
+                a /= g.size()
+        return CompletedWork() if async_op else tensor
 
-    def reduce(self, tensor, dst: int, op: str = "sum", group: Group | None = None, algo: str = "auto"):
+    def reduce(self, tensor, dst: int, op="sum", group: Group | None = None, algo: str = "auto",
+               async_op: bool = False):
         """Only ``dst`` (a global rank) gets the result; other ranks' tensors are left unchanged."""
         a = as_array(tensor)
         g = self._group(group)
+        op = _redop(op, a)
         if g.size() > 1:
             root = g.index[dst]
             work = a if self.rank == dst else a.copy()
             self._run("reduce", algo, g, len(a), a.dtype, [(0, work)], op, root=root)
-        return tensor
+            if op == "avg" and self.rank == dst:
+                a /= g.size()
+        return CompletedWork() if async_op else tensor
 
-    def broadcast(self, tensor, src: int, group: Group | None = None, algo: str = "auto"):
+    def broadcast(self, tensor, src: int, group: Group | None = None, algo: str = "auto", async_op: bool = False):
         a = as_array(tensor)
         g = self._group(group)
         if g.size() > 1:
             self._run("broadcast", algo, g, len(a), a.dtype, [(0, a)], root=g.index[src])
-        return tensor
+        return CompletedWork() if async_op else tensor
 
-    def all_gather_into_tensor(self, output, input, group: Group | None = None, algo: str = "auto"):
+    def all_gather_into_tensor(self, output, input, group: Group | None = None, algo: str = "auto",
+                               async_op: bool = False):
         """``output`` (p·n elements) gets every rank's ``input`` (n elements) in rank order."""
         out, inp = as_array(output), as_array(input)
         g = self._group(group)
@@ -92,7 +100,7 @@ class Comm(CommBase):
         out[me * n:(me + 1) * n] = inp
         if p > 1:
             self._run("allgather", algo, g, len(out), out.dtype, [(0, out)])
-        return output
+        return CompletedWork() if async_op else output
 
     def all_gather(self, tensor_list, tensor, group: Group | None = None, algo: str = "auto"):
         """List form: ``tensor_list[i]`` gets rank i's ``tensor``."""
@@ -103,26 +111,29 @@ class Comm(CommBase):
             as_array(t)[:] = flat[i * len(inp):(i + 1) * len(inp)]
         return tensor_list
 
-    def reduce_scatter_tensor(self, output, input, op: str = "sum", group: Group | None = None,
-                              algo: str = "auto"):
+    def reduce_scatter_tensor(self, output, input, op="sum", group: Group | None = None,
+                              algo: str = "auto", async_op: bool = False):
         """``output`` (n elements) gets block ``rank`` of the reduction of every ``input`` (p·n)."""
         out, inp = as_array(output), as_array(input)
         g = self._group(group)
+        op = _redop(op, out)
         p, me = g.size(), g.index[self.rank]
         if len(inp) != p * len(out):
             raise UsageError(f"reduce_scatter: {{input}} has {len(inp)} elements, need world*output = "
                              f"{p * len(out)}", "input")
         if p == 1:
             out[:] = inp
-            return output
+            return CompletedWork() if async_op else output
         work = inp.copy()          # the schedule reduces in place; the caller's input stays intact
         self._run("reduce_scatter", algo, g, len(work), work.dtype, [(0, work)], op)
         n = len(out)
         out[:] = work[me * n:(me + 1) * n]
-        return output
+        if op == "avg":
+            out /= p
+        return CompletedWork() if async_op else output
 
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None,
-                          group: Group | None = None, algo: str = "auto"):
+                          group: Group | None = None, algo: str = "auto", async_op: bool = False):
         """``torch.distributed.all_to_all_single``: block i of ``input`` goes to rank i.
 
         Split sizes are element counts along the flat tensor; every rank must pass
@@ -154,11 +165,18 @@ class Comm(CommBase):
             s, _ = program(Call("alltoall", "bruck", p, len(inp), out.itemsize, 0, splits), me)
             regions.append((send_total + len(out), np.empty(int(s.buf_len[me]) - send_total - len(out), out.dtype)))
         self._run("alltoall", algo, g, len(inp), out.dtype, regions, splits=splits)
-        return output
+        return CompletedWork() if async_op else output
 
     def barrier(self, group: Group | None = None) -> None:
         """A 1-element recursive-doubling all-reduce (log2 p rounds)."""
         self.all_reduce(np.zeros(1, dtype=np.int32), group=group, algo="recursive_doubling")
+
+
+def _redop(op, a: np.ndarray) -> str:
+    op = canonical_redop(op)
+    if op == "avg" and a.dtype.kind != "f":
+        raise UsageError(f"{{op}} AVG needs a floating-point tensor, got {a.dtype}", "op")
+    return op
 
 
 def _splits(sizes, n, p, name):

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import time
 
-from netmorph.runtime.base import CommBase, as_array
+from netmorph.runtime.base import CommBase, CompletedWork, as_array, canonical_redop
 from netmorph.runtime.transport.torchdist import dist_module, lost_peer, to_torch
 
-_NATIVE_OPS = {"sum": "SUM", "prod": "PRODUCT", "max": "MAX", "min": "MIN"}
+_NATIVE_OPS = {"sum": "SUM", "avg": "SUM", "prod": "PRODUCT", "max": "MAX", "min": "MIN"}   # gloo has no AVG
 
 
 class NativeComm(CommBase):
@@ -40,55 +40,65 @@ class NativeComm(CommBase):
     def _pg(self, group):
         return None if group is None else group.pg
 
-    def all_reduce(self, tensor, op="sum", group=None, algo="auto"):
+    def all_reduce(self, tensor, op="sum", group=None, algo="auto", async_op=False):
         a = as_array(tensor)
+        op = canonical_redop(op)
         dist = dist_module()
         self._native("allreduce", a.nbytes,
                      lambda: dist.all_reduce(to_torch(a), op=getattr(dist.ReduceOp, _NATIVE_OPS[op]),
                                              group=self._pg(group)))
-        return tensor
+        if op == "avg":
+            a /= self.get_world_size(group)
+        return CompletedWork() if async_op else tensor
 
-    def broadcast(self, tensor, src, group=None, algo="auto"):
+    def broadcast(self, tensor, src, group=None, algo="auto", async_op=False):
         a = as_array(tensor)
         self._native("broadcast", a.nbytes, lambda: dist_module().broadcast(to_torch(a), src, group=self._pg(group)))
-        return tensor
+        return CompletedWork() if async_op else tensor
 
-    def reduce(self, tensor, dst, op="sum", group=None, algo="auto"):
+    def reduce(self, tensor, dst, op="sum", group=None, algo="auto", async_op=False):
         """Only ``dst`` gets the result; the others' tensors stay as they were (gloo's reduce
         scribbles partial sums into them, so they hand torch a copy) -- the contract of the
         schedule-driven backends."""
         a = as_array(tensor)
+        op = canonical_redop(op)
         work = a if self.rank == dst else a.copy()
         dist = dist_module()
         self._native("reduce", a.nbytes, lambda: dist.reduce(to_torch(work), dst,
                                                              op=getattr(dist.ReduceOp, _NATIVE_OPS[op]),
                                                              group=self._pg(group)))
-        return tensor
+        if op == "avg" and self.rank == dst:
+            a /= self.get_world_size(group)
+        return CompletedWork() if async_op else tensor
 
-    def all_gather_into_tensor(self, output, input, group=None, algo="auto"):
+    def all_gather_into_tensor(self, output, input, group=None, algo="auto", async_op=False):
         out, inp = as_array(output), as_array(input)
         self._native("allgather", out.nbytes,
                      lambda: dist_module().all_gather_into_tensor(to_torch(out), to_torch(inp), group=self._pg(group)))
-        return output
+        return CompletedWork() if async_op else output
 
-    def reduce_scatter_tensor(self, output, input, op="sum", group=None, algo="auto"):
+    def reduce_scatter_tensor(self, output, input, op="sum", group=None, algo="auto", async_op=False):
         out, inp = as_array(output), as_array(input)
+        op = canonical_redop(op)
         dist = dist_module()
         # gloo has no reduce_scatter_tensor; all-reduce then keep our block (what torch users do on gloo)
         me = self.get_rank(group)
+
         def call():
             work = inp.copy()
             dist.all_reduce(to_torch(work), op=getattr(dist.ReduceOp, _NATIVE_OPS[op]), group=self._pg(group))
             out[:] = work[me * len(out):(me + 1) * len(out)]
+            if op == "avg":
+                out[:] /= self.get_world_size(group)
         self._native("reduce_scatter", inp.nbytes, call)
-        return output
+        return CompletedWork() if async_op else output
 
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, group=None,
-                          algo="auto"):
+                          algo="auto", async_op=False):
         out, inp = as_array(output), as_array(input)
         self._native("alltoall", inp.nbytes, lambda: dist_module().all_to_all_single(
             to_torch(out), to_torch(inp), output_split_sizes, input_split_sizes, group=self._pg(group)))
-        return output
+        return CompletedWork() if async_op else output
 
     def barrier(self, group=None):
         self._native("barrier", 0, lambda: dist_module().barrier(group=self._pg(group)))
