@@ -166,3 +166,28 @@ def test_model_state_memory_equals_the_planners_formula(kw):
         assert out["memory_bytes"][k] == want[k], k
     act = out["memory_bytes"]["activations_peak"]
     assert act is None if cfg.zero >= 3 else 0.2 < act / want["activations"] < 5
+
+
+@pytest.mark.parametrize("d", [2, 3, 4])
+def test_a_bucket_waits_for_every_parameter_it_holds_elements_of(d):
+    """Bucket cuts round down to a multiple of d, so a bucket can hold the tail of an earlier
+    parameter: that parameter must be a member (the bucket is reduced only once its gradient is
+    in), and every element of the buffer is in exactly one bucket."""
+    from netmorph.models.gpt import GPTStage
+    from netmorph.parallel.data_parallel import DataParallelBucket
+    from netmorph.parallel.flat import FlatParams
+    from netmorph.runtime.base import Group
+    flat = FlatParams(GPTStage(TINY).parameters(), pad_to=d)
+    dp = DataParallelBucket(None, Group(range(d)), flat, bucket_mb=0.01, overlap=False)
+    assert len(dp.buckets) > 3
+    covered = []
+    for lo, hi, members in dp.buckets:
+        assert (hi - lo) % d == 0 and lo < hi
+        spans = sorted(flat.span(p) for p in members)
+        assert spans[0][0] <= lo and all(a < hi and lo < b for a, b in spans)
+        assert all(b == a2 for (_, b), (a2, _) in zip(spans, spans[1:]))      # contiguous members
+        assert min(hi, flat.numel) <= spans[-1][1] or hi == flat.padded
+        covered.append((lo, hi))
+    covered.sort()
+    assert covered[0][0] == 0 and covered[-1][1] == flat.padded
+    assert all(b == a2 for (_, b), (a2, _) in zip(covered, covered[1:]))

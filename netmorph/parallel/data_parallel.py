@@ -57,24 +57,23 @@ class DataParallelBucket:
         self.overlap = overlap and self.d > 1
         isz = flat.grad.element_size()
         cap = max(self.d, int(bucket_mb * 2**20 / isz) // self.d * self.d)
-        # buckets over the flat buffer from its end (backward produces the last layers' grads first)
-        self.buckets, bounds = [], []
-        hi = flat.padded
-        members = []
+        # buckets over the flat buffer from its end (backward produces the last layers' grads first);
+        # a cut rounds down to a multiple of d, so a bucket may hold the tail of the parameter before
+        # it: every parameter a bucket overlaps is a member, and the bucket waits for all of them
+        ranges, hi = [], flat.padded
         for p in reversed(flat.params):
             lo_p, _ = flat.span(p)
-            members.append(p)
             if hi - lo_p >= cap:
                 lo = lo_p - lo_p % self.d
-                self.buckets.append((lo, hi, members))
-                bounds.append(lo)
-                hi, members = lo, []
-        if members or hi > 0:
-            self.buckets.append((0, hi, members))
-        self.bucket_of = {}
+                ranges.append((lo, hi))
+                hi = lo
+        if hi > 0 or not ranges:
+            ranges.append((0, hi))
+        self.buckets = [(lo, hi, [p for p in flat.params if _overlaps(flat.span(p), lo, hi)]) for lo, hi in ranges]
+        self.bucket_of = {}                   # id(param) -> the buckets it has elements in
         for b, (_, _, ps) in enumerate(self.buckets):
             for p in ps:
-                self.bucket_of[id(p)] = b
+                self.bucket_of.setdefault(id(p), []).append(b)
         self.pending = [0] * len(self.buckets)
         self.armed = False
         self.errors = []
@@ -113,10 +112,10 @@ class DataParallelBucket:
     def _ready(self, p) -> None:
         if not self.armed:
             return
-        b = self.bucket_of[id(p)]
-        self.pending[b] -= 1
-        if self.pending[b] == 0:
-            self.q.put(b)
+        for b in self.bucket_of[id(p)]:
+            self.pending[b] -= 1
+            if self.pending[b] == 0:
+                self.q.put(b)
 
     def arm(self) -> None:
         """The next backward is the step's last: launch each bucket as soon as its gradients are in."""
@@ -127,7 +126,6 @@ class DataParallelBucket:
         if self.d == 1:
             return
         if self.overlap:
-            launched = [b for b, n in enumerate(self.pending) if n == 0]
             for b, n in enumerate(self.pending):
                 if n != 0:                   # a parameter got no gradient this step: reduce its bucket now
                     self.q.put(b)
@@ -135,7 +133,6 @@ class DataParallelBucket:
             self.armed = False
             if self.errors:
                 raise self.errors[0]
-            del launched
             return
         self.flat.collect_grads()
         for b in range(len(self.buckets)):
@@ -147,3 +144,7 @@ class DataParallelBucket:
         if self.thread is not None:
             self.q.put(None)
             self.thread.join(5.0)
+
+
+def _overlaps(span, lo: int, hi: int) -> bool:
+    return span[0] < hi and lo < span[1]
