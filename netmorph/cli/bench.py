@@ -121,7 +121,8 @@ def run(args) -> int:
     if not 0 < args.timeout < 1e6:
         raise UsageError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
     sizes = sizes_from(args)
-    per_rank = min(1 << 30, (8 << 30) // args.world) // 4          # the registered arena holds ~3 buffers
+    from netmorph.runtime.transport.shm.mapping import default_arena_bytes
+    per_rank = default_arena_bytes(args.world) // 4                  # the registered arena holds ~3 buffers
     for n in sizes:
         if n % itemsize:
             raise UsageError(f"--bytes {n} is not a whole number of {numpy_dtype} elements")

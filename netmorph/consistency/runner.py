@@ -7,7 +7,6 @@ evaluated here, after the run.
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
 
@@ -59,18 +58,10 @@ def run(cfg: Config, on_progress=None) -> RunResult:
     if cfg.slow_link is not None:
         s, d, a, bw = cfg.slow_link
         slow = {(s, d): (a, bw), (d, s): (a, bw)}
-    stop = threading.Event()
-    if on_progress is not None:
-        def poll():
-            while not stop.wait(0.1):
-                on_progress(progress.total(), cfg.steps * cfg.workers)
-        threading.Thread(target=poll, daemon=True).start()
     t0 = time.perf_counter()
-    try:
+    with progress.watch(on_progress, ProgressCounter.total, cfg.steps * cfg.workers):
         results, ledger = launch(_rank_fn, world, cfg, progress, ledger=True, timeout=cfg.timeout,
                                  slow_links=slow)
-    finally:
-        stop.set()
     elapsed = time.perf_counter() - t0
     return summarise(cfg, results, ledger, elapsed)
 

@@ -24,6 +24,7 @@ class FlatParams:
     def __init__(self, params, pad_to: int = 1, dtype=torch.float64):
         self.params = list(params)
         self.offsets = []
+        self.index = {id(p): k for k, p in enumerate(self.params)}
         n = 0
         for p in self.params:
             self.offsets.append(n)
@@ -38,8 +39,8 @@ class FlatParams:
             p.grad = self.grad[off:off + p.numel()].view_as(p)
 
     def span(self, p) -> tuple[int, int]:
-        i = next(k for k, q in enumerate(self.params) if q is p)
-        return self.offsets[i], self.offsets[i] + self.params[i].numel()
+        i = self.index[id(p)]
+        return self.offsets[i], self.offsets[i] + p.numel()
 
     def zero_grad(self) -> None:
         self.grad.zero_()

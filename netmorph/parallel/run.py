@@ -9,7 +9,6 @@ process of a torchrun job).
 from __future__ import annotations
 
 import statistics
-import threading
 from dataclasses import asdict
 
 import torch
@@ -40,16 +39,8 @@ def train(cfg: TrainConfig, backend: str = "local", timeout: float = 60.0, check
     """Train ``cfg`` on ``cfg.world`` processes; the summary (the ``--json`` object)."""
     cfg.check()
     progress = ProgressCounter(cfg.world)
-    stop = threading.Event()
-    if on_progress is not None:
-        def poll():
-            while not stop.wait(0.1):
-                on_progress(min(int(progress.arr.min()), cfg.steps), cfg.steps)
-        threading.Thread(target=poll, daemon=True).start()
-    try:
+    with progress.watch(on_progress, ProgressCounter.slowest, cfg.steps):
         results = launch(train_rank, cfg.world, cfg, progress, backend=backend, timeout=timeout)
-    finally:
-        stop.set()
     out = summarise(cfg, results, backend, reference(cfg) if check else None)
     if cfg.trace:
         out["trace"] = chrome_trace(results)

@@ -8,6 +8,8 @@ the progress bar from the sum (what torchrun's agent cannot do without a store).
 from __future__ import annotations
 
 import mmap
+import threading
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -26,3 +28,21 @@ class ProgressCounter:
 
     def total(self) -> int:
         return int(self.arr.sum())
+
+    def slowest(self) -> int:
+        return int(self.arr.min())
+
+    @contextmanager
+    def watch(self, on_progress, done, total: int, every: float = 0.1):
+        """While the block runs, call ``on_progress(done(self), total)`` every ``every`` seconds
+        from a thread of the launcher (nothing when ``on_progress`` is None)."""
+        stop = threading.Event()
+        if on_progress is not None:
+            def poll():
+                while not stop.wait(every):
+                    on_progress(min(done(self), total), total)
+            threading.Thread(target=poll, daemon=True).start()
+        try:
+            yield self
+        finally:
+            stop.set()

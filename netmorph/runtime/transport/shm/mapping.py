@@ -31,6 +31,12 @@ _HDR = 16
 _MAP_NORESERVE = 0x4000 if sys.platform.startswith("linux") else 0
 
 
+def default_arena_bytes(world: int) -> int:
+    """Each rank's registered memory unless ``launch(arena_bytes=)`` says otherwise: 1 GiB, or 8 GiB
+    shared by the ranks (reserved, not committed: the mapping is MAP_NORESERVE)."""
+    return min(1 << 30, (8 << 30) // world)
+
+
 def address(a: np.ndarray) -> int:
     """The address of an array's first byte."""
     return a.__array_interface__["data"][0]
@@ -44,7 +50,7 @@ class ShmFabric:
             slot_bytes = 1 << 20 if world <= 8 else max(64 << 10, (8 << 20) // world)
         slot_bytes -= slot_bytes % 64
         if arena_bytes is None:
-            arena_bytes = min(1 << 30, (8 << 30) // world)
+            arena_bytes = default_arena_bytes(world)
         arena_bytes -= arena_bytes % 4096
         self.world, self.K, self.S, self.A = world, slots, slot_bytes, arena_bytes
         p2 = world * world
