@@ -158,7 +158,7 @@ def test_torchrun_trains_the_same_losses_as_the_local_fabric(tmp_path):
 def test_model_state_memory_equals_the_planners_formula(kw):
     """Parameters, gradients and Adam states of the most loaded rank, in bytes, equal what
     `netmorph plan estimate` computes for the same model and layout (fp64, two Adam states)."""
-    from netmorph.cli.train import planner_memory
+    from netmorph.report.train import planner_memory
     cfg = TrainConfig(model=TINY, steps=1, **kw)
     out = summarise(cfg, launch(train_rank, cfg.world, cfg, timeout=60), "local")
     want = planner_memory(cfg)

@@ -24,6 +24,14 @@ class Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def check_output_file(path: str, flag: str) -> None:
+    """Before any work: the directory an output file goes to exists and is writable."""
+    import os
+    d = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(d) or not os.access(d, os.W_OK):
+        raise UsageError(f"{flag}: cannot write to {d}")
+
+
 def build_parser() -> Parser:
     from netmorph.cli import bench, collective, mesh, plan, sgd, tour, train
     p = Parser(prog="netmorph", description="See, measure and run the distributed system under a large model.")

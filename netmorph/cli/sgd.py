@@ -79,10 +79,8 @@ def config_from(args):
                  jitter=args.jitter, slow_link=slow)
     cfg.check()
     if args.compare and args.plot.lower() != "none":
-        import os
-        d = os.path.dirname(os.path.abspath(args.plot))
-        if not os.path.isdir(d) or not os.access(d, os.W_OK):
-            raise UsageError(f"--plot: cannot write to {d}")
+        from netmorph.cli import check_output_file
+        check_output_file(args.plot, "--plot")
     if args.workers > 32:
         raise UsageError(f"--workers {args.workers}: one process per worker; keep it <= 32 on one machine")
     if slow and not all(0 <= r < args.workers + args.servers for r in slow[:2]):

@@ -108,10 +108,8 @@ def config_from(args):
                       lr=args.lr, dtype=args.dtype, compute_ms=args.compute_ms, trace=bool(args.trace))
     cfg.check()
     if args.trace:
-        import os
-        d = os.path.dirname(os.path.abspath(args.trace))
-        if not os.path.isdir(d) or not os.access(d, os.W_OK):
-            raise UsageError(f"--trace: cannot write to {d}")
+        from netmorph.cli import check_output_file
+        check_output_file(args.trace, "--trace")
     if args.baseline and (cfg.tp > 1 or cfg.pp > 1):
         raise UsageError("--baseline ddp compares data parallelism only: use it with --tp 1 --pp 1")
     return cfg
@@ -140,21 +138,8 @@ def run(args) -> int:
     return _print(args, cfg, out)
 
 
-def planner_memory(cfg) -> dict:
-    """What ``netmorph plan estimate`` says the most loaded rank holds, in this run's element sizes
-    (Adam keeps two states per parameter, no master copy: optimizer bytes = 2 x the element size)."""
-    from netmorph.planner.config import ParallelConfig
-    from netmorph.planner.memory import memory
-    from netmorph.planner.model import ModelSpec
-    m = cfg.model
-    isz = 8 if cfg.dtype == "float64" else 4
-    c = ParallelConfig(cfg.tp, cfg.pp, cfg.dp, cfg.micro_batch_size, cfg.global_batch, cfg.interleave, cfg.zero,
-                       "none", cfg.sequence_parallel, False, isz, isz, 2 * isz)
-    est = memory(ModelSpec("netmorph-gpt", m.layers, m.hidden, m.heads, m.seq, m.vocab), c)
-    return {**{k: est[k] for k in ("params", "grads", "optimizer")}, "activations": est["activations"]}
-
-
 def _print(args, cfg, out) -> int:
+    from netmorph.report.train import planner_memory
     out["planner_memory_bytes"] = planner_memory(cfg)
     trace = out.pop("trace", None)
     if trace is not None:
@@ -242,7 +227,7 @@ def print_run(cfg, out) -> None:
     mem, plan = out["memory_bytes"], out["planner_memory_bytes"]
     parts = []
     for k in ("params", "grads", "optimizer"):
-        ok = "✓" if mem[k] == plan[k] else f"(padded to a multiple of dp)" if mem[k] > plan[k] else "✗"
+        ok = "✓" if mem[k] == plan[k] else "(padded to a multiple of dp)" if mem[k] > plan[k] else "✗"
         parts.append(f"{k} {mem[k]:,} B vs {plan[k]:,.0f} {ok}")
     print("# model states on the most loaded rank, measured vs `netmorph plan estimate`: " + ", ".join(parts))
     act = mem.get("activations_peak")

@@ -11,8 +11,6 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict
 
-import torch
-
 from netmorph.models.gpt import GPTStage, synthetic_batch
 from netmorph.parallel.flat import Adam, FlatParams
 from netmorph.parallel.hybrid import DTYPES, TrainConfig, train_rank

@@ -66,17 +66,11 @@ def build_section(out_dir, tick=lambda: None) -> Section:
             "tp2 pp2 dp2 ZeRO-1: what each phase sent vs its closed form", out_dir / "train_traffic.png")
 
     # 3. ZeRO stages on dp 4: model-state bytes per rank
-    from netmorph.planner.config import ParallelConfig
-    from netmorph.planner.memory import memory
-    from netmorph.planner.model import ModelSpec
-    g = GPTConfig()
-    spec = ModelSpec("netmorph-gpt", g.layers, g.hidden, g.heads, g.seq, g.vocab)
     mems, plans = [], []
     for z in (0, 1, 2, 3):
-        mems.append(train(TrainConfig(model=g, dp=4, zero=z, microbatches=1, steps=1,
-                                      dtype="float32"))["memory_bytes"])
-        est = memory(spec, ParallelConfig(dp=4, global_batch=4, zero=z, param_bytes=4, grad_bytes=4,
-                                          optimizer_bytes=8))
+        cfg = TrainConfig(model=GPTConfig(), dp=4, zero=z, microbatches=1, steps=1, dtype="float32")
+        mems.append(train(cfg)["memory_bytes"])
+        est = planner_memory(cfg)
         plans.append(est["params"] + est["grads"] + est["optimizer"])
     tick()
     fig, ax = plt.subplots(figsize=(9, 3.8))
@@ -126,6 +120,20 @@ bytes each rank holds equal the planner's formula for the same layout (the black
                     ("train_traffic.png", "Bytes per rank per step by phase: ledger vs closed form."),
                     ("train_zero_memory.png", "Model-state bytes per rank for DP and each ZeRO stage.")],
                    summary)
+
+
+def planner_memory(cfg) -> dict:
+    """What ``netmorph plan estimate`` says the most loaded rank holds, in this run's element sizes
+    (Adam keeps two states per parameter, no master copy: optimizer bytes = 2 x the element size)."""
+    from netmorph.planner.config import ParallelConfig
+    from netmorph.planner.memory import memory
+    from netmorph.planner.model import ModelSpec
+    m = cfg.model
+    isz = 8 if cfg.dtype == "float64" else 4
+    c = ParallelConfig(cfg.tp, cfg.pp, cfg.dp, cfg.micro_batch_size, cfg.global_batch, cfg.interleave, cfg.zero,
+                       "none", cfg.sequence_parallel, False, isz, isz, 2 * isz)
+    est = memory(ModelSpec("netmorph-gpt", m.layers, m.hidden, m.heads, m.seq, m.vocab), c)
+    return {**{k: est[k] for k in ("params", "grads", "optimizer")}, "activations": est["activations"]}
 
 
 def _finish(plt, fig, ax, ylabel: str, title: str, path) -> None:
