@@ -15,6 +15,7 @@ import ctypes
 import time
 from contextlib import contextmanager
 from enum import Enum
+from functools import lru_cache
 
 import numpy as np
 
@@ -22,13 +23,14 @@ from netmorph.errors import UsageError
 from netmorph.runtime.ledger import Ledger
 
 
-_NUMPY_DTYPE = {}
-
-
-def _numpy_dtypes():
+@lru_cache(maxsize=None)
+def _numpy_dtype(torch_dtype):
+    """numpy's dtype for a torch dtype, or None where numpy has none (bfloat16)."""
     import torch
-    for name in ("float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool"):
-        _NUMPY_DTYPE[getattr(torch, name)] = np.dtype(name)
+    try:
+        return torch.empty(0, dtype=torch_dtype).numpy().dtype
+    except (TypeError, RuntimeError):
+        return None
 
 
 class ReduceOp(str, Enum):
@@ -90,8 +92,6 @@ def as_array(t) -> np.ndarray:
     if isinstance(t, np.ndarray):
         arr = t
     elif hasattr(t, "numpy") and hasattr(t, "is_contiguous"):
-        if not _NUMPY_DTYPE:
-            _numpy_dtypes()
         if t.device.type != "cpu":
             raise UsageError("the local fabric works on CPU tensors; use backend='torch' (NCCL) for GPU tensors",
                              "tensor")
@@ -109,7 +109,7 @@ def _view(t) -> np.ndarray:
     """The tensor's memory as numpy, through its address: unlike ``Tensor.numpy()`` this leaves the
     storage resizable, which ZeRO-3 and FSDP release and re-grow. The caller keeps ``t`` alive for
     as long as the view is in use (a collective's duration; an ``isend`` until its ``wait``)."""
-    dtype = _NUMPY_DTYPE.get(t.dtype)
+    dtype = _numpy_dtype(t.dtype)
     if dtype is None:
         return t.detach().numpy()                     # numpy raises its own clear error for the rest
     n = t.numel() * dtype.itemsize
