@@ -6,7 +6,11 @@ latency is reported against gloo too, and the bus bandwidth as a fraction of
 this machine's single-core memory-copy bandwidth. Each configuration runs
 ``--repeats`` times, local and gloo alternating; medians are reported.
 
-    python benchmarks/fabric.py [--worlds 2,4] [--bytes 16MiB] [--repeats 3] [--iters 20]
+Then the price of collective fingerprints (a checked 64-byte header on every
+message): the same all-reduces with them on and off, alternating. Issue target:
+the 16 MiB bus bandwidth drops by at most 3%.
+
+    python benchmarks/fabric.py [--worlds 2,4] [--bytes 16MiB] [--repeats 5] [--iters 20]
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--worlds", default="2,4")
     ap.add_argument("--bytes", default="16MiB")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args()
     n = parse_size(args.bytes)
@@ -66,6 +70,29 @@ def main() -> None:
         print(f"# world {p}: best local {best[0].algo} {best[2]:.2f} GB/s = {best[2] / gloo_bw:.1f}x gloo "
               f"({gloo_bw:.2f} GB/s); 8-byte latency {min(r[1] for r in rows if r[0].nbytes == 8) * 1e6:.0f} us "
               f"vs gloo {gloo_lat * 1e6:.0f} us", flush=True)
+    fingerprint_cost(args, n)
+
+
+def fingerprint_cost(args, n: int) -> None:
+    """Bus bandwidth and latency with every message's fingerprint header checked, and without."""
+    print(f"\n# fingerprints on vs off: medians of {args.repeats} alternating runs")
+    print(f"{'world':>5} {'algorithm':>20} {'bytes':>10} {'on(us)':>9} {'off(us)':>9} {'on busbw':>9} "
+          f"{'off busbw':>9} {'change':>7}")
+    for p in (int(x) for x in args.worlds.split(",")):
+        cases = [Case("allreduce", "ring", n), Case("allreduce", "two_shot", n), Case("allreduce", "ring", 8)]
+        runs = {True: [], False: []}
+        for i in range(args.repeats):
+            for on in ((True, False) if i % 2 else (False, True)):      # neither always goes first
+                runs[on].append(measure(cases, p, "local", iters=args.iters, warmup=3, fingerprints=on))
+        for k, c in enumerate(cases):
+            t_on = statistics.median(r[k]["time_s"] for r in runs[True])
+            t_off = statistics.median(r[k]["time_s"] for r in runs[False])
+            bw_on = statistics.median(r[k]["busbw_gbps"] for r in runs[True])
+            bw_off = statistics.median(r[k]["busbw_gbps"] for r in runs[False])
+            change = (bw_on / bw_off - 1) if c.nbytes == n else (t_on / t_off - 1)
+            what = "busbw" if c.nbytes == n else "time"
+            print(f"{p:>5} {c.algo:>20} {c.nbytes:>10,} {t_on * 1e6:>9.1f} {t_off * 1e6:>9.1f} {bw_on:>9.2f} "
+                  f"{bw_off:>9.2f} {change:>+7.1%} {what}", flush=True)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -30,10 +31,16 @@ def _children_of(pid):
     return kids
 
 
+def _stores():
+    return {d for d in os.listdir(tempfile.gettempdir()) if d.startswith("netmorph-store-")}
+
+
 @pytest.fixture
 def no_leaks():
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    stores_before = _stores()
     yield
+    assert _stores() - stores_before == set(), "the torch backend's rendezvous directory was left behind"
     deadline = time.time() + 5
     while _children_of(os.getpid()) and time.time() < deadline:
         time.sleep(0.05)
@@ -151,3 +158,70 @@ def test_root_cause_comes_from_the_blamed_field_not_the_message():
                            "(no data arrived)", when=float(rank), blames=peer)
     fs = [timeout(0, 2), timeout(1, 2), timeout(2, 3), timeout(3, 2)]
     assert [f.rank for f in _order(fs)] == [2, 0, 1, 3]
+
+
+@pytest.mark.timeout(60)
+def test_torch_hung_peer_is_a_timeout_naming_it(no_leaks):
+    """gloo's timeout is PeerTimeout (not PeerLost naming a healthy neighbour); the hung rank is the root."""
+    with pytest.raises(LaunchError) as e:
+        launch(_loop, 3, 50, faults=[Fault("hang", rank=2, at_op=2)], timeout=2.0, backend="torch")
+    err = e.value
+    assert err.rank == 2 and "stopped answering" in err.root.message
+    waited = [f for f in err.failures if f.rank != 2]
+    assert waited and all(f.exc_type == "PeerTimeout" for f in waited), str(err)
+
+
+def _retry_after_loss(comm):
+    kinds = []
+    for _ in range(3):
+        try:
+            comm.all_reduce(np.ones(1000, np.float32), algo="ring")
+            kinds.append("ok")
+        except Exception as e:  # noqa: BLE001 - the kind is the assertion
+            kinds.append(type(e).__name__)
+    raise RuntimeError(f"kinds={kinds}")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", ["local", "torch"])
+def test_a_survivor_that_retries_gets_the_same_error(no_leaks, backend):
+    """After PeerLost the communicator stays failed: the same error again, never IndexError from
+    half-moved queue state."""
+    with pytest.raises(LaunchError) as e:
+        launch(_retry_after_loss, 3, faults=[Fault("kill", rank=2, at_op=2)], timeout=10, backend=backend)
+    survivors = [f for f in e.value.failures if f.rank != 2]
+    assert len(survivors) == 2
+    for f in survivors:
+        assert f.message.startswith("kinds=['ok', 'PeerLost', 'PeerLost']") or \
+            f.message.startswith("kinds=['PeerLost', 'PeerLost', 'PeerLost']"), f.message
+
+
+def _listening_addresses(comm):
+    """This rank's listening TCP sockets, as (address hex, port) from /proc/net/tcp{,6}."""
+    comm.barrier()
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as fh:
+            for line in fh.readlines()[1:]:
+                cols = line.split()
+                if cols[3] == "0A" and cols[9] in inodes:          # 0A: LISTEN
+                    found.append(cols[1].split(":")[0])
+    comm.barrier()
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads Linux's /proc")
+def test_torch_backend_listens_on_loopback_only(no_leaks):
+    """No TCPStore (it binds every interface); gloo bound to loopback: nothing reachable off this host."""
+    loopback = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
+    for found in launch(_listening_addresses, 2, backend="torch"):
+        assert found, "gloo's listening socket was not found"
+        assert set(found) <= loopback, found

@@ -18,7 +18,7 @@ from netmorph.runtime.base import Group, ReduceOp
 from netmorph.runtime.faults import Fault
 from netmorph.runtime.launch import LaunchError, RankFailure, launch
 from netmorph.runtime.ledger import Ledger
-from netmorph.runtime.transport import FabricError, PeerLost, PeerTimeout
+from netmorph.runtime.transport import CollectiveMismatch, FabricError, PeerLost, PeerTimeout
 
 
 def init_from_env(backend: str = "torch", timeout: float = 60.0):
@@ -27,5 +27,5 @@ def init_from_env(backend: str = "torch", timeout: float = 60.0):
     return join(backend, timeout)
 
 
-__all__ = ["FabricError", "Fault", "Group", "ReduceOp", "LaunchError", "Ledger", "PeerLost", "PeerTimeout", "RankFailure",
+__all__ = ["CollectiveMismatch", "FabricError", "Fault", "Group", "ReduceOp", "LaunchError", "Ledger", "PeerLost", "PeerTimeout", "RankFailure",
            "init_from_env", "launch"]

@@ -21,6 +21,7 @@ import numpy as np
 
 from netmorph.errors import UsageError
 from netmorph.runtime.ledger import Ledger
+from netmorph.runtime.transport import fingerprint
 
 
 @lru_cache(maxsize=None)
@@ -121,13 +122,17 @@ def _view(t) -> np.ndarray:
 class CommBase:
     """One rank's communicator over a transport, less the collectives."""
 
-    def __init__(self, transport, rank: int, world: int, faults=()):
+    def __init__(self, transport, rank: int, world: int, faults=(), fingerprints: bool = True):
         self.transport = transport
         self.rank, self.world = rank, world
         self.WORLD = Group(range(world))
-        self.ledger = Ledger(rank)
+        self.fingerprints = fingerprints              # a checked header on every message (fingerprint.py)
+        self.ledger = Ledger(rank, header_bytes=fingerprint.HEADER_BYTES if fingerprints else 0)
         self.current_phase = ""
         self.ops = 0                                   # communication calls started so far
+        self.calls: dict[tuple, int] = {}             # group ranks -> collectives on it so far
+        self.sent: dict[int, int] = {}                # peer -> point-to-point messages sent to it
+        self.received: dict[int, int] = {}            # peer -> point-to-point messages received from it
         self.faults = [f for f in faults if f.rank == rank]
 
     # torch.distributed spellings
@@ -211,7 +216,7 @@ class CommBase:
         self._peer(dst)
         t = time.perf_counter()
         self.ledger.add(self.rank, dst, a.nbytes, seq, 0, self.current_phase, "send", "p2p", t, t)
-        work = self.transport.isend(a, dst)
+        work = self.transport.isend(a, dst, self._p2p_fp(self.sent, dst, a, (self.rank, dst)))
         work.keep = tensor                    # the memory stays alive until the send completes
         return work
 
@@ -219,7 +224,7 @@ class CommBase:
         self._begin()
         a = as_array(tensor)
         self._peer(src)
-        work = self.transport.irecv(a, src)
+        work = self.transport.irecv(a, src, self._p2p_fp(self.received, src, a, (src, self.rank)))
         work.keep = tensor
         return work
 
@@ -228,11 +233,30 @@ class CommBase:
         self._begin()
         a = as_array(tensor)
         srcs = [r for r in (range(self.world) if srcs is None else srcs) if r != self.rank]
-        return self.transport.recv_any(a, srcs)
+        return self.transport.recv_any(a, srcs, lambda src: self._p2p_fp(self.received, src, a, (src, self.rank)))
 
     # ------------------------------------------------------------ internals
+    def _p2p_fp(self, counts: dict, peer: int, a: np.ndarray, pair):
+        """The fingerprint of the next message on the ordered pair (src, dst): its number and size."""
+        counts[peer] = n = counts.get(peer, 0) + 1
+        if not self.fingerprints:
+            return None
+        return fingerprint.stamp("p2p", "p2p", n, a.size, a.dtype, 0, "none", pair)
+
+    def _collective_fp(self, op, algo, g: Group, count, dtype, root, redop):
+        """The fingerprint of the next collective on ``g``: the calls on the group are counted per
+        group, as torch counts per process group."""
+        self.calls[g.ranks] = n = self.calls.get(g.ranks, 0) + 1
+        if not self.fingerprints:
+            return None
+        return fingerprint.stamp(op, algo, n, count, dtype, root, redop, g.ranks)
+
     def _begin(self) -> int:
-        """Count one communication call (and fire any fault set for it); its sequence number."""
+        """Count one communication call (and fire any fault set for it); its sequence number.
+        After a fabric failure every call raises that failure again."""
+        failed = getattr(self.transport, "failed", None)
+        if failed is not None:
+            raise failed
         self.ops += 1
         for f in self.faults:
             f.trigger(self.ops)

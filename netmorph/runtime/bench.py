@@ -127,9 +127,11 @@ def _rank_fn(comm, cases, iters, warmup, dtype):
 
 
 def measure(cases, world: int, backend: str = "local", iters: int = 20, warmup: int = 5, dtype="float32",
-            timeout: float = 30.0):
-    """Run every case on ``world`` ranks; returns one dict per case (slowest rank's mean time, summed #wrong)."""
-    results = launch(_rank_fn, world, cases, iters, warmup, dtype, backend=backend, timeout=timeout)
+            timeout: float = 30.0, fingerprints: bool = True):
+    """Run every case on ``world`` ranks; returns one dict per case (slowest rank's mean time, summed #wrong).
+    ``fingerprints=False`` measures without the per-message call check (to price it)."""
+    results = launch(_rank_fn, world, cases, iters, warmup, dtype, backend=backend, timeout=timeout,
+                     fingerprints=fingerprints)
     rows = []
     for k, c in enumerate(cases):
         t = max(r[k][0] for r in results)

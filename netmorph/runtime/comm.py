@@ -23,6 +23,7 @@ from netmorph.cost.tuner import auto_algo
 from netmorph.errors import UsageError
 from netmorph.runtime.base import CommBase, CompletedWork, Group, ReduceOp, as_array, canonical_redop
 from netmorph.runtime.interpreter import Call, interpret, program
+from netmorph.runtime.transport import fingerprint
 from netmorph.schedule import REDOPS
 
 __all__ = ["Comm", "Group", "ReduceOp", "as_array"]
@@ -34,8 +35,9 @@ class Comm(CommBase):
     ``tuner_topology``: the :class:`~netmorph.cost.topology.Topology` ``algo="auto"`` tunes for.
     """
 
-    def __init__(self, transport, rank: int, world: int, faults=(), tuner_topology: Topology | None = None):
-        super().__init__(transport, rank, world, faults)
+    def __init__(self, transport, rank: int, world: int, faults=(), tuner_topology: Topology | None = None,
+                 fingerprints: bool = True):
+        super().__init__(transport, rank, world, faults, fingerprints)
         self.tuner_topology = tuner_topology or PRESETS["local-shm"]
 
     def _algo(self, op, algo, p, nbytes, itemsize) -> str:
@@ -43,14 +45,17 @@ class Comm(CommBase):
             return auto_algo(op, p, nbytes, itemsize, self.tuner_topology)
         return check_algo(op, algo, also=("auto",))
 
-    def _run(self, op, algo, g: Group, count, arr_dtype, regions, redop="sum", root=0, splits=None):
+    def _run(self, op, algo, g: Group, count, arr_dtype, regions, redop="sum", root=0, splits=None,
+             uneven=False):
         seq = self._begin()
         itemsize = np.dtype(arr_dtype).itemsize
         redop = "sum" if redop == "avg" else redop           # averages are sums the caller divides
         call = Call(op, self._algo(op, algo, g.size(), count * itemsize, itemsize), g.size(), count, itemsize,
                     root, splits)
+        fp = self._collective_fp(op, call.algo, g, fingerprint.UNEVEN if uneven else count, arr_dtype, root,
+                                 redop)
         interpret(self.transport, self.ledger, call, g.ranks, g.index[self.rank], regions, REDOPS[redop], seq,
-                  self.current_phase)
+                  self.current_phase, fp)
         return call.algo
 
     # ------------------------------------------------------------ collectives
@@ -164,7 +169,7 @@ class Comm(CommBase):
         if algo == "bruck":     # forwarded blocks rest in a scratch region sized by the schedule
             s, _ = program(Call("alltoall", "bruck", p, len(inp), out.itemsize, 0, splits), me)
             regions.append((send_total + len(out), np.empty(int(s.buf_len[me]) - send_total - len(out), out.dtype)))
-        self._run("alltoall", algo, g, len(inp), out.dtype, regions, splits=splits)
+        self._run("alltoall", algo, g, len(inp), out.dtype, regions, splits=splits, uneven=uneven)
         return CompletedWork() if async_op else output
 
     def barrier(self, group: Group | None = None) -> None:

@@ -62,8 +62,10 @@ class Workspace:
         return a[lo:lo + n]
 
 
-def interpret(transport, ledger, call: Call, ranks, me: int, regions, ufunc, seq: int, phase: str) -> None:
-    """Run schedule rank ``me``'s program of ``call``; schedule rank i is global rank ``ranks[i]``."""
+def interpret(transport, ledger, call: Call, ranks, me: int, regions, ufunc, seq: int, phase: str,
+              fp=None) -> None:
+    """Run schedule rank ``me``'s program of ``call``; schedule rank i is global rank ``ranks[i]``.
+    ``fp``: the call's fingerprint, carried by every message (None: no headers)."""
     _, prog = program(call, me)
     ws = Workspace(regions)
     me_global = ranks[me]
@@ -74,7 +76,7 @@ def interpret(transport, ledger, call: Call, ranks, me: int, regions, ufunc, seq
         recvs = [(ranks[m.peer], [ws.view(o, n) for o, n in zip(m.offs.tolist(), m.lens.tolist())],
                   m.reduce.tolist()) for m in rr.recvs]
         t0 = time.perf_counter()
-        transport.run_round(sends, recvs, ufunc, rr.overlap)
+        transport.run_round(sends, recvs, ufunc, rr.overlap, fp)
         t1 = time.perf_counter()
         for m in rr.sends:
             ledger.add(me_global, ranks[m.peer], m.elems * isz, seq, rr.index, phase, call.op, call.algo, t0, t1)

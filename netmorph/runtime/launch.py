@@ -17,17 +17,23 @@ turns into a clean shutdown; the shared mapping is anonymous, so no
 
 ``backend="torch"`` runs the same schedules over torch.distributed (gloo on
 loopback); :func:`netmorph.runtime.torchrun.init_from_env` joins a job started
-by ``torchrun``.
+by ``torchrun``. What a local launch exposes: nothing beyond this host. The
+rendezvous is a ``FileStore`` in a private temporary directory (mode 0700,
+removed on every exit path the launcher sees) instead of a TCPStore, which
+listens on every interface whatever address it is given; gloo's own sockets are
+bound to the loopback interface (``GLOO_SOCKET_IFNAME``, unless the user set it).
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 import multiprocessing as mp
 import os
 import pickle
+import shutil
 import signal
-import socket
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass
@@ -86,12 +92,6 @@ class LaunchError(RuntimeError):
         super().__init__("\n".join(lines))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _die_with_parent() -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -100,7 +100,8 @@ def _die_with_parent() -> None:
         pass
 
 
-def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults, link_cost, port, want_ledger):
+def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults, link_cost, store, want_ledger,
+           fingerprints):
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # the launcher handles Ctrl-C for everyone
     comm = None
@@ -108,11 +109,15 @@ def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults
         if backend == "local":
             from netmorph.runtime.comm import Comm
             from netmorph.runtime.transport.shm import ShmTransport
-            comm = Comm(ShmTransport(fabric, rank, timeout, link_cost), rank, world, faults)
+            comm = Comm(ShmTransport(fabric, rank, timeout, link_cost), rank, world, faults,
+                        fingerprints=fingerprints)
         else:
-            from netmorph.runtime.torchrun import init_torch
-            comm = init_torch(rank, world, "127.0.0.1", port, timeout, native=(backend == "torch-native"),
-                              faults=faults)
+            from netmorph.runtime.torchrun import init_torch, loopback_interface
+            lo = loopback_interface()
+            if lo and "GLOO_SOCKET_IFNAME" not in os.environ:
+                os.environ["GLOO_SOCKET_IFNAME"] = lo
+            comm = init_torch(rank, world, f"file://{store}", timeout, native=(backend == "torch-native"),
+                              faults=faults, fingerprints=fingerprints)
         result = fn(comm, *args, **kwargs)
         # plain pickle: multiprocessing's would hand torch tensors over as shared-memory handles
         conn.send_bytes(pickle.dumps(("ok", rank, result, comm.ledger if want_ledger else None)))
@@ -131,7 +136,8 @@ def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults
 
 
 def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0, faults=(),
-           topology=None, slow_links=None, ledger: bool = False, arena_bytes: int | None = None, **kwargs):
+           topology=None, slow_links=None, ledger: bool = False, arena_bytes: int | None = None,
+           fingerprints: bool = True, **kwargs):
     """Run ``fn(comm, *args, **kwargs)`` on ``world`` processes and return their results in rank order.
 
     ``timeout``: seconds a rank waits on a silent peer before failing with PeerTimeout.
@@ -141,6 +147,9 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
     ``ledger=True`` returns ``(results, Ledger)`` with every message of the run.
     ``arena_bytes``: each rank's registered memory on the local fabric (``comm.alloc``; rank 0's also
     holds ``comm.shared`` arrays); default min(1 GiB, 8 GiB / world), reserved, not committed.
+    ``fingerprints``: every message carries its call's 64-byte fingerprint, checked on receipt
+    (:class:`~netmorph.runtime.transport.fingerprint.CollectiveMismatch` instead of wrong data); off
+    only to measure what the check costs.
     """
     if world < 1:
         raise UsageError(f"{{world}} must be >= 1, got {world}", "world")
@@ -148,8 +157,8 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
         raise UsageError(f"{{backend}} must be one of {', '.join(BACKENDS)}, got {backend!r}", "backend")
     if arena_bytes is not None and not 4096 <= arena_bytes <= 1 << 40:
         raise UsageError(f"{{arena_bytes}} must be in 4 KiB..1 TiB, got {arena_bytes}", "arena_bytes")
-    if timeout <= 0:
-        raise UsageError(f"{{timeout}} must be > 0 seconds, got {timeout}", "timeout")
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise UsageError(f"{{timeout}} must be a finite number of seconds > 0, got {timeout}", "timeout")
     if isinstance(topology, str):
         from netmorph.cost.topology import load_topology
         topology = load_topology(topology)
@@ -160,15 +169,18 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
     if backend == "local":
         from netmorph.runtime.transport.shm import ShmFabric
         fabric = ShmFabric(world, arena_bytes=arena_bytes)
-    port = _free_port() if backend != "local" else 0
     link_cost = links.link_cost(topology, slow_links)
     procs, conns = [], {}
+    store_dir = None
     try:
+        if backend != "local":
+            store_dir = tempfile.mkdtemp(prefix="netmorph-store-")
+        store = os.path.join(store_dir, "store") if store_dir else ""
         for r in range(world):
             rd, wr = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_child, name=f"netmorph-rank{r}", daemon=True,
                             args=(r, world, fn, args, kwargs, wr, fabric, backend, timeout, list(faults),
-                                  link_cost, port, ledger))
+                                  link_cost, store, ledger, fingerprints))
             p.start()
             wr.close()
             procs.append(p)
@@ -183,6 +195,8 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
             c.close()
         if fabric is not None:
             fabric.close()
+        if store_dir is not None:
+            shutil.rmtree(store_dir, ignore_errors=True)
     if failures:
         raise LaunchError(_order(failures), world)
     if ledger:
@@ -260,7 +274,9 @@ def _order(failures: list[RankFailure]) -> list[RankFailure]:
     """Root cause first: real failures by time, then hung ranks, then those that only lost a peer."""
     def key(f):
         hung = f.message.startswith("stopped answering")
-        return (f.consequence, hung, f.when, f.rank)
+        # a rank that only read a mismatch another rank published: after the one that detected it
+        echo = f.exc_type == "CollectiveMismatch" and f"rank {f.rank} is in" not in f.message
+        return (f.consequence, hung, echo, f.when, f.rank)
     fs = sorted(failures, key=key)
     if fs and fs[0].consequence:
         # everyone only saw a lost peer: the most-blamed rank is the root cause

@@ -5,6 +5,10 @@ API gives per-op events); the closest everyday tool is the PyTorch profiler's
 Chrome trace. This ledger is kept per rank (sends only, so nothing is counted
 twice), merged by the launcher, summarised per phase and per link, and exported
 as a Chrome trace that Perfetto or ``chrome://tracing`` opens.
+
+``bytes`` are payload, what the schedules and closed forms count; each message
+also carries a fingerprint header (``header_bytes``, 64 B, 0 with fingerprints
+off), reported apart as ``overhead_bytes``.
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ FIELDS = ("src", "dst", "bytes", "seq", "round", "phase", "op", "algo", "t0", "t
 
 
 class Ledger:
-    def __init__(self, rank: int = -1, records=None):
+    def __init__(self, rank: int = -1, records=None, header_bytes: int = 0):
         self.rank = rank
         self.records = list(records or [])
+        self.header_bytes = header_bytes      # per message on the wire, beside its payload
 
     def add(self, src, dst, nbytes, seq, rnd, phase, op, algo, t0, t1) -> None:
         self.records.append((src, dst, int(nbytes), seq, rnd, phase, op, algo, t0, t1))
@@ -27,7 +32,7 @@ class Ledger:
     def merge(cls, ledgers) -> "Ledger":
         recs = [r for led in ledgers if led is not None for r in led.records]
         recs.sort(key=lambda r: (r[8], r[0]))
-        return cls(-1, recs)
+        return cls(-1, recs, max((led.header_bytes for led in ledgers if led is not None), default=0))
 
     def __len__(self) -> int:
         return len(self.records)
@@ -35,6 +40,11 @@ class Ledger:
     @property
     def bytes(self) -> int:
         return sum(r[2] for r in self.records)
+
+    @property
+    def overhead_bytes(self) -> int:
+        """Fingerprint headers: one per message that carried payload (empty messages are not sent)."""
+        return self.header_bytes * sum(1 for r in self.records if r[2])
 
     def by_phase(self) -> dict:
         """phase -> {"messages", "bytes"}."""
@@ -58,6 +68,9 @@ class Ledger:
         lines = [f"{'phase':<20} {'messages':>9} {'bytes':>15}"]
         for ph, d in sorted(self.by_phase().items()):
             lines.append(f"{ph:<20} {d['messages']:>9} {d['bytes']:>15,}")
+        if self.header_bytes:
+            lines.append(f"{'+ fingerprints':<20} {'':>9} {self.overhead_bytes:>15,}  "
+                         f"({self.header_bytes} B per message, not in the payload counts)")
         return "\n".join(lines)
 
     def chrome_trace(self) -> dict:

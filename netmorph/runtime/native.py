@@ -5,7 +5,9 @@
 :class:`~netmorph.runtime.comm.Comm` is measured against (gloo here, NCCL on GPUs).
 Only the collectives differ; ranks, groups, phases and point-to-point are the
 shared :class:`~netmorph.runtime.base.CommBase`. The ledger records one entry per
-call (``dst`` -1: torch does not say who sent what).
+call (``dst`` -1: torch does not say who sent what). torch's collectives carry no
+netmorph fingerprint (point-to-point does); torch's own cross-rank check of the
+calls is ``TORCH_DISTRIBUTED_DEBUG=DETAIL``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import time
 
 from netmorph.runtime.base import CommBase, CompletedWork, as_array, canonical_redop
-from netmorph.runtime.transport.torchdist import dist_module, lost_peer, to_torch
+from netmorph.runtime.transport.torchdist import dist_module, to_torch
 
 _NATIVE_OPS = {"sum": "SUM", "avg": "SUM", "prod": "PRODUCT", "max": "MAX", "min": "MIN"}   # gloo has no AVG
 
@@ -24,10 +26,7 @@ class NativeComm(CommBase):
     def _native(self, name, nbytes, call):
         seq = self._begin()
         t0 = time.perf_counter()
-        try:
-            call()
-        except RuntimeError as e:
-            raise lost_peer(-1, e) from None
+        self.transport.guard(-1, call)         # torch does not say which peer failed a collective
         self.ledger.add(self.rank, -1, nbytes, seq, 0, self.current_phase, name, "torch-native", t0, time.perf_counter())
 
     def new_group(self, ranks):

@@ -8,8 +8,9 @@ point-to-point ``send/recv/isend/irecv``.
 from __future__ import annotations
 
 from netmorph.runtime.transport.errors import FabricError, PeerLost, PeerTimeout
+from netmorph.runtime.transport.fingerprint import CollectiveMismatch
 
-__all__ = ["FabricError", "PeerLost", "PeerTimeout", "Work"]
+__all__ = ["CollectiveMismatch", "FabricError", "PeerLost", "PeerTimeout", "Work"]
 
 
 class Work:

@@ -20,5 +20,6 @@ class PeerTimeout(FabricError):
 
     def __init__(self, rank: int, seconds: float, what: str):
         self.rank = rank
-        super().__init__(f"timed out after {seconds:g} s waiting for rank {rank} ({what}); "
+        who = f" waiting for rank {rank} ({what})" if rank >= 0 else f": {what}"
+        super().__init__(f"timed out after {seconds:g} s{who}; "
                          f"it is hung or far slower than its peers (raise timeout= to wait longer)")

@@ -5,13 +5,34 @@
 algorithm runs across machines: gloo on CPU, NCCL when the tensors live on GPUs.
 (torch.distributed's own collectives, for comparison, are
 :class:`netmorph.runtime.native.NativeComm`.)
+
+Fingerprints travel as a separate 64-byte message on their own tag, ahead of the
+payload, and the payload's receive is posted only once its header checked out:
+gloo aborts the receiving process (``gloo::EnforceNotMet``, SIGABRT) when a
+message is longer than the posted buffer, so a count mismatch must be caught
+before the payload is received. Headers and payloads each keep their posting
+order per peer, as torch.distributed matches messages per (peer, tag) in order.
+
+Errors are classified from what gloo reports: a timeout is :class:`PeerTimeout`,
+a closed connection :class:`PeerLost` -- unless a peer published a
+:class:`CollectiveMismatch` in the job's store first, which every rank then
+raises. The first failure is final: every later call raises it again.
 """
 
 from __future__ import annotations
 
+import json
+import re
+import time
+from collections import deque
+
 import numpy as np
 
-from netmorph.runtime.transport import PeerLost, Work
+from netmorph.runtime.transport import PeerLost, PeerTimeout
+from netmorph.runtime.transport import fingerprint as fpr
+
+HEADER_TAG, PAYLOAD_TAG = 1, 2
+_MISMATCH_KEY = "netmorph/collective-mismatch"
 
 
 def dist_module():
@@ -24,59 +45,166 @@ def to_torch(a: np.ndarray):
     return torch.from_numpy(a)
 
 
-def lost_peer(peer, e):
+def _text(e) -> str:
     """gloo's error text, trimmed to what happened: '[.../pair.cc:553] Connection closed by peer ...'."""
     text = str(e).splitlines()[0] if str(e) else type(e).__name__
-    text = text.split("] ", 1)[-1].split(". This is typically")[0]
-    return PeerLost(peer, f"torch.distributed: {text}")
+    return text.split("] ", 1)[-1].split(". This is typically")[0]
 
 
-class _TorchWork(Work):
-    def __init__(self, work, peer, after=None):
-        self._w, self._peer, self._after = work, peer, after
+class _P2PRecv:
+    """One point-to-point receive: its header is posted at once, its payload after the header checked."""
+
+    __slots__ = ("src", "array", "fp", "head", "hwork", "pwork", "done")
+
+    def __init__(self, src, array, fp):
+        self.src, self.array, self.fp = src, array, fp
+        self.head = np.empty(fpr.HEADER_BYTES, np.uint8)
+        self.hwork = self.pwork = None
+        self.done = False
+
+
+class _TorchWork:
+    """``torch.distributed.Work``-like handle: ``wait()``, ``is_completed()``; ``keep`` holds the tensor."""
+
+    def __init__(self, transport, finish, peer, test=None):
+        self._t, self._finish, self._peer, self._test = transport, finish, peer, test
         self.keep = None
 
     def is_completed(self) -> bool:
-        return self._w.is_completed()
+        return self._test() if self._test else False
 
     def wait(self, timeout=None) -> bool:
-        try:
-            self._w.wait()
-        except RuntimeError as e:
-            raise lost_peer(self._peer, e) from None
-        if self._after:
-            self._after()
+        self._t.guard(self._peer, self._finish)
         return True
 
 
 class TorchTransport:
     name = "torch"
 
-    def __init__(self, rank: int, world: int):
-        self.rank, self.world = rank, world
+    def __init__(self, rank: int, world: int, timeout: float = 60.0):
+        self.rank, self.world, self.timeout = rank, world, timeout
+        self.failed = None                     # the first failure: raised again on every later call
+        self.current = None                    # the fingerprint of the call in flight (compared at a timeout)
+        self.pending: dict[int, deque] = {}    # src -> point-to-point receives whose payload is not posted yet
 
-    def run_round(self, sends, recvs, ufunc, snapshot: bool = False) -> None:
+    # ------------------------------------------------------------ failures
+    def failure(self, peer: int, e: BaseException):
+        """The netmorph error for a torch.distributed error while talking to ``peer`` (-1: unknown)."""
+        text = _text(e)
+        published = self._published_mismatch()
+        if published is not None:
+            err = published
+        elif "Timed out" in text or "timed out" in text:
+            err = self._compare_calls(peer, fpr.compare_window(self.timeout))
+        else:
+            # gloo closes the connection of an op that timed out: the peer that timed out may be
+            # posting the (different) call it was in right now
+            err = self._compare_calls(peer, 0.5) or PeerLost(peer, f"torch.distributed: {text}")
+        if err is None:
+            seconds = float(m.group(1)) / 1000 if (m := re.search(r"(\d+)ms", text)) else self.timeout
+            err = PeerTimeout(peer, seconds, f"torch.distributed: {text}" if peer >= 0 else
+                              f"torch.distributed: {text} (torch does not say which peer)")
+        self.failed = err
+        return err
+
+    def guard(self, peer: int, call):
+        """Run ``call()``; a torch.distributed error becomes the classified netmorph error, kept."""
+        if self.failed is not None:
+            raise self.failed
+        try:
+            return call()
+        except fpr.CollectiveMismatch as e:
+            self.failed = e
+            self._publish(e)
+            raise
+        except RuntimeError as e:
+            raise self.failure(peer, e) from None
+
+    def _store(self):
+        try:
+            from torch.distributed import distributed_c10d
+            return distributed_c10d._get_default_store()
+        except (ImportError, AttributeError, RuntimeError, ValueError):
+            return None
+
+    def _publish(self, e: fpr.CollectiveMismatch) -> None:
+        store = self._store()
+        if store is None:
+            return
+        try:
+            store.set(_MISMATCH_KEY, json.dumps([e.receiver, e.sender, e.mine.tolist(), e.theirs.tolist(), e.sent]))
+        except RuntimeError:
+            pass
+
+    def _compare_calls(self, peer: int, window: float):
+        """At a timeout: post the call we are in to the store and, if ``peer`` posts a different one
+        within :func:`compare_window` (it timed out waiting too), the mismatch -- else None (a hung peer)."""
+        store = self._store()
+        if store is None or self.current is None or peer < 0:
+            return None
+        try:
+            store.set(f"netmorph/call/{self.rank}", json.dumps(self.current.tolist()))
+            deadline = time.monotonic() + window
+            while time.monotonic() < deadline:
+                if store.check([f"netmorph/call/{peer}"]):
+                    theirs = json.loads(store.get(f"netmorph/call/{peer}"))
+                    if fpr.same_call(self.current, theirs):
+                        return None
+                    err = fpr.CollectiveMismatch(self.rank, peer, self.current, theirs, sent=False)
+                    self._publish(err)
+                    return err
+                time.sleep(0.01)
+        except (RuntimeError, ValueError):
+            pass
+        return None
+
+    def _published_mismatch(self):
+        store = self._store()
+        try:
+            if store is None or not store.check([_MISMATCH_KEY]):
+                return None
+            receiver, sender, mine, theirs, sent = json.loads(store.get(_MISMATCH_KEY))
+        except (RuntimeError, ValueError):          # the store's host is gone too
+            return None
+        return fpr.CollectiveMismatch(receiver, sender, mine, theirs, sent)
+
+    # ------------------------------------------------------------ rounds of a schedule
+    def run_round(self, sends, recvs, ufunc, snapshot: bool = False, fp=None) -> None:
+        self.guard(-1, lambda: None)
+        self.current = fp
         dist = dist_module()
-        works, bufs = [], []
+        works, bufs, heads = [], [], []
+        peer = -1
         try:
             for peer, views in sends:
                 payload = views[0] if len(views) == 1 else np.concatenate([v.reshape(-1) for v in views])
                 if payload.size:
-                    works.append((peer, dist.isend(to_torch(np.ascontiguousarray(payload)), peer)))
+                    if fp is not None:
+                        works.append((peer, dist.isend(to_torch(fpr.header(fp, payload.nbytes)), peer,
+                                                       tag=HEADER_TAG)))
+                    works.append((peer, dist.isend(to_torch(np.ascontiguousarray(payload)), peer,
+                                                   tag=PAYLOAD_TAG if fp is not None else 0)))
             for peer, views, flags in recvs:
                 total = sum(v.size for v in views)
                 if total:
+                    self._flush(peer)
                     buf = np.empty(total, dtype=views[0].dtype)
-                    works.append((peer, dist.irecv(to_torch(buf), peer)))
-                    bufs.append((buf, views, flags))
+                    bufs.append((peer, buf, views, flags))
+                    if fp is not None:
+                        head = np.empty(fpr.HEADER_BYTES, np.uint8)
+                        heads.append((peer, head, buf, dist.irecv(to_torch(head), peer, tag=HEADER_TAG)))
+                    else:
+                        works.append((peer, dist.irecv(to_torch(buf), peer)))
         except RuntimeError as e:
-            raise lost_peer(peer, e) from None
+            raise self.failure(peer, e) from None
+        for peer, head, buf, w in heads:         # every header checked before any payload is received
+            self.guard(peer, w.wait)
+            self.guard(peer, lambda: fpr.check(fp, buf.nbytes, head, self.rank, peer))
+        for peer, head, buf, w in heads:
+            works.append((peer, self.guard(peer, lambda: dist.irecv(to_torch(buf), peer, tag=PAYLOAD_TAG))))
         for peer, w in works:
-            try:
-                w.wait()
-            except RuntimeError as e:
-                raise lost_peer(peer, e) from None
-        for buf, views, flags in bufs:       # receives land after every send has left: start-of-round reads
+            self.guard(peer, w.wait)
+        for _, buf, views, flags in bufs:       # receives land after every send has left: start-of-round reads
             at = 0
             for v, red in zip(views, flags):
                 part = buf[at:at + v.size]
@@ -86,18 +214,60 @@ class TorchTransport:
                     v[:] = part
                 at += v.size
 
-    def isend(self, array, dst):
-        return _TorchWork(dist_module().isend(to_torch(array), dst), dst)
+    # ------------------------------------------------------------ point to point
+    def isend(self, array, dst, fp=None):
+        dist = dist_module()
+        self.current = fp
 
-    def irecv(self, array, src):
-        return _TorchWork(dist_module().irecv(to_torch(array), src), src)
+        def post():
+            ws = []
+            if fp is not None:
+                ws.append(dist.isend(to_torch(fpr.header(fp, array.nbytes)), dst, tag=HEADER_TAG))
+            ws.append(dist.isend(to_torch(array), dst, tag=PAYLOAD_TAG if fp is not None else 0))
+            return ws
+        works = self.guard(dst, post)
+        return _TorchWork(self, lambda: [w.wait() for w in works], dst,
+                          test=lambda: all(w.is_completed() for w in works))
 
-    def recv_any(self, array, srcs) -> int:
-        """``dist.recv`` with no source: gloo's recv-from-any (sources outside ``srcs`` are not expected)."""
-        try:
-            return int(dist_module().recv(to_torch(array)))
-        except RuntimeError as e:
-            raise lost_peer(-1, e) from None
+    def irecv(self, array, src, fp=None):
+        dist = dist_module()
+        self.current = fp
+        if fp is None:
+            w = self.guard(src, lambda: dist.irecv(to_torch(array), src))
+            return _TorchWork(self, w.wait, src, test=w.is_completed)
+        r = _P2PRecv(src, array, fp)
+        r.hwork = self.guard(src, lambda: dist.irecv(to_torch(r.head), src, tag=HEADER_TAG))
+        self.pending.setdefault(src, deque()).append(r)
+
+        def finish():
+            self._flush(src, upto=r)
+            r.pwork.wait()
+        return _TorchWork(self, finish, src)
+
+    def _flush(self, src: int, upto: _P2PRecv | None = None) -> None:
+        """Post the payload receives of earlier point-to-point receives from ``src`` (in order, each
+        after its header checked), up to and including ``upto`` (None: all)."""
+        q = self.pending.get(src)
+        dist = dist_module()
+        while q:
+            r = q.popleft()
+            self.guard(src, r.hwork.wait)
+            self.guard(src, lambda: fpr.check(r.fp, r.array.nbytes, r.head, self.rank, src))
+            r.pwork = self.guard(src, lambda: dist.irecv(to_torch(r.array), src, tag=PAYLOAD_TAG))
+            if r is upto:
+                return
+
+    def recv_any(self, array, srcs, fp_of=None) -> int:
+        """``dist.recv`` with no source: gloo's recv-from-any (sources outside ``srcs`` are not expected);
+        with fingerprints the header is received from any source, then the payload from that one."""
+        dist = dist_module()
+        if fp_of is None:
+            return int(self.guard(-1, lambda: dist.recv(to_torch(array))))
+        head = np.empty(fpr.HEADER_BYTES, np.uint8)
+        src = int(self.guard(-1, lambda: dist.recv(to_torch(head), tag=HEADER_TAG)))
+        self.guard(src, lambda: fpr.check(fp_of(src), array.nbytes, head, self.rank, src))
+        self.guard(src, lambda: dist.recv(to_torch(array), src, tag=PAYLOAD_TAG))
+        return src
 
     def close(self) -> None:
         dist = dist_module()

@@ -9,6 +9,11 @@ lengths, a negative ``piece_bytes``) and the receiver reads the sender's buffer 
 place; its ``consumed`` bump is then the acknowledgement that the sender may
 change that buffer again.
 
+With fingerprints on, the first piece of every message (and every descriptor)
+starts with the sender's 64-byte header (:mod:`..fingerprint`); the receiver
+checks it against its own call before anything lands. ``piece_bytes`` counts the
+header; the streams' ``total``/``sent``/``got`` count payload only.
+
 Ordering assumption: a counter store becomes visible after the data stores that
 precede it (x86-64 TSO; each wait also crosses a system call on other CPUs).
 """
@@ -17,6 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from netmorph.runtime.transport import fingerprint
+from netmorph.runtime.transport.fingerprint import HEADER_BYTES as H
 from netmorph.runtime.transport.shm.mapping import address
 
 
@@ -24,9 +31,9 @@ class OutStream:
     """A message being pushed into a channel, piece by piece, or as one descriptor
     (``ack_at`` is then the ``consumed`` count that says the receiver is done reading)."""
 
-    __slots__ = ("peer", "segs", "seg", "pos", "done", "total", "sent", "start", "desc", "ack_at")
+    __slots__ = ("peer", "segs", "seg", "pos", "done", "total", "sent", "start", "desc", "ack_at", "hdr", "fp")
 
-    def __init__(self, peer, views, arena_range=None):
+    def __init__(self, peer, views, arena_range=None, fp=None):
         self.peer = peer
         self.segs = [v.reshape(-1).view(np.uint8) for v in views if v.size]
         self.seg = self.pos = self.sent = 0
@@ -35,6 +42,7 @@ class OutStream:
         self.start = None
         self.desc = None
         self.ack_at = None
+        self.fp = self.hdr = fp                      # the call's fingerprint; hdr: still to lead the first piece
         if arena_range is not None and self.segs:
             lo, hi = arena_range
             ptrs = [address(s) for s in self.segs]
@@ -45,9 +53,9 @@ class OutStream:
 class InStream:
     """A message being pulled out of a channel and copied or reduced into its destination views."""
 
-    __slots__ = ("peer", "segs", "flags", "seg", "pos", "done", "total", "got")
+    __slots__ = ("peer", "segs", "flags", "seg", "pos", "done", "total", "got", "fp")
 
-    def __init__(self, peer, views, flags):
+    def __init__(self, peer, views, flags, fp=None):
         keep = [(v.reshape(-1), bool(f)) for v, f in zip(views, flags) if v.size]
         self.peer = peer
         self.segs = [v for v, _ in keep]
@@ -55,6 +63,7 @@ class InStream:
         self.seg = self.pos = self.got = 0           # pos in bytes within segment
         self.total = sum(v.nbytes for v in self.segs)
         self.done = self.total == 0
+        self.fp = fp                                 # the call we are in (None: fingerprints off)
 
 
 class Channels:
@@ -75,7 +84,11 @@ class Channels:
         while not st.done and f.posted[ch] - f.consumed[ch] < f.K:
             k = int(f.posted[ch] % f.K)
             slot = f.slot(ch, k)
-            fill = 0
+            fill = head = 0
+            if st.hdr is not None:               # the fingerprint leads the first piece
+                fingerprint.write(st.hdr, st.total, slot[:H])
+                st.hdr = None
+                fill = head = H
             while fill < f.S and st.seg < len(st.segs):
                 src = st.segs[st.seg]
                 take = min(f.S - fill, len(src) - st.pos)
@@ -85,7 +98,7 @@ class Channels:
                 if st.pos == len(src):
                     st.seg += 1
                     st.pos = 0
-            st.sent += fill
+            st.sent += fill - head
             i = ch * f.K + k
             f.piece_bytes[i] = fill
             self.clock.stamp(f.not_before, i, st)
@@ -104,8 +117,13 @@ class Channels:
             k = int(f.posted[ch] % f.K)
             i = ch * f.K + k
             raw = st.desc.reshape(-1).view(np.uint8)
-            f.slot(ch, k)[:len(raw)] = raw
-            f.piece_bytes[i] = -len(raw)            # negative: a descriptor, not data
+            slot = f.slot(ch, k)
+            head = 0
+            if st.hdr is not None:
+                fingerprint.write(st.hdr, st.total, slot[:H])
+                head = H
+            slot[head:head + len(raw)] = raw
+            f.piece_bytes[i] = -(head + len(raw))     # negative: a descriptor, not data
             st.sent = st.total
             self.clock.stamp(f.not_before, i, st)
             f.posted[ch] += 1
@@ -132,7 +150,7 @@ class Channels:
             if nb < 0:
                 self._pull_desc(st, ch, k, -nb, self.ufunc)
             else:
-                land(st, f.slot(ch, k)[:nb], self.ufunc)
+                land(st, self.open(st, f.slot(ch, k)[:nb]), self.ufunc)
             f.consumed[ch] += 1                  # hand the slot back (for a descriptor: the ack)
             moved = True
             st.done = st.got == st.total
@@ -142,10 +160,27 @@ class Channels:
 
     def _pull_desc(self, st: InStream, ch: int, k: int, nb: int, ufunc) -> None:
         """Read the sender's registered buffer in place: one pass, straight into our destination."""
-        pairs = self.f.slot(ch, k)[:nb].view(np.int64).reshape(-1, 2).copy()
+        pairs = self.descriptor_pairs(st, ch, k, nb).copy()
         src_arena = self.f.arena(st.peer)
         for off, ln in pairs.tolist():
             land(st, src_arena[off:off + ln], ufunc)
+
+    def open(self, st: InStream, piece: np.ndarray) -> np.ndarray:
+        """The payload of a piece: on the first piece of a fingerprinted message, the header is
+        checked (:class:`~..fingerprint.CollectiveMismatch` on disagreement, published to every
+        rank) and cut off."""
+        if st.fp is None or st.got:
+            return piece
+        try:
+            fingerprint.check(st.fp, st.total, piece[:H], self.rank, st.peer)
+        except fingerprint.CollectiveMismatch as e:
+            self.f.report_mismatch(e)
+            raise
+        return piece[H:]
+
+    def descriptor_pairs(self, st: InStream, ch: int, k: int, nb: int) -> np.ndarray:
+        """The (offset, length) pairs of a descriptor piece, its header checked first."""
+        return self.open(st, self.f.slot(ch, k)[:nb]).view(np.int64).reshape(-1, 2)
 
     def head_descriptor(self, st: InStream):
         """(channel, slot, nbytes) when the next piece from ``st.peer`` is a visible descriptor;

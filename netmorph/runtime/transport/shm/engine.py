@@ -18,6 +18,7 @@ import time
 from collections import deque
 
 from netmorph.runtime.transport.errors import PeerLost, PeerTimeout
+from netmorph.runtime.transport.fingerprint import CollectiveMismatch, compare_window, same_call
 from netmorph.runtime.transport.shm.channel import InStream, OutStream
 from netmorph.runtime.transport.shm.mapping import address
 
@@ -33,30 +34,54 @@ class ProgressEngine:
         # more ranks than cores: a waiting rank must hand its core over at once, not spin
         self.spins = 64 if fabric.world <= (os.cpu_count() or 1) else 2
         self.bell = address(fabric.doorbell[rank:rank + 1])
+        self.failed = None                    # the error that broke this rank's fabric: raised again on every call
 
-    def enqueue(self, sends, recvs) -> list:
-        """Queue ``[(peer, [views])]`` sends and ``[(peer, [views], [reduce?])]`` receives; the live streams."""
+    def enqueue(self, sends, recvs, fp=None) -> list:
+        """Queue ``[(peer, [views])]`` sends and ``[(peer, [views], [reduce?])]`` receives, each
+        message under the fingerprint ``fp`` (None: no header); the live streams."""
+        if self.failed is not None:
+            raise self.failed
         outs, ins = [], []
         for peer, views in sends:
-            st = OutStream(peer, views, self.arena_range)
+            st = OutStream(peer, views, self.arena_range, fp)
             if not st.done:
                 self.outq.setdefault(peer, deque()).append(st)
                 outs.append(st)
         for peer, views, flags in recvs:
-            st = InStream(peer, views, flags)
+            st = InStream(peer, views, flags, fp)
             if not st.done:
                 self.inq.setdefault(peer, deque()).append(st)
                 ins.append(st)
         return outs + ins
 
     def progress(self, pull: bool = True) -> bool:
-        moved = _drain(self.outq, self.channels.push)
-        if pull:
-            moved |= _drain(self.inq, self.channels.pull)
+        if self.failed is not None:
+            raise self.failed
+        try:
+            moved = _drain(self.outq, self.channels.push)
+            if pull:
+                moved |= _drain(self.inq, self.channels.pull)
+        except CollectiveMismatch as e:
+            self.failed = e
+            raise
         return moved
 
-    def wait_for(self, streams, ready=None, pull: bool = True) -> None:
-        """Progress until every stream is done (or ``ready()`` holds), or fail naming the peer."""
+    def wait_for(self, streams, ready=None, pull: bool = True, blame=None) -> None:
+        """Progress until every stream is done (or ``ready()`` holds), or fail naming the peer
+        (``blame``: (rank, what) to name when no stream is in flight).
+
+        A failure is final: the queues may hold half-moved messages, so every later call
+        raises the same error instead of reading stale state.
+        """
+        if self.failed is not None:
+            raise self.failed
+        try:
+            self._wait(streams, ready, pull, blame)
+        except (PeerLost, PeerTimeout, CollectiveMismatch) as e:
+            self.failed = e
+            raise
+
+    def _wait(self, streams, ready, pull, blame) -> None:
         spins = 0
         last = time.perf_counter()
         while True:
@@ -71,16 +96,42 @@ class ProgressEngine:
             self._check()
             idle = time.perf_counter() - last
             if idle > self.timeout:
-                peer, what = _blame(streams)
+                peer, what = _blame(streams) if blame is None else blame
+                self._compare_calls(streams, peer)
                 raise PeerTimeout(peer, self.timeout, what)
             self._sleep(idle, pull)
 
     def _check(self) -> None:
+        m = self.f.mismatch
+        if m is not None:
+            raise CollectiveMismatch(*m)
         lost = self.f.aborted
         if lost is not None:
             raise PeerLost(lost, "it exited or raised")
         if os.getppid() != self.ppid:
             raise PeerLost(-1, "the launcher exited")
+
+    def _compare_calls(self, streams, peer: int) -> None:
+        """At a timeout: post the call we are in and, if the peer we waited for posts a different
+        one within :func:`compare_window` (it timed out waiting too), raise the mismatch -- a deadlock of ranks
+        that disagree, not a hung peer."""
+        fp = next((s.fp for s in streams if not s.done and s.fp is not None), None)
+        if fp is None or peer < 0:
+            return
+        f = self.f
+        f.post_call(self.rank, fp)
+        deadline = time.perf_counter() + compare_window(self.timeout)
+        while time.perf_counter() < deadline:
+            theirs = f.call_of(peer)
+            if theirs is not None:
+                if same_call(fp, theirs):
+                    return
+                err = CollectiveMismatch(self.rank, peer, fp, theirs, sent=False)
+                f.report_mismatch(err)
+                raise err
+            if f.mismatch is not None:
+                raise CollectiveMismatch(*f.mismatch)
+            time.sleep(0.01)
 
     def _sleep(self, idle: float, pull: bool) -> None:
         """Block until a peer rings our doorbell (futex), re-checking first to never miss a ring."""

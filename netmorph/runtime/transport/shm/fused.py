@@ -57,7 +57,7 @@ def fused_reduce(engine, ins, streams) -> None:
     srcs = []
     for st in ins:
         ch, k, nb = heads[st]
-        pairs = f.slot(ch, k)[:nb].view(np.int64).reshape(-1, 2)
+        pairs = channels.descriptor_pairs(st, ch, k, nb)
         if len(pairs) != 1 or int(pairs[0, 1]) != dst.nbytes:
             return
         off = int(pairs[0, 0])

@@ -12,7 +12,9 @@ no name exists in ``/dev/shm``, so nothing can leak -- the kernel frees it when
 the last process holding it exits, on every exit path, SIGKILL included.
 
 Layout (int64 words unless noted): a header ([0] abort flag, [1] aborted rank,
-[2] world, [3] K, [4] S), ``posted[p*p]``, ``consumed[p*p]``,
+[2] world, [3] K, [4] S, [5] mismatch flag, [6] its receiver, [7] its sender,
+[8:16] and [16:24] their fingerprints, [24] its kind: 1 a message, 0 a call posted at a
+timeout), the calls ranks were in when they timed out (``calls[p, 9]``: posted?, fingerprint), ``posted[p*p]``, ``consumed[p*p]``,
 ``piece_bytes[p*p*K]`` (negative: a descriptor), ``not_before[p*p*K]`` (float64,
 emulated links), then int32 ``doorbell[p]`` and ``sleeping[p]``; page-aligned slot
 data, then the arenas.
@@ -27,7 +29,7 @@ import numpy as np
 
 from netmorph.runtime.transport.shm.futex import Futex
 
-_HDR = 16
+_HDR = 32
 _MAP_NORESERVE = 0x4000 if sys.platform.startswith("linux") else 0
 
 
@@ -54,7 +56,7 @@ class ShmFabric:
         arena_bytes -= arena_bytes % 4096
         self.world, self.K, self.S, self.A = world, slots, slot_bytes, arena_bytes
         p2 = world * world
-        sizes = [_HDR * 8, p2 * 8, p2 * 8, p2 * slots * 8, p2 * slots * 8, 2 * world * 4 + 8]
+        sizes = [_HDR * 8, p2 * 8, p2 * 8, p2 * slots * 8, p2 * slots * 8, 2 * world * 4 + 8, world * 9 * 8]
         offs = np.cumsum([0] + sizes)
         data_off = int(-(-offs[-1] // 4096) * 4096)
         arena_off = data_off + p2 * slots * slot_bytes
@@ -69,6 +71,7 @@ class ShmFabric:
         # per rank: a doorbell word peers bump when they post to it or free its slots, and a sleeping flag
         self.doorbell = np.frombuffer(buf, np.int32, world, int(offs[5]))
         self.sleeping = np.frombuffer(buf, np.int32, world, int(offs[5]) + 4 * world)
+        self.calls = np.frombuffer(buf, np.int64, world * 9, int(offs[6])).reshape(world, 9)
         self.futex = Futex.make()
         self.data = np.frombuffer(buf, np.uint8, p2 * slots * slot_bytes, data_off)
         self.arenas = np.frombuffer(buf, np.uint8, world * arena_bytes, arena_off)
@@ -89,7 +92,7 @@ class ShmFabric:
     def close(self) -> None:
         """Drop this process's mapping (the kernel frees it when the last holder is gone)."""
         self.hdr = self.posted = self.consumed = self.piece_bytes = self.not_before = self.data = None
-        self.arenas = self.doorbell = self.sleeping = None
+        self.arenas = self.doorbell = self.sleeping = self.calls = None
         try:
             self.mem.close()
         except BufferError:       # a view is still referenced somewhere: the GC will unmap it
@@ -108,6 +111,34 @@ class ShmFabric:
         self.doorbell[rank] += 1
         if self.futex is not None and self.sleeping[rank]:
             self.futex.wake(address(self.doorbell[rank:rank + 1]))
+
+    def report_mismatch(self, e) -> None:
+        """Publish a :class:`~netmorph.runtime.transport.fingerprint.CollectiveMismatch` so every
+        rank raises the same one (the first report wins), and wake them all."""
+        if not self.hdr[5]:
+            self.hdr[6:8] = (e.receiver, e.sender)
+            self.hdr[8:16] = e.mine
+            self.hdr[16:24] = e.theirs
+            self.hdr[24] = int(e.sent)
+            self.hdr[5] = 1
+        for r in range(self.world):
+            self.ring(r)
+
+    @property
+    def mismatch(self):
+        """The published mismatch as ``(receiver, sender, mine, theirs, sent)``, or None."""
+        if not self.hdr[5]:
+            return None
+        return int(self.hdr[6]), int(self.hdr[7]), self.hdr[8:16].copy(), self.hdr[16:24].copy(), bool(self.hdr[24])
+
+    def post_call(self, rank: int, fp) -> None:
+        """Say which call ``rank`` is stuck in (at a timeout), for its peers to compare."""
+        self.calls[rank, 1:] = fp
+        self.calls[rank, 0] = 1
+
+    def call_of(self, rank: int):
+        """The call ``rank`` posted when it timed out, or None."""
+        return self.calls[rank, 1:].copy() if self.calls[rank, 0] else None
 
     @property
     def aborted(self) -> int | None:

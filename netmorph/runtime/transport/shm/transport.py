@@ -64,35 +64,42 @@ class ShmTransport:
         return self.f.arena(0)[start:start + nbytes]
 
     # ------------------------------------------------------------ the transport interface
+    @property
+    def failed(self):
+        """The fabric error this rank already hit (every later call raises it again), or None."""
+        return self.engine.failed
+
     def progress(self) -> bool:
         return self.engine.progress()
 
     def wait_for(self, streams) -> None:
         self.engine.wait_for(streams)
 
-    def run_round(self, sends, recvs, ufunc, snapshot: bool = False) -> None:
-        """Send ``[(peer, [views])]`` and receive ``[(peer, [views], [reduce?])]`` as one step."""
+    def run_round(self, sends, recvs, ufunc, snapshot: bool = False, fp=None) -> None:
+        """Send ``[(peer, [views])]`` and receive ``[(peer, [views], [reduce?])]`` as one step, every
+        message under the fingerprint ``fp`` (:mod:`netmorph.runtime.transport.fingerprint`)."""
         if snapshot:
             sends = [(peer, [np.concatenate([v.reshape(-1) for v in views])]) for peer, views in sends]
         self.channels.ufunc = ufunc
-        streams = self.engine.enqueue(sends, recvs)
+        streams = self.engine.enqueue(sends, recvs, fp)
         ins = [st for st in streams if isinstance(st, InStream)]
         if fusable(ins):
             fused_reduce(self.engine, ins, streams)
         self.engine.wait_for(streams)
 
-    def isend(self, array: np.ndarray, dst: int) -> Work:
-        streams = self.engine.enqueue([(dst, [array])], [])
+    def isend(self, array: np.ndarray, dst: int, fp=None) -> Work:
+        streams = self.engine.enqueue([(dst, [array])], [], fp)
         self.engine.progress()
         return Work(self, streams)
 
-    def irecv(self, array: np.ndarray, src: int) -> Work:
-        streams = self.engine.enqueue([], [(src, [array], [False])])
+    def irecv(self, array: np.ndarray, src: int, fp=None) -> Work:
+        streams = self.engine.enqueue([], [(src, [array], [False])], fp)
         self.engine.progress()
         return Work(self, streams)
 
-    def recv_any(self, array: np.ndarray, srcs) -> int:
+    def recv_any(self, array: np.ndarray, srcs, fp_of=None) -> int:
         """Receive the next message from whichever of ``srcs`` has one (MPI_ANY_SOURCE); returns it.
+        ``fp_of(src)``: the fingerprint to expect from the source that turns out to send.
 
         Sources are polled round-robin from where the last call stopped, so a busy
         peer cannot starve the others (a parameter server serving many workers).
@@ -110,9 +117,11 @@ class ShmTransport:
                     return True
             return False
 
-        self.engine.wait_for([], ready=ready, pull=False)
-        self.irecv(array, box["src"]).wait()
-        return box["src"]
+        who = ", ".join(map(str, srcs))
+        self.engine.wait_for([], ready=ready, pull=False, blame=(-1, f"no message from any of ranks {who}"))
+        src = box["src"]
+        self.irecv(array, src, None if fp_of is None else fp_of(src)).wait()
+        return src
 
     def close(self) -> None:
         pass

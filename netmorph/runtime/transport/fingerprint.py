@@ -1,0 +1,129 @@
+"""Collective fingerprints: a 64-byte header on every message, checked on receipt.
+
+Stands in for the desync checks of the production stacks: torch's
+``TORCH_DISTRIBUTED_DEBUG=DETAIL`` (``ProcessGroupWrapper`` compares each
+collective's ``CollectiveFingerPrint`` -- op, shapes, dtypes -- across ranks
+before running it) and NCCL's flight recorder, which names the collective each
+rank was in when a job hung. Here the check rides on the data itself, so it is
+always on: the first piece of every message starts with the sender's fingerprint
+of the call it is in, and the receiver compares it with its own before a single
+byte lands. Ranks that disagree on the op, algorithm, count, dtype, root, reduce
+op, group or how many calls came before fail with :class:`CollectiveMismatch`
+naming both calls -- never a wrong result. Ranks that deadlock because they
+disagree (each sends where the other does not receive: gloo's and NCCL's sends
+wait for the matching receive) find out when they time out: each posts the call it
+is in where its peers can read it (the fabric's mapping, the job's store) and
+compares with the peer it waited for, so a disagreement is still named as one.
+
+Eight int64 words: ``[op | algo << 8, seq, count, dtype, root | group size << 32,
+redop, group hash, message bytes]``. ``seq`` counts the calls on the group (per
+ordered pair for point-to-point), as torch counts per process group. There is no
+round number: per-pair FIFO order already places a message within its call, and
+an uneven all-to-all's ranks build schedules that skip different empty rounds. Schedules count payload only; the ledger reports the header bytes
+apart (:data:`HEADER_BYTES` per message).
+"""
+
+from __future__ import annotations
+
+import zlib
+from functools import lru_cache
+
+import numpy as np
+
+from netmorph.collectives import ALGORITHMS
+from netmorph.runtime.transport.errors import FabricError
+
+HEADER_BYTES = 64
+WORDS = HEADER_BYTES // 8
+OPS = ("p2p", *ALGORITHMS)
+ALGOS = ("p2p", *sorted({a for algos in ALGORITHMS.values() for a in algos}))
+REDOPS = ("sum", "prod", "max", "min", "none")
+UNEVEN = -1                      # all-to-all with per-rank split sizes: the count differs by rank
+
+
+class CollectiveMismatch(FabricError):
+    """Ranks disagree on the call they are in (op, count, dtype, root, reduce op, algorithm, group
+    or sequence): raised instead of reducing mismatched bytes, naming both ranks' calls."""
+
+    def __init__(self, rank: int, peer: int, mine, theirs, sent: bool = True):
+        self.rank = peer                   # whom this rank blames: the peer whose message disagreed
+        self.receiver, self.sender, self.sent = rank, peer, sent
+        self.mine, self.theirs = np.asarray(mine).copy(), np.asarray(theirs).copy()
+        verb = "sent it" if sent else "is in"
+        super().__init__(f"collective mismatch: rank {rank} is in {describe(self.mine)} but rank {peer} "
+                         f"{verb} {describe(self.theirs)}")
+
+
+def compare_window(timeout: float) -> float:
+    """How long a rank that timed out waits for the peer it blames to post its call: half the
+    timeout, 1..5 s -- the peers' own timeouts fire later by however far they entered the call
+    later. A truly hung peer is reported this much after the timeout."""
+    return max(1.0, min(5.0, timeout / 2))
+
+
+def same_call(a, b) -> bool:
+    """Two fingerprints of the same call (the per-message byte count aside)."""
+    return np.asarray(a)[:7].tobytes() == np.asarray(b)[:7].tobytes()
+
+
+@lru_cache(maxsize=1024)
+def _template(op: str, algo: str, count: int, dtype, root: int, redop: str, ranks: tuple) -> np.ndarray:
+    dt = np.dtype(dtype)
+    return np.array([OPS.index(op) | ALGOS.index(algo) << 8, 0, count, ord(dt.kind) | dt.itemsize << 8,
+                     root | len(ranks) << 32, REDOPS.index(redop),
+                     zlib.crc32(np.asarray(ranks, dtype=np.int64).tobytes()), 0], dtype=np.int64)
+
+
+def stamp(op: str, algo: str, seq: int, count: int, dtype, root: int, redop: str, ranks) -> np.ndarray:
+    """The fingerprint of one call (message bytes 0: the transport fills them per message)."""
+    fp = _template(op, algo, count, np.dtype(dtype), root, redop, tuple(ranks)).copy()
+    fp[1] = seq
+    return fp
+
+
+def write(fp: np.ndarray, nbytes: int, out: np.ndarray) -> None:
+    """Put the header of a message of ``nbytes`` payload bytes into ``out`` (64 bytes, 8-aligned)."""
+    w = out.view(np.int64)
+    w[:] = fp
+    w[7] = nbytes
+
+
+def header(fp: np.ndarray, nbytes: int) -> np.ndarray:
+    """The 64 bytes that go on the wire in front of a message of ``nbytes`` payload bytes."""
+    h = np.empty(HEADER_BYTES, np.uint8)
+    write(fp, nbytes, h)
+    return h
+
+
+def check(fp: np.ndarray, nbytes: int, got: np.ndarray, me: int, peer: int) -> None:
+    """Raise :class:`CollectiveMismatch` unless the header ``got`` (64 bytes) is ``fp`` for ``nbytes``."""
+    theirs = got.view(np.int64)
+    if theirs[7] == nbytes and got[:56].tobytes() == fp[:7].tobytes():
+        return
+    mine = fp.copy()
+    mine[7] = nbytes
+    raise CollectiveMismatch(me, peer, mine, theirs)
+
+
+def describe(fp) -> str:
+    """``allreduce(ring, 1024 x float32, op=sum, group of 4 #1a2b3c4d, call #3, 4096 B)``."""
+    w = [int(x) for x in fp]
+    op, algo = w[0] & 0xFF, w[0] >> 8
+    if op >= len(OPS) or algo >= len(ALGOS) or not 0 <= w[5] < len(REDOPS):
+        return f"something that is not a netmorph message (header words {w})"
+    kind, isz = chr(w[3] & 0xFF), w[3] >> 8
+    try:
+        dtype = np.dtype(f"{kind}{isz}").name
+    except TypeError:
+        dtype = f"{kind}{isz}"
+    name = OPS[op]
+    count = "uneven" if w[2] == UNEVEN else str(w[2])
+    if name == "p2p":
+        return f"send/recv({count} x {dtype}, message #{w[1]}" + (f", {w[7]:,} B)" if w[7] else ")")
+    parts = [ALGOS[algo], f"{count} x {dtype}"]
+    if name in ("broadcast", "reduce"):
+        parts.append(f"root={w[4] & 0xFFFFFFFF}")
+    if name in ("allreduce", "reduce", "reduce_scatter"):
+        parts.append(f"op={REDOPS[w[5]]}")
+    parts += [f"group of {w[4] >> 32} #{w[6]:08x}", f"call #{w[1]}"] + ([f"{w[7]:,} B"] if w[7] else [])
+    return f"{name}({', '.join(parts)})"
