@@ -24,6 +24,19 @@ CASES = [
     (["bench", "allreduce", "--world", "2", "--bytes", "1e30"], "--bytes"),
     (["bench", "allreduce", "--world", "2", "--bytes", "1GiB"], "--bytes"),
     (["bench", "allreduce", "--world", "2", "--bytes", "1KiB", "--timeout", "nan"], "--timeout"),
+    (["bench", "allreduce", "--world", "2", "--bytes", "1KiB", "--timeout", "inf"], "--timeout"),
+    (["sgd", "--jitter", "nan", "--steps", "5"], "--jitter"),
+    (["sgd", "--compute-ms", "nan", "--steps", "5"], "--compute-ms"),
+    (["train", "--compute-ms", "nan", "--steps", "1"], "--compute-ms"),
+    (["collective", "allreduce", "--world", "4", "--bytes", "1KiB", "--alpha", "inf"], "--alpha"),
+    (["plan", "--model", "gpt3-175b", "--gpus", "64", "--global-batch", "64", "--ffn", "-5"], "--ffn"),
+    (["plan", "estimate", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "0", "--gpus", "1",
+      "--global-batch", "1"], "--seq"),
+    (["plan", "estimate", "--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "0", "--gpus", "1",
+      "--global-batch", "1"], "--vocab"),
+    (["train", "--steps=--"], "--steps"),
+    (["sgd", "--compare", "--plot", "/proc/x.png", "--steps", "5"], "--plot"),
+    (["train", "--trace", "/", "--steps", "1"], "--trace"),
 ]
 
 

@@ -225,3 +225,19 @@ def test_torch_backend_listens_on_loopback_only(no_leaks):
     for found in launch(_listening_addresses, 2, backend="torch"):
         assert found, "gloo's listening socket was not found"
         assert set(found) <= loopback, found
+
+
+def _server_waits(comm):
+    if comm.rank == 0:
+        comm.recv_any(np.zeros(4), [1, 2])
+    else:
+        time.sleep(4)
+
+
+@pytest.mark.timeout(60)
+def test_recv_any_timeout_names_the_ranks_it_waited_for(no_leaks):
+    with pytest.raises(LaunchError) as e:
+        launch(_server_waits, 3, timeout=1.0)
+    server = next(f for f in e.value.failures if f.rank == 0)
+    assert server.exc_type == "PeerTimeout"
+    assert "no message from any of ranks 1, 2" in server.message and "rank -1" not in server.message

@@ -1,6 +1,5 @@
 """The event simulation: closed forms on a flat topology, the port model, two-level links, the tuner."""
 
-import numpy as np
 import pytest
 
 from netmorph.collectives import build

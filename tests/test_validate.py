@@ -1,6 +1,5 @@
 """The validator catches broken schedules: each mutation of a correct one names its round."""
 
-import numpy as np
 import pytest
 
 from netmorph.collectives import build

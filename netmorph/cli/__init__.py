@@ -10,6 +10,7 @@ and every other parameter ``x_y`` is the flag ``--x-y``.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from netmorph.errors import UsageError
@@ -25,11 +26,43 @@ class Parser(argparse.ArgumentParser):
 
 
 def check_output_file(path: str, flag: str) -> None:
-    """Before any work: the directory an output file goes to exists and is writable."""
+    """Before any work: the output file's directory exists and a file can be created in it."""
     import os
+
+    from netmorph.files import probe_writable
+    if os.path.isdir(path):
+        raise UsageError(f"{flag}: {path} is a directory; name a file")
     d = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(d) or not os.access(d, os.W_OK):
-        raise UsageError(f"{flag}: cannot write to {d}")
+    try:
+        probe_writable(d)
+    except OSError as e:
+        raise UsageError(f"{flag}: cannot write to {d}: {e.strerror or e}") from None
+
+
+def finite_float(text: str) -> float:
+    """A float flag: finite (NaN would disable a comparison, inf a bound)."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(x):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return x
+
+
+def exact_int(text: str) -> int:
+    """An int flag: decimal digits, at most 2**53 in size (past that no count here is meaningful)."""
+    try:
+        x = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if abs(x) > 1 << 53:
+        raise argparse.ArgumentTypeError(f"{text} is out of range (at most 2**53)")
+    return x
+
+
+def _subparsers(p: argparse.ArgumentParser):
+    return next((a for a in p._actions if isinstance(a, argparse._SubParsersAction)), None)
 
 
 def build_parser() -> Parser:
@@ -39,12 +72,30 @@ def build_parser() -> Parser:
     sub.required = True
     for mod in (collective, bench, train, sgd, plan, tour, mesh):
         mod.add_parser(sub)
+    for parser in sub.choices.values():        # every numeric flag: finite, bounded, one-line refusals
+        for action in parser._actions:
+            if action.type is float:
+                action.type = finite_float
+            elif action.type is int:
+                action.type = exact_int
     return p
+
+
+def _check_arity(parser: Parser, args) -> None:
+    """argparse drops a ``--`` given as a flag's value and stores an empty list: refuse it."""
+    sub = _subparsers(parser)
+    for action in sub.choices[args.command]._actions:
+        if action.nargs is None and action.option_strings and getattr(args, action.dest, None) == []:
+            parser.error(f"argument {action.option_strings[0]}: expected one argument")
 
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+        _check_arity(parser, args)
+    except SystemExit as e:          # --help (0) and argparse's one-line refusals (2), as a return code
+        return e.code if isinstance(e.code, int) else 2
     try:
         return int(args.run(args) or 0)
     except UsageError as e:

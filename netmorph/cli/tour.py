@@ -1,18 +1,17 @@
 """``netmorph tour``: the main job -- a terminal summary and one HTML report with figures.
 
-Each capability contributes a section (``netmorph.report.<name>.build_section``);
-for now, the collectives.
+Each capability contributes a section (``netmorph.report.<name>.build_section``):
+collectives, the fabric, training, SGD consistency models and the planner.
 """
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from netmorph.errors import UsageError
+from netmorph.files import probe_writable
 
 
 def add_parser(sub) -> None:
@@ -68,12 +67,9 @@ def run(args) -> int:
 
 
 def check_writable(out: Path) -> None:
-    """Make ``out`` and prove it writable before any work: a fresh name created exclusively
-    (``mkstemp``), so a link planted under a fixed name is never followed and truncated."""
+    """Make ``out`` and prove it writable before any work (:func:`netmorph.files.probe_writable`)."""
     try:
         out.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=out, prefix=".netmorph-write-test-")
-        os.close(fd)
-        os.unlink(probe)
+        probe_writable(out)
     except OSError as e:
         raise UsageError(f"--out: cannot write to {out}: {e.strerror or e}") from None

@@ -12,6 +12,7 @@ import json
 import sys
 
 from netmorph.errors import UsageError
+from netmorph.files import write_json
 
 # library parameters set by a flag of another name (the rest are --name)
 FLAGS = {"micro_batch_size": "--micro-batch-size", "dp_mode": "--dp-mode", "bucket_mb": "--bucket-mb"}
@@ -143,7 +144,7 @@ def _print(args, cfg, out) -> int:
     out["planner_memory_bytes"] = planner_memory(cfg)
     trace = out.pop("trace", None)
     if trace is not None:
-        _write_json(args.trace, trace)
+        write_json(args.trace, trace)
     if args.json:
         json.dump(out, sys.stdout, indent=1, default=float)
         sys.stdout.write("\n")
@@ -152,22 +153,6 @@ def _print(args, cfg, out) -> int:
     if trace is not None:
         print(f"# trace of the last step: {args.trace} (open in Perfetto or chrome://tracing)")
     return 0
-
-
-def _write_json(path: str, obj) -> None:
-    """Atomically: a temporary file beside the target, then rename."""
-    import os
-    import tempfile
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".netmorph-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(obj, fh)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def under_torchrun() -> int | None:

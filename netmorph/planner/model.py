@@ -124,10 +124,13 @@ def from_args(model=None, layers=None, hidden=None, heads=None, seq=None, vocab=
         if missing:
             raise UsageError("describe the model with {model} NAME, {params} N, or " + " ".join(missing),
                              missing[0][1:-1])
-        spec = ModelSpec("custom", layers, hidden, heads, seq or 2048, vocab or 51200, ffn or 0)
+        spec = ModelSpec("custom", layers, hidden, heads, 2048 if seq is None else seq,
+                         51200 if vocab is None else vocab, 0 if ffn is None else ffn)
     for k in ("layers", "hidden", "heads", "seq", "vocab"):
-        if getattr(spec, k) < 1:
-            raise UsageError(f"{{{k}}} must be >= 1, got {getattr(spec, k)}", k)
+        if not 1 <= getattr(spec, k) <= 1 << 24:
+            raise UsageError(f"{{{k}}} must be in 1..{1 << 24:,}, got {getattr(spec, k)}", k)
+    if ffn is not None and not 1 <= ffn <= 1 << 26:
+        raise UsageError(f"{{ffn}} must be in 1..{1 << 26:,} (omit it for 4 x hidden), got {ffn}", "ffn")
     if spec.hidden % spec.heads:
         raise UsageError(f"{{hidden}} {spec.hidden} is not divisible by {{heads}} {spec.heads}", "hidden")
     return spec

@@ -13,6 +13,7 @@ import numpy as np
 from netmorph.collectives import ALGORITHMS
 from netmorph.cost.topology import PRESETS
 from netmorph.cost.tuner import predict
+from netmorph.files import save_figure
 from netmorph.report.html import Section
 from netmorph.report.table import size_bands
 from netmorph.units import fmt_bytes, fmt_time
@@ -67,7 +68,7 @@ def build_section(out_dir, tick=lambda: None) -> Section:
     axes[0].legend(fontsize=8, loc="upper left")
     fig.suptitle("One all-reduce, p = 8, on a DGX A100 cluster: tensor-parallel vs data-parallel placement")
     fig.tight_layout()
-    fig.savefig(out_dir / "allreduce_tp_vs_dp.png", dpi=110)
+    save_figure(fig, out_dir / "allreduce_tp_vs_dp.png")
     plt.close(fig)
 
     # who wins, over world size x message size, on two clusters
@@ -94,7 +95,7 @@ def build_section(out_dir, tick=lambda: None) -> Section:
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[a]) for a in ALGOS]
     fig.legend(handles, ALGOS, loc="lower center", ncol=8, fontsize=8)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
-    fig.savefig(out_dir / "allreduce_winner_map.png", dpi=110)
+    save_figure(fig, out_dir / "allreduce_winner_map.png")
     plt.close(fig)
 
     # what each algorithm costs in the two hardware-independent quantities
@@ -109,7 +110,7 @@ def build_section(out_dir, tick=lambda: None) -> Section:
         ax.tick_params(axis="x", rotation=30, labelsize=8)
     fig.suptitle("8 MiB all-reduce on 8 ranks: message rounds vs bytes on the wire")
     fig.tight_layout()
-    fig.savefig(out_dir / "allreduce_rounds_bytes.png", dpi=110)
+    save_figure(fig, out_dir / "allreduce_rounds_bytes.png")
     plt.close(fig)
     tick()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from netmorph.files import save_figure
 from netmorph.report.html import Section
 
 STEPS = 2
@@ -31,7 +32,7 @@ def plot(rows, path, title):
     axes[0].legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -90,6 +91,6 @@ problem against a dense one: <code>netmorph sgd --mode hogwild --model sparse</c
     summary = [f"4x straggler: updates/s bsp {s['bsp']['updates_per_s']:.0f}, ssp {s['ssp']['updates_per_s']:.0f}, "
                f"async {s['async']['updates_per_s']:.0f}, hogwild {s['hogwild']['updates_per_s']:.0f}, "
                f"local {s['local']['updates_per_s']:.0f}",
-               f"final loss with straggler: " + ", ".join(f"{m} {s[m]['final_loss']:.4g}" for m in s),
+               "final loss with straggler: " + ", ".join(f"{m} {s[m]['final_loss']:.4g}" for m in s),
                f"no straggler: updates/s bsp {b['bsp']['updates_per_s']:.0f}, async {b['async']['updates_per_s']:.0f}"]
     return Section("Consistency models for SGD: throughput against convergence", html, files, summary)

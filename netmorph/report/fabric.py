@@ -16,6 +16,7 @@ import numpy as np
 
 from netmorph.cost.topology import Topology
 from netmorph.cost.tuner import predict
+from netmorph.files import save_figure
 from netmorph.report.collectives import COLORS
 from netmorph.report.html import Section
 from netmorph.units import fmt_bytes
@@ -84,7 +85,7 @@ def build_section(out_dir, tick=lambda: None) -> Section:
     axes[0].legend(fontsize=8)
     fig.suptitle("Real processes: the shared-memory fabric vs gloo (busbw, nccl-tests' definition)")
     fig.tight_layout()
-    fig.savefig(out_dir / "fabric_busbw.png", dpi=110)
+    save_figure(fig, out_dir / "fabric_busbw.png")
     plt.close(fig)
 
     pts = []
@@ -106,7 +107,7 @@ def build_section(out_dir, tick=lambda: None) -> Section:
     ax.legend(fontsize=8)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out_dir / "fabric_measured_vs_predicted.png", dpi=110)
+    save_figure(fig, out_dir / "fabric_measured_vs_predicted.png")
     plt.close(fig)
 
     err = [abs(m / q - 1) for _, _, m, q in pts]

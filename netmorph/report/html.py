@@ -6,6 +6,8 @@ import html as _html
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from netmorph.files import write_text
+
 
 @dataclass
 class Section:
@@ -45,4 +47,4 @@ def write_page(path, sections, version: str) -> None:
             parts.append(f"<figure><img src='{name}' alt='{_html.escape(caption)}'>"
                          f"<figcaption>{_html.escape(caption)}</figcaption></figure>")
     parts.append("</body></html>")
-    path.write_text("\n".join(parts))
+    write_text(path, "\n".join(parts))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from netmorph.files import save_figure
 from netmorph.report.html import Section
 
 STEPS = 2
@@ -69,7 +70,7 @@ def build_section(out_dir, tick=lambda: None) -> Section:
     axes[1].set_xlabel("tensor x pipeline split (data parallel = 1024 / (t·p))")
     fig.suptitle(f"GPT-3 175B on {GPUS} A100-80GB, global batch {BATCH}: what each split costs", fontsize=11)
     fig.tight_layout()
-    fig.savefig(out_dir / "plan_splits.png", dpi=110)
+    save_figure(fig, out_dir / "plan_splits.png")
     plt.close(fig)
     mem = best["memory_bytes"]
     html = f"""

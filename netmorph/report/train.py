@@ -3,6 +3,7 @@ each phase sent against its closed form, and what each ZeRO stage keeps per rank
 
 from __future__ import annotations
 
+from netmorph.files import save_figure
 from netmorph.report.html import Section
 
 STEPS = 3
@@ -48,7 +49,7 @@ def build_section(out_dir, tick=lambda: None) -> Section:
     fig.suptitle("One training step on 4 pipeline ranks, 8 microbatches (blue forward, orange backward; "
                  "' = second chunk)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(out_dir / "train_pipeline.png", dpi=110)
+    save_figure(fig, out_dir / "train_pipeline.png")
     plt.close(fig)
 
     # 2. 3D: every phase's bytes against its closed form
@@ -141,5 +142,5 @@ def _finish(plt, fig, ax, ylabel: str, title: str, path) -> None:
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)

@@ -13,8 +13,9 @@ off), reported apart as ``overhead_bytes``.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
+
+from netmorph.files import write_json
 
 FIELDS = ("src", "dst", "bytes", "seq", "round", "phase", "op", "algo", "t0", "t1")
 
@@ -88,5 +89,4 @@ class Ledger:
         return {"traceEvents": events, "displayTimeUnit": "ns"}
 
     def write_chrome_trace(self, path) -> None:
-        with open(path, "w") as fh:
-            json.dump(self.chrome_trace(), fh)
+        write_json(path, self.chrome_trace())

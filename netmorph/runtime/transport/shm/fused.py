@@ -10,7 +10,6 @@ does with all peers' pointers at once.
 
 from __future__ import annotations
 
-import numpy as np
 
 from netmorph.runtime.transport.shm.mapping import address
 
