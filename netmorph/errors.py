@@ -31,3 +31,34 @@ class UsageError(ValueError):
                 return name
             return flags.get(name, "--" + name.replace("_", "-"))
         return _PLACEHOLDER.sub(spell, self.text)
+
+
+# what to install for each package an optional part of netmorph imports
+INSTALL = {
+    "torch": "pip install torch (the CPU build: pip install torch --index-url https://download.pytorch.org/whl/cpu)",
+}
+
+
+class MissingPackage(ImportError):
+    """A package a part of netmorph needs is not installed: one line saying what to install.
+    The CLI prints it and exits 3 (2 is bad input, 1 a wrong result)."""
+
+    def __init__(self, package: str, what: str):
+        self.package, self.what = package, what
+        super().__init__(f"{what} needs {package}, which is not installed: {INSTALL.get(package, 'pip install ' + package)}")
+
+
+def require(package: str, what: str) -> None:
+    """Raise :class:`MissingPackage` unless ``package`` can be imported (without importing it)."""
+    import importlib.util
+    import sys
+    if package in sys.modules:
+        if sys.modules[package] is None:          # import blocked (python -X importtime tests, sys.modules poke)
+            raise MissingPackage(package, what)
+        return
+    try:
+        found = importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise MissingPackage(package, what)

@@ -78,3 +78,29 @@ def test_devices_and_huge_files_are_refused_unread(tmp_path, capsys):
     big.write_text(json.dumps({"alpha": 1e-6, "beta": 1e-9, "description": "x" * (2 << 20)}))
     assert main(["collective", "allreduce", "--world", "8", "--bytes", "1KiB", "--topology", str(big)]) == 2
     assert "at most" in capsys.readouterr().err
+
+
+def _without_torch(*argv):
+    """Run the CLI in a fresh interpreter where ``import torch`` fails, as on a machine without it."""
+    import subprocess
+    import sys
+    code = "import sys; sys.modules['torch'] = None; from netmorph.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.timeout(120)
+def test_without_torch_one_line_says_what_to_install():
+    for argv in (["train", "--steps", "1"], ["sgd", "--model", "mlp", "--steps", "2"],
+                 ["bench", "allreduce", "--world", "2", "-b", "1K", "--backend", "torch"]):
+        r = _without_torch(*argv)
+        assert r.returncode == 3, (argv, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and "pip install torch" in r.stderr, r.stderr
+
+
+@pytest.mark.timeout(120)
+def test_without_torch_bench_still_prints_what_it_measured():
+    r = _without_torch("bench", "allreduce", "--world", "2", "-b", "1K", "-n", "2", "-w", "0", "--algo", "ring")
+    assert r.returncode == 0, r.stderr
+    assert "needs torch" in r.stdout and "# Avg bus bandwidth" in r.stdout
+    assert any(line.split()[:1] == ["1024"] and "ring" in line for line in r.stdout.splitlines())
+    assert "Traceback" not in r.stderr

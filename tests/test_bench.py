@@ -67,3 +67,35 @@ def test_check_off_and_csv(capsys):
                  "--no-compare"]) == 0
     out = capsys.readouterr().out
     assert "N/A (--check 0)" in out and " N/A " in [l for l in out.splitlines() if not l.startswith("#")][0]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("backend", ["torch", "torch-native"])
+def test_bench_under_torchrun_joins_the_job_and_rank_0_prints(backend):
+    """nccl-tests runs under the cluster's launcher; so does `netmorph bench`: one table, from rank 0."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "netmorph",
+                        "bench", "allreduce", "-b", "8", "-e", "8K", "-f", "32", "--backend", backend,
+                        "--algo", "ring", "-n", "3", "-w", "1"],
+                       capture_output=True, text=True, timeout=170)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = r.stdout
+    assert out.count("# netmorph bench allreduce: world 2") == 1          # rank 1 prints nothing
+    sizes = [int(line.split()[0]) for line in out.splitlines() if line.strip() and not line.startswith("#")]
+    assert sizes == [8, 256, 8192]
+    assert "# Out of bounds values : 0 OK" in out and "# Avg bus bandwidth" in out
+
+
+def test_bench_under_torchrun_refuses_what_cannot_work(monkeypatch, capsys):
+    for k, v in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(k, v)
+    assert main(["bench", "allreduce", "-b", "8", "--backend", "local"]) == 2
+    assert "under torchrun use --backend torch" in capsys.readouterr().err
+    assert main(["bench", "allreduce", "-b", "8", "--world", "4"]) == 2
+    assert "WORLD_SIZE 2" in capsys.readouterr().err
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k)
+    assert main(["bench", "allreduce", "-b", "8"]) == 2
+    assert "--world is required" in capsys.readouterr().err

@@ -1,7 +1,8 @@
 """``netmorph`` command line: one module per subcommand, argparse.
 
 Bad input is one line on stderr naming the flag to change, exit code 2, never a
-traceback; Ctrl-C exits 130 without one. Library errors name a parameter
+traceback; a missing package is one line saying what to install, exit code 3; a
+failed rank or a wrong result exits 1; Ctrl-C exits 130 without a traceback. Library errors name a parameter
 (:class:`~netmorph.errors.UsageError`); each subcommand's ``FLAGS`` table says
 which flag sets which parameter where the names differ (``count`` -> ``--bytes``),
 and every other parameter ``x_y`` is the flag ``--x-y``.
@@ -13,7 +14,7 @@ import argparse
 import math
 import sys
 
-from netmorph.errors import UsageError
+from netmorph.errors import INSTALL, MissingPackage, UsageError
 from netmorph.runtime.launch import LaunchError
 
 
@@ -101,6 +102,14 @@ def main(argv=None) -> int:
     except UsageError as e:
         sys.stderr.write(f"netmorph {args.command}: error: {e.render(getattr(args, 'flags', {}))}\n")
         return 2
+    except MissingPackage as e:
+        sys.stderr.write(f"netmorph {args.command}: {e}\n")
+        return 3
+    except ModuleNotFoundError as e:  # a missing package no require() anticipated: still one line
+        if e.name is None or e.name.split(".")[0] not in INSTALL:
+            raise
+        sys.stderr.write(f"netmorph {args.command}: {MissingPackage(e.name.split('.')[0], 'this command')}\n")
+        return 3
     except LaunchError as e:         # a rank failed: the launcher's root cause, as torchrun prints it
         sys.stderr.write(f"netmorph {args.command}: {e}\n")
         return 1

@@ -11,12 +11,15 @@ rows print as each size completes, then nccl-tests' footers.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
 import sys
 
 from netmorph.collectives import ALGORITHMS, ROOTED, canonical_op, check_algo
-from netmorph.errors import UsageError
+from netmorph.errors import MissingPackage, UsageError, require
+from netmorph.runtime.env import torchrun_rank, torchrun_world
 from netmorph.schedule import REDOPS
 from netmorph.units import DTYPES, parse_dtype, parse_size, parse_size_range
 
@@ -32,7 +35,7 @@ def add_parser(sub) -> None:
                                    "(time, algbw, busbw, #wrong) beside the cost model and gloo. nccl-tests' "
                                    "flags -b -e -f -i -n -w -c -o -d -r are accepted with their meanings.")
     p.add_argument("op", help="allreduce, allgather, reduce_scatter, broadcast, reduce or alltoall")
-    p.add_argument("--world", "-p", type=int, required=True, help="processes (ranks)")
+    p.add_argument("--world", "-p", type=int, help="processes (ranks) to start; under torchrun, its WORLD_SIZE")
     p.add_argument("--bytes", "--minbytes", "-b", help="message size, or the sweep's smallest (nccl-tests -b); "
                                                         "K/M/G binary as in nccl-tests, KB/MB/GB decimal")
     p.add_argument("--maxbytes", "-e", help="the sweep's largest size (nccl-tests -e)")
@@ -41,8 +44,9 @@ def add_parser(sub) -> None:
     p.add_argument("--stepbytes", "-i", help="add this many bytes between rows instead (nccl-tests -i)")
     p.add_argument("--sizes", help="sweep MIN:MAX in powers of two, e.g. 1KiB:64MiB (= -b MIN -e MAX -f 2)")
     p.add_argument("--algo", default="all", help="algorithm, auto, or all (default)")
-    p.add_argument("--backend", default="local", choices=("local", "torch", "torch-native"),
-                   help="local shared memory (default), torch.distributed point-to-point, or torch's own collective")
+    p.add_argument("--backend", choices=("local", "torch", "torch-native"),
+                   help="local shared memory (default), torch.distributed point-to-point (default under torchrun), "
+                        "or torch's own collective")
     p.add_argument("--iters", "-n", type=int, default=20, help="timed iterations per case (default 20)")
     p.add_argument("--warmup", "-w", type=int, default=5, help="untimed iterations per case (default 5)")
     p.add_argument("--check", "-c", type=int, default=1, choices=(0, 1),
@@ -100,13 +104,23 @@ def _geometric(lo, hi, f):
 def run(args) -> int:
     from netmorph.cost.topology import PRESETS, load_topology
     from netmorph.cost.tuner import auto_algo, predict
-    from netmorph.report.table import MEASURED, header, row
-    from netmorph.runtime.bench import Case, measure, memcpy_bandwidth
+    from netmorph.runtime.bench import measure, measure_in_job, memcpy_bandwidth
 
     op = canonical_op(args.op)
+    job = torchrun_world()
+    if job is not None:                  # joined from torchrun's environment, as nccl-tests under mpirun
+        args.backend = args.backend or "torch"
+        if args.backend == "local":
+            raise UsageError("--backend local forks its own ranks; under torchrun use --backend torch or torch-native")
+        if args.world is not None and args.world != job:
+            raise UsageError(f"--world {args.world} != torchrun's WORLD_SIZE {job}; drop --world under torchrun")
+        args.world = job
+    elif args.world is None:
+        raise UsageError("--world is required (how many ranks to start), unless started by torchrun")
+    args.backend = args.backend or "local"
     if args.world < 1:
         raise UsageError(f"--world must be >= 1, got {args.world}")
-    if args.world > 64:
+    if args.world > 64 and job is None:
         raise UsageError(f"--world {args.world}: this launches one process per rank; keep it <= 64 on one machine")
     numpy_dtype, itemsize = parse_dtype(args.dtype)
     if numpy_dtype == "bfloat16":
@@ -138,7 +152,15 @@ def run(args) -> int:
     else:
         algos = [check_algo(op, args.algo)]
     topo = load_topology(args.topology)
+    if args.backend != "local":
+        require("torch", f"--backend {args.backend}")
     compare = args.backend == "local" and not args.no_compare
+    no_torch = None
+    if compare:
+        try:
+            require("torch", "the gloo comparison")
+        except MissingPackage as e:           # measure what can be measured; say what is missing
+            compare, no_torch = False, str(e)
     copy_bw = memcpy_bandwidth(max(sizes))
     root = args.root if op in ROOTED else 0
     redop = args.redop if op in ("allreduce", "reduce", "reduce_scatter") else "none"
@@ -155,26 +177,52 @@ def run(args) -> int:
         r["redop"], r["root"] = redop, root
         return r
 
+    comm = None
+    if job is not None:
+        from netmorph.runtime import init_from_env
+        comm = init_from_env(args.backend, args.timeout)
+
+    def measure_size(cases, backend):
+        if comm is not None:                   # rank 0 gets the rows; the others measure and stay quiet
+            return measure_in_job(comm, cases, args.iters, args.warmup, numpy_dtype) or []
+        return measure(cases, args.world, backend, args.iters, args.warmup, numpy_dtype, args.timeout)
+
+    quiet = job is not None and torchrun_rank() != 0
+    try:
+        with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
+            return _table(args, op, sizes, algos, compare, no_torch, topo, copy_bw, numpy_dtype, itemsize, root,
+                          redop, measure_size, finish, progress=not quiet)
+    finally:
+        if comm is not None:
+            comm.close()
+
+
+def _table(args, op, sizes, algos, compare, no_torch, topo, copy_bw, numpy_dtype, itemsize, root, redop,
+           measure_size, finish, progress: bool) -> int:
+    """Print the header, one row per algorithm as each size completes, and nccl-tests' footers."""
+    from netmorph.report.table import MEASURED, header, row
+    from netmorph.runtime.bench import Case
     text = not (args.json or args.csv)
     if text:
         print(f"# netmorph bench {op}: world {args.world}, {numpy_dtype}, redop {redop}, root {root}, backend "
               f"{args.backend}, {args.iters} iterations (+{args.warmup} warmup){'' if args.check else ', no check'}; "
               f"slowest rank's mean")
         print(f"# predicted: cost model on {topo.name}; memcpy: {copy_bw:.2f} GB/s on one core here")
+        if no_torch:
+            print(f"# {no_torch}; add --no-compare to skip it")
         print(header(MEASURED))
     writer = None
     if args.csv:
         writer = csv.DictWriter(sys.stdout, CSV_FIELDS, extrasaction="ignore")
         writer.writeheader()
     rows = []
-    progress = _Progress(len(sizes))
+    bar = _Progress(len(sizes) if progress else 0)
     try:
         for n in sizes:
             cases = [Case(op, a, n, args.redop, root, bool(args.check)) for a in algos]
-            here = measure(cases, args.world, args.backend, args.iters, args.warmup, numpy_dtype, args.timeout)
+            here = measure_size(cases, args.backend)
             if compare:
-                here += measure([Case(op, "native", n, args.redop, root, bool(args.check))], args.world,
-                                "torch-native", args.iters, args.warmup, numpy_dtype, args.timeout)
+                here += measure_size([Case(op, "native", n, args.redop, root, bool(args.check))], "torch-native")
             for r in here:
                 finish(r)
                 if text:
@@ -183,9 +231,9 @@ def run(args) -> int:
                     writer.writerow(r)
                     sys.stdout.flush()
             rows += here
-            progress.advance()
+            bar.advance()
     finally:
-        progress.close()
+        bar.close()
     if args.json:
         json.dump(rows, sys.stdout, indent=1)
         sys.stdout.write("\n")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from netmorph.errors import UsageError
+from netmorph.errors import UsageError, require
 
 COLS = f"{'mode':<8} {'updates':>7} {'upd/s':>8} {'wall(s)':>8} {'to target':>9} {'final loss':>11} " \
        f"{'metric':>18} {'stale max':>9}  {'staleness k:count':<24} {'bytes on wire':>14}"
@@ -119,6 +119,8 @@ def run(args) -> int:
     from netmorph.consistency import MODES, compare
     from netmorph.consistency import run as run_mode
     cfg = config_from(args)
+    if args.model == "mlp":
+        require("torch", "--model mlp")
     err = Console(stderr=True)
     with Progress(TextColumn("{task.description:<10}"), BarColumn(), TextColumn("{task.completed}/{task.total} updates"),
                   TimeElapsedColumn(), console=err, transient=True, disable=not sys.stderr.isatty()) as bar:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import sys
 
-from netmorph.errors import UsageError
+from netmorph.errors import UsageError, require
+from netmorph.runtime.env import torchrun_world
 from netmorph.files import write_json
 
 # library parameters set by a flag of another name (the rest are --name)
@@ -74,7 +75,7 @@ def config_from(args):
         raise UsageError(f"--lr must be a positive number, got {args.lr}")
     if not 0 < args.timeout < 1e6:
         raise UsageError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
-    job = under_torchrun()
+    job = torchrun_world()
     if job is not None:
         if args.backend == "local":
             raise UsageError("--backend local cannot span torchrun's processes; use torch or torch-native")
@@ -123,9 +124,10 @@ def run(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    require("torch", "training")
     from netmorph.parallel.run import train, train_torchrun
     cfg = config_from(args)
-    if under_torchrun() is not None:
+    if torchrun_world() is not None:
         out = train_torchrun(cfg, args.backend, args.timeout, args.check)
         if out is None:                  # not rank 0: rank 0 prints for the job, as nccl-tests under mpirun
             return 0
@@ -153,14 +155,6 @@ def _print(args, cfg, out) -> int:
     if trace is not None:
         print(f"# trace of the last step: {args.trace} (open in Perfetto or chrome://tracing)")
     return 0
-
-
-def under_torchrun() -> int | None:
-    """torchrun's WORLD_SIZE when this process was started by it (RANK, WORLD_SIZE, LOCAL_RANK set)."""
-    import os
-    if all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")):
-        return int(os.environ["WORLD_SIZE"])
-    return None
 
 
 def _layout(cfg) -> str:

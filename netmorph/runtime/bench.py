@@ -132,24 +132,49 @@ def measure(cases, world: int, backend: str = "local", iters: int = 20, warmup: 
     ``fingerprints=False`` measures without the per-message call check (to price it)."""
     results = launch(_rank_fn, world, cases, iters, warmup, dtype, backend=backend, timeout=timeout,
                      fingerprints=fingerprints)
+    times = [max(r[k][0] for r in results) for k in range(len(cases))]
+    wrong = [sum(r[k][1] for r in results) for k in range(len(cases))]
+    return _rows(cases, times, wrong, world, backend, dtype)
+
+
+def measure_in_job(comm, cases, iters: int = 20, warmup: int = 5, dtype="float32"):
+    """The same measurement by a rank of a job someone else started (torchrun, as nccl-tests runs
+    under mpirun): every rank calls it; the slowest rank's time and the summed #wrong come together
+    over ``comm`` and rank 0 gets the rows (the others None)."""
+    mine = _rank_fn(comm, cases, iters, warmup, dtype)
+    times = np.array([t for t, _ in mine], dtype=np.float64)
+    wrong = np.array([w for _, w in mine], dtype=np.float64)
+    comm.all_reduce(times, op="max")
+    comm.all_reduce(wrong, op="sum")
+    if comm.rank != 0:
+        return None
+    wrong = [int(w) if c.check else -1 for w, c in zip(wrong, cases)]
+    backend = "torch-native" if type(comm).__name__ == "NativeComm" else comm.transport.name
+    return _rows(cases, times.tolist(), wrong, comm.world, backend, dtype)
+
+
+def _rows(cases, times, wrong, world, backend, dtype):
     rows = []
-    for k, c in enumerate(cases):
-        t = max(r[k][0] for r in results)
-        wrong = -1 if not c.check else sum(r[k][1] for r in results)
-        itemsize = np.dtype(dtype).itemsize
+    itemsize = np.dtype(dtype).itemsize
+    for c, t, bad in zip(cases, times, wrong):
+        bad = -1 if not c.check else bad
         nbytes = c.nbytes - (c.nbytes // itemsize % world) * itemsize if c.op in (
             "allgather", "reduce_scatter", "alltoall") else c.nbytes
         algbw, busbw = bandwidths(c.op, nbytes, t, world)
         rows.append({"op": c.op, "algo": c.algo, "backend": backend if c.algo != "native" else "torch-native",
                      "world": world, "bytes": nbytes, "count": nbytes // itemsize, "type": str(np.dtype(dtype)),
-                     "time_s": t, "algbw_gbps": algbw, "busbw_gbps": busbw,
-                     "wrong": wrong})
+                     "time_s": t, "algbw_gbps": algbw, "busbw_gbps": busbw, "wrong": bad})
     return rows
 
 
-def memcpy_bandwidth(nbytes: int, repeats: int = 20) -> float:
-    """This machine's single-core copy bandwidth for ``nbytes`` (GB/s, payload bytes per second)."""
-    n = max(1, nbytes // 4)
+OUT_OF_CACHE = 64 << 20
+
+
+def memcpy_bandwidth(nbytes: int = OUT_OF_CACHE, repeats: int = 20) -> float:
+    """This machine's single-core copy bandwidth (GB/s, payload bytes per second), copying at least
+    64 MiB: out of every cache level, so it is one stable reference, not a step at each cache size
+    (a copy that fits in L2 runs ~10x faster and is no bound for a fabric moving between cores)."""
+    n = max(nbytes, OUT_OF_CACHE) // 4
     a = np.ones(n, np.float32)
     b = np.empty_like(a)
     np.copyto(b, a)
