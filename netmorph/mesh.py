@@ -89,3 +89,48 @@ class Mesh:
     def describe(self, rank: int) -> str:
         """picotron's form: ``TP(2)-PP(4)-DP(2)-Rank(3)``, with this rank's coordinates as ``tp=1 pp=0 dp=1``."""
         return f"{self}-Rank({rank})"
+
+
+class DeviceMesh:
+    """This rank's process groups cut from a :class:`Mesh`: ``mesh["tp"]`` is the group of ranks that
+    share every coordinate but tp -- ``torch.distributed.device_mesh.init_device_mesh(...)[dim]
+    .get_group()`` in one step.
+
+    ``DeviceMesh(comm, tp=2, pp=2)`` (dp defaults to what the world leaves) is collective: every rank
+    creates every group of every dimension of size > 1, in one order, as ``dist.new_group`` requires
+    and Megatron's ``initialize_model_parallel`` does; each keeps its own. A dimension of size 1 is
+    this rank alone, a group no process group backs (its collectives are the identity).
+    """
+
+    def __init__(self, comm, order: str = "tp-cp-ep-dp-pp", **sizes):
+        from netmorph.runtime.base import Group
+        self.mesh = Mesh(comm.world, order=order, **sizes)
+        self.rank = comm.rank
+        self._groups = {}
+        for dim in DIMS:
+            if self.mesh.size(dim) == 1:
+                self._groups[dim] = Group([self.rank])
+                continue
+            for ranks in self.mesh.groups(dim):
+                g = comm.new_group(ranks)
+                if self.rank in ranks:
+                    self._groups[dim] = g
+
+    def __getitem__(self, dim: str):
+        if dim not in self._groups:
+            raise UsageError(f"unknown mesh dimension {dim!r}; choose one of {', '.join(DIMS)}")
+        return self._groups[dim]
+
+    def get_group(self, mesh_dim: str):
+        """torch's spelling of ``mesh[mesh_dim]``."""
+        return self[mesh_dim]
+
+    def size(self, dim: str) -> int:
+        return self.mesh.size(dim)
+
+    def get_local_rank(self, mesh_dim: str) -> int:
+        """This rank's coordinate along ``mesh_dim`` (its index in ``mesh[mesh_dim]``)."""
+        return self.mesh.coords(self.rank)[mesh_dim]
+
+    def __repr__(self) -> str:
+        return f"DeviceMesh({self.mesh}, rank {self.rank})"

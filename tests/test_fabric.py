@@ -187,11 +187,58 @@ def test_torchrun_starts_netmorph_schedules():
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                        os.path.join(root, "examples", "torchrun_allreduce.py")],
+                        os.path.join(root, "examples", "torchrun_allreduce.py"), "--bytes", "64KiB"],
                        capture_output=True, text=True, timeout=110)
     assert r.returncode == 0, r.stderr[-2000:]
-    lines = [l for l in r.stdout.splitlines() if "world 2" in l]
-    assert len(lines) == len(ALGORITHMS["allreduce"]) and all(l.endswith("ok") for l in lines)
+    assert r.stdout.startswith("# world 2 on cpu")
+    rows = [line.split() for line in r.stdout.splitlines()[2:]]
+    assert [row[0] for row in rows] == [*ALGORITHMS["allreduce"], "torch"] and all(row[-1] == "ok" for row in rows)
+
+
+def _two_agents(*extra):
+    """Two torchrun agents on this host, meeting by c10d rendezvous: a two-node job, as the example's
+    docstring runs it across machines."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "netmorph-test",
+           os.path.join(root, "examples", "torchrun_allreduce.py"), "--bytes", "64KiB", *extra]
+    agents = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        return [a.communicate(timeout=150) + (a.returncode,) for a in agents]
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                a.kill()
+
+
+@pytest.mark.timeout(180)
+def test_two_node_command_from_the_example_docstring():
+    runs = _two_agents()
+    assert all(code == 0 for _, _, code in runs), [err[-1500:] for _, err, _ in runs]
+    out = "".join(o for o, _, _ in runs)
+    assert "# world 4 on cpu" in out and "WRONG" not in out
+
+
+@pytest.mark.timeout(180)
+def test_a_dead_node_is_named_by_the_survivors():
+    """Rank 2 dies; its agent takes rank 3 down with it. The other node's ranks must name 2 or 3 (the
+    dead node), never each other -- even the one whose ring neighbour on its own node gave up first."""
+    import re
+    runs = _two_agents("--die-rank", "2")
+    assert any(code != 0 for _, _, code in runs)
+    named = {}
+    for _, err, _ in runs:
+        for rank, blamed in re.findall(r"\[rank(\d+)\]: \S*PeerLost: peer rank (\d+) was lost", err):
+            named[int(rank)] = int(blamed)
+    assert named, [err[-1500:] for _, err, _ in runs]
+    assert all(r in (0, 1) and b in (2, 3) for r, b in named.items()), named
 
 
 def test_init_from_env_outside_torchrun_is_a_clear_error(monkeypatch):
@@ -337,3 +384,70 @@ def test_the_runtime_is_reachable_from_the_top():
     assert callable(netmorph.init_from_env) and netmorph.Fault("kill", 0).kind == "kill"
     with pytest.raises(netmorph.LaunchError, match="AVG needs a floating-point tensor, got int32"):
         netmorph.launch(lambda comm: comm.all_reduce(np.ones(2, np.int32), op="avg"), 2)
+
+
+def _tensor_path(comm, dtype_name):
+    """Every collective and p2p on torch tensors that stay torch tensors (the path CUDA tensors take)."""
+    import torch
+    comm.keep_tensors = True
+    dt = getattr(torch, dtype_name)
+    p, r = comm.world, comm.rank
+    out = {}
+    x = torch.arange(6, dtype=dt) + r
+    comm.all_reduce(x, algo="ring")
+    out["allreduce"] = x.double().tolist()
+    m = torch.full((4,), float(r), dtype=dt)
+    comm.all_reduce(m, op="max", algo="recursive_doubling")
+    out["max"] = m.double().tolist()
+    b = torch.full((5,), float(r), dtype=dt)
+    comm.broadcast(b, src=1)
+    out["broadcast"] = b.double().tolist()
+    rd = torch.full((3,), float(r + 1), dtype=dt)
+    comm.reduce(rd, dst=0)
+    out["reduce"] = rd.double().tolist()
+    g = torch.empty(2 * p, dtype=dt)
+    comm.all_gather_into_tensor(g, torch.full((2,), float(r), dtype=dt))
+    out["allgather"] = g.double().tolist()
+    rs = torch.empty(2, dtype=dt)
+    comm.reduce_scatter_tensor(rs, torch.arange(2 * p, dtype=dt))
+    out["reduce_scatter"] = rs.double().tolist()
+    a2a = torch.empty(p, dtype=dt)
+    comm.all_to_all_single(a2a, torch.full((p,), float(r), dtype=dt))
+    out["alltoall"] = a2a.double().tolist()
+    if r == 0:
+        comm.send(torch.full((3,), 7.0, dtype=dt), 1)
+    elif r == 1:
+        t = torch.zeros(3, dtype=dt)
+        comm.recv(t, 0)
+        out["p2p"] = t.double().tolist()
+    return out
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_torch_transport_keeps_tensors_as_tensors(dtype):
+    """The device path (torch views, torch reductions, headers beside the payload) on CPU tensors over
+    gloo: the same results as the 1-rank arithmetic, in float32, float16 and bfloat16 (small integers,
+    exact in all three)."""
+    p = 3
+    res = launch(_tensor_path, p, dtype, backend="torch", timeout=20)
+    for r, out in enumerate(res):
+        assert out["allreduce"] == [sum(i + q for q in range(p)) for i in range(6)]
+        assert out["max"] == [p - 1.0] * 4
+        assert out["broadcast"] == [1.0] * 5
+        assert out["reduce"] == ([float(sum(range(1, p + 1)))] * 3 if r == 0 else [r + 1.0] * 3)
+        assert out["allgather"] == [float(q) for q in range(p) for _ in range(2)]
+        assert out["reduce_scatter"] == [float(p * (2 * r)), float(p * (2 * r + 1))]
+        assert out["alltoall"] == [float(q) for q in range(p)]
+    assert res[1]["p2p"] == [7.0] * 3
+
+
+def _bf16_local(comm):
+    import torch
+    comm.all_reduce(torch.ones(4, dtype=torch.bfloat16))
+
+
+def test_bfloat16_on_the_local_fabric_is_one_clear_error():
+    from netmorph.runtime.launch import LaunchError
+    with pytest.raises(LaunchError, match="bfloat16 has no numpy type"):
+        launch(_bf16_local, 2, timeout=10)

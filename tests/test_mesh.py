@@ -42,3 +42,28 @@ def test_bad_factorisation_names_the_argument(kw, arg, text):
     assert e.value.render({}).startswith(f"--{arg}")
     if arg == "world" and "divisible" in text:
         assert e.value.render({}).endswith("change --world or --tp/--pp/--cp/--ep")
+
+
+def _device_mesh(comm):
+    import numpy as np
+
+    from netmorph.mesh import DeviceMesh
+    dm = DeviceMesh(comm, tp=2, pp=2)
+    x = np.array([float(comm.rank)])
+    comm.all_reduce(x, group=dm["tp"])
+    y = np.array([float(comm.rank)])
+    comm.all_reduce(y, group=dm.get_group("dp"))
+    z = np.array([float(comm.rank)])
+    comm.all_reduce(z, group=dm["cp"])                 # a dimension of size 1: this rank alone
+    return (list(dm["tp"].ranks), list(dm["pp"].ranks), list(dm["dp"].ranks), dm.get_local_rank("pp"),
+            x[0], y[0], z[0])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["local", "torch-native"])
+def test_device_mesh_groups_follow_megatron_order(backend):
+    from netmorph.runtime import launch
+    out = launch(_device_mesh, 8, backend=backend)
+    # tp innermost: [0, 1]; dp next: [0, 2]; pp outermost: [0, 4]
+    assert out[0] == ([0, 1], [0, 4], [0, 2], 0, 1.0, 2.0, 0.0)
+    assert out[7] == ([6, 7], [3, 7], [5, 7], 1, 13.0, 12.0, 7.0)

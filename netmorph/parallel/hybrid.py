@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from netmorph.errors import UsageError
-from netmorph.mesh import Mesh
+from netmorph.mesh import DeviceMesh
 from netmorph.models.gpt import GPTConfig, GPTStage, synthetic_batch
 from netmorph.parallel.data_parallel import DataParallelBucket, DataParallelNaive
 from netmorph.parallel.flat import Adam, FlatParams
@@ -112,24 +112,16 @@ class Layout:
 
 
 def layout(comm, cfg: TrainConfig) -> Layout:
-    mesh = Mesh(cfg.world, tp=cfg.tp, pp=cfg.pp, dp=cfg.dp)
+    dm = DeviceMesh(comm, tp=cfg.tp, pp=cfg.pp, dp=cfg.dp)
     me = comm.rank
-    # every rank creates every group, in one order (torch.distributed.new_group is collective over the
-    # world, as in Megatron's initialize_model_parallel), and keeps its own
-    groups = {}
-    for dim in ("tp", "pp", "dp"):
-        for ranks in mesh.groups(dim):
-            g = comm.new_group(ranks)
-            if me in ranks:
-                groups[dim] = g
     emb = None
-    if cfg.pp > 1:
-        for ranks in mesh.groups("pp"):
+    if cfg.pp > 1:                  # the tied embedding's group: each pipeline's first and last stage
+        for ranks in dm.mesh.groups("pp"):
             g = comm.new_group([ranks[0], ranks[-1]])
             if me in (ranks[0], ranks[-1]):
                 emb = g
-    c = mesh.coords(me)
-    return Layout(groups["tp"], groups["pp"], groups["dp"], emb, c["tp"], c["pp"], c["dp"])
+    return Layout(dm["tp"], dm["pp"], dm["dp"], emb, dm.get_local_rank("tp"), dm.get_local_rank("pp"),
+                  dm.get_local_rank("dp"))
 
 
 def build_chunks(comm, cfg: TrainConfig, lay: Layout):

@@ -88,6 +88,24 @@ class Group:
         return f"Group({list(self.ranks)})"
 
 
+def is_tensor(t) -> bool:
+    return hasattr(t, "is_contiguous") and hasattr(t, "device")
+
+
+def copy_of(a):
+    """A copy of a buffer, numpy array or torch tensor (on its device)."""
+    return a.copy() if isinstance(a, np.ndarray) else a.clone()
+
+
+def empty_like(a, n: int):
+    """``n`` uninitialised elements of ``a``'s dtype, where ``a`` lives (numpy, or its device)."""
+    return np.empty(n, a.dtype) if isinstance(a, np.ndarray) else a.new_empty(n)
+
+
+def is_float(a) -> bool:
+    return a.dtype.kind == "f" if isinstance(a, np.ndarray) else a.is_floating_point()
+
+
 def as_array(t) -> np.ndarray:
     """A flat numpy view of a numpy array or CPU torch tensor (no copy)."""
     if isinstance(t, np.ndarray):
@@ -112,7 +130,8 @@ def _view(t) -> np.ndarray:
     as long as the view is in use (a collective's duration; an ``isend`` until its ``wait``)."""
     dtype = _numpy_dtype(t.dtype)
     if dtype is None:
-        return t.detach().numpy()                     # numpy raises its own clear error for the rest
+        raise UsageError(f"{t.dtype} has no numpy type to reduce with on the local fabric; use backend='torch' "
+                         f"(torch reduces it) or a float16/float32 tensor", "tensor")
     n = t.numel() * dtype.itemsize
     if n == 0:
         return np.empty(0, dtype)
@@ -127,6 +146,11 @@ class CommBase:
         self.rank, self.world = rank, world
         self.WORLD = Group(range(world))
         self.fingerprints = fingerprints              # a checked header on every message (fingerprint.py)
+        # the transport moves torch tensors where they live (CUDA over NCCL): no numpy round trip
+        self.devices = bool(getattr(transport, "devices", False))
+        self.keep_tensors = False                     # CPU torch tensors take that path too (to test it on CPU)
+        self.local_rank = 0                           # torchrun's LOCAL_RANK: which GPU of the node is this rank's
+        self.device = "cpu"                           # where this rank's tensors live (init_from_env sets cuda:N)
         self.ledger = Ledger(rank, header_bytes=fingerprint.HEADER_BYTES if fingerprints else 0)
         self.current_phase = ""
         self.ops = 0                                   # communication calls started so far
@@ -212,17 +236,17 @@ class CommBase:
 
     def isend(self, tensor, dst: int):
         seq = self._begin()
-        a = as_array(tensor)
+        a = self._buf(tensor)
         self._peer(dst)
         t = time.perf_counter()
-        self.ledger.add(self.rank, dst, a.nbytes, seq, 0, self.current_phase, "send", "p2p", t, t)
+        self.ledger.add(self.rank, dst, a.numel() * a.itemsize if is_tensor(a) else a.nbytes, seq, 0, self.current_phase, "send", "p2p", t, t)
         work = self.transport.isend(a, dst, self._p2p_fp(self.sent, dst, a, (self.rank, dst)))
         work.keep = tensor                    # the memory stays alive until the send completes
         return work
 
     def irecv(self, tensor, src: int):
         self._begin()
-        a = as_array(tensor)
+        a = self._buf(tensor)
         self._peer(src)
         work = self.transport.irecv(a, src, self._p2p_fp(self.received, src, a, (src, self.rank)))
         work.keep = tensor
@@ -236,12 +260,21 @@ class CommBase:
         return self.transport.recv_any(a, srcs, lambda src: self._p2p_fp(self.received, src, a, (src, self.rank)))
 
     # ------------------------------------------------------------ internals
+    def _buf(self, t):
+        """The buffer a collective works on: a flat torch view for a tensor the transport moves on its
+        device (any non-CPU tensor; CPU ones too with ``keep_tensors``), else a flat numpy view."""
+        if self.devices and is_tensor(t) and (t.device.type != "cpu" or self.keep_tensors):
+            if not t.is_contiguous():
+                raise UsageError("tensor must be contiguous (call .contiguous() first)", "tensor")
+            return t.detach().view(-1)
+        return as_array(t)
+
     def _p2p_fp(self, counts: dict, peer: int, a: np.ndarray, pair):
         """The fingerprint of the next message on the ordered pair (src, dst): its number and size."""
         counts[peer] = n = counts.get(peer, 0) + 1
         if not self.fingerprints:
             return None
-        return fingerprint.stamp("p2p", "p2p", n, a.size, a.dtype, 0, "none", pair)
+        return fingerprint.stamp("p2p", "p2p", n, a.numel() if is_tensor(a) else a.size, a.dtype, 0, "none", pair)
 
     def _collective_fp(self, op, algo, g: Group, count, dtype, root, redop):
         """The fingerprint of the next collective on ``g``: the calls on the group are counted per

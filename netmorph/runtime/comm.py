@@ -9,6 +9,18 @@ the interpreter runs this rank's part of it on the transport, so what runs is
 exactly what was counted and timed. ``algo="auto"`` asks the cost model's tuner
 (:func:`netmorph.cost.tuner.auto_algo`), as NCCL's tuner picks ring or tree.
 
+On the torch backend a tensor on a device (CUDA) is used where it lives: the
+schedule's segments are views of it, NCCL moves them and torch reduces them on
+the device (``comm.keep_tensors = True`` sends CPU tensors the same way, with
+gloo, which is how that path is tested without a GPU).
+
+Half precision: float16 (and bfloat16, torch backend only -- numpy has no
+bfloat16) are reduced in their own type at every hop, as NCCL does: a ring's
+partial sums are rounded p-1 times. netmorph does not widen to float32 because
+the bytes on the wire are the point of the exercise; widen the tensor yourself
+(or all-reduce float32 gradients, as mixed-precision trainers do) when the
+rounding matters.
+
 Ranks, groups, phases, point-to-point and registered memory live in
 :class:`~netmorph.runtime.base.CommBase`.
 """
@@ -21,7 +33,8 @@ from netmorph.collectives import check_algo
 from netmorph.cost.topology import PRESETS, Topology
 from netmorph.cost.tuner import auto_algo
 from netmorph.errors import UsageError
-from netmorph.runtime.base import CommBase, CompletedWork, Group, ReduceOp, as_array, canonical_redop
+from netmorph.runtime.base import (CommBase, CompletedWork, Group, ReduceOp, as_array, canonical_redop, copy_of,
+                                   empty_like, is_float)
 from netmorph.runtime.interpreter import Call, interpret, program
 from netmorph.runtime.transport import fingerprint
 from netmorph.schedule import REDOPS
@@ -45,10 +58,11 @@ class Comm(CommBase):
             return auto_algo(op, p, nbytes, itemsize, self.tuner_topology)
         return check_algo(op, algo, also=("auto",))
 
-    def _run(self, op, algo, g: Group, count, arr_dtype, regions, redop="sum", root=0, splits=None,
+    def _run(self, op, algo, g: Group, count, like, regions, redop="sum", root=0, splits=None,
              uneven=False):
+        """Run collective ``op`` on ``regions`` (arrays or tensors like ``like``: its dtype and itemsize)."""
         seq = self._begin()
-        itemsize = np.dtype(arr_dtype).itemsize
+        itemsize, arr_dtype = like.itemsize, like.dtype
         redop = "sum" if redop == "avg" else redop           # averages are sums the caller divides
         call = Call(op, self._algo(op, algo, g.size(), count * itemsize, itemsize), g.size(), count, itemsize,
                     root, splits)
@@ -62,11 +76,11 @@ class Comm(CommBase):
     def all_reduce(self, tensor, op="sum", group: Group | None = None, algo: str = "auto", async_op: bool = False):
         """In place, like ``torch.distributed.all_reduce``. Returns the tensor, or with ``async_op``
         a completed work handle."""
-        a = as_array(tensor)
+        a = self._buf(tensor)
         g = self._group(group)
         op = _redop(op, a)
         if g.size() > 1:
-            self._run("allreduce", algo, g, len(a), a.dtype, [(0, a)], op)
+            self._run("allreduce", algo, g, len(a), a, [(0, a)], op)
             if op == "avg":
                 a /= g.size()
         return CompletedWork() if async_op else tensor
@@ -74,28 +88,28 @@ class Comm(CommBase):
     def reduce(self, tensor, dst: int, op="sum", group: Group | None = None, algo: str = "auto",
                async_op: bool = False):
         """Only ``dst`` (a global rank) gets the result; other ranks' tensors are left unchanged."""
-        a = as_array(tensor)
+        a = self._buf(tensor)
         g = self._group(group)
         op = _redop(op, a)
         if g.size() > 1:
             root = g.index[dst]
-            work = a if self.rank == dst else a.copy()
-            self._run("reduce", algo, g, len(a), a.dtype, [(0, work)], op, root=root)
+            work = a if self.rank == dst else copy_of(a)
+            self._run("reduce", algo, g, len(a), a, [(0, work)], op, root=root)
             if op == "avg" and self.rank == dst:
                 a /= g.size()
         return CompletedWork() if async_op else tensor
 
     def broadcast(self, tensor, src: int, group: Group | None = None, algo: str = "auto", async_op: bool = False):
-        a = as_array(tensor)
+        a = self._buf(tensor)
         g = self._group(group)
         if g.size() > 1:
-            self._run("broadcast", algo, g, len(a), a.dtype, [(0, a)], root=g.index[src])
+            self._run("broadcast", algo, g, len(a), a, [(0, a)], root=g.index[src])
         return CompletedWork() if async_op else tensor
 
     def all_gather_into_tensor(self, output, input, group: Group | None = None, algo: str = "auto",
                                async_op: bool = False):
         """``output`` (p·n elements) gets every rank's ``input`` (n elements) in rank order."""
-        out, inp = as_array(output), as_array(input)
+        out, inp = self._buf(output), self._buf(input)
         g = self._group(group)
         p, me = g.size(), g.index[self.rank]
         if len(out) != p * len(inp):
@@ -104,22 +118,22 @@ class Comm(CommBase):
         n = len(inp)
         out[me * n:(me + 1) * n] = inp
         if p > 1:
-            self._run("allgather", algo, g, len(out), out.dtype, [(0, out)])
+            self._run("allgather", algo, g, len(out), out, [(0, out)])
         return CompletedWork() if async_op else output
 
     def all_gather(self, tensor_list, tensor, group: Group | None = None, algo: str = "auto"):
         """List form: ``tensor_list[i]`` gets rank i's ``tensor``."""
-        inp = as_array(tensor)
-        flat = np.empty(len(tensor_list) * len(inp), dtype=inp.dtype)
+        inp = self._buf(tensor)
+        flat = empty_like(inp, len(tensor_list) * len(inp))
         self.all_gather_into_tensor(flat, inp, group, algo)
         for i, t in enumerate(tensor_list):
-            as_array(t)[:] = flat[i * len(inp):(i + 1) * len(inp)]
+            self._buf(t)[:] = flat[i * len(inp):(i + 1) * len(inp)]
         return tensor_list
 
     def reduce_scatter_tensor(self, output, input, op="sum", group: Group | None = None,
                               algo: str = "auto", async_op: bool = False):
         """``output`` (n elements) gets block ``rank`` of the reduction of every ``input`` (p·n)."""
-        out, inp = as_array(output), as_array(input)
+        out, inp = self._buf(output), self._buf(input)
         g = self._group(group)
         op = _redop(op, out)
         p, me = g.size(), g.index[self.rank]
@@ -129,8 +143,8 @@ class Comm(CommBase):
         if p == 1:
             out[:] = inp
             return CompletedWork() if async_op else output
-        work = inp.copy()          # the schedule reduces in place; the caller's input stays intact
-        self._run("reduce_scatter", algo, g, len(work), work.dtype, [(0, work)], op)
+        work = copy_of(inp)        # the schedule reduces in place; the caller's input stays intact
+        self._run("reduce_scatter", algo, g, len(work), work, [(0, work)], op)
         n = len(out)
         out[:] = work[me * n:(me + 1) * n]
         if op == "avg":
@@ -144,7 +158,7 @@ class Comm(CommBase):
         Split sizes are element counts along the flat tensor; every rank must pass
         consistent ones (rank s's input split for d equals rank d's output split for s).
         """
-        out, inp = as_array(output), as_array(input)
+        out, inp = self._buf(output), self._buf(input)
         g = self._group(group)
         p, me = g.size(), g.index[self.rank]
         ins = _splits(input_split_sizes, len(inp), p, "input_split_sizes")
@@ -168,8 +182,8 @@ class Comm(CommBase):
         regions = [(0, inp), (send_total, out)]
         if algo == "bruck":     # forwarded blocks rest in a scratch region sized by the schedule
             s, _ = program(Call("alltoall", "bruck", p, len(inp), out.itemsize, 0, splits), me)
-            regions.append((send_total + len(out), np.empty(int(s.buf_len[me]) - send_total - len(out), out.dtype)))
-        self._run("alltoall", algo, g, len(inp), out.dtype, regions, splits=splits, uneven=uneven)
+            regions.append((send_total + len(out), empty_like(out, int(s.buf_len[me]) - send_total - len(out))))
+        self._run("alltoall", algo, g, len(inp), out, regions, splits=splits, uneven=uneven)
         return CompletedWork() if async_op else output
 
     def barrier(self, group: Group | None = None) -> None:
@@ -179,7 +193,7 @@ class Comm(CommBase):
 
 def _redop(op, a: np.ndarray) -> str:
     op = canonical_redop(op)
-    if op == "avg" and a.dtype.kind != "f":
+    if op == "avg" and not is_float(a):
         raise UsageError(f"{{op}} AVG needs a floating-point tensor, got {a.dtype}", "op")
     return op
 

@@ -14,10 +14,16 @@ from __future__ import annotations
 
 import time
 
-from netmorph.runtime.base import CommBase, CompletedWork, as_array, canonical_redop
+import numpy as np
+
+from netmorph.runtime.base import CommBase, CompletedWork, canonical_redop, copy_of
 from netmorph.runtime.transport.torchdist import dist_module, to_torch
 
 _NATIVE_OPS = {"sum": "SUM", "avg": "SUM", "prod": "PRODUCT", "max": "MAX", "min": "MIN"}   # gloo has no AVG
+
+
+def _nbytes(a) -> int:
+    return a.nbytes if isinstance(a, np.ndarray) else a.numel() * a.itemsize
 
 
 class NativeComm(CommBase):
@@ -39,11 +45,18 @@ class NativeComm(CommBase):
     def _pg(self, group):
         return None if group is None else group.pg
 
+    @staticmethod
+    def _alone(group) -> bool:
+        """A 1-rank group (a mesh dimension of size 1) has no process group: its collectives are the identity."""
+        return group is not None and group.size() == 1
+
     def all_reduce(self, tensor, op="sum", group=None, algo="auto", async_op=False):
-        a = as_array(tensor)
+        a = self._buf(tensor)
         op = canonical_redop(op)
+        if self._alone(group):
+            return CompletedWork() if async_op else tensor
         dist = dist_module()
-        self._native("allreduce", a.nbytes,
+        self._native("allreduce", _nbytes(a),
                      lambda: dist.all_reduce(to_torch(a), op=getattr(dist.ReduceOp, _NATIVE_OPS[op]),
                                              group=self._pg(group)))
         if op == "avg":
@@ -51,19 +64,23 @@ class NativeComm(CommBase):
         return CompletedWork() if async_op else tensor
 
     def broadcast(self, tensor, src, group=None, algo="auto", async_op=False):
-        a = as_array(tensor)
-        self._native("broadcast", a.nbytes, lambda: dist_module().broadcast(to_torch(a), src, group=self._pg(group)))
+        a = self._buf(tensor)
+        if self._alone(group):
+            return CompletedWork() if async_op else tensor
+        self._native("broadcast", _nbytes(a), lambda: dist_module().broadcast(to_torch(a), src, group=self._pg(group)))
         return CompletedWork() if async_op else tensor
 
     def reduce(self, tensor, dst, op="sum", group=None, algo="auto", async_op=False):
         """Only ``dst`` gets the result; the others' tensors stay as they were (gloo's reduce
         scribbles partial sums into them, so they hand torch a copy) -- the contract of the
         schedule-driven backends."""
-        a = as_array(tensor)
+        a = self._buf(tensor)
         op = canonical_redop(op)
-        work = a if self.rank == dst else a.copy()
+        if self._alone(group):
+            return CompletedWork() if async_op else tensor
+        work = a if self.rank == dst else copy_of(a)
         dist = dist_module()
-        self._native("reduce", a.nbytes, lambda: dist.reduce(to_torch(work), dst,
+        self._native("reduce", _nbytes(a), lambda: dist.reduce(to_torch(work), dst,
                                                              op=getattr(dist.ReduceOp, _NATIVE_OPS[op]),
                                                              group=self._pg(group)))
         if op == "avg" and self.rank == dst:
@@ -71,33 +88,44 @@ class NativeComm(CommBase):
         return CompletedWork() if async_op else tensor
 
     def all_gather_into_tensor(self, output, input, group=None, algo="auto", async_op=False):
-        out, inp = as_array(output), as_array(input)
-        self._native("allgather", out.nbytes,
+        out, inp = self._buf(output), self._buf(input)
+        if self._alone(group):
+            out[:] = inp
+            return CompletedWork() if async_op else output
+        self._native("allgather", _nbytes(out),
                      lambda: dist_module().all_gather_into_tensor(to_torch(out), to_torch(inp), group=self._pg(group)))
         return CompletedWork() if async_op else output
 
     def reduce_scatter_tensor(self, output, input, op="sum", group=None, algo="auto", async_op=False):
-        out, inp = as_array(output), as_array(input)
+        out, inp = self._buf(output), self._buf(input)
+        if self._alone(group):
+            out[:] = inp
+            return CompletedWork() if async_op else output
         op = canonical_redop(op)
         dist = dist_module()
         # gloo has no reduce_scatter_tensor; all-reduce then keep our block (what torch users do on gloo)
         me = self.get_rank(group)
 
         def call():
-            work = inp.copy()
+            work = copy_of(inp)
             dist.all_reduce(to_torch(work), op=getattr(dist.ReduceOp, _NATIVE_OPS[op]), group=self._pg(group))
             out[:] = work[me * len(out):(me + 1) * len(out)]
             if op == "avg":
                 out[:] /= self.get_world_size(group)
-        self._native("reduce_scatter", inp.nbytes, call)
+        self._native("reduce_scatter", _nbytes(inp), call)
         return CompletedWork() if async_op else output
 
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, group=None,
                           algo="auto", async_op=False):
-        out, inp = as_array(output), as_array(input)
-        self._native("alltoall", inp.nbytes, lambda: dist_module().all_to_all_single(
+        out, inp = self._buf(output), self._buf(input)
+        if self._alone(group):
+            out[:] = inp
+            return CompletedWork() if async_op else output
+        self._native("alltoall", _nbytes(inp), lambda: dist_module().all_to_all_single(
             to_torch(out), to_torch(inp), output_split_sizes, input_split_sizes, group=self._pg(group)))
         return CompletedWork() if async_op else output
 
     def barrier(self, group=None):
+        if self._alone(group):
+            return
         self._native("barrier", 0, lambda: dist_module().barrier(group=self._pg(group)))

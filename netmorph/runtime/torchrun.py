@@ -31,10 +31,12 @@ def loopback_interface() -> str | None:
 
 def init_torch(rank: int, world: int, init_method: str, timeout: float, native: bool = False, faults=(),
                fingerprints: bool = True):
-    """``init_process_group(init_method=...)`` (gloo on CPU) and a Comm over it."""
+    """``init_process_group(init_method=...)`` and a Comm over it: gloo for CPU tensors, and NCCL for
+    CUDA tensors where there is a GPU (torch's ``"cpu:gloo,cuda:nccl"``: one process group, the
+    backend chosen by each tensor's device)."""
     dist = dist_module()
     if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
+        dist.init_process_group(process_group_backend(), init_method=init_method, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout))
     t = TorchTransport(rank, world, timeout)
     if native:
@@ -42,11 +44,33 @@ def init_torch(rank: int, world: int, init_method: str, timeout: float, native: 
     return Comm(t, rank, world, faults, tuner_topology=PRESETS["flat"], fingerprints=fingerprints)
 
 
+def process_group_backend() -> str:
+    """``"cpu:gloo,cuda:nccl"`` where CUDA and NCCL are there, else ``"gloo"``."""
+    import torch
+    if torch.cuda.is_available() and dist_module().is_nccl_available():
+        return "cpu:gloo,cuda:nccl"
+    return "gloo"
+
+
 def init_from_env(backend: str = "torch", timeout: float = 60.0):
-    """Join a job started by ``torchrun``: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (LOCAL_RANK noted)."""
+    """Join a job started by ``torchrun``: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, and LOCAL_RANK --
+    with GPUs, this rank's device is ``cuda:LOCAL_RANK`` (``torch.cuda.set_device``, as every
+    torchrun script does first); ``comm.local_rank`` and ``comm.device`` say which."""
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing:
-        raise UsageError(f"not started by torchrun: {', '.join(missing)} unset (use netmorph.runtime.launch instead)")
+        raise UsageError(f"not started by torchrun: {', '.join(missing)} unset (use netmorph.runtime.launch "
+                         f"or netmorph.launch instead)")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    return init_torch(rank, world, f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", timeout,
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    import torch
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        if local_rank >= torch.cuda.device_count():
+            raise UsageError(f"LOCAL_RANK {local_rank} but this node has {torch.cuda.device_count()} GPU(s): "
+                             f"start at most that many processes per node (--nproc-per-node)")
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    comm = init_torch(rank, world, f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", timeout,
                       native=(backend == "torch-native"))
+    comm.local_rank, comm.device = local_rank, device
+    return comm

@@ -66,17 +66,28 @@ def same_call(a, b) -> bool:
     return np.asarray(a)[:7].tobytes() == np.asarray(b)[:7].tobytes()
 
 
+def dtype_code(dtype) -> int:
+    """numpy's kind letter and the item size, for a numpy or a torch dtype (bfloat16: kind ``B``)."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:                                  # a torch dtype: torch.float16 -> "float16"
+        name = str(dtype).replace("torch.", "")
+        if name == "bfloat16":
+            return ord("B") | 2 << 8
+        dt = np.dtype(name)
+    return ord(dt.kind) | dt.itemsize << 8
+
+
 @lru_cache(maxsize=1024)
 def _template(op: str, algo: str, count: int, dtype, root: int, redop: str, ranks: tuple) -> np.ndarray:
-    dt = np.dtype(dtype)
-    return np.array([OPS.index(op) | ALGOS.index(algo) << 8, 0, count, ord(dt.kind) | dt.itemsize << 8,
+    return np.array([OPS.index(op) | ALGOS.index(algo) << 8, 0, count, dtype_code(dtype),
                      root | len(ranks) << 32, REDOPS.index(redop),
                      zlib.crc32(np.asarray(ranks, dtype=np.int64).tobytes()), 0], dtype=np.int64)
 
 
 def stamp(op: str, algo: str, seq: int, count: int, dtype, root: int, redop: str, ranks) -> np.ndarray:
     """The fingerprint of one call (message bytes 0: the transport fills them per message)."""
-    fp = _template(op, algo, count, np.dtype(dtype), root, redop, tuple(ranks)).copy()
+    fp = _template(op, algo, count, dtype, root, redop, tuple(ranks)).copy()
     fp[1] = seq
     return fp
 
@@ -113,7 +124,7 @@ def describe(fp) -> str:
         return f"something that is not a netmorph message (header words {w})"
     kind, isz = chr(w[3] & 0xFF), w[3] >> 8
     try:
-        dtype = np.dtype(f"{kind}{isz}").name
+        dtype = "bfloat16" if kind == "B" else np.dtype(f"{kind}{isz}").name
     except TypeError:
         dtype = f"{kind}{isz}"
     name = OPS[op]

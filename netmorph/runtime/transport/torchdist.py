@@ -40,15 +40,60 @@ def dist_module():
     return dist
 
 
-def to_torch(a: np.ndarray):
+def to_torch(a):
+    """A torch tensor over ``a``'s memory (a tensor is returned as it is)."""
+    if not isinstance(a, np.ndarray):
+        return a
     import torch
     return torch.from_numpy(a)
+
+
+def _nbytes(a) -> int:
+    return a.nbytes if isinstance(a, np.ndarray) else a.numel() * a.itemsize
+
+
+def _head_like(a):
+    """A 64-byte header buffer where ``a`` lives (numpy, or ``a``'s device: NCCL moves device memory)."""
+    if isinstance(a, np.ndarray):
+        return np.empty(fpr.HEADER_BYTES, np.uint8)
+    import torch
+    return torch.empty(fpr.HEADER_BYTES, dtype=torch.uint8, device=a.device)
+
+
+def _header_like(fp, nbytes: int, a):
+    h = to_torch(fpr.header(fp, nbytes))
+    return h if isinstance(a, np.ndarray) else h.to(a.device)
+
+
+def _host(head) -> np.ndarray:
+    return head if isinstance(head, np.ndarray) else head.cpu().numpy()
+
+
+def _reduce_into(v, part, ufunc) -> None:
+    """``v = ufunc(v, part)`` in place: numpy's ufunc, or torch's op of the same name on the device."""
+    if isinstance(v, np.ndarray):
+        ufunc(v, part, out=v)
+        return
+    import torch
+    op = {np.add: torch.add, np.multiply: torch.mul, np.maximum: torch.maximum, np.minimum: torch.minimum}[ufunc]
+    op(v, part, out=v)
 
 
 def _text(e) -> str:
     """gloo's error text, trimmed to what happened: '[.../pair.cc:553] Connection closed by peer ...'."""
     text = str(e).splitlines()[0] if str(e) else type(e).__name__
     return text.split("] ", 1)[-1].split(". This is typically")[0]
+
+
+def _concat(views):
+    if isinstance(views[0], np.ndarray):
+        return np.concatenate([v.reshape(-1) for v in views])
+    import torch
+    return torch.cat([v.reshape(-1) for v in views])
+
+
+def _contiguous(a):
+    return np.ascontiguousarray(a) if isinstance(a, np.ndarray) else a.contiguous()
 
 
 class _P2PRecv:
@@ -58,7 +103,7 @@ class _P2PRecv:
 
     def __init__(self, src, array, fp):
         self.src, self.array, self.fp = src, array, fp
-        self.head = np.empty(fpr.HEADER_BYTES, np.uint8)
+        self.head = _head_like(array)
         self.hwork = self.pwork = None
         self.done = False
 
@@ -79,7 +124,12 @@ class _TorchWork:
 
 
 class TorchTransport:
+    """One rank's end of torch.distributed point-to-point. Buffers are numpy views of CPU memory, or
+    torch tensors on their device (``devices``): a CUDA tensor goes over NCCL as it is, its header
+    beside it on the device, its reduction done by torch on the device -- no host round trip."""
+
     name = "torch"
+    devices = True
 
     def __init__(self, rank: int, world: int, timeout: float = 60.0):
         self.rank, self.world, self.timeout = rank, world, timeout
@@ -99,13 +149,46 @@ class TorchTransport:
         else:
             # gloo closes the connection of an op that timed out: the peer that timed out may be
             # posting the (different) call it was in right now
-            err = self._compare_calls(peer, 0.5) or PeerLost(peer, f"torch.distributed: {text}")
+            err = self._compare_calls(peer, 0.5)
+            if err is None:
+                root = self._root_of(peer)
+                via = f"; rank {peer} failed because it lost rank {root}" if root != peer else ""
+                err = PeerLost(root, f"torch.distributed: {text}{via}")
         if err is None:
             seconds = float(m.group(1)) / 1000 if (m := re.search(r"(\d+)ms", text)) else self.timeout
             err = PeerTimeout(peer, seconds, f"torch.distributed: {text}" if peer >= 0 else
                               f"torch.distributed: {text} (torch does not say which peer)")
         self.failed = err
+        self._post_failure(err)
         return err
+
+    def _post_failure(self, err) -> None:
+        """Say in the store whom this rank lost, so a rank that then loses *us* can name the root:
+        across nodes, the dead node's ranks rather than a healthy neighbour that gave up first."""
+        store = self._store()
+        try:
+            if store is not None:
+                store.set(f"netmorph/failed/{self.rank}", json.dumps([type(err).__name__, err.rank]))
+        except RuntimeError:
+            pass
+
+    def _root_of(self, peer: int) -> int:
+        """Follow the failure records from ``peer``: a rank that only lost a peer points at it; the end
+        of the chain is a rank that died without a word (killed, its node gone) -- the root cause."""
+        store = self._store()
+        seen = {self.rank}
+        try:
+            while store is not None and peer >= 0 and peer not in seen:
+                seen.add(peer)
+                if not store.check([f"netmorph/failed/{peer}"]):
+                    break
+                kind, blamed = json.loads(store.get(f"netmorph/failed/{peer}"))
+                if kind not in ("PeerLost", "PeerTimeout") or blamed < 0 or blamed in seen:
+                    break
+                peer = blamed
+        except (RuntimeError, ValueError):
+            pass
+        return peer
 
     def guard(self, peer: int, call):
         """Run ``call()``; a torch.distributed error becomes the classified netmorph error, kept."""
@@ -177,21 +260,22 @@ class TorchTransport:
         peer = -1
         try:
             for peer, views in sends:
-                payload = views[0] if len(views) == 1 else np.concatenate([v.reshape(-1) for v in views])
-                if payload.size:
+                payload = views[0] if len(views) == 1 else _concat(views)
+                if _nbytes(payload):
                     if fp is not None:
-                        works.append((peer, dist.isend(to_torch(fpr.header(fp, payload.nbytes)), peer,
+                        works.append((peer, dist.isend(_header_like(fp, _nbytes(payload), payload), peer,
                                                        tag=HEADER_TAG)))
-                    works.append((peer, dist.isend(to_torch(np.ascontiguousarray(payload)), peer,
+                    works.append((peer, dist.isend(to_torch(_contiguous(payload)), peer,
                                                    tag=PAYLOAD_TAG if fp is not None else 0)))
             for peer, views, flags in recvs:
-                total = sum(v.size for v in views)
+                total = sum(len(v) for v in views)
                 if total:
                     self._flush(peer)
-                    buf = np.empty(total, dtype=views[0].dtype)
+                    buf = np.empty(total, dtype=views[0].dtype) if isinstance(views[0], np.ndarray) \
+                        else views[0].new_empty(total)
                     bufs.append((peer, buf, views, flags))
                     if fp is not None:
-                        head = np.empty(fpr.HEADER_BYTES, np.uint8)
+                        head = _head_like(buf)
                         heads.append((peer, head, buf, dist.irecv(to_torch(head), peer, tag=HEADER_TAG)))
                     else:
                         works.append((peer, dist.irecv(to_torch(buf), peer)))
@@ -199,7 +283,7 @@ class TorchTransport:
             raise self.failure(peer, e) from None
         for peer, head, buf, w in heads:         # every header checked before any payload is received
             self.guard(peer, w.wait)
-            self.guard(peer, lambda: fpr.check(fp, buf.nbytes, head, self.rank, peer))
+            self.guard(peer, lambda: fpr.check(fp, _nbytes(buf), _host(head), self.rank, peer))
         for peer, head, buf, w in heads:
             works.append((peer, self.guard(peer, lambda: dist.irecv(to_torch(buf), peer, tag=PAYLOAD_TAG))))
         for peer, w in works:
@@ -207,12 +291,12 @@ class TorchTransport:
         for _, buf, views, flags in bufs:       # receives land after every send has left: start-of-round reads
             at = 0
             for v, red in zip(views, flags):
-                part = buf[at:at + v.size]
+                part = buf[at:at + len(v)]
                 if red:
-                    ufunc(v, part, out=v)
+                    _reduce_into(v, part, ufunc)
                 else:
                     v[:] = part
-                at += v.size
+                at += len(v)
 
     # ------------------------------------------------------------ point to point
     def isend(self, array, dst, fp=None):
@@ -222,7 +306,7 @@ class TorchTransport:
         def post():
             ws = []
             if fp is not None:
-                ws.append(dist.isend(to_torch(fpr.header(fp, array.nbytes)), dst, tag=HEADER_TAG))
+                ws.append(dist.isend(_header_like(fp, _nbytes(array), array), dst, tag=HEADER_TAG))
             ws.append(dist.isend(to_torch(array), dst, tag=PAYLOAD_TAG if fp is not None else 0))
             return ws
         works = self.guard(dst, post)
@@ -252,7 +336,7 @@ class TorchTransport:
         while q:
             r = q.popleft()
             self.guard(src, r.hwork.wait)
-            self.guard(src, lambda: fpr.check(r.fp, r.array.nbytes, r.head, self.rank, src))
+            self.guard(src, lambda: fpr.check(r.fp, _nbytes(r.array), _host(r.head), self.rank, src))
             r.pwork = self.guard(src, lambda: dist.irecv(to_torch(r.array), src, tag=PAYLOAD_TAG))
             if r is upto:
                 return
