@@ -157,3 +157,27 @@ def test_tour_write_check_follows_no_planted_link(tmp_path):
     os.symlink(victim, out / ".netmorph-write-test")
     check_writable(out)
     assert victim.read_text() == "keep me" and sorted(os.listdir(out)) == [".netmorph-write-test"]
+
+
+@pytest.mark.timeout(120)
+def test_sgd_writes_a_figure_only_when_asked_and_says_only_what_applies(tmp_path, monkeypatch, capsys):
+    from netmorph.cli import main
+    monkeypatch.chdir(tmp_path)
+    assert main(["sgd", "--steps", "20", "--workers", "2", "--compute-ms", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "server" not in out.splitlines()[0]                  # BSP has no parameter server
+    bsp = next(line for line in out.splitlines() if line.startswith("bsp"))
+    assert "never" not in bsp and " - " in bsp                   # one mode alone has no target to reach
+    assert main(["sgd", "--compare", "--steps", "10", "--workers", "2", "--compute-ms", "0"]) == 0
+    assert list(tmp_path.iterdir()) == []                        # nothing written into the working directory
+    capsys.readouterr()
+    assert main(["sgd", "--plot", "x.png", "--steps", "5"]) == 2
+    assert "add --compare" in capsys.readouterr().err
+
+
+def test_every_flag_says_what_it_does():
+    from netmorph.cli import _subparsers, build_parser
+    sub = _subparsers(build_parser())
+    silent = [(name, a.option_strings or a.dest) for name, p in sub.choices.items() for a in p._actions
+              if a.help is None and a.dest != "help"]
+    assert silent == []

@@ -11,13 +11,13 @@ def add_parser(sub) -> None:
     p = sub.add_parser("mesh", help="print the tp/cp/ep/dp/pp groups of a rank grid",
                        description="Lay out --world ranks on a named grid (tp innermost, Megatron's "
                                    "tp-cp-ep-dp-pp order) and print the groups along each dimension.")
-    p.add_argument("--world", "-p", type=int, required=True)
+    p.add_argument("--world", "-p", type=int, required=True, help="ranks in the grid")
     for d in ("tp", "pp", "cp", "ep"):
         p.add_argument(f"--{d}", type=int, default=1, help=f"{d.upper()} size (default 1)")
     p.add_argument("--dp", type=int, help="DP size (default: world / (tp*cp*ep*pp))")
     p.add_argument("--order", default="tp-cp-ep-dp-pp", help="fastest-varying first (default tp-cp-ep-dp-pp)")
     p.add_argument("--rank", type=int, help="also show this rank's coordinates")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the groups as JSON")
     p.set_defaults(run=run)
 
 

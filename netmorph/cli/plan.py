@@ -21,12 +21,13 @@ def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="search DP/TP/PP/ZeRO splits; `plan estimate` breaks one down",
                        description="Predict memory per GPU and step time for parallel training configurations "
                                    "(Narayanan et al. 2021, Korthikanti et al. 2022, ZeRO) and rank them.")
-    p.add_argument("action", nargs="?", default="search", choices=("search", "estimate"))
+    p.add_argument("action", nargs="?", default="search", choices=("search", "estimate"),
+                   help="search (default): rank every split that fits; estimate: break one split down")
     g = p.add_argument_group("model")
     g.add_argument("--model", help="preset: gpt3-175b, ptdp-1.7b .. ptdp-1t (Narayanan Table 1), mt-22b .. mt-1t")
-    g.add_argument("--layers", type=int)
-    g.add_argument("--hidden", type=int)
-    g.add_argument("--heads", type=int)
+    g.add_argument("--layers", type=int, help="transformer layers l")
+    g.add_argument("--hidden", type=int, help="hidden size h")
+    g.add_argument("--heads", type=int, help="attention heads a")
     g.add_argument("--seq", type=int, help="sequence length (default 2048)")
     g.add_argument("--vocab", type=int, help="vocabulary (default 51200)")
     g.add_argument("--ffn", type=int, help="FFN width (default 4 x hidden)")
@@ -37,21 +38,23 @@ def add_parser(sub) -> None:
     h.add_argument("--efficiency", type=float, help="override the hardware's matmul efficiency (fraction of peak)")
     c = p.add_argument_group("configuration")
     c.add_argument("--global-batch", type=int, help="sequences per iteration")
-    c.add_argument("--tp", type=int)
-    c.add_argument("--pp", type=int)
-    c.add_argument("--dp", type=int)
-    c.add_argument("--microbatch", type=int)
+    c.add_argument("--tp", type=int, help="tensor-parallel size (estimate: required; search: fix it)")
+    c.add_argument("--pp", type=int, help="pipeline stages (estimate: required; search: fix it)")
+    c.add_argument("--dp", type=int, help="data-parallel size (default: gpus / (tp x pp))")
+    c.add_argument("--microbatch", type=int, help="sequences per microbatch b (search: fix it)")
     c.add_argument("--interleave", type=int, help="model chunks per pipeline stage, v (default 1)")
-    c.add_argument("--zero", type=int, choices=(0, 1, 2, 3))
-    c.add_argument("--recompute", choices=("none", "selective", "full"))
-    c.add_argument("--sequence-parallel", action="store_true", default=None)
+    c.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage over the DP group (search: fix it)")
+    c.add_argument("--recompute", choices=("none", "selective", "full"),
+                   help="activation recomputation (Korthikanti et al.; search: fix it)")
+    c.add_argument("--sequence-parallel", action="store_true", default=None,
+                   help="Megatron sequence parallelism (search: fix it on)")
     c.add_argument("--dp-overlap", action="store_true", help="overlap the gradient reduction with backward")
     c.add_argument("--param-bytes", type=int, default=2, help="bytes per weight (default 2)")
     c.add_argument("--grad-bytes", type=int, default=4, help="bytes per gradient (default 4, fp32 main grads; "
                                                              "2 gives ZeRO's 16 B/param)")
     c.add_argument("--optimizer-bytes", type=int, default=12, help="optimizer bytes per parameter (default 12)")
     p.add_argument("--top", type=int, default=5, help="how many plans to print (default 5)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the plans (and for a search the rejections) as JSON")
     p.set_defaults(run=run)
 
 

@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
                                    "--compare runs every model on the same problem and update budget.")
     p.add_argument("--mode", default="bsp", help="bsp, async, ssp, hogwild or local (default bsp)")
     p.add_argument("--compare", action="store_true", help="run every mode and compare (table + figure)")
-    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
     p.add_argument("--servers", type=int, default=1, help="parameter-server shards for async/ssp (default 1)")
     p.add_argument("--staleness", type=int, default=2, help="SSP bound s (default 2)")
     p.add_argument("--local-steps", type=int, default=8, help="local SGD: average every H steps (default 8)")
@@ -40,10 +40,10 @@ def add_parser(sub) -> None:
     p.add_argument("--lr", type=float, help="learning rate of the synchronous step (default: convex 40, "
                                             "sparse 0.5, mlp 0.5)")
     p.add_argument("--batch", type=int, help="examples per worker step")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--plot", default="sgd_compare.png", help="--compare: figure path (default sgd_compare.png; "
-                                                              "'none' to skip)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--seed", type=int, default=0, help="data and initialisation seed (default 0)")
+    p.add_argument("--plot", metavar="FILE", help="with --compare: also draw loss against wall-clock time and "
+                                                  "updates into FILE (.png, .svg, .pdf)")
+    p.add_argument("--json", action="store_true", help="print one JSON object per mode")
     p.set_defaults(run=run)
 
 
@@ -78,7 +78,9 @@ def config_from(args):
                  n_push=args.n_push, n_fetch=args.n_fetch, compute_ms=args.compute_ms, straggler=straggler,
                  jitter=args.jitter, slow_link=slow)
     cfg.check()
-    if args.compare and args.plot.lower() != "none":
+    if args.plot is not None:
+        if not args.compare:
+            raise UsageError("--plot draws the --compare run; add --compare")
         from netmorph.cli import check_output_file
         check_output_file(args.plot, "--plot")
     if args.workers > 32:
@@ -105,7 +107,10 @@ def _hist(h):
 def format_rows(rows):
     lines = [COLS]
     for r in rows:
-        tt = f"{r['time_to_target_s']:.2f}" if r.get("time_to_target_s") is not None else "never"
+        if "time_to_target_s" not in r:        # one mode alone: no best-of-all target to reach
+            tt = "-"
+        else:
+            tt = "never" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.2f}"
         lines.append(f"{r['mode']:<8} {r['updates']:>7} {r['updates_per_s']:>8.0f} {r['wall_s']:>8.2f} {tt:>9} "
                      f"{r['final_loss']:>11.4g} {_metric(r):>18} {r['max_staleness']:>9}  "
                      f"{_hist(r['staleness_histogram']):<24} {r['bytes_on_wire']:>14,}")
@@ -143,7 +148,12 @@ def run(args) -> int:
         sys.stdout.write("\n")
         return 0
     strag = f", straggler worker {cfg.straggler[0]} x{cfg.straggler[1]:g}" if cfg.straggler else ""
-    print(f"# netmorph sgd: model {cfg.model}, {cfg.workers} workers (+{cfg.servers} server rank(s) for async/ssp), "
+    servers = ""
+    if args.compare:
+        servers = f" (+{cfg.servers} server rank(s) for async/ssp)"
+    elif cfg.mode in ("async", "ssp"):
+        servers = f" + {cfg.servers} server rank(s)"
+    print(f"# netmorph sgd: model {cfg.model}, {cfg.workers} workers{servers}, "
           f"{cfg.steps * cfg.workers} updates, {cfg.compute_ms:g} ms compute/step{strag}, lr {cfg.lr:g}")
     if args.compare and rows[0].get("target_loss") is not None:
         print(f"# target loss {rows[0]['target_loss']:.5f} (90% of the best reduction); staleness in global steps")
@@ -152,7 +162,7 @@ def run(args) -> int:
     for r in rows:
         extra = f"; collisions {100 * r['conflict_rate']:.1f}% of updates" if "conflict_rate" in r else ""
         print(f"#   {r['mode']:<8} {r['system']}{extra}")
-    if args.compare and args.plot.lower() != "none":
+    if args.plot is not None:
         from netmorph.report.consistency import plot
         plot(rows, args.plot, f"{cfg.model}, {cfg.workers} workers{strag}")
         print(f"# figure: {args.plot}")

@@ -42,15 +42,16 @@ def add_parser(sub) -> None:
     g.add_argument("--micro-batch-size", type=int, default=2, help="sequences per microbatch (default 2)")
     g.add_argument("--global-batch-size", type=int, help="sequences per step: sets --microbatches")
     m = p.add_argument_group("model")
-    m.add_argument("--layers", "--num-layers", type=int, default=4)
-    m.add_argument("--hidden", "--hidden-size", type=int, default=64)
-    m.add_argument("--heads", "--num-attention-heads", type=int, default=4)
-    m.add_argument("--seq", "--seq-length", type=int, default=32)
-    m.add_argument("--vocab", type=int, default=128)
+    m.add_argument("--layers", "--num-layers", type=int, default=4, help="transformer layers (default 4)")
+    m.add_argument("--hidden", "--hidden-size", type=int, default=64, help="hidden size h (default 64)")
+    m.add_argument("--heads", "--num-attention-heads", type=int, default=4, help="attention heads (default 4)")
+    m.add_argument("--seq", "--seq-length", type=int, default=32, help="sequence length s (default 32)")
+    m.add_argument("--vocab", type=int, default=128, help="vocabulary V (default 128)")
     r = p.add_argument_group("run")
-    r.add_argument("--steps", type=int, default=10)
+    r.add_argument("--steps", type=int, default=10, help="optimizer steps (default 10)")
     r.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate (default 3e-3)")
-    r.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    r.add_argument("--dtype", default="float32", choices=("float32", "float64"),
+                   help="parameters and activations (default float32; float64 for exact checks)")
     r.add_argument("--compute-ms", type=float, default=0.0,
                    help="emulated extra compute per microbatch forward (backward: twice)")
     r.add_argument("--backend", choices=BACKENDS, help="local shared memory (default), torch (netmorph's "
@@ -61,7 +62,7 @@ def add_parser(sub) -> None:
     r.add_argument("--timeout", type=float, default=60.0, help="seconds a rank waits on a silent peer")
     r.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the last step, one track "
                                                    "per rank (compute slots and every message)")
-    r.add_argument("--json", action="store_true")
+    r.add_argument("--json", action="store_true", help="print the run's summary as JSON")
     p.set_defaults(run=run, flags=FLAGS)
 
 
