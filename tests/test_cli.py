@@ -111,11 +111,12 @@ def test_mesh_command(capsys):
 SECTIONS = ("Collectives: one all-reduce, eight schedules, and the cheapest one morphs",
             "Real ranks: the shared-memory fabric, gloo, and the model",
             "Parallel training: DP, ZeRO, TP and PP on real ranks",
+            "Mixture of experts: the router rewires the all-to-all every batch",
             "Consistency models for SGD: throughput against convergence",
             "Parallelism planner: what each DP/TP/PP split costs")
 FIGURES = ("allreduce_tp_vs_dp.png", "allreduce_winner_map.png", "allreduce_rounds_bytes.png", "fabric_busbw.png",
            "fabric_measured_vs_predicted.png", "train_pipeline.png", "train_traffic.png",
-           "train_zero_memory.png", "sgd_balanced.png", "sgd_straggler.png", "plan_splits.png")
+           "train_zero_memory.png", "moe_traffic.png", "moe_balance.png", "moe_drops.png", "sgd_balanced.png", "sgd_straggler.png", "plan_splits.png")
 
 
 @pytest.mark.timeout(300)

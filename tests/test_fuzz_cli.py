@@ -25,6 +25,8 @@ BASE = {
     "sgd": ["sgd", "--steps", "3", "--workers", "2", "--compute-ms", "0"],
     "plan": ["plan", "--model", "gpt3-175b", "--gpus", "64", "--global-batch", "64"],
     "mesh": ["mesh", "--world", "8", "--tp", "2"],
+    "moe": ["moe", "--steps", "1", "--ep", "2", "--experts", "2", "--layers", "1", "--seq", "4", "--batch", "1",
+            "--timeout", "5"],
 }
 # flags whose valid values are paths to write (tested with unwritable places, not random text)
 OUTPUTS = {"--plot", "--trace", "--out"}

@@ -1,0 +1,184 @@
+"""``netmorph moe``: train a mixture of experts over expert-parallel ranks; ``moe drops``: capacity arithmetic."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from netmorph.errors import UsageError, require
+
+# library parameters set by a flag of another name (the rest are --name)
+FLAGS = {"jitter_eps": "--jitter", "tokens": "--tokens"}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("moe", help="train a mixture of experts over expert-parallel ranks (all-to-all routing)",
+                       description="A learned router sends each token to its top-k experts, spread over --ep "
+                                   "ranks: the all-to-all's traffic matrix is a function of the input. `moe "
+                                   "drops` computes what a capacity factor drops under uniform routing.")
+    p.add_argument("action", nargs="?", default="train", choices=("train", "drops"),
+                   help="train (default): train and log routing; drops: expected drops of uniform routing")
+    r = p.add_argument_group("experts and routing (Megatron's --num-experts, --moe-router-topk, ...)")
+    r.add_argument("--experts", "--num-experts", type=int, default=8, help="experts per MoE layer E (default 8)")
+    r.add_argument("--ep", "--expert-model-parallel-size", type=int, default=4,
+                   help="expert-parallel ranks: E/ep experts each (default 4)")
+    r.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the EP group (default 1)")
+    r.add_argument("--world", type=int, help="processes; must equal ep x dp (default ep x dp)")
+    r.add_argument("--top-k", "--moe-router-topk", type=int, default=2, help="experts per token k (default 2)")
+    r.add_argument("--capacity-factor", "--moe-expert-capacity-factor", type=float, default=1.25,
+                   help="C = ceil(k*T/E * CF) per expert per rank (default 1.25)")
+    r.add_argument("--dropless", action="store_true", help="no capacity: every assignment is kept (MegaBlocks)")
+    r.add_argument("--drop-policy", "--moe-token-drop-policy", default="position", choices=("position", "probs"),
+                   help="which assignments an expert over capacity keeps: earliest tokens or highest gates")
+    r.add_argument("--pre-softmax", action="store_true", help="softmax over all experts before top-k (Switch, "
+                                                              "GShard); default after (Mixtral, Megatron)")
+    r.add_argument("--aux-loss-coeff", type=float, default=0.01, help="load-balancing loss alpha (default 0.01)")
+    r.add_argument("--z-loss-coeff", type=float, default=0.0, help="router z-loss beta (default 0)")
+    r.add_argument("--jitter", type=float, default=0.0, help="router input jitter epsilon (default 0)")
+    m = p.add_argument_group("model and run")
+    m.add_argument("--layers", type=int, default=2, help="MoE layers (default 2)")
+    m.add_argument("--hidden", type=int, default=32, help="hidden size h (default 32)")
+    m.add_argument("--ffn", type=int, default=64, help="expert MLP width (default 64)")
+    m.add_argument("--vocab", type=int, default=64, help="vocabulary (default 64)")
+    m.add_argument("--seq", type=int, default=16, help="sequence length (default 16)")
+    m.add_argument("--batch", type=int, default=4, help="sequences per rank per step (default 4)")
+    m.add_argument("--steps", type=int, default=20, help="optimizer steps (default 20)")
+    m.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate (default 3e-3)")
+    m.add_argument("--seed", type=int, default=0, help="weights and data seed (default 0)")
+    m.add_argument("--dtype", default="float32", choices=("float32", "float64"), help="default float32")
+    m.add_argument("--backend", default="local", choices=("local", "torch", "torch-native"),
+                   help="local shared memory (default), netmorph's schedules over torch.distributed, or "
+                        "torch's own all_to_all_single")
+    m.add_argument("--timeout", type=float, default=60.0, help="seconds a rank waits on a silent peer")
+    m.add_argument("--check", action="store_true", help="also run the 1-rank model and compare")
+    m.add_argument("--plot", metavar="FILE", help="draw the traffic matrices of consecutive steps into FILE")
+    d = p.add_argument_group("moe drops")
+    d.add_argument("--tokens", type=int, default=4096, help="tokens routed per rank T (default 4096)")
+    d.add_argument("--trials", type=int, default=200, help="random routings simulated (default 200)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run, flags=FLAGS)
+
+
+def run(args) -> int:
+    if args.action == "drops":
+        return _drops(args)
+    require("torch", "netmorph moe")
+    from netmorph.moe import MoEConfig, train
+    if args.world is not None and args.world != args.ep * args.dp:
+        raise UsageError(f"--world {args.world} != --ep x --dp = {args.ep} x {args.dp}; change --ep, --dp or --world")
+    if not 0 < args.timeout < 1e6:
+        raise UsageError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
+    cfg = MoEConfig(ep=args.ep, dp=args.dp, experts=args.experts, top_k=args.top_k,
+                    capacity_factor=None if args.dropless else args.capacity_factor, drop_policy=args.drop_policy,
+                    pre_softmax=args.pre_softmax, aux_loss_coeff=args.aux_loss_coeff, z_loss_coeff=args.z_loss_coeff,
+                    jitter_eps=args.jitter, layers=args.layers, hidden=args.hidden, ffn=args.ffn, vocab=args.vocab,
+                    seq=args.seq, batch=args.batch, steps=args.steps, lr=args.lr, seed=args.seed, dtype=args.dtype,
+                    backend=args.backend, timeout=args.timeout)
+    cfg.check()
+    if args.plot:
+        from netmorph.cli import check_output_file
+        check_output_file(args.plot, "--plot")
+    from rich.console import Console
+    with Console(stderr=True).status(f"training on {cfg.world} ranks", spinner="dots") if sys.stderr.isatty() \
+            else _Null():
+        out = train(cfg, check=args.check)
+    if args.json:
+        print(json.dumps(_json(cfg, out), default=float))
+        return 0
+    _print(cfg, out)
+    if args.plot:
+        from netmorph.report.moe import plot_traffic
+        plot_traffic(out, args.plot)
+        print(f"# figure: {args.plot}")
+    return 0
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _print(cfg, out) -> None:
+    cap = "dropless (no capacity)" if cfg.capacity is None else \
+        f"capacity factor {cfg.capacity_factor:g}: C = {cfg.capacity} per expert per rank, {cfg.drop_policy} drops"
+    print(f"# netmorph moe: {cfg.experts} experts over ep {cfg.ep} x dp {cfg.dp}, top-{cfg.top_k}, {cap}; "
+          f"{cfg.tokens_per_rank} tokens per rank per step, h {cfg.hidden}, {cfg.layers} MoE layers, "
+          f"aux {cfg.aux_loss_coeff:g}; backend {cfg.backend}")
+    print(f"{'step':>4} {'loss':>8} {'aux':>8} {'dropped':>8} {'imbalance':>9} {'max expert batch':>16} "
+          f"{'a2a B/rank (max)':>16} {'= matrix':>8}")
+    for i, s in enumerate(out["steps"], 1):
+        print(f"{i:>4} {s['loss']:>8.4f} {s['aux']:>8.5f} {100 * s['drop_fraction']:>7.1f}% {s['load_imbalance']:>9.2f} "
+              f"{s['largest_expert_batch']:>16} {max(s['a2a_bytes']):>16,} {_mark(s['exact']):>8}")
+    b = 8 if cfg.dtype == "float64" else 4
+    if cfg.backend == "torch-native":
+        print("# torch's all_to_all_single reports no per-peer bytes: the ledger holds each call's whole input")
+    else:
+        exact = all(s["exact"] for s in out["steps"])
+        print(f"# all-to-all bytes per rank, measured by the ledger vs the router's traffic matrix x h x {b} B "
+              f"(dispatch + combine, forward and backward): {'equal on every rank and step ✓' if exact else 'DIFFER ✗'}")
+    steps = out["steps"][1:] or out["steps"]
+    step_s = sorted(s["step_s"] for s in steps)[len(steps) // 2]
+    a2a_s = sorted(s["a2a_s"] for s in steps)[len(steps) // 2]
+    print(f"# median step {1e3 * step_s:.1f} ms, of which {1e3 * a2a_s:.1f} ms in the all-to-alls "
+          f"({100 * a2a_s / step_s:.0f}%; slowest rank)")
+    last = out["steps"][-1]["traffic"]
+    print("# last step's traffic matrix (tokens, row = source rank, column = destination):")
+    for r, row in enumerate(last):
+        print(f"#   {r:>2}: " + " ".join(f"{n:>5}" for n in row))
+    if "max_rel_loss_diff" in out:
+        ok = out["max_rel_loss_diff"] <= (1e-9 if cfg.dtype == "float64" else 1e-4) and out["same_routing"]
+        print(f"# check: the 1-rank model on the same tokens: max relative loss difference "
+              f"{out['max_rel_loss_diff']:.2e}, max parameter difference {out['max_param_diff']:.2e}, "
+              f"routing {'identical' if out['same_routing'] else 'DIFFERENT'} {'✓' if ok else '✗'}")
+
+
+def _mark(exact) -> str:
+    return "-" if exact is None else "✓" if exact else "✗"
+
+
+def _json(cfg, out) -> dict:
+    steps = out["steps"]
+    j = {"experts": cfg.experts, "ep": cfg.ep, "dp": cfg.dp, "top_k": cfg.top_k,
+         "capacity_factor": cfg.capacity_factor, "capacity": cfg.capacity, "drop_policy": cfg.drop_policy,
+         "tokens_per_rank": cfg.tokens_per_rank, "steps": cfg.steps, "backend": cfg.backend,
+         "losses": [s["loss"] for s in steps], "aux_losses": [s["aux"] for s in steps],
+         "drop_fraction": [s["drop_fraction"] for s in steps], "load_imbalance": [s["load_imbalance"] for s in steps],
+         "largest_expert_batch": [s["largest_expert_batch"] for s in steps],
+         "traffic_matrices": [s["traffic"] for s in steps], "a2a_bytes_per_rank": [s["a2a_bytes"] for s in steps],
+         "predicted_a2a_bytes_per_rank": [s["predicted_a2a_bytes"] for s in steps],
+         "step_time_s": [s["step_s"] for s in steps], "a2a_time_s": [s["a2a_s"] for s in steps]}
+    for k in ("reference_losses", "max_rel_loss_diff", "max_param_diff", "same_routing"):
+        if k in out:
+            j[k] = out[k]
+    return j
+
+
+def _drops(args) -> int:
+    from netmorph.moe.capacity import capacity, exact_drop_fraction, simulated_drop_fraction
+    for name, lo, hi in (("tokens", 1, 1 << 20), ("experts", 1, 4096), ("top_k", 1, 4096), ("trials", 1, 100_000)):
+        v = getattr(args, name)
+        if not lo <= v <= hi:
+            raise UsageError(f"--{name.replace('_', '-')} must be in {lo}..{hi}, got {v}")
+    if args.top_k > args.experts:
+        raise UsageError(f"--top-k {args.top_k} > --experts {args.experts}")
+    if not 0 < args.capacity_factor <= 1e3:
+        raise UsageError(f"--capacity-factor must be in (0, 1000], got {args.capacity_factor}")
+    if args.tokens * args.experts * args.trials > 4e9:
+        raise UsageError("--tokens x --experts x --trials is more than 4e9 draws; lower --trials")
+    cap = capacity(args.tokens, args.experts, args.top_k, args.capacity_factor)
+    exact = exact_drop_fraction(args.tokens, args.experts, args.top_k, cap)
+    sim = simulated_drop_fraction(args.tokens, args.experts, args.top_k, cap, args.trials, args.seed)
+    if args.json:
+        print(json.dumps({"tokens": args.tokens, "experts": args.experts, "top_k": args.top_k,
+                          "capacity_factor": args.capacity_factor, "capacity": cap, "simulated_drop_fraction": sim,
+                          "exact_drop_fraction": exact, "trials": args.trials}))
+        return 0
+    print(f"# {args.tokens} tokens, top-{args.top_k} of {args.experts} experts, capacity factor "
+          f"{args.capacity_factor:g}: C = ceil(k*T/E * CF) = {cap} per expert")
+    print(f"# uniform random routing: each expert's load ~ Binomial(T, k/E) = Binomial({args.tokens}, "
+          f"{args.top_k / args.experts:.4g})")
+    print(f"dropped: simulated {100 * sim:.3f}% ({args.trials} trials)   exact {100 * exact:.3f}%")
+    return 0

@@ -1,0 +1,152 @@
+"""The MoE layer over expert-parallel ranks: route, drop over capacity, all-to-all, experts, all-to-all back.
+
+Stands in for Megatron-core's ``MoELayer`` with ``MoEAlltoAllTokenDispatcher``
+(``megatron/core/transformer/moe/token_dispatcher.py``):
+
+1. route (:class:`~netmorph.moe.router.TopKRouter`) and drop over capacity
+   (:mod:`netmorph.moe.capacity`);
+2. permute: this rank's kept assignments sorted by expert, so the rows for the
+   experts of EP rank j form one contiguous block;
+3. exchange the per-expert counts (an all-to-all of E integers: every rank must
+   know how many rows it will receive from each -- Megatron does the same before
+   the tokens), then ``all_to_all_single`` with the split sizes this batch produced;
+4. the local experts (a GELU MLP each) run on the rows received for them, grouped
+   by expert across source ranks;
+5. ``all_to_all_single`` back, unpermute, weight by the gate and sum a token's k
+   outputs. A dropped assignment adds nothing: its token passes through the residual.
+
+Both all-to-alls are autograd functions (backward: the same exchange reversed), so
+the ledger's phases are ``moe.dispatch``, ``moe.combine`` and their ``.bwd``
+gradients, plus ``moe.counts``. The all-to-alls run the direct ``pairwise``
+schedule, so the bytes on each link are exactly the router's traffic matrix times
+h times the element size.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from netmorph.moe.capacity import keep_mask
+from netmorph.moe.router import TopKRouter
+
+
+class _AllToAll(torch.autograd.Function):
+    """Rows ``x`` (n, h): ``send[j]`` rows to group rank j, ``recv[j]`` rows from it; backward reversed."""
+
+    @staticmethod
+    def forward(ctx, x, comm, group, send, recv, phase, bwd_phase, clock):
+        ctx.args = (comm, group, send, recv, bwd_phase, clock)
+        return _exchange(comm, group, x, send, recv, phase, clock)
+
+    @staticmethod
+    def backward(ctx, g):
+        comm, group, send, recv, bwd_phase, clock = ctx.args
+        return _exchange(comm, group, g, recv, send, bwd_phase, clock), None, None, None, None, None, None, None
+
+
+def _exchange(comm, group, x, send, recv, phase, clock):
+    """One all-to-all of rows; ``clock[0]`` accumulates the seconds spent in it."""
+    h = x.shape[1]
+    x = x.contiguous()                                          # (sum send, h)
+    out = x.new_empty((sum(recv), h))                           # (sum recv, h)
+    if group.size() == 1:
+        out.copy_(x)
+        return out
+    t0 = time.perf_counter()
+    with comm.phase(phase):
+        comm.all_to_all_single(out.view(-1), x.view(-1), [r * h for r in recv], [s * h for s in send],
+                               group=group, algo="pairwise")
+    clock[0] += time.perf_counter() - t0
+    return out
+
+
+@dataclass
+class LayerStats:
+    routed: np.ndarray        # (E,) assignments routed to each expert, before capacity
+    kept: np.ndarray          # (E,) assignments each expert took
+    send_rows: list           # rows sent to each EP rank (index in the EP group)
+    capacity: int | None
+
+
+class MoELayer(nn.Module):
+    """E experts over the EP group ``ep_group`` (this rank holds E/ep of them, contiguous)."""
+
+    def __init__(self, comm, ep_group, hidden: int, ffn: int, num_experts: int, top_k: int,
+                 capacity_factor: float | None, drop_policy: str = "position", pre_softmax: bool = False,
+                 aux_loss_coeff: float = 0.01, z_loss_coeff: float = 0.0, jitter_eps: float = 0.0,
+                 dtype=torch.float64):
+        super().__init__()
+        self.comm, self.group = comm, ep_group
+        self.ep = ep_group.size()
+        self.ep_rank = ep_group.index[comm.rank] if comm is not None else 0
+        self.num_experts, self.top_k = num_experts, top_k
+        self.local = num_experts // self.ep
+        self.first = self.ep_rank * self.local                 # global id of this rank's first expert
+        self.capacity_factor, self.drop_policy = capacity_factor, drop_policy
+        self.clock = [0.0]                                     # seconds in this layer's all-to-alls (fwd + bwd)
+        self.router = TopKRouter(hidden, num_experts, top_k, pre_softmax, aux_loss_coeff, z_loss_coeff,
+                                 jitter_eps, dtype)
+        self.w1 = nn.Parameter(torch.zeros(self.local, hidden, ffn, dtype=dtype))     # (E_local, h, f)
+        self.b1 = nn.Parameter(torch.zeros(self.local, ffn, dtype=dtype))             # (E_local, f)
+        self.w2 = nn.Parameter(torch.zeros(self.local, ffn, hidden, dtype=dtype))     # (E_local, f, h)
+        self.b2 = nn.Parameter(torch.zeros(self.local, hidden, dtype=dtype))          # (E_local, h)
+
+    def expert_parameters(self):
+        return [self.w1, self.b1, self.w2, self.b2]
+
+    def forward(self, x: torch.Tensor, capacity: int | None, generator=None):
+        """``x`` (T, h) -> (y (T, h), routing, stats)."""
+        E, el = self.num_experts, self.local
+        r = self.router(x, generator)
+        keep = keep_mask(r.experts, r.gates, E, capacity, self.drop_policy)          # (T, k)
+        tok, slot = keep.nonzero(as_tuple=True)                                       # kept, token-major
+        exp = r.experts[tok, slot]                                                    # (n,)
+        order = torch.argsort(exp, stable=True)
+        tok, exp, gate = tok[order], exp[order], r.gates[tok[order], slot[order]]     # (n,) each, by expert
+        counts = torch.bincount(exp, minlength=E)                                     # (E,)
+        send = counts.view(self.ep, el).sum(1).tolist()                               # rows per EP rank
+        recv_counts = self._exchange_counts(counts)                                   # (ep, E_local)
+        recv = recv_counts.sum(1).tolist()
+        rows = x[tok]                                                                 # (n, h) permuted
+        got = _AllToAll.apply(rows, self.comm, self.group, send, recv, "moe.dispatch", "moe.dispatch.bwd", self.clock)
+        out = self._experts(got, recv_counts)                                         # (sum recv, h)
+        back = _AllToAll.apply(out, self.comm, self.group, recv, send, "moe.combine", "moe.combine.bwd", self.clock)
+        y = torch.zeros_like(x).index_add(0, tok, back * gate[:, None])               # (T, h)
+        routed = torch.bincount(r.experts.reshape(-1), minlength=E).numpy()
+        return y, r, LayerStats(routed, counts.numpy(), send, capacity)
+
+    def _exchange_counts(self, counts: torch.Tensor) -> np.ndarray:
+        """(ep, E_local): how many rows each EP rank sends to each of this rank's experts."""
+        mine = counts.numpy().astype(np.int64)                                       # (E,)
+        if self.ep == 1:
+            return mine.reshape(1, -1)
+        got = np.empty_like(mine)
+        with self.comm.phase("moe.counts"):
+            self.comm.all_to_all_single(got, mine, group=self.group, algo="pairwise")
+        return got.reshape(self.ep, self.local)
+
+    def _experts(self, rows: torch.Tensor, recv_counts: np.ndarray) -> torch.Tensor:
+        """Run each local expert on its rows: received grouped by source, then by expert."""
+        ep, el = recv_counts.shape
+        starts = np.concatenate([[0], np.cumsum(recv_counts.reshape(-1))])[:-1].reshape(ep, el)
+        idx = [np.concatenate([np.arange(starts[s, e], starts[s, e] + recv_counts[s, e]) for s in range(ep)])
+               for e in range(el)]
+        perm = torch.from_numpy(np.concatenate(idx).astype(np.int64)) if idx else torch.zeros(0, dtype=torch.long)
+        grouped = rows[perm]                                                         # (m, h) by expert
+        outs, at = [], 0
+        for e in range(el):
+            n = len(idx[e])
+            z = grouped[at:at + n]                                                   # (n_e, h)
+            hdn = F.gelu(z @ self.w1[e] + self.b1[e])                                # (n_e, f)
+            outs.append(hdn @ self.w2[e] + self.b2[e])                               # (n_e, h)
+            at += n
+        done = torch.cat(outs) if outs else rows.new_zeros((0, rows.shape[1]))       # (m, h)
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(len(perm))
+        return done[inv]                                                             # (m, h) back in received order

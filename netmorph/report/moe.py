@@ -1,0 +1,138 @@
+"""Figures of a mixture-of-experts run: the router's traffic matrix, batch to batch, and the balance."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from netmorph.files import save_figure
+
+
+def plot_traffic(out: dict, path, steps: int = 4) -> None:
+    """The rank -> rank token matrix of ``steps`` consecutive steps side by side (the wiring the router
+    chose for each batch), then load imbalance and dropped fraction over training."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    cfg = out["config"]
+    shown = out["steps"][:steps]
+    mats = [np.array(s["traffic"]) for s in shown]
+    vmax = max(int(m.max()) for m in mats) or 1
+    fig, axes = plt.subplots(1, len(mats) + 1, figsize=(3.2 * (len(mats) + 1) + 1, 3.6))
+    for i, (ax, m) in enumerate(zip(axes, mats)):
+        im = ax.imshow(m, cmap="viridis", vmin=0, vmax=vmax)
+        for (r, c), n in np.ndenumerate(m):
+            ax.text(c, r, str(n), ha="center", va="center", fontsize=7, color="white" if n < vmax / 2 else "black")
+        ax.set_title(f"step {i + 1}", fontsize=9)
+        ax.set_xlabel("to rank")
+        ax.set_xticks(range(len(m)))
+        ax.set_yticks(range(len(m)))
+        if i == 0:
+            ax.set_ylabel("from rank")
+    fig.colorbar(im, ax=axes[:len(mats)], shrink=0.8, label="tokens")
+    ax = axes[-1]
+    xs = range(1, len(out["steps"]) + 1)
+    ax.plot(xs, [s["load_imbalance"] for s in out["steps"]], "-o", ms=3, label="load imbalance (max/mean)")
+    ax2 = ax.twinx()
+    ax2.plot(xs, [100 * s["drop_fraction"] for s in out["steps"]], "-s", ms=3, color="tab:red", label="dropped %")
+    ax.set_xlabel("step")
+    ax.set_ylabel("max / mean tokens per expert")
+    ax2.set_ylabel("assignments dropped (%)", color="tab:red")
+    ax.set_title("balance over training", fontsize=9)
+    fig.suptitle(f"router traffic: {cfg['experts']} experts on ep {cfg['ep']} x dp {cfg['dp']}, top-{cfg['top_k']}",
+                 fontsize=10)
+    fig.subplots_adjust(bottom=0.2, top=0.82, wspace=0.35)
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+STEPS = 2
+ALPHA = 0.1
+FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
+
+
+def build_section(out_dir, tick=lambda: None):
+    """Two dropless runs of the same MoE, load-balancing loss on and off; the router's traffic for
+    consecutive batches, the balance over training, and what each capacity factor would drop. α = 0.1
+    (ten times Megatron's default) so the effect shows within 60 steps of a tiny model."""
+    from netmorph.moe import MoEConfig, exact_drop_fraction, train
+    from netmorph.moe.capacity import capacity
+    from netmorph.moe.train import drops_at
+    from netmorph.report.html import Section
+    base = dict(ep=4, experts=8, top_k=2, capacity_factor=None, steps=60, batch=16, lr=1e-2)
+    runs = {}
+    for alpha in (ALPHA, 0.0):
+        runs[alpha] = train(MoEConfig(aux_loss_coeff=alpha, **base))
+        tick()
+    on, off = runs[ALPHA], runs[0.0]
+    cfg = MoEConfig(aux_loss_coeff=ALPHA, **base)
+    plot_traffic(on, out_dir / "moe_traffic.png")
+    _plot_balance(on, off, cfg, out_dir / "moe_balance.png")
+    drops = {a: [drops_at(cfg, r["steps"][-1]["routed_per_rank"], f) for f in FACTORS] for a, r in runs.items()}
+    uniform = [exact_drop_fraction(cfg.tokens_per_rank, cfg.experts, cfg.top_k,
+                                   capacity(cfg.tokens_per_rank, cfg.experts, cfg.top_k, f)) for f in FACTORS]
+    _plot_drops(drops, uniform, out_dir / "moe_drops.png")
+    im_on = sum(s["load_imbalance"] for s in on["steps"][-30:]) / 30
+    im_off = sum(s["load_imbalance"] for s in off["steps"][-30:]) / 30
+    exact = all(s["exact"] for r in runs.values() for s in r["steps"])
+    i1 = FACTORS.index(1.0)
+    html = f"""
+<p>A small MoE language model (8 experts over 4 expert-parallel ranks, top-2, {cfg.tokens_per_rank} tokens per rank
+per step) trained for {cfg.steps} steps, dropless, with Switch's load-balancing loss at &alpha; = {ALPHA} and without it.
+Each rank routes its own tokens; the router's choices decide how many rows every rank sends every other rank in
+the all-to-all, so the communication pattern is a function of the batch.</p>
+<ul>
+<li><b>Traffic.</b> The rank-to-rank token matrices of four consecutive steps differ: the wiring diagram changes batch
+to batch. The ledger's all-to-all bytes equal matrix &times; h &times; 4 B on every rank and step
+({'✓' if exact else '✗'}).</li>
+<li><b>Balance.</b> Over the last 30 steps the busiest expert takes {im_on:.2f}&times; the mean with the aux loss and
+{im_off:.2f}&times; without it.</li>
+<li><b>Capacity.</b> At capacity factor 1.0 the trained router would drop {100 * drops[ALPHA][i1]:.1f}% of its
+assignments with the aux loss, {100 * drops[0.0][i1]:.1f}% without; uniformly random routing drops
+{100 * uniform[i1]:.1f}% (exact, from Binomial(T, k/E)).</li>
+</ul>
+<p>Reproduce: <code>netmorph moe --dropless --steps 60 --batch 16 --lr 1e-2 --aux-loss-coeff {ALPHA} --plot moe.png</code> (and
+<code>--aux-loss-coeff 0</code>); <code>netmorph moe drops --tokens {cfg.tokens_per_rank} --experts 8
+--capacity-factor 1.0</code>.</p>
+"""
+    files = [("moe_traffic.png", "Router traffic (tokens from rank to rank) for four consecutive steps, and balance "
+                                 "over training."),
+             ("moe_balance.png", "Load imbalance (max / mean tokens per expert) over training, aux loss on and off."),
+             ("moe_drops.png", "Assignments dropped against capacity factor: the trained routers and uniform routing.")]
+    summary = [f"load imbalance (last 30 steps): {im_on:.2f} with aux loss {ALPHA}, {im_off:.2f} without",
+               f"capacity factor 1.0 drops: trained {100 * drops[ALPHA][i1]:.1f}% (aux) / {100 * drops[0.0][i1]:.1f}% "
+               f"(no aux), uniform {100 * uniform[i1]:.1f}%",
+               f"all-to-all bytes = traffic matrix x h x 4 B on every rank and step: {'yes' if exact else 'NO'}"]
+    return Section("Mixture of experts: the router rewires the all-to-all every batch", html, files, summary)
+
+
+def _plot_balance(on, off, cfg, path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for run, label in ((on, f"aux loss {ALPHA}"), (off, "no aux loss")):
+        ax.plot(range(1, len(run["steps"]) + 1), [s["load_imbalance"] for s in run["steps"]], "-", label=label)
+    ax.axhline(1.0, color="gray", ls=":", lw=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("max / mean tokens per expert")
+    ax.set_title(f"{cfg.experts} experts, top-{cfg.top_k}, dropless", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def _plot_drops(drops, uniform, path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    ax.plot(FACTORS, [100 * d for d in drops[ALPHA]], "-o", label=f"trained router, aux loss {ALPHA}")
+    ax.plot(FACTORS, [100 * d for d in drops[0.0]], "-s", label="trained router, no aux loss")
+    ax.plot(FACTORS, [100 * d for d in uniform], "--", color="gray", label="uniform routing (exact)")
+    ax.set_xlabel("capacity factor")
+    ax.set_ylabel("assignments dropped (%)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
