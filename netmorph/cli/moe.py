@@ -117,8 +117,9 @@ def _print(cfg, out) -> None:
         print("# torch's all_to_all_single reports no per-peer bytes: the ledger holds each call's whole input")
     else:
         exact = all(s["exact"] for s in out["steps"])
-        print(f"# all-to-all bytes per rank, measured by the ledger vs the router's traffic matrix x h x {b} B "
-              f"(dispatch + combine, forward and backward): {'equal on every rank and step ✓' if exact else 'DIFFER ✗'}")
+        print(f"# all-to-all bytes on every link (rank -> rank), measured by the ledger vs the router's traffic "
+              f"matrix x h x {b} B, dispatch and combine, forward and backward: "
+              f"{'equal on every link and step ✓' if exact else 'DIFFER ✗'}")
     steps = out["steps"][1:] or out["steps"]
     step_s = sorted(s["step_s"] for s in steps)[len(steps) // 2]
     a2a_s = sorted(s["a2a_s"] for s in steps)[len(steps) // 2]
