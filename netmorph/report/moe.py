@@ -54,7 +54,7 @@ def build_section(out_dir, tick=lambda: None):
     """Two dropless runs of the same MoE, load-balancing loss on and off; the router's traffic for
     consecutive batches, the balance over training, and what each capacity factor would drop. α = 0.1
     (ten times Megatron's default) so the effect shows within 60 steps of a tiny model."""
-    from netmorph.moe import MoEConfig, exact_drop_fraction, train
+    from netmorph.moe import MoEConfig, exact_drop_fraction, simulated_drop_fraction, train
     from netmorph.moe.capacity import capacity
     from netmorph.moe.train import drops_at
     from netmorph.report.html import Section
@@ -68,9 +68,10 @@ def build_section(out_dir, tick=lambda: None):
     plot_traffic(on, out_dir / "moe_traffic.png")
     _plot_balance(on, off, cfg, out_dir / "moe_balance.png")
     drops = {a: [drops_at(cfg, r["steps"][-1]["routed_per_rank"], f) for f in FACTORS] for a, r in runs.items()}
-    uniform = [exact_drop_fraction(cfg.tokens_per_rank, cfg.experts, cfg.top_k,
-                                   capacity(cfg.tokens_per_rank, cfg.experts, cfg.top_k, f)) for f in FACTORS]
-    _plot_drops(drops, uniform, out_dir / "moe_drops.png")
+    caps = [capacity(cfg.tokens_per_rank, cfg.experts, cfg.top_k, f) for f in FACTORS]
+    uniform = [exact_drop_fraction(cfg.tokens_per_rank, cfg.experts, cfg.top_k, c) for c in caps]
+    simulated = [simulated_drop_fraction(cfg.tokens_per_rank, cfg.experts, cfg.top_k, c, 300) for c in caps]
+    _plot_drops(drops, uniform, simulated, out_dir / "moe_drops.png")
     im_on = sum(s["load_imbalance"] for s in on["steps"][-30:]) / 30
     im_off = sum(s["load_imbalance"] for s in off["steps"][-30:]) / 30
     exact = all(s["exact"] for r in runs.values() for s in r["steps"])
@@ -82,7 +83,7 @@ Each rank routes its own tokens; the router's choices decide how many rows every
 the all-to-all, so the communication pattern is a function of the batch.</p>
 <ul>
 <li><b>Traffic.</b> The rank-to-rank token matrices of four consecutive steps differ: the wiring diagram changes batch
-to batch. The ledger's all-to-all bytes equal matrix &times; h &times; 4 B on every rank and step
+to batch. The ledger's all-to-all bytes equal matrix &times; h &times; 4 B on every link and step
 ({'✓' if exact else '✗'}).</li>
 <li><b>Balance.</b> Over the last 30 steps the busiest expert takes {im_on:.2f}&times; the mean with the aux loss and
 {im_off:.2f}&times; without it.</li>
@@ -101,7 +102,7 @@ assignments with the aux loss, {100 * drops[0.0][i1]:.1f}% without; uniformly ra
     summary = [f"load imbalance (last 30 steps): {im_on:.2f} with aux loss {ALPHA}, {im_off:.2f} without",
                f"capacity factor 1.0 drops: trained {100 * drops[ALPHA][i1]:.1f}% (aux) / {100 * drops[0.0][i1]:.1f}% "
                f"(no aux), uniform {100 * uniform[i1]:.1f}%",
-               f"all-to-all bytes = traffic matrix x h x 4 B on every rank and step: {'yes' if exact else 'NO'}"]
+               f"all-to-all bytes = traffic matrix x h x 4 B on every link and step: {'yes' if exact else 'NO'}"]
     return Section("Mixture of experts: the router rewires the all-to-all every batch", html, files, summary)
 
 
@@ -122,14 +123,15 @@ def _plot_balance(on, off, cfg, path) -> None:
     plt.close(fig)
 
 
-def _plot_drops(drops, uniform, path) -> None:
+def _plot_drops(drops, uniform, simulated, path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     ax.plot(FACTORS, [100 * d for d in drops[ALPHA]], "-o", label=f"trained router, aux loss {ALPHA}")
     ax.plot(FACTORS, [100 * d for d in drops[0.0]], "-s", label="trained router, no aux loss")
-    ax.plot(FACTORS, [100 * d for d in uniform], "--", color="gray", label="uniform routing (exact)")
+    ax.plot(FACTORS, [100 * d for d in uniform], "--", color="gray", label="uniform routing, exact (binomial)")
+    ax.plot(FACTORS, [100 * d for d in simulated], "x", color="black", label="uniform routing, simulated (300 trials)")
     ax.set_xlabel("capacity factor")
     ax.set_ylabel("assignments dropped (%)")
     ax.legend(fontsize=8)
