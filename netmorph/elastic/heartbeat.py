@@ -1,0 +1,86 @@
+"""Heartbeats over a store: each worker publishes a counter; a monitor turns fresh counters into arrivals.
+
+Stands in for torchelastic's agent heartbeats (``TORCHELASTIC_...`` keepalives in the
+rendezvous store): a worker's :class:`Heartbeat` thread sets ``netmorph/hb/<rank>``
+to an increasing counter every ``interval`` seconds; a :class:`Monitor` polls the
+keys of its peers every ``interval`` and feeds one detector per peer
+(:class:`~netmorph.elastic.detector.PhiAccrual` or
+:class:`~netmorph.elastic.detector.FixedTimeout`) with the time it *saw* each new
+value. The store is anything with torch's ``set``/``get``/``check``: a ``TCPStore``
+across machines, a ``FileStore`` on one. A thread beats for its process, so a
+SIGSTOPped process falls silent as a dead one does.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+KEY = "netmorph/hb/{}"
+
+
+class Heartbeat:
+    """Publish this rank's heartbeat every ``interval`` seconds until :meth:`stop`."""
+
+    def __init__(self, store, rank: int, interval: float = 0.1):
+        self.store, self.rank, self.interval = store, rank, interval
+        self.count = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"netmorph-heartbeat-{rank}", daemon=True)
+
+    def start(self) -> "Heartbeat":
+        self._beat()
+        self._thread.start()
+        return self
+
+    def _beat(self) -> None:
+        self.count += 1
+        self.store.set(KEY.format(self.rank), str(self.count))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self._beat()
+            except RuntimeError:          # the store is gone: the job is ending
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2 * self.interval + 1)
+
+
+class Monitor:
+    """Watch ``peers``' heartbeats; ``detector()`` makes one detector per peer."""
+
+    def __init__(self, store, peers, detector, interval: float = 0.1, clock=time.monotonic):
+        self.store, self.interval, self.clock = store, interval, clock
+        self.detectors = {p: detector() for p in peers}
+        self.seen = {p: None for p in peers}
+
+    def poll(self) -> None:
+        """Read every peer's counter once; a changed counter is a heartbeat arriving now."""
+        now = self.clock()
+        for p, det in self.detectors.items():
+            key = KEY.format(p)
+            if not self.store.check([key]):
+                continue
+            value = self.store.get(key)
+            if value != self.seen[p]:
+                self.seen[p] = value
+                det.heartbeat(now)
+
+    def suspects(self) -> list:
+        now = self.clock()
+        return [p for p, det in self.detectors.items() if det.suspect(now)]
+
+    def watch(self, seconds: float) -> dict:
+        """Poll for ``seconds``; the first time each peer was suspected (relative to the start), or None."""
+        t0 = self.clock()
+        first = {p: None for p in self.detectors}
+        while self.clock() - t0 < seconds:
+            self.poll()
+            for p in self.suspects():
+                if first[p] is None:
+                    first[p] = self.clock() - t0
+            time.sleep(self.interval)
+        return first

@@ -1,0 +1,123 @@
+"""Failure detection: φ accrual against the normal model it claims, a fixed timeout's window, and
+heartbeats over a real torch store from a process that is killed, SIGSTOPped, or only slow."""
+
+import math
+import multiprocessing as mp
+import os
+import random
+import signal
+import time
+from statistics import NormalDist
+
+import pytest
+
+from netmorph.elastic import FixedTimeout, Heartbeat, Monitor, PhiAccrual
+
+
+def _regular(det, mean, spread, n, t0=0.0):
+    """n beats whose intervals alternate mean - spread, mean + spread: mean and (population) σ exact."""
+    t = t0
+    det.heartbeat(t)
+    for i in range(n):
+        t += mean - spread if i % 2 else mean + spread
+        det.heartbeat(t)
+    return t
+
+
+@pytest.mark.parametrize("mean,spread", [(1.0, 0.2), (0.1, 0.03), (2.0, 0.5)])
+@pytest.mark.parametrize("k", [0.0, 1.0, 2.0, 3.5])
+def test_phi_is_the_normal_models_tail_on_a_log_scale(mean, spread, k):
+    det = PhiAccrual(max_sample_size=200, min_std_deviation=1e-6)
+    last = _regular(det, mean, spread, 400)            # the prior's two samples are long evicted
+    mu, sigma = det.mean_std()
+    assert mu == pytest.approx(mean, rel=1e-9) and sigma == pytest.approx(spread, rel=1e-9)
+    delta = mean + k * spread
+    want = -math.log10(1 - NormalDist(mean, spread).cdf(delta))
+    assert det.phi(last + delta) == pytest.approx(want, rel=1e-9, abs=1e-12)
+    if k == 0.0:
+        assert det.phi(last + delta) == pytest.approx(math.log10(2))      # half the beats come later than the mean
+
+
+def test_phi_floors_sigma_and_adds_the_acceptable_pause():
+    det = PhiAccrual(max_sample_size=50, min_std_deviation=0.1, acceptable_heartbeat_pause=0.5)
+    last = _regular(det, 1.0, 0.0, 100)                 # perfectly regular: σ = 0, floored to 0.1
+    want = -math.log10(1 - NormalDist(1.5, 0.1).cdf(1.7))
+    assert det.phi(last + 1.7) == pytest.approx(want, rel=1e-9)
+    assert det.phi(last + 60.0) > 1e4 and math.isfinite(det.phi(last + 1e6))   # beyond the double-precision tail
+
+
+def test_fixed_timeout_fires_between_timeout_and_one_interval_later():
+    timeout, interval = 1.0, 0.3
+    for phase in (0.0, 0.05, 0.17, 0.29):
+        det = FixedTimeout(timeout)
+        det.heartbeat(10.0)
+        t = 10.0 + phase
+        while not det.suspect(t):                      # a monitor checking every interval
+            t += interval
+        assert timeout < t - 10.0 <= timeout + interval
+
+
+def _beater(path, rank, interval, jitter, seed):
+    import torch.distributed as dist
+    store = dist.FileStore(path, -1)
+    rng = random.Random(seed)
+    hb = Heartbeat(store, rank, interval)
+    hb._beat()
+    while True:
+        time.sleep(interval + rng.uniform(0, jitter))
+        hb._beat()
+
+
+def _store(tmp_path):
+    import torch.distributed as dist
+    return dist.FileStore(str(tmp_path / "store"), -1)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_a_dead_or_hung_peer_is_suspected_within_a_second(tmp_path, how):
+    store = _store(tmp_path)
+    p = mp.get_context("fork").Process(target=_beater, args=(str(tmp_path / "store"), 1, 0.05, 0.0, 0), daemon=True)
+    p.start()
+    try:
+        mon = Monitor(store, [1], lambda: PhiAccrual(min_std_deviation=0.02, first_heartbeat_estimate=0.05),
+                      interval=0.02)
+        assert mon.watch(1.0)[1] is None                  # beating: not suspected
+        os.kill(p.pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+        t0 = time.monotonic()
+        while not mon.suspects():
+            mon.poll()
+            time.sleep(0.02)
+            assert time.monotonic() - t0 < 5, "never suspected"
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGCONT)
+            p.kill()
+        p.join(5)
+
+
+@pytest.mark.timeout(60)
+def test_a_slow_but_alive_peer_is_not_ejected_at_the_default_threshold(tmp_path):
+    store = _store(tmp_path)
+    # beats every 50-150 ms (a busy peer); the default threshold must not fire on it
+    p = mp.get_context("fork").Process(target=_beater, args=(str(tmp_path / "store"), 1, 0.05, 0.1, 7), daemon=True)
+    p.start()
+    try:
+        mon = Monitor(store, [1], lambda: PhiAccrual(min_std_deviation=0.05, first_heartbeat_estimate=0.1),
+                      interval=0.02)
+        assert mon.watch(3.0)[1] is None
+    finally:
+        p.kill()
+        p.join(5)
+
+
+def test_heartbeat_thread_publishes_and_stops(tmp_path):
+    store = _store(tmp_path)
+    hb = Heartbeat(store, 3, interval=0.02).start()
+    time.sleep(0.2)
+    hb.stop()
+    n = int(store.get("netmorph/hb/3"))
+    assert n >= 3
+    time.sleep(0.1)
+    assert int(store.get("netmorph/hb/3")) == n           # stopped: no more beats
