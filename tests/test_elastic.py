@@ -11,7 +11,7 @@ from statistics import NormalDist
 
 import pytest
 
-from netmorph.elastic import FixedTimeout, Heartbeat, Monitor, PhiAccrual
+from netmorph.elastic import FixedTimeout, Heartbeat, Monitor, PhiAccrual, View
 
 
 def _regular(det, mean, spread, n, t0=0.0):
@@ -121,3 +121,47 @@ def test_heartbeat_thread_publishes_and_stops(tmp_path):
     assert n >= 3
     time.sleep(0.1)
     assert int(store.get("netmorph/hb/3")) == n           # stopped: no more beats
+
+
+def _suspect_each_other(path, me, other, go, out):
+    import torch.distributed as dist
+
+    from netmorph.elastic import Rendezvous, View
+    rdzv = Rendezvous(dist.FileStore(path, -1), min_workers=1)
+    go.wait()
+    view = rdzv.propose(View(0, (0, 1, 2), 5), suspects={other})
+    out.put((me, view.to_json()))
+
+
+@pytest.mark.timeout(120)
+def test_two_peers_suspecting_each_other_adopt_one_view(tmp_path):
+    """No split brain: both propose at once (each drops the other); both adopt the same stored view."""
+    ctx = mp.get_context("fork")
+    for trial in range(8):
+        path = str(tmp_path / f"store{trial}")
+        go, out = ctx.Event(), ctx.Queue()
+        procs = [ctx.Process(target=_suspect_each_other, args=(path, a, b, go, out)) for a, b in ((0, 1), (1, 0))]
+        for p in procs:
+            p.start()
+        go.set()
+        views = dict(out.get(timeout=30) for _ in procs)
+        for p in procs:
+            p.join(10)
+        assert views[0] == views[1]
+        members = View.from_json(views[0]).members
+        assert members in ((0, 2), (1, 2))                # exactly one proposal landed
+
+
+def test_views_advance_joiners_enter_and_too_few_members_is_an_error(tmp_path):
+    from netmorph.elastic import MembershipError, Rendezvous, View
+    rdzv = Rendezvous(_store(tmp_path), min_workers=2)
+    v0 = rdzv.start([0, 1, 2, 3])
+    assert v0 == View(0, (0, 1, 2, 3), 0) and rdzv.start([0, 1]) == v0          # first write wins
+    v1 = rdzv.propose(v0, suspects={2}, first_step=60)
+    assert v1 == View(1, (0, 1, 3), 60) and rdzv.current() == v1
+    rdzv.announce(4, v1.epoch)
+    v2 = rdzv.propose(v1, candidates=[4, 5], first_step=120)
+    assert v2 == View(2, (0, 1, 3, 4), 120)
+    assert rdzv.propose(v1, suspects={0}) == v2                                  # epoch 2 is agreed already
+    with pytest.raises(MembershipError, match="fewer than min_workers 2"):
+        rdzv.propose(v2, suspects={0, 1, 3})

@@ -1,0 +1,108 @@
+"""Membership views with epochs, agreed through a store: who is in the job from which step on.
+
+Stands in for the state torch's c10d rendezvous keeps in its store (a round number,
+the participants, a last-call window for late joiners, ``compare_set`` so that
+exactly one writer's state wins). A :class:`View` is ``(epoch, members, first_step)``.
+
+The agreement rule, the one thing every member must apply identically:
+
+    the view of epoch e + 1 is the first proposal written to ``netmorph/view/<e+1>``;
+    a proposal is written with ``compare_set(key, "", proposal)``, so exactly one
+    wins, and every member -- the losers included -- adopts the stored view, never
+    its own proposal.
+
+Two survivors that suspect each other at the same moment both propose; one
+proposal lands; both adopt it (and the member it excluded learns it is out). No
+split brain. A proposal drops the ranks its proposer suspects and adds the
+workers that announced themselves (:meth:`Rendezvous.announce`) before the last
+call closed; a view smaller than ``min_workers`` is refused with
+:class:`MembershipError` (the job ends with that as its root cause).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+VIEW = "netmorph/view/{}"
+JOIN = "netmorph/join/{}"
+LATEST = "netmorph/view/latest"
+
+
+class MembershipError(RuntimeError):
+    """The members fell below ``min_workers``, or a rank acted outside the view."""
+
+
+@dataclass(frozen=True)
+class View:
+    epoch: int
+    members: tuple
+    first_step: int
+
+    def to_json(self) -> str:
+        return json.dumps([self.epoch, list(self.members), self.first_step])
+
+    @classmethod
+    def from_json(cls, text) -> "View":
+        epoch, members, first = json.loads(text)
+        return cls(int(epoch), tuple(int(m) for m in members), int(first))
+
+
+class Rendezvous:
+    def __init__(self, store, min_workers: int = 1, max_workers: int = 1 << 16, last_call: float = 0.0):
+        if not 1 <= min_workers <= max_workers:
+            raise ValueError(f"need 1 <= min_workers <= max_workers, got {min_workers}, {max_workers}")
+        self.store, self.min_workers, self.max_workers, self.last_call = store, min_workers, max_workers, last_call
+
+    def start(self, members, first_step: int = 0) -> View:
+        """Epoch 0: the launch's members (every rank calls it; the first write wins, as always)."""
+        return self._agree(View(0, tuple(sorted(members)), first_step))
+
+    def current(self) -> View | None:
+        """The newest agreed view, or None before :meth:`start`."""
+        if not self.store.check([LATEST]):
+            return None
+        return self._stored(int(self.store.get(LATEST)))
+
+    def announce(self, rank: int, epoch: int) -> None:
+        """A worker asks to join the view after ``epoch``."""
+        self.store.set(JOIN.format(epoch) + f"/{rank}", "1")
+
+    def joiners(self, epoch: int, candidates) -> list:
+        return [r for r in candidates if self.store.check([JOIN.format(epoch) + f"/{r}"])]
+
+    def propose(self, after: View, suspects=(), candidates=(), first_step: int | None = None) -> View:
+        """The next view after ``after``: its members minus ``suspects`` plus the announced joiners among
+        ``candidates`` (waiting ``last_call`` seconds for late ones). Returns the *agreed* view of epoch
+        ``after.epoch + 1`` -- this proposal or the one that landed first."""
+        if self.last_call and candidates:
+            time.sleep(self.last_call)
+        joined = self.joiners(after.epoch, candidates)
+        members = tuple(sorted((set(after.members) - set(suspects)) | set(joined)))[:self.max_workers]
+        step = after.first_step if first_step is None else first_step
+        return self._agree(View(after.epoch + 1, members, step))
+
+    def _agree(self, proposal: View) -> View:
+        key = VIEW.format(proposal.epoch)
+        stored = self.store.compare_set(key, "", proposal.to_json())
+        view = View.from_json(stored.decode() if isinstance(stored, bytes) else stored)
+        self._advance_latest(view.epoch)
+        if len(view.members) < self.min_workers:
+            raise MembershipError(f"epoch {view.epoch}: {len(view.members)} member(s) {list(view.members)}, "
+                                  f"fewer than min_workers {self.min_workers}")
+        return view
+
+    def _stored(self, epoch: int) -> View:
+        return View.from_json(self.store.get(VIEW.format(epoch)).decode())
+
+    def _advance_latest(self, epoch: int) -> None:
+        """``latest`` only moves forward (compare_set until it is at least ``epoch``)."""
+        while True:
+            cur = self.store.get(LATEST).decode() if self.store.check([LATEST]) else ""
+            if cur and int(cur) >= epoch:
+                return
+            got = self.store.compare_set(LATEST, cur, str(epoch))
+            got = got.decode() if isinstance(got, bytes) else got
+            if int(got) >= epoch:
+                return
