@@ -31,16 +31,13 @@ def _children_of(pid):
     return kids
 
 
-def _stores():
-    return {d for d in os.listdir(tempfile.gettempdir()) if d.startswith("netmorph-store-")}
-
-
 @pytest.fixture
-def no_leaks():
+def no_leaks(tmp_path, monkeypatch):
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    stores_before = _stores()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))     # this test's launches keep their stores here
     yield
-    assert _stores() - stores_before == set(), "the torch backend's rendezvous directory was left behind"
+    stores = [d for d in os.listdir(tmp_path) if d.startswith("netmorph-store-")]
+    assert stores == [], "the torch backend's rendezvous directory was left behind"
     deadline = time.time() + 5
     while _children_of(os.getpid()) and time.time() < deadline:
         time.sleep(0.05)

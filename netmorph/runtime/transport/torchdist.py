@@ -109,7 +109,9 @@ class _P2PRecv:
 
 
 class _TorchWork:
-    """``torch.distributed.Work``-like handle: ``wait()``, ``is_completed()``; ``keep`` holds the tensor."""
+    """``torch.distributed.Work``-like handle: ``wait()``, ``is_completed()``; ``keep`` holds the tensor.
+    On gloo a receive's ``is_completed()`` stays False until ``wait()`` (torch's own gloo Work does the
+    same, data or not); NCCL's reports the stream's progress."""
 
     def __init__(self, transport, finish, peer, test=None):
         self._t, self._finish, self._peer, self._test = transport, finish, peer, test
@@ -326,7 +328,16 @@ class TorchTransport:
         def finish():
             self._flush(src, upto=r)
             r.pwork.wait()
-        return _TorchWork(self, finish, src)
+
+        def test():
+            if r.pwork is None:
+                q = self.pending.get(src, ())
+                ahead = list(q)[:list(q).index(r) + 1] if r in q else []
+                if not all(x.hwork.is_completed() for x in ahead):
+                    return False                  # a header still in flight: posting its payload would block
+                self.guard(src, lambda: self._flush(src, upto=r))
+            return r.pwork.is_completed()
+        return _TorchWork(self, finish, src, test=test)
 
     def _flush(self, src: int, upto: _P2PRecv | None = None) -> None:
         """Post the payload receives of earlier point-to-point receives from ``src`` (in order, each
