@@ -165,3 +165,46 @@ def test_views_advance_joiners_enter_and_too_few_members_is_an_error(tmp_path):
     assert rdzv.propose(v1, suspects={0}) == v2                                  # epoch 2 is agreed already
     with pytest.raises(MembershipError, match="fewer than min_workers 2"):
         rdzv.propose(v2, suspects={0, 1, 3})
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_chaos_kills_change_nothing_but_the_members(seed):
+    """Seeded random kills mid-step: the survivors' losses and final parameters equal the failure-free run
+    on the same global batches (float64), each death costs at most the one step in flight, and nothing is
+    left running."""
+    from netmorph.elastic.train import ElasticConfig, train
+    rng = random.Random(seed)
+    workers = 5
+    victims = rng.sample(range(workers), rng.randint(1, 3))
+    kills = tuple((r, s) for r, s in zip(victims, sorted(rng.sample(range(1, 40), len(victims)))))
+    out = train(ElasticConfig(workers=workers, min_workers=workers - len(kills), steps=40, kills=kills,
+                              seed=seed), check=True)
+    assert out["max_rel_loss_diff"] <= 1e-9 and out["max_rel_param_diff"] <= 1e-9
+    assert out["dead"] == sorted(r for r, _ in kills)
+    assert out["epochs"][-1]["members"] == sorted(set(range(workers)) - set(victims))
+    assert all(e["steps_redone"] <= 1 for e in out["events"])
+    assert mp.active_children() == []
+
+
+@pytest.mark.timeout(60)
+def test_falling_below_min_workers_ends_the_run_naming_why():
+    from netmorph.elastic.train import ElasticConfig, train
+    from netmorph.runtime import LaunchError
+    with pytest.raises(LaunchError) as e:
+        train(ElasticConfig(workers=3, min_workers=2, steps=20, kills=((2, 3), (1, 8))))
+    assert e.value.root.exc_type == "MembershipError" and "fewer than min_workers 2" in e.value.root.message
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["elastic", "--steps", "10", "--kill", "2@10"], "--kill"),
+    (["elastic", "--workers", "4", "--kill", "7@3"], "--kill"),
+    (["elastic", "--workers", "4", "--min-workers", "5"], "--min-workers"),
+    (["elastic", "--kill", "two@3"], "--kill"),
+    (["elastic", "--kill", "1@3", "--kill", "1@5"], "--kill"),
+])
+def test_bad_elastic_flags_are_one_line_exit_2(argv, flag, capsys):
+    from netmorph.cli import main
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert flag in err and len(err.strip().splitlines()) == 1

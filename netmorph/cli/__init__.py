@@ -67,11 +67,11 @@ def _subparsers(p: argparse.ArgumentParser):
 
 
 def build_parser() -> Parser:
-    from netmorph.cli import bench, collective, mesh, moe, plan, sgd, tour, train
+    from netmorph.cli import bench, collective, elastic, mesh, moe, plan, sgd, tour, train
     p = Parser(prog="netmorph", description="See, measure and run the distributed system under a large model.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
-    for mod in (collective, bench, train, moe, sgd, plan, tour, mesh):
+    for mod in (collective, bench, train, moe, elastic, sgd, plan, tour, mesh):
         mod.add_parser(sub)
     for parser in sub.choices.values():        # every numeric flag: finite, bounded, one-line refusals
         for action in parser._actions:
@@ -86,7 +86,8 @@ def _check_arity(parser: Parser, args) -> None:
     """argparse drops a ``--`` given as a flag's value and stores an empty list: refuse it."""
     sub = _subparsers(parser)
     for action in sub.choices[args.command]._actions:
-        if action.nargs is None and action.option_strings and getattr(args, action.dest, None) == []:
+        if (action.nargs is None and action.option_strings and getattr(args, action.dest, None) == []
+                and action.default != []):
             parser.error(f"argument {action.option_strings[0]}: expected one argument")
 
 

@@ -151,6 +151,7 @@ class CommBase:
         self.keep_tensors = False                     # CPU torch tensors take that path too (to test it on CPU)
         self.local_rank = 0                           # torchrun's LOCAL_RANK: which GPU of the node is this rank's
         self.device = "cpu"                           # where this rank's tensors live (init_from_env sets cuda:N)
+        self.store = None                             # elastic launches: the job's store (membership views)
         self.ledger = Ledger(rank, header_bytes=fingerprint.HEADER_BYTES if fingerprints else 0)
         self.current_phase = ""
         self.ops = 0                                   # communication calls started so far
@@ -158,6 +159,15 @@ class CommBase:
         self.sent: dict[int, int] = {}                # peer -> point-to-point messages sent to it
         self.received: dict[int, int] = {}            # peer -> point-to-point messages received from it
         self.faults = [f for f in faults if f.rank == rank]
+
+    def reform(self, members, epoch: int) -> None:
+        """Elastic: go on with ``members`` (global ranks, an agreed view) on the fresh channels of membership
+        epoch ``epoch``; the default group becomes theirs and call counting starts over."""
+        self.transport.reform(epoch)
+        self.WORLD = Group(sorted(members))
+        self.calls.clear()
+        self.sent.clear()
+        self.received.clear()
 
     # torch.distributed spellings
     def close(self) -> None:

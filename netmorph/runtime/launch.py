@@ -45,6 +45,7 @@ from netmorph.runtime.ledger import Ledger
 from netmorph.runtime.transport import FabricError, PeerLost, PeerTimeout
 
 BACKENDS = ("local", "torch", "torch-native")
+MAX_EPOCHS = 16                  # membership views an elastic launch can go through (channel sets reserved)
 
 
 @dataclass
@@ -101,7 +102,7 @@ def _die_with_parent() -> None:
 
 
 def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults, link_cost, store, want_ledger,
-           fingerprints):
+           fingerprints, elastic):
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # the launcher handles Ctrl-C for everyone
     comm = None
@@ -111,6 +112,9 @@ def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults
             from netmorph.runtime.transport.shm import ShmTransport
             comm = Comm(ShmTransport(fabric, rank, timeout, link_cost), rank, world, faults,
                         fingerprints=fingerprints)
+            if elastic:
+                import torch.distributed as dist
+                comm.store = dist.FileStore(store, -1)
         else:
             from netmorph.runtime.torchrun import init_torch, loopback_interface
             lo = loopback_interface()
@@ -137,7 +141,7 @@ def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults
 
 def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0, faults=(),
            topology=None, slow_links=None, ledger: bool = False, arena_bytes: int | None = None,
-           fingerprints: bool = True, **kwargs):
+           fingerprints: bool = True, elastic: bool = False, **kwargs):
     """Run ``fn(comm, *args, **kwargs)`` on ``world`` processes and return their results in rank order.
 
     ``timeout``: seconds a rank waits on a silent peer before failing with PeerTimeout.
@@ -150,6 +154,10 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
     ``fingerprints``: every message carries its call's 64-byte fingerprint, checked on receipt
     (:class:`~netmorph.runtime.transport.fingerprint.CollectiveMismatch` instead of wrong data); off
     only to measure what the check costs.
+    ``elastic=True`` (local fabric): a rank that dies does not end the launch -- every peer's pending
+    call raises PeerLost once, and the survivors may agree on a new view (``comm.store``, a FileStore
+    for :class:`netmorph.elastic.Rendezvous`) and ``comm.reform(members, epoch)``. Returns
+    ``(results, deaths)``: the dead ranks' results are None, ``deaths`` is ``[(rank, monotonic time)]``.
     """
     if world < 1:
         raise UsageError(f"{{world}} must be >= 1, got {world}", "world")
@@ -162,30 +170,32 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
     if isinstance(topology, str):
         from netmorph.cost.topology import load_topology
         topology = load_topology(topology)
+    if elastic and backend != "local":
+        raise UsageError("elastic launches re-form the local fabric; use {backend} 'local'", "backend")
     if (topology is not None or slow_links) and backend != "local":
         raise UsageError("link emulation (topology=, slow_links=) needs {backend} 'local'", "backend")
     ctx = mp.get_context("fork")
     fabric = None
     if backend == "local":
         from netmorph.runtime.transport.shm import ShmFabric
-        fabric = ShmFabric(world, arena_bytes=arena_bytes)
+        fabric = ShmFabric(world, arena_bytes=arena_bytes, epochs=MAX_EPOCHS if elastic else 1)
     link_cost = links.link_cost(topology, slow_links)
     procs, conns = [], {}
     store_dir = None
     try:
-        if backend != "local":
+        if backend != "local" or elastic:
             store_dir = tempfile.mkdtemp(prefix="netmorph-store-")
         store = os.path.join(store_dir, "store") if store_dir else ""
         for r in range(world):
             rd, wr = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_child, name=f"netmorph-rank{r}", daemon=True,
                             args=(r, world, fn, args, kwargs, wr, fabric, backend, timeout, list(faults),
-                                  link_cost, store, ledger, fingerprints))
+                                  link_cost, store, ledger, fingerprints, elastic))
             p.start()
             wr.close()
             procs.append(p)
             conns[rd] = r
-        results, ledgers, failures = _monitor(procs, conns, fabric, timeout)
+        results, ledgers, failures, deaths = _monitor(procs, conns, fabric, timeout, elastic)
     except BaseException:
         _kill_all(procs)
         raise
@@ -199,13 +209,16 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
             shutil.rmtree(store_dir, ignore_errors=True)
     if failures:
         raise LaunchError(_order(failures), world)
+    if elastic:
+        return results, deaths
     if ledger:
         return results, Ledger.merge(ledgers)
     return results
 
 
-def _monitor(procs, conns, fabric, timeout):
+def _monitor(procs, conns, fabric, timeout, elastic=False):
     world = len(procs)
+    deaths = []                          # elastic: ranks that died, not failures of the launch
     results, ledgers = [None] * world, [None] * world
     reported, exited = set(), set()
     failures: dict[int, RankFailure] = {}
@@ -237,6 +250,10 @@ def _monitor(procs, conns, fabric, timeout):
                 procs[r].join(2.0)        # the sentinel fires as the process exits; reap it for its exit code
                 exited.add(r)
                 code = procs[r].exitcode
+                if elastic and code != 0 and r not in reported:
+                    deaths.append((r, now))
+                    fabric.mark_dead(r)
+                    continue
                 if code != 0 and r not in reported:     # a message sent just before exit may still follow
                     failures.setdefault(r, RankFailure(r, procs[r].pid, code, when=now))
                     if fabric is not None:
@@ -264,10 +281,11 @@ def _monitor(procs, conns, fabric, timeout):
             elif r not in failures or not failures[r].exc_type:
                 _, _, etype, text, tb, when, culprit = msg
                 failures[r] = RankFailure(r, procs[r].pid, procs[r].exitcode, etype, text, tb, when, culprit)
+    dead = {r for r, _ in deaths}
     for r, p in enumerate(procs):         # gone without a word: exit code 0 before fn returned is a failure too
-        if r not in reported and r not in failures:
+        if r not in reported and r not in failures and r not in dead:
             failures[r] = RankFailure(r, p.pid, p.exitcode, "", "before returning a result", when=time.monotonic())
-    return results, ledgers, list(failures.values())
+    return results, ledgers, list(failures.values()), deaths
 
 
 def _order(failures: list[RankFailure]) -> list[RankFailure]:

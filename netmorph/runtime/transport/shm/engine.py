@@ -35,6 +35,7 @@ class ProgressEngine:
         self.spins = 64 if fabric.world <= (os.cpu_count() or 1) else 2
         self.bell = address(fabric.doorbell[rank:rank + 1])
         self.failed = None                    # the error that broke this rank's fabric: raised again on every call
+        self.acked_deaths = 0                 # elastic: deaths this rank has already re-formed around
 
     def enqueue(self, sends, recvs, fp=None) -> list:
         """Queue ``[(peer, [views])]`` sends and ``[(peer, [views], [reduce?])]`` receives, each
@@ -101,6 +102,15 @@ class ProgressEngine:
                 raise PeerTimeout(peer, self.timeout, what)
             self._sleep(idle, pull)
 
+    def reform(self, epoch: int) -> None:
+        """Elastic: forget every queued stream (of the collective that failed), acknowledge the deaths
+        so far and move to epoch ``epoch``'s fresh channels. Stale pieces stay in the old ones."""
+        self.outq.clear()
+        self.inq.clear()
+        self.failed = None
+        self.acked_deaths = self.f.deaths
+        self.f.set_epoch(epoch)
+
     def _check(self) -> None:
         m = self.f.mismatch
         if m is not None:
@@ -108,6 +118,9 @@ class ProgressEngine:
         lost = self.f.aborted
         if lost is not None:
             raise PeerLost(lost, "it exited or raised")
+        if self.f.deaths > self.acked_deaths:          # elastic: a member died; re-form to go on
+            dead = [r for r in range(self.f.world) if self.f.dead[r]]
+            raise PeerLost(dead[-1], f"it died; dead so far: {dead} (elastic: agree on a new view and re-form)")
         if os.getppid() != self.ppid:
             raise PeerLost(-1, "the launcher exited")
 
@@ -146,7 +159,7 @@ class ProgressEngine:
         seen = int(f.doorbell[me])
         f.sleeping[me] = 1
         try:
-            if self.progress(pull) or f.hdr[0]:
+            if self.progress(pull) or f.hdr[0] or f.deaths > self.acked_deaths:
                 return
             nap = self.clock.nap(0.05)        # emulated links: the next piece shows by the clock, not a ring
             if nap > 0:

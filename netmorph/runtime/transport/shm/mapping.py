@@ -14,10 +14,12 @@ the last process holding it exits, on every exit path, SIGKILL included.
 Layout (int64 words unless noted): a header ([0] abort flag, [1] aborted rank,
 [2] world, [3] K, [4] S, [5] mismatch flag, [6] its receiver, [7] its sender,
 [8:16] and [16:24] their fingerprints, [24] its kind: 1 a message, 0 a call posted at a
-timeout), the calls ranks were in when they timed out (``calls[p, 9]``: posted?, fingerprint), ``posted[p*p]``, ``consumed[p*p]``,
+timeout, [25] deaths seen by an elastic launch), the calls ranks were in when they timed out
+(``calls[p, 9]``: posted?, fingerprint), ``dead[p]`` (elastic); per membership epoch
+(one unless the launch is elastic) ``posted[p*p]``, ``consumed[p*p]``,
 ``piece_bytes[p*p*K]`` (negative: a descriptor), ``not_before[p*p*K]`` (float64,
-emulated links), then int32 ``doorbell[p]`` and ``sleeping[p]``; page-aligned slot
-data, then the arenas.
+emulated links) and the page-aligned slot data; int32 ``doorbell[p]`` and
+``sleeping[p]``; then the arenas.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ def address(a: np.ndarray) -> int:
 class ShmFabric:
     """The shared mapping for ``world`` ranks; created once in the launcher before the ranks start."""
 
-    def __init__(self, world: int, slots: int = 4, slot_bytes: int | None = None, arena_bytes: int | None = None):
+    def __init__(self, world: int, slots: int = 4, slot_bytes: int | None = None, arena_bytes: int | None = None,
+                 epochs: int = 1):
         if slot_bytes is None:
             slot_bytes = 1 << 20 if world <= 8 else max(64 << 10, (8 << 20) // world)
         slot_bytes -= slot_bytes % 64
@@ -55,27 +58,55 @@ class ShmFabric:
             arena_bytes = default_arena_bytes(world)
         arena_bytes -= arena_bytes % 4096
         self.world, self.K, self.S, self.A = world, slots, slot_bytes, arena_bytes
+        self.epochs, self.epoch = epochs, 0
         p2 = world * world
-        sizes = [_HDR * 8, p2 * 8, p2 * 8, p2 * slots * 8, p2 * slots * 8, 2 * world * 4 + 8, world * 9 * 8]
+        e = epochs
+        sizes = [_HDR * 8, e * p2 * 8, e * p2 * 8, e * p2 * slots * 8, e * p2 * slots * 8, 2 * world * 4 + 8,
+                 world * 9 * 8, world * 8]
         offs = np.cumsum([0] + sizes)
         data_off = int(-(-offs[-1] // 4096) * 4096)
-        arena_off = data_off + p2 * slots * slot_bytes
+        arena_off = data_off + e * p2 * slots * slot_bytes
         total = arena_off + world * arena_bytes
         self.mem = mmap.mmap(-1, total, flags=mmap.MAP_SHARED | _MAP_NORESERVE)
         buf = self.mem
         self.hdr = np.frombuffer(buf, np.int64, _HDR, 0)
-        self.posted = np.frombuffer(buf, np.int64, p2, int(offs[1]))
-        self.consumed = np.frombuffer(buf, np.int64, p2, int(offs[2]))
-        self.piece_bytes = np.frombuffer(buf, np.int64, p2 * slots, int(offs[3]))
-        self.not_before = np.frombuffer(buf, np.float64, p2 * slots, int(offs[4]))
+        # one set of channels per membership epoch (elastic re-forming moves to a fresh set)
+        self._posted = np.frombuffer(buf, np.int64, e * p2, int(offs[1])).reshape(e, p2)
+        self._consumed = np.frombuffer(buf, np.int64, e * p2, int(offs[2])).reshape(e, p2)
+        self._piece_bytes = np.frombuffer(buf, np.int64, e * p2 * slots, int(offs[3])).reshape(e, -1)
+        self._not_before = np.frombuffer(buf, np.float64, e * p2 * slots, int(offs[4])).reshape(e, -1)
+        self._data = np.frombuffer(buf, np.uint8, e * p2 * slots * slot_bytes, data_off).reshape(e, -1)
         # per rank: a doorbell word peers bump when they post to it or free its slots, and a sleeping flag
         self.doorbell = np.frombuffer(buf, np.int32, world, int(offs[5]))
         self.sleeping = np.frombuffer(buf, np.int32, world, int(offs[5]) + 4 * world)
         self.calls = np.frombuffer(buf, np.int64, world * 9, int(offs[6])).reshape(world, 9)
+        self.dead = np.frombuffer(buf, np.int64, world, int(offs[7]))     # elastic: ranks known dead
         self.futex = Futex.make()
-        self.data = np.frombuffer(buf, np.uint8, p2 * slots * slot_bytes, data_off)
+        self.set_epoch(0)
         self.arenas = np.frombuffer(buf, np.uint8, world * arena_bytes, arena_off)
         self.hdr[2:5] = (world, slots, slot_bytes)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use epoch ``epoch``'s channels from now on (in this process; every member switches itself)."""
+        if not 0 <= epoch < self.epochs:
+            raise RuntimeError(f"membership epoch {epoch}: the fabric was built for {self.epochs} epochs")
+        self.epoch = epoch
+        self.posted, self.consumed = self._posted[epoch], self._consumed[epoch]
+        self.piece_bytes, self.not_before = self._piece_bytes[epoch], self._not_before[epoch]
+        self.data = self._data[epoch]
+
+    def mark_dead(self, rank: int) -> None:
+        """Elastic launches: ``rank`` is gone, but the job is not -- every waiting rank raises PeerLost once
+        (``deaths`` counts the events), then may re-form without it."""
+        if not self.dead[rank]:
+            self.dead[rank] = 1
+            self.hdr[25] += 1
+        for r in range(self.world):
+            self.ring(r)
+
+    @property
+    def deaths(self) -> int:
+        return int(self.hdr[25])
 
     def arena(self, rank: int) -> np.ndarray:
         """Rank ``rank``'s registered memory: buffers here are read by peers in place (zero copy)."""
@@ -92,6 +123,7 @@ class ShmFabric:
     def close(self) -> None:
         """Drop this process's mapping (the kernel frees it when the last holder is gone)."""
         self.hdr = self.posted = self.consumed = self.piece_bytes = self.not_before = self.data = None
+        self._posted = self._consumed = self._piece_bytes = self._not_before = self._data = self.dead = None
         self.arenas = self.doorbell = self.sleeping = self.calls = None
         try:
             self.mem.close()

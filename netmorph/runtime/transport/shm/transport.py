@@ -123,5 +123,9 @@ class ShmTransport:
         self.irecv(array, src, None if fp_of is None else fp_of(src)).wait()
         return src
 
+    def reform(self, epoch: int) -> None:
+        """Elastic re-forming: fresh channels for membership epoch ``epoch`` (see the engine)."""
+        self.engine.reform(epoch)
+
     def close(self) -> None:
         pass
