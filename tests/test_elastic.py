@@ -202,9 +202,30 @@ def test_falling_below_min_workers_ends_the_run_naming_why():
     (["elastic", "--workers", "4", "--min-workers", "5"], "--min-workers"),
     (["elastic", "--kill", "two@3"], "--kill"),
     (["elastic", "--kill", "1@3", "--kill", "1@5"], "--kill"),
+    (["elastic", "--seed", "-1"], "--seed"),
 ])
 def test_bad_elastic_flags_are_one_line_exit_2(argv, flag, capsys):
     from netmorph.cli import main
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert flag in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.timeout(120)
+def test_the_baselines_recover_the_same_job_redoing_every_step_since_the_checkpoint():
+    """torchrun-style restart-all (processes torn down, state reloaded from disk) and Horovod-style rollback
+    to the last in-memory commit reach the failure-free parameters too, redoing steps since the checkpoint."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from netmorph.elastic.train import ElasticConfig, reference, restart_all, train
+    cfg = ElasticConfig(workers=4, steps=60, kills=((2, 25), (1, 47)), commit_every=10)
+    _, w_ref = reference(cfg)
+    restart = restart_all(cfg)
+    assert [e["steps_redone"] for e in restart["events"]] == [25 - 20 + 1, 47 - 40 + 1]
+    assert np.max(np.abs(restart["w"] - w_ref)) <= 1e-9 * np.max(np.abs(w_ref))
+    rollback = train(cfg, check=True)
+    assert [e["steps_redone"] for e in rollback["events"]] == [6, 8] and rollback["max_rel_param_diff"] <= 1e-9
+    inplace = train(replace(cfg, commit_every=1))
+    assert [e["steps_redone"] for e in inplace["events"]] == [1, 1]

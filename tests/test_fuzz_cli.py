@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from netmorph.cli import _subparsers, build_parser, exact_int, finite_float, main
+from netmorph.cli import _subparsers, build_parser, exact_int, finite_float, main, seed_int
 
 # a small run of each subcommand: if a fuzzed value is valid, the run is still quick
 BASE = {
@@ -71,7 +71,7 @@ def _value(flag, action, draw, files):
         return draw(st.sampled_from(["/nonexistent/dir/x.png", "/proc/x.json", "/"]))
     if flag in INPUTS:
         return draw(st.sampled_from(files))
-    if action.type in (exact_int, finite_float) or action.type is None and flag in ("--bytes", "-b", "-e", "-i",
+    if action.type in (exact_int, finite_float, seed_int) or action.type is None and flag in ("--bytes", "-b", "-e", "-i",
                                                                                     "--sizes"):
         pool = SIZES if action.type is None else NUMBERS
         return draw(st.sampled_from(pool) | st.text(max_size=6))

@@ -86,6 +86,7 @@ def test_dropless_pre_softmax_probs_policy_jitter_on_four_expert_ranks():
     (["moe", "--capacity-factor", "-1"], "--capacity-factor"),
     (["moe", "--ep", "2", "--dp", "2", "--world", "3"], "--world"),
     (["moe", "drops", "--top-k", "9", "--experts", "8"], "--top-k"),
+    (["moe", "--seed", "-5"], "--seed"),
 ])
 def test_bad_moe_input_is_one_line_exit_2(argv, flag, capsys):
     assert main(argv) == 2

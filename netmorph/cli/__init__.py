@@ -62,6 +62,14 @@ def exact_int(text: str) -> int:
     return x
 
 
+def seed_int(text: str) -> int:
+    """A --seed: what numpy's and torch's generators take, 0..2**32-1."""
+    x = exact_int(text)
+    if not 0 <= x < 1 << 32:
+        raise argparse.ArgumentTypeError(f"a seed is in 0..2**32-1, got {text}")
+    return x
+
+
 def _subparsers(p: argparse.ArgumentParser):
     return next((a for a in p._actions if isinstance(a, argparse._SubParsersAction)), None)
 
@@ -78,7 +86,7 @@ def build_parser() -> Parser:
             if action.type is float:
                 action.type = finite_float
             elif action.type is int:
-                action.type = exact_int
+                action.type = seed_int if action.dest == "seed" else exact_int
     return p
 
 

@@ -1,10 +1,11 @@
-"""Elastic membership: noticing a dead, hung or slow peer (the first floor of issue 13).
+"""Elastic membership: notice a dead, hung or slow peer, agree on a new view, re-form in place, go on.
 
-Rooms so far: ``detector`` (fixed timeout as torchelastic; φ accrual as Hayashibara
-et al. and Akka), ``heartbeat`` (a worker's heartbeat thread and a monitor over a
-torch store) and ``membership`` (epoch-numbered views agreed by compare_set: one
-rule, no split brain). Re-forming the fabric in place and the training loop that
-keeps going build on these.
+Rooms: ``detector`` (fixed timeout as torchelastic; φ accrual as Hayashibara et al.
+and Akka), ``heartbeat`` (a worker's heartbeat thread and a monitor over a torch
+store), ``membership`` (epoch-numbered views agreed by compare_set: one rule, no
+split brain) and ``train`` (BSP training that survives killed workers in place,
+beside Horovod-style rollback and torchrun-style restart-all on the same job).
+The fabric side is ``launch(elastic=True)`` and ``comm.reform(members, epoch)``.
 """
 
 from netmorph.elastic.detector import FixedTimeout, PhiAccrual

@@ -50,6 +50,7 @@ class ElasticConfig:
     seed: int = 0
     kills: tuple = ()            # ((rank, step), ...): that rank is SIGKILLed in that step's all-reduce
     timeout: float = 10.0
+    commit_every: int = 1        # in-memory commits; > 1 is Horovod Elastic's rollback to the last commit
 
     def check(self) -> None:
         if not 1 <= self.workers <= 32:
@@ -59,6 +60,8 @@ class ElasticConfig:
                              "min_workers")
         if not 1 <= self.steps <= 100_000:
             raise UsageError(f"{{steps}} must be in 1..100000, got {self.steps}", "steps")
+        if not 0 <= self.seed < 1 << 32:
+            raise UsageError(f"{{seed}} must be in 0..2**32-1, got {self.seed}", "seed")
         for rank, step in self.kills:
             if not 0 <= rank < self.workers:
                 raise UsageError(f"{{kill}} {rank}@{step}: no rank {rank} among {self.workers} workers", "kill")
@@ -108,6 +111,7 @@ def rank_fn(comm, cfg: ElasticConfig):
     epochs = [(view.epoch, list(view.members), view.first_step)]
     dies_at = dict(cfg.kills).get(me)
     w, prev = np.zeros(cfg.dim), np.zeros(cfg.dim)
+    committed = (0, w)                                           # Horovod Elastic's state.commit()
     losses, events = {}, []
     step = 0
     while step < cfg.steps:
@@ -124,8 +128,13 @@ def rank_fn(comm, cfg: ElasticConfig):
                 return None                                      # excluded (only a hang could do this here)
             if ahead:
                 w, step = prev, step - 1                         # roll back the step we had finished
-            redone = step - view.first_step + 1
-            step = view.first_step
+            if cfg.commit_every > 1:                             # rollback: to the last commit, not the last step
+                first = committed[0] if committed[0] <= view.first_step else view.first_step
+                w = committed[1] if committed[0] <= view.first_step else w
+            else:
+                first = view.first_step
+            redone = step - first + 1
+            step = first
             comm.reform(view.members, view.epoch)
             epochs.append((view.epoch, list(view.members), view.first_step))
             events.append({"epoch": view.epoch, "detected_at": t_detect, "agreed_at": time.monotonic(),
@@ -137,6 +146,8 @@ def rank_fn(comm, cfg: ElasticConfig):
         if events and "resumed_at" not in events[-1]:
             events[-1]["resumed_at"] = time.monotonic()
         step += 1
+        if step % cfg.commit_every == 0:
+            committed = (step, w)
     return {"w": w, "losses": [losses[s] for s in range(cfg.steps)], "events": events, "epochs": epochs}
 
 
@@ -164,6 +175,7 @@ def _agree(comm, rdzv, view, step, cfg):
 
 def train(cfg: ElasticConfig, check: bool = False) -> dict:
     """Launch the job with its kills; the recovery record (and, with ``check``, the failure-free run)."""
+    import torch.distributed  # noqa: F401 - the store's module, imported before the clock starts
     from netmorph.runtime import launch
     cfg.check()
     t0 = time.monotonic()
@@ -190,3 +202,68 @@ def train(cfg: ElasticConfig, check: bool = False) -> dict:
         out["max_rel_param_diff"] = max(float(np.max(np.abs(r["w"] - ref_w)) / np.max(np.abs(ref_w)))
                                         for r in survivors)
     return out
+
+
+def _restart_rank(comm, cfg: ElasticConfig, start: int, w0, ckpt_dir: str, attempt: int):
+    """One attempt of the torchrun-style job: every worker from the last checkpoint on disk."""
+    from netmorph.files import write_text
+    x, y = problem(cfg)
+    w, step = w0.copy(), start
+    p, me = comm.world, comm.rank
+    dies_at = {r: s for r, s in cfg.kills if s >= start}.get(me)
+    while step < cfg.steps:
+        mine = np.array_split(global_batch(cfg, step), p)[me]
+        buf = _grad_loss(x, y, w, mine)
+        if step == dies_at and attempt == _attempt_of(cfg, start, me):
+            os.kill(os.getpid(), signal.SIGKILL)
+        comm.all_reduce(buf, algo="ring")
+        w = w - cfg.lr * buf[:-1] / cfg.global_batch
+        step += 1
+        if me == 0:
+            if step == start + 1:
+                write_text(os.path.join(ckpt_dir, f"first_step_{attempt}"), repr(time.monotonic()))
+            if step % cfg.commit_every == 0:                     # torch.save(state) every K steps, atomically
+                np.save(os.path.join(ckpt_dir, "w.tmp.npy"), w)
+                os.replace(os.path.join(ckpt_dir, "w.tmp.npy"), os.path.join(ckpt_dir, "w.npy"))
+                write_text(os.path.join(ckpt_dir, "step"), str(step))
+    return w
+
+
+def _attempt_of(cfg, start, rank) -> int:
+    """The attempt in which ``rank``'s kill fires: one per kill, in step order."""
+    order = sorted(cfg.kills, key=lambda k: k[1])
+    return [r for r, _ in order].index(rank)
+
+
+def restart_all(cfg: ElasticConfig) -> dict:
+    """torchrun's recovery on the same job: on any death, every worker is torn down and restarted (the
+    dead one replaced) from the last checkpoint written to disk every ``commit_every`` steps."""
+    import shutil
+    import tempfile
+
+    from netmorph.runtime import LaunchError, launch
+    ckpt = tempfile.mkdtemp(prefix="netmorph-ckpt-")
+    t0 = time.monotonic()
+    events, attempt = [], 0
+    try:
+        while True:
+            step = int(open(os.path.join(ckpt, "step")).read()) if os.path.exists(os.path.join(ckpt, "step")) else 0
+            w = np.load(os.path.join(ckpt, "w.npy")) if step else np.zeros(cfg.dim)
+            if events:
+                events[-1]["restart_step"] = step
+            try:
+                final = launch(_restart_rank, cfg.workers, cfg, step, w, ckpt, attempt, timeout=cfg.timeout)[0]
+                break
+            except LaunchError as e:
+                events.append({"rank": e.root.rank, "dead_at": e.root.when, "attempt": attempt + 1})
+                attempt += 1
+                if attempt > len(cfg.kills):
+                    raise
+        for e in events:
+            first = float(open(os.path.join(ckpt, f"first_step_{e['attempt']}")).read())
+            kill_step = dict(cfg.kills)[e["rank"]]
+            e.update(recovery_s=first - e["dead_at"], steps_redone=kill_step - e["restart_step"] + 1)
+    finally:
+        shutil.rmtree(ckpt, ignore_errors=True)
+    return {"wall_s": time.monotonic() - t0, "w": final,
+            "events": [{k: e[k] for k in ("rank", "recovery_s", "steps_redone")} for e in events]}

@@ -80,6 +80,8 @@ class MoEConfig:
         for name in ("ep", "dp", "experts", "top_k", "layers", "hidden", "ffn", "vocab", "seq", "batch", "steps"):
             if getattr(self, name) < 1:
                 raise UsageError(f"{{{name}}} must be >= 1, got {getattr(self, name)}", name)
+        if not 0 <= self.seed < 1 << 32:
+            raise UsageError(f"{{seed}} must be in 0..2**32-1, got {self.seed}", "seed")
         if self.top_k > self.experts:
             raise UsageError(f"{{top_k}} {self.top_k} > {{experts}} {self.experts}: a token picks distinct experts",
                              "top_k")

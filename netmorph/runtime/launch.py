@@ -185,6 +185,8 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
     try:
         if backend != "local" or elastic:
             store_dir = tempfile.mkdtemp(prefix="netmorph-store-")
+        if elastic:
+            import torch.distributed  # noqa: F401 - imported once here, not by every forked rank (its FileStore)
         store = os.path.join(store_dir, "store") if store_dir else ""
         for r in range(world):
             rd, wr = ctx.Pipe(duplex=False)
