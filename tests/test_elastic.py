@@ -169,8 +169,8 @@ def test_views_advance_joiners_enter_and_too_few_members_is_an_error(tmp_path):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("seed", [1, 2])
-def test_chaos_kills_change_nothing_but_the_members(seed):
-    """Seeded random kills mid-step: the survivors' losses and final parameters equal the failure-free run
+def test_chaos_kills_and_joins_change_nothing_but_the_members(seed):
+    """Seeded random kills mid-step and a join: the survivors' losses and final parameters equal the failure-free run
     on the same global batches (float64), each death costs at most the one step in flight, and nothing is
     left running."""
     from netmorph.elastic.train import ElasticConfig, train
@@ -178,12 +178,14 @@ def test_chaos_kills_change_nothing_but_the_members(seed):
     workers = 5
     victims = rng.sample(range(workers), rng.randint(1, 3))
     kills = tuple((r, s) for r, s in zip(victims, sorted(rng.sample(range(1, 40), len(victims)))))
-    out = train(ElasticConfig(workers=workers, min_workers=workers - len(kills), steps=40, kills=kills,
+    joins = ((1, rng.randrange(1, 40)),)
+    out = train(ElasticConfig(workers=workers, min_workers=workers - len(kills), steps=40, kills=kills, joins=joins,
                               seed=seed), check=True)
     assert out["max_rel_loss_diff"] <= 1e-9 and out["max_rel_param_diff"] <= 1e-9
     assert out["dead"] == sorted(r for r, _ in kills)
-    assert out["epochs"][-1]["members"] == sorted(set(range(workers)) - set(victims))
+    assert out["epochs"][-1]["members"] == sorted(set(range(workers + 1)) - set(victims))
     assert all(e["steps_redone"] <= 1 for e in out["events"])
+    assert sum(e["kind"] == "join" for e in out["events"]) == 1
     assert mp.active_children() == []
 
 
@@ -203,6 +205,8 @@ def test_falling_below_min_workers_ends_the_run_naming_why():
     (["elastic", "--kill", "two@3"], "--kill"),
     (["elastic", "--kill", "1@3", "--kill", "1@5"], "--kill"),
     (["elastic", "--seed", "-1"], "--seed"),
+    (["elastic", "--steps", "10", "--join", "1@10"], "--join"),
+    (["elastic", "--join", "one@3"], "--join"),
 ])
 def test_bad_elastic_flags_are_one_line_exit_2(argv, flag, capsys):
     from netmorph.cli import main

@@ -6,7 +6,7 @@ import json
 
 from netmorph.errors import UsageError, require
 
-FLAGS = {"kills": "--kill"}
+FLAGS = {"kills": "--kill", "joins": "--join"}
 
 
 def add_parser(sub) -> None:
@@ -19,6 +19,8 @@ def add_parser(sub) -> None:
     p.add_argument("--steps", type=int, default=60, help="training steps (default 60)")
     p.add_argument("--kill", action="append", default=[], metavar="RANK@STEP",
                    help="SIGKILL RANK in STEP's all-reduce (repeatable), e.g. --kill 2@20")
+    p.add_argument("--join", action="append", default=[], metavar="N@STEP",
+                   help="N new workers join at STEP and receive the parameters by broadcast (repeatable)")
     p.add_argument("--global-batch", type=int, default=96, help="samples per step, re-split over the members")
     p.add_argument("--lr", type=float, default=0.5, help="learning rate (default 0.5)")
     p.add_argument("--seed", type=int, default=0, help="data seed (default 0)")
@@ -33,14 +35,14 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run, flags=FLAGS)
 
 
-def _kills(specs):
+def _pairs(specs, flag, shape):
     out = []
     for spec in specs:
         try:
-            rank, step = spec.split("@")
-            out.append((int(rank), int(step)))
+            a, b = spec.split("@")
+            out.append((int(a), int(b)))
         except ValueError:
-            raise UsageError(f"--kill {spec!r}: expected RANK@STEP, e.g. 2@20") from None
+            raise UsageError(f"{flag} {spec!r}: expected {shape}, e.g. 2@20") from None
     return tuple(out)
 
 
@@ -52,7 +54,8 @@ def run(args) -> int:
     if not (0 < args.lr <= 100 and 1 <= args.global_batch <= 1 << 20):
         raise UsageError("--lr must be in (0, 100] and --global-batch in 1..2**20")
     cfg = ElasticConfig(workers=args.workers, min_workers=args.min_workers, steps=args.steps,
-                        global_batch=args.global_batch, lr=args.lr, seed=args.seed, kills=_kills(args.kill),
+                        global_batch=args.global_batch, lr=args.lr, seed=args.seed,
+                        kills=_pairs(args.kill, "--kill", "RANK@STEP"), joins=_pairs(args.join, "--join", "N@STEP"),
                         timeout=args.timeout)
     cfg.check()
     if not 1 <= args.checkpoint_every <= cfg.steps:
@@ -65,17 +68,19 @@ def run(args) -> int:
         return 0
     print(f"# netmorph elastic: {cfg.workers} workers (min {cfg.min_workers}), {cfg.steps} steps, global batch "
           f"{cfg.global_batch} re-split over the members; kills: "
-          + (", ".join(f"rank {r} in step {s}" for r, s in cfg.kills) or "none"))
+          + (", ".join(f"rank {r} in step {s}" for r, s in cfg.kills) or "none")
+          + ("; joins: " + ", ".join(f"{n} at step {s}" for n, s in cfg.joins) if cfg.joins else ""))
     print(f"{'epoch':>5} {'members':<20} {'from step':>9}")
     for e in out["epochs"]:
         print(f"{e['epoch']:>5} {str(e['members']):<20} {e['first_step']:>9}")
     if out["events"]:
         print(f"{'event':<14} {'step':>5} {'detected':>10} {'agreed':>10} {'resumed':>10} {'steps redone':>12}")
         for e in out["events"]:
-            print(f"{'kill rank ' + str(e['rank']):<14} {e['step']:>5} {1e3 * e['detected_after_s']:>8.1f}ms "
+            what = f"kill rank {e['rank']}" if e["kind"] == "kill" else f"join {e['rank']}"
+            print(f"{what:<14} {e['step']:>5} {1e3 * e['detected_after_s']:>8.1f}ms "
                   f"{1e3 * e['agreed_after_s']:>8.1f}ms {1e3 * e['resumed_after_s']:>8.1f}ms {e['steps_redone']:>12}")
-        print("# times after the death; resumed = the next completed step. No process was restarted and nothing "
-              "was read from disk.")
+        print("# times after the death (a join: after the members reached its step); resumed = the next completed "
+              "step. No process was restarted and nothing was read from disk.")
     print(f"# final loss {out['losses'][-1]:.6g}; wall {out['wall_s']:.2f} s")
     if args.compare:
         print(f"# the same job and kills, three recoveries (checkpoint / commit every {args.checkpoint_every} steps):")
@@ -99,8 +104,9 @@ def _compare(cfg, inplace, every) -> dict:
     from netmorph.elastic.train import restart_all, train
 
     def summary(wall, events, key):
-        return {"wall_s": wall, "steps_redone": sum(e["steps_redone"] for e in events),
-                "recovery_s": sum(e[key] for e in events)}
+        kills = [e for e in events if e.get("kind", "kill") == "kill"]       # joins are not recoveries
+        return {"wall_s": wall, "steps_redone": sum(e["steps_redone"] for e in kills),
+                "recovery_s": sum(e[key] for e in kills)}
     rollback = train(replace(cfg, commit_every=every))
     restart = restart_all(replace(cfg, commit_every=every))
     return {"inplace": summary(inplace["wall_s"], inplace["events"], "resumed_after_s"),

@@ -49,6 +49,7 @@ class ElasticConfig:
     lr: float = 0.5
     seed: int = 0
     kills: tuple = ()            # ((rank, step), ...): that rank is SIGKILLed in that step's all-reduce
+    joins: tuple = ()            # ((count, step), ...): that many new workers join at that step
     timeout: float = 10.0
     commit_every: int = 1        # in-memory commits; > 1 is Horovod Elastic's rollback to the last commit
 
@@ -69,6 +70,22 @@ class ElasticConfig:
                 raise UsageError(f"{{kill}} {rank}@{step}: step {step} is past --steps {self.steps}", "kill")
         if len({r for r, _ in self.kills}) != len(self.kills):
             raise UsageError("{kill}: each rank can die once", "kill")
+        for n, step in self.joins:
+            if not (1 <= n <= 16 and 1 <= step < self.steps):
+                raise UsageError(f"{{join}} {n}@{step}: 1..16 workers at a step in 1..{self.steps - 1}", "join")
+        if len({s for _, s in self.joins}) != len(self.joins):
+            raise UsageError("{join}: one join event per step", "join")
+        if self.workers + sum(n for n, _ in self.joins) > 32:
+            raise UsageError("{workers} plus the joiners must be at most 32 processes", "join")
+
+    def spares(self) -> dict:
+        """Joining ranks (numbered after the launch's workers) -> the step they join at."""
+        out, nxt = {}, self.workers
+        for n, step in sorted(self.joins, key=lambda j: j[1]):
+            for _ in range(n):
+                out[nxt] = step
+                nxt += 1
+        return out
 
 
 def problem(cfg: ElasticConfig):
@@ -110,11 +127,29 @@ def rank_fn(comm, cfg: ElasticConfig):
     view = rdzv.start(range(cfg.workers))
     epochs = [(view.epoch, list(view.members), view.first_step)]
     dies_at = dict(cfg.kills).get(me)
+    spares = cfg.spares()
     w, prev = np.zeros(cfg.dim), np.zeros(cfg.dim)
-    committed = (0, w)                                           # Horovod Elastic's state.commit()
     losses, events = {}, []
     step = 0
+    if me in spares:                                             # a joiner: wait to be admitted, then catch up
+        view, w, step = _admitted(comm, rdzv, cfg, spares[me])
+        epochs.append((view.epoch, list(view.members), view.first_step))
+        prev = w
+    else:
+        comm.reform(view.members, view.epoch)                    # the spares are not in the first view
+    committed = (step, w)                                        # Horovod Elastic's state.commit()
+    joining = sorted({s for s in spares.values() if s > step})
     while step < cfg.steps:
+        if joining and step == joining[0]:
+            joining.pop(0)
+            t_start = time.monotonic()
+            new = [r for r, s in spares.items() if s == step]
+            view = _admit(comm, rdzv, view, new, step, cfg)
+            comm.broadcast(w, src=min(view.members))           # the joiners receive the parameters
+            epochs.append((view.epoch, list(view.members), view.first_step))
+            events.append({"kind": "join", "ranks": new, "epoch": view.epoch, "detected_at": t_start,
+                           "agreed_at": time.monotonic(), "step": step, "steps_redone": 0})
+            continue
         mine = np.array_split(global_batch(cfg, step), len(view.members))[view.members.index(me)]
         buf = _grad_loss(x, y, w, mine)
         if step == dies_at:
@@ -137,8 +172,8 @@ def rank_fn(comm, cfg: ElasticConfig):
             step = first
             comm.reform(view.members, view.epoch)
             epochs.append((view.epoch, list(view.members), view.first_step))
-            events.append({"epoch": view.epoch, "detected_at": t_detect, "agreed_at": time.monotonic(),
-                           "step": step, "steps_redone": redone})
+            events.append({"kind": "kill", "epoch": view.epoch, "detected_at": t_detect,
+                           "agreed_at": time.monotonic(), "step": step, "steps_redone": redone})
             continue
         prev = w
         w = w - cfg.lr * buf[:-1] / cfg.global_batch
@@ -148,7 +183,39 @@ def rank_fn(comm, cfg: ElasticConfig):
         step += 1
         if step % cfg.commit_every == 0:
             committed = (step, w)
-    return {"w": w, "losses": [losses[s] for s in range(cfg.steps)], "events": events, "epochs": epochs}
+    return {"w": w, "losses": losses, "events": events, "epochs": epochs}
+
+
+def _admit(comm, rdzv, view, new, step, cfg):
+    """Members at a join step: wait until the joiners are up, agree on the view with them, re-form and
+    hand them the parameters (a broadcast from the lowest member: what they would load from a checkpoint)."""
+    deadline = time.monotonic() + cfg.timeout
+    while not all(comm.store.check([f"netmorph/ready/{r}"]) for r in new):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"joiners {new} did not come up within {cfg.timeout:g} s")
+        time.sleep(0.002)
+    for r in new:
+        rdzv.announce(r, view.epoch)
+    agreed = rdzv.propose(view, candidates=new, first_step=step)
+    comm.reform(agreed.members, agreed.epoch)
+    return agreed
+
+
+def _admitted(comm, rdzv, cfg, join_step):
+    """A joiner: say it is up, wait for a view that includes it, re-form, receive the parameters."""
+    comm.store.set(f"netmorph/ready/{comm.rank}", "1")
+    deadline = time.monotonic() + cfg.timeout * (1 + join_step)
+    while True:
+        view = rdzv.current()
+        if view is not None and comm.rank in view.members:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {comm.rank} was not admitted by step {join_step}")
+        time.sleep(0.002)
+    comm.reform(view.members, view.epoch)
+    w = np.empty(cfg.dim)
+    comm.broadcast(w, src=min(view.members))
+    return view, w, view.first_step
 
 
 def _agree(comm, rdzv, view, step, cfg):
@@ -179,26 +246,36 @@ def train(cfg: ElasticConfig, check: bool = False) -> dict:
     from netmorph.runtime import launch
     cfg.check()
     t0 = time.monotonic()
-    results, deaths = launch(rank_fn, cfg.workers, cfg, elastic=True, timeout=cfg.timeout)
+    world = cfg.workers + sum(n for n, _ in cfg.joins)
+    results, deaths = launch(rank_fn, world, cfg, elastic=True, timeout=cfg.timeout)
     wall = time.monotonic() - t0
     survivors = [r for r in results if r is not None]
-    first = survivors[0]
+    first = max(survivors, key=lambda r: len(r["losses"]))        # a member since step 0
     died = dict(deaths)
     kill_steps = dict(cfg.kills)
     events = []
-    for e, (rank, t_dead) in zip(first["events"], sorted(deaths, key=lambda d: d[1])):
-        events.append({"kind": "kill", "rank": rank, "step": kill_steps[rank],
+    kills = iter(sorted(deaths, key=lambda d: d[1]))
+    for e in first["events"]:
+        if e["kind"] == "join":
+            events.append({"kind": "join", "rank": e["ranks"], "step": e["step"], "detected_after_s": 0.0,
+                           "agreed_after_s": e["agreed_at"] - e["detected_at"],
+                           "resumed_after_s": e.get("resumed_at", e["agreed_at"]) - e["detected_at"],
+                           "steps_redone": 0})
+            continue
+        rank, t_dead = next(kills, (None, e["detected_at"]))
+        events.append({"kind": "kill", "rank": rank, "step": kill_steps.get(rank, e["step"]),
                        "detected_after_s": max(0.0, e["detected_at"] - t_dead),
                        "agreed_after_s": e["agreed_at"] - t_dead,
                        "resumed_after_s": e.get("resumed_at", e["agreed_at"]) - t_dead,
                        "steps_redone": e["steps_redone"]})
+    losses = [first["losses"][s] for s in range(cfg.steps)]
     out = {"workers": cfg.workers, "min_workers": cfg.min_workers, "steps": cfg.steps, "events": events,
            "epochs": [{"epoch": ep, "members": m, "first_step": s} for ep, m, s in first["epochs"]],
-           "losses": first["losses"], "wall_s": wall, "dead": sorted(died)}
+           "losses": losses, "wall_s": wall, "dead": sorted(died)}
     if check:
         ref_losses, ref_w = reference(cfg)
         out["reference_losses"] = ref_losses
-        out["max_rel_loss_diff"] = max(abs(a - b) / abs(b) for a, b in zip(first["losses"], ref_losses))
+        out["max_rel_loss_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
         out["max_rel_param_diff"] = max(float(np.max(np.abs(r["w"] - ref_w)) / np.max(np.abs(ref_w)))
                                         for r in survivors)
     return out
