@@ -233,3 +233,16 @@ def test_the_baselines_recover_the_same_job_redoing_every_step_since_the_checkpo
     assert [e["steps_redone"] for e in rollback["events"]] == [6, 8] and rollback["max_rel_param_diff"] <= 1e-9
     inplace = train(replace(cfg, commit_every=1))
     assert [e["steps_redone"] for e in inplace["events"]] == [1, 1]
+
+
+@pytest.mark.timeout(120)
+def test_a_hung_worker_is_found_by_its_heartbeats_fenced_and_left_behind():
+    """SIGSTOPped, not dead: the survivors time out, the phi-accrual detector over the store heartbeats names
+    it (the slow-but-beating members are not), it is SIGKILLed and the run equals the failure-free one."""
+    from netmorph.elastic.train import ElasticConfig, train
+    out = train(ElasticConfig(workers=4, steps=30, hangs=((2, 10),), timeout=1.5), check=True)
+    assert out["max_rel_loss_diff"] <= 1e-9 and out["max_rel_param_diff"] <= 1e-9
+    assert out["dead"] == [2] and out["epochs"][-1]["members"] == [0, 1, 3]
+    (hang,) = out["events"]
+    assert hang["kind"] == "hang" and hang["steps_redone"] == 1 and 1.5 <= hang["detected_after_s"] < 5
+    assert mp.active_children() == []

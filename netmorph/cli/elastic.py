@@ -6,7 +6,7 @@ import json
 
 from netmorph.errors import UsageError, require
 
-FLAGS = {"kills": "--kill", "joins": "--join"}
+FLAGS = {"kills": "--kill", "joins": "--join", "hangs": "--hang"}
 
 
 def add_parser(sub) -> None:
@@ -19,6 +19,9 @@ def add_parser(sub) -> None:
     p.add_argument("--steps", type=int, default=60, help="training steps (default 60)")
     p.add_argument("--kill", action="append", default=[], metavar="RANK@STEP",
                    help="SIGKILL RANK in STEP's all-reduce (repeatable), e.g. --kill 2@20")
+    p.add_argument("--hang", action="append", default=[], metavar="RANK@STEP",
+                   help="SIGSTOP RANK in STEP (hung, not dead): found by the phi-accrual detector after --timeout, "
+                        "fenced (SIGKILL) and removed from the view (repeatable)")
     p.add_argument("--join", action="append", default=[], metavar="N@STEP",
                    help="N new workers join at STEP and receive the parameters by broadcast (repeatable)")
     p.add_argument("--global-batch", type=int, default=96, help="samples per step, re-split over the members")
@@ -56,6 +59,7 @@ def run(args) -> int:
     cfg = ElasticConfig(workers=args.workers, min_workers=args.min_workers, steps=args.steps,
                         global_batch=args.global_batch, lr=args.lr, seed=args.seed,
                         kills=_pairs(args.kill, "--kill", "RANK@STEP"), joins=_pairs(args.join, "--join", "N@STEP"),
+                        hangs=_pairs(args.hang, "--hang", "RANK@STEP"),
                         timeout=args.timeout)
     cfg.check()
     if not 1 <= args.checkpoint_every <= cfg.steps:
@@ -69,6 +73,7 @@ def run(args) -> int:
     print(f"# netmorph elastic: {cfg.workers} workers (min {cfg.min_workers}), {cfg.steps} steps, global batch "
           f"{cfg.global_batch} re-split over the members; kills: "
           + (", ".join(f"rank {r} in step {s}" for r, s in cfg.kills) or "none")
+          + ("; hangs: " + ", ".join(f"rank {r} in step {s}" for r, s in cfg.hangs) if cfg.hangs else "")
           + ("; joins: " + ", ".join(f"{n} at step {s}" for n, s in cfg.joins) if cfg.joins else ""))
     print(f"{'epoch':>5} {'members':<20} {'from step':>9}")
     for e in out["epochs"]:
@@ -76,11 +81,11 @@ def run(args) -> int:
     if out["events"]:
         print(f"{'event':<14} {'step':>5} {'detected':>10} {'agreed':>10} {'resumed':>10} {'steps redone':>12}")
         for e in out["events"]:
-            what = f"kill rank {e['rank']}" if e["kind"] == "kill" else f"join {e['rank']}"
+            what = f"join {e['rank']}" if e["kind"] == "join" else f"{e['kind']} rank {e['rank']}"
             print(f"{what:<14} {e['step']:>5} {1e3 * e['detected_after_s']:>8.1f}ms "
                   f"{1e3 * e['agreed_after_s']:>8.1f}ms {1e3 * e['resumed_after_s']:>8.1f}ms {e['steps_redone']:>12}")
-        print("# times after the death (a join: after the members reached its step); resumed = the next completed "
-              "step. No process was restarted and nothing was read from disk.")
+        print("# times after the death or the hang (a join: after the members reached its step); resumed = the next "
+              "completed step. No process was restarted and nothing was read from disk.")
     print(f"# final loss {out['losses'][-1]:.6g}; wall {out['wall_s']:.2f} s")
     if args.compare:
         print(f"# the same job and kills, three recoveries (checkpoint / commit every {args.checkpoint_every} steps):")
@@ -104,7 +109,7 @@ def _compare(cfg, inplace, every) -> dict:
     from netmorph.elastic.train import restart_all, train
 
     def summary(wall, events, key):
-        kills = [e for e in events if e.get("kind", "kill") == "kill"]       # joins are not recoveries
+        kills = [e for e in events if e.get("kind", "kill") != "join"]       # joins are not recoveries
         return {"wall_s": wall, "steps_redone": sum(e["steps_redone"] for e in kills),
                 "recovery_s": sum(e[key] for e in kills)}
     rollback = train(replace(cfg, commit_every=every))

@@ -27,6 +27,7 @@ every step since) is measured against.
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import time
@@ -50,6 +51,7 @@ class ElasticConfig:
     seed: int = 0
     kills: tuple = ()            # ((rank, step), ...): that rank is SIGKILLed in that step's all-reduce
     joins: tuple = ()            # ((count, step), ...): that many new workers join at that step
+    hangs: tuple = ()            # ((rank, step), ...): that rank SIGSTOPs itself in that step (hung, not dead)
     timeout: float = 10.0
     commit_every: int = 1        # in-memory commits; > 1 is Horovod Elastic's rollback to the last commit
 
@@ -63,13 +65,15 @@ class ElasticConfig:
             raise UsageError(f"{{steps}} must be in 1..100000, got {self.steps}", "steps")
         if not 0 <= self.seed < 1 << 32:
             raise UsageError(f"{{seed}} must be in 0..2**32-1, got {self.seed}", "seed")
-        for rank, step in self.kills:
-            if not 0 <= rank < self.workers:
-                raise UsageError(f"{{kill}} {rank}@{step}: no rank {rank} among {self.workers} workers", "kill")
-            if not 0 <= step < self.steps:
-                raise UsageError(f"{{kill}} {rank}@{step}: step {step} is past --steps {self.steps}", "kill")
-        if len({r for r, _ in self.kills}) != len(self.kills):
-            raise UsageError("{kill}: each rank can die once", "kill")
+        for name, events in (("kill", self.kills), ("hang", self.hangs)):
+            for rank, step in events:
+                if not 0 <= rank < self.workers:
+                    raise UsageError(f"{{{name}}} {rank}@{step}: no rank {rank} among {self.workers} workers", name)
+                if not 0 <= step < self.steps:
+                    raise UsageError(f"{{{name}}} {rank}@{step}: step {step} is past --steps {self.steps}", name)
+        victims = [r for r, _ in self.kills + self.hangs]
+        if len(set(victims)) != len(victims):
+            raise UsageError("{kill}/{hang}: each rank can fail once", "kill")
         for n, step in self.joins:
             if not (1 <= n <= 16 and 1 <= step < self.steps):
                 raise UsageError(f"{{join}} {n}@{step}: 1..16 workers at a step in 1..{self.steps - 1}", "join")
@@ -120,13 +124,17 @@ def reference(cfg: ElasticConfig):
 
 
 def rank_fn(comm, cfg: ElasticConfig):
-    from netmorph.runtime.transport import PeerLost
+    from netmorph.elastic.heartbeat import Heartbeat
+    from netmorph.runtime.transport import PeerLost, PeerTimeout
     me = comm.rank
+    comm.store.set(f"netmorph/pid/{me}", str(os.getpid()))       # for fencing a hung rank
+    heart = Heartbeat(comm.store, me, HEARTBEAT).start()
     x, y = problem(cfg)
     rdzv = Rendezvous(comm.store, cfg.min_workers)
     view = rdzv.start(range(cfg.workers))
     epochs = [(view.epoch, list(view.members), view.first_step)]
     dies_at = dict(cfg.kills).get(me)
+    hangs_at = dict(cfg.hangs).get(me)
     spares = cfg.spares()
     w, prev = np.zeros(cfg.dim), np.zeros(cfg.dim)
     losses, events = {}, []
@@ -154,10 +162,16 @@ def rank_fn(comm, cfg: ElasticConfig):
         buf = _grad_loss(x, y, w, mine)
         if step == dies_at:
             os.kill(os.getpid(), signal.SIGKILL)                 # mid-step: the others are in the all-reduce
+        if step == hangs_at:
+            comm.store.set(f"netmorph/hung/{me}", repr(time.monotonic()))
+            os.kill(os.getpid(), signal.SIGSTOP)                 # hung: heartbeats stop, the process stays
         try:
             comm.all_reduce(buf, algo="ring")
-        except PeerLost:
+        except (PeerLost, PeerTimeout) as e:
             t_detect = time.monotonic()
+            hung_at = None
+            if isinstance(e, PeerTimeout):                       # silent, not dead: find who is hung, fence it
+                hung_at = _fence_hung(comm, view, cfg)
             view, ahead = _agree(comm, rdzv, view, step, cfg)
             if me not in view.members:
                 return None                                      # excluded (only a hang could do this here)
@@ -172,7 +186,8 @@ def rank_fn(comm, cfg: ElasticConfig):
             step = first
             comm.reform(view.members, view.epoch)
             epochs.append((view.epoch, list(view.members), view.first_step))
-            events.append({"kind": "kill", "epoch": view.epoch, "detected_at": t_detect,
+            events.append({"kind": "hang" if isinstance(e, PeerTimeout) else "kill", "epoch": view.epoch,
+                           "failed_at": hung_at, "detected_at": t_detect,
                            "agreed_at": time.monotonic(), "step": step, "steps_redone": redone})
             continue
         prev = w
@@ -183,7 +198,35 @@ def rank_fn(comm, cfg: ElasticConfig):
         step += 1
         if step % cfg.commit_every == 0:
             committed = (step, w)
+    heart.stop()
     return {"w": w, "losses": losses, "events": events, "epochs": epochs}
+
+
+HEARTBEAT = 0.05                 # seconds between a worker's heartbeats
+
+
+def _fence_hung(comm, view, cfg):
+    """After a timeout: watch the members' heartbeats with the φ-accrual detector; those whose beats have
+    stopped are hung -- SIGKILL them (fencing: a hung worker must not wake up inside the new view) and wait
+    until the launcher has marked them dead. A member that is slow but still beating is left alone."""
+    from netmorph.elastic.detector import PhiAccrual
+    from netmorph.elastic.heartbeat import Monitor
+    peers = [m for m in view.members if m != comm.rank]
+    mon = Monitor(comm.store, peers, lambda: PhiAccrual(first_heartbeat_estimate=HEARTBEAT,
+                                                        min_std_deviation=HEARTBEAT / 2), interval=HEARTBEAT / 5)
+    seen = mon.watch(10 * HEARTBEAT)
+    hung = [p for p, t in seen.items() if t is not None]
+    hung_at = [float(comm.store.get(f"netmorph/hung/{p}")) for p in hung if comm.store.check([f"netmorph/hung/{p}"])]
+    for p in hung:
+        try:
+            os.kill(int(comm.store.get(f"netmorph/pid/{p}")), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+    f = comm.transport.f
+    deadline = time.monotonic() + cfg.timeout
+    while not all(f.dead[p] for p in hung) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    return min(hung_at) if hung_at else None
 
 
 def _admit(comm, rdzv, view, new, step, cfg):
@@ -242,7 +285,7 @@ def _agree(comm, rdzv, view, step, cfg):
 
 def train(cfg: ElasticConfig, check: bool = False) -> dict:
     """Launch the job with its kills; the recovery record (and, with ``check``, the failure-free run)."""
-    import torch.distributed  # noqa: F401 - the store's module, imported before the clock starts
+    importlib.import_module("torch.distributed")                # the store's module, before the clock starts
     from netmorph.runtime import launch
     cfg.check()
     t0 = time.monotonic()
@@ -252,7 +295,7 @@ def train(cfg: ElasticConfig, check: bool = False) -> dict:
     survivors = [r for r in results if r is not None]
     first = max(survivors, key=lambda r: len(r["losses"]))        # a member since step 0
     died = dict(deaths)
-    kill_steps = dict(cfg.kills)
+    kill_steps = dict(cfg.kills + cfg.hangs)
     events = []
     kills = iter(sorted(deaths, key=lambda d: d[1]))
     for e in first["events"]:
@@ -263,7 +306,9 @@ def train(cfg: ElasticConfig, check: bool = False) -> dict:
                            "steps_redone": 0})
             continue
         rank, t_dead = next(kills, (None, e["detected_at"]))
-        events.append({"kind": "kill", "rank": rank, "step": kill_steps.get(rank, e["step"]),
+        if e.get("failed_at") is not None:                       # a hang: from when it stopped, not when fenced
+            t_dead = e["failed_at"]
+        events.append({"kind": e["kind"], "rank": rank, "step": kill_steps.get(rank, e["step"]),
                        "detected_after_s": max(0.0, e["detected_at"] - t_dead),
                        "agreed_after_s": e["agreed_at"] - t_dead,
                        "resumed_after_s": e.get("resumed_at", e["agreed_at"]) - t_dead,
