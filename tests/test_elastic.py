@@ -236,11 +236,12 @@ def test_the_baselines_recover_the_same_job_redoing_every_step_since_the_checkpo
 
 
 @pytest.mark.timeout(120)
-def test_a_hung_worker_is_found_by_its_heartbeats_fenced_and_left_behind():
+@pytest.mark.parametrize("detector", ["phi", "fixed"])
+def test_a_hung_worker_is_found_by_its_heartbeats_fenced_and_left_behind(detector):
     """SIGSTOPped, not dead: the survivors time out, the phi-accrual detector over the store heartbeats names
     it (the slow-but-beating members are not), it is SIGKILLed and the run equals the failure-free one."""
     from netmorph.elastic.train import ElasticConfig, train
-    out = train(ElasticConfig(workers=4, steps=30, hangs=((2, 10),), timeout=1.5), check=True)
+    out = train(ElasticConfig(workers=4, steps=30, hangs=((2, 10),), timeout=1.5, detector=detector), check=True)
     assert out["max_rel_loss_diff"] <= 1e-9 and out["max_rel_param_diff"] <= 1e-9
     assert out["dead"] == [2] and out["epochs"][-1]["members"] == [0, 1, 3]
     (hang,) = out["events"]

@@ -22,6 +22,8 @@ def add_parser(sub) -> None:
     p.add_argument("--hang", action="append", default=[], metavar="RANK@STEP",
                    help="SIGSTOP RANK in STEP (hung, not dead): found by the phi-accrual detector after --timeout, "
                         "fenced (SIGKILL) and removed from the view (repeatable)")
+    p.add_argument("--detector", default="phi", choices=("phi", "fixed"),
+                   help="how a hung worker is told from a slow one: phi accrual (default) or a fixed timeout")
     p.add_argument("--join", action="append", default=[], metavar="N@STEP",
                    help="N new workers join at STEP and receive the parameters by broadcast (repeatable)")
     p.add_argument("--global-batch", type=int, default=96, help="samples per step, re-split over the members")
@@ -59,7 +61,7 @@ def run(args) -> int:
     cfg = ElasticConfig(workers=args.workers, min_workers=args.min_workers, steps=args.steps,
                         global_batch=args.global_batch, lr=args.lr, seed=args.seed,
                         kills=_pairs(args.kill, "--kill", "RANK@STEP"), joins=_pairs(args.join, "--join", "N@STEP"),
-                        hangs=_pairs(args.hang, "--hang", "RANK@STEP"),
+                        hangs=_pairs(args.hang, "--hang", "RANK@STEP"), detector=args.detector,
                         timeout=args.timeout)
     cfg.check()
     if not 1 <= args.checkpoint_every <= cfg.steps:

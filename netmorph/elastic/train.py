@@ -52,6 +52,7 @@ class ElasticConfig:
     kills: tuple = ()            # ((rank, step), ...): that rank is SIGKILLed in that step's all-reduce
     joins: tuple = ()            # ((count, step), ...): that many new workers join at that step
     hangs: tuple = ()            # ((rank, step), ...): that rank SIGSTOPs itself in that step (hung, not dead)
+    detector: str = "phi"        # who is hung after a timeout: "phi" (accrual) or "fixed" (torchelastic's timeout)
     timeout: float = 10.0
     commit_every: int = 1        # in-memory commits; > 1 is Horovod Elastic's rollback to the last commit
 
@@ -71,6 +72,8 @@ class ElasticConfig:
                     raise UsageError(f"{{{name}}} {rank}@{step}: no rank {rank} among {self.workers} workers", name)
                 if not 0 <= step < self.steps:
                     raise UsageError(f"{{{name}}} {rank}@{step}: step {step} is past --steps {self.steps}", name)
+        if self.detector not in ("phi", "fixed"):
+            raise UsageError(f"{{detector}} must be phi or fixed, got {self.detector!r}", "detector")
         victims = [r for r, _ in self.kills + self.hangs]
         if len(set(victims)) != len(victims):
             raise UsageError("{kill}/{hang}: each rank can fail once", "kill")
@@ -206,14 +209,20 @@ HEARTBEAT = 0.05                 # seconds between a worker's heartbeats
 
 
 def _fence_hung(comm, view, cfg):
-    """After a timeout: watch the members' heartbeats with the φ-accrual detector; those whose beats have
+    """After a timeout: watch the members' heartbeats with the detector (φ accrual, or a fixed timeout of
+    four heartbeat intervals); those whose beats have
     stopped are hung -- SIGKILL them (fencing: a hung worker must not wake up inside the new view) and wait
     until the launcher has marked them dead. A member that is slow but still beating is left alone."""
-    from netmorph.elastic.detector import PhiAccrual
+    from netmorph.elastic.detector import FixedTimeout, PhiAccrual
     from netmorph.elastic.heartbeat import Monitor
     peers = [m for m in view.members if m != comm.rank]
-    mon = Monitor(comm.store, peers, lambda: PhiAccrual(first_heartbeat_estimate=HEARTBEAT,
-                                                        min_std_deviation=HEARTBEAT / 2), interval=HEARTBEAT / 5)
+    if cfg.detector == "phi":
+        def make():
+            return PhiAccrual(first_heartbeat_estimate=HEARTBEAT, min_std_deviation=HEARTBEAT / 2)
+    else:
+        def make():
+            return FixedTimeout(4 * HEARTBEAT)
+    mon = Monitor(comm.store, peers, make, interval=HEARTBEAT / 5)
     seen = mon.watch(10 * HEARTBEAT)
     hung = [p for p, t in seen.items() if t is not None]
     hung_at = [float(comm.store.get(f"netmorph/hung/{p}")) for p in hung if comm.store.check([f"netmorph/hung/{p}"])]
