@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -80,7 +81,7 @@ def run(args) -> int:
         check_output_file(args.plot, "--plot")
     from rich.console import Console
     with Console(stderr=True).status(f"training on {cfg.world} ranks", spinner="dots") if sys.stderr.isatty() \
-            else _Null():
+            else contextlib.nullcontext():
         out = train(cfg, check=args.check)
     if args.json:
         print(json.dumps(_json(cfg, out), default=float))
@@ -91,14 +92,6 @@ def run(args) -> int:
         plot_traffic(out, args.plot)
         print(f"# figure: {args.plot}")
     return 0
-
-
-class _Null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _print(cfg, out) -> None:

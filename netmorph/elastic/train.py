@@ -345,7 +345,7 @@ def _restart_rank(comm, cfg: ElasticConfig, start: int, w0, ckpt_dir: str, attem
     while step < cfg.steps:
         mine = np.array_split(global_batch(cfg, step), p)[me]
         buf = _grad_loss(x, y, w, mine)
-        if step == dies_at and attempt == _attempt_of(cfg, start, me):
+        if step == dies_at and attempt == _attempt_of(cfg, me):
             os.kill(os.getpid(), signal.SIGKILL)
         comm.all_reduce(buf, algo="ring")
         w = w - cfg.lr * buf[:-1] / cfg.global_batch
@@ -360,7 +360,7 @@ def _restart_rank(comm, cfg: ElasticConfig, start: int, w0, ckpt_dir: str, attem
     return w
 
 
-def _attempt_of(cfg, start, rank) -> int:
+def _attempt_of(cfg, rank) -> int:
     """The attempt in which ``rank``'s kill fires: one per kill, in step order."""
     order = sorted(cfg.kills, key=lambda k: k[1])
     return [r for r, _ in order].index(rank)

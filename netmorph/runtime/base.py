@@ -21,7 +21,7 @@ import numpy as np
 
 from netmorph.errors import UsageError
 from netmorph.runtime.ledger import Ledger
-from netmorph.runtime.transport import fingerprint
+from netmorph.runtime.transport import fingerprint, nbytes
 
 
 @lru_cache(maxsize=None)
@@ -249,7 +249,7 @@ class CommBase:
         a = self._buf(tensor)
         self._peer(dst)
         t = time.perf_counter()
-        self.ledger.add(self.rank, dst, a.numel() * a.itemsize if is_tensor(a) else a.nbytes, seq, 0, self.current_phase, "send", "p2p", t, t)
+        self.ledger.add(self.rank, dst, nbytes(a), seq, 0, self.current_phase, "send", "p2p", t, t)
         work = self.transport.isend(a, dst, self._p2p_fp(self.sent, dst, a, (self.rank, dst)))
         work.keep = tensor                    # the memory stays alive until the send completes
         return work

@@ -27,6 +27,7 @@ bound to the loopback interface (``GLOO_SOCKET_IFNAME``, unless the user set it)
 from __future__ import annotations
 
 import ctypes
+import importlib
 import math
 import multiprocessing as mp
 import os
@@ -185,8 +186,8 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
     try:
         if backend != "local" or elastic:
             store_dir = tempfile.mkdtemp(prefix="netmorph-store-")
-        if elastic:
-            import torch.distributed  # noqa: F401 - imported once here, not by every forked rank (its FileStore)
+        if elastic:   # torch.distributed (its FileStore) imported once here, not by every forked rank
+            importlib.import_module("torch.distributed")
         store = os.path.join(store_dir, "store") if store_dir else ""
         for r in range(world):
             rd, wr = ctx.Pipe(duplex=False)

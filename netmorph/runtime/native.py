@@ -14,16 +14,11 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-
 from netmorph.runtime.base import CommBase, CompletedWork, canonical_redop, copy_of
+from netmorph.runtime.transport import nbytes
 from netmorph.runtime.transport.torchdist import dist_module, to_torch
 
 _NATIVE_OPS = {"sum": "SUM", "avg": "SUM", "prod": "PRODUCT", "max": "MAX", "min": "MIN"}   # gloo has no AVG
-
-
-def _nbytes(a) -> int:
-    return a.nbytes if isinstance(a, np.ndarray) else a.numel() * a.itemsize
 
 
 class NativeComm(CommBase):
@@ -56,7 +51,7 @@ class NativeComm(CommBase):
         if self._alone(group):
             return CompletedWork() if async_op else tensor
         dist = dist_module()
-        self._native("allreduce", _nbytes(a),
+        self._native("allreduce", nbytes(a),
                      lambda: dist.all_reduce(to_torch(a), op=getattr(dist.ReduceOp, _NATIVE_OPS[op]),
                                              group=self._pg(group)))
         if op == "avg":
@@ -67,7 +62,7 @@ class NativeComm(CommBase):
         a = self._buf(tensor)
         if self._alone(group):
             return CompletedWork() if async_op else tensor
-        self._native("broadcast", _nbytes(a), lambda: dist_module().broadcast(to_torch(a), src, group=self._pg(group)))
+        self._native("broadcast", nbytes(a), lambda: dist_module().broadcast(to_torch(a), src, group=self._pg(group)))
         return CompletedWork() if async_op else tensor
 
     def reduce(self, tensor, dst, op="sum", group=None, algo="auto", async_op=False):
@@ -80,7 +75,7 @@ class NativeComm(CommBase):
             return CompletedWork() if async_op else tensor
         work = a if self.rank == dst else copy_of(a)
         dist = dist_module()
-        self._native("reduce", _nbytes(a), lambda: dist.reduce(to_torch(work), dst,
+        self._native("reduce", nbytes(a), lambda: dist.reduce(to_torch(work), dst,
                                                              op=getattr(dist.ReduceOp, _NATIVE_OPS[op]),
                                                              group=self._pg(group)))
         if op == "avg" and self.rank == dst:
@@ -92,7 +87,7 @@ class NativeComm(CommBase):
         if self._alone(group):
             out[:] = inp
             return CompletedWork() if async_op else output
-        self._native("allgather", _nbytes(out),
+        self._native("allgather", nbytes(out),
                      lambda: dist_module().all_gather_into_tensor(to_torch(out), to_torch(inp), group=self._pg(group)))
         return CompletedWork() if async_op else output
 
@@ -112,7 +107,7 @@ class NativeComm(CommBase):
             out[:] = work[me * len(out):(me + 1) * len(out)]
             if op == "avg":
                 out[:] /= self.get_world_size(group)
-        self._native("reduce_scatter", _nbytes(inp), call)
+        self._native("reduce_scatter", nbytes(inp), call)
         return CompletedWork() if async_op else output
 
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, group=None,
@@ -121,7 +116,7 @@ class NativeComm(CommBase):
         if self._alone(group):
             out[:] = inp
             return CompletedWork() if async_op else output
-        self._native("alltoall", _nbytes(inp), lambda: dist_module().all_to_all_single(
+        self._native("alltoall", nbytes(inp), lambda: dist_module().all_to_all_single(
             to_torch(out), to_torch(inp), output_split_sizes, input_split_sizes, group=self._pg(group)))
         return CompletedWork() if async_op else output
 

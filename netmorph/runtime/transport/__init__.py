@@ -7,10 +7,17 @@ point-to-point ``send/recv/isend/irecv``.
 
 from __future__ import annotations
 
+import numpy as np
+
 from netmorph.runtime.transport.errors import FabricError, PeerLost, PeerTimeout
 from netmorph.runtime.transport.fingerprint import CollectiveMismatch
 
-__all__ = ["CollectiveMismatch", "FabricError", "PeerLost", "PeerTimeout", "Work"]
+__all__ = ["CollectiveMismatch", "FabricError", "PeerLost", "PeerTimeout", "Work", "nbytes"]
+
+
+def nbytes(a) -> int:
+    """Bytes in a buffer a transport moves: a numpy array or a torch tensor (on any device)."""
+    return a.nbytes if isinstance(a, np.ndarray) else a.numel() * a.itemsize
 
 
 class Work:

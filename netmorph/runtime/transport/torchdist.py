@@ -28,7 +28,7 @@ from collections import deque
 
 import numpy as np
 
-from netmorph.runtime.transport import PeerLost, PeerTimeout
+from netmorph.runtime.transport import PeerLost, PeerTimeout, nbytes
 from netmorph.runtime.transport import fingerprint as fpr
 
 HEADER_TAG, PAYLOAD_TAG = 1, 2
@@ -46,10 +46,6 @@ def to_torch(a):
         return a
     import torch
     return torch.from_numpy(a)
-
-
-def _nbytes(a) -> int:
-    return a.nbytes if isinstance(a, np.ndarray) else a.numel() * a.itemsize
 
 
 def _head_like(a):
@@ -263,9 +259,9 @@ class TorchTransport:
         try:
             for peer, views in sends:
                 payload = views[0] if len(views) == 1 else _concat(views)
-                if _nbytes(payload):
+                if nbytes(payload):
                     if fp is not None:
-                        works.append((peer, dist.isend(_header_like(fp, _nbytes(payload), payload), peer,
+                        works.append((peer, dist.isend(_header_like(fp, nbytes(payload), payload), peer,
                                                        tag=HEADER_TAG)))
                     works.append((peer, dist.isend(to_torch(_contiguous(payload)), peer,
                                                    tag=PAYLOAD_TAG if fp is not None else 0)))
@@ -285,7 +281,7 @@ class TorchTransport:
             raise self.failure(peer, e) from None
         for peer, head, buf, w in heads:         # every header checked before any payload is received
             self.guard(peer, w.wait)
-            self.guard(peer, lambda: fpr.check(fp, _nbytes(buf), _host(head), self.rank, peer))
+            self.guard(peer, lambda: fpr.check(fp, nbytes(buf), _host(head), self.rank, peer))
         for peer, head, buf, w in heads:
             works.append((peer, self.guard(peer, lambda: dist.irecv(to_torch(buf), peer, tag=PAYLOAD_TAG))))
         for peer, w in works:
@@ -308,7 +304,7 @@ class TorchTransport:
         def post():
             ws = []
             if fp is not None:
-                ws.append(dist.isend(_header_like(fp, _nbytes(array), array), dst, tag=HEADER_TAG))
+                ws.append(dist.isend(_header_like(fp, nbytes(array), array), dst, tag=HEADER_TAG))
             ws.append(dist.isend(to_torch(array), dst, tag=PAYLOAD_TAG if fp is not None else 0))
             return ws
         works = self.guard(dst, post)
@@ -347,7 +343,7 @@ class TorchTransport:
         while q:
             r = q.popleft()
             self.guard(src, r.hwork.wait)
-            self.guard(src, lambda: fpr.check(r.fp, _nbytes(r.array), _host(r.head), self.rank, src))
+            self.guard(src, lambda: fpr.check(r.fp, nbytes(r.array), _host(r.head), self.rank, src))
             r.pwork = self.guard(src, lambda: dist.irecv(to_torch(r.array), src, tag=PAYLOAD_TAG))
             if r is upto:
                 return
