@@ -112,11 +112,13 @@ SECTIONS = ("Collectives: one all-reduce, eight schedules, and the cheapest one 
             "Real ranks: the shared-memory fabric, gloo, and the model",
             "Parallel training: DP, ZeRO, TP and PP on real ranks",
             "Mixture of experts: the router rewires the all-to-all every batch",
+            "Elastic membership: a worker dies, the job keeps going",
             "Consistency models for SGD: throughput against convergence",
             "Parallelism planner: what each DP/TP/PP split costs")
 FIGURES = ("allreduce_tp_vs_dp.png", "allreduce_winner_map.png", "allreduce_rounds_bytes.png", "fabric_busbw.png",
            "fabric_measured_vs_predicted.png", "train_pipeline.png", "train_traffic.png",
-           "train_zero_memory.png", "moe_traffic.png", "moe_balance.png", "moe_drops.png", "sgd_balanced.png", "sgd_straggler.png", "plan_splits.png")
+           "train_zero_memory.png", "moe_traffic.png", "moe_balance.png", "moe_drops.png", "elastic_recovery.png", "sgd_balanced.png",
+           "sgd_straggler.png", "plan_splits.png")
 
 
 @pytest.mark.timeout(300)
@@ -138,6 +140,7 @@ def test_tour_writes_every_section_and_figure(tmp_path, capsys):
     assert "plan: tp4 pp8 dp32 mb1 v6 ZeRO-1 selective: 19.64 s/iter" in out
     assert "updates/s bsp" in out and "world 2:" in out and "x gloo" not in err
     assert "traffic = closed form on every rank (zero, tp, pp, pp.emb)" in out
+    assert "in place equals the failure-free run" in out and "netmorph in place: wall" in out
     assert f"This machine has {os.cpu_count()} core" in page
     for png in FIGURES:
         assert png in page and f"figure: {tmp_path / 'rep' / png}" in out

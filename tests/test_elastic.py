@@ -233,6 +233,18 @@ def test_the_baselines_recover_the_same_job_redoing_every_step_since_the_checkpo
     assert [e["steps_redone"] for e in rollback["events"]] == [6, 8] and rollback["max_rel_param_diff"] <= 1e-9
     inplace = train(replace(cfg, commit_every=1))
     assert [e["steps_redone"] for e in inplace["events"]] == [1, 1]
+    # the timelines the figure draws: the restart's progress falls back to the checkpoint, nobody trains
+    # between a death and the restart; in place it never falls back by more than the step in flight
+    from netmorph.report.elastic import caught_up
+    done = [s for _, s, n in restart["timeline"] if n > 0]
+    falls = [(a, b) for a, b in zip(done, done[1:]) if b <= a]
+    assert falls == [(25, 21), (47, 41)]
+    assert [(s, n) for _, s, n in restart["timeline"] if n == 0] == [(25, 0), (47, 0)]
+    done = [s for _, s, _ in inplace["timeline"]]
+    assert all(b >= a for a, b in zip(done, done[1:])) and done[-1] == 60
+    assert [n for _, s, n in inplace["timeline"] if s in (25, 26, 47, 48)] == [4, 3, 3, 2]
+    for run, key in ((restart, "recovery_s"), (inplace, "resumed_after_s")):
+        assert caught_up(run) >= sum(e[key] for e in run["events"]) * 0.99 > 0
 
 
 @pytest.mark.timeout(120)
@@ -247,3 +259,20 @@ def test_a_hung_worker_is_found_by_its_heartbeats_fenced_and_left_behind(detecto
     (hang,) = out["events"]
     assert hang["kind"] == "hang" and hang["steps_redone"] == 1 and 1.5 <= hang["detected_after_s"] < 5
     assert mp.active_children() == []
+
+
+@pytest.mark.timeout(120)
+def test_compare_plots_the_three_recoveries_and_reports_them_in_json(tmp_path, capsys):
+    import json
+
+    from netmorph.cli import main
+    png = tmp_path / "rec.png"
+    assert main(["elastic", "--steps", "30", "--kill", "2@12", "--compare", "--checkpoint-every", "5",
+                 "--plot", str(png), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    c = out["compare"]
+    assert [c[k]["steps_redone"] for k in ("inplace", "rollback", "restart")] == [1, 12 - 10 + 1, 12 - 10 + 1]
+    assert all(c[k]["caught_up_s"] >= c[k]["recovery_s"] > 0 for k in c)
+    assert main(["elastic", "--plot", str(png)]) == 2
+    assert "add --compare" in capsys.readouterr().err

@@ -140,7 +140,7 @@ def rank_fn(comm, cfg: ElasticConfig):
     hangs_at = dict(cfg.hangs).get(me)
     spares = cfg.spares()
     w, prev = np.zeros(cfg.dim), np.zeros(cfg.dim)
-    losses, events = {}, []
+    losses, events, timeline = {}, [], []                        # timeline: (monotonic s, steps done, members)
     step = 0
     if me in spares:                                             # a joiner: wait to be admitted, then catch up
         view, w, step = _admitted(comm, rdzv, cfg, spares[me])
@@ -199,10 +199,11 @@ def rank_fn(comm, cfg: ElasticConfig):
         if events and "resumed_at" not in events[-1]:
             events[-1]["resumed_at"] = time.monotonic()
         step += 1
+        timeline.append((time.monotonic(), step, len(view.members)))
         if step % cfg.commit_every == 0:
             committed = (step, w)
     heart.stop()
-    return {"w": w, "losses": losses, "events": events, "epochs": epochs}
+    return {"w": w, "losses": losses, "events": events, "epochs": epochs, "timeline": timeline}
 
 
 HEARTBEAT = 0.05                 # seconds between a worker's heartbeats
@@ -312,7 +313,7 @@ def train(cfg: ElasticConfig, check: bool = False) -> dict:
             events.append({"kind": "join", "rank": e["ranks"], "step": e["step"], "detected_after_s": 0.0,
                            "agreed_after_s": e["agreed_at"] - e["detected_at"],
                            "resumed_after_s": e.get("resumed_at", e["agreed_at"]) - e["detected_at"],
-                           "steps_redone": 0})
+                           "steps_redone": 0, "at_s": e["detected_at"] - t0})
             continue
         rank, t_dead = next(kills, (None, e["detected_at"]))
         if e.get("failed_at") is not None:                       # a hang: from when it stopped, not when fenced
@@ -321,11 +322,12 @@ def train(cfg: ElasticConfig, check: bool = False) -> dict:
                        "detected_after_s": max(0.0, e["detected_at"] - t_dead),
                        "agreed_after_s": e["agreed_at"] - t_dead,
                        "resumed_after_s": e.get("resumed_at", e["agreed_at"]) - t_dead,
-                       "steps_redone": e["steps_redone"]})
+                       "steps_redone": e["steps_redone"], "at_s": t_dead - t0})
     losses = [first["losses"][s] for s in range(cfg.steps)]
     out = {"workers": cfg.workers, "min_workers": cfg.min_workers, "steps": cfg.steps, "events": events,
            "epochs": [{"epoch": ep, "members": m, "first_step": s} for ep, m, s in first["epochs"]],
-           "losses": losses, "wall_s": wall, "dead": sorted(died)}
+           "losses": losses, "wall_s": wall, "dead": sorted(died),
+           "timeline": [(t - t0, step, n) for t, step, n in first["timeline"]]}
     if check:
         ref_losses, ref_w = reference(cfg)
         out["reference_losses"] = ref_losses
@@ -351,6 +353,8 @@ def _restart_rank(comm, cfg: ElasticConfig, start: int, w0, ckpt_dir: str, attem
         w = w - cfg.lr * buf[:-1] / cfg.global_batch
         step += 1
         if me == 0:
+            with open(os.path.join(ckpt_dir, "timeline"), "a") as f:   # survives the teardown, for the figure
+                f.write(f"{time.monotonic()!r} {step}\n")
             if step == start + 1:
                 write_text(os.path.join(ckpt_dir, f"first_step_{attempt}"), repr(time.monotonic()))
             if step % cfg.commit_every == 0:                     # torch.save(state) every K steps, atomically
@@ -393,8 +397,13 @@ def restart_all(cfg: ElasticConfig) -> dict:
         for e in events:
             first = float(open(os.path.join(ckpt, f"first_step_{e['attempt']}")).read())
             kill_step = dict(cfg.kills)[e["rank"]]
-            e.update(recovery_s=first - e["dead_at"], steps_redone=kill_step - e["restart_step"] + 1)
+            e.update(recovery_s=first - e["dead_at"], steps_redone=kill_step - e["restart_step"] + 1,
+                     at_s=e["dead_at"] - t0, step=kill_step)
+        with open(os.path.join(ckpt, "timeline")) as f:
+            timeline = [(float(t) - t0, int(step), cfg.workers) for t, step in (line.split() for line in f)]
     finally:
         shutil.rmtree(ckpt, ignore_errors=True)
-    return {"wall_s": time.monotonic() - t0, "w": final,
-            "events": [{k: e[k] for k in ("rank", "recovery_s", "steps_redone")} for e in events]}
+    for e in events:                                             # nobody trains from the death to the restart
+        timeline.append((e["at_s"], e["step"], 0))
+    return {"wall_s": time.monotonic() - t0, "w": final, "timeline": sorted(timeline),
+            "events": [{k: e[k] for k in ("rank", "step", "at_s", "recovery_s", "steps_redone")} for e in events]}
