@@ -191,3 +191,22 @@ def test_a_bucket_waits_for_every_parameter_it_holds_elements_of(d):
     covered.sort()
     assert covered[0][0] == 0 and covered[-1][1] == flat.padded
     assert all(b == a2 for (_, b), (a2, _) in zip(covered, covered[1:]))
+
+
+def test_every_trainer_allocation_names_its_device():
+    """Under torchrun with GPUs every rank's tensors live on cuda:LOCAL_RANK and NCCL refuses host tensors;
+    no GPU here, so this keeps the trainer honest statically: every torch factory call in netmorph.parallel
+    says where (``device=``) or derives it from a tensor (``new_empty``, ``*_like``)."""
+    import ast
+    import pathlib
+
+    import netmorph.parallel
+    factories = {"zeros", "empty", "ones", "full", "arange", "tensor", "randn", "rand"}
+    bare = []
+    for path in pathlib.Path(netmorph.parallel.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"
+                    and node.func.attr in factories and "device" not in {k.arg for k in node.keywords}):
+                bare.append(f"{path.name}:{node.lineno} torch.{node.func.attr}")
+    assert bare == []

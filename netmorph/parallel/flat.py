@@ -31,8 +31,9 @@ class FlatParams:
             n += p.numel()
         self.numel = n
         self.padded = -(-max(n, 1) // pad_to) * pad_to
-        self.data = torch.zeros(self.padded, dtype=dtype)
-        self.grad = torch.zeros(self.padded, dtype=dtype)
+        device = self.params[0].device if self.params else None    # where the model lives (cuda:N under NCCL)
+        self.data = torch.zeros(self.padded, dtype=dtype, device=device)
+        self.grad = torch.zeros(self.padded, dtype=dtype, device=device)
         for p, off in zip(self.params, self.offsets):
             self.data[off:off + p.numel()].copy_(p.data.reshape(-1))
             p.data = self.data[off:off + p.numel()].view_as(p)
@@ -65,11 +66,11 @@ class Adam:
     """Adam on a slice ``[lo, hi)`` of a flat buffer; its state is two buffers of that slice's size."""
 
     def __init__(self, lo: int, hi: int, lr: float = 3e-3, betas=(0.9, 0.95), eps: float = 1e-8,
-                 dtype=torch.float64):
+                 dtype=torch.float64, device=None):
         self.lo, self.hi = lo, hi
         self.lr, (self.b1, self.b2), self.eps = lr, betas, eps
-        self.m = torch.zeros(hi - lo, dtype=dtype)
-        self.v = torch.zeros(hi - lo, dtype=dtype)
+        self.m = torch.zeros(hi - lo, dtype=dtype, device=device)
+        self.v = torch.zeros(hi - lo, dtype=dtype, device=device)
         self.t = 0
 
     def step(self, param: torch.Tensor, grad: torch.Tensor) -> None:

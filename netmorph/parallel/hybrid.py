@@ -147,11 +147,14 @@ def train_rank(comm, cfg: TrainConfig, progress=None) -> dict:
     torch.set_num_threads(1)            # torchrun's OMP_NUM_THREADS=1: one process per core, no spinning pools
     lay = layout(comm, cfg)
     chunks, tp = build_chunks(comm, cfg, lay)
+    device = torch.device(comm.device)     # cuda:LOCAL_RANK under torchrun with GPUs (NCCL), else the CPU
+    for c in chunks:
+        c.to(device)                       # the same initial weights on every device: drawn on the CPU
     dtype = DTYPES[cfg.dtype]
     params = [p for c in chunks for p in c.parameters()]
     flat = FlatParams(params, pad_to=cfg.dp, dtype=dtype)
     zero = ZeRO(comm, lay.dp_group, flat, cfg.zero, cfg.lr) if cfg.zero else None
-    adam = None if zero else Adam(0, flat.padded, lr=cfg.lr, dtype=dtype)
+    adam = None if zero else Adam(0, flat.padded, lr=cfg.lr, dtype=dtype, device=device)
     dp = None
     if not zero:
         overlap = cfg.overlap and cfg.tp == 1 and cfg.pp == 1
@@ -175,7 +178,7 @@ def train_rank(comm, cfg: TrainConfig, progress=None) -> dict:
 
             def inputs(i, base=base):
                 lo = base + i * cfg.micro_batch_size
-                return synthetic_batch(cfg.model, range(lo, lo + cfg.micro_batch_size))
+                return tuple(t.to(device) for t in synthetic_batch(cfg.model, range(lo, lo + cfg.micro_batch_size)))
 
             hooks = _Hooks(zero, dp, last_backward, cfg.compute_ms, flat.data.untyped_storage()._cdata)
             t_pipe = time.perf_counter()
@@ -189,7 +192,7 @@ def train_rank(comm, cfg: TrainConfig, progress=None) -> dict:
                 zero.step()
             else:
                 adam.step(flat.data, flat.grad)
-            loss = torch.tensor([sum(mb_losses)], dtype=torch.float64)
+            loss = torch.tensor([sum(mb_losses)], dtype=torch.float64, device=device)
             if is_last_stage and lay.tp_rank == 0:
                 with comm.phase("metrics"):
                     comm.all_reduce(loss, group=lay.dp_group)

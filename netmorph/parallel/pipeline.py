@@ -151,6 +151,7 @@ class Executor:
         self.rank = group.index[comm.rank]
         self.stages = self.pp * v
         self.hidden_shape, self.dtype = hidden_shape, dtype
+        self.device = next(chunks[0].parameters()).device         # p2p buffers where the activations live
         self.mailbox: dict[int, dict] = {}
         self.pending = []                 # (work, tensor) of sends still in flight
         self.spans = []
@@ -160,7 +161,7 @@ class Executor:
 
     def _send(self, kind: int, vstage: int, mb: int, t: torch.Tensor, dst: int) -> None:
         t = t.detach().contiguous()
-        hdr = torch.tensor([kind, vstage, mb, t.numel()], dtype=torch.int64)
+        hdr = torch.tensor([kind, vstage, mb, t.numel()], dtype=torch.int64, device=t.device)
         with self.comm.phase("pp.tag"):
             self.pending.append((self.comm.isend(hdr, dst), hdr))
         with self.comm.phase("pp"):
@@ -169,10 +170,10 @@ class Executor:
     def _take(self, kind: int, vstage: int, mb: int, src: int) -> torch.Tensor:
         box = self.mailbox.setdefault(src, {})
         while (kind, vstage, mb) not in box:
-            hdr = torch.empty(4, dtype=torch.int64)
+            hdr = torch.empty(4, dtype=torch.int64, device=self.device)
             self.comm.recv(hdr, src)
             k, s, i, n = (int(x) for x in hdr)
-            buf = torch.empty(n, dtype=self.dtype)
+            buf = torch.empty(n, dtype=self.dtype, device=self.device)
             self.comm.recv(buf, src)
             box[(k, s, i)] = buf
         return box.pop((kind, vstage, mb))

@@ -25,7 +25,7 @@ def named_pieces(chunks) -> dict:
     out = {}
     for c in chunks:
         for name, p in c.named_parameters():
-            t = p.detach().clone()
+            t = p.detach().cpu().clone()              # results travel to the launcher: host memory
             if name == "wte":
                 out["wte"] = (t, 0)
             elif name == "wpe":

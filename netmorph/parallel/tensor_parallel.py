@@ -45,7 +45,7 @@ def _all_reduce(ctx_tp, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
 def _all_gather_seq(ctx_tp, t: torch.Tensor) -> torch.Tensor:
     """(T/t, ...) on every rank -> (T, ...) in rank order."""
     t = t.detach().contiguous()
-    out = torch.empty((t.shape[0] * ctx_tp.tp,) + tuple(t.shape[1:]), dtype=t.dtype)
+    out = t.new_empty((t.shape[0] * ctx_tp.tp,) + tuple(t.shape[1:]))
     with ctx_tp.comm.phase(ctx_tp.phase):
         ctx_tp.comm.all_gather_into_tensor(out, t, group=ctx_tp.group, algo="ring")
     return out
@@ -54,7 +54,7 @@ def _all_gather_seq(ctx_tp, t: torch.Tensor) -> torch.Tensor:
 def _reduce_scatter_seq(ctx_tp, t: torch.Tensor) -> torch.Tensor:
     """(T, ...) partial sums on every rank -> this rank's (T/t, ...) block of the sum."""
     t = t.detach().contiguous()
-    out = torch.empty((t.shape[0] // ctx_tp.tp,) + tuple(t.shape[1:]), dtype=t.dtype)
+    out = t.new_empty((t.shape[0] // ctx_tp.tp,) + tuple(t.shape[1:]))
     with ctx_tp.comm.phase(ctx_tp.phase):
         ctx_tp.comm.reduce_scatter_tensor(out, t, group=ctx_tp.group, algo="ring")
     return out
@@ -192,7 +192,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad):
         softmax, mine, local = ctx.saved_tensors               # (N, V/t)
         g = softmax.clone()
-        rows = torch.arange(g.shape[0])
+        rows = torch.arange(g.shape[0], device=g.device)
         g[rows[mine], local[mine]] -= 1.0
         return g * (grad / g.shape[0]), None, None
 

@@ -29,9 +29,9 @@ class ZeRO:
         self.r = group.index[comm.rank]
         n = flat.padded // self.d
         self.lo, self.hi = self.r * n, (self.r + 1) * n
-        self.adam = Adam(self.lo, self.hi, lr=lr, dtype=flat.data.dtype)
+        self.adam = Adam(self.lo, self.hi, lr=lr, dtype=flat.data.dtype, device=flat.data.device)
         self.shard = flat.data[self.lo:self.hi].clone()          # this rank's parameters, always held
-        self.grad_shard = torch.zeros(n, dtype=flat.data.dtype)
+        self.grad_shard = torch.zeros(n, dtype=flat.data.dtype, device=flat.data.device)
         self.gathered = True
         self.full_bytes = flat.data.untyped_storage().nbytes()
         self.grad_bytes = flat.grad.untyped_storage().nbytes()
