@@ -67,6 +67,20 @@ def parse_dtype(name: str, argument: str = "dtype") -> tuple[str, int]:
     return DTYPES[name]
 
 
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]+)\s*$")
+_SECONDS = {"s": 1, "sec": 1, "min": 60, "m": 60, "h": 3600, "hr": 3600, "d": 86400, "day": 86400, "days": 86400}
+
+
+def parse_duration(text: str, argument: str = "duration") -> float:
+    """``"3.1h"`` -> 11160.0 s; ``"1min"``, ``"30s"``, ``"2d"``. The unit is required (a bare number is
+    ambiguous between seconds and hours, the two units these flags are quoted in)."""
+    m = _DURATION.match(str(text))
+    if not m or m.group(2).lower() not in _SECONDS:
+        raise UsageError(f"{{{argument}}}: cannot parse duration {text!r} (use a number and a unit: 30s, 10min, "
+                         f"3.1h, 2d)", argument)
+    return float(m.group(1)) * _SECONDS[m.group(2).lower()]
+
+
 def fmt_bytes(n: float) -> str:
     """Human size with a binary unit (exact powers print without decimals)."""
     n = float(n)
