@@ -115,11 +115,12 @@ SECTIONS = ("Collectives: one all-reduce, eight schedules, and the cheapest one 
             "Elastic membership: a worker dies, the job keeps going",
             "Failures at scale: checkpoint interval and goodput",
             "Consistency models for SGD: throughput against convergence",
-            "Parallelism planner: what each DP/TP/PP split costs")
+            "Parallelism planner: what each DP/TP/PP split costs",
+            "Cluster scale: one step simulated on 1024 ranks")
 FIGURES = ("allreduce_tp_vs_dp.png", "allreduce_winner_map.png", "allreduce_rounds_bytes.png", "fabric_busbw.png",
            "fabric_measured_vs_predicted.png", "train_pipeline.png", "train_traffic.png",
            "train_zero_memory.png", "moe_traffic.png", "moe_balance.png", "moe_drops.png", "elastic_recovery.png", "failures_goodput.png", "sgd_balanced.png",
-           "sgd_straggler.png", "plan_splits.png")
+           "sgd_straggler.png", "plan_splits.png", "simulate_step.png")
 
 
 @pytest.mark.timeout(300)
@@ -143,6 +144,7 @@ def test_tour_writes_every_section_and_figure(tmp_path, capsys):
     assert "traffic = closed form on every rank (zero, tp, pp, pp.emb)" in out
     assert "in place equals the failure-free run" in out and "netmorph in place: wall" in out
     assert "16,384 GPUs: MTBF 3.09 h, Daly 18.6 min, goodput restart 85.3%" in out   # closed forms: deterministic
+    assert "step 28.41 s simulated vs 28.49 s planner (-0.3%)" in out                   # the simulation too
     assert f"This machine has {os.cpu_count()} core" in page
     for png in FIGURES:
         assert png in page and f"figure: {tmp_path / 'rep' / png}" in out

@@ -26,6 +26,7 @@ BASE = {
     "plan": ["plan", "--model", "gpt3-175b", "--gpus", "64", "--global-batch", "64"],
     "mesh": ["mesh", "--world", "8", "--tp", "2"],
     "elastic": ["elastic", "--workers", "2", "--min-workers", "1", "--steps", "2", "--timeout", "5"],
+    "simulate": ["simulate", "step", "--model", "ptdp-1.7b", "--dp", "2", "--global-batch", "4"],
     "failures": ["failures", "--gpus", "1024", "--trials", "5", "--days", "5"],
     "moe": ["moe", "--steps", "1", "--ep", "2", "--experts", "2", "--layers", "1", "--seq", "4", "--batch", "1",
             "--timeout", "5"],

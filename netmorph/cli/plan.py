@@ -23,6 +23,14 @@ def add_parser(sub) -> None:
                                    "(Narayanan et al. 2021, Korthikanti et al. 2022, ZeRO) and rank them.")
     p.add_argument("action", nargs="?", default="search", choices=("search", "estimate"),
                    help="search (default): rank every split that fits; estimate: break one split down")
+    add_split_args(p)
+    p.add_argument("--top", type=int, default=5, help="how many plans to print (default 5)")
+    p.add_argument("--json", action="store_true", help="print the plans (and for a search the rejections) as JSON")
+    p.set_defaults(run=run)
+
+
+def add_split_args(p, bare: bool = True) -> None:
+    """The model, the machine and the split: the flags `plan` and `simulate step` share."""
     g = p.add_argument_group("model")
     g.add_argument("--model", help="preset: gpt3-175b, ptdp-1.7b .. ptdp-1t (Narayanan Table 1), mt-22b .. mt-1t")
     g.add_argument("--layers", type=int, help="transformer layers l")
@@ -31,7 +39,8 @@ def add_parser(sub) -> None:
     g.add_argument("--seq", type=int, help="sequence length (default 2048)")
     g.add_argument("--vocab", type=int, help="vocabulary (default 51200)")
     g.add_argument("--ffn", type=int, help="FFN width (default 4 x hidden)")
-    g.add_argument("--params", type=float, help="a bare parameter count: model-state memory only (estimate)")
+    if bare:
+        g.add_argument("--params", type=float, help="a bare parameter count: model-state memory only (estimate)")
     h = p.add_argument_group("machine")
     h.add_argument("--gpus", type=int, help="devices (default: tp x pp x dp for estimate)")
     h.add_argument("--hardware", default="a100-80g", help="a100-80g (default), h100-80g, v100-32g, or a JSON file")
@@ -53,15 +62,13 @@ def add_parser(sub) -> None:
     c.add_argument("--grad-bytes", type=int, default=4, help="bytes per gradient (default 4, fp32 main grads; "
                                                              "2 gives ZeRO's 16 B/param)")
     c.add_argument("--optimizer-bytes", type=int, default=12, help="optimizer bytes per parameter (default 12)")
-    p.add_argument("--top", type=int, default=5, help="how many plans to print (default 5)")
-    p.add_argument("--json", action="store_true", help="print the plans (and for a search the rejections) as JSON")
-    p.set_defaults(run=run)
 
 
 def _common(args):
     from netmorph.planner.hardware import load_hardware
     from netmorph.planner.model import from_args
-    model = from_args(args.model, args.layers, args.hidden, args.heads, args.seq, args.vocab, args.ffn, args.params)
+    model = from_args(args.model, args.layers, args.hidden, args.heads, args.seq, args.vocab, args.ffn,
+                      getattr(args, "params", None))
     hw = load_hardware(args.hardware, args.efficiency)
     for k in ("param_bytes", "grad_bytes", "optimizer_bytes"):
         if getattr(args, k) < 0:
@@ -82,9 +89,9 @@ def run(args) -> int:
     return _estimate(args, model, hw) if args.action == "estimate" else _search(args, model, hw)
 
 
-def _estimate(args, model, hw) -> int:
+def config_from(args):
+    """The one split the flags name (tp, pp default 1; dp from --gpus)."""
     from netmorph.planner.config import ParallelConfig
-    from netmorph.planner.search import check, estimate
     tp, pp = args.tp or 1, args.pp or 1
     if args.dp is None:
         if args.gpus is None:
@@ -99,9 +106,15 @@ def _estimate(args, model, hw) -> int:
         raise UsageError(f"--gpus {args.gpus} != tp x pp x dp = {tp}x{pp}x{dp} = {tp * pp * dp}; fix --gpus/--tp/--pp/--dp")
     mb = args.microbatch or 1
     gb = args.global_batch or dp * mb
-    c = ParallelConfig(tp, pp, dp, mb, gb, args.interleave or 1, args.zero or 0, args.recompute or "none",
-                       bool(args.sequence_parallel), args.dp_overlap, args.param_bytes, args.grad_bytes,
-                       args.optimizer_bytes)
+    return ParallelConfig(tp, pp, dp, mb, gb, args.interleave or 1, args.zero or 0, args.recompute or "none",
+                          bool(args.sequence_parallel), args.dp_overlap, args.param_bytes, args.grad_bytes,
+                          args.optimizer_bytes)
+
+
+def _estimate(args, model, hw) -> int:
+    from netmorph.planner.search import check, estimate
+    c = config_from(args)
+    pp, gb = c.pp, c.global_batch
     why = check(model, c, hw)
     if why and not why.soft:
         raise UsageError(f"{why}; change {why.flag}")

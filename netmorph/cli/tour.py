@@ -2,7 +2,7 @@
 
 Each capability contributes a section (``netmorph.report.<name>.build_section``):
 collectives, the fabric, training, mixture of experts, elastic membership, failures at
-scale, SGD consistency models and the planner.
+scale, SGD consistency models, the planner and a whole step simulated at cluster scale.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def run(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from netmorph.report import collectives, consistency, elastic, fabric, failures, moe, planner, train
+    from netmorph.report import collectives, consistency, elastic, fabric, failures, moe, planner, simulate, train
     from netmorph.report.html import Section, write_page
     from netmorph.version import __version__
 
@@ -44,7 +44,8 @@ def run(args) -> int:
             (elastic, "elastic: killing workers mid-run"),
             (failures, "failures: goodput at 1k-100k GPUs"),
             (consistency, "sgd: training under 5 consistency models"),
-            (planner, "planner: searching DP/TP/PP splits")]
+            (planner, "planner: searching DP/TP/PP splits"),
+            (simulate, "simulate: one step on 1024 ranks")]
     with Progress(TextColumn("{task.description:<36}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=Console(stderr=True), transient=False,
                   disable=not sys.stderr.isatty()) as bar:

@@ -1,0 +1,104 @@
+"""``netmorph simulate step``: one training step played on every rank of a cluster, beside the planner."""
+
+from __future__ import annotations
+
+import json
+
+from netmorph.errors import UsageError
+
+FLAGS = {"schedule": "--schedule", "layers": "--layers", "zero": "--zero"}
+
+
+def add_parser(sub) -> None:
+    from netmorph.cli.plan import add_split_args
+    p = sub.add_parser("simulate", help="simulate one whole training step on every rank (thousands of them)",
+                       description="Build every rank's program for one PTD-P iteration (the pipeline schedule's "
+                                   "slots, the TP all-reduces inside each layer, the PP sends, the DP buckets), "
+                                   "play it on the hardware's two-level topology, and set the step time and its "
+                                   "breakdown beside the planner's analytic estimate.")
+    p.add_argument("action", choices=("step",), help="step: one training iteration")
+    add_split_args(p, bare=False)
+    p.add_argument("--schedule", choices=("afab", "1f1b", "interleaved"),
+                   help="pipeline schedule (default 1f1b; interleaved when --interleave > 1)")
+    p.add_argument("--trace", metavar="JSON", help="write a Perfetto / chrome://tracing trace of the traced ranks")
+    p.add_argument("--trace-ranks", metavar="LIST",
+                   help="global ranks to trace: 'stages' (default: rank 0 of every pipeline stage), 'all', or "
+                        "a comma list")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run, flags=FLAGS)
+
+
+def _trace_ranks(text, c) -> list:
+    stage = c.tp * c.dp
+    if text in (None, "stages"):
+        return [r * stage for r in range(c.pp)]
+    if text == "all":
+        if c.gpus > 4096:
+            raise UsageError(f"--trace-ranks all: {c.gpus} ranks make a trace too large to open; list some")
+        return list(range(c.gpus))
+    try:
+        ranks = sorted({int(x) for x in text.split(",")})
+    except ValueError:
+        raise UsageError(f"--trace-ranks: expected 'stages', 'all' or a comma list of ranks, got {text!r}") from None
+    bad = [r for r in ranks if not 0 <= r < c.gpus]
+    if bad:
+        raise UsageError(f"--trace-ranks: no rank {bad[0]} among {c.gpus}")
+    return ranks
+
+
+def write_trace(path, spans, c) -> None:
+    """Chrome trace events: one process per pipeline stage, one thread per traced rank (µs)."""
+    from netmorph.files import write_json
+    stage = c.tp * c.dp
+    events = [{"name": name, "cat": cat, "ph": "X", "ts": 1e6 * t0, "dur": 1e6 * (t1 - t0),
+               "pid": g // stage, "tid": g} for g, name, cat, t0, t1 in spans if cat != "slot"]
+    events += [{"name": "process_name", "ph": "M", "pid": r, "args": {"name": f"pipeline stage {r}"}}
+               for r in sorted({g // stage for g, *_ in spans})]
+    events += [{"name": "thread_name", "ph": "M", "pid": g // stage, "tid": g,
+                "args": {"name": f"rank {g} (dp {(g // c.tp) % c.dp}, tp {g % c.tp})"}}
+               for g in sorted({g for g, *_ in spans})]
+    write_json(path, {"traceEvents": events, "displayTimeUnit": "ms"})
+
+
+def run(args) -> int:
+    from netmorph.cli.plan import _common, config_from
+    from netmorph.simulate import simulate_config
+    model, hw = _common(args)
+    c = config_from(args)
+    if c.gpus > 1 << 16:
+        raise UsageError(f"tp x pp x dp = {c.gpus:,} ranks: at most 65,536 are simulated")
+    if 2 * c.microbatches * model.layers > 1_000_000:
+        raise UsageError(f"{c.microbatches:,} microbatches x {model.layers} layers is more than a million layer passes "
+                         f"per rank to simulate; lower --global-batch (or raise --microbatch)")
+    if args.schedule and args.schedule != "interleaved" and c.interleave > 1:
+        raise UsageError(f"--interleave {c.interleave} needs --schedule interleaved")
+    if args.trace:
+        from netmorph.cli import check_output_file
+        check_output_file(args.trace, "--trace")
+    ranks = _trace_ranks(args.trace_ranks, c) if args.trace else ()
+    out = simulate_config(model, c, hw, args.schedule, ranks)
+    spans = out.pop("spans")
+    if args.trace:
+        write_trace(args.trace, spans, c)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    b, pb = out["breakdown_s"], out["planner_breakdown_s"]
+    print(f"# netmorph simulate step: {model.name} on {c.gpus:,} x {hw.name}, {c.label()}, global batch "
+          f"{c.global_batch} ({c.microbatches} microbatches per pipeline), schedule {out['schedule']}"
+          + ("" if out["fits"] else "; warning: does not fit in memory (the planner says)"))
+    print(f"simulated {out['ranks']:,} ranks, {out['events']:,} events in {out['sim_wall_s']:.2f} s")
+    diff = out["step_time_s"] / out["planner_step_time_s"] - 1
+    print(f"{'':<22} {'simulated':>10} {'planner':>10}")
+    print(f"{'step time (s)':<22} {out['step_time_s']:>10.3f} {out['planner_step_time_s']:>10.3f}   "
+          f"({100 * diff:+.1f}%)")
+    for k, label in (("compute", "compute"), ("tp", "TP all-reduces"), ("pp", "PP transfers"),
+                     ("dp", "DP exposed"), ("bubble", "bubble"), ("optimizer", "optimizer")):
+        print(f"  {label:<20} {b[k]:>10.3f} {pb[k]:>10.3f}")
+    print(f"bytes sent by link class: NVLink {out['bytes_by_link_class']['nvlink'] / 1e12:,.2f} TB, NIC "
+          f"{out['bytes_by_link_class']['nic'] / 1e12:,.2f} TB (all ranks)")
+    print("# simulated breakdown: the rank that finishes last (its waits for input beyond the transfer are the "
+          "bubble); the planner's: the most loaded stage (its layers plus the LM head), (m + p - 1) slots")
+    if args.trace:
+        print(f"# trace: {args.trace} ({len({g for g, *_ in spans})} ranks; open in ui.perfetto.dev)")
+    return 0

@@ -1,0 +1,74 @@
+"""Cluster scale: one training step simulated on every rank (:mod:`netmorph.simulate.step`), its costs
+taken from the planner's models (:func:`costs_for`), beside the planner's analytic estimate."""
+
+from __future__ import annotations
+
+import time
+
+from netmorph.errors import UsageError
+from netmorph.simulate.step import Costs, StepResult, simulate_step
+
+__all__ = ["Costs", "StepResult", "costs_for", "simulate_config", "simulate_step"]
+
+
+def costs_for(model, c, hw) -> Costs:
+    """Per-microbatch costs of one rank for configuration ``c``, from the same FLOP, memory-traffic and
+    collective models the planner sums analytically (:func:`netmorph.planner.timing.step_time`)."""
+    from netmorph.planner.memory import activation_bytes_per_layer, params_on_device
+    from netmorph.planner.timing import collective_time
+    t, d, b = c.tp, c.dp, c.microbatch
+    s, h = model.seq, model.hidden
+    rate = hw.peak_flops * hw.gemm_efficiency
+    fwd = model.layer_flops_fwd(b) / t
+    full = c.recompute == "full"
+    extra = 4 * b * s * s * h / t if c.recompute == "selective" else 0.0
+    elem = activation_bytes_per_layer(model, c, recompute="none") * hw.elementwise_passes / hw.hbm_bandwidth
+    act = b * s * h * 2                                                   # one 16-bit activation
+    logit = model.logit_flops_fwd(b) / t / rate
+    layer_grads = model.layer_params() / t * c.grad_bytes
+    emb_grads = model.embedding_params() / t * c.grad_bytes
+    if c.zero == 0:
+        op, after = "allreduce", 0.0
+        ring = 2 * (d - 1) / d
+    else:
+        op, ring = "reduce_scatter", (d - 1) / d
+        after = collective_time(hw, "allgather", d, t, c.param_bytes * params_on_device(model, c))
+    n = params_on_device(model, c)
+    shard = n / (d if c.zero >= 1 else 1)
+    return Costs(
+        fwd_layer=fwd / rate + elem / 3,
+        bwd_layer=(3 if full else 2) * fwd / rate + extra / rate + elem * (1 if full else 2 / 3),
+        fwd_logits=logit, bwd_logits=2 * logit,
+        tp_allreduce=collective_time(hw, "allreduce", t, 1, act) if t > 1 else 0.0,
+        tp_per_fwd=2, tp_per_bwd=4 if full else 2,
+        p2p_bytes=act / t,
+        dp_layer=collective_time(hw, op, d, t, layer_grads), dp_embedding=collective_time(hw, op, d, t, emb_grads),
+        dp_after=after, dp_overlap=c.dp_overlap,
+        optimizer=shard * (2 * c.optimizer_bytes + c.grad_bytes + 2 * c.param_bytes) / hw.hbm_bandwidth,
+        alpha_intra=hw.alpha_intra, alpha_inter=hw.alpha_inter, bw_intra=hw.nvlink_bandwidth,
+        bw_inter=hw.nic_bandwidth, gpus_per_node=hw.gpus_per_node,
+        tp_bytes_sent=2 * (t - 1) / t * act, dp_bytes_layer=ring * layer_grads, dp_bytes_embedding=ring * emb_grads,
+        dp_bytes_after=(d - 1) / d * c.param_bytes * n if c.zero else 0.0)
+
+
+def simulate_config(model, c, hw, schedule_name: str | None = None, trace_ranks=()) -> dict:
+    """Simulate one step of ``c`` on every rank; the figures ``netmorph simulate step --json`` prints."""
+    from netmorph.planner.search import check, estimate
+    if c.zero >= 3:
+        raise UsageError("{zero} 3 is not simulated yet (its per-layer weight all-gathers); use 0, 1 or 2", "zero")
+    why = check(model, c, hw)
+    if why and not why.soft:
+        raise UsageError(f"{why}; change {why.flag}")
+    name = schedule_name or ("interleaved" if c.interleave > 1 else "1f1b")
+    t0 = time.perf_counter()
+    res = simulate_step(c.tp, c.pp, c.dp, c.microbatches, model.layers, costs_for(model, c, hw), name,
+                        c.interleave, trace_ranks)
+    wall = time.perf_counter() - t0
+    plan = estimate(model, c, hw)
+    return {"ranks": res.ranks, "schedule": name, "step_time_s": res.step_time, "breakdown_s": res.breakdown,
+            "bytes_by_link_class": res.bytes_by_link_class, "planner_step_time_s": plan["step_time_s"],
+            "planner_breakdown_s": {"compute": plan["compute_s"], "tp": plan["comm_s"]["tensor_parallel"],
+                                    "pp": plan["comm_s"]["pipeline_p2p"],
+                                    "dp": plan["comm_s"]["data_parallel"], "bubble": plan["bubble_s"],
+                                    "optimizer": plan["optimizer_s"]},
+            "events": res.events, "sim_wall_s": wall, "fits": plan["fits"], "spans": res.spans}

@@ -1,0 +1,265 @@
+"""One whole PTD-P training step played on every rank: ASTRA-sim's and SimAI's job, at laptop scale.
+
+Every rank's program for one iteration is the pipeline schedule of
+:mod:`netmorph.parallel.pipeline` (GPipe, 1F1B or interleaved 1F1B -- the very slots the
+trainer runs) expanded layer by layer:
+
+- a forward slot runs each layer's compute in two halves, each ended by a
+  tensor-parallel all-reduce (Megatron's g after attention and after the MLP) that
+  waits for the whole TP group; a backward slot does the same in reverse (two more
+  all-reduces per layer under full recomputation); the last virtual stage adds the LM
+  head and the loss;
+- a slot's output (b·s·h/t activations forward, the same gradients backward: the
+  scatter/gather optimisation) is sent to the neighbouring stage; a slot starts when
+  its rank is free and its input has arrived;
+- data-parallel gradient reduction: one bucket per layer, launched as the last
+  microbatch's backward finishes the layer (Megatron's ``overlap_grad_reduce``) with
+  ``dp_overlap``, else all after the last backward; ZeRO-1/2 reduce-scatter the
+  gradients and all-gather the updated weights after the optimizer step;
+- a rank's pipeline sends queue on its send port (as in :mod:`netmorph.cost.simulate`);
+  the data-parallel buckets run in order on their own communicator; a send that
+  leaves the node while a bucket is on the rank's NIC shares the NIC's bandwidth
+  fairly with it (both at half rate while they overlap) -- the contention an
+  analytic formula does not see.
+
+Costs come from the planner's models, so the comparison with its analytic estimate
+is like for like: compute from the same FLOP and memory-traffic counts
+(:mod:`netmorph.planner.timing`), every collective from the collectives' schedules
+simulated on the hardware's two-level topology with the group placed as the mesh
+places it (tp innermost, then dp, then pp). The ranks of one pipeline stage run the
+same slots, so the simulator advances them together as numpy arrays of shape (dp, tp):
+every rank's spans are simulated and counted, in O(slots x layers) numpy operations.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from netmorph.errors import UsageError
+from netmorph.parallel.pipeline import schedule
+
+
+@dataclass
+class Costs:
+    """Seconds per microbatch on one rank (the compute of one layer, one all-reduce, ...)."""
+
+    fwd_layer: float
+    bwd_layer: float
+    fwd_logits: float = 0.0
+    bwd_logits: float = 0.0
+    tp_allreduce: float = 0.0
+    tp_per_fwd: int = 2              # TP all-reduces per layer forward (0 with tp = 1)
+    tp_per_bwd: int = 2
+    p2p_bytes: float = 0.0           # one activation (or its gradient) crossing a stage boundary
+    dp_layer: float = 0.0            # one layer's gradient reduction on the DP group
+    dp_embedding: float = 0.0        # the embedding's, on the first and the last stage
+    dp_after: float = 0.0            # after the optimizer: ZeRO-1/2's all-gather of the weights
+    dp_overlap: bool = False
+    optimizer: float = 0.0
+    alpha_intra: float = 0.0
+    alpha_inter: float = 0.0
+    bw_intra: float = math.inf       # B/s
+    bw_inter: float = math.inf
+    gpus_per_node: int = 8
+    tp_bytes_sent: float = 0.0       # per rank per all-reduce (ring), for the link-class ledger
+    dp_bytes_layer: float = 0.0      # per rank per layer bucket (ring)
+    dp_bytes_embedding: float = 0.0
+    dp_bytes_after: float = 0.0
+
+
+@dataclass
+class StepResult:
+    step_time: float
+    finish: np.ndarray                       # (pp, dp, tp) seconds
+    breakdown: dict                          # of the rank that finishes last: compute, tp, pp, dp, bubble, optimizer
+    bytes_by_link_class: dict
+    events: int
+    ranks: int
+    spans: list = field(default_factory=list)   # (rank, name, category, start, end) for the traced ranks
+
+
+def simulate_step(tp: int, pp: int, dp: int, microbatches: int, layers: int, costs: Costs,
+                  schedule_name: str = "1f1b", interleave: int = 1, trace_ranks=()) -> StepResult:
+    """Play one iteration on all tp·pp·dp ranks. ``trace_ranks``: global ranks whose spans to keep."""
+    v, m = interleave, microbatches
+    stages = pp * v
+    if layers % stages:
+        raise UsageError(f"{{layers}} {layers} is not divisible by pp x interleave = {stages}", "layers")
+    per_chunk = layers // stages
+    slots = schedule(schedule_name, pp, m, v)
+    shape = (dp, tp)
+    di, ti = np.meshgrid(np.arange(dp), np.arange(tp), indexing="ij")
+    device = [(r * dp + di) * tp + ti for r in range(pp)]               # tp innermost, then dp, then pp
+    node = [d // costs.gpus_per_node for d in device]
+    traced = {int(g): (g // (tp * dp), (g // tp) % dp, g % tp) for g in trace_ranks}
+    by_stage = {}
+    for g, (r, a, b) in traced.items():
+        by_stage.setdefault(r, []).append((g, a, b))
+    spans = []
+
+    free = [np.zeros(shape) for _ in range(pp)]
+    nic = [np.zeros(shape) for _ in range(pp)]           # the pipeline send port: free from then on
+    dpq = [np.zeros(shape) for _ in range(pp)]           # the DP stream: when its last bucket finishes
+    acc = {k: [np.zeros(shape) for _ in range(pp)] for k in ("compute", "tp", "pp")}
+    inbox: dict = {}
+    nvlink = nic_bytes = 0.0
+    events = 0
+    pos = [0] * pp
+    last_b = [{} for _ in range(pp)]                      # chunk -> index of its last backward slot
+    for r in range(pp):
+        for k, s in enumerate(slots[r]):
+            if s.kind == "B":
+                last_b[r][s.chunk] = k
+
+    def record(r, name, cat, t0, t1):
+        for g, a, b in by_stage.get(r, ()):
+            spans.append((g, name, cat, float(t0[a, b]), float(t1[a, b])))
+
+    def count_tp(nbytes):
+        nonlocal nvlink, nic_bytes
+        nic_bytes += nbytes * tp_nic
+        nvlink += nbytes * (1 - tp_nic)
+
+    def layer_pass(r, t, compute, n_ar, name):
+        nonlocal events
+        if n_ar == 0:
+            t1 = t + compute
+            record(r, name, "compute", t, t1)
+            acc["compute"][r] += compute
+            events += t.size
+            return t1
+        for _ in range(n_ar):
+            t1 = t + compute / n_ar
+            record(r, name, "compute", t, t1)
+            sync = np.repeat(t1.max(axis=1, keepdims=True), tp, axis=1)       # the TP group waits for its last
+            t2 = sync + costs.tp_allreduce
+            record(r, "tp all-reduce", "tp", t1, t2)
+            acc["compute"][r] += compute / n_ar
+            acc["tp"][r] += t2 - t1
+            events += 2 * t.size
+            count_tp(costs.tp_bytes_sent * t.size)
+            t = t2
+        return t
+
+    def send(r, t_ready, dst_stage):
+        """Stage r's lanes send one activation to ``dst_stage``: (arrival, transfer seconds). Sends queue
+        on the rank's send port; a send that leaves the node while a DP bucket is on the NIC shares its
+        bandwidth fairly with it (both progress at half rate while they overlap)."""
+        nonlocal nvlink, nic_bytes, events
+        events += t_ready.size
+        inter = node[r] != node[dst_stage]
+        start = np.maximum(t_ready, nic[r])
+        x = np.where(inter, costs.p2p_bytes / costs.bw_inter, costs.p2p_bytes / costs.bw_intra)
+        shared = np.where(inter, np.minimum(x, np.maximum(dpq[r] - start, 0.0) / 2), 0.0)
+        dur = np.where(inter, costs.alpha_inter, costs.alpha_intra) + x + shared
+        dpq[r] = np.where(dpq[r] > start, dpq[r] + shared, dpq[r])      # the bucket lost that much bandwidth
+        nic[r] = start + dur
+        n_inter = int(inter.sum())
+        nic_bytes += costs.p2p_bytes * n_inter
+        nvlink += costs.p2p_bytes * (inter.size - n_inter)
+        record(r, f"send to stage {dst_stage}", "pp", start, start + dur)
+        return start + dur, dur
+
+    def dp_bucket(r, t_ready, seconds, nbytes):
+        nonlocal events
+        if dp == 1 or seconds <= 0:
+            return
+        events += t_ready.size
+        start = np.maximum(t_ready, dpq[r])               # buckets in order, on their own communicator
+        dpq[r] = start + seconds
+        _count_dp(nbytes * t_ready.size)
+        record(r, "dp bucket", "dp", start, dpq[r])
+
+    dp_nic = _ring_inter_fraction(device[0][:, 0], costs.gpus_per_node) if dp > 1 else 0.0
+    tp_nic = _ring_inter_fraction(device[0][0, :], costs.gpus_per_node) if tp > 1 else 0.0
+
+    def _count_dp(nbytes):
+        nonlocal nvlink, nic_bytes
+        nic_bytes += nbytes * dp_nic
+        nvlink += nbytes * (1 - dp_nic)
+
+    done = 0
+    total = sum(len(s) for s in slots)
+    while done < total:
+        progressed = False
+        for r in range(pp):
+            while pos[r] < len(slots[r]):
+                s = slots[r][pos[r]]
+                vs = s.chunk * pp + r
+                key = (s.kind, vs, s.microbatch)
+                local = (s.kind == "F" and vs == 0) or (s.kind == "B" and vs == stages - 1)
+                if not local and key not in inbox:
+                    break
+                t = free[r]
+                if not local:
+                    arrival, dur = inbox.pop(key)
+                    wait = np.maximum(arrival - t, 0.0)
+                    acc["pp"][r] += np.minimum(wait, dur)         # the rest of the wait is the bubble
+                    t = np.maximum(t, arrival)
+                t_slot = t
+                if s.kind == "F":
+                    for _ in range(per_chunk):
+                        t = layer_pass(r, t, costs.fwd_layer, costs.tp_per_fwd if tp > 1 else 0, f"F{s.microbatch}")
+                    if vs == stages - 1 and costs.fwd_logits:
+                        t = layer_pass(r, t, costs.fwd_logits, 0, f"F{s.microbatch} logits")
+                    if vs < stages - 1:
+                        inbox[("F", vs + 1, s.microbatch)] = send(r, t, (vs + 1) % pp)
+                else:
+                    if vs == stages - 1 and costs.bwd_logits:
+                        t = layer_pass(r, t, costs.bwd_logits, 0, f"B{s.microbatch} logits")
+                    final = last_b[r][s.chunk] == pos[r]
+                    for _ in range(per_chunk):
+                        t = layer_pass(r, t, costs.bwd_layer, costs.tp_per_bwd if tp > 1 else 0, f"B{s.microbatch}")
+                        if final and costs.dp_overlap:
+                            dp_bucket(r, t, costs.dp_layer, costs.dp_bytes_layer)
+                    if vs > 0:
+                        inbox[("B", vs - 1, s.microbatch)] = send(r, t, (vs - 1) % pp)
+                record(r, f"{s.kind}{s.microbatch}" + (f".{s.chunk}" if v > 1 else ""), "slot", t_slot, t)
+                free[r] = t
+                pos[r] += 1
+                done += 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError("the pipeline schedule deadlocks: no stage can run its next slot")
+
+    finish = np.empty((pp, dp, tp))
+    parts = {}
+    for r in range(pp):
+        end = free[r]
+        if not costs.dp_overlap:
+            for _ in range(per_chunk * v):
+                dp_bucket(r, end, costs.dp_layer, costs.dp_bytes_layer)
+        first_or_last = r == 0 or r == pp - 1
+        if first_or_last:
+            dp_bucket(r, np.maximum(end, dpq[r]), costs.dp_embedding, costs.dp_bytes_embedding)
+        t = np.maximum(end, dpq[r])
+        dp_exposed = t - end
+        t_opt = t + costs.optimizer
+        record(r, "optimizer", "compute", t, t_opt)
+        events += t.size
+        t = t_opt
+        if costs.dp_after > 0 and dp > 1:
+            events += t.size
+            _count_dp(costs.dp_bytes_after * t.size)
+            record(r, "zero all-gather", "dp", t, t + costs.dp_after)
+            dp_exposed = dp_exposed + costs.dp_after
+            t = t + costs.dp_after
+        finish[r] = t
+        parts[r] = dp_exposed
+    r, a, b = np.unravel_index(int(np.argmax(finish)), finish.shape)
+    busy = {k: float(acc[k][r][a, b]) for k in acc}
+    step = float(finish[r, a, b])
+    breakdown = {"compute": busy["compute"], "tp": busy["tp"], "pp": busy["pp"],
+                 "dp": float(parts[r][a, b]), "optimizer": costs.optimizer}
+    breakdown["bubble"] = step - sum(breakdown.values())          # waiting for the pipeline: the rest
+    return StepResult(step, finish, breakdown, {"nvlink": nvlink, "nic": nic_bytes}, events, tp * pp * dp, spans)
+
+
+def _ring_inter_fraction(devices, gpus_per_node: int) -> float:
+    """Fraction of a ring's hops (member i to i+1) that leave the node: that share of a ring collective's
+    bytes goes over the NICs."""
+    nodes = np.asarray(devices).reshape(-1) // gpus_per_node
+    return float(np.mean(nodes != np.roll(nodes, -1)))

@@ -1,0 +1,120 @@
+"""One training step simulated on every rank: the closed forms it must reduce to, and the planner beside it."""
+
+import itertools
+import json
+
+import pytest
+
+from netmorph.cli import main
+from netmorph.planner.config import ParallelConfig
+from netmorph.planner.hardware import PRESETS as HARDWARE
+from netmorph.planner.memory import memory
+from netmorph.planner.model import PRESETS as MODELS
+from netmorph.planner.search import check, estimate
+from netmorph.simulate import Costs, simulate_config, simulate_step
+
+A100 = HARDWARE["a100-80g"]
+
+
+def test_a_step_without_communication_is_the_sum_of_its_compute():
+    c = Costs(fwd_layer=0.3, bwd_layer=0.7, fwd_logits=0.1, bwd_logits=0.2, optimizer=0.05)
+    r = simulate_step(1, 1, 1, 6, 4, c)
+    assert r.step_time == pytest.approx(6 * (4 * (0.3 + 0.7) + 0.1 + 0.2) + 0.05, rel=1e-12)
+    assert r.breakdown["bubble"] == pytest.approx(0.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("model,mb,gb,recompute", [("ptdp-1.7b", 1, 4, "none"), ("ptdp-7.5b", 2, 8, "full"),
+                                                    ("gpt3-175b", 1, 2, "selective")])
+def test_a_one_rank_step_equals_the_planners_compute_time(model, mb, gb, recompute):
+    c = ParallelConfig(1, 1, 1, mb, gb, 1, 0, recompute)
+    out = simulate_config(MODELS[model], c, A100)
+    plan = estimate(MODELS[model], c, A100)
+    assert out["step_time_s"] == pytest.approx(plan["compute_s"] + plan["optimizer_s"], rel=1e-9)
+    assert out["ranks"] == 1 and out["bytes_by_link_class"] == {"nvlink": 0.0, "nic": 0.0}
+
+
+@pytest.mark.parametrize("name,v", [("afab", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 3)])
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (8, 24)])
+def test_an_idealised_pipelines_bubble_is_the_closed_form(name, v, p, m):
+    """Uniform stages, backward = 2 x forward, free transfers: idle / step = (p-1)/(v·m + p-1)."""
+    layers = p * v * 2
+    r = simulate_step(1, p, 1, m, layers, Costs(fwd_layer=1.0, bwd_layer=2.0), name, v)
+    busy = m * (layers // p) * 3.0
+    assert (r.step_time - busy) / r.step_time == pytest.approx((p - 1) / (v * m + p - 1), rel=1e-12)
+
+
+def test_tensor_parallel_all_reduces_wait_for_the_whole_group_and_count_their_bytes():
+    c = Costs(fwd_layer=1.0, bwd_layer=2.0, tp_allreduce=0.25, tp_per_fwd=2, tp_per_bwd=2, tp_bytes_sent=100.0)
+    r = simulate_step(4, 1, 2, 3, 5, c)
+    assert r.step_time == pytest.approx(3 * 5 * (3.0 + 4 * 0.25))
+    assert r.breakdown["tp"] == pytest.approx(3 * 5 * 4 * 0.25)
+    assert r.bytes_by_link_class["nvlink"] == pytest.approx(3 * 5 * 4 * 100.0 * 8)     # 8 ranks, one node
+    assert r.events == 3 * 5 * (2 * 2 + 2 * 2) * 8 + 8          # halves and all-reduces, one optimizer step each
+
+
+def test_a_pipeline_send_that_meets_a_dp_bucket_on_the_nic_shares_its_bandwidth():
+    """Two stages on two nodes: with the gradient buckets overlapped, stage 1's last backward send leaves while
+    its buckets occupy the NIC, so it takes longer than alone -- what the analytic formula cannot see."""
+    base = dict(fwd_layer=1.0, bwd_layer=2.0, p2p_bytes=1e9, bw_inter=1e9, gpus_per_node=1, dp_layer=3.0)
+    alone = simulate_step(1, 2, 1, 4, 4, Costs(**base, dp_overlap=False))
+    shared = simulate_step(1, 2, 2, 4, 4, Costs(**base, dp_overlap=True))
+    assert shared.breakdown["pp"] > alone.breakdown["pp"]
+
+
+def test_table1_configurations_that_fit_agree_with_the_planner_within_ten_percent():
+    """Narayanan et al. 2021 Table 1 (ten GPT models, 32 to 3072 A100s, full recomputation): for each the
+    planner's fastest fitting (microbatch, v), simulated on every rank, within 10% of its analytic estimate."""
+    rows = [("ptdp-1.7b", 1, 1, 32, 512), ("ptdp-3.6b", 2, 1, 64, 512), ("ptdp-7.5b", 4, 1, 128, 512),
+            ("ptdp-18.4b", 8, 1, 256, 1024), ("ptdp-39.1b", 8, 2, 512, 1536), ("ptdp-76.1b", 8, 4, 1024, 1792),
+            ("ptdp-145.6b", 8, 8, 1536, 2304), ("ptdp-310.1b", 8, 16, 1920, 2160),
+            ("ptdp-529.6b", 8, 35, 2520, 2520), ("ptdp-1t", 8, 64, 3072, 3072)]
+    checked = 0
+    for name, t, p, n, batch in rows:
+        model = MODELS[name]
+        best = None
+        for mb, v in itertools.product((1, 2, 4, 8), range(1, 9)):
+            c = ParallelConfig(t, p, n // (t * p), mb, batch, v, 0, "full")
+            if check(model, c, A100) or memory(model, c)["total"] > A100.memory_bytes:
+                continue
+            if c.interleave > 1 and c.microbatches % p:
+                continue
+            e = estimate(model, c, A100)["step_time_s"]
+            if best is None or e < best[0]:
+                best = (e, c)
+        if best is None:
+            continue
+        out = simulate_config(model, best[1], A100)
+        assert out["ranks"] == n
+        assert abs(out["step_time_s"] / out["planner_step_time_s"] - 1) < 0.10, (name, out["step_time_s"], best)
+        checked += 1
+    assert checked >= 8
+
+
+def test_simulate_step_cli_json_and_trace(tmp_path, capsys):
+    trace = tmp_path / "step.json"
+    argv = ["simulate", "step", "--model", "ptdp-39.1b", "--tp", "8", "--pp", "2", "--dp", "32", "--global-batch",
+            "1536", "--recompute", "full", "--trace", str(trace), "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ranks"] == 512 and out["events"] > 0 and out["sim_wall_s"] > 0
+    assert set(out["breakdown_s"]) == {"compute", "tp", "pp", "dp", "bubble", "optimizer"}
+    assert sum(out["breakdown_s"].values()) == pytest.approx(out["step_time_s"])
+    assert out["bytes_by_link_class"]["nic"] > 0 and out["bytes_by_link_class"]["nvlink"] > 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["tid"] for e in events if e["ph"] == "X"} == {0, 256}          # rank 0 of each stage
+    assert {e["cat"] for e in events if e["ph"] == "X"} >= {"compute", "tp", "pp", "dp"}
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["--model", "gpt3-175b", "--tp", "8", "--pp", "7", "--dp", "1"], "--pp"),
+    (["--model", "nope", "--tp", "1"], "--model"),
+    (["--model", "gpt3-175b", "--tp", "8", "--pp", "8", "--dp", "2", "--zero", "3"], "--zero"),
+    (["--model", "gpt3-175b", "--tp", "8", "--pp", "8", "--dp", "2", "--trace", "/x", "--trace-ranks", "999"],
+     "--trace"),
+    (["--model", "gpt3-175b", "--tp", "8", "--pp", "8", "--interleave", "2", "--schedule", "1f1b"], "--interleave"),
+])
+def test_bad_simulate_input_is_one_line_exit_2(argv, flag, capsys, tmp_path):
+    argv = [a if a != "/x" else str(tmp_path / "t.json") for a in argv]
+    assert main(["simulate", "step", *argv]) == 2
+    err = capsys.readouterr().err
+    assert flag in err and len(err.strip().splitlines()) == 1
