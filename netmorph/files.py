@@ -21,20 +21,30 @@ from netmorph.errors import UsageError
 MAX_BYTES = 1 << 20
 
 
-def read_json_object(path: Path, argument: str) -> dict:
-    """The JSON object in ``path``; UsageError naming ``argument`` for anything else."""
+def read_text_limited(path, argument: str, max_bytes: int = MAX_BYTES) -> str:
+    """The UTF-8 text of a regular file of at most ``max_bytes``; UsageError naming ``argument`` otherwise."""
+    path = Path(path)
     where = f"{{{argument}}}: {path}"
     if not path.is_file():
         raise UsageError(f"{where} is not a regular file", argument)
     try:
         size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise UsageError(f"{where} is {size:,} B; a description file is at most {MAX_BYTES:,} B", argument)
-        text = path.read_bytes()[:MAX_BYTES + 1].decode("utf-8")
-        data = json.loads(text)
+        if size > max_bytes:
+            raise UsageError(f"{where} is {size:,} B; at most {max_bytes:,} B", argument)
+        return path.read_bytes()[:max_bytes + 1].decode("utf-8")
     except UnicodeDecodeError:
         raise UsageError(f"{where} is not UTF-8 text", argument) from None
-    except (OSError, json.JSONDecodeError, RecursionError) as e:
+    except OSError as e:
+        raise UsageError(f"{where}: cannot read it ({type(e).__name__}: {e})", argument) from None
+
+
+def read_json_object(path: Path, argument: str) -> dict:
+    """The JSON object in ``path``; UsageError naming ``argument`` for anything else."""
+    where = f"{{{argument}}}: {path}"
+    text = read_text_limited(path, argument)
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
         raise UsageError(f"{where}: cannot read it as JSON ({type(e).__name__}: {e})", argument) from None
     if not isinstance(data, dict):
         raise UsageError(f"{where} must hold one JSON object of fields, got a {type(data).__name__}", argument)

@@ -27,6 +27,8 @@ BASE = {
     "mesh": ["mesh", "--world", "8", "--tp", "2"],
     "elastic": ["elastic", "--workers", "2", "--min-workers", "1", "--steps", "2", "--timeout", "5"],
     "simulate": ["simulate", "step", "--model", "ptdp-1.7b", "--dp", "2", "--global-batch", "4"],
+    "serve": ["serve", "--requests", "3", "--context", "64", "--kv-blocks", "16", "--block-size", "4", "--layers", "1",
+              "--hidden", "16", "--heads", "2", "--vocab", "32"],
     "failures": ["failures", "--gpus", "1024", "--trials", "5", "--days", "5"],
     "moe": ["moe", "--steps", "1", "--ep", "2", "--experts", "2", "--layers", "1", "--seq", "4", "--batch", "1",
             "--timeout", "5"],
@@ -34,7 +36,7 @@ BASE = {
 # flags whose valid values are paths to write (tested with unwritable places, not random text)
 OUTPUTS = {"--plot", "--trace", "--out"}
 # flags whose valid values are paths to read
-INPUTS = {"--topology", "--hardware", "-t"}
+INPUTS = {"--topology", "--hardware", "-t", "--workload"}
 
 NUMBERS = ["nan", "NaN", "inf", "-inf", "1e30", "-1e30", "1e400", "-1", "-5", "-0.5", str(2 ** 70),
            str(-2 ** 63), "1e9", "0x10", "1_0", "", " ", "abc", "1:2:3", "٣", "1e", "--"]

@@ -1,0 +1,235 @@
+"""``netmorph serve``: a small GPT served from a paged KV cache; ``serve kv`` and ``serve roofline`` for real models."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+from netmorph.errors import UsageError
+
+FLAGS = {"kv_blocks": "--kv-blocks", "block_size": "--block-size", "chunked_prefill": "--chunked-prefill",
+         "max_tokens": "--max-tokens", "max_seqs": "--max-seqs", "model": "--model", "workload": "--workload"}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve a GPT from a paged KV cache: continuous batching, chunked prefill, "
+                                     "preemption, prefix sharing; `serve kv` / `serve roofline` for real models",
+                       description="Serve the project's GPT (random weights, float64) to a generated or given "
+                                   "workload with vLLM's paged KV cache and iteration-level scheduling; print "
+                                   "throughput, TTFT and TPOT percentiles, KV utilisation and preemptions.")
+    p.add_argument("action", nargs="?", default="run", choices=("run", "kv", "roofline"),
+                   help="run (default): serve a workload; kv: KV bytes of a real model; roofline: prefill vs decode")
+    p.add_argument("--requests", type=int, default=200, help="generated requests (default 200)")
+    p.add_argument("--arrival", default="poisson:20", help="poisson:RATE requests/s (default poisson:20) or 'all' "
+                                                           "(every request at t = 0)")
+    p.add_argument("--workload", metavar="JSONL", help="requests from a file: {prompt_len, output_len, arrival_s} "
+                                                       "per line")
+    p.add_argument("--shared-prefix", type=float, default=0.0,
+                   help="fraction of generated requests that start with one common 64-token system prompt")
+    p.add_argument("--kv-blocks", type=int, default=512, help="KV-cache blocks in the pool (default 512)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16, vLLM's)")
+    p.add_argument("--scheduler", choices=("continuous", "static"), default="continuous",
+                   help="continuous (Orca / vLLM iteration-level, default) or static (request-level batches)")
+    p.add_argument("--kv", choices=("paged", "contiguous"), default="paged",
+                   help="paged (default) or contiguous: each request reserves the whole context at admission")
+    p.add_argument("--chunked-prefill", type=int, default=0, metavar="TOKENS",
+                   help="Sarathi-Serve: mix decodes with prefill chunks of at most TOKENS under the token budget")
+    p.add_argument("--preemption", choices=("recompute", "swap"), default="recompute",
+                   help="when the pool runs out: recompute (default) or swap to a host pool")
+    p.add_argument("--no-prefix-caching", action="store_true", help="do not share full blocks of common prefixes")
+    p.add_argument("--max-tokens", type=int, default=2048, help="tokens per iteration (default 2048)")
+    p.add_argument("--max-seqs", type=int, default=64, help="sequences per iteration (default 64)")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    p.add_argument("--context", type=int, default=1024, help="the model's context (default 1024)")
+    p.add_argument("--layers", type=int, default=2, help="model layers (default 2)")
+    p.add_argument("--hidden", type=int, default=64, help="model width (default 64)")
+    p.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
+    p.add_argument("--vocab", type=int, default=512, help="vocabulary (default 512)")
+    p.add_argument("--time-model", default="llama-3-8b@a100-80g", metavar="MODEL@HARDWARE|measured",
+                   help="price each iteration as MODEL's roofline on HARDWARE (default llama-3-8b@a100-80g: a GPU, "
+                        "where a decode batch costs one read of the weights), or 'measured': this model's wall time "
+                        "on this CPU")
+    p.add_argument("--check", type=int, default=0, metavar="N",
+                   help="decode the first N completed requests alone (no cache, the training model) and compare")
+    p.add_argument("--seed", type=int, default=0, help="workload seed")
+    p.add_argument("--model", default="llama-3-8b", help="kv / roofline: opt-13b, llama-2-7b, llama-3-8b, llama-3-70b")
+    p.add_argument("--tokens", type=int, default=2048, help="kv: tokens in context (default 2048)")
+    p.add_argument("--hardware", default="a100-80g", help="roofline: a100-80g (default), h100-80g, v100-32g")
+    p.add_argument("--batch", type=int, default=1, help="roofline: sequences per pass (default 1)")
+    p.add_argument("--context-tokens", dest="ctx", type=int, default=512,
+                   help="roofline: tokens already in context at the decode step (default 512)")
+    p.add_argument("--prompt", type=int, default=512, help="roofline: prompt tokens of the prefill (default 512)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run, flags=FLAGS)
+
+
+def run(args) -> int:
+    if args.action == "kv":
+        return _kv(args)
+    if args.action == "roofline":
+        return _roofline(args)
+    return _serve(args)
+
+
+def _kv(args) -> int:
+    from netmorph.serving.kv import get_model, kv_table
+    if not 1 <= args.tokens <= 1 << 30:
+        raise UsageError(f"--tokens must be in 1..2**30, got {args.tokens}")
+    if not 1 <= args.block_size <= 1 << 16:
+        raise UsageError(f"--block-size must be in 1..65536, got {args.block_size}")
+    out = kv_table(get_model(args.model), args.tokens, args.block_size)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"# {out['model']}: 2 x {out['layers']} layers x {out['kv_heads']} KV heads x {out['head_dim']} head dim x "
+          f"{out['dtype_bytes']} B")
+    print(f"bytes per token   {out['bytes_per_token']:>16,}  ({out['bytes_per_token'] / 2**10:,.0f} KiB)")
+    print(f"bytes per block   {out['bytes_per_block']:>16,}  ({args.block_size} tokens)")
+    print(f"{out['tokens']:,} tokens      {out['bytes_total']:>16,}  ({out['bytes_total'] / 2**30:,.2f} GiB; "
+          f"{out['blocks']:,} blocks reserve {out['bytes_reserved'] / 2**30:,.2f} GiB)")
+    return 0
+
+
+def _roofline(args) -> int:
+    from netmorph.planner.hardware import load_hardware
+    from netmorph.serving.kv import get_model
+    from netmorph.serving.roofline import roofline
+    for k, flag in (("batch", "--batch"), ("prompt", "--prompt"), ("ctx", "--context-tokens")):
+        if not 1 <= getattr(args, k) <= 1 << 24:
+            raise UsageError(f"{flag} must be in 1..2**24, got {getattr(args, k)}")
+    out = roofline(get_model(args.model), load_hardware(args.hardware), args.batch, args.prompt, args.ctx)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"# {out['model']} on {out['hardware']}: ridge point {out['ridge_flops_per_byte']:.0f} FLOP/B "
+          f"(peak FLOP/s / HBM B/s); batch {args.batch}")
+    print(f"{'phase':<34} {'GFLOP':>10} {'GB read':>9} {'FLOP/B':>8} {'time(ms)':>9}  bound")
+    for key, label in (("prefill", f"prefill ({args.prompt} tokens)"),
+                       ("decode", f"decode (1 token, {args.ctx} in context)")):
+        ph = out[key]
+        print(f"{label:<34} {ph['flops'] / 1e9:>10,.1f} {ph['bytes'] / 1e9:>9.2f} {ph['intensity']:>8.1f} "
+              f"{1e3 * ph['time_s']:>9.3f}  {ph['bound']}")
+    print("# decode reads every weight to produce one token per sequence: batching is what raises its intensity")
+    return 0
+
+
+def _serve(args) -> int:
+    from netmorph.errors import require
+    require("torch", "netmorph serve")
+    from netmorph.models.gpt import GPTConfig
+    from netmorph.serving import workload
+    from netmorph.serving.engine import Engine, ServeConfig
+    if not 1 <= args.requests <= 100_000:
+        raise UsageError(f"--requests must be in 1..100000, got {args.requests}")
+    if not 0 <= args.shared_prefix <= 1:
+        raise UsageError(f"--shared-prefix must be a fraction in [0, 1], got {args.shared_prefix:g}")
+    if not 0 <= args.temperature <= 100:
+        raise UsageError(f"--temperature must be in [0, 100], got {args.temperature:g}")
+    for k, hi in (("context", 1 << 16), ("layers", 64), ("hidden", 4096), ("heads", 256), ("vocab", 1 << 20)):
+        if not 1 <= getattr(args, k) <= hi:
+            raise UsageError(f"--{k} must be in 1..{hi}, got {getattr(args, k)}")
+    if args.hidden % args.heads:
+        raise UsageError(f"--hidden {args.hidden} is not divisible by --heads {args.heads}")
+    if args.context < 2:
+        raise UsageError("--context must be at least 2 (a prompt token and an output token)")
+    if not 0 <= args.check <= args.requests:
+        raise UsageError(f"--check must be in 0..--requests, got {args.check}")
+    rate = _rate(args.arrival)
+    cfg = ServeConfig(num_blocks=args.kv_blocks, block_size=args.block_size, scheduler=args.scheduler, kv=args.kv,
+                      chunked_prefill=args.chunked_prefill, max_tokens=args.max_tokens, max_seqs=args.max_seqs,
+                      preemption=args.preemption, prefix_caching=not args.no_prefix_caching,
+                      temperature=args.temperature)
+    cfg.check()
+    model = GPTConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.context, vocab=args.vocab)
+    bad = []
+    if args.workload:
+        reqs, bad = workload.load(args.workload, args.context, args.vocab, args.seed)
+    else:
+        reqs = workload.generate(args.requests, rate, args.context, args.vocab, args.seed,
+                                 shared_prefix=args.shared_prefix)
+    for line, why in bad:
+        print(f"netmorph serve: {args.workload}:{line}: request rejected: {why}", file=sys.stderr)
+    engine = Engine(model, cfg, _time_model(args.time_model))
+    tty = sys.stderr.isatty()
+
+    def progress(done, total):
+        if tty and (done == total or done % max(1, total // 10) == 0):
+            print(f"\r  served {done}/{total} requests", end="" if done < total else "\n", file=sys.stderr, flush=True)
+    out = engine.run(reqs, progress)
+    out["rejected"] += len(bad)
+    out["rejections"] = [{"line": k, "reason": why} for k, why in bad] + out["rejections"]
+    outputs = out.pop("outputs")
+    if args.check:
+        from netmorph.serving.model import generate_alone
+        by_id = {r.rid: r for r in reqs}
+        ids = sorted(outputs)[:args.check]
+        same = sum(outputs[i] == generate_alone(model, by_id[i].prompt, by_id[i].output_len, args.temperature,
+                                                i * 1_000_003) for i in ids)
+        out["check"] = {"requests": len(ids), "identical": same}
+    if args.json:
+        print(json.dumps(out))
+        return 0 if not args.check or out["check"]["identical"] == out["check"]["requests"] else 1
+    for r in out["rejections"][:5]:
+        if "request" in r:
+            print(f"netmorph serve: request {r['request']} rejected: {r['reason']}", file=sys.stderr)
+    _print(args, cfg, model, out)
+    if args.check:
+        c = out["check"]
+        ok = c["identical"] == c["requests"]
+        print(f"# check: {c['identical']}/{c['requests']} requests decoded alone (no cache, the training model) give "
+              f"the same tokens {'✓' if ok else '✗'}")
+        return 0 if ok else 1
+    return 0
+
+
+def _time_model(text: str):
+    if text == "measured":
+        return None
+    from netmorph.planner.hardware import PRESETS as HARDWARE
+    from netmorph.serving.kv import PRESETS as MODELS
+    from netmorph.serving.roofline import iteration_time
+    name, _, hw = text.partition("@")
+    if name not in MODELS or hw not in HARDWARE:
+        raise UsageError(f"--time-model: expected MODEL@HARDWARE ({', '.join(MODELS)} @ {', '.join(HARDWARE)}) or "
+                         f"'measured', got {text!r}")
+    m, h = MODELS[name], HARDWARE[hw]
+    return lambda items: iteration_time(m, h, items)
+
+
+def _rate(text: str) -> float:
+    if text == "all":
+        return math.inf
+    kind, _, value = text.partition(":")
+    try:
+        rate = float(value)
+    except ValueError:
+        rate = -1.0
+    if kind != "poisson" or not 0 < rate <= 1e6:
+        raise UsageError(f"--arrival: expected poisson:RATE (requests/s, > 0) or 'all', got {text!r}")
+    return rate
+
+
+def _print(args, cfg, model, out) -> None:
+    t, p = out["ttft_s"], out["tpot_s"]
+
+    def ms(d, k):
+        return f"{1e3 * d[k]:.1f}" if d[k] is not None else "-"
+    src = args.workload or f"{args.requests} generated (ShareGPT-like lengths, {args.arrival})"
+    print(f"# netmorph serve: GPT {model.layers} layers x {model.hidden} (context {model.seq}), "
+          f"{src}; {out['scheduler']} scheduler, {cfg.kv} KV: {cfg.num_blocks} blocks x {cfg.block_size} tokens, "
+          f"preemption by {cfg.preemption}")
+    print(f"requests       {out['completed']} completed, {out['rejected']} rejected, {out['tokens_out']:,} tokens out "
+          f"in {out['duration_s']:.2f} s ({out['iterations']:,} iterations)")
+    print(f"throughput     {out['throughput_tok_s']:,.0f} tokens/s, {out['throughput_req_s']:.2f} requests/s")
+    print(f"TTFT (ms)      p50 {ms(t, 'p50')}  p90 {ms(t, 'p90')}  p99 {ms(t, 'p99')}")
+    print(f"TPOT (ms)      p50 {ms(p, 'p50')}  p90 {ms(p, 'p90')}  p99 {ms(p, 'p99')}")
+    print(f"KV cache       {100 * out['kv_utilization']:.1f}% of reserved slots hold a token (time-averaged); "
+          f"{out['prefix_cached_tokens']:,} prompt tokens served from shared blocks; {out['cow_copies']} copy-on-write")
+    print(f"preemptions    {out['preemptions']['recompute']} by recompute, {out['preemptions']['swap']} by swap "
+          f"({out['swap_bytes']:,} B swapped out and in)")
+    if args.time_model == "measured":
+        print("# time: the measured compute of each iteration on this machine (CPU, float64), idle gaps jumped")
+    else:
+        print(f"# time: each iteration priced as {args.time_model.replace('@', ' on ')} (roofline: weights once per "
+              f"batch, each sequence's KV); the tokens are this small model's, computed for real")

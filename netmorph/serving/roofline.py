@@ -1,0 +1,54 @@
+"""Prefill against decode on the roofline: why prefill is compute-bound and decode bandwidth-bound.
+
+For a forward pass over ``n`` new tokens per sequence, ``batch`` sequences, with ``context``
+tokens already cached: matmul FLOPs are 2 · (non-embedding weights) per token plus the
+LM head's 2 · vocab · hidden for the last token; attention adds 4 · layers · heads ·
+head_dim FLOPs per (query, key) pair (QKᵀ and the weighted sum of V). Bytes read from
+HBM: every weight once per pass (shared by the batch) plus the KV cache each sequence
+attends over, plus the KV it writes. Arithmetic intensity = FLOPs / bytes; the
+hardware's ridge point = peak FLOP/s / HBM bytes/s (Williams, Waterman & Patterson
+2009). Below the ridge a pass is memory-bound: its time is bytes / bandwidth.
+"""
+
+from __future__ import annotations
+
+from netmorph.serving.kv import ServeModel
+
+
+def phase(m: ServeModel, hw, batch: int, new: int, context: int) -> dict:
+    """FLOPs, bytes, intensity and roofline time of one forward pass."""
+    b = m.dtype_bytes
+    h, L = m.hidden, m.layers
+    weights = m.params() - m.vocab * h * (2 if m.gated else 1)                 # the transformer layers
+    tokens = batch * new
+    pairs = batch * (new * context + new * (new + 1) / 2)                      # causal (query, key) pairs
+    flops = 2 * weights * tokens + 4 * L * m.heads * m.head_dim * pairs + 2 * m.vocab * h * batch
+    kv = m.kv_bytes_per_token()
+    nbytes = (weights + m.vocab * h) * b + batch * context * kv + tokens * kv
+    intensity = flops / nbytes
+    t = max(flops / hw.peak_flops, nbytes / hw.hbm_bandwidth)
+    return {"flops": flops, "bytes": nbytes, "intensity": intensity, "time_s": t,
+            "bound": "compute" if intensity >= hw.peak_flops / hw.hbm_bandwidth else "memory"}
+
+
+def roofline(m: ServeModel, hw, batch: int = 1, prompt: int = 512, context: int = 512) -> dict:
+    """Prefill of ``prompt`` tokens and one decode step at ``context`` cached tokens, both at ``batch``."""
+    return {"model": m.name, "hardware": hw.name, "batch": batch,
+            "ridge_flops_per_byte": hw.peak_flops / hw.hbm_bandwidth,
+            "prefill": phase(m, hw, batch, prompt, 0), "decode": phase(m, hw, batch, 1, context)}
+
+
+def iteration_time(m: ServeModel, hw, items) -> float:
+    """Roofline time of one serving iteration of model ``m`` on ``hw``: ``items`` = [(new tokens, tokens already
+    in context)] per sequence. The weights are read once for the whole batch -- why batching decodes is nearly
+    free until the pass turns compute-bound -- and each sequence reads its own KV."""
+    b, h = m.dtype_bytes, m.hidden
+    weights = m.params() - m.vocab * h * (2 if m.gated else 1)
+    kv = m.kv_bytes_per_token()
+    flops = nbytes = 0.0
+    for new, ctx in items:
+        pairs = new * ctx + new * (new + 1) / 2
+        flops += 2 * weights * new + 4 * m.layers * m.heads * m.head_dim * pairs + 2 * m.vocab * h
+        nbytes += ctx * kv + new * kv
+    nbytes += (weights + m.vocab * h) * b
+    return max(flops / hw.peak_flops, nbytes / hw.hbm_bandwidth)

@@ -1,0 +1,78 @@
+"""Request workloads: a generated ShareGPT-like mix, or a JSONL file.
+
+Generated: arrivals are a Poisson process of ``rate`` requests/s (exponential gaps,
+as vLLM's ``benchmark_serving.py --request-rate``); prompt and output lengths are
+lognormal with the means of the ShareGPT conversations the vLLM paper serves (Kwon et
+al. 2023, section 6.1 and Fig. 11: 161.31 prompt and 337.99 output tokens on average;
+Alpaca's are 19.31 and 58.45) and a spread ``sigma`` of our choosing (the paper gives
+histograms, not a fitted shape), then clipped so that prompt + output fits the context
+-- vLLM's evaluation likewise cuts prompts to the model's context. Token ids are drawn
+at random, except that a ``shared_prefix`` fraction of requests start with one common
+system prompt (prefix caching's case).
+
+File: one JSON object per line, ``{"prompt_len": int, "output_len": int, "arrival_s": float}``
+(optionally ``"prompt": [token ids]``); a malformed line rejects that request with a
+reason and the rest are served.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from netmorph.serving.engine import Request
+
+SHAREGPT_MEAN = (161.31, 337.99)      # prompt, output tokens (vLLM paper, ShareGPT)
+
+
+def generate(n: int, rate: float, context: int, vocab: int, seed: int = 0, sigma: float = 1.0,
+             means=SHAREGPT_MEAN, shared_prefix: float = 0.0, prefix_len: int = 64) -> list:
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(1 / rate, n) if math.isfinite(rate) else np.zeros(n)
+    arrivals = np.cumsum(gaps) - gaps[0]
+    mu = [math.log(m) - sigma ** 2 / 2 for m in means]                  # lognormal with the given mean
+    p_len = np.maximum(1, np.round(rng.lognormal(mu[0], sigma, n))).astype(int)
+    o_len = np.maximum(1, np.round(rng.lognormal(mu[1], sigma, n))).astype(int)
+    system = [int(t) for t in rng.integers(0, vocab, prefix_len)]
+    out = []
+    for i in range(n):
+        o = int(min(o_len[i], context // 2))
+        p = int(min(p_len[i], context - o))
+        prompt = [int(t) for t in rng.integers(0, vocab, p)]
+        if rng.random() < shared_prefix:
+            prompt = (system + prompt)[:context - o]
+        out.append(Request(i, prompt, o, float(arrivals[i])))
+    return out
+
+
+def load(path: str, context: int, vocab: int, seed: int = 0) -> tuple[list, list]:
+    """(requests, [(line number, reason)] for the lines that could not be read)."""
+    from netmorph.files import read_text_limited
+    rng = np.random.default_rng(seed)
+    reqs, bad = [], []
+    for k, line in enumerate(read_text_limited(path, "workload", 64 << 20).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            if not isinstance(d, dict):
+                raise ValueError("not a JSON object")
+            p, o, t = d["prompt_len"], d["output_len"], d["arrival_s"]
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (p, o)) or p < 1 or o < 1:
+                raise ValueError("prompt_len and output_len must be integers >= 1")
+            if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
+                raise ValueError("arrival_s must be a finite number >= 0")
+            if p > 1 << 20:
+                raise ValueError(f"prompt_len {p} is absurd")
+            prompt = d.get("prompt")
+            if prompt is None:
+                prompt = [int(x) for x in rng.integers(0, vocab, p)]
+            elif not (isinstance(prompt, list) and len(prompt) == p and all(isinstance(x, int) for x in prompt)):
+                raise ValueError("prompt must be a list of prompt_len token ids")
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
+            bad.append((k, f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e)))
+            continue
+        reqs.append(Request(len(reqs), prompt, o, float(t)))
+    return reqs, bad

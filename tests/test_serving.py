@@ -1,0 +1,158 @@
+"""Serving from a paged KV cache: every request's tokens equal the request decoded alone, blocks never leak."""
+
+import copy
+import json
+import random
+
+import pytest
+import torch
+
+from netmorph.cli import main
+from netmorph.models.gpt import GPTConfig
+from netmorph.serving.blocks import BlockManager
+from netmorph.serving.engine import Engine, Request, ServeConfig
+from netmorph.serving.kv import PRESETS
+from netmorph.serving.model import PagedGPT, generate_alone
+
+CFG = GPTConfig(layers=2, hidden=32, heads=4, seq=128, vocab=64, seed=1)
+
+
+def _requests(seed=0, n=12, shared=True):
+    rng = random.Random(seed)
+    common = [rng.randrange(64) for _ in range(20)]
+    out = []
+    for i in range(n):
+        p = (common if shared and i % 3 == 0 else []) + [rng.randrange(64) for _ in range(rng.randrange(1, 30))]
+        out.append(Request(i, p, rng.randrange(1, 25), arrival=i * 0.001))
+    return out
+
+
+MODES = {
+    "continuous": {},
+    "chunked prefill": dict(chunked_prefill=8, max_tokens=16),
+    "recompute preemption": dict(num_blocks=12),
+    "swap preemption": dict(num_blocks=12, preemption="swap"),
+    "static": dict(scheduler="static"),
+    "contiguous KV": dict(kv="contiguous", num_blocks=200),
+    "no prefix caching": dict(prefix_caching=False),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_request_equals_itself_decoded_alone(mode):
+    """Sampled at temperature 1 with per-position seeds, so any difference in the logits shows."""
+    kw = {"num_blocks": 64, "block_size": 4, "temperature": 1.0, **MODES[mode]}
+    reqs = _requests()
+    engine = Engine(CFG, ServeConfig(**kw))
+    out = engine.run(copy.deepcopy(reqs))
+    done = [r for r in reqs if r.rid in out["outputs"]]
+    assert len(done) == out["completed"] >= len(reqs) - 1
+    for r in done:
+        assert out["outputs"][r.rid] == generate_alone(CFG, r.prompt, r.output_len, 1.0, r.rid * 1_000_003), r.rid
+    assert out["free_blocks_at_end"] == kw["num_blocks"]                  # no block leaked
+    if "preemption" in mode:
+        assert sum(out["preemptions"].values()) > 0
+    if mode == "swap preemption":
+        assert out["swap_bytes"] > 0 and out["swap_bytes"] % engine.model.bytes_per_block() == 0
+    if mode == "continuous":
+        assert out["prefix_cached_tokens"] > 0                             # the common 20-token prompt was shared
+
+
+def test_paged_attention_equals_contiguous_attention_for_random_block_tables():
+    torch.manual_seed(0)
+    m = PagedGPT(CFG, num_blocks=32, block_size=4)
+    n = 23
+    table = torch.randperm(32)[:6].tolist()                              # any blocks, any order
+    k = torch.randn(n, 4, 8, dtype=torch.float64)
+    v = torch.randn(n, 4, 8, dtype=torch.float64)
+    for p in range(n):
+        m.k[0][table[p // 4], p % 4] = k[p]
+        m.v[0][table[p // 4], p % 4] = v[p]
+    kk, vv = m.gather(0, table, n)
+    assert torch.equal(kk, k) and torch.equal(vv, v)
+    q = torch.randn(4, 5, 8, dtype=torch.float64)                          # 5 queries at positions 18..22
+    mask = torch.arange(n)[None, :] <= (18 + torch.arange(5))[:, None]
+    paged = torch.nn.functional.scaled_dot_product_attention(q, kk.transpose(0, 1), vv.transpose(0, 1), attn_mask=mask)
+    dense = torch.softmax((q @ k.permute(1, 2, 0)) / 8 ** 0.5 + torch.where(mask, 0.0, float("-inf")), -1) @ v.transpose(0, 1)
+    assert torch.allclose(paged, dense, rtol=1e-12, atol=1e-12)
+
+
+def test_fork_shares_blocks_and_the_first_divergent_write_copies_exactly_one():
+    bm = BlockManager(8, 4, 64)
+    prompt = [1, 2, 3, 4, 5, 6]
+    bm.allocate(0, prompt)
+    for j in range(len(prompt)):
+        bm.slot(0, prompt[:j + 1])
+    bm.fork(0, 1)                                                        # parallel sampling: n = 2
+    assert bm.tables[1].blocks == bm.tables[0].blocks and bm.ref[bm.tables[0].blocks[1]] == 2
+    free = bm.num_free()
+    assert bm.blocks_to_grow(1, 1) == 1
+    bm.slot(1, prompt + [9])                                             # the child's first own token
+    assert bm.cow_copies == 1 and len(bm.copies) == 1 and bm.num_free() == free - 1
+    assert bm.tables[1].blocks[0] == bm.tables[0].blocks[0]              # the full first block stays shared
+    assert bm.tables[1].blocks[1] != bm.tables[0].blocks[1]
+    bm.slot(0, prompt + [7])                                             # the parent now owns its block alone
+    assert bm.cow_copies == 1
+    bm.free_seq(0)
+    bm.free_seq(1)
+    assert bm.num_free() == 8
+
+
+def test_prefix_caching_shares_full_blocks_but_never_the_last_token():
+    bm = BlockManager(16, 4, 64)
+    a = list(range(10))
+    bm.allocate(0, a)
+    for j in range(len(a)):
+        bm.slot(0, a[:j + 1])
+    assert bm.allocate(1, a[:8] + [99, 98]) == 8                          # two full blocks found
+    assert bm.allocate(2, a[:8]) == 4                                    # the last token's block is computed
+    assert bm.tables[1].blocks[:2] == bm.tables[0].blocks[:2]
+
+
+@pytest.mark.parametrize("name,per_token", [("opt-13b", 2 * 40 * 40 * 128 * 2), ("llama-2-7b", 2 * 32 * 32 * 128 * 2),
+                                            ("llama-3-8b", 2 * 32 * 8 * 128 * 2), ("llama-3-70b", 2 * 80 * 8 * 128 * 2)])
+def test_kv_bytes_per_token_follow_from_the_architecture(name, per_token):
+    m = PRESETS[name]
+    assert m.kv_bytes_per_token() == 2 * m.layers * m.kv_heads * (m.hidden // m.heads) * m.dtype_bytes == per_token
+
+
+def test_serve_kv_and_roofline_cli(capsys):
+    assert main(["serve", "kv", "--model", "opt-13b", "--tokens", "1000", "--block-size", "16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["bytes_per_token"] == 819_200 and out["bytes_per_block"] == 16 * 819_200        # vLLM's 800 KB
+    assert out["bytes_total"] == 1000 * 819_200
+    assert main(["serve", "roofline", "--model", "llama-3-8b", "--hardware", "a100-80g", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["prefill"]["bound"] == "compute" and r["decode"]["bound"] == "memory"
+    assert r["prefill"]["intensity"] > r["ridge_flops_per_byte"] > r["decode"]["intensity"]
+
+
+def test_serve_run_json_and_a_malformed_workload_line_is_rejected_not_fatal(tmp_path, capsys):
+    wl = tmp_path / "w.jsonl"
+    wl.write_text('{"prompt_len": 5, "output_len": 3, "arrival_s": 0}\n'
+                  'not json\n'
+                  '{"prompt_len": 900, "output_len": 3, "arrival_s": 0.1}\n'
+                  '{"prompt_len": 7, "output_len": 2, "arrival_s": 0.2}\n')
+    argv = ["serve", "--workload", str(wl), "--context", "64", "--kv-blocks", "32", "--block-size", "4",
+            "--layers", "1", "--hidden", "16", "--heads", "2", "--vocab", "32", "--check", "2", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["completed"] == 2 and out["rejected"] == 2 and out["check"] == {"requests": 2, "identical": 2}
+    reasons = " ".join(r["reason"] for r in out["rejections"])
+    assert "context" in reasons
+    for k in ("throughput_tok_s", "ttft_s", "tpot_s", "kv_utilization", "preemptions", "swap_bytes", "scheduler", "kv"):
+        assert k in out
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["--block-size", "0"], "--block-size"),
+    (["--kv-blocks", "0"], "--kv-blocks"),
+    (["kv", "--model", "gpt-5"], "--model"),
+    (["--arrival", "uniform:3"], "--arrival"),
+    (["--chunked-prefill", "8", "--scheduler", "static"], "--chunked-prefill"),
+    (["--workload", "/nonexistent.jsonl"], "--workload"),
+])
+def test_bad_serve_flags_are_one_line_exit_2(argv, flag, capsys):
+    assert main(["serve", *argv]) == 2
+    err = capsys.readouterr().err
+    assert flag in err and len(err.strip().splitlines()) == 1
