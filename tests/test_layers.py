@@ -156,3 +156,10 @@ def test_schedule_imports_only_numpy_and_itself():
                 [node.module] if isinstance(node, ast.ImportFrom) and not node.level else []
             third_party |= {n.split(".")[0] for n in names}
     assert third_party - set(sys.stdlib_module_names) <= {"numpy", "netmorph"}, third_party
+
+
+def test_every_package_is_a_regular_package():
+    """setuptools' find_packages skips a folder without __init__.py: a wheel would ship without it."""
+    missing = [str(d.relative_to(ROOT.parent)) for d in sorted(ROOT.rglob("*")) if d.is_dir()
+               and d.name != "__pycache__" and any(d.glob("*.py")) and not (d / "__init__.py").exists()]
+    assert missing == []
