@@ -156,3 +156,22 @@ def test_bad_serve_flags_are_one_line_exit_2(argv, flag, capsys):
     assert main(["serve", *argv]) == 2
     err = capsys.readouterr().err
     assert flag in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("P,D", [(1, 1), (2, 1), (1, 2)])
+def test_disaggregated_requests_equal_themselves_and_the_kv_bytes_are_the_formula(P, D):
+    """Prefill on P ranks, decode on D ranks of the fabric: tokens equal alone-decoding; the bytes in the ledger's
+    kv phase are 2 · layers · heads · head_dim · 8 B per prompt token, exactly; every pool ends full again."""
+    import multiprocessing as mp
+
+    from netmorph.serving.disagg import serve_disaggregated
+    reqs = _requests(seed=P * 10 + D, n=8, shared=False)
+    out = serve_disaggregated(CFG, ServeConfig(num_blocks=32, block_size=4, temperature=1.0), copy.deepcopy(reqs), P, D)
+    assert out["completed"] == len(reqs)
+    for r in reqs:
+        assert out["outputs"][r.rid] == generate_alone(CFG, r.prompt, r.output_len, 1.0, r.rid * 1_000_003)
+    per_token = 2 * CFG.layers * CFG.heads * (CFG.hidden // CFG.heads) * 8
+    assert out["kv_transfer_bytes"] == per_token * sum(len(r.prompt) for r in reqs)
+    assert out["free_blocks_at_end"] == [32] * (P + D)
+    assert mp.active_children() == []

@@ -38,6 +38,9 @@ def add_parser(sub) -> None:
     p.add_argument("--preemption", choices=("recompute", "swap"), default="recompute",
                    help="when the pool runs out: recompute (default) or swap to a host pool")
     p.add_argument("--no-prefix-caching", action="store_true", help="do not share full blocks of common prefixes")
+    p.add_argument("--disaggregate", metavar="P:D",
+                   help="prefill on P ranks, decode on D ranks of the local fabric; each prompt's KV is sent from "
+                        "one to the other (DistServe / Splitwise), bytes counted")
     p.add_argument("--max-tokens", type=int, default=2048, help="tokens per iteration (default 2048)")
     p.add_argument("--max-seqs", type=int, default=64, help="sequences per iteration (default 64)")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
@@ -150,6 +153,8 @@ def _serve(args) -> int:
                                  shared_prefix=args.shared_prefix)
     for line, why in bad:
         print(f"netmorph serve: {args.workload}:{line}: request rejected: {why}", file=sys.stderr)
+    if args.disaggregate:
+        return _disaggregated(args, model, cfg, reqs, bad)
     engine = Engine(model, cfg, _time_model(args.time_model))
     tty = sys.stderr.isatty()
 
@@ -181,6 +186,54 @@ def _serve(args) -> int:
               f"the same tokens {'✓' if ok else '✗'}")
         return 0 if ok else 1
     return 0
+
+
+def _disaggregated(args, model, cfg, reqs, bad) -> int:
+    from netmorph.serving.disagg import serve_disaggregated
+    from netmorph.serving.engine import Engine
+    try:
+        P, D = (int(x) for x in args.disaggregate.split(":"))
+    except ValueError:
+        raise UsageError(f"--disaggregate: expected P:D prefill and decode ranks, e.g. 1:2, got "
+                         f"{args.disaggregate!r}") from None
+    if not (1 <= P <= 8 and 1 <= D <= 8):
+        raise UsageError(f"--disaggregate {args.disaggregate}: 1..8 prefill and 1..8 decode ranks")
+    gate = Engine(model, cfg)
+    rejected = []
+    for r in reqs:
+        r.tokens = list(r.prompt)
+        why = gate._reject_reason(r)
+        if why:
+            rejected.append({"request": r.rid, "reason": why})
+    ok = [r for r in reqs if all(x["request"] != r.rid for x in rejected)]
+    out = serve_disaggregated(model, cfg, ok, P, D)
+    outputs = out.pop("outputs")
+    out["rejected"] = len(rejected) + len(bad)
+    out["rejections"] = [{"line": k, "reason": why} for k, why in bad] + rejected
+    out["scheduler"], out["kv"] = f"disaggregated {P}:{D}", cfg.kv
+    if args.check:
+        from netmorph.serving.model import generate_alone
+        by_id = {r.rid: r for r in ok}
+        ids = sorted(outputs)[:args.check]
+        same = sum(outputs[i] == generate_alone(model, by_id[i].prompt, by_id[i].output_len, args.temperature,
+                                                i * 1_000_003) for i in ids)
+        out["check"] = {"requests": len(ids), "identical": same}
+    good = not args.check or out["check"]["identical"] == out["check"]["requests"]
+    if args.json:
+        print(json.dumps(out))
+        return 0 if good else 1
+    n = max(out["completed"], 1)
+    print(f"# netmorph serve --disaggregate {P}:{D}: prefill on ranks 0..{P - 1}, decode on ranks {P}..{P + D - 1} "
+          f"of the local fabric; {len(ok)} requests ({out['rejected']} rejected)")
+    print(f"requests       {out['completed']} completed, {out['tokens_out']:,} tokens out")
+    print(f"KV on the wire {out['kv_transfer_bytes']:,} B measured = {out['kv_transfer_bytes_formula']:,} B from "
+          f"2 x layers x hidden x 8 B x prompt tokens ({'equal' if out['kv_transfer_bytes'] == out['kv_transfer_bytes_formula'] else 'DIFFERENT'}); "
+          f"{out['kv_transfer_bytes'] / n / 1024:,.1f} KiB per request, + {out['kv_header_bytes']:,} B of headers")
+    if args.check:
+        c = out["check"]
+        print(f"# check: {c['identical']}/{c['requests']} requests decoded alone (no cache, the training model) give "
+              f"the same tokens {'✓' if good else '✗'}")
+    return 0 if good else 1
 
 
 def _time_model(text: str):

@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from netmorph.errors import UsageError
 from netmorph.serving.blocks import BlockManager
@@ -259,6 +260,45 @@ class Engine:
         self.timeline.append((self.clock, self.bm.used_slots(), self.bm.reserved_slots(), len(running),
                               sum(n for _, n, _ in items), dt))
         return done
+
+    # -- disaggregation: requests whose prefill ran elsewhere ----------------------------------------------
+    def admit_prefilled(self, r: Request, kv, first: int) -> bool:
+        """Write a prompt's transferred keys and values (``kv``: layers x 2 x n x heads x head_dim) into fresh
+        blocks and continue from its first token; False if the pool cannot hold it now."""
+        n = len(r.prompt)
+        if not self.bm.can_allocate(n + 1):
+            return False
+        r.tokens = list(r.prompt)
+        self.bm.allocate(r.rid, r.tokens)
+        slots = [self.bm.slot(r.rid, r.tokens[:j + 1]) for j in range(n)]
+        sb = torch.tensor([b for b, _ in slots], dtype=torch.long)
+        so = torch.tensor([o for _, o in slots], dtype=torch.long)
+        for layer in range(self.mcfg.layers):
+            self.model.k[layer][sb, so] = torch.as_tensor(kv[layer, 0])
+            self.model.v[layer][sb, so] = torch.as_tensor(kv[layer, 1])
+        r.tokens.append(first)
+        r.computed, r.status, r.first_token_at = n, "running", self.clock
+        return True
+
+    def decode_prefilled(self, arrivals) -> dict:
+        """Decode every (request, kv, first token) of ``arrivals`` to the end, admitting as the pool allows."""
+        pending, running, waiting, swapped, finished = list(arrivals), [], [], [], []
+        while pending or running or waiting or swapped:
+            while pending and len(running) < self.cfg.max_seqs and not waiting:
+                r, kv, first = pending[0]
+                if not self.admit_prefilled(r, kv, first):
+                    break
+                pending.pop(0)
+                if r.generated >= r.output_len:
+                    self.bm.free_seq(r.rid)
+                    r.status, r.finished_at = "finished", self.clock
+                    finished.append(r)
+                else:
+                    running.append(r)
+            if not (running or waiting or swapped):
+                raise RuntimeError("a prefilled request does not fit the decode pool")
+            finished += self.step(running, waiting, swapped)
+        return self.metrics([r for r, _, _ in arrivals], finished, [])
 
     # -- the run ------------------------------------------------------------------------------------------
     def run(self, requests: list, progress=None) -> dict:
