@@ -113,13 +113,14 @@ SECTIONS = ("Collectives: one all-reduce, eight schedules, and the cheapest one 
             "Parallel training: DP, ZeRO, TP and PP on real ranks",
             "Mixture of experts: the router rewires the all-to-all every batch",
             "Elastic membership: a worker dies, the job keeps going",
+            "Serving: paged KV cache and iteration-level scheduling",
             "Failures at scale: checkpoint interval and goodput",
             "Consistency models for SGD: throughput against convergence",
             "Parallelism planner: what each DP/TP/PP split costs",
             "Cluster scale: one step simulated on 1024 ranks")
 FIGURES = ("allreduce_tp_vs_dp.png", "allreduce_winner_map.png", "allreduce_rounds_bytes.png", "fabric_busbw.png",
            "fabric_measured_vs_predicted.png", "train_pipeline.png", "train_traffic.png",
-           "train_zero_memory.png", "moe_traffic.png", "moe_balance.png", "moe_drops.png", "elastic_recovery.png", "failures_goodput.png", "sgd_balanced.png",
+           "train_zero_memory.png", "moe_traffic.png", "moe_balance.png", "moe_drops.png", "elastic_recovery.png", "serve_kv_and_latency.png", "failures_goodput.png", "sgd_balanced.png",
            "sgd_straggler.png", "plan_splits.png", "simulate_step.png")
 
 

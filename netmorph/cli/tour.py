@@ -1,8 +1,8 @@
 """``netmorph tour``: the main job -- a terminal summary and one HTML report with figures.
 
 Each capability contributes a section (``netmorph.report.<name>.build_section``):
-collectives, the fabric, training, mixture of experts, elastic membership, failures at
-scale, SGD consistency models, the planner and a whole step simulated at cluster scale.
+collectives, the fabric, training, mixture of experts, elastic membership, serving, failures
+at scale, SGD consistency models, the planner and a whole step simulated at cluster scale.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ def run(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from netmorph.report import collectives, consistency, elastic, fabric, failures, moe, planner, simulate, train
+    from netmorph.report import (collectives, consistency, elastic, fabric, failures, moe, planner, serving, simulate,
+                                 train)
     from netmorph.report.html import Section, write_page
     from netmorph.version import __version__
 
@@ -42,6 +43,7 @@ def run(args) -> int:
             (train, "train: DP, ZeRO, TP and PP on real ranks"),
             (moe, "moe: routing tokens to 4 expert ranks"),
             (elastic, "elastic: killing workers mid-run"),
+            (serving, "serve: paged KV cache, batching"),
             (failures, "failures: goodput at 1k-100k GPUs"),
             (consistency, "sgd: training under 5 consistency models"),
             (planner, "planner: searching DP/TP/PP splits"),
