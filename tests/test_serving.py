@@ -175,3 +175,25 @@ def test_disaggregated_requests_equal_themselves_and_the_kv_bytes_are_the_formul
     assert out["kv_transfer_bytes"] == per_token * sum(len(r.prompt) for r in reqs)
     assert out["free_blocks_at_end"] == [32] * (P + D)
     assert mp.active_children() == []
+
+
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_parallel_samples_share_the_prompt_and_each_equals_itself_decoded_alone(preemption):
+    """n = 3: after the prefill each request forks two samples sharing every block (copy-on-write at the first
+    divergent write); each sample equals the request decoded alone with that sample's seed, nothing leaks."""
+    from netmorph.serving.engine import sample_id
+    reqs = _requests(seed=5, n=6, shared=False)
+    for r in reqs:
+        r.n = 3
+    blocks = 40                                          # small enough that samples get preempted
+    engine = Engine(CFG, ServeConfig(num_blocks=blocks, block_size=4, temperature=1.0, preemption=preemption))
+    out = engine.run(copy.deepcopy(reqs))
+    done = [r for r in reqs if r.rid in out["outputs"]]
+    assert out["completed"] == len(done) >= 5
+    for r in done:
+        for k in range(3):
+            sid = sample_id(r.rid, k)
+            assert out["outputs"][sid] == generate_alone(CFG, r.prompt, r.output_len, 1.0, sid * 1_000_003), (r.rid, k)
+    assert out["cow_copies"] > 0 and out["preemptions"][preemption] > 0
+    assert out["tokens_out"] == sum(3 * r.output_len for r in done)
+    assert out["free_blocks_at_end"] == blocks

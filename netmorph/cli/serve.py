@@ -44,6 +44,8 @@ def add_parser(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=2048, help="tokens per iteration (default 2048)")
     p.add_argument("--max-seqs", type=int, default=64, help="sequences per iteration (default 64)")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    p.add_argument("--n", type=int, default=1, help="parallel samples per request (vLLM's n): forked after the "
+                                                    "prefill, sharing the prompt's blocks (default 1)")
     p.add_argument("--context", type=int, default=1024, help="the model's context (default 1024)")
     p.add_argument("--layers", type=int, default=2, help="model layers (default 2)")
     p.add_argument("--hidden", type=int, default=64, help="model width (default 64)")
@@ -136,6 +138,10 @@ def _serve(args) -> int:
         raise UsageError(f"--hidden {args.hidden} is not divisible by --heads {args.heads}")
     if args.context < 2:
         raise UsageError("--context must be at least 2 (a prompt token and an output token)")
+    if not 1 <= args.n <= 16:
+        raise UsageError(f"--n must be in 1..16, got {args.n}")
+    if args.n > 1 and args.disaggregate:
+        raise UsageError("--n > 1 is not supported with --disaggregate yet")
     if not 0 <= args.check <= args.requests:
         raise UsageError(f"--check must be in 0..--requests, got {args.check}")
     rate = _rate(args.arrival)
@@ -148,9 +154,11 @@ def _serve(args) -> int:
     bad = []
     if args.workload:
         reqs, bad = workload.load(args.workload, args.context, args.vocab, args.seed)
+        for r in reqs:
+            r.n = args.n
     else:
         reqs = workload.generate(args.requests, rate, args.context, args.vocab, args.seed,
-                                 shared_prefix=args.shared_prefix)
+                                 shared_prefix=args.shared_prefix, samples=args.n)
     for line, why in bad:
         print(f"netmorph serve: {args.workload}:{line}: request rejected: {why}", file=sys.stderr)
     if args.disaggregate:

@@ -56,10 +56,17 @@ class Request:
     finished_at: float | None = None
     swapped: list | None = None                      # the host copy of its blocks
     reason: str = ""
+    n: int = 1                                       # parallel samples (vLLM's SamplingParams.n)
+    parent: int | None = None                        # a sample forked from this request id
 
     @property
     def generated(self) -> int:
         return len(self.tokens) - len(self.prompt)
+
+
+def sample_id(rid: int, k: int) -> int:
+    """The id of request ``rid``'s k-th parallel sample (k = 0 is the request itself)."""
+    return rid + k * 1_000_000_000
 
 
 @dataclass
@@ -118,8 +125,8 @@ class Engine:
             return "a request needs at least one prompt token and one output token"
         if total > self.mcfg.seq:
             return f"prompt {len(r.prompt)} + output {r.output_len} tokens exceed the model's context {self.mcfg.seq}"
-        if self.bm.blocks_needed(total) > self.cfg.num_blocks:
-            return (f"needs {self.bm.blocks_needed(total)} blocks, more than the whole pool "
+        if self.bm.blocks_needed(total) * r.n > self.cfg.num_blocks:
+            return (f"needs {self.bm.blocks_needed(total) * r.n} blocks ({r.n} sample(s)), more than the whole pool "
                     f"({self.cfg.num_blocks} x {self.cfg.block_size} tokens)")
         if max(r.prompt) >= self.mcfg.vocab or min(r.prompt) < 0:
             return f"prompt token ids must be in 0..{self.mcfg.vocab - 1}"
@@ -239,10 +246,18 @@ class Engine:
         logits = self.model.forward(work) if work else []
         done = []
         priced = self.time_model([(n, r.computed) for r, n, _ in items]) if self.time_model else None
+        forks = []
         for (r, n, _), lg in zip(items, logits):
             r.computed += n
             if r.computed < len(r.tokens):                    # a prefill chunk: no token yet
                 continue
+            if r.n > 1 and r.generated == 0 and r.parent is None:   # parallel sampling: fork after the prefill
+                for k in range(1, r.n):
+                    child = Request(sample_id(r.rid, k), r.prompt, r.output_len, r.arrival, list(r.tokens),
+                                    r.computed, "running", parent=r.rid)
+                    self.bm.fork(r.rid, child.rid)        # every block shared, the last partial one too
+                    child.tokens.append(sample(lg, self.cfg.temperature, child.rid * 1_000_003 + len(child.tokens)))
+                    forks.append(child)
             r.tokens.append(sample(lg, self.cfg.temperature, r.rid * 1_000_003 + len(r.tokens)))
             dt = priced if priced is not None else time.perf_counter() - t0
             if r.first_token_at is None:
@@ -252,6 +267,11 @@ class Engine:
         dt = priced if priced is not None else time.perf_counter() - t0
         self.clock += dt
         self.iterations += 1
+        for c in forks:
+            c.first_token_at = self.clock
+            running.append(c)
+            if c.generated >= c.output_len:
+                done.append(c)
         for r in done:
             r.finished_at = self.clock
             r.status = "finished"
@@ -324,17 +344,18 @@ class Engine:
             done = self.step(running, waiting, swapped)
             finished += done
             if progress is not None and done:
-                progress(len(finished), len(pending))
+                progress(sum(r.parent is None for r in finished), len(pending))
         return self.metrics(requests, finished, rejected)
 
     def metrics(self, requests, finished, rejected) -> dict:
+        samples, finished = finished, [r for r in finished if r.parent is None]     # requests; samples count tokens
         ttft = np.array([r.first_token_at - r.arrival for r in finished])
-        tpot = np.array([(r.finished_at - r.first_token_at) / (r.generated - 1) for r in finished if r.generated > 1])
+        tpot = np.array([(r.finished_at - r.first_token_at) / (r.generated - 1) for r in samples if r.generated > 1])
         tl = np.array(self.timeline) if self.timeline else np.zeros((0, 6))
         dts = tl[:, 5] if len(tl) else np.zeros(0)
         util = float((tl[:, 1] * dts).sum() / max((tl[:, 2] * dts).sum(), 1e-30)) if len(tl) else 0.0
         span = max((r.finished_at for r in finished), default=0.0) - min((r.arrival for r in finished), default=0.0)
-        tokens_out = sum(r.generated for r in finished)
+        tokens_out = sum(r.generated for r in samples)
 
         def pct(a):
             return {f"p{q}": float(np.percentile(a, q)) if len(a) else None for q in (50, 90, 99)}
@@ -350,4 +371,4 @@ class Engine:
                 "scheduler": self.cfg.scheduler + (f"+chunked({self.cfg.chunked_prefill})"
                                                    if self.cfg.chunked_prefill else ""),
                 "kv": self.cfg.kv, "free_blocks_at_end": self.bm.num_free(), "num_blocks": self.cfg.num_blocks,
-                "outputs": {r.rid: r.tokens[len(r.prompt):] for r in finished}}
+                "outputs": {r.rid: r.tokens[len(r.prompt):] for r in samples}}

@@ -28,7 +28,7 @@ SHAREGPT_MEAN = (161.31, 337.99)      # prompt, output tokens (vLLM paper, Share
 
 
 def generate(n: int, rate: float, context: int, vocab: int, seed: int = 0, sigma: float = 1.0,
-             means=SHAREGPT_MEAN, shared_prefix: float = 0.0, prefix_len: int = 64) -> list:
+             means=SHAREGPT_MEAN, shared_prefix: float = 0.0, prefix_len: int = 64, samples: int = 1) -> list:
     rng = np.random.default_rng(seed)
     gaps = rng.exponential(1 / rate, n) if math.isfinite(rate) else np.zeros(n)
     arrivals = np.cumsum(gaps) - gaps[0]
@@ -43,7 +43,7 @@ def generate(n: int, rate: float, context: int, vocab: int, seed: int = 0, sigma
         prompt = [int(t) for t in rng.integers(0, vocab, p)]
         if rng.random() < shared_prefix:
             prompt = (system + prompt)[:context - o]
-        out.append(Request(i, prompt, o, float(arrivals[i])))
+        out.append(Request(i, prompt, o, float(arrivals[i]), n=samples))
     return out
 
 
