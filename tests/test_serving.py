@@ -197,3 +197,34 @@ def test_parallel_samples_share_the_prompt_and_each_equals_itself_decoded_alone(
     assert out["cow_copies"] > 0 and out["preemptions"][preemption] > 0
     assert out["tokens_out"] == sum(3 * r.output_len for r in done)
     assert out["free_blocks_at_end"] == blocks
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("tp", [2, 4])
+def test_tensor_parallel_decode_equals_alone_and_its_all_reduces_are_the_formula(tp):
+    """Megatron's split over tp ranks of the fabric (heads, their KV, MLP slices): every rank samples the same
+    tokens, they equal alone-decoding, and the all-reduce bytes over all ranks are 2 · layers · 2(t-1) · tokens ·
+    hidden · 8 B, two all-reduces per layer per iteration."""
+    import multiprocessing as mp
+
+    from netmorph.planner.hardware import PRESETS as HARDWARE
+    from netmorph.serving.roofline import iteration_time
+    from netmorph.serving.tp import serve_tensor_parallel
+    reqs = _requests(seed=7, n=8, shared=False)
+    price = (lambda items: iteration_time(PRESETS["llama-3-8b"], HARDWARE["a100-80g"], items))   # noqa: E731
+    out = serve_tensor_parallel(CFG, ServeConfig(num_blocks=96, block_size=4, temperature=1.0), copy.deepcopy(reqs),
+                                tp, price)
+    for r in reqs:
+        assert out["outputs"][r.rid] == generate_alone(CFG, r.prompt, r.output_len, 1.0, r.rid * 1_000_003)
+    assert out["tp_allreduce_bytes"] == 2 * CFG.layers * 2 * (tp - 1) * out["tokens_computed"] * CFG.hidden * 8
+    assert sum(out["preemptions"].values()) == 0                        # so every token was computed once:
+    assert out["tokens_computed"] == sum(len(r.prompt) + r.output_len - 1 for r in reqs)
+    assert out["free_blocks_at_end"] == 96 and mp.active_children() == []
+
+
+@pytest.mark.parametrize("argv", [["--tp", "3"], ["--tp", "2", "--time-model", "measured"],
+                                  ["--time-model", "gpt-9@a100-80g"]])
+def test_bad_tp_and_time_model_flags_exit_2(argv, capsys):
+    assert main(["serve", "--requests", "2", *argv]) == 2
+    err = capsys.readouterr().err
+    assert ("--tp" in err or "--time-model" in err) and len(err.strip().splitlines()) == 1

@@ -38,6 +38,9 @@ def add_parser(sub) -> None:
     p.add_argument("--preemption", choices=("recompute", "swap"), default="recompute",
                    help="when the pool runs out: recompute (default) or swap to a host pool")
     p.add_argument("--no-prefix-caching", action="store_true", help="do not share full blocks of common prefixes")
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel ranks (Megatron's split of heads and MLP, 2 all-reduces per layer per "
+                        "iteration, counted; needs a priced --time-model)")
     p.add_argument("--disaggregate", metavar="P:D",
                    help="prefill on P ranks, decode on D ranks of the local fabric; each prompt's KV is sent from "
                         "one to the other (DistServe / Splitwise), bytes counted")
@@ -138,6 +141,10 @@ def _serve(args) -> int:
         raise UsageError(f"--hidden {args.hidden} is not divisible by --heads {args.heads}")
     if args.context < 2:
         raise UsageError("--context must be at least 2 (a prompt token and an output token)")
+    if not 1 <= args.tp <= 16 or args.heads % args.tp:
+        raise UsageError(f"--tp must be in 1..16 and divide --heads {args.heads}, got {args.tp}")
+    if args.tp > 1 and (args.time_model == "measured" or args.disaggregate):
+        raise UsageError("--tp > 1 needs a priced --time-model (every rank must schedule alike) and no --disaggregate")
     if not 1 <= args.n <= 16:
         raise UsageError(f"--n must be in 1..16, got {args.n}")
     if args.n > 1 and args.disaggregate:
@@ -163,6 +170,8 @@ def _serve(args) -> int:
         print(f"netmorph serve: {args.workload}:{line}: request rejected: {why}", file=sys.stderr)
     if args.disaggregate:
         return _disaggregated(args, model, cfg, reqs, bad)
+    if args.tp > 1:
+        return _tensor_parallel(args, model, cfg, reqs, bad)
     engine = Engine(model, cfg, _time_model(args.time_model))
     tty = sys.stderr.isatty()
 
@@ -237,6 +246,36 @@ def _disaggregated(args, model, cfg, reqs, bad) -> int:
     print(f"KV on the wire {out['kv_transfer_bytes']:,} B measured = {out['kv_transfer_bytes_formula']:,} B from "
           f"2 x layers x hidden x 8 B x prompt tokens ({'equal' if out['kv_transfer_bytes'] == out['kv_transfer_bytes_formula'] else 'DIFFERENT'}); "
           f"{out['kv_transfer_bytes'] / n / 1024:,.1f} KiB per request, + {out['kv_header_bytes']:,} B of headers")
+    if args.check:
+        c = out["check"]
+        print(f"# check: {c['identical']}/{c['requests']} requests decoded alone (no cache, the training model) give "
+              f"the same tokens {'✓' if good else '✗'}")
+    return 0 if good else 1
+
+
+def _tensor_parallel(args, model, cfg, reqs, bad) -> int:
+    from netmorph.serving.tp import serve_tensor_parallel
+    out = serve_tensor_parallel(model, cfg, reqs, args.tp, _time_model(args.time_model))
+    outputs = out.pop("outputs")
+    out["rejected"] += len(bad)
+    good = True
+    if args.check:
+        from netmorph.serving.model import generate_alone
+        by_id = {r.rid: r for r in reqs}
+        ids = sorted(i for i in outputs if i in by_id)[:args.check]
+        same = sum(outputs[i] == generate_alone(model, by_id[i].prompt, by_id[i].output_len, args.temperature,
+                                                i * 1_000_003) for i in ids)
+        out["check"] = {"requests": len(ids), "identical": same}
+        good = same == len(ids)
+    if args.json:
+        print(json.dumps(out))
+        return 0 if good else 1
+    _print(args, cfg, model, out)
+    print(f"tensor parallel {args.tp} ranks: {out['tp_allreduces']:,} all-reduces (2 per layer per iteration), "
+          f"{out['tp_allreduce_bytes']:,} B sent over all ranks = 2 x layers x 2(t-1) x {out['tokens_computed']:,} "
+          f"tokens x hidden x 8 B = {out['tp_allreduce_bytes_formula']:,} B "
+          f"({'equal' if out['tp_allreduce_bytes'] == out['tp_allreduce_bytes_formula'] else 'DIFFERENT'}); "
+          f"each rank keeps {args.heads // args.tp} of {args.heads} heads' KV")
     if args.check:
         c = out["check"]
         print(f"# check: {c['identical']}/{c['requests']} requests decoded alone (no cache, the training model) give "

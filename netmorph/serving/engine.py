@@ -101,13 +101,13 @@ class ServeConfig:
 
 
 class Engine:
-    def __init__(self, model_cfg, cfg: ServeConfig, time_model=None):
+    def __init__(self, model_cfg, cfg: ServeConfig, time_model=None, shard=None):
         """``time_model([(new tokens, tokens in context)] per sequence) -> seconds`` prices an iteration (e.g.
         :func:`netmorph.serving.roofline.iteration_time` for a real model on a GPU); None: the measured wall time
         of this model's iteration here."""
         cfg.check()
         self.cfg, self.mcfg, self.time_model = cfg, model_cfg, time_model
-        self.model = PagedGPT(model_cfg, cfg.num_blocks, cfg.block_size)
+        self.model = PagedGPT(model_cfg, cfg.num_blocks, cfg.block_size, shard=shard)
         self.bm = BlockManager(cfg.num_blocks, cfg.block_size, model_cfg.seq, contiguous=cfg.kv == "contiguous",
                                prefix_caching=cfg.prefix_caching)
         self.clock = 0.0

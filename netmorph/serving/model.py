@@ -34,10 +34,29 @@ def sample(logits: torch.Tensor, temperature: float, seed: int) -> int:
 
 
 class PagedGPT:
-    def __init__(self, cfg: GPTConfig, num_blocks: int, block_size: int, dtype=torch.float64):
+    def __init__(self, cfg: GPTConfig, num_blocks: int, block_size: int, dtype=torch.float64, shard=None):
+        """``shard = (tp, rank, all_reduce)``: Megatron's tensor-parallel split -- this rank keeps heads
+        ``rank·heads/tp ...`` (the QKV rows and the projection's input columns of those heads, its KV cache
+        holds only them) and a 1/tp slice of the MLP; ``all_reduce(partial)`` sums the row-parallel outputs
+        (Megatron's g) twice per layer, after the attention projection and after the MLP."""
         self.cfg, self.block_size = cfg, block_size
         self.w = full_weights(cfg, dtype)
         self.nh, self.hd = cfg.heads, cfg.hidden // cfg.heads
+        self.reduce = None
+        if shard is not None and shard[0] > 1:
+            tp, rank, self.reduce = shard
+            if cfg.heads % tp:
+                raise ValueError(f"heads {cfg.heads} not divisible by tp {tp}")
+            self.nh = cfg.heads // tp
+            h, f = cfg.hidden, cfg.ffn
+            hs, fs = slice(rank * h // tp, (rank + 1) * h // tp), slice(rank * f // tp, (rank + 1) * f // tp)
+            rows = slice(3 * rank * h // tp, 3 * (rank + 1) * h // tp)      # QKV rows grouped (heads, 3, hd)
+            for i in range(cfg.layers):
+                w = self.w
+                w[f"{i}.qkv.w"], w[f"{i}.qkv.b"] = w[f"{i}.qkv.w"][rows].contiguous(), w[f"{i}.qkv.b"][rows].contiguous()
+                w[f"{i}.proj.w"] = w[f"{i}.proj.w"][:, hs].contiguous()
+                w[f"{i}.fc.w"], w[f"{i}.fc.b"] = w[f"{i}.fc.w"][fs].contiguous(), w[f"{i}.fc.b"][fs].contiguous()
+                w[f"{i}.fc2.w"] = w[f"{i}.fc2.w"][:, fs].contiguous()
         shape = (num_blocks, block_size, self.nh, self.hd)
         self.k = [torch.zeros(shape, dtype=dtype) for _ in range(cfg.layers)]
         self.v = [torch.zeros(shape, dtype=dtype) for _ in range(cfg.layers)]
@@ -92,11 +111,19 @@ class PagedGPT:
                 qq = q[start:start + n].transpose(0, 1)                            # (nh, n, hd)
                 mask = torch.arange(first + n)[None, :] <= (first + torch.arange(n))[:, None]   # (n, first+n)
                 y = F.scaled_dot_product_attention(qq, kk.transpose(0, 1), vv.transpose(0, 1), attn_mask=mask)
-                out.append(y.transpose(0, 1).reshape(n, cfg.hidden))               # (n, h)
+                out.append(y.transpose(0, 1).reshape(n, self.nh * self.hd))        # (n, h/t)
                 start += n
-            x = x + F.linear(torch.cat(out), w[f"{i}.proj.w"], w[f"{i}.proj.b"])  # (N, h)
+            y = torch.cat(out)                                                     # (N, h/t)
+            if self.reduce is None:
+                x = x + F.linear(y, w[f"{i}.proj.w"], w[f"{i}.proj.b"])           # (N, h)
+            else:                                                                  # row-parallel: partial sums
+                x = x + self.reduce(F.linear(y, w[f"{i}.proj.w"])) + w[f"{i}.proj.b"]
             m = F.layer_norm(x, (cfg.hidden,), w[f"{i}.ln2.w"], w[f"{i}.ln2.b"], 1e-5)
-            x = x + F.linear(F.gelu(F.linear(m, w[f"{i}.fc.w"], w[f"{i}.fc.b"])), w[f"{i}.fc2.w"], w[f"{i}.fc2.b"])
+            g = F.gelu(F.linear(m, w[f"{i}.fc.w"], w[f"{i}.fc.b"]))               # (N, f/t)
+            if self.reduce is None:
+                x = x + F.linear(g, w[f"{i}.fc2.w"], w[f"{i}.fc2.b"])
+            else:
+                x = x + self.reduce(F.linear(g, w[f"{i}.fc2.w"])) + w[f"{i}.fc2.b"]
         ends = torch.tensor(list(_ends(items)), dtype=torch.long)
         last = F.layer_norm(x[ends], (cfg.hidden,), w["ln_f.w"], w["ln_f.b"], 1e-5)  # (items, h)
         return list(last @ w["wte"].t())                                          # each (V,)

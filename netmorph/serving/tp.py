@@ -1,0 +1,52 @@
+"""Tensor-parallel serving over the fabric: Megatron's split of every layer, decode's side of communication.
+
+Each of ``tp`` ranks holds ``heads/tp`` attention heads (their QKV rows, their slice of
+the output projection, **their part of the KV cache**) and ``1/tp`` of the MLP; every
+layer ends its attention and its MLP with an all-reduce of the row-parallel partial
+sums (Megatron's g), so every iteration sends ``2 · layers`` all-reduces of
+``N · hidden`` values, ``N`` = the tokens in the batch (one per decoding sequence): a
+ring all-reduce sends ``2(t-1)/t`` of that per rank, ``2(t-1)`` times it over all ranks.
+Training sends one large gradient all-reduce per step; decode sends many small ones,
+every token.
+
+Every rank runs the same scheduler on the same requests. Its decisions depend on the
+clock, so the iterations must be priced by a time model (deterministic on every rank),
+and the all-reduce gives every rank the same bits, so every rank samples the same
+tokens.
+"""
+
+from __future__ import annotations
+
+
+def _rank(comm, model_cfg, serve_cfg, requests, tp: int, price):
+    import torch
+
+    from netmorph.serving.engine import Engine
+    torch.set_num_threads(1)
+
+    def reduce(t):
+        a = t.contiguous().numpy()
+        with comm.phase("tp"):
+            comm.all_reduce(a, algo="ring")
+        return torch.from_numpy(a)
+    engine = Engine(model_cfg, serve_cfg, price, shard=(tp, comm.rank, reduce))
+    out = engine.run(requests)
+    out["tokens_per_iteration"] = [int(x[4]) for x in engine.timeline]
+    out["kv_bytes_per_block_per_rank"] = engine.model.bytes_per_block()
+    return out
+
+
+def serve_tensor_parallel(model_cfg, serve_cfg, requests, tp: int, price, timeout: float = 60.0) -> dict:
+    """Serve on ``tp`` ranks; rank 0's metrics, plus the all-reduce bytes measured and from the formula."""
+    from netmorph.runtime import launch
+    serve_cfg.check()
+    results, ledger = launch(_rank, tp, model_cfg, serve_cfg, requests, tp, price, ledger=True, timeout=timeout)
+    out = results[0]
+    assert all(r["outputs"] == out["outputs"] for r in results), "TP ranks sampled different tokens"
+    tokens = sum(out.pop("tokens_per_iteration"))
+    phases = ledger.by_phase()
+    out.update(tp=tp, tp_allreduce_bytes=phases.get("tp", {}).get("bytes", 0),
+               tp_allreduce_bytes_formula=2 * model_cfg.layers * 2 * (tp - 1) * tokens * model_cfg.hidden * 8,
+               tp_allreduces=2 * model_cfg.layers * out["iterations"],
+               tp_messages=phases.get("tp", {}).get("messages", 0), tokens_computed=tokens)
+    return out
