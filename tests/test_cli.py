@@ -120,7 +120,8 @@ SECTIONS = ("Collectives: one all-reduce, eight schedules, and the cheapest one 
             "Cluster scale: one step simulated on 1024 ranks")
 FIGURES = ("allreduce_tp_vs_dp.png", "allreduce_winner_map.png", "allreduce_rounds_bytes.png", "fabric_busbw.png",
            "fabric_measured_vs_predicted.png", "train_pipeline.png", "train_traffic.png",
-           "train_zero_memory.png", "moe_traffic.png", "moe_balance.png", "moe_drops.png", "elastic_recovery.png", "serve_kv_and_latency.png", "failures_goodput.png", "sgd_balanced.png",
+           "train_zero_memory.png", "moe_traffic.png", "moe_balance.png", "moe_drops.png", "elastic_recovery.png",
+           "serve_kv_and_latency.png", "serve_phases.png", "failures_goodput.png", "sgd_balanced.png",
            "sgd_straggler.png", "plan_splits.png", "simulate_step.png")
 
 

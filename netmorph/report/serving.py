@@ -6,8 +6,73 @@ import copy
 
 from netmorph.files import save_figure
 
-STEPS = 2
+STEPS = 3
 RATES = (4.0, 8.0, 16.0)
+PHASE_COLORS = {"training: gradient all-reduce": "tab:purple", "prefill: TP all-reduces": "tab:orange",
+                "KV transfer (prefill -> decode ranks)": "tab:red", "decode: TP all-reduces": "tab:blue"}
+
+
+def phase_traffic(out_dir, tick=lambda: None) -> dict:
+    """One data-parallel training step, a disaggregated serve and a tensor-parallel serve on the fabric; every
+    message's bytes by phase over wall time (the ledgers' timestamps), drawn as three panels."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from netmorph.models.gpt import GPTConfig
+    from netmorph.parallel.hybrid import TrainConfig
+    from netmorph.parallel.run import train
+    from netmorph.planner.hardware import PRESETS as HARDWARE
+    from netmorph.serving import workload
+    from netmorph.serving.disagg import serve_disaggregated
+    from netmorph.serving.engine import ServeConfig
+    from netmorph.serving.kv import PRESETS as MODELS
+    from netmorph.serving.roofline import iteration_time
+    from netmorph.serving.tp import serve_tensor_parallel
+    t = train(TrainConfig(dp=4, steps=2, trace=True))
+    train_msgs = [(e["ts"] / 1e6, e["args"]["bytes"], "training: gradient all-reduce")
+                  for e in t["trace"]["traceEvents"] if e.get("ph") == "X" and e.get("cat", "").startswith("dp")]
+    model = GPTConfig(layers=2, hidden=64, heads=4, seq=512, vocab=256)
+    reqs = workload.generate(16, 200.0, model.seq, model.vocab, seed=1, means=(161.31 / 2, 337.99 / 8))
+    cfg = ServeConfig(num_blocks=256, block_size=16)
+    d = serve_disaggregated(model, cfg, copy.deepcopy(reqs), 1, 2, keep_ledger=True)
+    price = (lambda items: iteration_time(MODELS["llama-3-8b"], HARDWARE["a100-80g"], items))   # noqa: E731
+    p = serve_tensor_parallel(model, cfg, copy.deepcopy(reqs), 2, price, keep_ledger=True)
+    names = {"kv": "KV transfer (prefill -> decode ranks)", "tp.prefill": "prefill: TP all-reduces",
+             "tp.decode": "decode: TP all-reduces"}
+    runs = {"one training step, dp 4": train_msgs,
+            "serving, prefill 1 rank : decode 2 ranks": [(r[8], r[2], names[r[5]]) for r in d["ledger"]
+                                                         if r[5] in names],
+            "serving, tensor parallel 2": [(r[8], r[2], names[r[5]]) for r in p["ledger"] if r[5] in names]}
+    tick()
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    totals = {}
+    for ax, (title, msgs) in zip(axes, runs.items()):
+        t0 = min(m[0] for m in msgs)
+        span = max(m[0] for m in msgs) - t0 or 1e-3
+        bins = np.linspace(0, span * 1.0001, 41)
+        bottom = np.zeros(40)
+        for ph, color in PHASE_COLORS.items():
+            x = [m[0] - t0 for m in msgs if m[2] == ph]
+            if not x:
+                continue
+            w = [m[1] for m in msgs if m[2] == ph]
+            h, _ = np.histogram(x, bins, weights=w)
+            ax.bar(1e3 * bins[:-1], h / 1024, width=1e3 * np.diff(bins), bottom=bottom, align="edge", color=color,
+                   label=f"{ph} ({len(x):,} msgs, {sum(w) / 2**20:.1f} MiB)")
+            bottom += h / 1024
+            totals[ph] = (len(x), sum(w))
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("wall time (ms)")
+        ax.legend(fontsize=6.5, loc="upper right")
+    axes[0].set_ylabel("KiB sent per bin")
+    fig.suptitle("bytes on the fabric by phase: training's bursts, prefill's large all-reduces, the KV transfer, "
+                 "decode's stream of small ones", fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, out_dir / "serve_phases.png")
+    plt.close(fig)
+    return totals
 
 
 def build_section(out_dir, tick=lambda: None):
@@ -63,6 +128,7 @@ def build_section(out_dir, tick=lambda: None):
     fig.tight_layout()
     save_figure(fig, out_dir / "serve_kv_and_latency.png")
     plt.close(fig)
+    totals = phase_traffic(out_dir, tick)
     p, c = kv["paged"][1], kv["contiguous"][1]
     hi = {k: v[-1] for k, v in curves.items()}
     html = f"""
@@ -73,12 +139,19 @@ slots; reserving the whole 512-token context per request holds {100 * c['kv_util
 run at once and the run takes {c['duration_s'] / p['duration_s']:.1f}&times; as long. <b>Right</b>: throughput
 against the time to the first token (p90) as the arrival rate grows, for static batches, continuous batching, and continuous
 batching with chunked prefill.</p>
+<p>The second figure puts the phases of communication side by side on the same fabric: one data-parallel
+training step's gradient all-reduce, a disaggregated serve (each prompt's KV sent from the prefill rank to a decode
+rank) and a tensor-parallel serve (Megatron's two all-reduces per layer per iteration: large while prefilling, one
+token's worth per sequence while decoding).</p>
 <p>Reproduce: <code>netmorph serve --kv contiguous</code>, <code>--scheduler static</code>,
 <code>--chunked-prefill 64</code>; <code>python benchmarks/serve.py</code> for the full-size comparison.</p>
 """
     files = [("serve_kv_and_latency.png", "KV slots reserved and holding tokens over time, paged vs contiguous; "
-                                          "throughput vs time to first token per scheduler.")]
+                                          "throughput vs time to first token per scheduler."),
+             ("serve_phases.png", "Bytes on the fabric by phase over wall time: a training step, disaggregated "
+                                  "serving, tensor-parallel serving.")]
     summary = [f"KV utilisation: paged {100 * p['kv_utilization']:.0f}%, contiguous {100 * c['kv_utilization']:.0f}% "
                f"(same 32 requests, 64 blocks); run {c['duration_s'] / p['duration_s']:.1f}x longer contiguous",
-               "at 16 requests/s: " + ", ".join(f"{k} {m['throughput_tok_s']:,.0f} tok/s" for k, m in hi.items())]
+               "at 16 requests/s: " + ", ".join(f"{k} {m['throughput_tok_s']:,.0f} tok/s" for k, m in hi.items()),
+               "bytes by phase: " + ", ".join(f"{k} {n:,} msgs / {b / 2**20:.1f} MiB" for k, (n, b) in totals.items())]
     return Section("Serving: paged KV cache and iteration-level scheduling", html, files, summary)

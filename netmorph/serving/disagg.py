@@ -59,7 +59,8 @@ def _rank(comm, model_cfg, serve_cfg, requests, P: int, D: int):
     return {"role": "decode", **out}
 
 
-def serve_disaggregated(model_cfg, serve_cfg, requests, P: int, D: int, timeout: float = 60.0) -> dict:
+def serve_disaggregated(model_cfg, serve_cfg, requests, P: int, D: int, timeout: float = 60.0,
+                        keep_ledger: bool = False) -> dict:
     """Run the workload on P prefill + D decode ranks of the local fabric; outputs and the KV bytes moved."""
     from netmorph.runtime import launch
     serve_cfg.check()
@@ -76,4 +77,5 @@ def serve_disaggregated(model_cfg, serve_cfg, requests, P: int, D: int, timeout:
             "decode_ranks": D, "kv_transfer_bytes": phases.get("kv", {}).get("bytes", 0),
             "kv_transfer_bytes_formula": sum(per_token * len(r.prompt) for r in requests),
             "kv_header_bytes": phases.get("kv.hdr", {}).get("bytes", 0),
-            "free_blocks_at_end": [res["free_blocks_at_end"] for res in results], "outputs": outputs}
+            "free_blocks_at_end": [res["free_blocks_at_end"] for res in results], "outputs": outputs,
+            **({"ledger": ledger.records} if keep_ledger else {})}

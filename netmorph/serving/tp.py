@@ -24,20 +24,30 @@ def _rank(comm, model_cfg, serve_cfg, requests, tp: int, price):
     from netmorph.serving.engine import Engine
     torch.set_num_threads(1)
 
+    kind = ["decode"]
+
     def reduce(t):
         a = t.contiguous().numpy()
-        with comm.phase("tp"):
+        with comm.phase("tp." + kind[0]):
             comm.all_reduce(a, algo="ring")
         return torch.from_numpy(a)
     engine = Engine(model_cfg, serve_cfg, price, shard=(tp, comm.rank, reduce))
+    forward = engine.model.forward
+
+    def tagged(items):                 # the ledger tells a prefill iteration's all-reduces from a decode one's
+        kind[0] = "prefill" if any(len(it[0]) > 1 for it in items) else "decode"
+        return forward(items)
+    engine.model.forward = tagged
     out = engine.run(requests)
     out["tokens_per_iteration"] = [int(x[4]) for x in engine.timeline]
     out["kv_bytes_per_block_per_rank"] = engine.model.bytes_per_block()
     return out
 
 
-def serve_tensor_parallel(model_cfg, serve_cfg, requests, tp: int, price, timeout: float = 60.0) -> dict:
-    """Serve on ``tp`` ranks; rank 0's metrics, plus the all-reduce bytes measured and from the formula."""
+def serve_tensor_parallel(model_cfg, serve_cfg, requests, tp: int, price, timeout: float = 60.0,
+                          keep_ledger: bool = False) -> dict:
+    """Serve on ``tp`` ranks; rank 0's metrics, plus the all-reduce bytes measured and from the formula
+    (ledger phases ``tp.prefill`` and ``tp.decode``; ``keep_ledger``: every message, as ``ledger``)."""
     from netmorph.runtime import launch
     serve_cfg.check()
     results, ledger = launch(_rank, tp, model_cfg, serve_cfg, requests, tp, price, ledger=True, timeout=timeout)
@@ -45,8 +55,12 @@ def serve_tensor_parallel(model_cfg, serve_cfg, requests, tp: int, price, timeou
     assert all(r["outputs"] == out["outputs"] for r in results), "TP ranks sampled different tokens"
     tokens = sum(out.pop("tokens_per_iteration"))
     phases = ledger.by_phase()
-    out.update(tp=tp, tp_allreduce_bytes=phases.get("tp", {}).get("bytes", 0),
+    tp_phases = [v for k, v in phases.items() if k.startswith("tp.")]
+    out.update(tp=tp, tp_allreduce_bytes=sum(v["bytes"] for v in tp_phases),
+               tp_bytes_by_phase={k: v["bytes"] for k, v in phases.items() if k.startswith("tp.")},
                tp_allreduce_bytes_formula=2 * model_cfg.layers * 2 * (tp - 1) * tokens * model_cfg.hidden * 8,
                tp_allreduces=2 * model_cfg.layers * out["iterations"],
-               tp_messages=phases.get("tp", {}).get("messages", 0), tokens_computed=tokens)
+               tp_messages=sum(v["messages"] for v in tp_phases), tokens_computed=tokens)
+    if keep_ledger:
+        out["ledger"] = ledger.records
     return out
