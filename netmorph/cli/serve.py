@@ -183,12 +183,7 @@ def _serve(args) -> int:
     out["rejections"] = [{"line": k, "reason": why} for k, why in bad] + out["rejections"]
     outputs = out.pop("outputs")
     if args.check:
-        from netmorph.serving.model import generate_alone
-        by_id = {r.rid: r for r in reqs}
-        ids = sorted(outputs)[:args.check]
-        same = sum(outputs[i] == generate_alone(model, by_id[i].prompt, by_id[i].output_len, args.temperature,
-                                                i * 1_000_003) for i in ids)
-        out["check"] = {"requests": len(ids), "identical": same}
+        out["check"] = _check(args, model, reqs, outputs)
     if args.json:
         print(json.dumps(out))
         return 0 if not args.check or out["check"]["identical"] == out["check"]["requests"] else 1
@@ -196,13 +191,7 @@ def _serve(args) -> int:
         if "request" in r:
             print(f"netmorph serve: request {r['request']} rejected: {r['reason']}", file=sys.stderr)
     _print(args, cfg, model, out)
-    if args.check:
-        c = out["check"]
-        ok = c["identical"] == c["requests"]
-        print(f"# check: {c['identical']}/{c['requests']} requests decoded alone (no cache, the training model) give "
-              f"the same tokens {'✓' if ok else '✗'}")
-        return 0 if ok else 1
-    return 0
+    return _print_check(out) if args.check else 0
 
 
 def _disaggregated(args, model, cfg, reqs, bad) -> int:
@@ -229,12 +218,7 @@ def _disaggregated(args, model, cfg, reqs, bad) -> int:
     out["rejections"] = [{"line": k, "reason": why} for k, why in bad] + rejected
     out["scheduler"], out["kv"] = f"disaggregated {P}:{D}", cfg.kv
     if args.check:
-        from netmorph.serving.model import generate_alone
-        by_id = {r.rid: r for r in ok}
-        ids = sorted(outputs)[:args.check]
-        same = sum(outputs[i] == generate_alone(model, by_id[i].prompt, by_id[i].output_len, args.temperature,
-                                                i * 1_000_003) for i in ids)
-        out["check"] = {"requests": len(ids), "identical": same}
+        out["check"] = _check(args, model, ok, outputs)
     good = not args.check or out["check"]["identical"] == out["check"]["requests"]
     if args.json:
         print(json.dumps(out))
@@ -246,11 +230,25 @@ def _disaggregated(args, model, cfg, reqs, bad) -> int:
     print(f"KV on the wire {out['kv_transfer_bytes']:,} B measured = {out['kv_transfer_bytes_formula']:,} B from "
           f"2 x layers x hidden x 8 B x prompt tokens ({'equal' if out['kv_transfer_bytes'] == out['kv_transfer_bytes_formula'] else 'DIFFERENT'}); "
           f"{out['kv_transfer_bytes'] / n / 1024:,.1f} KiB per request, + {out['kv_header_bytes']:,} B of headers")
-    if args.check:
-        c = out["check"]
-        print(f"# check: {c['identical']}/{c['requests']} requests decoded alone (no cache, the training model) give "
-              f"the same tokens {'✓' if good else '✗'}")
-    return 0 if good else 1
+    return _print_check(out) if args.check else 0
+
+
+def _check(args, model, reqs, outputs) -> dict:
+    """Decode the first ``--check`` completed requests alone (the training model, no cache) and compare."""
+    from netmorph.serving.model import generate_alone
+    by_id = {r.rid: r for r in reqs}
+    ids = sorted(i for i in outputs if i in by_id)[:args.check]
+    same = sum(outputs[i] == generate_alone(model, by_id[i].prompt, by_id[i].output_len, args.temperature,
+                                            i * 1_000_003) for i in ids)
+    return {"requests": len(ids), "identical": same}
+
+
+def _print_check(out) -> int:
+    c = out["check"]
+    ok = c["identical"] == c["requests"]
+    print(f"# check: {c['identical']}/{c['requests']} requests decoded alone (no cache, the training model) give "
+          f"the same tokens {'✓' if ok else '✗'}")
+    return 0 if ok else 1
 
 
 def _tensor_parallel(args, model, cfg, reqs, bad) -> int:
@@ -258,15 +256,9 @@ def _tensor_parallel(args, model, cfg, reqs, bad) -> int:
     out = serve_tensor_parallel(model, cfg, reqs, args.tp, _time_model(args.time_model))
     outputs = out.pop("outputs")
     out["rejected"] += len(bad)
-    good = True
     if args.check:
-        from netmorph.serving.model import generate_alone
-        by_id = {r.rid: r for r in reqs}
-        ids = sorted(i for i in outputs if i in by_id)[:args.check]
-        same = sum(outputs[i] == generate_alone(model, by_id[i].prompt, by_id[i].output_len, args.temperature,
-                                                i * 1_000_003) for i in ids)
-        out["check"] = {"requests": len(ids), "identical": same}
-        good = same == len(ids)
+        out["check"] = _check(args, model, reqs, outputs)
+    good = not args.check or out["check"]["identical"] == out["check"]["requests"]
     if args.json:
         print(json.dumps(out))
         return 0 if good else 1
@@ -276,11 +268,7 @@ def _tensor_parallel(args, model, cfg, reqs, bad) -> int:
           f"tokens x hidden x 8 B = {out['tp_allreduce_bytes_formula']:,} B "
           f"({'equal' if out['tp_allreduce_bytes'] == out['tp_allreduce_bytes_formula'] else 'DIFFERENT'}); "
           f"each rank keeps {args.heads // args.tp} of {args.heads} heads' KV")
-    if args.check:
-        c = out["check"]
-        print(f"# check: {c['identical']}/{c['requests']} requests decoded alone (no cache, the training model) give "
-              f"the same tokens {'✓' if good else '✗'}")
-    return 0 if good else 1
+    return _print_check(out) if args.check else 0
 
 
 def _time_model(text: str):
