@@ -228,3 +228,24 @@ def test_bad_tp_and_time_model_flags_exit_2(argv, capsys):
     assert main(["serve", "--requests", "2", *argv]) == 2
     err = capsys.readouterr().err
     assert ("--tp" in err or "--time-model" in err) and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.timeout(120)
+def test_disaggregated_latencies_are_priced_from_the_prefill_rank_and_the_kv_transfer(capsys):
+    """TTFT is the prefill rank's (its priced prefill after the request's arrival), the decode rank starts a request
+    only once its KV has crossed; the CLI sets disaggregated and colocated latencies side by side."""
+    from netmorph.planner.hardware import PRESETS as HARDWARE
+    from netmorph.serving.disagg import serve_disaggregated
+    from netmorph.serving.roofline import iteration_time
+    m, hw = PRESETS["llama-3-8b"], HARDWARE["a100-80g"]
+    reqs = _requests(seed=3, n=6, shared=False)
+    out = serve_disaggregated(CFG, ServeConfig(num_blocks=64, block_size=4), copy.deepcopy(reqs), 1, 1,
+                              price=lambda items: iteration_time(m, hw, items),
+                              kv_seconds_per_token=m.kv_bytes_per_token() / hw.nic_bandwidth)
+    alone_prefill = min(iteration_time(m, hw, [(len(r.prompt), 0)]) for r in reqs)
+    assert out["ttft_s"]["p50"] >= alone_prefill > 0 and out["tpot_s"]["p50"] > 0
+    assert main(["serve", "--requests", "6", "--context", "128", "--kv-blocks", "64", "--block-size", "4",
+                 "--layers", "1", "--hidden", "16", "--heads", "2", "--vocab", "32", "--disaggregate", "1:1",
+                 "--json"]) == 0
+    j = json.loads(capsys.readouterr().out)
+    assert j["colocated"]["ttft_s"]["p50"] > 0 and j["ttft_s"]["p50"] > 0 and j["completed"] == 6

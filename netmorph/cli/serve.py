@@ -195,6 +195,8 @@ def _serve(args) -> int:
 
 
 def _disaggregated(args, model, cfg, reqs, bad) -> int:
+    import copy
+
     from netmorph.serving.disagg import serve_disaggregated
     from netmorph.serving.engine import Engine
     try:
@@ -212,7 +214,15 @@ def _disaggregated(args, model, cfg, reqs, bad) -> int:
         if why:
             rejected.append({"request": r.rid, "reason": why})
     ok = [r for r in reqs if all(x["request"] != r.rid for x in rejected)]
-    out = serve_disaggregated(model, cfg, ok, P, D)
+    price, kv_s = _time_model(args.time_model), 0.0
+    if price is not None:
+        from netmorph.planner.hardware import PRESETS as HARDWARE
+        from netmorph.serving.kv import PRESETS as MODELS
+        name, _, hw = args.time_model.partition("@")
+        kv_s = MODELS[name].kv_bytes_per_token() / HARDWARE[hw].nic_bandwidth     # prefill and decode on two nodes
+    out = serve_disaggregated(model, cfg, copy.deepcopy(ok), P, D, price=price, kv_seconds_per_token=kv_s)
+    together = Engine(model, cfg, price).run(copy.deepcopy(ok))
+    out["colocated"] = {k: together[k] for k in ("ttft_s", "tpot_s", "throughput_tok_s", "duration_s")}
     outputs = out.pop("outputs")
     out["rejected"] = len(rejected) + len(bad)
     out["rejections"] = [{"line": k, "reason": why} for k, why in bad] + rejected
@@ -227,9 +237,20 @@ def _disaggregated(args, model, cfg, reqs, bad) -> int:
     print(f"# netmorph serve --disaggregate {P}:{D}: prefill on ranks 0..{P - 1}, decode on ranks {P}..{P + D - 1} "
           f"of the local fabric; {len(ok)} requests ({out['rejected']} rejected)")
     print(f"requests       {out['completed']} completed, {out['tokens_out']:,} tokens out")
+    c = out["colocated"]
+
+    def ms(d, k):
+        return f"{1e3 * d[k]:.1f}" if d[k] is not None else "-"
+    print(f"{'':<26} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} {'TPOT p99':>9} {'tokens/s':>9}   (ms)")
+    for label, d in ((f"disaggregated {P}:{D}", out), ("colocated (one engine)", c)):
+        print(f"{label:<26} {ms(d['ttft_s'], 'p50'):>9} {ms(d['ttft_s'], 'p99'):>9} {ms(d['tpot_s'], 'p50'):>9} "
+              f"{ms(d['tpot_s'], 'p99'):>9} {d['throughput_tok_s']:>9,.0f}")
     print(f"KV on the wire {out['kv_transfer_bytes']:,} B measured = {out['kv_transfer_bytes_formula']:,} B from "
           f"2 x layers x hidden x 8 B x prompt tokens ({'equal' if out['kv_transfer_bytes'] == out['kv_transfer_bytes_formula'] else 'DIFFERENT'}); "
           f"{out['kv_transfer_bytes'] / n / 1024:,.1f} KiB per request, + {out['kv_header_bytes']:,} B of headers")
+    if args.time_model != "measured":
+        print(f"# time: iterations priced as {args.time_model.replace('@', ' on ')}; the KV crosses between the "
+              f"prefill and decode nodes at the NIC's bandwidth")
     return _print_check(out) if args.check else 0
 
 

@@ -16,33 +16,39 @@ The bytes on the wire per request are the KV formula times the prompt length,
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 
-def _rank(comm, model_cfg, serve_cfg, requests, P: int, D: int):
+def _rank(comm, model_cfg, serve_cfg, requests, P: int, D: int, price, kv_seconds_per_token: float):
     import torch
 
     from netmorph.serving.engine import Engine
     from netmorph.serving.model import sample
     torch.set_num_threads(1)
     me = comm.rank
-    engine = Engine(model_cfg, serve_cfg)
+    engine = Engine(model_cfg, serve_cfg, price)
     order = sorted(requests, key=lambda r: (r.arrival, r.rid))
-    if me < P:                                                   # prefill
+    if me < P:                                                   # prefill, one request at a time
+        clock = 0.0
         for r in (q for q in order if q.rid % P == me):
+            t0 = time.perf_counter()
             r.tokens = list(r.prompt)
             engine.bm.allocate(r.rid, r.tokens)
             n = len(r.prompt)
             slots = [engine.bm.slot(r.rid, r.tokens[:j + 1]) for j in range(n)]
             (logits,) = engine.model.forward([(r.tokens, 0, slots, engine.bm.tables[r.rid].blocks)])
             first = sample(logits, serve_cfg.temperature, r.rid * 1_000_003 + n)
+            clock = max(clock, r.arrival) + (price([(n, 0)]) if price else time.perf_counter() - t0)
+            ready = clock + n * kv_seconds_per_token                # the KV crosses to the decode node
             table = engine.bm.tables[r.rid].blocks
             kv = np.stack([np.stack([engine.model.gather(i, table, n)[0].numpy(),
                                      engine.model.gather(i, table, n)[1].numpy()])
                            for i in range(model_cfg.layers)])           # (layers, 2, n, heads, hd)
             dst = P + r.rid % D
             with comm.phase("kv.hdr"):
-                comm.send(np.array([r.rid, n, first], dtype=np.int64), dst)
+                comm.send(np.array([r.rid, n, first, clock, ready], dtype=np.float64), dst)
             with comm.phase("kv"):
                 comm.send(np.ascontiguousarray(kv), dst)
             engine.bm.free_seq(r.rid)
@@ -50,30 +56,47 @@ def _rank(comm, model_cfg, serve_cfg, requests, P: int, D: int):
     arrivals = []
     heads, hd = model_cfg.heads, model_cfg.hidden // model_cfg.heads
     for r in (q for q in order if q.rid % D == me - P):          # decode
-        hdr = np.empty(3, dtype=np.int64)
+        hdr = np.empty(5, dtype=np.float64)
         comm.recv(hdr, r.rid % P)
         kv = np.empty((model_cfg.layers, 2, int(hdr[1]), heads, hd))
         comm.recv(kv, r.rid % P)
-        arrivals.append((r, kv, int(hdr[2])))
+        r.first_token_at = float(hdr[3])
+        arrivals.append((r, kv, int(hdr[2]), float(hdr[4])))
     out = engine.decode_prefilled(arrivals)
+    done = [r for r, *_ in arrivals if r.status == "finished"]
+    out["ttft_list"] = [r.first_token_at - r.arrival for r in done]
+    out["tpot_list"] = [(r.finished_at - r.first_token_at) / (r.generated - 1) for r in done if r.generated > 1]
+    out["last_finish"] = max((r.finished_at for r in done), default=0.0)
     return {"role": "decode", **out}
 
 
 def serve_disaggregated(model_cfg, serve_cfg, requests, P: int, D: int, timeout: float = 60.0,
-                        keep_ledger: bool = False) -> dict:
-    """Run the workload on P prefill + D decode ranks of the local fabric; outputs and the KV bytes moved."""
+                        keep_ledger: bool = False, price=None, kv_seconds_per_token: float = 0.0) -> dict:
+    """Run the workload on P prefill + D decode ranks of the local fabric; outputs, the KV bytes moved, and
+    latencies. ``price`` prices iterations (see :class:`~netmorph.serving.engine.Engine`);
+    ``kv_seconds_per_token``: the priced transfer of one token's KV between the nodes (e.g. the real model's KV
+    bytes per token over the NIC's bandwidth)."""
     from netmorph.runtime import launch
     serve_cfg.check()
-    results, ledger = launch(_rank, P + D, model_cfg, serve_cfg, requests, P, D, ledger=True, timeout=timeout)
-    outputs, completed, tokens = {}, 0, 0
+    results, ledger = launch(_rank, P + D, model_cfg, serve_cfg, requests, P, D, price, kv_seconds_per_token,
+                             ledger=True, timeout=timeout)
+    outputs, completed, tokens, ttft, tpot, ends = {}, 0, 0, [], [], []
     for res in results:
         if res["role"] == "decode":
             outputs.update(res["outputs"])
             completed += res["completed"]
             tokens += res["tokens_out"]
+            ttft += res["ttft_list"]
+            tpot += res["tpot_list"]
+            ends.append(res["last_finish"])
+    span = max(ends, default=0.0) - min((r.arrival for r in requests), default=0.0)
     per_token = 2 * model_cfg.layers * model_cfg.hidden * 8                    # float64 K and V, every head
     phases = ledger.by_phase()
+    def pct(a):
+        return {f"p{q}": float(np.percentile(a, q)) if len(a) else None for q in (50, 90, 99)}
     return {"requests": len(requests), "completed": completed, "tokens_out": tokens, "prefill_ranks": P,
+            "ttft_s": pct(ttft), "tpot_s": pct(tpot), "duration_s": span,
+            "throughput_tok_s": tokens / span if span > 0 else 0.0,
             "decode_ranks": D, "kv_transfer_bytes": phases.get("kv", {}).get("bytes", 0),
             "kv_transfer_bytes_formula": sum(per_token * len(r.prompt) for r in requests),
             "kv_header_bytes": phases.get("kv.hdr", {}).get("bytes", 0),

@@ -297,28 +297,36 @@ class Engine:
             self.model.k[layer][sb, so] = torch.as_tensor(kv[layer, 0])
             self.model.v[layer][sb, so] = torch.as_tensor(kv[layer, 1])
         r.tokens.append(first)
-        r.computed, r.status, r.first_token_at = n, "running", self.clock
+        r.computed, r.status = n, "running"
         return True
 
     def decode_prefilled(self, arrivals) -> dict:
-        """Decode every (request, kv, first token) of ``arrivals`` to the end, admitting as the pool allows."""
-        pending, running, waiting, swapped, finished = list(arrivals), [], [], [], []
+        """Decode every (request, kv, first token, ready at) of ``arrivals`` to the end: a request joins when its
+        KV has arrived (``ready``, on this engine's clock) and the pool can hold it; its TTFT is the prefill
+        rank's (``first_token_at`` set by the caller)."""
+        pending = sorted(arrivals, key=lambda a: (a[3], a[0].rid))
+        running, waiting, swapped, finished = [], [], [], []
         while pending or running or waiting or swapped:
-            while pending and len(running) < self.cfg.max_seqs and not waiting:
-                r, kv, first = pending[0]
+            while (pending and pending[0][3] <= self.clock and len(running) < self.cfg.max_seqs and not waiting):
+                r, kv, first, _ = pending[0]
+                t_first = r.first_token_at
                 if not self.admit_prefilled(r, kv, first):
                     break
+                r.first_token_at = t_first
                 pending.pop(0)
                 if r.generated >= r.output_len:
                     self.bm.free_seq(r.rid)
-                    r.status, r.finished_at = "finished", self.clock
+                    r.status, r.finished_at = "finished", max(self.clock, t_first)
                     finished.append(r)
                 else:
                     running.append(r)
             if not (running or waiting or swapped):
+                if pending and pending[0][3] > self.clock:
+                    self.clock = pending[0][3]                  # idle until the next KV arrives
+                    continue
                 raise RuntimeError("a prefilled request does not fit the decode pool")
             finished += self.step(running, waiting, swapped)
-        return self.metrics([r for r, _, _ in arrivals], finished, [])
+        return self.metrics([a[0] for a in arrivals], finished, [])
 
     # -- the run ------------------------------------------------------------------------------------------
     def run(self, requests: list, progress=None) -> dict:
