@@ -4,7 +4,9 @@ Schedulers (``scheduler``):
 
 - ``static`` -- request-level batching (HF ``generate``): when the engine is idle it
   takes up to ``max_seqs`` arrived requests, prefills them and decodes until the
-  last one finishes; nobody joins a running batch.
+  last one finishes; nobody joins a running batch, and a finished row stays in it
+  as padding (its KV held, and a priced iteration still pays for its token) until
+  the batch ends -- or until the pool needs its blocks.
 - ``continuous`` -- iteration-level scheduling (Orca, Yu et al. 2022; vLLM): requests
   join and leave the batch every iteration. As vLLM (v0) does without chunked
   prefill, an iteration either prefills newly admitted requests (FCFS, up to
@@ -116,6 +118,7 @@ class Engine:
         self.timeline = []               # (t, slots holding a token, slots reserved, running, tokens this iteration)
         self.iterations = 0
         self.frozen = False
+        self.padding = []                # static batches: finished rows kept until the batch ends (HF generate)
         self.prefix_cached_tokens = 0    # prompt tokens found in shared blocks (not computed again)
 
     # -- admission ----------------------------------------------------------------------------------------
@@ -233,6 +236,9 @@ class Engine:
             need = sum(self.bm.blocks_to_grow(r.rid, n) for r, n in batch)
             if need <= self.bm.num_free():
                 break
+            if self.padding:                                  # a static batch's finished rows give way first
+                self._release_padding()
+                continue
             if not running:
                 raise RuntimeError("nothing left to preempt and the batch does not fit (admission should refuse it)")
             self._preempt(running, waiting, swapped)
@@ -245,7 +251,8 @@ class Engine:
                 for r, n, slots in items]
         logits = self.model.forward(work) if work else []
         done = []
-        priced = self.time_model([(n, r.computed) for r, n, _ in items]) if self.time_model else None
+        priced = (self.time_model([(n, r.computed) for r, n, _ in items] + [(1, len(p.tokens)) for p in self.padding])
+                  if self.time_model else None)
         forks = []
         for (r, n, _), lg in zip(items, logits):
             r.computed += n
@@ -276,10 +283,20 @@ class Engine:
             r.finished_at = self.clock
             r.status = "finished"
             running.remove(r)
-            self.bm.free_seq(r.rid)
+            if self.cfg.scheduler == "static":
+                self.padding.append(r)                    # HF generate: a finished row stays in the batch as padding
+            else:
+                self.bm.free_seq(r.rid)
+        if not running:
+            self._release_padding()
         self.timeline.append((self.clock, self.bm.used_slots(), self.bm.reserved_slots(), len(running),
                               sum(n for _, n, _ in items), dt))
         return done
+
+    def _release_padding(self) -> None:
+        for p in self.padding:
+            self.bm.free_seq(p.rid)
+        self.padding = []
 
     # -- disaggregation: requests whose prefill ran elsewhere ----------------------------------------------
     def admit_prefilled(self, r: Request, kv, first: int) -> bool:
