@@ -249,3 +249,19 @@ def test_disaggregated_latencies_are_priced_from_the_prefill_rank_and_the_kv_tra
                  "--json"]) == 0
     j = json.loads(capsys.readouterr().out)
     assert j["colocated"]["ttft_s"]["p50"] > 0 and j["ttft_s"]["p50"] > 0 and j["completed"] == 6
+
+
+def test_a_static_batch_keeps_finished_rows_as_padding_until_it_ends():
+    """HF generate: a short request that finishes first keeps its KV (and its priced token) in the batch until the
+    longest one finishes; only then does the pool empty and the next batch start."""
+    priced = []
+    reqs = [Request(0, [1, 2, 3], 2, 0.0), Request(1, [4, 5, 6], 9, 0.0), Request(2, [7, 8], 3, 0.0)]
+    e = Engine(CFG, ServeConfig(num_blocks=64, block_size=4, scheduler="static", max_seqs=2),
+               lambda items: priced.append(len(items)) or 1e-3)
+    out = e.run(copy.deepcopy(reqs))
+    assert out["completed"] == 3 and out["free_blocks_at_end"] == 64
+    used = [t[1] for t in e.timeline]                      # slots holding a token after each iteration
+    # requests 0 and 1 form the first batch: 9 iterations (the prefill, then 8 decodes); the batch's pool is released
+    # only after its last one (0 slots), request 0's blocks are held from its finish (iteration 2) until then
+    assert all(b > a for a, b in zip(used[:8], used[1:8])) and used[8] == 0, used
+    assert priced[:9] == [2] * 9 and priced[9] == 1         # the finished row is paid for, as padding, to the end
