@@ -122,7 +122,7 @@ class BlockManager:
 
     def slot(self, seq: int, token_ids) -> tuple[int, int]:
         """The (block, offset) where the sequence's next token goes, allocating or copying-on-write as
-        needed; ``token_ids`` is the sequence including that token (to register full blocks' hashes)."""
+        needed; ``token_ids`` holds the sequence at least up to that token (to register full blocks' hashes)."""
         t = self.tables[seq]
         k, off = divmod(t.tokens, self.block_size)
         if k == len(t.blocks):

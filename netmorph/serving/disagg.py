@@ -37,14 +37,13 @@ def _rank(comm, model_cfg, serve_cfg, requests, P: int, D: int, price, kv_second
             r.tokens = list(r.prompt)
             engine.bm.allocate(r.rid, r.tokens)
             n = len(r.prompt)
-            slots = [engine.bm.slot(r.rid, r.tokens[:j + 1]) for j in range(n)]
+            slots = [engine.bm.slot(r.rid, r.tokens) for _ in range(n)]
             (logits,) = engine.model.forward([(r.tokens, 0, slots, engine.bm.tables[r.rid].blocks)])
             first = sample(logits, serve_cfg.temperature, r.rid * 1_000_003 + n)
             clock = max(clock, r.arrival) + (price([(n, 0)]) if price else time.perf_counter() - t0)
             ready = clock + n * kv_seconds_per_token                # the KV crosses to the decode node
             table = engine.bm.tables[r.rid].blocks
-            kv = np.stack([np.stack([engine.model.gather(i, table, n)[0].numpy(),
-                                     engine.model.gather(i, table, n)[1].numpy()])
+            kv = np.stack([torch.stack(engine.model.gather(i, table, n)).numpy()
                            for i in range(model_cfg.layers)])           # (layers, 2, n, heads, hd)
             dst = P + r.rid % D
             with comm.phase("kv.hdr"):

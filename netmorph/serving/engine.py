@@ -179,10 +179,7 @@ class Engine:
 
     # -- one iteration ------------------------------------------------------------------------------------
     def _slots(self, r: Request, n: int) -> list:
-        out = []
-        for j in range(r.computed, r.computed + n):
-            out.append(self.bm.slot(r.rid, r.tokens[:j + 1]))
-        return out
+        return [self.bm.slot(r.rid, r.tokens) for _ in range(n)]
 
     def _batch(self, running, waiting, swapped) -> list:
         """[(request, number of its tokens to compute now)] for this iteration."""
@@ -307,7 +304,7 @@ class Engine:
             return False
         r.tokens = list(r.prompt)
         self.bm.allocate(r.rid, r.tokens)
-        slots = [self.bm.slot(r.rid, r.tokens[:j + 1]) for j in range(n)]
+        slots = [self.bm.slot(r.rid, r.tokens) for _ in range(n)]
         sb = torch.tensor([b for b, _ in slots], dtype=torch.long)
         so = torch.tensor([o for _, o in slots], dtype=torch.long)
         for layer in range(self.mcfg.layers):

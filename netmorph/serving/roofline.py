@@ -15,19 +15,26 @@ from __future__ import annotations
 from netmorph.serving.kv import ServeModel
 
 
-def phase(m: ServeModel, hw, batch: int, new: int, context: int) -> dict:
-    """FLOPs, bytes, intensity and roofline time of one forward pass."""
-    b = m.dtype_bytes
-    h, L = m.hidden, m.layers
+def flops_and_bytes(m: ServeModel, items) -> tuple[float, float]:
+    """FLOPs and HBM bytes of one forward pass over ``items`` = [(new tokens, tokens already in context)], one
+    per sequence: the weights are read once for the whole batch, each sequence reads its own KV and writes
+    its new tokens' KV, and each produces logits for its last token."""
+    h = m.hidden
     weights = m.params() - m.vocab * h * (2 if m.gated else 1)                 # the transformer layers
-    tokens = batch * new
-    pairs = batch * (new * context + new * (new + 1) / 2)                      # causal (query, key) pairs
-    flops = 2 * weights * tokens + 4 * L * m.heads * m.head_dim * pairs + 2 * m.vocab * h * batch
     kv = m.kv_bytes_per_token()
-    nbytes = (weights + m.vocab * h) * b + batch * context * kv + tokens * kv
+    flops, nbytes = 0.0, (weights + m.vocab * h) * m.dtype_bytes
+    for new, ctx in items:
+        pairs = new * ctx + new * (new + 1) / 2                                 # causal (query, key) pairs
+        flops += 2 * weights * new + 4 * m.layers * m.heads * m.head_dim * pairs + 2 * m.vocab * h
+        nbytes += ctx * kv + new * kv
+    return flops, nbytes
+
+
+def phase(m: ServeModel, hw, batch: int, new: int, context: int) -> dict:
+    """FLOPs, bytes, intensity and roofline time of one forward pass of ``batch`` sequences."""
+    flops, nbytes = flops_and_bytes(m, [(new, context)] * batch)
     intensity = flops / nbytes
-    t = max(flops / hw.peak_flops, nbytes / hw.hbm_bandwidth)
-    return {"flops": flops, "bytes": nbytes, "intensity": intensity, "time_s": t,
+    return {"flops": flops, "bytes": nbytes, "intensity": intensity, "time_s": _roof(hw, flops, nbytes),
             "bound": "compute" if intensity >= hw.peak_flops / hw.hbm_bandwidth else "memory"}
 
 
@@ -39,16 +46,11 @@ def roofline(m: ServeModel, hw, batch: int = 1, prompt: int = 512, context: int 
 
 
 def iteration_time(m: ServeModel, hw, items) -> float:
-    """Roofline time of one serving iteration of model ``m`` on ``hw``: ``items`` = [(new tokens, tokens already
-    in context)] per sequence. The weights are read once for the whole batch -- why batching decodes is nearly
-    free until the pass turns compute-bound -- and each sequence reads its own KV."""
-    b, h = m.dtype_bytes, m.hidden
-    weights = m.params() - m.vocab * h * (2 if m.gated else 1)
-    kv = m.kv_bytes_per_token()
-    flops = nbytes = 0.0
-    for new, ctx in items:
-        pairs = new * ctx + new * (new + 1) / 2
-        flops += 2 * weights * new + 4 * m.layers * m.heads * m.head_dim * pairs + 2 * m.vocab * h
-        nbytes += ctx * kv + new * kv
-    nbytes += (weights + m.vocab * h) * b
+    """Roofline time of one serving iteration of model ``m`` on ``hw`` over ``items`` (see
+    :func:`flops_and_bytes`): the weights are read once for the whole batch -- why batching decodes is nearly
+    free until the pass turns compute-bound."""
+    return _roof(hw, *flops_and_bytes(m, items))
+
+
+def _roof(hw, flops: float, nbytes: float) -> float:
     return max(flops / hw.peak_flops, nbytes / hw.hbm_bandwidth)
