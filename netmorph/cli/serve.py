@@ -172,7 +172,7 @@ def _serve(args) -> int:
         return _disaggregated(args, model, cfg, reqs, bad)
     if args.tp > 1:
         return _tensor_parallel(args, model, cfg, reqs, bad)
-    engine = Engine(model, cfg, _time_model(args.time_model))
+    engine = Engine(model, cfg, _time_model(args.time_model)[0])
     tty = sys.stderr.isatty()
 
     def progress(done, total):
@@ -206,22 +206,14 @@ def _disaggregated(args, model, cfg, reqs, bad) -> int:
                          f"{args.disaggregate!r}") from None
     if not (1 <= P <= 8 and 1 <= D <= 8):
         raise UsageError(f"--disaggregate {args.disaggregate}: 1..8 prefill and 1..8 decode ranks")
-    gate = Engine(model, cfg)
-    rejected = []
-    for r in reqs:
-        r.tokens = list(r.prompt)
-        why = gate._reject_reason(r)
-        if why:
-            rejected.append({"request": r.rid, "reason": why})
-    ok = [r for r in reqs if all(x["request"] != r.rid for x in rejected)]
-    price, kv_s = _time_model(args.time_model), 0.0
-    if price is not None:
-        from netmorph.planner.hardware import PRESETS as HARDWARE
-        from netmorph.serving.kv import PRESETS as MODELS
-        name, _, hw = args.time_model.partition("@")
-        kv_s = MODELS[name].kv_bytes_per_token() / HARDWARE[hw].nic_bandwidth     # prefill and decode on two nodes
+    price, priced_model, hardware = _time_model(args.time_model)
+    # prefill and decode on two nodes: a token's KV crosses at the NIC's bandwidth
+    kv_s = priced_model.kv_bytes_per_token() / hardware.nic_bandwidth if price else 0.0
+    together = Engine(model, cfg, price).run(copy.deepcopy(reqs))     # one engine: the side-by-side, and the refusals
+    rejected = together["rejections"]
+    refused = {x["request"] for x in rejected}
+    ok = [r for r in reqs if r.rid not in refused]
     out = serve_disaggregated(model, cfg, copy.deepcopy(ok), P, D, price=price, kv_seconds_per_token=kv_s)
-    together = Engine(model, cfg, price).run(copy.deepcopy(ok))
     out["colocated"] = {k: together[k] for k in ("ttft_s", "tpot_s", "throughput_tok_s", "duration_s")}
     outputs = out.pop("outputs")
     out["rejected"] = len(rejected) + len(bad)
@@ -274,7 +266,7 @@ def _print_check(out) -> int:
 
 def _tensor_parallel(args, model, cfg, reqs, bad) -> int:
     from netmorph.serving.tp import serve_tensor_parallel
-    out = serve_tensor_parallel(model, cfg, reqs, args.tp, _time_model(args.time_model))
+    out = serve_tensor_parallel(model, cfg, reqs, args.tp, _time_model(args.time_model)[0])
     outputs = out.pop("outputs")
     out["rejected"] += len(bad)
     if args.check:
@@ -293,8 +285,10 @@ def _tensor_parallel(args, model, cfg, reqs, bad) -> int:
 
 
 def _time_model(text: str):
+    """(price of an iteration, the real model, the hardware) for MODEL@HARDWARE; (None, None, None) for
+    'measured'."""
     if text == "measured":
-        return None
+        return None, None, None
     from netmorph.planner.hardware import PRESETS as HARDWARE
     from netmorph.serving.kv import PRESETS as MODELS
     from netmorph.serving.roofline import iteration_time
@@ -303,7 +297,7 @@ def _time_model(text: str):
         raise UsageError(f"--time-model: expected MODEL@HARDWARE ({', '.join(MODELS)} @ {', '.join(HARDWARE)}) or "
                          f"'measured', got {text!r}")
     m, h = MODELS[name], HARDWARE[hw]
-    return lambda items: iteration_time(m, h, items)
+    return (lambda items: iteration_time(m, h, items)), m, h
 
 
 def _rate(text: str) -> float:
