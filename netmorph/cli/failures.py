@@ -58,9 +58,9 @@ def _dur(text, flag):
 
 
 def _per_gpu_default():
-    from netmorph.failures import fleet
+    from netmorph.failures import fleet, job_mtbf
     f = fleet()["llama3-405b"]
-    return f["days"] * 86400 / f["interruptions"] * f["gpus"]
+    return job_mtbf(f) * f["gpus"]
 
 
 def _fmt_h(seconds: float) -> str:
@@ -154,10 +154,10 @@ def run(args) -> int:
 
 
 def _fleet(runs: dict, as_json: bool) -> int:
-    from netmorph.failures import daly, goodput
+    from netmorph.failures import daly, goodput, job_mtbf
     rows = []
     for name, f in runs.items():
-        M = f["days"] * 86400 / f["interruptions"]
+        M = job_mtbf(f)
         rows.append({"run": name, "gpus": f["gpus"], "days": f["days"], "interruptions": f["interruptions"],
                      "job_mtbf_h": M / 3600, "per_gpu_mtbf_years": M * f["gpus"] / (3600 * 24 * 365),
                      "daly_interval_min_at_1min_write": daly(60, M) / 60,

@@ -13,10 +13,17 @@ from pathlib import Path
 from netmorph.failures.model import daly, goodput, inplace_goodput, lost_per_failure, optimum, young
 from netmorph.failures.montecarlo import run as monte_carlo
 
-__all__ = ["daly", "fleet", "goodput", "inplace_goodput", "lost_per_failure", "monte_carlo", "optimum", "young"]
+__all__ = ["daly", "fleet", "goodput", "inplace_goodput", "job_mtbf", "lost_per_failure", "monte_carlo", "optimum",
+           "young"]
 
 
 def fleet() -> dict:
     """The published runs: name -> raw inputs (gpus, days, interruptions, what, source)."""
     data = json.loads((Path(__file__).with_name("fleet.json")).read_text())
     return {k: v for k, v in data.items() if not k.startswith("_")}
+
+
+def job_mtbf(run: dict) -> float:
+    """Seconds between interruptions of a published run (its days over its count); times its GPU count, the
+    per-GPU MTBF that predicts any other size."""
+    return run["days"] * 86400 / run["interruptions"]

@@ -46,10 +46,10 @@ SIZES = (1024, 16384, 100_000)
 
 def build_section(out_dir, tick=lambda: None):
     """Goodput vs checkpoint interval at 1k, 16k and 100k GPUs, per-GPU MTBF from Llama 3's published count."""
-    from netmorph.failures import daly, fleet, goodput, inplace_goodput, monte_carlo
+    from netmorph.failures import daly, fleet, goodput, inplace_goodput, job_mtbf, monte_carlo
     from netmorph.report.html import Section
     f = fleet()["llama3-405b"]
-    per_gpu = f["days"] * 86400 / f["interruptions"] * f["gpus"]
+    per_gpu = job_mtbf(f) * f["gpus"]
     C, R, r, s = 60.0, 600.0, 60.0, 10.0
     clusters = [(n, per_gpu / n) for n in SIZES]
     mc = {}
