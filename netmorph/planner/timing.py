@@ -68,26 +68,42 @@ def p2p_time(hw: Hardware, src: int, dst: int, nbytes: float) -> float:
     return hw.alpha_inter + nbytes / hw.nic_bandwidth
 
 
+def layer_costs(model: ModelSpec, c: ParallelConfig, hw: Hardware) -> dict:
+    """Seconds of one layer's work per microbatch on one rank, forward and backward apart (the backward
+    carries the recomputed forward under full recomputation, the attention core again under selective),
+    the LM head's forward, one activation's bytes and the TP all-reduces per layer: what the analytic
+    step time sums and what :mod:`netmorph.simulate` plays slot by slot."""
+    t, b = c.tp, c.microbatch
+    s, h = model.seq, model.hidden
+    rate = hw.peak_flops * hw.gemm_efficiency
+    fwd = model.layer_flops_fwd(b) / t
+    full = c.recompute == "full"
+    extra = 4 * b * s * s * h / t if c.recompute == "selective" else 0.0
+    elem = activation_bytes_per_layer(model, c, recompute="none") * hw.elementwise_passes / hw.hbm_bandwidth
+    return {"matmul_fwd": fwd / rate, "matmul_bwd": ((3 if full else 2) * fwd + extra) / rate,
+            "elementwise_fwd": elem / 3, "elementwise_bwd": elem * (1 if full else 2 / 3),
+            "logits_fwd": model.logit_flops_fwd(b) / t / rate,
+            "activation_bytes": b * s * h * 2,                      # one 16-bit activation
+            "tp_per_fwd": 2, "tp_per_bwd": 4 if full else 2}
+
+
+def optimizer_time(n_params: float, c: ParallelConfig, hw: Hardware) -> float:
+    """The optimizer step streams its shard's state through HBM once."""
+    shard = n_params / (c.dp if c.zero >= 1 else 1)
+    return shard * (2 * c.optimizer_bytes + c.grad_bytes + 2 * c.param_bytes) / hw.hbm_bandwidth
+
+
 def step_time(model: ModelSpec, c: ParallelConfig, hw: Hardware) -> dict:
     """Seconds per iteration and its parts."""
-    t, p, d, v, b = c.tp, c.pp, c.dp, c.interleave, c.microbatch
+    t, p, d, v = c.tp, c.pp, c.dp, c.interleave
     m = c.microbatches
-    s, h = model.seq, model.hidden
     layers = math.ceil(model.layers / p)
-    rate = hw.peak_flops * hw.gemm_efficiency
+    lc = layer_costs(model, c, hw)
+    gemm = layers * (lc["matmul_fwd"] + lc["matmul_bwd"]) + 3 * lc["logits_fwd"]
+    elementwise = layers * (lc["elementwise_fwd"] + lc["elementwise_bwd"])
 
-    fwd = model.layer_flops_fwd(b) / t
-    passes = 4 if c.recompute == "full" else 3
-    extra = 4 * b * s * s * h / t if c.recompute == "selective" else 0.0
-    flops = layers * (passes * fwd + extra) + 3 * model.logit_flops_fwd(b) / t
-    gemm = flops / rate
-    traffic = activation_bytes_per_layer(model, c, recompute="none") * layers * hw.elementwise_passes
-    if c.recompute == "full":
-        traffic *= 4 / 3
-    elementwise = traffic / hw.hbm_bandwidth
-
-    act = b * s * h * 2                                   # one 16-bit activation, bytes
-    n_tp = (6 if c.recompute == "full" else 4) * layers
+    act = lc["activation_bytes"]
+    n_tp = (lc["tp_per_fwd"] + lc["tp_per_bwd"]) * layers
     tp_comm = n_tp * collective_time(hw, "allreduce", t, 1, act) if t > 1 else 0.0
 
     pp_comm = 0.0
@@ -111,8 +127,7 @@ def step_time(model: ModelSpec, c: ParallelConfig, hw: Hardware) -> dict:
     zero3 = 0.0
     if c.zero >= 3 and d > 1:
         zero3 = m * 2 * collective_time(hw, "allgather", d, t, c.param_bytes * n)
-    shard = n / (d if c.zero >= 1 else 1)
-    optimizer = shard * (2 * c.optimizer_bytes + c.grad_bytes + 2 * c.param_bytes) / hw.hbm_bandwidth
+    optimizer = optimizer_time(n, c, hw)
     total = pipeline + dp_exposed + zero3 + optimizer
     return {
         "step_time_s": total, "bubble_fraction": bubble,

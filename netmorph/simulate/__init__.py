@@ -14,37 +14,28 @@ __all__ = ["Costs", "StepResult", "costs_for", "simulate_config", "simulate_step
 def costs_for(model, c, hw) -> Costs:
     """Per-microbatch costs of one rank for configuration ``c``, from the same FLOP, memory-traffic and
     collective models the planner sums analytically (:func:`netmorph.planner.timing.step_time`)."""
-    from netmorph.planner.memory import activation_bytes_per_layer, params_on_device
-    from netmorph.planner.timing import collective_time
-    t, d, b = c.tp, c.dp, c.microbatch
-    s, h = model.seq, model.hidden
-    rate = hw.peak_flops * hw.gemm_efficiency
-    fwd = model.layer_flops_fwd(b) / t
-    full = c.recompute == "full"
-    extra = 4 * b * s * s * h / t if c.recompute == "selective" else 0.0
-    elem = activation_bytes_per_layer(model, c, recompute="none") * hw.elementwise_passes / hw.hbm_bandwidth
-    act = b * s * h * 2                                                   # one 16-bit activation
-    logit = model.logit_flops_fwd(b) / t / rate
+    from netmorph.planner.memory import params_on_device
+    from netmorph.planner.timing import collective_time, layer_costs, optimizer_time
+    t, d = c.tp, c.dp
+    lc = layer_costs(model, c, hw)
+    act = lc["activation_bytes"]
     layer_grads = model.layer_params() / t * c.grad_bytes
     emb_grads = model.embedding_params() / t * c.grad_bytes
+    n = params_on_device(model, c)
     if c.zero == 0:
         op, after = "allreduce", 0.0
         ring = 2 * (d - 1) / d
     else:
         op, ring = "reduce_scatter", (d - 1) / d
-        after = collective_time(hw, "allgather", d, t, c.param_bytes * params_on_device(model, c))
-    n = params_on_device(model, c)
-    shard = n / (d if c.zero >= 1 else 1)
+        after = collective_time(hw, "allgather", d, t, c.param_bytes * n)
     return Costs(
-        fwd_layer=fwd / rate + elem / 3,
-        bwd_layer=(3 if full else 2) * fwd / rate + extra / rate + elem * (1 if full else 2 / 3),
-        fwd_logits=logit, bwd_logits=2 * logit,
+        fwd_layer=lc["matmul_fwd"] + lc["elementwise_fwd"], bwd_layer=lc["matmul_bwd"] + lc["elementwise_bwd"],
+        fwd_logits=lc["logits_fwd"], bwd_logits=2 * lc["logits_fwd"],
         tp_allreduce=collective_time(hw, "allreduce", t, 1, act) if t > 1 else 0.0,
-        tp_per_fwd=2, tp_per_bwd=4 if full else 2,
+        tp_per_fwd=lc["tp_per_fwd"], tp_per_bwd=lc["tp_per_bwd"],
         p2p_bytes=act / t,
         dp_layer=collective_time(hw, op, d, t, layer_grads), dp_embedding=collective_time(hw, op, d, t, emb_grads),
-        dp_after=after, dp_overlap=c.dp_overlap,
-        optimizer=shard * (2 * c.optimizer_bytes + c.grad_bytes + 2 * c.param_bytes) / hw.hbm_bandwidth,
+        dp_after=after, dp_overlap=c.dp_overlap, optimizer=optimizer_time(n, c, hw),
         alpha_intra=hw.alpha_intra, alpha_inter=hw.alpha_inter, bw_intra=hw.nvlink_bandwidth,
         bw_inter=hw.nic_bandwidth, gpus_per_node=hw.gpus_per_node,
         tp_bytes_sent=2 * (t - 1) / t * act, dp_bytes_layer=ring * layer_grads, dp_bytes_embedding=ring * emb_grads,
