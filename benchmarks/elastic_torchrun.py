@@ -94,7 +94,6 @@ def worker(ckpt: str) -> None:
 def run_torchrun() -> dict:
     """Launch the job under torchrun; its recovery figures from the workers' stamps."""
     from netmorph.runtime.torchrun import loopback_interface
-    from netmorph.report.elastic import caught_up
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     if loopback_interface() and "GLOO_SOCKET_IFNAME" not in env:
         env["GLOO_SOCKET_IFNAME"] = loopback_interface()
@@ -120,7 +119,6 @@ def run_torchrun() -> dict:
         events.append({"at_s": at, "step": step, "recovery_s": resumed - at, "steps_redone": step - restart_step + 1})
     run = {"wall_s": wall, "timeline": timeline, "events": events, "first_step_s": timeline[0][0],
            "restarts": restarts}
-    run["caught_up_s"] = caught_up(run)
     _, w_ref = reference(CFG)
     run["max_rel_param_diff"] = float(np.max(np.abs(final - w_ref)) / np.max(np.abs(w_ref)))
     return run
@@ -134,7 +132,7 @@ def main() -> None:
     if args.worker:
         return worker(args.worker)
     from netmorph.elastic.train import restart_all, train
-    from netmorph.report.elastic import caught_up
+    from netmorph.report.elastic import recovery_summary
     rows = {"netmorph in place": [], "netmorph restart-all (forked)": [], "torchrun --max-restarts 3": []}
     diffs, starts, restarts = [], [], []
     for i in range(args.repeats):
@@ -145,11 +143,10 @@ def main() -> None:
         diffs.append(tr["max_rel_param_diff"])
         starts.append(tr["first_step_s"])
         restarts.append(tr["restarts"])
-        for name, run, key in (("netmorph in place", ip, "resumed_after_s"),
-                               ("netmorph restart-all (forked)", rs, "recovery_s"),
-                               ("torchrun --max-restarts 3", tr, "recovery_s")):
-            rows[name].append((sum(e[key] for e in run["events"]), caught_up(run),
-                               sum(e["steps_redone"] for e in run["events"]), run["wall_s"]))
+        for name, run in (("netmorph in place", ip), ("netmorph restart-all (forked)", rs),
+                          ("torchrun --max-restarts 3", tr)):
+            r = recovery_summary(run)
+            rows[name].append((r["recovery_s"], r["caught_up_s"], r["steps_redone"], r["wall_s"]))
     print(f"# {CFG.workers} workers, {CFG.steps} steps, rank 2 killed in step 25 and rank 1 in step 47; checkpoint "
           f"every {CFG.commit_every} steps; medians of {args.repeats}; times summed over the 2 kills")
     print(f"{'recovery':<30} {'recovery (ms)':>14} {'caught up (ms)':>15} {'steps redone':>12} {'job wall (s)':>12}")

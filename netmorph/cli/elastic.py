@@ -126,14 +126,10 @@ def _compare(cfg, inplace, every) -> dict:
 
     from netmorph.elastic.train import restart_all, train
 
-    from netmorph.report.elastic import caught_up
+    from netmorph.report.elastic import recovery_summary
 
-    def summary(run, key):
-        kills = [e for e in run["events"] if e.get("kind", "kill") != "join"]       # joins are not recoveries
-        return {"wall_s": run["wall_s"], "steps_redone": sum(e["steps_redone"] for e in kills),
-                "recovery_s": sum(e[key] for e in kills), "caught_up_s": caught_up(run),
-                "events": run["events"], "timeline": run["timeline"]}
+    def summary(run):
+        return {**recovery_summary(run), "events": run["events"], "timeline": run["timeline"]}
     rollback = train(replace(cfg, commit_every=every))
     restart = restart_all(replace(cfg, commit_every=every))
-    return {"inplace": summary(inplace, "resumed_after_s"), "rollback": summary(rollback, "resumed_after_s"),
-            "restart": summary(restart, "recovery_s")}
+    return {"inplace": summary(inplace), "rollback": summary(rollback), "restart": summary(restart)}

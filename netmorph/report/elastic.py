@@ -30,6 +30,15 @@ def caught_up(run) -> float:
     return total
 
 
+def recovery_summary(run) -> dict:
+    """One recovery's figures over its deaths (joins are not recoveries): wall time, recovery (death to the next
+    completed step: ``resumed_after_s`` in place, ``recovery_s`` for a restart), steps redone, caught up."""
+    kills = [e for e in run["events"] if e.get("kind") != "join"]
+    return {"wall_s": run["wall_s"], "steps_redone": sum(e["steps_redone"] for e in kills),
+            "recovery_s": sum(e["resumed_after_s"] if "resumed_after_s" in e else e["recovery_s"] for e in kills),
+            "caught_up_s": caught_up(run)}
+
+
 def plot_recoveries(runs: dict, batch: int, path, title: str) -> None:
     """``runs``: name -> {"timeline": [(t, steps done, members)], "events": [{at_s, kind?, rank, step}]}."""
     import matplotlib
@@ -91,9 +100,8 @@ def build_section(out_dir, tick=lambda: None):
                     f"commit / checkpoint every {EVERY}")
     rows = []
     for name, run in runs.items():
-        rec = sum(e.get("resumed_after_s", e.get("recovery_s", 0.0)) for e in run["events"])
-        redone = sum(e["steps_redone"] for e in run["events"])
-        rows.append((LABELS[name], run["wall_s"], rec, caught_up(run), redone))
+        r = recovery_summary(run)
+        rows.append((LABELS[name], r["wall_s"], r["recovery_s"], r["caught_up_s"], r["steps_redone"]))
     ok = inplace["max_rel_param_diff"] <= 1e-9
     table = "".join(f"<tr><td>{n}</td><td>{w:.2f}</td><td>{1e3 * r:.1f}</td><td>{1e3 * c:.1f}</td><td>{s}</td></tr>"
                     for n, w, r, c, s in rows)
