@@ -25,7 +25,11 @@ def read_text_limited(path, argument: str, max_bytes: int = MAX_BYTES) -> str:
     """The UTF-8 text of a regular file of at most ``max_bytes``; UsageError naming ``argument`` otherwise."""
     path = Path(path)
     where = f"{{{argument}}}: {path}"
-    if not path.is_file():
+    try:
+        regular = path.is_file()
+    except OSError as e:                     # a name too long for the file system, say
+        raise UsageError(f"{where}: cannot open it ({type(e).__name__}: {e})", argument) from None
+    if not regular:
         raise UsageError(f"{where} is not a regular file", argument)
     try:
         size = path.stat().st_size

@@ -1,19 +1,27 @@
 """Accelerators and the clusters they come in, for the planner.
 
-Each preset gives peak dense 16-bit tensor FLOP/s, memory, HBM bandwidth, and the
+Each preset gives peak dense 16-bit (and, where the tensor cores have it, FP8) FLOP/s, memory,
+HBM bandwidth, and the
 two-level network the collectives are timed on (:class:`netmorph.cost.topology.Topology`),
 plus the planner's two efficiency knobs, both documented and overridable
 (``--efficiency``, or a JSON file):
 
 - ``gemm_efficiency``: the fraction of peak that large 16-bit matmuls reach (cuBLAS on
   A100 reaches about 70-80% on transformer-sized GEMMs);
+- ``attention_efficiency``: the fraction of the 16-bit peak a fused FlashAttention kernel
+  reaches on the attention core (QKᵀ, softmax, ·V), forward and backward together: about
+  0.6 on A100 and V100-class parts (FlashAttention-2, Dao 2023: 50-73% forward, lower
+  backward, on A100) and 0.35 on H100/H200 (FlashAttention-3, Shah et al. 2024: "FlashAttention-2
+  achieves only 35% utilization on H100"); the unfused (standard) attention of the 2021-22
+  papers runs as batched GEMMs at ``gemm_efficiency``;
 - ``elementwise_passes``: how many times the bytes of a layer's stored activations
   (Korthikanti et al.'s per-layer activation bytes) cross HBM in the non-matmul
   kernels of one forward+backward (layernorm, dropout, softmax, GeLU, residual adds).
   This memory-bound work is why small hidden sizes reach a lower share of peak.
 
-Sources: NVIDIA V100 / A100 / H100 datasheets (peak FLOP/s, HBM), DGX-2 / DGX A100 /
-DGX H100 system guides (NVSwitch bandwidth per GPU, InfiniBand NICs per node).
+Sources: NVIDIA V100, A100 (40 GB and 80 GB), H100 SXM and H200 SXM datasheets (peak dense
+FLOP/s without sparsity, memory, HBM bandwidth); DGX-2, DGX A100, DGX H100 and DGX H200
+system guides (NVSwitch bandwidth per GPU, one 200 Gb/s HDR or 400 Gb/s NDR NIC per GPU).
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ class Hardware:
     gemm_efficiency: float = 0.70
     elementwise_passes: float = 6.0
     description: str = ""
+    fp8_flops: float = 0.0         # dense FP8 tensor FLOP/s (0: no FP8 tensor cores)
+    attention_efficiency: float = 0.6   # a FlashAttention kernel's share of the 16-bit peak
 
     def topology(self) -> Topology:
         return Topology(self.name, alpha=self.alpha_intra, beta=1 / self.nvlink_bandwidth,
@@ -52,10 +62,16 @@ GiB = 1024 ** 3
 PRESETS = {h.name: h for h in [
     Hardware("v100-32g", 125e12, 32 * GiB, 900e9, 16, 150e9, 12.5e9, gemm_efficiency=0.70,
              description="DGX-2: 16 V100-32GB on NVSwitch (300 GB/s bidirectional per GPU), 8 x 100 Gb/s EDR per node"),
+    Hardware("a100-40g", 312e12, 40 * GiB, 1555e9, 8, 300e9, 25e9, gemm_efficiency=0.70,
+             description="DGX A100 (320 GB): 8 A100-40GB SXM, NVLink 3 600 GB/s bidirectional, 8 x 200 Gb/s HDR "
+                         "per node"),
     Hardware("a100-80g", 312e12, 80 * GiB, 2039e9, 8, 300e9, 25e9, gemm_efficiency=0.70,
              description="DGX A100 (Selene): 8 A100-80GB, NVLink 3 600 GB/s bidirectional, 8 x 200 Gb/s HDR per node"),
-    Hardware("h100-80g", 989e12, 80 * GiB, 3350e9, 8, 450e9, 50e9, gemm_efficiency=0.70,
-             description="DGX H100: 8 H100-80GB SXM, NVLink 4 900 GB/s bidirectional, 8 x 400 Gb/s NDR per node"),
+    Hardware("h100-80g", 989e12, 80 * GiB, 3350e9, 8, 450e9, 50e9, gemm_efficiency=0.70, fp8_flops=1979e12,
+             attention_efficiency=0.35, description="DGX H100: 8 H100-80GB SXM, NVLink 4 900 GB/s bidirectional, 8 x 400 Gb/s NDR per node"),
+    Hardware("h200", 989e12, 141e9, 4800e9, 8, 450e9, 50e9, gemm_efficiency=0.70, fp8_flops=1979e12,
+             attention_efficiency=0.35, description="DGX H200: 8 H200-141GB SXM (HBM3e 4.8 TB/s), NVLink 4 900 GB/s bidirectional, "
+                         "8 x 400 Gb/s NDR per node"),
 ]}
 
 
@@ -64,7 +80,7 @@ def load_hardware(name_or_file: str, efficiency: float | None = None) -> Hardwar
         hw = PRESETS[name_or_file]
     else:
         path = Path(name_or_file)
-        if not path.exists():
+        if not _exists(path):
             raise UsageError(f"{{hardware}}: {name_or_file!r} is neither a preset ({', '.join(PRESETS)}) nor a file",
                              "hardware")
         data = read_json_object(path, "hardware")
@@ -79,3 +95,11 @@ def load_hardware(name_or_file: str, efficiency: float | None = None) -> Hardwar
             raise UsageError(f"{{efficiency}} must be in (0, 1], got {efficiency}", "efficiency")
         hw = replace(hw, gemm_efficiency=efficiency)
     return hw
+
+
+def _exists(path) -> bool:
+    """``path.exists()``, False for a name the file system cannot even look up (too long, say)."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
