@@ -1,7 +1,7 @@
 """Write docs/validation.md: the planner's predictions beside published figures.
 
     python scripts/validate_planner.py            # rewrites docs/validation.md
-    python scripts/validate_planner.py --check    # exits 1 if the mean errors exceed the goals
+    python scripts/validate_planner.py --check    # exits 1 if the calibration errors grow or a run does not fit
 
 Published figures (the expected values; the planner computes its numbers from first
 principles and never reads these):
@@ -15,6 +15,27 @@ principles and never reads these):
   with full recomputation and with sequence parallelism + selective recomputation
   (configurations as in Calculon's validation inputs: t 8, microbatch 1 (22B: 4),
   interleaving 3 for 175B and 530B).
+
+These three are the calibration set: the planner's constants (matmul efficiency, elementwise
+passes) were chosen on them. The validation set is held apart -- published runs from three
+kinds of source, on A100 and H100, that the constants never saw:
+
+- model paper: Dubey et al. 2024, "The Llama 3 Herd of Models", Table 4 -- Llama 3 405B on
+  8,192 and 16,384 H100s, TFLOP/s per GPU (BF16), with the first and last pipeline stages one
+  layer short (section 3.3.2);
+- framework benchmarks: NVIDIA NeMo 24.07 performance summary (NVIDIA/NeMo
+  docs/source/performance/performance_summary.md at 070a0bb1), FP8 pre-training on DGX-H100,
+  tokens/s per GPU, every GPT-3 and Llama row (the Nemotron rows are left out: their
+  architectures are not given); MosaicML llm-foundry's MPT benchmarks
+  (mosaicml/llm-foundry scripts/train/benchmarking/README.md at 061f2c7c), FSDP (ZeRO-3),
+  tokens/s per GPU, every row of a model of 7B or more at sequence 2048, on H100-80GB,
+  A100-80GB and A100-40GB;
+- training log: BLOOM-176B (BigScience 2022) on 384 A100-80GB of Jean Zay, "about 150
+  TFLOPs" per GPU (Megatron-DeepSpeed's count, full recomputation), TP 4, PP 12, DP 8,
+  micro-batch 2, global batch 2048, ZeRO-1, on a 4 x 100 Gb/s Omni-Path network per node.
+
+Where a source does not give a setting (microbatch, interleaving, recomputation) the planner
+picks it by its own search among those that fit, as for Narayanan's rows.
 """
 
 from __future__ import annotations
@@ -25,6 +46,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+from dataclasses import replace
 
 from netmorph.planner.config import ParallelConfig
 from netmorph.planner.hardware import PRESETS as HARDWARE
@@ -52,6 +75,97 @@ KORTHIKANTI = [   # model, t, p, GPUs, batch, microbatch, v, seconds (full recom
     ("mt-22b", 8, 1, 8, 4, 4, 1, 1.42, 1.10), ("mt-175b", 8, 8, 64, 64, 1, 3, 18.13, 13.75),
     ("mt-530b", 8, 35, 280, 280, 1, 3, 49.05, 37.83), ("mt-1t", 8, 64, 512, 512, 1, 1, 94.42, 71.49),
 ]
+
+
+# --- the validation set (held apart from the constants) ---------------------------------------------------
+# Llama 3 405B, Dubey et al. 2024 Table 4: GPUs, tp, cp, pp, dp, sequence, batch per DP rank, TFLOP/s per GPU
+LLAMA3 = [(8192, 8, 1, 16, 64, 8192, 32, 430), (16384, 8, 1, 16, 128, 8192, 16, 400),
+          (16384, 8, 16, 16, 8, 131072, 16, 380)]
+# NeMo 24.07, FP8, DGX-H100: model, GPUs, GBS, MBS, seq, tp, pp, cp, vp, tokens/s/GPU
+NEMO = [("gpt3-175b", 128, 256, 1, 2048, 4, 8, 1, 6, 726), ("gpt3-175b", 512, 2048, 2, 2048, 4, 8, 1, 6, 782),
+        ("llama-2-7b", 8, 128, 1, 4096, 1, 1, 1, 1, 16847), ("llama-2-13b", 16, 128, 1, 4096, 1, 4, 1, 10, 8646),
+        ("llama-2-70b", 64, 128, 1, 4096, 4, 4, 1, 20, 1707), ("llama-3-8b", 8, 128, 1, 8192, 1, 1, 2, 1, 12036),
+        ("llama-3-70b", 64, 128, 1, 8192, 4, 4, 2, 5, 1533)]
+# llm-foundry MPT benchmarks, sequence 2048, FSDP FULL_SHARD: hardware, model, GPUs, microbatch, global batch,
+# activation checkpointing, tokens/s/GPU
+MPT = [("h100-80g", "mpt-70b", 64, 8, 2048, True, 1039), ("h100-80g", "mpt-70b", 32, 2, 1024, True, 882),
+       ("h100-80g", "mpt-30b", 32, 14, 1344, True, 2308), ("h100-80g", "mpt-30b", 16, 10, 480, True, 2263),
+       ("h100-80g", "mpt-30b", 8, 3, 504, True, 2002), ("h100-80g", "mpt-13b", 64, 2, 128, False, 4800),
+       ("h100-80g", "mpt-13b", 32, 2, 64, False, 4811), ("h100-80g", "mpt-13b", 16, 2, 32, False, 4767),
+       ("h100-80g", "mpt-13b", 8, 2, 16, False, 4792), ("h100-80g", "mpt-7b", 8, 6, 48, False, 10643),
+       ("a100-80g", "mpt-70b", 64, 8, 2048, True, 410), ("a100-80g", "mpt-70b", 32, 2, 1024, True, 373),
+       ("a100-80g", "mpt-30b", 8, 3, 504, True, 916), ("a100-80g", "mpt-13b", 8, 2, 48, False, 2262),
+       ("a100-80g", "mpt-7b", 8, 6, 96, False, 4641),
+       ("a100-40g", "mpt-70b", 128, 4, 512, True, 376), ("a100-40g", "mpt-70b", 64, 2, 128, True, 276),
+       ("a100-40g", "mpt-30b", 128, 6, 768, True, 865), ("a100-40g", "mpt-30b", 32, 4, 128, True, 857),
+       ("a100-40g", "mpt-13b", 128, 16, 2048, True, 1972), ("a100-40g", "mpt-13b", 64, 16, 1024, True, 1976),
+       ("a100-40g", "mpt-13b", 32, 14, 448, True, 1998), ("a100-40g", "mpt-13b", 16, 10, 160, True, 1993),
+       ("a100-40g", "mpt-13b", 8, 4, 512, True, 1668), ("a100-40g", "mpt-7b", 128, 18, 2304, True, 3623),
+       ("a100-40g", "mpt-7b", 64, 18, 1152, True, 3665), ("a100-40g", "mpt-7b", 32, 18, 576, True, 3725),
+       ("a100-40g", "mpt-7b", 16, 16, 256, True, 3645), ("a100-40g", "mpt-7b", 8, 12, 384, True, 3679)]
+# BLOOM-176B on Jean Zay: A100-80GB nodes with 4 x 100 Gb/s Omni-Path (6.25 GB/s per GPU)
+JEAN_ZAY = replace(HARDWARE["a100-80g"], name="jean-zay-a100", nic_bandwidth=4 * 100e9 / 8 / 8)
+LLAMA2_13B = ModelSpec("llama-2-13b", 40, 5120, 40, 4096, 32000, 13824, ffn_type="swiglu", position="rope",
+                       tied=False, bias=False, attention="flash")
+
+
+def best_fit(model, hw, c, free=("microbatch", "interleave", "recompute")):
+    """The fastest configuration that fits among the settings in ``free`` (the ones a source does not give),
+    with everything else as ``c``: what a user of the planner would run."""
+    choices = {"microbatch": (1, 2, 4, 8), "interleave": range(1, 17), "recompute": ("none", "selective", "full")}
+    best = None
+    for values in itertools.product(*(choices[k] if k in free else (getattr(c, k),) for k in choices)):
+        cand = replace(c, **dict(zip(choices, values)))
+        if cand.global_batch % (cand.dp * cand.microbatch) or check(model, cand, hw):
+            continue
+        if memory(model, cand)["total"] > hw.memory_bytes:
+            continue
+        e = estimate(model, cand, hw)
+        if best is None or e["step_time_s"] < best["step_time_s"]:
+            best = e
+    return best
+
+
+def validation_rows():
+    """(source, run, hardware, published, unit, predicted estimate or None when nothing fits)."""
+    rows = []
+    hw = HARDWARE["h100-80g"]
+    for gpus, t, cp, p, d, seq, per_dp, pub in LLAMA3:
+        model = replace(MODELS["llama-3-405b"], seq=seq)
+        c = ParallelConfig(t, p, d, 1, per_dp * d, zero=1, sequence_parallel=True, dp_overlap=True, cp=cp,
+                           first_stage_layers=7, last_stage_layers=7)
+        e = best_fit(model, hw, c)
+        rows.append(("Llama 3 (Dubey et al. 2024), Table 4", f"405B, {gpus:,} GPUs, tp{t} cp{cp} pp{p} dp{d}, "
+                     f"s {seq:,}", hw.name, pub, "TFLOP/s", e))
+    for name, gpus, gbs, mbs, seq, t, p, cp, vp, pub in NEMO:
+        model = replace(LLAMA2_13B if name == "llama-2-13b" else MODELS[name], seq=seq)
+        if name == "gpt3-175b":
+            model = replace(model, attention="flash")           # Transformer Engine's fused attention
+        d = gpus // (t * p * cp)
+        c = ParallelConfig(t, p, d, mbs, gbs, vp, zero=1, sequence_parallel=t > 1, dp_overlap=True, cp=cp,
+                           precision="fp8")
+        rows.append(("NeMo 24.07 performance summary (FP8)", f"{name}, {gpus} GPUs, tp{t} pp{p} cp{cp} vp{vp}, "
+                     f"s {seq}", hw.name, pub, "tokens/s/GPU", best_fit(model, hw, c, free=("recompute",))))
+    for hw_name, name, gpus, mbs, gbs, ckpt, pub in MPT:
+        c = ParallelConfig(1, 1, gpus, mbs, gbs, zero=3, recompute="full" if ckpt else "none", dp_overlap=True,
+                           grad_bytes=4)
+        rows.append(("llm-foundry MPT benchmarks (FSDP)", f"{name}, {gpus} GPUs, mb {mbs}, batch {gbs}"
+                     + (", act. ckpt" if ckpt else ""), hw_name, pub, "tokens/s/GPU",
+                     best_fit(MODELS[name], HARDWARE[hw_name], c, free=())))
+    c = ParallelConfig(4, 12, 8, 2, 2048, zero=1, recompute="full")
+    rows.append(("BLOOM-176B (BigScience 2022), training log", "176B, 384 GPUs, tp4 pp12 dp8, mb 2", JEAN_ZAY.name,
+                 150, "TFLOP/s", best_fit(MODELS["bloom-176b"], JEAN_ZAY, c, free=("interleave",))))
+    return rows
+
+
+def predicted(unit, e, source):
+    if e is None:
+        return None
+    if unit == "tokens/s/GPU":
+        return e["tokens_per_s_per_gpu"]
+    if source.startswith("BLOOM"):
+        return e["tflops_per_gpu"]                             # Megatron-DeepSpeed counts the recomputation
+    return e["model_flops_per_iteration"] / e["step_time_s"] / e["gpus"] / 1e12
 
 
 def _num(x):
@@ -104,10 +218,13 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 if a mean error exceeds the goal")
     args = ap.parse_args()
     hw = HARDWARE["a100-80g"]
-    z, n, k = zero_rows(), ptdp_rows(hw), korthikanti_rows(hw)
+    z, n, k, vrows = zero_rows(), ptdp_rows(hw), korthikanti_rows(hw), validation_rows()
     t0 = time.perf_counter()
     n_fit = search(MODELS["ptdp-1t"], 3072, hw, 3072).fits
     t_search = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    big = search(MODELS["llama-3-405b"], 16384, HARDWARE["h100-80g"], 2048)
+    t_big = time.perf_counter() - t0
 
     out = ["# Planner validation", "",
            "Generated by `python scripts/validate_planner.py`; do not edit by hand. The planner computes every",
@@ -150,17 +267,54 @@ def main() -> int:
             "(Calculon reports 3.65% on these runs).", "",
             "The paper gives per-GPU memory as bar charts, not numbers; the last column is the planner's",
             "prediction for the same runs (every one fits in 80 GiB, as the runs did).", "",
+            "## Validation set: published runs the constants never saw", "",
+            "Every number below is predicted with the same constants as above (fitted on the calibration set",
+            "only). TFLOP/s are compared in the source's own convention: Megatron's model FLOPs (full s x s",
+            "attention, as torchtitan also counts) for Llama 3; Megatron-DeepSpeed's count with the recomputed",
+            "forward for BLOOM. Settings a source does not give are the planner's own pick (column 'chosen').", "",
+            "| source | run | hardware | published | predicted | error | chosen |",
+            "|---|---|---|---:|---:|---:|---|"]
+    verr, by_source = [], {}
+    for source, run, hw_name, pub, unit, e in vrows:
+        pred = predicted(unit, e, source)
+        if pred is None:
+            out.append(f"| {source} | {run} | {hw_name} | {pub:,} {unit} | does not fit | - | - |")
+            by_source.setdefault(source, []).append(None)
+            continue
+        er = err(pred, pub)
+        verr.append(er)
+        by_source.setdefault(source, []).append(er)
+        chosen = f"mb {e['microbatch']}, v {e['interleave']}, {e['recompute']}"
+        out.append(f"| {source} | {run} | {hw_name} | {pub:,} {unit} | {pred:,.0f} | {100 * er:+.1f}% | {chosen} |")
+    misfits = sum(er is None for ers in by_source.values() for er in ers)
+    out += ["", "| source | runs | mean abs. error | worst |", "|---|---:|---:|---:|"]
+    for source, ers in by_source.items():
+        ok = [abs(x) for x in ers if x is not None]
+        out.append(f"| {source} | {len(ers)} | {100 * statistics.mean(ok):.1f}% | {100 * max(ok):.1f}% |" if ok else
+                   f"| {source} | {len(ers)} | - | - |")
+    out += ["", f"Validation set: {len(verr)} runs, mean absolute error {100 * statistics.mean(map(abs, verr)):.1f}%, "
+            f"worst {100 * max(map(abs, verr)):.1f}%; {misfits} reported as not fitting (goal: mean <= 10%, none "
+            f"over 20%, none that does not fit).", "",
             "## Search speed", "",
             f"Planning the 1T model of Narayanan et al. on 3072 GPUs (global batch 3072): {t_search:.2f} s for the "
-            f"whole search, {n_fit} configurations fit.", ""]
+            f"whole search, {n_fit:,} configurations fit; Llama 3 405B on 16,384 H100s (global batch 2048, also "
+            f"over cp, precision, interleaving to 16 and uneven stages): {t_big:.2f} s for {big.searched:,} "
+            f"configurations, {big.fits:,} fit, the first search on that hardware (it simulates its collectives "
+            f"once). `python benchmarks/planner.py` times them cold and warm.", ""]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(out))
     summary = (f"ZeRO table: mean {100 * statistics.mean(ze):.2f}%; Narayanan Table 1: mean "
                f"{100 * statistics.mean(map(abs, ne)):.1f}% worst {100 * max(map(abs, ne)):.1f}%; Korthikanti: mean "
-               f"{100 * statistics.mean(map(abs, ke)):.1f}% worst {100 * max(map(abs, ke)):.1f}%; search {t_search:.2f} s")
+               f"{100 * statistics.mean(map(abs, ke)):.1f}% worst {100 * max(map(abs, ke)):.1f}%; validation "
+               f"{len(verr)} runs: mean {100 * statistics.mean(map(abs, verr)):.1f}% worst "
+               f"{100 * max(map(abs, verr)):.1f}%, {misfits} do not fit; search {t_search:.2f} s")
     print(summary)
     print(f"wrote {args.out}")
-    if args.check and (statistics.mean(map(abs, ne)) > 0.10 or statistics.mean(map(abs, ke)) > 0.10):
+    # --check: the calibration set no worse than when the validation set was added (ZeRO <= 0.5%, Narayanan
+    # <= 6.2%, Korthikanti <= 5.0%), and no published run reported as not fitting on its own hardware. The
+    # validation set's errors are reported, not gated: its goal (mean <= 10%) is not met yet (see the table).
+    if args.check and (statistics.mean(ze) > 0.005 or statistics.mean(map(abs, ne)) > 0.062
+                       or statistics.mean(map(abs, ke)) > 0.0505 or misfits):
         return 1
     return 0
 

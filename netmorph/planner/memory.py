@@ -1,90 +1,176 @@
-"""Bytes per device: weights, gradients, optimizer state, activations.
+"""Bytes per device: weights, gradients, optimizer state, activations -- on the most loaded stage.
 
 Model states follow ZeRO (Rajbhandari et al. 2020, Table 1): with Ψ parameters on a
 device, K = optimizer bytes per parameter and N_d the data-parallel degree, stage 1
 shards the optimizer state (2Ψ + 2Ψ + KΨ/N_d with 16-bit gradients), stage 2 also the
-gradients, stage 3 also the weights. Tensor parallelism divides every layer's
-sharded weights by t (LayerNorms, row-parallel biases and the position embedding
-stay whole); pipeline parallelism gives each stage l/p layers, the first stage also
-the word embedding (V·h/t) and position embedding -- Megatron's
-``num_parameters_on_most_loaded_model_shard``, counted exactly.
+gradients, stage 3 (FSDP) also the weights. The sharding group is the data-parallel group
+together with the context-parallel one (Megatron's distributed optimizer shards over dp x cp);
+expert weights shard over their own, smaller data-parallel group (dp·cp / ep). Tensor
+parallelism divides every layer's sharded weights by t (norms, row-parallel biases and the
+position embedding stay whole); expert parallelism gives each device E/ep experts; each
+pipeline stage holds its own layers, the first also the word embedding (V·h/t) and the
+positions, the last the output layer (untied; Megatron keeps a copy of a tied one there) and
+the final norm -- Megatron's ``num_parameters_on_most_loaded_model_shard``, counted exactly.
+Under FP8 Transformer Engine keeps an 8-bit copy of every weight beside the 16-bit one (+1 B
+per parameter); master weights and the optimizer stay fp32.
 
-Activations follow Korthikanti et al. 2022 (Table 2), per layer and microbatch of b
-sequences, 16-bit, in bytes (sbh = s·b·h, a = heads; 34 = 10 + 24 for f = 4h):
+Activations generalise Korthikanti et al. 2022 (Table 2) term by term, per layer and token,
+16-bit (h_kv = K/V width, f = MLP width, a = heads):
 
-    no parallelism            sbh (34 + 5as/h)
-    tensor parallel           sbh (10 + 24/t + 5as/(ht))
-    + sequence parallel       sbh (34/t + 5as/(ht))
-    + selective recompute     sbh (10 + 24/t),  with sequence parallel 34·sbh/t
-    full recompute            2·sbh (the layer's input), with sequence parallel 2·sbh/t
+    replicated under TP   4h (two norm inputs) + 2h (QKV input) + 2h (MLP input) + 2h (dropout masks)
+    split by t            2h (Q) + 4h_kv (K, V) + 2h (attention output) + MLP: 4f (GeLU: its input and
+                          fc2's) or 6f (SwiGLU: gate, up, product)
+    attention core        standard: 5as per token (scores, softmax, dropout mask; split by t);
+                          FlashAttention: only the softmax statistics, 4a bytes (fp32 per head)
 
-The first pipeline stage holds the most: one microbatch's activations for all l
-layers under 1F1B (p microbatches in flight x l/p layers), times (1 + (p-1)/(p·v))
-under the interleaved schedule, fewer when there are fewer than p microbatches; plus
-the embedding's dropout mask (s·b·h·p/t) and, when p = 1, the fp32 logits (4·s·b·V/t).
+which for MHA, f = 4h and standard attention is the paper's sbh(34 + 5as/h) (10 replicated + 24
+split). Sequence parallelism splits the replicated part too; selective recomputation drops the
+attention core, full recomputation keeps only the layer input (2h, /t with sequence
+parallelism); context parallelism divides everything by cp (each rank holds s/cp tokens); FP8
+stores the four linear layers' inputs in 8 bits; a mixture of experts stores the MLP part for
+each of the top_k experts a token visits.
+
+Under 1F1B stage i holds min(p - i, m) microbatches in flight, times (1 + (p-1)/(p·v)) with the
+interleaved schedule; the first stage also the embedding's dropout mask for p microbatches and
+the last stage the fp32 logits (4·s·b·V/t) of one.
 """
 
 from __future__ import annotations
-
-import math
 
 from netmorph.planner.config import ParallelConfig
 from netmorph.planner.model import ModelSpec
 
 
-def params_on_device(model: ModelSpec, c: ParallelConfig) -> float:
-    """Parameters held by the most loaded device (first pipeline stage), before ZeRO.
+def _per_layer_params(model: ModelSpec, c: ParallelConfig) -> tuple[float, float]:
+    """(dense, expert) parameters of one layer on one device."""
+    h, t = model.hidden, c.tp
+    col_bias = (h + 2 * model.h_kv) if model.bias else 0
+    row_bias = h if model.bias else 0
+    dense = (model.attn_weights() + col_bias) / t + row_bias + 2 * model.norm_params()
+    expert = model.expert_weights() / t + ((model.expert_biases() - row_bias) / t + row_bias if model.bias else 0)
+    if model.experts:
+        return dense + model.router_params(), model.experts / c.ep * expert
+    return dense + expert, 0.0
 
-    Exactly what Megatron's layout puts there (and ``netmorph train`` measures): per layer the
-    column-parallel weights and biases and the row-parallel weights divided by t, the row-parallel
-    biases and the two LayerNorms whole (6h); the vocab-parallel word embedding V·h/t and the
-    positions s·h; with one stage also the final LayerNorm (2h)."""
+
+def _candidates(stages: list) -> list:
+    """The stages that can be the most loaded: the first, the last, and the first of each layer count (a
+    later stage with as many layers holds fewer microbatches and no embedding)."""
+    seen, out = set(), {0, len(stages) - 1}
+    for i, n in enumerate(stages):
+        if n not in seen:
+            seen.add(n)
+            out.add(i)
+    return sorted(out)
+
+
+def stage_params(model: ModelSpec, c: ParallelConfig, which: list | None = None) -> list:
+    """[(dense parameters, expert parameters)] held by one device of each pipeline stage (or of the stages
+    ``which``), before ZeRO."""
     if model.bare:
-        return model.params() / (c.tp * c.pp)
-    layers = math.ceil(model.layers / c.pp)
-    h, f, t = model.hidden, model.f, c.tp
-    per_layer = (4 * h * h + 2 * h * f + 3 * h + f) / t + 6 * h
-    emb = model.vocab * h / t + model.seq * h
-    return layers * per_layer + emb + (2 * h if c.pp == 1 else 0)
+        return [(model.params() / (c.tp * c.pp), 0.0)]
+    h, t = model.hidden, c.tp
+    dense, experts = _per_layer_params(model, c)
+    stages = c.stage_layers(model.layers)
+    out = []
+    for i in (range(len(stages)) if which is None else which):
+        n = stages[i]
+        d = n * dense
+        if i == 0:
+            d += model.vocab * h / t + (model.seq * h if model.position == "learned" else 0)
+        if i == len(stages) - 1:
+            d += model.norm_params()
+            if c.pp > 1 or not model.tied:
+                d += model.vocab * h / t
+        out.append((d, n * experts))
+    return out
+
+
+def params_on_device(model: ModelSpec, c: ParallelConfig) -> float:
+    """Parameters held by the most loaded device, before ZeRO.
+
+    For the 2021 GPT exactly what Megatron's layout puts there (and ``netmorph train`` measures):
+    per layer the column-parallel weights and biases and the row-parallel weights divided by t, the
+    row-parallel biases and the two LayerNorms whole (6h); the vocab-parallel word embedding V·h/t and
+    the positions s·h; with one stage also the final LayerNorm (2h)."""
+    which = None if model.bare else _candidates(c.stage_layers(model.layers))
+    return max(d + e for d, e in stage_params(model, c, which))
 
 
 def activation_bytes_per_layer(model: ModelSpec, c: ParallelConfig, recompute: str | None = None) -> float:
-    """Korthikanti et al. 2022 Table 2, generalised to FFN width f."""
+    """One layer's stored activations for one microbatch on one device (the terms above)."""
     rc = c.recompute if recompute is None else recompute
     s, b, h, a, t = model.seq, c.microbatch, model.hidden, model.heads, c.tp
-    sbh = s * b * h
-    total = 34 + 4 * (model.f - 4 * h) / h          # 10 unsplit + 24 split when f = 4h
-    attn = 5 * a * s / h
+    sb = s * b / c.cp
     sp = c.sequence_parallel and t > 1
     if rc == "full":
-        return 2 * sbh / (t if sp else 1)
-    if rc == "selective":
-        return sbh * total / t if sp else sbh * (10 + (total - 10) / t)
-    return sbh * (total + attn) / t if sp else sbh * (10 + (total - 10) / t + attn / t)
+        return 2 * sb * h / (t if sp else 1)
+    lin = 1 if c.precision == "fp8" else 2                # bytes of a stored linear-layer input
+    k = model.active_experts
+    replicated = 4 * h + lin * h + lin * h * k + 2 * h
+    mlp = (2 * 2 if model.ffn_type == "swiglu" else 2) * model.f + lin * model.f
+    split = 2 * h + 4 * model.h_kv + lin * h + k * mlp
+    if rc == "none":
+        split += 5 * a * s if model.attention == "standard" else 4 * a
+    return sb * (replicated / t + split / t if sp else replicated + split / t)
+
+
+def stage_activations(model: ModelSpec, c: ParallelConfig, which: list | None = None) -> list:
+    """Activation bytes of one device on each pipeline stage (or on the stages ``which``)."""
+    if model.bare:
+        return [0.0]
+    m, p = c.microbatches, c.pp
+    per_layer = activation_bytes_per_layer(model, c)
+    interleave = 1 + (p - 1) / (p * c.interleave) if c.interleave > 1 else 1.0
+    s, b, h = model.seq / c.cp, c.microbatch, model.hidden
+    out = []
+    stages = c.stage_layers(model.layers)
+    for i in (range(len(stages)) if which is None else which):
+        act = per_layer * stages[i] * min(p - i, max(m, 1)) * interleave
+        if i == 0:
+            act += s * b * h * p / c.tp                  # embedding dropout mask, p microbatches
+        if i == len(stages) - 1:
+            act += 4 * s * b * model.vocab / c.tp        # fp32 logits for the cross-entropy
+        out.append(act)
+    return out
 
 
 def activation_bytes(model: ModelSpec, c: ParallelConfig) -> float:
-    if model.bare:
-        return 0.0
-    m = c.microbatches
-    in_flight = min(c.pp, max(m, 1)) / c.pp            # share of p microbatches the first stage holds
-    interleave = 1 + (c.pp - 1) / (c.pp * c.interleave) if c.interleave > 1 else 1.0
-    layers_worth = model.layers * in_flight * interleave
-    act = activation_bytes_per_layer(model, c) * layers_worth
-    s, b, h = model.seq, c.microbatch, model.hidden
-    act += s * b * h * c.pp / c.tp                      # embedding dropout mask, p microbatches
-    if c.pp == 1:
-        act += 4 * s * b * model.vocab / c.tp           # fp32 logits for the cross-entropy
-    return act
+    return max(stage_activations(model, c))
 
 
-def memory(model: ModelSpec, c: ParallelConfig) -> dict:
-    """{"params", "grads", "optimizer", "activations", "total"} in bytes for the most loaded device."""
-    n = params_on_device(model, c)
-    d = c.dp
-    params = c.param_bytes * n / (d if c.zero >= 3 else 1)
-    grads = c.grad_bytes * n / (d if c.zero >= 2 else 1)
-    opt = c.optimizer_bytes * n / (d if c.zero >= 1 else 1)
-    act = activation_bytes(model, c)
-    return {"params": params, "grads": grads, "optimizer": opt, "activations": act,
-            "total": params + grads + opt + act}
+def memory_parts(model: ModelSpec, c: ParallelConfig) -> list:
+    """[(dense parameters, expert parameters, activation bytes)] of the stages that can be the most loaded:
+    what :func:`memory` weighs, apart so a search can try every ZeRO stage on one computation."""
+    which = None if model.bare else _candidates(c.stage_layers(model.layers))
+    return [(d, e, a) for (d, e), a in zip(stage_params(model, c, which), stage_activations(model, c, which))]
+
+
+def memory_total(c: ParallelConfig, parts: list, zero: int) -> float:
+    """The most loaded device's bytes under ZeRO stage ``zero``: :func:`memory`'s total, for a search's inner
+    loop."""
+    shard = c.dp * c.cp
+    eshard = max(shard // c.ep, 1)
+    per_param = ((c.param_bytes + (1 if c.precision == "fp8" else 0)) / (shard if zero >= 3 else 1)
+                 + c.grad_bytes / (shard if zero >= 2 else 1) + c.optimizer_bytes / (shard if zero >= 1 else 1))
+    per_expert = ((c.param_bytes + (1 if c.precision == "fp8" else 0)) / (eshard if zero >= 3 else 1)
+                  + c.grad_bytes / (eshard if zero >= 2 else 1) + c.optimizer_bytes / (eshard if zero >= 1 else 1))
+    return max(dn * per_param + en * per_expert + act for dn, en, act in parts)
+
+
+def memory(model: ModelSpec, c: ParallelConfig, parts: list | None = None, zero: int | None = None) -> dict:
+    """{"params", "grads", "optimizer", "activations", "total"} in bytes for the most loaded device (under
+    ZeRO stage ``zero`` when given instead of ``c.zero``)."""
+    shard = c.dp * c.cp
+    eshard = max(shard // c.ep, 1)
+    wbytes = c.param_bytes + (1 if c.precision == "fp8" else 0)
+    z = c.zero if zero is None else zero
+    best = None
+    for dn, en, act in parts or memory_parts(model, c):
+        def part(nbytes, stage):
+            return nbytes * (dn / (shard if z >= stage else 1) + en / (eshard if z >= stage else 1))
+        params, grads, opt = part(wbytes, 3), part(c.grad_bytes, 2), part(c.optimizer_bytes, 1)
+        total = params + grads + opt + act
+        if best is None or total > best["total"]:
+            best = {"params": params, "grads": grads, "optimizer": opt, "activations": act, "total": total}
+    return best

@@ -1,28 +1,57 @@
-"""A GPT model as the planner sees it: layers, hidden, heads, sequence, vocabulary, FFN width.
+"""A transformer as the planner sees it: its shape, and the parameters and FLOPs that follow.
 
-Parameter count and FLOPs per iteration follow Narayanan et al. 2021 ("Efficient
-Large-Scale Language Model Training on GPU Clusters Using Megatron-LM"), eq. 2 and 3,
-generalised to an FFN width f (the paper has f = 4h):
+The 2021-era GPT of Narayanan et al. ("Efficient Large-Scale Language Model Training on GPU
+Clusters Using Megatron-LM") is the default: multi-head attention, a two-matrix GeLU MLP of
+width f (4h), learned positions, biases and LayerNorms, the output layer tied to the word
+embedding. Today's models differ in ways that change every count, so each is a field:
 
-    P = l (4h² + 2hf + 9h + f) + (V + s) h                    (eq. 2: 12lh²(1 + 13/12h + (V+s)/12lh))
-    F = k B s l (8h² + 4hf + 4sh/... )                         (eq. 3, see ``flops_per_iteration``)
+- ``kv_heads`` (grouped-query / multi-query attention, Ainslie et al. 2023): K and V have
+  ``kv_heads`` heads of ``hidden/heads`` each, so their projections are h·h_kv, not h²;
+- ``ffn_type`` ``swiglu`` (Shazeer 2020; Llama): three h x f matrices (gate, up, down);
+- ``position`` ``rope``/``alibi``: no learned position table (s·h parameters fewer);
+- ``tied=False``: a separate V x h output layer (Llama, Mixtral);
+- ``bias=False``: no linear biases, RMSNorm with a weight only (Llama) instead of LayerNorm's
+  weight and bias;
+- ``attention`` ``flash`` (Dao et al. 2022): the s² scores are never stored, the causal mask
+  lets the kernel skip half of them, and the backward recomputes them (5 matmuls to the
+  forward's 2 -- FlashAttention-2, section 3.1.2);
+- ``experts``/``top_k`` (mixture of experts, Megatron's expert-parallel MLP; Mixtral): E
+  copies of the MLP and a router of h x E per layer, each token through ``top_k`` of them.
 
-A forward pass of one layer costs 2·B·s·(4h² + 2hf) + 4·B·s²·h FLOPs (the four projections, the
-two MLP matmuls, and QKᵀ and attention·V), the logit layer 2·B·s·h·V. The backward pass costs
-twice the forward; full activation recomputation runs the layers' forward once more: 96 = 4 x 24
-in the paper's eq. 3 with recomputation, 72 = 3 x 24 without. Selective recomputation
-(Korthikanti et al. 2022) recomputes only the attention core, 4·B·s²·h per layer.
+Parameters, counted exactly:
 
-Presets: GPT-3 175B, the ten models of Narayanan et al. 2021 Table 1 (``ptdp-1.7b`` ..
-``ptdp-1t``) and the four of Korthikanti et al. 2022 Table 3 (``mt-22b`` .. ``mt-1t``);
-all with s = 2048 and V = 51200 as in the papers.
+    per layer   2h² + 2h·h_kv (Q, K, V, O)  +  m·h·f·E (m = 2 GeLU, 3 SwiGLU; E = 1 dense)  + h·E router
+                + biases (h + 2h_kv + h, and f + h or 2f + h per expert) + norms (2 x 2h, or 2 x h)
+    model       l x per layer + V·h (x 2 untied) + s·h (learned positions) + the final norm
+
+which for the default is Narayanan's eq. 2, l(4h² + 2hf + 9h + f) + (V + s)h, plus the final
+LayerNorm's 2h. FLOPs of one layer's forward for b sequences (matmuls only, 2 per multiply-add):
+
+    2bs(2h² + 2h·h_kv + m·h·f·k) + 2bs·h·E (router) + 4bs²h (QKᵀ and attention·V)
+
+Two conventions for the attention term, both reported: Megatron's (and Narayanan's eq. 3)
+counts the full s x s product, ``model_flops``; a causal model needs only half of it,
+``causal_model_flops`` -- and a FlashAttention kernel executes only that half, which is what the
+planner's time uses. The backward is 2x the forward; full recomputation runs the forward
+once more, selective (Korthikanti et al. 2022) only the attention core.
+
+Presets: GPT-3 175B, Narayanan et al. 2021 Table 1 (``ptdp-1.7b`` .. ``ptdp-1t``) and
+Korthikanti et al. 2022 Table 3 (``mt-22b`` .. ``mt-1t``), s = 2048, V = 51200, as the papers;
+open models from their published architectures (Hugging Face ``config.json``): Llama-3 8B,
+70B and 405B (Dubey et al. 2024, Table 3), Llama-2 7B and 70B, Mixtral 8x7B, BLOOM-176B, and
+MosaicML's MPT benchmark models (llm-foundry ``scripts/train/yamls/pretrain``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from netmorph.errors import UsageError
+
+FFN_TYPES = ("gelu", "swiglu")
+POSITIONS = ("learned", "rope", "alibi")
+ATTENTION = ("standard", "flash")
 
 
 @dataclass(frozen=True)
@@ -35,6 +64,14 @@ class ModelSpec:
     vocab: int = 51200
     ffn: int = 0                   # 0: 4 x hidden
     params_only: float = 0.0       # a bare parameter count (--params): model-state memory only
+    kv_heads: int = 0              # 0: = heads (multi-head attention)
+    ffn_type: str = "gelu"         # gelu | swiglu
+    position: str = "learned"      # learned | rope | alibi
+    tied: bool = True              # output layer shares the word embedding
+    bias: bool = True              # linear biases and LayerNorm (False: no biases, RMSNorm)
+    attention: str = "standard"    # standard | flash
+    experts: int = 0               # 0: dense MLP
+    top_k: int = 1                 # experts per token
 
     @property
     def f(self) -> int:
@@ -44,51 +81,146 @@ class ModelSpec:
     def bare(self) -> bool:
         return self.params_only > 0
 
+    @property
+    def kv(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @cached_property
+    def h_kv(self) -> int:
+        """Width of K (and of V): kv_heads x head_dim."""
+        return self.kv * self.head_dim
+
+    @property
+    def mlp_mats(self) -> int:
+        return 3 if self.ffn_type == "swiglu" else 2
+
+    @property
+    def n_experts(self) -> int:
+        return self.experts or 1
+
+    @property
+    def active_experts(self) -> int:
+        return self.top_k if self.experts else 1
+
+    # -- parameters -------------------------------------------------------------------------------
+    def attn_weights(self) -> int:
+        return 2 * self.hidden * self.hidden + 2 * self.hidden * self.h_kv
+
+    def attn_biases(self) -> int:
+        return (2 * self.hidden + 2 * self.h_kv) if self.bias else 0
+
+    def expert_weights(self) -> int:
+        """One expert's (or the dense MLP's) matrices."""
+        return self.mlp_mats * self.hidden * self.f
+
+    def expert_biases(self) -> int:
+        return ((self.mlp_mats - 1) * self.f + self.hidden) if self.bias else 0
+
+    def norm_params(self) -> int:
+        """One norm: LayerNorm's weight and bias, or RMSNorm's weight."""
+        return (2 if self.bias else 1) * self.hidden
+
+    def router_params(self) -> int:
+        return self.hidden * self.experts
+
     def layer_params(self) -> int:
-        h, f = self.hidden, self.f
-        return 4 * h * h + 2 * h * f + 9 * h + f
+        return (self.attn_weights() + self.attn_biases() + self.n_experts * (self.expert_weights()
+                + self.expert_biases()) + self.router_params() + 2 * self.norm_params())
 
     def embedding_params(self) -> int:
-        return (self.vocab + self.seq) * self.hidden
+        """Word embedding (and the untied output layer) and learned positions."""
+        return self.vocab * self.hidden * (1 if self.tied else 2) + (self.seq * self.hidden
+                                                                      if self.position == "learned" else 0)
 
     def params(self) -> float:
-        """Eq. 2 of Narayanan et al. 2021 (tied input/output embedding, learned positions)."""
         if self.bare:
             return self.params_only
-        return self.layers * self.layer_params() + self.embedding_params()
+        return self.layers * self.layer_params() + self.embedding_params() + self.norm_params()
 
-    def layer_flops_fwd(self, tokens_b: int) -> float:
+    def active_params(self) -> float:
+        """Parameters one token passes through (a mixture of experts uses top_k of E)."""
+        idle = (self.n_experts - self.active_experts) * (self.expert_weights() + self.expert_biases())
+        return self.params() - self.layers * idle
+
+    # -- FLOPs --------------------------------------------------------------------------------------
+    def _core(self, tokens_b: int, causal: bool) -> float:
+        return 4 * tokens_b * self.seq * self.seq * self.hidden * (0.5 if causal else 1.0)
+
+    def layer_linear_flops_fwd(self, tokens_b: int) -> float:
+        """The layer's matmuls that scale with tokens: projections, the MLP (top_k experts), the router."""
+        b, s, h = tokens_b, self.seq, self.hidden
+        return 2 * b * s * (self.attn_weights() + self.active_experts * self.expert_weights() + h * self.experts)
+
+    def layer_flops_fwd(self, tokens_b: int, causal: bool = False) -> float:
         """Forward FLOPs of one transformer layer for b sequences (b = ``tokens_b``)."""
-        b, s, h, f = tokens_b, self.seq, self.hidden, self.f
-        return 2 * b * s * (4 * h * h + 2 * h * f) + 4 * b * s * s * h
+        return self.layer_linear_flops_fwd(tokens_b) + self._core(tokens_b, causal)
 
     def logit_flops_fwd(self, b: int) -> float:
         return 2 * b * self.seq * self.hidden * self.vocab
 
     def flops_per_iteration(self, batch: int, recompute: str = "full") -> float:
-        """Eq. 3: FLOPs of one iteration of ``batch`` sequences, counting what the GPUs execute.
+        """Eq. 3: FLOPs of one iteration of ``batch`` sequences, counting what the GPUs execute
+        (Megatron's convention: the full s x s attention product).
 
         recompute = "full": 4 x layer forward (fwd, 2 x bwd, recomputed fwd) + 3 x logits
         (96 B s l h² (1 + s/6h + V/16lh) when f = 4h); "none": 3 x both (72 B s l h²
         (1 + s/6h + V/12lh)); "selective": 3 x both + the attention core again.
         """
-        if self.bare:
-            raise UsageError("{params} gives model-state memory only; FLOPs need {layers}/{hidden}/{heads} or {model}",
-                             "params")
+        self._need_shape()
         layer = self.layer_flops_fwd(batch)
         logit = self.logit_flops_fwd(batch)
         if recompute == "full":
             return self.layers * 4 * layer + 3 * logit
-        extra = 4 * batch * self.seq * self.seq * self.hidden if recompute == "selective" else 0
+        extra = self._core(batch, False) if recompute == "selective" else 0
         return self.layers * (3 * layer + extra) + 3 * logit
 
     def model_flops(self, batch: int) -> float:
-        """FLOPs of the model itself (no recomputation): what MFU divides by."""
+        """FLOPs of the model itself (no recomputation), Megatron's full-attention convention: MFU's numerator."""
         return self.flops_per_iteration(batch, "none")
+
+    def causal_model_flops(self, batch: int) -> float:
+        """The same with the causal half of the attention product only (what a causal model needs)."""
+        self._need_shape()
+        return 3 * (self.layers * self.layer_flops_fwd(batch, causal=True) + self.logit_flops_fwd(batch))
+
+    def _need_shape(self) -> None:
+        if self.bare:
+            raise UsageError("{params} gives model-state memory only; FLOPs need {layers}/{hidden}/{heads} or "
+                             "{model}", "params")
+
+    def describe(self) -> str:
+        """The architecture in one phrase: what differs from the 2021 GPT default."""
+        parts = []
+        if self.kv != self.heads:
+            parts.append(f"GQA {self.heads}/{self.kv}")
+        parts.append(f"{self.ffn_type} f {self.f}")
+        if self.experts:
+            parts.append(f"{self.experts} experts top-{self.top_k}")
+        parts.append(self.position)
+        if not self.tied:
+            parts.append("untied")
+        if not self.bias:
+            parts.append("no bias")
+        parts.append(f"{self.attention} attention")
+        return ", ".join(parts)
 
 
 def _m(name, layers, hidden, heads, seq=2048, vocab=51200):
     return ModelSpec(name, layers, hidden, heads, seq, vocab)
+
+
+def _llama(name, layers, hidden, heads, kv, ffn, vocab=128256, seq=8192, **kw):
+    return ModelSpec(name, layers, hidden, heads, seq, vocab, ffn, kv_heads=kv, ffn_type="swiglu", position="rope",
+                     tied=False, bias=False, attention="flash", **kw)
+
+
+def _mpt(name, layers, hidden, heads):
+    # llm-foundry's benchmark MPTs: learned positions, biases, LayerNorm, GeLU 4h, vocab 50368, tied, flash
+    return ModelSpec(name, layers, hidden, heads, 2048, 50368, attention="flash")
 
 
 PRESETS = {m.name: m for m in [
@@ -101,36 +233,62 @@ PRESETS = {m.name: m for m in [
     # Korthikanti et al. 2022, Table 3
     _m("mt-22b", 48, 6144, 64), _m("mt-175b", 96, 12288, 96), _m("mt-530b", 105, 20480, 128),
     _m("mt-1t", 128, 25600, 160),
+    # open models, from their published config.json
+    _llama("llama-3-8b", 32, 4096, 32, 8, 14336), _llama("llama-3-70b", 80, 8192, 64, 8, 28672),
+    _llama("llama-3-405b", 126, 16384, 128, 8, 53248),
+    _llama("llama-2-7b", 32, 4096, 32, 32, 11008, vocab=32000, seq=4096),
+    _llama("llama-2-70b", 80, 8192, 64, 8, 28672, vocab=32000, seq=4096),
+    _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, vocab=32000, seq=4096, experts=8, top_k=2),
+    ModelSpec("bloom-176b", 70, 14336, 112, 2048, 250880, position="alibi"),
+    _mpt("mpt-1b", 24, 2048, 16), _mpt("mpt-7b", 32, 4096, 32), _mpt("mpt-13b", 40, 5120, 40),
+    _mpt("mpt-30b", 48, 7168, 56), _mpt("mpt-70b", 80, 8192, 64),
 ]}
 
 
+def check_shape(spec: ModelSpec) -> ModelSpec:
+    """Every field in range and consistent; errors name the flag that changes it."""
+    for k in ("layers", "hidden", "heads", "seq", "vocab"):
+        if not 1 <= getattr(spec, k) <= 1 << 24:
+            raise UsageError(f"{{{k}}} must be in 1..{1 << 24:,}, got {getattr(spec, k)}", k)
+    if not 0 <= spec.ffn <= 1 << 26:
+        raise UsageError(f"{{ffn}} must be in 1..{1 << 26:,} (omit it for 4 x hidden), got {spec.ffn}", "ffn")
+    if spec.hidden % spec.heads:
+        raise UsageError(f"{{hidden}} {spec.hidden} is not divisible by {{heads}} {spec.heads}", "hidden")
+    if not 0 <= spec.kv_heads <= spec.heads or spec.kv_heads and spec.heads % spec.kv_heads:
+        raise UsageError(f"{{kv_heads}} must divide the {spec.heads} heads, got {spec.kv_heads}", "kv_heads")
+    for k, allowed in (("ffn_type", FFN_TYPES), ("position", POSITIONS), ("attention", ATTENTION)):
+        if getattr(spec, k) not in allowed:
+            raise UsageError(f"{{{k}}} must be one of {', '.join(allowed)}, got {getattr(spec, k)!r}", k)
+    if not 0 <= spec.experts <= 1 << 14 or spec.experts == 1:
+        raise UsageError(f"{{experts}} must be 0 (dense) or 2..{1 << 14}, got {spec.experts}", "experts")
+    if not 1 <= spec.top_k <= max(spec.experts, 1):
+        raise UsageError(f"{{top_k}} must be in 1..experts ({spec.experts}), got {spec.top_k}", "top_k")
+    return spec
+
+
 def from_args(model=None, layers=None, hidden=None, heads=None, seq=None, vocab=None, ffn=None,
-              params=None) -> ModelSpec:
-    """A preset (optionally with fields overridden) or a model from flags; errors name the flag."""
+              params=None, base: ModelSpec | None = None, **arch) -> ModelSpec:
+    """A preset, a ``base`` (read from a config file) or a model from flags, with any field overridden by a flag
+    (``arch``: kv_heads, ffn_type, position, tied, bias, attention, experts, top_k); errors name the flag."""
     if params is not None:
         if params <= 0:
             raise UsageError(f"{{params}} must be > 0, got {params}", "params")
         return ModelSpec(f"{params:.3g} params", 0, 0, 0, params_only=float(params))
+    over = {k: v for k, v in dict(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, ffn=ffn,
+                                  **arch).items() if v is not None}
     if model is not None:
         key = model.lower()
         if key not in PRESETS:
             raise UsageError(f"{{model}}: unknown preset {model!r}; choose one of {', '.join(PRESETS)}", "model")
-        spec = PRESETS[key]
-        over = {k: v for k, v in dict(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab,
-                                      ffn=ffn).items() if v is not None}
-        spec = replace(spec, **over) if over else spec
+        spec = replace(PRESETS[key], **over)
+    elif base is not None:
+        spec = replace(base, **over)
     else:
         missing = ["{" + k + "}" for k, v in (("layers", layers), ("hidden", hidden), ("heads", heads)) if v is None]
         if missing:
-            raise UsageError("describe the model with {model} NAME, {params} N, or " + " ".join(missing),
-                             missing[0][1:-1])
-        spec = ModelSpec("custom", layers, hidden, heads, 2048 if seq is None else seq,
-                         51200 if vocab is None else vocab, 0 if ffn is None else ffn)
-    for k in ("layers", "hidden", "heads", "seq", "vocab"):
-        if not 1 <= getattr(spec, k) <= 1 << 24:
-            raise UsageError(f"{{{k}}} must be in 1..{1 << 24:,}, got {getattr(spec, k)}", k)
+            raise UsageError("describe the model with {model} NAME, {model_config} FILE, {megatron_args} ARGS, "
+                             "{params} N, or " + " ".join(missing), missing[0][1:-1])
+        spec = replace(ModelSpec("custom", layers, hidden, heads, attention="flash"), **over)
     if ffn is not None and not 1 <= ffn <= 1 << 26:
         raise UsageError(f"{{ffn}} must be in 1..{1 << 26:,} (omit it for 4 x hidden), got {ffn}", "ffn")
-    if spec.hidden % spec.heads:
-        raise UsageError(f"{{hidden}} {spec.hidden} is not divisible by {{heads}} {spec.heads}", "hidden")
-    return spec
+    return check_shape(spec)

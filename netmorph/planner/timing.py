@@ -29,23 +29,50 @@ configuration.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import lru_cache
 
 from netmorph.collectives import build
 from netmorph.cost.simulate import simulate
-from netmorph.planner.config import ParallelConfig
+from netmorph.planner.config import ParallelConfig, _stage_layers
 from netmorph.planner.hardware import Hardware
 from netmorph.planner.memory import activation_bytes_per_layer, params_on_device
 from netmorph.planner.model import ModelSpec
 
-ALGOS = {"allreduce": ("ring", "double_binary_tree"), "reduce_scatter": ("ring",), "allgather": ("ring",)}
+ALGOS = {"allreduce": ("ring", "double_binary_tree"), "reduce_scatter": ("ring",), "allgather": ("ring",),
+         "alltoall": ("pairwise",)}
+
+
+SIMULATED = 64            # the largest group the event simulation runs; larger ones are extrapolated from it
+TREES = ("double_binary_tree",)
 
 
 @lru_cache(maxsize=4096)
 def _fit(hw: Hardware, op: str, algo: str, p: int, stride: int) -> tuple[float, float]:
-    """(intercept s, slope s/byte) of ``op`` on p devices 0, stride, 2·stride, ..."""
+    """(intercept s, slope s/byte) of ``op`` on p devices 0, stride, 2·stride, ...
+
+    Up to :data:`SIMULATED` devices, from the event simulation on the hardware's topology, with as many
+    rails out of a node as the group has members there (NCCL's channels each take their own NIC), at two sizes (time is linear in bytes for a
+    fixed schedule). A larger group (the data-parallel group of a 16k-GPU run) would cost the simulation
+    O(p²) messages, so it is extrapolated from the simulated groups of SIMULATED/2 and SIMULATED devices at
+    the same stride: a ring's latency grows linearly in its p - 1 steps and its bandwidth term as
+    (p - 1)/p; a tree's latency and its pipelined bandwidth term by what one more level of depth (log2 p)
+    added between the two simulated sizes."""
+    if p > SIMULATED:
+        a1, b1 = _fit(hw, op, algo, SIMULATED // 2, stride)
+        a2, b2 = _fit(hw, op, algo, SIMULATED, stride)
+        if algo in TREES:
+            steps = math.log2(p) - math.log2(SIMULATED)          # tree depth added (the two sizes differ by 1)
+            return a2 + (a2 - a1) * steps, b2 + (b2 - b1) * steps
+        per = (a2 - a1) / (SIMULATED - SIMULATED // 2)
+        return a2 + per * (p - SIMULATED), b2 * ((p - 1) / p) / ((SIMULATED - 1) / SIMULATED)
     topo = hw.topology()
+    # NCCL runs one ring (channel) per NIC: with c members of the group on a node, the hop that leaves the
+    # node is c rails wide, not one NIC (the node's total still caps it)
+    c = max(1, min(p, hw.gpus_per_node // stride)) if stride < hw.gpus_per_node else 1
+    if c > 1:
+        topo = dataclasses.replace(topo, beta_inter=topo.beta_inter / c)
     placement = [i * stride for i in range(p)]
     n1, n2 = 1 << 20, 1 << 26
     t1 = simulate(build(op, algo, p, n1 // 2, 2), topo, placement).time
@@ -68,73 +95,153 @@ def p2p_time(hw: Hardware, src: int, dst: int, nbytes: float) -> float:
     return hw.alpha_inter + nbytes / hw.nic_bandwidth
 
 
+def matmul_rates(c: ParallelConfig, hw: Hardware) -> tuple[float, float]:
+    """(FLOP/s of the linear layers, FLOP/s of the attention core and the output layer): under FP8
+    Transformer Engine runs the linear layers' GEMMs in FP8 and keeps attention and the logits in 16 bits."""
+    r16 = hw.peak_flops * hw.gemm_efficiency
+    if c.precision == "fp8":
+        return hw.fp8_flops * hw.gemm_efficiency, r16
+    return r16, r16
+
+
 def layer_costs(model: ModelSpec, c: ParallelConfig, hw: Hardware) -> dict:
+    """What one layer costs under ``c``: :func:`_layer_costs` for the fields it depends on (cached, so a search
+    prices each (tp, cp, ep, microbatch, recompute, sp, precision) once)."""
+    return dict(_layer_costs(model, hw, c.tp, c.cp, c.ep, c.microbatch, c.recompute, c.sequence_parallel,
+                             c.precision))
+
+
+@lru_cache(maxsize=16384)
+def _layer_costs(model: ModelSpec, hw: Hardware, tp, cp, ep, microbatch, recompute, sp, precision) -> dict:
     """Seconds of one layer's work per microbatch on one rank, forward and backward apart (the backward
-    carries the recomputed forward under full recomputation, the attention core again under selective),
-    the LM head's forward, one activation's bytes and the TP all-reduces per layer: what the analytic
-    step time sums and what :mod:`netmorph.simulate` plays slot by slot."""
-    t, b = c.tp, c.microbatch
+    carries the recomputed forward under full recomputation, the attention core again under selective, and
+    FlashAttention's own recompute of the scores: its backward is 2.5x its forward), the LM head's forward,
+    one activation's bytes, the TP all-reduces per layer, the exposed ring-attention KV exchange (context
+    parallel) and the MoE dispatch/combine all-to-alls: what the analytic step time sums and what
+    :mod:`netmorph.simulate` plays slot by slot."""
+    c = ParallelConfig(tp=tp, dp=ep, microbatch=microbatch, global_batch=microbatch * ep, recompute=recompute,
+                       sequence_parallel=sp, cp=cp, ep=ep, precision=precision)
+    t, b, cp = c.tp, c.microbatch, c.cp
     s, h = model.seq, model.hidden
-    rate = hw.peak_flops * hw.gemm_efficiency
-    fwd = model.layer_flops_fwd(b) / t
+    r_lin, r16 = matmul_rates(c, hw)
+    flash = model.attention == "flash"
+    r_core = hw.peak_flops * hw.attention_efficiency if flash else r16     # a fused kernel's own efficiency
+    linear_flops = model.layer_linear_flops_fwd(b)
+    lin = linear_flops / (t * cp) / r_lin
+    core = (model.layer_flops_fwd(b, causal=flash) - linear_flops) / (t * cp) / r_core   # QKᵀ and attention·V
     full = c.recompute == "full"
-    extra = 4 * b * s * s * h / t if c.recompute == "selective" else 0.0
+    core_bwd = (2.5 if flash else 2.0) + (1.0 if full or (c.recompute == "selective" and not flash) else 0.0)
     elem = activation_bytes_per_layer(model, c, recompute="none") * hw.elementwise_passes / hw.hbm_bandwidth
-    return {"matmul_fwd": fwd / rate, "matmul_bwd": ((3 if full else 2) * fwd + extra) / rate,
-            "elementwise_fwd": elem / 3, "elementwise_bwd": elem * (1 if full else 2 / 3),
-            "logits_fwd": model.logit_flops_fwd(b) / t / rate,
-            "activation_bytes": b * s * h * 2,                      # one 16-bit activation
-            "tp_per_fwd": 2, "tp_per_bwd": 4 if full else 2}
+    cast_fwd = cast_bwd = 0.0
+    if c.precision == "fp8":
+        # Transformer Engine casts each linear layer's input to FP8 in the forward (read 2 B, write 1 B per
+        # element: QKV, output projection, fc1, fc2 inputs) and each output gradient in the backward
+        tokens = b * s / (t * cp)
+        h_, f_ = model.hidden, model.f * model.active_experts
+        cast_fwd = 3 * tokens * (3 * h_ + f_) / hw.hbm_bandwidth
+        cast_bwd = 3 * tokens * (3 * h_ + 2 * model.h_kv + (model.mlp_mats - 1) * f_) / hw.hbm_bandwidth
+    out = {"matmul_fwd": lin + core, "matmul_bwd": (3 if full else 2) * lin + core_bwd * core,
+           "elementwise_fwd": elem / 3 + cast_fwd,
+           "elementwise_bwd": elem * (1 if full else 2 / 3) + cast_bwd + (cast_fwd if full else 0.0),
+           "logits_fwd": model.logit_flops_fwd(b) / (t * cp) / r16,
+           "activation_bytes": b * s * h * 2 / cp,                 # one 16-bit activation
+           "tp_per_fwd": 2, "tp_per_bwd": 4 if full else 2, "cp_fwd": 0.0, "cp_bwd": 0.0,
+           "moe_fwd": 0.0, "moe_bwd": 0.0}
+    if cp > 1:
+        # ring attention: cp - 1 steps, each passing one K and one V block of s/cp tokens (h_kv/t wide) to
+        # the next rank while the attention core of the block in hand runs; the backward passes K, V and
+        # their gradients. What the core does not cover is exposed.
+        kv_block = 2 * (s / cp) * b * model.h_kv / t * 2
+        hop = t if t * cp <= hw.gpus_per_node else max(t, hw.gpus_per_node)   # the ring's slowest hop
+        step = p2p_time(hw, 0, hop, kv_block)
+        per = core / cp                                         # the core's work per ring step
+        out["cp_fwd"] = (cp - 1) * max(0.0, step - per)
+        out["cp_bwd"] = (cp - 1) * max(0.0, 2 * step - core_bwd * per)
+    if model.experts and c.ep > 1:
+        # dispatch and combine: each token's hidden state to its top_k experts and back, forward and backward
+        a2a = collective_time(hw, "alltoall", c.ep, t * cp, b * (s / cp) * h * 2 * model.top_k / t)
+        out["moe_fwd"] = 2 * a2a
+        out["moe_bwd"] = 2 * a2a * (2 if full else 1)
+    return out
 
 
 def optimizer_time(n_params: float, c: ParallelConfig, hw: Hardware) -> float:
     """The optimizer step streams its shard's state through HBM once."""
-    shard = n_params / (c.dp if c.zero >= 1 else 1)
+    shard = n_params / (c.dp * c.cp if c.zero >= 1 else 1)
     return shard * (2 * c.optimizer_bytes + c.grad_bytes + 2 * c.param_bytes) / hw.hbm_bandwidth
 
 
 def step_time(model: ModelSpec, c: ParallelConfig, hw: Hardware) -> dict:
     """Seconds per iteration and its parts."""
-    t, p, d, v = c.tp, c.pp, c.dp, c.interleave
-    m = c.microbatches
-    layers = math.ceil(model.layers / p)
-    lc = layer_costs(model, c, hw)
-    gemm = layers * (lc["matmul_fwd"] + lc["matmul_bwd"]) + 3 * lc["logits_fwd"]
-    elementwise = layers * (lc["elementwise_fwd"] + lc["elementwise_bwd"])
-
-    act = lc["activation_bytes"]
-    n_tp = (lc["tp_per_fwd"] + lc["tp_per_bwd"]) * layers
-    tp_comm = n_tp * collective_time(hw, "allreduce", t, 1, act) if t > 1 else 0.0
-
-    pp_comm = 0.0
-    if p > 1:
-        stride = t * d
-        pp_comm = 2 * v * p2p_time(hw, 0, stride, act / t)
-
-    per_mb = gemm + elementwise + tp_comm + pp_comm
+    p, v, m = c.pp, c.interleave, c.microbatches
+    gemm, elementwise, tp_comm, cp_comm, moe_comm, pp_comm = _microbatch(
+        model, hw, c.tp, c.cp, c.pp, c.dp, c.ep, c.microbatch, c.recompute, c.sequence_parallel, c.precision, v,
+        c.first_stage_layers, c.last_stage_layers)
+    per_mb = gemm + elementwise + tp_comm + cp_comm + moe_comm + pp_comm
     slots = m + (p - 1) / v
     pipeline = slots * per_mb
     bubble = (p - 1) / (v * m) if m else float("inf")
-
-    n = params_on_device(model, c)
-    grad_bytes = c.grad_bytes * n
-    if c.zero == 0:
-        dp_comm = collective_time(hw, "allreduce", d, t, grad_bytes)
+    dp_comm, gather, optimizer = _after(model, hw, c.tp, c.cp, c.pp, c.dp, c.ep, c.zero, c.first_stage_layers,
+                                        c.last_stage_layers, c.param_bytes, c.grad_bytes, c.optimizer_bytes)
+    if c.dp_overlap and gather:
+        # FSDP: the weight gathers before each microbatch's forward and backward and the gradient
+        # reduce-scatter all run on the one communication stream behind the same compute; what the
+        # compute does not cover is exposed (reported as ZeRO-3 first, the rest as data parallel)
+        exposed = max(0.0, m * gather + dp_comm - m * (gemm + elementwise))
+        zero3 = min(exposed, m * gather)
+        dp_exposed = exposed - zero3
     else:
-        dp_comm = (collective_time(hw, "reduce_scatter", d, t, grad_bytes)
-                   + collective_time(hw, "allgather", d, t, c.param_bytes * n))
-    dp_exposed = max(0.0, dp_comm - (2 / 3) * per_mb) if c.dp_overlap else dp_comm
-    zero3 = 0.0
-    if c.zero >= 3 and d > 1:
-        zero3 = m * 2 * collective_time(hw, "allgather", d, t, c.param_bytes * n)
-    optimizer = optimizer_time(n, c, hw)
+        # the gradient reduction overlaps the last microbatch's backward (2/3 of it) with --dp-overlap
+        dp_exposed = max(0.0, dp_comm - (2 / 3) * per_mb) if c.dp_overlap else dp_comm
+        zero3 = m * gather
     total = pipeline + dp_exposed + zero3 + optimizer
     return {
         "step_time_s": total, "bubble_fraction": bubble,
-        # the parts add up: matmul + elementwise + TP + PP (m microbatches) + bubble ((p-1)/v slots) + the rest
+        # the parts add up: matmul + elementwise + TP + CP + MoE + PP (m microbatches) + bubble + the rest
         "compute_s": m * (gemm + elementwise), "matmul_s": m * gemm, "elementwise_s": m * elementwise,
         "bubble_s": (slots - m) * per_mb,
-        "comm_s": {"tensor_parallel": m * tp_comm, "pipeline_p2p": m * pp_comm,
-                   "data_parallel": dp_exposed, "zero3_gather": zero3},
+        "comm_s": {"tensor_parallel": m * tp_comm, "context_parallel": m * cp_comm, "expert_parallel": m * moe_comm,
+                   "pipeline_p2p": m * pp_comm, "data_parallel": dp_exposed, "zero3_gather": zero3},
         "optimizer_s": optimizer,
     }
+
+
+def step_seconds(model: ModelSpec, c: ParallelConfig, hw: Hardware) -> float:
+    """:func:`step_time`'s total alone, for ranking a search's configurations."""
+    return step_time(model, c, hw)["step_time_s"]
+
+
+@lru_cache(maxsize=65536)
+def _microbatch(model, hw, t, cp, p, d, ep, mb, recompute, sp, precision, v, first, last) -> tuple:
+    """(matmul, elementwise, TP, CP, MoE, PP p2p) seconds of one microbatch on the slowest pipeline stage."""
+    stages = _stage_layers(model.layers, p, first, last)
+    lc = _layer_costs(model, hw, t, cp, ep, mb, recompute, sp, precision)
+    per_layer_gemm = lc["matmul_fwd"] + lc["matmul_bwd"]
+    # the slowest stage sets the pipeline's pace: the most layers, or the last stage's with the output layer
+    head = 3 * lc["logits_fwd"]
+    layers, gemm = max((stages[-1], stages[-1] * per_layer_gemm + head), (max(stages), max(stages) * per_layer_gemm),
+                       key=lambda x: x[1])
+    elementwise = layers * (lc["elementwise_fwd"] + lc["elementwise_bwd"])
+    act = lc["activation_bytes"]
+    n_tp = (lc["tp_per_fwd"] + lc["tp_per_bwd"]) * layers
+    tp_comm = n_tp * collective_time(hw, "allreduce", t, 1, act) if t > 1 else 0.0
+    cp_comm = layers * (lc["cp_fwd"] + lc["cp_bwd"])
+    moe_comm = layers * (lc["moe_fwd"] + lc["moe_bwd"])
+    pp_comm = 2 * v * p2p_time(hw, 0, t * cp * d, act / t) if p > 1 else 0.0
+    return gemm, elementwise, tp_comm, cp_comm, moe_comm, pp_comm
+
+
+@lru_cache(maxsize=65536)
+def _after(model, hw, t, cp, p, d, ep, zero, first, last, param_bytes, grad_bytes, optimizer_bytes) -> tuple:
+    """(data-parallel gradient reduction, one microbatch's ZeRO-3 weight gathers, optimizer) seconds."""
+    c = ParallelConfig(tp=t, pp=p, dp=d, cp=cp, ep=ep, zero=zero, first_stage_layers=first, last_stage_layers=last,
+                       param_bytes=param_bytes, grad_bytes=grad_bytes, optimizer_bytes=optimizer_bytes)
+    n = params_on_device(model, c)
+    group = d * cp                                   # gradients reduce over data- and context-parallel ranks
+    if zero == 0:
+        dp_comm = collective_time(hw, "allreduce", group, t, grad_bytes * n)
+    else:
+        dp_comm = (collective_time(hw, "reduce_scatter", group, t, grad_bytes * n)
+                   + collective_time(hw, "allgather", group, t, param_bytes * n))
+    gather = 2 * collective_time(hw, "allgather", group, t, param_bytes * n) if zero >= 3 and group > 1 else 0.0
+    return dp_comm, gather, optimizer_time(n, c, hw)

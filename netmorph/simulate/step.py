@@ -87,7 +87,9 @@ def simulate_step(tp: int, pp: int, dp: int, microbatches: int, layers: int, cos
     v, m = interleave, microbatches
     stages = pp * v
     if layers % stages:
-        raise UsageError(f"{{layers}} {layers} is not divisible by pp x interleave = {stages}", "layers")
+        raise UsageError(f"the step simulator plays equal stages: pp x interleave = {stages} does not divide the "
+                         f"{layers} layers; change {{pp}} or {{interleave}} (`netmorph plan estimate` prices uneven "
+                         f"stages)", "pp")
     per_chunk = layers // stages
     slots = schedule(schedule_name, pp, m, v)
     shape = (dp, tp)

@@ -1,0 +1,273 @@
+"""The planner for today's models: architectures, config files, context/expert parallelism, uneven stages, FP8."""
+
+import json
+
+import pytest
+
+from netmorph.cli import main
+from netmorph.errors import UsageError
+from netmorph.planner import timing
+from netmorph.planner.config import ParallelConfig
+from netmorph.planner.configs import from_deepspeed_config, from_hf_config, from_megatron_args
+from netmorph.planner.hardware import PRESETS as HW
+from netmorph.planner.memory import activation_bytes_per_layer, memory, params_on_device
+from netmorph.planner.model import PRESETS, ModelSpec
+from netmorph.planner.search import check, estimate, search
+
+H100, A100 = HW["h100-80g"], HW["a100-80g"]
+
+# Published totals (model cards / papers), to compare with the count computed from each architecture
+PUBLISHED = {"llama-3-8b": 8.03e9, "llama-3-70b": 70.6e9, "llama-3-405b": 405.9e9, "llama-2-7b": 6.74e9,
+             "llama-2-70b": 68.98e9, "mixtral-8x7b": 46.7e9, "bloom-176b": 176.247e9}
+
+LLAMA3_8B_CONFIG = {   # meta-llama/Meta-Llama-3-8B config.json
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 128000,
+    "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 14336, "max_position_embeddings": 8192, "model_type": "llama", "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": None, "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "transformers_version": "4.40.0.dev0", "use_cache": True, "vocab_size": 128256}
+MIXTRAL_CONFIG = {     # mistralai/Mixtral-8x7B-v0.1 config.json (the fields that shape it)
+    "architectures": ["MixtralForCausalLM"], "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336,
+    "max_position_embeddings": 32768, "model_type": "mixtral", "num_attention_heads": 32,
+    "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8,
+    "rms_norm_eps": 1e-05, "rope_theta": 1e6, "router_aux_loss_coef": 0.02, "sliding_window": None,
+    "tie_word_embeddings": False, "vocab_size": 32000}
+GPT2_CONFIG = {"activation_function": "gelu_new", "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768, "n_head": 12,
+               "n_layer": 12, "n_positions": 1024, "vocab_size": 50257, "layer_norm_epsilon": 1e-5}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_preset_parameter_counts_equal_the_published_totals(name):
+    """Counted from layers, widths, heads, KV heads, MLP type, experts and embeddings -- never looked up."""
+    assert PRESETS[name].params() == pytest.approx(PUBLISHED[name], rel=0.005)
+
+
+def test_parameter_count_by_hand_llama3_8b_and_mixtral_active():
+    m = PRESETS["llama-3-8b"]
+    h, f, kv, v, l = 4096, 14336, 1024, 128256, 32
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h            # Q, O, K, V, gate/up/down, two RMSNorms
+    assert m.params() == l * per_layer + 2 * v * h + h == 8_030_261_248
+    mx = PRESETS["mixtral-8x7b"]
+    assert mx.active_params() == pytest.approx(12.9e9, rel=0.005)        # "12.9B active parameters"
+    # the 2021 GPT default is Narayanan's eq. 2 plus the final LayerNorm
+    g = PRESETS["ptdp-1t"]
+    H, L, V, S = 25600, 128, 51200, 2048
+    assert g.params() == L * (12 * H * H + 13 * H) + (V + S) * H + 2 * H
+
+
+def test_mpt_counts_equal_llm_foundry_numparams():
+    """llm-foundry's benchmark table prints NumParams for each MPT; the planner's count of the same shape."""
+    for name, n in (("mpt-7b", 6658859008), ("mpt-13b", 12853954560), ("mpt-30b", 29975214080),
+                    ("mpt-70b", 64862437376)):
+        assert PRESETS[name].params() == n
+
+
+def test_flops_conventions_causal_and_flash():
+    m = PRESETS["llama-3-8b"]
+    b, s, h, l = 4, m.seq, m.hidden, m.layers
+    full, causal = m.model_flops(b), m.causal_model_flops(b)
+    assert full - causal == pytest.approx(3 * l * 2 * b * s * s * h)    # half of 4bs²h, forward and backward
+    # GQA: K and V projections are h x h_kv; SwiGLU three h x f matrices
+    assert m.layer_linear_flops_fwd(1) == 2 * s * (2 * h * h + 2 * h * 1024 + 3 * h * 14336)
+    mx = PRESETS["mixtral-8x7b"]
+    dense_equiv = 2 * mx.seq * (2 * h * h + 2 * h * 1024 + 2 * 3 * h * 14336 + h * 8)
+    assert mx.layer_linear_flops_fwd(1) == dense_equiv                  # top-2 experts and the router
+
+
+def test_activation_terms_for_gqa_swiglu_flash():
+    """Korthikanti's table generalised term by term; the s² scores vanish under FlashAttention."""
+    m = PRESETS["llama-3-8b"]
+    s, h, kv, f, a = m.seq, 4096, 1024, 14336, 32
+    c = ParallelConfig(tp=4, microbatch=1)
+    want = s * ((4 * h + 2 * h + 2 * h + 2 * h) + (2 * h + 4 * kv + 2 * h + 6 * f + 4 * a) / 4)
+    assert activation_bytes_per_layer(m, c) == pytest.approx(want)
+    std = ModelSpec("x", 1, h, a, s, 1000, f, kv_heads=8, ffn_type="swiglu", attention="standard")
+    assert activation_bytes_per_layer(std, c) - activation_bytes_per_layer(m, c) == pytest.approx(
+        s * (5 * a * s - 4 * a) / 4)
+    sp = ParallelConfig(tp=4, microbatch=1, sequence_parallel=True, cp=2)
+    assert activation_bytes_per_layer(m, sp) == pytest.approx(want * 0 + s / 2 * (10 * h + 2 * h + 4 * kv + 2 * h
+                                                                                   + 6 * f + 4 * a) / 4)
+    fp8 = ParallelConfig(tp=4, microbatch=1, precision="fp8")
+    # the four linear inputs (QKV, output projection, fc1: h each; fc2: f) stored in 8 bits
+    assert activation_bytes_per_layer(m, c) - activation_bytes_per_layer(m, fp8) == pytest.approx(
+        s * (2 * h + (h + f) / 4))
+
+
+def test_kv_heads_bound_tensor_parallelism_and_fp8_needs_hardware():
+    m = PRESETS["llama-3-70b"]                                          # 64 heads, 8 KV heads
+    assert check(m, ParallelConfig(tp=8), H100) is None
+    why = check(replace_kv(m, 4), ParallelConfig(tp=8), H100)
+    assert why.key == "heads" and "KV heads" in why.text
+    assert check(m, ParallelConfig(precision="fp8"), A100).key == "fp8"
+    assert check(m, ParallelConfig(precision="fp8"), H100) is None
+
+
+def replace_kv(m, kv):
+    from dataclasses import replace
+    return replace(m, kv_heads=kv)
+
+
+def test_fp8_is_faster_and_smaller_than_bf16_on_h100():
+    m = PRESETS["llama-3-70b"]
+    base = ParallelConfig(tp=8, pp=4, dp=2, microbatch=1, global_batch=64, zero=1, sequence_parallel=True)
+    from dataclasses import replace
+    bf, f8 = estimate(m, base, H100), estimate(m, replace(base, precision="fp8"), H100)
+    assert f8["matmul_s"] < 0.75 * bf["matmul_s"]
+    assert f8["memory_bytes"]["activations"] < bf["memory_bytes"]["activations"]
+    assert f8["memory_bytes"]["params"] == pytest.approx(1.5 * bf["memory_bytes"]["params"])   # + an FP8 copy
+
+
+def test_uneven_stages_largest_sets_memory_and_time():
+    m = PRESETS["llama-3-405b"]
+    even = ParallelConfig(tp=8, pp=16, dp=4, microbatch=1, global_batch=64, recompute="full", zero=1)
+    from dataclasses import replace
+    short = replace(even, first_stage_layers=7, last_stage_layers=7)
+    assert even.stage_layers(126) == [7] + [8] * 14 + [7]              # the extra layers go to the middle stages
+    assert short.stage_layers(126) == [7] + [8] * 14 + [7]
+    assert check(m, even, H100) is None
+    # with the embedding and output stages one layer short, the pace is a middle stage's 8 layers; 128 layers on
+    # 16 even stages put the output layer on top of 8 layers on the last one
+    lc = timing.layer_costs(m, short, H100)
+    per_layer, head = lc["matmul_fwd"] + lc["matmul_bwd"], 3 * lc["logits_fwd"]
+    assert head < per_layer
+    assert estimate(m, short, H100)["matmul_s"] == pytest.approx(short.microbatches * 8 * per_layer)
+    assert estimate(replace(m, layers=128), even, H100)["matmul_s"] == pytest.approx(
+        even.microbatches * (8 * per_layer + head))
+    lop = replace(even, first_stage_layers=2, last_stage_layers=2)     # the middle stages take 122/14 -> 9
+    assert max(lop.stage_layers(126)) == 9
+    assert estimate(m, lop, H100)["step_time_s"] > estimate(m, short, H100)["step_time_s"]
+
+
+def test_context_parallel_splits_activations_and_exchanges_kv():
+    m = PRESETS["llama-3-8b"]
+    from dataclasses import replace
+    long = replace(m, seq=131072)
+    c1 = ParallelConfig(tp=8, dp=1, microbatch=1, global_batch=1, recompute="full", sequence_parallel=True)
+    c8 = replace(c1, cp=8)
+    assert memory(long, c8)["activations"] < memory(long, c1)["activations"] / 7
+    e = estimate(long, replace(c8, global_batch=1), H100)
+    assert e["comm_s"]["context_parallel"] >= 0 and e["step_time_s"] < estimate(long, c1, H100)["step_time_s"]
+    # across nodes the ring's KV exchange is exposed where the attention block does not cover it
+    short = replace(m, seq=8192)
+    inter = estimate(short, ParallelConfig(tp=8, cp=4, microbatch=1, global_batch=1), H100)
+    assert inter["comm_s"]["context_parallel"] > 0
+
+
+def test_expert_parallel_shards_experts_and_prices_all_to_all():
+    m = PRESETS["mixtral-8x7b"]
+    c1 = ParallelConfig(tp=1, pp=4, dp=8, microbatch=1, global_batch=64, zero=1)
+    from dataclasses import replace
+    c8 = replace(c1, ep=8)
+    assert check(m, c8, H100) is None and check(m, replace(c1, ep=3), H100).key == "ep"
+    assert params_on_device(m, c8) < params_on_device(m, c1) / 4
+    e = estimate(m, c8, H100)
+    assert e["comm_s"]["expert_parallel"] > 0 and e["active_params_count"] < e["params_count"] / 3
+
+
+def test_large_groups_extrapolate_to_what_the_simulation_gives():
+    """Groups over 64 are extrapolated from 32 and 64; at 128 and 256 that is within 0.5% of the simulation."""
+    hw = H100
+    for op, algo in (("allreduce", "ring"), ("allreduce", "double_binary_tree"), ("reduce_scatter", "ring")):
+        for stride in (1, 8):
+            for p in (128, 256):
+                a, b = timing._fit(hw, op, algo, p, stride)
+                saved = timing.SIMULATED
+                timing.SIMULATED = 512
+                try:
+                    a2, b2 = timing._fit.__wrapped__(hw, op, algo, p, stride)
+                finally:
+                    timing.SIMULATED = saved
+                for n in (1 << 20, 1 << 32):
+                    assert a + b * n == pytest.approx(a2 + b2 * n, rel=0.005)
+
+
+def test_nccl_rails_make_intra_node_groups_leave_the_node_wider():
+    """A DP group of consecutive GPUs (tp 1) leaves each node over all 8 NICs; one GPU per node over one."""
+    hw = A100
+    wide = timing.collective_time(hw, "allgather", 64, 1, 1e10)
+    narrow = timing.collective_time(hw, "allgather", 64, 8, 1e10)
+    assert narrow > 4 * wide
+    assert narrow == pytest.approx(1e10 * 63 / 64 / hw.nic_bandwidth, rel=0.05)
+
+
+def test_hf_config_llama3_and_mixtral_and_gpt2(tmp_path):
+    for cfg, name, want in ((LLAMA3_8B_CONFIG, "llama", PRESETS["llama-3-8b"]),
+                            (MIXTRAL_CONFIG, "mixtral", PRESETS["mixtral-8x7b"])):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(cfg))
+        fields, unknown = from_hf_config(path)
+        spec = ModelSpec(**fields)
+        assert spec.params() == want.params()
+        assert (spec.kv, spec.ffn_type, spec.position, spec.tied, spec.bias) == (8, "swiglu", "rope", False, False)
+        assert "rms_norm_eps" in unknown and "num_hidden_layers" not in unknown
+    path = tmp_path / "gpt2.json"
+    path.write_text(json.dumps(GPT2_CONFIG))
+    fields, _ = from_hf_config(path)
+    spec = ModelSpec(**fields)
+    assert spec.params() == pytest.approx(124.4e6, rel=0.005)          # GPT-2 small: 124M
+    assert (spec.position, spec.tied, spec.ffn_type) == ("learned", True, "gelu")
+
+
+def test_megatron_args_and_deepspeed_config(tmp_path):
+    line = ("torchrun pretrain_gpt.py --num-layers 80 --hidden-size 8192 --num-attention-heads 64 "
+            "--group-query-attention --num-query-groups 8 --ffn-hidden-size 28672 --swiglu --seq-length 8192 "
+            "--padded-vocab-size 128256 --untie-embeddings-and-output-weights --disable-bias-linear "
+            "--position-embedding-type rope --tensor-model-parallel-size 4 --pipeline-model-parallel-size 4 "
+            "--context-parallel-size 2 --num-layers-per-virtual-pipeline-stage 5 --micro-batch-size 1 "
+            "--global-batch-size 128 --sequence-parallel --use-distributed-optimizer --fp8-format hybrid "
+            "--lr 3e-4 --train-iters 1000 --bf16")
+    model, split, unknown = from_megatron_args(line)
+    assert ModelSpec("m", **model).params() == PRESETS["llama-3-70b"].params()
+    assert split == {"tp": 4, "pp": 4, "cp": 2, "interleave": 4, "microbatch": 1, "global_batch": 128,
+                     "sequence_parallel": True, "zero": 1, "precision": "fp8"}
+    assert unknown == ["--lr", "--train-iters"]
+    with pytest.raises(UsageError, match="needs a value"):
+        from_megatron_args("--num-layers")
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 8,
+                              "zero_optimization": {"stage": 3, "overlap_comm": True, "contiguous_gradients": True},
+                              "bf16": {"enabled": True}, "gradient_clipping": 1.0}))
+    split, unknown = from_deepspeed_config(ds)
+    assert split == {"microbatch": 2, "grad_accum": 8, "zero": 3, "dp_overlap": True, "precision": "bf16"}
+    assert unknown == ["zero_optimization.contiguous_gradients", "gradient_clipping"]
+
+
+def test_cli_model_config_megatron_args_and_notes(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA3_8B_CONFIG))
+    assert main(["plan", "estimate", "--model-config", str(path), "--hardware", "h100-80g", "--tp", "2", "--dp", "4",
+                 "--global-batch", "32", "--microbatch", "1", "--json"]) == 0
+    cap = capsys.readouterr()
+    e = json.loads(cap.out)
+    assert e["params_count"] == PRESETS["llama-3-8b"].params() and e["gpus"] == 8
+    assert "not modelled" in cap.err and "rms_norm_eps" in cap.err
+    assert main(["plan", "--megatron-args", "--num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
+                 "--seq-length 4096 --tensor-model-parallel-size 2 --global-batch-size 64 --micro-batch-size 1",
+                 "--gpus", "16", "--json", "--top", "1"]) == 0
+    plan = json.loads(capsys.readouterr().out)["plans"][0]
+    assert plan["tp"] == 2 and plan["microbatch"] == 1 and plan["global_batch"] == 64
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--model-config", "/nonexistent/config.json", "--gpus", "8", "--global-batch", "8"], "--model-config"),
+    (["--model", "llama-3-8b", "--megatron-args", "--num-layers 2", "--gpus", "8", "--global-batch", "8"], "one of"),
+    (["--megatron-args", "--num-layers 2 --hidden-size 64", "--gpus", "8", "--global-batch", "8"], "--num-attention"),
+    (["--model", "llama-3-8b", "--kv-heads", "5", "--gpus", "8", "--global-batch", "8"], "--kv-heads"),
+    (["--model", "llama-3-8b", "--experts", "1", "--gpus", "8", "--global-batch", "8"], "--experts"),
+    (["estimate", "--model", "llama-3-8b", "--tp", "2", "--precision", "fp8"], "FP8"),
+    (["estimate", "--model", "llama-3-8b", "--pp", "4", "--first-stage-layers", "40"], "--first-stage-layers"),
+])
+def test_bad_planner_input_is_one_line(argv, words, capsys):
+    assert main(["plan", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0]
+
+
+def test_search_covers_cp_precision_and_interleave_16():
+    m = PRESETS["llama-3-70b"]
+    res = search(m, 64, H100, 128, top=0)
+    got = {(e["cp"], e["precision"]) for e in res.ranked}
+    assert {(1, "bf16"), (2, "bf16"), (1, "fp8")} <= got
+    assert max(e["interleave"] for e in res.ranked) > 8
+    assert res.searched == res.fits + sum(r.count for r in res.rejected.values())
