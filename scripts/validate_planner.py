@@ -294,7 +294,32 @@ def main() -> int:
                    f"| {source} | {len(ers)} | - | - |")
     out += ["", f"Validation set: {len(verr)} runs, mean absolute error {100 * statistics.mean(map(abs, verr)):.1f}%, "
             f"worst {100 * max(map(abs, verr)):.1f}%; {misfits} reported as not fitting (goal: mean <= 10%, none "
-            f"over 20%, none that does not fit).", "",
+            f"over 20%, none that does not fit).", ""]
+
+    def errs(pred):
+        return [100 * err(predicted(u, e, src), pub) for src, run, hwn, pub, u, e in vrows if e and pred(src, run, hwn)]
+    a100 = errs(lambda src, run, hwn: "MPT" in src and hwn.startswith("a100"))
+    h100 = errs(lambda src, run, hwn: "MPT" in src and hwn.startswith("h100"))
+    nemo_small = errs(lambda src, run, hwn: "NeMo" in src and run.split(",")[0] in ("llama-2-7b", "llama-2-13b"))
+    nemo_big = errs(lambda src, run, hwn: "NeMo" in src and run.split(",")[0] in ("llama-2-70b", "llama-3-70b", "gpt3-175b"))
+    out += ["Where it misses, and why:", "",
+            f"- **MPT on H100** ({min(h100):+.0f}% to {max(h100):+.0f}%; on A100 the same table is within "
+            f"{statistics.mean(map(abs, a100)):.1f}% on average). llm-foundry's own numbers show the same code "
+            "reaching about 60% MFU on A100 and about 40% on H100 (its 2023 software stack). The planner's "
+            "hardware constants are datasheet peaks and the calibration set's (A100) efficiencies, so it sees an "
+            "H100 as a faster A100. Closing this needs efficiencies measured on H100 -- the GEMM-shape and "
+            "attention tables per preset that a GPU session can produce; none was available.",
+            f"- **NeMo FP8, Llama-2 7B/13B** ({min(nemo_small):+.0f}% and {max(nemo_small):+.0f}%): one FP8 matmul efficiency "
+            "for every GEMM; at hidden 4096-5120 the FP8 GEMMs and their casts run further from peak than the "
+            f"8k-12k-wide GEMMs of the 70B and 175B rows ({min(nemo_big):+.0f}% to {max(nemo_big):+.0f}%). A shape-dependent "
+            "efficiency is the fix.",
+            "- **MPT-70B on 64 A100-40GB, one microbatch per step**: llm-foundry reports 36% MFU there against "
+            "49% for the same model on 128 GPUs; the planner hides FSDP's gathers behind compute in both. The "
+            "difference is something it does not model (memory pressure at 40 GB is the likely one).",
+            "- **Llama 3 405B at 8K** (about -12%): the paper's tp 8, pp 16 split fits only with full "
+            "recomputation in the planner (16 microbatches in flight on the first stage, 77 GB of activations "
+            "without); the paper describes its own memory balancing of the pipeline schedule, which the planner "
+            "does not model. Without recomputation it would predict about +19%.", "",
             "## Search speed", "",
             f"Planning the 1T model of Narayanan et al. on 3072 GPUs (global batch 3072): {t_search:.2f} s for the "
             f"whole search, {n_fit:,} configurations fit; Llama 3 405B on 16,384 H100s (global batch 2048, also "
