@@ -271,3 +271,25 @@ def test_search_covers_cp_precision_and_interleave_16():
     assert {(1, "bf16"), (2, "bf16"), (1, "fp8")} <= got
     assert max(e["interleave"] for e in res.ranked) > 8
     assert res.searched == res.fits + sum(r.count for r in res.rejected.values())
+
+
+def test_capacity_factor_pads_experts_and_overlap_options_hide_comm():
+    from dataclasses import replace
+    m = PRESETS["mixtral-8x7b"]
+    padded = replace(m, capacity_factor=1.25)
+    mlp = 2 * m.seq * 2 * m.expert_weights()                       # top-2 experts, one sequence
+    assert padded.layer_linear_flops_fwd(1) - m.layer_linear_flops_fwd(1) == pytest.approx(0.25 * mlp)
+    c = ParallelConfig(tp=1, pp=4, dp=8, ep=8, microbatch=1, global_batch=64, zero=1)
+    assert (estimate(padded, c, H100)["comm_s"]["expert_parallel"]
+            > 1.2 * estimate(m, c, H100)["comm_s"]["expert_parallel"])
+    with pytest.raises(UsageError, match="capacity_factor"):
+        from netmorph.planner.model import check_shape
+        check_shape(replace(m, capacity_factor=0.5))
+    g = PRESETS["gpt3-175b"]
+    base = ParallelConfig(tp=8, pp=8, dp=16, microbatch=1, global_batch=1536, recompute="full")
+    plain, over = estimate(g, base, A100), estimate(g, replace(base, tp_overlap=True, pp_overlap=True), A100)
+    assert plain["comm_s"]["tensor_parallel"] > 0 and over["comm_s"]["tensor_parallel"] == 0
+    assert over["step_time_s"] < plain["step_time_s"]
+    model, split, _ = from_megatron_args("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --num-experts 4 "
+                                         "--moe-expert-capacity-factor 1.5 --tp-comm-overlap")
+    assert model["capacity_factor"] == 1.5 and split["tp_overlap"] is True

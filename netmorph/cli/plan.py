@@ -56,6 +56,8 @@ def add_split_args(p, bare: bool = True) -> None:
                         "and configs; the 2021-22 paper presets are standard)")
     g.add_argument("--experts", type=int, help="mixture of experts: experts per layer")
     g.add_argument("--top-k", type=int, help="experts each token visits (default 2 with --experts)")
+    g.add_argument("--capacity-factor", type=float, help="MoE expert capacity over its even share (default 1: "
+                                                         "dropless, no padding)")
     if bare:
         g.add_argument("--params", type=float, help="a bare parameter count: model-state memory only (estimate)")
     h = p.add_argument_group("machine")
@@ -83,6 +85,10 @@ def add_split_args(p, bare: bool = True) -> None:
                    help="bf16, or fp8 matmuls (Transformer Engine) on hardware that has them (search: fix it)")
     c.add_argument("--dp-overlap", action="store_true", default=None,
                    help="overlap the gradient reduction (and FSDP's gathers) with compute")
+    c.add_argument("--tp-overlap", action="store_true", default=None,
+                   help="Megatron --tp-comm-overlap: TP collectives pipelined with the GEMMs")
+    c.add_argument("--pp-overlap", action="store_true", default=None,
+                   help="Megatron --overlap-p2p-communication: pipeline sends behind compute")
     c.add_argument("--param-bytes", type=int, default=2, help="bytes per weight (default 2)")
     c.add_argument("--grad-bytes", type=int, default=4, help="bytes per gradient (default 4, fp32 main grads; "
                                                              "2 gives ZeRO's 16 B/param)")
@@ -90,7 +96,7 @@ def add_split_args(p, bare: bool = True) -> None:
 
 
 ARCH = {"kv_heads": "kv_heads", "ffn_type": "ffn_type", "position": "position", "attention": "attention",
-        "experts": "experts", "top_k": "top_k"}
+        "experts": "experts", "top_k": "top_k", "capacity_factor": "capacity_factor"}
 
 
 def _common(args):
@@ -187,7 +193,8 @@ def config_from(args):
     return ParallelConfig(tp, pp, dp, mb, gb, args.interleave or 1, args.zero or 0, args.recompute or "none",
                           bool(args.sequence_parallel), bool(args.dp_overlap), args.param_bytes, args.grad_bytes,
                           args.optimizer_bytes, cp, args.ep or 1, args.precision or "bf16",
-                          args.first_stage_layers or 0, args.last_stage_layers or 0)
+                          args.first_stage_layers or 0, args.last_stage_layers or 0, bool(args.tp_overlap),
+                          bool(args.pp_overlap))
 
 
 def _estimate(args, model, hw) -> int:
@@ -292,7 +299,8 @@ def _search(args, model, hw) -> int:
     from netmorph.planner.config import ParallelConfig
     base = ParallelConfig(dp_overlap=bool(args.dp_overlap), param_bytes=args.param_bytes, grad_bytes=args.grad_bytes,
                           optimizer_bytes=args.optimizer_bytes, first_stage_layers=args.first_stage_layers or 0,
-                          last_stage_layers=args.last_stage_layers or 0)
+                          last_stage_layers=args.last_stage_layers or 0, tp_overlap=bool(args.tp_overlap),
+                          pp_overlap=bool(args.pp_overlap))
     fixed = {k: getattr(args, k) for k in FIXABLE if getattr(args, k) is not None}
     t0 = time.perf_counter()
     if args.top < 1:

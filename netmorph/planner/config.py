@@ -38,6 +38,8 @@ class ParallelConfig:
     precision: str = "bf16"        # bf16 | fp8 (Transformer Engine: FP8 matmuls, fp32 master weights)
     first_stage_layers: int = 0    # 0: an even split
     last_stage_layers: int = 0
+    tp_overlap: bool = False       # Megatron --tp-comm-overlap: TP collectives pipelined with the GEMMs
+    pp_overlap: bool = False       # Megatron --overlap-p2p-communication
 
     @property
     def gpus(self) -> int:

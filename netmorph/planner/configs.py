@@ -119,6 +119,7 @@ _MEGATRON = {
     "--ffn-hidden-size": ("model", "ffn", int), "--seq-length": ("model", "seq", int),
     "--padded-vocab-size": ("model", "vocab", int), "--vocab-size": ("model", "vocab", int),
     "--num-experts": ("model", "experts", int), "--moe-router-topk": ("model", "top_k", int),
+    "--moe-expert-capacity-factor": ("model", "capacity_factor", float),
     "--tensor-model-parallel-size": ("split", "tp", int), "--pipeline-model-parallel-size": ("split", "pp", int),
     "--context-parallel-size": ("split", "cp", int), "--expert-model-parallel-size": ("split", "ep", int),
     "--micro-batch-size": ("split", "microbatch", int), "--global-batch-size": ("split", "global_batch", int),
@@ -133,6 +134,7 @@ _MEGATRON_FLAGS = {   # flags without a value
     "--use-rotary-position-embeddings": ("model", "position", "rope"),
     "--group-query-attention": ("model", None, None), "--sequence-parallel": ("split", "sequence_parallel", True),
     "--use-distributed-optimizer": ("split", "zero", 1), "--overlap-grad-reduce": ("split", "dp_overlap", True),
+    "--tp-comm-overlap": ("split", "tp_overlap", True), "--overlap-p2p-communication": ("split", "pp_overlap", True),
     "--recompute-activations": ("split", "recompute", "selective"), "--bf16": ("split", None, None),
     "--fp16": ("split", None, None),
 }
@@ -169,8 +171,8 @@ def from_megatron_args(text: str) -> tuple[dict, dict, list]:
             try:
                 v = kind(value)
             except ValueError:
-                raise UsageError(f"{{megatron_args}}: {key} must be a whole number, got {value!r}",
-                                 "megatron_args") from None
+                raise UsageError(f"{{megatron_args}}: {key} must be {'a number' if kind is float else 'a whole number'}"
+                                 f", got {value!r}", "megatron_args") from None
             (model if target == "model" else split)[field] = v
         elif key in _MEGATRON_FLAGS:
             target, field, v = _MEGATRON_FLAGS[key]

@@ -28,7 +28,7 @@ split). Sequence parallelism splits the replicated part too; selective recomputa
 attention core, full recomputation keeps only the layer input (2h, /t with sequence
 parallelism); context parallelism divides everything by cp (each rank holds s/cp tokens); FP8
 stores the four linear layers' inputs in 8 bits; a mixture of experts stores the MLP part for
-each of the top_k experts a token visits.
+each of the top_k experts a token visits (times the capacity factor: the padding is stored too).
 
 Under 1F1B stage i holds min(p - i, m) microbatches in flight, times (1 + (p-1)/(p·v)) with the
 interleaved schedule; the first stage also the embedding's dropout mask for p microbatches and
@@ -106,7 +106,7 @@ def activation_bytes_per_layer(model: ModelSpec, c: ParallelConfig, recompute: s
     if rc == "full":
         return 2 * sb * h / (t if sp else 1)
     lin = 1 if c.precision == "fp8" else 2                # bytes of a stored linear-layer input
-    k = model.active_experts
+    k = model.active_experts * (model.capacity_factor if model.experts else 1.0)     # MLP rows per token
     replicated = 4 * h + lin * h + lin * h * k + 2 * h
     mlp = (2 * 2 if model.ffn_type == "swiglu" else 2) * model.f + lin * model.f
     split = 2 * h + 4 * model.h_kv + lin * h + k * mlp

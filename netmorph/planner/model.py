@@ -16,7 +16,9 @@ embedding. Today's models differ in ways that change every count, so each is a f
   lets the kernel skip half of them, and the backward recomputes them (5 matmuls to the
   forward's 2 -- FlashAttention-2, section 3.1.2);
 - ``experts``/``top_k`` (mixture of experts, Megatron's expert-parallel MLP; Mixtral): E
-  copies of the MLP and a router of h x E per layer, each token through ``top_k`` of them.
+  copies of the MLP and a router of h x E per layer, each token through ``top_k`` of them;
+  ``capacity_factor`` > 1 pads every expert to that multiple of its even share (GShard,
+  Switch): the padding is computed and crosses the all-to-all too.
 
 Parameters, counted exactly:
 
@@ -72,6 +74,7 @@ class ModelSpec:
     attention: str = "standard"    # standard | flash
     experts: int = 0               # 0: dense MLP
     top_k: int = 1                 # experts per token
+    capacity_factor: float = 1.0   # expert capacity / (tokens x top_k / experts): padding computed and sent
 
     @property
     def f(self) -> int:
@@ -151,9 +154,11 @@ class ModelSpec:
         return 4 * tokens_b * self.seq * self.seq * self.hidden * (0.5 if causal else 1.0)
 
     def layer_linear_flops_fwd(self, tokens_b: int) -> float:
-        """The layer's matmuls that scale with tokens: projections, the MLP (top_k experts), the router."""
+        """The layer's matmuls that scale with tokens: projections, the MLP (top_k experts, each padded to its
+        capacity), the router."""
         b, s, h = tokens_b, self.seq, self.hidden
-        return 2 * b * s * (self.attn_weights() + self.active_experts * self.expert_weights() + h * self.experts)
+        mlp = self.active_experts * self.expert_weights() * (self.capacity_factor if self.experts else 1.0)
+        return 2 * b * s * (self.attn_weights() + mlp + h * self.experts)
 
     def layer_flops_fwd(self, tokens_b: int, causal: bool = False) -> float:
         """Forward FLOPs of one transformer layer for b sequences (b = ``tokens_b``)."""
@@ -263,6 +268,8 @@ def check_shape(spec: ModelSpec) -> ModelSpec:
         raise UsageError(f"{{experts}} must be 0 (dense) or 2..{1 << 14}, got {spec.experts}", "experts")
     if not 1 <= spec.top_k <= max(spec.experts, 1):
         raise UsageError(f"{{top_k}} must be in 1..experts ({spec.experts}), got {spec.top_k}", "top_k")
+    if not 1.0 <= spec.capacity_factor <= 64:
+        raise UsageError(f"{{capacity_factor}} must be in 1..64, got {spec.capacity_factor}", "capacity_factor")
     return spec
 
 

@@ -130,7 +130,8 @@ def check(model: ModelSpec, c: ParallelConfig, hw: Hardware) -> Rejection | None
 
 
 CONFIG_KEYS = ("tp", "cp", "pp", "dp", "ep", "microbatch", "global_batch", "interleave", "zero", "recompute",
-               "sequence_parallel", "precision", "first_stage_layers", "last_stage_layers")
+               "sequence_parallel", "precision", "first_stage_layers", "last_stage_layers", "tp_overlap",
+               "pp_overlap")
 
 
 def estimate(model: ModelSpec, c: ParallelConfig, hw: Hardware, times: dict | None = None) -> dict:
@@ -211,7 +212,7 @@ def search(model: ModelSpec, gpus: int, hw: Hardware, global_batch: int, base: P
     def make(tp, cp, pp, dp, ep=1, mb=1, v=1, zero=0, rc="none", sp=False, prec="bf16"):
         return ParallelConfig(tp, pp, dp, mb, global_batch, v, zero, rc, sp, base.dp_overlap, base.param_bytes,
                               base.grad_bytes, base.optimizer_bytes, cp, ep, prec, base.first_stage_layers,
-                              base.last_stage_layers)
+                              base.last_stage_layers, base.tp_overlap, base.pp_overlap)
 
     for tp in allowed("tp", _divisors(gpus, min(gpus, 64))):
         rest = gpus // tp

@@ -158,8 +158,10 @@ def _layer_costs(model: ModelSpec, hw: Hardware, tp, cp, ep, microbatch, recompu
         out["cp_fwd"] = (cp - 1) * max(0.0, step - per)
         out["cp_bwd"] = (cp - 1) * max(0.0, 2 * step - core_bwd * per)
     if model.experts and c.ep > 1:
-        # dispatch and combine: each token's hidden state to its top_k experts and back, forward and backward
-        a2a = collective_time(hw, "alltoall", c.ep, t * cp, b * (s / cp) * h * 2 * model.top_k / t)
+        # dispatch and combine: each token's hidden state to its top_k experts and back, forward and backward;
+        # experts padded to their capacity send and receive the padding too
+        a2a = collective_time(hw, "alltoall", c.ep, t * cp,
+                              b * (s / cp) * h * 2 * model.top_k * model.capacity_factor / t)
         out["moe_fwd"] = 2 * a2a
         out["moe_bwd"] = 2 * a2a * (2 if full else 1)
     return out
@@ -176,7 +178,7 @@ def step_time(model: ModelSpec, c: ParallelConfig, hw: Hardware) -> dict:
     p, v, m = c.pp, c.interleave, c.microbatches
     gemm, elementwise, tp_comm, cp_comm, moe_comm, pp_comm = _microbatch(
         model, hw, c.tp, c.cp, c.pp, c.dp, c.ep, c.microbatch, c.recompute, c.sequence_parallel, c.precision, v,
-        c.first_stage_layers, c.last_stage_layers)
+        c.first_stage_layers, c.last_stage_layers, c.tp_overlap, c.pp_overlap)
     per_mb = gemm + elementwise + tp_comm + cp_comm + moe_comm + pp_comm
     slots = m + (p - 1) / v
     pipeline = slots * per_mb
@@ -212,8 +214,12 @@ def step_seconds(model: ModelSpec, c: ParallelConfig, hw: Hardware) -> float:
 
 
 @lru_cache(maxsize=65536)
-def _microbatch(model, hw, t, cp, p, d, ep, mb, recompute, sp, precision, v, first, last) -> tuple:
-    """(matmul, elementwise, TP, CP, MoE, PP p2p) seconds of one microbatch on the slowest pipeline stage."""
+def _microbatch(model, hw, t, cp, p, d, ep, mb, recompute, sp, precision, v, first, last, tp_overlap=False,
+                pp_overlap=False) -> tuple:
+    """(matmul, elementwise, TP, CP, MoE, PP p2p) seconds of one microbatch on the slowest pipeline stage; with
+    ``tp_overlap`` (Megatron's --tp-comm-overlap: the TP collectives split into chunks pipelined with the
+    GEMMs that produce and consume them) only what the stage's linear-layer GEMMs do not cover is exposed,
+    with ``pp_overlap`` (--overlap-p2p-communication) only what one layer's compute does not cover."""
     stages = _stage_layers(model.layers, p, first, last)
     lc = _layer_costs(model, hw, t, cp, ep, mb, recompute, sp, precision)
     per_layer_gemm = lc["matmul_fwd"] + lc["matmul_bwd"]
@@ -228,6 +234,10 @@ def _microbatch(model, hw, t, cp, p, d, ep, mb, recompute, sp, precision, v, fir
     cp_comm = layers * (lc["cp_fwd"] + lc["cp_bwd"])
     moe_comm = layers * (lc["moe_fwd"] + lc["moe_bwd"])
     pp_comm = 2 * v * p2p_time(hw, 0, t * cp * d, act / t) if p > 1 else 0.0
+    if tp_overlap:
+        tp_comm = max(0.0, tp_comm - gemm)
+    if pp_overlap:
+        pp_comm = max(0.0, pp_comm - 2 * v * per_layer_gemm)
     return gemm, elementwise, tp_comm, cp_comm, moe_comm, pp_comm
 
 

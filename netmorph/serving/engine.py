@@ -6,7 +6,9 @@ Schedulers (``scheduler``):
   takes up to ``max_seqs`` arrived requests, prefills them and decodes until the
   last one finishes; nobody joins a running batch, and a finished row stays in it
   as padding (its KV held, and a priced iteration still pays for its token) until
-  the batch ends -- or until the pool needs its blocks.
+  the batch ends -- or until the pool needs its blocks. As ``generate`` left-pads a
+  batch's prompts to the longest, a priced prefill costs rows x the longest prompt
+  and every row's decode attends over the padded length.
 - ``continuous`` -- iteration-level scheduling (Orca, Yu et al. 2022; vLLM): requests
   join and leave the batch every iteration. As vLLM (v0) does without chunked
   prefill, an iteration either prefills newly admitted requests (FCFS, up to
@@ -119,6 +121,7 @@ class Engine:
         self.iterations = 0
         self.frozen = False
         self.padding = []                # static batches: finished rows kept until the batch ends (HF generate)
+        self.batch_prompt = self.batch_step = 0   # a static batch's longest prompt and decode steps so far
         self.prefix_cached_tokens = 0    # prompt tokens found in shared blocks (not computed again)
 
     # -- admission ----------------------------------------------------------------------------------------
@@ -189,6 +192,8 @@ class Engine:
             if not running and not self.frozen:
                 while waiting and len(running) < cfg.max_seqs and self._admit(waiting[0]):
                     running.append(waiting.pop(0))
+                self.batch_prompt = max((len(r.tokens) for r in running), default=0)
+                self.batch_step = 0
             return [(r, len(r.tokens) - r.computed) for r in running]
         if swapped and not self.frozen:
             self._swap_in(swapped, running)
@@ -248,8 +253,17 @@ class Engine:
                 for r, n, slots in items]
         logits = self.model.forward(work) if work else []
         done = []
-        priced = (self.time_model([(n, r.computed) for r, n, _ in items] + [(1, len(p.tokens)) for p in self.padding])
-                  if self.time_model else None)
+        priced = None
+        if self.time_model and self.cfg.scheduler == "static":
+            # HF generate: every row (finished ones too) padded to the batch's longest prompt
+            P, k = self.batch_prompt, self.batch_step
+            rows = [(P, 0) if n > 1 and r.computed == 0 else (1, P + k) if n == 1 else (n, r.computed)
+                    for r, n, _ in items]
+            priced = self.time_model(rows + [(1, P + k)] * len(self.padding))
+            if all(n == 1 for _, n, _ in items):
+                self.batch_step += 1
+        elif self.time_model:
+            priced = self.time_model([(n, r.computed) for r, n, _ in items])
         forks = []
         for (r, n, _), lg in zip(items, logits):
             r.computed += n
