@@ -3,7 +3,10 @@
 Issue goals: continuous batching >= 2x static throughput on a mixed-length workload, and
 paged KV utilisation >= 90% where contiguous reservation stays well under half. The
 workload: ShareGPT-like lognormal lengths (the vLLM paper's means), every request
-arriving at once (offline throughput, vLLM's benchmark_throughput). The project's GPT (2 layers x 64,
+arriving at once (offline throughput, vLLM's benchmark_throughput). Static batching is
+HF ``generate``: a batch's prompts left-padded to its longest, finished rows kept as
+padding until the batch ends -- the priced runs pay for both, as the GPU would; on this
+CPU the padding is not computed, so the measured static run is its best case. The project's GPT (2 layers x 64,
 context 1024, float64) computes every token; each iteration is timed twice over: priced
 as Llama-3-8B's roofline on an A100 (where a decode batch costs about one read of the
 weights) and measured on this CPU (where a batch costs about the sum of its sequences,
