@@ -37,7 +37,7 @@ def build_section(out_dir, tick=lambda: None) -> Section:
         c = ParallelConfig(t, p, d, 1, BATCH, 1, 1, "selective", t > 1)
         mems.append(memory(model, c))
         here = [e for e in result.by_split if e["tp"] == t and e["pp"] == p]
-        thr.append(here[0]["tflops_per_gpu"] if here else 0.0)
+        thr.append(100 * here[0]["mfu"] if here else 0.0)      # model FLOPs: ranks as the step time does
         labels.append(f"t{t}\np{p}")
     tick()
     fig, axes = plt.subplots(2, 1, figsize=(13, 8), sharex=True)
@@ -65,7 +65,7 @@ def build_section(out_dir, tick=lambda: None) -> Section:
         axes[1].annotate(f"plan: {best['tp']}x{best['pp']}x{best['dp']}, mb {best['microbatch']}, v {best['interleave']}"
                          f", ZeRO-{best['zero']}, {best['recompute']}", (bi, thr[bi]), xytext=(bi - 6, thr[bi] * 1.08),
                          arrowprops={"arrowstyle": "->"}, fontsize=9)
-    axes[1].set_ylabel("best predicted TFLOP/s per GPU")
+    axes[1].set_ylabel("best predicted MFU (%)")
     axes[1].set_xticks(x, labels, fontsize=8)
     axes[1].set_xlabel("tensor x pipeline split (data parallel = 1024 / (t·p))")
     fig.suptitle(f"GPT-3 175B on {GPUS} A100-80GB, global batch {BATCH}: what each split costs", fontsize=11)
