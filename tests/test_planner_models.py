@@ -293,3 +293,30 @@ def test_capacity_factor_pads_experts_and_overlap_options_hide_comm():
     model, split, _ = from_megatron_args("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --num-experts 4 "
                                          "--moe-expert-capacity-factor 1.5 --tp-comm-overlap")
     assert model["capacity_factor"] == 1.5 and split["tp_overlap"] is True
+
+
+def test_measured_gemm_table_prices_small_gemms_slower(tmp_path):
+    """A hardware file's gemm_table (as benchmarks/gemm_efficiency.py prints it) bins each GEMM by its size; one
+    bin at the default efficiency reproduces the constant; a slower small-GEMM bin slows the small model only."""
+    from dataclasses import replace
+    small, big = PRESETS["llama-3-8b"], PRESETS["llama-3-405b"]
+    c = ParallelConfig(tp=8, microbatch=1, global_batch=1)
+    flat = replace(H100, gemm_table=((1e9, H100.gemm_efficiency),))
+    for m in (small, big):
+        assert timing.layer_costs(m, c, flat)["matmul_fwd"] == pytest.approx(timing.layer_costs(m, c, H100)["matmul_fwd"])
+    # the 8B model's per-rank GEMMs are under 1,000 GFLOP; the 405B's over it
+    assert max(f for f, _ in timing.linear_gemms(small, small.seq, 8)) < 1e12 < min(
+        f for f, _ in timing.linear_gemms(big, big.seq, 8))
+    binned = replace(H100, gemm_table=((1000.0, 0.35), (1e9, 0.7)))
+    assert timing.layer_costs(small, c, binned)["matmul_fwd"] > 1.5 * timing.layer_costs(small, c, H100)["matmul_fwd"]
+    assert timing.layer_costs(big, c, binned)["matmul_fwd"] == pytest.approx(
+        timing.layer_costs(big, c, H100)["matmul_fwd"])
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps({"peak_flops": 989e12, "memory_bytes": 8.5e10, "hbm_bandwidth": 3.35e12,
+                                "gpus_per_node": 8, "nvlink_bandwidth": 4.5e11, "nic_bandwidth": 5e10,
+                                "gemm_table": [[1000, 0.35], [1e9, 0.7]]}))
+    from netmorph.planner.hardware import load_hardware
+    assert load_hardware(str(path)).gemm_table == ((1000.0, 0.35), (1e9, 0.7))
+    path.write_text(json.dumps({"peak_flops": 1e15, "gemm_table": [[10, 1.5]]}))
+    with pytest.raises(UsageError, match="gemm_table"):
+        load_hardware(str(path))

@@ -54,6 +54,7 @@ class TrainConfig:
     dtype: str = "float64"
     compute_ms: float = 0.0          # emulated extra compute per microbatch forward (backward: twice)
     trace: bool = False              # return every rank's ledger records too (for a Chrome trace)
+    start_step: int = 0              # the first step's index: the data a resumed (or resharded) run continues on
 
     @property
     def world(self) -> int:
@@ -140,9 +141,12 @@ def _sleep_ms(ms: float) -> None:
         time.sleep(ms / 1000)
 
 
-def train_rank(comm, cfg: TrainConfig, progress=None) -> dict:
+def train_rank(comm, cfg: TrainConfig, progress=None, inits=None) -> dict:
     """One rank's part of ``cfg.steps`` training steps; what it measured (``progress``: a
-    :class:`~netmorph.runtime.progress.ProgressCounter` bumped once per step)."""
+    :class:`~netmorph.runtime.progress.ProgressCounter` bumped once per step). ``inits[rank]``, when given,
+    is the rank's state to start from -- {"params": its flat buffer, "m", "v": Adam's moments over its
+    range, "t": Adam's step}, as ``flat_state`` returns it or :func:`netmorph.morph.reshard.run_rank`
+    makes it for this layout."""
     torch.manual_seed(0)
     torch.set_num_threads(1)            # torchrun's OMP_NUM_THREADS=1: one process per core, no spinning pools
     lay = layout(comm, cfg)
@@ -155,6 +159,8 @@ def train_rank(comm, cfg: TrainConfig, progress=None) -> dict:
     flat = FlatParams(params, pad_to=cfg.dp, dtype=dtype)
     zero = ZeRO(comm, lay.dp_group, flat, cfg.zero, cfg.lr) if cfg.zero else None
     adam = None if zero else Adam(0, flat.padded, lr=cfg.lr, dtype=dtype, device=device)
+    if inits is not None:
+        _load(inits[comm.rank], flat, zero, adam)
     dp = None
     if not zero:
         overlap = cfg.overlap and cfg.tp == 1 and cfg.pp == 1
@@ -174,7 +180,7 @@ def train_rank(comm, cfg: TrainConfig, progress=None) -> dict:
                 zero.zero_grad()
             else:
                 flat.zero_grad()
-            base = (step * cfg.dp + lay.dp_rank) * cfg.microbatches * cfg.micro_batch_size
+            base = ((cfg.start_step + step) * cfg.dp + lay.dp_rank) * cfg.microbatches * cfg.micro_batch_size
 
             def inputs(i, base=base):
                 lo = base + i * cfg.micro_batch_size
@@ -207,6 +213,9 @@ def train_rank(comm, cfg: TrainConfig, progress=None) -> dict:
         if zero:
             zero.gather()
         state = named_pieces(chunks)
+        opt = zero.adam if zero else adam
+        flat_state = {"params": flat.data.cpu().numpy().copy(), "m": opt.m.cpu().numpy().copy(),
+                      "v": opt.v.cpu().numpy().copy(), "t": opt.t}
     finally:
         if dp is not None:
             dp.close()
@@ -222,9 +231,26 @@ def train_rank(comm, cfg: TrainConfig, progress=None) -> dict:
                       "Σ over parameters of one ring all-reduce each")
     return {"rank": comm.rank, "tp": lay.tp_rank, "pp": lay.pp_rank, "dp": lay.dp_rank,
             "losses": losses if is_last_stage and lay.tp_rank == 0 else None, "step_times": times,
+            "flat_state": flat_state,
             "in_flight_peak": max(peaks), "memory_bytes": mem, "state": state, "idle_fraction": idle,
             "timeline": ex.spans, "step_bounds": bounds, "ledger": comm.ledger.records if cfg.trace else None,
             "bytes_by_step": _bytes_by_step(comm.ledger, bounds), "predicted": pred, "params": flat.numel}
+
+
+def _load(init: dict, flat, zero, adam) -> None:
+    """Start from a given state: the flat parameters (under ZeRO the shard too; under ZeRO-3 only the shard
+    persists), Adam's moments over this rank's range and its step count."""
+    params = torch.as_tensor(init["params"], dtype=flat.data.dtype, device=flat.data.device)
+    if zero:
+        zero.shard.copy_(params[zero.lo:zero.hi])
+        if zero.gathered:
+            flat.data.copy_(params)
+    else:
+        flat.data.copy_(params)
+    opt = zero.adam if zero else adam
+    opt.m.copy_(torch.as_tensor(init["m"]))
+    opt.v.copy_(torch.as_tensor(init["v"]))
+    opt.t = int(init["t"])
 
 
 def _ring_sent(n: int, g: int, r: int, isz: int) -> int:

@@ -14,6 +14,11 @@ plus the planner's two efficiency knobs, both documented and overridable
   backward, on A100) and 0.35 on H100/H200 (FlashAttention-3, Shah et al. 2024: "FlashAttention-2
   achieves only 35% utilization on H100"); the unfused (standard) attention of the 2021-22
   papers runs as batched GEMMs at ``gemm_efficiency``;
+- ``gemm_table`` / ``fp8_gemm_table`` (optional, from a hardware JSON file): matmul
+  efficiency by GEMM size, bins of GFLOP per GEMM with their measured efficiency, as
+  ``python benchmarks/gemm_efficiency.py`` prints them on the GPU (Calculon's approach:
+  small GEMMs run further from peak). The presets carry none yet -- they need a GPU to
+  measure -- so every GEMM runs at ``gemm_efficiency``;
 - ``elementwise_passes``: how many times the bytes of a layer's stored activations
   (Korthikanti et al.'s per-layer activation bytes) cross HBM in the non-matmul
   kernels of one forward+backward (layernorm, dropout, softmax, GeLU, residual adds).
@@ -50,6 +55,8 @@ class Hardware:
     description: str = ""
     fp8_flops: float = 0.0         # dense FP8 tensor FLOP/s (0: no FP8 tensor cores)
     attention_efficiency: float = 0.6   # a FlashAttention kernel's share of the 16-bit peak
+    gemm_table: tuple = ()         # ((GFLOP upper bound, efficiency), ...) measured; () = gemm_efficiency
+    fp8_gemm_table: tuple = ()     # the same for FP8 GEMMs
 
     def topology(self) -> Topology:
         return Topology(self.name, alpha=self.alpha_intra, beta=1 / self.nvlink_bandwidth,
@@ -85,6 +92,9 @@ def load_hardware(name_or_file: str, efficiency: float | None = None) -> Hardwar
                              "hardware")
         data = read_json_object(path, "hardware")
         data.setdefault("name", path.stem)
+        for key in ("gemm_table", "fp8_gemm_table"):
+            if key in data:
+                data[key] = _table(data[key], key, name_or_file)
         try:
             hw = Hardware(**data)
         except TypeError as e:
@@ -103,3 +113,16 @@ def _exists(path) -> bool:
         return path.exists()
     except OSError:
         return False
+
+
+def _table(rows, key: str, where: str) -> tuple:
+    """A JSON [[GFLOP upper bound, efficiency], ...] as an ascending tuple; UsageError for anything else."""
+    try:
+        out = tuple((float(b), float(e)) for b, e in rows)
+    except (TypeError, ValueError):
+        raise UsageError(f"{{hardware}}: {where}: {key} must be a list of [GFLOP upper bound, efficiency] pairs",
+                         "hardware") from None
+    if not out or any(not 0 < e <= 1 or b <= 0 for b, e in out) or list(out) != sorted(out):
+        raise UsageError(f"{{hardware}}: {where}: {key} needs ascending bounds > 0 and efficiencies in (0, 1]",
+                         "hardware")
+    return out

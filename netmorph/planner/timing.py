@@ -104,6 +104,32 @@ def matmul_rates(c: ParallelConfig, hw: Hardware) -> tuple[float, float]:
     return r16, r16
 
 
+def linear_gemms(model: ModelSpec, tokens: float, t: int) -> list:
+    """[(FLOPs of one GEMM, how many run)] of one layer's forward on one rank for ``tokens`` tokens: QKV, the
+    output projection, the MLP's up (and gate) and down projections -- per expert, on the tokens routed to
+    it, for a mixture of experts -- and the router. They sum to the layer's linear FLOPs."""
+    h, f = model.hidden, model.f
+    out = [(2 * tokens * h * (h + 2 * model.h_kv) / t, 1), (2 * tokens * h * h / t, 1)]
+    if model.experts:
+        per_expert = tokens * model.top_k * model.capacity_factor / model.experts
+        out += [(2 * per_expert * h * (model.mlp_mats - 1) * f / t, model.experts),
+                (2 * per_expert * f * h / t, model.experts), (2 * tokens * h * model.experts, 1)]
+    else:
+        out += [(2 * tokens * h * (model.mlp_mats - 1) * f / t, 1), (2 * tokens * f * h / t, 1)]
+    return out
+
+
+def gemm_seconds(flops: float, peak: float, table: tuple, default: float) -> float:
+    """One GEMM of ``flops`` at ``peak``: the efficiency of the first bin of ``table`` ((GFLOP upper bound,
+    efficiency), ascending; measured by ``benchmarks/gemm_efficiency.py``) that holds it, the last bin's past
+    its end, ``default`` when there is no table -- Calculon's approach: small GEMMs run further from peak."""
+    if not table:
+        return flops / (peak * default)
+    g = flops / 1e9
+    eff = next((e for bound, e in table if g <= bound), table[-1][1])
+    return flops / (peak * eff)
+
+
 def layer_costs(model: ModelSpec, c: ParallelConfig, hw: Hardware) -> dict:
     """What one layer costs under ``c``: :func:`_layer_costs` for the fields it depends on (cached, so a search
     prices each (tp, cp, ep, microbatch, recompute, sp, precision) once)."""
@@ -127,7 +153,12 @@ def _layer_costs(model: ModelSpec, hw: Hardware, tp, cp, ep, microbatch, recompu
     flash = model.attention == "flash"
     r_core = hw.peak_flops * hw.attention_efficiency if flash else r16     # a fused kernel's own efficiency
     linear_flops = model.layer_linear_flops_fwd(b)
-    lin = linear_flops / (t * cp) / r_lin
+    if c.precision == "fp8":
+        peak_lin, table = hw.fp8_flops, hw.fp8_gemm_table
+    else:
+        peak_lin, table = hw.peak_flops, hw.gemm_table
+    lin = (sum(n * gemm_seconds(f, peak_lin, table, hw.gemm_efficiency) for f, n in linear_gemms(model, b * s / cp, t))
+           if table else linear_flops / (t * cp) / r_lin)
     core = (model.layer_flops_fwd(b, causal=flash) - linear_flops) / (t * cp) / r_core   # QKᵀ and attention·V
     full = c.recompute == "full"
     core_bwd = (2.5 if flash else 2.0) + (1.0 if full or (c.recompute == "selective" and not flash) else 0.0)

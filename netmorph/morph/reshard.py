@@ -1,0 +1,215 @@
+"""Reshard the live training state from one layout to another: a transfer plan as data, then run it.
+
+What Megatron's and torch.distributed.checkpoint's resharding (and Varuna's job morphing)
+do through a checkpoint, done rank to rank over the fabric: every rank of layout B needs
+its parameters, Adam moments and step count; layout A's ranks hold them in other pieces.
+:func:`plan` decides, from the two layouts' element maps (:mod:`netmorph.morph.layouts`),
+who sends which elements of which state to whom -- a rank keeps what it already holds; an
+element it lacks comes from the first rank of A that holds it, preferring one on the same
+node -- and counts it before anything moves: bytes per (source, destination), messages,
+the rounds of a one-message-per-peer exchange. :func:`run_rank` executes it on a rank with
+the runtime's ``send``/``recv`` (ledger phase ``morph``), so the counted bytes are what the
+ledger records. Both layouts run on the same world of ranks (rank i of A becomes rank i of B).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from netmorph.morph.layouts import Layout, element_map
+
+KINDS = ("params", "m", "v")
+
+
+@dataclass
+class Transfer:
+    """Elements one rank sends another: for each state kind, the source offsets and destination offsets."""
+
+    src: int
+    dst: int
+    parts: dict = field(default_factory=dict)          # kind -> (source offsets, destination offsets)
+
+    @property
+    def elements(self) -> int:
+        return sum(len(s) for s, _ in self.parts.values())
+
+
+@dataclass
+class Plan:
+    before: Layout
+    after: Layout
+    world: int
+    itemsize: int
+    transfers: list            # Transfer, src != dst
+    local: dict                # rank -> {kind: (offsets in A, offsets in B)} kept in place
+    maps_before: list
+    maps_after: list
+
+    def bytes_matrix(self) -> np.ndarray:
+        """[src, dst] bytes on the wire."""
+        out = np.zeros((self.world, self.world), dtype=np.int64)
+        for t in self.transfers:
+            out[t.src, t.dst] += t.elements * self.itemsize
+        return out
+
+    @property
+    def bytes(self) -> int:
+        return int(self.bytes_matrix().sum())
+
+    @property
+    def messages(self) -> int:
+        return len(self.transfers)
+
+    @property
+    def rounds(self) -> int:
+        """Rounds of an exchange in which each rank sends and receives at most one message per round."""
+        if not self.transfers:
+            return 0
+        out = np.zeros(self.world, dtype=np.int64)
+        inn = np.zeros(self.world, dtype=np.int64)
+        for t in self.transfers:
+            out[t.src] += 1
+            inn[t.dst] += 1
+        return int(max(out.max(), inn.max()))
+
+    def kept_bytes(self) -> int:
+        return sum(len(a) for kinds in self.local.values() for a, _ in kinds.values()) * self.itemsize
+
+    def summary(self) -> dict:
+        return {"before": self.before.label(), "after": self.after.label(), "bytes": self.bytes,
+                "messages": self.messages, "rounds": self.rounds, "kept_bytes": self.kept_bytes()}
+
+
+def _holders(maps, kind: str):
+    """(global ids, rank, offset) of every element some rank holds of ``kind``, sorted by (id, rank)."""
+    ids, ranks, offs = [], [], []
+    for r, m in enumerate(maps):
+        lo, hi = m.params if kind == "params" else m.optimizer
+        g = m.flat[lo:hi]
+        keep = g >= 0
+        ids.append(g[keep])
+        ranks.append(np.full(int(keep.sum()), r, dtype=np.int64))
+        offs.append(np.arange(lo, hi, dtype=np.int64)[keep])
+    ids, ranks, offs = (np.concatenate(x) for x in (ids, ranks, offs))
+    order = np.lexsort((ranks, ids))
+    return ids[order], ranks[order], offs[order]
+
+
+def plan(cfg, before: Layout, after: Layout, itemsize: int = 8, gpus_per_node: int = 8) -> Plan:
+    """The transfer plan from ``before`` to ``after`` for model ``cfg`` (both on the same ranks)."""
+    if before.world != after.world:
+        raise ValueError(f"both layouts must span the same ranks ({before.world} != {after.world})")
+    A, B = element_map(cfg, before), element_map(cfg, after)
+    world = before.world
+    transfers: dict = {}
+    local: dict = {}
+    for kind in KINDS:
+        h_ids, h_rank, h_off = _holders(A, kind)
+        for dst, m in enumerate(B):
+            lo, hi = m.params if kind == "params" else m.optimizer
+            need = m.flat[lo:hi]
+            keep = need >= 0
+            need, at = need[keep], np.arange(lo, hi, dtype=np.int64)[keep]
+            first = np.searchsorted(h_ids, need, side="left")
+            last = np.searchsorted(h_ids, need, side="right")
+            if np.any(first == last):
+                raise ValueError(f"{kind}: {int((first == last).sum())} elements held by no rank of {before.label()}")
+            # the source: dst itself when it holds the element, else the first holder on dst's node, else the first
+            src = h_rank[first].copy()
+            off = h_off[first].copy()
+            span = int((last - first).max())
+            found_self = np.zeros(len(need), dtype=bool)
+            found_node = np.zeros(len(need), dtype=bool)
+            for k in range(span):
+                idx = first + k
+                valid = idx < last
+                r = np.where(valid, h_rank[np.minimum(idx, len(h_rank) - 1)], -1)
+                o = h_off[np.minimum(idx, len(h_off) - 1)]
+                is_self = valid & (r == dst) & ~found_self
+                src[is_self], off[is_self] = dst, o[is_self]
+                found_self |= is_self
+                near = valid & ~found_self & ~found_node & (r // gpus_per_node == dst // gpus_per_node)
+                src[near], off[near] = r[near], o[near]
+                found_node |= near
+            for s in np.unique(src):
+                sel = src == s
+                if s == dst:
+                    local.setdefault(dst, {})[kind] = (off[sel], at[sel])
+                else:
+                    t = transfers.setdefault((int(s), dst), Transfer(int(s), dst))
+                    t.parts[kind] = (off[sel], at[sel])
+    return Plan(before, after, world, itemsize, [transfers[k] for k in sorted(transfers)], local, A, B)
+
+
+def run_rank(comm, p: Plan, state: dict) -> dict:
+    """This rank's state under ``p.after`` from its state under ``p.before``.
+
+    ``state``: {"params": the flat buffer (numpy; only its held range meaningful), "m", "v": Adam's moments
+    over the optimizer range, "t": Adam's step}. Messages go in the ``morph`` ledger phase: a rank posts all
+    its receives, then all its sends, then waits for them all."""
+    me = comm.rank
+    A, B = p.maps_before[me], p.maps_after[me]
+    dtype = state["params"].dtype
+    out = {"params": np.zeros(B.flat.size, dtype=dtype), "t": state["t"]}
+    olo, ohi = B.optimizer
+    for kind in ("m", "v"):
+        out[kind] = np.zeros(ohi - olo, dtype=dtype)
+
+    def src_view(kind):
+        return state["params"] if kind == "params" else state[kind]
+
+    def src_base(kind):
+        return 0 if kind == "params" else A.optimizer[0]
+
+    def dst_put(kind, at, values):
+        if kind == "params":
+            out["params"][at] = values
+        else:
+            out[kind][at - olo] = values
+
+    for kind, (src_off, dst_off) in p.local.get(me, {}).items():
+        dst_put(kind, dst_off, src_view(kind)[src_off - src_base(kind)])
+    with comm.phase("morph"):
+        incoming = [(t, np.empty(t.elements, dtype=dtype)) for t in p.transfers if t.dst == me]
+        works = [comm.irecv(buf, t.src) for t, buf in incoming]
+        for t in (t for t in p.transfers if t.src == me):
+            buf = np.concatenate([src_view(k)[t.parts[k][0] - src_base(k)] for k in KINDS if k in t.parts])
+            works.append(comm.isend(buf, t.dst))
+        for w in works:
+            w.wait()
+        for t, buf in incoming:
+            pos = 0
+            for k in KINDS:
+                if k in t.parts:
+                    n = len(t.parts[k][1])
+                    dst_put(k, t.parts[k][1], buf[pos:pos + n])
+                    pos += n
+    return out
+
+
+def execute(p: Plan, states: list, backend: str = "local", timeout: float = 30.0) -> tuple[list, object]:
+    """Run ``p`` on ``p.world`` processes from every rank's ``states`` (rank order); (new states, Ledger)."""
+    from netmorph.runtime.launch import launch
+    return launch(_run, p.world, p, states, backend=backend, timeout=timeout, ledger=True)
+
+
+def _run(comm, p: Plan, states: list) -> dict:
+    return run_rank(comm, p, states[comm.rank])
+
+
+def gather_reference(p: Plan, states: list) -> dict:
+    """The whole model's state gathered to one place from layout ``p.before``'s ranks: {kind: array over
+    global ids} -- what every rank of ``p.after`` must hold its pieces of."""
+    n = max(int(m.flat.max()) for m in p.maps_before) + 1
+    out = {}
+    for kind in KINDS:
+        full = np.full(n, np.nan)
+        for m, st in zip(p.maps_before, states):
+            lo, hi = m.params if kind == "params" else m.optimizer
+            g = m.flat[lo:hi]
+            vals = st["params"][lo:hi] if kind == "params" else st[kind]
+            full[g[g >= 0]] = vals[g >= 0]
+        out[kind] = full
+    return out
