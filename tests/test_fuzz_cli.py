@@ -32,6 +32,8 @@ BASE = {
     "failures": ["failures", "--gpus", "1024", "--trials", "5", "--days", "5"],
     "moe": ["moe", "--steps", "1", "--ep", "2", "--experts", "2", "--layers", "1", "--seq", "4", "--batch", "1",
             "--timeout", "5"],
+    "morph": ["morph", "reshard", "--world", "2", "--from", "dp2", "--to", "tp2", "--steps", "1", "--layers", "2",
+              "--hidden", "8", "--heads", "2", "--seq", "4", "--vocab", "16", "--global-batch", "2", "--timeout", "5"],
 }
 # flags whose valid values are paths to write (tested with unwritable places, not random text)
 OUTPUTS = {"--plot", "--trace", "--out"}

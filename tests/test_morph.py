@@ -91,3 +91,19 @@ def test_plan_counts_and_keeps_what_a_rank_has():
     assert p.bytes <= 4 * 3 * n_params * 8
     with pytest.raises(ValueError, match="same ranks"):
         plan(MODEL, Layout(dp=4), Layout(dp=2))
+
+
+@pytest.mark.timeout(120)
+def test_cli_morph_reshard_json_and_bad_input(capsys):
+    from netmorph.cli import main
+    import json
+    assert main(["morph", "reshard", "--world", "4", "--from", "pp2,dp2", "--to", "tp2,dp2,zero1", "--steps", "1",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] and out["exact"] and out["ledger"] == {"messages": out["messages"], "bytes": out["bytes"]}
+    assert sum(map(sum, out["matrix"])) == out["bytes"] > 0 and out["max_loss_diff"] <= 1e-9
+    for argv, words in ((["--from", "tp3"], "--from"), (["--to", "pp2,zero3"], "--to"), (["--world", "0"], "--world"),
+                        (["--global-batch", "3"], "--global-batch")):
+        assert main(["morph", "reshard", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0]

@@ -137,3 +137,22 @@ def element_map(cfg: GPTConfig, layout: Layout) -> list:
         shard = (d * n, (d + 1) * n)
         out.append(RankMap(flat, shard if layout.zero >= 3 else (0, padded), shard if layout.zero else (0, padded)))
     return out
+
+
+def parse_layout(text: str, world: int) -> Layout:
+    """``"tp2,pp2"``, ``"dp4,zero3"``, ``"tp2,pp2,v2"``: a layout on ``world`` ranks (dp from the rest)."""
+    fields = {}
+    for part in text.replace(" ", "").split(","):
+        key = part.rstrip("0123456789")
+        num = part[len(key):]
+        if key not in ("tp", "pp", "dp", "zero", "v") or not num:
+            raise UsageError(f"{text!r}: write it as tpN,ppN,dpN,zeroN,vN (e.g. tp2,pp2 or dp4,zero3)",
+                             "layout")
+        fields["interleave" if key == "v" else key] = int(num)
+    tp, pp = fields.get("tp", 1), fields.get("pp", 1)
+    if tp < 1 or pp < 1 or world % (tp * pp):
+        raise UsageError(f"{text!r}: tp x pp must divide the {world} ranks", "layout")
+    dp = fields.get("dp", world // (tp * pp))
+    if tp * pp * dp != world:
+        raise UsageError(f"{text!r}: tp x pp x dp = {tp * pp * dp}, not the {world} ranks", "layout")
+    return Layout(tp, pp, dp, fields.get("zero", 0), fields.get("interleave", 1))

@@ -14,6 +14,7 @@ ledger records. Both layouts run on the same world of ranks (rank i of A becomes
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -147,7 +148,8 @@ def run_rank(comm, p: Plan, state: dict) -> dict:
     """This rank's state under ``p.after`` from its state under ``p.before``.
 
     ``state``: {"params": the flat buffer (numpy; only its held range meaningful), "m", "v": Adam's moments
-    over the optimizer range, "t": Adam's step}. Messages go in the ``morph`` ledger phase: a rank posts all
+    over the optimizer range, "t": Adam's step}; the result also says how many ``seconds`` the exchange took
+    here. Messages go in the ``morph`` ledger phase: a rank posts all
     its receives, then all its sends, then waits for them all."""
     me = comm.rank
     A, B = p.maps_before[me], p.maps_after[me]
@@ -171,6 +173,7 @@ def run_rank(comm, p: Plan, state: dict) -> dict:
 
     for kind, (src_off, dst_off) in p.local.get(me, {}).items():
         dst_put(kind, dst_off, src_view(kind)[src_off - src_base(kind)])
+    t0 = time.perf_counter()
     with comm.phase("morph"):
         incoming = [(t, np.empty(t.elements, dtype=dtype)) for t in p.transfers if t.dst == me]
         works = [comm.irecv(buf, t.src) for t, buf in incoming]
@@ -186,6 +189,7 @@ def run_rank(comm, p: Plan, state: dict) -> dict:
                     n = len(t.parts[k][1])
                     dst_put(k, t.parts[k][1], buf[pos:pos + n])
                     pos += n
+    out["seconds"] = time.perf_counter() - t0
     return out
 
 
