@@ -21,10 +21,16 @@ from netmorph.errors import UsageError
 MAX_BYTES = 1 << 20
 
 
+def printable(text) -> str:
+    """``text`` as it reads on one line: itself, or its repr when it holds a line break or other control."""
+    text = str(text)
+    return text if text.isprintable() else repr(text)
+
+
 def read_text_limited(path, argument: str, max_bytes: int = MAX_BYTES) -> str:
     """The UTF-8 text of a regular file of at most ``max_bytes``; UsageError naming ``argument`` otherwise."""
     path = Path(path)
-    where = f"{{{argument}}}: {path}"
+    where = f"{{{argument}}}: {printable(path)}"
     try:
         regular = path.is_file()
     except OSError as e:                     # a name too long for the file system, say
@@ -44,7 +50,7 @@ def read_text_limited(path, argument: str, max_bytes: int = MAX_BYTES) -> str:
 
 def read_json_object(path: Path, argument: str) -> dict:
     """The JSON object in ``path``; UsageError naming ``argument`` for anything else."""
-    where = f"{{{argument}}}: {path}"
+    where = f"{{{argument}}}: {printable(path)}"
     text = read_text_limited(path, argument)
     try:
         data = json.loads(text)

@@ -304,10 +304,10 @@ def test_measured_gemm_table_prices_small_gemms_slower(tmp_path):
     flat = replace(H100, gemm_table=((1e9, H100.gemm_efficiency),))
     for m in (small, big):
         assert timing.layer_costs(m, c, flat)["matmul_fwd"] == pytest.approx(timing.layer_costs(m, c, H100)["matmul_fwd"])
-    # the 8B model's per-rank GEMMs are under 1,000 GFLOP; the 405B's over it
-    assert max(f for f, _ in timing.linear_gemms(small, small.seq, 8)) < 1e12 < min(
+    # the 8B model's per-rank GEMMs are under 400 GFLOP; the 405B's over it
+    assert max(f for f, _ in timing.linear_gemms(small, small.seq, 8)) < 4e11 < min(
         f for f, _ in timing.linear_gemms(big, big.seq, 8))
-    binned = replace(H100, gemm_table=((1000.0, 0.35), (1e9, 0.7)))
+    binned = replace(H100, gemm_table=((400.0, 0.35), (1e9, 0.7)))
     assert timing.layer_costs(small, c, binned)["matmul_fwd"] > 1.5 * timing.layer_costs(small, c, H100)["matmul_fwd"]
     assert timing.layer_costs(big, c, binned)["matmul_fwd"] == pytest.approx(
         timing.layer_costs(big, c, H100)["matmul_fwd"])

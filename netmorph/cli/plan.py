@@ -156,9 +156,13 @@ def _common(args):
         v = getattr(args, k)
         if v is not None and not 1 <= v <= max(model.layers, 1):
             raise UsageError(f"--{k.replace('_', '-')} must be in 1..{model.layers} (the layers), got {v}")
-    for line in notes:
-        print(f"# note: {line}", file=sys.stderr)
+    args.notes = notes                  # printed with the result, not before an error
     return model, hw
+
+
+def print_notes(args, file=None) -> None:
+    for line in getattr(args, "notes", []):
+        print(f"# note: {line}", file=file or sys.stderr)
 
 
 def _gb(x):
@@ -205,6 +209,7 @@ def _estimate(args, model, hw) -> int:
     if why and not why.soft:
         raise UsageError(f"{why}; change {why.flag}")
     e = estimate(model, c, hw)
+    print_notes(args)
     if args.json:
         json.dump(e, sys.stdout, indent=1, default=float)
         sys.stdout.write("\n")
@@ -308,6 +313,7 @@ def _search(args, model, hw) -> int:
     result = search(model, args.gpus, hw, args.global_batch, base, top=args.top, fixed=fixed)
     elapsed = time.perf_counter() - t0
     top = result.ranked
+    print_notes(args)
     if args.json:
         rejected = [dataclasses.asdict(r) for r in sorted(result.rejected.values(), key=lambda r: -r.count)]
         json.dump({"plans": top, "searched": result.searched, "fits": result.fits, "rejected": rejected},

@@ -61,7 +61,7 @@ def write_trace(path, spans, c) -> None:
 
 
 def run(args) -> int:
-    from netmorph.cli.plan import _common, config_from
+    from netmorph.cli.plan import _common, config_from, print_notes
     from netmorph.simulate import simulate_config
     model, hw = _common(args)
     c = config_from(args)
@@ -77,6 +77,7 @@ def run(args) -> int:
         check_output_file(args.trace, "--trace")
     ranks = _trace_ranks(args.trace_ranks, c) if args.trace else ()
     out = simulate_config(model, c, hw, args.schedule, ranks)
+    print_notes(args)
     spans = out.pop("spans")
     if args.trace:
         write_trace(args.trace, spans, c)

@@ -22,7 +22,7 @@ import shlex
 from pathlib import Path
 
 from netmorph.errors import UsageError
-from netmorph.files import read_json_object
+from netmorph.files import printable, read_json_object
 
 GATED = ("silu", "swish", "swiglu", "silu_and_mul")
 ROPE_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "gemma", "gemma2", "phi3", "olmo",
@@ -50,7 +50,7 @@ def from_hf_config(path) -> tuple[dict, list]:
     if isinstance(cfg.get("text_config"), dict):           # multimodal wrappers keep the LM in text_config
         cfg = {**cfg["text_config"], **{k: v for k, v in cfg.items() if k != "text_config"}}
     used: set = set()
-    where = str(path.name)
+    where = printable(path.name)
 
     def need(*keys):
         v = _first(cfg, used, *keys)
@@ -108,7 +108,7 @@ def from_hf_config(path) -> tuple[dict, list]:
     stem = path.stem if path.stem != "config" else path.parent.name     # .../Meta-Llama-3-8B/config.json
     name = str(cfg.get("_name_or_path") or stem or model_type)
     used.update({"_name_or_path", "architectures"} & set(cfg))
-    return {"name": name, **fields}, sorted(set(cfg) - used)
+    return {"name": printable(name), **fields}, sorted(printable(k) for k in set(cfg) - used)
 
 
 # --- Megatron-LM ------------------------------------------------------------------------------------------
@@ -154,7 +154,7 @@ def from_megatron_args(text: str) -> tuple[dict, dict, list]:
     while i < len(words):
         w = words[i]
         if not w.startswith("--"):
-            unknown.append(w)
+            unknown.append(printable(w))
             i += 1
             continue
         key, eq, inline = w.partition("=")
@@ -162,7 +162,7 @@ def from_megatron_args(text: str) -> tuple[dict, dict, list]:
         value = inline if eq else None
         if takes_value and value is None:
             if i + 1 >= len(words) or words[i + 1].startswith("--"):
-                raise UsageError(f"{{megatron_args}}: {key} needs a value", "megatron_args")
+                raise UsageError(f"{{megatron_args}}: {printable(key)} needs a value", "megatron_args")
             value = words[i + 1]
             i += 1
         i += 1
@@ -188,7 +188,7 @@ def from_megatron_args(text: str) -> tuple[dict, dict, list]:
             # a flag the planner does not model; skip its value if it has one
             if not eq and i < len(words) and not words[i].startswith("--"):
                 i += 1
-            unknown.append(key)
+            unknown.append(printable(key))
     rc = split.get("recompute")
     if rc is not None and rc not in ("full", "selective"):
         raise UsageError(f"{{megatron_args}}: --recompute-granularity must be full or selective, got {rc!r}",
@@ -210,7 +210,7 @@ def from_deepspeed_config(path) -> tuple[dict, list]:
     path = Path(path)
     cfg = read_json_object(path, "deepspeed_config")
     split, unknown = {}, []
-    where = path.name
+    where = printable(path.name)
     for key, value in cfg.items():
         if key == "train_micro_batch_size_per_gpu":
             split["microbatch"] = _int(value, key, where, "deepspeed_config")
@@ -224,12 +224,12 @@ def from_deepspeed_config(path) -> tuple[dict, list]:
                 raise UsageError(f"{{deepspeed_config}} {where}: zero_optimization.stage must be 0-3, got {stage!r}",
                                  "deepspeed_config")
             split["zero"] = stage
-            unknown += [f"zero_optimization.{k}" for k in value if k not in ("stage", "overlap_comm")]
+            unknown += [f"zero_optimization.{printable(k)}" for k in value if k not in ("stage", "overlap_comm")]
             if value.get("overlap_comm"):
                 split["dp_overlap"] = True
         elif key in ("bf16", "fp16") and isinstance(value, dict):
             if value.get("enabled"):
                 split["precision"] = "bf16"
         else:
-            unknown.append(key)
+            unknown.append(printable(key))
     return split, unknown
