@@ -107,3 +107,44 @@ def test_cli_morph_reshard_json_and_bad_input(capsys):
         assert main(["morph", "reshard", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0]
+
+
+def _controller(world, steps, segment, scenario, compute_ms=30.0):
+    from netmorph.morph.controller import Trainer, calibrate, candidates, parse_scenario, run_adaptive, run_static
+    model = GPTConfig(layers=4, hidden=32, heads=4, seq=16, vocab=64)
+    trainer = Trainer(model, 8, world, 60.0, compute_ms)
+    layouts = [lay for lay in candidates(model, world, 8) if lay.tp == 1]
+    cal = calibrate(trainer, layouts, steps=3)
+    start = cal.best(cal.beta0)
+    sc = parse_scenario(scenario)
+    adaptive = run_adaptive(trainer, cal, start, steps, segment, sc, log=lambda *a, **k: None)
+    return cal, start, adaptive, run_static(trainer, start, steps, segment, sc)
+
+
+@pytest.mark.timeout(300)
+def test_controller_holds_still_when_nothing_changes():
+    """Measurement noise alone (the same cluster throughout) never moves the split."""
+    cal, start, adaptive, _ = _controller(4, 24, 4, "none")
+    assert adaptive.decisions == [] and adaptive.layout_path == [(0, start.label())]
+
+
+@pytest.mark.timeout(300)
+def test_controller_moves_off_a_degraded_link_and_wins():
+    """The inter-node link 20x slower from step 4: data parallelism across the nodes starts first (fastest on the
+    healthy cluster), the loop moves to a pipeline split whose stages talk across it in kilobytes, and the run
+    ends sooner than staying put; the losses are the ones the start split gives (the same data, resharded state)."""
+    cal, start, adaptive, static = _controller(4, 24, 4, "link-degrades@4x20")
+    assert start.pp == 1 and cal.inter_bytes[start] > 10 * min(cal.inter_bytes.values())
+    assert len(adaptive.decisions) == 1 and adaptive.decisions[0].after != start.label()
+    assert adaptive.total_s < static.total_s
+    np.testing.assert_allclose(adaptive.losses, static.losses, rtol=1e-9, atol=0)
+
+
+def test_bad_morph_run_input_is_one_line(capsys):
+    from netmorph.cli import main
+    for argv, words in ((["--scenario", "node-lost@3"], "--scenario"), (["--scenario", "link-degrades@x"], "--scenario"),
+                        (["--world", "6"], "--world"), (["--segment", "1"], "--segment"),
+                        (["--steps", "5", "--segment", "9"], "--segment")):
+        assert main(["morph", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0]

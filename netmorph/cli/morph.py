@@ -15,14 +15,28 @@ from netmorph.errors import UsageError
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("morph", help="reshard a live training run between layouts (parameters and Adam state)",
-                       description="Move the training state from one (tp, pp, dp, ZeRO) layout to another over "
-                                   "the fabric: the transfer plan as data, its bytes, the run, the check.")
-    p.add_argument("action", choices=("reshard",), help="reshard: one move between two layouts")
-    p.add_argument("--world", type=int, default=4, help="ranks (default 4)")
-    p.add_argument("--from", dest="before", default="tp2,pp2", help="layout before, e.g. tp2,pp2 (default)")
-    p.add_argument("--to", dest="after", default="dp4,zero3", help="layout after, e.g. dp4,zero3 (default)")
-    p.add_argument("--steps", type=int, default=2, help="steps before and after the move (default 2)")
+    p = sub.add_parser("morph", help="adaptive parallelism: re-plan and reshard a live run when the network "
+                                     "changes; `morph reshard` moves one run between two layouts",
+                       description="run (default): train on an emulated two-node cluster, let the bottleneck move "
+                                   "(--scenario), and watch the control loop measure, re-plan and reshard, beside "
+                                   "static splits. reshard: move the training state from one (tp, pp, dp, ZeRO) "
+                                   "layout to another over the fabric: the plan as data, its bytes, the check.")
+    p.add_argument("action", nargs="?", default="run", choices=("run", "reshard"),
+                   help="run (default): the control loop on a scenario; reshard: one move between two layouts")
+    p.add_argument("--world", type=int, help="ranks (default 8 for run, 4 for reshard)")
+    p.add_argument("--scenario", default="link-degrades@40",
+                   help="run: none, or link-degrades@STEP[xFACTOR] (inter-node links FACTOR (10) times slower from "
+                        "STEP on; default link-degrades@40)")
+    p.add_argument("--segment", type=int, default=10, help="run: steps between the controller's looks (default 10)")
+    p.add_argument("--static", type=int, default=4,
+                   help="run: how many static layouts to run beside it, the best-ranked first (default 4)")
+    p.add_argument("--compute-ms", type=float, default=40.0,
+                   help="run: emulated accelerator time per sequence forward, whole model (default 40)")
+    p.add_argument("--plot", help="run: draw throughput over time, adaptive vs static, to this PNG")
+    p.add_argument("--from", dest="before", default="tp2,pp2", help="reshard: layout before (default tp2,pp2)")
+    p.add_argument("--to", dest="after", default="dp4,zero3", help="reshard: layout after (default dp4,zero3)")
+    p.add_argument("--steps", type=int, help="run: steps in all (default 100); reshard: before and after the move "
+                                             "(default 2)")
     p.add_argument("--layers", type=int, default=4, help="GPT layers (default 4)")
     p.add_argument("--hidden", type=int, default=32, help="hidden size (default 32)")
     p.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
@@ -50,6 +64,118 @@ def _config(model, layout, steps, global_batch, start=0):
 
 
 def run(args) -> int:
+    if args.action == "run":
+        return _control(args)
+    args.world = 4 if args.world is None else args.world
+    args.steps = 2 if args.steps is None else args.steps
+    return _reshard(args)
+
+
+def _control(args) -> int:
+    import statistics
+
+    from netmorph.models.gpt import GPTConfig
+    from netmorph.morph.controller import Trainer, calibrate, candidates, parse_scenario, run_adaptive, run_static
+    world = 8 if args.world is None else args.world
+    steps = 100 if args.steps is None else args.steps
+    if world not in (2, 4, 8, 16):
+        raise UsageError(f"--world must be 2, 4, 8 or 16 (two nodes of world/2 ranks), got {world}")
+    if not 2 <= steps <= 10000:
+        raise UsageError(f"--steps must be in 2..10000, got {steps}")
+    if not 2 <= args.segment <= steps:
+        raise UsageError(f"--segment must be in 2..--steps ({steps}), got {args.segment}")
+    if not 0 <= args.static <= 64:
+        raise UsageError(f"--static must be in 0..64, got {args.static}")
+    if not 0 <= args.compute_ms <= 1e4:
+        raise UsageError(f"--compute-ms must be in 0..10000, got {args.compute_ms}")
+    for k in ("layers", "hidden", "heads", "seq", "vocab", "global_batch"):
+        if not 1 <= getattr(args, k) <= 4096:
+            raise UsageError(f"--{k.replace('_', '-')} must be in 1..4096, got {getattr(args, k)}")
+    scenario = parse_scenario(args.scenario)
+    if args.plot:
+        from netmorph.cli import check_output_file
+        check_output_file(args.plot, "--plot")
+    model = GPTConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab)
+    trainer = Trainer(model, args.global_batch, world, args.timeout, args.compute_ms)
+    layouts = candidates(model, world, args.global_batch)
+    if not layouts:
+        raise UsageError(f"no layout of {world} ranks fits this model and --global-batch {args.global_batch}")
+    say = (lambda *a, **k: None) if args.json else print
+    say(f"# netmorph morph: GPT {args.layers} layers x {args.hidden} on {world} ranks, two emulated nodes "
+        f"({1 / trainer.base.beta / 1e9:.0f} GB/s inside, {1 / trainer.base.beta_inter / 1e6:.0f} MB/s between); "
+        f"{steps} steps, scenario {scenario.label()}")
+    say(f"calibrating {len(layouts)} layouts on the healthy cluster ...", flush=True)
+    cal = calibrate(trainer, layouts)
+    ranked = sorted(layouts, key=lambda lay: cal.step_s[lay])
+    for lay in ranked:
+        say(f"  {lay.label():<14} {1e3 * cal.step_s[lay]:7.1f} ms/step, {cal.inter_bytes[lay]:>10,.0f} B/step across "
+            f"nodes (busiest rank)")
+    start = cal.best(cal.beta0)
+    say(f"start on {start.label()} (the model's best on the healthy cluster); controller every {args.segment} steps:",
+        flush=True)
+    adaptive = run_adaptive(trainer, cal, start, steps, args.segment, scenario, log=say)
+    statics = {}
+    for lay in ([start] + [x for x in ranked if x != start])[:max(args.static, 1)]:
+        say(f"static {lay.label()} ...", flush=True)
+        statics[lay.label()] = run_static(trainer, lay, steps, args.segment, scenario)
+    best_static = min(statics, key=lambda k: statics[k].total_s)
+    tokens = args.global_batch * args.seq
+    out = {"world": world, "steps": steps, "scenario": scenario.label(),
+           "decisions": [{"step": d.step, "from": d.before, "to": d.after, "measured_step_s": d.measured_step_s,
+                          "predicted_current_s": d.predicted_current_s, "predicted_best_s": d.predicted_best_s,
+                          "reshard_bytes": d.reshard_bytes, "reshard_s": d.reshard_s,
+                          "payback_steps": d.payback_steps} for d in adaptive.decisions],
+           "throughput": [tokens / t for t in adaptive.step_s], "layouts": adaptive.layout_path,
+           "static_runs": {k: r.total_s for k, r in statics.items()}, "total_s": adaptive.total_s,
+           "reshard_s": adaptive.reshard_s, "start": start.label(), "start_static_total_s": statics[start.label()].total_s,
+           "best_static": best_static, "best_static_total_s": statics[best_static].total_s,
+           "calibration_ms": {lay.label(): 1e3 * cal.step_s[lay] for lay in layouts}}
+    if args.plot:
+        _plot(args.plot, adaptive, statics, tokens, scenario)
+    if args.json:
+        json.dump(out, sys.stdout)
+        sys.stdout.write("\n")
+        return 0
+    print(f"{'run':<24} {'total (s)':>10} {'vs start':>9} {'median tokens/s':>16}")
+    rows = [("adaptive", adaptive)] + [(f"static {k}", r) for k, r in statics.items()]
+    for name, r in rows:
+        print(f"{name:<24} {r.total_s:>10.2f} {100 * (r.total_s / out['start_static_total_s'] - 1):>+8.1f}% "
+              f"{tokens / statistics.median(r.step_s):>16,.0f}")
+    print(f"# adaptive {adaptive.total_s:.2f} s against {out['start_static_total_s']:.2f} s on the start split "
+          f"({start.label()}) and {out['best_static_total_s']:.2f} s on the best static split in hindsight "
+          f"({best_static}); {len(adaptive.decisions)} reshard(s), {adaptive.reshard_s * 1e3:.1f} ms moving state")
+    if args.plot:
+        print(f"# figure: {args.plot}")
+    return 0
+
+
+def _plot(path, adaptive, statics, tokens, scenario) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from netmorph.files import save_figure
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    for name, r in statics.items():
+        ax.plot(range(1, len(r.step_s) + 1), [tokens / t for t in r.step_s], lw=1, alpha=0.7, label=f"static {name}")
+    ax.plot(range(1, len(adaptive.step_s) + 1), [tokens / t for t in adaptive.step_s], lw=2.2, color="black",
+            label="adaptive")
+    for d in adaptive.decisions:
+        ax.axvline(d.step, color="red", ls="--", lw=1)
+        ax.annotate(f"{d.before} -> {d.after}", (d.step, ax.get_ylim()[1] * 0.95), fontsize=8, color="red")
+    if scenario.kind != "none":
+        ax.axvline(scenario.at, color="gray", ls=":", lw=1)
+        ax.annotate(f"{scenario.kind}", (scenario.at, ax.get_ylim()[1] * 0.85), fontsize=8, color="gray")
+    ax.set_xlabel("step")
+    ax.set_ylabel("tokens/s")
+    ax.set_title("throughput over time: the control loop against static splits")
+    ax.legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def _reshard(args) -> int:
     import numpy as np
 
     from netmorph.models.gpt import GPTConfig

@@ -193,10 +193,11 @@ def run_rank(comm, p: Plan, state: dict) -> dict:
     return out
 
 
-def execute(p: Plan, states: list, backend: str = "local", timeout: float = 30.0) -> tuple[list, object]:
-    """Run ``p`` on ``p.world`` processes from every rank's ``states`` (rank order); (new states, Ledger)."""
+def execute(p: Plan, states: list, backend: str = "local", timeout: float = 30.0, topology=None) -> tuple[list, object]:
+    """Run ``p`` on ``p.world`` processes from every rank's ``states`` (rank order), on an emulated ``topology``
+    if given; (new states, Ledger)."""
     from netmorph.runtime.launch import launch
-    return launch(_run, p.world, p, states, backend=backend, timeout=timeout, ledger=True)
+    return launch(_run, p.world, p, states, backend=backend, timeout=timeout, ledger=True, topology=topology)
 
 
 def _run(comm, p: Plan, states: list) -> dict:
