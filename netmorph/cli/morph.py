@@ -48,6 +48,15 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
+def _model(args):
+    """The GPT the flags describe (both actions); one line for a size out of range."""
+    from netmorph.models.gpt import GPTConfig
+    for k in ("layers", "hidden", "heads", "seq", "vocab", "global_batch"):
+        if not 1 <= getattr(args, k) <= 4096:
+            raise UsageError(f"--{k.replace('_', '-')} must be in 1..4096, got {getattr(args, k)}")
+    return GPTConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab)
+
+
 def _config(model, layout, steps, global_batch, start=0):
     from netmorph.parallel.hybrid import TrainConfig
     if global_batch % layout.dp:
@@ -74,7 +83,6 @@ def run(args) -> int:
 def _control(args) -> int:
     import statistics
 
-    from netmorph.models.gpt import GPTConfig
     from netmorph.morph.controller import Trainer, calibrate, candidates, parse_scenario, run_adaptive, run_static
     world = 8 if args.world is None else args.world
     steps = 100 if args.steps is None else args.steps
@@ -88,14 +96,11 @@ def _control(args) -> int:
         raise UsageError(f"--static must be in 0..64, got {args.static}")
     if not 0 <= args.compute_ms <= 1e4:
         raise UsageError(f"--compute-ms must be in 0..10000, got {args.compute_ms}")
-    for k in ("layers", "hidden", "heads", "seq", "vocab", "global_batch"):
-        if not 1 <= getattr(args, k) <= 4096:
-            raise UsageError(f"--{k.replace('_', '-')} must be in 1..4096, got {getattr(args, k)}")
     scenario = parse_scenario(args.scenario)
     if args.plot:
         from netmorph.cli import check_output_file
         check_output_file(args.plot, "--plot")
-    model = GPTConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab)
+    model = _model(args)
     trainer = Trainer(model, args.global_batch, world, args.timeout, args.compute_ms)
     layouts = candidates(model, world, args.global_batch)
     if not layouts:
@@ -178,7 +183,6 @@ def _plot(path, adaptive, statics, tokens, scenario) -> None:
 def _reshard(args) -> int:
     import numpy as np
 
-    from netmorph.models.gpt import GPTConfig
     from netmorph.morph.layouts import parse_layout
     from netmorph.morph.reshard import KINDS, execute, gather_reference, plan
     from netmorph.parallel.hybrid import train_rank
@@ -188,10 +192,7 @@ def _reshard(args) -> int:
         raise UsageError(f"--world must be in 1..16 (processes on this machine), got {args.world}")
     if not 1 <= args.steps <= 1000:
         raise UsageError(f"--steps must be in 1..1000, got {args.steps}")
-    for k in ("layers", "hidden", "heads", "seq", "vocab", "global_batch"):
-        if not 1 <= getattr(args, k) <= 4096:
-            raise UsageError(f"--{k.replace('_', '-')} must be in 1..4096, got {getattr(args, k)}")
-    model = GPTConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab)
+    model = _model(args)
     layouts = []
     for flag, text in (("--from", args.before), ("--to", args.after)):
         try:

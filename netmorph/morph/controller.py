@@ -245,7 +245,7 @@ def run_adaptive(trainer: Trainer, cal: Calibration, start: Layout, steps: int, 
         predicted_best = cal.predict(best, beta)
         gain = measured - predicted_best
         log(f"  step {step:>4}: {layout.label()} {1e3 * measured:.1f} ms/step (model {1e3 * current:.1f}); inter-node "
-            f"link {1 / beta / 1e6:.1f} MB/s inferred; best {best.label()} {1e3 * predicted_best:.1f} ms")
+            f"link {1 / beta / 1e6:.1f} MB/s probed; best {best.label()} {1e3 * predicted_best:.1f} ms")
         if best == layout or gain <= hysteresis * measured or step >= steps:
             streak, wanted = 0, None
             continue
