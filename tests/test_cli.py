@@ -117,12 +117,13 @@ SECTIONS = ("Collectives: one all-reduce, eight schedules, and the cheapest one 
             "Failures at scale: checkpoint interval and goodput",
             "Consistency models for SGD: throughput against convergence",
             "Parallelism planner: what each DP/TP/PP split costs",
-            "Cluster scale: one step simulated on 1024 ranks")
+            "Cluster scale: one step simulated on 1024 ranks",
+            "Adaptive parallelism: the split follows the bottleneck")
 FIGURES = ("allreduce_tp_vs_dp.png", "allreduce_winner_map.png", "allreduce_rounds_bytes.png", "fabric_busbw.png",
            "fabric_measured_vs_predicted.png", "train_pipeline.png", "train_traffic.png",
            "train_zero_memory.png", "moe_traffic.png", "moe_balance.png", "moe_drops.png", "elastic_recovery.png",
            "serve_kv_and_latency.png", "serve_phases.png", "failures_goodput.png", "sgd_balanced.png",
-           "sgd_straggler.png", "plan_splits.png", "simulate_step.png")
+           "sgd_straggler.png", "plan_splits.png", "simulate_step.png", "morph_throughput.png", "morph_plan.png")
 
 
 @pytest.mark.timeout(300)

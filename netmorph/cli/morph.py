@@ -136,7 +136,8 @@ def _control(args) -> int:
            "best_static": best_static, "best_static_total_s": statics[best_static].total_s,
            "calibration_ms": {lay.label(): 1e3 * cal.step_s[lay] for lay in layouts}}
     if args.plot:
-        _plot(args.plot, adaptive, statics, tokens, scenario)
+        from netmorph.report.morph import plot_throughput
+        plot_throughput(args.plot, adaptive, statics, tokens, scenario)
     if args.json:
         json.dump(out, sys.stdout)
         sys.stdout.write("\n")
@@ -152,32 +153,6 @@ def _control(args) -> int:
     if args.plot:
         print(f"# figure: {args.plot}")
     return 0
-
-
-def _plot(path, adaptive, statics, tokens, scenario) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from netmorph.files import save_figure
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    for name, r in statics.items():
-        ax.plot(range(1, len(r.step_s) + 1), [tokens / t for t in r.step_s], lw=1, alpha=0.7, label=f"static {name}")
-    ax.plot(range(1, len(adaptive.step_s) + 1), [tokens / t for t in adaptive.step_s], lw=2.2, color="black",
-            label="adaptive")
-    for d in adaptive.decisions:
-        ax.axvline(d.step, color="red", ls="--", lw=1)
-        ax.annotate(f"{d.before} -> {d.after}", (d.step, ax.get_ylim()[1] * 0.95), fontsize=8, color="red")
-    if scenario.kind != "none":
-        ax.axvline(scenario.at, color="gray", ls=":", lw=1)
-        ax.annotate(f"{scenario.kind}", (scenario.at, ax.get_ylim()[1] * 0.85), fontsize=8, color="gray")
-    ax.set_xlabel("step")
-    ax.set_ylabel("tokens/s")
-    ax.set_title("throughput over time: the control loop against static splits")
-    ax.legend(fontsize=8, loc="lower left")
-    fig.tight_layout()
-    save_figure(fig, path)
-    plt.close(fig)
 
 
 def _reshard(args) -> int:

@@ -26,8 +26,8 @@ def run(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from netmorph.report import (collectives, consistency, elastic, fabric, failures, moe, planner, serving, simulate,
-                                 train)
+    from netmorph.report import (collectives, consistency, elastic, fabric, failures, moe, morph, planner, serving,
+                                 simulate, train)
     from netmorph.report.html import Section, write_page
     from netmorph.version import __version__
 
@@ -47,7 +47,8 @@ def run(args) -> int:
             (failures, "failures: goodput at 1k-100k GPUs"),
             (consistency, "sgd: training under 5 consistency models"),
             (planner, "planner: searching DP/TP/PP splits"),
-            (simulate, "simulate: one step on 1024 ranks")]
+            (simulate, "simulate: one step on 1024 ranks"),
+            (morph, "morph: the split follows the link")]
     with Progress(TextColumn("{task.description:<36}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=Console(stderr=True), transient=False,
                   disable=not sys.stderr.isatty()) as bar:
