@@ -126,7 +126,7 @@ FIGURES = ("allreduce_tp_vs_dp.png", "allreduce_winner_map.png", "allreduce_roun
            "sgd_straggler.png", "plan_splits.png", "simulate_step.png", "morph_throughput.png", "morph_plan.png")
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_tour_writes_every_section_and_figure(tmp_path, capsys):
     import os
 
