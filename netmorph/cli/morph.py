@@ -29,7 +29,8 @@ def add_parser(sub) -> None:
                         "STEP on; default link-degrades@40)")
     p.add_argument("--segment", type=int, default=10, help="run: steps between the controller's looks (default 10)")
     p.add_argument("--static", type=int, default=4,
-                   help="run: how many static layouts to run beside it, the best-ranked first (default 4)")
+                   help="run: how many static layouts to run beside it: the start split, then the best-ranked "
+                        "(default 4)")
     p.add_argument("--compute-ms", type=float, default=40.0,
                    help="run: emulated accelerator time per sequence forward, whole model (default 40)")
     p.add_argument("--plot", help="run: draw throughput over time, adaptive vs static, to this PNG")
@@ -92,8 +93,8 @@ def _control(args) -> int:
         raise UsageError(f"--steps must be in 2..10000, got {steps}")
     if not 2 <= args.segment <= steps:
         raise UsageError(f"--segment must be in 2..--steps ({steps}), got {args.segment}")
-    if not 0 <= args.static <= 64:
-        raise UsageError(f"--static must be in 0..64, got {args.static}")
+    if not 1 <= args.static <= 64:
+        raise UsageError(f"--static must be in 1..64 (the start split runs static beside the loop), got {args.static}")
     if not 0 <= args.compute_ms <= 1e4:
         raise UsageError(f"--compute-ms must be in 0..10000, got {args.compute_ms}")
     scenario = parse_scenario(args.scenario)
@@ -120,7 +121,7 @@ def _control(args) -> int:
         flush=True)
     adaptive = run_adaptive(trainer, cal, start, steps, args.segment, scenario, log=say)
     statics = {}
-    for lay in ([start] + [x for x in ranked if x != start])[:max(args.static, 1)]:
+    for lay in ([start] + [x for x in ranked if x != start])[:args.static]:
         say(f"static {lay.label()} ...", flush=True)
         statics[lay.label()] = run_static(trainer, lay, steps, args.segment, scenario)
     best_static = min(statics, key=lambda k: statics[k].total_s)
