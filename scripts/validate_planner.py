@@ -109,14 +109,15 @@ LLAMA2_13B = ModelSpec("llama-2-13b", 40, 5120, 40, 4096, 32000, 13824, ffn_type
                        tied=False, bias=False, attention="flash")
 
 
-def best_fit(model, hw, c, free=("microbatch", "interleave", "recompute")):
+def best_fit(model, hw, c, free=("microbatch", "interleave", "recompute"), max_interleave=16):
     """The fastest configuration that fits among the settings in ``free`` (the ones a source does not give),
     with everything else as ``c``: what a user of the planner would run."""
-    choices = {"microbatch": (1, 2, 4, 8), "interleave": range(1, 17), "recompute": ("none", "selective", "full")}
+    choices = {"microbatch": (1, 2, 4, 8), "interleave": range(1, max_interleave + 1),
+               "recompute": ("none", "selective", "full")}
     best = None
     for values in itertools.product(*(choices[k] if k in free else (getattr(c, k),) for k in choices)):
         cand = replace(c, **dict(zip(choices, values)))
-        if cand.global_batch % (cand.dp * cand.microbatch) or check(model, cand, hw):
+        if check(model, cand, hw):                         # also: the batch splits into whole microbatches
             continue
         if memory(model, cand)["total"] > hw.memory_bytes:
             continue
@@ -188,16 +189,9 @@ def zero_rows():
 def ptdp_rows(hw):
     rows = []
     for name, t, p, n, batch, pub in PTDP_TABLE1:
-        model, d = MODELS[name], n // (t * p)
-        best = None
-        for mb, v in itertools.product((1, 2, 4, 8), range(1, 9)):
-            c = ParallelConfig(t, p, d, mb, batch, v, 0, "full")
-            if check(model, c, hw) or memory(model, c)["total"] > hw.memory_bytes:
-                continue
-            e = estimate(model, c, hw)
-            if best is None or e["step_time_s"] < best["step_time_s"]:
-                best = e
-        rows.append((name, t, p, n, batch, pub, best))
+        c = ParallelConfig(t, p, n // (t * p), 1, batch, 1, 0, "full")
+        rows.append((name, t, p, n, batch, pub, best_fit(MODELS[name], hw, c, ("microbatch", "interleave"),
+                                                         max_interleave=8)))
     return rows
 
 

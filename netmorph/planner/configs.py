@@ -72,13 +72,15 @@ def from_hf_config(path) -> tuple[dict, list]:
         used.add("expansion_ratio")
     kv = _first(cfg, used, "num_key_value_heads", "n_head_kv", "num_kv_heads")
     if kv is None and cfg.get("multi_query"):
-        kv, _ = 1, used.add("multi_query")
+        kv = 1
+        used.add("multi_query")
     attn_cfg = cfg.get("attn_config") if isinstance(cfg.get("attn_config"), dict) else {}
     if attn_cfg:
         used.add("attn_config")
+    if "alibi" in cfg:
+        used.add("alibi")
     if cfg.get("alibi") or attn_cfg.get("alibi") or model_type == "bloom":
         position = "alibi"
-        used.add("alibi") if "alibi" in cfg else None
     elif (model_type in ROPE_FAMILIES or "rope_theta" in cfg or "rope_scaling" in cfg
           or cfg.get("position_embedding_type") == "rotary" or "rotary_dim" in cfg):
         position = "rope"

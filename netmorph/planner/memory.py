@@ -146,30 +146,31 @@ def memory_parts(model: ModelSpec, c: ParallelConfig) -> list:
     return [(d, e, a) for (d, e), a in zip(stage_params(model, c, which), stage_activations(model, c, which))]
 
 
+def _state_bytes(c: ParallelConfig, zero: int) -> tuple[tuple, tuple]:
+    """Bytes per parameter of (weights, gradients, optimizer state) on one device under ZeRO stage ``zero``: for
+    the dense parameters (sharded over dp x cp) and for the expert parameters (over their dp x cp / ep)."""
+    shard = c.dp * c.cp
+    wbytes = c.param_bytes + (1 if c.precision == "fp8" else 0)
+
+    def per(group):
+        return (wbytes / (group if zero >= 3 else 1), c.grad_bytes / (group if zero >= 2 else 1),
+                c.optimizer_bytes / (group if zero >= 1 else 1))
+    return per(shard), per(max(shard // c.ep, 1))
+
+
 def memory_total(c: ParallelConfig, parts: list, zero: int) -> float:
     """The most loaded device's bytes under ZeRO stage ``zero``: :func:`memory`'s total, for a search's inner
     loop."""
-    shard = c.dp * c.cp
-    eshard = max(shard // c.ep, 1)
-    per_param = ((c.param_bytes + (1 if c.precision == "fp8" else 0)) / (shard if zero >= 3 else 1)
-                 + c.grad_bytes / (shard if zero >= 2 else 1) + c.optimizer_bytes / (shard if zero >= 1 else 1))
-    per_expert = ((c.param_bytes + (1 if c.precision == "fp8" else 0)) / (eshard if zero >= 3 else 1)
-                  + c.grad_bytes / (eshard if zero >= 2 else 1) + c.optimizer_bytes / (eshard if zero >= 1 else 1))
-    return max(dn * per_param + en * per_expert + act for dn, en, act in parts)
+    dense, expert = (sum(x) for x in _state_bytes(c, zero))
+    return max(dn * dense + en * expert + act for dn, en, act in parts)
 
 
-def memory(model: ModelSpec, c: ParallelConfig, parts: list | None = None, zero: int | None = None) -> dict:
-    """{"params", "grads", "optimizer", "activations", "total"} in bytes for the most loaded device (under
-    ZeRO stage ``zero`` when given instead of ``c.zero``)."""
-    shard = c.dp * c.cp
-    eshard = max(shard // c.ep, 1)
-    wbytes = c.param_bytes + (1 if c.precision == "fp8" else 0)
-    z = c.zero if zero is None else zero
+def memory(model: ModelSpec, c: ParallelConfig) -> dict:
+    """{"params", "grads", "optimizer", "activations", "total"} in bytes for the most loaded device."""
+    dense, expert = _state_bytes(c, c.zero)
     best = None
-    for dn, en, act in parts or memory_parts(model, c):
-        def part(nbytes, stage):
-            return nbytes * (dn / (shard if z >= stage else 1) + en / (eshard if z >= stage else 1))
-        params, grads, opt = part(wbytes, 3), part(c.grad_bytes, 2), part(c.optimizer_bytes, 1)
+    for dn, en, act in memory_parts(model, c):
+        params, grads, opt = (dn * d + en * e for d, e in zip(dense, expert))
         total = params + grads + opt + act
         if best is None or total > best["total"]:
             best = {"params": params, "grads": grads, "optimizer": opt, "activations": act, "total": total}

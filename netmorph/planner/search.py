@@ -33,7 +33,7 @@ from netmorph.planner.config import RECOMPUTE, ParallelConfig
 from netmorph.planner.hardware import Hardware
 from netmorph.planner.memory import memory, memory_parts, memory_total
 from netmorph.planner.model import ModelSpec
-from netmorph.planner.timing import step_seconds, step_time
+from netmorph.planner.timing import step_time
 
 
 @dataclass(frozen=True)
@@ -268,7 +268,7 @@ def search(model: ModelSpec, gpus: int, hw: Hardware, global_batch: int, base: P
                                                        lambda: make(tp, cp, pp, dp, ep, mb, v, zero, rc, sp, prec))
                                                 continue
                                             fits.append(make(tp, cp, pp, dp, ep, mb, v, zero, rc, sp, prec))
-    timed = sorted(((step_seconds(model, c, hw), i) for i, c in enumerate(fits)))
+    timed = sorted(((step_time(model, c, hw)["step_time_s"], i) for i, c in enumerate(fits)))
     n = len(timed) if not top else min(top, len(timed))
     ranked = [estimate(model, fits[i], hw) for _, i in timed[:n]]
     seen, by_split = set(), []

@@ -53,8 +53,8 @@ def _fit(hw: Hardware, op: str, algo: str, p: int, stride: int) -> tuple[float, 
     """(intercept s, slope s/byte) of ``op`` on p devices 0, stride, 2·stride, ...
 
     Up to :data:`SIMULATED` devices, from the event simulation on the hardware's topology, with as many
-    rails out of a node as the group has members there (NCCL's channels each take their own NIC), at two sizes (time is linear in bytes for a
-    fixed schedule). A larger group (the data-parallel group of a 16k-GPU run) would cost the simulation
+    rails out of a node as the group has members there (NCCL's channels each take their own NIC), at two
+    sizes (time is linear in bytes for a fixed schedule). A larger group (the data-parallel group of a 16k-GPU run) would cost the simulation
     O(p²) messages, so it is extrapolated from the simulated groups of SIMULATED/2 and SIMULATED devices at
     the same stride: a ring's latency grows linearly in its p - 1 steps and its bandwidth term as
     (p - 1)/p; a tree's latency and its pipelined bandwidth term by what one more level of depth (log2 p)
@@ -93,15 +93,6 @@ def p2p_time(hw: Hardware, src: int, dst: int, nbytes: float) -> float:
     if same:
         return hw.alpha_intra + nbytes / hw.nvlink_bandwidth
     return hw.alpha_inter + nbytes / hw.nic_bandwidth
-
-
-def matmul_rates(c: ParallelConfig, hw: Hardware) -> tuple[float, float]:
-    """(FLOP/s of the linear layers, FLOP/s of the attention core and the output layer): under FP8
-    Transformer Engine runs the linear layers' GEMMs in FP8 and keeps attention and the logits in 16 bits."""
-    r16 = hw.peak_flops * hw.gemm_efficiency
-    if c.precision == "fp8":
-        return hw.fp8_flops * hw.gemm_efficiency, r16
-    return r16, r16
 
 
 def linear_gemms(model: ModelSpec, tokens: float, t: int) -> list:
@@ -149,7 +140,8 @@ def _layer_costs(model: ModelSpec, hw: Hardware, tp, cp, ep, microbatch, recompu
                        sequence_parallel=sp, cp=cp, ep=ep, precision=precision)
     t, b, cp = c.tp, c.microbatch, c.cp
     s, h = model.seq, model.hidden
-    r_lin, r16 = matmul_rates(c, hw)
+    # under FP8 Transformer Engine runs the linear layers' GEMMs in FP8; attention and the logits stay 16-bit
+    r16 = hw.peak_flops * hw.gemm_efficiency
     flash = model.attention == "flash"
     r_core = hw.peak_flops * hw.attention_efficiency if flash else r16     # a fused kernel's own efficiency
     linear_flops = model.layer_linear_flops_fwd(b)
@@ -158,7 +150,7 @@ def _layer_costs(model: ModelSpec, hw: Hardware, tp, cp, ep, microbatch, recompu
     else:
         peak_lin, table = hw.peak_flops, hw.gemm_table
     lin = (sum(n * gemm_seconds(f, peak_lin, table, hw.gemm_efficiency) for f, n in linear_gemms(model, b * s / cp, t))
-           if table else linear_flops / (t * cp) / r_lin)
+           if table else linear_flops / (t * cp) / (peak_lin * hw.gemm_efficiency))
     core = (model.layer_flops_fwd(b, causal=flash) - linear_flops) / (t * cp) / r_core   # QKᵀ and attention·V
     full = c.recompute == "full"
     core_bwd = (2.5 if flash else 2.0) + (1.0 if full or (c.recompute == "selective" and not flash) else 0.0)
@@ -237,11 +229,6 @@ def step_time(model: ModelSpec, c: ParallelConfig, hw: Hardware) -> dict:
                    "pipeline_p2p": m * pp_comm, "data_parallel": dp_exposed, "zero3_gather": zero3},
         "optimizer_s": optimizer,
     }
-
-
-def step_seconds(model: ModelSpec, c: ParallelConfig, hw: Hardware) -> float:
-    """:func:`step_time`'s total alone, for ranking a search's configurations."""
-    return step_time(model, c, hw)["step_time_s"]
 
 
 @lru_cache(maxsize=65536)
