@@ -4,9 +4,8 @@ import numpy as np
 import pytest
 
 from netmorph.models.gpt import GPTConfig
-from netmorph.morph.layouts import Layout, element_map, global_ids
+from netmorph.morph.layouts import Layout, element_map, global_ids, train_config
 from netmorph.morph.reshard import KINDS, execute, gather_reference, plan
-from netmorph.parallel.hybrid import TrainConfig
 from netmorph.parallel.hybrid import train_rank
 from netmorph.runtime.launch import launch
 
@@ -14,16 +13,8 @@ MODEL = GPTConfig(layers=4, hidden=16, heads=4, seq=8, vocab=32)
 GLOBAL_BATCH = 8
 
 
-def config(layout: Layout, steps: int, start: int = 0) -> TrainConfig:
-    mb = GLOBAL_BATCH // layout.dp
-    return TrainConfig(model=MODEL, tp=layout.tp, pp=layout.pp, dp=layout.dp, zero=layout.zero, steps=steps,
-                       microbatches=mb, micro_batch_size=1, start_step=start, overlap=False,
-                       schedule="interleaved" if layout.interleave > 1 else "1f1b", interleave=layout.interleave)
-
-
 def run(layout: Layout, steps: int, start: int = 0, inits=None):
-    cfg = config(layout, steps, start)
-    cfg.check()
+    cfg = train_config(MODEL, layout, steps, GLOBAL_BATCH, start)
     return launch(train_rank, cfg.world, cfg, None, inits, timeout=60)
 
 

@@ -58,21 +58,6 @@ def _model(args):
     return GPTConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab)
 
 
-def _config(model, layout, steps, global_batch, start=0):
-    from netmorph.parallel.hybrid import TrainConfig
-    if global_batch % layout.dp:
-        raise UsageError(f"--global-batch {global_batch} does not split over dp {layout.dp} ({layout.label()})")
-    mbs = global_batch // layout.dp
-    if mbs < layout.pp:
-        raise UsageError(f"--global-batch {global_batch}: {layout.label()} needs at least pp x dp = "
-                         f"{layout.pp * layout.dp} sequences per step")
-    cfg = TrainConfig(model=model, tp=layout.tp, pp=layout.pp, dp=layout.dp, zero=layout.zero, steps=steps,
-                      microbatches=mbs, micro_batch_size=1, start_step=start, overlap=False,
-                      schedule="interleaved" if layout.interleave > 1 else "1f1b", interleave=layout.interleave)
-    cfg.check()
-    return cfg
-
-
 def run(args) -> int:
     if args.action == "run":
         return _control(args)
@@ -157,10 +142,8 @@ def _control(args) -> int:
 
 
 def _reshard(args) -> int:
-    import numpy as np
-
-    from netmorph.morph.layouts import parse_layout
-    from netmorph.morph.reshard import KINDS, execute, gather_reference, plan
+    from netmorph.morph.layouts import parse_layout, train_config
+    from netmorph.morph.reshard import execute, gather_reference, matches, plan
     from netmorph.parallel.hybrid import train_rank
     from netmorph.parallel.state import assemble
     from netmorph.runtime.launch import launch
@@ -178,18 +161,14 @@ def _reshard(args) -> int:
             raise UsageError(f"{flag} {e}") from None
         layouts.append(lay)
     before, after = layouts
-    ca = _config(model, before, args.steps, args.global_batch)
-    cb = _config(model, after, args.steps, args.global_batch, start=args.steps)
-    cw = _config(model, before, 2 * args.steps, args.global_batch)
+    ca = train_config(model, before, args.steps, args.global_batch)
+    cb = train_config(model, after, args.steps, args.global_batch, start=args.steps)
+    cw = train_config(model, before, 2 * args.steps, args.global_batch)
     p = plan(model, before, after)
     a = launch(train_rank, ca.world, ca, None, None, timeout=args.timeout)
     states = [r["flat_state"] for r in a]
     new, ledger = execute(p, states, timeout=args.timeout)
-    ref = gather_reference(p, states)
-    exact = all(np.array_equal((st["params"][m.params[0]:m.params[1]] if k == "params" else st[k])[g >= 0],
-                               ref[k][g[g >= 0]])
-                for m, st in zip(p.maps_after, new) for k in KINDS
-                for g in [m.flat[slice(*(m.params if k == "params" else m.optimizer))]])
+    exact = matches(p, new, gather_reference(p, states))
     b = launch(train_rank, cb.world, cb, None, new, timeout=args.timeout)
     whole = launch(train_rank, cw.world, cw, None, None, timeout=args.timeout)
     losses = next(r["losses"] for r in a if r["losses"]) + next(r["losses"] for r in b if r["losses"])

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 
 from netmorph.cost.topology import Topology
 from netmorph.errors import UsageError
-from netmorph.morph.layouts import Layout
+from netmorph.morph.layouts import Layout, train_config
 from netmorph.morph.reshard import execute, plan
 
 
@@ -144,21 +144,14 @@ class Trainer:
         self.compute_ms = compute_ms
         self.base = cluster(world)
 
-    def config(self, layout: Layout, steps: int, start: int):
-        from netmorph.parallel.hybrid import TrainConfig
-        cfg = TrainConfig(model=self.model, tp=layout.tp, pp=layout.pp, dp=layout.dp, zero=layout.zero, steps=steps,
-                          microbatches=self.global_batch // layout.dp, micro_batch_size=1, start_step=start,
-                          overlap=False, compute_ms=self.compute_ms / (layout.tp * layout.pp))
-        cfg.check()
-        return cfg
-
     def segment(self, layout: Layout, steps: int, start: int, inits, topo: Topology):
         """(states, step times, losses, busiest rank's inter-node bytes per step, probed s/byte across nodes).
 
         A segment starts fresh processes, whose first step also pays for their warm-up: that step is counted
         at the segment's median instead (for every run alike)."""
         from netmorph.runtime.launch import launch
-        cfg = self.config(layout, steps, start)
+        cfg = train_config(self.model, layout, steps, self.global_batch, start,
+                           self.compute_ms / (layout.tp * layout.pp))
         gpn = topo.gpus_per_node
         res, ledger = launch(_segment_rank, self.world, cfg, inits, gpn, topology=topo, ledger=True,
                              timeout=self.timeout)
@@ -267,7 +260,7 @@ def run_adaptive(trainer: Trainer, cal: Calibration, start: Layout, steps: int, 
         run.decisions.append(d)
         log(f"  -> reshard {d.before} to {d.after} at step {step}: {p.bytes:,} B in {1e3 * spent:.1f} ms, pays back "
             f"in {d.payback_steps:.1f} steps")
-        states = [{k: v for k, v in st.items() if k != "seconds"} for st in new]
+        states = new                            # the trainer reads params, m, v and t; "seconds" rides along
         layout, streak, wanted = best, 0, None
         run.layout_path.append((step, layout.label()))
     return run

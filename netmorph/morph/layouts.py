@@ -156,3 +156,22 @@ def parse_layout(text: str, world: int) -> Layout:
     if tp * pp * dp != world:
         raise UsageError(f"{text!r}: tp x pp x dp = {tp * pp * dp}, not the {world} ranks", "layout")
     return Layout(tp, pp, dp, fields.get("zero", 0), fields.get("interleave", 1))
+
+
+def train_config(model: GPTConfig, layout: Layout, steps: int, global_batch: int, start: int = 0,
+                 compute_ms: float = 0.0):
+    """The trainer's :class:`~netmorph.parallel.hybrid.TrainConfig` for ``layout``: ``global_batch`` sequences a
+    step as one-sequence microbatches over its dp ranks, from step ``start`` (a resumed or resharded run)."""
+    from netmorph.parallel.hybrid import TrainConfig
+    if global_batch % layout.dp:
+        raise UsageError(f"{{global_batch}} {global_batch} does not split over dp {layout.dp} ({layout.label()})",
+                         "global_batch")
+    mbs = global_batch // layout.dp
+    if mbs < layout.pp:
+        raise UsageError(f"{{global_batch}} {global_batch}: {layout.label()} needs at least pp x dp = "
+                         f"{layout.pp * layout.dp} sequences per step", "global_batch")
+    cfg = TrainConfig(model=model, tp=layout.tp, pp=layout.pp, dp=layout.dp, zero=layout.zero, steps=steps,
+                      microbatches=mbs, micro_batch_size=1, start_step=start, overlap=False, compute_ms=compute_ms,
+                      schedule="interleaved" if layout.interleave > 1 else "1f1b", interleave=layout.interleave)
+    cfg.check()
+    return cfg

@@ -218,3 +218,15 @@ def gather_reference(p: Plan, states: list) -> dict:
             full[g[g >= 0]] = vals[g >= 0]
         out[kind] = full
     return out
+
+
+def matches(p: Plan, states: list, reference: dict) -> bool:
+    """Whether every rank's state under ``p.after`` holds exactly the reference's values at its global ids."""
+    for m, st in zip(p.maps_after, states):
+        for kind in KINDS:
+            lo, hi = m.params if kind == "params" else m.optimizer
+            g = m.flat[lo:hi]
+            have = st["params"][lo:hi] if kind == "params" else st[kind]
+            if not np.array_equal(have[g >= 0], reference[kind][g[g >= 0]]):
+                return False
+    return True
