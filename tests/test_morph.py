@@ -80,8 +80,51 @@ def test_plan_counts_and_keeps_what_a_rank_has():
     # replicas of a stage hold the same elements: each rank of dp=4 receives only the stage it lacks
     n_params = sum(g.size for g in global_ids(MODEL).values())
     assert p.bytes <= 4 * 3 * n_params * 8
-    with pytest.raises(ValueError, match="same ranks"):
+    with pytest.raises(ValueError, match="surviving ranks"):
         plan(MODEL, Layout(dp=4), Layout(dp=2))
+
+
+def test_plan_onto_the_survivors_of_a_lost_node():
+    """Ranks 2 and 3 gone: replicas on 0 and 1 still hold everything (nothing to send for dp, one tp shard each way
+    for tp2·dp2 -> pp2); a stage, a ZeRO shard or a tensor shard held only on the lost ranks is state lost."""
+    from netmorph.morph.reshard import StateLost
+    assert plan(MODEL, Layout(dp=4), Layout(dp=2), alive=[0, 1]).bytes == 0
+    p = plan(MODEL, Layout(tp=2, dp=2), Layout(pp=2), alive=[0, 1])
+    assert p.world == 2 and p.messages == 2 and p.bytes > 0
+    for before in (Layout(pp=2, dp=2), Layout(dp=4, zero=1), Layout(dp=4, zero=3)):
+        with pytest.raises(StateLost, match="no surviving rank"):
+            plan(MODEL, before, Layout(dp=2), alive=[0, 1])
+    with pytest.raises(ValueError, match="surviving ranks"):
+        plan(MODEL, Layout(dp=4), Layout(dp=2), alive=[0, 1, 2])
+
+
+@pytest.mark.timeout(300)
+def test_survivors_and_checkpoints_continue_the_unmorphed_run():
+    """Two steps on 4 ranks, ranks 2 and 3 lost: tp2·dp2 reshards onto the survivors over the fabric; pp2·dp2 lost
+    stage 1, so it reads the checkpoint of step 1 into the new layout and redoes step 1. Either way two (three) more
+    steps on 2 ranks give the losses and weights of 4 steps on 4 ranks (float64, 1e-9)."""
+    from netmorph.morph.reshard import restore
+    from netmorph.parallel.state import assemble
+    whole = run(Layout(dp=4), 4)
+    losses = next(r["losses"] for r in whole if r["losses"])
+    final = assemble(whole)
+    before, after = Layout(tp=2, dp=2), Layout(pp=2)
+    a = run(before, 2)
+    p = plan(MODEL, before, after, alive=[0, 1])
+    states, ledger = execute(p, [r["flat_state"] for r in a[:2]])
+    assert ledger.by_phase()["morph"]["bytes"] == p.bytes > 0
+    b = run(after, 2, start=2, inits=states)
+    got = next(r["losses"] for r in a if r["losses"]) + next(r["losses"] for r in b if r["losses"])
+    np.testing.assert_allclose(got, losses, rtol=1e-9, atol=0)
+    for name, t in assemble(b).items():
+        np.testing.assert_allclose(t.numpy(), final[name].numpy(), rtol=0, atol=1e-9)
+    checkpoint = run(Layout(pp=2, dp=2), 1)
+    c = run(Layout(dp=2), 3, start=1, inits=restore(MODEL, Layout(pp=2, dp=2), [r["flat_state"] for r in checkpoint],
+                                                   Layout(dp=2)))
+    got = next(r["losses"] for r in checkpoint if r["losses"]) + next(r["losses"] for r in c if r["losses"])
+    np.testing.assert_allclose(got, losses, rtol=1e-9, atol=0)
+    for name, t in assemble(c).items():
+        np.testing.assert_allclose(t.numpy(), final[name].numpy(), rtol=0, atol=1e-9)
 
 
 @pytest.mark.timeout(120)
@@ -100,14 +143,14 @@ def test_cli_morph_reshard_json_and_bad_input(capsys):
         assert len(err) == 1 and words in err[0]
 
 
-def _controller(world, steps, segment, scenario, compute_ms=30.0):
+def _controller(world, steps, segment, scenario, compute_ms=30.0, inter_mbps=50.0, checkpoint_every=20):
     from netmorph.morph.controller import Trainer, calibrate, candidates, parse_scenario, run_adaptive, run_static
     model = GPTConfig(layers=4, hidden=32, heads=4, seq=16, vocab=64)
-    trainer = Trainer(model, 8, world, 60.0, compute_ms)
-    layouts = [lay for lay in candidates(model, world, 8) if lay.tp == 1]
-    cal = calibrate(trainer, layouts, steps=3)
-    start = cal.best(cal.beta0)
+    trainer = Trainer(model, 8, world, 60.0, compute_ms, inter_mbps, checkpoint_every)
     sc = parse_scenario(scenario)
+    layouts = [lay for w in {world, sc.world(world, steps)} for lay in candidates(model, w, 8) if lay.tp == 1]
+    cal = calibrate(trainer, layouts, steps=3)
+    start = cal.best(cal.beta0, world)
     adaptive = run_adaptive(trainer, cal, start, steps, segment, sc, log=lambda *a, **k: None)
     return cal, start, adaptive, run_static(trainer, start, steps, segment, sc)
 
@@ -131,9 +174,36 @@ def test_controller_moves_off_a_degraded_link_and_wins():
     np.testing.assert_allclose(adaptive.losses, static.losses, rtol=1e-9, atol=0)
 
 
+@pytest.mark.timeout(300)
+def test_controller_replans_for_the_survivors_of_a_lost_node():
+    """4 ranks on two nodes joined by a 5 MB/s link: a pipeline with a stage per node starts first. Node 1 is lost at
+    step 8, and with it stage 1: both runs go back to the checkpoint of step 4; the static split goes on as pp2 on
+    the survivors, the loop on the best 2-rank layout its calibration knows. Same losses either way; a split whose
+    model-parallel group needs 4 ranks stops."""
+    from netmorph.morph.controller import parse_scenario, run_static
+    cal, start, adaptive, static = _controller(4, 16, 4, "node-lost@12", inter_mbps=5.0, checkpoint_every=8)
+    assert start.pp == 2 and start.dp == 2
+    (d,) = adaptive.decisions
+    assert d.step == 12 and d.reason.startswith("node lost") and d.after == cal.best(cal.beta0, 2).label()
+    assert d.reshard_bytes == 0 and adaptive.redone == static.redone == 4
+    assert static.layout_path == [(0, start.label()), (8, "tp1·pp2·dp1")] and not static.failed
+    assert adaptive.layout_path[-1] == (8, d.after) and len(adaptive.step_s) == 20
+    assert len(adaptive.losses) == len(static.losses) == 16
+    np.testing.assert_allclose(adaptive.losses, static.losses, rtol=1e-9, atol=0)
+    from netmorph.morph.controller import Trainer
+    from netmorph.morph.layouts import Layout
+    trainer = Trainer(GPTConfig(layers=4, hidden=32, heads=4, seq=16, vocab=64), 8, 4, 60.0, 30.0, 5.0, 4)
+    stopped = run_static(trainer, Layout(pp=4), 12, 4, parse_scenario("node-lost@4"))
+    assert "does not fit the 2 surviving ranks" in stopped.failed and len(stopped.step_s) == 4
+    assert stopped.total_s == float("inf")
+
+
 def test_bad_morph_run_input_is_one_line(capsys):
     from netmorph.cli import main
-    for argv, words in ((["--scenario", "node-lost@3"], "--scenario"), (["--scenario", "link-degrades@x"], "--scenario"),
+    for argv, words in ((["--scenario", "seq-grows@3"], "--scenario"), (["--scenario", "node-lost@3x2"], "--scenario"),
+                        (["--scenario", "node-lost@3", "--world", "2"], "--world"),
+                        (["--inter-node-mbps", "0"], "--inter-node-mbps"),
+                        (["--checkpoint-every", "0"], "--checkpoint-every"), (["--scenario", "link-degrades@x"], "--scenario"),
                         (["--world", "6"], "--world"), (["--segment", "1"], "--segment"),
                         (["--steps", "5", "--segment", "9"], "--segment")):
         assert main(["morph", *argv]) == 2

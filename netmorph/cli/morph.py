@@ -9,6 +9,7 @@ on the new layout beside an unmorphed run of the same length.
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 from netmorph.errors import UsageError
@@ -25,14 +26,20 @@ def add_parser(sub) -> None:
                    help="run (default): the control loop on a scenario; reshard: one move between two layouts")
     p.add_argument("--world", type=int, help="ranks (default 8 for run, 4 for reshard)")
     p.add_argument("--scenario", default="link-degrades@40",
-                   help="run: none, or link-degrades@STEP[xFACTOR] (inter-node links FACTOR (10) times slower from "
-                        "STEP on; default link-degrades@40)")
+                   help="run: none; link-degrades@STEP[xFACTOR] (inter-node links FACTOR (10) times slower from "
+                        "STEP on); or node-lost@STEP (the second node's ranks and the state only they held gone "
+                        "from STEP on). Default link-degrades@40")
     p.add_argument("--segment", type=int, default=10, help="run: steps between the controller's looks (default 10)")
     p.add_argument("--static", type=int, default=4,
                    help="run: how many static layouts to run beside it: the start split, then the best-ranked "
                         "(default 4)")
     p.add_argument("--compute-ms", type=float, default=40.0,
                    help="run: emulated accelerator time per sequence forward, whole model (default 40)")
+    p.add_argument("--inter-node-mbps", type=float, default=50.0,
+                   help="run: the healthy link between the two nodes, MB/s (default 50; inside a node 2 GB/s)")
+    p.add_argument("--checkpoint-every", type=int, default=20,
+                   help="run: steps between checkpoints, where a run goes back to when a lost node took state no "
+                        "survivor holds (default 20)")
     p.add_argument("--plot", help="run: draw throughput over time, adaptive vs static, to this PNG")
     p.add_argument("--from", dest="before", default="tp2,pp2", help="reshard: layout before (default tp2,pp2)")
     p.add_argument("--to", dest="after", default="dp4,zero3", help="reshard: layout after (default dp4,zero3)")
@@ -82,44 +89,58 @@ def _control(args) -> int:
         raise UsageError(f"--static must be in 1..64 (the start split runs static beside the loop), got {args.static}")
     if not 0 <= args.compute_ms <= 1e4:
         raise UsageError(f"--compute-ms must be in 0..10000, got {args.compute_ms}")
+    if not 0.01 <= args.inter_node_mbps <= 1e5:
+        raise UsageError(f"--inter-node-mbps must be in 0.01..100000, got {args.inter_node_mbps}")
+    if not 1 <= args.checkpoint_every <= 10000:
+        raise UsageError(f"--checkpoint-every must be in 1..10000, got {args.checkpoint_every}")
     scenario = parse_scenario(args.scenario)
+    if scenario.kind == "node-lost" and world < 4:
+        raise UsageError(f"--scenario {scenario.label()} needs --world 4 or more (a node of world/2 ranks survives)")
     if args.plot:
         from netmorph.cli import check_output_file
         check_output_file(args.plot, "--plot")
     model = _model(args)
-    trainer = Trainer(model, args.global_batch, world, args.timeout, args.compute_ms)
-    layouts = candidates(model, world, args.global_batch)
-    if not layouts:
-        raise UsageError(f"no layout of {world} ranks fits this model and --global-batch {args.global_batch}")
+    trainer = Trainer(model, args.global_batch, world, args.timeout, args.compute_ms, args.inter_node_mbps,
+                      args.checkpoint_every)
+    worlds = sorted({world, scenario.world(world, steps)}, reverse=True)
+    layouts = [lay for w in worlds for lay in candidates(model, w, args.global_batch)]
+    for w in worlds:
+        if not any(lay.world == w for lay in layouts):
+            raise UsageError(f"no layout of {w} ranks fits this model and --global-batch {args.global_batch}")
     say = (lambda *a, **k: None) if args.json else print
     say(f"# netmorph morph: GPT {args.layers} layers x {args.hidden} on {world} ranks, two emulated nodes "
-        f"({1 / trainer.base.beta / 1e9:.0f} GB/s inside, {1 / trainer.base.beta_inter / 1e6:.0f} MB/s between); "
+        f"({1 / trainer.base.beta / 1e9:.0f} GB/s inside, {1 / trainer.base.beta_inter / 1e6:g} MB/s between); "
         f"{steps} steps, scenario {scenario.label()}")
-    say(f"calibrating {len(layouts)} layouts on the healthy cluster ...", flush=True)
+    say(f"calibrating {len(layouts)} layouts on the healthy cluster"
+        f"{f' and {world // 2} ranks on one node' if len(worlds) > 1 else ''} ...", flush=True)
     cal = calibrate(trainer, layouts)
-    ranked = sorted(layouts, key=lambda lay: cal.step_s[lay])
+    ranked = sorted(layouts, key=lambda lay: (-lay.world, cal.step_s[lay]))
     for lay in ranked:
         say(f"  {lay.label():<14} {1e3 * cal.step_s[lay]:7.1f} ms/step, {cal.inter_bytes[lay]:>10,.0f} B/step across "
             f"nodes (busiest rank)")
-    start = cal.best(cal.beta0)
+    start = cal.best(cal.beta0, world)
+    ranked = [lay for lay in ranked if lay.world == world]
     say(f"start on {start.label()} (the model's best on the healthy cluster); controller every {args.segment} steps:",
         flush=True)
     adaptive = run_adaptive(trainer, cal, start, steps, args.segment, scenario, log=say)
     statics = {}
     for lay in ([start] + [x for x in ranked if x != start])[:args.static]:
         say(f"static {lay.label()} ...", flush=True)
-        statics[lay.label()] = run_static(trainer, lay, steps, args.segment, scenario)
+        statics[lay.label()] = run_static(trainer, lay, steps, args.segment, scenario, log=say)
     best_static = min(statics, key=lambda k: statics[k].total_s)
     tokens = args.global_batch * args.seq
     out = {"world": world, "steps": steps, "scenario": scenario.label(),
            "decisions": [{"step": d.step, "from": d.before, "to": d.after, "measured_step_s": d.measured_step_s,
                           "predicted_current_s": d.predicted_current_s, "predicted_best_s": d.predicted_best_s,
                           "reshard_bytes": d.reshard_bytes, "reshard_s": d.reshard_s,
-                          "payback_steps": d.payback_steps} for d in adaptive.decisions],
+                          "payback_steps": _finite(d.payback_steps), "reason": d.reason}
+                         for d in adaptive.decisions],
            "throughput": [tokens / t for t in adaptive.step_s], "layouts": adaptive.layout_path,
-           "static_runs": {k: r.total_s for k, r in statics.items()}, "total_s": adaptive.total_s,
-           "reshard_s": adaptive.reshard_s, "start": start.label(), "start_static_total_s": statics[start.label()].total_s,
-           "best_static": best_static, "best_static_total_s": statics[best_static].total_s,
+           "static_runs": {k: _finite(r.total_s) for k, r in statics.items()},
+           "static_failed": {k: r.failed for k, r in statics.items() if r.failed},
+           "total_s": adaptive.total_s, "reshard_s": adaptive.reshard_s, "redone_steps": adaptive.redone, "start": start.label(),
+           "start_static_total_s": _finite(statics[start.label()].total_s),
+           "best_static": best_static, "best_static_total_s": _finite(statics[best_static].total_s),
            "calibration_ms": {lay.label(): 1e3 * cal.step_s[lay] for lay in layouts}}
     if args.plot:
         from netmorph.report.morph import plot_throughput
@@ -128,17 +149,30 @@ def _control(args) -> int:
         json.dump(out, sys.stdout)
         sys.stdout.write("\n")
         return 0
-    print(f"{'run':<24} {'total (s)':>10} {'vs start':>9} {'median tokens/s':>16}")
+    first = statics[start.label()].total_s
+    print(f"{'run':<24} {'total (s)':>10} {'vs start':>9} {'redone':>7} {'median tokens/s':>16}")
     rows = [("adaptive", adaptive)] + [(f"static {k}", r) for k, r in statics.items()]
     for name, r in rows:
-        print(f"{name:<24} {r.total_s:>10.2f} {100 * (r.total_s / out['start_static_total_s'] - 1):>+8.1f}% "
-              f"{tokens / statistics.median(r.step_s):>16,.0f}")
-    print(f"# adaptive {adaptive.total_s:.2f} s against {out['start_static_total_s']:.2f} s on the start split "
-          f"({start.label()}) and {out['best_static_total_s']:.2f} s on the best static split in hindsight "
-          f"({best_static}); {len(adaptive.decisions)} reshard(s), {adaptive.reshard_s * 1e3:.1f} ms moving state")
+        if r.failed:
+            print(f"{name:<24} {'-':>10} {'-':>9} {'-':>7} {'-':>16}  stopped: {r.failed}")
+            continue
+        vs = f"{100 * (r.total_s / first - 1):>+8.1f}%" if math.isfinite(first) else f"{'-':>9}"
+        print(f"{name:<24} {r.total_s:>10.2f} {vs} {r.redone:>7} {tokens / statistics.median(r.step_s):>16,.0f}")
+
+    def total(r, name):
+        return f"{r.total_s:.2f} s on {name}" if not r.failed else f"no finish on {name} (stopped: {r.failed})"
+    print(f"# adaptive {adaptive.total_s:.2f} s against {total(statics[start.label()], 'the start split ' + start.label())}"
+          f" and {total(statics[best_static], 'the best static split in hindsight, ' + best_static)}; "
+          f"{len(adaptive.decisions)} move(s), {adaptive.reshard_s * 1e3:.1f} ms moving state, {adaptive.redone} steps "
+          f"redone")
     if args.plot:
         print(f"# figure: {args.plot}")
     return 0
+
+
+def _finite(x: float):
+    """JSON has no infinity: a run that stopped, or a move that never pays back, is null."""
+    return x if math.isfinite(x) else None
 
 
 def _reshard(args) -> int:

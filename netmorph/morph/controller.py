@@ -33,13 +33,14 @@ from dataclasses import dataclass, field, replace
 from netmorph.cost.topology import Topology
 from netmorph.errors import UsageError
 from netmorph.morph.layouts import Layout, train_config
-from netmorph.morph.reshard import execute, plan
+from netmorph.morph.reshard import StateLost, execute, plan, restore
 
 
 @dataclass(frozen=True)
 class Scenario:
-    """What changes mid-run: ``none``, or ``link-degrades`` -- the inter-node links' bandwidth divided by
-    ``factor`` (and their latency multiplied by it) from step ``at`` on."""
+    """What changes mid-run, from step ``at`` on: ``link-degrades`` -- the inter-node links' bandwidth divided by
+    ``factor`` (their latency multiplied by it); ``node-lost`` -- the second node's ranks are gone, with whatever
+    state only they held (at the first segment boundary from ``at`` on); or ``none``."""
 
     kind: str = "none"
     at: int = 0
@@ -51,19 +52,25 @@ class Scenario:
                            beta_inter=base.beta_inter * self.factor, alpha_inter=base.alpha_inter * self.factor)
         return base
 
+    def world(self, world: int, step: int) -> int:
+        """Ranks alive at ``step``: the first node's alone once the second is lost."""
+        return world // 2 if self.kind == "node-lost" and step >= self.at else world
+
     def label(self) -> str:
         return "none" if self.kind == "none" else f"{self.kind}@{self.at}"
 
 
 def parse_scenario(text: str) -> Scenario:
-    """``none``, ``link-degrades@STEP`` or ``link-degrades@STEPxFACTOR``."""
+    """``none``, ``link-degrades@STEP[xFACTOR]`` or ``node-lost@STEP``."""
     if text == "none":
         return Scenario()
     kind, _, rest = text.partition("@")
-    if kind != "link-degrades" or not rest:
-        raise UsageError(f"{{scenario}} {text!r}: none or link-degrades@STEP[xFACTOR] (node-lost and seq-grows are "
-                         f"not built yet)", "scenario")
+    usage = "none, link-degrades@STEP[xFACTOR] or node-lost@STEP (seq-grows is not built yet)"
+    if kind not in ("link-degrades", "node-lost") or not rest:
+        raise UsageError(f"{{scenario}} {text!r}: {usage}", "scenario")
     at, _, factor = rest.partition("x")
+    if factor and kind != "link-degrades":
+        raise UsageError(f"{{scenario}} {text!r}: only link-degrades takes a FACTOR", "scenario")
     try:
         s = Scenario(kind, int(at), float(factor) if factor else 10.0)
     except ValueError:
@@ -74,10 +81,10 @@ def parse_scenario(text: str) -> Scenario:
     return s
 
 
-def cluster(world: int) -> Topology:
-    """Two nodes of world/2 ranks: fast links inside a node, a slower one between (emulated)."""
+def cluster(world: int, inter_mbps: float = 50.0) -> Topology:
+    """Two nodes of world/2 ranks: fast links inside a node (2 GB/s), a slower one between (emulated)."""
     return Topology("two-node", alpha=10e-6, beta=1 / 2e9, gpus_per_node=world // 2, alpha_inter=50e-6,
-                    beta_inter=1 / 50e6)
+                    beta_inter=1 / (inter_mbps * 1e6))
 
 
 @dataclass
@@ -86,38 +93,44 @@ class Decision:
     before: str
     after: str
     measured_step_s: float
-    predicted_current_s: float
+    predicted_current_s: float                  # the current split (after a node loss: it shrunk to the survivors)
     predicted_best_s: float
     reshard_bytes: int
     reshard_s: float
     payback_steps: float
+    reason: str = "bottleneck moved"
 
 
 @dataclass
 class Run:
     layout_path: list                           # (first step, layout label)
-    step_s: list                                # every step's time (the slowest rank's)
-    reshard_s: float = 0.0
+    step_s: list                                # every step run's time (the slowest rank's), redone steps included
+    reshard_s: float = 0.0                      # moving state: reshards, and reading a checkpoint back
     decisions: list = field(default_factory=list)
-    losses: list = field(default_factory=list)
+    losses: list = field(default_factory=list)  # one per step of the run's data, as the surviving run saw it
+    events: list = field(default_factory=list)  # (steps run so far, seconds spent, label): moves and recoveries
+    redone: int = 0                             # steps trained again after going back to a checkpoint
+    failed: str = ""                            # why the run could not go on ("" if it finished)
 
     @property
     def total_s(self) -> float:
-        return sum(self.step_s) + self.reshard_s
+        return math.inf if self.failed else sum(self.step_s) + self.reshard_s
 
 
 PROBE_BYTES = 1 << 18
 
 
 def _segment_rank(comm, cfg, inits, gpn: int) -> dict:
-    """Train, then time one message across the node boundary (rank 0 to rank ``gpn`` and back): the link's
-    price as the traffic sees it."""
+    """Train, then (on two nodes) time one message across the node boundary (rank 0 to rank ``gpn`` and back):
+    the link's price as the traffic sees it."""
     import time
 
     import numpy as np
 
     from netmorph.parallel.hybrid import train_rank
     out = train_rank(comm, cfg, None, inits)
+    if comm.world <= gpn:
+        return out
     buf = np.zeros(PROBE_BYTES // 8)
     with comm.phase("morph.probe"):
         if comm.rank == 0:
@@ -137,15 +150,19 @@ class Trainer:
     Each rank's accelerator is emulated as ``compute_ms`` of forward per sequence for the whole model (the
     backward twice that; a sleep, so eight ranks on two cores still compute in parallel), divided by the rank's
     share of the model, tp x pp: GPU-like compute that tensor and pipeline parallelism split, so a pipeline's
-    bubble and a data-parallel all-reduce cost what they would on a cluster."""
+    bubble and a data-parallel all-reduce cost what they would on a cluster. Every ``checkpoint_every`` steps
+    the runs keep a checkpoint of the whole state (its writing is not timed), to go back to when a node's loss
+    takes state no survivor holds."""
 
-    def __init__(self, model, global_batch: int, world: int, timeout: float = 60.0, compute_ms: float = 40.0):
+    def __init__(self, model, global_batch: int, world: int, timeout: float = 60.0, compute_ms: float = 40.0,
+                 inter_mbps: float = 50.0, checkpoint_every: int = 20):
         self.model, self.global_batch, self.world, self.timeout = model, global_batch, world, timeout
-        self.compute_ms = compute_ms
-        self.base = cluster(world)
+        self.compute_ms, self.checkpoint_every = compute_ms, checkpoint_every
+        self.base = cluster(world, inter_mbps)
 
     def segment(self, layout: Layout, steps: int, start: int, inits, topo: Topology):
-        """(states, step times, losses, busiest rank's inter-node bytes per step, probed s/byte across nodes).
+        """(states, step times, losses, busiest rank's inter-node bytes per step, probed s/byte across nodes or
+        None on one node).
 
         A segment starts fresh processes, whose first step also pays for their warm-up: that step is counted
         at the segment's median instead (for every run alike)."""
@@ -153,17 +170,19 @@ class Trainer:
         cfg = train_config(self.model, layout, steps, self.global_batch, start,
                            self.compute_ms / (layout.tp * layout.pp))
         gpn = topo.gpus_per_node
-        res, ledger = launch(_segment_rank, self.world, cfg, inits, gpn, topology=topo, ledger=True,
+        res, ledger = launch(_segment_rank, layout.world, cfg, inits, gpn, topology=topo, ledger=True,
                              timeout=self.timeout)
         times = [max(r["step_times"][k] for r in res) for k in range(steps)]
         if steps > 1:
             times[0] = statistics.median(times[1:])
-        sent = [0] * self.world
+        sent = [0] * layout.world
         for src, dst, nbytes, _, _, phase, *_ in ledger.records:
             if src // gpn != dst // gpn and phase != "morph.probe":
                 sent[src] += nbytes
         losses = next(r["losses"] for r in res if r["losses"])
-        return [r["flat_state"] for r in res], times, losses, max(sent) / steps, res[0]["probe_s"] / PROBE_BYTES
+        probe = res[0].get("probe_s")
+        return ([r["flat_state"] for r in res], times, losses, max(sent) / steps,
+                None if probe is None else probe / PROBE_BYTES)
 
 
 def candidates(model, world: int, global_batch: int) -> list:
@@ -193,52 +212,151 @@ class Calibration:
     def predict(self, layout: Layout, beta: float) -> float:
         return self.step_s[layout] + self.inter_bytes[layout] * (beta - self.beta0)
 
-    def best(self, beta: float) -> Layout:
-        return min(self.step_s, key=lambda lay: self.predict(lay, beta))
+    def best(self, beta: float, world: int) -> Layout:
+        return min((lay for lay in self.step_s if lay.world == world), key=lambda lay: self.predict(lay, beta))
 
 
 def calibrate(trainer: Trainer, layouts: list, steps: int = 4) -> Calibration:
-    """Each layout a few steps on the healthy cluster: its median step time and inter-node bytes."""
+    """Each layout a few steps on the healthy cluster (a layout of fewer ranks on the first node alone): its
+    median step time and inter-node bytes."""
     t0, x, probes = {}, {}, []
     for lay in layouts:
         _, times, _, inter, probe = trainer.segment(lay, steps, 0, None, trainer.base)
         t0[lay] = statistics.median(times)
         x[lay] = inter
-        probes.append(probe)
-    return Calibration(t0, x, statistics.median(probes))
+        if probe is not None:
+            probes.append(probe)
+    return Calibration(t0, x, statistics.median(probes) if probes else trainer.base.beta_inter)
 
 
-def run_static(trainer: Trainer, layout: Layout, steps: int, segment: int, scenario: Scenario) -> Run:
-    run, states, step = Run([(0, layout.label())], []), None, 0
-    while step < steps:
-        n = min(segment, steps - step)
-        states, times, losses, _, _ = trainer.segment(layout, n, step, states, scenario.topology(trainer.base, step))
-        run.step_s += times
-        run.losses += losses
-        step += n
-    return run
+def shrunk(layout: Layout, world: int):
+    """What a static split becomes on ``world`` survivors -- torchelastic's restart with fewer data-parallel
+    replicas: the same tp, pp and ZeRO, dp scaled down -- or None when its model-parallel group no longer fits."""
+    if layout.world % world or layout.dp % (layout.world // world):
+        return None
+    return replace(layout, dp=layout.dp // (layout.world // world))
+
+
+class _Job:
+    """One run's state between segments: its layout, every rank's training state, its step and checkpoint."""
+
+    def __init__(self, trainer: Trainer, layout: Layout):
+        self.trainer, self.layout, self.states, self.step = trainer, layout, None, 0
+        self.checkpoint = (0, layout, None)           # step 0: the initial weights, which every run can rebuild
+        self.run = Run([(0, layout.label())], [])
+        self.lost = False
+
+    def train(self, n: int, topo: Topology):
+        st, times, losses, inter, beta = self.trainer.segment(self.layout, n, self.step, self.states, topo)
+        self.states = st
+        self.run.step_s += times
+        del self.run.losses[self.step:]               # steps redone after going back to a checkpoint
+        self.run.losses += losses
+        self.step += n
+        if self.step - self.checkpoint[0] >= self.trainer.checkpoint_every:
+            self.checkpoint = (self.step, self.layout, st)
+        return times, inter, beta
+
+    def move(self, target: Layout, topo: Topology, alive=None, p=None) -> tuple:
+        """Reshard to ``target`` (on the survivors ``alive``) by plan ``p`` (made here if not given); from the
+        last checkpoint when the survivors lack some state. (the plan run or None, seconds, what happened)."""
+        import time
+        t = self.trainer
+        spent, how = 0.0, "nothing trained yet"
+        if self.states is not None:
+            try:
+                p = p or plan(t.model, self.layout, target, gpus_per_node=topo.gpus_per_node, alive=alive)
+            except StateLost as e:
+                step, layout, states = self.checkpoint
+                t0 = time.perf_counter()
+                self.states = None if states is None else restore(t.model, layout, states, target)
+                spent = time.perf_counter() - t0
+                how = f"{e}: back to the checkpoint of step {step}, {self.step - step} steps to redo"
+                self.run.redone += self.step - step
+                self.step, p = step, None
+            else:
+                alive = range(self.layout.world) if alive is None else alive
+                new, _ = execute(p, [self.states[r] for r in sorted(alive)], topology=topo, timeout=t.timeout)
+                self.states = new               # the trainer reads params, m, v and t; "seconds" rides along
+                spent = max(st["seconds"] for st in new)
+                how = f"{p.bytes:,} B over the fabric in {1e3 * spent:.1f} ms"
+        self.run.reshard_s += spent
+        self.run.events.append((len(self.run.step_s), spent, f"{self.layout.label()} -> {target.label()}"))
+        self.layout = target
+        self.run.layout_path.append((self.step, target.label()))
+        return p, spent, how
+
+    def node_lost(self, scenario: Scenario, step: int) -> bool:
+        """Whether the node is lost at this segment boundary (once)."""
+        if self.lost or scenario.world(self.trainer.world, step) == self.trainer.world:
+            return False
+        self.lost = True
+        return True
+
+
+def run_static(trainer: Trainer, layout: Layout, steps: int, segment: int, scenario: Scenario,
+               log=lambda *a, **k: None) -> Run:
+    """``layout`` throughout; on a node's loss, the same split with fewer replicas (:func:`shrunk`), or the end
+    of the run if it no longer fits."""
+    job = _Job(trainer, layout)
+    while job.step < steps:
+        topo = scenario.topology(trainer.base, job.step)
+        if job.node_lost(scenario, job.step):
+            survivors = scenario.world(trainer.world, job.step)
+            target = shrunk(job.layout, survivors)
+            if target is None:
+                job.run.failed = f"tp x pp = {layout.tp * layout.pp} does not fit the {survivors} surviving ranks"
+                log(f"  static {layout.label()}: {job.run.failed}")
+                break
+            at = job.step
+            _, _, how = job.move(target, topo, alive=range(survivors))
+            log(f"  static {layout.label()}: node lost at step {at}, on as {target.label()} ({how})")
+        job.train(min(segment, steps - job.step), topo)
+    return job.run
 
 
 def run_adaptive(trainer: Trainer, cal: Calibration, start: Layout, steps: int, segment: int, scenario: Scenario,
                  hysteresis: float = 0.10, confirm: int = 2, log=print) -> Run:
     """The control loop (module docstring); ``log`` gets one line per segment and per decision."""
-    layout, states, step = start, None, 0
-    run = Run([(0, start.label())], [])
-    streak, wanted = 0, None
-    while step < steps:
-        n = min(segment, steps - step)
-        topo = scenario.topology(trainer.base, step)
-        states, times, losses, _, beta = trainer.segment(layout, n, step, states, topo)
-        run.step_s += times
-        run.losses += losses
-        step += n
+    job = _Job(trainer, start)
+    run = job.run
+    streak, wanted, beta, measured = 0, None, cal.beta0, math.nan
+    while job.step < steps:
+        topo = scenario.topology(trainer.base, job.step)
+        if job.node_lost(scenario, job.step):
+            survivors = scenario.world(trainer.world, job.step)
+            best = cal.best(beta, survivors)
+            same = shrunk(job.layout, survivors)
+            current = cal.predict(same, beta) if same in cal.step_s else math.inf
+            before, at = job.layout.label(), job.step
+            p, spent, how = job.move(best, topo, alive=range(survivors))
+            gain = current - cal.predict(best, beta)
+            d = Decision(at, before, best.label(), measured, current, cal.predict(best, beta),
+                         0 if p is None else p.bytes, spent, spent / gain if gain > 0 else math.inf,
+                         f"node lost: {survivors} ranks left")
+            run.decisions.append(d)
+            if same is None:
+                shrink = f"{before} with fewer replicas does not fit {survivors} ranks"
+            elif same == best:
+                shrink = f"{before} with fewer replicas is the best"
+            else:
+                shrink = f"{before} with fewer replicas, {same.label()}: {1e3 * current:.1f} ms"
+            log(f"  -> node lost at step {at}: {before} -> {best.label()} on the {survivors} survivors "
+                f"(model {1e3 * d.predicted_best_s:.1f} ms/step; {shrink}); {how}")
+            streak, wanted = 0, None
+        n = min(segment, steps - job.step)
+        times, _, probed = job.train(n, topo)
+        beta = beta if probed is None else probed
+        step = job.step
         measured = statistics.median(times)
-        best = cal.best(beta)
+        layout = job.layout
+        best = cal.best(beta, layout.world)
         current = cal.predict(layout, beta)
         predicted_best = cal.predict(best, beta)
         gain = measured - predicted_best
-        log(f"  step {step:>4}: {layout.label()} {1e3 * measured:.1f} ms/step (model {1e3 * current:.1f}); inter-node "
-            f"link {1 / beta / 1e6:.1f} MB/s probed; best {best.label()} {1e3 * predicted_best:.1f} ms")
+        link = "one node" if probed is None else f"inter-node link {1 / beta / 1e6:.1f} MB/s probed"
+        log(f"  step {step:>4}: {layout.label()} {1e3 * measured:.1f} ms/step (model {1e3 * current:.1f}); {link}; "
+            f"best {best.label()} {1e3 * predicted_best:.1f} ms")
         if best == layout or gain <= hysteresis * measured or step >= steps:
             streak, wanted = 0, None
             continue
@@ -246,21 +364,15 @@ def run_adaptive(trainer: Trainer, cal: Calibration, start: Layout, steps: int, 
         wanted = best
         if streak < confirm:
             continue
-        p = plan(trainer.model, layout, best)
+        p = plan(trainer.model, layout, best, gpus_per_node=topo.gpus_per_node)
         busiest = int(max(p.bytes_matrix().sum(axis=1).max(), p.bytes_matrix().sum(axis=0).max()))
-        cost = busiest * beta
-        remaining = steps - step
-        if gain * remaining <= cost:
+        if gain * (steps - step) <= busiest * beta:
             continue
-        new, _ = execute(p, states, topology=topo, timeout=trainer.timeout)
-        spent = max(st["seconds"] for st in new)
-        run.reshard_s += spent
+        _, spent, _ = job.move(best, topo, p=p)
         d = Decision(step, layout.label(), best.label(), measured, current, predicted_best, p.bytes, spent,
                      spent / gain if gain > 0 else math.inf)
         run.decisions.append(d)
         log(f"  -> reshard {d.before} to {d.after} at step {step}: {p.bytes:,} B in {1e3 * spent:.1f} ms, pays back "
             f"in {d.payback_steps:.1f} steps")
-        states = new                            # the trainer reads params, m, v and t; "seconds" rides along
-        layout, streak, wanted = best, 0, None
-        run.layout_path.append((step, layout.label()))
+        streak, wanted = 0, None
     return run

@@ -9,7 +9,10 @@ element it lacks comes from the first rank of A that holds it, preferring one on
 node -- and counts it before anything moves: bytes per (source, destination), messages,
 the rounds of a one-message-per-peer exchange. :func:`run_rank` executes it on a rank with
 the runtime's ``send``/``recv`` (ledger phase ``morph``), so the counted bytes are what the
-ledger records. Both layouts run on the same world of ranks (rank i of A becomes rank i of B).
+ledger records. Both layouts run on the same world of ranks (rank i of A becomes rank i of B) -- or,
+after a node is lost, B runs on A's survivors (``alive``; survivor i becomes rank i of B) and only
+what they hold can be sent: an element no survivor holds raises :class:`StateLost`, and the run
+must go back to its last checkpoint (:func:`restore`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ import numpy as np
 from netmorph.morph.layouts import Layout, element_map
 
 KINDS = ("params", "m", "v")
+
+
+class StateLost(ValueError):
+    """Some element of the training state was held only by ranks that are gone."""
 
 
 @dataclass
@@ -98,12 +105,16 @@ def _holders(maps, kind: str):
     return ids[order], ranks[order], offs[order]
 
 
-def plan(cfg, before: Layout, after: Layout, itemsize: int = 8, gpus_per_node: int = 8) -> Plan:
-    """The transfer plan from ``before`` to ``after`` for model ``cfg`` (both on the same ranks)."""
-    if before.world != after.world:
-        raise ValueError(f"both layouts must span the same ranks ({before.world} != {after.world})")
-    A, B = element_map(cfg, before), element_map(cfg, after)
-    world = before.world
+def plan(cfg, before: Layout, after: Layout, itemsize: int = 8, gpus_per_node: int = 8, alive=None) -> Plan:
+    """The transfer plan from ``before`` to ``after`` for model ``cfg``: on the same ranks, or on ``before``'s
+    surviving ranks ``alive`` (``after.world`` of them, in order; the plan numbers them 0.. as ``after`` does)."""
+    alive = list(range(before.world)) if alive is None else sorted(alive)
+    if after.world != len(alive) or not set(alive) <= set(range(before.world)):
+        raise ValueError(f"{after.label()} must span the {len(alive)} surviving ranks of {before.label()}'s "
+                         f"{before.world} ({after.world} != {len(alive)})")
+    A = [element_map(cfg, before)[r] for r in alive]
+    B = element_map(cfg, after)
+    world = after.world
     transfers: dict = {}
     local: dict = {}
     for kind in KINDS:
@@ -116,7 +127,8 @@ def plan(cfg, before: Layout, after: Layout, itemsize: int = 8, gpus_per_node: i
             first = np.searchsorted(h_ids, need, side="left")
             last = np.searchsorted(h_ids, need, side="right")
             if np.any(first == last):
-                raise ValueError(f"{kind}: {int((first == last).sum())} elements held by no rank of {before.label()}")
+                raise StateLost(f"{kind}: {int((first == last).sum()):,} elements held by no surviving rank of "
+                                f"{before.label()}")
             # the source: dst itself when it holds the element, else the first holder on dst's node, else the first
             src = h_rank[first].copy()
             off = h_off[first].copy()
@@ -205,18 +217,44 @@ def _run(comm, p: Plan, states: list) -> dict:
 
 
 def gather_reference(p: Plan, states: list) -> dict:
-    """The whole model's state gathered to one place from layout ``p.before``'s ranks: {kind: array over
-    global ids} -- what every rank of ``p.after`` must hold its pieces of."""
-    n = max(int(m.flat.max()) for m in p.maps_before) + 1
+    """The whole model's state gathered to one place from layout ``p.before``'s (surviving) ranks: {kind: array
+    over global ids} -- what every rank of ``p.after`` must hold its pieces of."""
+    return gather(p.maps_before, states)
+
+
+def gather(maps: list, states: list) -> dict:
+    """{kind: array over global ids} from the ranks' ``states`` under their element ``maps`` (NaN: held by none)."""
+    n = max(int(m.flat.max()) for m in maps) + 1
     out = {}
     for kind in KINDS:
         full = np.full(n, np.nan)
-        for m, st in zip(p.maps_before, states):
+        for m, st in zip(maps, states):
             lo, hi = m.params if kind == "params" else m.optimizer
             g = m.flat[lo:hi]
             vals = st["params"][lo:hi] if kind == "params" else st[kind]
             full[g[g >= 0]] = vals[g >= 0]
         out[kind] = full
+    return out
+
+
+def restore(cfg, layout: Layout, states: list, after: Layout) -> list:
+    """Every rank's state under ``after`` from a checkpoint of all of ``layout``'s ranks -- what loading a
+    torch.distributed.checkpoint into a new sharding does, read locally (no bytes on the fabric)."""
+    ref = gather(element_map(cfg, layout), states)
+    t = states[0]["t"]
+    out = []
+    for m in element_map(cfg, after):
+        dtype = states[0]["params"].dtype
+        params = np.zeros(m.flat.size, dtype=dtype)
+        held = m.flat >= 0
+        params[held] = ref["params"][m.flat[held]]
+        lo, hi = m.optimizer
+        g = m.flat[lo:hi]
+        moments = {}
+        for kind in ("m", "v"):
+            moments[kind] = np.zeros(hi - lo, dtype=dtype)
+            moments[kind][g >= 0] = ref[kind][g[g >= 0]]
+        out.append({"params": params, "t": t, **moments})
     return out
 
 

@@ -8,27 +8,48 @@ from netmorph.report.html import Section
 STEPS = 4
 
 
+def _clock(run):
+    """Each step's end on the run's wall clock: its steps' times plus the moves and recoveries where they happened."""
+    import numpy as np
+    t = np.cumsum(run.step_s)
+    for at, spent, _ in run.events:
+        t[at:] += spent
+    return t
+
+
 def plot_throughput(path, adaptive, statics, tokens, scenario) -> None:
-    """Tokens/s per step: the adaptive run against static splits, the scenario's change and the decisions marked."""
+    """Tokens/s over the run's wall clock: the adaptive run against static splits (a stopped one ends with an x),
+    the decisions marked. Steps redone after going back to a checkpoint are drawn as run, so a rollback shows as
+    time spent without progress."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(10, 4.5))
     for name, r in statics.items():
-        ax.plot(range(1, len(r.step_s) + 1), [tokens / t for t in r.step_s], lw=1, alpha=0.7, label=f"static {name}")
-    ax.plot(range(1, len(adaptive.step_s) + 1), [tokens / t for t in adaptive.step_s], lw=2.2, color="black",
-            label="adaptive")
+        if not r.step_s:
+            continue
+        t = _clock(r)
+        line, = ax.plot(t, [tokens / s for s in r.step_s], lw=1, alpha=0.7,
+                        label=f"static {name}" + (" (stopped)" if r.failed else ""))
+        if r.failed:
+            ax.plot(t[-1], tokens / r.step_s[-1], "x", color=line.get_color(), ms=9, mew=2)
+    t = _clock(adaptive)
+    ax.plot(t, [tokens / s for s in adaptive.step_s], lw=2.2, color="black", label="adaptive")
     top = ax.get_ylim()[1]
-    for d in adaptive.decisions:
-        ax.axvline(d.step, color="red", ls="--", lw=1)
-        ax.annotate(f"{d.before} -> {d.after}", (d.step, top * 0.95), fontsize=8, color="red")
-    if scenario.kind != "none":
-        ax.axvline(scenario.at, color="gray", ls=":", lw=1)
-        ax.annotate(scenario.kind, (scenario.at, top * 0.88), fontsize=8, color="gray")
-    ax.set_xlabel("step")
+    for d, (at, _, _) in zip(adaptive.decisions, adaptive.events):
+        x = t[at - 1] if at else 0.0
+        ax.axvline(x, color="red", ls="--", lw=1)
+        ax.annotate(f"step {d.step}: {d.before} -> {d.after}", (x, top * 0.95), fontsize=8, color="red")
+    if scenario.kind == "link-degrades" and 0 < scenario.at <= len(t):
+        ax.axvline(t[scenario.at - 1], color="gray", ls=":", lw=1)
+        ax.annotate(scenario.kind, (t[scenario.at - 1], top * 0.88), fontsize=8, color="gray")
+    elif scenario.kind == "node-lost":
+        ax.annotate(f"{scenario.label()} (at the next look)", (0.01, 0.02), xycoords="axes fraction", fontsize=8,
+                    color="gray")
+    ax.set_xlabel("wall-clock seconds (steps, moves and redone steps)")
     ax.set_ylabel("tokens/s")
     ax.set_title("throughput over time: the control loop against static splits")
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     save_figure(fig, path)
     plt.close(fig)
@@ -79,7 +100,7 @@ def build_section(out_dir, tick=lambda: None) -> Section:
     layouts = [lay for lay in candidates(model, world, batch) if lay.tp == 1]
     cal = calibrate(trainer, layouts, steps=3)
     tick()
-    start = cal.best(cal.beta0)
+    start = cal.best(cal.beta0, world)
     log = []
     adaptive = run_adaptive(trainer, cal, start, steps, segment, scenario, log=log.append)
     tick()
