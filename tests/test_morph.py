@@ -13,8 +13,8 @@ MODEL = GPTConfig(layers=4, hidden=16, heads=4, seq=8, vocab=32)
 GLOBAL_BATCH = 8
 
 
-def run(layout: Layout, steps: int, start: int = 0, inits=None):
-    cfg = train_config(MODEL, layout, steps, GLOBAL_BATCH, start)
+def run(layout: Layout, steps: int, start: int = 0, inits=None, model=MODEL):
+    cfg = train_config(model, layout, steps, GLOBAL_BATCH, start)
     return launch(train_rank, cfg.world, cfg, None, inits, timeout=60)
 
 
@@ -127,6 +127,45 @@ def test_survivors_and_checkpoints_continue_the_unmorphed_run():
         np.testing.assert_allclose(t.numpy(), final[name].numpy(), rtol=0, atol=1e-9)
 
 
+def test_a_longer_context_copies_the_position_rows_and_starts_their_moments_at_zero():
+    from dataclasses import replace
+    from netmorph.morph.layouts import grow_sources
+    long = replace(MODEL, seq=3 * MODEL.seq)
+    src, a, b = grow_sources(MODEL, long), global_ids(MODEL), global_ids(long)
+    assert np.array_equal(src["params"][b["wpe"]], a["wpe"][np.arange(long.seq) % MODEL.seq])
+    assert np.all(src["m"][b["wpe"][MODEL.seq:]] == -1) and np.array_equal(src["m"][b["wpe"][:MODEL.seq]], a["wpe"])
+    for name in ("wte", "0.qkv.w", "3.fc2.b", "ln_f.b"):
+        assert np.array_equal(src["params"][b[name]], a[name]) and np.array_equal(src["v"][b[name]], a[name])
+    with pytest.raises(ValueError, match="only the sequence"):
+        grow_sources(MODEL, replace(MODEL, hidden=32))
+
+
+@pytest.mark.timeout(300)
+def test_reshard_into_a_longer_context_equals_the_one_rank_run():
+    """Two steps on tp2·pp2 with 8 positions, then the context doubles while the state moves to dp4: the plan's
+    bytes are the ledger's, every element is the gathered state's (copied rows, zero moments), and two more steps
+    give the losses and weights of one rank doing the same (float64, 1e-9)."""
+    from dataclasses import replace
+    from netmorph.morph.reshard import matches, restore
+    from netmorph.parallel.state import assemble
+    long = replace(MODEL, seq=2 * MODEL.seq)
+    a = run(Layout(tp=2, pp=2), 2)
+    p = plan(MODEL, Layout(tp=2, pp=2), Layout(dp=4), grown=long)
+    states, ledger = execute(p, [r["flat_state"] for r in a])
+    assert matches(p, states, gather_reference(p, [r["flat_state"] for r in a]))
+    assert ledger.by_phase()["morph"] == {"messages": p.messages, "bytes": p.bytes} and p.bytes > 0
+    b = run(Layout(dp=4), 2, start=2, inits=states, model=long)
+    one = run(Layout(), 2)
+    one_b = run(Layout(), 2, start=2, inits=restore(MODEL, Layout(), [one[0]["flat_state"]], Layout(), long),
+                model=long)
+    got = next(r["losses"] for r in a if r["losses"]) + next(r["losses"] for r in b if r["losses"])
+    np.testing.assert_allclose(got, one[0]["losses"] + one_b[0]["losses"], rtol=1e-9, atol=0)
+    final = assemble(one_b)
+    assert final["wpe"].shape == (long.seq, MODEL.hidden)
+    for name, t in assemble(b).items():
+        np.testing.assert_allclose(t.numpy(), final[name].numpy(), rtol=0, atol=1e-9)
+
+
 @pytest.mark.timeout(120)
 def test_cli_morph_reshard_json_and_bad_input(capsys):
     from netmorph.cli import main
@@ -144,13 +183,12 @@ def test_cli_morph_reshard_json_and_bad_input(capsys):
 
 
 def _controller(world, steps, segment, scenario, compute_ms=30.0, inter_mbps=50.0, checkpoint_every=20):
-    from netmorph.morph.controller import Trainer, calibrate, candidates, parse_scenario, run_adaptive, run_static
+    from netmorph.morph.controller import Trainer, calibrate, parse_scenario, run_adaptive, run_static
     model = GPTConfig(layers=4, hidden=32, heads=4, seq=16, vocab=64)
     trainer = Trainer(model, 8, world, 60.0, compute_ms, inter_mbps, checkpoint_every)
     sc = parse_scenario(scenario)
-    layouts = [lay for w in {world, sc.world(world, steps)} for lay in candidates(model, w, 8) if lay.tp == 1]
-    cal = calibrate(trainer, layouts, steps=3)
-    start = cal.best(cal.beta0, world)
+    cal = calibrate(trainer, sc, steps, steps=3, max_tp=1)
+    start = cal.best(cal.beta0, world, model.seq)
     adaptive = run_adaptive(trainer, cal, start, steps, segment, sc, log=lambda *a, **k: None)
     return cal, start, adaptive, run_static(trainer, start, steps, segment, sc)
 
@@ -168,7 +206,7 @@ def test_controller_moves_off_a_degraded_link_and_wins():
     healthy cluster), the loop moves to a pipeline split whose stages talk across it in kilobytes, and the run
     ends sooner than staying put; the losses are the ones the start split gives (the same data, resharded state)."""
     cal, start, adaptive, static = _controller(4, 24, 4, "link-degrades@4x20")
-    assert start.pp == 1 and cal.inter_bytes[start] > 10 * min(cal.inter_bytes.values())
+    assert start.pp == 1 and cal.inter_bytes[start, 16] > 10 * min(cal.inter_bytes.values())
     assert len(adaptive.decisions) == 1 and adaptive.decisions[0].after != start.label()
     assert adaptive.total_s < static.total_s
     np.testing.assert_allclose(adaptive.losses, static.losses, rtol=1e-9, atol=0)
@@ -184,7 +222,7 @@ def test_controller_replans_for_the_survivors_of_a_lost_node():
     cal, start, adaptive, static = _controller(4, 16, 4, "node-lost@12", inter_mbps=5.0, checkpoint_every=8)
     assert start.pp == 2 and start.dp == 2
     (d,) = adaptive.decisions
-    assert d.step == 12 and d.reason.startswith("node lost") and d.after == cal.best(cal.beta0, 2).label()
+    assert d.step == 12 and d.reason.startswith("node lost") and d.after == cal.best(cal.beta0, 2, 16).label()
     assert d.reshard_bytes == 0 and adaptive.redone == static.redone == 4
     assert static.layout_path == [(0, start.label()), (8, "tp1·pp2·dp1")] and not static.failed
     assert adaptive.layout_path[-1] == (8, d.after) and len(adaptive.step_s) == 20
@@ -198,9 +236,21 @@ def test_controller_replans_for_the_survivors_of_a_lost_node():
     assert stopped.total_s == float("inf")
 
 
+@pytest.mark.timeout(300)
+def test_controller_replans_when_the_context_grows():
+    """Sequences 4x longer from step 4: every run trains the longer sequences from there (4x the tokens a step, the
+    same losses whichever split), the loop on the best layout its calibration of the longer sequences knows."""
+    cal, start, adaptive, static = _controller(4, 8, 4, "seq-grows@4x4", inter_mbps=5.0)
+    assert adaptive.tokens == static.tokens == [8 * 16] * 4 + [8 * 64] * 4
+    np.testing.assert_allclose(adaptive.losses, static.losses, rtol=1e-9, atol=0)
+    best = cal.best(cal.beta0, 4, 64)
+    assert adaptive.layout_path[-1][1] == best.label()
+    assert [d.reason for d in adaptive.decisions] == (["sequence grew to 64"] if best != start else [])
+
+
 def test_bad_morph_run_input_is_one_line(capsys):
     from netmorph.cli import main
-    for argv, words in ((["--scenario", "seq-grows@3"], "--scenario"), (["--scenario", "node-lost@3x2"], "--scenario"),
+    for argv, words in ((["--scenario", "seq-grows@3x3"], "--scenario"), (["--scenario", "shrinks@3"], "--scenario"), (["--scenario", "node-lost@3x2"], "--scenario"),
                         (["--scenario", "node-lost@3", "--world", "2"], "--world"),
                         (["--inter-node-mbps", "0"], "--inter-node-mbps"),
                         (["--checkpoint-every", "0"], "--checkpoint-every"), (["--scenario", "link-degrades@x"], "--scenario"),

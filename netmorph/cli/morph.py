@@ -27,8 +27,9 @@ def add_parser(sub) -> None:
     p.add_argument("--world", type=int, help="ranks (default 8 for run, 4 for reshard)")
     p.add_argument("--scenario", default="link-degrades@40",
                    help="run: none; link-degrades@STEP[xFACTOR] (inter-node links FACTOR (10) times slower from "
-                        "STEP on); or node-lost@STEP (the second node's ranks and the state only they held gone "
-                        "from STEP on). Default link-degrades@40")
+                        "STEP on); node-lost@STEP (the second node's ranks and the state only they held gone "
+                        "from STEP on); or seq-grows@STEP[xFACTOR] (sequences FACTOR (2, 4 or 8; default 2) times "
+                        "longer from STEP on). Default link-degrades@40")
     p.add_argument("--segment", type=int, default=10, help="run: steps between the controller's looks (default 10)")
     p.add_argument("--static", type=int, default=4,
                    help="run: how many static layouts to run beside it: the start split, then the best-ranked "
@@ -76,7 +77,7 @@ def run(args) -> int:
 def _control(args) -> int:
     import statistics
 
-    from netmorph.morph.controller import Trainer, calibrate, candidates, parse_scenario, run_adaptive, run_static
+    from netmorph.morph.controller import Trainer, calibrate, parse_scenario, regimes, run_adaptive, run_static
     world = 8 if args.world is None else args.world
     steps = 100 if args.steps is None else args.steps
     if world not in (2, 4, 8, 16):
@@ -100,26 +101,23 @@ def _control(args) -> int:
         from netmorph.cli import check_output_file
         check_output_file(args.plot, "--plot")
     model = _model(args)
+    if scenario.kind == "seq-grows" and model.seq * scenario.factor > 4096:
+        raise UsageError(f"--scenario {scenario.label()}: --seq {model.seq} x {scenario.factor:g} is past 4096")
     trainer = Trainer(model, args.global_batch, world, args.timeout, args.compute_ms, args.inter_node_mbps,
                       args.checkpoint_every)
-    worlds = sorted({world, scenario.world(world, steps)}, reverse=True)
-    layouts = [lay for w in worlds for lay in candidates(model, w, args.global_batch)]
-    for w in worlds:
-        if not any(lay.world == w for lay in layouts):
-            raise UsageError(f"no layout of {w} ranks fits this model and --global-batch {args.global_batch}")
     say = (lambda *a, **k: None) if args.json else print
-    say(f"# netmorph morph: GPT {args.layers} layers x {args.hidden} on {world} ranks, two emulated nodes "
-        f"({1 / trainer.base.beta / 1e9:.0f} GB/s inside, {1 / trainer.base.beta_inter / 1e6:g} MB/s between); "
-        f"{steps} steps, scenario {scenario.label()}")
-    say(f"calibrating {len(layouts)} layouts on the healthy cluster"
-        f"{f' and {world // 2} ranks on one node' if len(worlds) > 1 else ''} ...", flush=True)
-    cal = calibrate(trainer, layouts)
-    ranked = sorted(layouts, key=lambda lay: (-lay.world, cal.step_s[lay]))
-    for lay in ranked:
-        say(f"  {lay.label():<14} {1e3 * cal.step_s[lay]:7.1f} ms/step, {cal.inter_bytes[lay]:>10,.0f} B/step across "
-            f"nodes (busiest rank)")
-    start = cal.best(cal.beta0, world)
-    ranked = [lay for lay in ranked if lay.world == world]
+    say(f"# netmorph morph: GPT {args.layers} layers x {args.hidden}, sequence {model.seq}, on {world} ranks, two "
+        f"emulated nodes ({1 / trainer.base.beta / 1e9:.0f} GB/s inside, {1 / trainer.base.beta_inter / 1e6:g} MB/s "
+        f"between); {steps} steps, scenario {scenario.label()}")
+    later = regimes(trainer, scenario, steps)[1:]
+    say("calibrating every layout on the healthy cluster" +
+        "".join(f", and for {w} ranks on one node" if w < world else f", and for sequence {m.seq}" for w, m in later)
+        + " ...", flush=True)
+    cal = calibrate(trainer, scenario, steps, log=lambda lay, seq, t, inter: say(
+        f"  {lay.label():<14} seq {seq:<4} {1e3 * t:7.1f} ms/step, {inter:>10,.0f} B/step across nodes (busiest "
+        f"rank)", flush=True))
+    start = cal.best(cal.beta0, world, model.seq)
+    ranked = cal.layouts(world, model.seq)
     say(f"start on {start.label()} (the model's best on the healthy cluster); controller every {args.segment} steps:",
         flush=True)
     adaptive = run_adaptive(trainer, cal, start, steps, args.segment, scenario, log=say)
@@ -128,23 +126,22 @@ def _control(args) -> int:
         say(f"static {lay.label()} ...", flush=True)
         statics[lay.label()] = run_static(trainer, lay, steps, args.segment, scenario, log=say)
     best_static = min(statics, key=lambda k: statics[k].total_s)
-    tokens = args.global_batch * args.seq
     out = {"world": world, "steps": steps, "scenario": scenario.label(),
-           "decisions": [{"step": d.step, "from": d.before, "to": d.after, "measured_step_s": d.measured_step_s,
-                          "predicted_current_s": d.predicted_current_s, "predicted_best_s": d.predicted_best_s,
-                          "reshard_bytes": d.reshard_bytes, "reshard_s": d.reshard_s,
-                          "payback_steps": _finite(d.payback_steps), "reason": d.reason}
+           "decisions": [{"step": d.step, "from": d.before, "to": d.after, "measured_step_s": _finite(d.measured_step_s),
+                          "predicted_current_s": _finite(d.predicted_current_s),
+                          "predicted_best_s": d.predicted_best_s, "reshard_bytes": d.reshard_bytes,
+                          "reshard_s": d.reshard_s, "payback_steps": _finite(d.payback_steps), "reason": d.reason}
                          for d in adaptive.decisions],
-           "throughput": [tokens / t for t in adaptive.step_s], "layouts": adaptive.layout_path,
+           "throughput": adaptive.throughput(), "layouts": adaptive.layout_path,
            "static_runs": {k: _finite(r.total_s) for k, r in statics.items()},
            "static_failed": {k: r.failed for k, r in statics.items() if r.failed},
-           "total_s": adaptive.total_s, "reshard_s": adaptive.reshard_s, "redone_steps": adaptive.redone, "start": start.label(),
-           "start_static_total_s": _finite(statics[start.label()].total_s),
+           "total_s": adaptive.total_s, "reshard_s": adaptive.reshard_s, "redone_steps": adaptive.redone,
+           "start": start.label(), "start_static_total_s": _finite(statics[start.label()].total_s),
            "best_static": best_static, "best_static_total_s": _finite(statics[best_static].total_s),
-           "calibration_ms": {lay.label(): 1e3 * cal.step_s[lay] for lay in layouts}}
+           "calibration_ms": {f"{lay.label()} seq {seq}": 1e3 * t for (lay, seq), t in cal.step_s.items()}}
     if args.plot:
         from netmorph.report.morph import plot_throughput
-        plot_throughput(args.plot, adaptive, statics, tokens, scenario)
+        plot_throughput(args.plot, adaptive, statics, scenario)
     if args.json:
         json.dump(out, sys.stdout)
         sys.stdout.write("\n")
@@ -157,7 +154,7 @@ def _control(args) -> int:
             print(f"{name:<24} {'-':>10} {'-':>9} {'-':>7} {'-':>16}  stopped: {r.failed}")
             continue
         vs = f"{100 * (r.total_s / first - 1):>+8.1f}%" if math.isfinite(first) else f"{'-':>9}"
-        print(f"{name:<24} {r.total_s:>10.2f} {vs} {r.redone:>7} {tokens / statistics.median(r.step_s):>16,.0f}")
+        print(f"{name:<24} {r.total_s:>10.2f} {vs} {r.redone:>7} {statistics.median(r.throughput()):>16,.0f}")
 
     def total(r, name):
         return f"{r.total_s:.2f} s on {name}" if not r.failed else f"no finish on {name} (stopped: {r.failed})"

@@ -8,7 +8,9 @@ two-node cluster (the local fabric's per-link α/β, :mod:`netmorph.runtime.link
    the node boundary per step, X. The model of a layout under an inter-node link of
    inverse bandwidth β is then T(β) = T₀ + X·(β − β₀): compute and intra-node traffic as
    measured, the inter-node bytes at the link's new price. The split the model ranks first
-   on the healthy cluster is what a user would start on.
+   on the healthy cluster is what a user would start on. A scenario that changes the job
+   itself -- fewer ranks after a node's loss, a longer context -- has its layouts calibrated
+   the same way, on the cluster and model it will be.
 2. **Measure.** Training runs in segments; after each, the loop takes the current layout's
    median step time, and the inter-node link's price β̂ from a message timed across the
    node boundary after the segment (the current split may send too little across to
@@ -18,6 +20,13 @@ two-node cluster (the local fabric's per-link α/β, :mod:`netmorph.runtime.link
    row (so noise does not flap the split), and the saving over the remaining steps pays for
    the move: the reshard plan's busiest rank's bytes at β̂ plus its measured overhead.
 4. **Reshard** (:mod:`netmorph.morph.reshard`) and continue from the same step on the same data.
+
+When the job itself changes at a segment boundary, the loop re-plans at once: after a node's
+loss it moves to the best layout of the survivors (from what they hold, or from the last
+checkpoint when the loss took state no survivor has); when the context grows it moves, or
+stays, to the best layout of the longer sequences. A static split meets the same events as
+torchelastic and Megatron would run it: fewer data-parallel replicas after a loss (or the end
+of the run, if its model-parallel group no longer fits), the same split on longer sequences.
 
 Every decision is logged with its numbers; the same scenario runs on every static layout
 for the comparison. Times are the measured step times (the slowest rank's) plus the
@@ -40,7 +49,8 @@ from netmorph.morph.reshard import StateLost, execute, plan, restore
 class Scenario:
     """What changes mid-run, from step ``at`` on: ``link-degrades`` -- the inter-node links' bandwidth divided by
     ``factor`` (their latency multiplied by it); ``node-lost`` -- the second node's ranks are gone, with whatever
-    state only they held (at the first segment boundary from ``at`` on); or ``none``."""
+    state only they held; ``seq-grows`` -- the sequences are ``factor`` times longer (a long-context phase); or
+    ``none``. A loss or a growth happens at the first segment boundary from ``at`` on."""
 
     kind: str = "none"
     at: int = 0
@@ -56,28 +66,40 @@ class Scenario:
         """Ranks alive at ``step``: the first node's alone once the second is lost."""
         return world // 2 if self.kind == "node-lost" and step >= self.at else world
 
+    def model(self, model, step: int):
+        """The model trained at ``step``: ``factor`` times the sequence length once it grew."""
+        return replace(model, seq=model.seq * int(self.factor)) if self.kind == "seq-grows" and step >= self.at \
+            else model
+
     def label(self) -> str:
-        return "none" if self.kind == "none" else f"{self.kind}@{self.at}"
+        if self.kind == "none":
+            return "none"
+        return f"{self.kind}@{self.at}" + (f"x{self.factor:g}" if self.kind == "seq-grows" else "")
+
+
+DEFAULT_FACTOR = {"link-degrades": 10.0, "node-lost": 1.0, "seq-grows": 2.0}
 
 
 def parse_scenario(text: str) -> Scenario:
-    """``none``, ``link-degrades@STEP[xFACTOR]`` or ``node-lost@STEP``."""
+    """``none``, ``link-degrades@STEP[xFACTOR]``, ``node-lost@STEP`` or ``seq-grows@STEP[xFACTOR]``."""
     if text == "none":
         return Scenario()
     kind, _, rest = text.partition("@")
-    usage = "none, link-degrades@STEP[xFACTOR] or node-lost@STEP (seq-grows is not built yet)"
-    if kind not in ("link-degrades", "node-lost") or not rest:
+    usage = "none, link-degrades@STEP[xFACTOR], node-lost@STEP or seq-grows@STEP[xFACTOR]"
+    if kind not in DEFAULT_FACTOR or not rest:
         raise UsageError(f"{{scenario}} {text!r}: {usage}", "scenario")
     at, _, factor = rest.partition("x")
-    if factor and kind != "link-degrades":
-        raise UsageError(f"{{scenario}} {text!r}: only link-degrades takes a FACTOR", "scenario")
+    if factor and kind == "node-lost":
+        raise UsageError(f"{{scenario}} {text!r}: node-lost takes no FACTOR", "scenario")
     try:
-        s = Scenario(kind, int(at), float(factor) if factor else 10.0)
+        s = Scenario(kind, int(at), float(factor) if factor else DEFAULT_FACTOR[kind])
     except ValueError:
         raise UsageError(f"{{scenario}} {text!r}: STEP must be a whole number and FACTOR a number", "scenario") \
             from None
     if s.at < 0 or not 1 <= s.factor <= 1e4:
         raise UsageError(f"{{scenario}} {text!r}: STEP >= 0 and FACTOR in 1..10000", "scenario")
+    if kind == "seq-grows" and s.factor not in (2, 4, 8):
+        raise UsageError(f"{{scenario}} {text!r}: the sequence grows 2, 4 or 8 times", "scenario")
     return s
 
 
@@ -108,13 +130,18 @@ class Run:
     reshard_s: float = 0.0                      # moving state: reshards, and reading a checkpoint back
     decisions: list = field(default_factory=list)
     losses: list = field(default_factory=list)  # one per step of the run's data, as the surviving run saw it
-    events: list = field(default_factory=list)  # (steps run so far, seconds spent, label): moves and recoveries
+    events: list = field(default_factory=list)  # (steps run so far, seconds spent, step, what): every move
+    tokens: list = field(default_factory=list)  # every step run's tokens (the sequence may grow)
     redone: int = 0                             # steps trained again after going back to a checkpoint
     failed: str = ""                            # why the run could not go on ("" if it finished)
 
     @property
     def total_s(self) -> float:
         return math.inf if self.failed else sum(self.step_s) + self.reshard_s
+
+    def throughput(self) -> list:
+        """Tokens/s of every step run."""
+        return [n / t for n, t in zip(self.tokens, self.step_s)]
 
 
 PROBE_BYTES = 1 << 18
@@ -147,12 +174,12 @@ def _segment_rank(comm, cfg, inits, gpn: int) -> dict:
 class Trainer:
     """Runs segments of a layout on the emulated cluster, starting from given states.
 
-    Each rank's accelerator is emulated as ``compute_ms`` of forward per sequence for the whole model (the
-    backward twice that; a sleep, so eight ranks on two cores still compute in parallel), divided by the rank's
-    share of the model, tp x pp: GPU-like compute that tensor and pipeline parallelism split, so a pipeline's
-    bubble and a data-parallel all-reduce cost what they would on a cluster. Every ``checkpoint_every`` steps
-    the runs keep a checkpoint of the whole state (its writing is not timed), to go back to when a node's loss
-    takes state no survivor holds."""
+    Each rank's accelerator is emulated as ``compute_ms`` of forward per sequence of the base model's length for
+    the whole model (the backward twice that; longer sequences in proportion; a sleep, so eight ranks on two
+    cores still compute in parallel), divided by the rank's share of the model, tp x pp: GPU-like compute that
+    tensor and pipeline parallelism split, so a pipeline's bubble and a data-parallel all-reduce cost what they
+    would on a cluster. Every ``checkpoint_every`` steps the runs keep a checkpoint of the whole state (its
+    writing is not timed), to go back to when a node's loss takes state no survivor holds."""
 
     def __init__(self, model, global_batch: int, world: int, timeout: float = 60.0, compute_ms: float = 40.0,
                  inter_mbps: float = 50.0, checkpoint_every: int = 20):
@@ -160,15 +187,16 @@ class Trainer:
         self.compute_ms, self.checkpoint_every = compute_ms, checkpoint_every
         self.base = cluster(world, inter_mbps)
 
-    def segment(self, layout: Layout, steps: int, start: int, inits, topo: Topology):
+    def segment(self, layout: Layout, steps: int, start: int, inits, topo: Topology, model=None):
         """(states, step times, losses, busiest rank's inter-node bytes per step, probed s/byte across nodes or
-        None on one node).
+        None on one node), training ``model`` (default the base model).
 
         A segment starts fresh processes, whose first step also pays for their warm-up: that step is counted
         at the segment's median instead (for every run alike)."""
         from netmorph.runtime.launch import launch
-        cfg = train_config(self.model, layout, steps, self.global_batch, start,
-                           self.compute_ms / (layout.tp * layout.pp))
+        model = model or self.model
+        cfg = train_config(model, layout, steps, self.global_batch, start,
+                           self.compute_ms * model.seq / self.model.seq / (layout.tp * layout.pp))
         gpn = topo.gpus_per_node
         res, ledger = launch(_segment_rank, layout.world, cfg, inits, gpn, topology=topo, ledger=True,
                              timeout=self.timeout)
@@ -185,10 +213,11 @@ class Trainer:
                 None if probe is None else probe / PROBE_BYTES)
 
 
-def candidates(model, world: int, global_batch: int) -> list:
-    """Every (tp, pp, dp) layout of ``world`` the trainer runs for this model and batch (ZeRO off)."""
+def candidates(model, world: int, global_batch: int, max_tp: int = 8) -> list:
+    """Every (tp, pp, dp) layout of ``world`` the trainer runs for this model and batch (ZeRO off; tp up to
+    ``max_tp``)."""
     out = []
-    for tp in (1, 2, 4, 8):
+    for tp in (t for t in (1, 2, 4, 8) if t <= max_tp):
         for pp in (1, 2, 4, 8):
             if world % (tp * pp):
                 continue
@@ -203,29 +232,49 @@ def candidates(model, world: int, global_batch: int) -> list:
     return out
 
 
+def regimes(trainer: Trainer, scenario: Scenario, steps: int) -> list:
+    """[(ranks, model)]: the job as it starts, then as the scenario leaves it, if that differs."""
+    out = [(trainer.world, trainer.model)]
+    after = (scenario.world(trainer.world, steps), scenario.model(trainer.model, steps))
+    return out if after == out[0] else out + [after]
+
+
 @dataclass
 class Calibration:
-    step_s: dict                                 # layout -> T0 on the healthy cluster
-    inter_bytes: dict                            # layout -> busiest rank's inter-node bytes per step
+    step_s: dict                                 # (layout, seq) -> T0 on the healthy cluster
+    inter_bytes: dict                            # (layout, seq) -> busiest rank's inter-node bytes per step
     beta0: float
 
-    def predict(self, layout: Layout, beta: float) -> float:
-        return self.step_s[layout] + self.inter_bytes[layout] * (beta - self.beta0)
+    def predict(self, layout: Layout, beta: float, seq: int) -> float:
+        return self.step_s[layout, seq] + self.inter_bytes[layout, seq] * (beta - self.beta0)
 
-    def best(self, beta: float, world: int) -> Layout:
-        return min((lay for lay in self.step_s if lay.world == world), key=lambda lay: self.predict(lay, beta))
+    def layouts(self, world: int, seq: int) -> list:
+        """The calibrated layouts of ``world`` ranks training ``seq``-long sequences, fastest first (healthy)."""
+        return sorted((lay for lay, s in self.step_s if lay.world == world and s == seq),
+                      key=lambda lay: self.step_s[lay, seq])
+
+    def best(self, beta: float, world: int, seq: int) -> Layout:
+        return min(self.layouts(world, seq), key=lambda lay: self.predict(lay, beta, seq))
 
 
-def calibrate(trainer: Trainer, layouts: list, steps: int = 4) -> Calibration:
-    """Each layout a few steps on the healthy cluster (a layout of fewer ranks on the first node alone): its
-    median step time and inter-node bytes."""
+def calibrate(trainer: Trainer, scenario: Scenario, steps_total: int, steps: int = 4, max_tp: int = 8,
+              log=lambda *a, **k: None) -> Calibration:
+    """Every candidate layout of every regime the scenario brings (:func:`regimes`) a few steps on the healthy
+    cluster (fewer ranks: on the first node alone): its median step time and inter-node bytes."""
     t0, x, probes = {}, {}, []
-    for lay in layouts:
-        _, times, _, inter, probe = trainer.segment(lay, steps, 0, None, trainer.base)
-        t0[lay] = statistics.median(times)
-        x[lay] = inter
-        if probe is not None:
-            probes.append(probe)
+    todo = []
+    for world, model in regimes(trainer, scenario, steps_total):
+        todo.append((model, candidates(model, world, trainer.global_batch, max_tp)))
+        if not todo[-1][1]:
+            raise UsageError(f"no layout of {world} ranks fits a {model.layers}-layer GPT of {model.heads} heads "
+                             f"and sequence {model.seq} with {{global_batch}} {trainer.global_batch}", "global_batch")
+    for model, layouts in todo:
+        for lay in layouts:
+            _, times, _, inter, probe = trainer.segment(lay, steps, 0, None, trainer.base, model)
+            t0[lay, model.seq], x[lay, model.seq] = statistics.median(times), inter
+            if probe is not None:
+                probes.append(probe)
+            log(lay, model.seq, t0[lay, model.seq], inter)
     return Calibration(t0, x, statistics.median(probes) if probes else trainer.base.beta_inter)
 
 
@@ -238,38 +287,51 @@ def shrunk(layout: Layout, world: int):
 
 
 class _Job:
-    """One run's state between segments: its layout, every rank's training state, its step and checkpoint."""
+    """One run between segments: its layout and model, every rank's training state, its step and checkpoint."""
 
     def __init__(self, trainer: Trainer, layout: Layout):
-        self.trainer, self.layout, self.states, self.step = trainer, layout, None, 0
-        self.checkpoint = (0, layout, None)           # step 0: the initial weights, which every run can rebuild
+        self.trainer, self.layout, self.model, self.states, self.step = trainer, layout, trainer.model, None, 0
+        self.checkpoint = (0, layout, trainer.model, None)   # step 0: the initial weights, which any run rebuilds
         self.run = Run([(0, layout.label())], [])
-        self.lost = False
 
     def train(self, n: int, topo: Topology):
-        st, times, losses, inter, beta = self.trainer.segment(self.layout, n, self.step, self.states, topo)
+        st, times, losses, inter, beta = self.trainer.segment(self.layout, n, self.step, self.states, topo, self.model)
         self.states = st
         self.run.step_s += times
+        self.run.tokens += [self.trainer.global_batch * self.model.seq] * n
         del self.run.losses[self.step:]               # steps redone after going back to a checkpoint
         self.run.losses += losses
         self.step += n
         if self.step - self.checkpoint[0] >= self.trainer.checkpoint_every:
-            self.checkpoint = (self.step, self.layout, st)
+            self.checkpoint = (self.step, self.layout, self.model, st)
         return times, inter, beta
 
-    def move(self, target: Layout, topo: Topology, alive=None, p=None) -> tuple:
-        """Reshard to ``target`` (on the survivors ``alive``) by plan ``p`` (made here if not given); from the
-        last checkpoint when the survivors lack some state. (the plan run or None, seconds, what happened)."""
+    def event(self, scenario: Scenario) -> str:
+        """What the scenario does to the job at this segment boundary: "node-lost", "seq-grows" or ""."""
+        if scenario.world(self.trainer.world, self.step) < self.layout.world:
+            return "node-lost"
+        if scenario.model(self.trainer.model, self.step) != self.model:
+            return "seq-grows"
+        return ""
+
+    def move(self, target: Layout, topo: Topology, alive=None, p=None, model=None) -> tuple:
+        """Reshard to ``target`` (on the survivors ``alive``; of ``model`` if it grew) by plan ``p`` (made here if
+        not given); from the last checkpoint when the survivors lack some state. (the plan run or None, seconds,
+        what happened)."""
         import time
         t = self.trainer
+        model = model or self.model
+        grown = model if model != self.model else None
         spent, how = 0.0, "nothing trained yet"
         if self.states is not None:
             try:
-                p = p or plan(t.model, self.layout, target, gpus_per_node=topo.gpus_per_node, alive=alive)
+                p = p or plan(self.model, self.layout, target, gpus_per_node=topo.gpus_per_node, alive=alive,
+                              grown=grown)
             except StateLost as e:
-                step, layout, states = self.checkpoint
+                step, layout, old, states = self.checkpoint
                 t0 = time.perf_counter()
-                self.states = None if states is None else restore(t.model, layout, states, target)
+                self.states = None if states is None else restore(old, layout, states, target,
+                                                                  model if model != old else None)
                 spent = time.perf_counter() - t0
                 how = f"{e}: back to the checkpoint of step {step}, {self.step - step} steps to redo"
                 self.run.redone += self.step - step
@@ -281,36 +343,37 @@ class _Job:
                 spent = max(st["seconds"] for st in new)
                 how = f"{p.bytes:,} B over the fabric in {1e3 * spent:.1f} ms"
         self.run.reshard_s += spent
-        self.run.events.append((len(self.run.step_s), spent, f"{self.layout.label()} -> {target.label()}"))
-        self.layout = target
-        self.run.layout_path.append((self.step, target.label()))
+        what = f"{self.layout.label()} -> {target.label()}" if target != self.layout else self.layout.label()
+        if grown:
+            what += f", sequence {model.seq}"
+        self.run.events.append((len(self.run.step_s), spent, self.step, what))
+        if target != self.layout:
+            self.run.layout_path.append((self.step, target.label()))
+        self.layout, self.model = target, model
         return p, spent, how
-
-    def node_lost(self, scenario: Scenario, step: int) -> bool:
-        """Whether the node is lost at this segment boundary (once)."""
-        if self.lost or scenario.world(self.trainer.world, step) == self.trainer.world:
-            return False
-        self.lost = True
-        return True
 
 
 def run_static(trainer: Trainer, layout: Layout, steps: int, segment: int, scenario: Scenario,
                log=lambda *a, **k: None) -> Run:
-    """``layout`` throughout; on a node's loss, the same split with fewer replicas (:func:`shrunk`), or the end
-    of the run if it no longer fits."""
+    """``layout`` throughout: after a node's loss with fewer replicas (:func:`shrunk`), or the end of the run if
+    it no longer fits; on longer sequences as it is."""
     job = _Job(trainer, layout)
     while job.step < steps:
         topo = scenario.topology(trainer.base, job.step)
-        if job.node_lost(scenario, job.step):
-            survivors = scenario.world(trainer.world, job.step)
+        event, at = job.event(scenario), job.step
+        if event == "node-lost":
+            survivors = scenario.world(trainer.world, at)
             target = shrunk(job.layout, survivors)
             if target is None:
                 job.run.failed = f"tp x pp = {layout.tp * layout.pp} does not fit the {survivors} surviving ranks"
                 log(f"  static {layout.label()}: {job.run.failed}")
                 break
-            at = job.step
             _, _, how = job.move(target, topo, alive=range(survivors))
             log(f"  static {layout.label()}: node lost at step {at}, on as {target.label()} ({how})")
+        elif event == "seq-grows":
+            model = scenario.model(trainer.model, at)
+            _, _, how = job.move(job.layout, topo, model=model)
+            log(f"  static {layout.label()}: sequence {job.model.seq} from step {at} ({how})")
         job.train(min(segment, steps - job.step), topo)
     return job.run
 
@@ -323,36 +386,37 @@ def run_adaptive(trainer: Trainer, cal: Calibration, start: Layout, steps: int, 
     streak, wanted, beta, measured = 0, None, cal.beta0, math.nan
     while job.step < steps:
         topo = scenario.topology(trainer.base, job.step)
-        if job.node_lost(scenario, job.step):
-            survivors = scenario.world(trainer.world, job.step)
-            best = cal.best(beta, survivors)
-            same = shrunk(job.layout, survivors)
-            current = cal.predict(same, beta) if same in cal.step_s else math.inf
-            before, at = job.layout.label(), job.step
-            p, spent, how = job.move(best, topo, alive=range(survivors))
-            gain = current - cal.predict(best, beta)
-            d = Decision(at, before, best.label(), measured, current, cal.predict(best, beta),
-                         0 if p is None else p.bytes, spent, spent / gain if gain > 0 else math.inf,
-                         f"node lost: {survivors} ranks left")
-            run.decisions.append(d)
+        event, at, before = job.event(scenario), job.step, job.layout
+        if event:
+            world, model = scenario.world(trainer.world, at), scenario.model(trainer.model, at)
+            best = cal.best(beta, world, model.seq)
+            same = shrunk(before, world)
+            current = cal.predict(same, beta, model.seq) if (same, model.seq) in cal.step_s else math.inf
+            predicted = cal.predict(best, beta, model.seq)
+            p, spent, how = job.move(best, topo, alive=range(world) if world < before.world else None, model=model)
+            what = (f"node lost: {world} ranks left" if event == "node-lost" else
+                    f"sequence grew to {model.seq}")
             if same is None:
-                shrink = f"{before} with fewer replicas does not fit {survivors} ranks"
-            elif same == best:
-                shrink = f"{before} with fewer replicas is the best"
+                staying = f"{before.label()} with fewer replicas does not fit {world} ranks"
             else:
-                shrink = f"{before} with fewer replicas, {same.label()}: {1e3 * current:.1f} ms"
-            log(f"  -> node lost at step {at}: {before} -> {best.label()} on the {survivors} survivors "
-                f"(model {1e3 * d.predicted_best_s:.1f} ms/step; {shrink}); {how}")
+                staying = (f"staying on {same.label()}: " +
+                           ("the best" if same == best else f"{1e3 * current:.1f} ms"))
+            log(f"  -> {what} at step {at}: {before.label()} -> {best.label()} (model {1e3 * predicted:.1f} "
+                f"ms/step; {staying}); {how}")
+            if best != same:
+                gain = current - predicted
+                run.decisions.append(Decision(at, before.label(), best.label(), measured, current, predicted,
+                                              0 if p is None else p.bytes, spent,
+                                              spent / gain if gain > 0 else math.inf, what))
             streak, wanted = 0, None
         n = min(segment, steps - job.step)
         times, _, probed = job.train(n, topo)
         beta = beta if probed is None else probed
-        step = job.step
+        step, layout, seq = job.step, job.layout, job.model.seq
         measured = statistics.median(times)
-        layout = job.layout
-        best = cal.best(beta, layout.world)
-        current = cal.predict(layout, beta)
-        predicted_best = cal.predict(best, beta)
+        best = cal.best(beta, layout.world, seq)
+        current = cal.predict(layout, beta, seq)
+        predicted_best = cal.predict(best, beta, seq)
         gain = measured - predicted_best
         link = "one node" if probed is None else f"inter-node link {1 / beta / 1e6:.1f} MB/s probed"
         log(f"  step {step:>4}: {layout.label()} {1e3 * measured:.1f} ms/step (model {1e3 * current:.1f}); {link}; "
@@ -364,7 +428,7 @@ def run_adaptive(trainer: Trainer, cal: Calibration, start: Layout, steps: int, 
         wanted = best
         if streak < confirm:
             continue
-        p = plan(trainer.model, layout, best, gpus_per_node=topo.gpus_per_node)
+        p = plan(job.model, layout, best, gpus_per_node=topo.gpus_per_node)
         busiest = int(max(p.bytes_matrix().sum(axis=1).max(), p.bytes_matrix().sum(axis=0).max()))
         if gain * (steps - step) <= busiest * beta:
             continue

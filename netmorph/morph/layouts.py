@@ -22,7 +22,7 @@ resharding keep as per-tensor placements.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -89,6 +89,25 @@ def global_ids(cfg: GPTConfig) -> dict:
         out[name] = np.arange(base, base + n, dtype=np.int64).reshape(shape)
         base += n
     return out
+
+
+def grow_sources(old: GPTConfig, new: GPTConfig) -> dict:
+    """{"params" | "m" | "v": for each global id of ``new``, the global id of ``old`` it starts from, or -1 for a
+    fresh zero} when the context grows from ``old.seq`` to ``new.seq`` positions and nothing else changes.
+
+    The learned position table's new rows copy its trained rows over and over (row i starts as row i mod
+    ``old.seq``: Longformer's initialisation when it took RoBERTa from 512 to 4,096 positions); Adam's moments
+    start at zero for them, as for any new parameter. Every other element keeps its value."""
+    if replace(old, seq=new.seq) != new or new.seq < old.seq:
+        raise ValueError(f"only the sequence length may grow ({old} -> {new})")
+    a, b = global_ids(old), global_ids(new)
+    params = np.empty(sum(g.size for g in b.values()), dtype=np.int64)
+    for name, g in b.items():
+        src = a[name][np.arange(new.seq) % old.seq] if name == "wpe" else a[name]
+        params[g.ravel()] = src.ravel()
+    moments = params.copy()
+    moments[b["wpe"][old.seq:].ravel()] = -1
+    return {"params": params, "m": moments, "v": moments}
 
 
 def chunk_params(cfg: GPTConfig, layout: Layout, pp_rank: int) -> list:

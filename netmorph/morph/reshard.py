@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from netmorph.morph.layouts import Layout, element_map
+from netmorph.morph.layouts import Layout, element_map, grow_sources
 
 KINDS = ("params", "m", "v")
 
@@ -54,6 +54,7 @@ class Plan:
     local: dict                # rank -> {kind: (offsets in A, offsets in B)} kept in place
     maps_before: list
     maps_after: list
+    sources: dict = None       # when the context grew: kind -> the id in A each id of B starts from (-1: zero)
 
     def bytes_matrix(self) -> np.ndarray:
         """[src, dst] bytes on the wire."""
@@ -105,15 +106,18 @@ def _holders(maps, kind: str):
     return ids[order], ranks[order], offs[order]
 
 
-def plan(cfg, before: Layout, after: Layout, itemsize: int = 8, gpus_per_node: int = 8, alive=None) -> Plan:
+def plan(cfg, before: Layout, after: Layout, itemsize: int = 8, gpus_per_node: int = 8, alive=None,
+         grown=None) -> Plan:
     """The transfer plan from ``before`` to ``after`` for model ``cfg``: on the same ranks, or on ``before``'s
-    surviving ranks ``alive`` (``after.world`` of them, in order; the plan numbers them 0.. as ``after`` does)."""
+    surviving ranks ``alive`` (``after.world`` of them, in order; the plan numbers them 0.. as ``after`` does);
+    into ``grown``, ``cfg`` with a longer context, if given (:func:`~netmorph.morph.layouts.grow_sources`)."""
     alive = list(range(before.world)) if alive is None else sorted(alive)
     if after.world != len(alive) or not set(alive) <= set(range(before.world)):
         raise ValueError(f"{after.label()} must span the {len(alive)} surviving ranks of {before.label()}'s "
                          f"{before.world} ({after.world} != {len(alive)})")
     A = [element_map(cfg, before)[r] for r in alive]
-    B = element_map(cfg, after)
+    B = element_map(grown or cfg, after)
+    sources = grow_sources(cfg, grown) if grown else None
     world = after.world
     transfers: dict = {}
     local: dict = {}
@@ -124,6 +128,9 @@ def plan(cfg, before: Layout, after: Layout, itemsize: int = 8, gpus_per_node: i
             need = m.flat[lo:hi]
             keep = need >= 0
             need, at = need[keep], np.arange(lo, hi, dtype=np.int64)[keep]
+            if sources:
+                need = sources[kind][need]
+                need, at = need[need >= 0], at[need >= 0]       # the rest start at zero: nothing to send
             first = np.searchsorted(h_ids, need, side="left")
             last = np.searchsorted(h_ids, need, side="right")
             if np.any(first == last):
@@ -153,7 +160,7 @@ def plan(cfg, before: Layout, after: Layout, itemsize: int = 8, gpus_per_node: i
                 else:
                     t = transfers.setdefault((int(s), dst), Transfer(int(s), dst))
                     t.parts[kind] = (off[sel], at[sel])
-    return Plan(before, after, world, itemsize, [transfers[k] for k in sorted(transfers)], local, A, B)
+    return Plan(before, after, world, itemsize, [transfers[k] for k in sorted(transfers)], local, A, B, sources)
 
 
 def run_rank(comm, p: Plan, state: dict) -> dict:
@@ -237,34 +244,44 @@ def gather(maps: list, states: list) -> dict:
     return out
 
 
-def restore(cfg, layout: Layout, states: list, after: Layout) -> list:
-    """Every rank's state under ``after`` from a checkpoint of all of ``layout``'s ranks -- what loading a
-    torch.distributed.checkpoint into a new sharding does, read locally (no bytes on the fabric)."""
+def _expected(reference: dict, kind: str, ids: np.ndarray, sources) -> np.ndarray:
+    """The values elements ``ids`` of the new layout start from: the reference's, through ``sources`` when the
+    context grew (0 for a fresh element)."""
+    if sources is None:
+        return reference[kind][ids]
+    src = sources[kind][ids]
+    return np.where(src >= 0, reference[kind][np.maximum(src, 0)], 0.0)
+
+
+def restore(cfg, layout: Layout, states: list, after: Layout, grown=None) -> list:
+    """Every rank's state under ``after`` (of model ``grown`` if given) from a checkpoint of all of ``layout``'s
+    ranks -- what loading a torch.distributed.checkpoint into a new sharding does, read locally (no bytes on the
+    fabric)."""
     ref = gather(element_map(cfg, layout), states)
-    t = states[0]["t"]
+    sources = grow_sources(cfg, grown) if grown else None
+    dtype = states[0]["params"].dtype
     out = []
-    for m in element_map(cfg, after):
-        dtype = states[0]["params"].dtype
-        params = np.zeros(m.flat.size, dtype=dtype)
+    for m in element_map(grown or cfg, after):
+        st = {"params": np.zeros(m.flat.size, dtype=dtype), "t": states[0]["t"]}
         held = m.flat >= 0
-        params[held] = ref["params"][m.flat[held]]
+        st["params"][held] = _expected(ref, "params", m.flat[held], sources)
         lo, hi = m.optimizer
         g = m.flat[lo:hi]
-        moments = {}
         for kind in ("m", "v"):
-            moments[kind] = np.zeros(hi - lo, dtype=dtype)
-            moments[kind][g >= 0] = ref[kind][g[g >= 0]]
-        out.append({"params": params, "t": t, **moments})
+            st[kind] = np.zeros(hi - lo, dtype=dtype)
+            st[kind][g >= 0] = _expected(ref, kind, g[g >= 0], sources)
+        out.append(st)
     return out
 
 
 def matches(p: Plan, states: list, reference: dict) -> bool:
-    """Whether every rank's state under ``p.after`` holds exactly the reference's values at its global ids."""
+    """Whether every rank's state under ``p.after`` holds exactly the reference's values at its global ids (through
+    the plan's ``sources`` when the context grew)."""
     for m, st in zip(p.maps_after, states):
         for kind in KINDS:
             lo, hi = m.params if kind == "params" else m.optimizer
             g = m.flat[lo:hi]
             have = st["params"][lo:hi] if kind == "params" else st[kind]
-            if not np.array_equal(have[g >= 0], reference[kind][g[g >= 0]]):
+            if not np.array_equal(have[g >= 0], _expected(reference, kind, g[g >= 0], p.sources)):
                 return False
     return True

@@ -12,14 +12,14 @@ def _clock(run):
     """Each step's end on the run's wall clock: its steps' times plus the moves and recoveries where they happened."""
     import numpy as np
     t = np.cumsum(run.step_s)
-    for at, spent, _ in run.events:
+    for at, spent, *_ in run.events:
         t[at:] += spent
     return t
 
 
-def plot_throughput(path, adaptive, statics, tokens, scenario) -> None:
+def plot_throughput(path, adaptive, statics, scenario) -> None:
     """Tokens/s over the run's wall clock: the adaptive run against static splits (a stopped one ends with an x),
-    the decisions marked. Steps redone after going back to a checkpoint are drawn as run, so a rollback shows as
+    its moves marked. Steps redone after going back to a checkpoint are drawn as run, so a rollback shows as
     time spent without progress."""
     import matplotlib
     matplotlib.use("Agg")
@@ -29,21 +29,21 @@ def plot_throughput(path, adaptive, statics, tokens, scenario) -> None:
         if not r.step_s:
             continue
         t = _clock(r)
-        line, = ax.plot(t, [tokens / s for s in r.step_s], lw=1, alpha=0.7,
+        line, = ax.plot(t, r.throughput(), lw=1, alpha=0.7,
                         label=f"static {name}" + (" (stopped)" if r.failed else ""))
         if r.failed:
-            ax.plot(t[-1], tokens / r.step_s[-1], "x", color=line.get_color(), ms=9, mew=2)
+            ax.plot(t[-1], r.throughput()[-1], "x", color=line.get_color(), ms=9, mew=2)
     t = _clock(adaptive)
-    ax.plot(t, [tokens / s for s in adaptive.step_s], lw=2.2, color="black", label="adaptive")
+    ax.plot(t, adaptive.throughput(), lw=2.2, color="black", label="adaptive")
     top = ax.get_ylim()[1]
-    for d, (at, _, _) in zip(adaptive.decisions, adaptive.events):
+    for k, (at, _, step, what) in enumerate(adaptive.events):
         x = t[at - 1] if at else 0.0
         ax.axvline(x, color="red", ls="--", lw=1)
-        ax.annotate(f"step {d.step}: {d.before} -> {d.after}", (x, top * 0.95), fontsize=8, color="red")
+        ax.annotate(f"step {step}: {what}", (x, top * (0.95 - 0.06 * (k % 2))), fontsize=8, color="red")
     if scenario.kind == "link-degrades" and 0 < scenario.at <= len(t):
         ax.axvline(t[scenario.at - 1], color="gray", ls=":", lw=1)
         ax.annotate(scenario.kind, (t[scenario.at - 1], top * 0.88), fontsize=8, color="gray")
-    elif scenario.kind == "node-lost":
+    elif scenario.kind != "none":
         ax.annotate(f"{scenario.label()} (at the next look)", (0.01, 0.02), xycoords="axes fraction", fontsize=8,
                     color="gray")
     ax.set_xlabel("wall-clock seconds (steps, moves and redone steps)")
@@ -89,7 +89,7 @@ def plot_plan(path, p) -> None:
 
 def build_section(out_dir, tick=lambda: None) -> Section:
     from netmorph.models.gpt import GPTConfig
-    from netmorph.morph.controller import Trainer, calibrate, candidates, parse_scenario, run_adaptive, run_static
+    from netmorph.morph.controller import Trainer, calibrate, parse_scenario, run_adaptive, run_static
     from netmorph.morph.layouts import Layout
     from netmorph.morph.reshard import plan
 
@@ -97,18 +97,16 @@ def build_section(out_dir, tick=lambda: None) -> Section:
     world, batch, steps, segment = 8, 8, 36, 6
     scenario = parse_scenario("link-degrades@12")
     trainer = Trainer(model, batch, world)
-    layouts = [lay for lay in candidates(model, world, batch) if lay.tp == 1]
-    cal = calibrate(trainer, layouts, steps=3)
+    cal = calibrate(trainer, scenario, steps, steps=3, max_tp=1)
     tick()
-    start = cal.best(cal.beta0, world)
+    start = cal.best(cal.beta0, world, model.seq)
     log = []
     adaptive = run_adaptive(trainer, cal, start, steps, segment, scenario, log=log.append)
     tick()
-    others = sorted((lay for lay in layouts if lay != start), key=lambda lay: cal.step_s[lay])[:1]
+    others = [lay for lay in cal.layouts(world, model.seq) if lay != start][:1]
     statics = {lay.label(): run_static(trainer, lay, steps, segment, scenario) for lay in [start, *others]}
     tick()
-    tokens = batch * model.seq
-    plot_throughput(out_dir / "morph_throughput.png", adaptive, statics, tokens, scenario)
+    plot_throughput(out_dir / "morph_throughput.png", adaptive, statics, scenario)
     moved = plan(model, Layout(tp=2, pp=2, dp=2), Layout(dp=8, zero=3))
     plot_plan(out_dir / "morph_plan.png", moved)
     best = min(statics, key=lambda k: statics[k].total_s)
