@@ -159,7 +159,7 @@ def _control(args) -> int:
     def total(r, name):
         return f"{r.total_s:.2f} s on {name}" if not r.failed else f"no finish on {name} (stopped: {r.failed})"
     print(f"# adaptive {adaptive.total_s:.2f} s against {total(statics[start.label()], 'the start split ' + start.label())}"
-          f" and {total(statics[best_static], 'the best static split in hindsight, ' + best_static)}; "
+          f" and {total(statics[best_static], f'the best of the {len(statics)} static splits run, ' + best_static)}; "
           f"{len(adaptive.decisions)} move(s), {adaptive.reshard_s * 1e3:.1f} ms moving state, {adaptive.redone} steps "
           f"redone")
     if args.plot:

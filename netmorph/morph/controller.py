@@ -322,7 +322,7 @@ class _Job:
         t = self.trainer
         model = model or self.model
         grown = model if model != self.model else None
-        spent, how = 0.0, "nothing trained yet"
+        spent, how, at = 0.0, "nothing trained yet", self.step
         if self.states is not None:
             try:
                 p = p or plan(self.model, self.layout, target, gpus_per_node=topo.gpus_per_node, alive=alive,
@@ -346,7 +346,7 @@ class _Job:
         what = f"{self.layout.label()} -> {target.label()}" if target != self.layout else self.layout.label()
         if grown:
             what += f", sequence {model.seq}"
-        self.run.events.append((len(self.run.step_s), spent, self.step, what))
+        self.run.events.append((len(self.run.step_s), spent, at, what))
         if target != self.layout:
             self.run.layout_path.append((self.step, target.label()))
         self.layout, self.model = target, model
@@ -394,14 +394,13 @@ def run_adaptive(trainer: Trainer, cal: Calibration, start: Layout, steps: int, 
             current = cal.predict(same, beta, model.seq) if (same, model.seq) in cal.step_s else math.inf
             predicted = cal.predict(best, beta, model.seq)
             p, spent, how = job.move(best, topo, alive=range(world) if world < before.world else None, model=model)
-            what = (f"node lost: {world} ranks left" if event == "node-lost" else
-                    f"sequence grew to {model.seq}")
+            what = f"node lost ({world} ranks left)" if event == "node-lost" else f"sequence grew to {model.seq}"
+            verb = "shrinking to" if event == "node-lost" else "keeping"
             if same is None:
                 staying = f"{before.label()} with fewer replicas does not fit {world} ranks"
             else:
-                staying = (f"staying on {same.label()}: " +
-                           ("the best" if same == best else f"{1e3 * current:.1f} ms"))
-            log(f"  -> {what} at step {at}: {before.label()} -> {best.label()} (model {1e3 * predicted:.1f} "
+                staying = f"{verb} {same.label()}: " + ("the best" if same == best else f"{1e3 * current:.1f} ms")
+            log(f"  -> at step {at}, {what}: {before.label()} -> {best.label()} (model {1e3 * predicted:.1f} "
                 f"ms/step; {staying}); {how}")
             if best != same:
                 gain = current - predicted

@@ -129,10 +129,15 @@ than 10% for two looks in a row and pays for the move: {moves}. It finished in {
 figure is the move out of a sharded layout, tp2·pp2·dp2 to ZeRO-3 over 8 ranks: the plan, computed before
 anything moves, as bytes from each source rank to each destination rank -- {moved.messages} messages in
 {moved.rounds} rounds, {moved.bytes:,} B on the wire -- which the ledger then counts exactly.</p>
+<p>The other scenarios change the job itself: <code>node-lost@STEP</code> takes the second node's ranks and the
+state only they held (the loop moves to the survivors' best layout, from what they hold or from the last
+checkpoint), <code>seq-grows@STEP</code> lengthens the sequences (the position table grows; the best split
+moves with the compute).</p>
 <p>Reproduce: <code>netmorph morph --scenario link-degrades@40 --plot morph.png</code>;
+<code>netmorph morph --scenario node-lost@50 --inter-node-mbps 5</code>;
 <code>netmorph morph reshard --world 8 --from tp2,pp2,dp2 --to dp8,zero3</code>.</p>
 """
     return Section("Adaptive parallelism: the split follows the bottleneck", html,
-                   [("morph_throughput.png", "Tokens/s per step: the control loop against static splits."),
+                   [("morph_throughput.png", "Tokens/s over wall-clock time: the control loop against static splits."),
                     ("morph_plan.png", "A reshard's transfer plan: KiB from each source rank to each destination.")],
                    summary)
