@@ -428,7 +428,8 @@ def run_adaptive(trainer: Trainer, cal: Calibration, start: Layout, steps: int, 
         if streak < confirm:
             continue
         p = plan(job.model, layout, best, gpus_per_node=topo.gpus_per_node)
-        busiest = int(max(p.bytes_matrix().sum(axis=1).max(), p.bytes_matrix().sum(axis=0).max()))
+        moved = p.bytes_matrix()
+        busiest = int(max(moved.sum(axis=1).max(), moved.sum(axis=0).max()))
         if gain * (steps - step) <= busiest * beta:
             continue
         _, spent, _ = job.move(best, topo, p=p)

@@ -115,7 +115,8 @@ def plan(cfg, before: Layout, after: Layout, itemsize: int = 8, gpus_per_node: i
     if after.world != len(alive) or not set(alive) <= set(range(before.world)):
         raise ValueError(f"{after.label()} must span the {len(alive)} surviving ranks of {before.label()}'s "
                          f"{before.world} ({after.world} != {len(alive)})")
-    A = [element_map(cfg, before)[r] for r in alive]
+    before_maps = element_map(cfg, before)
+    A = [before_maps[r] for r in alive]
     B = element_map(grown or cfg, after)
     sources = grow_sources(cfg, grown) if grown else None
     world = after.world
