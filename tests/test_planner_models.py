@@ -1,6 +1,7 @@
 """The planner for today's models: architectures, config files, context/expert parallelism, uneven stages, FP8."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -298,7 +299,6 @@ def test_capacity_factor_pads_experts_and_overlap_options_hide_comm():
 def test_measured_gemm_table_prices_small_gemms_slower(tmp_path):
     """A hardware file's gemm_table (as benchmarks/gemm_efficiency.py prints it) bins each GEMM by its size; one
     bin at the default efficiency reproduces the constant; a slower small-GEMM bin slows the small model only."""
-    from dataclasses import replace
     small, big = PRESETS["llama-3-8b"], PRESETS["llama-3-405b"]
     c = ParallelConfig(tp=8, microbatch=1, global_batch=1)
     flat = replace(H100, gemm_table=((1e9, H100.gemm_efficiency),))
@@ -307,7 +307,7 @@ def test_measured_gemm_table_prices_small_gemms_slower(tmp_path):
     # the 8B model's per-rank GEMMs are under 400 GFLOP; the 405B's over it
     assert max(f for f, _ in timing.linear_gemms(small, small.seq, 8)) < 4e11 < min(
         f for f, _ in timing.linear_gemms(big, big.seq, 8))
-    binned = replace(H100, gemm_table=((400.0, 0.35), (1e9, 0.7)))
+    binned = replace(H100, gemm_table=((400.0, 0.35), (1e9, H100.gemm_efficiency)))
     assert timing.layer_costs(small, c, binned)["matmul_fwd"] > 1.5 * timing.layer_costs(small, c, H100)["matmul_fwd"]
     assert timing.layer_costs(big, c, binned)["matmul_fwd"] == pytest.approx(
         timing.layer_costs(big, c, H100)["matmul_fwd"])
@@ -320,3 +320,23 @@ def test_measured_gemm_table_prices_small_gemms_slower(tmp_path):
     path.write_text(json.dumps({"peak_flops": 1e15, "gemm_table": [[10, 1.5]]}))
     with pytest.raises(UsageError, match="gemm_table"):
         load_hardware(str(path))
+
+
+def test_matmul_efficiency_is_carried_by_the_measured_ceiling():
+    """The calibration set's A100 efficiency (0.70) moves to another part by the ratio of the maximum achievable
+    matmul FLOP/s measured on each (Bekman's MAMF table: A100 SXM 271.2 of 312, H100 SXM 794.5 of 989 TFLOP/s;
+    FP8 H100 1402.6 of 1979), so the calibration is untouched and an H100 is not a faster A100."""
+    a100, h100 = HW["a100-80g"], HW["h100-80g"]
+    assert a100.gemm_efficiency == HW["a100-40g"].gemm_efficiency == 0.70
+    assert h100.gemm_efficiency == pytest.approx(0.70 * (794.5 / 989) / (271.2 / 312), abs=1e-4)
+    assert h100.fp8_efficiency == pytest.approx(0.70 * (1402.6 / 1979) / (271.2 / 312), abs=1e-4)
+    assert HW["h200"].gemm_efficiency == h100.gemm_efficiency and HW["h200"].fp8_efficiency > h100.fp8_efficiency
+    m = PRESETS["llama-3-8b"]
+    c = ParallelConfig(microbatch=1, precision="fp8")
+    lin = m.layer_linear_flops_fwd(1)
+    saved = (timing.layer_costs(m, replace(c, precision="bf16"), h100)["matmul_fwd"]
+             - timing.layer_costs(m, c, h100)["matmul_fwd"])
+    assert saved == pytest.approx(lin / (989e12 * h100.gemm_efficiency) - lin / (1979e12 * h100.fp8_efficiency))
+    from netmorph.planner.hardware import load_hardware
+    half = load_hardware("h100-80g", 0.5)                     # --efficiency keeps FP8's measured ratio
+    assert half.fp8_efficiency / 0.5 == pytest.approx(h100.fp8_efficiency / h100.gemm_efficiency)

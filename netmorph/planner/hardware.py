@@ -6,8 +6,17 @@ two-level network the collectives are timed on (:class:`netmorph.cost.topology.T
 plus the planner's two efficiency knobs, both documented and overridable
 (``--efficiency``, or a JSON file):
 
-- ``gemm_efficiency``: the fraction of peak that large 16-bit matmuls reach (cuBLAS on
-  A100 reaches about 70-80% on transformer-sized GEMMs);
+- ``gemm_efficiency``: the fraction of peak that a transformer's 16-bit matmuls reach. It is
+  fitted once, on the calibration set's A100 runs (0.70), and carried to other parts by their
+  measured matmul ceiling: each preset's value is 0.70 x (its MAMF / its peak) / (A100's
+  MAMF / A100's peak), where MAMF is the maximum achievable matmul FLOP/s measured over a
+  sweep of shapes (Bekman, *Machine Learning Engineering*, "Maximum Achievable Matmul FLOPS
+  comparison table": A100 SXM 271.2 of 312 TFLOP/s, H100 SXM 794.5 of 989 -- "H200 is the
+  same"). An H100 is not a faster A100: its tensor cores hold a smaller share of their
+  datasheet peak (power and clock limits), 0.65 against 0.70. V100 has no published MAMF and
+  keeps the calibrated value;
+- ``fp8_gemm_efficiency``: the same for FP8 GEMMs, from the FP8 MAMF (H100 SXM 1402.6, H200
+  SXM 1453.4 of 1979 TFLOP/s): 0.57 and 0.59 of the FP8 peak;
 - ``attention_efficiency``: the fraction of the 16-bit peak a fused FlashAttention kernel
   reaches on the attention core (QKᵀ, softmax, ·V), forward and backward together: about
   0.6 on A100 and V100-class parts (FlashAttention-2, Dao 2023: 50-73% forward, lower
@@ -18,7 +27,7 @@ plus the planner's two efficiency knobs, both documented and overridable
   efficiency by GEMM size, bins of GFLOP per GEMM with their measured efficiency, as
   ``python benchmarks/gemm_efficiency.py`` prints them on the GPU (Calculon's approach:
   small GEMMs run further from peak). The presets carry none yet -- they need a GPU to
-  measure -- so every GEMM runs at ``gemm_efficiency``;
+  measure -- so every GEMM runs at ``gemm_efficiency`` (``fp8_gemm_efficiency``);
 - ``elementwise_passes``: how many times the bytes of a layer's stored activations
   (Korthikanti et al.'s per-layer activation bytes) cross HBM in the non-matmul
   kernels of one forward+backward (layernorm, dropout, softmax, GeLU, residual adds).
@@ -57,6 +66,11 @@ class Hardware:
     attention_efficiency: float = 0.6   # a FlashAttention kernel's share of the 16-bit peak
     gemm_table: tuple = ()         # ((GFLOP upper bound, efficiency), ...) measured; () = gemm_efficiency
     fp8_gemm_table: tuple = ()     # the same for FP8 GEMMs
+    fp8_gemm_efficiency: float = 0.0   # FP8 GEMMs' share of fp8_flops (0: gemm_efficiency)
+
+    @property
+    def fp8_efficiency(self) -> float:
+        return self.fp8_gemm_efficiency or self.gemm_efficiency
 
     def topology(self) -> Topology:
         return Topology(self.name, alpha=self.alpha_intra, beta=1 / self.nvlink_bandwidth,
@@ -66,17 +80,33 @@ class Hardware:
 
 
 GiB = 1024 ** 3
+CALIBRATED_EFFICIENCY = 0.70       # the 16-bit matmul efficiency fitted on the calibration set (A100)
+# maximum achievable matmul FLOP/s, measured (Bekman, Machine Learning Engineering, MAMF table; mean of 100
+# iterations per shape): (16-bit MAMF, 16-bit peak, FP8 MAMF, FP8 peak)
+MAMF = {"a100": (271.2e12, 312e12, 0.0, 0.0), "h100": (794.5e12, 989e12, 1402.6e12, 1979e12),
+        "h200": (794.5e12, 989e12, 1453.4e12, 1979e12)}
+
+
+def carried_efficiency(part: str, fp8: bool = False) -> float:
+    """The calibrated A100 matmul efficiency carried to ``part`` by the ratio of their measured ceilings."""
+    a100 = MAMF["a100"][0] / MAMF["a100"][1]
+    mamf, peak, mamf8, peak8 = MAMF[part]
+    return round(CALIBRATED_EFFICIENCY * ((mamf8 / peak8) if fp8 else (mamf / peak)) / a100, 4)
+
+
 PRESETS = {h.name: h for h in [
-    Hardware("v100-32g", 125e12, 32 * GiB, 900e9, 16, 150e9, 12.5e9, gemm_efficiency=0.70,
+    Hardware("v100-32g", 125e12, 32 * GiB, 900e9, 16, 150e9, 12.5e9, gemm_efficiency=CALIBRATED_EFFICIENCY,
              description="DGX-2: 16 V100-32GB on NVSwitch (300 GB/s bidirectional per GPU), 8 x 100 Gb/s EDR per node"),
-    Hardware("a100-40g", 312e12, 40 * GiB, 1555e9, 8, 300e9, 25e9, gemm_efficiency=0.70,
+    Hardware("a100-40g", 312e12, 40 * GiB, 1555e9, 8, 300e9, 25e9, gemm_efficiency=carried_efficiency("a100"),
              description="DGX A100 (320 GB): 8 A100-40GB SXM, NVLink 3 600 GB/s bidirectional, 8 x 200 Gb/s HDR "
                          "per node"),
-    Hardware("a100-80g", 312e12, 80 * GiB, 2039e9, 8, 300e9, 25e9, gemm_efficiency=0.70,
+    Hardware("a100-80g", 312e12, 80 * GiB, 2039e9, 8, 300e9, 25e9, gemm_efficiency=carried_efficiency("a100"),
              description="DGX A100 (Selene): 8 A100-80GB, NVLink 3 600 GB/s bidirectional, 8 x 200 Gb/s HDR per node"),
-    Hardware("h100-80g", 989e12, 80 * GiB, 3350e9, 8, 450e9, 50e9, gemm_efficiency=0.70, fp8_flops=1979e12,
+    Hardware("h100-80g", 989e12, 80 * GiB, 3350e9, 8, 450e9, 50e9, gemm_efficiency=carried_efficiency("h100"),
+             fp8_flops=1979e12, fp8_gemm_efficiency=carried_efficiency("h100", fp8=True),
              attention_efficiency=0.35, description="DGX H100: 8 H100-80GB SXM, NVLink 4 900 GB/s bidirectional, 8 x 400 Gb/s NDR per node"),
-    Hardware("h200", 989e12, 141e9, 4800e9, 8, 450e9, 50e9, gemm_efficiency=0.70, fp8_flops=1979e12,
+    Hardware("h200", 989e12, 141e9, 4800e9, 8, 450e9, 50e9, gemm_efficiency=carried_efficiency("h200"),
+             fp8_flops=1979e12, fp8_gemm_efficiency=carried_efficiency("h200", fp8=True),
              attention_efficiency=0.35, description="DGX H200: 8 H200-141GB SXM (HBM3e 4.8 TB/s), NVLink 4 900 GB/s bidirectional, "
                          "8 x 400 Gb/s NDR per node"),
 ]}
@@ -103,7 +133,9 @@ def load_hardware(name_or_file: str, efficiency: float | None = None) -> Hardwar
     if efficiency is not None:
         if not 0 < efficiency <= 1:
             raise UsageError(f"{{efficiency}} must be in (0, 1], got {efficiency}", "efficiency")
-        hw = replace(hw, gemm_efficiency=efficiency)
+        # the FP8 GEMMs keep their measured ratio to the 16-bit ones
+        fp8 = hw.fp8_gemm_efficiency * efficiency / hw.gemm_efficiency if hw.fp8_gemm_efficiency else 0.0
+        hw = replace(hw, gemm_efficiency=efficiency, fp8_gemm_efficiency=min(fp8, 1.0))
     return hw
 
 

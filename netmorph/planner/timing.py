@@ -146,11 +146,11 @@ def _layer_costs(model: ModelSpec, hw: Hardware, tp, cp, ep, microbatch, recompu
     r_core = hw.peak_flops * hw.attention_efficiency if flash else r16     # a fused kernel's own efficiency
     linear_flops = model.layer_linear_flops_fwd(b)
     if c.precision == "fp8":
-        peak_lin, table = hw.fp8_flops, hw.fp8_gemm_table
+        peak_lin, table, eff = hw.fp8_flops, hw.fp8_gemm_table, hw.fp8_efficiency
     else:
-        peak_lin, table = hw.peak_flops, hw.gemm_table
-    lin = (sum(n * gemm_seconds(f, peak_lin, table, hw.gemm_efficiency) for f, n in linear_gemms(model, b * s / cp, t))
-           if table else linear_flops / (t * cp) / (peak_lin * hw.gemm_efficiency))
+        peak_lin, table, eff = hw.peak_flops, hw.gemm_table, hw.gemm_efficiency
+    lin = (sum(n * gemm_seconds(f, peak_lin, table, eff) for f, n in linear_gemms(model, b * s / cp, t))
+           if table else linear_flops / (t * cp) / (peak_lin * eff))
     core = (model.layer_flops_fwd(b, causal=flash) - linear_flops) / (t * cp) / r_core   # QKᵀ and attention·V
     full = c.recompute == "full"
     core_bwd = (2.5 if flash else 2.0) + (1.0 if full or (c.recompute == "selective" and not flash) else 0.0)
