@@ -322,6 +322,26 @@ def test_measured_gemm_table_prices_small_gemms_slower(tmp_path):
         load_hardware(str(path))
 
 
+def test_zero3_moves_three_model_copies_per_microbatch():
+    """ZeRO-3 / FSDP gathers the weights for every forward and backward and reduce-scatters the gradients after
+    every backward (ZeRO's 3Ψ per microbatch, nothing after the step); ZeRO-1 reduce-scatters once per step and
+    all-gathers the updated weights once."""
+    hw, m = HW["a100-80g"], PRESETS["mpt-7b"]
+    c = ParallelConfig(dp=8, microbatch=2, global_batch=64, zero=3, dp_overlap=False)          # 4 microbatches
+    n = params_on_device(m, c)
+    ag = timing.collective_time(hw, "allgather", 8, 1, c.param_bytes * n)
+    rs = timing.collective_time(hw, "reduce_scatter", 8, 1, c.grad_bytes * n)
+    st = timing.step_time(m, c, hw)
+    assert st["comm_s"]["zero3_gather"] == pytest.approx(4 * 2 * ag)
+    assert st["comm_s"]["data_parallel"] == pytest.approx(4 * rs)
+    st1 = timing.step_time(m, replace(c, zero=1), hw)
+    assert (st1["comm_s"]["zero3_gather"], st1["comm_s"]["data_parallel"]) == (0.0, pytest.approx(rs + ag))
+    # overlapped, they hide behind the compute they fit under
+    over = timing.step_time(m, replace(c, dp_overlap=True), hw)
+    assert over["comm_s"]["zero3_gather"] + over["comm_s"]["data_parallel"] == pytest.approx(
+        max(0.0, 4 * (2 * ag + rs) - st["compute_s"]))
+
+
 def test_matmul_efficiency_is_carried_by_the_measured_ceiling():
     """The calibration set's A100 efficiency (0.70) moves to another part by the ratio of the maximum achievable
     matmul FLOP/s measured on each (Bekman's MAMF table: A100 SXM 271.2 of 312, H100 SXM 794.5 of 989 TFLOP/s;

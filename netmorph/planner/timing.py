@@ -16,8 +16,9 @@ Per microbatch and pipeline stage (the most loaded: l/p layers plus the logits):
 The pipeline runs (m + (p-1)/v) microbatch slots -- 1F1B's bubble (p-1)/m, interleaved
 (p-1)/(v·m). After it: the data-parallel gradient reduction (all-reduce; ZeRO 1/2:
 reduce-scatter + all-gather), exposed unless overlapped with the last backward pass;
-ZeRO-3 also all-gathers the weights before every forward and backward of every
-microbatch; then the optimizer step streams its state through HBM once.
+ZeRO-3 instead all-gathers the weights before every forward and backward of every
+microbatch and reduce-scatters the gradients after every backward (ZeRO's 3Ψ per
+microbatch); then the optimizer step streams its state through HBM once.
 
 Every collective is timed by the foundation's event simulation on the hardware's
 two-level topology, with the group placed as the mesh places it (tp innermost: a TP
@@ -208,10 +209,14 @@ def step_time(model: ModelSpec, c: ParallelConfig, hw: Hardware) -> dict:
     bubble = (p - 1) / (v * m) if m else float("inf")
     dp_comm, gather, optimizer = _after(model, hw, c.tp, c.cp, c.pp, c.dp, c.ep, c.zero, c.first_stage_layers,
                                         c.last_stage_layers, c.param_bytes, c.grad_bytes, c.optimizer_bytes)
+    if gather:
+        # FSDP FULL_SHARD / DeepSpeed stage 3 keep no unsharded gradient to accumulate into, so every
+        # microbatch's backward reduce-scatters its gradients
+        dp_comm *= m
     if c.dp_overlap and gather:
         # FSDP: the weight gathers before each microbatch's forward and backward and the gradient
-        # reduce-scatter all run on the one communication stream behind the same compute; what the
-        # compute does not cover is exposed (reported as ZeRO-3 first, the rest as data parallel)
+        # reduce-scatters all run on the one NCCL stream behind the same compute; what the compute
+        # does not cover is exposed (reported as ZeRO-3 first, the rest as data parallel)
         exposed = max(0.0, m * gather + dp_comm - m * (gemm + elementwise))
         zero3 = min(exposed, m * gather)
         dp_exposed = exposed - zero3
@@ -268,6 +273,10 @@ def _after(model, hw, t, cp, p, d, ep, zero, first, last, param_bytes, grad_byte
     group = d * cp                                   # gradients reduce over data- and context-parallel ranks
     if zero == 0:
         dp_comm = collective_time(hw, "allreduce", group, t, grad_bytes * n)
+    elif zero >= 3 and group > 1:
+        # ZeRO-3 / FSDP: the updated shard stays put -- the next forward's gather fetches it -- so the step
+        # is the gradient reduce-scatter alone (ZeRO's 3Ψ: two gathers per microbatch and this)
+        dp_comm = collective_time(hw, "reduce_scatter", group, t, grad_bytes * n)
     else:
         dp_comm = (collective_time(hw, "reduce_scatter", group, t, grad_bytes * n)
                    + collective_time(hw, "allgather", group, t, param_bytes * n))
