@@ -77,18 +77,23 @@ def test_flops_conventions_causal_and_flash():
 
 
 def test_activation_terms_for_gqa_swiglu_flash():
-    """Korthikanti's table generalised term by term; the s² scores vanish under FlashAttention."""
+    """Korthikanti's table generalised term by term; the s² scores vanish under FlashAttention; Llama trains
+    without dropout, so its layers store no masks (2h per token, and the attention core's as)."""
     m = PRESETS["llama-3-8b"]
+    assert not m.dropout
     s, h, kv, f, a = m.seq, 4096, 1024, 14336, 32
     c = ParallelConfig(tp=4, microbatch=1)
-    want = s * ((4 * h + 2 * h + 2 * h + 2 * h) + (2 * h + 4 * kv + 2 * h + 6 * f + 4 * a) / 4)
+    want = s * ((4 * h + 2 * h + 2 * h) + (2 * h + 4 * kv + 2 * h + 6 * f + 4 * a) / 4)
     assert activation_bytes_per_layer(m, c) == pytest.approx(want)
+    assert activation_bytes_per_layer(replace(m, dropout=True), c) - activation_bytes_per_layer(m, c) == s * 2 * h
     std = ModelSpec("x", 1, h, a, s, 1000, f, kv_heads=8, ffn_type="swiglu", attention="standard")
-    assert activation_bytes_per_layer(std, c) - activation_bytes_per_layer(m, c) == pytest.approx(
-        s * (5 * a * s - 4 * a) / 4)
+    assert activation_bytes_per_layer(std, c) - activation_bytes_per_layer(replace(m, dropout=True), c) == \
+        pytest.approx(s * (5 * a * s - 4 * a) / 4)
+    assert activation_bytes_per_layer(std, c) - activation_bytes_per_layer(replace(std, dropout=False), c) == \
+        pytest.approx(s * (2 * h + a * s / 4))
     sp = ParallelConfig(tp=4, microbatch=1, sequence_parallel=True, cp=2)
-    assert activation_bytes_per_layer(m, sp) == pytest.approx(want * 0 + s / 2 * (10 * h + 2 * h + 4 * kv + 2 * h
-                                                                                   + 6 * f + 4 * a) / 4)
+    assert activation_bytes_per_layer(m, sp) == pytest.approx(s / 2 * (8 * h + 2 * h + 4 * kv + 2 * h
+                                                                       + 6 * f + 4 * a) / 4)
     fp8 = ParallelConfig(tp=4, microbatch=1, precision="fp8")
     # the four linear inputs (QKV, output projection, fc1: h each; fc2: f) stored in 8 bits
     assert activation_bytes_per_layer(m, c) - activation_bytes_per_layer(m, fp8) == pytest.approx(
@@ -208,6 +213,15 @@ def test_hf_config_llama3_and_mixtral_and_gpt2(tmp_path):
     spec = ModelSpec(**fields)
     assert spec.params() == pytest.approx(124.4e6, rel=0.005)          # GPT-2 small: 124M
     assert (spec.position, spec.tied, spec.ffn_type) == ("learned", True, "gelu")
+    # GPT-2 trains with dropout 0.1 (resid_pdrop, ...), Llama 3 with attention_dropout 0, Mixtral names none
+    path.write_text(json.dumps({**GPT2_CONFIG, "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1}))
+    fields, unknown = from_hf_config(path)
+    assert fields["dropout"] is True and "resid_pdrop" not in unknown
+    assert from_hf_config(tmp_path / "llama.json")[0]["dropout"] is False
+    assert from_hf_config(tmp_path / "mixtral.json")[0]["dropout"] is False
+    path.write_text(json.dumps({**GPT2_CONFIG, "resid_pdrop": 1.5}))
+    with pytest.raises(UsageError, match="dropout probability"):
+        from_hf_config(path)
 
 
 def test_megatron_args_and_deepspeed_config(tmp_path):
@@ -223,6 +237,9 @@ def test_megatron_args_and_deepspeed_config(tmp_path):
     assert split == {"tp": 4, "pp": 4, "cp": 2, "interleave": 4, "microbatch": 1, "global_batch": 128,
                      "sequence_parallel": True, "zero": 1, "precision": "fp8"}
     assert unknown == ["--lr", "--train-iters"]
+    assert model["dropout"] is True                                  # Megatron's dropouts default to 0.1
+    assert from_megatron_args(line + " --hidden-dropout 0 --attention-dropout 0.0")[0]["dropout"] is False
+    assert from_megatron_args(line + " --hidden-dropout 0")[0]["dropout"] is True
     with pytest.raises(UsageError, match="needs a value"):
         from_megatron_args("--num-layers")
     ds = tmp_path / "ds.json"

@@ -7,6 +7,7 @@ Configuration flags given to the search fix that dimension.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import sys
@@ -54,6 +55,9 @@ def add_split_args(p, bare: bool = True) -> None:
     g.add_argument("--attention", choices=("flash", "standard"),
                    help="flash: no stored s x s scores, recomputed in backward (default for models from flags "
                         "and configs; the 2021-22 paper presets are standard)")
+    g.add_argument("--dropout", action=argparse.BooleanOptionalAction, default=None,
+                   help="--no-dropout: the model trains without dropout (Llama, MPT), so no masks are stored "
+                        "(default: as the preset or config; on for a model from flags)")
     g.add_argument("--experts", type=int, help="mixture of experts: experts per layer")
     g.add_argument("--top-k", type=int, help="experts each token visits (default 2 with --experts)")
     g.add_argument("--capacity-factor", type=float, help="MoE expert capacity over its even share (default 1: "
@@ -96,7 +100,7 @@ def add_split_args(p, bare: bool = True) -> None:
 
 
 ARCH = {"kv_heads": "kv_heads", "ffn_type": "ffn_type", "position": "position", "attention": "attention",
-        "experts": "experts", "top_k": "top_k", "capacity_factor": "capacity_factor"}
+        "experts": "experts", "top_k": "top_k", "capacity_factor": "capacity_factor", "dropout": "dropout"}
 
 
 def _common(args):

@@ -3,7 +3,8 @@
 - :func:`from_hf_config`: a Hugging Face ``config.json`` (``num_hidden_layers``,
   ``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``, ``intermediate_size``,
   ``vocab_size``, ``tie_word_embeddings``, ``hidden_act``, ``num_local_experts`` /
-  ``num_experts_per_tok``, and the GPT-2 / MPT spellings ``n_layer``, ``n_embd``, ``d_model``, ...).
+  ``num_experts_per_tok``, the dropout probabilities (``attention_dropout``, ``resid_pdrop``, ...: all
+  0 or absent, no masks stored), and the GPT-2 / MPT spellings ``n_layer``, ``n_embd``, ``d_model``, ...).
 - :func:`from_megatron_args`: a Megatron-LM ``pretrain_gpt.py`` command line: the model
   (``--num-layers``, ``--hidden-size``, ``--num-query-groups``, ``--swiglu``, ...) and the split
   (``--tensor-model-parallel-size``, ``--context-parallel-size``, ``--micro-batch-size``,
@@ -25,6 +26,8 @@ from netmorph.errors import UsageError
 from netmorph.files import printable, read_json_object
 
 GATED = ("silu", "swish", "swiglu", "silu_and_mul")
+DROPOUTS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "emb_pdrop", "attn_pdrop",
+            "hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "activation_dropout")
 ROPE_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "gemma", "gemma2", "phi3", "olmo",
                  "olmo2", "deepseek_v2", "deepseek_v3", "gpt_neox", "gptj", "falcon", "stablelm", "internlm2")
 
@@ -98,6 +101,12 @@ def from_hf_config(path) -> tuple[dict, list]:
         bias = not cfg["no_bias"]
         used.add("no_bias")
     tied = _first(cfg, used, "tie_word_embeddings", "tie_embeddings", default=True)
+    # dropout: any probability above 0 stores masks; a config without one (Llama's first ones) has none
+    drops = [cfg[k] for k in DROPOUTS if k in cfg] + [attn_cfg[k] for k in DROPOUTS if k in attn_cfg]
+    used.update(k for k in DROPOUTS if k in cfg)
+    if any(isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1 for p in drops):
+        raise UsageError(f"{{model_config}} {where}: a dropout probability must be a number in [0, 1), got "
+                         f"{', '.join(map(repr, drops))}", "model_config")
     experts = _first(cfg, used, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0
     top_k = _first(cfg, used, "num_experts_per_tok", "moe_top_k", "top_k", default=1 if not experts else 2)
     fields = dict(layers=layers, hidden=hidden, heads=heads, vocab=vocab, seq=_int(seq, "max_position_embeddings",
@@ -105,7 +114,8 @@ def from_hf_config(path) -> tuple[dict, list]:
                   ffn=0 if ffn is None else _int(ffn, "intermediate_size", where, "model_config"),
                   kv_heads=0 if kv is None or kv == heads else _int(kv, "num_key_value_heads", where, "model_config"),
                   ffn_type="swiglu" if swiglu else "gelu", position=position, tied=bool(tied), bias=bool(bias),
-                  attention="flash", experts=_int(experts, "num_local_experts", where, "model_config"),
+                  attention="flash", dropout=any(p > 0 for p in drops),
+                  experts=_int(experts, "num_local_experts", where, "model_config"),
                   top_k=_int(top_k, "num_experts_per_tok", where, "model_config"))
     stem = path.stem if path.stem != "config" else path.parent.name     # .../Meta-Llama-3-8B/config.json
     name = str(cfg.get("_name_or_path") or stem or model_type)
@@ -129,6 +139,7 @@ _MEGATRON = {
     "--decoder-last-pipeline-num-layers": ("split", "last_stage_layers", int),
     "--num-layers-per-virtual-pipeline-stage": ("split", "layers_per_virtual_stage", int),
     "--recompute-granularity": ("split", "recompute", str),
+    "--hidden-dropout": ("model", "hidden_dropout", float), "--attention-dropout": ("model", "attention_dropout", float),
 }
 _MEGATRON_FLAGS = {   # flags without a value
     "--swiglu": ("model", "ffn_type", "swiglu"), "--untie-embeddings-and-output-weights": ("model", "tied", False),
@@ -202,6 +213,12 @@ def from_megatron_args(text: str) -> tuple[dict, dict, list]:
             raise UsageError(f"{{megatron_args}}: --num-layers-per-virtual-pipeline-stage {lpv} does not divide "
                              f"--num-layers {layers} over {pp} stages", "megatron_args")
         split["interleave"] = layers // (pp * lpv)
+    # Megatron's dropouts default to 0.1; with both at 0 no masks are stored
+    probs = [model.pop(k, 0.1) for k in ("hidden_dropout", "attention_dropout")]
+    if any(not 0 <= p < 1 for p in probs):
+        raise UsageError(f"{{megatron_args}}: --hidden-dropout/--attention-dropout must be in [0, 1), got "
+                         f"{', '.join(map(str, probs))}", "megatron_args")
+    model["dropout"] = any(probs)
     if model.get("ffn_type") == "swiglu" and "ffn" not in model and model.get("hidden"):
         model["ffn"] = int(4 * model["hidden"] * 2 / 3 / 64) * 64          # Megatron's SwiGLU default width
     return model, split, unknown

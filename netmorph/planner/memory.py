@@ -17,10 +17,12 @@ per parameter); master weights and the optimizer stay fp32.
 Activations generalise Korthikanti et al. 2022 (Table 2) term by term, per layer and token,
 16-bit (h_kv = K/V width, f = MLP width, a = heads):
 
-    replicated under TP   4h (two norm inputs) + 2h (QKV input) + 2h (MLP input) + 2h (dropout masks)
+    replicated under TP   4h (two norm inputs) + 2h (QKV input) + 2h (MLP input) + 2h (two dropout
+                          masks, 1 byte per element; none for a model without dropout)
     split by t            2h (Q) + 4h_kv (K, V) + 2h (attention output) + MLP: 4f (GeLU: its input and
                           fc2's) or 6f (SwiGLU: gate, up, product)
-    attention core        standard: 5as per token (scores, softmax, dropout mask; split by t);
+    attention core        standard: 5as per token (scores, softmax, dropout mask; 4as without dropout;
+                          split by t);
                           FlashAttention: only the softmax statistics, 4a bytes (fp32 per head)
 
 which for MHA, f = 4h and standard attention is the paper's sbh(34 + 5as/h) (10 replicated + 24
@@ -31,7 +33,7 @@ stores the four linear layers' inputs in 8 bits; a mixture of experts stores the
 each of the top_k experts a token visits (times the capacity factor: the padding is stored too).
 
 Under 1F1B stage i holds min(p - i, m) microbatches in flight, times (1 + (p-1)/(p·v)) with the
-interleaved schedule; the first stage also the embedding's dropout mask for p microbatches and
+interleaved schedule; the first stage also the embedding's dropout mask (if any) for p microbatches and
 the last stage the fp32 logits (4·s·b·V/t) of one.
 """
 
@@ -107,11 +109,12 @@ def activation_bytes_per_layer(model: ModelSpec, c: ParallelConfig, recompute: s
         return 2 * sb * h / (t if sp else 1)
     lin = 1 if c.precision == "fp8" else 2                # bytes of a stored linear-layer input
     k = model.active_experts * (model.capacity_factor if model.experts else 1.0)     # MLP rows per token
-    replicated = 4 * h + lin * h + lin * h * k + 2 * h
+    masks = 2 * h if model.dropout else 0
+    replicated = 4 * h + lin * h + lin * h * k + masks
     mlp = (2 * 2 if model.ffn_type == "swiglu" else 2) * model.f + lin * model.f
     split = 2 * h + 4 * model.h_kv + lin * h + k * mlp
     if rc == "none":
-        split += 5 * a * s if model.attention == "standard" else 4 * a
+        split += (5 if model.dropout else 4) * a * s if model.attention == "standard" else 4 * a
     return sb * (replicated / t + split / t if sp else replicated + split / t)
 
 
@@ -127,7 +130,7 @@ def stage_activations(model: ModelSpec, c: ParallelConfig, which: list | None = 
     stages = c.stage_layers(model.layers)
     for i in (range(len(stages)) if which is None else which):
         act = per_layer * stages[i] * min(p - i, max(m, 1)) * interleave
-        if i == 0:
+        if i == 0 and model.dropout:
             act += s * b * h * p / c.tp                  # embedding dropout mask, p microbatches
         if i == len(stages) - 1:
             act += 4 * s * b * model.vocab / c.tp        # fp32 logits for the cross-entropy

@@ -15,6 +15,8 @@ embedding. Today's models differ in ways that change every count, so each is a f
 - ``attention`` ``flash`` (Dao et al. 2022): the s² scores are never stored, the causal mask
   lets the kernel skip half of them, and the backward recomputes them (5 matmuls to the
   forward's 2 -- FlashAttention-2, section 3.1.2);
+- ``dropout=False``: the model trains without dropout (Llama, Mistral, MPT, BLOOM), so no
+  dropout masks are stored (torch's dropout with p = 0 returns its input);
 - ``experts``/``top_k`` (mixture of experts, Megatron's expert-parallel MLP; Mixtral): E
   copies of the MLP and a router of h x E per layer, each token through ``top_k`` of them;
   ``capacity_factor`` > 1 pads every expert to that multiple of its even share (GShard,
@@ -72,6 +74,7 @@ class ModelSpec:
     tied: bool = True              # output layer shares the word embedding
     bias: bool = True              # linear biases and LayerNorm (False: no biases, RMSNorm)
     attention: str = "standard"    # standard | flash
+    dropout: bool = True           # dropout layers (False: none, so no masks stored)
     experts: int = 0               # 0: dense MLP
     top_k: int = 1                 # experts per token
     capacity_factor: float = 1.0   # expert capacity / (tokens x top_k / experts): padding computed and sent
@@ -211,6 +214,8 @@ class ModelSpec:
         if not self.bias:
             parts.append("no bias")
         parts.append(f"{self.attention} attention")
+        if not self.dropout:
+            parts.append("no dropout")
         return ", ".join(parts)
 
 
@@ -220,12 +225,13 @@ def _m(name, layers, hidden, heads, seq=2048, vocab=51200):
 
 def _llama(name, layers, hidden, heads, kv, ffn, vocab=128256, seq=8192, **kw):
     return ModelSpec(name, layers, hidden, heads, seq, vocab, ffn, kv_heads=kv, ffn_type="swiglu", position="rope",
-                     tied=False, bias=False, attention="flash", **kw)
+                     tied=False, bias=False, attention="flash", dropout=False, **kw)
 
 
 def _mpt(name, layers, hidden, heads):
-    # llm-foundry's benchmark MPTs: learned positions, biases, LayerNorm, GeLU 4h, vocab 50368, tied, flash
-    return ModelSpec(name, layers, hidden, heads, 2048, 50368, attention="flash")
+    # llm-foundry's benchmark MPTs: learned positions, biases, LayerNorm, GeLU 4h, vocab 50368, tied, flash, and
+    # attn_pdrop = resid_pdrop = emb_pdrop = 0
+    return ModelSpec(name, layers, hidden, heads, 2048, 50368, attention="flash", dropout=False)
 
 
 PRESETS = {m.name: m for m in [
@@ -244,7 +250,7 @@ PRESETS = {m.name: m for m in [
     _llama("llama-2-7b", 32, 4096, 32, 32, 11008, vocab=32000, seq=4096),
     _llama("llama-2-70b", 80, 8192, 64, 8, 28672, vocab=32000, seq=4096),
     _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, vocab=32000, seq=4096, experts=8, top_k=2),
-    ModelSpec("bloom-176b", 70, 14336, 112, 2048, 250880, position="alibi"),
+    ModelSpec("bloom-176b", 70, 14336, 112, 2048, 250880, position="alibi", dropout=False),   # dropout 0.0
     _mpt("mpt-1b", 24, 2048, 16), _mpt("mpt-7b", 32, 4096, 32), _mpt("mpt-13b", 40, 5120, 40),
     _mpt("mpt-30b", 48, 7168, 56), _mpt("mpt-70b", 80, 8192, 64),
 ]}
