@@ -166,7 +166,7 @@ def predicted(unit, e, source):
         return e["tokens_per_s_per_gpu"]
     if source.startswith("BLOOM"):
         return e["tflops_per_gpu"]                             # Megatron-DeepSpeed counts the recomputation
-    return e["model_flops_per_iteration"] / e["step_time_s"] / e["gpus"] / 1e12
+    return e["megatron_flops_per_iteration"] / e["step_time_s"] / e["gpus"] / 1e12
 
 
 def _num(x):

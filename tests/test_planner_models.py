@@ -259,6 +259,13 @@ def test_cli_model_config_megatron_args_and_notes(tmp_path, capsys):
     cap = capsys.readouterr()
     e = json.loads(cap.out)
     assert e["params_count"] == PRESETS["llama-3-8b"].params() and e["gpus"] == 8
+    assert {k: e[k] for k in ("kv_heads", "ffn_type", "attention", "dropout", "experts", "cp", "ep", "precision")} \
+        == {"kv_heads": 8, "ffn_type": "swiglu", "attention": "flash", "dropout": False, "experts": 0, "cp": 1,
+            "ep": 1, "precision": "bf16"}
+    # the causal model's FLOPs and Megatron's (the full s x s product) differ by half the attention product
+    m, b = PRESETS["llama-3-8b"], 32
+    assert e["megatron_flops_per_iteration"] - e["model_flops_per_iteration"] == pytest.approx(
+        3 * m.layers * 2 * b * m.seq ** 2 * m.hidden)
     assert "not modelled" in cap.err and "rms_norm_eps" in cap.err
     assert main(["plan", "--megatron-args", "--num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
                  "--seq-length 4096 --tensor-model-parallel-size 2 --global-batch-size 64 --micro-batch-size 1",

@@ -234,8 +234,8 @@ def _estimate(args, model, hw) -> int:
         return 0
     cm = e["comm_s"]
     print(f"FLOPs / iteration  {e['flops_per_iteration']:.4g} (eq. 3 convention, recompute {c.recompute}); "
-          f"model FLOPs {e['model_flops_per_iteration']:.4g} (Megatron: full s x s attention), "
-          f"{e['causal_model_flops_per_iteration']:.4g} causal")
+          f"model FLOPs {e['megatron_flops_per_iteration']:.4g} (Megatron: full s x s attention), "
+          f"{e['model_flops_per_iteration']:.4g} causal")
     extra = "".join(f" + {name} {cm[key]:.3f}" for name, key in (("CP", "context_parallel"), ("EP", "expert_parallel"))
                     if cm[key])
     print(f"step time          {e['step_time_s']:.3f} s = matmul {e['matmul_s']:.3f} + elementwise "

@@ -139,6 +139,10 @@ def estimate(model: ModelSpec, c: ParallelConfig, hw: Hardware, times: dict | No
     mem = memory(model, c)
     out = {**{k: getattr(c, k) for k in CONFIG_KEYS},
            "gpus": c.gpus, "hardware": hw.name, "model": model.name,
+           **({} if model.bare else {"kv_heads": model.kv, "ffn_type": model.ffn_type, "ffn": model.f,
+                                     "position": model.position, "tied": model.tied, "attention": model.attention,
+                                     "dropout": model.dropout, "experts": model.experts,
+                                     "top_k": model.top_k if model.experts else 0}),
            "memory_bytes": mem, "device_memory_bytes": hw.memory_bytes, "fits": mem["total"] <= hw.memory_bytes,
            "params_count": model.params()}
     if model.experts:
@@ -150,8 +154,9 @@ def estimate(model: ModelSpec, c: ParallelConfig, hw: Hardware, times: dict | No
     out.update(t)
     out.update({
         "flops_per_iteration": model.flops_per_iteration(c.global_batch, c.recompute),
-        "model_flops_per_iteration": model.model_flops(c.global_batch),
-        "causal_model_flops_per_iteration": model.causal_model_flops(c.global_batch),
+        # what the causal model needs, and Megatron's convention (the full s x s product; MFU divides it)
+        "model_flops_per_iteration": model.causal_model_flops(c.global_batch),
+        "megatron_flops_per_iteration": model.model_flops(c.global_batch),
         **rates(model, c, hw, t["step_time_s"]),
     })
     return out
