@@ -71,6 +71,33 @@ def test_bad_topology_and_hardware_files(tmp_path, data, words, capsys):
         assert "--hardware" in capsys.readouterr().err
 
 
+HARDWARE = ('"peak_flops": 1e15, "memory_bytes": 8e10, "hbm_bandwidth": 3e12, "gpus_per_node": 8, '
+            '"nvlink_bandwidth": 4.5e11, "nic_bandwidth": 5e10, "fp8_flops": 2e15')
+HARDWARE_FIELDS = [   # each was a ZeroDivisionError / TypeError traceback, or an MFU over 100%, before
+    ('"gemm_efficiency": 0', "gemm_efficiency"), ('"gemm_efficiency": true', "gemm_efficiency"),
+    ('"fp8_gemm_efficiency": "fast"', "fp8_gemm_efficiency"), ('"fp8_gemm_efficiency": 1.5', "fp8_gemm_efficiency"),
+    ('"attention_efficiency": -1', "attention_efficiency"), ('"peak_flops": "x"', "peak_flops"),
+    ('"gpus_per_node": 2.5', "gpus_per_node"), ('"nvlink_bandwidth": NaN', "nvlink_bandwidth"),
+    ('"elementwise_passes": -1', "elementwise_passes"), ('"alpha_inter": Infinity', "alpha_inter"),
+    ('"name": 5', "name"),
+]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("extra,field", HARDWARE_FIELDS, ids=[e for e, _ in HARDWARE_FIELDS])
+def test_bad_hardware_fields_are_one_line_naming_the_field(tmp_path, extra, field, capsys):
+    f = tmp_path / "hw.json"
+    argv = ["plan", "estimate", "--model", "llama-3-8b", "--hardware", str(f), "--dp", "8", "--global-batch", "64",
+            "--precision", "fp8"]
+    f.write_text("{" + HARDWARE + "}")
+    assert main(argv) == 0                                       # the file without the bad field is fine
+    capsys.readouterr()
+    f.write_text("{" + HARDWARE + ", " + extra + "}")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--hardware" in err and field in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
 def test_devices_and_huge_files_are_refused_unread(tmp_path, capsys):
     assert main(["collective", "allreduce", "--world", "8", "--bytes", "1KiB", "--topology", "/dev/zero"]) == 2
     assert "not a regular file" in capsys.readouterr().err

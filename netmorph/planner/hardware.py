@@ -40,6 +40,7 @@ system guides (NVSwitch bandwidth per GPU, one 200 Gb/s HDR or 400 Gb/s NDR NIC 
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -130,6 +131,7 @@ def load_hardware(name_or_file: str, efficiency: float | None = None) -> Hardwar
         except TypeError as e:
             raise UsageError(f"{{hardware}}: cannot use {name_or_file}: {e}; fields: "
                              f"{', '.join(asdict(PRESETS['a100-80g']))}", "hardware") from None
+        _check_fields(hw, name_or_file)
     if efficiency is not None:
         if not 0 < efficiency <= 1:
             raise UsageError(f"{{efficiency}} must be in (0, 1], got {efficiency}", "efficiency")
@@ -145,6 +147,32 @@ def _exists(path) -> bool:
         return path.exists()
     except OSError:
         return False
+
+
+# what a hardware file's numbers must be: (fields, test, the words for it)
+_RULES = (
+    (("peak_flops", "memory_bytes", "hbm_bandwidth", "nvlink_bandwidth", "nic_bandwidth"), lambda v: v > 0,
+     "a number > 0"),
+    (("alpha_intra", "alpha_inter", "elementwise_passes", "fp8_flops"), lambda v: v >= 0, "a number >= 0"),
+    (("gemm_efficiency", "attention_efficiency"), lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    (("fp8_gemm_efficiency",), lambda v: 0 <= v <= 1, "a number in [0, 1] (0: as gemm_efficiency)"),
+)
+
+
+def _check_fields(hw: Hardware, where: str) -> None:
+    """UsageError naming the first field of a hardware file that is not what the planner divides by or scales
+    with (a zero efficiency was a ZeroDivisionError, an efficiency over 1 an MFU over 100%)."""
+    for keys, ok, what in _RULES:
+        for k in keys:
+            v = getattr(hw, k)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not ok(v):
+                raise UsageError(f"{{hardware}}: {where}: {k} must be {what}, got {v!r}", "hardware")
+    g = hw.gpus_per_node
+    if isinstance(g, bool) or not isinstance(g, int) or not 1 <= g <= 1 << 20:
+        raise UsageError(f"{{hardware}}: {where}: gpus_per_node must be a whole number >= 1, got {g!r}", "hardware")
+    for k in ("name", "description"):
+        if not isinstance(getattr(hw, k), str):
+            raise UsageError(f"{{hardware}}: {where}: {k} must be a string, got {getattr(hw, k)!r}", "hardware")
 
 
 def _table(rows, key: str, where: str) -> tuple:
