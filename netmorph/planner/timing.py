@@ -273,7 +273,7 @@ def _after(model, hw, t, cp, p, d, ep, zero, first, last, param_bytes, grad_byte
     group = d * cp                                   # gradients reduce over data- and context-parallel ranks
     if zero == 0:
         dp_comm = collective_time(hw, "allreduce", group, t, grad_bytes * n)
-    elif zero >= 3 and group > 1:
+    elif zero >= 3:
         # ZeRO-3 / FSDP: the updated shard stays put -- the next forward's gather fetches it -- so the step
         # is the gradient reduce-scatter alone (ZeRO's 3Ψ: two gathers per microbatch and this)
         dp_comm = collective_time(hw, "reduce_scatter", group, t, grad_bytes * n)
