@@ -27,6 +27,14 @@ def printable(text) -> str:
     return text if text.isprintable() else repr(text)
 
 
+def path_exists(path) -> bool:
+    """``path.exists()``, False for a name the file system cannot even look up (too long, say)."""
+    try:
+        return Path(path).exists()
+    except OSError:
+        return False
+
+
 def read_text_limited(path, argument: str, max_bytes: int = MAX_BYTES) -> str:
     """The UTF-8 text of a regular file of at most ``max_bytes``; UsageError naming ``argument`` otherwise."""
     path = Path(path)

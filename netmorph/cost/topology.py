@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from netmorph.errors import UsageError
-from netmorph.files import read_json_object
+from netmorph.files import path_exists, read_json_object
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ def load_topology(name_or_file: str) -> Topology:
     if name_or_file in PRESETS:
         return PRESETS[name_or_file]
     path = Path(name_or_file)
-    if not _exists(path):
+    if not path_exists(path):
         raise UsageError(f"{{topology}}: {name_or_file!r} is neither a preset ({', '.join(PRESETS)}) nor a file",
                          "topology")
     data = read_json_object(path, "topology")
@@ -152,11 +152,3 @@ def load_topology(name_or_file: str) -> Topology:
         raise UsageError(f"{{topology}}: {name_or_file}: a two-level topology needs beta_inter or node_bandwidth",
                          "topology")
     return topo
-
-
-def _exists(path) -> bool:
-    """``path.exists()``, False for a name the file system cannot even look up (too long, say)."""
-    try:
-        return path.exists()
-    except OSError:
-        return False

@@ -46,7 +46,7 @@ from pathlib import Path
 
 from netmorph.cost.topology import Topology
 from netmorph.errors import UsageError
-from netmorph.files import read_json_object
+from netmorph.files import path_exists, read_json_object
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ def load_hardware(name_or_file: str, efficiency: float | None = None) -> Hardwar
         hw = PRESETS[name_or_file]
     else:
         path = Path(name_or_file)
-        if not _exists(path):
+        if not path_exists(path):
             raise UsageError(f"{{hardware}}: {name_or_file!r} is neither a preset ({', '.join(PRESETS)}) nor a file",
                              "hardware")
         data = read_json_object(path, "hardware")
@@ -139,14 +139,6 @@ def load_hardware(name_or_file: str, efficiency: float | None = None) -> Hardwar
         fp8 = hw.fp8_gemm_efficiency * efficiency / hw.gemm_efficiency if hw.fp8_gemm_efficiency else 0.0
         hw = replace(hw, gemm_efficiency=efficiency, fp8_gemm_efficiency=min(fp8, 1.0))
     return hw
-
-
-def _exists(path) -> bool:
-    """``path.exists()``, False for a name the file system cannot even look up (too long, say)."""
-    try:
-        return path.exists()
-    except OSError:
-        return False
 
 
 # what a hardware file's numbers must be: (fields, test, the words for it)
