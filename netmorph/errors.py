@@ -33,6 +33,12 @@ class UsageError(ValueError):
         return _PLACEHOLDER.sub(spell, self.text)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread by the CLI's handler so that every ``finally`` runs (ranks
+    stopped, temporary files and store folders removed) before the command exits 143, as a shell
+    reports a process SIGTERM ended (128 + 15). A KeyboardInterrupt, so every Ctrl-C path covers it."""
+
+
 # what to install for each package an optional part of netmorph imports
 INSTALL = {
     "torch": "pip install torch (the CPU build: pip install torch --index-url https://download.pytorch.org/whl/cpu)",

@@ -4,14 +4,24 @@ Reading: a regular file, at most 1 MiB, UTF-8, one JSON object.
 
 Topologies (``--topology FILE``) and hardware (``--hardware FILE``) come from files a
 user names; a device (``/dev/zero``), a binary file or a list must be one clear line
-naming the flag, never a traceback or an unbounded read. Writing: figures, traces
-and reports go to a temporary file beside the target, then ``os.replace``.
+naming the flag, never a traceback or an unbounded read.
+
+Writing: every output path a user names (``--plot``, ``--trace``, the tour's folder)
+is checked by :func:`output_problem` before any work starts -- an empty name, a name
+too long for the file system, an extension the writer cannot produce, a missing or
+unwritable folder, and anything that exists and is not a regular file (a device
+node, a FIFO, a socket, a folder) are refused. Figures, traces and reports then go
+to a temporary ``.netmorph-*`` file beside the target and ``os.replace`` it, which
+refuses once more, at the last moment, to put a file where something that is not a
+regular file stands: ``--trace /dev/null`` run as root must never turn the device
+node into a file.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -69,6 +79,95 @@ def read_json_object(path: Path, argument: str) -> dict:
     return data
 
 
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+TRACE_SUFFIXES = ("json",)
+
+
+def _not_regular(mode: int) -> str | None:
+    """What a file of ``mode`` is when it is not a regular file ("a character device"), else None."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def plot_suffixes() -> tuple[str, ...]:
+    """The extensions matplotlib can save here (``pgf`` only where its TeX is installed)."""
+    import shutil
+
+    import matplotlib
+    from matplotlib.backend_bases import FigureCanvasBase
+    kinds = ["png", "pdf", "svg"] + sorted(set(FigureCanvasBase.get_supported_filetypes()) - {"png", "pdf", "svg"})
+    if shutil.which(matplotlib.rcParams.get("pgf.texsystem", "xelatex")) is None:
+        kinds.remove("pgf")
+    return tuple(kinds)
+
+
+def output_problem(path, suffixes=None) -> str | None:
+    """Why ``path`` cannot be written as an output file, in words ("is a FIFO, not a regular file"),
+    or None when it can. ``suffixes``: the extensions the writer produces (None: any). Nothing is
+    written but a probe file, created fresh beside the target and removed at once."""
+    text = os.fspath(path) if isinstance(path, os.PathLike) else path
+    if not isinstance(text, str) or not text.strip():
+        return "is empty; name a file to write"
+    shown = printable(text)
+    if "\0" in text:
+        return f"{shown} holds a NUL character"
+    directory, name = os.path.split(os.path.abspath(text))
+    if not name or text.endswith(("/", os.sep)):
+        return f"{shown} names a folder; name a file to write"
+    try:
+        name_max = os.pathconf(directory, "PC_NAME_MAX") if os.path.isdir(directory) else 255
+    except (OSError, ValueError):
+        name_max = 255
+    if len(os.fsencode(name)) > name_max:
+        return (f"the file name in {shown[:60]}... is {len(os.fsencode(name))} bytes; the file system takes "
+                f"at most {name_max}")
+    if len(os.fsencode(os.path.abspath(text))) >= 4096:
+        return f"{shown[:60]}... is longer than the file system's 4096-byte path limit"
+    try:
+        st = os.lstat(text)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        return f"{shown}: cannot look it up ({e.strerror or e})"
+    if st is not None:
+        if stat.S_ISLNK(st.st_mode):             # a link is replaced, never followed -- unless it stands
+            try:                                  # for something that is not a file (/dev/stdout)
+                kind = _not_regular(os.stat(text).st_mode)
+            except OSError:
+                kind = None                       # dangling: the link itself is replaced
+            if kind:
+                return f"{shown} is a link to {kind}, not to a regular file; name a file to write"
+        else:
+            kind = _not_regular(st.st_mode)
+            if kind:
+                return f"{shown} is {kind}, not a regular file; name a file to write"
+            if not os.access(text, os.W_OK):
+                return f"{shown} is read-only"
+    if suffixes is not None:
+        ext = os.path.splitext(name)[1][1:].lower()
+        if not ext:
+            return f"{shown} has no extension; end it in .{suffixes[0]}" + (
+                f" (or {', '.join('.' + s for s in suffixes[1:])})" if len(suffixes) > 1 else "")
+        if ext not in suffixes:
+            return f"cannot write a .{ext} file ({shown}); use one of {', '.join('.' + s for s in suffixes)}"
+    if not os.path.isdir(directory):
+        return f"the folder {printable(directory)} does not exist"
+    try:
+        probe_writable(directory)
+    except OSError as e:
+        return f"cannot write to {printable(directory)}: {e.strerror or e}"
+    return None
+
+
+def check_output(path, argument: str, suffixes=None) -> None:
+    """:func:`output_problem` as a UsageError naming ``argument``."""
+    problem = output_problem(path, suffixes)
+    if problem:
+        raise UsageError(f"{{{argument}}}: {problem}", argument)
+
+
 def probe_writable(directory) -> None:
     """Prove a file can be created in ``directory`` (OSError if not): a fresh name created exclusively
     (``mkstemp``) and removed, so a link planted under a fixed name is never followed. (``os.access``
@@ -84,18 +183,37 @@ def atomic_path(path):
     removed when it does not: a reader (or a crash, or Ctrl-C) never sees a half-written file, and
     nothing is written through a name planted in advance (``mkstemp`` creates a fresh file)."""
     path = os.fspath(path)
+    ext = os.path.splitext(path)[1]
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".netmorph-",
-                               suffix=os.path.splitext(path)[1])
+                               suffix=ext if len(ext) <= 16 else "")
     os.close(fd)
     try:
         mask = os.umask(0)
         os.umask(mask)
         os.chmod(tmp, 0o666 & ~mask)              # what open(path, "w") would have made
         yield tmp
+        _refuse_non_regular(path)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _refuse_non_regular(path: str) -> None:
+    """The last look before ``os.replace``: never put a file where a device, FIFO, socket or folder is."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    mode = st.st_mode
+    if stat.S_ISLNK(mode):
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            return
+    kind = _not_regular(mode)
+    if kind:
+        raise UsageError(f"{printable(path)} is {kind}, not a regular file; it was left as it is")
 
 
 def write_text(path, text: str) -> None:

@@ -238,3 +238,49 @@ def test_recv_any_timeout_names_the_ranks_it_waited_for(no_leaks):
     server = next(f for f in e.value.failures if f.rank == 0)
     assert server.exc_type == "PeerTimeout"
     assert "no message from any of ranks 1, 2" in server.message and "rank -1" not in server.message
+
+
+def _matmul_and_backward(comm):
+    import torch
+    x = torch.randn(128, 128, dtype=torch.float64, requires_grad=True)
+    (x @ x).sum().backward()
+    return float(x.grad.sum())
+
+
+@pytest.mark.timeout(60)
+def test_launch_after_the_parent_ran_torch_does_not_hang(no_leaks):
+    """OpenMP's pool is not fork-safe: a parent's matmul used to leave every forked rank waiting forever
+    in its first parallel region, and timeout= could not help (the ranks were computing, not waiting)."""
+    import torch
+    torch.set_num_threads(2)
+    a = torch.randn(256, 256, requires_grad=True)
+    (a @ a).sum().backward()                       # the parent's pool is running now
+    t0 = time.time()
+    out = launch(_matmul_and_backward, 2, timeout=5)
+    assert len(out) == 2 and all(np.isfinite(out))
+    assert time.time() - t0 < 5
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_stops_every_rank_removes_the_store_and_exits_143(tmp_path):
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "netmorph", "train", "--backend", "torch", "--dp", "2",
+                             "--steps", "500", "--compute-ms", "20", "--layers", "1", "--hidden", "16",
+                             "--heads", "2", "--seq", "8", "--vocab", "32"], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 30
+    while time.time() < deadline and not (any(n.startswith("netmorph-store-") for n in os.listdir(tmp_path))
+                                          and len(_children_of(proc.pid)) == 2):
+        time.sleep(0.05)
+    ranks = _children_of(proc.pid)
+    assert len(ranks) == 2
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines() == [err.strip()] and "terminated" in err and "Traceback" not in err
+    assert os.listdir(tmp_path) == [], "the store directory (or a temporary file) outlived SIGTERM"
+    deadline = time.time() + 5
+    while time.time() < deadline and any(os.path.exists(f"/proc/{p}") for p in ranks):
+        time.sleep(0.05)
+    assert not any(os.path.exists(f"/proc/{p}") for p in ranks)

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
 
-from netmorph.errors import INSTALL, MissingPackage, UsageError
+from netmorph.errors import INSTALL, MissingPackage, Terminated, UsageError
 from netmorph.runtime.launch import LaunchError
 
 
@@ -26,18 +27,30 @@ class Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def check_output_file(path: str, flag: str) -> None:
-    """Before any work: the output file's directory exists and a file can be created in it."""
-    import os
+def output_file(suffixes):
+    """An argparse type for a file the command writes (``--plot``, ``--trace``): checked at parse time,
+    before any work (:func:`netmorph.files.output_problem`). ``suffixes``: the extensions the writer
+    produces, or a function giving them (matplotlib's formats are only looked up when a plot is asked for)."""
+    def check(text: str) -> str:
+        from netmorph.files import output_problem
+        problem = output_problem(text, suffixes() if callable(suffixes) else suffixes)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return text
+    check.__name__ = "output_file"
+    return check
 
-    from netmorph.files import probe_writable
-    if os.path.isdir(path):
-        raise UsageError(f"{flag}: {path} is a directory; name a file")
-    d = os.path.dirname(os.path.abspath(path))
-    try:
-        probe_writable(d)
-    except OSError as e:
-        raise UsageError(f"{flag}: cannot write to {d}: {e.strerror or e}") from None
+
+def plot_file(text: str) -> str:
+    """``--plot FILE``: any format matplotlib can save here, named by its extension."""
+    from netmorph.files import plot_suffixes
+    return output_file(plot_suffixes)(text)
+
+
+def trace_file(text: str) -> str:
+    """``--trace FILE.json``: a Trace Event Format file (Perfetto, chrome://tracing)."""
+    from netmorph.files import TRACE_SUFFIXES
+    return output_file(TRACE_SUFFIXES)(text)
 
 
 def finite_float(text: str) -> float:
@@ -100,7 +113,27 @@ def _check_arity(parser: Parser, args) -> None:
             parser.error(f"argument {action.option_strings[0]}: expected one argument")
 
 
+def _terminate(signum, frame):
+    raise Terminated()
+
+
 def main(argv=None) -> int:
+    """Run one command; SIGTERM unwinds it like Ctrl-C (every cleanup runs) and exits 143."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:               # not the main thread: leave signals to whoever runs us
+        previous = None
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as e:   # before a command started, or while its error was being printed
+        sys.stderr.write("netmorph: terminated (SIGTERM)\n" if isinstance(e, Terminated) else "netmorph: interrupted\n")
+        return 143 if isinstance(e, Terminated) else 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv=None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -123,6 +156,9 @@ def main(argv=None) -> int:
     except LaunchError as e:         # a rank failed: the launcher's root cause, as torchrun prints it
         sys.stderr.write(f"netmorph {args.command}: {e}\n")
         return 1
+    except Terminated:
+        sys.stderr.write(f"netmorph {args.command}: terminated (SIGTERM); every rank stopped, nothing left behind\n")
+        return 143
     except KeyboardInterrupt:
         sys.stderr.write("netmorph: interrupted\n")
         return 130

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from netmorph.cli import plot_file
 from netmorph.errors import UsageError, require
 
 FLAGS = {"kills": "--kill", "joins": "--join", "hangs": "--hang"}
@@ -36,8 +37,9 @@ def add_parser(sub) -> None:
                         "checkpoint on disk) and as Horovod Elastic does (roll back to the last in-memory commit)")
     p.add_argument("--checkpoint-every", type=int, default=10,
                    help="--compare: steps between checkpoints / commits (default 10)")
-    p.add_argument("--plot", metavar="PNG", help="--compare: draw membership, throughput and progress over wall "
-                                                  "time for the three recoveries")
+    p.add_argument("--plot", type=plot_file,
+                   metavar="PNG", help="--compare: draw membership, throughput and progress over wall "
+                                       "time for the three recoveries")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run, flags=FLAGS)
 
@@ -70,9 +72,6 @@ def run(args) -> int:
         raise UsageError(f"--checkpoint-every must be in 1..--steps {cfg.steps}, got {args.checkpoint_every}")
     if args.plot and not args.compare:
         raise UsageError("--plot draws the three recoveries: add --compare")
-    if args.plot:
-        from netmorph.cli import check_output_file
-        check_output_file(args.plot, "--plot")
     out = train(cfg, check=args.check)          # fewer than --min-workers left: LaunchError, exit 1
     if args.compare:
         out["compare"] = _compare(cfg, out, args.checkpoint_every)

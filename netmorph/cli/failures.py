@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from netmorph.cli import plot_file
 from netmorph.errors import UsageError
 
 FLAGS = {}
@@ -41,7 +42,8 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="Monte-Carlo seed")
     p.add_argument("--fleet", action="store_true",
                    help="print the published runs' failure statistics (Llama 3, OPT-175B) and what they imply")
-    p.add_argument("--plot", metavar="PNG", help="draw goodput against the checkpoint interval")
+    p.add_argument("--plot", type=plot_file,
+                   metavar="PNG", help="draw goodput against the checkpoint interval")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run, flags=FLAGS)
 
@@ -101,9 +103,6 @@ def run(args) -> int:
                          f"{_fmt_h(M)}: the job would fail before a checkpoint completes")
     if s >= M:
         raise UsageError(f"--step-time {args.step_time} is not shorter than the job MTBF {_fmt_h(M)}")
-    if args.plot:
-        from netmorph.cli import check_output_file
-        check_output_file(args.plot, "--plot")
     tau = _dur(args.interval, "--interval") if args.interval else daly(C, M)
     hours = args.days * 24
     if hours * 3600 / M * args.trials > 5e7:

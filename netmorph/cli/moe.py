@@ -6,6 +6,7 @@ import contextlib
 import json
 import sys
 
+from netmorph.cli import plot_file
 from netmorph.errors import UsageError, require
 
 # library parameters set by a flag of another name (the rest are --name)
@@ -52,7 +53,8 @@ def add_parser(sub) -> None:
                         "torch's own all_to_all_single")
     m.add_argument("--timeout", type=float, default=60.0, help="seconds a rank waits on a silent peer")
     m.add_argument("--check", action="store_true", help="also run the 1-rank model and compare")
-    m.add_argument("--plot", metavar="FILE", help="draw the traffic matrices of consecutive steps into FILE")
+    m.add_argument("--plot", type=plot_file,
+                   metavar="FILE", help="draw the traffic matrices of consecutive steps into FILE")
     d = p.add_argument_group("moe drops")
     d.add_argument("--tokens", type=int, default=4096, help="tokens routed per rank T (default 4096)")
     d.add_argument("--trials", type=int, default=200, help="random routings simulated (default 200)")
@@ -76,9 +78,6 @@ def run(args) -> int:
                     seq=args.seq, batch=args.batch, steps=args.steps, lr=args.lr, seed=args.seed, dtype=args.dtype,
                     backend=args.backend, timeout=args.timeout)
     cfg.check()
-    if args.plot:
-        from netmorph.cli import check_output_file
-        check_output_file(args.plot, "--plot")
     from rich.console import Console
     with Console(stderr=True).status(f"training on {cfg.world} ranks", spinner="dots") if sys.stderr.isatty() \
             else contextlib.nullcontext():

@@ -12,6 +12,7 @@ import json
 import math
 import sys
 
+from netmorph.cli import plot_file
 from netmorph.errors import UsageError
 
 
@@ -41,7 +42,8 @@ def add_parser(sub) -> None:
     p.add_argument("--checkpoint-every", type=int, default=20,
                    help="run: steps between checkpoints, where a run goes back to when a lost node took state no "
                         "survivor holds (default 20)")
-    p.add_argument("--plot", help="run: draw throughput over time, adaptive vs static, to this PNG")
+    p.add_argument("--plot", type=plot_file,
+                   help="run: draw throughput over time, adaptive vs static, to this PNG")
     p.add_argument("--from", dest="before", default="tp2,pp2", help="reshard: layout before (default tp2,pp2)")
     p.add_argument("--to", dest="after", default="dp4,zero3", help="reshard: layout after (default dp4,zero3)")
     p.add_argument("--steps", type=int, help="run: steps in all (default 100); reshard: before and after the move "
@@ -97,9 +99,6 @@ def _control(args) -> int:
     scenario = parse_scenario(args.scenario)
     if scenario.kind == "node-lost" and world < 4:
         raise UsageError(f"--scenario {scenario.label()} needs --world 4 or more (a node of world/2 ranks survives)")
-    if args.plot:
-        from netmorph.cli import check_output_file
-        check_output_file(args.plot, "--plot")
     model = _model(args)
     if scenario.kind == "seq-grows" and model.seq * scenario.factor > 4096:
         raise UsageError(f"--scenario {scenario.label()}: --seq {model.seq} x {scenario.factor:g} is past 4096")

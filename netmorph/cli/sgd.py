@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+from netmorph.cli import plot_file
 from netmorph.errors import UsageError, require
 
 COLS = f"{'mode':<8} {'updates':>7} {'upd/s':>8} {'wall(s)':>8} {'to target':>9} {'final loss':>11} " \
@@ -41,8 +42,9 @@ def add_parser(sub) -> None:
                                             "sparse 0.5, mlp 0.5)")
     p.add_argument("--batch", type=int, help="examples per worker step")
     p.add_argument("--seed", type=int, default=0, help="data and initialisation seed (default 0)")
-    p.add_argument("--plot", metavar="FILE", help="with --compare: also draw loss against wall-clock time and "
-                                                  "updates into FILE (.png, .svg, .pdf)")
+    p.add_argument("--plot", type=plot_file,
+                   metavar="FILE", help="with --compare: also draw loss against wall-clock time and "
+                                       "updates into FILE (.png, .svg, .pdf)")
     p.add_argument("--json", action="store_true", help="print one JSON object per mode")
     p.set_defaults(run=run)
 
@@ -81,8 +83,6 @@ def config_from(args):
     if args.plot is not None:
         if not args.compare:
             raise UsageError("--plot draws the --compare run; add --compare")
-        from netmorph.cli import check_output_file
-        check_output_file(args.plot, "--plot")
     if args.workers > 32:
         raise UsageError(f"--workers {args.workers}: one process per worker; keep it <= 32 on one machine")
     if slow and not all(0 <= r < args.workers + args.servers for r in slow[:2]):

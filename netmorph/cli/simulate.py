@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from netmorph.cli import trace_file
 from netmorph.errors import UsageError
 
 FLAGS = {"schedule": "--schedule", "layers": "--layers", "zero": "--zero"}
@@ -20,7 +21,8 @@ def add_parser(sub) -> None:
     add_split_args(p, bare=False)
     p.add_argument("--schedule", choices=("afab", "1f1b", "interleaved"),
                    help="pipeline schedule (default 1f1b; interleaved when --interleave > 1)")
-    p.add_argument("--trace", metavar="JSON", help="write a Perfetto / chrome://tracing trace of the traced ranks")
+    p.add_argument("--trace", type=trace_file,
+                   metavar="JSON", help="write a Perfetto / chrome://tracing trace of the traced ranks")
     p.add_argument("--trace-ranks", metavar="LIST",
                    help="global ranks to trace: 'stages' (default: rank 0 of every pipeline stage), 'all', or "
                         "a comma list")
@@ -72,9 +74,6 @@ def run(args) -> int:
                          f"per rank to simulate; lower --global-batch (or raise --microbatch)")
     if args.schedule and args.schedule != "interleaved" and c.interleave > 1:
         raise UsageError(f"--interleave {c.interleave} needs --schedule interleaved")
-    if args.trace:
-        from netmorph.cli import check_output_file
-        check_output_file(args.trace, "--trace")
     ranks = _trace_ranks(args.trace_ranks, c) if args.trace else ()
     out = simulate_config(model, c, hw, args.schedule, ranks)
     print_notes(args)

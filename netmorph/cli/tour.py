@@ -7,12 +7,13 @@ at scale, SGD consistency models, the planner and a whole step simulated at clus
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
 
 from netmorph.errors import UsageError
-from netmorph.files import probe_writable
+from netmorph.files import output_problem, printable, probe_writable
 
 
 def add_parser(sub) -> None:
@@ -31,6 +32,8 @@ def run(args) -> int:
     from netmorph.report.html import Section, write_page
     from netmorph.version import __version__
 
+    if not args.out.strip():
+        raise UsageError("--out is empty; name a folder for the report")
     out = Path(args.out)
     check_writable(out)
 
@@ -75,9 +78,19 @@ def run(args) -> int:
 
 
 def check_writable(out: Path) -> None:
-    """Make ``out`` and prove it writable before any work (:func:`netmorph.files.probe_writable`)."""
+    """Before any work: ``out`` is a folder (made if missing) a file can be created in, and none of the
+    names the tour writes there (``index.html``, ``*.png``) stands for something that is not a regular
+    file -- a device node, a FIFO, a folder (:func:`netmorph.files.output_problem`)."""
     try:
+        if out.exists() and not out.is_dir():
+            raise UsageError(f"--out: {printable(out)} exists and is not a folder; name a folder for the report")
         out.mkdir(parents=True, exist_ok=True)
         probe_writable(out)
+        names = [e.name for e in os.scandir(out) if e.name == "index.html" or e.name.endswith(".png")]
     except OSError as e:
-        raise UsageError(f"--out: cannot write to {out}: {e.strerror or e}") from None
+        raise UsageError(f"--out: cannot write to {printable(out)}: {e.strerror or e}") from None
+    for name in sorted(names):
+        problem = output_problem(out / name)
+        if problem:
+            problem = problem.split("; name a file")[0]
+            raise UsageError(f"--out: the tour writes {name} there, but {problem}; move it or name another folder")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
+from netmorph.cli import trace_file
 from netmorph.errors import UsageError, require
 from netmorph.runtime.env import torchrun_world
 from netmorph.files import write_json
@@ -60,8 +61,9 @@ def add_parser(sub) -> None:
     r.add_argument("--baseline", choices=("ddp",), help="also time PyTorch DDP (gloo) and the no-communication "
                                                         "bound on the same ranks (data parallelism only)")
     r.add_argument("--timeout", type=float, default=60.0, help="seconds a rank waits on a silent peer")
-    r.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the last step, one track "
-                                                   "per rank (compute slots and every message)")
+    r.add_argument("--trace", type=trace_file,
+                   metavar="FILE", help="write a Chrome/Perfetto trace of the last step, one track "
+                                       "per rank (compute slots and every message)")
     r.add_argument("--json", action="store_true", help="print the run's summary as JSON")
     p.set_defaults(run=run, flags=FLAGS)
 
@@ -110,9 +112,6 @@ def config_from(args):
                       microbatches=micro if micro is not None else 2, micro_batch_size=mbs, steps=args.steps,
                       lr=args.lr, dtype=args.dtype, compute_ms=args.compute_ms, trace=bool(args.trace))
     cfg.check()
-    if args.trace:
-        from netmorph.cli import check_output_file
-        check_output_file(args.trace, "--trace")
     if args.baseline and (cfg.tp > 1 or cfg.pp > 1):
         raise UsageError("--baseline ddp compares data parallelism only: use it with --tp 1 --pp 1")
     return cfg

@@ -15,6 +15,10 @@ with the launcher (``PR_SET_PDEATHSIG``) and ignore Ctrl-C, which the launcher
 turns into a clean shutdown; the shared mapping is anonymous, so no
 ``/dev/shm`` name survives any exit path.
 
+Forking after torch is safe: every rank starts with one intra-op thread (torchrun's
+``OMP_NUM_THREADS=1``), so it never enters the OpenMP pool a parent that ran torch
+ops leaves behind in the fork -- a pool whose threads do not exist in the child.
+
 ``backend="torch"`` runs the same schedules over torch.distributed (gloo on
 loopback); :func:`netmorph.runtime.torchrun.init_from_env` joins a job started
 by ``torchrun``. What a local launch exposes: nothing beyond this host. The
@@ -34,6 +38,7 @@ import os
 import pickle
 import shutil
 import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -102,10 +107,24 @@ def _die_with_parent() -> None:
         pass
 
 
+def _one_thread_per_rank() -> None:
+    """The at-fork guard that makes forking after torch safe. A parent that ran any torch op has started
+    OpenMP's thread pool; a forked child inherits its bookkeeping but not its threads, and its first
+    parallel region then waits forever on threads that do not exist (libgomp is not fork-safe). One
+    intra-op thread runs no parallel region, so the child never touches the dead pool. It is also what
+    torchrun sets (``OMP_NUM_THREADS=1``) when it starts several ranks on one host: one process per core."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "set_num_threads"):
+        torch.set_num_threads(1)
+
+
 def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults, link_cost, store, want_ledger,
            fingerprints, elastic):
+    _one_thread_per_rank()
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # the launcher handles Ctrl-C for everyone
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)      # the launcher's terminate() ends a rank at once
     comm = None
     try:
         if backend == "local":
