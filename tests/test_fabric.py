@@ -209,7 +209,18 @@ def _two_agents(*extra):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "netmorph-test",
            os.path.join(root, "examples", "torchrun_allreduce.py"), "--bytes", "64KiB", *extra]
-    agents = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    agents = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+    # the first agent hosts the rendezvous store (as node 0's does in the docstring's two-node run);
+    # the second joins once it listens, so a node that dies never takes the job's store with it
+    import time
+    deadline = time.time() + 60
+    while time.time() < deadline and agents[0].poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    agents.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     try:
         return [a.communicate(timeout=150) + (a.returncode,) for a in agents]
     finally:

@@ -64,6 +64,23 @@ def finite_float(text: str) -> float:
     return x
 
 
+def timeout_seconds(text: str) -> float:
+    """A ``--timeout``: seconds a rank waits on a silent peer, the same bounds on every command that
+    starts ranks (:data:`netmorph.runtime.launch.TIMEOUT_RANGE`: 0.1 s .. one day)."""
+    from netmorph.runtime.launch import TIMEOUT_RANGE
+    x = finite_float(text)
+    lo, hi = TIMEOUT_RANGE
+    if not lo <= x <= hi:
+        raise argparse.ArgumentTypeError(f"a timeout is {lo:g}..{hi:g} seconds, got {text}")
+    return x
+
+
+def add_timeout(p, default: float) -> None:
+    """The ``--timeout`` flag of a command that starts ranks."""
+    p.add_argument("--timeout", type=timeout_seconds, default=default,
+                   help=f"seconds a rank waits on a silent peer before naming it (0.1..86400, default {default:g})")
+
+
 def exact_int(text: str) -> int:
     """An int flag: decimal digits, at most 2**53 in size (past that no count here is meaningful)."""
     try:

@@ -18,6 +18,7 @@ import json
 import sys
 
 from netmorph.collectives import ALGORITHMS, ROOTED, canonical_op, check_algo
+from netmorph.cli import add_timeout
 from netmorph.errors import MissingPackage, UsageError, require
 from netmorph.runtime.env import torchrun_rank, torchrun_world
 from netmorph.schedule import REDOPS
@@ -57,7 +58,7 @@ def add_parser(sub) -> None:
     p.add_argument("--root", "-r", type=int, default=0, help="root rank of broadcast and reduce (default 0)")
     p.add_argument("--topology", default="local-shm", help="cost model for the prediction column (default local-shm)")
     p.add_argument("--no-compare", action="store_true", help="skip the torch.distributed (gloo) comparison rows")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds a rank waits on a silent peer (default 30)")
+    add_timeout(p, 30)
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="one JSON list of every row, at the end")
     out.add_argument("--csv", action="store_true", help="CSV rows as they complete, with a header")
@@ -132,8 +133,6 @@ def run(args) -> int:
     for flag in ("iters", "warmup"):
         if not (1 if flag == "iters" else 0) <= getattr(args, flag) <= 100_000:
             raise UsageError(f"--{flag} must be in {1 if flag == 'iters' else 0}..100000")
-    if not 0 < args.timeout < 1e6:
-        raise UsageError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
     sizes = sizes_from(args)
     from netmorph.runtime.transport.shm.mapping import default_arena_bytes
     per_rank = default_arena_bytes(args.world) // 4                  # the registered arena holds ~3 buffers

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from netmorph.cli import plot_file
+from netmorph.cli import add_timeout, plot_file
 from netmorph.errors import UsageError, require
 
 FLAGS = {"kills": "--kill", "joins": "--join", "hangs": "--hang"}
@@ -30,7 +30,7 @@ def add_parser(sub) -> None:
     p.add_argument("--global-batch", type=int, default=96, help="samples per step, re-split over the members")
     p.add_argument("--lr", type=float, default=0.5, help="learning rate (default 0.5)")
     p.add_argument("--seed", type=int, default=0, help="data seed (default 0)")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds a rank waits on a silent peer")
+    add_timeout(p, 10)
     p.add_argument("--check", action="store_true", help="also run without failures and compare")
     p.add_argument("--compare", action="store_true",
                    help="also recover the same job as torchrun does (every worker restarted from the last "
@@ -58,8 +58,6 @@ def _pairs(specs, flag, shape):
 def run(args) -> int:
     require("torch", "netmorph elastic")          # the membership store is torch's FileStore
     from netmorph.elastic.train import ElasticConfig, train
-    if not 0 < args.timeout < 1e6:
-        raise UsageError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
     if not (0 < args.lr <= 100 and 1 <= args.global_batch <= 1 << 20):
         raise UsageError("--lr must be in (0, 100] and --global-batch in 1..2**20")
     cfg = ElasticConfig(workers=args.workers, min_workers=args.min_workers, steps=args.steps,
@@ -91,10 +89,13 @@ def run(args) -> int:
     for e in out["epochs"]:
         print(f"{e['epoch']:>5} {str(e['members']):<20} {e['first_step']:>9}")
     if out["events"]:
-        print(f"{'event':<14} {'step':>5} {'detected':>10} {'agreed':>10} {'resumed':>10} {'steps redone':>12}")
+        width = max(14, *(len(",".join(map(str, e.get("ranks") or [e["rank"]]))) + 11 for e in out["events"]))
+        print(f"{'event':<{width}} {'step':>5} {'detected':>10} {'agreed':>10} {'resumed':>10} {'steps redone':>12}")
         for e in out["events"]:
-            what = f"join {e['rank']}" if e["kind"] == "join" else f"{e['kind']} rank {e['rank']}"
-            print(f"{what:<14} {e['step']:>5} {1e3 * e['detected_after_s']:>8.1f}ms "
+            ranks = e.get("ranks") or [e["rank"]]
+            what = (f"join {e['rank']}" if e["kind"] == "join" else
+                    f"{e['kind']} rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))}")
+            print(f"{what:<{width}} {e['step']:>5} {1e3 * e['detected_after_s']:>8.1f}ms "
                   f"{1e3 * e['agreed_after_s']:>8.1f}ms {1e3 * e['resumed_after_s']:>8.1f}ms {e['steps_redone']:>12}")
         print("# times after the death or the hang (a join: after the members reached its step); resumed = the next "
               "completed step. No process was restarted and nothing was read from disk.")

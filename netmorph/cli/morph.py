@@ -12,7 +12,7 @@ import json
 import math
 import sys
 
-from netmorph.cli import plot_file
+from netmorph.cli import add_timeout, plot_file
 from netmorph.errors import UsageError
 
 
@@ -54,7 +54,7 @@ def add_parser(sub) -> None:
     p.add_argument("--seq", type=int, default=16, help="sequence length (default 16)")
     p.add_argument("--vocab", type=int, default=64, help="vocabulary (default 64)")
     p.add_argument("--global-batch", type=int, default=8, help="sequences per step, both layouts (default 8)")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds a rank waits on a silent peer")
+    add_timeout(p, 60)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
 

@@ -6,6 +6,7 @@ import json
 import math
 import sys
 
+from netmorph.cli import add_timeout
 from netmorph.errors import UsageError
 
 FLAGS = {"kv_blocks": "--kv-blocks", "block_size": "--block-size", "chunked_prefill": "--chunked-prefill",
@@ -68,6 +69,7 @@ def add_parser(sub) -> None:
     p.add_argument("--context-tokens", dest="ctx", type=int, default=512,
                    help="roofline: tokens already in context at the decode step (default 512)")
     p.add_argument("--prompt", type=int, default=512, help="roofline: prompt tokens of the prefill (default 512)")
+    add_timeout(p, 60)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run, flags=FLAGS)
 
@@ -213,7 +215,8 @@ def _disaggregated(args, model, cfg, reqs, bad) -> int:
     rejected = together["rejections"]
     refused = {x["request"] for x in rejected}
     ok = [r for r in reqs if r.rid not in refused]
-    out = serve_disaggregated(model, cfg, copy.deepcopy(ok), P, D, price=price, kv_seconds_per_token=kv_s)
+    out = serve_disaggregated(model, cfg, copy.deepcopy(ok), P, D, timeout=args.timeout, price=price,
+                              kv_seconds_per_token=kv_s)
     out["colocated"] = {k: together[k] for k in ("ttft_s", "tpot_s", "throughput_tok_s", "duration_s")}
     outputs = out.pop("outputs")
     out["rejected"] = len(rejected) + len(bad)
@@ -266,7 +269,7 @@ def _print_check(out) -> int:
 
 def _tensor_parallel(args, model, cfg, reqs, bad) -> int:
     from netmorph.serving.tp import serve_tensor_parallel
-    out = serve_tensor_parallel(model, cfg, reqs, args.tp, _time_model(args.time_model)[0])
+    out = serve_tensor_parallel(model, cfg, reqs, args.tp, _time_model(args.time_model)[0], timeout=args.timeout)
     outputs = out.pop("outputs")
     out["rejected"] += len(bad)
     if args.check:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from netmorph.cli import plot_file
+from netmorph.cli import add_timeout, plot_file
 from netmorph.errors import UsageError, require
 
 COLS = f"{'mode':<8} {'updates':>7} {'upd/s':>8} {'wall(s)':>8} {'to target':>9} {'final loss':>11} " \
@@ -45,6 +45,7 @@ def add_parser(sub) -> None:
     p.add_argument("--plot", type=plot_file,
                    metavar="FILE", help="with --compare: also draw loss against wall-clock time and "
                                        "updates into FILE (.png, .svg, .pdf)")
+    add_timeout(p, 60)
     p.add_argument("--json", action="store_true", help="print one JSON object per mode")
     p.set_defaults(run=run)
 
@@ -78,7 +79,7 @@ def config_from(args):
                  model=args.model, batch=args.batch, seed=args.seed, staleness=args.staleness,
                  local_steps=args.local_steps, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
                  n_push=args.n_push, n_fetch=args.n_fetch, compute_ms=args.compute_ms, straggler=straggler,
-                 jitter=args.jitter, slow_link=slow)
+                 jitter=args.jitter, slow_link=slow, timeout=args.timeout)
     cfg.check()
     if args.plot is not None:
         if not args.compare:

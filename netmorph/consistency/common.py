@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from netmorph.errors import UsageError
+from netmorph.runtime.launch import TIMEOUT_RANGE
 
 
 @dataclass
@@ -61,8 +62,9 @@ class Config:
             raise UsageError(f"{{lr}} must be a positive number, got {self.lr}", "lr")
         if not (0 <= self.compute_ms <= 1e4 and 0 <= self.jitter <= 1e3):
             raise UsageError("{compute_ms} must be in [0, 10000] and {jitter} in [0, 1000]", "compute_ms")
-        if not 0 < self.timeout < 1e6:
-            raise UsageError(f"{{timeout}} must be a number of seconds > 0, got {self.timeout}", "timeout")
+        lo, hi = TIMEOUT_RANGE
+        if not lo <= self.timeout <= hi:
+            raise UsageError(f"{{timeout}} must be {lo:g}..{hi:g} seconds, got {self.timeout}", "timeout")
         if self.batch is not None and not 1 <= self.batch <= 1 << 16:
             raise UsageError(f"{{batch}} must be in 1..65536, got {self.batch}", "batch")
         if not 0 <= self.seed < 2 ** 63:

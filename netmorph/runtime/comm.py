@@ -63,12 +63,13 @@ class Comm(CommBase):
         """Run collective ``op`` on ``regions`` (arrays or tensors like ``like``: its dtype and itemsize)."""
         seq = self._begin()
         itemsize, arr_dtype = like.itemsize, like.dtype
-        redop = "sum" if redop == "avg" else redop           # averages are sums the caller divides
         call = Call(op, self._algo(op, algo, g.size(), count * itemsize, itemsize), g.size(), count, itemsize,
                     root, splits)
+        # the fingerprint says avg (a rank dividing by p must not meet one that does not); the wire sums
         fp = self._collective_fp(op, call.algo, g, fingerprint.UNEVEN if uneven else count, arr_dtype, root,
                                  redop)
-        interpret(self.transport, self.ledger, call, g.ranks, g.index[self.rank], regions, REDOPS[redop], seq,
+        ufunc = REDOPS["sum" if redop == "avg" else redop]
+        interpret(self.transport, self.ledger, call, g.ranks, g.index[self.rank], regions, ufunc, seq,
                   self.current_phase, fp)
         return call.algo
 

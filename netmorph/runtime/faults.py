@@ -17,10 +17,11 @@ from netmorph.errors import UsageError
 
 class Fault:
     """``Fault("kill", rank=1, at_op=3)`` SIGKILLs rank 1 as it starts its 3rd communication call;
-    ``Fault("hang", ...)`` makes it stop answering (sleeps forever); ``Fault("raise", ...)`` raises an
-    exception there; ``Fault("delay", ..., seconds=0.5)`` stalls it once (a straggler)."""
+    ``Fault("hang", ...)`` makes it stop answering (sleeps forever); ``Fault("stop", ...)`` SIGSTOPs it
+    (the process is frozen, as ``kill -STOP`` or a debugger leaves it); ``Fault("raise", ...)`` raises
+    an exception there; ``Fault("delay", ..., seconds=0.5)`` stalls it once (a straggler)."""
 
-    KINDS = ("kill", "hang", "raise", "delay")
+    KINDS = ("kill", "hang", "stop", "raise", "delay")
 
     def __init__(self, kind: str, rank: int, at_op: int = 1, seconds: float = 0.0):
         if kind not in self.KINDS:
@@ -35,6 +36,8 @@ class Fault:
         elif self.kind == "hang":
             while True:
                 time.sleep(3600)
+        elif self.kind == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
         elif self.kind == "raise":
             raise RuntimeError(f"injected fault on rank {self.rank} at op {op_number}")
         elif self.kind == "delay":

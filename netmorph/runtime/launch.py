@@ -48,9 +48,10 @@ from multiprocessing.connection import wait as mp_wait
 from netmorph.errors import UsageError
 from netmorph.runtime import links
 from netmorph.runtime.ledger import Ledger
-from netmorph.runtime.transport import FabricError, PeerLost, PeerTimeout
+from netmorph.runtime.transport import CollectiveMismatch, FabricError, PeerLost, PeerTimeout, blame, fingerprint
 
 BACKENDS = ("local", "torch", "torch-native")
+TIMEOUT_RANGE = (0.1, 86400.0)   # seconds a rank may wait on a silent peer: every command's --timeout
 MAX_EPOCHS = 16                  # membership views an elastic launch can go through (channel sets reserved)
 
 
@@ -143,8 +144,12 @@ def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults
             comm = init_torch(rank, world, f"file://{store}", timeout, native=(backend == "torch-native"),
                               faults=faults, fingerprints=fingerprints)
         result = fn(comm, *args, **kwargs)
+        finish = getattr(comm.transport, "finish", None)
+        if finish is not None:                          # on the wait board: returned, not hung
+            finish()
         # plain pickle: multiprocessing's would hand torch tensors over as shared-memory handles
-        conn.send_bytes(pickle.dumps(("ok", rank, result, comm.ledger if want_ledger else None)))
+        conn.send_bytes(pickle.dumps(("ok", rank, result, comm.ledger if want_ledger else None,
+                                      getattr(comm.transport, "trail", None))))
         if backend != "local":
             comm.transport.close()
     except BaseException as e:          # noqa: BLE001 - every failure is reported to the launcher
@@ -185,8 +190,9 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
         raise UsageError(f"{{backend}} must be one of {', '.join(BACKENDS)}, got {backend!r}", "backend")
     if arena_bytes is not None and not 4096 <= arena_bytes <= 1 << 40:
         raise UsageError(f"{{arena_bytes}} must be in 4 KiB..1 TiB, got {arena_bytes}", "arena_bytes")
-    if not (timeout > 0 and math.isfinite(timeout)):
-        raise UsageError(f"{{timeout}} must be a finite number of seconds > 0, got {timeout}", "timeout")
+    lo, hi = TIMEOUT_RANGE
+    if not (isinstance(timeout, (int, float)) and lo <= timeout <= hi):
+        raise UsageError(f"{{timeout}} must be {lo:g}..{hi:g} seconds, got {timeout}", "timeout")
     if isinstance(topology, str):
         from netmorph.cost.topology import load_topology
         topology = load_topology(topology)
@@ -217,7 +223,9 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
             wr.close()
             procs.append(p)
             conns[rd] = r
-        results, ledgers, failures, deaths = _monitor(procs, conns, fabric, timeout, elastic)
+        results, ledgers, failures, deaths, trails = _monitor(procs, conns, fabric, timeout, elastic)
+        if not failures and fabric is not None and not elastic:
+            failures = _unreceived(fabric, trails, procs)
     except BaseException:
         _kill_all(procs)
         raise
@@ -241,11 +249,32 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
 def _monitor(procs, conns, fabric, timeout, elastic=False):
     world = len(procs)
     deaths = []                          # elastic: ranks that died, not failures of the launch
-    results, ledgers = [None] * world, [None] * world
+    results, ledgers, trails = [None] * world, [None] * world, [None] * world
     reported, exited = set(), set()
     failures: dict[int, RankFailure] = {}
     first_fail = None
+    # after the first failure: the abort word reaches every rank in a call of the local fabric at once,
+    # so a rank that has not reported within a second is hung or computing; torch's ranks find out
+    # from their own timeouts or closed connections
+    grace = 1.0 if fabric is not None else timeout + 2.0
     sentinels = {p.sentinel: r for r, p in enumerate(procs)}
+
+    def take(r, msg, now):
+        nonlocal first_fail
+        reported.add(r)
+        if msg[0] == "ok":
+            results[r], ledgers[r], trails[r] = msg[2], msg[3], msg[4]
+            return
+        _, _, etype, text, tb, when, culprit = msg
+        if r in failures and failures[r].exc_type:
+            return
+        failures[r] = RankFailure(r, procs[r].pid, procs[r].exitcode, etype, text, tb, when, culprit)
+        if etype not in ("PeerLost", "PeerTimeout") and fabric is not None:
+            fabric.abort(r)
+        if etype == "PeerTimeout" and not elastic and culprit is not None and 0 <= culprit < world:
+            _end_silent(procs, fabric, failures, culprit, r, timeout, now)
+        first_fail = first_fail or now
+
     while len(exited) < world:
         waitables = list(conns) + [s for s, r in sentinels.items() if r not in exited]
         ready = mp_wait(waitables, timeout=0.2)
@@ -258,15 +287,7 @@ def _monitor(procs, conns, fabric, timeout, elastic=False):
                 except (EOFError, OSError):
                     del conns[obj]
                     continue
-                reported.add(r)
-                if msg[0] == "ok":
-                    results[r], ledgers[r] = msg[2], msg[3]
-                else:
-                    _, _, etype, text, tb, when, culprit = msg
-                    failures[r] = RankFailure(r, procs[r].pid, None, etype, text, tb, when, culprit)
-                    if etype not in ("PeerLost", "PeerTimeout") and fabric is not None:
-                        fabric.abort(r)
-                    first_fail = first_fail or now
+                take(r, msg, now)
             else:
                 r = sentinels[obj]
                 procs[r].join(2.0)        # the sentinel fires as the process exits; reap it for its exit code
@@ -276,18 +297,18 @@ def _monitor(procs, conns, fabric, timeout, elastic=False):
                     deaths.append((r, now))
                     fabric.mark_dead(r)
                     continue
-                if code != 0 and r not in reported:     # a message sent just before exit may still follow
-                    failures.setdefault(r, RankFailure(r, procs[r].pid, code, when=now))
+                if code != 0 and r not in reported and r not in failures:  # a message may still follow
+                    failures[r] = RankFailure(r, procs[r].pid, code, when=now)
                     if fabric is not None:
                         fabric.abort(r)
                     first_fail = first_fail or now
                 elif r in failures:
                     failures[r].exitcode = code
-        if first_fail is not None and now - first_fail > timeout + 2.0:
+        if first_fail is not None and now - first_fail > grace:
             for r, p in enumerate(procs):
-                if r not in exited and p.is_alive():
+                if r not in exited and p.is_alive() and r not in reported:
                     failures.setdefault(r, RankFailure(r, p.pid, None, "", "stopped answering; terminated by the "
-                                                       "launcher after its peers gave up on it", "", first_fail + timeout))
+                                                       "launcher after its peers gave up on it", "", now))
             _kill_all(procs)
             break
     # messages that arrived just before exit
@@ -297,17 +318,52 @@ def _monitor(procs, conns, fabric, timeout, elastic=False):
                 msg = pickle.loads(c.recv_bytes())
             except (EOFError, OSError):
                 break
-            reported.add(r)
-            if msg[0] == "ok":
-                results[r], ledgers[r] = msg[2], msg[3]
-            elif r not in failures or not failures[r].exc_type:
-                _, _, etype, text, tb, when, culprit = msg
-                failures[r] = RankFailure(r, procs[r].pid, procs[r].exitcode, etype, text, tb, when, culprit)
+            take(r, msg, time.monotonic())
     dead = {r for r, _ in deaths}
     for r, p in enumerate(procs):         # gone without a word: exit code 0 before fn returned is a failure too
         if r not in reported and r not in failures and r not in dead:
             failures[r] = RankFailure(r, p.pid, p.exitcode, "", "before returning a result", when=time.monotonic())
-    return results, ledgers, list(failures.values()), deaths
+    return results, ledgers, list(failures.values()), deaths, trails
+
+
+def _end_silent(procs, fabric, failures, culprit: int, reporter: int, timeout: float, now: float) -> None:
+    """A rank timed out and the wait-for chain ends at ``culprit``: it is the root cause. Say what its
+    process was doing (stopped by SIGSTOP, hung), SIGKILL it -- SIGTERM would wait for a stopped process
+    to be continued -- and tell every other rank through the abort word, so the launch ends now rather
+    than after each rank's own timeout."""
+    if culprit in failures and failures[culprit].exc_type:
+        return
+    if any(f.message.startswith("stopped answering") for f in failures.values()):
+        return                 # one silent rank found already: later timeouts saw its peers fail around it
+    p = procs[culprit]
+    state = blame.process_state(p.pid)
+    why = blame.why_silent(state) if state else "it is hung or far slower than its peers"
+    failures[culprit] = RankFailure(culprit, p.pid, None, "", f"stopped answering ({why}): rank {reporter} timed "
+                                    f"out after {timeout:g} s waiting on it; the launcher killed it", "", now)
+    if p.is_alive():
+        p.kill()
+    if fabric is not None:
+        fabric.abort(culprit, silent=True)
+
+
+def _unreceived(fabric, trails, procs) -> list[RankFailure]:
+    """Every rank returned: a message still in a channel was sent and never received -- its sender and
+    receiver were in different calls (each of two ranks ``broadcast(x, src=own rank)``: both only send),
+    or a send had no receive at all. One CollectiveMismatch per receiver, naming both calls."""
+    out = {}
+    for src, dst, head in fabric.leftovers():
+        if dst in out:
+            continue
+        if head is None:
+            text = f"rank {src} sent rank {dst} a message it never received (no fingerprint: run with fingerprints on)"
+            out[dst] = RankFailure(dst, procs[dst].pid, procs[dst].exitcode, "CollectiveMismatch", text,
+                                   when=time.monotonic(), blames=src)
+            continue
+        calls = (trails[dst] or {}).get(fingerprint.slot(head), {})
+        err = CollectiveMismatch(dst, src, calls.get(int(head[1])), head, sent=True)
+        out[dst] = RankFailure(dst, procs[dst].pid, procs[dst].exitcode, "CollectiveMismatch", str(err),
+                               when=time.monotonic(), blames=src)
+    return list(out.values())
 
 
 def _order(failures: list[RankFailure]) -> list[RankFailure]:

@@ -35,6 +35,11 @@ def init_torch(rank: int, world: int, init_method: str, timeout: float, native: 
     CUDA tensors where there is a GPU (torch's ``"cpu:gloo,cuda:nccl"``: one process group, the
     backend chosen by each tensor's device)."""
     dist = dist_module()
+    if native and fingerprints and "TORCH_DISTRIBUTED_DEBUG" not in os.environ:
+        # torch's own cross-rank check of every collective (ProcessGroupWrapper, what
+        # TORCH_DISTRIBUTED_DEBUG=DETAIL turns on): a call that differs in shape or type is a named
+        # error, not a gloo abort (SIGABRT) mid-transfer. netmorph's fingerprints cover the rest.
+        dist.set_debug_level(dist.DebugLevel.DETAIL)
     if not dist.is_initialized():
         dist.init_process_group(process_group_backend(), init_method=init_method, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout))

@@ -16,10 +16,20 @@ class PeerLost(FabricError):
 
 
 class PeerTimeout(FabricError):
-    """A peer stopped answering: nothing arrived (or nothing was taken) within the timeout."""
+    """A peer stopped answering: nothing arrived (or nothing was taken) within the timeout.
 
-    def __init__(self, rank: int, seconds: float, what: str):
+    ``rank`` is the rank to blame -- the end of the wait-for chain
+    (:mod:`netmorph.runtime.transport.blame`), which need not be ``waited_for``, the peer this
+    rank itself waited on; ``via`` says how the chain led from one to the other."""
+
+    def __init__(self, rank: int, seconds: float, what: str, waited_for: int | None = None, via: str = "",
+                 why: str = "it is hung or far slower than its peers"):
         self.rank = rank
-        who = f" waiting for rank {rank} ({what})" if rank >= 0 else f": {what}"
-        super().__init__(f"timed out after {seconds:g} s{who}; "
-                         f"it is hung or far slower than its peers (raise timeout= to wait longer)")
+        self.waited_for = rank if waited_for is None else waited_for
+        self.seconds = seconds
+        who = f" waiting for rank {self.waited_for} ({what})" if self.waited_for >= 0 else f": {what}"
+        if rank >= 0 and rank != self.waited_for:
+            tail = f"{via}; rank {rank} is the one they wait on: {why}"
+        else:
+            tail = f"{via}; {why}"
+        super().__init__(f"timed out after {seconds:g} s{who}{tail} (raise timeout= to wait longer)")

@@ -9,11 +9,14 @@ always on: the first piece of every message starts with the sender's fingerprint
 of the call it is in, and the receiver compares it with its own before a single
 byte lands. Ranks that disagree on the op, algorithm, count, dtype, root, reduce
 op, group or how many calls came before fail with :class:`CollectiveMismatch`
-naming both calls -- never a wrong result. Ranks that deadlock because they
-disagree (each sends where the other does not receive: gloo's and NCCL's sends
-wait for the matching receive) find out when they time out: each posts the call it
-is in where its peers can read it (the fabric's mapping, the job's store) and
-compares with the peer it waited for, so a disagreement is still named as one.
+naming both calls -- never a wrong result. Ranks that disagree without a
+receive ever seeing the other's header (each sends where the other does not
+receive: ``broadcast(x, src=own rank)``) are found when a rank goes to sleep with a
+message of a call it has moved past still unread, when all ranks have returned
+and one is left in a channel, or at a timeout, by walking who waits for whom
+(:mod:`netmorph.runtime.transport.blame`): two ranks of one group at one call
+index with different fingerprints are a mismatch; ranks in different groups only
+wait on each other.
 
 Eight int64 words: ``[op | algo << 8, seq, count, dtype, root | group size << 32,
 redop, group hash, message bytes]``. ``seq`` counts the calls on the group (per
@@ -37,33 +40,49 @@ HEADER_BYTES = 64
 WORDS = HEADER_BYTES // 8
 OPS = ("p2p", *ALGORITHMS)
 ALGOS = ("p2p", *sorted({a for algos in ALGORITHMS.values() for a in algos}))
-REDOPS = ("sum", "prod", "max", "min", "none")
+REDOPS = ("sum", "prod", "max", "min", "none", "avg")
 UNEVEN = -1                      # all-to-all with per-rank split sizes: the count differs by rank
 
 
 class CollectiveMismatch(FabricError):
     """Ranks disagree on the call they are in (op, count, dtype, root, reduce op, algorithm, group
-    or sequence): raised instead of reducing mismatched bytes, naming both ranks' calls."""
+    or sequence): raised instead of reducing mismatched bytes, naming both ranks' calls. ``mine``
+    None: the receiver never made a call at that index (it returned, or skipped one)."""
 
-    def __init__(self, rank: int, peer: int, mine, theirs, sent: bool = True):
+    def __init__(self, rank: int, peer: int, mine, theirs, sent: bool = True, text: str | None = None):
         self.rank = peer                   # whom this rank blames: the peer whose message disagreed
         self.receiver, self.sender, self.sent = rank, peer, sent
-        self.mine, self.theirs = np.asarray(mine).copy(), np.asarray(theirs).copy()
-        verb = "sent it" if sent else "is in"
-        super().__init__(f"collective mismatch: rank {rank} is in {describe(self.mine)} but rank {peer} "
-                         f"{verb} {describe(self.theirs)}")
-
-
-def compare_window(timeout: float) -> float:
-    """How long a rank that timed out waits for the peer it blames to post its call: half the
-    timeout, 1..5 s -- the peers' own timeouts fire later by however far they entered the call
-    later. A truly hung peer is reported this much after the timeout."""
-    return max(1.0, min(5.0, timeout / 2))
+        self.mine = None if mine is None else np.asarray(mine).copy()
+        self.theirs = None if theirs is None else np.asarray(theirs).copy()
+        if text is not None:               # found by torch's own check (torch-native): its words
+            text = f"collective mismatch: {text}"
+        elif self.mine is None:
+            text = (f"collective mismatch: rank {peer} sent rank {rank} {describe(self.theirs)}, which rank {rank} "
+                    f"never received: it made no such call")
+        else:
+            verb = "sent it" if sent else "is in"
+            text = (f"collective mismatch: rank {rank} is in {describe(self.mine)} but rank {peer} {verb} "
+                    f"{describe(self.theirs)}")
+        super().__init__(text)
 
 
 def same_call(a, b) -> bool:
     """Two fingerprints of the same call (the per-message byte count aside)."""
     return np.asarray(a)[:7].tobytes() == np.asarray(b)[:7].tobytes()
+
+
+def conflict(a, b) -> bool:
+    """Two ranks disagree on a call: the same group (its members' hash and size) at the same call index,
+    with different fingerprints. Ranks in different groups, or at different calls of one group, are
+    only waiting on each other (a chain or a deadlock), never a mismatch."""
+    a, b = np.asarray(a), np.asarray(b)
+    return slot(a) == slot(b) and a[1] == b[1] and not same_call(a, b)
+
+
+def slot(fp) -> tuple:
+    """Where a call is counted: point-to-point or collective, the group's hash and size. (A pair's
+    messages and a 2-rank group's collectives hash alike; the op class keeps them apart.)"""
+    return (int(fp[0]) & 0xFF == 0, int(fp[6]), int(fp[4]) >> 32)
 
 
 def dtype_code(dtype) -> int:

@@ -22,17 +22,26 @@ raises. The first failure is final: every later call raises it again.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections import deque
 
 import numpy as np
 
-from netmorph.runtime.transport import PeerLost, PeerTimeout, nbytes
+from netmorph.runtime.transport import PeerLost, PeerTimeout, blame, nbytes
 from netmorph.runtime.transport import fingerprint as fpr
 
 HEADER_TAG, PAYLOAD_TAG = 1, 2
 _MISMATCH_KEY = "netmorph/collective-mismatch"
+# how long a rank that timed out waits for each rank on its wait-for chain to post what it waits for
+WALK_WINDOW = 0.6
+
+
+def _same_host() -> bool:
+    """Every rank on this host (a local launch, or torchrun on one node): a peer's pid means something
+    in this host's /proc."""
+    return os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE")) == os.environ.get("WORLD_SIZE")
 
 
 def dist_module():
@@ -79,6 +88,16 @@ def _text(e) -> str:
     """gloo's error text, trimmed to what happened: '[.../pair.cc:553] Connection closed by peer ...'."""
     text = str(e).splitlines()[0] if str(e) else type(e).__name__
     return text.split("] ", 1)[-1].split(". This is typically")[0]
+
+
+def _torch_mismatch(text: str) -> str:
+    """torch's ProcessGroupWrapper report, on one line without the TensorOptions dump: "Rank 1 is
+    running collective: CollectiveFingerPrint(SequenceNumber=0, OpType=ALLREDUCE, TensorShape=[1000],
+    TensorDtypes=Float), but Rank 0 is running collective: ...(TensorShape=[10] ...)"."""
+    text = text.split("] ", 1)[-1] if text.startswith("[") else text
+    text = re.sub(r", TensorDeviceTypes=TensorOptions\((?:[^()]|\([^()]*\))*\)", "", text)
+    text = text.replace("Detected mismatch between collectives on ranks. ", "")
+    return " ".join(text.split())[:600]
 
 
 def _concat(views):
@@ -133,6 +152,7 @@ class TorchTransport:
         self.rank, self.world, self.timeout = rank, world, timeout
         self.failed = None                     # the first failure: raised again on every later call
         self.current = None                    # the fingerprint of the call in flight (compared at a timeout)
+        self.current_what = 0                  # what it waits for (blame.WHAT): 0 data, 1 a send's receive
         self.pending: dict[int, deque] = {}    # src -> point-to-point receives whose payload is not posted yet
 
     # ------------------------------------------------------------ failures
@@ -142,12 +162,14 @@ class TorchTransport:
         published = self._published_mismatch()
         if published is not None:
             err = published
+        elif "Detected mismatch between collectives" in text:       # TORCH_DISTRIBUTED_DEBUG=DETAIL
+            err = fpr.CollectiveMismatch(self.rank, -1, None, None, text=_torch_mismatch(str(e)))
         elif "Timed out" in text or "timed out" in text:
-            err = self._compare_calls(peer, fpr.compare_window(self.timeout))
+            err = self._walk(peer, WALK_WINDOW)
         else:
             # gloo closes the connection of an op that timed out: the peer that timed out may be
             # posting the (different) call it was in right now
-            err = self._compare_calls(peer, 0.5)
+            err = self._walk(peer, 0.5, only_mismatch=True)
             if err is None:
                 root = self._root_of(peer)
                 via = f"; rank {peer} failed because it lost rank {root}" if root != peer else ""
@@ -213,31 +235,55 @@ class TorchTransport:
         if store is None:
             return
         try:
-            store.set(_MISMATCH_KEY, json.dumps([e.receiver, e.sender, e.mine.tolist(), e.theirs.tolist(), e.sent]))
+            store.set(_MISMATCH_KEY, json.dumps([e.receiver, e.sender, None if e.mine is None else e.mine.tolist(),
+                                                 e.theirs.tolist(), e.sent]))
         except RuntimeError:
             pass
 
-    def _compare_calls(self, peer: int, window: float):
-        """At a timeout: post the call we are in to the store and, if ``peer`` posts a different one
-        within :func:`compare_window` (it timed out waiting too), the mismatch -- else None (a hung peer)."""
+    def _walk(self, peer: int, window: float, only_mismatch: bool = False):
+        """At a timeout: post what this rank waits for to the store and walk the wait-for chain from
+        ``peer`` (:mod:`netmorph.runtime.transport.blame`), giving each rank on it ``window`` seconds
+        to post its own (it times out too, a little later if it entered its call later). The error
+        to raise, or None (no store, nothing to walk; with ``only_mismatch``, anything but a mismatch)."""
         store = self._store()
-        if store is None or self.current is None or peer < 0:
+        if store is None or peer < 0:
             return None
         try:
-            store.set(f"netmorph/call/{self.rank}", json.dumps(self.current.tolist()))
-            deadline = time.monotonic() + window
-            while time.monotonic() < deadline:
-                if store.check([f"netmorph/call/{peer}"]):
-                    theirs = json.loads(store.get(f"netmorph/call/{peer}"))
-                    if fpr.same_call(self.current, theirs):
-                        return None
-                    err = fpr.CollectiveMismatch(self.rank, peer, self.current, theirs, sent=False)
-                    self._publish(err)
-                    return err
-                time.sleep(0.01)
-        except (RuntimeError, ValueError):
-            pass
-        return None
+            fp = None if self.current is None else self.current.tolist()
+            store.set(f"netmorph/wait/{self.rank}", json.dumps([peer, fp, os.getpid(), self.current_what]))
+        except RuntimeError:
+            return None
+        deadline = time.monotonic() + window
+        posted = {}
+
+        def read(r):
+            if r not in posted:
+                try:
+                    while True:
+                        if store.check([f"netmorph/wait/{r}"]):
+                            posted[r] = json.loads(store.get(f"netmorph/wait/{r}"))
+                            break
+                        if time.monotonic() >= deadline:
+                            posted[r] = None
+                            break
+                        time.sleep(0.01)
+                except (RuntimeError, ValueError):
+                    posted[r] = None
+            return posted[r]
+
+        def wait_of(r):
+            row = read(r)
+            return None if row is None else blame.Waiting(row[1], row[0], row[3])
+
+        def state_of(r):
+            row = read(r)
+            return blame.process_state(row[2]) if row is not None and _same_host() else ""
+
+        err = blame.walk(self.rank, blame.Waiting(fp, peer, self.current_what), self.timeout, wait_of, state_of)
+        if isinstance(err, fpr.CollectiveMismatch):
+            self._publish(err)
+            return err
+        return None if only_mismatch else err
 
     def _published_mismatch(self):
         store = self._store()
@@ -253,6 +299,7 @@ class TorchTransport:
     def run_round(self, sends, recvs, ufunc, snapshot: bool = False, fp=None) -> None:
         self.guard(-1, lambda: None)
         self.current = fp
+        self.current_what = 0
         dist = dist_module()
         works, bufs, heads = [], [], []
         peer = -1
@@ -300,6 +347,7 @@ class TorchTransport:
     def isend(self, array, dst, fp=None):
         dist = dist_module()
         self.current = fp
+        self.current_what = 1                  # a send that waits for its receive
 
         def post():
             ws = []
@@ -314,6 +362,7 @@ class TorchTransport:
     def irecv(self, array, src, fp=None):
         dist = dist_module()
         self.current = fp
+        self.current_what = 0
         if fp is None:
             w = self.guard(src, lambda: dist.irecv(to_torch(array), src))
             return _TorchWork(self, w.wait, src, test=w.is_completed)

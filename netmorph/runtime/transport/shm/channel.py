@@ -196,6 +196,19 @@ class Channels:
         nb = int(f.piece_bytes[i])
         return (ch, k, -nb) if nb < 0 else ()
 
+    def peek_header(self, src: int):
+        """The fingerprint words leading the next piece from ``src`` when one is visible (it starts a
+        message when no receive from ``src`` is in progress), else None."""
+        f = self.f
+        ch = f.channel(src, self.rank)
+        if f.posted[ch] <= f.consumed[ch]:
+            return None
+        k = int(f.consumed[ch] % f.K)
+        i = ch * f.K + k
+        if not self.clock.visible(f.not_before, i) or abs(int(f.piece_bytes[i])) < H:
+            return None
+        return f.slot(ch, k)[:H].view(np.int64).copy()
+
     def has_message(self, src: int) -> bool:
         ch = self.f.channel(src, self.rank)
         return bool(self.f.posted[ch] > self.f.consumed[ch])

@@ -8,7 +8,18 @@ pairs never deadlock on full slots.
 Waiting spins briefly, then sleeps on the rank's doorbell (a futex) until a peer
 rings it, re-checking first so no ring is missed. Every wait checks the abort
 word the launcher sets when a rank dies (-> :class:`PeerLost` naming it) and a
-deadline since the last progress (-> :class:`PeerTimeout` naming the silent peer).
+deadline since the last progress. Before it sleeps a rank writes on the mapping's
+wait board which call it is in and which peer it waits for; at the deadline it
+walks that board (:mod:`netmorph.runtime.transport.blame`) to name the rank the
+chain ends at (-> :class:`PeerTimeout`), two ranks that disagree on a call (->
+:class:`CollectiveMismatch`) or a cycle (-> :class:`Deadlock`).
+
+Messages nobody received: as it goes to sleep a rank also looks at the head of
+each idle inbound channel; a message there from a call of a group it has already
+moved past was never received -- the peer was in a different call (ranks that each
+``broadcast(x, src=own rank)`` only send) -- and is a :class:`CollectiveMismatch`
+at once, not after the timeout. The launcher looks the same way at every channel
+when all ranks have returned (:meth:`ProgressEngine.trail` names their calls).
 """
 
 from __future__ import annotations
@@ -17,10 +28,14 @@ import os
 import time
 from collections import deque
 
+from netmorph.runtime.transport import blame
+from netmorph.runtime.transport.blame import Deadlock, Waiting
 from netmorph.runtime.transport.errors import PeerLost, PeerTimeout
-from netmorph.runtime.transport.fingerprint import CollectiveMismatch, compare_window, same_call
+from netmorph.runtime.transport.fingerprint import CollectiveMismatch, same_call, slot
 from netmorph.runtime.transport.shm.channel import InStream, OutStream
-from netmorph.runtime.transport.shm.mapping import address
+from netmorph.runtime.transport.shm.mapping import FAILED, IDLE, RETURNED, WAITING, address
+
+TRAIL = 16                      # calls remembered per group, to name a call a peer's message was from
 
 
 class ProgressEngine:
@@ -36,12 +51,17 @@ class ProgressEngine:
         self.bell = address(fabric.doorbell[rank:rank + 1])
         self.failed = None                    # the error that broke this rank's fabric: raised again on every call
         self.acked_deaths = 0                 # elastic: deaths this rank has already re-formed around
+        self.trail: dict[tuple, dict] = {}    # fingerprint.slot -> {call index: fingerprint}, the last TRAIL
+        self._last_fp = None
+        fabric.set_state(rank, IDLE, os.getpid())
 
     def enqueue(self, sends, recvs, fp=None) -> list:
         """Queue ``[(peer, [views])]`` sends and ``[(peer, [views], [reduce?])]`` receives, each
         message under the fingerprint ``fp`` (None: no header); the live streams."""
         if self.failed is not None:
             raise self.failed
+        if fp is not None and fp is not self._last_fp:
+            self._remember(fp)
         outs, ins = [], []
         for peer, views in sends:
             st = OutStream(peer, views, self.arena_range, fp)
@@ -63,7 +83,7 @@ class ProgressEngine:
             if pull:
                 moved |= _drain(self.inq, self.channels.pull)
         except CollectiveMismatch as e:
-            self.failed = e
+            self._break(e)
             raise
         return moved
 
@@ -78,29 +98,100 @@ class ProgressEngine:
             raise self.failed
         try:
             self._wait(streams, ready, pull, blame)
-        except (PeerLost, PeerTimeout, CollectiveMismatch) as e:
-            self.failed = e
+        except (PeerLost, PeerTimeout, CollectiveMismatch, Deadlock) as e:
+            self._break(e)
             raise
 
-    def _wait(self, streams, ready, pull, blame) -> None:
+    def _wait(self, streams, ready, pull, blame_as) -> None:
         spins = 0
         last = time.perf_counter()
-        while True:
-            if self.progress(pull):
-                spins = 0
-                last = time.perf_counter()
-            if ready() if ready is not None else all(s.done for s in streams):
-                return
-            spins += 1
-            if spins < self.spins:
+        on_board = fresh = False              # our row on the wait board: written at all, and up to date
+        try:
+            while True:
+                if self.progress(pull):
+                    spins = 0
+                    last = time.perf_counter()
+                    fresh = False                 # what we wait for may have changed
+                if ready() if ready is not None else all(s.done for s in streams):
+                    return
+                spins += 1
+                if spins < self.spins:
+                    continue
+                if not fresh:                     # going to sleep: say on the board what we wait for
+                    self.f.post_wait(self.rank, self.f.wait_row(*self._waiting(streams, blame_as)))
+                    on_board = fresh = True
+                    self._unreceived()
+                self._check()
+                idle = time.perf_counter() - last
+                if idle > self.timeout:
+                    raise self._diagnose(streams, blame_as)
+                self._sleep(idle, pull)
+        except BaseException:
+            if on_board:                          # failed while waiting: not silent, and whom it waited for
+                self.f.set_state(self.rank, FAILED)    # stays readable for the chain
+                on_board = False
+            raise
+        finally:
+            if on_board:
+                self.f.set_state(self.rank, IDLE)
+
+    def _waiting(self, streams, blame_as):
+        """(peer, what, fingerprint) of the first unfinished stream: what this rank waits for."""
+        for st in streams:
+            if not st.done:
+                return st.peer, 0 if isinstance(st, InStream) else 1, st.fp
+        if blame_as is not None:
+            return blame_as[0], 2, None
+        return -1, 0, None
+
+    def _diagnose(self, streams, blame_as):
+        """The error for a wait that timed out: walk the wait board from the peer we waited for."""
+        peer, what, fp = self._waiting(streams, blame_as)
+        f = self.f
+
+        def wait_of(r):
+            state, p, w, theirs, _ = f.wait_of(r)
+            return Waiting(theirs, p, w) if state in (WAITING, FAILED) else None
+
+        def state_of(r):
+            state, *_, pid = f.wait_of(r)
+            return "returned" if state == RETURNED else blame.process_state(pid)
+
+        if peer < 0 and blame_as is not None:
+            return PeerTimeout(-1, self.timeout, blame_as[1])
+        err = blame.walk(self.rank, Waiting(fp, peer, what), self.timeout, wait_of, state_of)
+        if isinstance(err, CollectiveMismatch):
+            f.report_mismatch(err)
+        return err
+
+    def _remember(self, fp) -> None:
+        self._last_fp = fp
+        calls = self.trail.setdefault(slot(fp), {})
+        calls[int(fp[1])] = fp.copy()
+        if len(calls) > TRAIL:
+            del calls[min(calls)]
+
+    def _unreceived(self) -> None:
+        """A message at the head of an idle inbound channel from a call of a group this rank has already
+        moved past was never received by it: raise the mismatch now (it would otherwise only end in a
+        timeout, or in silence when nobody waits)."""
+        f = self.f
+        for src in range(f.world):
+            if src == self.rank or self.inq.get(src):
                 continue
-            self._check()
-            idle = time.perf_counter() - last
-            if idle > self.timeout:
-                peer, what = _blame(streams) if blame is None else blame
-                self._compare_calls(streams, peer)
-                raise PeerTimeout(peer, self.timeout, what)
-            self._sleep(idle, pull)
+            head = self.channels.peek_header(src)
+            if head is None:
+                continue
+            calls = self.trail.get(slot(head))
+            if not calls or max(calls) <= head[1]:
+                continue                           # a call we have not reached yet: it will be received
+            mine = calls.get(int(head[1]))
+            if mine is not None and same_call(mine, head):
+                continue
+            err = CollectiveMismatch(self.rank, src, mine, head, sent=True)
+            f.report_mismatch(err)
+            self._break(err)
+            raise err
 
     def reform(self, epoch: int) -> None:
         """Elastic: forget every queued stream (of the collective that failed), acknowledge the deaths
@@ -117,34 +208,23 @@ class ProgressEngine:
             raise CollectiveMismatch(*m)
         lost = self.f.aborted
         if lost is not None:
-            raise PeerLost(lost, "it exited or raised")
+            raise PeerLost(lost, "it stopped answering; the launcher ended it" if self.f.aborted_silent
+                           else "it exited or raised")
         if self.f.deaths > self.acked_deaths:          # elastic: a member died; re-form to go on
             dead = [r for r in range(self.f.world) if self.f.dead[r]]
             raise PeerLost(dead[-1], f"it died; dead so far: {dead} (elastic: agree on a new view and re-form)")
         if os.getppid() != self.ppid:
             raise PeerLost(-1, "the launcher exited")
 
-    def _compare_calls(self, streams, peer: int) -> None:
-        """At a timeout: post the call we are in and, if the peer we waited for posts a different
-        one within :func:`compare_window` (it timed out waiting too), raise the mismatch -- a deadlock of ranks
-        that disagree, not a hung peer."""
-        fp = next((s.fp for s in streams if not s.done and s.fp is not None), None)
-        if fp is None or peer < 0:
-            return
-        f = self.f
-        f.post_call(self.rank, fp)
-        deadline = time.perf_counter() + compare_window(self.timeout)
-        while time.perf_counter() < deadline:
-            theirs = f.call_of(peer)
-            if theirs is not None:
-                if same_call(fp, theirs):
-                    return
-                err = CollectiveMismatch(self.rank, peer, fp, theirs, sent=False)
-                f.report_mismatch(err)
-                raise err
-            if f.mismatch is not None:
-                raise CollectiveMismatch(*f.mismatch)
-            time.sleep(0.01)
+    def _break(self, err) -> None:
+        """This rank's fabric failed: every later call raises ``err``, and the launcher knows that
+        messages left in the channels are the failed calls' pieces, not sends nobody received."""
+        self.failed = err
+        self.f.hdr[27] = 1
+
+    def finish(self) -> None:
+        """This rank's function returned: peers that wait for it find it on the board as returned."""
+        self.f.set_state(self.rank, RETURNED)
 
     def _sleep(self, idle: float, pull: bool) -> None:
         """Block until a peer rings our doorbell (futex), re-checking first to never miss a ring."""
@@ -180,9 +260,3 @@ def _drain(queues, step) -> bool:
     return moved
 
 
-def _blame(streams):
-    """The peer of the first unfinished stream, and what we were waiting for from it."""
-    for s in streams:
-        if not s.done:
-            return s.peer, ("no data arrived" if isinstance(s, InStream) else "its receive slots stayed full")
-    return -1, "nothing in flight"

@@ -14,8 +14,11 @@ the last process holding it exits, on every exit path, SIGKILL included.
 Layout (int64 words unless noted): a header ([0] abort flag, [1] aborted rank,
 [2] world, [3] K, [4] S, [5] mismatch flag, [6] its receiver, [7] its sender,
 [8:16] and [16:24] their fingerprints, [24] its kind: 1 a message, 0 a call posted at a
-timeout, [25] deaths seen by an elastic launch), the calls ranks were in when they timed out
-(``calls[p, 9]``: posted?, fingerprint), ``dead[p]`` (elastic); per membership epoch
+timeout, [25] deaths seen by an elastic launch, [26] why the aborted rank is gone: 0 it exited
+or raised, 1 it stopped answering and the launcher ended it, [27] some rank's fabric failed), the wait board (``waits[p, 12]``:
+state -- 0 in no call, 1 waiting, 2 returned, 3 failed while waiting --, the peer waited for, what for, the call's
+fingerprint, the pid; :mod:`netmorph.runtime.transport.blame` reads it), ``dead[p]``
+(elastic); per membership epoch
 (one unless the launch is elastic) ``posted[p*p]``, ``consumed[p*p]``,
 ``piece_bytes[p*p*K]`` (negative: a descriptor), ``not_before[p*p*K]`` (float64,
 emulated links) and the page-aligned slot data; int32 ``doorbell[p]`` and
@@ -32,6 +35,8 @@ import numpy as np
 from netmorph.runtime.transport.shm.futex import Futex
 
 _HDR = 32
+WAIT_WORDS = 12                 # the wait board's row: state, peer, what, fingerprint (8), pid
+IDLE, WAITING, RETURNED, FAILED = 0, 1, 2, 3      # FAILED: raised while waiting (the row says on what)
 _MAP_NORESERVE = 0x4000 if sys.platform.startswith("linux") else 0
 
 
@@ -62,7 +67,7 @@ class ShmFabric:
         p2 = world * world
         e = epochs
         sizes = [_HDR * 8, e * p2 * 8, e * p2 * 8, e * p2 * slots * 8, e * p2 * slots * 8, 2 * world * 4 + 8,
-                 world * 9 * 8, world * 8]
+                 world * WAIT_WORDS * 8, world * 8]
         offs = np.cumsum([0] + sizes)
         data_off = int(-(-offs[-1] // 4096) * 4096)
         arena_off = data_off + e * p2 * slots * slot_bytes
@@ -79,7 +84,7 @@ class ShmFabric:
         # per rank: a doorbell word peers bump when they post to it or free its slots, and a sleeping flag
         self.doorbell = np.frombuffer(buf, np.int32, world, int(offs[5]))
         self.sleeping = np.frombuffer(buf, np.int32, world, int(offs[5]) + 4 * world)
-        self.calls = np.frombuffer(buf, np.int64, world * 9, int(offs[6])).reshape(world, 9)
+        self.waits = np.frombuffer(buf, np.int64, world * WAIT_WORDS, int(offs[6])).reshape(world, WAIT_WORDS)
         self.dead = np.frombuffer(buf, np.int64, world, int(offs[7]))     # elastic: ranks known dead
         self.futex = Futex.make()
         self.set_epoch(0)
@@ -120,20 +125,37 @@ class ShmFabric:
         i = channel * self.K + k
         return self.data[i * self.S:(i + 1) * self.S]
 
+    def leftovers(self):
+        """Messages posted and never received, one per channel: ``[(src, dst, header words or None)]``
+        (the header when the piece is long enough to hold one). Read by the launcher once every rank
+        has returned; none when a rank's fabric failed (the failed calls' pieces stay behind)."""
+        out = []
+        if self.hdr[27] or self.hdr[0] or self.hdr[5]:
+            return out
+        for ch in np.flatnonzero(self.posted > self.consumed).tolist():
+            src, dst = divmod(ch, self.world)
+            i = ch * self.K + int(self.consumed[ch] % self.K)
+            head = self.slot(ch, i % self.K)[:64].view(np.int64).copy() if abs(int(self.piece_bytes[i])) >= 64 \
+                else None
+            out.append((src, dst, head))
+        return out
+
     def close(self) -> None:
         """Drop this process's mapping (the kernel frees it when the last holder is gone)."""
         self.hdr = self.posted = self.consumed = self.piece_bytes = self.not_before = self.data = None
         self._posted = self._consumed = self._piece_bytes = self._not_before = self._data = self.dead = None
-        self.arenas = self.doorbell = self.sleeping = self.calls = None
+        self.arenas = self.doorbell = self.sleeping = self.waits = None
         try:
             self.mem.close()
         except BufferError:       # a view is still referenced somewhere: the GC will unmap it
             pass
 
-    def abort(self, rank: int) -> None:
-        """Tell every rank that ``rank`` is gone (the launcher calls this when a process dies)."""
+    def abort(self, rank: int, silent: bool = False) -> None:
+        """Tell every rank that ``rank`` is gone (the launcher calls this when a process dies, or when
+        it ends one its peers found silent: ``silent``)."""
         if not self.hdr[0]:
             self.hdr[1] = rank
+            self.hdr[26] = int(silent)
             self.hdr[0] = 1
         for r in range(self.world):
             self.ring(r)
@@ -149,7 +171,7 @@ class ShmFabric:
         rank raises the same one (the first report wins), and wake them all."""
         if not self.hdr[5]:
             self.hdr[6:8] = (e.receiver, e.sender)
-            self.hdr[8:16] = e.mine
+            self.hdr[8:16] = -1 if e.mine is None else e.mine       # -1: no call at that index
             self.hdr[16:24] = e.theirs
             self.hdr[24] = int(e.sent)
             self.hdr[5] = 1
@@ -161,17 +183,38 @@ class ShmFabric:
         """The published mismatch as ``(receiver, sender, mine, theirs, sent)``, or None."""
         if not self.hdr[5]:
             return None
-        return int(self.hdr[6]), int(self.hdr[7]), self.hdr[8:16].copy(), self.hdr[16:24].copy(), bool(self.hdr[24])
+        mine = None if self.hdr[8] < 0 else self.hdr[8:16].copy()
+        return int(self.hdr[6]), int(self.hdr[7]), mine, self.hdr[16:24].copy(), bool(self.hdr[24])
 
-    def post_call(self, rank: int, fp) -> None:
-        """Say which call ``rank`` is stuck in (at a timeout), for its peers to compare."""
-        self.calls[rank, 1:] = fp
-        self.calls[rank, 0] = 1
+    def post_wait(self, rank: int, row: np.ndarray) -> None:
+        """Say what ``rank`` waits for (a row built by :meth:`wait_row`), for a peer that times out."""
+        self.waits[rank, :11] = row
 
-    def call_of(self, rank: int):
-        """The call ``rank`` posted when it timed out, or None."""
-        return self.calls[rank, 1:].copy() if self.calls[rank, 0] else None
+    def wait_row(self, peer: int, what: int, fp) -> np.ndarray:
+        row = np.zeros(11, np.int64)
+        row[0], row[1], row[2] = WAITING, peer, what
+        if fp is not None:
+            row[3:11] = fp
+        else:
+            row[3] = -1                            # no fingerprint (op words are never negative)
+        return row
+
+    def set_state(self, rank: int, state: int, pid: int | None = None) -> None:
+        self.waits[rank, 0] = state
+        if pid is not None:
+            self.waits[rank, 11] = pid
+
+    def wait_of(self, rank: int):
+        """``(state, peer, what, fingerprint or None, pid)`` from ``rank``'s row of the wait board."""
+        w = self.waits[rank].copy()
+        fp = None if w[3] < 0 else w[3:11]
+        return int(w[0]), int(w[1]), int(w[2]), fp, int(w[11])
 
     @property
     def aborted(self) -> int | None:
         return int(self.hdr[1]) if self.hdr[0] else None
+
+    @property
+    def aborted_silent(self) -> bool:
+        """The aborted rank stopped answering (rather than exiting or raising)."""
+        return bool(self.hdr[26])

@@ -127,5 +127,15 @@ class ShmTransport:
         """Elastic re-forming: fresh channels for membership epoch ``epoch`` (see the engine)."""
         self.engine.reform(epoch)
 
+    def finish(self) -> None:
+        """The rank's function returned: say so on the wait board."""
+        self.engine.finish()
+
+    @property
+    def trail(self) -> dict:
+        """The last calls this rank made on each group (the launcher names them beside a message that
+        was never received)."""
+        return self.engine.trail
+
     def close(self) -> None:
         pass

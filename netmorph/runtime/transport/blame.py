@@ -1,0 +1,122 @@
+"""Who is to blame when a rank times out: the wait-for chain, walked.
+
+Stands in for what torch's flight recorder analysis (``torch.distributed.flight_recorder``,
+the ``fr_trace`` tool) does after an NCCL watchdog timeout: read the call every rank
+was in and whom it waited for, and find the rank the others wait on. Here each rank
+says where it can be read (the local fabric's mapping as it goes to sleep; the job's
+store as it times out) which call it is in and which peer it waits for, and the
+rank that times out follows the chain from the peer it waited for:
+
+- the chain ends at a rank in no communication call, or one whose process is
+  stopped: that rank is hung (SIGSTOP, a loop in compute, far slower than its peers)
+  and is the root cause -- :class:`PeerTimeout` names it, not the neighbour that
+  happened to be waited on;
+- two ranks next to each other on the chain are in the same group at the same call
+  index with different fingerprints: they disagree on the call --
+  :class:`~netmorph.runtime.transport.fingerprint.CollectiveMismatch`. Ranks in
+  different groups, or at different calls of one group, only wait on each other;
+- the chain comes back to a rank already on it: every rank of the cycle waits for
+  the next and none can move (two sends to each other, with no receive) --
+  :class:`Deadlock`, naming the cycle.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from netmorph.runtime.transport.errors import FabricError, PeerTimeout
+from netmorph.runtime.transport.fingerprint import CollectiveMismatch, conflict, describe
+
+# what a waiting rank waits for from its peer
+WHAT = ("no data arrived", "its send was not received", "no message from any of the ranks")
+
+
+class Waiting:
+    """What a rank is blocked in: its call's fingerprint (None without fingerprints), the peer it waits
+    for (-1: any) and what it waits for (an index into :data:`WHAT`)."""
+
+    __slots__ = ("fp", "peer", "what")
+
+    def __init__(self, fp, peer: int, what: int):
+        self.fp = None if fp is None else np.asarray(fp, dtype=np.int64)
+        self.peer, self.what = int(peer), int(what)
+
+
+class Deadlock(FabricError):
+    """Every rank on a cycle waits for the next, each in a call the next is not in -- not a hung rank,
+    not a mismatch (a send/send deadlock: two ranks each send to the other, neither receives)."""
+
+    def __init__(self, cycle: list[tuple[int, Waiting]]):
+        self.cycle = [r for r, _ in cycle]
+        self.rank = cycle[0][1].peer                  # whom the reporting rank blames: the next on the cycle
+        links = [f"rank {r} waits for rank {w.peer} in {_call(w)} ({WHAT[w.what]})" for r, w in cycle]
+        super().__init__("deadlock: " + "; ".join(links) + " -- none can move until another does")
+
+
+def _call(w: Waiting) -> str:
+    if w.fp is None:
+        return "an unfingerprinted call"
+    text = describe(w.fp)
+    if text.startswith("send/recv("):                 # a point-to-point message: say which end this is
+        text = ("send" if w.what == 1 else "recv") + text[len("send/recv"):]
+    return text
+
+
+def process_state(pid: int) -> str:
+    """The kernel's one-letter state of ``pid`` (``R`` running, ``S`` sleeping, ``T`` stopped, ``Z``
+    zombie), or ``""`` where it cannot be read (not Linux, gone)."""
+    if pid <= 0:
+        return ""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def why_silent(state: str) -> str:
+    """Words for a silent rank from its process state (``"returned"``: its function returned)."""
+    if state == "returned":
+        return "it returned from its function without sending what its peers wait for"
+    if state == "T" or state == "t":
+        return "its process is stopped (SIGSTOP)"
+    if state == "Z" or state == "X":
+        return "its process has exited"
+    return "it is in no communication call: hung, or far slower than its peers"
+
+
+def walk(me: int, mine: Waiting, seconds: float, wait_of, state_of=lambda r: "") -> FabricError:
+    """The error rank ``me`` raises when its wait ``mine`` timed out after ``seconds``.
+
+    ``wait_of(rank)``: that rank's :class:`Waiting`, or None when it is in no communication call (or
+    cannot say); ``state_of(rank)``: its process's :func:`process_state` (a stopped rank's posted
+    wait is stale: it is the silent one, whatever it last said)."""
+    chain = [(me, mine)]
+    seen = {me}
+    peer = mine.peer
+    while peer >= 0:
+        theirs = None if state_of(peer) in ("T", "t") else wait_of(peer)
+        if theirs is None:
+            break                                         # the end of the chain: the silent rank
+        prev_rank, prev = chain[-1]
+        if prev.fp is not None and theirs.fp is not None and conflict(prev.fp, theirs.fp):
+            return CollectiveMismatch(prev_rank, peer, prev.fp, theirs.fp, sent=False)
+        chain.append((peer, theirs))
+        if theirs.peer in seen:                           # back on the chain: a cycle
+            start = next(i for i, (r, _) in enumerate(chain) if r == theirs.peer)
+            first_rank, first = chain[start]
+            if theirs.fp is not None and first.fp is not None and conflict(theirs.fp, first.fp):
+                return CollectiveMismatch(peer, first_rank, theirs.fp, first.fp, sent=False)
+            return Deadlock(chain[start:])
+        seen.add(peer)
+        peer = theirs.peer
+    root = peer if peer >= 0 else mine.peer
+    via = ""
+    if len(chain) > 1:
+        hops = ", ".join(f"rank {r} waits for rank {w.peer} in {_call(w)}" for r, w in chain[1:])
+        via = f"; {hops}"
+    return PeerTimeout(root, seconds, WHAT[mine.what], waited_for=mine.peer, via=via,
+                       why=why_silent(state_of(root)) if root >= 0 else "none of them sent anything")
+
+
+__all__ = ["Deadlock", "Waiting", "walk", "process_state", "why_silent", "WHAT"]
