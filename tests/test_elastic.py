@@ -276,3 +276,57 @@ def test_compare_plots_the_three_recoveries_and_reports_them_in_json(tmp_path, c
     assert all(c[k]["caught_up_s"] >= c[k]["recovery_s"] > 0 for k in c)
     assert main(["elastic", "--plot", str(png)]) == 2
     assert "add --compare" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("killed, min_workers", [((1, 2), 2), ((1, 2, 3), 1)])
+def test_workers_killed_in_the_same_step_leave_the_survivors_training(killed, min_workers):
+    """They die milliseconds apart; the survivors' agreement used to wait for the second one's progress
+    and end in a TimeoutError naming it."""
+    from netmorph.elastic.train import ElasticConfig, train
+    out = train(ElasticConfig(workers=4, min_workers=min_workers, steps=20, kills=tuple((r, 7) for r in killed),
+                              timeout=2), check=True)
+    assert out["max_rel_loss_diff"] <= 1e-9 and out["dead"] == list(killed)
+    assert out["epochs"][-1]["members"] == sorted(set(range(4)) - set(killed))
+    assert sorted(r for e in out["events"] for r in e["ranks"]) == list(killed)
+
+
+@pytest.mark.timeout(60)
+def test_two_killed_in_one_step_below_the_minimum_is_a_membership_error():
+    from netmorph.elastic.train import ElasticConfig, train
+    from netmorph.runtime import LaunchError
+    with pytest.raises(LaunchError) as e:
+        train(ElasticConfig(workers=4, min_workers=3, steps=20, kills=((1, 7), (2, 7)), timeout=2))
+    assert e.value.root.exc_type == "MembershipError", str(e.value)
+    assert "TimeoutError" not in str(e.value)
+
+
+@pytest.mark.timeout(90)
+def test_a_worker_stopped_from_outside_is_ejected_and_the_run_finishes():
+    import subprocess
+    import sys
+    proc = subprocess.Popen([sys.executable, "-m", "netmorph", "elastic", "--workers", "4", "--steps", "1500",
+                             "--timeout", "1", "--check"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and len(_kids(proc.pid)) < 4:
+        time.sleep(0.02)
+    time.sleep(0.3)
+    victim = _kids(proc.pid)[2]
+    os.kill(victim, signal.SIGSTOP)                 # frozen wherever it is: not the --hang flag's own SIGSTOP
+    out, err = proc.communicate(timeout=80)
+    assert proc.returncode == 0, err[-2000:]
+    assert "hang rank 2" in out and "✓" in out, out
+
+
+def _kids(pid):
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+                if int(fields[1]) == pid and fields[0] != "Z":
+                    out.append(int(d))
+            except (OSError, IndexError):
+                pass
+    return sorted(out)

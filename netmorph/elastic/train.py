@@ -175,6 +175,7 @@ def rank_fn(comm, cfg: ElasticConfig):
             hung_at = None
             if isinstance(e, PeerTimeout):                       # silent, not dead: find who is hung, fence it
                 hung_at = _fence_hung(comm, view, cfg)
+            before = set(view.members)
             view, ahead = _agree(comm, rdzv, view, step, cfg)
             if me not in view.members:
                 return None                                      # excluded (only a hang could do this here)
@@ -190,7 +191,7 @@ def rank_fn(comm, cfg: ElasticConfig):
             comm.reform(view.members, view.epoch)
             epochs.append((view.epoch, list(view.members), view.first_step))
             events.append({"kind": "hang" if isinstance(e, PeerTimeout) else "kill", "epoch": view.epoch,
-                           "failed_at": hung_at, "detected_at": t_detect,
+                           "lost": sorted(before - set(view.members)), "failed_at": hung_at, "detected_at": t_detect,
                            "agreed_at": time.monotonic(), "step": step, "steps_redone": redone})
             continue
         prev = w
@@ -209,14 +210,15 @@ def rank_fn(comm, cfg: ElasticConfig):
 HEARTBEAT = 0.05                 # seconds between a worker's heartbeats
 
 
-def _fence_hung(comm, view, cfg):
-    """After a timeout: watch the members' heartbeats with the detector (φ accrual, or a fixed timeout of
-    four heartbeat intervals); those whose beats have
+def _fence_hung(comm, view, cfg, among=None):
+    """After a timeout: watch the members' heartbeats (``among`` them, default all but us) with the
+    detector (φ accrual, or a fixed timeout of four heartbeat intervals); those whose beats have
     stopped are hung -- SIGKILL them (fencing: a hung worker must not wake up inside the new view) and wait
     until the launcher has marked them dead. A member that is slow but still beating is left alone."""
     from netmorph.elastic.detector import FixedTimeout, PhiAccrual
     from netmorph.elastic.heartbeat import Monitor
-    peers = [m for m in view.members if m != comm.rank]
+    f = comm.transport.f
+    peers = [m for m in (view.members if among is None else among) if m != comm.rank and not f.dead[m]]
     if cfg.detector == "phi":
         def make():
             return PhiAccrual(first_heartbeat_estimate=HEARTBEAT, min_std_deviation=HEARTBEAT / 2)
@@ -232,7 +234,6 @@ def _fence_hung(comm, view, cfg):
             os.kill(int(comm.store.get(f"netmorph/pid/{p}")), signal.SIGKILL)
         except (ProcessLookupError, ValueError):
             pass
-    f = comm.transport.f
     deadline = time.monotonic() + cfg.timeout
     while not all(f.dead[p] for p in hung) and time.monotonic() < deadline:
         time.sleep(0.002)
@@ -273,23 +274,35 @@ def _admitted(comm, rdzv, cfg, join_step):
 
 def _agree(comm, rdzv, view, step, cfg):
     """After PeerLost: post our completed steps, wait for every surviving member's, propose the view
-    without the dead (resuming at the smallest completed step). Returns (agreed view, are we ahead)."""
+    without the dead (resuming at the smallest completed step). Returns (agreed view, are we ahead).
+
+    Who survives is read again on every look: two or three workers killed in the same step die a few
+    milliseconds apart, and the launcher marks each as its process goes -- a member that dies while we
+    wait drops out of the wait. One that neither posts nor dies within ``timeout`` is hung: the
+    heartbeat detector fences it (:func:`_fence_hung`) and it drops out too. Never an error naming a
+    survivor; too few members left is the rendezvous' :class:`MembershipError`."""
     f = comm.transport.f
-    dead = {r for r in range(f.world) if f.dead[r]}
     nxt = view.epoch + 1
     comm.store.set(f"netmorph/progress/{nxt}/{comm.rank}", str(step))
-    alive = [m for m in view.members if m not in dead]
-    deadline = time.monotonic() + cfg.timeout
     done = {}
-    while len(done) < len(alive):
+    fenced = set()
+    deadline = time.monotonic() + cfg.timeout
+    while True:
+        dead = {r for r in range(f.world) if f.dead[r]} | fenced
+        alive = [m for m in view.members if m not in dead]
         for m in alive:
             key = f"netmorph/progress/{nxt}/{m}"
             if m not in done and comm.store.check([key]):
                 done[m] = int(comm.store.get(key))
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"epoch {nxt}: ranks {sorted(set(alive) - set(done))} never reported their progress")
+        if all(m in done for m in alive):
+            break
+        if time.monotonic() > deadline:          # silent, not dead: hung members are fenced and left out
+            silent = [m for m in alive if m not in done]
+            _fence_hung(comm, view, cfg, among=silent)
+            fenced |= {m for m in silent if f.dead[m]}
+            deadline = time.monotonic() + cfg.timeout
         time.sleep(0.002)
-    agreed = rdzv.propose(view, suspects=dead, first_step=min(done.values()))
+    agreed = rdzv.propose(view, suspects=dead, first_step=min(done[m] for m in alive))
     return agreed, step > agreed.first_step
 
 
@@ -307,7 +320,7 @@ def train(cfg: ElasticConfig, check: bool = False) -> dict:
     died = dict(deaths)
     kill_steps = dict(cfg.kills + cfg.hangs)
     events = []
-    kills = iter(sorted(deaths, key=lambda d: d[1]))
+    kills = iter(sorted(deaths, key=lambda d: d[1]))         # for an event that names no rank
     for e in first["events"]:
         if e["kind"] == "join":
             events.append({"kind": "join", "rank": e["ranks"], "step": e["step"], "detected_after_s": 0.0,
@@ -315,10 +328,12 @@ def train(cfg: ElasticConfig, check: bool = False) -> dict:
                            "resumed_after_s": e.get("resumed_at", e["agreed_at"]) - e["detected_at"],
                            "steps_redone": 0, "at_s": e["detected_at"] - t0})
             continue
-        rank, t_dead = next(kills, (None, e["detected_at"]))
+        lost = [r for r in e["lost"] if r in died] or [r for r, _ in [next(kills, (None, None))] if r is not None]
+        rank = lost[0] if lost else None
+        t_dead = min((died[r] for r in lost), default=e["detected_at"])      # several can die in one step
         if e.get("failed_at") is not None:                       # a hang: from when it stopped, not when fenced
             t_dead = e["failed_at"]
-        events.append({"kind": e["kind"], "rank": rank, "step": kill_steps.get(rank, e["step"]),
+        events.append({"kind": e["kind"], "rank": rank, "ranks": lost, "step": kill_steps.get(rank, e["step"]),
                        "detected_after_s": max(0.0, e["detected_at"] - t_dead),
                        "agreed_after_s": e["agreed_at"] - t_dead,
                        "resumed_after_s": e.get("resumed_at", e["agreed_at"]) - t_dead,
