@@ -20,6 +20,7 @@ node into a file.
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 import tempfile
@@ -66,14 +67,51 @@ def read_text_limited(path, argument: str, max_bytes: int = MAX_BYTES) -> str:
         raise UsageError(f"{where}: cannot read it ({type(e).__name__}: {e})", argument) from None
 
 
+class _NotANumber:
+    """What a JSON number that is not a finite float parses to (NaN, Infinity, 1e400), until it is named."""
+
+    def __init__(self, text):
+        self.text = text
+
+
+def _number(text: str):
+    x = float(text)
+    return x if math.isfinite(x) else _NotANumber(text)
+
+
+def _first_bad(obj, path=""):
+    """The dotted path of the first non-finite number in ``obj`` and its text, or None."""
+    if isinstance(obj, _NotANumber):
+        return path or "(the value)", obj.text
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for k, v in items:
+        found = _first_bad(v, f"{path}.{k}" if path and isinstance(k, str) else f"{path}[{k}]" if path else str(k))
+        if found:
+            return found
+    return None
+
+
+def loads_strict(text: str):
+    """``json.loads``, but NaN, Infinity and numbers past a float's range (1e400) are errors naming where
+    they are (ValueError): strict JSON has no such numbers, and every reader here would compute with them."""
+    data = json.loads(text, parse_constant=_NotANumber, parse_float=_number)
+    bad = _first_bad(data)
+    if bad:
+        raise ValueError(f"{bad[0]} must be a finite number, got {bad[1]}")
+    return data
+
+
 def read_json_object(path: Path, argument: str) -> dict:
-    """The JSON object in ``path``; UsageError naming ``argument`` for anything else."""
+    """The JSON object in ``path``; UsageError naming ``argument`` for anything else (NaN, Infinity and
+    1e400 included, naming the field)."""
     where = f"{{{argument}}}: {printable(path)}"
     text = read_text_limited(path, argument)
     try:
-        data = json.loads(text)
+        data = loads_strict(text)
     except (json.JSONDecodeError, RecursionError) as e:
         raise UsageError(f"{where}: cannot read it as JSON ({type(e).__name__}: {e})", argument) from None
+    except ValueError as e:
+        raise UsageError(f"{where}: {printable(e)}", argument) from None
     if not isinstance(data, dict):
         raise UsageError(f"{where} must hold one JSON object of fields, got a {type(data).__name__}", argument)
     return data

@@ -52,7 +52,7 @@ FILES = [
     (b'{"alpha": "x", "beta": 1}', "alpha must be a number"),
     (b"[1, 2]", "one JSON object"),
     (b'{"alpha": 1e-6, "beta": 1e-9, "gpus_per_node": -4, "beta_inter": 1e-9}', "gpus_per_node"),
-    (b'{"alpha": NaN, "beta": 1e-9}', "alpha must be a number"),
+    (b'{"alpha": NaN, "beta": 1e-9}', "alpha must be a finite number, got NaN"),
     (b"\xff\xfe", "not UTF-8"),
     (b"[" * 100000, "cannot read it as JSON"),
 ]

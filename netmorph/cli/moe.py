@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import sys
 
 from netmorph.cli import add_timeout, plot_file
 from netmorph.errors import UsageError, require
@@ -76,10 +74,24 @@ def run(args) -> int:
                     seq=args.seq, batch=args.batch, steps=args.steps, lr=args.lr, seed=args.seed, dtype=args.dtype,
                     backend=args.backend, timeout=args.timeout)
     cfg.check()
-    from rich.console import Console
-    with Console(stderr=True).status(f"training on {cfg.world} ranks", spinner="dots") if sys.stderr.isatty() \
-            else contextlib.nullcontext():
+    from netmorph.runtime import budget
+    h, f, E = cfg.hidden, cfg.ffn, cfg.experts
+    expert = 2 * h * f + f + h
+    dense = 2 * cfg.vocab * h + cfg.layers * (h * E + 2 * h) + 2 * h
+    itemsize = 8 if cfg.dtype == "float64" else 4
+    memory, seconds = budget.training(
+        params_per_rank=dense + cfg.layers * expert * E // cfg.ep, active_params=dense + cfg.layers * expert * cfg.top_k,
+        layers=cfg.layers, hidden=h, heads=0, seq=cfg.seq, vocab=cfg.vocab, micro_batch=cfg.batch, microbatches=1,
+        steps=cfg.steps, world=cfg.world, itemsize=itemsize,
+        extra_bytes_per_rank=8 * (dense + cfg.layers * expert * E))       # every rank draws the whole model once
+    budget.check(memory, seconds, f"training {cfg.experts} experts on {budget.ranks(cfg.world)}",
+                 "--experts, --ffn, --hidden, --vocab, --seq or --batch", "--steps, --seq, --batch or the model "
+                 "(--layers, --hidden, --ffn)")
+    from netmorph.cli.progress import Bar
+    with Bar("moe") as bar:
+        task = bar.add(f"training on {cfg.world} ranks")
         out = train(cfg, check=args.check)
+        bar.finish(task)
     if args.json:
         print(json.dumps(_json(cfg, out), default=float))
         return 0

@@ -168,6 +168,18 @@ def _serve(args) -> int:
     else:
         reqs = workload.generate(args.requests, rate, args.context, args.vocab, args.seed,
                                  shared_prefix=args.shared_prefix, samples=args.n)
+    if args.workload and not reqs:
+        first = f"; line {bad[0][0]}: {bad[0][1]}" if bad else ""
+        raise UsageError(f"--workload {args.workload}: no request could be read ({len(bad)} line(s) rejected{first})")
+    from netmorph.runtime import budget
+    ranks = args.tp if args.tp > 1 else sum(_split(args.disaggregate)) if args.disaggregate else 1
+    memory, seconds = budget.serving(
+        params=model.params(), layers=args.layers, hidden=args.hidden, kv_slots=args.kv_blocks * args.block_size,
+        ranks=ranks, prompt_tokens=sum(len(r.prompt) for r in reqs), output_tokens=args.n * sum(r.output_len
+                                                                                                 for r in reqs),
+        max_seqs=args.max_seqs)
+    budget.check(memory, seconds, f"serving {len(reqs):,} requests", "--kv-blocks, --block-size, --hidden or --layers",
+                 "--requests (or the workload), --layers or --hidden")
     for line, why in bad:
         print(f"netmorph serve: {args.workload}:{line}: request rejected: {why}", file=sys.stderr)
     if args.disaggregate:
@@ -175,12 +187,11 @@ def _serve(args) -> int:
     if args.tp > 1:
         return _tensor_parallel(args, model, cfg, reqs, bad)
     engine = Engine(model, cfg, _time_model(args.time_model)[0])
-    tty = sys.stderr.isatty()
-
-    def progress(done, total):
-        if tty and (done == total or done % max(1, total // 10) == 0):
-            print(f"\r  served {done}/{total} requests", end="" if done < total else "\n", file=sys.stderr, flush=True)
-    out = engine.run(reqs, progress)
+    from netmorph.cli.progress import Bar
+    with Bar("serve", unit="requests") as bar:
+        task = bar.add("serving", len(reqs))
+        out = engine.run(reqs, lambda done, total: bar.update(task, completed=done))
+        bar.finish(task)
     out["rejected"] += len(bad)
     out["rejections"] = [{"line": k, "reason": why} for k, why in bad] + out["rejections"]
     outputs = out.pop("outputs")
@@ -201,22 +212,22 @@ def _disaggregated(args, model, cfg, reqs, bad) -> int:
 
     from netmorph.serving.disagg import serve_disaggregated
     from netmorph.serving.engine import Engine
-    try:
-        P, D = (int(x) for x in args.disaggregate.split(":"))
-    except ValueError:
-        raise UsageError(f"--disaggregate: expected P:D prefill and decode ranks, e.g. 1:2, got "
-                         f"{args.disaggregate!r}") from None
-    if not (1 <= P <= 8 and 1 <= D <= 8):
-        raise UsageError(f"--disaggregate {args.disaggregate}: 1..8 prefill and 1..8 decode ranks")
+    P, D = _split(args.disaggregate)
     price, priced_model, hardware = _time_model(args.time_model)
     # prefill and decode on two nodes: a token's KV crosses at the NIC's bandwidth
     kv_s = priced_model.kv_bytes_per_token() / hardware.nic_bandwidth if price else 0.0
-    together = Engine(model, cfg, price).run(copy.deepcopy(reqs))     # one engine: the side-by-side, and the refusals
-    rejected = together["rejections"]
-    refused = {x["request"] for x in rejected}
-    ok = [r for r in reqs if r.rid not in refused]
-    out = serve_disaggregated(model, cfg, copy.deepcopy(ok), P, D, timeout=args.timeout, price=price,
-                              kv_seconds_per_token=kv_s)
+    from netmorph.cli.progress import Bar
+    with Bar("serve") as bar:
+        task = bar.add("one colocated engine")
+        together = Engine(model, cfg, price).run(copy.deepcopy(reqs))     # the side-by-side, and the refusals
+        bar.finish(task)
+        rejected = together["rejections"]
+        refused = {x["request"] for x in rejected}
+        ok = [r for r in reqs if r.rid not in refused]
+        task = bar.add(f"disaggregated {P}:{D} on {P + D} ranks")
+        out = serve_disaggregated(model, cfg, copy.deepcopy(ok), P, D, timeout=args.timeout, price=price,
+                                  kv_seconds_per_token=kv_s)
+        bar.finish(task)
     out["colocated"] = {k: together[k] for k in ("ttft_s", "tpot_s", "throughput_tok_s", "duration_s")}
     outputs = out.pop("outputs")
     out["rejected"] = len(rejected) + len(bad)
@@ -249,6 +260,17 @@ def _disaggregated(args, model, cfg, reqs, bad) -> int:
     return _print_check(out) if args.check else 0
 
 
+def _split(text: str) -> tuple[int, int]:
+    """``--disaggregate P:D``: prefill and decode ranks."""
+    try:
+        P, D = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise UsageError(f"--disaggregate: expected P:D prefill and decode ranks, e.g. 1:2, got {text!r}") from None
+    if not (1 <= P <= 8 and 1 <= D <= 8):
+        raise UsageError(f"--disaggregate {text}: 1..8 prefill and 1..8 decode ranks")
+    return P, D
+
+
 def _check(args, model, reqs, outputs) -> dict:
     """Decode the first ``--check`` completed requests alone (the training model, no cache) and compare."""
     from netmorph.serving.model import generate_alone
@@ -269,7 +291,11 @@ def _print_check(out) -> int:
 
 def _tensor_parallel(args, model, cfg, reqs, bad) -> int:
     from netmorph.serving.tp import serve_tensor_parallel
-    out = serve_tensor_parallel(model, cfg, reqs, args.tp, _time_model(args.time_model)[0], timeout=args.timeout)
+    from netmorph.cli.progress import Bar
+    with Bar("serve") as bar:
+        task = bar.add(f"tensor parallel on {args.tp} ranks")
+        out = serve_tensor_parallel(model, cfg, reqs, args.tp, _time_model(args.time_model)[0], timeout=args.timeout)
+        bar.finish(task)
     outputs = out.pop("outputs")
     out["rejected"] += len(bad)
     if args.check:

@@ -119,21 +119,20 @@ def format_rows(rows):
 
 
 def run(args) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from netmorph.cli.progress import Bar
 
     from netmorph.consistency import MODES, compare
     from netmorph.consistency import run as run_mode
     cfg = config_from(args)
     if args.model == "mlp":
         require("torch", "--model mlp")
-    err = Console(stderr=True)
-    with Progress(TextColumn("{task.description:<10}"), BarColumn(), TextColumn("{task.completed}/{task.total} updates"),
-                  TimeElapsedColumn(), console=err, transient=True, disable=not sys.stderr.isatty()) as bar:
+    with Bar("sgd", unit="updates", width=10) as bar:
         tasks = {}
 
         def on_mode(m):
-            tasks[m] = bar.add_task(m, total=cfg.steps * cfg.workers)
+            if "_current" in tasks:
+                bar.finish(tasks["_current"])
+            tasks[m] = bar.add(m, cfg.steps * cfg.workers)
             tasks["_current"] = tasks[m]
 
         def on_progress(done, total):
@@ -144,6 +143,7 @@ def run(args) -> int:
         else:
             on_mode(cfg.mode)
             rows = [run_mode(cfg, on_progress).summary]
+        bar.finish(tasks["_current"])
     if args.json:
         json.dump(rows, sys.stdout, indent=1)
         sys.stdout.write("\n")

@@ -8,7 +8,6 @@ at scale, SGD consistency models, the planner and a whole step simulated at clus
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -25,7 +24,8 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from netmorph.cli.progress import Bar
 
     from netmorph.report import (collectives, consistency, elastic, fabric, failures, moe, morph, planner, serving,
                                  simulate, train)
@@ -52,19 +52,18 @@ def run(args) -> int:
             (planner, "planner: searching DP/TP/PP splits"),
             (simulate, "simulate: one step on 1024 ranks"),
             (morph, "morph: the split follows the link")]
-    with Progress(TextColumn("{task.description:<36}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=Console(stderr=True), transient=False,
-                  disable=not sys.stderr.isatty()) as bar:
+    with Bar("tour", transient=False, width=36) as bar:
         for mod, label in plan:
-            task = bar.add_task(label, total=mod.STEPS)
+            task = bar.add(label, mod.STEPS)
             try:
-                sections.append(mod.build_section(out, lambda t=task: bar.advance(t)))
+                sections.append(mod.build_section(out, lambda t=task: bar.update(t, advance=1)))
             except Exception as e:     # one broken section must not cost the reader the others
                 name = mod.__name__.rsplit(".", 1)[1]
                 console.print(f"[yellow]section {name} could not run: {type(e).__name__}: {e}[/yellow]")
                 sections.append(Section(f"{name} (did not run)", f"<p>This section failed: "
                                         f"<code>{type(e).__name__}: {e}</code></p>"))
             bar.update(task, completed=mod.STEPS)
+            bar.finish(task)
     write_page(out / "index.html", sections, __version__)
 
     for sec in sections:

@@ -110,6 +110,17 @@ def config_from(args):
                       microbatches=micro if micro is not None else 2, micro_batch_size=mbs, steps=args.steps,
                       lr=args.lr, dtype=args.dtype, compute_ms=args.compute_ms, trace=bool(args.trace))
     cfg.check()
+    from netmorph.runtime import budget
+    m = cfg.model
+    memory, seconds = budget.training(params_per_rank=m.params() / (cfg.tp * cfg.pp), active_params=m.params(),
+                                      layers=m.layers, hidden=m.hidden, heads=m.heads, seq=m.seq,
+                                      vocab=m.vocab, micro_batch=cfg.micro_batch_size, microbatches=cfg.microbatches,
+                                      steps=cfg.steps, world=cfg.world, tp=cfg.tp, pp=cfg.pp,
+                                      itemsize=8 if cfg.dtype == "float64" else 4,
+                                      in_flight=cfg.microbatches if cfg.schedule == "afab" else None)
+    budget.check(memory, seconds, f"training {m.params():,} parameters on {budget.ranks(cfg.world)}",
+                 "--micro-batch-size (or --microbatches with afab), --layers, --hidden, --seq or --vocab",
+                 "--steps, --microbatches, --micro-batch-size or the model (--layers, --hidden, --seq, --vocab)")
     if args.baseline and (cfg.tp > 1 or cfg.pp > 1):
         raise UsageError("--baseline ddp compares data parallelism only: use it with --tp 1 --pp 1")
     return cfg
@@ -119,9 +130,7 @@ PHASES = ("dp", "zero", "tp", "tp.sp-grads", "pp", "pp.emb")
 
 
 def run(args) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
+    from netmorph.cli.progress import Bar
     require("torch", "training")
     from netmorph.parallel.run import train, train_torchrun
     cfg = config_from(args)
@@ -130,12 +139,11 @@ def run(args) -> int:
         if out is None:                  # not rank 0: rank 0 prints for the job, as nccl-tests under mpirun
             return 0
         return _print(args, cfg, out)
-    with Progress(TextColumn("training"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
-                  TimeElapsedColumn(), console=Console(stderr=True), transient=True,
-                  disable=not sys.stderr.isatty()) as bar:
-        task = bar.add_task("train", total=cfg.steps)
+    with Bar("train", unit="steps") as bar:
+        task = bar.add(f"training on {cfg.world} rank{'s' if cfg.world > 1 else ''}", cfg.steps)
         out = train(cfg, args.backend, args.timeout, args.check,
                     on_progress=lambda done, total: bar.update(task, completed=done), baseline=args.baseline)
+        bar.finish(task)
     return _print(args, cfg, out)
 
 

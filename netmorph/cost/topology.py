@@ -144,6 +144,10 @@ def load_topology(name_or_file: str) -> Topology:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e6:
             raise UsageError(f"{{topology}}: {name_or_file}: {k} must be a number >= 0, got {v!r}",
                              "topology")
+    for k in ("name", "description"):
+        if not isinstance(getattr(topo, k), str):
+            raise UsageError(f"{{topology}}: {name_or_file}: {k} must be a string, got {getattr(topo, k)!r}",
+                             "topology")
     for k in ("gpus_per_node", "nodes"):
         v = getattr(topo, k)
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 1 << 20:

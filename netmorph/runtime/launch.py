@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import ctypes
 import importlib
-import math
 import multiprocessing as mp
 import os
 import pickle

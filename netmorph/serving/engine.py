@@ -110,6 +110,11 @@ class Engine:
         :func:`netmorph.serving.roofline.iteration_time` for a real model on a GPU); None: the measured wall time
         of this model's iteration here."""
         cfg.check()
+        import torch
+        # one intra-op thread, as its ranks under serve --tp / --disaggregate run (torchrun's OMP_NUM_THREADS=1):
+        # this model's matmuls are too small to split, and an OpenMP pool spinning on every core of a busy
+        # machine made one engine use 8-10x the CPU it needs
+        torch.set_num_threads(1)
         self.cfg, self.mcfg, self.time_model = cfg, model_cfg, time_model
         self.model = PagedGPT(model_cfg, cfg.num_blocks, cfg.block_size, shard=shard)
         self.bm = BlockManager(cfg.num_blocks, cfg.block_size, model_cfg.seq, contiguous=cfg.kv == "contiguous",
