@@ -206,10 +206,14 @@ def _two_agents(*extra):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    import shutil
+    import tempfile
+    scratch = tempfile.mkdtemp(prefix="netmorph-agents-")      # torchrun's own temp folders: a killed agent
+    env = {**os.environ, "TMPDIR": scratch}                     # leaves its torchelastic_* folder behind
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "netmorph-test",
            os.path.join(root, "examples", "torchrun_allreduce.py"), "--bytes", "64KiB", *extra]
-    agents = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+    agents = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)]
     # the first agent hosts the rendezvous store (as node 0's does in the docstring's two-node run);
     # the second joins once it listens, so a node that dies never takes the job's store with it
     import time
@@ -220,13 +224,14 @@ def _two_agents(*extra):
             break
         except OSError:
             time.sleep(0.05)
-    agents.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    agents.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
     try:
         return [a.communicate(timeout=150) + (a.returncode,) for a in agents]
     finally:
         for a in agents:
             if a.poll() is None:
                 a.kill()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 @pytest.mark.timeout(180)

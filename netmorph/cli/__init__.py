@@ -122,12 +122,20 @@ def build_parser() -> Parser:
 
 
 def _check_arity(parser: Parser, args) -> None:
-    """argparse drops a ``--`` given as a flag's value and stores an empty list: refuse it."""
+    """argparse drops a ``--`` given as a flag's value and stores an empty list: refuse it. An empty
+    value (``--job-mtbf ''``) is an error too, not the flag left out: every reader of a flag here takes
+    "" as absent."""
     sub = _subparsers(parser)
-    for action in sub.choices[args.command]._actions:
-        if (action.nargs is None and action.option_strings and getattr(args, action.dest, None) == []
-                and action.default != []):
+    parser = sub.choices[args.command]              # its errors say which command: netmorph failures: error: ...
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if action.nargs is None and action.option_strings and value == [] and action.default != []:
             parser.error(f"argument {action.option_strings[0]}: expected one argument")
+        if action.option_strings and isinstance(value, str) and not value.strip() and value != action.default:
+            parser.error(f"argument {action.option_strings[0]}: an empty value; give one, or leave the flag out")
+        if action.option_strings and isinstance(value, list) and any(isinstance(v, str) and not v.strip()
+                                                                      for v in value):
+            parser.error(f"argument {action.option_strings[0]}: an empty value; give one, or leave the flag out")
 
 
 def _terminate(signum, frame):

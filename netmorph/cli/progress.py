@@ -2,9 +2,9 @@
 
 ``make demo 2>&1 | tee log``, CI and a job scheduler's log file are not terminals; a bar
 drawn there is either nothing (rich disables itself) or a stream of control codes. So off a
-terminal each task prints one plain line when it starts and when it ends, and while it runs
-a line at least every :data:`EVERY` seconds, so a reader (or a watchdog) of the log always
-sees the command alive::
+terminal a line is printed at least every :data:`EVERY` seconds while a task runs, and one
+when a task so reported ends, so a reader (or a watchdog) of the log always sees the
+command alive; a command done sooner prints nothing (an error stays the one line)::
 
     netmorph tour: train: DP, ZeRO, TP and PP on real ranks: 1/3 (20 s)
 """
@@ -27,7 +27,7 @@ class Bar:
         self.command, self.unit, self.transient, self.every = command, unit, transient, every
         self.tty = sys.stderr.isatty() if tty is None else tty
         self.width = width
-        self.tasks: dict[int, list] = {}          # id -> [label, done, total, started, finished]
+        self.tasks: dict[int, list] = {}          # id -> [label, done, total, started, finished, reported]
         self.lock = threading.Lock()
         self.last_line = time.monotonic()
         self.rich = None
@@ -63,8 +63,7 @@ class Bar:
             return self.rich.add_task(label, total=total)
         with self.lock:
             tid = len(self.tasks)
-            self.tasks[tid] = [label, 0, total, time.monotonic(), False]
-        self._line(tid, "started")
+            self.tasks[tid] = [label, 0, total, time.monotonic(), False, False]
         return tid
 
     def update(self, task: int, completed: int | None = None, advance: int = 0) -> None:
@@ -80,6 +79,7 @@ class Bar:
             done = t[2] is not None and t[1] >= t[2] and not t[4]
             if done:
                 t[4] = True
+            done = done and t[5]
         if done:
             self._line(task, "done")
 
@@ -95,18 +95,19 @@ class Bar:
             already, t[4] = t[4], True
             if t[2] is not None:
                 t[1] = t[2]
-        if not already:
+        if not already and t[5]:
             self._line(task, "done")
 
     # ------------------------------------------------------------------ plain lines
     def _text(self, tid: int, tail: str = "") -> str:
-        label, done, total, started, _ = self.tasks[tid]
+        label, done, total, started, *_ = self.tasks[tid]
         count = f" {done}/{total}{' ' + self.unit if self.unit else ''}" if total is not None else ""
         return f"netmorph {self.command}: {label}:{count} ({time.monotonic() - started:.0f} s){tail}"
 
     def _line(self, tid: int, state: str = "") -> None:
         with self.lock:
-            text = self._text(tid, f" {state}" if state in ("started", "done") else "")
+            text = self._text(tid, f" {state}" if state else "")
+            self.tasks[tid][5] = True
             self.last_line = time.monotonic()
         print(text, file=sys.stderr, flush=True)
 

@@ -71,8 +71,11 @@ def config_from(args):
     slow = None
     if args.slow_link:
         s, d, a_us, mbps = _pair(args.slow_link, "--slow-link", (int, int, float, float))
-        if mbps <= 0 or a_us < 0:
-            raise UsageError("--slow-link: ALPHA_US must be >= 0 and MB_PER_S > 0")
+        if not (0 <= a_us <= 1e6 and 0 < mbps <= 1e6):          # NaN fails both; 1e308 us would never arrive
+            raise UsageError(f"--slow-link: ALPHA_US must be in 0..1000000 (1 s) and MB_PER_S in (0, 1000000], got "
+                             f"{args.slow_link!r}")
+        if s == d:
+            raise UsageError(f"--slow-link: SRC and DST must be two different ranks, got {args.slow_link!r}")
         slow = (s, d, a_us * 1e-6, mbps * 1e6)
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.model]
     cfg = Config(mode=args.mode, workers=args.workers, servers=args.servers, steps=args.steps, lr=lr,

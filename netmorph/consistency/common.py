@@ -71,6 +71,10 @@ class Config:
             raise UsageError(f"{{seed}} must be a non-negative integer, got {self.seed}", "seed")
         if self.steps > 1_000_000:
             raise UsageError(f"{{steps}} must be at most 1,000,000, got {self.steps}", "steps")
+        if not 0 < self.outer_lr <= 10:
+            raise UsageError(f"{{outer_lr}} must be in (0, 10] (1: plain averaging), got {self.outer_lr}", "outer_lr")
+        if not 0 <= self.outer_momentum < 1:
+            raise UsageError(f"{{outer_momentum}} must be in [0, 1), got {self.outer_momentum}", "outer_momentum")
         if self.straggler is not None:
             r, f = self.straggler
             if not 0 <= r < self.workers or not 1 <= f <= 1000:

@@ -214,7 +214,7 @@ def train_rank(comm, cfg: MoEConfig):
     model = MoEModel(cfg, comm, ep_group)
     experts = {id(p) for p in model.expert_parameters()}
     dense = [p for p in model.parameters() if id(p) not in experts]
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    opt = _Adam(model.parameters(), cfg.lr)
     records = []
     for step in range(cfg.steps):
         at = len(comm.ledger.records)
@@ -246,6 +246,27 @@ def train_rank(comm, cfg: MoEConfig):
     return records, {k: v.detach().clone() for k, v in _named(model).items()}
 
 
+class _Adam:
+    """Adam with torch.optim.Adam's defaults (betas 0.9, 0.999; eps 1e-8) and its arithmetic, each parameter
+    through the trainer's elementwise Adam (:class:`netmorph.parallel.flat.Adam`). torch.optim's first
+    step imports torch._dynamo, which leaves an empty compiler cache folder (/tmp/torchinductor_*) behind."""
+
+    def __init__(self, params, lr: float):
+        from netmorph.parallel.flat import Adam
+        self.params = [p for p in params]
+        self.opts = [Adam(0, p.numel(), lr=lr, betas=(0.9, 0.999), dtype=p.dtype) for p in self.params]
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for p, opt in zip(self.params, self.opts):
+            if p.grad is not None:
+                opt.step(p.data.view(-1), p.grad.reshape(-1))
+
+
 def _sync(comm, params, group, phase):
     """All-reduce (sum) the gradients of ``params`` as one flat buffer."""
     grads = [p.grad for p in params]
@@ -274,7 +295,7 @@ def reference(cfg: MoEConfig):
     """The same objective on one process with all E experts: per-step losses and final parameters."""
     torch.manual_seed(cfg.seed)
     model = MoEModel(cfg)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    opt = _Adam(model.parameters(), cfg.lr)
     losses, routing = [], []
     for step in range(cfg.steps):
         total = 0.0

@@ -203,7 +203,10 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
     fabric = None
     if backend == "local":
         from netmorph.runtime.transport.shm import ShmFabric
-        fabric = ShmFabric(world, arena_bytes=arena_bytes, epochs=MAX_EPOCHS if elastic else 1)
+        try:
+            fabric = ShmFabric(world, arena_bytes=arena_bytes, epochs=MAX_EPOCHS if elastic else 1)
+        except (OSError, MemoryError) as e:
+            raise _limit_error(e, world) from None
     link_cost = links.link_cost(topology, slow_links)
     procs, conns = [], {}
     store_dir = None
@@ -214,15 +217,21 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
             importlib.import_module("torch.distributed")
         store = os.path.join(store_dir, "store") if store_dir else ""
         for r in range(world):
-            rd, wr = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_child, name=f"netmorph-rank{r}", daemon=True,
-                            args=(r, world, fn, args, kwargs, wr, fabric, backend, timeout, list(faults),
-                                  link_cost, store, ledger, fingerprints, elastic))
-            p.start()
+            try:
+                rd, wr = ctx.Pipe(duplex=False)
+                p = ctx.Process(target=_child, name=f"netmorph-rank{r}", daemon=True,
+                                args=(r, world, fn, args, kwargs, wr, fabric, backend, timeout, list(faults),
+                                      link_cost, store, ledger, fingerprints, elastic))
+                p.start()
+            except OSError as e:
+                raise _limit_error(e, world) from None
             wr.close()
             procs.append(p)
             conns[rd] = r
-        results, ledgers, failures, deaths, trails = _monitor(procs, conns, fabric, timeout, elastic)
+        try:
+            results, ledgers, failures, deaths, trails = _monitor(procs, conns, fabric, timeout, elastic)
+        except OSError as e:
+            raise _limit_error(e, world) from None
         if not failures and fabric is not None and not elastic:
             failures = _unreceived(fabric, trails, procs)
     except BaseException:
@@ -243,6 +252,29 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
     if ledger:
         return results, Ledger.merge(ledgers)
     return results
+
+
+def _limit_error(e: OSError | MemoryError, world: int) -> UsageError | OSError:
+    """A limit of this process that starting ``world`` ranks ran into, as one line naming it (the limit,
+    its value, the shell command that raises it); any other OSError as it is."""
+    import errno
+    import resource
+
+    def limit(which):
+        soft = resource.getrlimit(which)[0]
+        return "unlimited" if soft == resource.RLIM_INFINITY else f"{soft:,}"
+    code = getattr(e, "errno", None)
+    if isinstance(e, MemoryError) or code == errno.ENOMEM:
+        return UsageError(f"starting {world} ranks: the local fabric's shared mapping needs more address space than "
+                          f"this process may have (RLIMIT_AS {limit(resource.RLIMIT_AS)} B: raise ulimit -v, or run "
+                          f"fewer ranks)")
+    if code in (errno.EMFILE, errno.ENFILE):
+        return UsageError(f"starting {world} ranks: out of file descriptors (RLIMIT_NOFILE "
+                          f"{limit(resource.RLIMIT_NOFILE)}: raise ulimit -n, or run fewer ranks)")
+    if code == errno.EAGAIN:
+        return UsageError(f"starting {world} ranks: the system refused another process (RLIMIT_NPROC "
+                          f"{limit(resource.RLIMIT_NPROC)}: raise ulimit -u, or run fewer ranks)")
+    return e
 
 
 def _monitor(procs, conns, fabric, timeout, elastic=False):
