@@ -48,8 +48,9 @@ def main() -> None:
         gloo_cases = [Case("allreduce", "native", n), Case("allreduce", "native", 8)]
         runs_l, runs_g = [], []
         for _ in range(args.repeats):
-            runs_l.append(measure(local_cases, p, "local", iters=args.iters, warmup=3))
-            runs_g.append(measure(gloo_cases, p, "torch-native", iters=args.iters, warmup=3))
+            runs_l.append(measure(local_cases, p, "local", iters=args.iters, warmup=3, in_place_only=True))
+            runs_g.append(measure(gloo_cases, p, "torch-native", iters=args.iters, warmup=3,
+                                  in_place_only=True))
 
         def med(runs, k, key):
             return statistics.median(r[k][key] for r in runs)

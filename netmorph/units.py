@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from netmorph.errors import UsageError
 
 _UNITS = {
@@ -19,7 +21,7 @@ _UNITS = {
     "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3, "TIB": 1024**4,
 }
 # element types by nccl-tests' names and numpy's: name -> (numpy name, bytes per element).
-# bfloat16 has no numpy type: it counts and simulates, but real ranks cannot carry it.
+# bfloat16 is ml_dtypes' numpy type (numpy has none of its own): see numpy_dtype.
 DTYPES = {"float": ("float32", 4), "float32": ("float32", 4), "half": ("float16", 2), "float16": ("float16", 2),
           "bfloat16": ("bfloat16", 2), "double": ("float64", 8), "float64": ("float64", 8),
           "int32": ("int32", 4), "int64": ("int64", 8), "int8": ("int8", 1), "uint8": ("uint8", 1)}
@@ -44,6 +46,25 @@ def parse_size(text: str, argument: str = "nbytes") -> int:
     return int(nbytes)
 
 
+_NCCL_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(\S?)")
+_NCCL_UNITS = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
+
+
+def parse_nccl_size(text: str, argument: str = "nbytes") -> int:
+    """A size as nccl-tests' ``parsesize`` reads it: a number, then only the first letter after it counts --
+    K, M or G, binary, either case (``1K`` = ``1KB`` = ``1KiB`` = 1024; ``128M`` = 134,217,728) -- and the
+    bytes are truncated to a whole number. Any other letter is an invalid size there, and here."""
+    m = _NCCL_SIZE.match(str(text))
+    unit = m.group(2).upper() if m else None
+    if not m or unit not in _NCCL_UNITS:
+        raise UsageError(f"{{{argument}}}: cannot read {text!r} as nccl-tests does: a number of bytes, or with K, M "
+                         f"or G (binary: 1K = 1024)", argument)
+    nbytes = float(m.group(1)) * _NCCL_UNITS[unit]
+    if nbytes > MAX_SIZE:
+        raise UsageError(f"{{{argument}}}: {text!r} is more than 1 PiB", argument)
+    return int(nbytes)
+
+
 def parse_size_range(text: str, argument: str = "sizes") -> list[int]:
     """``"1KiB:1MiB"`` -> every power-of-two multiple from 1 KiB to 1 MiB (nccl-tests ``-f 2``)."""
     if ":" not in str(text):
@@ -58,6 +79,15 @@ def parse_size_range(text: str, argument: str = "sizes") -> list[int]:
         sizes.append(s)
         s *= 2
     return sizes
+
+
+def numpy_dtype(name) -> np.dtype:
+    """The numpy dtype of a type name: numpy's own, or ``bfloat16`` from ml_dtypes (the type JAX and
+    TensorFlow hand numpy), whose arithmetic is float32's rounded once to bfloat16, as NCCL's adds."""
+    if str(name) == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
 
 
 def parse_dtype(name: str, argument: str = "dtype") -> tuple[str, int]:

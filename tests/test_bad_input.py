@@ -21,8 +21,9 @@ CASES = [
     (["sgd", "--seed", "-1", "--steps", "5"], "--seed"),
     (["sgd", "--lr", "nan", "--steps", "5"], "--lr"),
     (["sgd", "--compare", "--plot", "/nonexistent/x.png", "--steps", "5"], "--plot"),
-    (["bench", "allreduce", "--world", "2", "--bytes", "1e30"], "--bytes"),
-    (["bench", "allreduce", "--world", "2", "--bytes", "1GiB"], "--bytes"),
+    (["bench", "allreduce", "--world", "2", "-b", "1e30", "-e", "1e30"], "--minbytes"),
+    (["bench", "allreduce", "--world", "2", "-b", "1G", "-e", "1G"], "-e"),
+    (["bench", "allreduce", "--world", "2", "-b", "64B"], "--minbytes"),
     (["bench", "allreduce", "--world", "2", "--bytes", "1KiB", "--timeout", "nan"], "--timeout"),
     (["bench", "allreduce", "--world", "2", "--bytes", "1KiB", "--timeout", "inf"], "--timeout"),
     (["sgd", "--jitter", "nan", "--steps", "5"], "--jitter"),
@@ -126,8 +127,9 @@ def test_without_torch_one_line_says_what_to_install():
 
 @pytest.mark.timeout(120)
 def test_without_torch_bench_still_prints_what_it_measured():
-    r = _without_torch("bench", "allreduce", "--world", "2", "-b", "1K", "-n", "2", "-w", "0", "--algo", "ring")
+    r = _without_torch("bench", "allreduce", "--world", "2", "-b", "1K", "-e", "1K", "-n", "2", "-w", "0", "--algo",
+                       "ring")
     assert r.returncode == 0, r.stderr
-    assert "needs torch" in r.stdout and "# Avg bus bandwidth" in r.stdout
-    assert any(line.split()[:1] == ["1024"] and "ring" in line for line in r.stdout.splitlines())
+    assert "needs torch" in r.stdout and "# Avg bus bandwidth" in r.stdout and "# algorithm ring" in r.stdout
+    assert any(line.split()[:1] == ["1024"] for line in r.stdout.splitlines())
     assert "Traceback" not in r.stderr

@@ -460,13 +460,21 @@ def test_torch_transport_keeps_tensors_as_tensors(dtype):
 
 def _bf16_local(comm):
     import torch
-    comm.all_reduce(torch.ones(4, dtype=torch.bfloat16))
+    x = torch.ones(4, dtype=torch.bfloat16)
+    comm.all_reduce(x)
+    return x.float().tolist()
 
 
-def test_bfloat16_on_the_local_fabric_is_one_clear_error():
+def _complex_local(comm):
+    import torch
+    comm.all_reduce(torch.ones(4, dtype=torch.complex32))
+
+
+def test_bfloat16_runs_on_the_local_fabric_and_a_type_numpy_lacks_is_one_clear_error():
     from netmorph.runtime.launch import LaunchError
-    with pytest.raises(LaunchError, match="bfloat16 has no numpy type"):
-        launch(_bf16_local, 2, timeout=10)
+    assert launch(_bf16_local, 2, timeout=10) == [[2.0] * 4] * 2
+    with pytest.raises(LaunchError, match="has no numpy type"):
+        launch(_complex_local, 2, timeout=10)
 
 
 def _poll_irecv(comm):

@@ -1,12 +1,15 @@
-"""``netmorph bench OP``: measure collectives on real processes, nccl-tests style.
+"""``netmorph bench OP``: measure collectives on real processes with nccl-tests' command line and table.
 
-Every algorithm's schedule runs on ``--world`` OS processes over the chosen
-backend; each row shows measured time, algbw, busbw and ``#wrong`` beside the
-cost model's prediction, and (for the local fabric) torch.distributed's own
-collective on gloo measured on the same machine, plus the fraction of this
-machine's single-core memory-copy bandwidth. nccl-tests' flags mean what they
-mean there (``all_reduce_perf -b 8 -e 128M -f 2 -n 20 -w 5 -c 1 -o sum -d float``);
-rows print as each size completes, then nccl-tests' footers.
+``netmorph bench allreduce -b 8 -e 128M -f 2 -g 4`` reads as ``all_reduce_perf -b 8
+-e 128M -f 2 -g 4`` does: the same flags with the same defaults (-b/-e 32M, -i 1M
+steps unless -f, -n 20, -w 1, -c 1, -o sum, -d float, -r 0), sizes read as nccl-tests
+reads them (a number and only the first letter after it: K, M, G, binary), ``-o all``
+/ ``-d all`` / ``-r all``. Each algorithm prints nccl-tests' table -- out-of-place and
+in-place groups, the count column per rank where nccl-tests has it, root -1 where the
+op has none -- and its footers; torch.distributed's own collective (gloo) follows on
+the local fabric; then one line per size sets the best measured algorithm beside the
+cost model and gloo. Ranks: ``--world``, or nccl-tests' ``-t`` threads x ``-g`` GPUs
+(default 1 x 1); ``-p`` (parallel init) is accepted and changes nothing here.
 """
 
 from __future__ import annotations
@@ -17,98 +20,131 @@ import io
 import json
 import sys
 
-from netmorph.collectives import ALGORITHMS, ROOTED, canonical_op, check_algo
 from netmorph.cli import add_timeout
+from netmorph.collectives import ALGORITHMS, ROOTED, canonical_op, check_algo
 from netmorph.errors import MissingPackage, UsageError, require
 from netmorph.runtime.env import torchrun_rank, torchrun_world
-from netmorph.schedule import REDOPS
-from netmorph.units import DTYPES, parse_dtype, parse_size, parse_size_range
+from netmorph.units import parse_nccl_size, parse_size_range
 
 # library parameters set by a flag of another name (the rest are --name)
-FLAGS = {"count": "--bytes", "nbytes": "--bytes"}
+FLAGS = {"count": "--minbytes", "nbytes": "--minbytes"}
+# nccl-tests' -d names -> numpy's; -o names
+TYPES = {"int8": "int8", "uint8": "uint8", "int32": "int32", "uint32": "uint32", "int64": "int64", "uint64": "uint64",
+         "half": "float16", "float": "float32", "double": "float64", "bfloat16": "bfloat16"}
+OPS = ("sum", "prod", "max", "min", "avg")
+NO_GLOO = ("uint32", "uint64")            # types gloo refuses ("Invalid scalar type"); the local fabric has them
 CSV_FIELDS = ("op", "algo", "backend", "world", "bytes", "count", "type", "redop", "root", "time_s", "algbw_gbps",
-              "busbw_gbps", "wrong", "predicted_time_s", "of_memcpy")
+              "busbw_gbps", "wrong", "in_place_time_s", "in_place_algbw_gbps", "in_place_busbw_gbps", "in_place_wrong",
+              "predicted_time_s", "of_memcpy")
+MAX_SIZES = 1024
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("bench", help="measure collectives on real processes (nccl-tests style)",
-                       description="Run each algorithm on --world processes and print nccl-tests' table "
-                                   "(time, algbw, busbw, #wrong) beside the cost model and gloo. nccl-tests' "
-                                   "flags -b -e -f -i -n -w -c -o -d -r are accepted with their meanings.")
+    p = sub.add_parser("bench", help="measure collectives on real processes (nccl-tests' flags and table)",
+                       description="Run each algorithm on real processes and print nccl-tests' table (out-of-place "
+                                   "and in-place time, algbw, busbw, #wrong) and footers, then the best algorithm "
+                                   "per size beside the cost model and gloo. nccl-tests' flags, with its defaults.")
     p.add_argument("op", help="allreduce, allgather, reduce_scatter, broadcast, reduce or alltoall")
-    p.add_argument("--world", "-p", type=int, help="processes (ranks) to start; under torchrun, its WORLD_SIZE")
-    p.add_argument("--bytes", "--minbytes", "-b", help="message size, or the sweep's smallest (nccl-tests -b); "
-                                                        "K/M/G binary as in nccl-tests, KB/MB/GB decimal")
-    p.add_argument("--maxbytes", "-e", help="the sweep's largest size (nccl-tests -e)")
-    p.add_argument("--stepfactor", "-f", type=int, help="multiply the size by this between rows (nccl-tests -f; "
-                                                         "default 2)")
-    p.add_argument("--stepbytes", "-i", help="add this many bytes between rows instead (nccl-tests -i)")
-    p.add_argument("--sizes", help="sweep MIN:MAX in powers of two, e.g. 1KiB:64MiB (= -b MIN -e MAX -f 2)")
+    p.add_argument("--world", type=int, help="ranks to start (default: -t x -g, as nccl-tests counts them; under "
+                                              "torchrun, its WORLD_SIZE)")
+    p.add_argument("-t", "--nthreads", type=int, default=1, help="nccl-tests' threads per process (ranks: -t x -g)")
+    p.add_argument("-g", "--ngpus", type=int, default=1, help="nccl-tests' GPUs per thread (ranks: -t x -g)")
+    p.add_argument("-b", "--minbytes", "--bytes", default="32M", help="smallest size (default 32M); K, M, G binary, as "
+                                                           "nccl-tests reads them")
+    p.add_argument("-e", "--maxbytes", default="32M", help="largest size (default 32M)")
+    p.add_argument("-i", "--stepbytes", default="1M", help="add this between sizes (default 1M) unless -f")
+    p.add_argument("-f", "--stepfactor", type=int, default=1, help="multiply the size by this between rows (default "
+                                                                   "1: off, -i steps)")
+    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations (default 20)")
+    p.add_argument("-w", "--warmup_iters", "--warmup", dest="warmup", type=int, default=1,
+                   help="untimed iterations (default 1)")
+    p.add_argument("-c", "--check", type=int, default=1, help="checked runs on fresh data after the timed ones; "
+                                                              "0: none (#wrong N/A) (default 1)")
+    p.add_argument("-o", "--op", dest="redop", default="sum", help=f"reduction: {'/'.join(OPS)}/all (default sum)")
+    p.add_argument("-d", "--datatype", "--dtype", dest="dtype", default="float",
+                   help=f"{'/'.join(TYPES)}/all (default float)")
+    p.add_argument("-r", "--root", default="0", help="root of broadcast and reduce, or all (default 0)")
+    p.add_argument("-p", "--parallel_init", type=int, default=0, choices=(0, 1),
+                   help="nccl-tests' parallel initialisation: accepted, changes nothing here")
+    p.add_argument("--sizes", help="netmorph's shorthand: MIN:MAX in powers of two (= -b MIN -e MAX -f 2)")
     p.add_argument("--algo", default="all", help="algorithm, auto, or all (default)")
     p.add_argument("--backend", choices=("local", "torch", "torch-native"),
                    help="local shared memory (default), torch.distributed point-to-point (default under torchrun), "
                         "or torch's own collective")
-    p.add_argument("--iters", "-n", type=int, default=20, help="timed iterations per case (default 20)")
-    p.add_argument("--warmup", "-w", type=int, default=5, help="untimed iterations per case (default 5)")
-    p.add_argument("--check", "-c", type=int, default=1, choices=(0, 1),
-                   help="1 (default): one checked run counts #wrong; 0: skip it (#wrong N/A)")
-    p.add_argument("--redop", "-o", default="sum", help=f"reduction: {', '.join(REDOPS)} (default sum)")
-    p.add_argument("--dtype", "--datatype", "-d", default="float32",
-                   help=f"one of {', '.join(d for d in DTYPES if d != 'bfloat16')} (default float32)")
-    p.add_argument("--root", "-r", type=int, default=0, help="root rank of broadcast and reduce (default 0)")
-    p.add_argument("--topology", default="local-shm", help="cost model for the prediction column (default local-shm)")
-    p.add_argument("--no-compare", action="store_true", help="skip the torch.distributed (gloo) comparison rows")
+    p.add_argument("--topology", default="local-shm", help="cost model for the predictions (default local-shm)")
+    p.add_argument("--no-compare", action="store_true", help="skip torch.distributed's own collective (gloo)")
     add_timeout(p, 30)
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="one JSON list of every row, at the end")
-    out.add_argument("--csv", action="store_true", help="CSV rows as they complete, with a header")
+    out.add_argument("--csv", action="store_true", help="CSV rows as each algorithm completes, with a header")
     p.set_defaults(run=run, flags=FLAGS)
 
 
 def sizes_from(args) -> list[int]:
-    """nccl-tests' sweep: -b to -e, times -f (default 2) or plus -i; or --sizes; or one -b."""
+    """nccl-tests' sweep: from -b to -e, times -f when it is above 1, else plus -i; or netmorph's --sizes."""
     if args.sizes is not None:
-        if args.bytes is not None or args.maxbytes is not None:
-            raise UsageError("--sizes replaces -b/-e: give one or the other")
         return parse_size_range(args.sizes)
-    if args.bytes is None:
-        raise UsageError("give a size: --bytes/-b SIZE (with -e MAX for a sweep) or --sizes MIN:MAX")
-    lo = parse_size(args.bytes)
-    hi = parse_size(args.maxbytes, "maxbytes") if args.maxbytes is not None else lo
+    lo = parse_nccl_size(args.minbytes, "minbytes")
+    hi = parse_nccl_size(args.maxbytes, "maxbytes")
     if hi < lo:
-        raise UsageError(f"--maxbytes {hi} is smaller than --bytes {lo}")
-    if args.stepfactor is not None and args.stepbytes is not None:
-        raise UsageError("--stepfactor/-f and --stepbytes/-i are alternatives: give one")
-    if args.stepbytes is not None:
-        step = parse_size(args.stepbytes, "stepbytes")
-        if step < 1:
-            raise UsageError("--stepbytes must be >= 1")
-        n = (hi - lo) // step + 1
-        if n > 64:
-            raise UsageError(f"--stepbytes {step} makes {n} sizes from {lo} to {hi}; at most 64")
-        return [lo + k * step for k in range(n)]
-    f = 2 if args.stepfactor is None else args.stepfactor
-    if f < 2 and hi > lo:
-        raise UsageError(f"--stepfactor must be >= 2, got {f}")
-    if lo == 0:
-        return [0] if hi == 0 else [0] + _geometric(1, hi, f)
-    return _geometric(lo, hi, f)
-
-
-def _geometric(lo, hi, f):
-    out = [lo]
-    while out[-1] * f <= hi and f > 1:
-        out.append(out[-1] * f)
+        raise UsageError(f"-e/--maxbytes {hi} is smaller than -b/--minbytes {lo} (nccl-tests: invalid sizes)")
+    if args.stepfactor < 1:
+        raise UsageError(f"-f/--stepfactor must be >= 1 (1: off), got {args.stepfactor}")
+    if args.stepfactor > 1:
+        out = [lo]
+        while out[-1] * args.stepfactor <= hi and out[-1] > 0:
+            out.append(out[-1] * args.stepfactor)
+            if len(out) > MAX_SIZES:
+                break
+    else:
+        step = parse_nccl_size(args.stepbytes, "stepbytes")
+        if step < 1 and hi > lo:
+            raise UsageError("-i/--stepbytes must be >= 1")
+        n = 1 if hi == lo else (hi - lo) // step + 1
+        out = [lo + k * step for k in range(min(n, MAX_SIZES + 1))]
+    if len(out) > MAX_SIZES:
+        raise UsageError(f"-b {lo} to -e {hi} makes more than {MAX_SIZES} sizes; raise -i or use -f")
     return out
 
 
+def _choices(text: str, allowed, flag: str) -> list[str]:
+    if text == "all":
+        return list(allowed)
+    if text not in allowed:
+        raise UsageError(f"{flag} must be one of {', '.join(allowed)} or all, got {text!r}")
+    return [text]
+
+
+def plan(args, op: str) -> tuple[list, list, list]:
+    """(types as numpy names, reduce ops, roots) the flags ask for, in nccl-tests' order."""
+    types = [TYPES[t] for t in _choices(args.dtype, list(TYPES), "-d/--datatype")]
+    reducing = op in ("allreduce", "reduce", "reduce_scatter")
+    ops = _choices(args.redop, OPS, "-o/--op") if reducing else ["sum"]
+    ints = [t for t in types if not t.startswith(("float", "bfloat"))]
+    if ops == ["avg"] and ints:
+        raise UsageError(f"-o avg needs a floating-point -d (netmorph averages by dividing), got {args.dtype}")
+    if args.root == "all":
+        roots = list(range(args.world)) if op in ROOTED else [0]
+    else:
+        try:
+            root = int(args.root)
+        except ValueError:
+            raise UsageError(f"-r/--root must be a rank or all, got {args.root!r}") from None
+        if op in ROOTED and not 0 <= root < args.world:
+            raise UsageError(f"-r/--root must be in 0..{args.world - 1}, got {root}")
+        roots = [root if op in ROOTED else 0]
+    return types, ops, roots
+
+
 def run(args) -> int:
-    from netmorph.cost.topology import PRESETS, load_topology
-    from netmorph.cost.tuner import auto_algo, predict
+    from netmorph.cost.topology import load_topology
     from netmorph.runtime.bench import measure, measure_in_job, memcpy_bandwidth
 
     op = canonical_op(args.op)
     job = torchrun_world()
+    for flag in ("nthreads", "ngpus"):
+        if not 1 <= getattr(args, flag) <= 64:
+            raise UsageError(f"--{flag} must be in 1..64, got {getattr(args, flag)}")
     if job is not None:                  # joined from torchrun's environment, as nccl-tests under mpirun
         args.backend = args.backend or "torch"
         if args.backend == "local":
@@ -117,31 +153,27 @@ def run(args) -> int:
             raise UsageError(f"--world {args.world} != torchrun's WORLD_SIZE {job}; drop --world under torchrun")
         args.world = job
     elif args.world is None:
-        raise UsageError("--world is required (how many ranks to start), unless started by torchrun")
+        args.world = args.nthreads * args.ngpus
     args.backend = args.backend or "local"
     if args.world < 1:
         raise UsageError(f"--world must be >= 1, got {args.world}")
     if args.world > 64 and job is None:
         raise UsageError(f"--world {args.world}: this launches one process per rank; keep it <= 64 on one machine")
-    numpy_dtype, itemsize = parse_dtype(args.dtype)
-    if numpy_dtype == "bfloat16":
-        raise UsageError("--dtype bfloat16 has no numpy type to run on; pick float16 or float32")
-    if args.redop not in REDOPS:
-        raise UsageError(f"--redop/-o must be one of {', '.join(REDOPS)}, got {args.redop!r}")
-    if op in ROOTED and not 0 <= args.root < args.world:
-        raise UsageError(f"--root/-r must be in 0..{args.world - 1}, got {args.root}")
-    for flag in ("iters", "warmup"):
-        if not (1 if flag == "iters" else 0) <= getattr(args, flag) <= 100_000:
-            raise UsageError(f"--{flag} must be in {1 if flag == 'iters' else 0}..100000")
+    if not 1 <= args.iters <= 100_000 or not 0 <= args.warmup <= 100_000 or not 0 <= args.check <= 1000:
+        raise UsageError("-n/--iters must be in 1..100000, -w/--warmup_iters in 0..100000, -c/--check in 0..1000")
+    types, ops, roots = plan(args, op)
+    if args.backend != "local":
+        refused = [t for t in types if t in NO_GLOO]
+        if refused and args.dtype != "all":
+            raise UsageError(f"-d {args.dtype}: gloo has no {refused[0]} (--backend {args.backend}); use --backend "
+                             f"local, or another type")
+        types = [t for t in types if t not in NO_GLOO]
     sizes = sizes_from(args)
     from netmorph.runtime.transport.shm.mapping import default_arena_bytes
     per_rank = default_arena_bytes(args.world) // 4                  # the registered arena holds ~3 buffers
-    for n in sizes:
-        if n % itemsize:
-            raise UsageError(f"--bytes {n} is not a whole number of {numpy_dtype} elements")
-        if n > per_rank:
-            raise UsageError(f"--bytes {n:,} is more than this machine's fabric holds per rank at world "
-                             f"{args.world} ({per_rank:,} B)")
+    if max(sizes) > per_rank:
+        raise UsageError(f"-e {max(sizes):,} B is more than this machine's fabric holds per rank at world "
+                         f"{args.world} ({per_rank:,} B)")
     if args.backend == "torch-native":
         algos = ["native"]
     elif args.algo.lower() == "all":
@@ -150,6 +182,7 @@ def run(args) -> int:
         algos = ["auto"]
     else:
         algos = [check_algo(op, args.algo)]
+    _budget(args, len(sizes) * len(types) * len(ops) * len(roots), len(algos) + 1, max(sizes))
     topo = load_topology(args.topology)
     if args.backend != "local":
         require("torch", f"--backend {args.backend}")
@@ -160,122 +193,128 @@ def run(args) -> int:
             require("torch", "the gloo comparison")
         except MissingPackage as e:           # measure what can be measured; say what is missing
             compare, no_torch = False, str(e)
-    copy_bw = memcpy_bandwidth(max(sizes))
-    root = args.root if op in ROOTED else 0
-    redop = args.redop if op in ("allreduce", "reduce", "reduce_scatter") else "none"
-
-    def finish(r):
-        algo = r["algo"]
-        if algo == "auto":
-            algo = r["algo"] = auto_algo(op, args.world, r["bytes"], itemsize, PRESETS["local-shm"]) + " (auto)"
-        base = algo.split(" ")[0]
-        r["predicted_time_s"] = (predict(op, base, args.world, r["bytes"], topo, itemsize,
-                                         **({"root": root} if op in ROOTED else {})).time
-                                 if base in ALGORITHMS[op] else None)
-        r["of_memcpy"] = r["busbw_gbps"] / copy_bw if copy_bw else None
-        r["redop"], r["root"] = redop, root
-        return r
-
+    from netmorph.runtime.bench import Case
+    cases = [Case(op, "", n, o, r, args.check, t) for t in types for o in ops for r in roots for n in sizes
+             if not (o == "avg" and not t.startswith(("float", "bfloat")))]
     comm = None
     if job is not None:
         from netmorph.runtime import init_from_env
         comm = init_from_env(args.backend, args.timeout)
 
-    def measure_size(cases, backend):
+    def measure_algo(algo, backend):
+        mine = [Case(c.op, algo, c.nbytes, c.redop, c.root, c.check, c.dtype) for c in cases
+                if backend == "local" or c.dtype not in NO_GLOO]
         if comm is not None:                   # rank 0 gets the rows; the others measure and stay quiet
-            return measure_in_job(comm, cases, args.iters, args.warmup, numpy_dtype) or []
-        return measure(cases, args.world, backend, args.iters, args.warmup, numpy_dtype, args.timeout)
+            return measure_in_job(comm, mine, args.iters, args.warmup) or []
+        return measure(mine, args.world, backend, args.iters, args.warmup, args.timeout)
 
     quiet = job is not None and torchrun_rank() != 0
     try:
         with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
-            return _table(args, op, sizes, algos, compare, no_torch, topo, copy_bw, numpy_dtype, itemsize, root,
-                          redop, measure_size, finish, progress=not quiet)
+            return _tables(args, op, sizes, algos, compare, no_torch, topo, memcpy_bandwidth(max(sizes)),
+                           measure_algo, quiet)
     finally:
         if comm is not None:
             comm.close()
 
 
-def _table(args, op, sizes, algos, compare, no_torch, topo, copy_bw, numpy_dtype, itemsize, root, redop,
-           measure_size, finish, progress: bool) -> int:
-    """Print the header, one row per algorithm as each size completes, and nccl-tests' footers."""
-    from netmorph.report.table import MEASURED, header, row
-    from netmorph.runtime.bench import Case
+def _budget(args, cases: int, runs: int, largest: int) -> None:
+    """Refuse a sweep that would run past the hour: every case timed (-w + -n) and checked (-c), out of
+    place and in place, by every algorithm and gloo, at no better than 1 GB/s and 20 us a call here."""
+    from netmorph.runtime import budget
+    calls = cases * runs * 2 * (args.iters + args.warmup + args.check)
+    seconds = calls * (20e-6 + largest / 1e9)
+    budget.check(0, seconds, f"this sweep ({cases} cases x {runs} runs)", "", "-e, -n, -w, -c, or the sizes (-b/-f/-i), "
+                 "types (-d) and ops (-o)")
+
+
+def _tables(args, op, sizes, algos, compare, no_torch, topo, copy_bw, measure_algo, quiet) -> int:
+    """One nccl-tests table per algorithm (and gloo's), as each completes; then per size the best
+    algorithm beside the cost model and gloo."""
+    from netmorph.cli.progress import Bar
+    from netmorph.report.table import PROGRAMS, nccl_footer, nccl_header, nccl_row
     text = not (args.json or args.csv)
+    step = f"{args.stepfactor}(factor)" if args.stepfactor > 1 else f"{parse_nccl_size(args.stepbytes)}(bytes)"
     if text:
-        print(f"# netmorph bench {op}: world {args.world}, {numpy_dtype}, redop {redop}, root {root}, backend "
-              f"{args.backend}, {args.iters} iterations (+{args.warmup} warmup){'' if args.check else ', no check'}; "
-              f"slowest rank's mean")
-        print(f"# predicted: cost model on {topo.name}; memcpy: {copy_bw:.2f} GB/s on one core here")
+        print(f"# netmorph bench {op}: {args.world} rank{'s' if args.world > 1 else ''}, backend {args.backend}; "
+              f"time: the slowest rank's mean")
+        top = sizes[-1] if args.sizes is not None else parse_nccl_size(args.maxbytes)
+        print(f"# nThread {args.nthreads} nGpus {args.ngpus} minBytes {sizes[0]} maxBytes {top} step: {step} "
+              f"warmup iters: {args.warmup} iters: {args.iters} agg iters: 1 validation: {args.check} graph: 0")
         if no_torch:
             print(f"# {no_torch}; add --no-compare to skip it")
-        print(header(MEASURED))
     writer = None
     if args.csv:
         writer = csv.DictWriter(sys.stdout, CSV_FIELDS, extrasaction="ignore")
         writer.writeheader()
+    runs = [(a, args.backend) for a in algos] + ([("native", "torch-native")] if compare else [])
     rows = []
-    bar = _Progress(len(sizes) if progress else 0)
-    try:
-        for n in sizes:
-            cases = [Case(op, a, n, args.redop, root, bool(args.check)) for a in algos]
-            here = measure_size(cases, args.backend)
-            if compare:
-                here += measure_size([Case(op, "native", n, args.redop, root, bool(args.check))], "torch-native")
-            for r in here:
-                finish(r)
-                if text:
-                    print(row(MEASURED, {**r, "wrong": r["wrong"] if r["wrong"] >= 0 else "N/A"}), flush=True)
-                elif writer is not None:
-                    writer.writerow(r)
-                    sys.stdout.flush()
+    with Bar("bench") if not quiet else contextlib.nullcontext() as bar:
+        for algo, backend in runs:
+            task = bar.add(f"{algo} ({backend})") if bar else None
+            here = [_finish(r, op, topo, copy_bw, args.world) for r in measure_algo(algo, backend)]
+            if bar:
+                bar.finish(task)
+            if text:
+                label = "torch.distributed's own collective (gloo)" if algo == "native" else \
+                    f"algorithm {here[0]['algo'] if here else algo}, backend {backend}"
+                if backend != "local" and any(t in NO_GLOO for t in args_types(args)):
+                    label += f" (gloo has no {', '.join(NO_GLOO)}: left out)"
+                print(f"#\n# {label}")
+                print("\n".join(nccl_header()))
+                for r in here:
+                    print(nccl_row(r))
+                print("\n".join(nccl_footer(here, PROGRAMS[op])), flush=True)
+            elif writer is not None:
+                writer.writerows(here)
+                sys.stdout.flush()
             rows += here
-            bar.advance()
-    finally:
-        bar.close()
     if args.json:
         json.dump(rows, sys.stdout, indent=1)
         sys.stdout.write("\n")
     if text:
-        _footers(rows, sizes, compare, itemsize, args.world, bool(args.check))
-    bad = sum(r["wrong"] for r in rows if r["wrong"] > 0)
+        _summary(rows, sizes, args.backend, topo)
+    bad = sum(max(0, r[k]) for r in rows for k in ("wrong", "in_place_wrong"))
     return 1 if bad else 0
 
 
-def _footers(rows, sizes, compare, itemsize, world, checked) -> None:
-    """nccl-tests' closing lines, per algorithm; then the local fabric against gloo, per size."""
-    bad = sum(r["wrong"] for r in rows if r["wrong"] > 0)
-    print(f"# Out of bounds values : {bad} {'OK' if not bad else 'FAILED'}" if checked
-          else "# Out of bounds values : N/A (--check 0)")
-    for algo in dict.fromkeys(r["algo"] for r in rows):
-        mine = [r["busbw_gbps"] for r in rows if r["algo"] == algo]
-        backend = next(r["backend"] for r in rows if r["algo"] == algo)
-        print(f"# Avg bus bandwidth    : {sum(mine) / len(mine):.3f}  ({algo}, {backend}, {len(mine)} sizes)")
-    if compare:
-        for n in sizes:
-            here = [r for r in rows if r["bytes"] == n or abs(r["bytes"] - n) < itemsize * world]
-            gloo = [r for r in here if r["backend"] == "torch-native"]
-            mine = [r for r in here if r["backend"] == "local"]
-            if gloo and mine and gloo[0]["busbw_gbps"] > 0:
-                best = max(mine, key=lambda r: r["busbw_gbps"])
-                print(f"# {n} B: best local {best['algo']} {best['busbw_gbps']:.2f} GB/s busbw = "
-                      f"{best['busbw_gbps'] / gloo[0]['busbw_gbps']:.1f}x gloo; time "
-                      f"{min(r['time_s'] for r in mine) * 1e6:.1f} us vs {gloo[0]['time_s'] * 1e6:.1f} us")
+def args_types(args) -> list:
+    return [TYPES[t] for t in (TYPES if args.dtype == "all" else [args.dtype]) if t in TYPES]
 
 
-class _Progress:
-    def __init__(self, total):
-        self.bar = None
-        if total > 1 and sys.stderr.isatty():
-            from rich.progress import Progress
-            self.bar = Progress(transient=True)
-            self.bar.start()
-            self.task = self.bar.add_task("measuring", total=total)
+def _finish(r, op, topo, copy_bw, world):
+    """The prediction and the share of a memory copy beside one measured row."""
+    from netmorph.cost.tuner import auto_algo, predict
+    from netmorph.cost.topology import PRESETS
+    from netmorph.units import numpy_dtype
+    itemsize = numpy_dtype(r["type"]).itemsize
+    if r["algo"] == "auto":
+        r["algo"] = auto_algo(op, world, r["bytes"], itemsize, PRESETS["local-shm"]) + " (auto)"
+    base = r["algo"].split(" ")[0]
+    r["predicted_time_s"] = (predict(op, base, world, r["bytes"], topo, itemsize,
+                                     **({"root": r["root"]} if op in ROOTED else {})).time
+                             if base in ALGORITHMS[op] else None)
+    r["of_memcpy"] = r["busbw_gbps"] / copy_bw if copy_bw else None
+    return r
 
-    def advance(self):
-        if self.bar:
-            self.bar.advance(self.task)
 
-    def close(self):
-        if self.bar:
-            self.bar.stop()
+def _summary(rows, sizes, backend, topo) -> None:
+    """Per size (of the first type and op): the fastest algorithm measured, its prediction, and gloo."""
+    first = rows[0] if rows else None
+    if first is None:
+        return
+    print(f"#\n# netmorph: the best algorithm per size (out of place), the cost model on {topo.name}, and gloo")
+    for n in dict.fromkeys(r["bytes"] for r in rows):
+        here = [r for r in rows if r["bytes"] == n and r["type"] == first["type"] and r["redop"] == first["redop"]
+                and r["root"] == first["root"]]
+        mine = [r for r in here if r["backend"] == backend]
+        gloo = [r for r in here if r["backend"] == "torch-native" and r is not None]
+        if not mine:
+            continue
+        best = min(mine, key=lambda r: r["time_s"])
+        pred = f", predicted {best['predicted_time_s'] * 1e6:.1f} us" if best["predicted_time_s"] is not None else ""
+        vs = ""
+        if gloo and backend != "torch-native" and gloo[0]["time_s"] > 0:
+            vs = f"; gloo {gloo[0]['time_s'] * 1e6:.1f} us ({gloo[0]['time_s'] / best['time_s']:.1f}x the time)"
+        print(f"# {n:>12} B: {best['algo']} {best['time_s'] * 1e6:.1f} us, busbw {best['busbw_gbps']:.2f} GB/s "
+              f"({best['of_memcpy']:.0%} of a memcpy){pred}{vs}")

@@ -56,9 +56,11 @@ def build_section(out_dir, tick=lambda: None) -> Section:
 
     bw = {}
     for p in WORLDS:
-        rows = measure([Case("allreduce", a, n) for n in SIZES for a in LOCAL], p, "local", iters=8, warmup=2)
+        rows = measure([Case("allreduce", a, n) for n in SIZES for a in LOCAL], p, "local", iters=8, warmup=2,
+                       in_place_only=True)
         tick()
-        rows += measure([Case("allreduce", "native", n) for n in SIZES], p, "torch-native", iters=8, warmup=2)
+        rows += measure([Case("allreduce", "native", n) for n in SIZES], p, "torch-native", iters=8, warmup=2,
+                        in_place_only=True)
         tick()
         bw[p] = rows
     copy = memcpy_bandwidth()

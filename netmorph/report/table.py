@@ -6,8 +6,9 @@ nccl-tests (``all_reduce_perf``) prints ``size count type redop time algbw busbw
 1 for broadcast and reduce; :func:`netmorph.collectives.bandwidths`), so busbw is
 comparable to the link speed whatever the world size. Bandwidths are decimal
 GB/s. One printer (:class:`Column`, :func:`header`, :func:`row`) serves the
-predicted table of ``netmorph collective`` and the measured one of ``netmorph
-bench``.
+predicted table of ``netmorph collective``; ``netmorph bench`` prints nccl-tests'
+own table, character for character (:func:`nccl_header`, :func:`nccl_row`,
+:func:`nccl_footer`).
 """
 
 from __future__ import annotations
@@ -62,18 +63,59 @@ PREDICTED = (
     Column("max_sent/rank", 14, lambda r: r["max_bytes_sent"], ","),
 )
 
-# netmorph bench: measured time beside the prediction and the memory-copy bound
-MEASURED = (
-    Column("size", 12, lambda r: r["bytes"]), Column("count", 10, lambda r: r["count"]),
-    Column("type", 8, lambda r: r["type"]), Column("algorithm", 26, lambda r: r["algo"], align="<"),
-    Column("backend", 13, lambda r: r["backend"], align="<"),
-    Column("time(us)", 10, lambda r: r["time_s"] * 1e6, ".1f", sep=""),
-    Column("algbw(GB/s)", 11, lambda r: r["algbw_gbps"], ".3f"),
-    Column("busbw(GB/s)", 11, lambda r: r["busbw_gbps"], ".3f"),
-    Column("#wrong", 6, lambda r: r["wrong"]),
-    Column("pred(us)", 10, lambda r: "-" if r["predicted_time_s"] is None else r["predicted_time_s"] * 1e6, ".1f"),
-    Column("of memcpy", 9, lambda r: r["of_memcpy"], ".0%"),
-)
+# nccl-tests' own table (src/util.cu: writeResultHeader, writeBenchmarkLinePreamble, writeBenchmarkLineBody,
+# writeResultFooter), character for character: netmorph bench prints it
+NCCL_TYPES = {"int8": "int8", "uint8": "uint8", "int32": "int32", "uint32": "uint32", "int64": "int64",
+              "uint64": "uint64", "float16": "half", "float32": "float", "float64": "double", "bfloat16": "bfloat16"}
+
+
+def nccl_float(value: float, width: int) -> str:
+    """nccl-tests' getFloatStr: two decimals if they fit the width, then one, then none, then an exponent."""
+    for fmt in (f"{width}.2f", f"{width}.1f", f"{width}.0f"):
+        text = format(value, fmt)
+        if len(text) <= width:
+            return text
+    return format(value, f"{width}.1e" if width >= 7 else f"{width}.0e")
+
+
+def nccl_header(time_title: str = "time") -> list[str]:
+    """The lines nccl-tests prints above the rows (its trailing spaces included)."""
+    return ["#",
+            f"# {'':>10}  {'':>12}  {'':>8}  {'':>6}  {'':>6}           out-of-place                       in-place          ",
+            f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}  {time_title:>7}  {'algbw':>6}  "
+            f"{'busbw':>6}  {'#wrong':>6}  {time_title:>7}  {'algbw':>6}  {'busbw':>6}  {'#wrong':>6} ",
+            f"# {'(B)':>10}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}  {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  "
+            f"{'':>6}  {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  {'':>6} "]
+
+
+def _body(time_s: float, algbw: float, busbw: float, wrong: int) -> str:
+    cells = f"  {nccl_float(time_s * 1e6, 7):>7}  {nccl_float(algbw, 6):>6}  {nccl_float(busbw, 6):>6}"
+    return cells + (f"  {wrong:6g}" if wrong >= 0 else "    N/A")
+
+
+def nccl_row(r: dict) -> str:
+    """One row: size, count, type, redop, root (-1 where the op has none), then out of place and in place."""
+    root = r["root"] if r["op"] in ("broadcast", "reduce") else -1
+    redop = r["redop"] if r["op"] in ("allreduce", "reduce", "reduce_scatter") else "none"
+    return (f"{r['bytes']:12d}  {r['count']:12d}  {NCCL_TYPES.get(r['type'], r['type']):>8}  {redop:>6}  {root:6d}"
+            + _body(r["time_s"], r["algbw_gbps"], r["busbw_gbps"], r["wrong"])
+            + _body(r["in_place_time_s"], r["in_place_algbw_gbps"], r["in_place_busbw_gbps"], r["in_place_wrong"]))
+
+
+def nccl_footer(rows: list, program: str) -> list[str]:
+    """nccl-tests' closing lines: wrong elements over every row, the mean busbw of every out-of-place and
+    in-place measurement, the program that ran."""
+    bad = sum(max(0, r[k]) for r in rows for k in ("wrong", "in_place_wrong"))
+    bws = [r[k] for r in rows for k in ("busbw_gbps", "in_place_busbw_gbps")]
+    avg = sum(bws) / len(bws) if bws else 0.0
+    return [f"# {'Out of bounds values':<20} : {bad} {'FAILED' if bad else 'OK'}",
+            f"# {'Avg bus bandwidth':<20} : {avg:g} ",
+            "#",
+            f"# Collective test concluded: {program}"]
+
+
+PROGRAMS = {"allreduce": "all_reduce_perf", "allgather": "all_gather_perf", "reduce_scatter": "reduce_scatter_perf",
+            "broadcast": "broadcast_perf", "reduce": "reduce_perf", "alltoall": "alltoall_perf"}
 
 
 def size_bands(winners, sizes, sep: str = "–") -> str:

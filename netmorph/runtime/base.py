@@ -20,14 +20,17 @@ from functools import lru_cache
 import numpy as np
 
 from netmorph.errors import UsageError
+from netmorph.units import numpy_dtype
 from netmorph.runtime.ledger import Ledger
 from netmorph.runtime.transport import fingerprint, nbytes
 
 
 @lru_cache(maxsize=None)
 def _numpy_dtype(torch_dtype):
-    """numpy's dtype for a torch dtype, or None where numpy has none (bfloat16)."""
+    """numpy's dtype for a torch dtype (bfloat16: ml_dtypes'), or None where there is none."""
     import torch
+    if torch_dtype == torch.bfloat16:
+        return numpy_dtype("bfloat16")
     try:
         return torch.empty(0, dtype=torch_dtype).numpy().dtype
     except (TypeError, RuntimeError):
@@ -103,7 +106,9 @@ def empty_like(a, n: int):
 
 
 def is_float(a) -> bool:
-    return a.dtype.kind == "f" if isinstance(a, np.ndarray) else a.is_floating_point()
+    if isinstance(a, np.ndarray):
+        return a.dtype.kind == "f" or a.dtype.name == "bfloat16"      # ml_dtypes' bfloat16 is kind V
+    return a.is_floating_point()
 
 
 def as_array(t) -> np.ndarray:
@@ -131,7 +136,7 @@ def _view(t) -> np.ndarray:
     dtype = _numpy_dtype(t.dtype)
     if dtype is None:
         raise UsageError(f"{t.dtype} has no numpy type to reduce with on the local fabric; use backend='torch' "
-                         f"(torch reduces it) or a float16/float32 tensor", "tensor")
+                         f"(torch reduces it) or a float16/bfloat16/float32 tensor", "tensor")
     n = t.numel() * dtype.itemsize
     if n == 0:
         return np.empty(0, dtype)

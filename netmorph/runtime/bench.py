@@ -1,10 +1,23 @@
-"""Measure collectives on real ranks, nccl-tests style (``all_reduce_perf -b MIN -e MAX -f 2``).
+"""Measure collectives on real ranks, as nccl-tests does (``all_reduce_perf -b MIN -e MAX -f 2``).
 
-One launch covers every (algorithm, size): per case, one checked run counts
-wrong elements (``#wrong``), then ``warmup`` untimed and ``iters`` timed runs
-between barriers; a case's time is the slowest rank's mean, as nccl-tests
-reports. Inputs are small integers so float sums are exact and the check is
-equality.
+One launch covers every case (size, type, reduce op, root) of one algorithm. Per case,
+as nccl-tests' ``BenchTime``: the out-of-place call and then the in-place one are each
+run ``warmup`` times untimed and ``iters`` times timed between barriers, and their time
+is the slowest rank's mean; then ``check`` runs on fresh inputs count the wrong elements
+over every rank (``#wrong``), stopping at the first run with any. Buffers sit in
+registered memory (``ncclMemAlloc``). Inputs are small integers, so every sum, max, min
+and product is exact in every type, bfloat16 included, and the check is equality.
+
+Sizes follow nccl-tests' ``GetCollByteCount``: all-gather, reduce-scatter and all-to-all
+move a per-rank ``count`` rounded down to 16 bytes' worth of elements, and their size
+column is the whole buffer (count x ranks); the others move ``size / itemsize``.
+
+In place and out of place: netmorph's schedules work in one buffer, so an out-of-place
+all-reduce, reduce or broadcast first copies the input into the output buffer (the copy
+is in its time, as it would be for a torch user); all-gather and reduce-scatter take
+nccl-tests' in-place layout (the input is the rank's block of the output, or the output
+the rank's block of the input). An in-place all-to-all, which nccl-tests times but does
+not check, goes through a scratch buffer and is reported without ``#wrong``.
 """
 
 from __future__ import annotations
@@ -15,8 +28,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from netmorph.collectives import bandwidths
-from netmorph.schedule import REDOPS
 from netmorph.runtime.launch import launch
+from netmorph.schedule import REDOPS
+from netmorph.units import numpy_dtype
+
+SPLIT = ("allgather", "reduce_scatter", "alltoall")       # a per-rank count, as nccl-tests sizes them
 
 
 @dataclass
@@ -26,42 +42,57 @@ class Case:
     nbytes: int
     redop: str = "sum"  # nccl-tests' -o
     root: int = 0       # nccl-tests' -r (broadcast, reduce)
-    check: bool = True  # nccl-tests' -c: one checked run before the timed ones
+    check: int = 1      # nccl-tests' -c: checked runs after the timed ones (0: none)
+    dtype: str = "float32"
 
 
-def _contribution(op, redop, rank, count, dtype):
-    """Rank ``rank``'s input to a reduction: small integers, so every sum, max, min and (powers of
-    two) product is exact in every type and the check is equality."""
+def counts(op: str, nbytes: int, itemsize: int, world: int) -> tuple[int, int]:
+    """(count, size): nccl-tests' count column (per rank for all-gather, reduce-scatter, all-to-all;
+    16 bytes' alignment) and its size column (the bytes of the larger buffer)."""
+    count = nbytes // itemsize
+    if op in SPLIT:
+        base = (count // world) & ~(max(1, 16 // itemsize) - 1)
+        return base, base * world * itemsize
+    return count, count * itemsize
+
+
+def _contribution(redop, rank, p, count, dtype):
+    """Rank ``rank``'s input to a reduction: 0, 1 or 2 (sums stay under 2p, exact in int8 and bfloat16);
+    for a product, one rank holds 2 and another 3 at each element (the product is 6, or 2)."""
     i = np.arange(count)
     if redop == "prod":
-        return ((rank + i) % 2 + 1).astype(dtype)
-    return ((rank + 1) + (i % 13)).astype(dtype)
+        return np.where((i + rank) % p == 0, 2, np.where((i + rank) % p == 1, 3, 1)).astype(dtype)
+    return ((rank + i) % 3).astype(dtype)
+
+
+def _reduced(redop, p, count, dtype):
+    stack = np.stack([_contribution(redop, r, p, count, dtype) for r in range(p)])
+    if redop == "avg":
+        return (np.sum(stack.astype(np.float64), axis=0) / p).astype(dtype)
+    return REDOPS[redop].reduce(stack, axis=0).astype(dtype)
+
+
+def _pattern(rank, n, dtype, start=0):
+    """Distinct small values per (rank, element) for the data-moving collectives."""
+    return ((rank * 37 + np.arange(start, start + n)) % 101).astype(dtype)
 
 
 def _inputs(op, p, rank, count, dtype, redop="sum", root=0):
-    """(this rank's input, the expected output)."""
-    i = np.arange(count)
-    if op in ("allreduce", "reduce", "reduce_scatter"):
-        ufunc = REDOPS[redop]
-        x = _contribution(op, redop, rank, count, dtype)
-        full = ufunc.reduce(np.stack([_contribution(op, redop, r, count, dtype) for r in range(p)]), axis=0)
-        if op == "reduce_scatter":
-            n = count // p
-            return x, full[rank * n:(rank + 1) * n]
-        return x, full.astype(dtype)
+    """(this rank's input, the output it expects), ``count`` as :func:`counts` gives it."""
+    if op in ("allreduce", "reduce"):
+        return _contribution(redop, rank, p, count, dtype), _reduced(redop, p, count, dtype)
+    if op == "reduce_scatter":
+        full = _reduced(redop, p, count * p, dtype)
+        return _contribution(redop, rank, p, count * p, dtype), full[rank * count:(rank + 1) * count]
     if op == "broadcast":
-        x = ((i % 13) + 1).astype(dtype) if rank == root else np.zeros(count, dtype)
-        return x, ((i % 13) + 1).astype(dtype)
+        want = _pattern(root, count, dtype)
+        return (want.copy() if rank == root else np.zeros(count, dtype)), want
     if op == "allgather":
-        n = count // p
-        x = ((rank + 1) + (np.arange(n) % 13)).astype(dtype)
-        want = np.concatenate([((r + 1) + (np.arange(n) % 13)) for r in range(p)]).astype(dtype)
-        return x, want
+        return _pattern(rank, count, dtype), np.concatenate([_pattern(r, count, dtype) for r in range(p)])
     if op == "alltoall":
-        n = count // p
-        x = (rank * 1000 + np.arange(count) % 997).astype(dtype)
-        want = np.concatenate([(s * 1000 + (np.arange(rank * n, (rank + 1) * n) % 997)) for s in range(p)])
-        return x, want.astype(dtype)
+        x = _pattern(rank, count * p, dtype)
+        want = np.concatenate([_pattern(s, count, dtype, start=rank * count) for s in range(p)])
+        return x, want
     raise ValueError(op)
 
 
@@ -72,100 +103,142 @@ def _reg(comm, a):
     return r
 
 
-def _call(comm, op, algo, x, count, p, redop="sum", root=0):
-    kw = {} if algo == "native" else {"algo": algo}
-    if op == "allreduce":
-        comm.all_reduce(x, op=redop, **kw)
-        return x
-    if op == "reduce":
-        comm.reduce(x, root, op=redop, **kw)
-        return x
-    if op == "broadcast":
-        comm.broadcast(x, root, **kw)
-        return x
-    if op == "allgather":
-        out = comm.alloc(count, x.dtype)
-        comm.all_gather_into_tensor(out, x, **kw)
+class _Buffers:
+    """The send and receive buffers of one case, in registered memory, laid out for ``in_place``."""
+
+    def __init__(self, comm, c: Case, x, in_place: bool):
+        p, me, n = comm.world, comm.rank, len(x)
+        self.c, self.in_place = c, in_place
+        if c.op == "allgather":
+            self.out = comm.alloc(n * p, x.dtype)
+            self.x = self.out[me * n:(me + 1) * n] if in_place else comm.alloc(n, x.dtype)
+        elif c.op == "reduce_scatter":
+            self.x = comm.alloc(n, x.dtype)
+            self.out = self.x[me * (n // p):(me + 1) * (n // p)] if in_place else comm.alloc(n // p, x.dtype)
+        elif c.op == "alltoall":
+            self.x = comm.alloc(n, x.dtype)
+            self.out = self.x if in_place else comm.alloc(n, x.dtype)
+            self.scratch = comm.alloc(n, x.dtype) if in_place else None
+        else:
+            self.x = comm.alloc(n, x.dtype)
+            self.out = self.x if in_place else comm.alloc(n, x.dtype)
+        self.load(x)
+
+    def load(self, x) -> None:
+        self.x[:] = x
+
+    def run(self, comm) -> np.ndarray:
+        c, x, out = self.c, self.x, self.out
+        kw = {} if c.algo == "native" else {"algo": c.algo}
+        if c.op in ("allreduce", "reduce", "broadcast"):
+            if out is not x:
+                out[:] = x                      # out of place: the schedule works in the output buffer
+            if c.op == "allreduce":
+                comm.all_reduce(out, op=c.redop, **kw)
+            elif c.op == "reduce":
+                comm.reduce(out, c.root, op=c.redop, **kw)
+            else:
+                comm.broadcast(out, c.root, **kw)
+        elif c.op == "allgather":
+            comm.all_gather_into_tensor(out, x, **kw)
+        elif c.op == "reduce_scatter":
+            comm.reduce_scatter_tensor(out, x, op=c.redop, **kw)
+        elif self.in_place:                     # all-to-all in place: through a scratch buffer
+            comm.all_to_all_single(self.scratch, x, **kw)
+            x[:] = self.scratch
+        else:
+            comm.all_to_all_single(out, x, **kw)
         return out
-    if op == "reduce_scatter":
-        out = comm.alloc(count // p, x.dtype)
-        comm.reduce_scatter_tensor(out, x, op=redop, **kw)
-        return out
-    if op == "alltoall":
-        out = comm.alloc(x.shape, x.dtype)
-        comm.all_to_all_single(out, x, **kw)
-        return out
-    raise ValueError(op)
 
 
-def _rank_fn(comm, cases, iters, warmup, dtype):
-    p, rank = comm.world, comm.rank
+def _time(comm, bufs: _Buffers, iters: int, warmup: int) -> float:
+    for _ in range(warmup):
+        bufs.run(comm)
+    comm.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        bufs.run(comm)
+    t = (time.perf_counter() - t0) / iters
+    comm.barrier()
+    return t
+
+
+def _wrong(comm, c: Case, bufs: _Buffers, count: int, dtype) -> int:
+    """``c.check`` runs on fresh inputs; the wrong elements summed over every rank at the first run that
+    has any (nccl-tests' CheckData); -1 when nothing is checked (``-c 0``, or an in-place all-to-all)."""
+    if not c.check or (c.op == "alltoall" and bufs.in_place):
+        return -1
+    wrong = 0
+    for _ in range(c.check):
+        x, want = _inputs(c.op, comm.world, comm.rank, count, dtype, c.redop, c.root)
+        bufs.load(x)
+        got = bufs.run(comm)
+        mine = 0 if c.op == "reduce" and comm.rank != c.root else int((got != want).sum())
+        total = np.array([mine], dtype=np.int64)
+        comm.all_reduce(total)
+        wrong = int(total[0])
+        if wrong:
+            break
+    return wrong
+
+
+def _rank_fn(comm, cases, iters, warmup, places=(False, True)):
     out = []
     for c in cases:
-        itemsize = np.dtype(dtype).itemsize
-        count = c.nbytes // itemsize
-        if c.op in ("allgather", "reduce_scatter", "alltoall"):
-            count -= count % p
-        x, want = _inputs(c.op, p, rank, count, dtype, c.redop, c.root)
-        wrong = -1                            # -1: not checked (-c 0)
-        if c.check:
-            got = _call(comm, c.op, c.algo, _reg(comm, x), count, p, c.redop, c.root)
-            wrong = 0 if c.op == "reduce" and rank != c.root else int((got != want).sum())
+        dtype = numpy_dtype(c.dtype)
+        count, _ = counts(c.op, c.nbytes, dtype.itemsize, comm.world)
+        length = count * comm.world if c.op in SPLIT and c.op != "allgather" else count
+        row = []
+        for in_place in places:
+            bufs = _Buffers(comm, c, np.zeros(length, dtype), in_place)    # timed on zeros: no overflow
+            t = _time(comm, bufs, iters, warmup)
+            row += [t, _wrong(comm, c, bufs, count, dtype)]
             comm.free_all()
-        x = _reg(comm, np.zeros_like(x))      # timed runs reduce zeros: no overflow, same memory traffic
-        for _ in range(warmup):
-            _call(comm, c.op, c.algo, x, count, p, c.redop, c.root)
-        comm.barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            _call(comm, c.op, c.algo, x, count, p, c.redop, c.root)
-        t = (time.perf_counter() - t0) / iters
-        comm.barrier()
-        comm.free_all()
-        out.append((t, wrong))
+        out.append(tuple(row * (2 if len(places) == 1 else 1)))
     return out
 
 
-def measure(cases, world: int, backend: str = "local", iters: int = 20, warmup: int = 5, dtype="float32",
-            timeout: float = 30.0, fingerprints: bool = True):
-    """Run every case on ``world`` ranks; returns one dict per case (slowest rank's mean time, summed #wrong).
-    ``fingerprints=False`` measures without the per-message call check (to price it)."""
+def measure(cases, world: int, backend: str = "local", iters: int = 20, warmup: int = 1,
+            timeout: float = 30.0, fingerprints: bool = True, in_place_only: bool = False):
+    """Run every case on ``world`` ranks; one dict per case: nccl-tests' columns for out of place (``time_s``,
+    ``algbw_gbps``, ``busbw_gbps``, ``wrong``: the slowest rank's mean time; -1 wrong: not checked) and
+    the same under ``in_place_``. ``in_place_only``: time the in-place call alone (what a trainer's
+    gradient all-reduce is), reported under both. ``fingerprints=False`` measures without the
+    per-message call check."""
     # torch-native is the baseline netmorph is measured against: torch's collectives as production runs
     # them, without TORCH_DISTRIBUTED_DEBUG=DETAIL's extra check of every call
-    results = launch(_rank_fn, world, cases, iters, warmup, dtype, backend=backend, timeout=timeout,
-                     fingerprints=fingerprints and backend != "torch-native")
-    times = [max(r[k][0] for r in results) for k in range(len(cases))]
-    wrong = [sum(r[k][1] for r in results) for k in range(len(cases))]
-    return _rows(cases, times, wrong, world, backend, dtype)
+    results = launch(_rank_fn, world, cases, iters, warmup, (True,) if in_place_only else (False, True),
+                     backend=backend, timeout=timeout, fingerprints=fingerprints and backend != "torch-native")
+    times = [[max(r[k][j] for r in results) for j in (0, 2)] for k in range(len(cases))]
+    wrongs = [[results[0][k][j] for j in (1, 3)] for k in range(len(cases))]     # summed over ranks already
+    return _rows(cases, times, wrongs, world, backend)
 
 
-def measure_in_job(comm, cases, iters: int = 20, warmup: int = 5, dtype="float32"):
+def measure_in_job(comm, cases, iters: int = 20, warmup: int = 1):
     """The same measurement by a rank of a job someone else started (torchrun, as nccl-tests runs
-    under mpirun): every rank calls it; the slowest rank's time and the summed #wrong come together
-    over ``comm`` and rank 0 gets the rows (the others None)."""
-    mine = _rank_fn(comm, cases, iters, warmup, dtype)
-    times = np.array([t for t, _ in mine], dtype=np.float64)
-    wrong = np.array([w for _, w in mine], dtype=np.float64)
+    under mpirun): every rank calls it; the slowest rank's times come together over ``comm`` and rank 0
+    gets the rows (the others None). The wrong counts are already summed over the ranks."""
+    mine = _rank_fn(comm, cases, iters, warmup)
+    times = np.array([[t[0], t[2]] for t in mine], dtype=np.float64).reshape(-1)
     comm.all_reduce(times, op="max")
-    comm.all_reduce(wrong, op="sum")
     if comm.rank != 0:
         return None
-    wrong = [int(w) if c.check else -1 for w, c in zip(wrong, cases)]
     backend = "torch-native" if type(comm).__name__ == "NativeComm" else comm.transport.name
-    return _rows(cases, times.tolist(), wrong, comm.world, backend, dtype)
+    return _rows(cases, times.reshape(-1, 2).tolist(), [[t[1], t[3]] for t in mine], comm.world, backend)
 
 
-def _rows(cases, times, wrong, world, backend, dtype):
+def _rows(cases, times, wrongs, world, backend):
     rows = []
-    itemsize = np.dtype(dtype).itemsize
-    for c, t, bad in zip(cases, times, wrong):
-        bad = -1 if not c.check else bad
-        nbytes = c.nbytes - (c.nbytes // itemsize % world) * itemsize if c.op in (
-            "allgather", "reduce_scatter", "alltoall") else c.nbytes
-        algbw, busbw = bandwidths(c.op, nbytes, t, world)
-        rows.append({"op": c.op, "algo": c.algo, "backend": backend if c.algo != "native" else "torch-native",
-                     "world": world, "bytes": nbytes, "count": nbytes // itemsize, "type": str(np.dtype(dtype)),
-                     "time_s": t, "algbw_gbps": algbw, "busbw_gbps": busbw, "wrong": bad})
+    for c, (t_out, t_in), (w_out, w_in) in zip(cases, times, wrongs):
+        dtype = numpy_dtype(c.dtype)
+        count, size = counts(c.op, c.nbytes, dtype.itemsize, world)
+        row = {"op": c.op, "algo": c.algo, "backend": backend if c.algo != "native" else "torch-native",
+               "world": world, "bytes": size, "count": count, "type": c.dtype, "redop": c.redop, "root": c.root}
+        for key, t, wrong in (("", t_out, w_out), ("in_place_", t_in, w_in)):
+            algbw, busbw = bandwidths(c.op, size, t, world)
+            row.update({f"{key}time_s": t, f"{key}algbw_gbps": algbw, f"{key}busbw_gbps": busbw,
+                        f"{key}wrong": int(wrong)})
+        rows.append(row)
     return rows
 
 

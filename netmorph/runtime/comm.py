@@ -14,12 +14,14 @@ schedule's segments are views of it, NCCL moves them and torch reduces them on
 the device (``comm.keep_tensors = True`` sends CPU tensors the same way, with
 gloo, which is how that path is tested without a GPU).
 
-Half precision: float16 (and bfloat16, torch backend only -- numpy has no
-bfloat16) are reduced in their own type at every hop, as NCCL does: a ring's
-partial sums are rounded p-1 times. netmorph does not widen to float32 because
-the bytes on the wire are the point of the exercise; widen the tensor yourself
-(or all-reduce float32 gradients, as mixed-precision trainers do) when the
-rounding matters.
+Half precision: float16 and bfloat16 (ml_dtypes' numpy type on the local
+fabric) travel in their own type and are reduced at every hop as NCCL does: the
+two operands added in float32 and the sum rounded once to the type -- so a
+ring's partial sums are rounded p-1 times, and where the order of additions
+cannot matter (two ranks, or sums the type holds exactly) the result is gloo's
+bit for bit. netmorph does not widen to float32 because the bytes on the wire are
+the point of the exercise; widen the tensor yourself (or all-reduce float32
+gradients, as mixed-precision trainers do) when the rounding matters.
 
 Ranks, groups, phases, point-to-point and registered memory live in
 :class:`~netmorph.runtime.base.CommBase`.

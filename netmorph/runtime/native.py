@@ -87,8 +87,9 @@ class NativeComm(CommBase):
         if self._alone(group):
             out[:] = inp
             return CompletedWork() if async_op else output
-        self._native("allgather", nbytes(out),
-                     lambda: dist_module().all_gather_into_tensor(to_torch(out), to_torch(inp), group=self._pg(group)))
+        dist = dist_module()
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor   # torch >= 2.13's name
+        self._native("allgather", nbytes(out), lambda: gather(to_torch(out), to_torch(inp), group=self._pg(group)))
         return CompletedWork() if async_op else output
 
     def reduce_scatter_tensor(self, output, input, op="sum", group=None, algo="auto", async_op=False):

@@ -90,10 +90,11 @@ def dtype_code(dtype) -> int:
     try:
         dt = np.dtype(dtype)
     except TypeError:                                  # a torch dtype: torch.float16 -> "float16"
-        name = str(dtype).replace("torch.", "")
-        if name == "bfloat16":
-            return ord("B") | 2 << 8
-        dt = np.dtype(name)
+        dt = None
+    name = dt.name if dt is not None else str(dtype).replace("torch.", "")
+    if name == "bfloat16":                             # torch's, or ml_dtypes' numpy type (kind V)
+        return ord("B") | 2 << 8
+    dt = dt if dt is not None else np.dtype(name)
     return ord(dt.kind) | dt.itemsize << 8
 
 

@@ -34,6 +34,10 @@ from netmorph.runtime.transport import fingerprint as fpr
 
 HEADER_TAG, PAYLOAD_TAG = 1, 2
 _MISMATCH_KEY = "netmorph/collective-mismatch"
+# what gloo and NCCL say when the transport under a call failed (a peer gone, a call timed out, ranks that
+# disagree); any other RuntimeError is torch refusing the call itself, raised as it is
+_TRANSPORT_ERROR = re.compile(r"[Cc]onnection|[Tt]imed out|[Rr]ead error|[Ww]rite error|[Bb]roken pipe|[Ss]ocket|"
+                              r"[Pp]eer|EOF|[Cc]losed|mismatch|NCCL|ncclRemoteError|ncclSystemError")
 # how long a rank that timed out waits for each rank on its wait-for chain to post what it waits for
 WALK_WINDOW = 0.6
 
@@ -50,10 +54,13 @@ def dist_module():
 
 
 def to_torch(a):
-    """A torch tensor over ``a``'s memory (a tensor is returned as it is)."""
+    """A torch tensor over ``a``'s memory (a tensor is returned as it is; ml_dtypes' bfloat16 becomes
+    torch's, through its bits: torch.from_numpy does not know the type)."""
     if not isinstance(a, np.ndarray):
         return a
     import torch
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
     return torch.from_numpy(a)
 
 
@@ -221,6 +228,8 @@ class TorchTransport:
             self._publish(e)
             raise
         except RuntimeError as e:
+            if not _TRANSPORT_ERROR.search(str(e)):
+                raise                          # torch refused the call itself (a type gloo lacks, ...)
             raise self.failure(peer, e) from None
 
     def _store(self):
@@ -325,6 +334,8 @@ class TorchTransport:
                     else:
                         works.append((peer, dist.irecv(to_torch(buf), peer)))
         except RuntimeError as e:
+            if not _TRANSPORT_ERROR.search(str(e)):
+                raise                          # torch refused the call itself (a type gloo lacks, ...)
             raise self.failure(peer, e) from None
         for peer, head, buf, w in heads:         # every header checked before any payload is received
             self.guard(peer, w.wait)
