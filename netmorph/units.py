@@ -103,7 +103,9 @@ _SECONDS = {"s": 1, "sec": 1, "min": 60, "m": 60, "h": 3600, "hr": 3600, "d": 86
 
 def parse_duration(text: str, argument: str = "duration") -> float:
     """``"3.1h"`` -> 11160.0 s; ``"1min"``, ``"30s"``, ``"2d"``. The unit is required (a bare number is
-    ambiguous between seconds and hours, the two units these flags are quoted in)."""
+    ambiguous between seconds and hours, the two units these flags are quoted in) -- except for 0."""
+    if str(text).strip() in ("0", "0.0"):                 # no time needs no unit
+        return 0.0
     m = _DURATION.match(str(text))
     if not m or m.group(2).lower() not in _SECONDS:
         raise UsageError(f"{{{argument}}}: cannot parse duration {text!r} (use a number and a unit: 30s, 10min, "

@@ -133,3 +133,44 @@ def test_without_torch_bench_still_prints_what_it_measured():
     assert "needs torch" in r.stdout and "# Avg bus bandwidth" in r.stdout and "# algorithm ring" in r.stdout
     assert any(line.split()[:1] == ["1024"] for line in r.stdout.splitlines())
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["train", "--stepz", "3"], "did you mean --steps?"),
+    (["tarin"], "did you mean 'train'?"),
+    (["train", "--schedule", "1f1"], "did you mean '1f1b'?"),
+    (["simulate", "step", "--model", "ptdp-1.7b", "--dp", "2", "--global-batch", "4", "--trace-ranks", "0"],
+     "add --trace"),
+    (["morph", "reshard", "--world", "4", "--from", "dp2,dp2", "--to", "tp2", "--steps", "1"], "dp is given twice"),
+    (["plan", "estimate", "--params", "1e308", "--gpus", "8"], "--params must be in (0, 1e15]"),
+    (["failures", "--job-mtbf", ""], "an empty value"),
+    (["failures", "--checkpoint-write", "0"], "--checkpoint-write must be more than 0"),
+    (["sgd", "--slow-link", "0:1:1e308:1", "--steps", "2"], "ALPHA_US"),
+    (["sgd", "--outer-momentum", "1", "--steps", "2"], "--outer-momentum"),
+])
+def test_small_refusals_name_what_to_change(argv, words, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_small_things_that_are_valid(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["failures", "--restart", "0", "--inplace-recovery", "0", "--trials", "5"]) == 0     # free recovery
+    assert "restart 0.0 min" in capsys.readouterr().out
+    assert main(["elastic", "--steps", "5", "--workers", "2", "--min-workers", "1"]) == 0      # no --compare
+    capsys.readouterr()
+    assert main(["train", "--pp", "2", "--schedule", "gpipe", "--steps", "1", "--layers", "2", "--hidden", "16",
+                 "--heads", "2", "--seq", "8", "--vocab", "32"]) == 0
+    assert "afab" in capsys.readouterr().out
+    assert main(["train", "--zero", "1", "--steps", "1", "--layers", "1", "--hidden", "16", "--heads", "2", "--seq",
+                 "8", "--vocab", "32"]) == 0
+    zero = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("#   zero"))
+    assert "✓" in zero and "✗" not in zero                 # 0 B sent, 0 B predicted at dp 1
+
+
+def test_serve_check_with_nothing_completed_is_not_a_pass(capsys):
+    code = main(["serve", "--requests", "4", "--context", "16", "--check", "2", "--kv-blocks", "1", "--block-size",
+                 "1", "--layers", "1", "--hidden", "16", "--heads", "2", "--vocab", "32"])
+    out = capsys.readouterr().out
+    assert code == 1 and "nothing to check" in out and "0/0" not in out

@@ -210,3 +210,18 @@ def test_every_trainer_allocation_names_its_device():
                     and node.func.attr in factories and "device" not in {k.arg for k in node.keywords}):
                 bare.append(f"{path.name}:{node.lineno} torch.{node.func.attr}")
     assert bare == []
+
+
+@pytest.mark.parametrize("v", [1, 2])
+def test_emulated_compute_is_per_stage_whatever_the_interleaving(v):
+    """--compute-ms is a stage's compute per microbatch forward: its v interleaved chunks share it, so the
+    forward slots of a stage add up to m x compute_ms for every v (each chunk slept all of it, so the tour's
+    interleaved 1F1B ran 1.6x slower than plain 1F1B)."""
+    m, ms = 4, 25.0
+    cfg = TrainConfig(model=TINY, steps=1, pp=2, microbatches=m, interleave=v, compute_ms=ms,
+                      schedule="interleaved" if v > 1 else "1f1b")
+    cfg.check()
+    res = launch(train_rank, cfg.world, cfg, timeout=60)
+    for r in res:
+        forward = sum(t1 - t0 for kind, _, _, t0, t1 in r["timeline"] if kind == "F")
+        assert m * ms / 1e3 <= forward < 1.5 * m * ms / 1e3, (v, forward)

@@ -11,7 +11,9 @@ and every other parameter ``x_y`` is the flag ``--x-y``.
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
+import re
 import signal
 import sys
 
@@ -20,11 +22,25 @@ from netmorph.runtime.launch import LaunchError
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (prog: error: ...) and exit 2."""
+    """argparse, but a usage error is one line (prog: error: ...) and exit 2, with a "did you mean" where a
+    choice or a flag is one typo away."""
 
     def error(self, message):
+        m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if m:
+            guess = difflib.get_close_matches(m.group(1), re.findall(r"'([^']*)'", m.group(2)), n=1)
+            if guess:
+                message += f"; did you mean {guess[0]!r}?"
         sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
         sys.exit(2)
+
+    def unrecognized(self, extras) -> None:
+        """Flags this command does not have: one line from the command's own parser, with the nearest flag."""
+        first = extras[0]
+        flags = [o for a in self._actions for o in a.option_strings]
+        guess = difflib.get_close_matches(first.split("=")[0], flags, n=1) if first.startswith("-") else []
+        self.error(f"unrecognized argument{'s' if len(extras) > 1 else ''}: {' '.join(extras)}"
+                   + (f"; did you mean {guess[0]}?" if guess else ""))
 
 
 def output_file(suffixes):
@@ -62,6 +78,11 @@ def finite_float(text: str) -> float:
     if not math.isfinite(x):
         raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
     return x
+
+
+def pipeline_schedule(text: str) -> str:
+    """``--schedule``: afab, 1f1b or interleaved; ``gpipe`` is afab by its paper's name (Huang et al. 2019)."""
+    return {"gpipe": "afab"}.get(text.lower(), text.lower())
 
 
 def timeout_seconds(text: str) -> float:
@@ -161,7 +182,9 @@ def main(argv=None) -> int:
 def _main(argv=None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extras = parser.parse_known_args(argv)
+        if extras:
+            _subparsers(parser).choices[args.command].unrecognized(extras)
         _check_arity(parser, args)
     except SystemExit as e:          # --help (0) and argparse's one-line refusals (2), as a return code
         return e.code if isinstance(e.code, int) else 2

@@ -66,7 +66,7 @@ def run(args) -> int:
                         hangs=_pairs(args.hang, "--hang", "RANK@STEP"), detector=args.detector,
                         timeout=args.timeout)
     cfg.check()
-    if not 1 <= args.checkpoint_every <= cfg.steps:
+    if args.compare and not 1 <= args.checkpoint_every <= cfg.steps:        # it only means something there
         raise UsageError(f"--checkpoint-every must be in 1..--steps {cfg.steps}, got {args.checkpoint_every}")
     if args.plot and not args.compare:
         raise UsageError("--plot draws the three recoveries: add --compare")

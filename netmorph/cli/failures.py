@@ -48,14 +48,16 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run, flags=FLAGS)
 
 
-def _dur(text, flag):
+def _dur(text, flag, zero_ok: bool = False):
+    """A duration flag; ``zero_ok``: 0 is a valid cost (a restart or an in-place recovery that costs nothing)."""
     from netmorph.units import parse_duration
     try:
         v = parse_duration(text, flag)
     except UsageError:
         raise UsageError(f"{flag}: cannot parse {text!r} (a number and a unit: 30s, 10min, 3.1h, 2d)") from None
-    if not 0 < v < 1e12:
-        raise UsageError(f"{flag} must be more than 0, got {text!r}")
+    if not (0 <= v if zero_ok else 0 < v) or not v < 1e12:
+        raise UsageError(f"{flag} must be {'0 or more' if zero_ok else 'more than 0'} (and under 30,000 years), "
+                         f"got {text!r}")
     return v
 
 
@@ -96,8 +98,8 @@ def run(args) -> int:
         origin = (f"= per-GPU MTBF {_fmt_h(per)}"
                   + ("" if args.per_gpu_mtbf else ", Llama 3's (419 interruptions in 54 days on 16,384 GPUs),")
                   + f" / {args.gpus:,} GPUs")
-    C, R = _dur(args.checkpoint_write, "--checkpoint-write"), _dur(args.restart, "--restart")
-    r, s = _dur(args.inplace_recovery, "--inplace-recovery"), _dur(args.step_time, "--step-time")
+    C, R = _dur(args.checkpoint_write, "--checkpoint-write"), _dur(args.restart, "--restart", zero_ok=True)
+    r, s = _dur(args.inplace_recovery, "--inplace-recovery", zero_ok=True), _dur(args.step_time, "--step-time")
     if C >= M:
         raise UsageError(f"--checkpoint-write {args.checkpoint_write} is not shorter than the job MTBF "
                          f"{_fmt_h(M)}: the job would fail before a checkpoint completes")

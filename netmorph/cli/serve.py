@@ -199,7 +199,7 @@ def _serve(args) -> int:
         out["check"] = _check(args, model, reqs, outputs)
     if args.json:
         print(json.dumps(out))
-        return 0 if not args.check or out["check"]["identical"] == out["check"]["requests"] else 1
+        return 0 if not args.check or out["check"]["identical"] == out["check"]["requests"] > 0 else 1
     for r in out["rejections"][:5]:
         if "request" in r:
             print(f"netmorph serve: request {r['request']} rejected: {r['reason']}", file=sys.stderr)
@@ -235,7 +235,7 @@ def _disaggregated(args, model, cfg, reqs, bad) -> int:
     out["scheduler"], out["kv"] = f"disaggregated {P}:{D}", cfg.kv
     if args.check:
         out["check"] = _check(args, model, ok, outputs)
-    good = not args.check or out["check"]["identical"] == out["check"]["requests"]
+    good = not args.check or out["check"]["identical"] == out["check"]["requests"] > 0
     if args.json:
         print(json.dumps(out))
         return 0 if good else 1
@@ -283,6 +283,9 @@ def _check(args, model, reqs, outputs) -> dict:
 
 def _print_check(out) -> int:
     c = out["check"]
+    if not c["requests"]:
+        print("# check: nothing to check -- no request completed (every one was rejected) ✗")
+        return 1
     ok = c["identical"] == c["requests"]
     print(f"# check: {c['identical']}/{c['requests']} requests decoded alone (no cache, the training model) give "
           f"the same tokens {'✓' if ok else '✗'}")
@@ -300,7 +303,7 @@ def _tensor_parallel(args, model, cfg, reqs, bad) -> int:
     out["rejected"] += len(bad)
     if args.check:
         out["check"] = _check(args, model, reqs, outputs)
-    good = not args.check or out["check"]["identical"] == out["check"]["requests"]
+    good = not args.check or out["check"]["identical"] == out["check"]["requests"] > 0
     if args.json:
         print(json.dumps(out))
         return 0 if good else 1

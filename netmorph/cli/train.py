@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from netmorph.cli import add_timeout, trace_file
+from netmorph.cli import add_timeout, pipeline_schedule, trace_file
 from netmorph.errors import UsageError, require
 from netmorph.runtime.env import torchrun_world
 from netmorph.files import write_json
@@ -36,8 +36,9 @@ def add_parser(sub) -> None:
     g.add_argument("--bucket-mb", type=float, default=1.0, help="gradient bucket size, MiB (default 1)")
     g.add_argument("--no-overlap", action="store_true", help="all-reduce buckets after backward, not during it")
     g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (needs tp > 1)")
-    g.add_argument("--schedule", default="1f1b", choices=("afab", "1f1b", "interleaved"),
-                   help="pipeline schedule: afab (GPipe), 1f1b (default), interleaved")
+    g.add_argument("--schedule", default="1f1b", type=pipeline_schedule,
+                   choices=("afab", "1f1b", "interleaved"),
+                   help="pipeline schedule: afab (gpipe: GPipe's name for it), 1f1b (default), interleaved")
     g.add_argument("--interleave", type=int, default=1, help="virtual stages per rank (interleaved schedule)")
     g.add_argument("--microbatches", type=int, help="microbatches per step per DP rank (default 2)")
     g.add_argument("--micro-batch-size", type=int, default=2, help="sequences per microbatch (default 2)")
@@ -54,7 +55,8 @@ def add_parser(sub) -> None:
     r.add_argument("--dtype", default="float32", choices=("float32", "float64"),
                    help="parameters and activations (default float32; float64 for exact checks)")
     r.add_argument("--compute-ms", type=float, default=0.0,
-                   help="emulated extra compute per microbatch forward (backward: twice)")
+                   help="emulated extra compute per microbatch forward on each pipeline stage, shared by its "
+                        "--interleave chunks (backward: twice)")
     r.add_argument("--backend", choices=BACKENDS, help="local shared memory (default), torch (netmorph's "
                    "schedules over torch.distributed; the default under torchrun) or torch-native")
     r.add_argument("--check", action="store_true", help="also run the 1-rank model and compare the losses")
@@ -195,7 +197,7 @@ def print_run(cfg, out) -> None:
         print("# traffic per rank per step: measured (max over ranks) vs the closed form, exact on every rank:")
     for ph in shown:
         pred = out["predicted_bytes_per_rank_by_phase"].get(ph, 0)
-        ok = out["traffic_exact"].get(ph)
+        ok = out["traffic_exact"].get(ph, out["bytes_per_rank_by_phase"][ph] == pred)   # 0 sent, 0 predicted
         mark = "✓" if ok else "✗"
         print(f"#   {ph:<12} {out['bytes_per_rank_by_phase'][ph]:>12,} {pred:>14,.0f} {mark}  "
               f"{out['formulas'].get(ph, '')}")

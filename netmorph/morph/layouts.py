@@ -167,7 +167,10 @@ def parse_layout(text: str, world: int) -> Layout:
         if key not in ("tp", "pp", "dp", "zero", "v") or not num:
             raise UsageError(f"{text!r}: write it as tpN,ppN,dpN,zeroN,vN (e.g. tp2,pp2 or dp4,zero3)",
                              "layout")
-        fields["interleave" if key == "v" else key] = int(num)
+        name = "interleave" if key == "v" else key
+        if name in fields:
+            raise UsageError(f"{text!r}: {key} is given twice", "layout")
+        fields[name] = int(num)
     tp, pp = fields.get("tp", 1), fields.get("pp", 1)
     if tp < 1 or pp < 1 or world % (tp * pp):
         raise UsageError(f"{text!r}: tp x pp must divide the {world} ranks", "layout")

@@ -52,7 +52,8 @@ class TrainConfig:
     steps: int = 4
     lr: float = 3e-3
     dtype: str = "float64"
-    compute_ms: float = 0.0          # emulated extra compute per microbatch forward (backward: twice)
+    compute_ms: float = 0.0          # emulated compute per microbatch forward on a stage, shared by its interleaved
+                                     # chunks (backward: twice)
     trace: bool = False              # return every rank's ledger records too (for a Chrome trace)
     start_step: int = 0              # the first step's index: the data a resumed (or resharded) run continues on
 
@@ -186,7 +187,9 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None) -> dict:
                 lo = base + i * cfg.micro_batch_size
                 return tuple(t.to(device) for t in synthetic_batch(cfg.model, range(lo, lo + cfg.micro_batch_size)))
 
-            hooks = _Hooks(zero, dp, last_backward, cfg.compute_ms, flat.data.untyped_storage()._cdata)
+            # compute_ms is a stage's compute per microbatch: its interleaved chunks share it
+            hooks = _Hooks(zero, dp, last_backward, cfg.compute_ms / cfg.interleave,
+                           flat.data.untyped_storage()._cdata)
             t_pipe = time.perf_counter()
             mb_losses, peak = ex.run(slots, inputs, cfg.microbatches, hooks)
             t_pipe = time.perf_counter() - t_pipe

@@ -284,8 +284,8 @@ def from_args(model=None, layers=None, hidden=None, heads=None, seq=None, vocab=
     """A preset, a ``base`` (read from a config file) or a model from flags, with any field overridden by a flag
     (``arch``: kv_heads, ffn_type, position, tied, bias, attention, experts, top_k); errors name the flag."""
     if params is not None:
-        if params <= 0:
-            raise UsageError(f"{{params}} must be > 0, got {params}", "params")
+        if not 0 < params <= 1e15:
+            raise UsageError(f"{{params}} must be in (0, 1e15] (a quadrillion parameters), got {params:g}", "params")
         return ModelSpec(f"{params:.3g} params", 0, 0, 0, params_only=float(params))
     over = {k: v for k, v in dict(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, ffn=ffn,
                                   **arch).items() if v is not None}
