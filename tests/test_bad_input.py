@@ -50,7 +50,7 @@ def test_bad_values_are_one_line_exit_2(argv, flag, capsys):
 
 
 FILES = [
-    (b'{"alpha": "x", "beta": 1}', "alpha must be a number"),
+    (b'{"alpha": "x", "beta": 1}', "alpha must be seconds in 0..1"),
     (b"[1, 2]", "one JSON object"),
     (b'{"alpha": 1e-6, "beta": 1e-9, "gpus_per_node": -4, "beta_inter": 1e-9}', "gpus_per_node"),
     (b'{"alpha": NaN, "beta": 1e-9}', "alpha must be a finite number, got NaN"),

@@ -152,6 +152,8 @@ def _check_arity(parser: Parser, args) -> None:
         value = getattr(args, action.dest, None)
         if action.nargs is None and action.option_strings and value == [] and action.default != []:
             parser.error(f"argument {action.option_strings[0]}: expected one argument")
+        if action.option_strings and isinstance(value, list) and any(isinstance(v, list) for v in value):
+            parser.error(f"argument {action.option_strings[0]}: expected one argument")   # --join=-- appends []
         if action.option_strings and isinstance(value, str) and not value.strip() and value != action.default:
             parser.error(f"argument {action.option_strings[0]}: an empty value; give one, or leave the flag out")
         if action.option_strings and isinstance(value, list) and any(isinstance(v, str) and not v.strip()

@@ -72,7 +72,7 @@ def run(args) -> int:
             raise UsageError(f"--bytes {n} is not a whole number of {dtype} elements ({itemsize} B each)")
     mode = args.algo.lower()
     algos = list(ALGORITHMS[op]) if mode in ("all", "auto") else [check_algo(op, mode)]
-    if op in ROOTED and not 0 <= args.root < args.world:
+    if not 0 <= args.root < (args.world if op in ROOTED else 1 << 20):        # a rank, whatever the op
         raise UsageError(f"--root must be in 0..{args.world - 1}, got {args.root}")
     kw = {"root": args.root} if op in ROOTED else {}
     if args.segments is not None:

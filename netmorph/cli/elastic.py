@@ -66,8 +66,9 @@ def run(args) -> int:
                         hangs=_pairs(args.hang, "--hang", "RANK@STEP"), detector=args.detector,
                         timeout=args.timeout)
     cfg.check()
-    if args.compare and not 1 <= args.checkpoint_every <= cfg.steps:        # it only means something there
-        raise UsageError(f"--checkpoint-every must be in 1..--steps {cfg.steps}, got {args.checkpoint_every}")
+    if not 1 <= args.checkpoint_every <= (cfg.steps if args.compare else 100_000):   # vs --steps: --compare's
+        raise UsageError(f"--checkpoint-every must be in 1..{'--steps ' + str(cfg.steps) if args.compare else 100_000}"
+                         f", got {args.checkpoint_every}")
     if args.plot and not args.compare:
         raise UsageError("--plot draws the three recoveries: add --compare")
     out = train(cfg, check=args.check)          # fewer than --min-workers left: LaunchError, exit 1

@@ -61,6 +61,9 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    for name, lo, hi in (("tokens", 1, 1 << 20), ("trials", 1, 100_000)):        # drops' own: checked for both
+        if not lo <= getattr(args, name) <= hi:
+            raise UsageError(f"--{name} must be in {lo}..{hi}, got {getattr(args, name)}")
     if args.action == "drops":
         return _drops(args)
     require("torch", "netmorph moe")

@@ -69,6 +69,17 @@ def _model(args):
 
 
 def run(args) -> int:
+    # the control loop's flags are checked for either action: a nonsense value is refused, not ignored
+    if not 1 <= args.static <= 64:
+        raise UsageError(f"--static must be in 1..64 (the start split runs static beside the loop), got {args.static}")
+    if not 0 <= args.compute_ms <= 1e4:
+        raise UsageError(f"--compute-ms must be in 0..10000, got {args.compute_ms}")
+    if not 0.01 <= args.inter_node_mbps <= 1e5:
+        raise UsageError(f"--inter-node-mbps must be in 0.01..100000, got {args.inter_node_mbps}")
+    if not 1 <= args.checkpoint_every <= 10000:
+        raise UsageError(f"--checkpoint-every must be in 1..10000, got {args.checkpoint_every}")
+    if not 2 <= args.segment <= 10000:
+        raise UsageError(f"--segment must be in 2..10000, got {args.segment}")
     if args.action == "run":
         return _control(args)
     args.world = 4 if args.world is None else args.world
@@ -88,14 +99,6 @@ def _control(args) -> int:
         raise UsageError(f"--steps must be in 2..10000, got {steps}")
     if not 2 <= args.segment <= steps:
         raise UsageError(f"--segment must be in 2..--steps ({steps}), got {args.segment}")
-    if not 1 <= args.static <= 64:
-        raise UsageError(f"--static must be in 1..64 (the start split runs static beside the loop), got {args.static}")
-    if not 0 <= args.compute_ms <= 1e4:
-        raise UsageError(f"--compute-ms must be in 0..10000, got {args.compute_ms}")
-    if not 0.01 <= args.inter_node_mbps <= 1e5:
-        raise UsageError(f"--inter-node-mbps must be in 0.01..100000, got {args.inter_node_mbps}")
-    if not 1 <= args.checkpoint_every <= 10000:
-        raise UsageError(f"--checkpoint-every must be in 1..10000, got {args.checkpoint_every}")
     scenario = parse_scenario(args.scenario)
     if scenario.kind == "node-lost" and world < 4:
         raise UsageError(f"--scenario {scenario.label()} needs --world 4 or more (a node of world/2 ranks survives)")

@@ -75,6 +75,10 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    # the kv and roofline actions' sizes, checked whichever action runs: a nonsense value is refused, not ignored
+    for k, flag in (("tokens", "--tokens"), ("batch", "--batch"), ("ctx", "--context-tokens"), ("prompt", "--prompt")):
+        if not 1 <= getattr(args, k) <= 1 << 30:
+            raise UsageError(f"{flag} must be in 1..2**30, got {getattr(args, k)}")
     if args.action == "kv":
         return _kv(args)
     if args.action == "roofline":

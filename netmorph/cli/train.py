@@ -76,8 +76,8 @@ def config_from(args):
     for k in ("layers", "hidden", "heads", "seq", "vocab", "steps"):
         if getattr(args, k) < 1:
             raise UsageError(f"--{k} must be >= 1, got {getattr(args, k)}")
-    if not args.lr > 0 or args.lr == float("inf"):
-        raise UsageError(f"--lr must be a positive number, got {args.lr}")
+    if not 0 < args.lr <= 100:
+        raise UsageError(f"--lr must be in (0, 100], got {args.lr:g}")
     job = torchrun_world()
     if job is not None:
         if args.backend == "local":

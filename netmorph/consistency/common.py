@@ -58,8 +58,8 @@ class Config:
             raise UsageError(f"{{local_steps}} must be >= 1, got {self.local_steps}", "local_steps")
         if self.n_push < 1 or self.n_fetch < 1:
             raise UsageError("{n_push} and {n_fetch} must be >= 1", "n_push")
-        if not 0 < self.lr < float("inf"):
-            raise UsageError(f"{{lr}} must be a positive number, got {self.lr}", "lr")
+        if not 0 < self.lr <= 100:
+            raise UsageError(f"{{lr}} must be in (0, 100], got {self.lr:g}", "lr")
         if not (0 <= self.compute_ms <= 1e4 and 0 <= self.jitter <= 1e3):
             raise UsageError("{compute_ms} must be in [0, 10000] and {jitter} in [0, 1000]", "compute_ms")
         lo, hi = TIMEOUT_RANGE

@@ -139,10 +139,12 @@ def load_topology(name_or_file: str) -> Topology:
     except TypeError as e:
         raise UsageError(f"{{topology}}: {name_or_file}: {e}",
                          "topology") from None
-    for k in ("alpha", "beta", "gamma", "alpha_inter", "beta_inter", "node_bandwidth"):
+    for k, hi, what in (("alpha", 1, "seconds"), ("alpha_inter", 1, "seconds"), ("beta", 1, "seconds per byte"),
+                        ("gamma", 1, "seconds per byte"), ("beta_inter", 1, "seconds per byte"),
+                        ("node_bandwidth", 1e15, "bytes per second")):
         v = getattr(topo, k)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e6:
-            raise UsageError(f"{{topology}}: {name_or_file}: {k} must be a number >= 0, got {v!r}",
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= hi:
+            raise UsageError(f"{{topology}}: {name_or_file}: {k} must be {what} in 0..{hi:g}, got {v!r}",
                              "topology")
     for k in ("name", "description"):
         if not isinstance(getattr(topo, k), str):

@@ -114,6 +114,9 @@ ACTIVATIONS = ("gelu", "gelu_10", "gelu_fast", "gelu_new", "gelu_python", "gelu_
                "swish", "tanh", "prelu", "xielu", "gegelu", "swiglu", "silu_and_mul")
 
 
+TORCH_DTYPES = ("float32", "float16", "bfloat16", "float64", "float8_e4m3fn", "float8_e5m2", "int8", "auto")
+
+
 def _check_common(r: "_Reader") -> None:
     """Keys every config.json has that the planner does not model: still of the right type and range (and
     still listed as not modelled)."""
@@ -122,8 +125,10 @@ def _check_common(r: "_Reader") -> None:
         raise r.bad("architectures", "a list of class names", arch)
     for k in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps", "initializer_range"):
         r.number(k, lo=0, hi=1, open_lo=True, use=False)
-    for k in ("torch_dtype", "transformers_version"):
-        r.str(k, use=False)
+    r.str("transformers_version", use=False)
+    dtype = r.str("torch_dtype", use=False)
+    if dtype is not None and dtype not in TORCH_DTYPES:
+        raise r.bad("torch_dtype", f"a torch dtype's name ({', '.join(TORCH_DTYPES)})", dtype)
     r.bool("use_cache", use=False)
     for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
         v = r.cfg.get(k)

@@ -143,9 +143,13 @@ def load_hardware(name_or_file: str, efficiency: float | None = None) -> Hardwar
 
 # what a hardware file's numbers must be: (fields, test, the words for it)
 _RULES = (
+    (("peak_flops", "fp8_flops"), lambda v: 0 <= v <= 1e18, "a number in 0..1e18 FLOP/s (an exaflop per device)"),
     (("peak_flops", "memory_bytes", "hbm_bandwidth", "nvlink_bandwidth", "nic_bandwidth"), lambda v: v > 0,
      "a number > 0"),
-    (("alpha_intra", "alpha_inter", "elementwise_passes", "fp8_flops"), lambda v: v >= 0, "a number >= 0"),
+    (("memory_bytes", "hbm_bandwidth", "nvlink_bandwidth", "nic_bandwidth"), lambda v: v <= 1e15,
+     "at most 1e15 (a petabyte, or a petabyte per second)"),
+    (("alpha_intra", "alpha_inter"), lambda v: 0 <= v <= 1, "a number of seconds in 0..1"),
+    (("elementwise_passes",), lambda v: 0 <= v <= 1e3, "a number in 0..1000"),
     (("gemm_efficiency", "attention_efficiency"), lambda v: 0 < v <= 1, "a number in (0, 1]"),
     (("fp8_gemm_efficiency",), lambda v: 0 <= v <= 1, "a number in [0, 1] (0: as gemm_efficiency)"),
 )

@@ -62,15 +62,16 @@ def load(path: str, context: int, vocab: int, seed: int = 0) -> tuple[list, list
             p, o, t = d["prompt_len"], d["output_len"], d["arrival_s"]
             if not all(isinstance(v, int) and not isinstance(v, bool) for v in (p, o)) or p < 1 or o < 1:
                 raise ValueError("prompt_len and output_len must be integers >= 1")
-            if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
-                raise ValueError("arrival_s must be a finite number >= 0")
+            if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or not 0 <= t <= 1e9:
+                raise ValueError("arrival_s must be a number of seconds in 0..1e9")
             if p > 1 << 20:
                 raise ValueError(f"prompt_len {p} is absurd")
             prompt = d.get("prompt")
             if prompt is None:
                 prompt = [int(x) for x in rng.integers(0, vocab, p)]
-            elif not (isinstance(prompt, list) and len(prompt) == p and all(isinstance(x, int) for x in prompt)):
-                raise ValueError("prompt must be a list of prompt_len token ids")
+            elif not (isinstance(prompt, list) and len(prompt) == p
+                      and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < vocab for x in prompt)):
+                raise ValueError(f"prompt must be a list of prompt_len token ids in 0..{vocab - 1}")
         except (ValueError, KeyError, TypeError, RecursionError) as e:
             bad.append((k, f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e)))
             continue
