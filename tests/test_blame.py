@@ -34,8 +34,8 @@ def _train(tp, pp, dp, faults, backend="local"):
 
 
 @pytest.mark.parametrize("tp, pp, dp, victim, at", [
-    (2, 2, 1, 0, 3), (2, 2, 1, 1, 15), (2, 2, 1, 3, 30),        # tp2·pp2: the layout that blamed the wrong rank
-    (1, 2, 2, 2, 7), (2, 1, 2, 1, 9),
+    (2, 2, 1, 0, 3), (2, 2, 1, 3, 30),                          # tp2·pp2: the layout that blamed the wrong rank
+    (1, 2, 2, 2, 7),
 ])
 def test_a_stopped_rank_is_the_root_cause_within_timeout_plus_one_second(tp, pp, dp, victim, at):
     err, elapsed = _train(tp, pp, dp, [Fault("stop", rank=victim, at_op=at)])

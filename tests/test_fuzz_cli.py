@@ -52,7 +52,7 @@ def test_every_config_field_ends_clean_on_hostile_values(case, value, scratch, m
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("case", range(fuzz.MISMATCHES))
+@pytest.mark.parametrize("case", [0, 5, 6, 8])        # the rest are test_desync's and test_blame's cases
 def test_ranks_that_disagree_never_pass_silently(case):
     cls, detail = fuzz.run_mismatch(case, 3, "local", timeout=1.0)
     assert cls == "clean", detail

@@ -182,7 +182,7 @@ def test_cli_morph_reshard_json_and_bad_input(capsys):
         assert len(err) == 1 and words in err[0]
 
 
-def _controller(world, steps, segment, scenario, compute_ms=30.0, inter_mbps=50.0, checkpoint_every=20):
+def _controller(world, steps, segment, scenario, compute_ms=10.0, inter_mbps=50.0, checkpoint_every=20):
     from netmorph.morph.controller import Trainer, calibrate, parse_scenario, run_adaptive, run_static
     model = GPTConfig(layers=4, hidden=32, heads=4, seq=16, vocab=64)
     trainer = Trainer(model, 8, world, 60.0, compute_ms, inter_mbps, checkpoint_every)
@@ -196,7 +196,7 @@ def _controller(world, steps, segment, scenario, compute_ms=30.0, inter_mbps=50.
 @pytest.mark.timeout(300)
 def test_controller_holds_still_when_nothing_changes():
     """Measurement noise alone (the same cluster throughout) never moves the split."""
-    cal, start, adaptive, _ = _controller(4, 24, 4, "none")
+    cal, start, adaptive, _ = _controller(4, 16, 4, "none", compute_ms=30.0)
     assert adaptive.decisions == [] and adaptive.layout_path == [(0, start.label())]
 
 
@@ -205,7 +205,7 @@ def test_controller_moves_off_a_degraded_link_and_wins():
     """The inter-node link 20x slower from step 4: data parallelism across the nodes starts first (fastest on the
     healthy cluster), the loop moves to a pipeline split whose stages talk across it in kilobytes, and the run
     ends sooner than staying put; the losses are the ones the start split gives (the same data, resharded state)."""
-    cal, start, adaptive, static = _controller(4, 24, 4, "link-degrades@4x20")
+    cal, start, adaptive, static = _controller(4, 16, 4, "link-degrades@4x20")
     assert start.pp == 1 and cal.inter_bytes[start, 16] > 10 * min(cal.inter_bytes.values())
     assert len(adaptive.decisions) == 1 and adaptive.decisions[0].after != start.label()
     assert adaptive.total_s < static.total_s

@@ -94,8 +94,8 @@ def build_section(out_dir, tick=lambda: None) -> Section:
     from netmorph.morph.reshard import plan
 
     model = GPTConfig(layers=4, hidden=32, heads=4, seq=16, vocab=64)
-    world, batch, steps, segment = 8, 8, 36, 6
-    scenario = parse_scenario("link-degrades@12")
+    world, batch, steps, segment = 8, 8, 24, 4
+    scenario = parse_scenario("link-degrades@8")
     trainer = Trainer(model, batch, world)
     cal = calibrate(trainer, scenario, steps, steps=3, max_tp=1)
     tick()
