@@ -127,7 +127,7 @@ and the measured time of each schedule is set against the event simulation's pre
 (the fabric lets a rank receive from several peers at once, which is why <code>two_shot</code> beats its prediction).</p>
 <table><tr><th>algorithm</th><th>size</th><th>predicted (ms)</th><th>measured (ms)</th><th>error</th></tr>
 {rows_html}</table>
-<p>Reproduce: <code>netmorph bench allreduce --world 4 --bytes 16MiB</code>; <code>python benchmarks/fabric.py</code>.</p>
+<p>Reproduce: <code>netmorph bench allreduce --world 4 -b 16M -e 16M</code>; <code>python benchmarks/fabric.py</code>.</p>
 """
     summary = [f"{fmt_bytes(SIZES[-1])} all-reduce busbw, " + ratio_txt,
                f"emulated {LAB.name}: measured vs predicted, mean |error| {100 * float(np.mean(err)):.0f}% "
