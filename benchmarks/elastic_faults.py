@@ -20,19 +20,7 @@ import subprocess
 import sys
 import time
 
-
-def _ranks(pid: int) -> list[int]:
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as fh:
-                    fields = fh.read().rsplit(")", 1)[1].split()
-                if int(fields[1]) == pid and fields[0] != "Z":
-                    out.append(int(d))
-            except (OSError, IndexError):
-                pass
-    return sorted(out)
+from netmorph.runtime.transport.blame import child_pids
 
 
 def elastic(*flags, stop_after: float | None = None, victim: int = 1):
@@ -43,10 +31,10 @@ def elastic(*flags, stop_after: float | None = None, victim: int = 1):
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if stop_after is not None:
         deadline = time.monotonic() + 60
-        while len(_ranks(p.pid)) < 4 and time.monotonic() < deadline and p.poll() is None:
+        while len(child_pids(p.pid)) < 4 and time.monotonic() < deadline and p.poll() is None:
             time.sleep(0.02)
         time.sleep(stop_after)
-        ranks = _ranks(p.pid)
+        ranks = child_pids(p.pid)
         if len(ranks) == 4:
             os.kill(ranks[victim], signal.SIGSTOP)
     out, err = p.communicate(timeout=300)

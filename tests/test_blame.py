@@ -51,20 +51,6 @@ def test_a_hung_rank_on_the_torch_backend_is_named_through_the_store():
     assert err.root.rank == 3 and "SIGSTOP" in err.root.describe(), str(err)
 
 
-def _rank_pids(pid):
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as fh:
-                    fields = fh.read().rsplit(")", 1)[1].split()
-                if int(fields[1]) == pid and fields[0] != "Z":
-                    out.append(int(d))
-            except (OSError, IndexError):
-                pass
-    return sorted(out)
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads Linux's /proc")
 def test_kill_stop_from_outside_names_the_stopped_rank_from_the_command_line():
     proc = subprocess.Popen([sys.executable, "-m", "netmorph", "train", "--tp", "2", "--pp", "2", "--steps",
@@ -73,10 +59,10 @@ def test_kill_stop_from_outside_names_the_stopped_rank_from_the_command_line():
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 60
-        while len(_rank_pids(proc.pid)) < 4 and time.time() < deadline:
+        while len(blame.child_pids(proc.pid)) < 4 and time.time() < deadline:
             time.sleep(0.05)
         time.sleep(1.0)                                  # mid-run: in a collective, a send or a compute slot
-        pids = _rank_pids(proc.pid)
+        pids = blame.child_pids(proc.pid)
         victim = pids[2]
         os.kill(victim, signal.SIGSTOP)
         t0 = time.monotonic()

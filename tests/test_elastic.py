@@ -305,28 +305,17 @@ def test_two_killed_in_one_step_below_the_minimum_is_a_membership_error():
 def test_a_worker_stopped_from_outside_is_ejected_and_the_run_finishes():
     import subprocess
     import sys
+
+    from netmorph.runtime.transport.blame import child_pids
     proc = subprocess.Popen([sys.executable, "-m", "netmorph", "elastic", "--workers", "4", "--steps", "1500",
                              "--timeout", "1", "--check"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
-    while time.time() < deadline and len(_kids(proc.pid)) < 4:
+    while time.time() < deadline and len(child_pids(proc.pid)) < 4:
         time.sleep(0.02)
     time.sleep(0.3)
-    victim = _kids(proc.pid)[2]
+    victim = child_pids(proc.pid)[2]
     os.kill(victim, signal.SIGSTOP)                 # frozen wherever it is: not the --hang flag's own SIGSTOP
     out, err = proc.communicate(timeout=80)
     assert proc.returncode == 0, err[-2000:]
     assert "hang rank 2" in out and "✓" in out, out
 
-
-def _kids(pid):
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as fh:
-                    fields = fh.read().rsplit(")", 1)[1].split()
-                if int(fields[1]) == pid and fields[0] != "Z":
-                    out.append(int(d))
-            except (OSError, IndexError):
-                pass
-    return sorted(out)

@@ -13,22 +13,13 @@ import pytest
 
 from netmorph.runtime import Fault
 from netmorph.runtime.launch import LaunchError, launch
+from netmorph.runtime.transport.blame import child_pids
 
 pytestmark = pytest.mark.timeout(90)
 
 
 def _children_of(pid):
-    kids = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as fh:
-                    fields = fh.read().rsplit(")", 1)[1].split()
-                if int(fields[1]) == pid and fields[0] != "Z":
-                    kids.append(int(d))
-            except (OSError, IndexError):
-                pass
-    return kids
+    return child_pids(pid)
 
 
 @pytest.fixture

@@ -22,6 +22,8 @@ rank that times out follows the chain from the peer it waited for:
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from netmorph.runtime.transport.errors import FabricError, PeerTimeout
@@ -74,6 +76,26 @@ def process_state(pid: int) -> str:
         return ""
 
 
+def child_pids(pid: int) -> list[int]:
+    """The live (not zombie) children of ``pid``, as Linux's /proc shows them: a launch's ranks, for a
+    tool or a test that stops or kills one from outside. [] where /proc cannot be read."""
+    out = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return out
+    for d in entries:
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+                if int(fields[1]) == pid and fields[0] != "Z":
+                    out.append(int(d))
+            except (OSError, IndexError, ValueError):
+                pass
+    return sorted(out)
+
+
 def why_silent(state: str) -> str:
     """Words for a silent rank from its process state (``"returned"``: its function returned)."""
     if state == "returned":
@@ -119,4 +141,4 @@ def walk(me: int, mine: Waiting, seconds: float, wait_of, state_of=lambda r: "")
                        why=why_silent(state_of(root)) if root >= 0 else "none of them sent anything")
 
 
-__all__ = ["Deadlock", "Waiting", "walk", "process_state", "why_silent", "WHAT"]
+__all__ = ["Deadlock", "Waiting", "walk", "process_state", "child_pids", "why_silent", "WHAT"]
