@@ -398,12 +398,13 @@ def _unreceived(fabric, trails, procs) -> list[RankFailure]:
 
 
 def _order(failures: list[RankFailure]) -> list[RankFailure]:
-    """Root cause first: real failures by time, then hung ranks, then those that only lost a peer."""
+    """Root cause first: real failures and silent ranks by the time they were found (a rank its peers found
+    silent before another diagnosis came in is that diagnosis' cause; one the launcher terminated after a
+    real failure is found later), then those that only lost a peer."""
     def key(f):
-        hung = f.message.startswith("stopped answering")
         # a rank that only read a mismatch another rank published: after the one that detected it
         echo = f.exc_type == "CollectiveMismatch" and f"rank {f.rank} is in" not in f.message
-        return (f.consequence, hung, echo, f.when, f.rank)
+        return (f.consequence, echo, f.when, f.rank)
     fs = sorted(failures, key=key)
     if fs and fs[0].consequence:
         # everyone only saw a lost peer: the most-blamed rank is the root cause

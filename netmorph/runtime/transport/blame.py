@@ -23,6 +23,7 @@ rank that times out follows the chain from the peer it waited for:
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 
@@ -96,28 +97,45 @@ def child_pids(pid: int) -> list[int]:
     return sorted(out)
 
 
+# process states of a rank whose posted wait is stale: stopped, exited (a zombie, or gone: "gone"), returned
+SILENT = ("T", "t", "Z", "X", "gone", "returned")
+
+
 def why_silent(state: str) -> str:
-    """Words for a silent rank from its process state (``"returned"``: its function returned)."""
+    """Words for a silent rank from its process state (``"returned"``: its function returned; ``"gone"``:
+    no such process any more)."""
     if state == "returned":
         return "it returned from its function without sending what its peers wait for"
     if state == "T" or state == "t":
         return "its process is stopped (SIGSTOP)"
-    if state == "Z" or state == "X":
+    if state in ("Z", "X", "gone"):
         return "its process has exited"
     return "it is in no communication call: hung, or far slower than its peers"
 
 
-def walk(me: int, mine: Waiting, seconds: float, wait_of, state_of=lambda r: "") -> FabricError:
+def walk(me: int, mine: Waiting, seconds: float, wait_of, state_of=lambda r: "", settle: float = 0.0,
+         stopped=lambda: ()) -> FabricError:
     """The error rank ``me`` raises when its wait ``mine`` timed out after ``seconds``.
 
     ``wait_of(rank)``: that rank's :class:`Waiting`, or None when it is in no communication call (or
     cannot say); ``state_of(rank)``: its process's :func:`process_state` (a stopped rank's posted
-    wait is stale: it is the silent one, whatever it last said)."""
+    wait is stale: it is the silent one, whatever it last said). A rank the chain reaches between two
+    calls (running: on a busy machine it may be slow to get to its next wait) is given up to ``settle``
+    seconds, over the whole walk, to post one. ``stopped()``: the ranks whose processes are stopped --
+    when the chain ends at a rank that is running, one of those is the cause, not it."""
     chain = [(me, mine)]
     seen = {me}
     peer = mine.peer
+    deadline = time.monotonic() + settle
+
+    def silent(r):                                        # its posted wait (if any) no longer means anything
+        return state_of(r) in SILENT
+
     while peer >= 0:
-        theirs = None if state_of(peer) in ("T", "t") else wait_of(peer)
+        theirs = None if silent(peer) else wait_of(peer)
+        while theirs is None and not silent(peer) and time.monotonic() < deadline:
+            time.sleep(0.01)
+            theirs = wait_of(peer)
         if theirs is None:
             break                                         # the end of the chain: the silent rank
         prev_rank, prev = chain[-1]
@@ -137,6 +155,11 @@ def walk(me: int, mine: Waiting, seconds: float, wait_of, state_of=lambda r: "")
     if len(chain) > 1:
         hops = ", ".join(f"rank {r} waits for rank {w.peer} in {_call(w)}" for r, w in chain[1:])
         via = f"; {hops}"
+    if root >= 0 and not silent(root):
+        frozen = [r for r in stopped() if r != me]
+        if frozen:                                        # the chain ends at a rank still running: a stopped
+            via += f"; rank {root} is running, but rank {frozen[0]}'s process is stopped"    # one is the cause
+            root = frozen[0]
     return PeerTimeout(root, seconds, WHAT[mine.what], waited_for=mine.peer, via=via,
                        why=why_silent(state_of(root)) if root >= 0 else "none of them sent anything")
 

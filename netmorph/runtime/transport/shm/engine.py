@@ -155,11 +155,17 @@ class ProgressEngine:
 
         def state_of(r):
             state, *_, pid = f.wait_of(r)
-            return "returned" if state == RETURNED else blame.process_state(pid)
+            if state == RETURNED:
+                return "returned"
+            return blame.process_state(pid) or ("gone" if pid > 0 and blame.process_state(os.getpid()) else "")
 
         if peer < 0 and blame_as is not None:
             return PeerTimeout(-1, self.timeout, blame_as[1])
-        err = blame.walk(self.rank, Waiting(fp, peer, what), self.timeout, wait_of, state_of)
+        def stopped():
+            return [r for r in range(f.world) if blame.process_state(f.wait_of(r)[4]) in ("T", "t")]
+
+        err = blame.walk(self.rank, Waiting(fp, peer, what), self.timeout, wait_of, state_of,
+                         settle=min(0.5, self.timeout / 4), stopped=stopped)
         if isinstance(err, CollectiveMismatch):
             f.report_mismatch(err)
         return err
