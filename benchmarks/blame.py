@@ -11,15 +11,13 @@ machine that may be busy, not in the unit tests.
 from __future__ import annotations
 
 import argparse
-import os
 import random
-import signal
 import statistics
 import subprocess
 import sys
 import time
 
-from netmorph.runtime.transport.blame import child_pids
+from netmorph.runtime.transport.blame import stop_rank
 
 LAYOUTS = [("tp2·pp2", ["--tp", "2", "--pp", "2"]), ("pp2·dp2", ["--pp", "2", "--dp", "2"]),
            ("tp2·dp2", ["--tp", "2", "--dp", "2"]), ("pp4", ["--pp", "4"]), ("dp4", ["--dp", "4"]),
@@ -36,13 +34,9 @@ def one(flags, timeout: float, rng: random.Random):
         world = 1
         for size in flags[1::2]:
             world *= int(size)
-        deadline = time.monotonic() + 60
-        while len(child_pids(proc.pid)) < world and time.monotonic() < deadline:
-            time.sleep(0.02)
-        time.sleep(0.5 + rng.random())
-        ranks = child_pids(proc.pid)
-        victim = rng.randrange(len(ranks))
-        os.kill(ranks[victim], signal.SIGSTOP)
+        after = 0.5 + rng.random()                   # drawn in this order: --seed reproduces earlier runs
+        victim = rng.randrange(world)
+        pid = stop_rank(proc.pid, world, victim, after=after)
         t0 = time.monotonic()
         _, err = proc.communicate(timeout=120)
         took = time.monotonic() - t0
@@ -50,8 +44,8 @@ def one(flags, timeout: float, rng: random.Random):
         if proc.poll() is None:
             proc.kill()
     first = err.splitlines()[0] if err else ""
-    return f"root cause: rank {victim} (pid {ranks[victim]}): stopped answering (its process is stopped" in first, \
-        took, first
+    return pid is not None and f"root cause: rank {victim} (pid {pid}): stopped answering (its process is stopped" \
+        in first, took, first
 
 
 def main() -> int:

@@ -14,13 +14,11 @@
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import subprocess
 import sys
 import time
 
-from netmorph.runtime.transport.blame import child_pids
+from netmorph.runtime.transport.blame import stop_rank
 
 
 def elastic(*flags, stop_after: float | None = None, victim: int = 1):
@@ -30,13 +28,7 @@ def elastic(*flags, stop_after: float | None = None, victim: int = 1):
     t0 = time.monotonic()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if stop_after is not None:
-        deadline = time.monotonic() + 60
-        while len(child_pids(p.pid)) < 4 and time.monotonic() < deadline and p.poll() is None:
-            time.sleep(0.02)
-        time.sleep(stop_after)
-        ranks = child_pids(p.pid)
-        if len(ranks) == 4:
-            os.kill(ranks[victim], signal.SIGSTOP)
+        stop_rank(p.pid, 4, victim, after=stop_after)
     out, err = p.communicate(timeout=300)
     return p.returncode, out, err, time.monotonic() - t0
 

@@ -4,7 +4,6 @@ broadcast from their own rank are a mismatch, not silence. (Before: a tp2·pp2 r
 rank as a CollectiveMismatch 7 times out of 7, two timeouts after the stop; the broadcasts passed.)"""
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -59,13 +58,8 @@ def test_kill_stop_from_outside_names_the_stopped_rank_from_the_command_line():
                              "--heads", "2", "--seq", "8", "--vocab", "32"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 60
-        while len(blame.child_pids(proc.pid)) < 4 and time.time() < deadline:
-            time.sleep(0.05)
-        time.sleep(1.0)                                  # mid-run: in a collective, a send or a compute slot
-        pids = blame.child_pids(proc.pid)
-        victim = pids[2]
-        os.kill(victim, signal.SIGSTOP)
+        victim = blame.stop_rank(proc.pid, 4, 2, after=1.0)   # mid-run: in a collective, a send or a compute slot
+        assert victim is not None, "the four ranks never came up"
         t0 = time.monotonic()
         _, err = proc.communicate(timeout=60)
         elapsed = time.monotonic() - t0

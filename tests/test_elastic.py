@@ -306,15 +306,11 @@ def test_a_worker_stopped_from_outside_is_ejected_and_the_run_finishes():
     import subprocess
     import sys
 
-    from netmorph.runtime.transport.blame import child_pids
+    from netmorph.runtime.transport.blame import stop_rank
     proc = subprocess.Popen([sys.executable, "-m", "netmorph", "elastic", "--workers", "4", "--steps", "1500",
                              "--timeout", "1", "--check"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while time.time() < deadline and len(child_pids(proc.pid)) < 4:
-        time.sleep(0.02)
-    time.sleep(0.3)
-    victim = child_pids(proc.pid)[2]
-    os.kill(victim, signal.SIGSTOP)                 # frozen wherever it is: not the --hang flag's own SIGSTOP
+    # frozen wherever it is: not the --hang flag's own SIGSTOP
+    assert stop_rank(proc.pid, 4, 2, after=0.3) is not None, "the four workers never came up"
     out, err = proc.communicate(timeout=80)
     assert proc.returncode == 0, err[-2000:]
     assert "hang rank 2" in out and "✓" in out, out

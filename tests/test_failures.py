@@ -18,10 +18,6 @@ from netmorph.runtime.transport.blame import child_pids
 pytestmark = pytest.mark.timeout(90)
 
 
-def _children_of(pid):
-    return child_pids(pid)
-
-
 @pytest.fixture
 def no_leaks(tmp_path, monkeypatch):
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
@@ -30,9 +26,9 @@ def no_leaks(tmp_path, monkeypatch):
     stores = [d for d in os.listdir(tmp_path) if d.startswith("netmorph-store-")]
     assert stores == [], "the torch backend's rendezvous directory was left behind"
     deadline = time.time() + 5
-    while _children_of(os.getpid()) and time.time() < deadline:
+    while child_pids(os.getpid()) and time.time() < deadline:
         time.sleep(0.05)
-    assert _children_of(os.getpid()) == [], "child processes outlived launch()"
+    assert child_pids(os.getpid()) == [], "child processes outlived launch()"
     if os.path.isdir("/dev/shm"):
         assert set(os.listdir("/dev/shm")) - shm_before == set(), "shared memory segment left behind"
 
@@ -261,9 +257,9 @@ def test_sigterm_stops_every_rank_removes_the_store_and_exits_143(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 30
     while time.time() < deadline and not (any(n.startswith("netmorph-store-") for n in os.listdir(tmp_path))
-                                          and len(_children_of(proc.pid)) == 2):
+                                          and len(child_pids(proc.pid)) == 2):
         time.sleep(0.05)
-    ranks = _children_of(proc.pid)
+    ranks = child_pids(proc.pid)
     assert len(ranks) == 2
     time.sleep(1.0)
     proc.send_signal(signal.SIGTERM)

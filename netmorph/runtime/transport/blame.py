@@ -23,6 +23,7 @@ rank that times out follows the chain from the peer it waited for:
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import numpy as np
@@ -65,36 +66,52 @@ def _call(w: Waiting) -> str:
     return text
 
 
+def _stat(pid) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command name (state, parent pid, ...), or [] where it
+    cannot be read (not Linux, gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def process_state(pid: int) -> str:
     """The kernel's one-letter state of ``pid`` (``R`` running, ``S`` sleeping, ``T`` stopped, ``Z``
     zombie), or ``""`` where it cannot be read (not Linux, gone)."""
-    if pid <= 0:
-        return ""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
+    fields = _stat(pid) if pid > 0 else []
+    return fields[0] if fields else ""
 
 
 def child_pids(pid: int) -> list[int]:
     """The live (not zombie) children of ``pid``, as Linux's /proc shows them: a launch's ranks, for a
     tool or a test that stops or kills one from outside. [] where /proc cannot be read."""
-    out = []
     try:
-        entries = os.listdir("/proc")
+        entries = [d for d in os.listdir("/proc") if d.isdigit()]
     except OSError:
-        return out
+        return []
+    out = []
     for d in entries:
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as fh:
-                    fields = fh.read().rsplit(")", 1)[1].split()
-                if int(fields[1]) == pid and fields[0] != "Z":
-                    out.append(int(d))
-            except (OSError, IndexError, ValueError):
-                pass
+        fields = _stat(d)
+        if len(fields) > 1 and fields[1] == str(pid) and fields[0] != "Z":
+            out.append(int(d))
     return sorted(out)
+
+
+def stop_rank(pid: int, world: int, index: int, after: float, wait: float = 60.0) -> int | None:
+    """``kill -STOP`` one rank of a running launch from outside, as a user or a debugger would: once all
+    ``world`` ranks of the launcher ``pid`` are up (at most ``wait`` seconds), ``after`` seconds later,
+    the rank ``index`` of them in pid order. Its pid, or None when they never all came up (the launcher
+    exited, or /proc cannot be read)."""
+    deadline = time.monotonic() + wait
+    while len(child_pids(pid)) < world and process_state(pid) not in ("", "Z") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(after)
+    ranks = child_pids(pid)
+    if len(ranks) < world:
+        return None
+    os.kill(ranks[index], signal.SIGSTOP)
+    return ranks[index]
 
 
 # process states of a rank whose posted wait is stale: stopped, exited (a zombie, or gone: "gone"), returned
@@ -164,4 +181,4 @@ def walk(me: int, mine: Waiting, seconds: float, wait_of, state_of=lambda r: "",
                        why=why_silent(state_of(root)) if root >= 0 else "none of them sent anything")
 
 
-__all__ = ["Deadlock", "Waiting", "walk", "process_state", "child_pids", "why_silent", "WHAT"]
+__all__ = ["Deadlock", "Waiting", "walk", "process_state", "child_pids", "stop_rank", "why_silent", "WHAT"]
