@@ -182,32 +182,32 @@ class Channels:
         """The (offset, length) pairs of a descriptor piece, its header checked first."""
         return self.open(st, self.f.slot(ch, k)[:nb]).view(np.int64).reshape(-1, 2)
 
-    def head_descriptor(self, st: InStream):
-        """(channel, slot, nbytes) when the next piece from ``st.peer`` is a visible descriptor;
-        None when nothing is visible yet; () when it is plain data."""
-        f = self.f
-        ch = f.channel(st.peer, self.rank)
-        if f.posted[ch] <= f.consumed[ch]:
-            return None
-        k = int(f.consumed[ch] % f.K)
-        i = ch * f.K + k
-        if not self.clock.visible(f.not_before, i):
-            return None
-        nb = int(f.piece_bytes[i])
-        return (ch, k, -nb) if nb < 0 else ()
-
-    def peek_header(self, src: int):
-        """The fingerprint words leading the next piece from ``src`` when one is visible (it starts a
-        message when no receive from ``src`` is in progress), else None."""
+    def _next_visible(self, src: int):
+        """(channel, slot, piece index) of the next piece from ``src`` when it is posted and visible
+        (emulated links hold a piece back until its arrival time), else None."""
         f = self.f
         ch = f.channel(src, self.rank)
         if f.posted[ch] <= f.consumed[ch]:
             return None
         k = int(f.consumed[ch] % f.K)
         i = ch * f.K + k
-        if not self.clock.visible(f.not_before, i) or abs(int(f.piece_bytes[i])) < H:
+        return (ch, k, i) if self.clock.visible(f.not_before, i) else None
+
+    def head_descriptor(self, st: InStream):
+        """(channel, slot, nbytes) when the next piece from ``st.peer`` is a visible descriptor;
+        None when nothing is visible yet; () when it is plain data."""
+        nxt = self._next_visible(st.peer)
+        if nxt is None:
             return None
-        return f.slot(ch, k)[:H].view(np.int64).copy()
+        ch, k, i = nxt
+        nb = int(self.f.piece_bytes[i])
+        return (ch, k, -nb) if nb < 0 else ()
+
+    def peek_header(self, src: int):
+        """The fingerprint words leading the next piece from ``src`` when one is visible (it starts a
+        message when no receive from ``src`` is in progress), else None."""
+        nxt = self._next_visible(src)
+        return None if nxt is None else self.f.head(nxt[0], nxt[1])
 
     def has_message(self, src: int) -> bool:
         ch = self.f.channel(src, self.rank)

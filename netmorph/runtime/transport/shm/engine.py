@@ -118,7 +118,7 @@ class ProgressEngine:
                 if spins < self.spins:
                     continue
                 if not fresh:                     # going to sleep: say on the board what we wait for
-                    self.f.post_wait(self.rank, self.f.wait_row(*self._waiting(streams, blame_as)))
+                    self.f.post_wait(self.rank, *self._waiting(streams, blame_as))
                     on_board = fresh = True
                     self._unreceived()
                 self._check()
@@ -147,6 +147,8 @@ class ProgressEngine:
     def _diagnose(self, streams, blame_as):
         """The error for a wait that timed out: walk the wait board from the peer we waited for."""
         peer, what, fp = self._waiting(streams, blame_as)
+        if peer < 0 and blame_as is not None:
+            return PeerTimeout(-1, self.timeout, blame_as[1])
         f = self.f
 
         def wait_of(r):
@@ -159,8 +161,6 @@ class ProgressEngine:
                 return "returned"
             return blame.process_state(pid) or ("gone" if pid > 0 and blame.process_state(os.getpid()) else "")
 
-        if peer < 0 and blame_as is not None:
-            return PeerTimeout(-1, self.timeout, blame_as[1])
         def stopped():
             return [r for r in range(f.world) if blame.process_state(f.wait_of(r)[4]) in ("T", "t")]
 

@@ -32,6 +32,7 @@ import sys
 
 import numpy as np
 
+from netmorph.runtime.transport.fingerprint import HEADER_BYTES
 from netmorph.runtime.transport.shm.futex import Futex
 
 _HDR = 32
@@ -134,11 +135,16 @@ class ShmFabric:
             return out
         for ch in np.flatnonzero(self.posted > self.consumed).tolist():
             src, dst = divmod(ch, self.world)
-            i = ch * self.K + int(self.consumed[ch] % self.K)
-            head = self.slot(ch, i % self.K)[:64].view(np.int64).copy() if abs(int(self.piece_bytes[i])) >= 64 \
-                else None
-            out.append((src, dst, head))
+            out.append((src, dst, self.head(ch, int(self.consumed[ch] % self.K))))
         return out
+
+    def head(self, channel: int, k: int):
+        """The fingerprint words leading the piece in slot ``k`` of ``channel`` when it is long enough to
+        carry them (a message's first piece: :data:`~netmorph.runtime.transport.fingerprint.HEADER_BYTES`),
+        else None."""
+        if abs(int(self.piece_bytes[channel * self.K + k])) < HEADER_BYTES:
+            return None
+        return self.slot(channel, k)[:HEADER_BYTES].view(np.int64).copy()
 
     def close(self) -> None:
         """Drop this process's mapping (the kernel frees it when the last holder is gone)."""
@@ -186,18 +192,16 @@ class ShmFabric:
         mine = None if self.hdr[8] < 0 else self.hdr[8:16].copy()
         return int(self.hdr[6]), int(self.hdr[7]), mine, self.hdr[16:24].copy(), bool(self.hdr[24])
 
-    def post_wait(self, rank: int, row: np.ndarray) -> None:
-        """Say what ``rank`` waits for (a row built by :meth:`wait_row`), for a peer that times out."""
-        self.waits[rank, :11] = row
-
-    def wait_row(self, peer: int, what: int, fp) -> np.ndarray:
+    def post_wait(self, rank: int, peer: int, what: int, fp) -> None:
+        """Say what ``rank`` waits for, for a peer that times out: ``peer`` (-1: any), ``what`` (an index
+        into :data:`netmorph.runtime.transport.blame.WHAT`) and its call's fingerprint (None: none)."""
         row = np.zeros(11, np.int64)
         row[0], row[1], row[2] = WAITING, peer, what
         if fp is not None:
             row[3:11] = fp
         else:
             row[3] = -1                            # no fingerprint (op words are never negative)
-        return row
+        self.waits[rank, :11] = row
 
     def set_state(self, rank: int, state: int, pid: int | None = None) -> None:
         self.waits[rank, 0] = state
