@@ -35,6 +35,7 @@ import numpy as np
 
 from netmorph.collectives import ALGORITHMS
 from netmorph.runtime.transport.errors import FabricError
+from netmorph.units import numpy_dtype
 
 HEADER_BYTES = 64
 WORDS = HEADER_BYTES // 8
@@ -90,11 +91,9 @@ def dtype_code(dtype) -> int:
     try:
         dt = np.dtype(dtype)
     except TypeError:                                  # a torch dtype: torch.float16 -> "float16"
-        dt = None
-    name = dt.name if dt is not None else str(dtype).replace("torch.", "")
-    if name == "bfloat16":                             # torch's, or ml_dtypes' numpy type (kind V)
+        dt = numpy_dtype(str(dtype).replace("torch.", ""))
+    if dt.name == "bfloat16":                          # ml_dtypes' numpy type is kind V: name it apart
         return ord("B") | 2 << 8
-    dt = dt if dt is not None else np.dtype(name)
     return ord(dt.kind) | dt.itemsize << 8
 
 

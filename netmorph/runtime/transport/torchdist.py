@@ -228,9 +228,15 @@ class TorchTransport:
             self._publish(e)
             raise
         except RuntimeError as e:
-            if not _TRANSPORT_ERROR.search(str(e)):
-                raise                          # torch refused the call itself (a type gloo lacks, ...)
-            raise self.failure(peer, e) from None
+            self._raise(peer, e)
+
+    def _raise(self, peer: int, e: RuntimeError):
+        """Raise a torch.distributed error from a call to ``peer``: the transport under it failing as the
+        classified netmorph error, kept (:meth:`failure`); torch refusing the call itself (a type gloo
+        lacks, ...) as it is."""
+        if not _TRANSPORT_ERROR.search(str(e)):
+            raise e
+        raise self.failure(peer, e) from None
 
     def _store(self):
         try:
@@ -334,9 +340,7 @@ class TorchTransport:
                     else:
                         works.append((peer, dist.irecv(to_torch(buf), peer)))
         except RuntimeError as e:
-            if not _TRANSPORT_ERROR.search(str(e)):
-                raise                          # torch refused the call itself (a type gloo lacks, ...)
-            raise self.failure(peer, e) from None
+            self._raise(peer, e)
         for peer, head, buf, w in heads:         # every header checked before any payload is received
             self.guard(peer, w.wait)
             self.guard(peer, lambda: fpr.check(fp, nbytes(buf), _host(head), self.rank, peer))
