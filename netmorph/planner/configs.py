@@ -33,16 +33,13 @@ ROPE_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "
                  "olmo2", "deepseek_v2", "deepseek_v3", "gpt_neox", "gptj", "falcon", "stablelm", "internlm2")
 
 
-def _first(cfg: dict, used: set, *keys, default=None):
-    for k in keys:
-        if k in cfg and cfg[k] is not None:
-            used.add(k)
-            return cfg[k]
-    return default
+def _whole(value, lo: int, hi: int) -> bool:
+    """A whole number in lo..hi (JSON's 4.0 counts; true does not)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and value == int(value) and lo <= value <= hi
 
 
 def _int(value, key: str, where: str, argument: str, lo: int = 1, hi: int = 1 << 30) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or not lo <= value <= hi:
+    if not _whole(value, lo, hi):
         raise UsageError(f"{{{argument}}} {where}: {key} must be a whole number in {lo}..{hi:,}, got {value!r}",
                          argument)
     return int(value)
@@ -64,48 +61,38 @@ class _Reader:
     def key(self, *keys):
         return next((k for k in keys if k in self.cfg and self.cfg[k] is not None), None)
 
-    def int(self, field, *keys, lo=1, hi=1 << 30, default=None):
+    def _take(self, keys, default, use: bool, ok, what: str):
+        """(the first of ``keys`` set, its value) -- refused unless ``ok(value)`` (``what`` it must be),
+        marked used with ``use`` -- or (None, ``default``) when none is set."""
         k = self.key(*keys)
         if k is None:
-            return default
-        self.used.add(k)
+            return None, default
+        if use:
+            self.used.add(k)
+        if not ok(self.cfg[k]):
+            raise self.bad(k, what, self.cfg[k])
+        return k, self.cfg[k]
+
+    def int(self, field, *keys, lo=1, hi=1 << 30, default=None):
+        k, v = self._take(keys, default, True, lambda v: _whole(v, lo, hi), f"a whole number in {lo}..{hi:,}")
+        if k is None:
+            return v
         if field:
             self.source[field] = k
-        return _int(self.cfg[k], k, self.where, self.argument, lo, hi)
+        return int(v)
 
     def number(self, *keys, lo=0.0, hi=float("inf"), default=None, open_lo=False, open_hi=False, use=True):
-        k = self.key(*keys)
-        if k is None:
-            return default
-        if use:
-            self.used.add(k)
-        v = self.cfg[k]
-        ok = (not isinstance(v, bool) and isinstance(v, (int, float)) and (lo < v if open_lo else lo <= v)
-              and (v < hi if open_hi else v <= hi))
-        if not ok:
-            span = f"{'(' if open_lo else '['}{lo:g}, {hi:g}{')' if open_hi else ']'}"
-            raise self.bad(k, f"a number in {span}", v)
-        return v
+        def ok(v):
+            return (not isinstance(v, bool) and isinstance(v, (int, float)) and (lo < v if open_lo else lo <= v)
+                    and (v < hi if open_hi else v <= hi))
+        span = f"{'(' if open_lo else '['}{lo:g}, {hi:g}{')' if open_hi else ']'}"
+        return self._take(keys, default, use, ok, f"a number in {span}")[1]
 
     def bool(self, *keys, default=None, use=True):
-        k = self.key(*keys)
-        if k is None:
-            return default
-        if use:
-            self.used.add(k)
-        if not isinstance(self.cfg[k], bool):
-            raise self.bad(k, "true or false", self.cfg[k])
-        return self.cfg[k]
+        return self._take(keys, default, use, lambda v: isinstance(v, bool), "true or false")[1]
 
     def str(self, *keys, default=None, use=True):
-        k = self.key(*keys)
-        if k is None:
-            return default
-        if use:
-            self.used.add(k)
-        if not isinstance(self.cfg[k], str):
-            raise self.bad(k, "a string", self.cfg[k])
-        return self.cfg[k]
+        return self._take(keys, default, use, lambda v: isinstance(v, str), "a string")[1]
 
 
 # transformers' activation names (ACT2FN): anything else in hidden_act is not a Hugging Face config's
