@@ -129,6 +129,21 @@ def _not_regular(mode: int) -> str | None:
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
+def _standing(path) -> tuple[bool, bool, str | None]:
+    """What stands at ``path``: (anything?, a link?, what it is -- through a link -- when that is not a
+    regular file, else None). A dangling link is a link to nothing. OSError when it cannot be looked up."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return False, False, None
+    if not stat.S_ISLNK(mode):
+        return True, False, _not_regular(mode)
+    try:
+        return True, True, _not_regular(os.stat(path).st_mode)
+    except OSError:
+        return True, True, None
+
+
 def plot_suffixes() -> tuple[str, ...]:
     """The extensions matplotlib can save here (``pgf`` only where its TeX is installed)."""
     import shutil
@@ -164,25 +179,15 @@ def output_problem(path, suffixes=None) -> str | None:
     if len(os.fsencode(os.path.abspath(text))) >= 4096:
         return f"{shown[:60]}... is longer than the file system's 4096-byte path limit"
     try:
-        st = os.lstat(text)
-    except FileNotFoundError:
-        st = None
+        exists, link, kind = _standing(text)
     except OSError as e:
         return f"{shown}: cannot look it up ({e.strerror or e})"
-    if st is not None:
-        if stat.S_ISLNK(st.st_mode):             # a link is replaced, never followed -- unless it stands
-            try:                                  # for something that is not a file (/dev/stdout)
-                kind = _not_regular(os.stat(text).st_mode)
-            except OSError:
-                kind = None                       # dangling: the link itself is replaced
-            if kind:
-                return f"{shown} is a link to {kind}, not to a regular file; name a file to write"
-        else:
-            kind = _not_regular(st.st_mode)
-            if kind:
-                return f"{shown} is {kind}, not a regular file; name a file to write"
-            if not os.access(text, os.W_OK):
-                return f"{shown} is read-only"
+    if kind and link:                             # a link is replaced, never followed -- unless it stands
+        return f"{shown} is a link to {kind}, not to a regular file; name a file to write"   # for /dev/stdout
+    if kind:
+        return f"{shown} is {kind}, not a regular file; name a file to write"
+    if exists and not link and not os.access(text, os.W_OK):
+        return f"{shown} is read-only"
     if suffixes is not None:
         ext = os.path.splitext(name)[1][1:].lower()
         if not ext:
@@ -239,17 +244,7 @@ def atomic_path(path):
 
 def _refuse_non_regular(path: str) -> None:
     """The last look before ``os.replace``: never put a file where a device, FIFO, socket or folder is."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    mode = st.st_mode
-    if stat.S_ISLNK(mode):
-        try:
-            mode = os.stat(path).st_mode
-        except OSError:
-            return
-    kind = _not_regular(mode)
+    kind = _standing(path)[2]
     if kind:
         raise UsageError(f"{printable(path)} is {kind}, not a regular file; it was left as it is")
 

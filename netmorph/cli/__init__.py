@@ -149,16 +149,15 @@ def _check_arity(parser: Parser, args) -> None:
     sub = _subparsers(parser)
     parser = sub.choices[args.command]              # its errors say which command: netmorph failures: error: ...
     for action in parser._actions:
-        value = getattr(args, action.dest, None)
-        if action.nargs is None and action.option_strings and value == [] and action.default != []:
-            parser.error(f"argument {action.option_strings[0]}: expected one argument")
-        if action.option_strings and isinstance(value, list) and any(isinstance(v, list) for v in value):
-            parser.error(f"argument {action.option_strings[0]}: expected one argument")   # --join=-- appends []
-        if action.option_strings and isinstance(value, str) and not value.strip() and value != action.default:
-            parser.error(f"argument {action.option_strings[0]}: an empty value; give one, or leave the flag out")
-        if action.option_strings and isinstance(value, list) and any(isinstance(v, str) and not v.strip()
-                                                                      for v in value):
-            parser.error(f"argument {action.option_strings[0]}: an empty value; give one, or leave the flag out")
+        if not action.option_strings:
+            continue
+        flag, value = action.option_strings[0], getattr(args, action.dest, None)
+        values = value if isinstance(value, list) else [value]          # an append flag's, or the one
+        if (action.nargs is None and value == [] and action.default != []) or any(isinstance(v, list)
+                                                                                  for v in values):
+            parser.error(f"argument {flag}: expected one argument")     # --join=-- appends []
+        if value != action.default and any(isinstance(v, str) and not v.strip() for v in values):
+            parser.error(f"argument {flag}: an empty value; give one, or leave the flag out")
 
 
 def _terminate(signum, frame):
