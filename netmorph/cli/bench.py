@@ -251,10 +251,8 @@ def _tables(args, op, sizes, algos, compare, no_torch, topo, copy_bw, measure_al
     rows = []
     with Bar("bench") if not quiet else contextlib.nullcontext() as bar:
         for algo, backend in runs:
-            task = bar.add(f"{algo} ({backend})") if bar else None
-            here = [_finish(r, op, topo, copy_bw, args.world) for r in measure_algo(algo, backend)]
-            if bar:
-                bar.finish(task)
+            with bar.task(f"{algo} ({backend})") if bar else contextlib.nullcontext():
+                here = [_finish(r, op, topo, copy_bw, args.world) for r in measure_algo(algo, backend)]
             if text:
                 label = "torch.distributed's own collective (gloo)" if algo == "native" else \
                     f"algorithm {here[0]['algo'] if here else algo}, backend {backend}"

@@ -91,10 +91,8 @@ def run(args) -> int:
                  "--experts, --ffn, --hidden, --vocab, --seq or --batch", "--steps, --seq, --batch or the model "
                  "(--layers, --hidden, --ffn)")
     from netmorph.cli.progress import Bar
-    with Bar("moe") as bar:
-        task = bar.add(f"training on {cfg.world} ranks")
+    with Bar("moe") as bar, bar.task(f"training on {budget.ranks(cfg.world)}"):
         out = train(cfg, check=args.check)
-        bar.finish(task)
     if args.json:
         print(json.dumps(_json(cfg, out), default=float))
         return 0

@@ -117,24 +117,21 @@ def _control(args) -> int:
         + " ...", flush=True)
     from netmorph.cli.progress import Bar
     with Bar("morph") as bar:
-        task = bar.add("calibrating every layout")
-        cal = calibrate(trainer, scenario, steps, log=lambda lay, seq, t, inter: say(
-            f"  {lay.label():<14} seq {seq:<4} {1e3 * t:7.1f} ms/step, {inter:>10,.0f} B/step across nodes (busiest "
-            f"rank)", flush=True))
-        bar.finish(task)
+        with bar.task("calibrating every layout"):
+            cal = calibrate(trainer, scenario, steps, log=lambda lay, seq, t, inter: say(
+                f"  {lay.label():<14} seq {seq:<4} {1e3 * t:7.1f} ms/step, {inter:>10,.0f} B/step across nodes "
+                f"(busiest rank)", flush=True))
         start = cal.best(cal.beta0, world, model.seq)
         ranked = cal.layouts(world, model.seq)
         say(f"start on {start.label()} (the model's best on the healthy cluster); controller every {args.segment} "
             f"steps:", flush=True)
-        task = bar.add("the control loop's run")
-        adaptive = run_adaptive(trainer, cal, start, steps, args.segment, scenario, log=say)
-        bar.finish(task)
+        with bar.task("the control loop's run"):
+            adaptive = run_adaptive(trainer, cal, start, steps, args.segment, scenario, log=say)
         statics = {}
         for lay in ([start] + [x for x in ranked if x != start])[:args.static]:
             say(f"static {lay.label()} ...", flush=True)
-            task = bar.add(f"static {lay.label()}")
-            statics[lay.label()] = run_static(trainer, lay, steps, args.segment, scenario, log=say)
-            bar.finish(task)
+            with bar.task(f"static {lay.label()}"):
+                statics[lay.label()] = run_static(trainer, lay, steps, args.segment, scenario, log=say)
     best_static = min(statics, key=lambda k: statics[k].total_s)
     out = {"world": world, "steps": steps, "scenario": scenario.label(),
            "decisions": [{"step": d.step, "from": d.before, "to": d.after, "measured_step_s": _finite(d.measured_step_s),
@@ -207,15 +204,14 @@ def _reshard(args) -> int:
     cw = train_config(model, before, 2 * args.steps, args.global_batch)
     p = plan(model, before, after)
     from netmorph.cli.progress import Bar
-    with Bar("morph") as bar:
-        task = bar.add(f"training on {before.label()}, moving to {after.label()}, and the unmorphed run")
+    with Bar("morph") as bar, bar.task(f"training on {before.label()}, moving to {after.label()}, and the "
+                                      f"unmorphed run"):
         a = launch(train_rank, ca.world, ca, None, None, timeout=args.timeout)
         states = [r["flat_state"] for r in a]
         new, ledger = execute(p, states, timeout=args.timeout)
         exact = matches(p, new, gather_reference(p, states))
         b = launch(train_rank, cb.world, cb, None, new, timeout=args.timeout)
         whole = launch(train_rank, cw.world, cw, None, None, timeout=args.timeout)
-        bar.finish(task)
     losses = next(r["losses"] for r in a if r["losses"]) + next(r["losses"] for r in b if r["losses"])
     unmorphed = next(r["losses"] for r in whole if r["losses"])
     dloss = max(abs(x - y) for x, y in zip(losses, unmorphed))

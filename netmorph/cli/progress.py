@@ -14,12 +14,13 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from contextlib import contextmanager
 
 EVERY = 10.0          # seconds between plain progress lines at most
 
 
 class Bar:
-    """``with Bar("train", unit="steps") as bar: t = bar.add("training", 10); bar.update(t, completed=3)``.
+    """``with Bar("train", unit="steps") as bar, bar.task("training", 10) as t: bar.update(t, completed=3)``.
     ``total`` None: a task of unknown length (a spinner at a terminal, elapsed time in the lines)."""
 
     def __init__(self, command: str, unit: str = "", transient: bool = True, every: float = EVERY,
@@ -97,6 +98,14 @@ class Bar:
                 t[1] = t[2]
         if not already and t[5]:
             self._line(task, "done")
+
+    @contextmanager
+    def task(self, label: str, total: int | None = None):
+        """``with bar.task("serving", 40) as t:`` -- a task for the block, finished when it ends without
+        an error (one that raises is not reported done)."""
+        tid = self.add(label, total)
+        yield tid
+        self.finish(tid)
 
     # ------------------------------------------------------------------ plain lines
     def _text(self, tid: int, tail: str = "") -> str:

@@ -192,10 +192,8 @@ def _serve(args) -> int:
         return _tensor_parallel(args, model, cfg, reqs, bad)
     engine = Engine(model, cfg, _time_model(args.time_model)[0])
     from netmorph.cli.progress import Bar
-    with Bar("serve", unit="requests") as bar:
-        task = bar.add("serving", len(reqs))
+    with Bar("serve", unit="requests") as bar, bar.task("serving", len(reqs)) as task:
         out = engine.run(reqs, lambda done, total: bar.update(task, completed=done))
-        bar.finish(task)
     out["rejected"] += len(bad)
     out["rejections"] = [{"line": k, "reason": why} for k, why in bad] + out["rejections"]
     outputs = out.pop("outputs")
@@ -222,16 +220,14 @@ def _disaggregated(args, model, cfg, reqs, bad) -> int:
     kv_s = priced_model.kv_bytes_per_token() / hardware.nic_bandwidth if price else 0.0
     from netmorph.cli.progress import Bar
     with Bar("serve") as bar:
-        task = bar.add("one colocated engine")
-        together = Engine(model, cfg, price).run(copy.deepcopy(reqs))     # the side-by-side, and the refusals
-        bar.finish(task)
+        with bar.task("one colocated engine"):
+            together = Engine(model, cfg, price).run(copy.deepcopy(reqs))     # the side-by-side, and the refusals
         rejected = together["rejections"]
         refused = {x["request"] for x in rejected}
         ok = [r for r in reqs if r.rid not in refused]
-        task = bar.add(f"disaggregated {P}:{D} on {P + D} ranks")
-        out = serve_disaggregated(model, cfg, copy.deepcopy(ok), P, D, timeout=args.timeout, price=price,
-                                  kv_seconds_per_token=kv_s)
-        bar.finish(task)
+        with bar.task(f"disaggregated {P}:{D} on {P + D} ranks"):
+            out = serve_disaggregated(model, cfg, copy.deepcopy(ok), P, D, timeout=args.timeout, price=price,
+                                      kv_seconds_per_token=kv_s)
     out["colocated"] = {k: together[k] for k in ("ttft_s", "tpot_s", "throughput_tok_s", "duration_s")}
     outputs = out.pop("outputs")
     out["rejected"] = len(rejected) + len(bad)
@@ -299,10 +295,8 @@ def _print_check(out) -> int:
 def _tensor_parallel(args, model, cfg, reqs, bad) -> int:
     from netmorph.serving.tp import serve_tensor_parallel
     from netmorph.cli.progress import Bar
-    with Bar("serve") as bar:
-        task = bar.add(f"tensor parallel on {args.tp} ranks")
+    with Bar("serve") as bar, bar.task(f"tensor parallel on {args.tp} ranks"):
         out = serve_tensor_parallel(model, cfg, reqs, args.tp, _time_model(args.time_model)[0], timeout=args.timeout)
-        bar.finish(task)
     outputs = out.pop("outputs")
     out["rejected"] += len(bad)
     if args.check:

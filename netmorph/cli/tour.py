@@ -54,16 +54,14 @@ def run(args) -> int:
             (morph, "morph: the split follows the link")]
     with Bar("tour", transient=False, width=36) as bar:
         for mod, label in plan:
-            task = bar.add(label, mod.STEPS)
-            try:
-                sections.append(mod.build_section(out, lambda t=task: bar.update(t, advance=1)))
-            except Exception as e:     # one broken section must not cost the reader the others
-                name = mod.__name__.rsplit(".", 1)[1]
-                console.print(f"[yellow]section {name} could not run: {type(e).__name__}: {e}[/yellow]")
-                sections.append(Section(f"{name} (did not run)", f"<p>This section failed: "
-                                        f"<code>{type(e).__name__}: {e}</code></p>"))
-            bar.update(task, completed=mod.STEPS)
-            bar.finish(task)
+            with bar.task(label, mod.STEPS) as task:
+                try:
+                    sections.append(mod.build_section(out, lambda t=task: bar.update(t, advance=1)))
+                except Exception as e:     # one broken section must not cost the reader the others
+                    name = mod.__name__.rsplit(".", 1)[1]
+                    console.print(f"[yellow]section {name} could not run: {type(e).__name__}: {e}[/yellow]")
+                    sections.append(Section(f"{name} (did not run)", f"<p>This section failed: "
+                                            f"<code>{type(e).__name__}: {e}</code></p>"))
     write_page(out / "index.html", sections, __version__)
 
     for sec in sections:

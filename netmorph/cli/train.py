@@ -141,11 +141,10 @@ def run(args) -> int:
         if out is None:                  # not rank 0: rank 0 prints for the job, as nccl-tests under mpirun
             return 0
         return _print(args, cfg, out)
-    with Bar("train", unit="steps") as bar:
-        task = bar.add(f"training on {cfg.world} rank{'s' if cfg.world > 1 else ''}", cfg.steps)
+    from netmorph.runtime.budget import ranks
+    with Bar("train", unit="steps") as bar, bar.task(f"training on {ranks(cfg.world)}", cfg.steps) as task:
         out = train(cfg, args.backend, args.timeout, args.check,
                     on_progress=lambda done, total: bar.update(task, completed=done), baseline=args.baseline)
-        bar.finish(task)
     return _print(args, cfg, out)
 
 
