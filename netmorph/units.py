@@ -81,6 +81,11 @@ def parse_size_range(text: str, argument: str = "sizes") -> list[int]:
     return sizes
 
 
+# nccl-tests' -d names (src/common.cu: test_typenames) -> numpy's, for every type both have
+NCCL_TYPES = {"int8": "int8", "uint8": "uint8", "int32": "int32", "uint32": "uint32", "int64": "int64",
+              "uint64": "uint64", "half": "float16", "float": "float32", "double": "float64", "bfloat16": "bfloat16"}
+
+
 def numpy_dtype(name) -> np.dtype:
     """The numpy dtype of a type name: numpy's own, or ``bfloat16`` from ml_dtypes (the type JAX and
     TensorFlow hand numpy), whose arithmetic is float32's rounded once to bfloat16, as NCCL's adds."""

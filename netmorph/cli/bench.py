@@ -24,13 +24,11 @@ from netmorph.cli import add_timeout
 from netmorph.collectives import ALGORITHMS, ROOTED, canonical_op, check_algo
 from netmorph.errors import MissingPackage, UsageError, require
 from netmorph.runtime.env import torchrun_rank, torchrun_world
-from netmorph.units import parse_nccl_size, parse_size_range
+from netmorph.units import NCCL_TYPES, parse_nccl_size, parse_size_range
 
 # library parameters set by a flag of another name (the rest are --name)
 FLAGS = {"count": "--minbytes", "nbytes": "--minbytes"}
-# nccl-tests' -d names -> numpy's; -o names
-TYPES = {"int8": "int8", "uint8": "uint8", "int32": "int32", "uint32": "uint32", "int64": "int64", "uint64": "uint64",
-         "half": "float16", "float": "float32", "double": "float64", "bfloat16": "bfloat16"}
+# nccl-tests' -o names
 OPS = ("sum", "prod", "max", "min", "avg")
 NO_GLOO = ("uint32", "uint64")            # types gloo refuses ("Invalid scalar type"); the local fabric has them
 CSV_FIELDS = ("op", "algo", "backend", "world", "bytes", "count", "type", "redop", "root", "time_s", "algbw_gbps",
@@ -62,7 +60,7 @@ def add_parser(sub) -> None:
                                                               "0: none (#wrong N/A) (default 1)")
     p.add_argument("-o", "--op", dest="redop", default="sum", help=f"reduction: {'/'.join(OPS)}/all (default sum)")
     p.add_argument("-d", "--datatype", "--dtype", dest="dtype", default="float",
-                   help=f"{'/'.join(TYPES)}/all (default float)")
+                   help=f"{'/'.join(NCCL_TYPES)}/all (default float)")
     p.add_argument("-r", "--root", default="0", help="root of broadcast and reduce, or all (default 0)")
     p.add_argument("-p", "--parallel_init", type=int, default=0, choices=(0, 1),
                    help="nccl-tests' parallel initialisation: accepted, changes nothing here")
@@ -117,7 +115,7 @@ def _choices(text: str, allowed, flag: str) -> list[str]:
 
 def plan(args, op: str) -> tuple[list, list, list]:
     """(types as numpy names, reduce ops, roots) the flags ask for, in nccl-tests' order."""
-    types = [TYPES[t] for t in _choices(args.dtype, list(TYPES), "-d/--datatype")]
+    types = [NCCL_TYPES[t] for t in _choices(args.dtype, list(NCCL_TYPES), "-d/--datatype")]
     reducing = op in ("allreduce", "reduce", "reduce_scatter")
     ops = _choices(args.redop, OPS, "-o/--op") if reducing else ["sum"]
     ints = [t for t in types if not t.startswith(("float", "bfloat"))]
@@ -162,6 +160,7 @@ def run(args) -> int:
     if not 1 <= args.iters <= 100_000 or not 0 <= args.warmup <= 100_000 or not 0 <= args.check <= 1000:
         raise UsageError("-n/--iters must be in 1..100000, -w/--warmup_iters in 0..100000, -c/--check in 0..1000")
     types, ops, roots = plan(args, op)
+    gloo_lacks = any(t in NO_GLOO for t in types)         # asked for: gloo's runs leave them out
     if args.backend != "local":
         refused = [t for t in types if t in NO_GLOO]
         if refused and args.dtype != "all":
@@ -212,7 +211,7 @@ def run(args) -> int:
     try:
         with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
             return _tables(args, op, sizes, algos, compare, no_torch, topo, memcpy_bandwidth(max(sizes)),
-                           measure_algo, quiet)
+                           measure_algo, quiet, gloo_lacks)
     finally:
         if comm is not None:
             comm.close()
@@ -228,11 +227,11 @@ def _budget(args, cases: int, runs: int, largest: int) -> None:
                  "types (-d) and ops (-o)")
 
 
-def _tables(args, op, sizes, algos, compare, no_torch, topo, copy_bw, measure_algo, quiet) -> int:
+def _tables(args, op, sizes, algos, compare, no_torch, topo, copy_bw, measure_algo, quiet, gloo_lacks) -> int:
     """One nccl-tests table per algorithm (and gloo's), as each completes; then per size the best
     algorithm beside the cost model and gloo."""
     from netmorph.cli.progress import Bar
-    from netmorph.report.table import PROGRAMS, nccl_footer, nccl_header, nccl_row
+    from netmorph.report.table import PROGRAMS, nccl_footer, nccl_header, nccl_row, wrong_elements
     text = not (args.json or args.csv)
     step = f"{args.stepfactor}(factor)" if args.stepfactor > 1 else f"{parse_nccl_size(args.stepbytes)}(bytes)"
     if text:
@@ -256,7 +255,7 @@ def _tables(args, op, sizes, algos, compare, no_torch, topo, copy_bw, measure_al
             if text:
                 label = "torch.distributed's own collective (gloo)" if algo == "native" else \
                     f"algorithm {here[0]['algo'] if here else algo}, backend {backend}"
-                if backend != "local" and any(t in NO_GLOO for t in args_types(args)):
+                if backend != "local" and gloo_lacks:
                     label += f" (gloo has no {', '.join(NO_GLOO)}: left out)"
                 print(f"#\n# {label}")
                 print("\n".join(nccl_header()))
@@ -272,12 +271,7 @@ def _tables(args, op, sizes, algos, compare, no_torch, topo, copy_bw, measure_al
         sys.stdout.write("\n")
     if text:
         _summary(rows, sizes, args.backend, topo)
-    bad = sum(max(0, r[k]) for r in rows for k in ("wrong", "in_place_wrong"))
-    return 1 if bad else 0
-
-
-def args_types(args) -> list:
-    return [TYPES[t] for t in (TYPES if args.dtype == "all" else [args.dtype]) if t in TYPES]
+    return 1 if wrong_elements(rows) else 0
 
 
 def _finish(r, op, topo, copy_bw, world):
@@ -306,7 +300,7 @@ def _summary(rows, sizes, backend, topo) -> None:
         here = [r for r in rows if r["bytes"] == n and r["type"] == first["type"] and r["redop"] == first["redop"]
                 and r["root"] == first["root"]]
         mine = [r for r in here if r["backend"] == backend]
-        gloo = [r for r in here if r["backend"] == "torch-native" and r is not None]
+        gloo = [r for r in here if r["backend"] == "torch-native"]
         if not mine:
             continue
         best = min(mine, key=lambda r: r["time_s"])

@@ -19,7 +19,7 @@ from typing import Callable
 from netmorph.collectives import bandwidths
 from netmorph.collectives.formulas import closed_form
 from netmorph.cost.topology import Topology
-from netmorph.units import fmt_bytes
+from netmorph.units import NCCL_TYPES, fmt_bytes
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,7 @@ PREDICTED = (
 
 # nccl-tests' own table (src/util.cu: writeResultHeader, writeBenchmarkLinePreamble, writeBenchmarkLineBody,
 # writeResultFooter), character for character: netmorph bench prints it
-NCCL_TYPES = {"int8": "int8", "uint8": "uint8", "int32": "int32", "uint32": "uint32", "int64": "int64",
-              "uint64": "uint64", "float16": "half", "float32": "float", "float64": "double", "bfloat16": "bfloat16"}
+_NCCL_NAME = {numpy: nccl for nccl, numpy in NCCL_TYPES.items()}      # numpy's type name -> nccl-tests'
 
 
 def nccl_float(value: float, width: int) -> str:
@@ -97,15 +96,20 @@ def nccl_row(r: dict) -> str:
     """One row: size, count, type, redop, root (-1 where the op has none), then out of place and in place."""
     root = r["root"] if r["op"] in ("broadcast", "reduce") else -1
     redop = r["redop"] if r["op"] in ("allreduce", "reduce", "reduce_scatter") else "none"
-    return (f"{r['bytes']:12d}  {r['count']:12d}  {NCCL_TYPES.get(r['type'], r['type']):>8}  {redop:>6}  {root:6d}"
+    return (f"{r['bytes']:12d}  {r['count']:12d}  {_NCCL_NAME.get(r['type'], r['type']):>8}  {redop:>6}  {root:6d}"
             + _body(r["time_s"], r["algbw_gbps"], r["busbw_gbps"], r["wrong"])
             + _body(r["in_place_time_s"], r["in_place_algbw_gbps"], r["in_place_busbw_gbps"], r["in_place_wrong"]))
+
+
+def wrong_elements(rows: list) -> int:
+    """The wrong elements over every row, out of place and in place (-1: not checked, counts none)."""
+    return sum(max(0, r[k]) for r in rows for k in ("wrong", "in_place_wrong"))
 
 
 def nccl_footer(rows: list, program: str) -> list[str]:
     """nccl-tests' closing lines: wrong elements over every row, the mean busbw of every out-of-place and
     in-place measurement, the program that ran."""
-    bad = sum(max(0, r[k]) for r in rows for k in ("wrong", "in_place_wrong"))
+    bad = wrong_elements(rows)
     bws = [r[k] for r in rows for k in ("busbw_gbps", "in_place_busbw_gbps")]
     avg = sum(bws) / len(bws) if bws else 0.0
     return [f"# {'Out of bounds values':<20} : {bad} {'FAILED' if bad else 'OK'}",
