@@ -328,7 +328,10 @@ def train(cfg: ElasticConfig, check: bool = False) -> dict:
                            "resumed_after_s": e.get("resumed_at", e["agreed_at"]) - e["detected_at"],
                            "steps_redone": 0, "at_s": e["detected_at"] - t0})
             continue
-        lost = [r for r in e["lost"] if r in died] or [r for r, _ in [next(kills, (None, None))] if r is not None]
+        lost = [r for r in e["lost"] if r in died]
+        if not lost:                                             # the event names no rank: the next death
+            r, _ = next(kills, (None, None))
+            lost = [] if r is None else [r]
         rank = lost[0] if lost else None
         t_dead = min((died[r] for r in lost), default=e["detected_at"])      # several can die in one step
         if e.get("failed_at") is not None:                       # a hang: from when it stopped, not when fenced
