@@ -124,10 +124,11 @@ def classify(name: str, code, err: str, escaped, invalid: bool) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- special paths
-def specials(tmp) -> dict:
-    """Things that exist and are not regular files, by kind: what an output flag must never replace."""
+def specials(tmp, exts=(".png", ".json")) -> dict:
+    """Things that exist and are not regular files, each under a name a writer would take, with their kind:
+    what an output flag must never replace."""
     out = {}
-    for ext in (".png", ".json"):
+    for ext in exts:
         fifo = os.path.join(tmp, f"fifo{ext}")
         os.mkfifo(fifo)
         out[fifo] = "FIFO"
@@ -142,6 +143,9 @@ def specials(tmp) -> dict:
             dev = os.path.join(tmp, f"null{ext}")
             os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
             out[dev] = "device"
+        link = os.path.join(tmp, f"link{ext}")
+        os.symlink(fifo, link)
+        out[link] = "link to a FIFO"
     return out
 
 

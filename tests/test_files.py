@@ -40,7 +40,8 @@ def test_permissions_follow_the_umask(tmp_path):
 
 # ---------------------------------------------------------------- output paths, checked before any work
 import stat  # noqa: E402
-import socket  # noqa: E402
+
+import fuzz  # noqa: E402
 
 from netmorph.cli import main  # noqa: E402
 from netmorph.files import output_problem  # noqa: E402
@@ -52,43 +53,16 @@ WRITERS = {
 }
 
 
-def _specials(tmp_path, ext):
-    """Things that exist and are not regular files, each under a name a writer would take."""
-    out = {}
-    fifo = tmp_path / f"fifo{ext}"
-    os.mkfifo(fifo)
-    out["FIFO"] = fifo
-    folder = tmp_path / f"folder{ext}"
-    folder.mkdir()
-    out["directory"] = folder
-    sock_path = tmp_path / f"sock{ext}"
-    s = socket.socket(socket.AF_UNIX)
-    s.bind(str(sock_path))
-    out["socket"] = sock_path
-    if os.geteuid() == 0:                      # root can make a device node: /dev/null's numbers, in tmp
-        dev = tmp_path / f"null{ext}"
-        os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
-        out["character device"] = dev
-    link = tmp_path / f"link{ext}"
-    link.symlink_to(fifo)
-    out["link to a FIFO"] = link
-    return out, s
-
-
 @pytest.mark.parametrize("flag", list(WRITERS))
 def test_an_output_that_is_not_a_regular_file_is_refused_and_left_as_it_is(flag, tmp_path, capsys):
-    specials, sock = _specials(tmp_path, ".png" if flag == "--plot" else ".json")
-    try:
-        for kind, path in specials.items():
-            before = os.lstat(path).st_mode
-            code = main(WRITERS[flag] + [str(path)])
-            err = capsys.readouterr().err
-            assert code == 2, (kind, err)
-            assert len(err.strip().splitlines()) == 1 and flag in err and "not" in err and "regular file" in err, \
-                (kind, err)
-            assert os.lstat(path).st_mode == before, f"the {kind} at {path} was replaced"
-    finally:
-        sock.close()
+    for path, kind in fuzz.specials(str(tmp_path), (".png" if flag == "--plot" else ".json",)).items():
+        before = os.lstat(path).st_mode
+        code = main(WRITERS[flag] + [path])
+        err = capsys.readouterr().err
+        assert code == 2, (kind, err)
+        assert len(err.strip().splitlines()) == 1 and flag in err and "not" in err and "regular file" in err, \
+            (kind, err)
+        assert os.lstat(path).st_mode == before, f"the {kind} at {path} was replaced"
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".netmorph-")]
 
 
