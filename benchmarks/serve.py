@@ -21,11 +21,11 @@ import argparse
 import copy
 import math
 
-from netmorph.models.gpt import GPTConfig
+from netmorph.mesh.shape import ModelShape
 from netmorph.serving import workload
 from netmorph.planner.hardware import PRESETS as HARDWARE
 from netmorph.serving.engine import Engine, ServeConfig
-from netmorph.serving.kv import PRESETS as MODELS
+from netmorph.mesh.shape import PRESETS as MODELS
 from netmorph.serving.roofline import iteration_time
 
 
@@ -33,7 +33,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=96)
     args = ap.parse_args()
-    model = GPTConfig(layers=2, hidden=64, heads=4, seq=1024, vocab=512)
+    model = ModelShape(layers=2, hidden=64, heads=4, seq=1024, vocab=512)
     reqs = workload.generate(args.requests, math.inf, model.seq, model.vocab, seed=0)
     gpu = lambda items: iteration_time(MODELS["llama-3-8b"], HARDWARE["a100-80g"], items)   # noqa: E731
     print(f"# {args.requests} requests at once, mean prompt {sum(len(r.prompt) for r in reqs) / len(reqs):.0f} / "

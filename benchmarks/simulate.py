@@ -6,9 +6,9 @@ a 1T model at 3072 ranks < 60 s, on 2 cores).
 
 from __future__ import annotations
 
-from netmorph.planner.config import ParallelConfig
+from netmorph.mesh.layout import Layout
 from netmorph.planner.hardware import PRESETS as HARDWARE
-from netmorph.planner.model import PRESETS as MODELS
+from netmorph.mesh.shape import PRESETS as MODELS
 from netmorph.simulate import simulate_config
 
 CASES = [   # model, tp, pp, dp, microbatch, global batch, v, goal (s)
@@ -24,7 +24,8 @@ def main() -> None:
     print(f"{'model':<12} {'split':<28} {'ranks':>6} {'events':>12} {'sim wall (s)':>12} {'goal':>6} "
           f"{'step (s)':>9} {'planner (s)':>11} {'diff':>7}")
     for name, t, p, d, mb, gb, v, goal in CASES:
-        c = ParallelConfig(t, p, d, mb, gb, v, 0, "full", dp_overlap=True)
+        c = Layout(tp=t, pp=p, dp=d, micro_batch_size=mb, global_batch=gb, interleave=v, zero=0, recompute="full",
+                   dp_overlap=True)
         out = simulate_config(MODELS[name], c, hw)
         diff = out["step_time_s"] / out["planner_step_time_s"] - 1
         print(f"{name:<12} {c.label():<28} {out['ranks']:>6,} {out['events']:>12,} {out['sim_wall_s']:>12.2f} "

@@ -49,11 +49,11 @@ from pathlib import Path
 
 from dataclasses import replace
 
-from netmorph.planner.config import ParallelConfig
+from netmorph.mesh.layout import Layout
 from netmorph.planner.hardware import PRESETS as HARDWARE
 from netmorph.planner.memory import memory
-from netmorph.planner.model import PRESETS as MODELS
-from netmorph.planner.model import ModelSpec
+from netmorph.mesh.shape import PRESETS as MODELS
+from netmorph.mesh.shape import ModelShape
 from netmorph.planner.search import check, estimate, search
 
 ZERO_TABLE1 = {   # (Psi, N_d): (P_os, P_os+g, P_os+g+p) in GB
@@ -107,14 +107,14 @@ MPT = [("h100-80g", "mpt-70b", 64, 8, 2048, True, 1039), ("h100-80g", "mpt-70b",
 PURE = {("a100-80g", "mpt-70b")} | {("a100-40g", n) for n in ("mpt-70b", "mpt-30b", "mpt-13b", "mpt-7b")}
 # BLOOM-176B on Jean Zay: A100-80GB nodes with 4 x 100 Gb/s Omni-Path (6.25 GB/s per GPU)
 JEAN_ZAY = replace(HARDWARE["a100-80g"], name="jean-zay-a100", nic_bandwidth=4 * 100e9 / 8 / 8)
-LLAMA2_13B = ModelSpec("llama-2-13b", 40, 5120, 40, 4096, 32000, 13824, ffn_type="swiglu", position="rope",
-                       tied=False, bias=False, attention="flash")
+LLAMA2_13B = ModelShape("llama-2-13b", 40, 5120, 40, 4096, 32000, 13824, ffn_type="swiglu", position="rope",
+                       tied=False, bias=False, attention="flash", dropout=True)
 
 
-def best_fit(model, hw, c, free=("microbatch", "interleave", "recompute"), max_interleave=16):
+def best_fit(model, hw, c, free=("micro_batch_size", "interleave", "recompute"), max_interleave=16):
     """The fastest configuration that fits among the settings in ``free`` (the ones a source does not give),
     with everything else as ``c``: what a user of the planner would run."""
-    choices = {"microbatch": (1, 2, 4, 8), "interleave": range(1, max_interleave + 1),
+    choices = {"micro_batch_size": (1, 2, 4, 8), "interleave": range(1, max_interleave + 1),
                "recompute": ("none", "selective", "full")}
     best = None
     for values in itertools.product(*(choices[k] if k in free else (getattr(c, k),) for k in choices)):
@@ -132,8 +132,9 @@ def best_fit(model, hw, c, free=("microbatch", "interleave", "recompute"), max_i
 def mpt_config(hw_name, name, gpus, mbs, gbs, ckpt, overlap=True):
     """An llm-foundry run as the planner's split: FSDP FULL_SHARD is ZeRO-3 over every GPU; the table's MP Mode
     DEFAULT reduces gradients in fp32, PURE in bf16."""
-    return ParallelConfig(1, 1, gpus, mbs, gbs, zero=3, recompute="full" if ckpt else "none", dp_overlap=overlap,
-                          grad_bytes=2 if (hw_name, name) in PURE else 4)
+    return Layout(tp=1, pp=1, dp=gpus, micro_batch_size=mbs, global_batch=gbs, zero=3,
+                  recompute="full" if ckpt else "none", dp_overlap=overlap,
+                  grad_bytes=2 if (hw_name, name) in PURE else 4)
 
 
 def mpt_exposed_errors():
@@ -161,8 +162,8 @@ def validation_rows():
     hw = HARDWARE["h100-80g"]
     for gpus, t, cp, p, d, seq, per_dp, pub in LLAMA3:
         model = replace(MODELS["llama-3-405b"], seq=seq)
-        c = ParallelConfig(t, p, d, 1, per_dp * d, zero=1, sequence_parallel=True, dp_overlap=True, cp=cp,
-                           first_stage_layers=7, last_stage_layers=7)
+        c = Layout(tp=t, pp=p, dp=d, micro_batch_size=1, global_batch=per_dp * d, zero=1, sequence_parallel=True,
+                   dp_overlap=True, cp=cp, first_stage_layers=7, last_stage_layers=7)
         e = best_fit(model, hw, c)
         rows.append(("Llama 3 (Dubey et al. 2024), Table 4", f"405B, {gpus:,} GPUs, tp{t} cp{cp} pp{p} dp{d}, "
                      f"s {seq:,}", hw.name, pub, "TFLOP/s", e))
@@ -171,8 +172,8 @@ def validation_rows():
         if name == "gpt3-175b":
             model = replace(model, attention="flash")           # Transformer Engine's fused attention
         d = gpus // (t * p * cp)
-        c = ParallelConfig(t, p, d, mbs, gbs, vp, zero=1, sequence_parallel=t > 1, dp_overlap=True, cp=cp,
-                           precision="fp8")
+        c = Layout(tp=t, pp=p, dp=d, micro_batch_size=mbs, global_batch=gbs, interleave=vp, zero=1,
+                   sequence_parallel=t > 1, dp_overlap=True, cp=cp, precision="fp8")
         rows.append(("NeMo 24.07 performance summary (FP8)", f"{name}, {gpus} GPUs, tp{t} pp{p} cp{cp} vp{vp}, "
                      f"s {seq}", hw.name, pub, "tokens/s/GPU", best_fit(model, hw, c, free=("recompute",))))
     for hw_name, name, gpus, mbs, gbs, ckpt, pub in MPT:
@@ -180,7 +181,7 @@ def validation_rows():
         rows.append(("llm-foundry MPT benchmarks (FSDP)", f"{name}, {gpus} GPUs, mb {mbs}, batch {gbs}"
                      + (", act. ckpt" if ckpt else ""), hw_name, pub, "tokens/s/GPU",
                      best_fit(MODELS[name], HARDWARE[hw_name], c, free=())))
-    c = ParallelConfig(4, 12, 8, 2, 2048, zero=1, recompute="full")
+    c = Layout(tp=4, pp=12, dp=8, micro_batch_size=2, global_batch=2048, zero=1, recompute="full")
     rows.append(("BLOOM-176B (BigScience 2022), training log", "176B, 384 GPUs, tp4 pp12 dp8, mb 2", JEAN_ZAY.name,
                  150, "TFLOP/s", best_fit(MODELS["bloom-176b"], JEAN_ZAY, c, free=("interleave",))))
     return rows
@@ -207,8 +208,8 @@ def err(pred, pub):
 def zero_rows():
     rows = []
     for (psi, nd), pub in ZERO_TABLE1.items():
-        model = ModelSpec(f"{psi:.3g}", 0, 0, 0, params_only=psi)
-        preds = [memory(model, ParallelConfig(dp=nd, zero=z, grad_bytes=2))["total"] / 1e9 for z in (1, 2, 3)]
+        model = ModelShape(f"{psi:.3g}", 0, 0, 0, params_only=psi)
+        preds = [memory(model, Layout(dp=nd, zero=z, grad_bytes=2))["total"] / 1e9 for z in (1, 2, 3)]
         rows.append((psi, nd, pub, preds))
     return rows
 
@@ -216,8 +217,9 @@ def zero_rows():
 def ptdp_rows(hw):
     rows = []
     for name, t, p, n, batch, pub in PTDP_TABLE1:
-        c = ParallelConfig(t, p, n // (t * p), 1, batch, 1, 0, "full")
-        rows.append((name, t, p, n, batch, pub, best_fit(MODELS[name], hw, c, ("microbatch", "interleave"),
+        c = Layout(tp=t, pp=p, dp=n // (t * p), micro_batch_size=1, global_batch=batch, interleave=1, zero=0,
+                   recompute="full")
+        rows.append((name, t, p, n, batch, pub, best_fit(MODELS[name], hw, c, ("micro_batch_size", "interleave"),
                                                          max_interleave=8)))
     return rows
 
@@ -228,7 +230,8 @@ def korthikanti_rows(hw):
         model = MODELS[name]
         d = n // (t * p)
         for mode, pub in (("full", full), ("selective", sel)):
-            c = ParallelConfig(t, p, d, mb, batch, v, 0, mode, mode == "selective")
+            c = Layout(tp=t, pp=p, dp=d, micro_batch_size=mb, global_batch=batch, interleave=v, zero=0,
+                       recompute=mode, sequence_parallel=mode == "selective")
             rows.append((name, mode, t, p, n, batch, mb, v, pub, estimate(model, c, hw)))
     return rows
 
@@ -340,8 +343,9 @@ def main() -> int:
     gpus, t, cp, p, d, seq, per_dp, pub = LLAMA3[0]
     l3 = replace(MODELS["llama-3-405b"], seq=seq)
     l3v = next(e["interleave"] for src, run, hwn, _, _, e in vrows if src.startswith("Llama") and e["gpus"] == gpus)
-    l3c1, l3c = (ParallelConfig(t, p, d, 1, per_dp * d, v, zero=1, recompute="none", sequence_parallel=True,
-                                dp_overlap=True, cp=cp, first_stage_layers=7, last_stage_layers=7) for v in (1, l3v))
+    l3c1, l3c = (Layout(tp=t, pp=p, dp=d, micro_batch_size=1, global_batch=per_dp * d, interleave=v, zero=1,
+                        recompute="none", sequence_parallel=True, dp_overlap=True, cp=cp, first_stage_layers=7,
+                        last_stage_layers=7) for v in (1, l3v))
     l3e1, l3e = estimate(l3, l3c1, HARDWARE["h100-80g"]), estimate(l3, l3c, HARDWARE["h100-80g"])
     h100_hw, a100_hw = HARDWARE["h100-80g"], HARDWARE["a100-80g"]
     mm = h100_hw.peak_flops * h100_hw.gemm_efficiency / (a100_hw.peak_flops * a100_hw.gemm_efficiency)

@@ -321,12 +321,13 @@ def run_mismatch(case: int, world: int, backend: str, timeout: float = 2.0) -> t
 
 def run_blame(rng: random.Random) -> tuple[str, str]:
     """A rank SIGSTOPped at a random call in a random layout: 'clean' when the error names it first."""
-    from netmorph.models.gpt import GPTConfig
+    from netmorph.mesh.shape import ModelShape
     from netmorph.parallel.hybrid import TrainConfig, train_rank
     from netmorph.runtime import Fault
     from netmorph.runtime.launch import LaunchError, launch
     tp, pp, dp = rng.choice([(2, 2, 1), (1, 2, 2), (2, 1, 2), (1, 4, 1), (4, 1, 1), (1, 1, 4), (2, 2, 2)])
-    cfg = TrainConfig(model=GPTConfig(4, 16, 4, 8, 32), tp=tp, pp=pp, dp=dp, steps=3, dtype="float32",
+    cfg = TrainConfig.make(model=ModelShape(layers=4, hidden=16, heads=4, seq=8, vocab=32), tp=tp, pp=pp, dp=dp,
+                           steps=3, dtype="float32",
                       microbatches=4)
     cfg.check()
     victim, at = rng.randrange(cfg.world), rng.randint(2, 20)

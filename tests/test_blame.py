@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from netmorph.models.gpt import GPTConfig
+from netmorph.mesh.shape import ModelShape
 from netmorph.parallel.hybrid import TrainConfig, train_rank
 from netmorph.runtime import Fault
 from netmorph.runtime.launch import LaunchError, launch
@@ -23,7 +23,8 @@ T = 2.0
 
 
 def _train(tp, pp, dp, faults, backend="local"):
-    cfg = TrainConfig(model=GPTConfig(2, 16, 2, 8, 32), tp=tp, pp=pp, dp=dp, steps=3, dtype="float32",
+    cfg = TrainConfig.make(model=ModelShape(layers=2, hidden=16, heads=2, seq=8, vocab=32), tp=tp, pp=pp, dp=dp,
+                           steps=3, dtype="float32",
                       microbatches=4)
     cfg.check()
     t0 = time.monotonic()

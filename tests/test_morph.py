@@ -3,13 +3,14 @@
 import numpy as np
 import pytest
 
-from netmorph.models.gpt import GPTConfig
-from netmorph.morph.layouts import Layout, element_map, global_ids, train_config
+from netmorph.mesh.shape import ModelShape
+from netmorph.mesh.layout import Layout
+from netmorph.morph.layouts import element_map, global_ids, train_config
 from netmorph.morph.reshard import KINDS, execute, gather_reference, plan
 from netmorph.parallel.hybrid import train_rank
 from netmorph.runtime.launch import launch
 
-MODEL = GPTConfig(layers=4, hidden=16, heads=4, seq=8, vocab=32)
+MODEL = ModelShape(layers=4, hidden=16, heads=4, seq=8, vocab=32)
 GLOBAL_BATCH = 8
 
 
@@ -20,17 +21,23 @@ def run(layout: Layout, steps: int, start: int = 0, inits=None, model=MODEL):
 
 def test_element_maps_are_the_trainers_layout():
     """The map of global ids equals what the trainer's own chunks hold: every rank's named pieces (its real
-    weights after 1 step) are the 1-rank model's weights at the map's ids."""
+    weights after 1 step) are the 1-rank model's weights at the map's ids, and the buffer's real index (each
+    parameter's offset and length, the padding, the optimizer's range) is the map's."""
     full = run(Layout(), 1)[0]["state"]
     gids = global_ids(MODEL)
     values = np.zeros(sum(g.size for g in gids.values()))
     for name, (t, _) in full.items():
         values[gids[name].ravel()] = t.numpy().ravel()
-    for layout in (Layout(tp=2, pp=2), Layout(dp=2, pp=2, interleave=2), Layout(tp=4)):
+    for layout in (Layout(tp=2, pp=2), Layout(dp=2, pp=2, interleave=2), Layout(tp=4), Layout(dp=4, zero=1)):
         maps = element_map(MODEL, layout)
         res = run(layout, 1)
         for r, (m, out) in enumerate(zip(maps, res)):
-            assert (out["tp"], out["pp"], out["dp"]) == layout.coords(r)
+            assert (out["tp"], out["pp"], out["dp"]) == tuple(layout.coords(r)[k] for k in ("tp", "pp", "dp"))
+            index = out["flat_index"]
+            for name, (off, n) in index["params"].items():
+                piece = m.flat[off:off + n]
+                assert np.isin(piece, gids[name]).all() and len(np.unique(piece)) == n, name
+            assert index["padding"] == (m.flat < 0).sum() and index["optimizer_range"] == m.optimizer
             flat = out["flat_state"]["params"]
             real = m.flat >= 0
             # one step from the same start on every layout: equal to the 1-rank model to float64 rounding
@@ -184,7 +191,7 @@ def test_cli_morph_reshard_json_and_bad_input(capsys):
 
 def _controller(world, steps, segment, scenario, compute_ms=10.0, inter_mbps=50.0, checkpoint_every=20):
     from netmorph.morph.controller import Trainer, calibrate, parse_scenario, run_adaptive, run_static
-    model = GPTConfig(layers=4, hidden=32, heads=4, seq=16, vocab=64)
+    model = ModelShape(layers=4, hidden=32, heads=4, seq=16, vocab=64)
     trainer = Trainer(model, 8, world, 60.0, compute_ms, inter_mbps, checkpoint_every)
     sc = parse_scenario(scenario)
     cal = calibrate(trainer, sc, steps, steps=3, max_tp=1)
@@ -197,7 +204,7 @@ def _controller(world, steps, segment, scenario, compute_ms=10.0, inter_mbps=50.
 def test_controller_holds_still_when_nothing_changes():
     """Measurement noise alone (the same cluster throughout) never moves the split."""
     cal, start, adaptive, _ = _controller(4, 16, 4, "none", compute_ms=30.0)
-    assert adaptive.decisions == [] and adaptive.layout_path == [(0, start.label())]
+    assert adaptive.decisions == [] and adaptive.layout_path == [(0, start.tag())]
 
 
 @pytest.mark.timeout(300)
@@ -207,7 +214,7 @@ def test_controller_moves_off_a_degraded_link_and_wins():
     ends sooner than staying put; the losses are the ones the start split gives (the same data, resharded state)."""
     cal, start, adaptive, static = _controller(4, 16, 4, "link-degrades@4x20")
     assert start.pp == 1 and cal.inter_bytes[start, 16] > 10 * min(cal.inter_bytes.values())
-    assert len(adaptive.decisions) == 1 and adaptive.decisions[0].after != start.label()
+    assert len(adaptive.decisions) == 1 and adaptive.decisions[0].after != start.tag()
     assert adaptive.total_s < static.total_s
     np.testing.assert_allclose(adaptive.losses, static.losses, rtol=1e-9, atol=0)
 
@@ -222,15 +229,15 @@ def test_controller_replans_for_the_survivors_of_a_lost_node():
     cal, start, adaptive, static = _controller(4, 16, 4, "node-lost@12", inter_mbps=5.0, checkpoint_every=8)
     assert start.pp == 2 and start.dp == 2
     (d,) = adaptive.decisions
-    assert d.step == 12 and d.reason.startswith("node lost") and d.after == cal.best(cal.beta0, 2, 16).label()
+    assert d.step == 12 and d.reason.startswith("node lost") and d.after == cal.best(cal.beta0, 2, 16).tag()
     assert d.reshard_bytes == 0 and adaptive.redone == static.redone == 4
-    assert static.layout_path == [(0, start.label()), (8, "tp1·pp2·dp1")] and not static.failed
+    assert static.layout_path == [(0, start.tag()), (8, "tp1·pp2·dp1")] and not static.failed
     assert adaptive.layout_path[-1] == (8, d.after) and len(adaptive.step_s) == 20
     assert len(adaptive.losses) == len(static.losses) == 16
     np.testing.assert_allclose(adaptive.losses, static.losses, rtol=1e-9, atol=0)
     from netmorph.morph.controller import Trainer
-    from netmorph.morph.layouts import Layout
-    trainer = Trainer(GPTConfig(layers=4, hidden=32, heads=4, seq=16, vocab=64), 8, 4, 60.0, 30.0, 5.0, 4)
+    from netmorph.mesh.layout import Layout
+    trainer = Trainer(ModelShape(layers=4, hidden=32, heads=4, seq=16, vocab=64), 8, 4, 60.0, 30.0, 5.0, 4)
     stopped = run_static(trainer, Layout(pp=4), 12, 4, parse_scenario("node-lost@4"))
     assert "does not fit the 2 surviving ranks" in stopped.failed and len(stopped.step_s) == 4
     assert stopped.total_s == float("inf")
@@ -244,7 +251,7 @@ def test_controller_replans_when_the_context_grows():
     assert adaptive.tokens == static.tokens == [8 * 16] * 4 + [8 * 64] * 4
     np.testing.assert_allclose(adaptive.losses, static.losses, rtol=1e-9, atol=0)
     best = cal.best(cal.beta0, 4, 64)
-    assert adaptive.layout_path[-1][1] == best.label()
+    assert adaptive.layout_path[-1][1] == best.tag()
     assert [d.reason for d in adaptive.decisions] == (["sequence grew to 64"] if best != start else [])
 
 

@@ -6,10 +6,10 @@ import pytest
 
 from netmorph.cli import main
 from netmorph.errors import UsageError
-from netmorph.planner.config import ParallelConfig
+from netmorph.mesh.layout import Layout
 from netmorph.planner.hardware import PRESETS as HW
 from netmorph.planner.memory import activation_bytes_per_layer, memory
-from netmorph.planner.model import PRESETS, ModelSpec, from_args
+from netmorph.mesh.shape import PRESETS, ModelShape, from_args
 from netmorph.planner.search import check, estimate, search
 
 A100 = HW["a100-80g"]
@@ -17,8 +17,8 @@ A100 = HW["a100-80g"]
 
 @pytest.mark.parametrize("zero,want_gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.88)])
 def test_zero_paper_table1_row(zero, want_gb):
-    m = ModelSpec("7.5B", 0, 0, 0, params_only=7.5e9)
-    got = memory(m, ParallelConfig(dp=64, zero=zero, grad_bytes=2))
+    m = ModelShape("7.5B", 0, 0, 0, params_only=7.5e9)
+    got = memory(m, Layout(dp=64, zero=zero, grad_bytes=2))
     assert got["activations"] == 0
     assert round(got["total"] / 1e9, 2 if zero == 3 else 1) == want_gb
 
@@ -40,22 +40,22 @@ def test_params_eq2_for_every_table1_model():
 
 def test_bubble_p8_m8():
     m = PRESETS["gpt3-175b"]
-    e = estimate(m, ParallelConfig(tp=8, pp=8, dp=1, microbatch=1, global_batch=8, recompute="full"), A100)
+    e = estimate(m, Layout(tp=8, pp=8, dp=1, micro_batch_size=1, global_batch=8, recompute="full"), A100)
     assert e["bubble_fraction"] == pytest.approx(0.875)
-    e2 = estimate(m, ParallelConfig(tp=8, pp=8, dp=1, microbatch=1, global_batch=8, interleave=2,
+    e2 = estimate(m, Layout(tp=8, pp=8, dp=1, micro_batch_size=1, global_batch=8, interleave=2,
                                     recompute="full"), A100)
     assert e2["bubble_fraction"] == pytest.approx(7 / 16)
     assert e2["step_time_s"] < e["step_time_s"]
 
 
 def test_korthikanti_activation_table():
-    m = ModelSpec("x", 1, 12288, 96)
+    m = ModelShape("x", 1, 12288, 96, 2048, 51200, dropout=True)
     s, b, h, a, t = 2048, 1, 12288, 96, 8
     sbh = s * b * h
-    c = ParallelConfig(tp=t, microbatch=b)
-    assert activation_bytes_per_layer(m, ParallelConfig(microbatch=b)) == pytest.approx(sbh * (34 + 5 * a * s / h))
+    c = Layout(tp=t, micro_batch_size=b)
+    assert activation_bytes_per_layer(m, Layout(micro_batch_size=b)) == pytest.approx(sbh * (34 + 5 * a * s / h))
     assert activation_bytes_per_layer(m, c) == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))
-    sp = ParallelConfig(tp=t, microbatch=b, sequence_parallel=True)
+    sp = Layout(tp=t, micro_batch_size=b, sequence_parallel=True)
     assert activation_bytes_per_layer(m, sp) == pytest.approx(sbh / t * (34 + 5 * a * s / h))
     assert activation_bytes_per_layer(m, sp, "selective") == pytest.approx(34 * sbh / t)
     assert activation_bytes_per_layer(m, c, "full") == pytest.approx(2 * sbh)
@@ -63,10 +63,10 @@ def test_korthikanti_activation_table():
 
 def test_memory_shrinks_the_way_the_splits_say():
     m = PRESETS["gpt3-175b"]
-    base = memory(m, ParallelConfig(tp=1, pp=1, dp=8, global_batch=8))
-    tp8 = memory(m, ParallelConfig(tp=8, pp=1, dp=1, global_batch=8))
+    base = memory(m, Layout(tp=1, pp=1, dp=8, global_batch=8))
+    tp8 = memory(m, Layout(tp=8, pp=1, dp=1, global_batch=8))
     assert tp8["params"] < base["params"] / 7 and tp8["activations"] < base["activations"]
-    full = memory(m, ParallelConfig(tp=8, pp=1, dp=1, global_batch=8, recompute="full"))
+    full = memory(m, Layout(tp=8, pp=1, dp=1, global_batch=8, recompute="full"))
     assert full["activations"] < tp8["activations"] / 10
 
 
@@ -85,23 +85,23 @@ def test_search_1t_on_3072_gpus_is_ranked():
 
 def test_rules_reject_with_reasons():
     m = PRESETS["gpt3-175b"]
-    cases = [(ParallelConfig(tp=5), "heads", "--tp", "heads"),
-             (ParallelConfig(pp=97), "layers", "--pp or --first/last-stage-layers", "layers"),
-             (ParallelConfig(pp=4, interleave=25, global_batch=4), "layers", "--pp or --interleave", "interleave"),
-             (ParallelConfig(pp=2, zero=2, global_batch=8), "zero-pp", "--zero or --pp", "ZeRO-2"),
-             (ParallelConfig(cp=3), "cp", "--cp or --attention", "flash"),
-             (ParallelConfig(tp=16), "inter-node-tp", "--tp", "inter-node"),
-             (ParallelConfig(dp=3, global_batch=8), "batch", "--global-batch or --microbatch", "does not split"),
-             (ParallelConfig(tp=1, sequence_parallel=True), "sp-needs-tp", "--tp", "sequence parallelism")]
+    cases = [(Layout(tp=5), "heads", "--tp", "heads"),
+             (Layout(pp=97), "layers", "--pp or --first/last-stage-layers", "layers"),
+             (Layout(pp=4, interleave=25, global_batch=4), "layers", "--pp or --interleave", "interleave"),
+             (Layout(pp=2, zero=2, global_batch=8), "zero-pp", "--zero or --pp", "ZeRO-2"),
+             (Layout(cp=3), "cp", "--cp or --attention", "flash"),
+             (Layout(tp=16), "inter-node-tp", "--tp", "inter-node"),
+             (Layout(dp=3, global_batch=8), "batch", "--global-batch or --microbatch", "does not split"),
+             (Layout(tp=1, sequence_parallel=True), "sp-needs-tp", "--tp", "sequence parallelism")]
     for cfg, key, flag, words in cases:
         why = check(m, cfg, A100)
         assert (why.key, why.flag) == (key, flag) and words in why.text
         assert why.soft == (key == "inter-node-tp")
-    assert check(m, ParallelConfig(tp=8, pp=8, dp=16, global_batch=1536), A100) is None
+    assert check(m, Layout(tp=8, pp=8, dp=16, global_batch=1536), A100) is None
     # since Megatron-Core and DeepSpeed run them: uneven stages, ZeRO-3 (FSDP) with pp, interleave to 16
-    assert check(m, ParallelConfig(pp=5), A100) is None and ParallelConfig(pp=5).stage_layers(96) == [19, 20, 19, 19, 19]
-    assert check(m, ParallelConfig(pp=2, zero=3, global_batch=8), A100) is None
-    assert check(m, ParallelConfig(pp=2, interleave=16, global_batch=8), A100) is None
+    assert check(m, Layout(pp=5), A100) is None and Layout(pp=5).stage_layers(96) == [19, 20, 19, 19, 19]
+    assert check(m, Layout(pp=2, zero=3, global_batch=8), A100) is None
+    assert check(m, Layout(pp=2, interleave=16, global_batch=8), A100) is None
 
 
 def test_model_that_fits_nowhere():
@@ -184,7 +184,7 @@ def test_validation_script_meets_the_goals(tmp_path):
 
 
 def test_step_time_parts_add_up():
-    e = estimate(PRESETS["gpt3-175b"], ParallelConfig(tp=8, pp=8, dp=16, microbatch=1, global_batch=1536,
+    e = estimate(PRESETS["gpt3-175b"], Layout(tp=8, pp=8, dp=16, micro_batch_size=1, global_batch=1536,
                                                       interleave=2, zero=1, recompute="selective"), A100)
     parts = (e["matmul_s"] + e["elementwise_s"] + e["bubble_s"] + sum(e["comm_s"].values()) + e["optimizer_s"])
     assert parts == pytest.approx(e["step_time_s"], rel=1e-9)

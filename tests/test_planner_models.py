@@ -8,11 +8,11 @@ import pytest
 from netmorph.cli import main
 from netmorph.errors import UsageError
 from netmorph.planner import timing
-from netmorph.planner.config import ParallelConfig
+from netmorph.mesh.layout import Layout
 from netmorph.planner.configs import from_deepspeed_config, from_hf_config, from_megatron_args
 from netmorph.planner.hardware import PRESETS as HW
 from netmorph.planner.memory import activation_bytes_per_layer, memory, params_on_device
-from netmorph.planner.model import PRESETS, ModelSpec
+from netmorph.mesh.shape import PRESETS, ModelShape
 from netmorph.planner.search import check, estimate, search
 
 H100, A100 = HW["h100-80g"], HW["a100-80g"]
@@ -82,19 +82,19 @@ def test_activation_terms_for_gqa_swiglu_flash():
     m = PRESETS["llama-3-8b"]
     assert not m.dropout
     s, h, kv, f, a = m.seq, 4096, 1024, 14336, 32
-    c = ParallelConfig(tp=4, microbatch=1)
+    c = Layout(tp=4, micro_batch_size=1)
     want = s * ((4 * h + 2 * h + 2 * h) + (2 * h + 4 * kv + 2 * h + 6 * f + 4 * a) / 4)
     assert activation_bytes_per_layer(m, c) == pytest.approx(want)
     assert activation_bytes_per_layer(replace(m, dropout=True), c) - activation_bytes_per_layer(m, c) == s * 2 * h
-    std = ModelSpec("x", 1, h, a, s, 1000, f, kv_heads=8, ffn_type="swiglu", attention="standard")
+    std = ModelShape("x", 1, h, a, s, 1000, f, kv_heads=8, ffn_type="swiglu", attention="standard", dropout=True)
     assert activation_bytes_per_layer(std, c) - activation_bytes_per_layer(replace(m, dropout=True), c) == \
         pytest.approx(s * (5 * a * s - 4 * a) / 4)
     assert activation_bytes_per_layer(std, c) - activation_bytes_per_layer(replace(std, dropout=False), c) == \
         pytest.approx(s * (2 * h + a * s / 4))
-    sp = ParallelConfig(tp=4, microbatch=1, sequence_parallel=True, cp=2)
+    sp = Layout(tp=4, micro_batch_size=1, sequence_parallel=True, cp=2)
     assert activation_bytes_per_layer(m, sp) == pytest.approx(s / 2 * (8 * h + 2 * h + 4 * kv + 2 * h
                                                                        + 6 * f + 4 * a) / 4)
-    fp8 = ParallelConfig(tp=4, microbatch=1, precision="fp8")
+    fp8 = Layout(tp=4, micro_batch_size=1, precision="fp8")
     # the four linear inputs (QKV, output projection, fc1: h each; fc2: f) stored in 8 bits
     assert activation_bytes_per_layer(m, c) - activation_bytes_per_layer(m, fp8) == pytest.approx(
         s * (2 * h + (h + f) / 4))
@@ -102,11 +102,11 @@ def test_activation_terms_for_gqa_swiglu_flash():
 
 def test_kv_heads_bound_tensor_parallelism_and_fp8_needs_hardware():
     m = PRESETS["llama-3-70b"]                                          # 64 heads, 8 KV heads
-    assert check(m, ParallelConfig(tp=8), H100) is None
-    why = check(replace_kv(m, 4), ParallelConfig(tp=8), H100)
+    assert check(m, Layout(tp=8), H100) is None
+    why = check(replace_kv(m, 4), Layout(tp=8), H100)
     assert why.key == "heads" and "KV heads" in why.text
-    assert check(m, ParallelConfig(precision="fp8"), A100).key == "fp8"
-    assert check(m, ParallelConfig(precision="fp8"), H100) is None
+    assert check(m, Layout(precision="fp8"), A100).key == "fp8"
+    assert check(m, Layout(precision="fp8"), H100) is None
 
 
 def replace_kv(m, kv):
@@ -116,7 +116,7 @@ def replace_kv(m, kv):
 
 def test_fp8_is_faster_and_smaller_than_bf16_on_h100():
     m = PRESETS["llama-3-70b"]
-    base = ParallelConfig(tp=8, pp=4, dp=2, microbatch=1, global_batch=64, zero=1, sequence_parallel=True)
+    base = Layout(tp=8, pp=4, dp=2, micro_batch_size=1, global_batch=64, zero=1, sequence_parallel=True)
     from dataclasses import replace
     bf, f8 = estimate(m, base, H100), estimate(m, replace(base, precision="fp8"), H100)
     assert f8["matmul_s"] < 0.75 * bf["matmul_s"]
@@ -126,7 +126,7 @@ def test_fp8_is_faster_and_smaller_than_bf16_on_h100():
 
 def test_uneven_stages_largest_sets_memory_and_time():
     m = PRESETS["llama-3-405b"]
-    even = ParallelConfig(tp=8, pp=16, dp=4, microbatch=1, global_batch=64, recompute="full", zero=1)
+    even = Layout(tp=8, pp=16, dp=4, micro_batch_size=1, global_batch=64, recompute="full", zero=1)
     from dataclasses import replace
     short = replace(even, first_stage_layers=7, last_stage_layers=7)
     assert even.stage_layers(126) == [7] + [8] * 14 + [7]              # the extra layers go to the middle stages
@@ -149,20 +149,20 @@ def test_context_parallel_splits_activations_and_exchanges_kv():
     m = PRESETS["llama-3-8b"]
     from dataclasses import replace
     long = replace(m, seq=131072)
-    c1 = ParallelConfig(tp=8, dp=1, microbatch=1, global_batch=1, recompute="full", sequence_parallel=True)
+    c1 = Layout(tp=8, dp=1, micro_batch_size=1, global_batch=1, recompute="full", sequence_parallel=True)
     c8 = replace(c1, cp=8)
     assert memory(long, c8)["activations"] < memory(long, c1)["activations"] / 7
     e = estimate(long, replace(c8, global_batch=1), H100)
     assert e["comm_s"]["context_parallel"] >= 0 and e["step_time_s"] < estimate(long, c1, H100)["step_time_s"]
     # across nodes the ring's KV exchange is exposed where the attention block does not cover it
     short = replace(m, seq=8192)
-    inter = estimate(short, ParallelConfig(tp=8, cp=4, microbatch=1, global_batch=1), H100)
+    inter = estimate(short, Layout(tp=8, cp=4, micro_batch_size=1, global_batch=1), H100)
     assert inter["comm_s"]["context_parallel"] > 0
 
 
 def test_expert_parallel_shards_experts_and_prices_all_to_all():
     m = PRESETS["mixtral-8x7b"]
-    c1 = ParallelConfig(tp=1, pp=4, dp=8, microbatch=1, global_batch=64, zero=1)
+    c1 = Layout(tp=1, pp=4, dp=8, micro_batch_size=1, global_batch=64, zero=1)
     from dataclasses import replace
     c8 = replace(c1, ep=8)
     assert check(m, c8, H100) is None and check(m, replace(c1, ep=3), H100).key == "ep"
@@ -203,14 +203,14 @@ def test_hf_config_llama3_and_mixtral_and_gpt2(tmp_path):
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(cfg))
         fields, unknown = from_hf_config(path)
-        spec = ModelSpec(**fields)
+        spec = ModelShape(**fields)
         assert spec.params() == want.params()
         assert (spec.kv, spec.ffn_type, spec.position, spec.tied, spec.bias) == (8, "swiglu", "rope", False, False)
         assert "rms_norm_eps" in unknown and "num_hidden_layers" not in unknown
     path = tmp_path / "gpt2.json"
     path.write_text(json.dumps(GPT2_CONFIG))
     fields, _ = from_hf_config(path)
-    spec = ModelSpec(**fields)
+    spec = ModelShape(**fields)
     assert spec.params() == pytest.approx(124.4e6, rel=0.005)          # GPT-2 small: 124M
     assert (spec.position, spec.tied, spec.ffn_type) == ("learned", True, "gelu")
     # GPT-2 trains with dropout 0.1 (resid_pdrop, ...), Llama 3 with attention_dropout 0, Mixtral names none
@@ -233,7 +233,7 @@ def test_megatron_args_and_deepspeed_config(tmp_path):
             "--global-batch-size 128 --sequence-parallel --use-distributed-optimizer --fp8-format hybrid "
             "--lr 3e-4 --train-iters 1000 --bf16")
     model, split, unknown = from_megatron_args(line)
-    assert ModelSpec("m", **model).params() == PRESETS["llama-3-70b"].params()
+    assert ModelShape("m", **model).params() == PRESETS["llama-3-70b"].params()
     assert split == {"tp": 4, "pp": 4, "cp": 2, "interleave": 4, "microbatch": 1, "global_batch": 128,
                      "sequence_parallel": True, "zero": 1, "precision": "fp8"}
     assert unknown == ["--lr", "--train-iters"]
@@ -304,14 +304,14 @@ def test_capacity_factor_pads_experts_and_overlap_options_hide_comm():
     padded = replace(m, capacity_factor=1.25)
     mlp = 2 * m.seq * 2 * m.expert_weights()                       # top-2 experts, one sequence
     assert padded.layer_linear_flops_fwd(1) - m.layer_linear_flops_fwd(1) == pytest.approx(0.25 * mlp)
-    c = ParallelConfig(tp=1, pp=4, dp=8, ep=8, microbatch=1, global_batch=64, zero=1)
+    c = Layout(tp=1, pp=4, dp=8, ep=8, micro_batch_size=1, global_batch=64, zero=1)
     assert (estimate(padded, c, H100)["comm_s"]["expert_parallel"]
             > 1.2 * estimate(m, c, H100)["comm_s"]["expert_parallel"])
     with pytest.raises(UsageError, match="capacity_factor"):
-        from netmorph.planner.model import check_shape
+        from netmorph.mesh.shape import check_shape
         check_shape(replace(m, capacity_factor=0.5))
     g = PRESETS["gpt3-175b"]
-    base = ParallelConfig(tp=8, pp=8, dp=16, microbatch=1, global_batch=1536, recompute="full")
+    base = Layout(tp=8, pp=8, dp=16, micro_batch_size=1, global_batch=1536, recompute="full")
     plain, over = estimate(g, base, A100), estimate(g, replace(base, tp_overlap=True, pp_overlap=True), A100)
     assert plain["comm_s"]["tensor_parallel"] > 0 and over["comm_s"]["tensor_parallel"] == 0
     assert over["step_time_s"] < plain["step_time_s"]
@@ -324,7 +324,7 @@ def test_measured_gemm_table_prices_small_gemms_slower(tmp_path):
     """A hardware file's gemm_table (as benchmarks/gemm_efficiency.py prints it) bins each GEMM by its size; one
     bin at the default efficiency reproduces the constant; a slower small-GEMM bin slows the small model only."""
     small, big = PRESETS["llama-3-8b"], PRESETS["llama-3-405b"]
-    c = ParallelConfig(tp=8, microbatch=1, global_batch=1)
+    c = Layout(tp=8, micro_batch_size=1, global_batch=1)
     flat = replace(H100, gemm_table=((1e9, H100.gemm_efficiency),))
     for m in (small, big):
         assert timing.layer_costs(m, c, flat)["matmul_fwd"] == pytest.approx(timing.layer_costs(m, c, H100)["matmul_fwd"])
@@ -351,7 +351,7 @@ def test_zero3_moves_three_model_copies_per_microbatch():
     every backward (ZeRO's 3Ψ per microbatch, nothing after the step); ZeRO-1 reduce-scatters once per step and
     all-gathers the updated weights once."""
     hw, m = HW["a100-80g"], PRESETS["mpt-7b"]
-    c = ParallelConfig(dp=8, microbatch=2, global_batch=64, zero=3, dp_overlap=False)          # 4 microbatches
+    c = Layout(dp=8, micro_batch_size=2, global_batch=64, zero=3, dp_overlap=False)          # 4 microbatches
     n = params_on_device(m, c)
     ag = timing.collective_time(hw, "allgather", 8, 1, c.param_bytes * n)
     rs = timing.collective_time(hw, "reduce_scatter", 8, 1, c.grad_bytes * n)
@@ -376,7 +376,7 @@ def test_matmul_efficiency_is_carried_by_the_measured_ceiling():
     assert h100.fp8_efficiency == pytest.approx(0.70 * (1402.6 / 1979) / (271.2 / 312), abs=1e-4)
     assert HW["h200"].gemm_efficiency == h100.gemm_efficiency and HW["h200"].fp8_efficiency > h100.fp8_efficiency
     m = PRESETS["llama-3-8b"]
-    c = ParallelConfig(microbatch=1, precision="fp8")
+    c = Layout(micro_batch_size=1, precision="fp8")
     lin = m.layer_linear_flops_fwd(1)
     saved = (timing.layer_costs(m, replace(c, precision="bf16"), h100)["matmul_fwd"]
              - timing.layer_costs(m, c, h100)["matmul_fwd"])

@@ -8,13 +8,12 @@ import pytest
 import torch
 
 from netmorph.cli import main
-from netmorph.models.gpt import GPTConfig
+from netmorph.mesh.shape import PRESETS, ModelShape
 from netmorph.serving.blocks import BlockManager
 from netmorph.serving.engine import Engine, Request, ServeConfig
-from netmorph.serving.kv import PRESETS
 from netmorph.serving.model import PagedGPT, generate_alone
 
-CFG = GPTConfig(layers=2, hidden=32, heads=4, seq=128, vocab=64, seed=1)
+CFG = ModelShape(layers=2, hidden=32, heads=4, seq=128, vocab=64, seed=1)
 
 
 def _requests(seed=0, n=12, shared=True):
@@ -113,7 +112,7 @@ def test_prefix_caching_shares_full_blocks_but_never_the_last_token():
                                             ("llama-3-8b", 2 * 32 * 8 * 128 * 2), ("llama-3-70b", 2 * 80 * 8 * 128 * 2)])
 def test_kv_bytes_per_token_follow_from_the_architecture(name, per_token):
     m = PRESETS[name]
-    assert m.kv_bytes_per_token() == 2 * m.layers * m.kv_heads * (m.hidden // m.heads) * m.dtype_bytes == per_token
+    assert m.kv_bytes_per_token(2) == 2 * m.layers * m.kv * (m.hidden // m.heads) * 2 == per_token
 
 
 def test_serve_kv_and_roofline_cli(capsys):

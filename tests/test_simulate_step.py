@@ -6,10 +6,10 @@ import json
 import pytest
 
 from netmorph.cli import main
-from netmorph.planner.config import ParallelConfig
+from netmorph.mesh.layout import Layout
 from netmorph.planner.hardware import PRESETS as HARDWARE
 from netmorph.planner.memory import memory
-from netmorph.planner.model import PRESETS as MODELS
+from netmorph.mesh.shape import PRESETS as MODELS
 from netmorph.planner.search import check, estimate
 from netmorph.simulate import Costs, simulate_config, simulate_step
 
@@ -26,7 +26,7 @@ def test_a_step_without_communication_is_the_sum_of_its_compute():
 @pytest.mark.parametrize("model,mb,gb,recompute", [("ptdp-1.7b", 1, 4, "none"), ("ptdp-7.5b", 2, 8, "full"),
                                                     ("gpt3-175b", 1, 2, "selective")])
 def test_a_one_rank_step_equals_the_planners_compute_time(model, mb, gb, recompute):
-    c = ParallelConfig(1, 1, 1, mb, gb, 1, 0, recompute)
+    c = Layout(micro_batch_size=mb, global_batch=gb, recompute=recompute)
     out = simulate_config(MODELS[model], c, A100)
     plan = estimate(MODELS[model], c, A100)
     assert out["step_time_s"] == pytest.approx(plan["compute_s"] + plan["optimizer_s"], rel=1e-9)
@@ -73,7 +73,8 @@ def test_table1_configurations_that_fit_agree_with_the_planner_within_ten_percen
         model = MODELS[name]
         best = None
         for mb, v in itertools.product((1, 2, 4, 8), range(1, 9)):
-            c = ParallelConfig(t, p, n // (t * p), mb, batch, v, 0, "full")
+            c = Layout(tp=t, pp=p, dp=n // (t * p), micro_batch_size=mb, global_batch=batch, interleave=v,
+                       recompute="full")
             if check(model, c, A100) or memory(model, c)["total"] > A100.memory_bytes:
                 continue
             if c.interleave > 1 and c.microbatches % p or model.layers % (p * v):   # the simulator's even chunks

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from netmorph.cli import main
-from netmorph.models.gpt import GPTConfig
+from netmorph.mesh.shape import ModelShape
 from netmorph.parallel.hybrid import TrainConfig, train_rank
 from netmorph.parallel.pipeline import check, schedule
 from netmorph.parallel.run import reference, summarise
@@ -20,11 +20,11 @@ from netmorph.runtime import Fault, LaunchError, launch
 
 pytestmark = pytest.mark.timeout(120)
 
-TINY = GPTConfig(layers=4, hidden=32, heads=4, seq=16, vocab=64)
+TINY = ModelShape(layers=4, hidden=32, heads=4, seq=16, vocab=64)
 
 
 def _run(steps=2, **kw):
-    cfg = TrainConfig(model=TINY, steps=steps, **kw)
+    cfg = TrainConfig.make(model=TINY, steps=steps, **kw)
     cfg.check()
     res = launch(train_rank, cfg.world, cfg, timeout=60)
     return cfg, summarise(cfg, res, "local", reference(cfg))
@@ -45,8 +45,8 @@ def test_layout_equals_the_one_rank_run_and_sends_the_closed_form(kw):
     cfg, out = _run(**kw)
     assert out["max_rel_loss_diff"] < 1e-9, out["losses"]
     assert out["max_abs_weight_diff"] < 1e-9
-    want = {"dp" if cfg.dp > 1 and not cfg.zero else None, "zero" if cfg.zero else None,
-            "tp" if cfg.tp > 1 else None, "pp" if cfg.pp > 1 else None} - {None}
+    want = {"dp" if cfg.layout.dp > 1 and not cfg.layout.zero else None, "zero" if cfg.layout.zero else None,
+            "tp" if cfg.layout.tp > 1 else None, "pp" if cfg.layout.pp > 1 else None} - {None}
     assert want <= set(out["traffic_exact"]), out["traffic_exact"]
     assert all(out["traffic_exact"].values()), (out["bytes_per_rank_by_phase"],
                                                 out["predicted_bytes_per_rank_by_phase"])
@@ -78,7 +78,7 @@ def test_pipeline_schedules_are_data_and_bound_in_flight_microbatches():
 
 
 def test_a_dead_rank_ends_the_run_with_its_name():
-    cfg = TrainConfig(model=TINY, tp=2, pp=2, steps=3)
+    cfg = TrainConfig.make(model=TINY, tp=2, pp=2, steps=3)
     with pytest.raises(LaunchError) as e:
         launch(train_rank, cfg.world, cfg, faults=[Fault("kill", rank=3, at_op=15)], timeout=20)
     assert e.value.rank == 3 and "SIGKILL" in str(e.value).splitlines()[0]
@@ -129,7 +129,7 @@ def test_bad_layouts_are_one_line_naming_the_flag(argv, flag, capsys):
 
 
 def test_torch_backend_trains_the_same_losses():
-    cfg = TrainConfig(model=TINY, tp=2, pp=2, steps=2)
+    cfg = TrainConfig.make(model=TINY, tp=2, pp=2, steps=2)
     local = summarise(cfg, launch(train_rank, 4, cfg, timeout=60), "local")
     torch_ = summarise(cfg, launch(train_rank, 4, cfg, backend="torch", timeout=60), "torch")
     assert torch_["losses"] == local["losses"]
@@ -145,7 +145,7 @@ def test_torchrun_trains_the_same_losses_as_the_local_fabric(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     job = json.loads(r.stdout)                       # rank 0 alone prints, for the whole job
     assert job["world"] == 4 and job["dp"] == 2 and job["backend"] == "torch"
-    cfg = TrainConfig(model=TINY, tp=2, dp=2, steps=2)
+    cfg = TrainConfig.make(model=TINY, tp=2, dp=2, steps=2)
     local = summarise(cfg, launch(train_rank, 4, cfg, timeout=60), "local")
     assert job["losses"] == local["losses"]
     assert job["traffic_exact"] == {"dp": True, "tp": True}
@@ -158,14 +158,14 @@ def test_torchrun_trains_the_same_losses_as_the_local_fabric(tmp_path):
 def test_model_state_memory_equals_the_planners_formula(kw):
     """Parameters, gradients and Adam states of the most loaded rank, in bytes, equal what
     `netmorph plan estimate` computes for the same model and layout (fp64, two Adam states)."""
-    from netmorph.report.train import planner_memory
-    cfg = TrainConfig(model=TINY, steps=1, **kw)
+    from netmorph.planner.memory import trainer_memory
+    cfg = TrainConfig.make(model=TINY, steps=1, **kw)
     out = summarise(cfg, launch(train_rank, cfg.world, cfg, timeout=60), "local")
-    want = planner_memory(cfg)
+    want = trainer_memory(cfg.model, cfg.layout, 8)
     for k in ("params", "grads", "optimizer"):
         assert out["memory_bytes"][k] == want[k], k
     act = out["memory_bytes"]["activations_peak"]
-    assert act is None if cfg.zero >= 3 else 0.2 < act / want["activations"] < 5
+    assert act is None if cfg.layout.zero >= 3 else 0.2 < act / want["activations"] < 5
 
 
 @pytest.mark.parametrize("d", [2, 3, 4])
@@ -218,7 +218,7 @@ def test_emulated_compute_is_per_stage_whatever_the_interleaving(v):
     forward slots of a stage add up to m x compute_ms for every v (each chunk slept all of it, so the tour's
     interleaved 1F1B ran 1.6x slower than plain 1F1B)."""
     m, ms = 4, 25.0
-    cfg = TrainConfig(model=TINY, steps=1, pp=2, microbatches=m, interleave=v, compute_ms=ms,
+    cfg = TrainConfig.make(model=TINY, steps=1, pp=2, microbatches=m, interleave=v, compute_ms=ms,
                       schedule="interleaved" if v > 1 else "1f1b")
     cfg.check()
     res = launch(train_rank, cfg.world, cfg, timeout=60)

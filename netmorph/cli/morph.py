@@ -61,11 +61,11 @@ def add_parser(sub) -> None:
 
 def _model(args):
     """The GPT the flags describe (both actions); one line for a size out of range."""
-    from netmorph.models.gpt import GPTConfig
+    from netmorph.mesh.shape import ModelShape
     for k in ("layers", "hidden", "heads", "seq", "vocab", "global_batch"):
         if not 1 <= getattr(args, k) <= 4096:
             raise UsageError(f"--{k.replace('_', '-')} must be in 1..4096, got {getattr(args, k)}")
-    return GPTConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab)
+    return ModelShape(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab)
 
 
 def run(args) -> int:
@@ -119,19 +119,19 @@ def _control(args) -> int:
     with Bar("morph") as bar:
         with bar.task("calibrating every layout"):
             cal = calibrate(trainer, scenario, steps, log=lambda lay, seq, t, inter: say(
-                f"  {lay.label():<14} seq {seq:<4} {1e3 * t:7.1f} ms/step, {inter:>10,.0f} B/step across nodes "
+                f"  {lay.tag():<14} seq {seq:<4} {1e3 * t:7.1f} ms/step, {inter:>10,.0f} B/step across nodes "
                 f"(busiest rank)", flush=True))
         start = cal.best(cal.beta0, world, model.seq)
         ranked = cal.layouts(world, model.seq)
-        say(f"start on {start.label()} (the model's best on the healthy cluster); controller every {args.segment} "
+        say(f"start on {start.tag()} (the model's best on the healthy cluster); controller every {args.segment} "
             f"steps:", flush=True)
         with bar.task("the control loop's run"):
             adaptive = run_adaptive(trainer, cal, start, steps, args.segment, scenario, log=say)
         statics = {}
         for lay in ([start] + [x for x in ranked if x != start])[:args.static]:
-            say(f"static {lay.label()} ...", flush=True)
-            with bar.task(f"static {lay.label()}"):
-                statics[lay.label()] = run_static(trainer, lay, steps, args.segment, scenario, log=say)
+            say(f"static {lay.tag()} ...", flush=True)
+            with bar.task(f"static {lay.tag()}"):
+                statics[lay.tag()] = run_static(trainer, lay, steps, args.segment, scenario, log=say)
     best_static = min(statics, key=lambda k: statics[k].total_s)
     out = {"world": world, "steps": steps, "scenario": scenario.label(),
            "decisions": [{"step": d.step, "from": d.before, "to": d.after, "measured_step_s": _finite(d.measured_step_s),
@@ -143,9 +143,9 @@ def _control(args) -> int:
            "static_runs": {k: _finite(r.total_s) for k, r in statics.items()},
            "static_failed": {k: r.failed for k, r in statics.items() if r.failed},
            "total_s": adaptive.total_s, "reshard_s": adaptive.reshard_s, "redone_steps": adaptive.redone,
-           "start": start.label(), "start_static_total_s": _finite(statics[start.label()].total_s),
+           "start": start.tag(), "start_static_total_s": _finite(statics[start.tag()].total_s),
            "best_static": best_static, "best_static_total_s": _finite(statics[best_static].total_s),
-           "calibration_ms": {f"{lay.label()} seq {seq}": 1e3 * t for (lay, seq), t in cal.step_s.items()}}
+           "calibration_ms": {f"{lay.tag()} seq {seq}": 1e3 * t for (lay, seq), t in cal.step_s.items()}}
     if args.plot:
         from netmorph.report.morph import plot_throughput
         plot_throughput(args.plot, adaptive, statics, scenario)
@@ -153,7 +153,7 @@ def _control(args) -> int:
         json.dump(out, sys.stdout)
         sys.stdout.write("\n")
         return 0
-    first = statics[start.label()].total_s
+    first = statics[start.tag()].total_s
     print(f"{'run':<24} {'total (s)':>10} {'vs start':>9} {'redone':>7} {'median tokens/s':>16}")
     rows = [("adaptive", adaptive)] + [(f"static {k}", r) for k, r in statics.items()]
     for name, r in rows:
@@ -165,7 +165,7 @@ def _control(args) -> int:
 
     def total(r, name):
         return f"{r.total_s:.2f} s on {name}" if not r.failed else f"no finish on {name} (stopped: {r.failed})"
-    print(f"# adaptive {adaptive.total_s:.2f} s against {total(statics[start.label()], 'the start split ' + start.label())}"
+    print(f"# adaptive {adaptive.total_s:.2f} s against {total(statics[start.tag()], 'the start split ' + start.tag())}"
           f" and {total(statics[best_static], f'the best of the {len(statics)} static splits run, ' + best_static)}; "
           f"{len(adaptive.decisions)} move(s), {adaptive.reshard_s * 1e3:.1f} ms moving state, {adaptive.redone} steps "
           f"redone")
@@ -180,7 +180,7 @@ def _finite(x: float):
 
 
 def _reshard(args) -> int:
-    from netmorph.morph.layouts import parse_layout, train_config
+    from netmorph.morph.layouts import check, parse_layout, train_config
     from netmorph.morph.reshard import execute, gather_reference, matches, plan
     from netmorph.parallel.hybrid import train_rank
     from netmorph.parallel.state import assemble
@@ -194,7 +194,7 @@ def _reshard(args) -> int:
     for flag, text in (("--from", args.before), ("--to", args.after)):
         try:
             lay = parse_layout(text, args.world)
-            lay.check(model)
+            check(lay, model)
         except UsageError as e:
             raise UsageError(f"{flag} {e}") from None
         layouts.append(lay)
@@ -204,7 +204,7 @@ def _reshard(args) -> int:
     cw = train_config(model, before, 2 * args.steps, args.global_batch)
     p = plan(model, before, after)
     from netmorph.cli.progress import Bar
-    with Bar("morph") as bar, bar.task(f"training on {before.label()}, moving to {after.label()}, and the "
+    with Bar("morph") as bar, bar.task(f"training on {before.tag()}, moving to {after.tag()}, and the "
                                       f"unmorphed run"):
         a = launch(train_rank, ca.world, ca, None, None, timeout=args.timeout)
         states = [r["flat_state"] for r in a]
@@ -222,14 +222,14 @@ def _reshard(args) -> int:
     ok = exact and phase == {"messages": p.messages, "bytes": p.bytes} and dloss <= 1e-9 and dparam <= 1e-9
     matrix = p.bytes_matrix()
     if args.json:
-        json.dump({"world": args.world, "before": before.label(), "after": after.label(), **p.summary(),
+        json.dump({"world": args.world, "before": before.tag(), "after": after.tag(), **p.summary(),
                    "matrix": matrix.tolist(), "ledger": phase, "reshard_s": seconds, "exact": exact,
                    "losses": losses, "unmorphed_losses": unmorphed, "max_loss_diff": dloss,
                    "max_param_diff": dparam, "ok": ok}, sys.stdout)
         sys.stdout.write("\n")
         return 0 if ok else 1
     print(f"# netmorph morph reshard: GPT {args.layers} layers x {args.hidden} on {args.world} ranks, "
-          f"{before.label()} -> {after.label()} after {args.steps} steps (global batch {args.global_batch})")
+          f"{before.tag()} -> {after.tag()} after {args.steps} steps (global batch {args.global_batch})")
     print(f"plan      {p.messages} messages in {p.rounds} rounds, {p.bytes:,} B on the wire, "
           f"{p.kept_bytes():,} B kept in place (parameters, Adam m and v; counted before it runs)")
     print("bytes     source rank (rows) -> destination rank (columns):")
@@ -241,7 +241,7 @@ def _reshard(args) -> int:
           f"{1e3 * seconds:.1f} ms")
     print(f"check     every parameter and Adam moment equals the state gathered to one place: "
           f"{'yes' if exact else 'NO'}")
-    print(f"          {args.steps} more steps on {after.label()} against {2 * args.steps} unmorphed on "
-          f"{before.label()}: max |loss diff| {dloss:.1e}, max |param diff| {dparam:.1e} "
+    print(f"          {args.steps} more steps on {after.tag()} against {2 * args.steps} unmorphed on "
+          f"{before.tag()}: max |loss diff| {dloss:.1e}, max |param diff| {dparam:.1e} "
           f"{'✓' if ok else '✗ (tolerance 1e-9)'}")
     return 0 if ok else 1

@@ -108,14 +108,14 @@ def _common(args):
     (a flag given on the command line wins) and the settings the planner does not model are printed."""
     from netmorph.planner.configs import from_deepspeed_config, from_hf_config, from_megatron_args
     from netmorph.planner.hardware import load_hardware
-    from netmorph.planner.model import ModelSpec, from_args
+    from netmorph.mesh.shape import MEGATRON_DEFAULTS, ModelShape, from_args
     sources = [k for k in ("model", "model_config", "megatron_args") if getattr(args, k, None)]
     if len(sources) > 1:
         raise UsageError("give one of --model, --model-config and --megatron-args (flags override its fields)")
     base, notes = None, []
     if getattr(args, "model_config", None):
         fields, unknown = from_hf_config(args.model_config)
-        base = ModelSpec(**fields)
+        base = ModelShape(**fields)
         if unknown:
             notes.append(f"{args.model_config}: not modelled: {', '.join(unknown)}")
     split = {}
@@ -125,7 +125,7 @@ def _common(args):
         if missing:
             raise UsageError(f"--megatron-args lacks --num-layers/--hidden-size/--num-attention-heads "
                              f"(missing: {', '.join(missing)})")
-        base = ModelSpec("megatron-args", **fields)
+        base = ModelShape("megatron-args", **{**MEGATRON_DEFAULTS, **fields})
         if unknown:
             notes.append(f"--megatron-args: not modelled: {' '.join(unknown)}")
     if getattr(args, "deepspeed_config", None):
@@ -180,7 +180,7 @@ def run(args) -> int:
 
 def config_from(args):
     """The one split the flags name (tp, cp, pp default 1; dp from --gpus)."""
-    from netmorph.planner.config import ParallelConfig
+    from netmorph.mesh.layout import Layout
     tp, pp, cp = args.tp or 1, args.pp or 1, args.cp or 1
     inner = tp * pp * cp
     if args.dp is None:
@@ -198,11 +198,13 @@ def config_from(args):
                          f"--gpus/--tp/--cp/--pp/--dp")
     mb = args.microbatch or 1
     gb = args.global_batch or dp * mb
-    return ParallelConfig(tp, pp, dp, mb, gb, args.interleave or 1, args.zero or 0, args.recompute or "none",
-                          bool(args.sequence_parallel), bool(args.dp_overlap), args.param_bytes, args.grad_bytes,
-                          args.optimizer_bytes, cp, args.ep or 1, args.precision or "bf16",
-                          args.first_stage_layers or 0, args.last_stage_layers or 0, bool(args.tp_overlap),
-                          bool(args.pp_overlap))
+    return Layout(tp=tp, cp=cp, ep=args.ep or 1, dp=dp, pp=pp, zero=args.zero or 0, interleave=args.interleave or 1,
+                  global_batch=gb, micro_batch_size=mb,
+                  sequence_parallel=bool(args.sequence_parallel), recompute=args.recompute or "none",
+                  dp_overlap=bool(args.dp_overlap), tp_overlap=bool(args.tp_overlap), pp_overlap=bool(args.pp_overlap),
+                  precision=args.precision or "bf16", param_bytes=args.param_bytes, grad_bytes=args.grad_bytes,
+                  optimizer_bytes=args.optimizer_bytes, first_stage_layers=args.first_stage_layers or 0,
+                  last_stage_layers=args.last_stage_layers or 0)
 
 
 def _estimate(args, model, hw) -> int:
@@ -305,11 +307,11 @@ def _search(args, model, hw) -> int:
         v = getattr(args, k)
         if v is not None and args.gpus % v:
             raise UsageError(f"--{k} {v} does not divide --gpus {args.gpus}")
-    from netmorph.planner.config import ParallelConfig
-    base = ParallelConfig(dp_overlap=bool(args.dp_overlap), param_bytes=args.param_bytes, grad_bytes=args.grad_bytes,
-                          optimizer_bytes=args.optimizer_bytes, first_stage_layers=args.first_stage_layers or 0,
-                          last_stage_layers=args.last_stage_layers or 0, tp_overlap=bool(args.tp_overlap),
-                          pp_overlap=bool(args.pp_overlap))
+    from netmorph.mesh.layout import Layout
+    base = Layout(dp_overlap=bool(args.dp_overlap), param_bytes=args.param_bytes, grad_bytes=args.grad_bytes,
+                  optimizer_bytes=args.optimizer_bytes, first_stage_layers=args.first_stage_layers or 0,
+                  last_stage_layers=args.last_stage_layers or 0, tp_overlap=bool(args.tp_overlap),
+                  pp_overlap=bool(args.pp_overlap))
     fixed = {k: getattr(args, k) for k in FIXABLE if getattr(args, k) is not None}
     t0 = time.perf_counter()
     if args.top < 1:

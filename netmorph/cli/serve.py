@@ -131,7 +131,7 @@ def _roofline(args) -> int:
 def _serve(args) -> int:
     from netmorph.errors import require
     require("torch", "netmorph serve")
-    from netmorph.models.gpt import GPTConfig
+    from netmorph.mesh.shape import ModelShape
     from netmorph.serving import workload
     from netmorph.serving.engine import Engine, ServeConfig
     if not 1 <= args.requests <= 100_000:
@@ -163,7 +163,7 @@ def _serve(args) -> int:
                       preemption=args.preemption, prefix_caching=not args.no_prefix_caching,
                       temperature=args.temperature)
     cfg.check()
-    model = GPTConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.context, vocab=args.vocab)
+    model = ModelShape(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.context, vocab=args.vocab)
     bad = []
     if args.workload:
         reqs, bad = workload.load(args.workload, args.context, args.vocab, args.seed)
@@ -320,7 +320,7 @@ def _time_model(text: str):
     if text == "measured":
         return None, None, None
     from netmorph.planner.hardware import PRESETS as HARDWARE
-    from netmorph.serving.kv import PRESETS as MODELS
+    from netmorph.mesh.shape import PRESETS as MODELS
     from netmorph.serving.roofline import iteration_time
     name, _, hw = text.partition("@")
     if name not in MODELS or hw not in HARDWARE:

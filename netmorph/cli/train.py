@@ -71,7 +71,7 @@ def add_parser(sub) -> None:
 
 
 def config_from(args):
-    from netmorph.models.gpt import GPTConfig
+    from netmorph.mesh.shape import ModelShape
     from netmorph.parallel.hybrid import TrainConfig
     for k in ("layers", "hidden", "heads", "seq", "vocab", "steps"):
         if getattr(args, k) < 1:
@@ -105,8 +105,8 @@ def config_from(args):
             raise UsageError(f"--microbatches {micro} contradicts --global-batch-size {args.global_batch_size} "
                              f"(= dp {args.dp} x {from_global} x {mbs})")
         micro = from_global
-    cfg = TrainConfig(model=GPTConfig(args.layers, args.hidden, args.heads, args.seq, args.vocab),
-                      tp=args.tp, pp=args.pp, dp=args.dp, zero=args.zero, dp_mode=args.dp_mode,
+    model = ModelShape(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab)
+    cfg = TrainConfig.make(model=model, tp=args.tp, pp=args.pp, dp=args.dp, zero=args.zero, dp_mode=args.dp_mode,
                       bucket_mb=args.bucket_mb, overlap=not args.no_overlap,
                       sequence_parallel=args.sequence_parallel, schedule=args.schedule, interleave=args.interleave,
                       microbatches=micro if micro is not None else 2, micro_batch_size=mbs, steps=args.steps,
@@ -114,16 +114,17 @@ def config_from(args):
     cfg.check()
     from netmorph.runtime import budget
     m = cfg.model
-    memory, seconds = budget.training(params_per_rank=m.params() / (cfg.tp * cfg.pp), active_params=m.params(),
+    lay = cfg.layout
+    memory, seconds = budget.training(params_per_rank=m.params() / (lay.tp * lay.pp), active_params=m.params(),
                                       layers=m.layers, hidden=m.hidden, heads=m.heads, seq=m.seq,
-                                      vocab=m.vocab, micro_batch=cfg.micro_batch_size, microbatches=cfg.microbatches,
-                                      steps=cfg.steps, world=cfg.world, tp=cfg.tp, pp=cfg.pp,
+                                      vocab=m.vocab, micro_batch=lay.micro_batch_size, microbatches=lay.microbatches,
+                                      steps=cfg.steps, world=cfg.world, tp=lay.tp, pp=lay.pp,
                                       itemsize=8 if cfg.dtype == "float64" else 4,
-                                      in_flight=cfg.microbatches if cfg.schedule == "afab" else None)
+                                      in_flight=lay.microbatches if lay.pipeline_schedule == "afab" else None)
     budget.check(memory, seconds, f"training {m.params():,} parameters on {budget.ranks(cfg.world)}",
                  "--micro-batch-size (or --microbatches with afab), --layers, --hidden, --seq or --vocab",
                  "--steps, --microbatches, --micro-batch-size or the model (--layers, --hidden, --seq, --vocab)")
-    if args.baseline and (cfg.tp > 1 or cfg.pp > 1):
+    if args.baseline and (cfg.layout.tp > 1 or cfg.layout.pp > 1):
         raise UsageError("--baseline ddp compares data parallelism only: use it with --tp 1 --pp 1")
     return cfg
 
@@ -149,8 +150,8 @@ def run(args) -> int:
 
 
 def _print(args, cfg, out) -> int:
-    from netmorph.report.train import planner_memory
-    out["planner_memory_bytes"] = planner_memory(cfg)
+    from netmorph.planner.memory import trainer_memory
+    out["planner_memory_bytes"] = trainer_memory(cfg.model, cfg.layout, 8 if cfg.dtype == "float64" else 4)
     trace = out.pop("trace", None)
     if trace is not None:
         write_json(args.trace, trace)
@@ -165,24 +166,25 @@ def _print(args, cfg, out) -> int:
 
 
 def _layout(cfg) -> str:
-    parts = [f"tp{cfg.tp}", f"pp{cfg.pp}", f"dp{cfg.dp}"]
-    if cfg.zero:
-        parts.append(f"ZeRO-{cfg.zero}")
-    if cfg.sequence_parallel:
+    parts = [f"tp{cfg.layout.tp}", f"pp{cfg.layout.pp}", f"dp{cfg.layout.dp}"]
+    if cfg.layout.zero:
+        parts.append(f"ZeRO-{cfg.layout.zero}")
+    if cfg.layout.sequence_parallel:
         parts.append("SP")
-    sched = cfg.schedule + (f" v={cfg.interleave}" if cfg.interleave > 1 else "")
-    return " ".join(parts) + (f", {sched}" if cfg.pp > 1 else "")
+    sched = cfg.layout.pipeline_schedule + (f" v={cfg.layout.interleave}" if cfg.layout.interleave > 1 else "")
+    return " ".join(parts) + (f", {sched}" if cfg.layout.pp > 1 else "")
 
 
 def print_run(cfg, out) -> None:
     m = out["model"]
     print(f"# netmorph train: GPT l{m['layers']} h{m['hidden']} heads {m['heads']} s{m['seq']} V{m['vocab']} "
-          f"({m['params']:,} params, {cfg.dtype}); {_layout(cfg)}; {cfg.microbatches} microbatches x "
-          f"{cfg.micro_batch_size} per DP rank, global batch {cfg.global_batch}; backend {out['backend']}")
+          f"({m['params']:,} params, {cfg.dtype}); {_layout(cfg)}; {cfg.layout.microbatches} microbatches x "
+          f"{cfg.layout.micro_batch_size} per DP rank, global batch {cfg.layout.global_batch}; "
+          f"backend {out['backend']}")
     shown = [ph for ph in PHASES if ph in out["bytes_per_rank_by_phase"]]
     print(f"{'step':>4} {'loss':>9} {'time(ms)':>9} {'tokens/s':>9}  " + " ".join(f"{ph:>12}" for ph in shown)
           + "   (bytes sent per rank, max over ranks)")
-    tokens = cfg.global_batch * cfg.model.seq
+    tokens = cfg.layout.global_batch * cfg.model.seq
     for k, (loss, t) in enumerate(zip(out["losses"], out["step_times_s"]), 1):
         b = out["step_bytes_by_phase"][k - 1]
         print(f"{k:>4} {loss:>9.5f} {t * 1e3:>9.1f} {tokens / t:>9,.0f}  " + " ".join(f"{b.get(ph, 0):>12,}"
@@ -200,11 +202,12 @@ def print_run(cfg, out) -> None:
         mark = "✓" if ok else "✗"
         print(f"#   {ph:<12} {out['bytes_per_rank_by_phase'][ph]:>12,} {pred:>14,.0f} {mark}  "
               f"{out['formulas'].get(ph, '')}")
-    if cfg.pp > 1:
+    if cfg.layout.pp > 1:
         fl = out["in_flight_peak"]
-        bound = {"afab": f"m = {cfg.microbatches}", "1f1b": f"p = {cfg.pp}"}.get(cfg.schedule, "(p-1)·2 + (v-1)·p + 1")
+        bound = {"afab": f"m = {cfg.layout.microbatches}", "1f1b": f"p = {cfg.layout.pp}"}.get(
+            cfg.layout.pipeline_schedule, "(p-1)·2 + (v-1)·p + 1")
         print(f"# pipeline: microbatches in flight per stage {[fl[s] for s in sorted(fl)]} "
-              f"({cfg.schedule}: at most {bound} on stage 0)")
+              f"({cfg.layout.pipeline_schedule}: at most {bound} on stage 0)")
         bub = out["bubble_fraction"]
         how = (f"emulated compute {cfg.compute_ms:g} ms per forward" if cfg.compute_ms else
                "no --compute-ms: with more ranks than cores this measures the scheduler, not the schedule")
@@ -219,7 +222,7 @@ def print_run(cfg, out) -> None:
     act = mem.get("activations_peak")
     if act:
         print(f"# activations at the peak (saved for backward x microbatches held): {act:,} B; Korthikanti et al.'s "
-              f"estimate {plan['activations']:,.0f} B (16-bit, with dropout masks, which this model has not): "
+              f"estimate {plan['activations']:,.0f} B (16-bit; this model has no dropout): "
               f"ratio {act / plan['activations']:.2f}")
     if "baseline" in out:
         b, me = out["baseline"], out["tokens_per_s"]

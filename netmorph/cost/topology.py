@@ -41,6 +41,15 @@ from netmorph.errors import UsageError
 from netmorph.files import path_exists, read_json_object
 
 
+def node_of(rank, per_node: int):
+    """The node of ``rank`` (an int or a numpy array of ranks) when nodes hold ``per_node`` consecutive ranks
+    (torchrun's ``--nproc-per-node``: LOCAL_RANK = rank mod per_node); one node when ``per_node`` <= 0. The one
+    place netmorph decides node membership."""
+    if per_node <= 0:
+        return rank * 0
+    return rank // per_node
+
+
 @dataclass(frozen=True)
 class Topology:
     """α in seconds, β and γ in seconds per byte, bandwidths in bytes per second."""
@@ -67,9 +76,7 @@ class Topology:
                              "world")
 
     def node_of(self, devices: np.ndarray) -> np.ndarray:
-        if self.flat:
-            return np.zeros(len(devices), dtype=np.int64)
-        return np.asarray(devices, dtype=np.int64) // self.gpus_per_node
+        return node_of(np.asarray(devices, dtype=np.int64), self.gpus_per_node)
 
     def with_flat(self, alpha=None, beta=None, gamma=None) -> "Topology":
         """A copy with α, β, γ overridden (flat topologies only keep one link class)."""

@@ -25,54 +25,28 @@ bigram entropy). No network, no files.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-@dataclass(frozen=True)
-class GPTConfig:
-    layers: int = 4
-    hidden: int = 64
-    heads: int = 4
-    seq: int = 32
-    vocab: int = 128
-    seed: int = 0
-
-    @property
-    def ffn(self) -> int:
-        return 4 * self.hidden
-
-    def params(self) -> int:
-        """Every parameter of the 1-rank model (tied embedding counted once)."""
-        h, f = self.hidden, self.ffn
-        return self.layers * (4 * h * h + 2 * h * f + 9 * h + f) + (self.vocab + self.seq) * h + 2 * h
+from netmorph.mesh.placement import BLOCK, Shard, parameters
+from netmorph.mesh.shape import ModelShape
 
 
-def full_weights(cfg: GPTConfig, dtype=torch.float64) -> dict:
-    """Every weight of the 1-rank model, drawn in one fixed order from ``cfg.seed`` (GPT-2's init:
-    N(0, 0.02), residual projections scaled by 1/sqrt(2·layers), biases zero, LayerNorm 1/0)."""
+def full_weights(cfg: ModelShape, dtype=torch.float64) -> dict:
+    """Every weight of the 1-rank model, drawn in :func:`~netmorph.mesh.placement.parameters`' order from
+    ``cfg.seed`` (GPT-2's init: N(0, 0.02), residual projections scaled by 1/sqrt(2·layers), biases zero,
+    LayerNorm 1/0)."""
     g = torch.Generator().manual_seed(cfg.seed)
-    h, f, std = cfg.hidden, cfg.ffn, 0.02
-    proj_std = std / math.sqrt(2 * cfg.layers)
-
-    def normal(*shape, s=std):
-        return (torch.randn(*shape, generator=g, dtype=torch.float64) * s).to(dtype)
-
-    w = {"wte": normal(cfg.vocab, h), "wpe": normal(cfg.seq, h),
-         "ln_f.w": torch.ones(h, dtype=dtype), "ln_f.b": torch.zeros(h, dtype=dtype)}
-    for i in range(cfg.layers):
-        w.update({
-            f"{i}.ln1.w": torch.ones(h, dtype=dtype), f"{i}.ln1.b": torch.zeros(h, dtype=dtype),
-            f"{i}.qkv.w": normal(3 * h, h), f"{i}.qkv.b": torch.zeros(3 * h, dtype=dtype),
-            f"{i}.proj.w": normal(h, h, s=proj_std), f"{i}.proj.b": torch.zeros(h, dtype=dtype),
-            f"{i}.ln2.w": torch.ones(h, dtype=dtype), f"{i}.ln2.b": torch.zeros(h, dtype=dtype),
-            f"{i}.fc.w": normal(f, h), f"{i}.fc.b": torch.zeros(f, dtype=dtype),
-            f"{i}.fc2.w": normal(h, f, s=proj_std), f"{i}.fc2.b": torch.zeros(h, dtype=dtype),
-        })
+    std = {"normal": 0.02, "residual": 0.02 / math.sqrt(2 * cfg.layers)}
+    w = {}
+    for p in parameters(cfg):
+        if p.init in std:
+            w[p.name] = (torch.randn(*p.shape, generator=g, dtype=torch.float64) * std[p.init]).to(dtype)
+        else:
+            w[p.name] = (torch.ones if p.init == "ones" else torch.zeros)(*p.shape, dtype=dtype)
     return w
 
 
@@ -133,18 +107,18 @@ class PlainLayers:
 class Block(nn.Module):
     """Pre-LN transformer layer: x + attn(ln1(x)), then + mlp(ln2(x))."""
 
-    def __init__(self, w: dict, i: int, cfg: GPTConfig, L):
+    def __init__(self, w: dict, i: int, cfg: ModelShape, L):
         super().__init__()
         self.L = L
         h, nh = cfg.hidden, cfg.heads
         self.hd = h // nh
         self.nh = L.heads(nh)                                            # heads on this rank
         self.ln1 = L.layer_norm(w[f"{i}.ln1.w"], w[f"{i}.ln1.b"])
-        self.qkv = L.column(w[f"{i}.qkv.w"], w[f"{i}.qkv.b"])           # h -> 3h / t
-        self.proj = L.row(w[f"{i}.proj.w"], w[f"{i}.proj.b"])           # h / t -> h
+        self.qkv = _linear(L, w, i, "qkv")                               # h -> 3h / t
+        self.proj = _linear(L, w, i, "proj")                             # h / t -> h
         self.ln2 = L.layer_norm(w[f"{i}.ln2.w"], w[f"{i}.ln2.b"])
-        self.fc = L.column(w[f"{i}.fc.w"], w[f"{i}.fc.b"])              # h -> 4h / t
-        self.fc2 = L.row(w[f"{i}.fc2.w"], w[f"{i}.fc2.b"])              # 4h / t -> h
+        self.fc = _linear(L, w, i, "fc")                                 # h -> 4h / t
+        self.fc2 = _linear(L, w, i, "fc2")                               # 4h / t -> h
 
     def forward(self, x):                                                # x (T', B, h); T' = T / t with SP
         a = self.qkv(self.ln1(x))                                        # (T, B, 3h/t)
@@ -158,6 +132,15 @@ class Block(nn.Module):
         return x
 
 
+def _linear(L, w: dict, i: int, module: str):
+    """Layer ``i``'s ``module`` as its placement says: column-parallel when its weight is Shard(0) over tp,
+    row-parallel when Shard(1) (:data:`netmorph.mesh.placement.BLOCK`)."""
+    wname, _ = BLOCK[f"{module}.weight"]
+    bname, _ = BLOCK[f"{module}.bias"]
+    make = L.column if BLOCK[f"{module}.weight"][1] == Shard(0) else L.row
+    return make(w[f"{i}.{wname}"], w[f"{i}.{bname}"])
+
+
 class GPTStage(nn.Module):
     """Layers ``[first, last)`` of the GPT; the first stage embeds, the last computes the loss.
 
@@ -165,7 +148,7 @@ class GPTStage(nn.Module):
     the loss (:class:`PlainLayers` or Megatron's tensor-parallel ones).
     """
 
-    def __init__(self, cfg: GPTConfig, first: int = 0, last: int | None = None, layers=None,
+    def __init__(self, cfg: ModelShape, first: int = 0, last: int | None = None, layers=None,
                  dtype=torch.float64):
         super().__init__()
         last = cfg.layers if last is None else last
@@ -201,7 +184,7 @@ def bigram_table(vocab: int, seed: int = 1234) -> np.ndarray:
     return p / p.sum(1, keepdims=True)
 
 
-def synthetic_batch(cfg: GPTConfig, indices) -> tuple[torch.Tensor, torch.Tensor]:
+def synthetic_batch(cfg: ModelShape, indices) -> tuple[torch.Tensor, torch.Tensor]:
     """Samples ``indices`` (global sample numbers) as (tokens, targets), each (T, B) int64.
 
     Sample i is a walk through the bigram language seeded by i alone: the same sample for

@@ -177,8 +177,9 @@ class MoEModel(nn.Module):
 
 def batch_for(cfg: MoEConfig, step: int, rank: int):
     """Rank ``rank``'s tokens and targets at ``step``, flattened to (seq·batch,)."""
-    from netmorph.models.gpt import GPTConfig, synthetic_batch
-    g = GPTConfig(seq=cfg.seq, vocab=cfg.vocab, seed=cfg.seed)
+    from netmorph.mesh.shape import ModelShape
+    from netmorph.models.gpt import synthetic_batch
+    g = ModelShape(seq=cfg.seq, vocab=cfg.vocab, seed=cfg.seed)
     first = (step * cfg.world + rank) * cfg.batch
     tokens, targets = synthetic_batch(g, range(first, first + cfg.batch))       # (seq, batch) each
     return tokens.reshape(-1), targets.reshape(-1)

@@ -41,7 +41,8 @@ from dataclasses import dataclass, field, replace
 
 from netmorph.cost.topology import Topology
 from netmorph.errors import UsageError
-from netmorph.morph.layouts import Layout, train_config
+from netmorph.mesh.layout import Layout
+from netmorph.morph.layouts import train_config
 from netmorph.morph.reshard import StateLost, execute, plan, restore
 
 
@@ -221,10 +222,8 @@ def candidates(model, world: int, global_batch: int, max_tp: int = 8) -> list:
         for pp in (1, 2, 4, 8):
             if world % (tp * pp):
                 continue
-            lay = Layout(tp, pp, world // (tp * pp))
-            try:
-                lay.check(model)
-            except UsageError:
+            lay = Layout(tp=tp, pp=pp, dp=world // (tp * pp))
+            if any(r.key != "batch" for r in lay.check(model, trainer=True)):
                 continue
             if global_batch % lay.dp or global_batch // lay.dp < lay.pp or model.seq % tp:
                 continue
@@ -292,7 +291,7 @@ class _Job:
     def __init__(self, trainer: Trainer, layout: Layout):
         self.trainer, self.layout, self.model, self.states, self.step = trainer, layout, trainer.model, None, 0
         self.checkpoint = (0, layout, trainer.model, None)   # step 0: the initial weights, which any run rebuilds
-        self.run = Run([(0, layout.label())], [])
+        self.run = Run([(0, layout.tag())], [])
 
     def train(self, n: int, topo: Topology):
         st, times, losses, inter, beta = self.trainer.segment(self.layout, n, self.step, self.states, topo, self.model)
@@ -343,12 +342,12 @@ class _Job:
                 spent = max(st["seconds"] for st in new)
                 how = f"{p.bytes:,} B over the fabric in {1e3 * spent:.1f} ms"
         self.run.reshard_s += spent
-        what = f"{self.layout.label()} -> {target.label()}" if target != self.layout else self.layout.label()
+        what = f"{self.layout.tag()} -> {target.tag()}" if target != self.layout else self.layout.tag()
         if grown:
             what += f", sequence {model.seq}"
         self.run.events.append((len(self.run.step_s), spent, at, what))
         if target != self.layout:
-            self.run.layout_path.append((self.step, target.label()))
+            self.run.layout_path.append((self.step, target.tag()))
         self.layout, self.model = target, model
         return p, spent, how
 
@@ -366,14 +365,14 @@ def run_static(trainer: Trainer, layout: Layout, steps: int, segment: int, scena
             target = shrunk(job.layout, survivors)
             if target is None:
                 job.run.failed = f"tp x pp = {layout.tp * layout.pp} does not fit the {survivors} surviving ranks"
-                log(f"  static {layout.label()}: {job.run.failed}")
+                log(f"  static {layout.tag()}: {job.run.failed}")
                 break
             _, _, how = job.move(target, topo, alive=range(survivors))
-            log(f"  static {layout.label()}: node lost at step {at}, on as {target.label()} ({how})")
+            log(f"  static {layout.tag()}: node lost at step {at}, on as {target.tag()} ({how})")
         elif event == "seq-grows":
             model = scenario.model(trainer.model, at)
             _, _, how = job.move(job.layout, topo, model=model)
-            log(f"  static {layout.label()}: sequence {job.model.seq} from step {at} ({how})")
+            log(f"  static {layout.tag()}: sequence {job.model.seq} from step {at} ({how})")
         job.train(min(segment, steps - job.step), topo)
     return job.run
 
@@ -397,14 +396,14 @@ def run_adaptive(trainer: Trainer, cal: Calibration, start: Layout, steps: int, 
             what = f"node lost ({world} ranks left)" if event == "node-lost" else f"sequence grew to {model.seq}"
             verb = "shrinking to" if event == "node-lost" else "keeping"
             if same is None:
-                staying = f"{before.label()} with fewer replicas does not fit {world} ranks"
+                staying = f"{before.tag()} with fewer replicas does not fit {world} ranks"
             else:
-                staying = f"{verb} {same.label()}: " + ("the best" if same == best else f"{1e3 * current:.1f} ms")
-            log(f"  -> at step {at}, {what}: {before.label()} -> {best.label()} (model {1e3 * predicted:.1f} "
+                staying = f"{verb} {same.tag()}: " + ("the best" if same == best else f"{1e3 * current:.1f} ms")
+            log(f"  -> at step {at}, {what}: {before.tag()} -> {best.tag()} (model {1e3 * predicted:.1f} "
                 f"ms/step; {staying}); {how}")
             if best != same:
                 gain = current - predicted
-                run.decisions.append(Decision(at, before.label(), best.label(), measured, current, predicted,
+                run.decisions.append(Decision(at, before.tag(), best.tag(), measured, current, predicted,
                                               0 if p is None else p.bytes, spent,
                                               spent / gain if gain > 0 else math.inf, what))
             streak, wanted = 0, None
@@ -418,8 +417,8 @@ def run_adaptive(trainer: Trainer, cal: Calibration, start: Layout, steps: int, 
         predicted_best = cal.predict(best, beta, seq)
         gain = measured - predicted_best
         link = "one node" if probed is None else f"inter-node link {1 / beta / 1e6:.1f} MB/s probed"
-        log(f"  step {step:>4}: {layout.label()} {1e3 * measured:.1f} ms/step (model {1e3 * current:.1f}); {link}; "
-            f"best {best.label()} {1e3 * predicted_best:.1f} ms")
+        log(f"  step {step:>4}: {layout.tag()} {1e3 * measured:.1f} ms/step (model {1e3 * current:.1f}); {link}; "
+            f"best {best.tag()} {1e3 * predicted_best:.1f} ms")
         if best == layout or gain <= hysteresis * measured or step >= steps:
             streak, wanted = 0, None
             continue
@@ -433,7 +432,7 @@ def run_adaptive(trainer: Trainer, cal: Calibration, start: Layout, steps: int, 
         if gain * (steps - step) <= busiest * beta:
             continue
         _, spent, _ = job.move(best, topo, p=p)
-        d = Decision(step, layout.label(), best.label(), measured, current, predicted_best, p.bytes, spent,
+        d = Decision(step, layout.tag(), best.tag(), measured, current, predicted_best, p.bytes, spent,
                      spent / gain if gain > 0 else math.inf)
         run.decisions.append(d)
         log(f"  -> reshard {d.before} to {d.after} at step {step}: {p.bytes:,} B in {1e3 * spent:.1f} ms, pays back "

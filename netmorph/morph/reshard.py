@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from netmorph.morph.layouts import Layout, element_map, grow_sources
+from netmorph.cost.topology import node_of
+from netmorph.mesh.layout import Layout
+from netmorph.morph.layouts import element_map, grow_sources
 
 KINDS = ("params", "m", "v")
 
@@ -87,7 +89,7 @@ class Plan:
         return sum(len(a) for kinds in self.local.values() for a, _ in kinds.values()) * self.itemsize
 
     def summary(self) -> dict:
-        return {"before": self.before.label(), "after": self.after.label(), "bytes": self.bytes,
+        return {"before": self.before.tag(), "after": self.after.tag(), "bytes": self.bytes,
                 "messages": self.messages, "rounds": self.rounds, "kept_bytes": self.kept_bytes()}
 
 
@@ -113,7 +115,7 @@ def plan(cfg, before: Layout, after: Layout, itemsize: int = 8, gpus_per_node: i
     into ``grown``, ``cfg`` with a longer context, if given (:func:`~netmorph.morph.layouts.grow_sources`)."""
     alive = list(range(before.world)) if alive is None else sorted(alive)
     if after.world != len(alive) or not set(alive) <= set(range(before.world)):
-        raise ValueError(f"{after.label()} must span the {len(alive)} surviving ranks of {before.label()}'s "
+        raise ValueError(f"{after.tag()} must span the {len(alive)} surviving ranks of {before.tag()}'s "
                          f"{before.world} ({after.world} != {len(alive)})")
     before_maps = element_map(cfg, before)
     A = [before_maps[r] for r in alive]
@@ -136,7 +138,7 @@ def plan(cfg, before: Layout, after: Layout, itemsize: int = 8, gpus_per_node: i
             last = np.searchsorted(h_ids, need, side="right")
             if np.any(first == last):
                 raise StateLost(f"{kind}: {int((first == last).sum()):,} elements held by no surviving rank of "
-                                f"{before.label()}")
+                                f"{before.tag()}")
             # the source: dst itself when it holds the element, else the first holder on dst's node, else the first
             src = h_rank[first].copy()
             off = h_off[first].copy()
@@ -151,7 +153,7 @@ def plan(cfg, before: Layout, after: Layout, itemsize: int = 8, gpus_per_node: i
                 is_self = valid & (r == dst) & ~found_self
                 src[is_self], off[is_self] = dst, o[is_self]
                 found_self |= is_self
-                near = valid & ~found_self & ~found_node & (r // gpus_per_node == dst // gpus_per_node)
+                near = valid & ~found_self & ~found_node & (node_of(r, gpus_per_node) == node_of(dst, gpus_per_node))
                 src[near], off[near] = r[near], o[near]
                 found_node |= near
             for s in np.unique(src):

@@ -32,16 +32,16 @@ def baseline_rank(comm, cfg, mode: str) -> list:
     for step in range(cfg.steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=False)
-        base = (step * cfg.dp + comm.rank) * cfg.microbatches * cfg.micro_batch_size
-        for i in range(cfg.microbatches):
-            lo = base + i * cfg.micro_batch_size
-            x, y = synthetic_batch(cfg.model, range(lo, lo + cfg.micro_batch_size))
-            last = i == cfg.microbatches - 1
+        base = (step * cfg.layout.dp + comm.rank) * cfg.layout.microbatches * cfg.layout.micro_batch_size
+        for i in range(cfg.layout.microbatches):
+            lo = base + i * cfg.layout.micro_batch_size
+            x, y = synthetic_batch(cfg.model, range(lo, lo + cfg.layout.micro_batch_size))
+            last = i == cfg.layout.microbatches - 1
             if mode == "ddp" and not last:
                 with model.no_sync():
-                    (model(x, y) / cfg.microbatches).backward()
+                    (model(x, y) / cfg.layout.microbatches).backward()
             else:
-                (model(x, y) / cfg.microbatches).backward()
+                (model(x, y) / cfg.layout.microbatches).backward()
         opt.step()
         times.append(time.perf_counter() - t0)
     return times

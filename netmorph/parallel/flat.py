@@ -18,19 +18,33 @@ from __future__ import annotations
 import torch
 
 
-class FlatParams:
-    """``params`` re-homed into one flat parameter buffer and one flat gradient buffer."""
+def flat_offsets(sizes, pad_to: int = 1) -> tuple[list, int]:
+    """(offset of each of ``sizes`` elements in the buffer, the padded length): back to back in order, the
+    end padded to a multiple of ``pad_to`` (the data-parallel degree: equal ZeRO shards). The one rule both
+    :class:`FlatParams` and a reshard's element map (:func:`netmorph.morph.layouts.element_map`) lay out by."""
+    offsets, n = [], 0
+    for size in sizes:
+        offsets.append(n)
+        n += size
+    return offsets, -(-max(n, 1) // pad_to) * pad_to
 
-    def __init__(self, params, pad_to: int = 1, dtype=torch.float64):
+
+def shard_range(padded: int, dp: int, rank: int) -> tuple[int, int]:
+    """[lo, hi) of the flat buffer data-parallel rank ``rank`` owns under ZeRO (DeepSpeed's partition)."""
+    n = padded // dp
+    return rank * n, (rank + 1) * n
+
+
+class FlatParams:
+    """``params`` re-homed into one flat parameter buffer and one flat gradient buffer; ``names`` (the
+    placement table's, in the same order) label :meth:`index`."""
+
+    def __init__(self, params, pad_to: int = 1, dtype=torch.float64, names=None):
         self.params = list(params)
-        self.offsets = []
+        self.names = list(names) if names is not None else [str(k) for k in range(len(self.params))]
         self.index = {id(p): k for k, p in enumerate(self.params)}
-        n = 0
-        for p in self.params:
-            self.offsets.append(n)
-            n += p.numel()
-        self.numel = n
-        self.padded = -(-max(n, 1) // pad_to) * pad_to
+        self.offsets, self.padded = flat_offsets([p.numel() for p in self.params], pad_to)
+        self.numel = sum(p.numel() for p in self.params)
         device = self.params[0].device if self.params else None    # where the model lives (cuda:N under NCCL)
         self.data = torch.zeros(self.padded, dtype=dtype, device=device)
         self.grad = torch.zeros(self.padded, dtype=dtype, device=device)
@@ -38,6 +52,11 @@ class FlatParams:
             self.data[off:off + p.numel()].copy_(p.data.reshape(-1))
             p.data = self.data[off:off + p.numel()].view_as(p)
             p.grad = self.grad[off:off + p.numel()].view_as(p)
+
+    def entries(self) -> dict:
+        """The buffer's real layout: {name: (offset, length)}, and the padding after the last one."""
+        return {"params": {n: (off, p.numel()) for n, p, off in zip(self.names, self.params, self.offsets)},
+                "padding": self.padded - self.numel}
 
     def span(self, p) -> tuple[int, int]:
         i = self.index[id(p)]

@@ -22,7 +22,10 @@ import torch
 
 from netmorph.errors import UsageError
 from netmorph.mesh import DeviceMesh
-from netmorph.models.gpt import GPTConfig, GPTStage, synthetic_batch
+from netmorph.mesh.layout import Layout
+from netmorph.mesh.placement import rank_parameters
+from netmorph.mesh.shape import ModelShape, check_shape
+from netmorph.models.gpt import GPTStage, synthetic_batch
 from netmorph.parallel.data_parallel import DataParallelBucket, DataParallelNaive
 from netmorph.parallel.flat import Adam, FlatParams
 from netmorph.parallel.pipeline import Executor, check, schedule
@@ -34,74 +37,61 @@ from netmorph.parallel.zero import ZeRO
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
-@dataclass
+# the trainer's own defaults where a Layout's differ: two microbatches of two sequences, DDP's overlapped buckets
+TRAIN_LAYOUT = Layout(global_batch=4, micro_batch_size=2, dp_overlap=True)
+RUN_FIELDS = ("steps", "lr", "dtype", "dp_mode", "bucket_mb", "compute_ms", "trace", "start_step")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
-    model: GPTConfig = field(default_factory=GPTConfig)
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    zero: int = 0
-    dp_mode: str = "bucket"          # "bucket" (DDP's reducer) or "naive" (one all-reduce per gradient)
-    bucket_mb: float = 1.0
-    overlap: bool = True             # bucket all-reduce on a comm thread during backward (tp = pp = 1)
-    sequence_parallel: bool = False
-    schedule: str = "1f1b"
-    interleave: int = 1
-    microbatches: int = 2
-    micro_batch_size: int = 2
+    """One training run: the model, its layout, and how long and how it runs (Megatron's arguments in three
+    groups: ``TransformerConfig``, the parallel sizes, the training options)."""
+
+    model: ModelShape = field(default_factory=ModelShape)
+    layout: Layout = TRAIN_LAYOUT
     steps: int = 4
     lr: float = 3e-3
     dtype: str = "float64"
+    dp_mode: str = "bucket"          # "bucket" (DDP's reducer) or "naive" (one all-reduce per gradient)
+    bucket_mb: float = 1.0
     compute_ms: float = 0.0          # emulated compute per microbatch forward on a stage, shared by its interleaved
                                      # chunks (backward: twice)
     trace: bool = False              # return every rank's ledger records too (for a Chrome trace)
     start_step: int = 0              # the first step's index: the data a resumed (or resharded) run continues on
 
+    @classmethod
+    def make(cls, model: ModelShape | None = None, microbatches: int = 2, micro_batch_size: int = 2,
+             overlap: bool = True, **kw) -> TrainConfig:
+        """Megatron's flat arguments: the run options by name, every other keyword a :class:`Layout` field
+        (``microbatches`` per step and data-parallel rank gives the global batch)."""
+        run = {k: kw.pop(k) for k in RUN_FIELDS if k in kw}
+        dp = kw.get("dp", 1)
+        layout = Layout(global_batch=dp * microbatches * micro_batch_size, micro_batch_size=micro_batch_size,
+                        dp_overlap=overlap, **kw)
+        return cls(model=model or ModelShape(), layout=layout, **run)
+
     @property
     def world(self) -> int:
-        return self.tp * self.pp * self.dp
-
-    @property
-    def global_batch(self) -> int:
-        return self.dp * self.microbatches * self.micro_batch_size
+        return self.layout.world
 
     def check(self) -> None:
-        m = self.model
-        for k in ("tp", "pp", "dp", "microbatches", "micro_batch_size", "steps", "interleave"):
-            if getattr(self, k) < 1:
-                raise UsageError(f"{{{k}}} must be >= 1, got {getattr(self, k)}", k)
+        if not 1 <= self.steps <= 1 << 24:
+            raise UsageError(f"{{steps}} must be >= 1, got {self.steps}", "steps")
         if not 0 < self.bucket_mb < 1 << 20:
             raise UsageError(f"{{bucket_mb}} must be a size in MiB > 0, got {self.bucket_mb}", "bucket_mb")
         if not 0 <= self.compute_ms < 1e4:
             raise UsageError(f"{{compute_ms}} must be in [0, 10000), got {self.compute_ms}", "compute_ms")
-        if self.zero not in (0, 1, 2, 3):
-            raise UsageError(f"{{zero}} must be 0, 1, 2 or 3, got {self.zero}", "zero")
         if self.dtype not in DTYPES:
             raise UsageError(f"{{dtype}} must be float64 or float32, got {self.dtype!r}", "dtype")
         if self.dp_mode not in ("bucket", "naive"):
             raise UsageError(f"{{dp_mode}} must be bucket or naive, got {self.dp_mode!r}", "dp_mode")
-        if m.heads % self.tp:
-            raise UsageError(f"{{heads}} {m.heads} is not divisible by tp {self.tp}", "heads")
-        if m.vocab % self.tp:
-            raise UsageError(f"{{vocab}} {m.vocab} is not divisible by tp {self.tp}", "vocab")
-        if m.hidden % m.heads:
-            raise UsageError(f"{{hidden}} {m.hidden} is not divisible by {{heads}} {m.heads}", "hidden")
-        if m.layers % (self.pp * self.interleave):
-            raise UsageError(f"{{layers}} {m.layers} is not divisible by pp x interleave = "
-                             f"{self.pp * self.interleave}", "layers")
-        if self.sequence_parallel and self.tp == 1:
-            raise UsageError("{sequence_parallel} needs tp > 1", "sequence_parallel")
-        if self.sequence_parallel and m.seq % self.tp:
-            raise UsageError(f"{{seq}} {m.seq} is not divisible by tp {self.tp} (sequence parallelism)", "seq")
-        if self.zero >= 2 and self.pp > 1:
-            raise UsageError("{zero} 2 and 3 with pipeline parallelism: DeepSpeed supports stage 1 only", "zero")
-        if self.interleave > 1 and self.schedule != "interleaved":
-            raise UsageError(f"{{interleave}} {self.interleave} needs the interleaved schedule", "interleave")
-        check(schedule(self.schedule, self.pp, self.microbatches, self.interleave), self.interleave)
+        check_shape(self.model)
+        lay = self.layout.require(self.model, trainer=True)
+        check(schedule(lay.pipeline_schedule, lay.pp, lay.microbatches, lay.interleave), lay.interleave)
 
 
 @dataclass
-class Layout:
+class RankGroups:
     """This rank's place in the mesh and its groups (objects, no globals)."""
 
     tp_group: object
@@ -113,27 +103,25 @@ class Layout:
     dp_rank: int
 
 
-def layout(comm, cfg: TrainConfig) -> Layout:
-    dm = DeviceMesh(comm, tp=cfg.tp, pp=cfg.pp, dp=cfg.dp)
+def rank_groups(comm, cfg: TrainConfig) -> RankGroups:
+    dm = DeviceMesh(comm, tp=cfg.layout.tp, pp=cfg.layout.pp, dp=cfg.layout.dp)
     me = comm.rank
     emb = None
-    if cfg.pp > 1:                  # the tied embedding's group: each pipeline's first and last stage
+    if cfg.layout.pp > 1:                  # the tied embedding's group: each pipeline's first and last stage
         for ranks in dm.mesh.groups("pp"):
             g = comm.new_group([ranks[0], ranks[-1]])
             if me in (ranks[0], ranks[-1]):
                 emb = g
-    return Layout(dm["tp"], dm["pp"], dm["dp"], emb, dm.get_local_rank("tp"), dm.get_local_rank("pp"),
+    return RankGroups(dm["tp"], dm["pp"], dm["dp"], emb, dm.get_local_rank("tp"), dm.get_local_rank("pp"),
                   dm.get_local_rank("dp"))
 
 
-def build_chunks(comm, cfg: TrainConfig, lay: Layout):
+def build_chunks(comm, cfg: TrainConfig, lay: RankGroups):
     """This rank's model chunks: chunk c is virtual stage c·pp + pp_rank."""
-    stages = cfg.pp * cfg.interleave
-    per = cfg.model.layers // stages
-    tp = TensorParallel(comm, lay.tp_group, cfg.sequence_parallel)
+    tp = TensorParallel(comm, lay.tp_group, cfg.layout.sequence_parallel)
     dtype = DTYPES[cfg.dtype]
-    chunks = [GPTStage(cfg.model, vs * per, (vs + 1) * per, tp, dtype)
-              for vs in (c * cfg.pp + lay.pp_rank for c in range(cfg.interleave))]
+    chunks = [GPTStage(cfg.model, *cfg.layout.chunk_layers(cfg.model.layers, lay.pp_rank, c), tp, dtype)
+              for c in range(cfg.layout.interleave)]
     return chunks, tp
 
 
@@ -150,28 +138,30 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None) -> dict:
     makes it for this layout."""
     torch.manual_seed(0)
     torch.set_num_threads(1)            # torchrun's OMP_NUM_THREADS=1: one process per core, no spinning pools
-    lay = layout(comm, cfg)
+    split = cfg.layout
+    lay = rank_groups(comm, cfg)
     chunks, tp = build_chunks(comm, cfg, lay)
     device = torch.device(comm.device)     # cuda:LOCAL_RANK under torchrun with GPUs (NCCL), else the CPU
     for c in chunks:
         c.to(device)                       # the same initial weights on every device: drawn on the CPU
     dtype = DTYPES[cfg.dtype]
     params = [p for c in chunks for p in c.parameters()]
-    flat = FlatParams(params, pad_to=cfg.dp, dtype=dtype)
-    zero = ZeRO(comm, lay.dp_group, flat, cfg.zero, cfg.lr) if cfg.zero else None
+    names = [p.name for p in rank_parameters(cfg.model, cfg.layout, lay.pp_rank)]
+    flat = FlatParams(params, pad_to=split.dp, dtype=dtype, names=names)
+    zero = ZeRO(comm, lay.dp_group, flat, split.zero, cfg.lr) if split.zero else None
     adam = None if zero else Adam(0, flat.padded, lr=cfg.lr, dtype=dtype, device=device)
     if inits is not None:
         _load(inits[comm.rank], flat, zero, adam)
     dp = None
     if not zero:
-        overlap = cfg.overlap and cfg.tp == 1 and cfg.pp == 1
+        overlap = split.dp_overlap and split.tp == 1 and split.pp == 1
         dp = (DataParallelNaive(comm, lay.dp_group, flat) if cfg.dp_mode == "naive"
               else DataParallelBucket(comm, lay.dp_group, flat, cfg.bucket_mb, overlap))
-    slots = schedule(cfg.schedule, cfg.pp, cfg.microbatches, cfg.interleave)[lay.pp_rank]
-    T = cfg.model.seq // (cfg.tp if tp.sequence_parallel else 1)
-    ex = Executor(comm, lay.pp_group, chunks, cfg.interleave, (T, cfg.micro_batch_size, cfg.model.hidden), dtype)
+    slots = schedule(split.pipeline_schedule, split.pp, split.microbatches, split.interleave)[lay.pp_rank]
+    T = cfg.model.seq // (split.tp if tp.sequence_parallel else 1)
+    ex = Executor(comm, lay.pp_group, chunks, split.interleave, (T, split.micro_batch_size, cfg.model.hidden), dtype)
     last_backward = max(i for i, s in enumerate(slots) if s.kind == "B")
-    is_last_stage = lay.pp_rank == cfg.pp - 1
+    is_last_stage = lay.pp_rank == split.pp - 1
     losses, times, peaks, bounds, idle = [], [], [], [], []
     saved = 0
     try:
@@ -181,17 +171,17 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None) -> dict:
                 zero.zero_grad()
             else:
                 flat.zero_grad()
-            base = ((cfg.start_step + step) * cfg.dp + lay.dp_rank) * cfg.microbatches * cfg.micro_batch_size
+            base = ((cfg.start_step + step) * split.dp + lay.dp_rank) * split.microbatches * split.micro_batch_size
 
             def inputs(i, base=base):
-                lo = base + i * cfg.micro_batch_size
-                return tuple(t.to(device) for t in synthetic_batch(cfg.model, range(lo, lo + cfg.micro_batch_size)))
+                lo = base + i * split.micro_batch_size
+                return tuple(t.to(device) for t in synthetic_batch(cfg.model, range(lo, lo + split.micro_batch_size)))
 
             # compute_ms is a stage's compute per microbatch: its interleaved chunks share it
-            hooks = _Hooks(zero, dp, last_backward, cfg.compute_ms / cfg.interleave,
+            hooks = _Hooks(zero, dp, last_backward, cfg.compute_ms / split.interleave,
                            flat.data.untyped_storage()._cdata)
             t_pipe = time.perf_counter()
-            mb_losses, peak = ex.run(slots, inputs, cfg.microbatches, hooks)
+            mb_losses, peak = ex.run(slots, inputs, split.microbatches, hooks)
             t_pipe = time.perf_counter() - t_pipe
             idle.append(1 - hooks.busy / t_pipe if t_pipe > 0 else 0.0)
             if dp is not None:
@@ -205,7 +195,7 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None) -> dict:
             if is_last_stage and lay.tp_rank == 0:
                 with comm.phase("metrics"):
                     comm.all_reduce(loss, group=lay.dp_group)
-            losses.append(float(loss) / (cfg.dp * cfg.microbatches))
+            losses.append(float(loss) / (split.dp * split.microbatches))
             t1 = time.perf_counter()
             times.append(t1 - t0)
             bounds.append((t0, t1))
@@ -229,7 +219,7 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None) -> dict:
     pred = predicted(cfg, lay.pp_rank, flat.padded, isz, any(c.is_first for c in chunks),
                      any(c.is_last for c in chunks), sum(len(c.blocks) for c in chunks),
                      sum(p.numel() for p in tp.replicated()))
-    if not zero and cfg.dp > 1 and cfg.dp_mode == "naive":
+    if not zero and split.dp > 1 and cfg.dp_mode == "naive":
         pred["dp"] = (sum(_ring_sent(p.numel(), lay.dp_group.size(), lay.dp_rank, isz) for p in flat.params),
                       "Σ over parameters of one ring all-reduce each")
     return {"rank": comm.rank, "tp": lay.tp_rank, "pp": lay.pp_rank, "dp": lay.dp_rank,
@@ -237,7 +227,8 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None) -> dict:
             "flat_state": flat_state,
             "in_flight_peak": max(peaks), "memory_bytes": mem, "state": state, "idle_fraction": idle,
             "timeline": ex.spans, "step_bounds": bounds, "ledger": comm.ledger.records if cfg.trace else None,
-            "bytes_by_step": _bytes_by_step(comm.ledger, bounds), "predicted": pred, "params": flat.numel}
+            "bytes_by_step": _bytes_by_step(comm.ledger, bounds), "predicted": pred, "params": flat.numel,
+            "flat_index": {**flat.entries(), "optimizer_range": (zero.lo, zero.hi) if zero else (0, flat.padded)}}
 
 
 def _load(init: dict, flat, zero, adam) -> None:
@@ -315,7 +306,7 @@ class _Hooks:
         self.busy += time.perf_counter() - t0
 
 
-def _sync_replicated(comm, lay: Layout, tp, chunks, flat) -> None:
+def _sync_replicated(comm, lay: RankGroups, tp, chunks, flat) -> None:
     """SP's replicated parameters over TP; the tied word embedding between first and last stage."""
     rep = tp.replicated()
     if rep:

@@ -23,9 +23,9 @@ def baselines(cfg: TrainConfig, timeout: float = 60.0) -> dict:
     """Tokens/s of PyTorch DDP (gloo) and of the no-communication bound, same ranks, model and data."""
     from netmorph.parallel.baseline import baseline_rank
     out = {}
-    tokens = cfg.global_batch * cfg.model.seq
+    tokens = cfg.layout.global_batch * cfg.model.seq
     for mode, backend in (("ddp", "torch"), ("no_comm", "local")):
-        res = launch(baseline_rank, cfg.dp, cfg, mode, backend=backend, timeout=timeout)
+        res = launch(baseline_rank, cfg.layout.dp, cfg, mode, backend=backend, timeout=timeout)
         times = [max(r[k] for r in res) for k in range(cfg.steps)]
         med = statistics.median(times[1:] if len(times) > 1 else times)
         out[f"{mode}_tokens_per_s" if mode == "no_comm" else "tokens_per_s"] = tokens / med
@@ -68,7 +68,7 @@ def train_torchrun(cfg: TrainConfig, backend: str = "torch", timeout: float = 60
 def summarise(cfg: TrainConfig, results: list, backend: str, ref=None) -> dict:
     losses = next(r["losses"] for r in results if r["losses"] is not None)
     times = [max(r["step_times"][k] for r in results) for k in range(cfg.steps)]
-    tokens = cfg.global_batch * cfg.model.seq
+    tokens = cfg.layout.global_batch * cfg.model.seq
     phases = sorted({ph for r in results for s in r["bytes_by_step"] for ph in s} |
                     {ph for r in results for ph in r["predicted"]})
     measured = {ph: max(max(s.get(ph, 0) for s in r["bytes_by_step"]) for r in results) for ph in phases}
@@ -83,12 +83,13 @@ def summarise(cfg: TrainConfig, results: list, backend: str, ref=None) -> dict:
         if ranks:
             formulas[ph] = max(ranks, key=lambda r: r["predicted"][ph][0])["predicted"][ph][1]
     med = statistics.median(times[1:] if len(times) > 1 else times)
-    p, m, v = cfg.pp, cfg.microbatches, cfg.interleave
+    p, m, v = cfg.layout.pp, cfg.layout.microbatches, cfg.layout.interleave
     out = {
-        "world": cfg.world, "tp": cfg.tp, "pp": cfg.pp, "dp": cfg.dp, "zero": cfg.zero, "schedule": cfg.schedule,
-        "interleave": v, "microbatches": m, "micro_batch_size": cfg.micro_batch_size,
-        "global_batch": cfg.global_batch, "steps": cfg.steps, "backend": backend, "dtype": cfg.dtype,
-        "sequence_parallel": cfg.sequence_parallel, "dp_mode": cfg.dp_mode,
+        "world": cfg.world, "tp": cfg.layout.tp, "pp": cfg.layout.pp, "dp": cfg.layout.dp, "zero": cfg.layout.zero,
+        "schedule": cfg.layout.pipeline_schedule,
+        "interleave": v, "microbatches": m, "micro_batch_size": cfg.layout.micro_batch_size,
+        "global_batch": cfg.layout.global_batch, "steps": cfg.steps, "backend": backend, "dtype": cfg.dtype,
+        "sequence_parallel": cfg.layout.sequence_parallel, "dp_mode": cfg.dp_mode,
         "model": {**asdict(cfg.model), "params": cfg.model.params()},
         "losses": losses, "step_times_s": times, "step_time_s": med, "tokens_per_s": tokens / med if med else 0.0,
         "bytes_per_rank_by_phase": measured, "predicted_bytes_per_rank_by_phase": predicted,
@@ -124,7 +125,7 @@ def reference(cfg: TrainConfig) -> tuple[list, dict]:
     model = GPTStage(cfg.model, dtype=dtype)
     flat = FlatParams(list(model.parameters()), dtype=dtype)
     adam = Adam(0, flat.padded, lr=cfg.lr, dtype=dtype)
-    G = cfg.global_batch
+    G = cfg.layout.global_batch
     losses = []
     for step in range(cfg.steps):
         flat.zero_grad()

@@ -13,28 +13,22 @@ from __future__ import annotations
 
 import torch
 
-
-SHARD_DIM = {"qkv.weight": 0, "qkv.bias": 0, "fc.weight": 0, "fc.bias": 0, "proj.weight": 1, "fc2.weight": 1}
-FULL = {"ln1.weight": "ln1.w", "ln1.bias": "ln1.b", "ln2.weight": "ln2.w", "ln2.bias": "ln2.b",
-        "qkv.weight": "qkv.w", "qkv.bias": "qkv.b", "proj.weight": "proj.w", "proj.bias": "proj.b",
-        "fc.weight": "fc.w", "fc.bias": "fc.b", "fc2.weight": "fc2.w", "fc2.bias": "fc2.b"}
+from netmorph.mesh.placement import Shard, chunk_parameters
 
 
 def named_pieces(chunks) -> dict:
-    """{full weight name: (this rank's piece, the dimension it is split along or None)}."""
+    """{full weight name: (this rank's piece, the dimension it is split along or None)}: each chunk's
+    parameters paired, in registration order, with :func:`~netmorph.mesh.placement.chunk_parameters`'
+    rows for the same layers."""
     out = {}
     for c in chunks:
-        for name, p in c.named_parameters():
-            t = p.detach().cpu().clone()              # results travel to the launcher: host memory
-            if name == "wte":
-                out["wte"] = (t, 0)
-            elif name == "wpe":
-                out["wpe"] = (t, None)
-            elif name.startswith("ln_f."):
-                out["ln_f." + name[5]] = (t, None)
-            else:
-                _, j, rest = name.split(".", 2)
-                out[f"{c.first + int(j)}.{FULL[rest]}"] = (t, SHARD_DIM.get(rest))
+        rows = chunk_parameters(c.cfg, c.first, c.last)
+        params = list(c.named_parameters())
+        if len(rows) != len(params) or any(not n.endswith(r.module) for r, (n, _) in zip(rows, params)):
+            raise RuntimeError("the GPT's modules and netmorph.mesh.placement's table disagree")
+        for row, (_, p) in zip(rows, params):
+            dim = row.placement.dim if isinstance(row.placement, Shard) else None
+            out[row.name] = (p.detach().cpu().clone(), dim)       # results travel to the launcher: host memory
     return out
 
 

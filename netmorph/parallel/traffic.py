@@ -35,12 +35,12 @@ def ring_half(n: int, g: int, isz: int) -> float:
 def predicted(cfg, lay_pp_rank: int, padded: int, isz: int, first: bool, last: bool, chunks_layers: int,
               sp_elems: int = 0) -> dict:
     """{phase: (bytes per rank per step, the formula as text)} for this rank."""
-    m, mb, model = cfg.microbatches, cfg.micro_batch_size, cfg.model
-    t, d, p, v = cfg.tp, cfg.dp, cfg.pp, cfg.interleave
+    m, mb, model = cfg.layout.microbatches, cfg.layout.micro_batch_size, cfg.model
+    t, d, p, v = cfg.layout.tp, cfg.layout.dp, cfg.layout.pp, cfg.layout.interleave
     bsh, bs = mb * model.seq * model.hidden, mb * model.seq
     out = {}
-    if cfg.zero:
-        k = 2 * m + 1 if cfg.zero >= 3 else 2
+    if cfg.layout.zero:
+        k = 2 * m + 1 if cfg.layout.zero >= 3 else 2
         out["zero"] = (k * ring_half(padded, d, isz), f"{k}(d-1)/d·Ψ·B = {k}·{d - 1}/{d}·{padded}·{isz}")
     elif d > 1:
         if cfg.dp_mode == "bucket":
@@ -56,11 +56,11 @@ def predicted(cfg, lay_pp_rank: int, padded: int, isz: int, first: bool, last: b
             total += m * ring_allreduce(bsh, t, isz) + m * 3 * ring_allreduce(bs, t, isz)
             text += " + m·2(t-1)/t·bsh·B (LM head) + m·6(t-1)/t·bs·B (vocab-parallel loss)"
         out["tp"] = (total, text)
-        if cfg.sequence_parallel and sp_elems:
+        if cfg.layout.sequence_parallel and sp_elems:
             out["tp.sp-grads"] = (ring_allreduce(sp_elems, t, isz),
                                   f"2(t-1)/t·{sp_elems}·B (LayerNorms, row biases, positions)")
     if p > 1:
-        tprime = t if cfg.sequence_parallel else 1
+        tprime = t if cfg.layout.sequence_parallel else 1
         act = bsh // tprime * isz
         fwd = v - (1 if lay_pp_rank == p - 1 else 0)       # chunks whose output goes to another stage
         bwd = v - (1 if lay_pp_rank == 0 else 0)

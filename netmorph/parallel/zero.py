@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from netmorph.parallel.flat import Adam
+from netmorph.parallel.flat import Adam, shard_range
 
 
 class ZeRO:
@@ -28,7 +28,7 @@ class ZeRO:
         self.d = group.size()
         self.r = group.index[comm.rank]
         n = flat.padded // self.d
-        self.lo, self.hi = self.r * n, (self.r + 1) * n
+        self.lo, self.hi = shard_range(flat.padded, self.d, self.r)
         self.adam = Adam(self.lo, self.hi, lr=lr, dtype=flat.data.dtype, device=flat.data.device)
         self.shard = flat.data[self.lo:self.hi].clone()          # this rank's parameters, always held
         self.grad_shard = torch.zeros(n, dtype=flat.data.dtype, device=flat.data.device)

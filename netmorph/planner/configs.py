@@ -52,7 +52,7 @@ class _Reader:
     def __init__(self, cfg: dict, where: str, argument: str):
         self.cfg, self.where, self.argument = cfg, where, argument
         self.used: set = set()
-        self.source: dict = {}                 # ModelSpec field -> the key it came from
+        self.source: dict = {}                 # ModelShape field -> the key it came from
 
     def bad(self, key, what, value):
         return UsageError(f"{{{self.argument}}} {self.where}: {printable(key)} must be {what}, got {value!r}",
@@ -155,8 +155,8 @@ def _unmodelled_params(cfg: dict, hidden: int, heads: int, ffn, experts: int) ->
 
 
 def from_hf_config(path) -> tuple[dict, list]:
-    """(ModelSpec fields, keys not used) from a Hugging Face ``config.json``."""
-    from netmorph.planner.model import ModelSpec, check_shape
+    """(ModelShape fields, keys not used) from a Hugging Face ``config.json``."""
+    from netmorph.mesh.shape import ModelShape, check_shape
     path = Path(path)
     cfg = read_json_object(path, "model_config")
     if isinstance(cfg.get("text_config"), dict):           # multimodal wrappers keep the LM in text_config
@@ -240,9 +240,10 @@ def from_hf_config(path) -> tuple[dict, list]:
         kv = None
     fields = dict(layers=layers, hidden=hidden, heads=heads, vocab=vocab, seq=seq, ffn=ffn or 0, kv_heads=kv or 0,
                   ffn_type="swiglu" if swiglu else "gelu", position=position, tied=tied, bias=bias,
-                  attention="flash", dropout=any(p > 0 for p in drops), experts=experts, top_k=top_k)
+                  attention="flash", dropout=any(p > 0 for p in drops), experts=experts, top_k=top_k,
+                  embedding_norm=model_type == "bloom")
     try:
-        check_shape(ModelSpec("config", **fields))
+        check_shape(ModelShape("config", **fields))
     except UsageError as e:                    # the file's own numbers disagree: name its keys, not flags
         raise UsageError(f"{{model_config}} {where}: {e.render(r.source)}", "model_config") from None
     stem = path.stem if path.stem != "config" else path.parent.name     # .../Meta-Llama-3-8B/config.json
@@ -252,7 +253,7 @@ def from_hf_config(path) -> tuple[dict, list]:
 
 
 # --- Megatron-LM ------------------------------------------------------------------------------------------
-# flag -> (target, field, type): model fields go to the ModelSpec, config fields to the split
+# flag -> (target, field, type): model fields go to the ModelShape, config fields to the split
 _MEGATRON = {
     "--num-layers": ("model", "layers", int), "--hidden-size": ("model", "hidden", int),
     "--num-attention-heads": ("model", "heads", int), "--num-query-groups": ("model", "kv_heads", int),
@@ -307,7 +308,7 @@ _MEGATRON_VALUED_OTHER = {"--position-embedding-type", "--fp8-format", "--transf
 
 
 def from_megatron_args(text: str) -> tuple[dict, dict, list]:
-    """(ModelSpec fields, split fields, flags not modelled) from a Megatron-LM command line."""
+    """(ModelShape fields, split fields, flags not modelled) from a Megatron-LM command line."""
     try:
         words = shlex.split(text)
     except ValueError as e:
@@ -376,9 +377,9 @@ def from_megatron_args(text: str) -> tuple[dict, dict, list]:
     if model.get("ffn_type") == "swiglu" and "ffn" not in model and model.get("hidden"):
         model["ffn"] = int(4 * model["hidden"] * 2 / 3 / 64) * 64          # Megatron's SwiGLU default width
     if all(k in model for k in ("layers", "hidden", "heads")):
-        from netmorph.planner.model import ModelSpec, check_shape
+        from netmorph.mesh.shape import MEGATRON_DEFAULTS, ModelShape, check_shape
         try:
-            check_shape(ModelSpec("megatron-args", **model))
+            check_shape(ModelShape("megatron-args", **{**MEGATRON_DEFAULTS, **model}))
         except UsageError as e:                # the command line's own numbers disagree: name its flags
             raise UsageError(f"{{megatron_args}}: {e.render(source)}", "megatron_args") from None
     return model, split, unknown

@@ -39,11 +39,13 @@ the last stage the fp32 logits (4·s·b·V/t) of one.
 
 from __future__ import annotations
 
-from netmorph.planner.config import ParallelConfig
-from netmorph.planner.model import ModelSpec
+from dataclasses import replace
+
+from netmorph.mesh.layout import Layout
+from netmorph.mesh.shape import ModelShape
 
 
-def _per_layer_params(model: ModelSpec, c: ParallelConfig) -> tuple[float, float]:
+def _per_layer_params(model: ModelShape, c: Layout) -> tuple[float, float]:
     """(dense, expert) parameters of one layer on one device."""
     h, t = model.hidden, c.tp
     col_bias = (h + 2 * model.h_kv) if model.bias else 0
@@ -66,7 +68,7 @@ def _candidates(stages: list) -> list:
     return sorted(out)
 
 
-def stage_params(model: ModelSpec, c: ParallelConfig, which: list | None = None) -> list:
+def stage_params(model: ModelShape, c: Layout, which: list | None = None) -> list:
     """[(dense parameters, expert parameters)] held by one device of each pipeline stage (or of the stages
     ``which``), before ZeRO."""
     if model.bare:
@@ -88,7 +90,7 @@ def stage_params(model: ModelSpec, c: ParallelConfig, which: list | None = None)
     return out
 
 
-def params_on_device(model: ModelSpec, c: ParallelConfig) -> float:
+def params_on_device(model: ModelShape, c: Layout) -> float:
     """Parameters held by the most loaded device, before ZeRO.
 
     For the 2021 GPT exactly what Megatron's layout puts there (and ``netmorph train`` measures):
@@ -99,10 +101,10 @@ def params_on_device(model: ModelSpec, c: ParallelConfig) -> float:
     return max(d + e for d, e in stage_params(model, c, which))
 
 
-def activation_bytes_per_layer(model: ModelSpec, c: ParallelConfig, recompute: str | None = None) -> float:
+def activation_bytes_per_layer(model: ModelShape, c: Layout, recompute: str | None = None) -> float:
     """One layer's stored activations for one microbatch on one device (the terms above)."""
     rc = c.recompute if recompute is None else recompute
-    s, b, h, a, t = model.seq, c.microbatch, model.hidden, model.heads, c.tp
+    s, b, h, a, t = model.seq, c.micro_batch_size, model.hidden, model.heads, c.tp
     sb = s * b / c.cp
     sp = c.sequence_parallel and t > 1
     if rc == "full":
@@ -118,14 +120,14 @@ def activation_bytes_per_layer(model: ModelSpec, c: ParallelConfig, recompute: s
     return sb * (replicated / t + split / t if sp else replicated + split / t)
 
 
-def stage_activations(model: ModelSpec, c: ParallelConfig, which: list | None = None) -> list:
+def stage_activations(model: ModelShape, c: Layout, which: list | None = None) -> list:
     """Activation bytes of one device on each pipeline stage (or on the stages ``which``)."""
     if model.bare:
         return [0.0]
     m, p = c.microbatches, c.pp
     per_layer = activation_bytes_per_layer(model, c)
     interleave = 1 + (p - 1) / (p * c.interleave) if c.interleave > 1 else 1.0
-    s, b, h = model.seq / c.cp, c.microbatch, model.hidden
+    s, b, h = model.seq / c.cp, c.micro_batch_size, model.hidden
     out = []
     stages = c.stage_layers(model.layers)
     for i in (range(len(stages)) if which is None else which):
@@ -138,18 +140,18 @@ def stage_activations(model: ModelSpec, c: ParallelConfig, which: list | None = 
     return out
 
 
-def activation_bytes(model: ModelSpec, c: ParallelConfig) -> float:
+def activation_bytes(model: ModelShape, c: Layout) -> float:
     return max(stage_activations(model, c))
 
 
-def memory_parts(model: ModelSpec, c: ParallelConfig) -> list:
+def memory_parts(model: ModelShape, c: Layout) -> list:
     """[(dense parameters, expert parameters, activation bytes)] of the stages that can be the most loaded:
     what :func:`memory` weighs, apart so a search can try every ZeRO stage on one computation."""
     which = None if model.bare else _candidates(c.stage_layers(model.layers))
     return [(d, e, a) for (d, e), a in zip(stage_params(model, c, which), stage_activations(model, c, which))]
 
 
-def _state_bytes(c: ParallelConfig, zero: int) -> tuple[tuple, tuple]:
+def _state_bytes(c: Layout, zero: int) -> tuple[tuple, tuple]:
     """Bytes per parameter of (weights, gradients, optimizer state) on one device under ZeRO stage ``zero``: for
     the dense parameters (sharded over dp x cp) and for the expert parameters (over their dp x cp / ep)."""
     shard = c.dp * c.cp
@@ -161,14 +163,14 @@ def _state_bytes(c: ParallelConfig, zero: int) -> tuple[tuple, tuple]:
     return per(shard), per(max(shard // c.ep, 1))
 
 
-def memory_total(c: ParallelConfig, parts: list, zero: int) -> float:
+def memory_total(c: Layout, parts: list, zero: int) -> float:
     """The most loaded device's bytes under ZeRO stage ``zero``: :func:`memory`'s total, for a search's inner
     loop."""
     dense, expert = (sum(x) for x in _state_bytes(c, zero))
     return max(dn * dense + en * expert + act for dn, en, act in parts)
 
 
-def memory(model: ModelSpec, c: ParallelConfig) -> dict:
+def memory(model: ModelShape, c: Layout) -> dict:
     """{"params", "grads", "optimizer", "activations", "total"} in bytes for the most loaded device."""
     dense, expert = _state_bytes(c, c.zero)
     best = None
@@ -178,3 +180,12 @@ def memory(model: ModelSpec, c: ParallelConfig) -> dict:
         if best is None or total > best["total"]:
             best = {"params": params, "grads": grads, "optimizer": opt, "activations": act, "total": total}
     return best
+
+
+def trainer_memory(model: ModelShape, layout: Layout, itemsize: int) -> dict:
+    """What ``netmorph plan estimate`` says the most loaded rank of netmorph's own trainer holds, in that run's
+    element sizes: weights and gradients of ``itemsize`` bytes, Adam's two states and no master copy (optimizer
+    bytes = 2 x the element size); no recomputation."""
+    est = memory(model, replace(layout, recompute="none", param_bytes=itemsize, grad_bytes=itemsize,
+                                optimizer_bytes=2 * itemsize))
+    return {**{k: est[k] for k in ("params", "grads", "optimizer")}, "activations": est["activations"]}

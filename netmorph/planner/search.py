@@ -25,31 +25,15 @@ tensor cores; and the most loaded device must fit in memory.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from netmorph.errors import UsageError
-from netmorph.planner.config import RECOMPUTE, ParallelConfig
+from netmorph.mesh.layout import RECOMPUTE, Layout, Rejection
+from netmorph.mesh.shape import ModelShape
 from netmorph.planner.hardware import Hardware
 from netmorph.planner.memory import memory, memory_parts, memory_total
-from netmorph.planner.model import ModelSpec
 from netmorph.planner.timing import step_time
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """Why a configuration cannot run: a stable ``key``, the ``flag`` that changes it, and the sentence.
-
-    ``soft``: a rule of thumb rather than a rule (``plan estimate`` still prices it, with a warning).
-    """
-
-    key: str
-    flag: str
-    text: str
-    soft: bool = False
-
-    def __str__(self) -> str:
-        return self.text
 
 
 @dataclass
@@ -74,59 +58,22 @@ class SearchResult:
         return self.fits + sum(r.count for r in self.rejected.values())
 
 
-def heads(model, tp):
-    if model.heads % tp:
-        return Rejection("heads", "--tp", f"tp {tp} does not divide the {model.heads} heads")
-    return Rejection("heads", "--tp", f"tp {tp} does not divide the {model.kv} KV heads (query groups)")
+ZERO_PP = "zero-pp"
 
 
-def batch(c):
-    return Rejection("batch", "--global-batch or --microbatch",
-                     f"global batch {c.global_batch} does not split into dp {c.dp} x microbatch {c.microbatch}")
-
-
-ZERO_PP = Rejection("zero-pp", "--zero or --pp", "ZeRO-2 with pipeline parallelism (gradients accumulate over "
-                    "microbatches; ZeRO-1 and ZeRO-3/FSDP go with pp)")
-
-
-def check(model: ModelSpec, c: ParallelConfig, hw: Hardware) -> Rejection | None:
-    """Why ``c`` cannot run, or None."""
-    if not model.bare and (model.heads % c.tp or model.kv % c.tp):
-        return heads(model, c.tp)
+def check(model: ModelShape, c: Layout, hw: Hardware) -> Rejection | None:
+    """Why ``c`` cannot run on ``hw``, or None: the layout's own rules (:meth:`Layout.check`) with this
+    hardware's beside them (tensor parallelism inside a node, FP8 tensor cores)."""
+    rules = c.check(model)
+    if rules and rules[0].key in ("heads", "range"):
+        return rules[0]
     if c.tp > hw.gpus_per_node:
-        return Rejection("inter-node-tp", "--tp", f"inter-node tensor parallelism (tp {c.tp} > {hw.gpus_per_node} "
-                         f"devices per node)", soft=True)
+        return Rejection("inter-node-tp", "tp", c.tp, f"inter-node tensor parallelism (tp {c.tp} > "
+                         f"{hw.gpus_per_node} devices per node)", "--tp", soft=True)
     if c.precision == "fp8" and not hw.fp8_flops:
-        return Rejection("fp8", "--precision or --hardware", f"{hw.name} has no FP8 tensor cores")
-    if not model.bare:
-        stages = c.stage_layers(model.layers)
-        if sum(stages) != model.layers or min(stages) < 1:
-            return Rejection("layers", "--pp or --first/last-stage-layers",
-                             f"{model.layers} layers do not fill pp {c.pp} stages with at least one each "
-                             f"(first {c.first_stage_layers or 'even'}, last {c.last_stage_layers or 'even'})")
-        if c.interleave > 1 and min(stages) < c.interleave:
-            return Rejection("layers", "--pp or --interleave",
-                             f"interleave {c.interleave} needs at least {c.interleave} layers on every stage "
-                             f"(the smallest of pp {c.pp} has {min(stages)})")
-        if c.cp > 1 and model.attention != "flash":
-            return Rejection("cp", "--cp or --attention", "context parallelism runs ring attention in a fused "
-                             "(flash) kernel, as Megatron-Core's Transformer Engine path does; this model's "
-                             "attention is standard")
-        if model.seq % (2 * c.cp) and c.cp > 1:
-            return Rejection("cp", "--cp", f"cp {c.cp}: the sequence {model.seq} does not split into 2 x cp chunks")
-        if c.ep > 1 and (not model.experts or model.experts % c.ep or c.dp % c.ep):
-            return Rejection("ep", "--ep", f"ep {c.ep} must divide the experts ({model.experts}) and dp ({c.dp})")
-    if c.global_batch % (c.dp * c.microbatch):
-        return batch(c)
-    m = c.microbatches
-    if c.interleave > 1 and (c.pp == 1 or m % c.pp):
-        return Rejection("interleave", "--interleave",
-                         f"interleaving needs pp > 1 and microbatches ({m}) a multiple of pp ({c.pp})")
-    if c.zero == 2 and c.pp > 1:
-        return ZERO_PP
-    if c.sequence_parallel and c.tp == 1:
-        return Rejection("sp-needs-tp", "--tp", "sequence parallelism needs tp > 1")
-    return None
+        return Rejection("fp8", "precision", c.precision, f"{hw.name} has no FP8 tensor cores",
+                         "--precision or --hardware")
+    return rules[0] if rules else None
 
 
 CONFIG_KEYS = ("tp", "cp", "pp", "dp", "ep", "microbatch", "global_batch", "interleave", "zero", "recompute",
@@ -134,10 +81,10 @@ CONFIG_KEYS = ("tp", "cp", "pp", "dp", "ep", "microbatch", "global_batch", "inte
                "pp_overlap")
 
 
-def estimate(model: ModelSpec, c: ParallelConfig, hw: Hardware, times: dict | None = None) -> dict:
+def estimate(model: ModelShape, c: Layout, hw: Hardware, times: dict | None = None) -> dict:
     """Memory and time of one configuration, as the JSON the CLI prints."""
     mem = memory(model, c)
-    out = {**{k: getattr(c, k) for k in CONFIG_KEYS},
+    out = {**{k: getattr(c, "micro_batch_size" if k == "microbatch" else k) for k in CONFIG_KEYS},
            "gpus": c.gpus, "hardware": hw.name, "model": model.name,
            **({} if model.bare else {"kv_heads": model.kv, "ffn_type": model.ffn_type, "ffn": model.f,
                                      "position": model.position, "tied": model.tied, "attention": model.attention,
@@ -162,7 +109,7 @@ def estimate(model: ModelSpec, c: ParallelConfig, hw: Hardware, times: dict | No
     return out
 
 
-def rates(model: ModelSpec, c: ParallelConfig, hw: Hardware, step: float) -> dict:
+def rates(model: ModelShape, c: Layout, hw: Hardware, step: float) -> dict:
     """Throughput of a step of ``step`` seconds: executed TFLOP/s per GPU (eq. 3), MFU (Megatron's model
     FLOPs over the 16-bit peak), tokens/s."""
     executed, useful = _flops(model, c.global_batch, c.recompute)
@@ -173,7 +120,7 @@ def rates(model: ModelSpec, c: ParallelConfig, hw: Hardware, step: float) -> dic
 
 
 @lru_cache(maxsize=1024)
-def _flops(model: ModelSpec, batch: int, recompute: str) -> tuple[float, float]:
+def _flops(model: ModelShape, batch: int, recompute: str) -> tuple[float, float]:
     return model.flops_per_iteration(batch, recompute), model.model_flops(batch)
 
 
@@ -181,7 +128,7 @@ def _divisors(n: int, cap: int | None = None):
     return [k for k in range(1, (cap or n) + 1) if n % k == 0]
 
 
-def search(model: ModelSpec, gpus: int, hw: Hardware, global_batch: int, base: ParallelConfig | None = None,
+def search(model: ModelShape, gpus: int, hw: Hardware, global_batch: int, base: Layout | None = None,
            max_microbatch: int = 16, max_interleave: int = 16, top: int = 5, fixed: dict | None = None,
            max_cp: int = 32) -> SearchResult:
     """Every configuration (those matching ``fixed``, {field: value}): the ``top`` that fit (0: all), ranked
@@ -193,7 +140,7 @@ def search(model: ModelSpec, gpus: int, hw: Hardware, global_batch: int, base: P
     if model.bare:
         raise UsageError("a bare parameter count has no layers to split; use `netmorph plan estimate` for its "
                          "memory", "params")
-    base = base or ParallelConfig()
+    base = base or Layout()
     fixed = dict(fixed or {})
     fits, rejected = [], {}
 
@@ -215,9 +162,9 @@ def search(model: ModelSpec, gpus: int, hw: Hardware, global_batch: int, base: P
         r.count += n
 
     def make(tp, cp, pp, dp, ep=1, mb=1, v=1, zero=0, rc="none", sp=False, prec="bf16"):
-        return ParallelConfig(tp, pp, dp, mb, global_batch, v, zero, rc, sp, base.dp_overlap, base.param_bytes,
-                              base.grad_bytes, base.optimizer_bytes, cp, ep, prec, base.first_stage_layers,
-                              base.last_stage_layers, base.tp_overlap, base.pp_overlap)
+        return replace(base, tp=tp, cp=cp, ep=ep, dp=dp, pp=pp, zero=zero, interleave=v, global_batch=global_batch,
+                       micro_batch_size=mb,
+                       sequence_parallel=sp, recompute=rc, precision=prec)
 
     for tp in allowed("tp", _divisors(gpus, min(gpus, 64))):
         rest = gpus // tp
@@ -243,7 +190,7 @@ def search(model: ModelSpec, gpus: int, hw: Hardware, global_batch: int, base: P
                     for mb in mbs:
                         if global_batch % (dp * mb):
                             cb = make(tp, cp, pp, dp, ep, mb)
-                            reject(batch(cb), cb, len(vs) * inner)
+                            reject(check(model, cb, hw), cb, len(vs) * inner)
                             continue
                         why = check(model, make(tp, cp, pp, dp, ep, mb), hw)
                         if why:
@@ -262,14 +209,15 @@ def search(model: ModelSpec, gpus: int, hw: Hardware, global_batch: int, base: P
                                         parts = memory_parts(model, cz)
                                         for zero in zeros:
                                             if zero == 2 and pp > 1:
-                                                reject(ZERO_PP, lambda: make(tp, cp, pp, dp, ep, mb, v, 2, rc, sp,
-                                                                             prec))
+                                                c2 = make(tp, cp, pp, dp, ep, mb, v, 2, rc, sp, prec)
+                                                reject(check(model, c2, hw), c2)
                                                 continue
                                             total = memory_total(cz, parts, zero)
                                             if total > hw.memory_bytes:
-                                                reject(Rejection("memory", "--gpus, --hardware or --recompute",
+                                                reject(Rejection("memory", "memory", total,
                                                                  f"out of memory ({total / 1e9:.1f} GB > "
-                                                                 f"{hw.memory_bytes / 1e9:.1f} GB)"),
+                                                                 f"{hw.memory_bytes / 1e9:.1f} GB)",
+                                                                 "--gpus, --hardware or --recompute"),
                                                        lambda: make(tp, cp, pp, dp, ep, mb, v, zero, rc, sp, prec))
                                                 continue
                                             fits.append(make(tp, cp, pp, dp, ep, mb, v, zero, rc, sp, prec))

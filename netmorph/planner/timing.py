@@ -36,10 +36,11 @@ from functools import lru_cache
 
 from netmorph.collectives import build
 from netmorph.cost.simulate import simulate
-from netmorph.planner.config import ParallelConfig, _stage_layers
+from netmorph.cost.topology import node_of
+from netmorph.mesh.layout import Layout, _stage_layers
 from netmorph.planner.hardware import Hardware
 from netmorph.planner.memory import activation_bytes_per_layer, params_on_device
-from netmorph.planner.model import ModelSpec
+from netmorph.mesh.shape import ModelShape
 
 ALGOS = {"allreduce": ("ring", "double_binary_tree"), "reduce_scatter": ("ring",), "allgather": ("ring",),
          "alltoall": ("pairwise",)}
@@ -90,13 +91,13 @@ def collective_time(hw: Hardware, op: str, p: int, stride: int, nbytes: float) -
 
 
 def p2p_time(hw: Hardware, src: int, dst: int, nbytes: float) -> float:
-    same = src // hw.gpus_per_node == dst // hw.gpus_per_node
+    same = node_of(src, hw.gpus_per_node) == node_of(dst, hw.gpus_per_node)
     if same:
         return hw.alpha_intra + nbytes / hw.nvlink_bandwidth
     return hw.alpha_inter + nbytes / hw.nic_bandwidth
 
 
-def linear_gemms(model: ModelSpec, tokens: float, t: int) -> list:
+def linear_gemms(model: ModelShape, tokens: float, t: int) -> list:
     """[(FLOPs of one GEMM, how many run)] of one layer's forward on one rank for ``tokens`` tokens: QKV, the
     output projection, the MLP's up (and gate) and down projections -- per expert, on the tokens routed to
     it, for a mixture of experts -- and the router. They sum to the layer's linear FLOPs."""
@@ -122,24 +123,24 @@ def gemm_seconds(flops: float, peak: float, table: tuple, default: float) -> flo
     return flops / (peak * eff)
 
 
-def layer_costs(model: ModelSpec, c: ParallelConfig, hw: Hardware) -> dict:
+def layer_costs(model: ModelShape, c: Layout, hw: Hardware) -> dict:
     """What one layer costs under ``c``: :func:`_layer_costs` for the fields it depends on (cached, so a search
     prices each (tp, cp, ep, microbatch, recompute, sp, precision) once)."""
-    return dict(_layer_costs(model, hw, c.tp, c.cp, c.ep, c.microbatch, c.recompute, c.sequence_parallel,
+    return dict(_layer_costs(model, hw, c.tp, c.cp, c.ep, c.micro_batch_size, c.recompute, c.sequence_parallel,
                              c.precision))
 
 
 @lru_cache(maxsize=16384)
-def _layer_costs(model: ModelSpec, hw: Hardware, tp, cp, ep, microbatch, recompute, sp, precision) -> dict:
+def _layer_costs(model: ModelShape, hw: Hardware, tp, cp, ep, microbatch, recompute, sp, precision) -> dict:
     """Seconds of one layer's work per microbatch on one rank, forward and backward apart (the backward
     carries the recomputed forward under full recomputation, the attention core again under selective, and
     FlashAttention's own recompute of the scores: its backward is 2.5x its forward), the LM head's forward,
     one activation's bytes, the TP all-reduces per layer, the exposed ring-attention KV exchange (context
     parallel) and the MoE dispatch/combine all-to-alls: what the analytic step time sums and what
     :mod:`netmorph.simulate` plays slot by slot."""
-    c = ParallelConfig(tp=tp, dp=ep, microbatch=microbatch, global_batch=microbatch * ep, recompute=recompute,
+    c = Layout(tp=tp, dp=ep, micro_batch_size=microbatch, global_batch=microbatch * ep, recompute=recompute,
                        sequence_parallel=sp, cp=cp, ep=ep, precision=precision)
-    t, b, cp = c.tp, c.microbatch, c.cp
+    t, b, cp = c.tp, c.micro_batch_size, c.cp
     s, h = model.seq, model.hidden
     # under FP8 Transformer Engine runs the linear layers' GEMMs in FP8; attention and the logits stay 16-bit
     r16 = hw.peak_flops * hw.gemm_efficiency
@@ -191,17 +192,17 @@ def _layer_costs(model: ModelSpec, hw: Hardware, tp, cp, ep, microbatch, recompu
     return out
 
 
-def optimizer_time(n_params: float, c: ParallelConfig, hw: Hardware) -> float:
+def optimizer_time(n_params: float, c: Layout, hw: Hardware) -> float:
     """The optimizer step streams its shard's state through HBM once."""
     shard = n_params / (c.dp * c.cp if c.zero >= 1 else 1)
     return shard * (2 * c.optimizer_bytes + c.grad_bytes + 2 * c.param_bytes) / hw.hbm_bandwidth
 
 
-def step_time(model: ModelSpec, c: ParallelConfig, hw: Hardware) -> dict:
+def step_time(model: ModelShape, c: Layout, hw: Hardware) -> dict:
     """Seconds per iteration and its parts."""
     p, v, m = c.pp, c.interleave, c.microbatches
     gemm, elementwise, tp_comm, cp_comm, moe_comm, pp_comm = _microbatch(
-        model, hw, c.tp, c.cp, c.pp, c.dp, c.ep, c.microbatch, c.recompute, c.sequence_parallel, c.precision, v,
+        model, hw, c.tp, c.cp, c.pp, c.dp, c.ep, c.micro_batch_size, c.recompute, c.sequence_parallel, c.precision, v,
         c.first_stage_layers, c.last_stage_layers, c.tp_overlap, c.pp_overlap)
     per_mb = gemm + elementwise + tp_comm + cp_comm + moe_comm + pp_comm
     slots = m + (p - 1) / v
@@ -267,7 +268,7 @@ def _microbatch(model, hw, t, cp, p, d, ep, mb, recompute, sp, precision, v, fir
 @lru_cache(maxsize=65536)
 def _after(model, hw, t, cp, p, d, ep, zero, first, last, param_bytes, grad_bytes, optimizer_bytes) -> tuple:
     """(data-parallel gradient reduction, one microbatch's ZeRO-3 weight gathers, optimizer) seconds."""
-    c = ParallelConfig(tp=t, pp=p, dp=d, cp=cp, ep=ep, zero=zero, first_stage_layers=first, last_stage_layers=last,
+    c = Layout(tp=t, pp=p, dp=d, cp=cp, ep=ep, zero=zero, first_stage_layers=first, last_stage_layers=last,
                        param_bytes=param_bytes, grad_bytes=grad_bytes, optimizer_bytes=optimizer_bytes)
     n = params_on_device(model, c)
     group = d * cp                                   # gradients reduce over data- and context-parallel ranks

@@ -79,7 +79,7 @@ def plot_plan(path, p) -> None:
     ax.set_yticks(range(p.world))
     ax.set_xlabel("destination rank")
     ax.set_ylabel("source rank")
-    ax.set_title(f"{p.before.label()} -> {p.after.label()}: KiB moved\n{p.messages} messages, {p.rounds} rounds, "
+    ax.set_title(f"{p.before.tag()} -> {p.after.tag()}: KiB moved\n{p.messages} messages, {p.rounds} rounds, "
                  f"{p.bytes / 1024:,.0f} KiB on the wire", fontsize=9)
     fig.colorbar(im, ax=ax, label="KiB")
     fig.tight_layout()
@@ -88,12 +88,12 @@ def plot_plan(path, p) -> None:
 
 
 def build_section(out_dir, tick=lambda: None) -> Section:
-    from netmorph.models.gpt import GPTConfig
+    from netmorph.mesh.shape import ModelShape
     from netmorph.morph.controller import Trainer, calibrate, parse_scenario, run_adaptive, run_static
-    from netmorph.morph.layouts import Layout
+    from netmorph.mesh.layout import Layout
     from netmorph.morph.reshard import plan
 
-    model = GPTConfig(layers=4, hidden=32, heads=4, seq=16, vocab=64)
+    model = ModelShape(layers=4, hidden=32, heads=4, seq=16, vocab=64)
     world, batch, steps, segment = 8, 8, 24, 4
     scenario = parse_scenario("link-degrades@8")
     trainer = Trainer(model, batch, world)
@@ -104,27 +104,27 @@ def build_section(out_dir, tick=lambda: None) -> Section:
     adaptive = run_adaptive(trainer, cal, start, steps, segment, scenario, log=log.append)
     tick()
     others = [lay for lay in cal.layouts(world, model.seq) if lay != start][:1]
-    statics = {lay.label(): run_static(trainer, lay, steps, segment, scenario) for lay in [start, *others]}
+    statics = {lay.tag(): run_static(trainer, lay, steps, segment, scenario) for lay in [start, *others]}
     tick()
     plot_throughput(out_dir / "morph_throughput.png", adaptive, statics, scenario)
     moved = plan(model, Layout(tp=2, pp=2, dp=2), Layout(dp=8, zero=3))
     plot_plan(out_dir / "morph_plan.png", moved)
     best = min(statics, key=lambda k: statics[k].total_s)
-    first = statics[start.label()].total_s
+    first = statics[start.tag()].total_s
     moves = "; ".join(f"step {d.step}: {d.before} -> {d.after}" for d in adaptive.decisions) or "no move"
     summary = [f"8 ranks on two emulated nodes, the inter-node link 10x slower from step {scenario.at}: {moves}",
-               f"adaptive {adaptive.total_s:.2f} s, static {start.label()} (the start) {first:.2f} s, best static "
+               f"adaptive {adaptive.total_s:.2f} s, static {start.tag()} (the start) {first:.2f} s, best static "
                f"{best} {statics[best].total_s:.2f} s",
                f"reshard tp2·pp2·dp2 -> dp8·zero3: {moved.messages} messages in {moved.rounds} rounds, "
                f"{moved.bytes:,} B on the wire, {moved.kept_bytes():,} B kept in place"]
     html = f"""
 <p>A small GPT trains for real on 8 ranks laid out as two emulated nodes (the fabric's per-link α/β), each rank's
 accelerator emulated as a sleep of its share of the compute. The control loop starts on the layout that its
-calibration (a few steps of each layout on the healthy cluster) ranks first, <b>{start.label()}</b>. At step
+calibration (a few steps of each layout on the healthy cluster) ranks first, <b>{start.tag()}</b>. At step
 {scenario.at} the link between the nodes becomes ten times slower. After each segment of {segment} steps the loop
 times a message across the nodes, re-predicts every layout at that price and moves when the best one saves more
 than 10% for two looks in a row and pays for the move: {moves}. It finished in {adaptive.total_s:.2f} s against
-{first:.2f} s for staying on {start.label()} and {statics[best].total_s:.2f} s for {best} all along.</p>
+{first:.2f} s for staying on {start.tag()} and {statics[best].total_s:.2f} s for {best} all along.</p>
 <p>Under dp8 every rank already holds the whole model and its Adam moments, so that move sends nothing. The second
 figure is the move out of a sharded layout, tp2·pp2·dp2 to ZeRO-3 over 8 ranks: the plan, computed before
 anything moves, as bytes from each source rank to each destination rank -- {moved.messages} messages in

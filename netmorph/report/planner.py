@@ -17,10 +17,10 @@ def build_section(out_dir, tick=lambda: None) -> Section:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from netmorph.planner.config import ParallelConfig
+    from netmorph.mesh.layout import Layout
     from netmorph.planner.hardware import PRESETS as HW
     from netmorph.planner.memory import memory
-    from netmorph.planner.model import PRESETS
+    from netmorph.mesh.shape import PRESETS
     from netmorph.planner.search import search
 
     model, hw = PRESETS[MODEL], HW["a100-80g"]
@@ -34,7 +34,7 @@ def build_section(out_dir, tick=lambda: None) -> Section:
     mems, thr, labels = [], [], []
     for t, p in splits:
         d = GPUS // (t * p)
-        c = ParallelConfig(t, p, d, 1, BATCH, 1, 1, "selective", t > 1)
+        c = Layout(tp=t, pp=p, dp=d, global_batch=BATCH, zero=1, recompute="selective", sequence_parallel=t > 1)
         mems.append(memory(model, c))
         here = [e for e in result.by_split if e["tp"] == t and e["pp"] == p]
         thr.append(100 * here[0]["mfu"] if here else 0.0)      # model FLOPs: ranks as the step time does
@@ -76,7 +76,7 @@ def build_section(out_dir, tick=lambda: None) -> Section:
     # today's model on today's cluster: GQA, SwiGLU, FlashAttention, uneven stages, cp and precision searched
     t0 = time.perf_counter()
     big = search(PRESETS["llama-3-405b"], 16384, HW["h100-80g"], 2048, top=1,
-                 base=ParallelConfig(first_stage_layers=7, last_stage_layers=7), fixed={"precision": "bf16"})
+                 base=Layout(first_stage_layers=7, last_stage_layers=7), fixed={"precision": "bf16"})
     t_big = time.perf_counter() - t0
     lb = big.ranked[0]
     tick()

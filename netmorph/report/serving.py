@@ -20,20 +20,20 @@ def phase_traffic(out_dir, tick=lambda: None) -> dict:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from netmorph.models.gpt import GPTConfig
+    from netmorph.mesh.shape import ModelShape
     from netmorph.parallel.hybrid import TrainConfig
     from netmorph.parallel.run import train
     from netmorph.planner.hardware import PRESETS as HARDWARE
     from netmorph.serving import workload
     from netmorph.serving.disagg import serve_disaggregated
     from netmorph.serving.engine import ServeConfig
-    from netmorph.serving.kv import PRESETS as MODELS
+    from netmorph.mesh.shape import PRESETS as MODELS
     from netmorph.serving.roofline import iteration_time
     from netmorph.serving.tp import serve_tensor_parallel
-    t = train(TrainConfig(dp=4, steps=2, trace=True))
+    t = train(TrainConfig.make(dp=4, steps=2, trace=True))
     train_msgs = [(e["ts"] / 1e6, e["args"]["bytes"], "training: gradient all-reduce")
                   for e in t["trace"]["traceEvents"] if e.get("ph") == "X" and e.get("cat", "").startswith("dp")]
-    model = GPTConfig(layers=2, hidden=64, heads=4, seq=512, vocab=256)
+    model = ModelShape(layers=2, hidden=64, heads=4, seq=512, vocab=256)
     reqs = workload.generate(16, 200.0, model.seq, model.vocab, seed=1, means=(161.31 / 2, 337.99 / 8))
     cfg = ServeConfig(num_blocks=256, block_size=16)
     d = serve_disaggregated(model, cfg, copy.deepcopy(reqs), 1, 2, keep_ledger=True)
@@ -82,14 +82,14 @@ def build_section(out_dir, tick=lambda: None):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from netmorph.models.gpt import GPTConfig
+    from netmorph.mesh.shape import ModelShape
     from netmorph.planner.hardware import PRESETS as HARDWARE
     from netmorph.report.html import Section
     from netmorph.serving import workload
     from netmorph.serving.engine import Engine, ServeConfig
-    from netmorph.serving.kv import PRESETS as MODELS
+    from netmorph.mesh.shape import PRESETS as MODELS
     from netmorph.serving.roofline import iteration_time
-    model = GPTConfig(layers=2, hidden=32, heads=4, seq=512, vocab=256)
+    model = ModelShape(layers=2, hidden=32, heads=4, seq=512, vocab=256)
     price = (lambda items: iteration_time(MODELS["llama-3-8b"], HARDWARE["a100-80g"], items))   # noqa: E731
     means = (161.31 / 4, 337.99 / 4)
 

@@ -45,12 +45,12 @@ STEPS = 1
 
 def build_section(out_dir, tick=lambda: None):
     """GPT-3 175B on 1024 A100s (tp 8, pp 8, dp 16, 1F1B, gradient buckets overlapped), every rank simulated."""
-    from netmorph.planner.config import ParallelConfig
+    from netmorph.mesh.layout import Layout
     from netmorph.planner.hardware import PRESETS as HARDWARE
-    from netmorph.planner.model import PRESETS as MODELS
+    from netmorph.mesh.shape import PRESETS as MODELS
     from netmorph.report.html import Section
     from netmorph.simulate import simulate_config
-    c = ParallelConfig(8, 8, 16, 1, 1536, 1, 0, "full", dp_overlap=True)
+    c = Layout(tp=8, pp=8, dp=16, global_batch=1536, recompute="full", dp_overlap=True)
     stage = c.tp * c.dp
     out = simulate_config(MODELS["gpt3-175b"], c, HARDWARE["a100-80g"], "1f1b", [r * stage for r in range(c.pp)])
     tick()

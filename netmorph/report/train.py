@@ -16,15 +16,16 @@ def build_section(out_dir, tick=lambda: None) -> Section:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from netmorph.models.gpt import GPTConfig
+    from netmorph.mesh.shape import ModelShape
     from netmorph.parallel.hybrid import TrainConfig
     from netmorph.parallel.run import train
+    from netmorph.planner.memory import trainer_memory
 
     # 1. three pipeline schedules on 4 stages, 8 microbatches, 15 ms emulated compute per forward
-    small = GPTConfig(layers=8, hidden=32, heads=4, seq=16, vocab=64)
+    small = ModelShape(layers=8, hidden=32, heads=4, seq=16, vocab=64)
     runs = []
     for name, v in (("afab", 1), ("1f1b", 1), ("interleaved", 2)):
-        cfg = TrainConfig(model=small, pp=4, schedule=name, interleave=v, microbatches=8, steps=4, compute_ms=15.0)
+        cfg = TrainConfig.make(model=small, pp=4, schedule=name, interleave=v, microbatches=8, steps=4, compute_ms=15.0)
         runs.append((name, v, train(cfg)))
     tick()
     fig, axes = plt.subplots(3, 1, figsize=(13, 7.5), sharex=False)
@@ -53,7 +54,7 @@ def build_section(out_dir, tick=lambda: None) -> Section:
     plt.close(fig)
 
     # 2. 3D: every phase's bytes against its closed form
-    cfg3 = TrainConfig(model=GPTConfig(), tp=2, pp=2, dp=2, zero=1, microbatches=4, steps=2)
+    cfg3 = TrainConfig.make(model=ModelShape(), tp=2, pp=2, dp=2, zero=1, microbatches=4, steps=2)
     out3 = train(cfg3, check=True)
     tick()
     phases = [p for p in ("zero", "tp", "pp", "pp.emb") if p in out3["bytes_per_rank_by_phase"]]
@@ -69,9 +70,9 @@ def build_section(out_dir, tick=lambda: None) -> Section:
     # 3. ZeRO stages on dp 4: model-state bytes per rank
     mems, plans = [], []
     for z in (0, 1, 2, 3):
-        cfg = TrainConfig(model=GPTConfig(), dp=4, zero=z, microbatches=1, steps=1, dtype="float32")
+        cfg = TrainConfig.make(model=ModelShape(), dp=4, zero=z, microbatches=1, steps=1, dtype="float32")
         mems.append(train(cfg)["memory_bytes"])
-        est = planner_memory(cfg)
+        est = trainer_memory(cfg.model, cfg.layout, 8 if cfg.dtype == "float64" else 4)
         plans.append(est["params"] + est["grads"] + est["optimizer"])
     tick()
     fig, ax = plt.subplots(figsize=(9, 3.8))
@@ -90,7 +91,7 @@ def build_section(out_dir, tick=lambda: None) -> Section:
     exact = all(out3["traffic_exact"].values())
     bub = {name: out["bubble_fraction"] for name, _, out in runs}
     html = f"""
-<p>A small GPT (Megatron's parameter layout, {GPTConfig().params():,} parameters) trained split across real
+<p>A small GPT (Megatron's parameter layout, {ModelShape().params():,} parameters) trained split across real
 processes. Every layout -- data parallel, ZeRO 1-3, Megatron's tensor parallelism with and without sequence
 parallelism, each pipeline schedule, and their 3D composition -- reproduces the 1-rank run on the same global
 batches (float64: to about 1e-15); here tp2 pp2 dp2 ZeRO-1 differs from it by {out3['max_rel_loss_diff']:.1e}
@@ -121,20 +122,6 @@ bytes each rank holds equal the planner's formula for the same layout (the black
                     ("train_traffic.png", "Bytes per rank per step by phase: ledger vs closed form."),
                     ("train_zero_memory.png", "Model-state bytes per rank for DP and each ZeRO stage.")],
                    summary)
-
-
-def planner_memory(cfg) -> dict:
-    """What ``netmorph plan estimate`` says the most loaded rank holds, in this run's element sizes
-    (Adam keeps two states per parameter, no master copy: optimizer bytes = 2 x the element size)."""
-    from netmorph.planner.config import ParallelConfig
-    from netmorph.planner.memory import memory
-    from netmorph.planner.model import ModelSpec
-    m = cfg.model
-    isz = 8 if cfg.dtype == "float64" else 4
-    c = ParallelConfig(cfg.tp, cfg.pp, cfg.dp, cfg.micro_batch_size, cfg.global_batch, cfg.interleave, cfg.zero,
-                       "none", cfg.sequence_parallel, False, isz, isz, 2 * isz)
-    est = memory(ModelSpec("netmorph-gpt", m.layers, m.hidden, m.heads, m.seq, m.vocab), c)
-    return {**{k: est[k] for k in ("params", "grads", "optimizer")}, "activations": est["activations"]}
 
 
 def _finish(plt, fig, ax, ylabel: str, title: str, path) -> None:

@@ -10,6 +10,8 @@ the prediction.
 
 from __future__ import annotations
 
+from netmorph.cost.topology import node_of
+
 
 def link_cost(topology=None, slow_links=None):
     """``fn(src, dst) -> (alpha_s, beta_s_per_byte)``, or None when no link is emulated.
@@ -26,7 +28,7 @@ def link_cost(topology=None, slow_links=None):
             return alpha, (1.0 / bw if bw else 0.0)
         if topology is None:
             return 0.0, 0.0
-        if topology.flat or s // topology.gpus_per_node == d // topology.gpus_per_node:
+        if topology.flat or node_of(s, topology.gpus_per_node) == node_of(d, topology.gpus_per_node):
             return topology.alpha, topology.beta
         return topology.alpha_inter, topology.beta_inter
     return cost

@@ -20,7 +20,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from netmorph.models.gpt import GPTConfig, full_weights
+from netmorph.mesh.placement import parameters
+from netmorph.mesh.shape import ModelShape
+from netmorph.models.gpt import full_weights
 
 
 def sample(logits: torch.Tensor, temperature: float, seed: int) -> int:
@@ -34,7 +36,7 @@ def sample(logits: torch.Tensor, temperature: float, seed: int) -> int:
 
 
 class PagedGPT:
-    def __init__(self, cfg: GPTConfig, num_blocks: int, block_size: int, dtype=torch.float64, shard=None):
+    def __init__(self, cfg: ModelShape, num_blocks: int, block_size: int, dtype=torch.float64, shard=None):
         """``shard = (tp, rank, all_reduce)``: Megatron's tensor-parallel split -- this rank keeps heads
         ``rank·heads/tp ...`` (the QKV rows and the projection's input columns of those heads, its KV cache
         holds only them) and a 1/tp slice of the MLP; ``all_reduce(partial)`` sums the row-parallel outputs
@@ -48,15 +50,9 @@ class PagedGPT:
             if cfg.heads % tp:
                 raise ValueError(f"heads {cfg.heads} not divisible by tp {tp}")
             self.nh = cfg.heads // tp
-            h, f = cfg.hidden, cfg.ffn
-            hs, fs = slice(rank * h // tp, (rank + 1) * h // tp), slice(rank * f // tp, (rank + 1) * f // tp)
-            rows = slice(3 * rank * h // tp, 3 * (rank + 1) * h // tp)      # QKV rows grouped (heads, 3, hd)
-            for i in range(cfg.layers):
-                w = self.w
-                w[f"{i}.qkv.w"], w[f"{i}.qkv.b"] = w[f"{i}.qkv.w"][rows].contiguous(), w[f"{i}.qkv.b"][rows].contiguous()
-                w[f"{i}.proj.w"] = w[f"{i}.proj.w"][:, hs].contiguous()
-                w[f"{i}.fc.w"], w[f"{i}.fc.b"] = w[f"{i}.fc.w"][fs].contiguous(), w[f"{i}.fc.b"][fs].contiguous()
-                w[f"{i}.fc2.w"] = w[f"{i}.fc2.w"][:, fs].contiguous()
+            for p in parameters(cfg):            # each layer's piece, as training's tensor parallelism holds it
+                if p.layer is not None:          # (the word embedding stays whole: every rank computes the logits)
+                    self.w[p.name] = p.piece(self.w[p.name], tp, rank).contiguous()
         shape = (num_blocks, block_size, self.nh, self.hd)
         self.k = [torch.zeros(shape, dtype=dtype) for _ in range(cfg.layers)]
         self.v = [torch.zeros(shape, dtype=dtype) for _ in range(cfg.layers)]
@@ -137,7 +133,7 @@ def _ends(items):
 
 
 @torch.no_grad()
-def generate_alone(cfg: GPTConfig, prompt, n_out: int, temperature: float = 0.0, seed: int = 0) -> list:
+def generate_alone(cfg: ModelShape, prompt, n_out: int, temperature: float = 0.0, seed: int = 0) -> list:
     """The reference: the training model over the whole sequence at every step, no cache."""
     from netmorph.models.gpt import GPTStage
     model = GPTStage(cfg)

@@ -12,25 +12,28 @@ hardware's ridge point = peak FLOP/s / HBM bytes/s (Williams, Waterman & Patters
 
 from __future__ import annotations
 
-from netmorph.serving.kv import ServeModel
+from netmorph.mesh.shape import ModelShape
+from netmorph.serving.kv import DTYPE_BYTES
 
 
-def flops_and_bytes(m: ServeModel, items) -> tuple[float, float]:
+def flops_and_bytes(m: ModelShape, items) -> tuple[float, float]:
     """FLOPs and HBM bytes of one forward pass over ``items`` = [(new tokens, tokens already in context)], one
     per sequence: the weights are read once for the whole batch, each sequence reads its own KV and writes
     its new tokens' KV, and each produces logits for its last token."""
     h = m.hidden
-    weights = m.params() - m.vocab * h * (2 if m.gated else 1)                 # the transformer layers
-    kv = m.kv_bytes_per_token()
-    flops, nbytes = 0.0, (weights + m.vocab * h) * m.dtype_bytes
+    # the layers' matrices: every expert's is read, a token multiplies through its top-k
+    weights = m.layers * (m.attn_weights() + m.n_experts * m.expert_weights() + m.router_params())
+    active = m.layers * (m.attn_weights() + m.active_experts * m.expert_weights() + m.router_params())
+    kv = m.kv_bytes_per_token(DTYPE_BYTES)
+    flops, nbytes = 0.0, (weights + m.vocab * h) * DTYPE_BYTES
     for new, ctx in items:
         pairs = new * ctx + new * (new + 1) / 2                                 # causal (query, key) pairs
-        flops += 2 * weights * new + 4 * m.layers * m.heads * m.head_dim * pairs + 2 * m.vocab * h
+        flops += 2 * active * new + 4 * m.layers * m.heads * m.head_dim * pairs + 2 * m.vocab * h
         nbytes += ctx * kv + new * kv
     return flops, nbytes
 
 
-def phase(m: ServeModel, hw, batch: int, new: int, context: int) -> dict:
+def phase(m: ModelShape, hw, batch: int, new: int, context: int) -> dict:
     """FLOPs, bytes, intensity and roofline time of one forward pass of ``batch`` sequences."""
     flops, nbytes = flops_and_bytes(m, [(new, context)] * batch)
     intensity = flops / nbytes
@@ -38,14 +41,14 @@ def phase(m: ServeModel, hw, batch: int, new: int, context: int) -> dict:
             "bound": "compute" if intensity >= hw.peak_flops / hw.hbm_bandwidth else "memory"}
 
 
-def roofline(m: ServeModel, hw, batch: int = 1, prompt: int = 512, context: int = 512) -> dict:
+def roofline(m: ModelShape, hw, batch: int = 1, prompt: int = 512, context: int = 512) -> dict:
     """Prefill of ``prompt`` tokens and one decode step at ``context`` cached tokens, both at ``batch``."""
     return {"model": m.name, "hardware": hw.name, "batch": batch,
             "ridge_flops_per_byte": hw.peak_flops / hw.hbm_bandwidth,
             "prefill": phase(m, hw, batch, prompt, 0), "decode": phase(m, hw, batch, 1, context)}
 
 
-def iteration_time(m: ServeModel, hw, items) -> float:
+def iteration_time(m: ModelShape, hw, items) -> float:
     """Roofline time of one serving iteration of model ``m`` on ``hw`` over ``items`` (see
     :func:`flops_and_bytes`): the weights are read once for the whole batch -- why batching decodes is nearly
     free until the pass turns compute-bound."""

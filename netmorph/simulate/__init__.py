@@ -50,7 +50,7 @@ def simulate_config(model, c, hw, schedule_name: str | None = None, trace_ranks=
     why = check(model, c, hw)
     if why and not why.soft:
         raise UsageError(f"{why}; change {why.flag}")
-    name = schedule_name or ("interleaved" if c.interleave > 1 else "1f1b")
+    name = schedule_name or c.pipeline_schedule
     t0 = time.perf_counter()
     res = simulate_step(c.tp, c.pp, c.dp, c.microbatches, model.layers, costs_for(model, c, hw), name,
                         c.interleave, trace_ranks)

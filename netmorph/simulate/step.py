@@ -38,7 +38,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from netmorph.cost.topology import node_of
 from netmorph.errors import UsageError
+from netmorph.mesh.grid import Mesh
 from netmorph.parallel.pipeline import schedule
 
 
@@ -93,10 +95,10 @@ def simulate_step(tp: int, pp: int, dp: int, microbatches: int, layers: int, cos
     per_chunk = layers // stages
     slots = schedule(schedule_name, pp, m, v)
     shape = (dp, tp)
-    di, ti = np.meshgrid(np.arange(dp), np.arange(tp), indexing="ij")
-    device = [(r * dp + di) * tp + ti for r in range(pp)]               # tp innermost, then dp, then pp
-    node = [d // costs.gpus_per_node for d in device]
-    traced = {int(g): (g // (tp * dp), (g // tp) % dp, g % tp) for g in trace_ranks}
+    mesh = Mesh(tp * dp * pp, tp=tp, pp=pp, dp=dp)
+    device = list(mesh.grid.reshape(pp, dp, tp))                        # the mesh's order: tp innermost, dp, pp
+    node = [node_of(d, costs.gpus_per_node) for d in device]
+    traced = {int(g): tuple(mesh.coords(int(g))[k] for k in ("pp", "dp", "tp")) for g in trace_ranks}
     by_stage = {}
     for g, (r, a, b) in traced.items():
         by_stage.setdefault(r, []).append((g, a, b))
@@ -263,5 +265,5 @@ def simulate_step(tp: int, pp: int, dp: int, microbatches: int, layers: int, cos
 def _ring_inter_fraction(devices, gpus_per_node: int) -> float:
     """Fraction of a ring's hops (member i to i+1) that leave the node: that share of a ring collective's
     bytes goes over the NICs."""
-    nodes = np.asarray(devices).reshape(-1) // gpus_per_node
+    nodes = node_of(np.asarray(devices).reshape(-1), gpus_per_node)
     return float(np.mean(nodes != np.roll(nodes, -1)))

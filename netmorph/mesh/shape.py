@@ -1,4 +1,8 @@
-"""A transformer as the planner sees it: its shape, and the parameters and FLOPs that follow.
+"""A transformer's shape, the one type every part of netmorph describes a model with -- the trainer's GPT, the
+planner, the step simulator, MoE, serving and morph -- and the parameters, FLOPs and KV cache that follow from it.
+
+Stands in for Hugging Face's ``PretrainedConfig`` (``config.json``) and Megatron-LM's ``TransformerConfig``: the
+fields are theirs under one set of names, and the presets are the published configurations.
 
 The 2021-era GPT of Narayanan et al. ("Efficient Large-Scale Language Model Training on GPU
 Clusters Using Megatron-LM") is the default: multi-head attention, a two-matrix GeLU MLP of
@@ -17,6 +21,9 @@ embedding. Today's models differ in ways that change every count, so each is a f
   forward's 2 -- FlashAttention-2, section 3.1.2);
 - ``dropout=False``: the model trains without dropout (Llama, Mistral, MPT, BLOOM), so no
   dropout masks are stored (torch's dropout with p = 0 returns its input);
+- ``dense_layers`` (DeepSeek's ``first_k_dense_replace``): the first k layers keep a dense MLP of width
+  ``ffn``; ``expert_ffn`` (``moe_intermediate_size``) is each expert's width when it differs from ``ffn``;
+  ``shared_experts`` (``n_shared_experts``) run on every token beside the routed ones;
 - ``experts``/``top_k`` (mixture of experts, Megatron's expert-parallel MLP; Mixtral): E
   copies of the MLP and a router of h x E per layer, each token through ``top_k`` of them;
   ``capacity_factor`` > 1 pads every expert to that multiple of its even share (GShard,
@@ -48,24 +55,27 @@ MosaicML's MPT benchmark models (llm-foundry ``scripts/train/yamls/pretrain``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from netmorph.errors import UsageError
 
-FFN_TYPES = ("gelu", "swiglu")
+FFN_TYPES = ("gelu", "relu", "swiglu")
 POSITIONS = ("learned", "rope", "alibi")
 ATTENTION = ("standard", "flash")
 
 
 @dataclass(frozen=True)
-class ModelSpec:
-    name: str
-    layers: int
-    hidden: int
-    heads: int
-    seq: int = 2048
-    vocab: int = 51200
+class ModelShape:
+    """One transformer. The defaults are netmorph's own small GPT (the one ``netmorph train`` builds in torch);
+    a published model is a preset (:data:`PRESETS`) or read from its config (:mod:`netmorph.planner.configs`)."""
+
+    name: str = "gpt"
+    layers: int = 4
+    hidden: int = 64
+    heads: int = 4
+    seq: int = 32
+    vocab: int = 128
     ffn: int = 0                   # 0: 4 x hidden
     params_only: float = 0.0       # a bare parameter count (--params): model-state memory only
     kv_heads: int = 0              # 0: = heads (multi-head attention)
@@ -74,10 +84,17 @@ class ModelSpec:
     tied: bool = True              # output layer shares the word embedding
     bias: bool = True              # linear biases and LayerNorm (False: no biases, RMSNorm)
     attention: str = "standard"    # standard | flash
-    dropout: bool = True           # dropout layers (False: none, so no masks stored)
+    dropout: bool = False          # dropout layers (True: their masks are stored for the backward)
     experts: int = 0               # 0: dense MLP
     top_k: int = 1                 # experts per token
     capacity_factor: float = 1.0   # expert capacity / (tokens x top_k / experts): padding computed and sent
+    expert_ffn: int = 0            # 0: = ffn (each expert as wide as the dense MLP)
+    shared_experts: int = 0        # experts every token passes through (DeepSeek, Qwen2-MoE), each expert_ffn wide
+    embedding_norm: bool = False   # a norm right after the word embedding (BLOOM's word_embeddings_layernorm)
+    extra_positions: int = 0       # learned position rows beyond seq (OPT keeps 2 for its padding offset)
+    dense_layers: int = 0          # the first k layers keep a dense MLP (DeepSeek's first_k_dense_replace)
+    seed: int = 0                  # the initial weights' and the synthetic data's seed (netmorph's GPT)
+    source: str = field(default="", compare=False)     # where a preset's numbers come from
 
     @property
     def f(self) -> int:
@@ -112,6 +129,16 @@ class ModelSpec:
     def active_experts(self) -> int:
         return self.top_k if self.experts else 1
 
+    @property
+    def ef(self) -> int:
+        """One expert's MLP width (the dense MLP's in a dense model)."""
+        return (self.expert_ffn or self.f) if self.experts else self.f
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers with routed experts (all but the first ``dense_layers``; none in a dense model)."""
+        return self.layers - self.dense_layers if self.experts else 0
+
     # -- parameters -------------------------------------------------------------------------------
     def attn_weights(self) -> int:
         return 2 * self.hidden * self.hidden + 2 * self.hidden * self.h_kv
@@ -119,12 +146,16 @@ class ModelSpec:
     def attn_biases(self) -> int:
         return (2 * self.hidden + 2 * self.h_kv) if self.bias else 0
 
+    def mlp_params(self, width: int) -> int:
+        """One MLP of ``width``: its matrices and (with biases) theirs."""
+        return self.mlp_mats * self.hidden * width + (((self.mlp_mats - 1) * width + self.hidden) if self.bias else 0)
+
     def expert_weights(self) -> int:
         """One expert's (or the dense MLP's) matrices."""
-        return self.mlp_mats * self.hidden * self.f
+        return self.mlp_mats * self.hidden * self.ef
 
     def expert_biases(self) -> int:
-        return ((self.mlp_mats - 1) * self.f + self.hidden) if self.bias else 0
+        return ((self.mlp_mats - 1) * self.ef + self.hidden) if self.bias else 0
 
     def norm_params(self) -> int:
         """One norm: LayerNorm's weight and bias, or RMSNorm's weight."""
@@ -134,23 +165,39 @@ class ModelSpec:
         return self.hidden * self.experts
 
     def layer_params(self) -> int:
-        return (self.attn_weights() + self.attn_biases() + self.n_experts * (self.expert_weights()
-                + self.expert_biases()) + self.router_params() + 2 * self.norm_params())
+        """One layer of the kind most layers are: routed experts (plus shared ones) in a mixture of experts, else
+        the dense MLP. (The planner prices every layer as this one.)"""
+        mlp = ((self.n_experts + self.shared_experts) * (self.expert_weights() + self.expert_biases())
+               + self.router_params()) if self.experts else self.mlp_params(self.f)
+        return self.attn_weights() + self.attn_biases() + mlp + 2 * self.norm_params()
+
+    def dense_layer_params(self) -> int:
+        return self.attn_weights() + self.attn_biases() + self.mlp_params(self.f) + 2 * self.norm_params()
 
     def embedding_params(self) -> int:
         """Word embedding (and the untied output layer) and learned positions."""
-        return self.vocab * self.hidden * (1 if self.tied else 2) + (self.seq * self.hidden
-                                                                      if self.position == "learned" else 0)
+        return (self.vocab * self.hidden * (1 if self.tied else 2) + ((self.seq + self.extra_positions) * self.hidden
+                                                                       if self.position == "learned" else 0)
+                + (self.norm_params() if self.embedding_norm else 0))
 
     def params(self) -> float:
+        """Every parameter, each counted once (a tied embedding once): Hugging Face's
+        ``sum(p.numel() for p in model.parameters())``."""
         if self.bare:
             return self.params_only
-        return self.layers * self.layer_params() + self.embedding_params() + self.norm_params()
+        moe = self.moe_layers
+        return (moe * self.layer_params() + (self.layers - moe) * self.dense_layer_params()
+                + self.embedding_params() + self.norm_params())
 
     def active_params(self) -> float:
-        """Parameters one token passes through (a mixture of experts uses top_k of E)."""
+        """Parameters one token passes through (a mixture of experts uses top_k of E, and every shared expert)."""
         idle = (self.n_experts - self.active_experts) * (self.expert_weights() + self.expert_biases())
-        return self.params() - self.layers * idle
+        return self.params() - self.moe_layers * idle
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """A KV cache's bytes per token of context: a key and a value per KV head in every layer (vLLM's
+        ``get_kv_cache_spec``: 2 · layers · kv_heads · head_dim · bytes)."""
+        return 2 * self.layers * self.kv * self.head_dim * dtype_bytes
 
     # -- FLOPs --------------------------------------------------------------------------------------
     def _core(self, tokens_b: int, causal: bool) -> float:
@@ -219,23 +266,29 @@ class ModelSpec:
         return ", ".join(parts)
 
 
-def _m(name, layers, hidden, heads, seq=2048, vocab=51200):
-    return ModelSpec(name, layers, hidden, heads, seq, vocab)
+# what a Megatron command line that names no --seq-length / vocabulary is taken to train (GPT-3's)
+MEGATRON_DEFAULTS = {"seq": 2048, "vocab": 51200}
+
+
+def _m(name, layers, hidden, heads, seq=2048, vocab=51200, **kw):
+    """A 2021-era Megatron GPT, as the papers train it: learned positions, GeLU 4h, tied, biases, dropout."""
+    return ModelShape(name, layers, hidden, heads, seq, vocab, dropout=True, **kw)
 
 
 def _llama(name, layers, hidden, heads, kv, ffn, vocab=128256, seq=8192, **kw):
-    return ModelSpec(name, layers, hidden, heads, seq, vocab, ffn, kv_heads=kv, ffn_type="swiglu", position="rope",
-                     tied=False, bias=False, attention="flash", dropout=False, **kw)
+    return ModelShape(name, layers, hidden, heads, seq, vocab, ffn, kv_heads=kv, ffn_type="swiglu", position="rope",
+                      tied=False, bias=False, attention="flash", dropout=False, **kw)
 
 
 def _mpt(name, layers, hidden, heads):
     # llm-foundry's benchmark MPTs: learned positions, biases, LayerNorm, GeLU 4h, vocab 50368, tied, flash, and
     # attn_pdrop = resid_pdrop = emb_pdrop = 0
-    return ModelSpec(name, layers, hidden, heads, 2048, 50368, attention="flash", dropout=False)
+    return ModelShape(name, layers, hidden, heads, 2048, 50368, attention="flash", dropout=False,
+                      source="llm-foundry scripts/train/yamls/pretrain")
 
 
 PRESETS = {m.name: m for m in [
-    _m("gpt3-175b", 96, 12288, 96),
+    _m("gpt3-175b", 96, 12288, 96, source="Brown et al. 2020, Table 2.1"),
     # Narayanan et al. 2021, Table 1 (weak scaling on Selene)
     _m("ptdp-1.7b", 24, 2304, 24), _m("ptdp-3.6b", 30, 3072, 32), _m("ptdp-7.5b", 36, 4096, 32),
     _m("ptdp-18.4b", 40, 6144, 48), _m("ptdp-39.1b", 48, 8192, 64), _m("ptdp-76.1b", 60, 10240, 80),
@@ -245,18 +298,33 @@ PRESETS = {m.name: m for m in [
     _m("mt-22b", 48, 6144, 64), _m("mt-175b", 96, 12288, 96), _m("mt-530b", 105, 20480, 128),
     _m("mt-1t", 128, 25600, 160),
     # open models, from their published config.json
-    _llama("llama-3-8b", 32, 4096, 32, 8, 14336), _llama("llama-3-70b", 80, 8192, 64, 8, 28672),
-    _llama("llama-3-405b", 126, 16384, 128, 8, 53248),
-    _llama("llama-2-7b", 32, 4096, 32, 32, 11008, vocab=32000, seq=4096),
-    _llama("llama-2-70b", 80, 8192, 64, 8, 28672, vocab=32000, seq=4096),
-    _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, vocab=32000, seq=4096, experts=8, top_k=2),
-    ModelSpec("bloom-176b", 70, 14336, 112, 2048, 250880, position="alibi", dropout=False),   # dropout 0.0
+    _llama("llama-3-8b", 32, 4096, 32, 8, 14336, source="meta-llama/Meta-Llama-3-8B config.json"),
+    _llama("llama-3-70b", 80, 8192, 64, 8, 28672, source="meta-llama/Meta-Llama-3-70B config.json"),
+    _llama("llama-3-405b", 126, 16384, 128, 8, 53248, source="meta-llama/Llama-3.1-405B config.json"),
+    _llama("llama-2-7b", 32, 4096, 32, 32, 11008, vocab=32000, seq=4096, source="meta-llama/Llama-2-7b-hf config.json"),
+    _llama("llama-2-70b", 80, 8192, 64, 8, 28672, vocab=32000, seq=4096,
+           source="meta-llama/Llama-2-70b-hf config.json"),
+    _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, vocab=32000, seq=4096, experts=8, top_k=2,
+           source="mistralai/Mixtral-8x7B-v0.1 config.json"),
+    ModelShape("bloom-176b", 70, 14336, 112, 2048, 250880, position="alibi", dropout=False, embedding_norm=True,
+               source="bigscience/bloom config.json"),
+    # OPT: ReLU MLP of ffn_dim, learned positions offset by 2 rows (OPTLearnedPositionalEmbedding), dropout 0.1
+    ModelShape("opt-13b", 40, 5120, 40, 2048, 50272, 20480, ffn_type="relu", extra_positions=2, dropout=True,
+               source="facebook/opt-13b config.json"),
     _mpt("mpt-1b", 24, 2048, 16), _mpt("mpt-7b", 32, 4096, 32), _mpt("mpt-13b", 40, 5120, 40),
     _mpt("mpt-30b", 48, 7168, 56), _mpt("mpt-70b", 80, 8192, 64),
 ]}
 
 
-def check_shape(spec: ModelSpec) -> ModelSpec:
+def preset(name: str) -> ModelShape:
+    """The preset called ``name`` (any case), or the one line that lists them."""
+    key = name.lower()
+    if key not in PRESETS:
+        raise UsageError(f"{{model}}: unknown preset {name!r}; choose one of {', '.join(PRESETS)}", "model")
+    return PRESETS[key]
+
+
+def check_shape(spec: ModelShape) -> ModelShape:
     """Every field in range and consistent; errors name the flag that changes it."""
     for k in ("layers", "hidden", "heads", "seq", "vocab"):
         if not 1 <= getattr(spec, k) <= 1 << 24:
@@ -276,24 +344,27 @@ def check_shape(spec: ModelSpec) -> ModelSpec:
         raise UsageError(f"{{top_k}} must be in 1..experts ({spec.experts}), got {spec.top_k}", "top_k")
     if not 1.0 <= spec.capacity_factor <= 64:
         raise UsageError(f"{{capacity_factor}} must be in 1..64, got {spec.capacity_factor}", "capacity_factor")
+    for k, hi in (("expert_ffn", 1 << 26), ("shared_experts", 1 << 10), ("extra_positions", 1 << 10)):
+        if not 0 <= getattr(spec, k) <= hi:
+            raise UsageError(f"{{{k}}} must be in 0..{hi:,}, got {getattr(spec, k)}", k)
+    if not 0 <= spec.dense_layers < spec.layers or spec.dense_layers and not spec.experts:
+        raise UsageError(f"{{dense_layers}} must be in 0..{spec.layers - 1} and needs {{experts}}, got "
+                         f"{spec.dense_layers}", "dense_layers")
     return spec
 
 
 def from_args(model=None, layers=None, hidden=None, heads=None, seq=None, vocab=None, ffn=None,
-              params=None, base: ModelSpec | None = None, **arch) -> ModelSpec:
+              params=None, base: ModelShape | None = None, **arch) -> ModelShape:
     """A preset, a ``base`` (read from a config file) or a model from flags, with any field overridden by a flag
     (``arch``: kv_heads, ffn_type, position, tied, bias, attention, experts, top_k); errors name the flag."""
     if params is not None:
         if not 0 < params <= 1e15:
             raise UsageError(f"{{params}} must be in (0, 1e15] (a quadrillion parameters), got {params:g}", "params")
-        return ModelSpec(f"{params:.3g} params", 0, 0, 0, params_only=float(params))
+        return ModelShape(f"{params:.3g} params", 0, 0, 0, params_only=float(params))
     over = {k: v for k, v in dict(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, ffn=ffn,
                                   **arch).items() if v is not None}
     if model is not None:
-        key = model.lower()
-        if key not in PRESETS:
-            raise UsageError(f"{{model}}: unknown preset {model!r}; choose one of {', '.join(PRESETS)}", "model")
-        spec = replace(PRESETS[key], **over)
+        spec = replace(preset(model), **over)
     elif base is not None:
         spec = replace(base, **over)
     else:
@@ -301,7 +372,8 @@ def from_args(model=None, layers=None, hidden=None, heads=None, seq=None, vocab=
         if missing:
             raise UsageError("describe the model with {model} NAME, {model_config} FILE, {megatron_args} ARGS, "
                              "{params} N, or " + " ".join(missing), missing[0][1:-1])
-        spec = replace(ModelSpec("custom", layers, hidden, heads, attention="flash"), **over)
+        spec = replace(ModelShape("custom", layers, hidden, heads, 2048, 51200, attention="flash", dropout=True),
+                       **over)
     if ffn is not None and not 1 <= ffn <= 1 << 26:
         raise UsageError(f"{{ffn}} must be in 1..{1 << 26:,} (omit it for 4 x hidden), got {ffn}", "ffn")
     return check_shape(spec)

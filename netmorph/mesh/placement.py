@@ -1,0 +1,159 @@
+"""Where every parameter of netmorph's GPT lives: one table, read by everything that splits, stores or moves it.
+
+Stands in for a DTensor parallel plan (``torch.distributed.tensor.placement_types``: ``Shard(dim)``,
+``Replicate()``) as torchtitan writes one for Llama (``parallelize_module`` with ``ColwiseParallel`` /
+``RowwiseParallel``), and for the per-tensor placements ``torch.distributed.checkpoint`` records. Megatron's
+split of a GPT layer, in those words:
+
+=================  =========  ==========================================================
+parameter          placement  Megatron module
+=================  =========  ==========================================================
+``wte``            Shard(0)   ``VocabParallelEmbedding`` (tied to the LM head)
+``wpe``            Replicate  learned positions (first stage)
+``ln1``, ``ln2``   Replicate  LayerNorm (SP: each rank trains it on its own tokens)
+``qkv.w/b``        Shard(0)   ``ColumnParallelLinear``, rows grouped per head (heads, 3, hd)
+``proj.w``         Shard(1)   ``RowParallelLinear``; its bias Replicate (added after the sum)
+``fc.w/b``         Shard(0)   ``ColumnParallelLinear``
+``fc2.w``          Shard(1)   ``RowParallelLinear``; its bias Replicate
+``ln_f``           Replicate  the final LayerNorm (last stage)
+=================  =========  ==========================================================
+
+:func:`parameters` lists the 1-rank model's parameters in the order their initial values are drawn and their
+elements are numbered (a reshard's global ids); :func:`rank_parameters` lists one pipeline rank's in the order
+its modules register them -- the order of its flat buffer. The torch GPT, tensor parallelism, the state a run
+returns, serving's tensor-parallel split and morph's element map all read these two lists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from netmorph.mesh.layout import Layout
+from netmorph.mesh.shape import ModelShape
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Split over the tensor-parallel group along ``dim``, in contiguous equal pieces (rank r holds piece r)."""
+
+    dim: int
+
+    def __str__(self) -> str:
+        return f"Shard({self.dim})"
+
+
+@dataclass(frozen=True)
+class Replicate:
+    """Held whole by every tensor-parallel rank."""
+
+    def __str__(self) -> str:
+        return "Replicate()"
+
+
+REPLICATE = Replicate()
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str                      # the 1-rank model's name: "wte", "wpe", "ln_f.w", "3.qkv.w"
+    shape: tuple                   # the whole parameter's shape
+    placement: Shard | Replicate   # over tp
+    layer: int | None              # its transformer layer (None: embeddings, final norm)
+    module: str                    # the name inside its module: "qkv.weight", "wte", "ln_f.weight"
+    init: str                      # "normal" N(0, 0.02), "residual" N(0, 0.02/sqrt(2 layers)), "ones", "zeros"
+
+    def local_shape(self, tp: int) -> tuple:
+        """The shape one tensor-parallel rank holds."""
+        if isinstance(self.placement, Replicate):
+            return self.shape
+        d = self.placement.dim
+        return self.shape[:d] + (self.shape[d] // tp,) + self.shape[d + 1:]
+
+    def piece(self, tensor, tp: int, rank: int):
+        """Tensor-parallel rank ``rank``'s piece of the whole ``tensor`` (a view; numpy or torch)."""
+        if isinstance(self.placement, Replicate) or tp == 1:
+            return tensor
+        d = self.placement.dim
+        n = self.shape[d] // tp
+        index = (slice(None),) * d + (slice(rank * n, (rank + 1) * n),)
+        return tensor[index]
+
+
+# a block's parameters in registration order: (module, parameter, full-name suffix, placement, shape, init)
+_BLOCK = (
+    ("ln1", "weight", "ln1.w", REPLICATE, lambda h, f: (h,), "ones"),
+    ("ln1", "bias", "ln1.b", REPLICATE, lambda h, f: (h,), "zeros"),
+    ("qkv", "weight", "qkv.w", Shard(0), lambda h, f: (3 * h, h), "normal"),
+    ("qkv", "bias", "qkv.b", Shard(0), lambda h, f: (3 * h,), "zeros"),
+    ("proj", "weight", "proj.w", Shard(1), lambda h, f: (h, h), "residual"),
+    ("proj", "bias", "proj.b", REPLICATE, lambda h, f: (h,), "zeros"),
+    ("ln2", "weight", "ln2.w", REPLICATE, lambda h, f: (h,), "ones"),
+    ("ln2", "bias", "ln2.b", REPLICATE, lambda h, f: (h,), "zeros"),
+    ("fc", "weight", "fc.w", Shard(0), lambda h, f: (f, h), "normal"),
+    ("fc", "bias", "fc.b", Shard(0), lambda h, f: (f,), "zeros"),
+    ("fc2", "weight", "fc2.w", Shard(1), lambda h, f: (h, f), "residual"),
+    ("fc2", "bias", "fc2.b", REPLICATE, lambda h, f: (h,), "zeros"),
+)
+
+# {module.parameter inside a block: (full-name suffix, placement)}
+BLOCK = {f"{m}.{p}": (suffix, place) for m, p, suffix, place, _, _ in _BLOCK}
+
+
+def _block(model: ModelShape, i: int) -> list:
+    h, f = model.hidden, model.f
+    return [Param(f"{i}.{suffix}", shape(h, f), place, i, f"{m}.{p}", init) for m, p, suffix, place, shape, init
+            in _BLOCK]
+
+
+def _wte(model: ModelShape) -> Param:
+    return Param("wte", (model.vocab, model.hidden), Shard(0), None, "wte", "normal")
+
+
+def _wpe(model: ModelShape) -> Param:
+    return Param("wpe", (model.seq, model.hidden), REPLICATE, None, "wpe", "normal")
+
+
+def _ln_f(model: ModelShape) -> list:
+    h = model.hidden
+    return [Param("ln_f.w", (h,), REPLICATE, None, "ln_f.weight", "ones"),
+            Param("ln_f.b", (h,), REPLICATE, None, "ln_f.bias", "zeros")]
+
+
+def parameters(model: ModelShape) -> list:
+    """Every parameter of the 1-rank GPT, the tied embedding once: embeddings, the final norm, then the layers
+    (the order the initial weights are drawn in and the elements are numbered in)."""
+    out = [_wte(model), _wpe(model), *_ln_f(model)]
+    for i in range(model.layers):
+        out += _block(model, i)
+    return out
+
+
+def chunk_parameters(model: ModelShape, first: int, last: int) -> list:
+    """Layers ``[first, last)`` as one model chunk registers them: the word embedding (first and last chunk of
+    the model: the tied copy), the positions (first), each layer's, the final norm (last)."""
+    out = [_wte(model)] if first == 0 or last == model.layers else []
+    out += [_wpe(model)] if first == 0 else []
+    for i in range(first, last):
+        out += _block(model, i)
+    return out + (_ln_f(model) if last == model.layers else [])
+
+
+def rank_parameters(model: ModelShape, layout: Layout, pp_rank: int) -> list:
+    """Pipeline rank ``pp_rank``'s parameters in its flat buffer's order: its chunks (virtual stages
+    ``c·pp + pp_rank``) one after the other."""
+    out = []
+    for c in range(layout.interleave):
+        out += chunk_parameters(model, *layout.chunk_layers(model.layers, pp_rank, c))
+    return out
+
+
+def stage_of(name: str, model: ModelShape, layout: Layout) -> list:
+    """The pipeline ranks that hold parameter ``name`` (the tied embedding: the first and the last)."""
+    return [p for p in range(layout.pp) if any(q.name == name for q in rank_parameters(model, layout, p))]
+
+
+def table(model: ModelShape, layout: Layout) -> list:
+    """[(name, shape, pipeline ranks, placement, shape on one tp rank)]: the whole plan, as ``netmorph`` prints
+    it and a test reads it."""
+    return [(p.name, p.shape, stage_of(p.name, model, layout), str(p.placement), p.local_shape(layout.tp))
+            for p in parameters(model)]
