@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from netmorph.cli import main
+from netmorph.errors import UsageError
 from netmorph.mesh.shape import ModelShape
 from netmorph.parallel.hybrid import TrainConfig, train_rank
 from netmorph.parallel.pipeline import check, schedule
@@ -50,6 +51,34 @@ def test_layout_equals_the_one_rank_run_and_sends_the_closed_form(kw):
     assert want <= set(out["traffic_exact"]), out["traffic_exact"]
     assert all(out["traffic_exact"].values()), (out["bytes_per_rank_by_phase"],
                                                 out["predicted_bytes_per_rank_by_phase"])
+
+
+MOE = ModelShape(layers=4, hidden=16, heads=4, seq=8, vocab=32, experts=4, top_k=2)
+MOE_LAYOUTS = [dict(tp=2, ep=2, dp=2), dict(pp=2, ep=2, dp=2), dict(ep=2, dp=4, zero=1),
+               dict(pp=2, ep=2, dp=2, schedule="interleaved", interleave=2, zero=1)]
+
+
+@pytest.mark.parametrize("kw", MOE_LAYOUTS, ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
+def test_experts_compose_with_tp_pp_dp_and_zero_and_equal_one_rank(kw):
+    """A mixture of experts in the one GPT: ep folds the experts over the dp ranks beside tp, pp and ZeRO, and
+    equals the 1-rank run (every expert on one rank, the same microbatches); the all-to-alls send exactly the
+    rows the router chose, every step on every rank, and the experts' replicas reduce over dp/ep ranks."""
+    cfg = TrainConfig.make(model=MOE, steps=2, **kw)
+    cfg.check()
+    out = summarise(cfg, launch(train_rank, cfg.world, cfg, timeout=60), "local", reference(cfg))
+    assert out["max_rel_loss_diff"] < 1e-9 and out["max_abs_weight_diff"] < 1e-9, out["losses"]
+    moe = {"moe.dispatch", "moe.combine", "moe.dispatch.bwd", "moe.combine.bwd", "moe.counts"}
+    edp = {"edp" if not cfg.layout.zero else "zero.edp"} if cfg.layout.dp > cfg.layout.ep else set()
+    assert moe | edp <= set(out["traffic_exact"])
+    assert all(out["traffic_exact"].values()), (out["bytes_per_rank_by_phase"],
+                                                out["predicted_bytes_per_rank_by_phase"])
+
+
+def test_the_trainer_refuses_what_its_experts_do_not_run():
+    for kw, words in ((dict(ep=2, dp=2, zero=3), "ZeRO-3"), (dict(tp=2, ep=2, dp=2, sequence_parallel=True),
+                                                              "sequence parallelism"), (dict(ep=3, dp=3), "ep 3")):
+        with pytest.raises(UsageError, match=words):
+            TrainConfig.make(model=MOE, **kw).check()
 
 
 def test_zero_stages_move_the_bytes_they_promise():

@@ -161,7 +161,7 @@ def _json(cfg, out) -> dict:
 
 
 def _drops(args) -> int:
-    from netmorph.moe.capacity import capacity, exact_drop_fraction, simulated_drop_fraction
+    from netmorph.models.capacity import capacity, exact_drop_fraction, simulated_drop_fraction
     for name, lo, hi in (("tokens", 1, 1 << 20), ("experts", 1, 4096), ("top_k", 1, 4096), ("trials", 1, 100_000)):
         v = getattr(args, name)
         if not lo <= v <= hi:

@@ -1,4 +1,4 @@
-"""``netmorph train``: a small GPT trained split across real ranks -- DP, ZeRO, TP (+SP), PP, 3D.
+"""``netmorph train``: a small GPT trained split across real ranks -- DP, ZeRO, TP (+SP), PP, EP, 3D.
 
 One line per step (nanoGPT's: step, loss, time, tokens/s, bytes sent per rank by
 phase), then the summary: the bytes each phase sent beside its closed form, the
@@ -17,7 +17,8 @@ from netmorph.runtime.env import torchrun_world
 from netmorph.files import write_json
 
 # library parameters set by a flag of another name (the rest are --name)
-FLAGS = {"micro_batch_size": "--micro-batch-size", "dp_mode": "--dp-mode", "bucket_mb": "--bucket-mb"}
+FLAGS = {"micro_batch_size": "--micro-batch-size", "dp_mode": "--dp-mode", "bucket_mb": "--bucket-mb",
+         "top_k": "--top-k", "capacity_factor": "--capacity-factor"}
 BACKENDS = ("local", "torch", "torch-native")
 
 
@@ -30,6 +31,8 @@ def add_parser(sub) -> None:
     g.add_argument("--pp", "--pipeline-model-parallel-size", type=int, default=1, help="pipeline stages")
     g.add_argument("--dp", type=int, help="data-parallel size (world = tp x pp x dp; default 1, or under "
                                          "torchrun WORLD_SIZE / (tp x pp))")
+    g.add_argument("--ep", "--expert-model-parallel-size", type=int, default=1,
+                   help="expert-parallel size: the experts split over ep of the dp ranks (needs --experts)")
     g.add_argument("--zero", type=int, default=0, help="ZeRO stage over the DP group: 0 (plain DP), 1, 2, 3")
     g.add_argument("--dp-mode", default="bucket", choices=("bucket", "naive"),
                    help="DDP-style buckets with backward overlap (default), or one all-reduce per gradient")
@@ -49,6 +52,11 @@ def add_parser(sub) -> None:
     m.add_argument("--heads", "--num-attention-heads", type=int, default=4, help="attention heads (default 4)")
     m.add_argument("--seq", "--seq-length", type=int, default=32, help="sequence length s (default 32)")
     m.add_argument("--vocab", type=int, default=128, help="vocabulary V (default 128)")
+    m.add_argument("--experts", "--num-experts", type=int, default=0,
+                   help="a mixture of experts: E experts in every layer's MLP (default 0: dense)")
+    m.add_argument("--top-k", "--moe-router-topk", type=int, default=2, help="experts per token (default 2)")
+    m.add_argument("--capacity-factor", "--moe-expert-capacity-factor", type=float, default=1.0,
+                   help="expert capacity over the even share, >= 1 (default 1.0; assignments over it drop)")
     r = p.add_argument_group("run")
     r.add_argument("--steps", type=int, default=10, help="optimizer steps (default 10)")
     r.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate (default 3e-3)")
@@ -105,8 +113,11 @@ def config_from(args):
             raise UsageError(f"--microbatches {micro} contradicts --global-batch-size {args.global_batch_size} "
                              f"(= dp {args.dp} x {from_global} x {mbs})")
         micro = from_global
-    model = ModelShape(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab)
-    cfg = TrainConfig.make(model=model, tp=args.tp, pp=args.pp, dp=args.dp, zero=args.zero, dp_mode=args.dp_mode,
+    moe = dict(experts=args.experts, top_k=args.top_k, capacity_factor=args.capacity_factor) if args.experts else {}
+    model = ModelShape(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab,
+                       **moe)
+    cfg = TrainConfig.make(model=model, tp=args.tp, pp=args.pp, dp=args.dp, ep=args.ep, zero=args.zero,
+                           dp_mode=args.dp_mode,
                       bucket_mb=args.bucket_mb, overlap=not args.no_overlap,
                       sequence_parallel=args.sequence_parallel, schedule=args.schedule, interleave=args.interleave,
                       microbatches=micro if micro is not None else 2, micro_batch_size=mbs, steps=args.steps,
@@ -129,7 +140,8 @@ def config_from(args):
     return cfg
 
 
-PHASES = ("dp", "zero", "tp", "tp.sp-grads", "pp", "pp.emb")
+PHASES = ("dp", "zero", "tp", "tp.sp-grads", "pp", "pp.emb", "edp", "zero.edp", "moe.dispatch", "moe.combine",
+          "moe.dispatch.bwd", "moe.combine.bwd", "moe.counts")
 
 
 def run(args) -> int:

@@ -70,6 +70,14 @@ class Mesh:
         g = np.moveaxis(self.grid, ax, -1).reshape(-1, self.sizes[dim])
         return sorted(g.tolist())
 
+    def groups_over(self, dims) -> list[list[int]]:
+        """Every group spanning several dimensions at once: ranks that differ only in ``dims`` (Megatron's
+        data-parallel group of a mixture of experts spans ep and the expert data-parallel dp)."""
+        axes = [self._axis(d) for d in dims]
+        n = int(np.prod([self.sizes[d] for d in dims]))
+        g = np.moveaxis(self.grid, axes, list(range(-len(axes), 0))).reshape(-1, n)
+        return sorted(sorted(x) for x in g.tolist())
+
     def group(self, dim: str, rank: int) -> list[int]:
         for g in self.groups(dim):
             if rank in g:

@@ -58,6 +58,8 @@ class Layout:
     tp: int = 1
     cp: int = 1                    # context parallel: the sequence split over cp ranks (ring attention)
     ep: int = 1                    # expert parallel: the experts split over ep of the dp ranks
+    expert_tp: int = 0             # Megatron's --expert-tensor-parallel-size: experts split over this many tp ranks
+                                   # (0: = tp, Megatron's default; netmorph's trainer keeps them whole: 1)
     dp: int = 1
     pp: int = 1
     zero: int = 0                  # DeepSpeed ZeRO stage over the data-parallel group (3: FSDP)
@@ -213,6 +215,9 @@ class Layout:
 
 def _ranges(c: Layout) -> list:
     out = []
+    if c.expert_tp and c.tp % c.expert_tp:
+        out.append(Rejection("range", "expert_tp", c.expert_tp, f"expert_tp must divide tp {c.tp}, got "
+                             f"{c.expert_tp}"))
     for k in ("tp", "cp", "ep", "dp", "pp", "interleave", "global_batch", "micro_batch_size"):
         if not 1 <= getattr(c, k) <= 1 << 24:
             out.append(Rejection("range", k, getattr(c, k), f"{k} must be in 1..{1 << 24:,}, got {getattr(c, k)}"))
@@ -255,22 +260,31 @@ def _model_rules(c: Layout, model: ModelShape, trainer: bool) -> list:
 
 def _trainer_rules(c: Layout, model: ModelShape | None) -> list:
     out = []
-    for k in ("cp", "ep"):
-        if getattr(c, k) > 1:
-            out.append(Rejection("trainer", k, getattr(c, k), f"netmorph's trainer runs tp, pp, dp and ZeRO; "
-                                 f"{k} {getattr(c, k)} is priced by the planner only"))
+    if c.cp > 1:
+        out.append(Rejection("trainer", "cp", c.cp, f"netmorph's trainer runs tp, ep, pp, dp and ZeRO; cp {c.cp} "
+                             "is priced by the planner only"))
     if c.interleave > 1 and c.pipeline_schedule != "interleaved":
         out.append(Rejection("trainer", "interleave", c.interleave, f"interleave {c.interleave} needs the "
                              "interleaved schedule"))
     if model is None:
         return out
     gpt2 = (("ffn_type", "gelu"), ("position", "learned"), ("tied", True), ("bias", True), ("kv_heads", 0),
-            ("experts", 0), ("extra_positions", 0), ("embedding_norm", False))
+            ("shared_experts", 0), ("extra_positions", 0), ("embedding_norm", False))
     for k, want in gpt2 + (("ffn", 0),) * (model.ffn != 4 * model.hidden):
         if getattr(model, k) != want and not (k == "kv_heads" and model.kv == model.heads):
             out.append(Rejection("trainer", k, getattr(model, k), f"netmorph's torch GPT is GPT-2's shape (GeLU MLP "
-                                 f"of 4 x hidden, learned positions, tied embedding, biases, multi-head attention, "
-                                 f"dense); {k} {getattr(model, k)!r} is priced by the planner only"))
+                                 f"of 4 x hidden, learned positions, tied embedding, biases, multi-head attention; "
+                                 f"routed experts without shared ones); {k} {getattr(model, k)!r} is priced by the "
+                                 f"planner only"))
+    if model.experts and c.sequence_parallel:
+        out.append(Rejection("trainer", "sequence_parallel", True, "experts with sequence parallelism: the router "
+                             "would see 1/tp of the tokens (Megatron gathers them first); not built"))
+    if model.experts and c.tp > 1 and c.expert_tp != 1:
+        out.append(Rejection("trainer", "expert_tp", c.expert_tp, "netmorph's trainer keeps each expert whole on "
+                             "every tp rank: expert_tp must be 1"))
+    if model.experts and c.zero >= 3:
+        out.append(Rejection("trainer", "zero", c.zero, "experts with ZeRO-3: the expert replicas' on-demand "
+                             "gathers are not built; use ZeRO 0-2"))
     if model.vocab % c.tp:
         out.append(Rejection("trainer", "vocab", model.vocab, f"vocab {model.vocab} is not divisible by tp {c.tp} "
                              "(the vocabulary-parallel embedding)"))

@@ -50,32 +50,58 @@ class Replicate:
         return "Replicate()"
 
 
+@dataclass(frozen=True)
+class ExpertShard:
+    """The experts' dimension (0) split over the expert-parallel group: ep rank r holds experts
+    ``r·E/ep .. (r+1)·E/ep - 1`` whole, and every tensor-parallel rank holds the same ones (Megatron's expert
+    tensor-parallel size 1)."""
+
+    dim: int = 0
+
+    def __str__(self) -> str:
+        return "Shard(0) over ep"
+
+
 REPLICATE = Replicate()
+EXPERTS = ExpertShard()
 
 
 @dataclass(frozen=True)
 class Param:
     name: str                      # the 1-rank model's name: "wte", "wpe", "ln_f.w", "3.qkv.w"
     shape: tuple                   # the whole parameter's shape
-    placement: Shard | Replicate   # over tp
+    placement: Shard | Replicate | ExpertShard   # over tp (ExpertShard: over ep)
     layer: int | None              # its transformer layer (None: embeddings, final norm)
     module: str                    # the name inside its module: "qkv.weight", "wte", "ln_f.weight"
     init: str                      # "normal" N(0, 0.02), "residual" N(0, 0.02/sqrt(2 layers)), "ones", "zeros"
 
-    def local_shape(self, tp: int) -> tuple:
-        """The shape one tensor-parallel rank holds."""
+    @property
+    def is_expert(self) -> bool:
+        return isinstance(self.placement, ExpertShard)
+
+    def _ways(self, tp: int, ep: int) -> int:
         if isinstance(self.placement, Replicate):
+            return 1
+        return ep if self.is_expert else tp
+
+    def local_shape(self, tp: int, ep: int = 1) -> tuple:
+        """The shape one rank of a tp x ep grid holds."""
+        ways = self._ways(tp, ep)
+        if ways == 1:
             return self.shape
         d = self.placement.dim
-        return self.shape[:d] + (self.shape[d] // tp,) + self.shape[d + 1:]
+        return self.shape[:d] + (self.shape[d] // ways,) + self.shape[d + 1:]
 
-    def piece(self, tensor, tp: int, rank: int):
-        """Tensor-parallel rank ``rank``'s piece of the whole ``tensor`` (a view; numpy or torch)."""
-        if isinstance(self.placement, Replicate) or tp == 1:
+    def piece(self, tensor, tp: int, rank: int, ep: int = 1, ep_rank: int = 0):
+        """The piece of the whole ``tensor`` that tensor-parallel rank ``rank`` (expert-parallel rank
+        ``ep_rank``) holds (a view; numpy or torch)."""
+        ways = self._ways(tp, ep)
+        if ways == 1:
             return tensor
+        r = ep_rank if self.is_expert else rank
         d = self.placement.dim
-        n = self.shape[d] // tp
-        index = (slice(None),) * d + (slice(rank * n, (rank + 1) * n),)
+        n = self.shape[d] // ways
+        index = (slice(None),) * d + (slice(r * n, (r + 1) * n),)
         return tensor[index]
 
 
@@ -99,10 +125,32 @@ _BLOCK = (
 BLOCK = {f"{m}.{p}": (suffix, place) for m, p, suffix, place, _, _ in _BLOCK}
 
 
+# a mixture-of-experts layer's MLP (Megatron's MoELayer: E GeLU experts and their TopKRouter), in the order torch
+# lists them (a module's own parameters before its submodules')
+_MOE = (
+    ("moe", "w1", "experts.w1", EXPERTS, lambda h, f, e: (e, h, f), "normal"),
+    ("moe", "b1", "experts.b1", EXPERTS, lambda h, f, e: (e, f), "zeros"),
+    ("moe", "w2", "experts.w2", EXPERTS, lambda h, f, e: (e, f, h), "residual"),
+    ("moe", "b2", "experts.b2", EXPERTS, lambda h, f, e: (e, h), "zeros"),
+    ("moe.router", "weight", "router.w", REPLICATE, lambda h, f, e: (h, e), "normal"),
+)
+BLOCK.update({f"{m}.{p}": (suffix, place) for m, p, suffix, place, _, _ in _MOE})
+
+
+def is_moe_layer(model: ModelShape, i: int) -> bool:
+    """Layer ``i`` routes to experts (all but the first ``dense_layers`` of a mixture-of-experts model)."""
+    return bool(model.experts) and i >= model.dense_layers
+
+
 def _block(model: ModelShape, i: int) -> list:
     h, f = model.hidden, model.f
-    return [Param(f"{i}.{suffix}", shape(h, f), place, i, f"{m}.{p}", init) for m, p, suffix, place, shape, init
-            in _BLOCK]
+    rows = [Param(f"{i}.{suffix}", shape(h, f), place, i, f"{m}.{p}", init)
+            for m, p, suffix, place, shape, init in _BLOCK]
+    if not is_moe_layer(model, i):
+        return rows
+    moe = [Param(f"{i}.{suffix}", shape(h, model.ef, model.experts), place, i, f"{m}.{p}", init)
+           for m, p, suffix, place, shape, init in _MOE]
+    return rows[:8] + moe                  # ln1, qkv, proj, ln2; the experts instead of fc and fc2
 
 
 def _wte(model: ModelShape) -> Param:
@@ -153,7 +201,7 @@ def stage_of(name: str, model: ModelShape, layout: Layout) -> list:
 
 
 def table(model: ModelShape, layout: Layout) -> list:
-    """[(name, shape, pipeline ranks, placement, shape on one tp rank)]: the whole plan, as ``netmorph`` prints
+    """[(name, shape, pipeline ranks, placement, shape on one rank)]: the whole plan, as ``netmorph`` prints
     it and a test reads it."""
-    return [(p.name, p.shape, stage_of(p.name, model, layout), str(p.placement), p.local_shape(layout.tp))
-            for p in parameters(model)]
+    return [(p.name, p.shape, stage_of(p.name, model, layout), str(p.placement),
+             p.local_shape(layout.tp, layout.ep)) for p in parameters(model)]

@@ -31,8 +31,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from netmorph.mesh.placement import BLOCK, Shard, parameters
+from netmorph.mesh.placement import BLOCK, Shard, is_moe_layer, parameters
 from netmorph.mesh.shape import ModelShape
+from netmorph.models.capacity import capacity
+from netmorph.models.moe import AuxLossScaler, MoELayer
+from netmorph.runtime.base import Group
 
 
 def full_weights(cfg: ModelShape, dtype=torch.float64) -> dict:
@@ -103,9 +106,28 @@ class PlainLayers:
         """Parameters every TP rank holds whole whose gradients differ per rank (none without SP)."""
         return []
 
+    def experts(self, w: dict, i: int, cfg: ModelShape):
+        """Layer ``i``'s router and every expert on this one rank."""
+        return expert_layer(None, Group([0]), w, i, cfg)
+
+
+def expert_layer(comm, ep_group, w: dict, i: int, cfg: ModelShape):
+    """Layer ``i``'s :class:`~netmorph.models.moe.MoELayer` holding this ep rank's experts (a contiguous
+    1/ep of them, as :class:`~netmorph.mesh.placement.ExpertShard` places them) and the whole router."""
+    dtype = w[f"{i}.router.w"].dtype
+    layer = MoELayer(comm, ep_group, cfg.hidden, cfg.ef, cfg.experts, cfg.top_k, None, dtype=dtype)
+    lo, hi = layer.first, layer.first + layer.local
+    with torch.no_grad():
+        layer.router.weight.copy_(w[f"{i}.router.w"])
+        for name in ("w1", "b1", "w2", "b2"):
+            getattr(layer, name).copy_(w[f"{i}.experts.{name}"][lo:hi])
+    return layer
+
 
 class Block(nn.Module):
-    """Pre-LN transformer layer: x + attn(ln1(x)), then + mlp(ln2(x))."""
+    """Pre-LN transformer layer: x + attn(ln1(x)), then + mlp(ln2(x)) -- the MLP a mixture of experts on the
+    layers :func:`~netmorph.mesh.placement.is_moe_layer` names (Megatron's ``MoELayer``: route each token to its
+    top-k experts over the expert-parallel group)."""
 
     def __init__(self, w: dict, i: int, cfg: ModelShape, L):
         super().__init__()
@@ -117,8 +139,25 @@ class Block(nn.Module):
         self.qkv = _linear(L, w, i, "qkv")                               # h -> 3h / t
         self.proj = _linear(L, w, i, "proj")                             # h / t -> h
         self.ln2 = L.layer_norm(w[f"{i}.ln2.w"], w[f"{i}.ln2.b"])
-        self.fc = _linear(L, w, i, "fc")                                 # h -> 4h / t
-        self.fc2 = _linear(L, w, i, "fc2")                               # 4h / t -> h
+        self.moe = None
+        if is_moe_layer(cfg, i):
+            self.moe = L.experts(w, i, cfg)                              # E_local experts of this ep rank
+            self.capacity_factor, self.top_k = cfg.capacity_factor, cfg.top_k
+            self.aux_scale = 1.0                                         # 1/m under a pipeline of m microbatches
+            self.stats = []                                              # every forward's LayerStats
+        else:
+            self.fc = _linear(L, w, i, "fc")                             # h -> 4h / t
+            self.fc2 = _linear(L, w, i, "fc2")                           # 4h / t -> h
+
+    def mlp(self, z):                                                    # z (T', B, h) -> (T', B, h)
+        if self.moe is None:
+            return self.fc2(F.gelu(self.fc(z)))
+        T, B, h = z.shape
+        cap = capacity(T * B, self.moe.num_experts, self.top_k, self.capacity_factor)
+        y, r, stats = self.moe(z.reshape(T * B, h), cap)                # (T·B, h)
+        self.stats.append(stats)
+        y = AuxLossScaler.apply(y, r.aux_loss + r.z_loss, self.aux_scale)
+        return y.view(T, B, h)
 
     def forward(self, x):                                                # x (T', B, h); T' = T / t with SP
         a = self.qkv(self.ln1(x))                                        # (T, B, 3h/t)
@@ -128,7 +167,7 @@ class Block(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)      # (B, nh, T, hd)
         y = y.permute(2, 0, 1, 3).reshape(T, B, self.nh * self.hd)       # (T, B, h/t)
         x = x + self.proj(y)                                             # (T', B, h)
-        x = x + self.fc2(F.gelu(self.fc(self.ln2(x))))                   # (T', B, h)
+        x = x + self.mlp(self.ln2(x))                                    # (T', B, h)
         return x
 
 

@@ -7,9 +7,9 @@ all-to-all dispatcher and experts, autograd through both exchanges), ``train``
 (the EP × DP model, its 1-rank reference, the traffic check).
 """
 
-from netmorph.moe.capacity import capacity, exact_drop_fraction, keep_mask, simulated_drop_fraction
-from netmorph.moe.layer import MoELayer
-from netmorph.moe.router import TopKRouter, load_balancing_loss, z_loss
+from netmorph.models.capacity import capacity, exact_drop_fraction, keep_mask, simulated_drop_fraction
+from netmorph.models.moe import MoELayer
+from netmorph.models.router import TopKRouter, load_balancing_loss, z_loss
 from netmorph.moe.train import MoEConfig, reference, train
 
 __all__ = ["MoEConfig", "MoELayer", "TopKRouter", "capacity", "exact_drop_fraction", "keep_mask",

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from netmorph.errors import UsageError
-from netmorph.moe.capacity import POLICIES, capacity
-from netmorph.moe.layer import MoELayer
+from netmorph.models.capacity import POLICIES, capacity
+from netmorph.models.moe import MoELayer
 
 PHASES = ("moe.dispatch", "moe.combine", "moe.dispatch.bwd", "moe.combine.bwd")
 

@@ -25,8 +25,8 @@ from netmorph.errors import UsageError
 
 
 class DataParallelNaive:
-    def __init__(self, comm, group, flat):
-        self.comm, self.group, self.flat = comm, group, flat
+    def __init__(self, comm, group, flat, phase: str = "dp"):
+        self.comm, self.group, self.flat, self.phase = comm, group, flat, phase
         self.d = group.size()
 
     def arm(self) -> None:
@@ -37,7 +37,7 @@ class DataParallelNaive:
         if self.d == 1:
             return
         self.flat.collect_grads()
-        with self.comm.phase("dp"):
+        with self.comm.phase(self.phase):
             for p in reversed(self.flat.params):
                 lo, hi = self.flat.span(p)
                 g = self.flat.grad[lo:hi]
@@ -49,10 +49,10 @@ class DataParallelNaive:
 
 
 class DataParallelBucket:
-    def __init__(self, comm, group, flat, bucket_mb: float = 1.0, overlap: bool = True):
+    def __init__(self, comm, group, flat, bucket_mb: float = 1.0, overlap: bool = True, phase: str = "dp"):
         if bucket_mb <= 0:
             raise UsageError(f"{{bucket_mb}} must be > 0, got {bucket_mb}", "bucket_mb")
-        self.comm, self.group, self.flat = comm, group, flat
+        self.comm, self.group, self.flat, self.phase = comm, group, flat, phase
         self.d = group.size()
         self.overlap = overlap and self.d > 1
         isz = flat.grad.element_size()
@@ -92,7 +92,7 @@ class DataParallelBucket:
         if hi <= lo:
             return
         g = self.flat.grad[lo:hi]
-        with self.comm.phase("dp"):
+        with self.comm.phase(self.phase):
             self.comm.all_reduce(g, group=self.group, algo="ring")
         g.div_(self.d)
 

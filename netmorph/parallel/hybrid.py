@@ -26,13 +26,11 @@ from netmorph.mesh.layout import Layout
 from netmorph.mesh.placement import rank_parameters
 from netmorph.mesh.shape import ModelShape, check_shape
 from netmorph.models.gpt import GPTStage, synthetic_batch
-from netmorph.parallel.data_parallel import DataParallelBucket, DataParallelNaive
-from netmorph.parallel.flat import Adam, FlatParams
 from netmorph.parallel.pipeline import Executor, check, schedule
+from netmorph.parallel.replica import Replica
 from netmorph.parallel.state import named_pieces
 from netmorph.parallel.tensor_parallel import TensorParallel
-from netmorph.parallel.traffic import predicted
-from netmorph.parallel.zero import ZeRO
+from netmorph.parallel.traffic import expert_traffic, predicted
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
@@ -66,6 +64,7 @@ class TrainConfig:
         (``microbatches`` per step and data-parallel rank gives the global batch)."""
         run = {k: kw.pop(k) for k in RUN_FIELDS if k in kw}
         dp = kw.get("dp", 1)
+        kw.setdefault("expert_tp", 1)           # the trainer keeps each expert whole on every tp rank
         layout = Layout(global_batch=dp * microbatches * micro_batch_size, micro_batch_size=micro_batch_size,
                         dp_overlap=overlap, **kw)
         return cls(model=model or ModelShape(), layout=layout, **run)
@@ -92,7 +91,9 @@ class TrainConfig:
 
 @dataclass
 class RankGroups:
-    """This rank's place in the mesh and its groups (objects, no globals)."""
+    """This rank's place in the mesh and its groups (objects, no globals). ``dp_group`` holds every replica of
+    the dense parameters; with experts, ``ep_group`` exchanges tokens and ``edp_group`` holds the replicas of
+    this rank's experts (Megatron's expert_data_parallel_group, dp / ep ranks)."""
 
     tp_group: object
     pp_group: object
@@ -101,28 +102,56 @@ class RankGroups:
     tp_rank: int
     pp_rank: int
     dp_rank: int
+    ep_group: object = None
+    edp_group: object = None
+    ep_rank: int = 0
 
 
 def rank_groups(comm, cfg: TrainConfig) -> RankGroups:
-    dm = DeviceMesh(comm, tp=cfg.layout.tp, pp=cfg.layout.pp, dp=cfg.layout.dp)
+    lay = cfg.layout
+    dm = DeviceMesh(comm, tp=lay.tp, pp=lay.pp, dp=lay.dp // lay.ep, ep=lay.ep)
     me = comm.rank
     emb = None
-    if cfg.layout.pp > 1:                  # the tied embedding's group: each pipeline's first and last stage
+    if lay.pp > 1:                  # the tied embedding's group: each pipeline's first and last stage
         for ranks in dm.mesh.groups("pp"):
             g = comm.new_group([ranks[0], ranks[-1]])
             if me in (ranks[0], ranks[-1]):
                 emb = g
-    return RankGroups(dm["tp"], dm["pp"], dm["dp"], emb, dm.get_local_rank("tp"), dm.get_local_rank("pp"),
-                  dm.get_local_rank("dp"))
+    dp = dm["dp"]
+    if lay.ep > 1:                  # every replica of the dense parameters: the ep x edp ranks of one (tp, pp)
+        for ranks in dm.mesh.groups_over(("ep", "dp")):
+            g = comm.new_group(ranks)
+            if me in ranks:
+                dp = g
+    c = lay.coords(me)
+    return RankGroups(dm["tp"], dm["pp"], dp, emb, c["tp"], c["pp"], c["dp"], dm["ep"], dm["dp"], c["ep"])
 
 
 def build_chunks(comm, cfg: TrainConfig, lay: RankGroups):
     """This rank's model chunks: chunk c is virtual stage c·pp + pp_rank."""
-    tp = TensorParallel(comm, lay.tp_group, cfg.layout.sequence_parallel)
+    tp = TensorParallel(comm, lay.tp_group, cfg.layout.sequence_parallel, ep_group=lay.ep_group)
     dtype = DTYPES[cfg.dtype]
     chunks = [GPTStage(cfg.model, *cfg.layout.chunk_layers(cfg.model.layers, lay.pp_rank, c), tp, dtype)
               for c in range(cfg.layout.interleave)]
     return chunks, tp
+
+
+def replicas(comm, cfg: TrainConfig, lay: RankGroups, chunks, device) -> list:
+    """The dense parameters' :class:`Replica` over dp, and with experts the experts' over the expert
+    data-parallel group, each in the placement table's order."""
+    split, dtype = cfg.layout, DTYPES[cfg.dtype]
+    rows = rank_parameters(cfg.model, split, lay.pp_rank)
+    params = [p for c in chunks for p in c.parameters()]
+    dense = [(r.name, p) for r, p in zip(rows, params) if not r.is_expert]
+    experts = [(r.name, p) for r, p in zip(rows, params) if r.is_expert]
+    overlap = split.dp_overlap and split.tp == 1 and split.pp == 1 and not cfg.model.experts
+    kw = dict(zero=split.zero, lr=cfg.lr, dtype=dtype, device=device, dp_mode=cfg.dp_mode,
+              bucket_mb=cfg.bucket_mb)
+    out = [Replica(comm, lay.dp_group, [p for _, p in dense], [n for n, _ in dense], overlap=overlap, **kw)]
+    if experts:
+        out.append(Replica(comm, lay.edp_group, [p for _, p in experts], [n for n, _ in experts], phase="edp",
+                           scale=lay.edp_group.size() / split.dp, **kw))
+    return out
 
 
 def _sleep_ms(ms: float) -> None:
@@ -145,52 +174,48 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None) -> dict:
     for c in chunks:
         c.to(device)                       # the same initial weights on every device: drawn on the CPU
     dtype = DTYPES[cfg.dtype]
-    params = [p for c in chunks for p in c.parameters()]
-    names = [p.name for p in rank_parameters(cfg.model, cfg.layout, lay.pp_rank)]
-    flat = FlatParams(params, pad_to=split.dp, dtype=dtype, names=names)
-    zero = ZeRO(comm, lay.dp_group, flat, split.zero, cfg.lr) if split.zero else None
-    adam = None if zero else Adam(0, flat.padded, lr=cfg.lr, dtype=dtype, device=device)
+    reps = replicas(comm, cfg, lay, chunks, device)
+    dense = reps[0]
+    isz = dense.flat.data.element_size()
     if inits is not None:
-        _load(inits[comm.rank], flat, zero, adam)
-    dp = None
-    if not zero:
-        overlap = split.dp_overlap and split.tp == 1 and split.pp == 1
-        dp = (DataParallelNaive(comm, lay.dp_group, flat) if cfg.dp_mode == "naive"
-              else DataParallelBucket(comm, lay.dp_group, flat, cfg.bucket_mb, overlap))
+        dense.load(inits[comm.rank])
+    moe = [b for c in chunks for b in c.blocks if b.moe is not None]
+    for b in moe:
+        b.aux_scale = 1.0 / split.microbatches             # each microbatch's load-balancing loss, averaged
     slots = schedule(split.pipeline_schedule, split.pp, split.microbatches, split.interleave)[lay.pp_rank]
     T = cfg.model.seq // (split.tp if tp.sequence_parallel else 1)
     ex = Executor(comm, lay.pp_group, chunks, split.interleave, (T, split.micro_batch_size, cfg.model.hidden), dtype)
     last_backward = max(i for i, s in enumerate(slots) if s.kind == "B")
     is_last_stage = lay.pp_rank == split.pp - 1
-    losses, times, peaks, bounds, idle = [], [], [], [], []
+    losses, times, peaks, bounds, idle, routed = [], [], [], [], [], []
     saved = 0
     try:
         for step in range(cfg.steps):
             t0 = time.perf_counter()
-            if zero:
-                zero.zero_grad()
-            else:
-                flat.zero_grad()
+            for r in reps:
+                r.zero_grad()
+            for b in moe:
+                b.stats.clear()
             base = ((cfg.start_step + step) * split.dp + lay.dp_rank) * split.microbatches * split.micro_batch_size
 
             def inputs(i, base=base):
                 lo = base + i * split.micro_batch_size
-                return tuple(t.to(device) for t in synthetic_batch(cfg.model, range(lo, lo + split.micro_batch_size)))
+                batch = synthetic_batch(cfg.model, range(lo, lo + split.micro_batch_size))
+                return tuple(t.to(device) for t in batch)
 
             # compute_ms is a stage's compute per microbatch: its interleaved chunks share it
-            hooks = _Hooks(zero, dp, last_backward, cfg.compute_ms / split.interleave,
-                           flat.data.untyped_storage()._cdata)
+            hooks = _Hooks(reps, last_backward, cfg.compute_ms / split.interleave)
             t_pipe = time.perf_counter()
             mb_losses, peak = ex.run(slots, inputs, split.microbatches, hooks)
             t_pipe = time.perf_counter() - t_pipe
             idle.append(1 - hooks.busy / t_pipe if t_pipe > 0 else 0.0)
-            if dp is not None:
-                dp.finish()
-            _sync_replicated(comm, lay, tp, chunks, flat)
-            if zero:
-                zero.step()
-            else:
-                adam.step(flat.data, flat.grad)
+            for r in reps:
+                r.finish()
+            _sync_replicated(comm, lay, tp, chunks, dense.flat)
+            for r in reps:
+                r.step()
+            if moe:                         # what the router sent this step: the all-to-alls' closed form
+                routed.append({ph: v[0] for ph, v in expert_traffic(cfg, 0, 1, isz, moe, lay.ep_rank).items()})
             loss = torch.tensor([sum(mb_losses)], dtype=torch.float64, device=device)
             if is_last_stage and lay.tp_rank == 0:
                 with comm.phase("metrics"):
@@ -203,48 +228,34 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None) -> dict:
             saved = max(saved, hooks.saved_per_microbatch)
             if progress is not None:
                 progress.bump(comm.rank)
-        if zero:
-            zero.gather()
+        for r in reps:
+            r.gather()
         state = named_pieces(chunks)
-        opt = zero.adam if zero else adam
-        flat_state = {"params": flat.data.cpu().numpy().copy(), "m": opt.m.cpu().numpy().copy(),
-                      "v": opt.v.cpu().numpy().copy(), "t": opt.t}
+        flat_state = dense.state()
     finally:
-        if dp is not None:
-            dp.close()
-    mem = zero.bytes() if zero else {**flat.bytes(), "optimizer": adam.bytes()}
+        for r in reps:
+            r.close()
+    mem = {k: sum(r.bytes()[k] for r in reps) for k in ("params", "grads", "optimizer")}
     # activations: what autograd saved for one microbatch's backward, times the most microbatches held
-    mem["activations_peak"] = None if zero and zero.stage >= 3 else saved * max(peaks)
-    isz = flat.data.element_size()
+    mem["activations_peak"] = None if split.zero >= 3 else saved * max(peaks)
+    flat = dense.flat
     pred = predicted(cfg, lay.pp_rank, flat.padded, isz, any(c.is_first for c in chunks),
                      any(c.is_last for c in chunks), sum(len(c.blocks) for c in chunks),
-                     sum(p.numel() for p in tp.replicated()))
-    if not zero and split.dp > 1 and cfg.dp_mode == "naive":
+                     sum(p.numel() for p in tp.replicated()), moe_layers=len(moe))
+    if moe:
+        pred.update(expert_traffic(cfg, reps[1].flat.padded, lay.edp_group.size(), isz, moe, lay.ep_rank))
+    if not split.zero and split.dp > 1 and cfg.dp_mode == "naive":
         pred["dp"] = (sum(_ring_sent(p.numel(), lay.dp_group.size(), lay.dp_rank, isz) for p in flat.params),
                       "Σ over parameters of one ring all-reduce each")
-    return {"rank": comm.rank, "tp": lay.tp_rank, "pp": lay.pp_rank, "dp": lay.dp_rank,
+    return {"rank": comm.rank, "tp": lay.tp_rank, "pp": lay.pp_rank, "dp": lay.dp_rank, "ep": lay.ep_rank,
+            "edp": lay.dp_rank // split.ep,
             "losses": losses if is_last_stage and lay.tp_rank == 0 else None, "step_times": times,
             "flat_state": flat_state,
             "in_flight_peak": max(peaks), "memory_bytes": mem, "state": state, "idle_fraction": idle,
             "timeline": ex.spans, "step_bounds": bounds, "ledger": comm.ledger.records if cfg.trace else None,
             "bytes_by_step": _bytes_by_step(comm.ledger, bounds), "predicted": pred, "params": flat.numel,
-            "flat_index": {**flat.entries(), "optimizer_range": (zero.lo, zero.hi) if zero else (0, flat.padded)}}
-
-
-def _load(init: dict, flat, zero, adam) -> None:
-    """Start from a given state: the flat parameters (under ZeRO the shard too; under ZeRO-3 only the shard
-    persists), Adam's moments over this rank's range and its step count."""
-    params = torch.as_tensor(init["params"], dtype=flat.data.dtype, device=flat.data.device)
-    if zero:
-        zero.shard.copy_(params[zero.lo:zero.hi])
-        if zero.gathered:
-            flat.data.copy_(params)
-    else:
-        flat.data.copy_(params)
-    opt = zero.adam if zero else adam
-    opt.m.copy_(torch.as_tensor(init["m"]))
-    opt.v.copy_(torch.as_tensor(init["v"]))
-    opt.t = int(init["t"])
+            "predicted_by_step": routed or None,
+            "flat_index": dense.index()}
 
 
 def _ring_sent(n: int, g: int, r: int, isz: int) -> int:
@@ -270,10 +281,11 @@ class _Hooks:
     (``compute_ms`` per forward, twice that per backward), and the time spent computing -- the
     rest of a pipeline rank's step is waiting: its bubble."""
 
-    def __init__(self, zero, dp, last_backward: int, compute_ms: float, params_storage):
-        self.zero, self.dp, self.last, self.ms = zero, dp, last_backward, compute_ms
+    def __init__(self, reps, last_backward: int, compute_ms: float):
+        self.reps, self.last, self.ms = reps, last_backward, compute_ms
+        self.zero = reps[0].zero              # ZeRO-3 gathers the dense parameters (experts refuse stage 3)
         self.busy = 0.0
-        self.params_storage = params_storage
+        self.params_storage = {r.flat.data.untyped_storage()._cdata for r in reps}
         self.saved_per_microbatch = 0         # bytes autograd saves for one microbatch's backward (max)
 
     def forward(self, fn):
@@ -285,7 +297,7 @@ class _Hooks:
             seen = {}
 
             def pack(x):
-                if x.untyped_storage()._cdata != self.params_storage:
+                if x.untyped_storage()._cdata not in self.params_storage:
                     seen[(x.data_ptr(), x.numel(), x.dtype)] = x.numel() * x.element_size()
                 return x
 
@@ -298,11 +310,12 @@ class _Hooks:
     def backward(self, index: int, fn):
         t0 = time.perf_counter()
         _sleep_ms(2 * self.ms)
-        if self.dp is not None and index == self.last:
-            self.dp.arm()
+        if index == self.last:
+            for r in self.reps:
+                r.arm()
         fn()
-        if self.zero:
-            self.zero.after_backward()
+        for r in self.reps:
+            r.after_backward()
         self.busy += time.perf_counter() - t0
 
 

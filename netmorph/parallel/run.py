@@ -71,11 +71,14 @@ def summarise(cfg: TrainConfig, results: list, backend: str, ref=None) -> dict:
     tokens = cfg.layout.global_batch * cfg.model.seq
     phases = sorted({ph for r in results for s in r["bytes_by_step"] for ph in s} |
                     {ph for r in results for ph in r["predicted"]})
-    measured = {ph: max(max(s.get(ph, 0) for s in r["bytes_by_step"]) for r in results) for ph in phases}
+    # a phase whose closed form changes step by step (the routing's all-to-alls) is shown for the last step
+    routed = {ph for r in results for ph in (r.get("predicted_by_step") or [{}])[-1]}
+    measured = {ph: max((r["bytes_by_step"][-1].get(ph, 0) if ph in routed else
+                         max(s.get(ph, 0) for s in r["bytes_by_step"])) for r in results) for ph in phases}
     predicted = {ph: max((r["predicted"].get(ph, (0, ""))[0] for r in results), default=0) for ph in phases}
     # torch-native: torch does not say what each rank sent; the ledger holds one buffer size per call
     exact = {} if backend == "torch-native" else {
-        ph: all(all(s.get(ph, 0) == r["predicted"][ph][0] for s in r["bytes_by_step"])
+        ph: all(all(s.get(ph, 0) == _expected(r, ph, k) for k, s in enumerate(r["bytes_by_step"]))
                 for r in results if ph in r["predicted"]) for ph in phases if predicted[ph]}
     formulas = {}                         # the closed form of the rank that sends the most
     for ph in phases:
@@ -119,22 +122,41 @@ def summarise(cfg: TrainConfig, results: list, backend: str, ref=None) -> dict:
 
 
 
+def _expected(r: dict, ph: str, step: int) -> int:
+    """The closed form of phase ``ph`` in step ``step`` of rank report ``r``: the routing's own for the
+    all-to-alls of a mixture of experts (it changes step by step), else the layout's."""
+    by_step = r.get("predicted_by_step")
+    if by_step and ph in by_step[step]:
+        return by_step[step][ph]
+    return r["predicted"][ph][0]
+
+
 def reference(cfg: TrainConfig) -> tuple[list, dict]:
     """The 1-rank run on the same global batches: (losses per step, final weights)."""
     dtype = DTYPES[cfg.dtype]
     model = GPTStage(cfg.model, dtype=dtype)
     flat = FlatParams(list(model.parameters()), dtype=dtype)
     adam = Adam(0, flat.padded, lr=cfg.lr, dtype=dtype)
-    G = cfg.layout.global_batch
+    G, b = cfg.layout.global_batch, cfg.layout.micro_batch_size
     losses = []
+    # dense: the global batch at once; with experts microbatch by microbatch, as the ranks route them (capacity
+    # and the load-balancing loss are per microbatch)
+    n = G // b if cfg.model.experts else 1
+    for blk in model.blocks:
+        if blk.moe is not None:
+            blk.aux_scale = 1.0 / n
     for step in range(cfg.steps):
         flat.zero_grad()
-        x, y = synthetic_batch(cfg.model, range(step * G, (step + 1) * G))
-        loss = model(x, y)
-        loss.backward()
+        total = 0.0
+        for i in range(n):
+            lo = step * G + i * G // n
+            x, y = synthetic_batch(cfg.model, range(lo, lo + G // n))
+            loss = model(x, y)
+            (loss / n if n > 1 else loss).backward()
+            total += float(loss.detach())
         flat.collect_grads()
         adam.step(flat.data, flat.grad)
-        losses.append(float(loss.detach()))
+        losses.append(total / n)
     return losses, {k: v for k, (v, _) in named_pieces([model]).items()}
 
 

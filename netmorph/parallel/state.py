@@ -17,7 +17,8 @@ from netmorph.mesh.placement import Shard, chunk_parameters
 
 
 def named_pieces(chunks) -> dict:
-    """{full weight name: (this rank's piece, the dimension it is split along or None)}: each chunk's
+    """{full weight name: (this rank's piece, the dimension it is split along over tp, "ep" for experts split
+    over ep, or None)}: each chunk's
     parameters paired, in registration order, with :func:`~netmorph.mesh.placement.chunk_parameters`'
     rows for the same layers."""
     out = {}
@@ -27,17 +28,22 @@ def named_pieces(chunks) -> dict:
         if len(rows) != len(params) or any(not n.endswith(r.module) for r, (n, _) in zip(rows, params)):
             raise RuntimeError("the GPT's modules and netmorph.mesh.placement's table disagree")
         for row, (_, p) in zip(rows, params):
-            dim = row.placement.dim if isinstance(row.placement, Shard) else None
+            dim = "ep" if row.is_expert else row.placement.dim if isinstance(row.placement, Shard) else None
             out[row.name] = (p.detach().cpu().clone(), dim)       # results travel to the launcher: host memory
     return out
 
 
 def assemble(results: list) -> dict:
-    """The full model's weights from every rank's pieces (TP shards concatenated in TP order)."""
+    """The full model's weights from every rank's pieces: TP shards concatenated in TP order (from the first
+    data-parallel replica), experts in EP order (from the first expert data-parallel replica)."""
     pieces = {}
-    for r in sorted((r for r in results if r["dp"] == 0), key=lambda r: (r["pp"], r["tp"])):
+    for r in sorted(results, key=lambda r: (r["pp"], r["tp"], r.get("ep", 0))):
         for name, (t, dim) in r["state"].items():
-            pieces.setdefault(name, {})[r["tp"]] = (t, dim)
+            if dim == "ep":
+                if r.get("edp", 0) == 0 and r["tp"] == 0:
+                    pieces.setdefault(name, {})[r["ep"]] = (t, 0)
+            elif r["dp"] == 0:
+                pieces.setdefault(name, {})[r["tp"]] = (t, dim)
     full = {}
     for name, by_tp in pieces.items():
         dim = by_tp[0][1]

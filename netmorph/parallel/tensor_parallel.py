@@ -32,7 +32,8 @@ from __future__ import annotations
 import torch
 
 from netmorph.errors import UsageError
-from netmorph.models.gpt import LayerNorm, Linear
+from netmorph.models.gpt import LayerNorm, Linear, expert_layer
+from netmorph.runtime.base import Group
 
 
 def _all_reduce(ctx_tp, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
@@ -204,8 +205,9 @@ class TensorParallel:
     ``phase`` tags the ledger.
     """
 
-    def __init__(self, comm, group, sequence_parallel: bool = False, phase: str = "tp"):
+    def __init__(self, comm, group, sequence_parallel: bool = False, phase: str = "tp", ep_group=None):
         self.comm, self.group, self.phase = comm, group, phase
+        self.ep_group = ep_group if ep_group is not None else Group([comm.rank])   # the experts' all-to-all group
         self.tp = group.size()
         self.rank = group.index[comm.rank]
         self.sequence_parallel = sequence_parallel and self.tp > 1
@@ -261,6 +263,11 @@ class TensorParallel:
         if self.tp == 1:
             return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
         return _VocabParallelCrossEntropy.apply(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), self)
+
+    def experts(self, w: dict, i: int, cfg):
+        """Layer ``i``'s experts over this rank's expert-parallel group, whole on every tensor-parallel rank
+        (Megatron's expert tensor parallelism 1): without SP every tp rank routes the same tokens the same way."""
+        return expert_layer(self.comm, self.ep_group, w, i, cfg)
 
     def replicated(self):
         """With SP, parameters every TP rank holds whole but trains on its own tokens: their

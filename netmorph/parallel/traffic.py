@@ -10,7 +10,8 @@ parameter buffer (padded to a multiple of d):
 - ``zero`` stages 1-2: reduce-scatter + all-gather, the same 2(d-1)/d·Ψ·B;
            stage 3: (2m+1)(d-1)/d·Ψ·B (two gathers per microbatch, one scatter)
 - ``tp``   per layer per microbatch 8(t-1)/t·bsh·B (4 all-reduces, or with SP 4
-           all-gathers + 4 reduce-scatters of the same bytes); the vocab-parallel
+           all-gathers + 4 reduce-scatters of the same bytes; a mixture-of-experts layer 4(t-1)/t·bsh·B, its
+           experts being whole on every tp rank); the vocab-parallel
            embedding (first stage) and LM head (last) 2(t-1)/t·bsh·B each; the
            vocab-parallel loss 3 all-reduces of bs elements, 6(t-1)/t·bs·B
 - ``pp``   per microbatch one activation forward (b·s·h/t' elements, t' = t with SP)
@@ -19,6 +20,12 @@ parameter buffer (padded to a multiple of d):
 - ``pp.emb`` the tied word embedding's gradient between first and last stage: an
            all-reduce over 2 ranks of V/t·h elements, V·h/t·B
 - ``tp.sp-grads`` SP only: the replicated LayerNorm, row biases and positions, all-reduced over TP
+- ``edp`` (``zero.edp``) a mixture of experts' expert buffer (Ψ_E elements) reduced over the expert data-parallel
+           group of e = dp/ep ranks: 2(e-1)/e·Ψ_E·B, like ``dp``/``zero``
+- ``moe.*`` the all-to-alls carry exactly the rows the router sent: for each MoE layer and microbatch, the rows
+           to every other ep rank x h x B (``moe.dispatch``, and back as gradients ``moe.combine.bwd``), the rows
+           received (``moe.combine`` and ``moe.dispatch.bwd``), and E/ep int64 counts to each other rank
+           (``moe.counts``) -- a closed form of the routing, read from the router's decisions, not the ledger
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ def ring_half(n: int, g: int, isz: int) -> float:
 
 
 def predicted(cfg, lay_pp_rank: int, padded: int, isz: int, first: bool, last: bool, chunks_layers: int,
-              sp_elems: int = 0) -> dict:
+              sp_elems: int = 0, moe_layers: int = 0) -> dict:
     """{phase: (bytes per rank per step, the formula as text)} for this rank."""
     m, mb, model = cfg.layout.microbatches, cfg.layout.micro_batch_size, cfg.model
     t, d, p, v = cfg.layout.tp, cfg.layout.dp, cfg.layout.pp, cfg.layout.interleave
@@ -47,8 +54,10 @@ def predicted(cfg, lay_pp_rank: int, padded: int, isz: int, first: bool, last: b
             out["dp"] = (ring_allreduce(padded, d, isz), f"2(d-1)/d·Ψ·B = 2·{d - 1}/{d}·{padded}·{isz}")
     if t > 1:
         per = 8 * (t - 1) / t * bsh * isz
-        total = chunks_layers * m * per
-        text = f"l_rank·m·8(t-1)/t·bsh·B = {chunks_layers}·{m}·8·{t - 1}/{t}·{bsh}·{isz}"
+        dense = chunks_layers - moe_layers            # an MoE layer's experts are whole on every tp rank: only
+        total = dense * m * per + moe_layers * m * per / 2          # its attention's 2 all-reduces remain
+        text = f"l_rank·m·8(t-1)/t·bsh·B = {chunks_layers}·{m}·8·{t - 1}/{t}·{bsh}·{isz}" if not moe_layers else \
+            f"(l_dense·8 + l_moe·4)·m·(t-1)/t·bsh·B = ({dense}·8 + {moe_layers}·4)·{m}·{t - 1}/{t}·{bsh}·{isz}"
         if first:
             total += m * ring_allreduce(bsh, t, isz)
             text += " + m·2(t-1)/t·bsh·B (embedding)"
@@ -69,4 +78,28 @@ def predicted(cfg, lay_pp_rank: int, padded: int, isz: int, first: bool, last: b
         if first or last:
             n = model.vocab // t * model.hidden
             out["pp.emb"] = (ring_allreduce(n, 2, isz), f"V/t·h·B = {n}·{isz}")
+    return out
+
+
+def expert_traffic(cfg, padded: int, e: int, isz: int, moe_blocks, ep_rank: int) -> dict:
+    """{phase: (bytes, formula)} of the expert buffer's reduction and of the all-to-alls of ``moe_blocks`` in
+    the last step (each block keeps its forwards' :class:`~netmorph.models.moe.LayerStats`)."""
+    out = {}
+    z = cfg.layout.zero
+    if e > 1:
+        k = 2 * cfg.layout.microbatches + 1 if z >= 3 else 2
+        name = "zero.edp" if z else "edp"
+        out[name] = (k * ring_half(padded, e, isz), f"{k}(e-1)/e·Ψ_E·B = {k}·{e - 1}/{e}·{padded}·{isz}")
+    h, E = cfg.model.hidden, cfg.model.experts
+    sent = got = counts = 0
+    for b in moe_blocks:
+        for st in b.stats:
+            ep = len(st.send_rows)
+            sent += sum(r for j, r in enumerate(st.send_rows) if j != ep_rank)
+            got += sum(r for j, r in enumerate(st.recv_rows) if j != ep_rank)
+            counts += (ep - 1) * (E // ep) * 8
+    if moe_blocks and len(moe_blocks[0].stats[0].send_rows) > 1:
+        out["moe.dispatch"] = out["moe.combine.bwd"] = (sent * h * isz, f"rows routed away·h·B = {sent}·{h}·{isz}")
+        out["moe.combine"] = out["moe.dispatch.bwd"] = (got * h * isz, f"rows routed here·h·B = {got}·{h}·{isz}")
+        out["moe.counts"] = (counts, f"(ep-1)·E/ep·8 per layer forward = {counts}")
     return out

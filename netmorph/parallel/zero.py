@@ -23,8 +23,8 @@ from netmorph.parallel.flat import Adam, shard_range
 
 
 class ZeRO:
-    def __init__(self, comm, group, flat, stage: int, lr: float):
-        self.comm, self.group, self.flat, self.stage = comm, group, flat, stage
+    def __init__(self, comm, group, flat, stage: int, lr: float, phase: str = "zero"):
+        self.comm, self.group, self.flat, self.stage, self.phase = comm, group, flat, stage, phase
         self.d = group.size()
         self.r = group.index[comm.rank]
         n = flat.padded // self.d
@@ -48,7 +48,7 @@ class ZeRO:
         if self.gathered:
             return
         self.flat.data.untyped_storage().resize_(self.full_bytes)
-        with self.comm.phase("zero"):
+        with self.comm.phase(self.phase):
             self.comm.all_gather_into_tensor(self.flat.data, self.shard, group=self.group, algo="ring")
         self.gathered = True
 
@@ -88,7 +88,7 @@ class ZeRO:
     def step(self) -> None:
         """Reduce-scatter the gradients, Adam on the shard, all-gather the parameters (stages 1-2)."""
         self.flat.collect_grads()
-        with self.comm.phase("zero"):
+        with self.comm.phase(self.phase):
             if self.d > 1:
                 self.comm.reduce_scatter_tensor(self.grad_shard, self.flat.grad, group=self.group, algo="ring")
                 self.grad_shard.div_(self.d)

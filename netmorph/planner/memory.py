@@ -51,7 +51,8 @@ def _per_layer_params(model: ModelShape, c: Layout) -> tuple[float, float]:
     col_bias = (h + 2 * model.h_kv) if model.bias else 0
     row_bias = h if model.bias else 0
     dense = (model.attn_weights() + col_bias) / t + row_bias + 2 * model.norm_params()
-    expert = model.expert_weights() / t + ((model.expert_biases() - row_bias) / t + row_bias if model.bias else 0)
+    te = (c.expert_tp or t) if model.experts else t    # experts split over expert_tp ranks (Megatron: tp)
+    expert = model.expert_weights() / te + ((model.expert_biases() - row_bias) / te + row_bias if model.bias else 0)
     if model.experts:
         return dense + model.router_params(), model.experts / c.ep * expert
     return dense + expert, 0.0

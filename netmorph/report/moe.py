@@ -55,7 +55,7 @@ def build_section(out_dir, tick=lambda: None):
     consecutive batches, the balance over training, and what each capacity factor would drop. α = 0.1
     (ten times Megatron's default) so the effect shows within 60 steps of a tiny model."""
     from netmorph.moe import MoEConfig, exact_drop_fraction, simulated_drop_fraction, train
-    from netmorph.moe.capacity import capacity
+    from netmorph.models.capacity import capacity
     from netmorph.moe.train import drops_at
     from netmorph.report.html import Section
     base = dict(ep=4, experts=8, top_k=2, capacity_factor=None, steps=60, batch=16, lr=1e-2)

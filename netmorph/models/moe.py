@@ -3,8 +3,8 @@
 Stands in for Megatron-core's ``MoELayer`` with ``MoEAlltoAllTokenDispatcher``
 (``megatron/core/transformer/moe/token_dispatcher.py``):
 
-1. route (:class:`~netmorph.moe.router.TopKRouter`) and drop over capacity
-   (:mod:`netmorph.moe.capacity`);
+1. route (:class:`~netmorph.models.router.TopKRouter`) and drop over capacity
+   (:mod:`netmorph.models.capacity`);
 2. permute: this rank's kept assignments sorted by expert, so the rows for the
    experts of EP rank j form one contiguous block;
 3. exchange the per-expert counts (an all-to-all of E integers: every rank must
@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from netmorph.moe.capacity import keep_mask
-from netmorph.moe.router import TopKRouter
+from netmorph.models.capacity import keep_mask
+from netmorph.models.router import TopKRouter
 
 
 class _AllToAll(torch.autograd.Function):
@@ -66,12 +66,30 @@ def _exchange(comm, group, x, send, recv, phase, clock):
     return out
 
 
+class AuxLossScaler(torch.autograd.Function):
+    """Megatron-core's ``MoEAuxLossAutoScaler``: returns ``out`` unchanged and, in backward, starts the router's
+    auxiliary loss's gradient at ``scale`` (1/m for m microbatches) -- so a layer on any pipeline stage adds its
+    load-balancing loss to the objective without that loss travelling to the last stage."""
+
+    @staticmethod
+    def forward(ctx, out, aux, scale):
+        ctx.scale = scale
+        ctx.save_for_backward(aux)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (aux,) = ctx.saved_tensors
+        return grad, torch.ones_like(aux) * ctx.scale, None
+
+
 @dataclass
 class LayerStats:
     routed: np.ndarray        # (E,) assignments routed to each expert, before capacity
     kept: np.ndarray          # (E,) assignments each expert took
     send_rows: list           # rows sent to each EP rank (index in the EP group)
     capacity: int | None
+    recv_rows: list | None = None     # rows received from each EP rank
 
 
 class MoELayer(nn.Module):
@@ -119,7 +137,7 @@ class MoELayer(nn.Module):
         back = _AllToAll.apply(out, self.comm, self.group, recv, send, "moe.combine", "moe.combine.bwd", self.clock)
         y = torch.zeros_like(x).index_add(0, tok, back * gate[:, None])               # (T, h)
         routed = torch.bincount(r.experts.reshape(-1), minlength=E).numpy()
-        return y, r, LayerStats(routed, counts.numpy(), send, capacity)
+        return y, r, LayerStats(routed, counts.numpy(), send, capacity, recv)
 
     def _exchange_counts(self, counts: torch.Tensor) -> np.ndarray:
         """(ep, E_local): how many rows each EP rank sends to each of this rank's experts."""

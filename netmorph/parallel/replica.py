@@ -1,0 +1,103 @@
+"""One flat buffer of parameters kept in step over one data-parallel group: its gradient reduction and its
+optimizer.
+
+Megatron-core's ``_ParamAndGradBuffer`` with its ``DistributedDataParallel`` (or its distributed optimizer,
+ZeRO here): a dense model has one, over the data-parallel group. A mixture of experts has two, as Megatron
+keeps them -- the dense parameters over the data-parallel group, and the experts over the *expert*
+data-parallel group (the dp / ep ranks that hold the same experts; ``expert_data_parallel_group``). An
+expert's gradient on its rank already sums the contributions of the whole expert-parallel group's tokens (the
+all-to-all's backward brought them), so its mean divides by the whole data-parallel size, not by the replica
+group's: ``scale`` = (replica group size) / dp.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from netmorph.parallel.data_parallel import DataParallelBucket, DataParallelNaive
+from netmorph.parallel.flat import Adam, FlatParams
+from netmorph.parallel.zero import ZeRO
+
+
+class Replica:
+    """``params`` (named ``names``) replicated over ``group``: reduced by DDP's buckets (or naively, or by
+    ZeRO stage ``zero``), stepped by Adam; ``phase`` tags its traffic in the ledger."""
+
+    def __init__(self, comm, group, params, names, *, zero: int, lr: float, dtype, device, dp_mode: str = "bucket",
+                 bucket_mb: float = 1.0, overlap: bool = False, phase: str = "dp", scale: float = 1.0):
+        self.flat = FlatParams(params, pad_to=group.size(), dtype=dtype, names=names)
+        self.scale, self.phase = scale, phase
+        self.zero = ZeRO(comm, group, self.flat, zero, lr, phase="zero" if phase == "dp" else f"zero.{phase}") \
+            if zero else None
+        self.adam = None if self.zero else Adam(0, self.flat.padded, lr=lr, dtype=dtype, device=device)
+        self.dp = None
+        if not self.zero:
+            self.dp = (DataParallelNaive(comm, group, self.flat, phase) if dp_mode == "naive"
+                       else DataParallelBucket(comm, group, self.flat, bucket_mb, overlap, phase))
+
+    @property
+    def optimizer(self) -> Adam:
+        return self.zero.adam if self.zero else self.adam
+
+    def zero_grad(self) -> None:
+        (self.zero or self.flat).zero_grad()
+
+    def arm(self) -> None:
+        if self.dp is not None:
+            self.dp.arm()
+
+    def after_backward(self) -> None:
+        if self.zero:
+            self.zero.after_backward()
+
+    def finish(self) -> None:
+        """After the step's last backward: reduce (DDP), rescale an expert replica's mean."""
+        if self.dp is not None:
+            self.dp.finish()
+        if self.scale != 1.0:
+            self.flat.collect_grads()
+            self.flat.grad.mul_(self.scale)
+
+    def step(self) -> None:
+        if self.zero:
+            self.zero.step()
+        else:
+            self.adam.step(self.flat.data, self.flat.grad)
+
+    def gather(self) -> None:
+        if self.zero:
+            self.zero.gather()
+
+    def close(self) -> None:
+        if self.dp is not None:
+            self.dp.close()
+
+    def state(self) -> dict:
+        """{"params": the flat buffer, "m", "v": Adam's moments over its range, "t": its step}, on the host."""
+        opt = self.optimizer
+        return {"params": self.flat.data.cpu().numpy().copy(), "m": opt.m.cpu().numpy().copy(),
+                "v": opt.v.cpu().numpy().copy(), "t": opt.t}
+
+    def load(self, init: dict) -> None:
+        """Start from a given state: the flat parameters (under ZeRO the shard too; under ZeRO-3 only the shard
+        persists), Adam's moments over this rank's range and its step count."""
+        flat, zero = self.flat, self.zero
+        params = torch.as_tensor(init["params"], dtype=flat.data.dtype, device=flat.data.device)
+        if zero:
+            zero.shard.copy_(params[zero.lo:zero.hi])
+            if zero.gathered:
+                flat.data.copy_(params)
+        else:
+            flat.data.copy_(params)
+        opt = self.optimizer
+        opt.m.copy_(torch.as_tensor(init["m"]))
+        opt.v.copy_(torch.as_tensor(init["v"]))
+        opt.t = int(init["t"])
+
+    def bytes(self) -> dict:
+        return self.zero.bytes() if self.zero else {**self.flat.bytes(), "optimizer": self.adam.bytes()}
+
+    def index(self) -> dict:
+        """The buffer's real layout (:meth:`FlatParams.entries`) and the range the optimizer covers."""
+        z = self.zero
+        return {**self.flat.entries(), "optimizer_range": (z.lo, z.hi) if z else (0, self.flat.padded)}
