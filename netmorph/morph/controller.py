@@ -39,7 +39,7 @@ import math
 import statistics
 from dataclasses import dataclass, field, replace
 
-from netmorph.cost.topology import Topology
+from netmorph.cost.topology import Topology, node_of
 from netmorph.errors import UsageError
 from netmorph.mesh.layout import Layout
 from netmorph.morph.layouts import train_config
@@ -205,9 +205,9 @@ class Trainer:
         if steps > 1:
             times[0] = statistics.median(times[1:])
         sent = [0] * layout.world
-        for src, dst, nbytes, _, _, phase, *_ in ledger.records:
-            if src // gpn != dst // gpn and phase != "morph.probe":
-                sent[src] += nbytes
+        for rec in ledger.records:
+            if node_of(rec.src, gpn) != node_of(rec.dst, gpn) and rec.phase != "morph.probe":
+                sent[rec.src] += rec.bytes
         losses = next(r["losses"] for r in res if r["losses"])
         probe = res[0].get("probe_s")
         return ([r["flat_state"] for r in res], times, losses, max(sent) / steps,

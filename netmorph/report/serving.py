@@ -42,9 +42,10 @@ def phase_traffic(out_dir, tick=lambda: None) -> dict:
     names = {"kv": "KV transfer (prefill -> decode ranks)", "tp.prefill": "prefill: TP all-reduces",
              "tp.decode": "decode: TP all-reduces"}
     runs = {"one training step, dp 4": train_msgs,
-            "serving, prefill 1 rank : decode 2 ranks": [(r[8], r[2], names[r[5]]) for r in d["ledger"]
-                                                         if r[5] in names],
-            "serving, tensor parallel 2": [(r[8], r[2], names[r[5]]) for r in p["ledger"] if r[5] in names]}
+            "serving, prefill 1 rank : decode 2 ranks": [(r.t0, r.bytes, names[r.phase]) for r in d["ledger"]
+                                                         if r.phase in names],
+            "serving, tensor parallel 2": [(r.t0, r.bytes, names[r.phase]) for r in p["ledger"]
+                                           if r.phase in names]}
     tick()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     totals = {}

@@ -14,10 +14,28 @@ off), reported apart as ``overhead_bytes``.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import NamedTuple
 
 from netmorph.files import write_json
 
-FIELDS = ("src", "dst", "bytes", "seq", "round", "phase", "op", "algo", "t0", "t1")
+
+class Record(NamedTuple):
+    """One message: who sent how many payload bytes to whom, in which call (seq), round and phase, by which
+    operation and algorithm, from ``t0`` to ``t1`` (``time.perf_counter`` of the sender)."""
+
+    src: int
+    dst: int
+    bytes: int
+    seq: int
+    round: int
+    phase: str
+    op: str
+    algo: str
+    t0: float
+    t1: float
+
+
+FIELDS = Record._fields
 
 
 class Ledger:
@@ -27,12 +45,12 @@ class Ledger:
         self.header_bytes = header_bytes      # per message on the wire, beside its payload
 
     def add(self, src, dst, nbytes, seq, rnd, phase, op, algo, t0, t1) -> None:
-        self.records.append((src, dst, int(nbytes), seq, rnd, phase, op, algo, t0, t1))
+        self.records.append(Record(src, dst, int(nbytes), seq, rnd, phase, op, algo, t0, t1))
 
     @classmethod
     def merge(cls, ledgers) -> "Ledger":
         recs = [r for led in ledgers if led is not None for r in led.records]
-        recs.sort(key=lambda r: (r[8], r[0]))
+        recs.sort(key=lambda r: (r.t0, r.src))
         return cls(-1, recs, max((led.header_bytes for led in ledgers if led is not None), default=0))
 
     def __len__(self) -> int:
@@ -40,29 +58,29 @@ class Ledger:
 
     @property
     def bytes(self) -> int:
-        return sum(r[2] for r in self.records)
+        return sum(r.bytes for r in self.records)
 
     @property
     def overhead_bytes(self) -> int:
         """Fingerprint headers: one per message that carried payload (empty messages are not sent)."""
-        return self.header_bytes * sum(1 for r in self.records if r[2])
+        return self.header_bytes * sum(1 for r in self.records if r.bytes)
 
     def by_phase(self) -> dict:
         """phase -> {"messages", "bytes"}."""
         out = defaultdict(lambda: {"messages": 0, "bytes": 0})
         for r in self.records:
-            d = out[r[5] or "(untagged)"]
+            d = out[r.phase or "(untagged)"]
             d["messages"] += 1
-            d["bytes"] += r[2]
+            d["bytes"] += r.bytes
         return dict(out)
 
     def by_link(self) -> dict:
         """(src, dst) -> {"messages", "bytes"}."""
         out = defaultdict(lambda: {"messages": 0, "bytes": 0})
         for r in self.records:
-            d = out[(r[0], r[1])]
+            d = out[(r.src, r.dst)]
             d["messages"] += 1
-            d["bytes"] += r[2]
+            d["bytes"] += r.bytes
         return dict(out)
 
     def summary(self) -> str:
@@ -76,7 +94,7 @@ class Ledger:
 
     def chrome_trace(self) -> dict:
         """Trace Event Format: one complete ("X") event per message on its sender's row."""
-        t_min = min((r[8] for r in self.records), default=0.0)
+        t_min = min((r.t0 for r in self.records), default=0.0)
         events = []
         for r in self.records:
             src, dst, nb, seq, rnd, phase, op, algo, t0, t1 = r
@@ -84,7 +102,7 @@ class Ledger:
                            "ts": (t0 - t_min) * 1e6, "dur": max((t1 - t0) * 1e6, 0.01),
                            "args": {"src": src, "dst": dst, "bytes": nb, "seq": seq, "round": rnd,
                                     "phase": phase, "algo": algo}})
-        for rank in sorted({r[0] for r in self.records}):
+        for rank in sorted({r.src for r in self.records}):
             events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": rank, "args": {"name": f"rank {rank}"}})
         return {"traceEvents": events, "displayTimeUnit": "ns"}
 
