@@ -60,7 +60,7 @@ def test_expected_drops_exact_and_simulated():
 def test_expert_parallel_training_equals_one_rank():
     """ep 2 x dp 2, top-2 with capacity (drops happen): losses, routing, drops and final parameters equal
     the 1-rank model on the same tokens; the ledger's all-to-all bytes equal the traffic matrix exactly."""
-    out = train(MoEConfig(ep=2, dp=2, experts=4, top_k=2, capacity_factor=1.0, steps=3, dtype="float64"),
+    out = train(MoEConfig.make(ep=2, dp=2, experts=4, top_k=2, capacity_factor=1.0, steps=3, dtype="float64"),
                 check=True)
     assert out["max_rel_loss_diff"] <= 1e-9 and out["max_param_diff"] <= 1e-9 and out["same_routing"]
     assert all(s["exact"] for s in out["steps"])
@@ -72,7 +72,7 @@ def test_expert_parallel_training_equals_one_rank():
 
 @pytest.mark.timeout(120)
 def test_dropless_pre_softmax_probs_policy_jitter_on_four_expert_ranks():
-    out = train(MoEConfig(ep=4, experts=8, top_k=1, capacity_factor=None, pre_softmax=True, jitter_eps=0.1,
+    out = train(MoEConfig.make(ep=4, experts=8, top_k=1, capacity_factor=None, pre_softmax=True, jitter_eps=0.1,
                           z_loss_coeff=1e-3, steps=2, dtype="float64"), check=True)
     assert out["max_rel_loss_diff"] <= 1e-9 and out["same_routing"]
     assert all(s["drop_fraction"] == 0 and s["exact"] for s in out["steps"])

@@ -1,4 +1,5 @@
-"""``netmorph moe``: train a mixture of experts over expert-parallel ranks; ``moe drops``: capacity arithmetic."""
+"""``netmorph moe``: the GPT trainer's mixture of experts seen through its router; ``moe drops``: capacity
+arithmetic."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 
 from netmorph.cli import add_timeout, plot_file
 from netmorph.errors import UsageError, require
+from netmorph.runtime.env import torchrun_world
 
 # library parameters set by a flag of another name (the rest are --name)
 FLAGS = {"jitter_eps": "--jitter", "tokens": "--tokens"}
@@ -22,8 +24,12 @@ def add_parser(sub) -> None:
     r.add_argument("--experts", "--num-experts", type=int, default=8, help="experts per MoE layer E (default 8)")
     r.add_argument("--ep", "--expert-model-parallel-size", type=int, default=4,
                    help="expert-parallel ranks: E/ep experts each (default 4)")
-    r.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the EP group (default 1)")
-    r.add_argument("--world", type=int, help="processes; must equal ep x dp (default ep x dp)")
+    r.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the EP group (default 1; "
+                                                     "the data-parallel size is ep x dp)")
+    r.add_argument("--tp", "--tensor-model-parallel-size", type=int, default=1,
+                   help="tensor-parallel size of the attention (experts stay whole on every tp rank)")
+    r.add_argument("--pp", "--pipeline-model-parallel-size", type=int, default=1, help="pipeline stages")
+    r.add_argument("--world", type=int, help="processes; must equal ep x dp x tp x pp (the default)")
     r.add_argument("--top-k", "--moe-router-topk", type=int, default=2, help="experts per token k (default 2)")
     r.add_argument("--capacity-factor", "--moe-expert-capacity-factor", type=float, default=1.25,
                    help="C = ceil(k*T/E * CF) per expert per rank (default 1.25)")
@@ -36,8 +42,9 @@ def add_parser(sub) -> None:
     r.add_argument("--z-loss-coeff", type=float, default=0.0, help="router z-loss beta (default 0)")
     r.add_argument("--jitter", type=float, default=0.0, help="router input jitter epsilon (default 0)")
     m = p.add_argument_group("model and run")
-    m.add_argument("--layers", type=int, default=2, help="MoE layers (default 2)")
+    m.add_argument("--layers", type=int, default=2, help="GPT layers, each with experts (default 2)")
     m.add_argument("--hidden", type=int, default=32, help="hidden size h (default 32)")
+    m.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
     m.add_argument("--ffn", type=int, default=64, help="expert MLP width (default 64)")
     m.add_argument("--vocab", type=int, default=64, help="vocabulary (default 64)")
     m.add_argument("--seq", type=int, default=16, help="sequence length (default 16)")
@@ -46,9 +53,9 @@ def add_parser(sub) -> None:
     m.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate (default 3e-3)")
     m.add_argument("--seed", type=int, default=0, help="weights and data seed (default 0)")
     m.add_argument("--dtype", default="float32", choices=("float32", "float64"), help="default float32")
-    m.add_argument("--backend", default="local", choices=("local", "torch", "torch-native"),
-                   help="local shared memory (default), netmorph's schedules over torch.distributed, or "
-                        "torch's own all_to_all_single")
+    m.add_argument("--backend", choices=("local", "torch", "torch-native"),
+                   help="local shared memory (default), netmorph's schedules over torch.distributed (the "
+                        "default under torchrun, where the job is the run), or torch's own all_to_all_single")
     add_timeout(m, 60)
     m.add_argument("--check", action="store_true", help="also run the 1-rank model and compare")
     m.add_argument("--plot", type=plot_file,
@@ -67,32 +74,56 @@ def run(args) -> int:
     if args.action == "drops":
         return _drops(args)
     require("torch", "netmorph moe")
-    from netmorph.moe import MoEConfig, train
-    if args.world is not None and args.world != args.ep * args.dp:
-        raise UsageError(f"--world {args.world} != --ep x --dp = {args.ep} x {args.dp}; change --ep, --dp or --world")
-    cfg = MoEConfig(ep=args.ep, dp=args.dp, experts=args.experts, top_k=args.top_k,
-                    capacity_factor=None if args.dropless else args.capacity_factor, drop_policy=args.drop_policy,
-                    pre_softmax=args.pre_softmax, aux_loss_coeff=args.aux_loss_coeff, z_loss_coeff=args.z_loss_coeff,
-                    jitter_eps=args.jitter, layers=args.layers, hidden=args.hidden, ffn=args.ffn, vocab=args.vocab,
-                    seq=args.seq, batch=args.batch, steps=args.steps, lr=args.lr, seed=args.seed, dtype=args.dtype,
-                    backend=args.backend, timeout=args.timeout)
-    cfg.check()
+    from netmorph.moe.train import MoEConfig, view
+    job = torchrun_world()
+    dp = args.dp
+    if job is not None:                      # one process of a torchrun job: the job is the run
+        if args.backend == "local":
+            raise UsageError("--backend local cannot span torchrun's processes; use torch or torch-native")
+        args.backend = args.backend or "torch"
+        inner = args.ep * args.tp * args.pp
+        if job % inner:
+            raise UsageError(f"--ep x --tp x --pp = {inner} does not divide torchrun's WORLD_SIZE {job}")
+        dp = job // inner if args.world is None else dp
+    args.backend = args.backend or "local"
+    world = args.ep * dp * args.tp * args.pp
+    if args.world is not None and args.world != world:
+        raise UsageError(f"--world {args.world} != --ep x --dp x --tp x --pp = {world}; change --ep, --dp or "
+                         "--world")
+    if job is not None and world != job:
+        raise UsageError(f"--ep x --dp x --tp x --pp = {world} != torchrun's WORLD_SIZE {job}")
+    if world > 32:
+        raise UsageError(f"ep x dp x tp x pp = {world} processes; keep it <= 32 on one machine", "--ep")
+    cfg = MoEConfig.make(ep=args.ep, dp=dp, experts=args.experts, top_k=args.top_k,
+                         capacity_factor=None if args.dropless else args.capacity_factor, drop_policy=args.drop_policy,
+                         pre_softmax=args.pre_softmax, aux_loss_coeff=args.aux_loss_coeff,
+                         z_loss_coeff=args.z_loss_coeff, jitter_eps=args.jitter, layers=args.layers,
+                         hidden=args.hidden, heads=args.heads, ffn=args.ffn, vocab=args.vocab, seq=args.seq,
+                         batch=args.batch, steps=args.steps, lr=args.lr, seed=args.seed, dtype=args.dtype,
+                         tp=args.tp, pp=args.pp, backend=args.backend, timeout=args.timeout)
+    cfg.train.check()
     from netmorph.runtime import budget
-    h, f, E = cfg.hidden, cfg.ffn, cfg.experts
-    expert = 2 * h * f + f + h
-    dense = 2 * cfg.vocab * h + cfg.layers * (h * E + 2 * h) + 2 * h
-    itemsize = 8 if cfg.dtype == "float64" else 4
+    m = cfg.train.model
+    itemsize = 8 if args.dtype == "float64" else 4
     memory, seconds = budget.training(
-        params_per_rank=dense + cfg.layers * expert * E // cfg.ep, active_params=dense + cfg.layers * expert * cfg.top_k,
-        layers=cfg.layers, hidden=h, heads=0, seq=cfg.seq, vocab=cfg.vocab, micro_batch=cfg.batch, microbatches=1,
-        steps=cfg.steps, world=cfg.world, itemsize=itemsize,
-        extra_bytes_per_rank=8 * (dense + cfg.layers * expert * E))       # every rank draws the whole model once
-    budget.check(memory, seconds, f"training {cfg.experts} experts on {budget.ranks(cfg.world)}",
+        params_per_rank=m.params() / (args.tp * args.pp), active_params=m.active_params(), layers=m.layers,
+        hidden=m.hidden, heads=m.heads, seq=m.seq, vocab=m.vocab, micro_batch=args.batch, microbatches=1,
+        steps=args.steps, world=cfg.world, tp=args.tp, pp=args.pp, itemsize=itemsize,
+        extra_bytes_per_rank=8 * m.params())                              # every rank draws the whole model once
+    budget.check(memory, seconds, f"training {m.experts} experts on {budget.ranks(cfg.world)}",
                  "--experts, --ffn, --hidden, --vocab, --seq or --batch", "--steps, --seq, --batch or the model "
                  "(--layers, --hidden, --ffn)")
-    from netmorph.cli.progress import Bar
-    with Bar("moe") as bar, bar.task(f"training on {budget.ranks(cfg.world)}"):
-        out = train(cfg, check=args.check)
+    if job is not None:
+        from netmorph.parallel.run import train_torchrun
+        summary = train_torchrun(cfg.train, cfg.backend, cfg.timeout, check=args.check)
+        if summary is None:                  # not rank 0: rank 0 prints the job's view
+            return 0
+        out = view(cfg, summary)
+    else:
+        from netmorph.cli.progress import Bar
+        from netmorph.moe.train import train
+        with Bar("moe") as bar, bar.task(f"training on {budget.ranks(cfg.world)}"):
+            out = train(cfg, check=args.check)
     if args.json:
         print(json.dumps(_json(cfg, out), default=float))
         return 0
@@ -104,19 +135,22 @@ def run(args) -> int:
     return 0
 
 
-def _print(cfg, out) -> None:
-    cap = "dropless (no capacity)" if cfg.capacity is None else \
-        f"capacity factor {cfg.capacity_factor:g}: C = {cfg.capacity} per expert per rank, {cfg.drop_policy} drops"
-    print(f"# netmorph moe: {cfg.experts} experts over ep {cfg.ep} x dp {cfg.dp}, top-{cfg.top_k}, {cap}; "
-          f"{cfg.tokens_per_rank} tokens per rank per step, h {cfg.hidden}, {cfg.layers} MoE layers, "
-          f"aux {cfg.aux_loss_coeff:g}; backend {cfg.backend}")
+def _print(moe, out) -> None:
+    cfg = out["config"]
+    cap = "dropless (no capacity)" if cfg["capacity"] is None else \
+        f"capacity factor {cfg['capacity_factor']:g}: C = {cfg['capacity']} per expert per rank, " \
+        f"{cfg['drop_policy']} drops"
+    split = "".join(f" x {k} {cfg[k]}" for k in ("tp", "pp") if cfg[k] > 1)
+    print(f"# netmorph moe: {cfg['experts']} experts over ep {cfg['ep']} x dp {cfg['dp']}{split}, "
+          f"top-{cfg['top_k']}, {cap}; {cfg['tokens_per_rank']} tokens per rank per step, GPT h {cfg['hidden']}, "
+          f"{cfg['layers']} layers with experts, aux {cfg['aux_loss_coeff']:g}; backend {cfg['backend']}")
     print(f"{'step':>4} {'loss':>8} {'aux':>8} {'dropped':>8} {'imbalance':>9} {'max expert batch':>16} "
           f"{'a2a B/rank (max)':>16} {'= matrix':>8}")
     for i, s in enumerate(out["steps"], 1):
         print(f"{i:>4} {s['loss']:>8.4f} {s['aux']:>8.5f} {100 * s['drop_fraction']:>7.1f}% {s['load_imbalance']:>9.2f} "
               f"{s['largest_expert_batch']:>16} {max(s['a2a_bytes']):>16,} {_mark(s['exact']):>8}")
-    b = 8 if cfg.dtype == "float64" else 4
-    if cfg.backend == "torch-native":
+    b = 8 if cfg["dtype"] == "float64" else 4
+    if cfg["backend"] == "torch-native":
         print("# torch's all_to_all_single reports no per-peer bytes: the ledger holds each call's whole input")
     else:
         exact = all(s["exact"] for s in out["steps"])
@@ -133,7 +167,7 @@ def _print(cfg, out) -> None:
     for r, row in enumerate(last):
         print(f"#   {r:>2}: " + " ".join(f"{n:>5}" for n in row))
     if "max_rel_loss_diff" in out:
-        ok = out["max_rel_loss_diff"] <= (1e-9 if cfg.dtype == "float64" else 1e-4) and out["same_routing"]
+        ok = out["max_rel_loss_diff"] <= (1e-9 if cfg["dtype"] == "float64" else 1e-4) and out["same_routing"]
         print(f"# check: the 1-rank model on the same tokens: max relative loss difference "
               f"{out['max_rel_loss_diff']:.2e}, max parameter difference {out['max_param_diff']:.2e}, "
               f"routing {'identical' if out['same_routing'] else 'DIFFERENT'} {'✓' if ok else '✗'}")
@@ -143,11 +177,10 @@ def _mark(exact) -> str:
     return "-" if exact is None else "✓" if exact else "✗"
 
 
-def _json(cfg, out) -> dict:
-    steps = out["steps"]
-    j = {"experts": cfg.experts, "ep": cfg.ep, "dp": cfg.dp, "top_k": cfg.top_k,
-         "capacity_factor": cfg.capacity_factor, "capacity": cfg.capacity, "drop_policy": cfg.drop_policy,
-         "tokens_per_rank": cfg.tokens_per_rank, "steps": cfg.steps, "backend": cfg.backend,
+def _json(moe, out) -> dict:
+    steps, cfg = out["steps"], out["config"]
+    j = {**{k: cfg[k] for k in ("experts", "ep", "dp", "tp", "pp", "top_k", "capacity_factor", "capacity",
+                                "drop_policy", "tokens_per_rank", "steps", "backend")},
          "losses": [s["loss"] for s in steps], "aux_losses": [s["aux"] for s in steps],
          "drop_fraction": [s["drop_fraction"] for s in steps], "load_imbalance": [s["load_imbalance"] for s in steps],
          "largest_expert_batch": [s["largest_expert_batch"] for s in steps],

@@ -179,6 +179,8 @@ def _print(args, cfg, out) -> int:
 
 def _layout(cfg) -> str:
     parts = [f"tp{cfg.layout.tp}", f"pp{cfg.layout.pp}", f"dp{cfg.layout.dp}"]
+    if cfg.layout.ep > 1:
+        parts.append(f"ep{cfg.layout.ep}")
     if cfg.layout.zero:
         parts.append(f"ZeRO-{cfg.layout.zero}")
     if cfg.layout.sequence_parallel:
@@ -189,7 +191,8 @@ def _layout(cfg) -> str:
 
 def print_run(cfg, out) -> None:
     m = out["model"]
-    print(f"# netmorph train: GPT l{m['layers']} h{m['hidden']} heads {m['heads']} s{m['seq']} V{m['vocab']} "
+    moe = f", {m['experts']} experts top-{m['top_k']}" if m["experts"] else ""
+    print(f"# netmorph train: GPT l{m['layers']} h{m['hidden']} heads {m['heads']} s{m['seq']} V{m['vocab']}{moe} "
           f"({m['params']:,} params, {cfg.dtype}); {_layout(cfg)}; {cfg.layout.microbatches} microbatches x "
           f"{cfg.layout.micro_batch_size} per DP rank, global batch {cfg.layout.global_batch}; "
           f"backend {out['backend']}")

@@ -34,7 +34,7 @@ from torch import nn
 from netmorph.mesh.placement import BLOCK, Shard, is_moe_layer, parameters
 from netmorph.mesh.shape import ModelShape
 from netmorph.models.capacity import capacity
-from netmorph.models.moe import AuxLossScaler, MoELayer
+from netmorph.models.moe import AuxLossScaler, MoELayer, Router
 from netmorph.runtime.base import Group
 
 
@@ -106,16 +106,17 @@ class PlainLayers:
         """Parameters every TP rank holds whole whose gradients differ per rank (none without SP)."""
         return []
 
-    def experts(self, w: dict, i: int, cfg: ModelShape):
+    def experts(self, w: dict, i: int, cfg: ModelShape, router: Router):
         """Layer ``i``'s router and every expert on this one rank."""
-        return expert_layer(None, Group([0]), w, i, cfg)
+        return expert_layer(None, Group([0]), w, i, cfg, router)
 
 
-def expert_layer(comm, ep_group, w: dict, i: int, cfg: ModelShape):
+def expert_layer(comm, ep_group, w: dict, i: int, cfg: ModelShape, router: Router):
     """Layer ``i``'s :class:`~netmorph.models.moe.MoELayer` holding this ep rank's experts (a contiguous
     1/ep of them, as :class:`~netmorph.mesh.placement.ExpertShard` places them) and the whole router."""
     dtype = w[f"{i}.router.w"].dtype
-    layer = MoELayer(comm, ep_group, cfg.hidden, cfg.ef, cfg.experts, cfg.top_k, None, dtype=dtype)
+    layer = MoELayer(comm, ep_group, cfg.hidden, cfg.ef, cfg.experts, cfg.top_k, None, router.drop_policy,
+                     router.pre_softmax, router.aux_loss_coeff, router.z_loss_coeff, router.jitter_eps, dtype)
     lo, hi = layer.first, layer.first + layer.local
     with torch.no_grad():
         layer.router.weight.copy_(w[f"{i}.router.w"])
@@ -129,7 +130,7 @@ class Block(nn.Module):
     layers :func:`~netmorph.mesh.placement.is_moe_layer` names (Megatron's ``MoELayer``: route each token to its
     top-k experts over the expert-parallel group)."""
 
-    def __init__(self, w: dict, i: int, cfg: ModelShape, L):
+    def __init__(self, w: dict, i: int, cfg: ModelShape, L, router: Router = Router()):
         super().__init__()
         self.L = L
         h, nh = cfg.hidden, cfg.heads
@@ -141,10 +142,12 @@ class Block(nn.Module):
         self.ln2 = L.layer_norm(w[f"{i}.ln2.w"], w[f"{i}.ln2.b"])
         self.moe = None
         if is_moe_layer(cfg, i):
-            self.moe = L.experts(w, i, cfg)                              # E_local experts of this ep rank
-            self.capacity_factor, self.top_k = cfg.capacity_factor, cfg.top_k
+            self.moe = L.experts(w, i, cfg, router)                      # E_local experts of this ep rank
+            self.capacity_factor, self.top_k, self.dropless = cfg.capacity_factor, cfg.top_k, router.dropless
+            self.layer, self.seed, self.jitter = i, cfg.seed, router.jitter_eps
             self.aux_scale = 1.0                                         # 1/m under a pipeline of m microbatches
-            self.stats = []                                              # every forward's LayerStats
+            self.key = 0                                                 # the global microbatch: seeds the jitter
+            self.stats, self.aux = [], []                                # every forward's LayerStats, (aux, z)
         else:
             self.fc = _linear(L, w, i, "fc")                             # h -> 4h / t
             self.fc2 = _linear(L, w, i, "fc2")                           # 4h / t -> h
@@ -153,9 +156,13 @@ class Block(nn.Module):
         if self.moe is None:
             return self.fc2(F.gelu(self.fc(z)))
         T, B, h = z.shape
-        cap = capacity(T * B, self.moe.num_experts, self.top_k, self.capacity_factor)
-        y, r, stats = self.moe(z.reshape(T * B, h), cap)                # (T·B, h)
+        cap = None if self.dropless else capacity(T * B, self.moe.num_experts, self.top_k, self.capacity_factor)
+        g = None
+        if self.jitter:          # the same noise for the same microbatch and layer, whichever rank routes it
+            g = torch.Generator().manual_seed(((self.seed * 1_000_003 + self.key) * 1009 + self.layer) & 0x7FFFFFFF)
+        y, r, stats = self.moe(z.reshape(T * B, h), cap, g)             # (T·B, h)
         self.stats.append(stats)
+        self.aux.append((float(r.aux_loss.detach()), float(r.z_loss.detach())))
         y = AuxLossScaler.apply(y, r.aux_loss + r.z_loss, self.aux_scale)
         return y.view(T, B, h)
 
@@ -188,7 +195,7 @@ class GPTStage(nn.Module):
     """
 
     def __init__(self, cfg: ModelShape, first: int = 0, last: int | None = None, layers=None,
-                 dtype=torch.float64):
+                 dtype=torch.float64, router: Router = Router()):
         super().__init__()
         last = cfg.layers if last is None else last
         L = layers or PlainLayers()
@@ -199,7 +206,7 @@ class GPTStage(nn.Module):
             self.wte = L.embedding(w["wte"])
         if self.is_first:
             self.wpe = nn.Parameter(w["wpe"].clone())
-        self.blocks = nn.ModuleList(Block(w, i, cfg, L) for i in range(first, last))
+        self.blocks = nn.ModuleList(Block(w, i, cfg, L, router) for i in range(first, last))
         if self.is_last:
             self.ln_f = L.layer_norm(w["ln_f.w"], w["ln_f.b"])
 

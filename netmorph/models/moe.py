@@ -66,6 +66,21 @@ def _exchange(comm, group, x, send, recv, phase, clock):
     return out
 
 
+@dataclass(frozen=True)
+class Router:
+    """How a mixture of experts routes and what it adds to the loss: Megatron-core's ``moe_*`` options of
+    ``TransformerConfig`` (``--moe-router-pre-softmax``, ``--moe-aux-loss-coeff``, ``--moe-z-loss-coeff``,
+    ``--moe-input-jitter-eps``, ``--moe-token-drop-policy``, and no ``--moe-expert-capacity-factor``:
+    dropless). The capacity factor itself is the model's (:attr:`ModelShape.capacity_factor`)."""
+
+    pre_softmax: bool = False
+    aux_loss_coeff: float = 0.01
+    z_loss_coeff: float = 0.0
+    jitter_eps: float = 0.0
+    drop_policy: str = "position"
+    dropless: bool = False
+
+
 class AuxLossScaler(torch.autograd.Function):
     """Megatron-core's ``MoEAuxLossAutoScaler``: returns ``out`` unchanged and, in backward, starts the router's
     auxiliary loss's gradient at ``scale`` (1/m for m microbatches) -- so a layer on any pipeline stage adds its

@@ -1,16 +1,15 @@
 """Mixture of experts on real ranks: a learned router makes the all-to-all a function of the input.
 
-Rooms: ``router`` (Megatron's TopKRouter: top-1/top-k, softmax before/after top-k,
-jitter, load-balancing and z-losses), ``capacity`` (C = ceil(k·T/E·CF), drop
-policies, uniform routing's expected drops exact and simulated), ``layer`` (the
-all-to-all dispatcher and experts, autograd through both exchanges), ``train``
-(the EP × DP model, its 1-rank reference, the traffic check).
+The layer, its router and its capacity rules live with the model (:mod:`netmorph.models.moe`,
+:mod:`netmorph.models.router`, :mod:`netmorph.models.capacity`) and train in the one GPT trainer
+(``netmorph train --experts``); this package is ``netmorph moe``'s view of such a run (``train``: per step the
+routing, the drops, the traffic matrix and the all-to-all bytes against it).
 """
 
 from netmorph.models.capacity import capacity, exact_drop_fraction, keep_mask, simulated_drop_fraction
-from netmorph.models.moe import MoELayer
+from netmorph.models.moe import MoELayer, Router
 from netmorph.models.router import TopKRouter, load_balancing_loss, z_loss
-from netmorph.moe.train import MoEConfig, reference, train
+from netmorph.moe.train import MoEConfig, train, view
 
-__all__ = ["MoEConfig", "MoELayer", "TopKRouter", "capacity", "exact_drop_fraction", "keep_mask",
-           "load_balancing_loss", "reference", "simulated_drop_fraction", "train", "z_loss"]
+__all__ = ["MoEConfig", "MoELayer", "Router", "TopKRouter", "capacity", "exact_drop_fraction", "keep_mask",
+           "load_balancing_loss", "simulated_drop_fraction", "train", "view", "z_loss"]

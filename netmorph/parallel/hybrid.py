@@ -15,6 +15,7 @@ reduce-scatter + all-gather) -- and steps Adam.
 from __future__ import annotations
 
 import bisect
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -26,6 +27,8 @@ from netmorph.mesh.layout import Layout
 from netmorph.mesh.placement import rank_parameters
 from netmorph.mesh.shape import ModelShape, check_shape
 from netmorph.models.gpt import GPTStage, synthetic_batch
+from netmorph.models.capacity import POLICIES
+from netmorph.models.moe import Router
 from netmorph.parallel.pipeline import Executor, check, schedule
 from netmorph.parallel.replica import Replica
 from netmorph.parallel.state import named_pieces
@@ -37,7 +40,7 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 # the trainer's own defaults where a Layout's differ: two microbatches of two sequences, DDP's overlapped buckets
 TRAIN_LAYOUT = Layout(global_batch=4, micro_batch_size=2, dp_overlap=True)
-RUN_FIELDS = ("steps", "lr", "dtype", "dp_mode", "bucket_mb", "compute_ms", "trace", "start_step")
+RUN_FIELDS = ("steps", "lr", "dtype", "dp_mode", "bucket_mb", "compute_ms", "trace", "start_step", "router")
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class TrainConfig:
                                      # chunks (backward: twice)
     trace: bool = False              # return every rank's ledger records too (for a Chrome trace)
     start_step: int = 0              # the first step's index: the data a resumed (or resharded) run continues on
+    router: Router = Router()        # a mixture of experts' routing and auxiliary losses
 
     @classmethod
     def make(cls, model: ModelShape | None = None, microbatches: int = 2, micro_batch_size: int = 2,
@@ -86,6 +90,14 @@ class TrainConfig:
             raise UsageError(f"{{dp_mode}} must be bucket or naive, got {self.dp_mode!r}", "dp_mode")
         check_shape(self.model)
         lay = self.layout.require(self.model, trainer=True)
+        r = self.router
+        if r.drop_policy not in POLICIES:
+            raise UsageError(f"{{drop_policy}} must be one of {', '.join(POLICIES)}, got {r.drop_policy!r}",
+                             "drop_policy")
+        for k in ("aux_loss_coeff", "z_loss_coeff", "jitter_eps"):
+            v = getattr(r, k)
+            if not (0 <= v <= 100 and math.isfinite(v)) or k == "jitter_eps" and v >= 1:
+                raise UsageError(f"{{{k}}} must be in [0, {1 if k == 'jitter_eps' else 100}), got {v}", k)
         check(schedule(lay.pipeline_schedule, lay.pp, lay.microbatches, lay.interleave), lay.interleave)
 
 
@@ -131,8 +143,8 @@ def build_chunks(comm, cfg: TrainConfig, lay: RankGroups):
     """This rank's model chunks: chunk c is virtual stage c·pp + pp_rank."""
     tp = TensorParallel(comm, lay.tp_group, cfg.layout.sequence_parallel, ep_group=lay.ep_group)
     dtype = DTYPES[cfg.dtype]
-    chunks = [GPTStage(cfg.model, *cfg.layout.chunk_layers(cfg.model.layers, lay.pp_rank, c), tp, dtype)
-              for c in range(cfg.layout.interleave)]
+    chunks = [GPTStage(cfg.model, *cfg.layout.chunk_layers(cfg.model.layers, lay.pp_rank, c), tp, dtype,
+                       cfg.router) for c in range(cfg.layout.interleave)]
     return chunks, tp
 
 
@@ -152,6 +164,30 @@ def replicas(comm, cfg: TrainConfig, lay: RankGroups, chunks, device) -> list:
         out.append(Replica(comm, lay.edp_group, [p for _, p in experts], [n for n, _ in experts], phase="edp",
                            scale=lay.edp_group.size() / split.dp, **kw))
     return out
+
+
+def _routing(moe: list, lay: RankGroups, records, a2a_s: float, world: int) -> dict:
+    """What this rank's MoE layers did in one step: per layer, the assignments routed to and kept by each
+    expert and the rows sent to each global rank (summed over microbatches); the mean over microbatches of the
+    load-balancing and z losses summed over the layers; the seconds in the all-to-alls; and the ledger's bytes
+    per (all-to-all phase, destination)."""
+    m = max(1, len(moe[0].stats))
+    links = {}
+    for rec in records:
+        if rec.phase and rec.phase.startswith("moe.") and rec.phase != "moe.counts":
+            links[(rec.phase, rec.dst)] = links.get((rec.phase, rec.dst), 0) + rec.bytes
+    send = []
+    for b in moe:
+        row = [0] * world
+        for st in b.stats:
+            for j, n in enumerate(st.send_rows):
+                row[lay.ep_group.ranks[j]] += n
+        send.append(row)
+    return {"layers": [b.layer for b in moe],
+            "routed": [sum(st.routed for st in b.stats).tolist() for b in moe],
+            "kept": [sum(st.kept for st in b.stats).tolist() for b in moe],
+            "send": send, "aux": sum(a for b in moe for a, _ in b.aux) / m,
+            "z": sum(z for b in moe for _, z in b.aux) / m, "a2a_s": a2a_s, "links": links}
 
 
 def _sleep_ms(ms: float) -> None:
@@ -187,7 +223,7 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None) -> dict:
     ex = Executor(comm, lay.pp_group, chunks, split.interleave, (T, split.micro_batch_size, cfg.model.hidden), dtype)
     last_backward = max(i for i, s in enumerate(slots) if s.kind == "B")
     is_last_stage = lay.pp_rank == split.pp - 1
-    losses, times, peaks, bounds, idle, routed = [], [], [], [], [], []
+    losses, times, peaks, bounds, idle, routed, experts_log = [], [], [], [], [], [], []
     saved = 0
     try:
         for step in range(cfg.steps):
@@ -196,9 +232,13 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None) -> dict:
                 r.zero_grad()
             for b in moe:
                 b.stats.clear()
+                b.aux.clear()
+            at, a2a = len(comm.ledger.records), sum(b.moe.clock[0] for b in moe)
             base = ((cfg.start_step + step) * split.dp + lay.dp_rank) * split.microbatches * split.micro_batch_size
 
-            def inputs(i, base=base):
+            def inputs(i, base=base, step=step):
+                for b in moe:                 # the global microbatch index: seeds the router's jitter
+                    b.key = ((cfg.start_step + step) * split.dp + lay.dp_rank) * split.microbatches + i
                 lo = base + i * split.micro_batch_size
                 batch = synthetic_batch(cfg.model, range(lo, lo + split.micro_batch_size))
                 return tuple(t.to(device) for t in batch)
@@ -216,6 +256,8 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None) -> dict:
                 r.step()
             if moe:                         # what the router sent this step: the all-to-alls' closed form
                 routed.append({ph: v[0] for ph, v in expert_traffic(cfg, 0, 1, isz, moe, lay.ep_rank).items()})
+                experts_log.append(_routing(moe, lay, comm.ledger.records[at:],
+                                            sum(b.moe.clock[0] for b in moe) - a2a, comm.world))
             loss = torch.tensor([sum(mb_losses)], dtype=torch.float64, device=device)
             if is_last_stage and lay.tp_rank == 0:
                 with comm.phase("metrics"):
@@ -254,7 +296,7 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None) -> dict:
             "in_flight_peak": max(peaks), "memory_bytes": mem, "state": state, "idle_fraction": idle,
             "timeline": ex.spans, "step_bounds": bounds, "ledger": comm.ledger.records if cfg.trace else None,
             "bytes_by_step": _bytes_by_step(comm.ledger, bounds), "predicted": pred, "params": flat.numel,
-            "predicted_by_step": routed or None,
+            "predicted_by_step": routed or None, "experts": experts_log or None,
             "flat_index": dense.index()}
 
 
@@ -269,10 +311,10 @@ def _bytes_by_step(ledger, bounds) -> list:
     out = [{} for _ in bounds]
     starts = [b[0] for b in bounds]
     for rec in ledger.records:
-        k = bisect.bisect_right(starts, rec[8]) - 1
-        if 0 <= k < len(out) and rec[8] <= bounds[k][1]:
-            ph = rec[5] or "(untagged)"
-            out[k][ph] = out[k].get(ph, 0) + rec[2]
+        k = bisect.bisect_right(starts, rec.t0) - 1
+        if 0 <= k < len(out) and rec.t0 <= bounds[k][1]:
+            ph = rec.phase or "(untagged)"
+            out[k][ph] = out[k].get(ph, 0) + rec.bytes
     return out
 
 

@@ -112,8 +112,13 @@ def summarise(cfg: TrainConfig, results: list, backend: str, ref=None) -> dict:
         "step_bytes_by_phase": [{ph: max(r["bytes_by_step"][k].get(ph, 0) for r in results) for ph in phases}
                                 for k in range(cfg.steps)],
     }
+    if any(r.get("experts") for r in results):          # the router's own log, for netmorph moe's view
+        out["experts_by_rank"] = {r["rank"]: (r["tp"], r["pp"], r["dp"], r["experts"]) for r in results}
+        out["bytes_by_rank"] = [r["bytes_by_step"] for r in sorted(results, key=lambda r: r["rank"])]
     if ref is not None:
-        ref_losses, ref_w = ref
+        ref_losses, ref_w, ref_kept = ref
+        if ref_kept is not None:
+            out["reference_kept"] = ref_kept
         out["reference_losses"] = ref_losses
         out["max_rel_loss_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
         full = assemble(results)
@@ -131,14 +136,16 @@ def _expected(r: dict, ph: str, step: int) -> int:
     return r["predicted"][ph][0]
 
 
-def reference(cfg: TrainConfig) -> tuple[list, dict]:
-    """The 1-rank run on the same global batches: (losses per step, final weights)."""
+def reference(cfg: TrainConfig) -> tuple[list, dict, list | None]:
+    """The 1-rank run on the same global batches: (losses per step, final weights, and with experts each step's
+    (MoE layers, E) assignments kept, summed over the microbatches)."""
     dtype = DTYPES[cfg.dtype]
-    model = GPTStage(cfg.model, dtype=dtype)
+    model = GPTStage(cfg.model, dtype=dtype, router=cfg.router)
     flat = FlatParams(list(model.parameters()), dtype=dtype)
     adam = Adam(0, flat.padded, lr=cfg.lr, dtype=dtype)
     G, b = cfg.layout.global_batch, cfg.layout.micro_batch_size
-    losses = []
+    losses, kept = [], []
+    moe = [blk for blk in model.blocks if blk.moe is not None]
     # dense: the global batch at once; with experts microbatch by microbatch, as the ranks route them (capacity
     # and the load-balancing loss are per microbatch)
     n = G // b if cfg.model.experts else 1
@@ -149,6 +156,9 @@ def reference(cfg: TrainConfig) -> tuple[list, dict]:
         flat.zero_grad()
         total = 0.0
         for i in range(n):
+            for blk in model.blocks:
+                if blk.moe is not None:
+                    blk.key = step * n + i            # the global microbatch index: seeds the router's jitter
             lo = step * G + i * G // n
             x, y = synthetic_batch(cfg.model, range(lo, lo + G // n))
             loss = model(x, y)
@@ -157,7 +167,10 @@ def reference(cfg: TrainConfig) -> tuple[list, dict]:
         flat.collect_grads()
         adam.step(flat.data, flat.grad)
         losses.append(total / n)
-    return losses, {k: v for k, (v, _) in named_pieces([model]).items()}
+        kept.append([sum(st.kept for st in blk.stats).tolist() for blk in moe])
+        for blk in moe:
+            blk.stats.clear()
+    return losses, {k: v for k, (v, _) in named_pieces([model]).items()}, kept if moe else None
 
 
 def chrome_trace(results: list) -> dict:

@@ -264,10 +264,10 @@ class TensorParallel:
             return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
         return _VocabParallelCrossEntropy.apply(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), self)
 
-    def experts(self, w: dict, i: int, cfg):
+    def experts(self, w: dict, i: int, cfg, router):
         """Layer ``i``'s experts over this rank's expert-parallel group, whole on every tensor-parallel rank
         (Megatron's expert tensor parallelism 1): without SP every tp rank routes the same tokens the same way."""
-        return expert_layer(self.comm, self.ep_group, w, i, cfg)
+        return expert_layer(self.comm, self.ep_group, w, i, cfg, router)
 
     def replicated(self):
         """With SP, parameters every TP rank holds whole but trains on its own tokens: their

@@ -17,7 +17,11 @@ def plot_traffic(out: dict, path, steps: int = 4) -> None:
     shown = out["steps"][:steps]
     mats = [np.array(s["traffic"]) for s in shown]
     vmax = max(int(m.max()) for m in mats) or 1
-    fig, axes = plt.subplots(1, len(mats) + 1, figsize=(3.2 * (len(mats) + 1) + 1, 3.6))
+    k = len(mats)
+    # the matrices, a column of their own for the colour scale, then the balance plot
+    fig, axes = plt.subplots(1, k + 3, figsize=(3.2 * (k + 1) + 3, 3.6),
+                             gridspec_kw={"width_ratios": [1] * k + [0.07, 0.25, 1.3]})
+    axes[k + 1].axis("off")                 # room between the colour scale's label and the balance plot
     for i, (ax, m) in enumerate(zip(axes, mats)):
         im = ax.imshow(m, cmap="viridis", vmin=0, vmax=vmax)
         for (r, c), n in np.ndenumerate(m):
@@ -28,7 +32,7 @@ def plot_traffic(out: dict, path, steps: int = 4) -> None:
         ax.set_yticks(range(len(m)))
         if i == 0:
             ax.set_ylabel("from rank")
-    fig.colorbar(im, ax=axes[:len(mats)], shrink=0.8, label="tokens")
+    fig.colorbar(im, cax=axes[k], label="tokens")
     ax = axes[-1]
     xs = range(1, len(out["steps"]) + 1)
     ax.plot(xs, [s["load_imbalance"] for s in out["steps"]], "-o", ms=3, label="load imbalance (max/mean)")
@@ -37,10 +41,11 @@ def plot_traffic(out: dict, path, steps: int = 4) -> None:
     ax.set_xlabel("step")
     ax.set_ylabel("max / mean tokens per expert")
     ax2.set_ylabel("assignments dropped (%)", color="tab:red")
+    ax2.set_ylim(0, max(1.0, 1.1 * max(100 * s["drop_fraction"] for s in out["steps"])))
     ax.set_title("balance over training", fontsize=9)
     fig.suptitle(f"router traffic: {cfg['experts']} experts on ep {cfg['ep']} x dp {cfg['dp']}, top-{cfg['top_k']}",
                  fontsize=10)
-    fig.subplots_adjust(bottom=0.2, top=0.82, wspace=0.35)
+    fig.subplots_adjust(bottom=0.2, top=0.82, left=0.05, right=0.95, wspace=0.45)
     save_figure(fig, path)
     plt.close(fig)
 
@@ -61,16 +66,17 @@ def build_section(out_dir, tick=lambda: None):
     base = dict(ep=4, experts=8, top_k=2, capacity_factor=None, steps=60, batch=16, lr=1e-2)
     runs = {}
     for alpha in (ALPHA, 0.0):
-        runs[alpha] = train(MoEConfig(aux_loss_coeff=alpha, **base))
+        runs[alpha] = train(MoEConfig.make(aux_loss_coeff=alpha, **base))
         tick()
     on, off = runs[ALPHA], runs[0.0]
-    cfg = MoEConfig(aux_loss_coeff=ALPHA, **base)
+    cfg = MoEConfig.make(aux_loss_coeff=ALPHA, **base)
     plot_traffic(on, out_dir / "moe_traffic.png")
     _plot_balance(on, off, cfg, out_dir / "moe_balance.png")
     drops = {a: [drops_at(cfg, r["steps"][-1]["routed_per_rank"], f) for f in FACTORS] for a, r in runs.items()}
-    caps = [capacity(cfg.tokens_per_rank, cfg.experts, cfg.top_k, f) for f in FACTORS]
-    uniform = [exact_drop_fraction(cfg.tokens_per_rank, cfg.experts, cfg.top_k, c) for c in caps]
-    simulated = [simulated_drop_fraction(cfg.tokens_per_rank, cfg.experts, cfg.top_k, c, 300) for c in caps]
+    T, E, k = cfg.tokens_per_rank, cfg.train.model.experts, cfg.train.model.top_k
+    caps = [capacity(T, E, k, f) for f in FACTORS]
+    uniform = [exact_drop_fraction(T, E, k, c) for c in caps]
+    simulated = [simulated_drop_fraction(T, E, k, c, 300) for c in caps]
     _plot_drops(drops, uniform, simulated, out_dir / "moe_drops.png")
     im_on = sum(s["load_imbalance"] for s in on["steps"][-30:]) / 30
     im_off = sum(s["load_imbalance"] for s in off["steps"][-30:]) / 30
@@ -78,7 +84,7 @@ def build_section(out_dir, tick=lambda: None):
     i1 = FACTORS.index(1.0)
     html = f"""
 <p>A small MoE language model (8 experts over 4 expert-parallel ranks, top-2, {cfg.tokens_per_rank} tokens per rank
-per step) trained for {cfg.steps} steps, dropless, with Switch's load-balancing loss at &alpha; = {ALPHA} and without it.
+per step) trained for {cfg.train.steps} steps, dropless, with Switch's load-balancing loss at &alpha; = {ALPHA} and without it.
 Each rank routes its own tokens; the router's choices decide how many rows every rank sends every other rank in
 the all-to-all, so the communication pattern is a function of the batch.</p>
 <ul>
@@ -116,7 +122,7 @@ def _plot_balance(on, off, cfg, path) -> None:
     ax.axhline(1.0, color="gray", ls=":", lw=1)
     ax.set_xlabel("step")
     ax.set_ylabel("max / mean tokens per expert")
-    ax.set_title(f"{cfg.experts} experts, top-{cfg.top_k}, dropless", fontsize=10)
+    ax.set_title(f"{cfg.train.model.experts} experts, top-{cfg.train.model.top_k}, dropless", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     save_figure(fig, path)

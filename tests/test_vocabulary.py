@@ -1,0 +1,153 @@
+"""One vocabulary: one Layout, one ModelShape, one placement table -- and every part of netmorph reads them.
+
+A second layout or shape type appearing anywhere in the package fails here, as does a model whose parameter
+count leaves Hugging Face's, a placement that leaves what the torch GPT really holds, or a rule the planner
+and the trainer tell differently.
+"""
+
+import ast
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from netmorph.errors import UsageError
+from netmorph.mesh import Layout, Mesh, ModelShape, PRESETS
+from netmorph.mesh.placement import Replicate, Shard, parameters, rank_parameters, table
+
+ROOT = Path(__file__).resolve().parent.parent / "netmorph"
+LAYOUT_WORDS = {"tp", "pp", "dp", "cp", "ep", "zero", "interleave", "microbatches", "micro_batch_size"}
+SHAPE_WORDS = {"layers", "hidden", "heads", "vocab", "ffn", "kv_heads", "seq"}
+
+
+def _typed_classes():
+    """(module path, class name, its field names) of every class in the package that declares fields (a dataclass,
+    a NamedTuple, or annotated class attributes)."""
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                fields = {s.target.id for s in node.body if isinstance(s, ast.AnnAssign)
+                          and isinstance(s.target, ast.Name)}
+                if fields:
+                    yield path.relative_to(ROOT.parent).as_posix(), node.name, fields
+
+
+def test_one_layout_type_and_one_shape_type_in_the_whole_package():
+    layouts = sorted(f"{p}:{c}" for p, c, f in _typed_classes() if len(f & LAYOUT_WORDS) >= 3)
+    shapes = sorted(f"{p}:{c}" for p, c, f in _typed_classes() if len(f & SHAPE_WORDS) >= 3)
+    assert layouts == ["netmorph/mesh/layout.py:Layout"], f"a second layout type: {layouts}"
+    assert shapes == ["netmorph/mesh/shape.py:ModelShape"], f"a second model-shape type: {shapes}"
+
+
+def test_the_checker_finds_a_planted_second_layout(tmp_path, monkeypatch):
+    """The scan above is not vacuous: a dataclass with tp, pp and dp is found."""
+    planted = tmp_path / "netmorph" / "x.py"
+    planted.parent.mkdir()
+    planted.write_text("from dataclasses import dataclass\n@dataclass\nclass L:\n    tp: int\n    pp: int\n    dp: int\n")
+    monkeypatch.setattr(__import__(__name__), "ROOT", planted.parent)
+    assert [c for _, c, f in _typed_classes() if len(f & LAYOUT_WORDS) >= 3] == ["L"]
+
+
+def test_one_layout_flows_from_the_planner_to_the_trainer_to_morph():
+    """The same Layout value is priced by the planner, played by the step simulator, trained by the trainer
+    and mapped by morph; its mesh is Megatron's."""
+    from netmorph.morph.layouts import element_map
+    from netmorph.parallel.hybrid import TrainConfig
+    from netmorph.planner.hardware import PRESETS as HARDWARE
+    from netmorph.planner.search import check, estimate
+    from netmorph.simulate import simulate_config
+
+    model = ModelShape(layers=4, hidden=32, heads=4, seq=16, vocab=64)
+    lay = Layout(tp=2, pp=2, dp=2, global_batch=8, micro_batch_size=1)
+    assert check(model, lay, HARDWARE["a100-80g"]) is None
+    e = estimate(model, lay, HARDWARE["a100-80g"])
+    assert (e["tp"], e["pp"], e["dp"], e["microbatch"], e["global_batch"]) == (2, 2, 2, 1, 8)
+    assert simulate_config(model, lay, HARDWARE["a100-80g"])["step_time_s"] > 0
+    cfg = TrainConfig(model=model, layout=lay, steps=1)
+    cfg.check()
+    assert cfg.layout is lay and cfg.world == 8
+    maps = element_map(model, lay)
+    assert len(maps) == 8 and all(m.params == (0, m.flat.size) for m in maps)
+    mesh = lay.mesh()
+    assert mesh.groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]] and mesh.groups("pp")[0] == [0, 4]
+    assert [lay.coords(r)["pp"] for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_one_rule_told_the_same_way_to_the_planner_and_the_trainer():
+    from netmorph.parallel.hybrid import TrainConfig
+    from netmorph.planner.hardware import PRESETS as HARDWARE
+    from netmorph.planner.search import check
+    model = ModelShape(layers=4, hidden=48, heads=6, seq=16, vocab=48)
+    bad = Layout(tp=4, global_batch=2)
+    (why,) = [r for r in bad.check(model) if r.key == "heads"]
+    assert (why.field, why.value) == ("tp", 4) and "6 heads" in why.text
+    assert check(model, bad, HARDWARE["a100-80g"]).text == why.text
+    with pytest.raises(UsageError, match="tp 4 does not divide the 6 heads"):
+        TrainConfig(model=model, layout=bad).check()
+    # the trainer's own limits come with trainer=True only: the planner prices a SwiGLU model, the GPT cannot
+    llama = ModelShape(layers=4, hidden=32, heads=4, ffn=96, ffn_type="swiglu", tied=False, bias=False)
+    assert not Layout().check(llama) and [r.field for r in Layout().check(llama, trainer=True)] == \
+        ["ffn_type", "tied", "bias", "ffn"]
+    assert Layout.parse("tp2,pp2", 8) == Layout(tp=2, pp=2, dp=2)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_counts_what_hugging_face_counts(name):
+    """ModelShape.params() against ``sum(p.numel())`` of the model built by transformers on the meta device
+    (recorded by scripts/hf_param_counts.py; rebuilt below when transformers is installed)."""
+    counts = json.loads((Path(__file__).parent / "hf_param_counts.json").read_text())
+    assert PRESETS[name].params() == counts[name]
+
+
+def test_the_recorded_counts_are_transformers_own():
+    pytest.importorskip("transformers")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("hf", Path(__file__).parent.parent / "scripts" /
+                                                  "hf_param_counts.py")
+    hf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hf)
+    counts = json.loads((Path(__file__).parent / "hf_param_counts.json").read_text())
+    for name in ("llama-3-8b", "mixtral-8x7b", "bloom-176b", "opt-13b", "mpt-7b"):
+        assert hf.hf_count(PRESETS[name]) == counts[name], name
+
+
+def test_the_placement_table_is_what_the_torch_gpt_holds():
+    """Every parameter of the table exists in the torch GPT with its shape, in registration order, and the count
+    is ModelShape.params(); under tp each rank's pieces have the table's local shapes."""
+    from netmorph.models.gpt import GPTStage
+    from netmorph.parallel.tensor_parallel import TensorParallel
+    from netmorph.runtime.base import Group
+    model = ModelShape(layers=2, hidden=16, heads=4, seq=8, vocab=32)
+    rows = parameters(model)
+    assert sum(int(np.prod(p.shape)) for p in rows) == model.params() == \
+        sum(p.numel() for p in GPTStage(model).parameters())
+    stage = GPTStage(model)
+    for row, (name, p) in zip(rank_parameters(model, Layout(), 0), stage.named_parameters()):
+        assert name.endswith(row.module) and tuple(p.shape) == row.shape, (row.name, name)
+
+    class _Comm:                       # one rank of a tp group of 2: only the shapes are read here
+        rank = 1
+
+    tp = TensorParallel(_Comm(), Group([0, 1]))
+    sharded = GPTStage(model, 0, 1, tp)
+    for row, (name, p) in zip(rank_parameters(model, Layout(tp=2, pp=2), 0), sharded.named_parameters()):
+        assert tuple(p.shape) == row.local_shape(2), (row.name, name)
+    full = dict((r.name, r) for r in rows)
+    assert full["0.qkv.w"].placement == Shard(0) and full["0.proj.w"].placement == Shard(1)
+    assert full["0.proj.b"].placement == Replicate() and full["wte"].placement == Shard(0)
+    w = torch.arange(256.0).reshape(16, 16)
+    assert torch.equal(full["0.proj.w"].piece(w, 2, 1), w[:, 8:]) and torch.equal(full["0.fc.w"].piece(
+        torch.arange(1024.0).reshape(64, 16), 2, 0), torch.arange(1024.0).reshape(64, 16)[:32])
+    plan = {r[0]: r for r in table(model, Layout(tp=2, pp=2))}
+    assert plan["wte"][2] == [0, 1] and plan["1.fc.w"][2] == [1] and plan["1.fc.w"][4] == (32, 16)
+
+
+def test_node_membership_and_rank_order_have_one_source():
+    from netmorph.cost.topology import node_of
+    assert node_of(np.arange(8), 4).tolist() == [0, 0, 0, 0, 1, 1, 1, 1] and node_of(5, 0) == 0
+    m = Mesh(16, tp=2, pp=4)
+    assert m.groups("dp")[:2] == [[0, 2], [1, 3]] and m.coords(13) == {"tp": 1, "cp": 0, "ep": 0, "dp": 0, "pp": 3}
+    lay = Layout(tp=2, pp=4, dp=2)
+    assert lay.coords(13)["dp"] == 0 and lay.mesh().groups("pp") == m.groups("pp")
