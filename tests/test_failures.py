@@ -41,23 +41,20 @@ def _loop(comm, n_ops):
 
 
 def test_killed_rank_is_named_and_peers_fail_fast(no_leaks):
-    t0 = time.time()
+    """The peers learn of the death from the abort word (PeerLost), not from their 30 s timeout (PeerTimeout);
+    how fast that is in seconds is benchmarks/blame.py's and elastic_faults.py's to measure."""
     with pytest.raises(LaunchError) as e:
         launch(_loop, 4, 50, faults=[Fault("kill", rank=1, at_op=3)], timeout=30)
-    elapsed = time.time() - t0
     err = e.value
     assert err.rank == 1 and "SIGKILL" in str(err).splitlines()[0]
     assert {f.rank for f in err.failures} == {0, 1, 2, 3}
     assert all(f.exc_type == "PeerLost" and "rank 1" in f.message for f in err.failures[1:])
     assert all(f.blames == 1 for f in err.failures[1:])           # the culprit travels as a field
-    assert elapsed < 10, f"peers took {elapsed:.1f} s to notice (timeout was 30 s: the abort word must beat it)"
 
 
 def test_silent_rank_times_out_naming_it(no_leaks):
-    t0 = time.time()
     with pytest.raises(LaunchError) as e:
         launch(_loop, 3, 50, faults=[Fault("hang", rank=2, at_op=2)], timeout=1.0)
-    assert time.time() - t0 < 8
     assert e.value.rank == 2
     assert any(f.exc_type == "PeerTimeout" and "rank 2" in f.message for f in e.value.failures)
 
@@ -85,11 +82,9 @@ def test_injected_exception_and_delay(no_leaks):
 
 
 def test_torch_backend_dead_peer(no_leaks):
-    t0 = time.time()
     with pytest.raises(LaunchError) as e:
         launch(_loop, 3, 50, backend="torch", faults=[Fault("kill", rank=0, at_op=4)], timeout=20)
     assert e.value.rank == 0 and "SIGKILL" in str(e.value)
-    assert time.time() - t0 < 30
 
 
 def test_bad_arguments():
@@ -242,10 +237,8 @@ def test_launch_after_the_parent_ran_torch_does_not_hang(no_leaks):
     torch.set_num_threads(2)
     a = torch.randn(256, 256, requires_grad=True)
     (a @ a).sum().backward()                       # the parent's pool is running now
-    t0 = time.time()
-    out = launch(_matmul_and_backward, 2, timeout=5)
+    out = launch(_matmul_and_backward, 2, timeout=5)         # a hang would be a LaunchError at 5 s
     assert len(out) == 2 and all(np.isfinite(out))
-    assert time.time() - t0 < 5
 
 
 @pytest.mark.timeout(60)
