@@ -9,7 +9,7 @@ from netmorph.cli import main
 from netmorph.errors import UsageError
 from netmorph.planner import timing
 from netmorph.mesh.layout import Layout
-from netmorph.planner.configs import from_deepspeed_config, from_hf_config, from_megatron_args
+from netmorph.mesh.configs import from_deepspeed_config, from_hf_config, from_megatron_args
 from netmorph.planner.hardware import PRESETS as HW
 from netmorph.planner.memory import activation_bytes_per_layer, memory, params_on_device
 from netmorph.mesh.shape import PRESETS, ModelShape

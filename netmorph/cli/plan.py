@@ -106,7 +106,7 @@ ARCH = {"kv_heads": "kv_heads", "ffn_type": "ffn_type", "position": "position", 
 def _common(args):
     """The model and the hardware the flags name; a config file's split settings are folded into ``args``
     (a flag given on the command line wins) and the settings the planner does not model are printed."""
-    from netmorph.planner.configs import from_deepspeed_config, from_hf_config, from_megatron_args
+    from netmorph.mesh.configs import from_deepspeed_config, from_hf_config, from_megatron_args
     from netmorph.planner.hardware import load_hardware
     from netmorph.mesh.shape import MEGATRON_DEFAULTS, ModelShape, from_args
     sources = [k for k in ("model", "model_config", "megatron_args") if getattr(args, k, None)]

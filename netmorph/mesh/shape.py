@@ -68,7 +68,7 @@ ATTENTION = ("standard", "flash")
 @dataclass(frozen=True)
 class ModelShape:
     """One transformer. The defaults are netmorph's own small GPT (the one ``netmorph train`` builds in torch);
-    a published model is a preset (:data:`PRESETS`) or read from its config (:mod:`netmorph.planner.configs`)."""
+    a published model is a preset (:data:`PRESETS`) or read from its config (:mod:`netmorph.mesh.configs`)."""
 
     name: str = "gpt"
     layers: int = 4
