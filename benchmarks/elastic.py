@@ -15,7 +15,8 @@ import argparse
 import statistics
 from dataclasses import replace
 
-from netmorph.elastic.train import ElasticConfig, restart_all, train
+from netmorph.elastic.restart import restart_all
+from netmorph.elastic.train import ElasticConfig, train
 
 
 def main() -> None:

@@ -131,7 +131,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.worker:
         return worker(args.worker)
-    from netmorph.elastic.train import restart_all, train
+    from netmorph.elastic.restart import restart_all
+    from netmorph.elastic.train import train
     from netmorph.report.elastic import recovery_summary
     rows = {"netmorph in place": [], "netmorph restart-all (forked)": [], "torchrun --max-restarts 3": []}
     diffs, starts, restarts = [], [], []

@@ -224,7 +224,8 @@ def test_the_baselines_recover_the_same_job_redoing_every_step_since_the_checkpo
 
     import numpy as np
 
-    from netmorph.elastic.train import ElasticConfig, reference, restart_all, train
+    from netmorph.elastic.restart import restart_all
+    from netmorph.elastic.train import ElasticConfig, reference, train
     cfg = ElasticConfig(workers=4, steps=60, kills=((2, 25), (1, 47)), commit_every=10)
     _, w_ref = reference(cfg)
     restart = restart_all(cfg)

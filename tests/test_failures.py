@@ -131,7 +131,7 @@ def test_ctrl_c_releases_every_rank(tmp_path):
 def test_root_cause_comes_from_the_blamed_field_not_the_message():
     """When every rank only timed out, the rank most of them blame is the root cause -- read from the
     PeerTimeout's rank, not from digits in its text (a 1 s timeout once blamed rank 1)."""
-    from netmorph.runtime.launch import RankFailure, _order
+    from netmorph.runtime.failure import RankFailure, root_cause_first as _order
     def timeout(rank, peer):
         return RankFailure(rank, 100 + rank, 1, "PeerTimeout", f"timed out after 1 s waiting for rank {peer} "
                            "(no data arrived)", when=float(rank), blames=peer)
@@ -145,7 +145,7 @@ def test_torch_hung_peer_is_a_timeout_naming_it(no_leaks):
     with pytest.raises(LaunchError) as e:
         launch(_loop, 3, 50, faults=[Fault("hang", rank=2, at_op=2)], timeout=2.0, backend="torch")
     err = e.value
-    assert err.rank == 2 and "stopped answering" in err.root.message
+    assert err.rank == 2 and err.root.hung and "stopped answering" in err.root.message
     waited = [f for f in err.failures if f.rank != 2]
     assert waited and all(f.exc_type == "PeerTimeout" for f in waited), str(err)
 

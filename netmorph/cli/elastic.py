@@ -125,7 +125,8 @@ def run(args) -> int:
 def _compare(cfg, inplace, every) -> dict:
     from dataclasses import replace
 
-    from netmorph.elastic.train import restart_all, train
+    from netmorph.elastic.restart import restart_all
+    from netmorph.elastic.train import train
 
     from netmorph.report.elastic import recovery_summary
 

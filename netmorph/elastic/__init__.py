@@ -3,8 +3,8 @@
 Rooms: ``detector`` (fixed timeout as torchelastic; φ accrual as Hayashibara et al.
 and Akka), ``heartbeat`` (a worker's heartbeat thread and a monitor over a torch
 store), ``membership`` (epoch-numbered views agreed by compare_set: one rule, no
-split brain) and ``train`` (BSP training that survives killed workers in place,
-beside Horovod-style rollback and torchrun-style restart-all on the same job).
+split brain), ``train`` (BSP training that survives killed workers in place, beside
+Horovod-style rollback) and ``restart`` (torchrun-style restart-all on the same job).
 The fabric side is ``launch(elastic=True)`` and ``comm.reform(members, epoch)``.
 """
 

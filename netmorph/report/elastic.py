@@ -85,7 +85,8 @@ def build_section(out_dir, tick=lambda: None):
     commit, and by restarting every worker from the last checkpoint; the figure and the table."""
     from dataclasses import replace
 
-    from netmorph.elastic.train import ElasticConfig, restart_all, train
+    from netmorph.elastic.restart import restart_all
+    from netmorph.elastic.train import ElasticConfig, train
     from netmorph.report.html import Section
     cfg = ElasticConfig(workers=4, min_workers=2, steps=200, kills=KILLS)
     inplace = train(cfg, check=True)

@@ -41,62 +41,17 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass
 from multiprocessing.connection import wait as mp_wait
 
 from netmorph.errors import UsageError
 from netmorph.runtime import links
+from netmorph.runtime.failure import LaunchError, RankFailure, root_cause_first
 from netmorph.runtime.ledger import Ledger
 from netmorph.runtime.transport import CollectiveMismatch, FabricError, PeerLost, PeerTimeout, blame, fingerprint
 
 BACKENDS = ("local", "torch", "torch-native")
 TIMEOUT_RANGE = (0.1, 86400.0)   # seconds a rank may wait on a silent peer: every command's --timeout
 MAX_EPOCHS = 16                  # membership views an elastic launch can go through (channel sets reserved)
-
-
-@dataclass
-class RankFailure:
-    rank: int
-    pid: int
-    exitcode: int | None
-    exc_type: str = ""
-    message: str = ""
-    traceback: str = ""
-    when: float = 0.0
-    blames: int | None = None       # the peer a PeerLost / PeerTimeout named (-1: unknown)
-
-    @property
-    def consequence(self) -> bool:
-        """True when this rank failed only because a peer did (PeerLost / PeerTimeout)."""
-        return self.exc_type in ("PeerLost", "PeerTimeout")
-
-    def describe(self) -> str:
-        if self.message.startswith("stopped answering"):
-            return f"rank {self.rank} (pid {self.pid}): {self.message}"
-        if self.exc_type:
-            return f"rank {self.rank} (pid {self.pid}): {self.exc_type}: {self.message}"
-        if self.exitcode is not None and self.exitcode < 0:
-            try:
-                sig = signal.Signals(-self.exitcode).name
-            except ValueError:
-                sig = f"signal {-self.exitcode}"
-            return f"rank {self.rank} (pid {self.pid}): killed by {sig} (exit code {self.exitcode})"
-        return f"rank {self.rank} (pid {self.pid}): exited with code {self.exitcode} {self.message}".rstrip()
-
-
-class LaunchError(RuntimeError):
-    """One or more ranks failed; ``root`` is the first real failure, ``failures`` all of them."""
-
-    def __init__(self, failures: list[RankFailure], world: int):
-        self.failures = failures
-        self.root = failures[0]
-        self.rank = self.root.rank
-        lines = [f"{len(failures)} of {world} ranks failed; root cause: {self.root.describe()}"]
-        for f in failures[1:]:
-            lines.append(f"  then {f.describe()}")
-        if self.root.traceback:
-            lines.append(f"traceback of rank {self.root.rank}:\n{self.root.traceback.rstrip()}")
-        super().__init__("\n".join(lines))
 
 
 def _die_with_parent() -> None:
@@ -246,7 +201,7 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
         if store_dir is not None:
             shutil.rmtree(store_dir, ignore_errors=True)
     if failures:
-        raise LaunchError(_order(failures), world)
+        raise LaunchError(root_cause_first(failures), world)
     if elastic:
         return results, deaths
     if ledger:
@@ -339,7 +294,7 @@ def _monitor(procs, conns, fabric, timeout, elastic=False):
             for r, p in enumerate(procs):
                 if r not in exited and p.is_alive() and r not in reported:
                     failures.setdefault(r, RankFailure(r, p.pid, None, "", "stopped answering; terminated by the "
-                                                       "launcher after its peers gave up on it", "", now))
+                                                       "launcher after its peers gave up on it", "", now, hung=True))
             _kill_all(procs)
             break
     # messages that arrived just before exit
@@ -364,13 +319,14 @@ def _end_silent(procs, fabric, failures, culprit: int, reporter: int, timeout: f
     than after each rank's own timeout."""
     if culprit in failures and failures[culprit].exc_type:
         return
-    if any(f.message.startswith("stopped answering") for f in failures.values()):
+    if any(f.hung for f in failures.values()):
         return                 # one silent rank found already: later timeouts saw its peers fail around it
     p = procs[culprit]
     state = blame.process_state(p.pid)
     why = blame.why_silent(state) if state else "it is hung or far slower than its peers"
     failures[culprit] = RankFailure(culprit, p.pid, None, "", f"stopped answering ({why}): rank {reporter} timed "
-                                    f"out after {timeout:g} s waiting on it; the launcher killed it", "", now)
+                                    f"out after {timeout:g} s waiting on it; the launcher killed it", "", now,
+                                    hung=True, detected_by=reporter)
     if p.is_alive():
         p.kill()
     if fabric is not None:
@@ -395,27 +351,6 @@ def _unreceived(fabric, trails, procs) -> list[RankFailure]:
         out[dst] = RankFailure(dst, procs[dst].pid, procs[dst].exitcode, "CollectiveMismatch", str(err),
                                when=time.monotonic(), blames=src)
     return list(out.values())
-
-
-def _order(failures: list[RankFailure]) -> list[RankFailure]:
-    """Root cause first: real failures and silent ranks by the time they were found (a rank its peers found
-    silent before another diagnosis came in is that diagnosis' cause; one the launcher terminated after a
-    real failure is found later), then those that only lost a peer."""
-    def key(f):
-        # a rank that only read a mismatch another rank published: after the one that detected it
-        echo = f.exc_type == "CollectiveMismatch" and f"rank {f.rank} is in" not in f.message
-        return (f.consequence, echo, f.when, f.rank)
-    fs = sorted(failures, key=key)
-    if fs and fs[0].consequence:
-        # everyone only saw a lost peer: the most-blamed rank is the root cause
-        blamed = {}
-        for f in fs:
-            if f.blames is not None and f.blames >= 0:
-                blamed[f.blames] = blamed.get(f.blames, 0) + 1
-        if blamed:
-            culprit = max(blamed, key=blamed.get)
-            fs.sort(key=lambda f: (f.rank != culprit, f.when))
-    return fs
 
 
 def _kill_all(procs) -> None:
