@@ -31,6 +31,9 @@ import numpy as np
 
 from netmorph.runtime.transport import PeerLost, PeerTimeout, blame, nbytes
 from netmorph.runtime.transport import fingerprint as fpr
+from netmorph.runtime.transport.tensors import (concat as _concat, contiguous as _contiguous, dist_module,
+                                                head_like as _head_like, header_like as _header_like,
+                                                host as _host, reduce_into as _reduce_into, to_torch)
 
 HEADER_TAG, PAYLOAD_TAG = 1, 2
 _MISMATCH_KEY = "netmorph/collective-mismatch"
@@ -48,49 +51,6 @@ def _same_host() -> bool:
     return os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE")) == os.environ.get("WORLD_SIZE")
 
 
-def dist_module():
-    import torch.distributed as dist
-    return dist
-
-
-def to_torch(a):
-    """A torch tensor over ``a``'s memory (a tensor is returned as it is; ml_dtypes' bfloat16 becomes
-    torch's, through its bits: torch.from_numpy does not know the type)."""
-    if not isinstance(a, np.ndarray):
-        return a
-    import torch
-    if a.dtype.name == "bfloat16":
-        return torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
-    return torch.from_numpy(a)
-
-
-def _head_like(a):
-    """A 64-byte header buffer where ``a`` lives (numpy, or ``a``'s device: NCCL moves device memory)."""
-    if isinstance(a, np.ndarray):
-        return np.empty(fpr.HEADER_BYTES, np.uint8)
-    import torch
-    return torch.empty(fpr.HEADER_BYTES, dtype=torch.uint8, device=a.device)
-
-
-def _header_like(fp, nbytes: int, a):
-    h = to_torch(fpr.header(fp, nbytes))
-    return h if isinstance(a, np.ndarray) else h.to(a.device)
-
-
-def _host(head) -> np.ndarray:
-    return head if isinstance(head, np.ndarray) else head.cpu().numpy()
-
-
-def _reduce_into(v, part, ufunc) -> None:
-    """``v = ufunc(v, part)`` in place: numpy's ufunc, or torch's op of the same name on the device."""
-    if isinstance(v, np.ndarray):
-        ufunc(v, part, out=v)
-        return
-    import torch
-    op = {np.add: torch.add, np.multiply: torch.mul, np.maximum: torch.maximum, np.minimum: torch.minimum}[ufunc]
-    op(v, part, out=v)
-
-
 def _text(e) -> str:
     """gloo's error text, trimmed to what happened: '[.../pair.cc:553] Connection closed by peer ...'."""
     text = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -105,17 +65,6 @@ def _torch_mismatch(text: str) -> str:
     text = re.sub(r", TensorDeviceTypes=TensorOptions\((?:[^()]|\([^()]*\))*\)", "", text)
     text = text.replace("Detected mismatch between collectives on ranks. ", "")
     return " ".join(text.split())[:600]
-
-
-def _concat(views):
-    if isinstance(views[0], np.ndarray):
-        return np.concatenate([v.reshape(-1) for v in views])
-    import torch
-    return torch.cat([v.reshape(-1) for v in views])
-
-
-def _contiguous(a):
-    return np.ascontiguousarray(a) if isinstance(a, np.ndarray) else a.contiguous()
 
 
 class _P2PRecv:
