@@ -3,6 +3,8 @@
 import copy
 import json
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -52,7 +54,7 @@ def test_every_request_equals_itself_decoded_alone(mode):
     if "preemption" in mode:
         assert sum(out["preemptions"].values()) > 0
     if mode == "swap preemption":
-        assert out["swap_bytes"] > 0 and out["swap_bytes"] % engine.model.bytes_per_block() == 0
+        assert out["swap_bytes"] > 0 and out["swap_bytes"] % engine.runner.bytes_per_block() == 0
     if mode == "continuous":
         assert out["prefix_cached_tokens"] > 0                             # the common 20-token prompt was shared
 
@@ -264,3 +266,65 @@ def test_a_static_batch_keeps_finished_rows_as_padding_until_it_ends():
     # only after its last one (0 slots), request 0's blocks are held from its finish (iteration 2) until then
     assert all(b > a for a, b in zip(used[:8], used[1:8])) and used[8] == 0, used
     assert priced[:9] == [2] * 9 and priced[9] == 1         # the finished row is paid for, as padding, to the end
+
+
+def test_a_freed_prefix_is_reused_by_a_later_request_and_evicted_last():
+    """vLLM's automatic prefix caching: a block whose last user finished keeps its chained hash, so a request
+    arriving after the first one ended still finds the prefix; the pool hands out plain free blocks first and
+    evicts a cached one only when nothing else is left (then the prefix is gone)."""
+    bs = 4
+    bm = BlockManager(6, bs, 64)
+    prompt = list(range(10))                                   # two full blocks and a partial one
+    assert bm.allocate(1, prompt) == 0
+    for j in range(len(prompt)):
+        bm.slot(1, prompt[:j + 1])
+    cached = list(bm.tables[1].blocks[:2])
+    bm.free_seq(1)                                             # request 1 is over; its full blocks stay cached
+    assert bm.num_free() == 6 and bm.cached_prefix(prompt) == cached
+    assert bm.allocate(2, prompt[:9] + [99]) == 8              # a later request: 8 tokens not computed again
+    assert bm.tables[2].blocks[:2] == cached and bm.num_free() == 3
+    bm.free_seq(2)
+    assert bm.allocate(3, [50 + i for i in range(4 * 4 + 1)]) == 0   # 5 blocks: the 4 plain ones, then one evicted
+    assert len(bm.cached_prefix(prompt)) < 2                   # the evicted block's prefix is gone
+    assert BlockManager.chained_hash(None, [1, 2]) != BlockManager.chained_hash(BlockManager.chained_hash(None, [0]),
+                                                                                [1, 2])
+
+
+SCHEDULER_WITHOUT_TORCH = r"""
+import sys
+sys.modules["torch"] = None                                  # the policy must not need the model's library
+from netmorph.serving.scheduler import Request, Scheduler, ServeConfig
+
+sch = Scheduler(ServeConfig(num_blocks=6, block_size=2, preemption="swap", max_seqs=8), 64, bytes_per_block=100)
+waiting = [Request(i, [1, 2, 3], 6, 0.0, [1, 2, 3]) for i in range(3)]
+running, swapped, ops, preempted = [], [], [], []
+for it in range(40):
+    if not (waiting or running or swapped):
+        break
+    out = sch.schedule(running, waiting, swapped)
+    assert all(len(slots) == n for _, n, slots in out.items)
+    assert sum(len(sch.bm.tables[r.rid].blocks) for r in running) <= 6
+    ops += out.block_ops
+    preempted += [r.rid for r in out.preempted]
+    for r, n, _ in out.items:                                 # what the engine does with the logits
+        r.computed += n
+        if r.computed == len(r.tokens):
+            r.tokens.append(7)
+            if r.generated >= r.output_len:
+                running.remove(r)
+                sch.finish(r)
+import json
+print(json.dumps({"ops": [k for k, _, _ in ops], "moved": sum(len(b) for _, _, b in ops), "preempted": preempted,
+                  "swap_bytes": sch.swap_bytes, "free": sch.bm.num_free(), "left": len(waiting + running + swapped)}))
+"""
+
+
+def test_the_scheduler_is_pure_policy_and_runs_without_torch():
+    """scheduler.py decides with the block manager alone: three requests too long to fit six blocks together
+    are swapped out and back in (each move a block op, in order, priced at bytes_per_block), all finish, and
+    every block comes back."""
+    r = subprocess.run([sys.executable, "-c", SCHEDULER_WITHOUT_TORCH], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["preempted"] and out["ops"][0] == "out" and out["ops"].count("in") == out["ops"].count("out")
+    assert out["swap_bytes"] == 100 * out["moved"] > 0 and out["free"] == 6 and out["left"] == 0

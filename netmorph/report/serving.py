@@ -66,6 +66,7 @@ def phase_traffic(out_dir, tick=lambda: None) -> dict:
             totals[ph] = (len(x), sum(w))
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("wall time (ms)")
+        ax.set_ylim(0, 1.4 * (bottom.max() or 1.0))        # every bar whole, and the legend above them
         ax.legend(fontsize=6.5, loc="upper right")
     axes[0].set_ylabel("KiB sent per bin")
     fig.suptitle("bytes on the fabric by phase: training's bursts, prefill's large all-reduces, the KV transfer, "

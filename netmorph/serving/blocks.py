@@ -5,10 +5,16 @@ as an OS pages memory. Each sequence has a **block table**: its logical blocks i
 order -> physical block numbers; a block is allocated only when the sequence's next
 token needs a slot, so at most one partly filled block per sequence is wasted. Blocks
 carry **reference counts**: sequences that share a prefix share its physical blocks
-(prefix caching: a full block is identified by the hash of every token up to its end,
-vLLM's automatic prefix caching; parallel sampling: ``fork`` gives the n samples the
-prompt's blocks), and the first write into a shared block copies it (**copy-on-write**,
-exactly one block). When the pool runs out the scheduler preempts a sequence:
+(parallel sampling: ``fork`` gives the n samples the prompt's blocks), and the first
+write into a shared block copies it (**copy-on-write**, exactly one block).
+
+**Prefix caching** is vLLM's automatic prefix caching: a full block is named by a
+*chained* hash -- its parent block's hash and its own tokens, ``hash((parent, tokens))``
+-- so equal hashes mean equal prefixes. A block whose last user finishes goes back to
+the pool still holding its hash: it is *evictable*, not erased, and a later request with
+the same prefix takes it back (``cached_prefix``), alive or not at the same time as the
+first. The pool hands out plain free blocks first and evicts cached ones oldest-freed
+first (vLLM's ``FreeKVCacheBlockQueue``, LRU), dropping the hash when it does. When the pool runs out the scheduler preempts a sequence:
 **swap** moves its blocks to a host pool (bytes counted both ways) or **recompute**
 frees them and prefills again later.
 
@@ -18,6 +24,7 @@ admission, blocks for the model's whole context (the maximum length it might rea
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 
@@ -36,11 +43,13 @@ class BlockManager:
                  prefix_caching: bool = True):
         self.num_blocks, self.block_size, self.max_context = num_blocks, block_size, max_context
         self.contiguous, self.prefix_caching = contiguous, prefix_caching and not contiguous
-        self.free = list(range(num_blocks - 1, -1, -1))             # a stack: pop() hands out block 0 first
+        # free blocks: pop() takes from the right; plain ones are pushed right (handed out first, block 0 first),
+        # cached ones left (evicted last, the oldest-freed first)
+        self.free = deque(range(num_blocks - 1, -1, -1))
         self.ref = [0] * num_blocks
         self.tables: dict = {}                                       # seq id -> Table
-        self.by_hash: dict = {}                                      # prefix hash -> block (full blocks only)
-        self.hash_of: dict = {}                                      # block -> its prefix hash
+        self.by_hash: dict = {}                                      # chained hash -> block (full blocks only)
+        self.hash_of: dict = {}                                      # block -> its chained hash
         self.copies = []                                             # (src, dst) copy-on-write copies to apply
         self.cow_copies = 0
 
@@ -71,16 +80,30 @@ class BlockManager:
         if not self.free:
             raise NoFreeBlocks
         b = self.free.pop()
+        h = self.hash_of.pop(b, None)                                # a cached block evicted: its prefix is gone
+        if h is not None and self.by_hash.get(h) == b:
+            del self.by_hash[h]
         self.ref[b] = 1
         return b
 
     def _release(self, b: int) -> None:
         self.ref[b] -= 1
         if self.ref[b] == 0:
-            h = self.hash_of.pop(b, None)
-            if h is not None and self.by_hash.get(h) == b:
-                del self.by_hash[h]
-            self.free.append(b)
+            if b in self.hash_of:
+                self.free.appendleft(b)                              # evictable: its prefix can still be found
+            else:
+                self.free.append(b)
+
+    def _revive(self, b: int) -> None:
+        """A cached block found by its hash: one more user (back out of the free pool if it had none)."""
+        if self.ref[b] == 0:
+            self.free.remove(b)
+        self.ref[b] += 1
+
+    @staticmethod
+    def chained_hash(parent, tokens) -> int:
+        """vLLM's block hash: the parent block's hash and this block's tokens."""
+        return hash((parent, tuple(tokens)))
 
     def blocks_to_grow(self, seq: int, n: int) -> int:
         """Blocks the pool must supply for the sequence's next ``n`` tokens: new blocks past its table, plus one
@@ -93,16 +116,19 @@ class BlockManager:
         return need
 
     def can_allocate(self, tokens: int, token_ids=None) -> bool:
-        return self.blocks_needed(tokens) - len(self.cached_prefix(token_ids or [])) <= len(self.free)
+        shared = self.cached_prefix(token_ids or [])
+        idle = sum(1 for b in shared if self.ref[b] == 0)           # cached blocks that come out of the free pool
+        return self.blocks_needed(tokens) - len(shared) + idle <= len(self.free)
 
     def cached_prefix(self, token_ids) -> list:
-        """Physical blocks already holding this prompt's leading full blocks (prefix caching). The last
-        token is never served from cache: its logits must be computed."""
+        """Physical blocks already holding this prompt's leading full blocks (prefix caching), in use or
+        evictable. The last token is never served from cache: its logits must be computed."""
         if not self.prefix_caching:
             return []
-        out = []
-        for k in range((len(token_ids) - 1) // self.block_size):
-            b = self.by_hash.get(hash(tuple(token_ids[:(k + 1) * self.block_size])))
+        out, h, bs = [], None, self.block_size
+        for k in range((len(token_ids) - 1) // bs):
+            h = self.chained_hash(h, token_ids[k * bs:(k + 1) * bs])
+            b = self.by_hash.get(h)
             if b is None:
                 break
             out.append(b)
@@ -112,10 +138,10 @@ class BlockManager:
         """Blocks for a new sequence's prompt; returns how many leading tokens are already cached."""
         shared = self.cached_prefix(token_ids)
         need = self.blocks_needed(len(token_ids)) - len(shared)
-        if need > len(self.free):
+        if need + sum(1 for b in shared if self.ref[b] == 0) > len(self.free):
             raise NoFreeBlocks
         for b in shared:
-            self.ref[b] += 1
+            self._revive(b)
         t = Table(list(shared) + [self._take() for _ in range(need)], len(shared) * self.block_size)
         self.tables[seq] = t
         return t.tokens
@@ -136,7 +162,9 @@ class BlockManager:
             t.blocks[k] = b = new
         t.tokens += 1
         if self.prefix_caching and off == self.block_size - 1:       # the block just filled: cache it
-            h = hash(tuple(token_ids[:t.tokens]))
+            h = None
+            for j in range(k + 1):                                    # the chain up to this block
+                h = self.chained_hash(h, token_ids[j * self.block_size:(j + 1) * self.block_size])
             if h not in self.by_hash:
                 self.by_hash[h], self.hash_of[b] = b, h
         return b, off

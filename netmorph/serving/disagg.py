@@ -24,34 +24,37 @@ import numpy as np
 def _rank(comm, model_cfg, serve_cfg, requests, P: int, D: int, price, kv_seconds_per_token: float):
     import torch
 
+    from netmorph.serving.blocks import BlockManager
     from netmorph.serving.engine import Engine
     from netmorph.serving.model import sample
+    from netmorph.serving.runner import Runner
     torch.set_num_threads(1)
     me = comm.rank
-    engine = Engine(model_cfg, serve_cfg, price)
     order = sorted(requests, key=lambda r: (r.arrival, r.rid))
-    if me < P:                                                   # prefill, one request at a time
+    if me < P:                                                   # the prefill role: one request at a time
+        runner = Runner(model_cfg, serve_cfg.num_blocks, serve_cfg.block_size)
+        bm = BlockManager(serve_cfg.num_blocks, serve_cfg.block_size, model_cfg.seq,
+                          prefix_caching=serve_cfg.prefix_caching)
         clock = 0.0
         for r in (q for q in order if q.rid % P == me):
             t0 = time.perf_counter()
             r.tokens = list(r.prompt)
-            engine.bm.allocate(r.rid, r.tokens)
+            bm.allocate(r.rid, r.tokens)
             n = len(r.prompt)
-            slots = [engine.bm.slot(r.rid, r.tokens) for _ in range(n)]
-            (logits,) = engine.model.forward([(r.tokens, 0, slots, engine.bm.tables[r.rid].blocks)])
+            slots = [bm.slot(r.rid, r.tokens) for _ in range(n)]
+            (logits,) = runner.forward([(r.tokens, 0, slots, bm.tables[r.rid].blocks)])
             first = sample(logits, serve_cfg.temperature, r.rid * 1_000_003 + n)
             clock = max(clock, r.arrival) + (price([(n, 0)]) if price else time.perf_counter() - t0)
             ready = clock + n * kv_seconds_per_token                # the KV crosses to the decode node
-            table = engine.bm.tables[r.rid].blocks
-            kv = np.stack([torch.stack(engine.model.gather(i, table, n)).numpy()
-                           for i in range(model_cfg.layers)])           # (layers, 2, n, heads, hd)
+            kv = runner.read_kv(bm.tables[r.rid].blocks, n)        # (layers, 2, n, heads, hd)
             dst = P + r.rid % D
             with comm.phase("kv.hdr"):
                 comm.send(np.array([r.rid, n, first, clock, ready], dtype=np.float64), dst)
             with comm.phase("kv"):
                 comm.send(np.ascontiguousarray(kv), dst)
-            engine.bm.free_seq(r.rid)
-        return {"role": "prefill", "free_blocks_at_end": engine.bm.num_free()}
+            bm.free_seq(r.rid)
+        return {"role": "prefill", "free_blocks_at_end": bm.num_free()}
+    engine = Engine(model_cfg, serve_cfg, price)                 # the decode role
     arrivals = []
     heads, hd = model_cfg.heads, model_cfg.hidden // model_cfg.heads
     for r in (q for q in order if q.rid % D == me - P):          # decode

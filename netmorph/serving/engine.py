@@ -1,276 +1,66 @@
-"""The serving loop: requests arrive, the scheduler forms each iteration's batch, the model steps.
+"""The serving loop: requests arrive, the scheduler forms each iteration's batch, the runner computes it, the
+engine turns logits into tokens and keeps the clock -- vLLM's ``LLMEngine.step()`` over its ``Scheduler`` and
+``ModelRunner`` (:mod:`netmorph.serving.scheduler`, :mod:`netmorph.serving.runner`).
 
-Schedulers (``scheduler``):
-
-- ``static`` -- request-level batching (HF ``generate``): when the engine is idle it
-  takes up to ``max_seqs`` arrived requests, prefills them and decodes until the
-  last one finishes; nobody joins a running batch, and a finished row stays in it
-  as padding (its KV held, and a priced iteration still pays for its token) until
-  the batch ends -- or until the pool needs its blocks. As ``generate`` left-pads a
-  batch's prompts to the longest, a priced prefill costs rows x the longest prompt
-  and every row's decode attends over the padded length.
-- ``continuous`` -- iteration-level scheduling (Orca, Yu et al. 2022; vLLM): requests
-  join and leave the batch every iteration. As vLLM (v0) does without chunked
-  prefill, an iteration either prefills newly admitted requests (FCFS, up to
-  ``max_tokens`` prompt tokens) or decodes one token for every running request.
-- ``chunked_prefill`` > 0 (Sarathi-Serve, Agrawal et al. 2024): every iteration first
-  decodes one token for each running request, then fills the rest of the token
-  budget with prefill chunks of at most that many tokens -- long prompts no longer
-  stall the decodes.
-
-When a sequence needs a block and the pool is empty the scheduler preempts, vLLM's
-policy: the latest-arrived running request goes first (FCFS fairness: the oldest
-keep their progress). ``preemption="recompute"`` frees its blocks and puts it back at
-the head of the queue to prefill its prompt and what it generated so far again;
-``"swap"`` copies its blocks to a host pool (bytes counted out and back in) and
-resumes it, before any new admission, when blocks free up.
-
-Time: the engine's clock advances by each iteration's time and jumps to the next
-arrival when idle, so TTFT and TPOT are latencies under the given arrival process. The
-iteration's time is either measured (the real computation of this small model on this
-machine's CPU, where a batch costs about the sum of its sequences) or priced by a time
-model -- :func:`netmorph.serving.roofline.iteration_time`, a real model's roofline on a
-GPU, where a decode batch costs about one read of the weights whatever its size. The
-tokens are computed for real either way.
+Time: the engine's clock advances by each iteration's time and jumps to the next arrival when idle, so TTFT and
+TPOT are latencies under the given arrival process. The iteration's time is either measured (the real
+computation of this small model on this machine's CPU, where a batch costs about the sum of its sequences) or
+priced by a time model -- :func:`netmorph.serving.roofline.iteration_time`, a real model's roofline on a GPU,
+where a decode batch costs about one read of the weights whatever its size. The tokens are computed for real
+either way. A request with ``n`` > 1 forks its samples after the prefill (vLLM's parallel sampling): every
+block shared, the first write into the last one copied.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
-from netmorph.errors import UsageError
-from netmorph.serving.blocks import BlockManager
-from netmorph.serving.model import PagedGPT, sample
+from netmorph.serving.model import sample
+from netmorph.serving.runner import Runner
+from netmorph.serving.scheduler import Request, Scheduler, ServeConfig, sample_id
 
-
-@dataclass
-class Request:
-    rid: int
-    prompt: list
-    output_len: int
-    arrival: float
-    tokens: list = field(default_factory=list)       # prompt + generated
-    computed: int = 0                                # tokens whose KV is in the cache
-    status: str = "waiting"                          # waiting | running | swapped | finished | rejected
-    first_token_at: float | None = None
-    finished_at: float | None = None
-    swapped: list | None = None                      # the host copy of its blocks
-    reason: str = ""
-    n: int = 1                                       # parallel samples (vLLM's SamplingParams.n)
-    parent: int | None = None                        # a sample forked from this request id
-
-    @property
-    def generated(self) -> int:
-        return len(self.tokens) - len(self.prompt)
-
-
-def sample_id(rid: int, k: int) -> int:
-    """The id of request ``rid``'s k-th parallel sample (k = 0 is the request itself)."""
-    return rid + k * 1_000_000_000
-
-
-@dataclass
-class ServeConfig:
-    num_blocks: int = 512
-    block_size: int = 16
-    scheduler: str = "continuous"     # continuous | static
-    kv: str = "paged"                 # paged | contiguous
-    chunked_prefill: int = 0          # > 0: chunk size (tokens) of Sarathi-style mixed batches
-    max_tokens: int = 2048            # tokens per iteration (vLLM's max_num_batched_tokens)
-    max_seqs: int = 64                # sequences per iteration (max_num_seqs)
-    preemption: str = "recompute"     # recompute | swap
-    prefix_caching: bool = True
-    temperature: float = 0.0
-
-    def check(self) -> None:
-        if not 1 <= self.block_size <= 1024:
-            raise UsageError(f"{{block_size}} must be in 1..1024, got {self.block_size}", "block_size")
-        if not 1 <= self.num_blocks <= 1 << 20:
-            raise UsageError(f"{{kv_blocks}} must be in 1..1048576, got {self.num_blocks}", "kv_blocks")
-        if self.scheduler not in ("continuous", "static"):
-            raise UsageError(f"{{scheduler}} must be continuous or static, got {self.scheduler!r}", "scheduler")
-        if self.kv not in ("paged", "contiguous"):
-            raise UsageError(f"{{kv}} must be paged or contiguous, got {self.kv!r}", "kv")
-        if self.preemption not in ("recompute", "swap"):
-            raise UsageError(f"{{preemption}} must be recompute or swap, got {self.preemption!r}", "preemption")
-        if self.chunked_prefill < 0 or self.chunked_prefill and self.scheduler == "static":
-            raise UsageError("{chunked_prefill} needs a token count > 0 and --scheduler continuous",
-                             "chunked_prefill")
-        if not (1 <= self.max_tokens <= 1 << 20 and 1 <= self.max_seqs <= 4096):
-            raise UsageError("{max_tokens} must be in 1..2**20 and {max_seqs} in 1..4096", "max_tokens")
+__all__ = ["Engine", "Request", "ServeConfig", "sample_id"]
 
 
 class Engine:
-    def __init__(self, model_cfg, cfg: ServeConfig, time_model=None, shard=None):
+    def __init__(self, model_cfg, cfg: ServeConfig, time_model=None, shard=None, on_forward=None):
         """``time_model([(new tokens, tokens in context)] per sequence) -> seconds`` prices an iteration (e.g.
         :func:`netmorph.serving.roofline.iteration_time` for a real model on a GPU); None: the measured wall time
-        of this model's iteration here."""
+        of this model's iteration here. ``shard`` and ``on_forward``: the :class:`Runner`'s."""
         cfg.check()
-        import torch
-        # one intra-op thread, as its ranks under serve --tp / --disaggregate run (torchrun's OMP_NUM_THREADS=1):
-        # this model's matmuls are too small to split, and an OpenMP pool spinning on every core of a busy
-        # machine made one engine use 8-10x the CPU it needs
-        torch.set_num_threads(1)
         self.cfg, self.mcfg, self.time_model = cfg, model_cfg, time_model
-        self.model = PagedGPT(model_cfg, cfg.num_blocks, cfg.block_size, shard=shard)
-        self.bm = BlockManager(cfg.num_blocks, cfg.block_size, model_cfg.seq, contiguous=cfg.kv == "contiguous",
-                               prefix_caching=cfg.prefix_caching)
+        self.runner = Runner(model_cfg, cfg.num_blocks, cfg.block_size, shard=shard, on_forward=on_forward)
+        self.scheduler = Scheduler(cfg, model_cfg.seq, self.runner.bytes_per_block())
+        self.bm = self.scheduler.bm
         self.clock = 0.0
-        self.preemptions = {"swap": 0, "recompute": 0}
-        self.swap_bytes = 0
-        self.timeline = []               # (t, slots holding a token, slots reserved, running, tokens this iteration)
+        self.timeline = []               # (t, slots holding a token, slots reserved, running, tokens, seconds)
         self.iterations = 0
-        self.frozen = False
-        self.padding = []                # static batches: finished rows kept until the batch ends (HF generate)
-        self.batch_prompt = self.batch_step = 0   # a static batch's longest prompt and decode steps so far
-        self.prefix_cached_tokens = 0    # prompt tokens found in shared blocks (not computed again)
 
-    # -- admission ----------------------------------------------------------------------------------------
-    def _reject_reason(self, r: Request) -> str:
-        total = len(r.prompt) + r.output_len
-        if not r.prompt or r.output_len < 1:
-            return "a request needs at least one prompt token and one output token"
-        if total > self.mcfg.seq:
-            return f"prompt {len(r.prompt)} + output {r.output_len} tokens exceed the model's context {self.mcfg.seq}"
-        if self.bm.blocks_needed(total) * r.n > self.cfg.num_blocks:
-            return (f"needs {self.bm.blocks_needed(total) * r.n} blocks ({r.n} sample(s)), more than the whole pool "
-                    f"({self.cfg.num_blocks} x {self.cfg.block_size} tokens)")
-        if max(r.prompt) >= self.mcfg.vocab or min(r.prompt) < 0:
-            return f"prompt token ids must be in 0..{self.mcfg.vocab - 1}"
-        return ""
-
-    def _admit(self, r: Request) -> bool:
-        """Blocks for the request's tokens so far (prompt, plus what it generated before a recompute)."""
-        if not self.bm.can_allocate(len(r.tokens), r.tokens):
-            return False
-        cached = self.bm.allocate(r.rid, r.tokens)
-        self.prefix_cached_tokens += cached
-        r.computed = cached
-        r.status = "running"
-        return True
-
-    def _preempt(self, running: list, waiting: list, swapped: list) -> Request:
-        victim = max(running, key=lambda q: (q.arrival, q.rid))          # vLLM: the latest arrival goes first
-        running.remove(victim)
-        if self.cfg.preemption == "swap":
-            blocks = list(self.bm.tables[victim.rid].blocks)
-            victim.swapped = (self.model.read_blocks(blocks), len(blocks))
-            self.swap_bytes += len(blocks) * self.model.bytes_per_block()
-            self.bm.swap_out(victim.rid)
-            victim.status = "swapped"
-            swapped.append(victim)
-            self.preemptions["swap"] += 1
-        else:
-            self.bm.free_seq(victim.rid)
-            victim.computed = 0
-            victim.status = "waiting"
-            waiting.insert(0, victim)
-            self.preemptions["recompute"] += 1
-        return victim
-
-    def _swap_in(self, swapped: list, running: list) -> None:
-        while swapped:
-            r = min(swapped, key=lambda q: (q.arrival, q.rid))
-            saved, n = r.swapped
-            if n > self.bm.num_free():
-                return
-            blocks = self.bm.swap_in(r.rid, n)
-            self.model.write_blocks(blocks, saved)
-            self.swap_bytes += n * self.model.bytes_per_block()
-            r.swapped, r.status = None, "running"
-            swapped.remove(r)
-            running.append(r)
-
-    # -- one iteration ------------------------------------------------------------------------------------
-    def _slots(self, r: Request, n: int) -> list:
-        return [self.bm.slot(r.rid, r.tokens) for _ in range(n)]
-
-    def _batch(self, running, waiting, swapped) -> list:
-        """[(request, number of its tokens to compute now)] for this iteration."""
-        cfg = self.cfg
-        batch, budget = [], cfg.max_tokens
-        if cfg.scheduler == "static":
-            if not running and not self.frozen:
-                while waiting and len(running) < cfg.max_seqs and self._admit(waiting[0]):
-                    running.append(waiting.pop(0))
-                self.batch_prompt = max((len(r.tokens) for r in running), default=0)
-                self.batch_step = 0
-            return [(r, len(r.tokens) - r.computed) for r in running]
-        if swapped and not self.frozen:
-            self._swap_in(swapped, running)
-        decodes = [r for r in running if len(r.tokens) - r.computed == 1]
-        partial = [r for r in running if len(r.tokens) - r.computed > 1]
-        if not cfg.chunked_prefill:
-            if not swapped and not self.frozen:                # vLLM v0: admit and prefill before decoding
-                admitted = []
-                while (waiting and len(running) < cfg.max_seqs
-                       and (not admitted or len(waiting[0].tokens) <= budget) and self._admit(waiting[0])):
-                    r = waiting.pop(0)
-                    running.append(r)
-                    admitted.append(r)
-                    budget -= len(r.tokens) - r.computed
-                if admitted:
-                    return [(r, len(r.tokens) - r.computed) for r in admitted]
-            return [(r, 1) for r in decodes]
-        for r in decodes[:budget]:
-            batch.append((r, 1))
-        budget -= len(batch)
-        for r in partial:
-            if budget <= 0:
-                break
-            n = min(cfg.chunked_prefill, budget, len(r.tokens) - r.computed)
-            batch.append((r, n))
-            budget -= n
-        while (budget > 0 and not swapped and not self.frozen and waiting and len(running) < cfg.max_seqs
-               and self._admit(waiting[0])):
-            r = waiting.pop(0)
-            running.append(r)
-            n = min(cfg.chunked_prefill, budget, len(r.tokens) - r.computed)
-            batch.append((r, n))
-            budget -= n
-        return batch
+    def _price(self, out) -> float | None:
+        """The iteration's time by the time model (None: measure it)."""
+        if not self.time_model:
+            return None
+        sch = self.scheduler
+        if self.cfg.scheduler == "static":
+            # HF generate: every row (finished ones too) padded to the batch's longest prompt
+            P, k = sch.batch_prompt, sch.batch_step
+            rows = [(P, 0) if n > 1 and r.computed == 0 else (1, P + k) if n == 1 else (n, r.computed)
+                    for r, n, _ in out.items]
+            if all(n == 1 for _, n, _ in out.items):
+                sch.batch_step += 1
+            return self.time_model(rows + [(1, P + k)] * out.padding)
+        return self.time_model([(n, r.computed) for r, n, _ in out.items])
 
     def step(self, running, waiting, swapped) -> list:
         """Schedule and run one iteration; returns the requests that finished in it."""
         t0 = time.perf_counter()
-        self.frozen = False                  # after a preemption nothing is admitted or swapped in this step
-        while True:
-            batch = self._batch(running, waiting, swapped)
-            need = sum(self.bm.blocks_to_grow(r.rid, n) for r, n in batch)
-            if need <= self.bm.num_free():
-                break
-            if self.padding:                                  # a static batch's finished rows give way first
-                self._release_padding()
-                continue
-            if not running:
-                raise RuntimeError("nothing left to preempt and the batch does not fit (admission should refuse it)")
-            self._preempt(running, waiting, swapped)
-            self.frozen = True
-        items = [(r, n, self._slots(r, n)) for r, n in batch]
-        for src, dst in self.bm.copies:                       # copy-on-write before anything is written
-            self.model.copy_block(src, dst)
-        self.bm.copies.clear()
-        work = [(r.tokens[r.computed:r.computed + n], r.computed, slots, self.bm.tables[r.rid].blocks)
-                for r, n, slots in items]
-        logits = self.model.forward(work) if work else []
-        done = []
-        priced = None
-        if self.time_model and self.cfg.scheduler == "static":
-            # HF generate: every row (finished ones too) padded to the batch's longest prompt
-            P, k = self.batch_prompt, self.batch_step
-            rows = [(P, 0) if n > 1 and r.computed == 0 else (1, P + k) if n == 1 else (n, r.computed)
-                    for r, n, _ in items]
-            priced = self.time_model(rows + [(1, P + k)] * len(self.padding))
-            if all(n == 1 for _, n, _ in items):
-                self.batch_step += 1
-        elif self.time_model:
-            priced = self.time_model([(n, r.computed) for r, n, _ in items])
-        forks = []
-        for (r, n, _), lg in zip(items, logits):
+        out = self.scheduler.schedule(running, waiting, swapped)
+        logits = self.runner.execute(out, self.bm.tables)
+        priced = self._price(out)
+        done, forks = [], []
+        for (r, n, _), lg in zip(out.items, logits):
             r.computed += n
             if r.computed < len(r.tokens):                    # a prefill chunk: no token yet
                 continue
@@ -297,22 +87,13 @@ class Engine:
                 done.append(c)
         for r in done:
             r.finished_at = self.clock
-            r.status = "finished"
             running.remove(r)
-            if self.cfg.scheduler == "static":
-                self.padding.append(r)                    # HF generate: a finished row stays in the batch as padding
-            else:
-                self.bm.free_seq(r.rid)
+            self.scheduler.finish(r)
         if not running:
-            self._release_padding()
+            self.scheduler.release_padding()
         self.timeline.append((self.clock, self.bm.used_slots(), self.bm.reserved_slots(), len(running),
-                              sum(n for _, n, _ in items), dt))
+                              out.tokens, dt))
         return done
-
-    def _release_padding(self) -> None:
-        for p in self.padding:
-            self.bm.free_seq(p.rid)
-        self.padding = []
 
     # -- disaggregation: requests whose prefill ran elsewhere ----------------------------------------------
     def admit_prefilled(self, r: Request, kv, first: int) -> bool:
@@ -323,12 +104,7 @@ class Engine:
             return False
         r.tokens = list(r.prompt)
         self.bm.allocate(r.rid, r.tokens)
-        slots = [self.bm.slot(r.rid, r.tokens) for _ in range(n)]
-        sb = torch.tensor([b for b, _ in slots], dtype=torch.long)
-        so = torch.tensor([o for _, o in slots], dtype=torch.long)
-        for layer in range(self.mcfg.layers):
-            self.model.k[layer][sb, so] = torch.as_tensor(kv[layer, 0])
-            self.model.v[layer][sb, so] = torch.as_tensor(kv[layer, 1])
+        self.runner.write_kv([self.bm.slot(r.rid, r.tokens) for _ in range(n)], kv)
         r.tokens.append(first)
         r.computed, r.status = n, "running"
         return True
@@ -367,7 +143,7 @@ class Engine:
         rejected = []
         for r in pending:
             r.tokens = list(r.prompt)
-            why = self._reject_reason(r)
+            why = self.scheduler.reject_reason(r, self.mcfg.vocab)
             if why:
                 r.status, r.reason = "rejected", why
                 rejected.append(r)
@@ -406,9 +182,9 @@ class Engine:
                 "throughput_tok_s": tokens_out / span if span > 0 else 0.0,
                 "throughput_req_s": len(finished) / span if span > 0 else 0.0,
                 "ttft_s": pct(ttft), "tpot_s": pct(tpot), "kv_utilization": util,
-                "preemptions": dict(self.preemptions), "swap_bytes": self.swap_bytes,
+                "preemptions": dict(self.scheduler.preemptions), "swap_bytes": self.scheduler.swap_bytes,
                 "cow_copies": self.bm.cow_copies, "iterations": self.iterations,
-                "prefix_cached_tokens": self.prefix_cached_tokens,
+                "prefix_cached_tokens": self.scheduler.prefix_cached_tokens,
                 "scheduler": self.cfg.scheduler + (f"+chunked({self.cfg.chunked_prefill})"
                                                    if self.cfg.chunked_prefill else ""),
                 "kv": self.cfg.kv, "free_blocks_at_end": self.bm.num_free(), "num_blocks": self.cfg.num_blocks,

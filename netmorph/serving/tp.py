@@ -31,16 +31,13 @@ def _rank(comm, model_cfg, serve_cfg, requests, tp: int, price):
         with comm.phase("tp." + kind[0]):
             comm.all_reduce(a, algo="ring")
         return torch.from_numpy(a)
-    engine = Engine(model_cfg, serve_cfg, price, shard=(tp, comm.rank, reduce))
-    forward = engine.model.forward
-
-    def tagged(items):                 # the ledger tells a prefill iteration's all-reduces from a decode one's
+    def tag(items):                    # the ledger tells a prefill iteration's all-reduces from a decode one's
         kind[0] = "prefill" if any(len(it[0]) > 1 for it in items) else "decode"
-        return forward(items)
-    engine.model.forward = tagged
+
+    engine = Engine(model_cfg, serve_cfg, price, shard=(tp, comm.rank, reduce), on_forward=tag)
     out = engine.run(requests)
     out["tokens_per_iteration"] = [int(x[4]) for x in engine.timeline]
-    out["kv_bytes_per_block_per_rank"] = engine.model.bytes_per_block()
+    out["kv_bytes_per_block_per_rank"] = engine.runner.bytes_per_block()
     return out
 
 
