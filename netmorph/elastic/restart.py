@@ -15,11 +15,12 @@ import time
 import numpy as np
 
 from netmorph.elastic.train import ElasticConfig, _grad_loss, global_batch, problem
+from netmorph.files import write_text
+from netmorph.runtime import LaunchError, launch
 
 
 def _restart_rank(comm, cfg: ElasticConfig, start: int, w0, ckpt_dir: str, attempt: int):
     """One attempt of the torchrun-style job: every worker from the last checkpoint on disk."""
-    from netmorph.files import write_text
     x, y = problem(cfg)
     w, step = w0.copy(), start
     p, me = comm.world, comm.rank
@@ -56,7 +57,6 @@ def restart_all(cfg: ElasticConfig) -> dict:
     import shutil
     import tempfile
 
-    from netmorph.runtime import LaunchError, launch
     ckpt = tempfile.mkdtemp(prefix="netmorph-ckpt-")
     t0 = time.monotonic()
     events, attempt = [], 0

@@ -35,8 +35,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from netmorph.elastic.detector import FixedTimeout, PhiAccrual
+from netmorph.elastic.heartbeat import Heartbeat, Monitor
 from netmorph.elastic.membership import Rendezvous
 from netmorph.errors import UsageError
+from netmorph.runtime import launch
+from netmorph.runtime.transport import PeerLost, PeerTimeout
 
 
 @dataclass(frozen=True)
@@ -127,8 +131,6 @@ def reference(cfg: ElasticConfig):
 
 
 def rank_fn(comm, cfg: ElasticConfig):
-    from netmorph.elastic.heartbeat import Heartbeat
-    from netmorph.runtime.transport import PeerLost, PeerTimeout
     me = comm.rank
     comm.store.set(f"netmorph/pid/{me}", str(os.getpid()))       # for fencing a hung rank
     heart = Heartbeat(comm.store, me, HEARTBEAT).start()
@@ -215,8 +217,6 @@ def _fence_hung(comm, view, cfg, among=None):
     detector (φ accrual, or a fixed timeout of four heartbeat intervals); those whose beats have
     stopped are hung -- SIGKILL them (fencing: a hung worker must not wake up inside the new view) and wait
     until the launcher has marked them dead. A member that is slow but still beating is left alone."""
-    from netmorph.elastic.detector import FixedTimeout, PhiAccrual
-    from netmorph.elastic.heartbeat import Monitor
     f = comm.transport.f
     peers = [m for m in (view.members if among is None else among) if m != comm.rank and not f.dead[m]]
     if cfg.detector == "phi":
@@ -309,7 +309,6 @@ def _agree(comm, rdzv, view, step, cfg):
 def train(cfg: ElasticConfig, check: bool = False) -> dict:
     """Launch the job with its kills; the recovery record (and, with ``check``, the failure-free run)."""
     importlib.import_module("torch.distributed")                # the store's module, before the clock starts
-    from netmorph.runtime import launch
     cfg.check()
     t0 = time.monotonic()
     world = cfg.workers + sum(n for n, _ in cfg.joins)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from netmorph.errors import UsageError
+from netmorph.runtime.base import Group
 
 DIMS = ("tp", "cp", "ep", "dp", "pp")
 PRINT_ORDER = ("tp", "cp", "ep", "pp", "dp")
@@ -111,7 +112,6 @@ class DeviceMesh:
     """
 
     def __init__(self, comm, order: str = "tp-cp-ep-dp-pp", **sizes):
-        from netmorph.runtime.base import Group
         self.mesh = Mesh(comm.world, order=order, **sizes)
         self.rank = comm.rank
         self._groups = {}

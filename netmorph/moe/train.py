@@ -21,6 +21,7 @@ from netmorph.mesh.shape import ModelShape
 from netmorph.models.capacity import capacity
 from netmorph.models.moe import Router
 from netmorph.parallel.hybrid import TrainConfig
+from netmorph.parallel.run import train as run
 
 PHASES = ("moe.dispatch", "moe.combine", "moe.dispatch.bwd", "moe.combine.bwd")
 
@@ -97,7 +98,6 @@ class MoEConfig:
 
 def train(cfg: MoEConfig, check: bool = False, on_progress=None) -> dict:
     """Run ``netmorph train``'s job for ``cfg``; the router's view of it, step by step."""
-    from netmorph.parallel.run import train as run
     out = run(cfg.train, backend=cfg.backend, timeout=cfg.timeout, check=check, on_progress=on_progress)
     return view(cfg, out)
 

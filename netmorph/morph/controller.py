@@ -45,6 +45,8 @@ from netmorph.mesh.layout import Layout
 from netmorph.morph.layouts import train_config
 from netmorph.morph.reshard import StateLost, execute, plan, restore
 from netmorph.morph.scenario import Scenario, cluster, parse_scenario
+from netmorph.parallel.hybrid import train_rank
+from netmorph.runtime.launch import launch
 
 __all__ = ["Calibration", "Decision", "Run", "Scenario", "Trainer", "calibrate", "candidates", "cluster",
            "parse_scenario", "regimes", "run_adaptive", "run_static", "shrunk"]
@@ -95,7 +97,6 @@ def _segment_rank(comm, cfg, inits, gpn: int) -> dict:
 
     import numpy as np
 
-    from netmorph.parallel.hybrid import train_rank
     out = train_rank(comm, cfg, None, inits)
     if comm.world <= gpn:
         return out
@@ -134,7 +135,6 @@ class Trainer:
 
         A segment starts fresh processes, whose first step also pays for their warm-up: that step is counted
         at the segment's median instead (for every run alike)."""
-        from netmorph.runtime.launch import launch
         model = model or self.model
         cfg = train_config(model, layout, steps, self.global_batch, start,
                            self.compute_ms * model.seq / self.model.seq / (layout.tp * layout.pp))

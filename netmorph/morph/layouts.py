@@ -31,6 +31,7 @@ from netmorph.mesh.layout import Layout
 from netmorph.mesh.placement import parameters, rank_parameters
 from netmorph.mesh.shape import ModelShape
 from netmorph.parallel.flat import flat_offsets, shard_range
+from netmorph.parallel.hybrid import TrainConfig
 
 
 def check(layout: Layout, cfg: ModelShape) -> None:
@@ -111,7 +112,6 @@ def train_config(model: ModelShape, layout: Layout, steps: int, global_batch: in
                  compute_ms: float = 0.0):
     """The trainer's :class:`~netmorph.parallel.hybrid.TrainConfig` for ``layout``: ``global_batch`` sequences a
     step as one-sequence microbatches over its dp ranks, from step ``start`` (a resumed or resharded run)."""
-    from netmorph.parallel.hybrid import TrainConfig
     if global_batch % layout.dp:
         raise UsageError(f"{{global_batch}} {global_batch} does not split over dp {layout.dp} ({layout.tag()})",
                          "global_batch")

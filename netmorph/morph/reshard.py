@@ -25,6 +25,7 @@ import numpy as np
 from netmorph.cost.topology import node_of
 from netmorph.mesh.layout import Layout
 from netmorph.morph.layouts import element_map, grow_sources
+from netmorph.runtime.launch import launch
 
 KINDS = ("params", "m", "v")
 
@@ -218,7 +219,6 @@ def run_rank(comm, p: Plan, state: dict) -> dict:
 def execute(p: Plan, states: list, backend: str = "local", timeout: float = 30.0, topology=None) -> tuple[list, object]:
     """Run ``p`` on ``p.world`` processes from every rank's ``states`` (rank order), on an emulated ``topology``
     if given; (new states, Ledger)."""
-    from netmorph.runtime.launch import launch
     return launch(_run, p.world, p, states, backend=backend, timeout=timeout, ledger=True, topology=topology)
 
 

@@ -21,19 +21,21 @@ from dataclasses import dataclass, field
 
 import torch
 
+from netmorph.collectives import build
 from netmorph.errors import UsageError
 from netmorph.mesh import DeviceMesh
 from netmorph.mesh.layout import Layout
 from netmorph.mesh.placement import rank_parameters
 from netmorph.mesh.shape import ModelShape, check_shape
-from netmorph.models.gpt import GPTStage, synthetic_batch
 from netmorph.models.capacity import POLICIES
+from netmorph.models.gpt import GPTStage, synthetic_batch
 from netmorph.models.moe import Router
 from netmorph.parallel.pipeline import Executor, check, schedule
 from netmorph.parallel.replica import Replica
 from netmorph.parallel.state import named_pieces
 from netmorph.parallel.tensor_parallel import TensorParallel
 from netmorph.parallel.traffic import expert_traffic, predicted
+from netmorph.schedule import count
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
@@ -301,8 +303,6 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None) -> dict:
 
 
 def _ring_sent(n: int, g: int, r: int, isz: int) -> int:
-    from netmorph.collectives import build
-    from netmorph.schedule import count
     return int(count(build("allreduce", "ring", g, n, isz)).bytes_sent[r])
 
 

@@ -12,6 +12,7 @@ import statistics
 from dataclasses import asdict
 
 from netmorph.models.gpt import GPTStage, synthetic_batch
+from netmorph.parallel.baseline import baseline_rank
 from netmorph.parallel.flat import Adam, FlatParams
 from netmorph.parallel.hybrid import DTYPES, TrainConfig, train_rank
 from netmorph.parallel.state import assemble, named_pieces
@@ -21,7 +22,6 @@ from netmorph.runtime.progress import ProgressCounter
 
 def baselines(cfg: TrainConfig, timeout: float = 60.0) -> dict:
     """Tokens/s of PyTorch DDP (gloo) and of the no-communication bound, same ranks, model and data."""
-    from netmorph.parallel.baseline import baseline_rank
     out = {}
     tokens = cfg.layout.global_batch * cfg.model.seq
     for mode, backend in (("ddp", "torch"), ("no_comm", "local")):

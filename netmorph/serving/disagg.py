@@ -19,15 +19,16 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from netmorph.runtime import launch
+from netmorph.serving.blocks import BlockManager
+from netmorph.serving.engine import Engine
+from netmorph.serving.model import sample
+from netmorph.serving.runner import Runner
 
 
 def _rank(comm, model_cfg, serve_cfg, requests, P: int, D: int, price, kv_seconds_per_token: float):
     import torch
 
-    from netmorph.serving.blocks import BlockManager
-    from netmorph.serving.engine import Engine
-    from netmorph.serving.model import sample
-    from netmorph.serving.runner import Runner
     torch.set_num_threads(1)
     me = comm.rank
     order = sorted(requests, key=lambda r: (r.arrival, r.rid))
@@ -78,7 +79,6 @@ def serve_disaggregated(model_cfg, serve_cfg, requests, P: int, D: int, timeout:
     latencies. ``price`` prices iterations (see :class:`~netmorph.serving.engine.Engine`);
     ``kv_seconds_per_token``: the priced transfer of one token's KV between the nodes (e.g. the real model's KV
     bytes per token over the NIC's bandwidth)."""
-    from netmorph.runtime import launch
     serve_cfg.check()
     results, ledger = launch(_rank, P + D, model_cfg, serve_cfg, requests, P, D, price, kv_seconds_per_token,
                              ledger=True, timeout=timeout)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from netmorph.mesh.placement import parameters
 from netmorph.mesh.shape import ModelShape
-from netmorph.models.gpt import full_weights
+from netmorph.models.gpt import GPTStage, full_weights
 
 
 def sample(logits: torch.Tensor, temperature: float, seed: int) -> int:
@@ -135,7 +135,6 @@ def _ends(items):
 @torch.no_grad()
 def generate_alone(cfg: ModelShape, prompt, n_out: int, temperature: float = 0.0, seed: int = 0) -> list:
     """The reference: the training model over the whole sequence at every step, no cache."""
-    from netmorph.models.gpt import GPTStage
     model = GPTStage(cfg)
     seq = list(prompt)
     for _ in range(n_out):

@@ -17,11 +17,13 @@ tokens.
 
 from __future__ import annotations
 
+from netmorph.runtime import launch
+from netmorph.serving.engine import Engine
+
 
 def _rank(comm, model_cfg, serve_cfg, requests, tp: int, price):
     import torch
 
-    from netmorph.serving.engine import Engine
     torch.set_num_threads(1)
 
     kind = ["decode"]
@@ -45,7 +47,6 @@ def serve_tensor_parallel(model_cfg, serve_cfg, requests, tp: int, price, timeou
                           keep_ledger: bool = False) -> dict:
     """Serve on ``tp`` ranks; rank 0's metrics, plus the all-reduce bytes measured and from the formula
     (ledger phases ``tp.prefill`` and ``tp.decode``; ``keep_ledger``: every message, as ``ledger``)."""
-    from netmorph.runtime import launch
     serve_cfg.check()
     results, ledger = launch(_rank, tp, model_cfg, serve_cfg, requests, tp, price, ledger=True, timeout=timeout)
     out = results[0]

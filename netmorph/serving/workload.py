@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 
+from netmorph.files import read_text_limited
 from netmorph.serving.engine import Request
 
 SHAREGPT_MEAN = (161.31, 337.99)      # prompt, output tokens (vLLM paper, ShareGPT)
@@ -49,7 +50,6 @@ def generate(n: int, rate: float, context: int, vocab: int, seed: int = 0, sigma
 
 def load(path: str, context: int, vocab: int, seed: int = 0) -> tuple[list, list]:
     """(requests, [(line number, reason)] for the lines that could not be read)."""
-    from netmorph.files import read_text_limited
     rng = np.random.default_rng(seed)
     reqs, bad = [], []
     for k, line in enumerate(read_text_limited(path, "workload", 64 << 20).splitlines(), 1):

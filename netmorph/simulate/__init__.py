@@ -6,6 +6,9 @@ from __future__ import annotations
 import time
 
 from netmorph.errors import UsageError
+from netmorph.planner.memory import params_on_device
+from netmorph.planner.search import check, estimate
+from netmorph.planner.timing import collective_time, layer_costs, optimizer_time
 from netmorph.simulate.step import Costs, StepResult, simulate_step
 
 __all__ = ["Costs", "StepResult", "costs_for", "simulate_config", "simulate_step"]
@@ -14,8 +17,6 @@ __all__ = ["Costs", "StepResult", "costs_for", "simulate_config", "simulate_step
 def costs_for(model, c, hw) -> Costs:
     """Per-microbatch costs of one rank for configuration ``c``, from the same FLOP, memory-traffic and
     collective models the planner sums analytically (:func:`netmorph.planner.timing.step_time`)."""
-    from netmorph.planner.memory import params_on_device
-    from netmorph.planner.timing import collective_time, layer_costs, optimizer_time
     t, d = c.tp, c.dp
     lc = layer_costs(model, c, hw)
     act = lc["activation_bytes"]
@@ -44,7 +45,6 @@ def costs_for(model, c, hw) -> Costs:
 
 def simulate_config(model, c, hw, schedule_name: str | None = None, trace_ranks=()) -> dict:
     """Simulate one step of ``c`` on every rank; the figures ``netmorph simulate step --json`` prints."""
-    from netmorph.planner.search import check, estimate
     if c.zero >= 3:
         raise UsageError("{zero} 3 is not simulated yet (its per-layer weight all-gathers); use 0, 1 or 2", "zero")
     why = check(model, c, hw)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from netmorph.errors import UsageError
 from netmorph.files import printable, read_json_object
+from netmorph.mesh.shape import ModelShape, check_shape
 
 GATED = ("silu", "swish", "swiglu", "silu_and_mul")
 DROPOUTS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "emb_pdrop", "attn_pdrop",
@@ -142,7 +143,6 @@ def _unmodelled_params(cfg: dict, hidden: int, heads: int, ffn, experts: int) ->
 
 def from_hf_config(path) -> tuple[dict, list]:
     """(ModelShape fields, keys not used) from a Hugging Face ``config.json``."""
-    from netmorph.mesh.shape import ModelShape, check_shape
     path = Path(path)
     cfg = read_json_object(path, "model_config")
     if isinstance(cfg.get("text_config"), dict):           # multimodal wrappers keep the LM in text_config

@@ -11,6 +11,7 @@ import shlex
 
 from netmorph.errors import UsageError
 from netmorph.files import printable
+from netmorph.mesh.shape import MEGATRON_DEFAULTS, ModelShape, check_shape
 
 # --- Megatron-LM ------------------------------------------------------------------------------------------
 # flag -> (target, field, type): model fields go to the ModelShape, config fields to the split
@@ -137,7 +138,6 @@ def from_megatron_args(text: str) -> tuple[dict, dict, list]:
     if model.get("ffn_type") == "swiglu" and "ffn" not in model and model.get("hidden"):
         model["ffn"] = int(4 * model["hidden"] * 2 / 3 / 64) * 64          # Megatron's SwiGLU default width
     if all(k in model for k in ("layers", "hidden", "heads")):
-        from netmorph.mesh.shape import MEGATRON_DEFAULTS, ModelShape, check_shape
         try:
             check_shape(ModelShape("megatron-args", **{**MEGATRON_DEFAULTS, **model}))
         except UsageError as e:                # the command line's own numbers disagree: name its flags
