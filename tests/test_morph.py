@@ -23,7 +23,7 @@ def test_element_maps_are_the_trainers_layout():
     """The map of global ids equals what the trainer's own chunks hold: every rank's named pieces (its real
     weights after 1 step) are the 1-rank model's weights at the map's ids, and the buffer's real index (each
     parameter's offset and length, the padding, the optimizer's range) is the map's."""
-    full = run(Layout(), 1)[0]["state"]
+    full = run(Layout(), 1)[0].state.pieces
     gids = global_ids(MODEL)
     values = np.zeros(sum(g.size for g in gids.values()))
     for name, (t, _) in full.items():
@@ -32,13 +32,13 @@ def test_element_maps_are_the_trainers_layout():
         maps = element_map(MODEL, layout)
         res = run(layout, 1)
         for r, (m, out) in enumerate(zip(maps, res)):
-            assert (out["tp"], out["pp"], out["dp"]) == tuple(layout.coords(r)[k] for k in ("tp", "pp", "dp"))
-            index = out["flat_index"]
+            assert (out.tp, out.pp, out.dp) == tuple(layout.coords(r)[k] for k in ("tp", "pp", "dp"))
+            index = out.state.index
             for name, (off, n) in index["params"].items():
                 piece = m.flat[off:off + n]
                 assert np.isin(piece, gids[name]).all() and len(np.unique(piece)) == n, name
             assert index["padding"] == (m.flat < 0).sum() and index["optimizer_range"] == m.optimizer
-            flat = out["flat_state"]["params"]
+            flat = out.state.flat["params"]
             real = m.flat >= 0
             # one step from the same start on every layout: equal to the 1-rank model to float64 rounding
             np.testing.assert_allclose(flat[real], values[m.flat[real]], rtol=0, atol=1e-12)
@@ -57,8 +57,8 @@ def test_reshard_equals_an_unmorphed_run(before, after):
     the final model equal 4 steps on ``before`` (float64, 1e-9)."""
     a = run(before, 2)
     p = plan(MODEL, before, after)
-    states, ledger = execute(p, [r["flat_state"] for r in a])
-    ref = gather_reference(p, [r["flat_state"] for r in a])
+    states, ledger = execute(p, [r.state.flat for r in a])
+    ref = gather_reference(p, [r.state.flat for r in a])
     for m, st in zip(p.maps_after, states):
         for kind in KINDS:
             lo, hi = m.params if kind == "params" else m.optimizer
@@ -69,8 +69,8 @@ def test_reshard_equals_an_unmorphed_run(before, after):
     assert ledger.by_phase()["morph"] == {"messages": p.messages, "bytes": p.bytes} and p.bytes > 0
     b = run(after, 2, start=2, inits=states)
     whole = run(before, 4)
-    losses = next(r["losses"] for r in whole if r["losses"])
-    morphed = next(r["losses"] for r in a if r["losses"]) + next(r["losses"] for r in b if r["losses"])
+    losses = next(r.losses for r in whole if r.losses)
+    morphed = next(r.losses for r in a if r.losses) + next(r.losses for r in b if r.losses)
     np.testing.assert_allclose(morphed, losses, rtol=1e-9, atol=0)
     from netmorph.parallel.state import assemble
     final_b, final_whole = assemble(b), assemble(whole)
@@ -113,22 +113,22 @@ def test_survivors_and_checkpoints_continue_the_unmorphed_run():
     from netmorph.morph.reshard import restore
     from netmorph.parallel.state import assemble
     whole = run(Layout(dp=4), 4)
-    losses = next(r["losses"] for r in whole if r["losses"])
+    losses = next(r.losses for r in whole if r.losses)
     final = assemble(whole)
     before, after = Layout(tp=2, dp=2), Layout(pp=2)
     a = run(before, 2)
     p = plan(MODEL, before, after, alive=[0, 1])
-    states, ledger = execute(p, [r["flat_state"] for r in a[:2]])
+    states, ledger = execute(p, [r.state.flat for r in a[:2]])
     assert ledger.by_phase()["morph"]["bytes"] == p.bytes > 0
     b = run(after, 2, start=2, inits=states)
-    got = next(r["losses"] for r in a if r["losses"]) + next(r["losses"] for r in b if r["losses"])
+    got = next(r.losses for r in a if r.losses) + next(r.losses for r in b if r.losses)
     np.testing.assert_allclose(got, losses, rtol=1e-9, atol=0)
     for name, t in assemble(b).items():
         np.testing.assert_allclose(t.numpy(), final[name].numpy(), rtol=0, atol=1e-9)
     checkpoint = run(Layout(pp=2, dp=2), 1)
-    c = run(Layout(dp=2), 3, start=1, inits=restore(MODEL, Layout(pp=2, dp=2), [r["flat_state"] for r in checkpoint],
+    c = run(Layout(dp=2), 3, start=1, inits=restore(MODEL, Layout(pp=2, dp=2), [r.state.flat for r in checkpoint],
                                                    Layout(dp=2)))
-    got = next(r["losses"] for r in checkpoint if r["losses"]) + next(r["losses"] for r in c if r["losses"])
+    got = next(r.losses for r in checkpoint if r.losses) + next(r.losses for r in c if r.losses)
     np.testing.assert_allclose(got, losses, rtol=1e-9, atol=0)
     for name, t in assemble(c).items():
         np.testing.assert_allclose(t.numpy(), final[name].numpy(), rtol=0, atol=1e-9)
@@ -158,15 +158,15 @@ def test_reshard_into_a_longer_context_equals_the_one_rank_run():
     long = replace(MODEL, seq=2 * MODEL.seq)
     a = run(Layout(tp=2, pp=2), 2)
     p = plan(MODEL, Layout(tp=2, pp=2), Layout(dp=4), grown=long)
-    states, ledger = execute(p, [r["flat_state"] for r in a])
-    assert matches(p, states, gather_reference(p, [r["flat_state"] for r in a]))
+    states, ledger = execute(p, [r.state.flat for r in a])
+    assert matches(p, states, gather_reference(p, [r.state.flat for r in a]))
     assert ledger.by_phase()["morph"] == {"messages": p.messages, "bytes": p.bytes} and p.bytes > 0
     b = run(Layout(dp=4), 2, start=2, inits=states, model=long)
     one = run(Layout(), 2)
-    one_b = run(Layout(), 2, start=2, inits=restore(MODEL, Layout(), [one[0]["flat_state"]], Layout(), long),
+    one_b = run(Layout(), 2, start=2, inits=restore(MODEL, Layout(), [one[0].state.flat], Layout(), long),
                 model=long)
-    got = next(r["losses"] for r in a if r["losses"]) + next(r["losses"] for r in b if r["losses"])
-    np.testing.assert_allclose(got, one[0]["losses"] + one_b[0]["losses"], rtol=1e-9, atol=0)
+    got = next(r.losses for r in a if r.losses) + next(r.losses for r in b if r.losses)
+    np.testing.assert_allclose(got, one[0].losses + one_b[0].losses, rtol=1e-9, atol=0)
     final = assemble(one_b)
     assert final["wpe"].shape == (long.seq, MODEL.hidden)
     for name, t in assemble(b).items():

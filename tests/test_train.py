@@ -252,5 +252,5 @@ def test_emulated_compute_is_per_stage_whatever_the_interleaving(v):
     cfg.check()
     res = launch(train_rank, cfg.world, cfg, timeout=60)
     for r in res:
-        forward = sum(t1 - t0 for kind, _, _, t0, t1 in r["timeline"] if kind == "F")
+        forward = sum(t1 - t0 for kind, _, _, t0, t1 in r.timeline if kind == "F")
         assert m * ms / 1e3 <= forward < 1.5 * m * ms / 1e3, (v, forward)

@@ -207,13 +207,13 @@ def _reshard(args) -> int:
     with Bar("morph") as bar, bar.task(f"training on {before.tag()}, moving to {after.tag()}, and the "
                                       f"unmorphed run"):
         a = launch(train_rank, ca.world, ca, None, None, timeout=args.timeout)
-        states = [r["flat_state"] for r in a]
+        states = [r.state.flat for r in a]
         new, ledger = execute(p, states, timeout=args.timeout)
         exact = matches(p, new, gather_reference(p, states))
         b = launch(train_rank, cb.world, cb, None, new, timeout=args.timeout)
         whole = launch(train_rank, cw.world, cw, None, None, timeout=args.timeout)
-    losses = next(r["losses"] for r in a if r["losses"]) + next(r["losses"] for r in b if r["losses"])
-    unmorphed = next(r["losses"] for r in whole if r["losses"])
+    losses = next(r.losses for r in a if r.losses) + next(r.losses for r in b if r.losses)
+    unmorphed = next(r.losses for r in whole if r.losses)
     dloss = max(abs(x - y) for x, y in zip(losses, unmorphed))
     fb, fw = assemble(b), assemble(whole)
     dparam = max(float((fb[k] - fw[k]).abs().max()) for k in fw)

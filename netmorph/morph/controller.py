@@ -90,27 +90,27 @@ class Run:
 PROBE_BYTES = 1 << 18
 
 
-def _segment_rank(comm, cfg, inits, gpn: int) -> dict:
-    """Train, then (on two nodes) time one message across the node boundary (rank 0 to rank ``gpn`` and back):
-    the link's price as the traffic sees it."""
+def _segment_rank(comm, cfg, inits, gpn: int) -> tuple:
+    """(the rank's report, seconds one way across the nodes or None): train, then (on two nodes) time one message
+    across the node boundary (rank 0 to rank ``gpn`` and back): the link's price as the traffic sees it."""
     import time
 
     import numpy as np
 
-    out = train_rank(comm, cfg, None, inits)
+    out, probe = train_rank(comm, cfg, None, inits), None
     if comm.world <= gpn:
-        return out
+        return out, probe
     buf = np.zeros(PROBE_BYTES // 8)
     with comm.phase("morph.probe"):
         if comm.rank == 0:
             t0 = time.perf_counter()
             comm.send(buf, gpn)
             comm.recv(buf, gpn)
-            out["probe_s"] = (time.perf_counter() - t0) / 2
+            probe = (time.perf_counter() - t0) / 2
         elif comm.rank == gpn:
             comm.recv(buf, 0)
             comm.send(buf, 0)
-    return out
+    return out, probe
 
 
 class Trainer:
@@ -139,18 +139,19 @@ class Trainer:
         cfg = train_config(model, layout, steps, self.global_batch, start,
                            self.compute_ms * model.seq / self.model.seq / (layout.tp * layout.pp))
         gpn = topo.gpus_per_node
-        res, ledger = launch(_segment_rank, layout.world, cfg, inits, gpn, topology=topo, ledger=True,
-                             timeout=self.timeout)
-        times = [max(r["step_times"][k] for r in res) for k in range(steps)]
+        pairs, ledger = launch(_segment_rank, layout.world, cfg, inits, gpn, topology=topo, ledger=True,
+                               timeout=self.timeout)
+        res = [r for r, _ in pairs]
+        times = [max(r.step_times[k] for r in res) for k in range(steps)]
         if steps > 1:
             times[0] = statistics.median(times[1:])
         sent = [0] * layout.world
         for rec in ledger.records:
             if node_of(rec.src, gpn) != node_of(rec.dst, gpn) and rec.phase != "morph.probe":
                 sent[rec.src] += rec.bytes
-        losses = next(r["losses"] for r in res if r["losses"])
-        probe = res[0].get("probe_s")
-        return ([r["flat_state"] for r in res], times, losses, max(sent) / steps,
+        losses = next(r.losses for r in res if r.losses)
+        probe = pairs[0][1]
+        return ([r.state.flat for r in res], times, losses, max(sent) / steps,
                 None if probe is None else probe / PROBE_BYTES)
 
 

@@ -32,6 +32,7 @@ from netmorph.models.gpt import GPTStage, synthetic_batch
 from netmorph.models.moe import Router
 from netmorph.parallel.pipeline import Executor, check, schedule
 from netmorph.parallel.replica import Replica
+from netmorph.parallel.results import RankReport, RankState
 from netmorph.parallel.state import named_pieces
 from netmorph.parallel.tensor_parallel import TensorParallel
 from netmorph.parallel.traffic import expert_traffic, predicted
@@ -197,7 +198,7 @@ def _sleep_ms(ms: float) -> None:
         time.sleep(ms / 1000)
 
 
-def train_rank(comm, cfg: TrainConfig, progress=None, inits=None) -> dict:
+def train_rank(comm, cfg: TrainConfig, progress=None, inits=None) -> RankReport:
     """One rank's part of ``cfg.steps`` training steps; what it measured (``progress``: a
     :class:`~netmorph.runtime.progress.ProgressCounter` bumped once per step). ``inits[rank]``, when given,
     is the rank's state to start from -- {"params": its flat buffer, "m", "v": Adam's moments over its
@@ -291,15 +292,13 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None) -> dict:
     if not split.zero and split.dp > 1 and cfg.dp_mode == "naive":
         pred["dp"] = (sum(_ring_sent(p.numel(), lay.dp_group.size(), lay.dp_rank, isz) for p in flat.params),
                       "Σ over parameters of one ring all-reduce each")
-    return {"rank": comm.rank, "tp": lay.tp_rank, "pp": lay.pp_rank, "dp": lay.dp_rank, "ep": lay.ep_rank,
-            "edp": lay.dp_rank // split.ep,
-            "losses": losses if is_last_stage and lay.tp_rank == 0 else None, "step_times": times,
-            "flat_state": flat_state,
-            "in_flight_peak": max(peaks), "memory_bytes": mem, "state": state, "idle_fraction": idle,
-            "timeline": ex.spans, "step_bounds": bounds, "ledger": comm.ledger.records if cfg.trace else None,
-            "bytes_by_step": _bytes_by_step(comm.ledger, bounds), "predicted": pred, "params": flat.numel,
-            "predicted_by_step": routed or None, "experts": experts_log or None,
-            "flat_index": dense.index()}
+    return RankReport(comm.rank, split.coords(comm.rank),
+                      losses=losses if is_last_stage and lay.tp_rank == 0 else None, step_times=times,
+                      step_bounds=bounds, idle_fraction=idle, in_flight_peak=max(peaks), memory_bytes=mem,
+                      timeline=ex.spans, bytes_by_step=_bytes_by_step(comm.ledger, bounds), predicted=pred,
+                      params=flat.numel, state=RankState(state, flat_state, dense.index()),
+                      ledger=comm.ledger.records if cfg.trace else None, predicted_by_step=routed or None,
+                      experts=experts_log or None)
 
 
 def _ring_sent(n: int, g: int, r: int, isz: int) -> int:

@@ -66,25 +66,25 @@ def train_torchrun(cfg: TrainConfig, backend: str = "torch", timeout: float = 60
 
 
 def summarise(cfg: TrainConfig, results: list, backend: str, ref=None) -> dict:
-    losses = next(r["losses"] for r in results if r["losses"] is not None)
-    times = [max(r["step_times"][k] for r in results) for k in range(cfg.steps)]
+    losses = next(r.losses for r in results if r.losses is not None)
+    times = [max(r.step_times[k] for r in results) for k in range(cfg.steps)]
     tokens = cfg.layout.global_batch * cfg.model.seq
-    phases = sorted({ph for r in results for s in r["bytes_by_step"] for ph in s} |
-                    {ph for r in results for ph in r["predicted"]})
+    phases = sorted({ph for r in results for s in r.bytes_by_step for ph in s} |
+                    {ph for r in results for ph in r.predicted})
     # a phase whose closed form changes step by step (the routing's all-to-alls) is shown for the last step
-    routed = {ph for r in results for ph in (r.get("predicted_by_step") or [{}])[-1]}
-    measured = {ph: max((r["bytes_by_step"][-1].get(ph, 0) if ph in routed else
-                         max(s.get(ph, 0) for s in r["bytes_by_step"])) for r in results) for ph in phases}
-    predicted = {ph: max((r["predicted"].get(ph, (0, ""))[0] for r in results), default=0) for ph in phases}
+    routed = {ph for r in results for ph in (r.predicted_by_step or [{}])[-1]}
+    measured = {ph: max((r.bytes_by_step[-1].get(ph, 0) if ph in routed else
+                         max(s.get(ph, 0) for s in r.bytes_by_step)) for r in results) for ph in phases}
+    predicted = {ph: max((r.predicted.get(ph, (0, ""))[0] for r in results), default=0) for ph in phases}
     # torch-native: torch does not say what each rank sent; the ledger holds one buffer size per call
     exact = {} if backend == "torch-native" else {
-        ph: all(all(s.get(ph, 0) == _expected(r, ph, k) for k, s in enumerate(r["bytes_by_step"]))
-                for r in results if ph in r["predicted"]) for ph in phases if predicted[ph]}
+        ph: all(all(s.get(ph, 0) == _expected(r, ph, k) for k, s in enumerate(r.bytes_by_step))
+                for r in results if ph in r.predicted) for ph in phases if predicted[ph]}
     formulas = {}                         # the closed form of the rank that sends the most
     for ph in phases:
-        ranks = [r for r in results if ph in r["predicted"]]
+        ranks = [r for r in results if ph in r.predicted]
         if ranks:
-            formulas[ph] = max(ranks, key=lambda r: r["predicted"][ph][0])["predicted"][ph][1]
+            formulas[ph] = max(ranks, key=lambda r: r.predicted[ph][0]).predicted[ph][1]
     med = statistics.median(times[1:] if len(times) > 1 else times)
     p, m, v = cfg.layout.pp, cfg.layout.microbatches, cfg.layout.interleave
     out = {
@@ -97,24 +97,24 @@ def summarise(cfg: TrainConfig, results: list, backend: str, ref=None) -> dict:
         "losses": losses, "step_times_s": times, "step_time_s": med, "tokens_per_s": tokens / med if med else 0.0,
         "bytes_per_rank_by_phase": measured, "predicted_bytes_per_rank_by_phase": predicted,
         "traffic_exact": exact, "formulas": formulas,
-        "in_flight_peak": {r["pp"]: r["in_flight_peak"] for r in results},
+        "in_flight_peak": {r.pp: r.in_flight_peak for r in results},
         # measured: the share of the pipeline's time a rank waited, averaged over ranks and the steps after
         # the first (the first pays for warming up)
         "bubble_fraction": {"theory": (p - 1) / (v * m + p - 1),
-                            "measured": statistics.mean(statistics.mean(r["idle_fraction"][1:] or r["idle_fraction"])
+                            "measured": statistics.mean(statistics.mean(r.idle_fraction[1:] or r.idle_fraction)
                                                         for r in results)},
-        "memory_bytes": {**{k: max(r["memory_bytes"][k] for r in results) for k in ("params", "grads", "optimizer")},
-                         "activations_peak": None if any(r["memory_bytes"]["activations_peak"] is None
+        "memory_bytes": {**{k: max(r.memory_bytes[k] for r in results) for k in ("params", "grads", "optimizer")},
+                         "activations_peak": None if any(r.memory_bytes["activations_peak"] is None
                                                          for r in results)
-                         else max(r["memory_bytes"]["activations_peak"] for r in results)},
-        "timeline": {r["rank"]: r["timeline"] for r in results if r["tp"] == 0 and r["dp"] == 0},
-        "pp_rank": {r["rank"]: r["pp"] for r in results},
-        "step_bytes_by_phase": [{ph: max(r["bytes_by_step"][k].get(ph, 0) for r in results) for ph in phases}
+                         else max(r.memory_bytes["activations_peak"] for r in results)},
+        "timeline": {r.rank: r.timeline for r in results if r.tp == 0 and r.dp == 0},
+        "pp_rank": {r.rank: r.pp for r in results},
+        "step_bytes_by_phase": [{ph: max(r.bytes_by_step[k].get(ph, 0) for r in results) for ph in phases}
                                 for k in range(cfg.steps)],
     }
-    if any(r.get("experts") for r in results):          # the router's own log, for netmorph moe's view
-        out["experts_by_rank"] = {r["rank"]: (r["tp"], r["pp"], r["dp"], r["experts"]) for r in results}
-        out["bytes_by_rank"] = [r["bytes_by_step"] for r in sorted(results, key=lambda r: r["rank"])]
+    if any(r.experts for r in results):          # the router's own log, for netmorph moe's view
+        out["experts_by_rank"] = {r.rank: (r.tp, r.pp, r.dp, r.experts) for r in results}
+        out["bytes_by_rank"] = [r.bytes_by_step for r in sorted(results, key=lambda r: r.rank)]
     if ref is not None:
         ref_losses, ref_w, ref_kept = ref
         if ref_kept is not None:
@@ -130,10 +130,10 @@ def summarise(cfg: TrainConfig, results: list, backend: str, ref=None) -> dict:
 def _expected(r: dict, ph: str, step: int) -> int:
     """The closed form of phase ``ph`` in step ``step`` of rank report ``r``: the routing's own for the
     all-to-alls of a mixture of experts (it changes step by step), else the layout's."""
-    by_step = r.get("predicted_by_step")
+    by_step = r.predicted_by_step
     if by_step and ph in by_step[step]:
         return by_step[step][ph]
-    return r["predicted"][ph][0]
+    return r.predicted[ph][0]
 
 
 def reference(cfg: TrainConfig) -> tuple[list, dict, list | None]:
@@ -177,18 +177,18 @@ def chrome_trace(results: list) -> dict:
     """The last step on every rank as a Trace Event Format object (Perfetto, chrome://tracing): one
     track per rank, its forward and backward slots as compute spans and every message it sent."""
     events = []
-    t_min = min(r["step_bounds"][-1][0] for r in results)
+    t_min = min(r.step_bounds[-1][0] for r in results)
     for r in results:
-        lo, hi = r["step_bounds"][-1]
-        for kind, mb, chunk, t0, t1 in r["timeline"]:
+        lo, hi = r.step_bounds[-1]
+        for kind, mb, chunk, t0, t1 in r.timeline:
             events.append({"name": f"{kind}{mb}" + (f".{chunk}" if chunk else ""), "cat": "compute", "ph": "X",
-                           "pid": 0, "tid": r["rank"], "ts": (t0 - t_min) * 1e6, "dur": (t1 - t0) * 1e6,
+                           "pid": 0, "tid": r.rank, "ts": (t0 - t_min) * 1e6, "dur": (t1 - t0) * 1e6,
                            "args": {"microbatch": mb, "chunk": chunk}})
-        for src, dst, nb, seq, rnd, phase, op, algo, t0, t1 in r["ledger"] or ():
+        for src, dst, nb, seq, rnd, phase, op, algo, t0, t1 in r.ledger or ():
             if lo <= t0 <= hi:
                 events.append({"name": f"{phase or op} -> {dst}", "cat": phase or op, "ph": "X", "pid": 0,
                                "tid": src, "ts": (t0 - t_min) * 1e6, "dur": max((t1 - t0) * 1e6, 0.01),
                                "args": {"bytes": nb, "op": op, "algo": algo, "round": rnd}})
-        events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": r["rank"],
+        events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": r.rank,
                        "args": {"name": f"rank {r['rank']} (tp{r['tp']} pp{r['pp']} dp{r['dp']})"}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}

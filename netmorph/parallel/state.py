@@ -37,13 +37,13 @@ def assemble(results: list) -> dict:
     """The full model's weights from every rank's pieces: TP shards concatenated in TP order (from the first
     data-parallel replica), experts in EP order (from the first expert data-parallel replica)."""
     pieces = {}
-    for r in sorted(results, key=lambda r: (r["pp"], r["tp"], r.get("ep", 0))):
-        for name, (t, dim) in r["state"].items():
+    for r in sorted(results, key=lambda r: (r.pp, r.tp, r.ep)):
+        for name, (t, dim) in r.state.pieces.items():
             if dim == "ep":
-                if r.get("edp", 0) == 0 and r["tp"] == 0:
-                    pieces.setdefault(name, {})[r["ep"]] = (t, 0)
-            elif r["dp"] == 0:
-                pieces.setdefault(name, {})[r["tp"]] = (t, dim)
+                if r.edp == 0 and r.tp == 0:
+                    pieces.setdefault(name, {})[r.ep] = (t, 0)
+            elif r.dp == 0:
+                pieces.setdefault(name, {})[r.tp] = (t, dim)
     full = {}
     for name, by_tp in pieces.items():
         dim = by_tp[0][1]

@@ -1,0 +1,69 @@
+"""What one training rank hands back: what it holds, kept apart from what it measured.
+
+torchrun collects nothing of the kind; Megatron's ranks write checkpoints (one file per (tp, pp) rank, tensors
+under the full model's names) and log timers. Here a rank returns a :class:`RankReport` -- its coordinates,
+losses, step times, bytes by phase and their closed forms, memory, its pipeline timeline -- holding a
+:class:`RankState`: its pieces of the 1-rank model by name (what ``--check`` assembles) and its flat buffer
+with Adam's moments and their real index (what morph reshards).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass
+class RankState:
+    """A rank's training state when its steps end."""
+
+    pieces: dict          # {full weight name: (this rank's piece, dim split over tp, "ep", or None)}
+    flat: dict            # {"params": the flat buffer, "m", "v": Adam's moments over its range, "t": its step}
+    index: dict           # the buffer's real layout: {"params": {name: (offset, length)}, "padding",
+                          # "optimizer_range": (lo, hi)}
+
+
+@dataclass
+class RankReport:
+    """One rank's run (:func:`netmorph.parallel.hybrid.train_rank`)."""
+
+    rank: int
+    coords: dict                           # its place on the mesh, Layout.coords(rank): tp, cp, ep, dp (the whole
+                                           # data-parallel index), pp, and edp (its expert data-parallel index)
+    losses: list | None                    # the step losses, on the rank that computes them (else None)
+    step_times: list                       # seconds per step
+    step_bounds: list                      # (t0, t1) of each step, perf_counter
+    idle_fraction: list                    # per step: the share of the pipeline's time it waited
+    in_flight_peak: int                    # the most microbatches it held at once
+    memory_bytes: dict                     # model states and activations at the peak
+    timeline: list                         # (kind, microbatch, chunk, t0, t1) of the last step's slots
+    bytes_by_step: list                    # {phase: bytes it sent} per step, from the ledger
+    predicted: dict                        # {phase: (bytes per step, the closed form)}
+    params: int                            # elements of its flat buffer
+    state: RankState
+    ledger: list | None = None             # every message it sent (with trace)
+    predicted_by_step: list | None = None  # the routing's closed forms, step by step (a mixture of experts)
+    experts: list | None = None            # the router's log, step by step
+
+    @property
+    def tp(self) -> int:
+        return self.coords["tp"]
+
+    @property
+    def pp(self) -> int:
+        return self.coords["pp"]
+
+    @property
+    def dp(self) -> int:
+        return self.coords["dp"]
+
+    @property
+    def ep(self) -> int:
+        return self.coords["ep"]
+
+    @property
+    def edp(self) -> int:
+        return self.coords["edp"]
+
+    def to_json(self) -> dict:
+        """Everything but the tensors, as JSON types."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("state", "ledger")}
