@@ -254,3 +254,12 @@ def test_emulated_compute_is_per_stage_whatever_the_interleaving(v):
     for r in res:
         forward = sum(t1 - t0 for kind, _, _, t0, t1 in r.timeline if kind == "F")
         assert m * ms / 1e3 <= forward < 1.5 * m * ms / 1e3, (v, forward)
+
+
+def test_trace_has_a_track_per_rank_with_its_slots_and_messages():
+    from netmorph.parallel.run import train
+    out = train(TrainConfig.make(model=TINY, dp=2, steps=1, trace=True))
+    events = out["trace"]["traceEvents"]
+    names = {e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert names == {"rank 0 (tp0 pp0 dp0)", "rank 1 (tp0 pp0 dp1)"}
+    assert any(e.get("cat") == "compute" for e in events) and any(e.get("cat") == "dp" for e in events)

@@ -190,5 +190,5 @@ def chrome_trace(results: list) -> dict:
                                "tid": src, "ts": (t0 - t_min) * 1e6, "dur": max((t1 - t0) * 1e6, 0.01),
                                "args": {"bytes": nb, "op": op, "algo": algo, "round": rnd}})
         events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": r.rank,
-                       "args": {"name": f"rank {r['rank']} (tp{r['tp']} pp{r['pp']} dp{r['dp']})"}})
+                       "args": {"name": f"rank {r.rank} (tp{r.tp} pp{r.pp} dp{r.dp})"}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}
