@@ -66,6 +66,13 @@ REPLICATE = Replicate()
 EXPERTS = ExpertShard()
 
 
+def shard(tensor, dim: int, ways: int, rank: int):
+    """Piece ``rank`` of ``ways`` contiguous equal pieces of ``tensor`` along ``dim`` (a view; numpy or torch):
+    ``Shard(dim)``'s local tensor, as ``DTensor.from_local`` would take it back."""
+    n = tensor.shape[dim] // ways
+    return tensor[(slice(None),) * dim + (slice(rank * n, (rank + 1) * n),)]
+
+
 @dataclass(frozen=True)
 class Param:
     name: str                      # the 1-rank model's name: "wte", "wpe", "ln_f.w", "3.qkv.w"
@@ -98,11 +105,7 @@ class Param:
         ways = self._ways(tp, ep)
         if ways == 1:
             return tensor
-        r = ep_rank if self.is_expert else rank
-        d = self.placement.dim
-        n = self.shape[d] // ways
-        index = (slice(None),) * d + (slice(r * n, (r + 1) * n),)
-        return tensor[index]
+        return shard(tensor, self.placement.dim, ways, ep_rank if self.is_expert else rank)
 
 
 # a block's parameters in registration order: (module, parameter, full-name suffix, placement, shape, init)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 
 from netmorph.errors import UsageError
+from netmorph.mesh.placement import shard
 from netmorph.models.gpt import LayerNorm, Linear, expert_layer
 from netmorph.runtime.base import Group
 
@@ -128,9 +129,8 @@ class ColumnParallelLinear(Linear):
     """``Y = X Aᵀ`` with A's output rows split over the TP ranks (``gather_output=False``)."""
 
     def __init__(self, weight, bias, tp):
-        r, t = tp.rank, tp.tp
-        n = weight.shape[0] // t
-        super().__init__(weight[r * n:(r + 1) * n], None if bias is None else bias[r * n:(r + 1) * n])
+        r, t = tp.rank, tp.tp                                 # Shard(0): the placement table's split
+        super().__init__(shard(weight, 0, t, r), None if bias is None else shard(bias, 0, t, r))
         self.tp = tp
 
     def forward(self, x):                                     # x (T', B, h_in)
@@ -142,9 +142,8 @@ class RowParallelLinear(Linear):
     """``Y = X Aᵀ`` with A's input columns split; partial products summed by ``g`` (or reduce-scattered)."""
 
     def __init__(self, weight, bias, tp):
-        r, t = tp.rank, tp.tp
-        n = weight.shape[1] // t
-        super().__init__(weight[:, r * n:(r + 1) * n], None)
+        r, t = tp.rank, tp.tp                                 # Shard(1); the bias Replicate()
+        super().__init__(shard(weight, 1, t, r), None)
         self.bias = torch.nn.Parameter(bias.clone())           # whole on every rank, added after the sum
         self.tp = tp
 
@@ -233,8 +232,7 @@ class TensorParallel:
     def embedding(self, weight):
         if weight.shape[0] % self.tp:
             raise UsageError(f"{{vocab}} {weight.shape[0]} is not divisible by tp {self.tp}", "vocab")
-        n = weight.shape[0] // self.tp
-        return torch.nn.Parameter(weight[self.rank * n:(self.rank + 1) * n].clone())
+        return torch.nn.Parameter(shard(weight, 0, self.tp, self.rank).clone())      # Shard(0) over the vocabulary
 
     def embed(self, table, tokens, wpe):                      # tokens (T, B) -> (T', B, h)
         """``VocabParallelEmbedding``: look up the tokens this rank owns, sum over ranks (g, or
