@@ -110,7 +110,10 @@ def test_ctrl_c_releases_every_rank(tmp_path):
                 time.sleep(0.01)
         launch(fn, 3, timeout=60)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    # a shell that starts a job in the background (``make test &``) hands it SIGINT ignored, and an ignored
+    # signal survives exec: give the launcher Ctrl-C as a terminal would
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 30
     while time.time() < deadline and (not pids.exists() or len(pids.read_text().split()) < 3):
         time.sleep(0.05)
