@@ -25,7 +25,7 @@ tensor cores; and the most loaded device must fit in memory.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from netmorph.errors import UsageError
@@ -161,10 +161,12 @@ def search(model: ModelShape, gpus: int, hw: Hardware, global_batch: int, base: 
             r = rejected[why.key] = Rejected(why.key, why.flag, 0, f"{c.label()}: {why.text}")
         r.count += n
 
+    fixed_fields = {f.name: getattr(base, f.name) for f in fields(base)}       # (faster than replace() per layout)
+
     def make(tp, cp, pp, dp, ep=1, mb=1, v=1, zero=0, rc="none", sp=False, prec="bf16"):
-        return replace(base, tp=tp, cp=cp, ep=ep, dp=dp, pp=pp, zero=zero, interleave=v, global_batch=global_batch,
-                       micro_batch_size=mb,
-                       sequence_parallel=sp, recompute=rc, precision=prec)
+        return Layout(**{**fixed_fields, "tp": tp, "cp": cp, "ep": ep, "dp": dp, "pp": pp, "zero": zero,
+                         "interleave": v, "global_batch": global_batch, "micro_batch_size": mb,
+                         "sequence_parallel": sp, "recompute": rc, "precision": prec})
 
     for tp in allowed("tp", _divisors(gpus, min(gpus, 64))):
         rest = gpus // tp
