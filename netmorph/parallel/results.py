@@ -22,6 +22,11 @@ class RankState:
                           # "optimizer_range": (lo, hi)}
 
 
+def _coordinate(dim: str) -> property:
+    """A read-only view of one of a report's mesh coordinates (``report.tp`` is ``report.coords["tp"]``)."""
+    return property(lambda self: self.coords[dim], doc=f"the rank's {dim} coordinate")
+
+
 @dataclass
 class RankReport:
     """One rank's run (:func:`netmorph.parallel.hybrid.train_rank`)."""
@@ -44,25 +49,11 @@ class RankReport:
     predicted_by_step: list | None = None  # the routing's closed forms, step by step (a mixture of experts)
     experts: list | None = None            # the router's log, step by step
 
-    @property
-    def tp(self) -> int:
-        return self.coords["tp"]
-
-    @property
-    def pp(self) -> int:
-        return self.coords["pp"]
-
-    @property
-    def dp(self) -> int:
-        return self.coords["dp"]
-
-    @property
-    def ep(self) -> int:
-        return self.coords["ep"]
-
-    @property
-    def edp(self) -> int:
-        return self.coords["edp"]
+    tp = _coordinate("tp")
+    pp = _coordinate("pp")
+    dp = _coordinate("dp")
+    ep = _coordinate("ep")
+    edp = _coordinate("edp")
 
     def to_json(self) -> dict:
         """Everything but the tensors, as JSON types."""
