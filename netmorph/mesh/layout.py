@@ -175,7 +175,7 @@ class Layout:
     def check(self, model: ModelShape | None = None, world: int | None = None, trainer: bool = False) -> list:
         """Every :class:`Rejection` of this layout for ``model`` on ``world`` ranks (empty: it runs), in the
         order the planner reports them. ``trainer``: also the limits of netmorph's own torch trainer."""
-        out = [r for r in _ranges(self)]
+        out = _ranges(self)
         if out:
             return out
         if world is not None and world != self.world:
@@ -193,7 +193,7 @@ class Layout:
             out.append(Rejection("interleave", "interleave", self.interleave,
                                  f"interleaving needs pp > 1 and microbatches ({m}) a multiple of pp ({self.pp})",
                                  "--microbatches or --interleave" if trainer else "--interleave"))
-        if self.zero == 2 and self.pp > 1 or trainer and self.zero >= 2 and self.pp > 1:
+        if self.pp > 1 and (self.zero == 2 or trainer and self.zero == 3):
             out.append(Rejection("zero-pp", "zero", self.zero, f"ZeRO-{self.zero} with pipeline parallelism "
                                  "(gradients accumulate over microbatches; ZeRO-1 and ZeRO-3/FSDP go with pp)"
                                  if not trainer else f"ZeRO-{self.zero} with pipeline parallelism: DeepSpeed "

@@ -181,9 +181,9 @@ class Block(nn.Module):
 def _linear(L, w: dict, i: int, module: str):
     """Layer ``i``'s ``module`` as its placement says: column-parallel when its weight is Shard(0) over tp,
     row-parallel when Shard(1) (:data:`netmorph.mesh.placement.BLOCK`)."""
-    wname, _ = BLOCK[f"{module}.weight"]
+    wname, place = BLOCK[f"{module}.weight"]
     bname, _ = BLOCK[f"{module}.bias"]
-    make = L.column if BLOCK[f"{module}.weight"][1] == Shard(0) else L.row
+    make = L.column if place == Shard(0) else L.row
     return make(w[f"{i}.{wname}"], w[f"{i}.{bname}"])
 
 
