@@ -53,8 +53,6 @@ class MoEConfig:
                              "must be >= 1", "experts")
         if experts < 2:
             raise UsageError(f"{{experts}} must be >= 2, got {experts}", "experts")
-        if top_k > experts:
-            raise UsageError(f"{{top_k}} {top_k} > {{experts}} {experts}: a token picks distinct experts", "top_k")
         if experts % ep:
             raise UsageError(f"{{experts}} {experts} is not divisible by {{ep}} {ep}: each expert-parallel rank "
                              "holds the same number of experts", "experts")
@@ -108,12 +106,13 @@ def view(cfg: MoEConfig, out: dict) -> dict:
     t = cfg.train
     ranks = out["experts_by_rank"]                 # {rank: (tp, pp, dp, [per-step routing])}
     world, isz, h = cfg.world, 8 if t.dtype == "float64" else 4, t.model.hidden
-    steps = []
+    steps, kept_by_step = [], []
     for s in range(t.steps):
         per = {rank: log[s] for rank, (_, _, _, log) in ranks.items()}
         first_tp = [rank for rank, (tp, _, _, _) in ranks.items() if tp == 0]     # tp ranks route the same tokens
         routed = _by_layer(t.model, [(per[r]["layers"], per[r]["routed"]) for r in first_tp])
         kept = _by_layer(t.model, [(per[r]["layers"], per[r]["kept"]) for r in first_tp])
+        kept_by_step.append(kept)
         matrix = np.zeros((world, world), dtype=np.int64)
         for rank, rec in per.items():
             matrix[rank] += np.sum(rec["send"], axis=0).astype(np.int64)
@@ -141,11 +140,8 @@ def view(cfg: MoEConfig, out: dict) -> dict:
         view_out["reference_losses"] = out["reference_losses"]
         view_out["max_rel_loss_diff"] = out["max_rel_loss_diff"]
         view_out["max_param_diff"] = out["max_abs_weight_diff"]
-        ref_kept = out["reference_kept"]
-        view_out["same_routing"] = all(
-            np.array_equal(_by_layer(t.model, [(ranks[r][3][s]["layers"], ranks[r][3][s]["kept"])
-                                               for r in ranks if ranks[r][0] == 0]), np.asarray(ref_kept[s]))
-            for s in range(t.steps))
+        view_out["same_routing"] = all(np.array_equal(kept, np.asarray(ref))
+                                       for kept, ref in zip(kept_by_step, out["reference_kept"], strict=True))
     return view_out
 
 
