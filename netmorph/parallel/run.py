@@ -15,6 +15,7 @@ from netmorph.models.gpt import GPTStage, synthetic_batch
 from netmorph.parallel.baseline import baseline_rank
 from netmorph.parallel.flat import Adam, FlatParams
 from netmorph.parallel.hybrid import DTYPES, TrainConfig, train_rank
+from netmorph.parallel.results import RankReport
 from netmorph.parallel.state import assemble, named_pieces
 from netmorph.runtime.launch import launch
 from netmorph.runtime.progress import ProgressCounter
@@ -127,7 +128,7 @@ def summarise(cfg: TrainConfig, results: list, backend: str, ref=None) -> dict:
 
 
 
-def _expected(r: dict, ph: str, step: int) -> int:
+def _expected(r: RankReport, ph: str, step: int) -> int:
     """The closed form of phase ``ph`` in step ``step`` of rank report ``r``: the routing's own for the
     all-to-alls of a mixture of experts (it changes step by step), else the layout's."""
     by_step = r.predicted_by_step
@@ -149,16 +150,14 @@ def reference(cfg: TrainConfig) -> tuple[list, dict, list | None]:
     # dense: the global batch at once; with experts microbatch by microbatch, as the ranks route them (capacity
     # and the load-balancing loss are per microbatch)
     n = G // b if cfg.model.experts else 1
-    for blk in model.blocks:
-        if blk.moe is not None:
-            blk.aux_scale = 1.0 / n
+    for blk in moe:
+        blk.aux_scale = 1.0 / n
     for step in range(cfg.steps):
         flat.zero_grad()
         total = 0.0
         for i in range(n):
-            for blk in model.blocks:
-                if blk.moe is not None:
-                    blk.key = step * n + i            # the global microbatch index: seeds the router's jitter
+            for blk in moe:
+                blk.key = step * n + i                # the global microbatch index: seeds the router's jitter
             lo = step * G + i * G // n
             x, y = synthetic_batch(cfg.model, range(lo, lo + G // n))
             loss = model(x, y)
