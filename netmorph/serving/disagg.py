@@ -19,11 +19,12 @@ from __future__ import annotations
 import time
 
 import numpy as np
+
 from netmorph.runtime import launch
-from netmorph.serving.blocks import BlockManager
 from netmorph.serving.engine import Engine
 from netmorph.serving.model import sample
 from netmorph.serving.runner import Runner
+from netmorph.serving.scheduler import Scheduler
 
 
 def _rank(comm, model_cfg, serve_cfg, requests, P: int, D: int, price, kv_seconds_per_token: float):
@@ -34,8 +35,8 @@ def _rank(comm, model_cfg, serve_cfg, requests, P: int, D: int, price, kv_second
     order = sorted(requests, key=lambda r: (r.arrival, r.rid))
     if me < P:                                                   # the prefill role: one request at a time
         runner = Runner(model_cfg, serve_cfg.num_blocks, serve_cfg.block_size)
-        bm = BlockManager(serve_cfg.num_blocks, serve_cfg.block_size, model_cfg.seq,
-                          prefix_caching=serve_cfg.prefix_caching)
+        bm = Scheduler(serve_cfg, model_cfg.seq, runner.bytes_per_block()).bm   # the pool as the engine's
+                                                                                   # (contiguous KV too)
         clock = 0.0
         for r in (q for q in order if q.rid % P == me):
             t0 = time.perf_counter()
