@@ -208,7 +208,8 @@ class TorchTransport:
         """At a timeout: post what this rank waits for to the store and walk the wait-for chain from
         ``peer`` (:mod:`netmorph.runtime.transport.blame`), giving each rank on it ``window`` seconds
         to post its own (it times out too, a little later if it entered its call later). The error
-        to raise, or None (no store, nothing to walk; with ``only_mismatch``, anything but a mismatch)."""
+        to raise, or None (no store, nothing to walk; with ``only_mismatch``, anything but a mismatch
+        or a deadlock)."""
         store = self._store()
         if store is None or peer < 0:
             return None
@@ -240,14 +241,17 @@ class TorchTransport:
             return None if row is None else blame.Waiting(row[1], row[0], row[3])
 
         def state_of(r):
+            # a rank posts its wait only when its own call fails: one that exited after posting (it lost us
+            # when gloo closed our timed-out op) waited for what it posted, so only a stopped one is stale
             row = read(r)
-            return blame.process_state(row[2]) if row is not None and _same_host() else ""
+            state = blame.process_state(row[2]) if row is not None and _same_host() else ""
+            return state if state in ("T", "t") else ""
 
         err = blame.walk(self.rank, blame.Waiting(fp, peer, self.current_what), self.timeout, wait_of, state_of)
         if isinstance(err, fpr.CollectiveMismatch):
             self._publish(err)
             return err
-        return None if only_mismatch else err
+        return None if only_mismatch and not isinstance(err, blame.Deadlock) else err
 
     def _published_mismatch(self):
         store = self._store()
