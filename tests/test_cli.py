@@ -132,7 +132,7 @@ def test_tour_writes_every_section_and_figure(tmp_path, capsys):
 
     import matplotlib.image as mpimg
     import numpy as np
-    code, out, err = run(capsys, "tour", "--out", str(tmp_path / "rep"))
+    code, out, err = run(capsys, "tour", "--quick", "--out", str(tmp_path / "rep"))
     assert code == 0
     page = (tmp_path / "rep" / "index.html").read_text()
     for title in SECTIONS:

@@ -19,6 +19,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("tour", help="write the report (figures + index.html) and print its summary",
                        description="Run every section of the tour and write DIR/index.html with PNG figures.")
     p.add_argument("--out", default="report", help="output folder (default: report/)")
+    p.add_argument("--quick", action="store_true",
+                   help="fewer steps and requests per run: the same sections and figures in about half the time")
     p.set_defaults(run=run)
 
 
@@ -56,7 +58,8 @@ def run(args) -> int:
         for mod, label in plan:
             with bar.task(label, mod.STEPS) as task:
                 try:
-                    sections.append(mod.build_section(out, lambda t=task: bar.update(t, advance=1)))
+                    sections.append(mod.build_section(out, lambda t=task: bar.update(t, advance=1),
+                                                        quick=args.quick))
                 except Exception as e:     # one broken section must not cost the reader the others
                     name = mod.__name__.rsplit(".", 1)[1]
                     console.print(f"[yellow]section {name} could not run: {type(e).__name__}: {e}[/yellow]")

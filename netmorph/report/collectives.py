@@ -35,7 +35,7 @@ def _winners(curves):
     return [ALGOS[i] for i in stack.argmin(axis=0)]
 
 
-def build_section(out_dir, tick=lambda: None) -> Section:
+def build_section(out_dir, tick=lambda: None, quick: bool = False) -> Section:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -43,7 +43,7 @@ def _row(r) -> str:
             f"<td>{r['max_staleness']}</td><td>{r['bytes_on_wire']:,}</td></tr>")
 
 
-def build_section(out_dir, tick=lambda: None) -> Section:
+def build_section(out_dir, tick=lambda: None, quick: bool = False) -> Section:
     from netmorph.consistency import Config, compare
     runs = {}
     for label, strag in (("no straggler", None), ("worker 1 four times slower", (1, 4.0))):

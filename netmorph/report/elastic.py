@@ -80,7 +80,7 @@ KILLS = ((2, 60), (1, 140))
 EVERY = 25
 
 
-def build_section(out_dir, tick=lambda: None):
+def build_section(out_dir, tick=lambda: None, quick: bool = False):
     """One job (4 workers, 200 steps, two workers SIGKILLed) recovered in place, by rollback to the last
     commit, and by restarting every worker from the last checkpoint; the figure and the table."""
     from dataclasses import replace

@@ -50,7 +50,7 @@ def _emulated(comm, sizes, algo, reps):
     return out
 
 
-def build_section(out_dir, tick=lambda: None) -> Section:
+def build_section(out_dir, tick=lambda: None, quick: bool = False) -> Section:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -44,7 +44,7 @@ STEPS = 1
 SIZES = (1024, 16384, 100_000)
 
 
-def build_section(out_dir, tick=lambda: None):
+def build_section(out_dir, tick=lambda: None, quick: bool = False):
     """Goodput vs checkpoint interval at 1k, 16k and 100k GPUs, per-GPU MTBF from Llama 3's published count."""
     from netmorph.failures import daly, fleet, goodput, inplace_goodput, job_mtbf, monte_carlo
     from netmorph.report.html import Section

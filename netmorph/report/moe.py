@@ -55,7 +55,7 @@ ALPHA = 0.1
 FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
 
 
-def build_section(out_dir, tick=lambda: None):
+def build_section(out_dir, tick=lambda: None, quick: bool = False):
     """Two dropless runs of the same MoE, load-balancing loss on and off; the router's traffic for
     consecutive batches, the balance over training, and what each capacity factor would drop. α = 0.1
     (ten times Megatron's default) so the effect shows within 60 steps of a tiny model."""
@@ -63,7 +63,7 @@ def build_section(out_dir, tick=lambda: None):
     from netmorph.models.capacity import capacity
     from netmorph.moe.train import drops_at
     from netmorph.report.html import Section
-    base = dict(ep=4, experts=8, top_k=2, capacity_factor=None, steps=60, batch=16, lr=1e-2)
+    base = dict(ep=4, experts=8, top_k=2, capacity_factor=None, steps=20 if quick else 60, batch=16, lr=1e-2)
     runs = {}
     for alpha in (ALPHA, 0.0):
         runs[alpha] = train(MoEConfig.make(aux_loss_coeff=alpha, **base))

@@ -87,7 +87,7 @@ def plot_plan(path, p) -> None:
     plt.close(fig)
 
 
-def build_section(out_dir, tick=lambda: None) -> Section:
+def build_section(out_dir, tick=lambda: None, quick: bool = False) -> Section:
     from netmorph.mesh.shape import ModelShape
     from netmorph.morph.controller import Trainer, calibrate, parse_scenario, run_adaptive, run_static
     from netmorph.mesh.layout import Layout

@@ -9,7 +9,7 @@ STEPS = 2
 MODEL, GPUS, BATCH = "gpt3-175b", 1024, 1536
 
 
-def build_section(out_dir, tick=lambda: None) -> Section:
+def build_section(out_dir, tick=lambda: None, quick: bool = False) -> Section:
     import time
 
     import matplotlib

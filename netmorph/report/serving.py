@@ -77,7 +77,7 @@ def phase_traffic(out_dir, tick=lambda: None) -> dict:
     return totals
 
 
-def build_section(out_dir, tick=lambda: None):
+def build_section(out_dir, tick=lambda: None, quick: bool = False):
     """A short ShareGPT-shaped workload (lengths scaled down 4x so the tour stays quick) served by the project's
     GPT, each iteration priced as Llama-3-8B's roofline on an A100."""
     import matplotlib
@@ -104,7 +104,7 @@ def build_section(out_dir, tick=lambda: None):
     curves = {}
     for name, kw in (("static", dict(scheduler="static")), ("continuous", {}),
                      ("continuous + chunked prefill 64", dict(chunked_prefill=64, max_tokens=128))):
-        curves[name] = [serve(24, rate, num_blocks=512, **kw)[1] for rate in RATES]
+        curves[name] = [serve(12 if quick else 24, rate, num_blocks=512, **kw)[1] for rate in RATES]
     tick()
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2))
     for name, (e, m) in kv.items():

@@ -43,7 +43,7 @@ def plot_timeline(spans, pp: int, stage_size: int, path, title: str) -> None:
 STEPS = 1
 
 
-def build_section(out_dir, tick=lambda: None):
+def build_section(out_dir, tick=lambda: None, quick: bool = False):
     """GPT-3 175B on 1024 A100s (tp 8, pp 8, dp 16, 1F1B, gradient buckets overlapped), every rank simulated."""
     from netmorph.mesh.layout import Layout
     from netmorph.planner.hardware import PRESETS as HARDWARE

@@ -10,7 +10,7 @@ STEPS = 3
 COLORS = {"F": "#1f77b4", "B": "#ff7f0e"}
 
 
-def build_section(out_dir, tick=lambda: None) -> Section:
+def build_section(out_dir, tick=lambda: None, quick: bool = False) -> Section:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -25,7 +25,8 @@ def build_section(out_dir, tick=lambda: None) -> Section:
     small = ModelShape(layers=8, hidden=32, heads=4, seq=16, vocab=64)
     runs = []
     for name, v in (("afab", 1), ("1f1b", 1), ("interleaved", 2)):
-        cfg = TrainConfig.make(model=small, pp=4, schedule=name, interleave=v, microbatches=8, steps=4, compute_ms=15.0)
+        cfg = TrainConfig.make(model=small, pp=4, schedule=name, interleave=v, microbatches=8,
+                               steps=2 if quick else 4, compute_ms=15.0)
         runs.append((name, v, train(cfg)))
     tick()
     fig, axes = plt.subplots(3, 1, figsize=(13, 7.5), sharex=False)
