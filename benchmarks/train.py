@@ -36,7 +36,7 @@ def main() -> None:
             for mode in ("naive", "bucket", "no-overlap"):
                 cfg = TrainConfig.make(model=model, dp=dp, steps=args.steps, dtype="float32",
                                   dp_mode="naive" if mode == "naive" else "bucket", overlap=mode == "bucket")
-                runs[mode].append(train(cfg)["tokens_per_s"])
+                runs[mode].append(train(cfg).tokens_per_s)
             b = baselines(TrainConfig.make(model=model, dp=dp, steps=args.steps, dtype="float32"))
             runs["ddp"].append(b["tokens_per_s"])
             runs["bound"].append(b["no_comm_tokens_per_s"])
@@ -48,13 +48,13 @@ def main() -> None:
     for label, kw in (("dp8", dict(dp=8, microbatches=2)), ("tp2 pp2 dp2", dict(tp=2, pp=2, dp=2, microbatches=8)),
                       ("tp2 pp2 dp2 ZeRO-1", dict(tp=2, pp=2, dp=2, zero=1, microbatches=8))):
         out = train(TrainConfig.make(model=model, steps=args.steps // 2 + 1, dtype="float32", **kw))
-        print(f"{label:<20} {out['tokens_per_s']:>9,.0f} {out['step_time_s'] * 1e3:>8.1f} ms")
+        print(f"{label:<20} {out.tokens_per_s:>9,.0f} {out.step_time_s * 1e3:>8.1f} ms")
     print("\n# pipeline bubble, pp 4, 8 microbatches, 20 ms emulated compute per forward")
     print(f"{'schedule':<16} {'measured':>9} {'theory':>8}")
     for name, v in (("afab", 1), ("1f1b", 1), ("interleaved", 2)):
         cfg = TrainConfig.make(model=ModelShape(layers=8, hidden=32, seq=16), pp=4, schedule=name, interleave=v,
                           microbatches=8, steps=3, compute_ms=20.0)
-        b = train(cfg)["bubble_fraction"]
+        b = train(cfg).bubble_fraction
         print(f"{name + (' v=2' if v > 1 else ''):<16} {b['measured']:>9.1%} {b['theory']:>8.1%}")
 
 

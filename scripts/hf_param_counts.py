@@ -11,6 +11,7 @@ llm-foundry's benchmark MPTs (learned positions, biases, LayerNorm, GeLU 4h, tie
 they are built as ``GPT2LMHeadModel``.
 """
 
+import importlib.util
 import json
 import sys
 
@@ -47,9 +48,7 @@ def hf_count(m) -> int:
 
 
 def main() -> int:
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("transformers") is None:
         print("this script needs transformers (pip install transformers)", file=sys.stderr)
         return 2
     print(json.dumps({name: hf_count(m) for name, m in PRESETS.items()}, indent=1))

@@ -44,13 +44,13 @@ LAYOUTS = [
 @pytest.mark.parametrize("kw", LAYOUTS, ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
 def test_layout_equals_the_one_rank_run_and_sends_the_closed_form(kw):
     cfg, out = _run(**kw)
-    assert out["max_rel_loss_diff"] < 1e-9, out["losses"]
-    assert out["max_abs_weight_diff"] < 1e-9
+    assert out.max_rel_loss_diff < 1e-9, out.losses
+    assert out.max_abs_weight_diff < 1e-9
     want = {"dp" if cfg.layout.dp > 1 and not cfg.layout.zero else None, "zero" if cfg.layout.zero else None,
             "tp" if cfg.layout.tp > 1 else None, "pp" if cfg.layout.pp > 1 else None} - {None}
-    assert want <= set(out["traffic_exact"]), out["traffic_exact"]
-    assert all(out["traffic_exact"].values()), (out["bytes_per_rank_by_phase"],
-                                                out["predicted_bytes_per_rank_by_phase"])
+    assert want <= set(out.traffic_exact), out.traffic_exact
+    assert all(out.traffic_exact.values()), (out.bytes_per_rank_by_phase,
+                                                out.predicted_bytes_per_rank_by_phase)
 
 
 MOE = ModelShape(layers=4, hidden=16, heads=4, seq=8, vocab=32, experts=4, top_k=2)
@@ -66,12 +66,12 @@ def test_experts_compose_with_tp_pp_dp_and_zero_and_equal_one_rank(kw):
     cfg = TrainConfig.make(model=MOE, steps=2, **kw)
     cfg.check()
     out = summarise(cfg, launch(train_rank, cfg.world, cfg, timeout=60), "local", reference(cfg))
-    assert out["max_rel_loss_diff"] < 1e-9 and out["max_abs_weight_diff"] < 1e-9, out["losses"]
+    assert out.max_rel_loss_diff < 1e-9 and out.max_abs_weight_diff < 1e-9, out.losses
     moe = {"moe.dispatch", "moe.combine", "moe.dispatch.bwd", "moe.combine.bwd", "moe.counts"}
     edp = {"edp" if not cfg.layout.zero else "zero.edp"} if cfg.layout.dp > cfg.layout.ep else set()
-    assert moe | edp <= set(out["traffic_exact"])
-    assert all(out["traffic_exact"].values()), (out["bytes_per_rank_by_phase"],
-                                                out["predicted_bytes_per_rank_by_phase"])
+    assert moe | edp <= set(out.traffic_exact)
+    assert all(out.traffic_exact.values()), (out.bytes_per_rank_by_phase,
+                                                out.predicted_bytes_per_rank_by_phase)
 
 
 def test_the_trainer_refuses_what_its_experts_do_not_run():
@@ -86,11 +86,11 @@ def test_zero_stages_move_the_bytes_they_promise():
     _, dp = _run(dp=2, microbatches=1)
     _, z1 = _run(dp=2, zero=1, microbatches=1)
     _, z3 = _run(dp=2, zero=3, microbatches=1)
-    ar = dp["bytes_per_rank_by_phase"]["dp"]
-    assert z1["bytes_per_rank_by_phase"]["zero"] == ar
-    assert z3["bytes_per_rank_by_phase"]["zero"] == 1.5 * ar
-    assert z3["memory_bytes"]["params"] * 2 == z1["memory_bytes"]["params"] == dp["memory_bytes"]["params"]
-    assert z1["memory_bytes"]["optimizer"] * 2 == dp["memory_bytes"]["optimizer"]
+    ar = dp.bytes_per_rank_by_phase["dp"]
+    assert z1.bytes_per_rank_by_phase["zero"] == ar
+    assert z3.bytes_per_rank_by_phase["zero"] == 1.5 * ar
+    assert z3.memory_bytes["params"] * 2 == z1.memory_bytes["params"] == dp.memory_bytes["params"]
+    assert z1.memory_bytes["optimizer"] * 2 == dp.memory_bytes["optimizer"]
 
 
 def test_pipeline_schedules_are_data_and_bound_in_flight_microbatches():
@@ -101,9 +101,9 @@ def test_pipeline_schedules_are_data_and_bound_in_flight_microbatches():
     with pytest.raises(RuntimeError, match="deadlocks"):          # stage 0 backwards before it forwards
         check([list(reversed(schedule("afab", 2, 2)[0])), schedule("afab", 2, 2)[1]])
     _, out = _run(pp=2, schedule="afab", microbatches=4)
-    assert out["in_flight_peak"][0] == 4
+    assert out.in_flight_peak[0] == 4
     _, out = _run(pp=2, schedule="1f1b", microbatches=4)
-    assert out["in_flight_peak"][0] == 2 and out["in_flight_peak"][1] == 1
+    assert out.in_flight_peak[0] == 2 and out.in_flight_peak[1] == 1
 
 
 def test_a_dead_rank_ends_the_run_with_its_name():
@@ -161,8 +161,8 @@ def test_torch_backend_trains_the_same_losses():
     cfg = TrainConfig.make(model=TINY, tp=2, pp=2, steps=2)
     local = summarise(cfg, launch(train_rank, 4, cfg, timeout=60), "local")
     torch_ = summarise(cfg, launch(train_rank, 4, cfg, backend="torch", timeout=60), "torch")
-    assert torch_["losses"] == local["losses"]
-    assert all(torch_["traffic_exact"].values())
+    assert torch_.losses == local.losses
+    assert all(torch_.traffic_exact.values())
 
 
 @pytest.mark.timeout(180)
@@ -176,7 +176,7 @@ def test_torchrun_trains_the_same_losses_as_the_local_fabric(tmp_path):
     assert job["world"] == 4 and job["dp"] == 2 and job["backend"] == "torch"
     cfg = TrainConfig.make(model=TINY, tp=2, dp=2, steps=2)
     local = summarise(cfg, launch(train_rank, 4, cfg, timeout=60), "local")
-    assert job["losses"] == local["losses"]
+    assert job["losses"] == local.losses
     assert job["traffic_exact"] == {"dp": True, "tp": True}
 
 
@@ -192,8 +192,8 @@ def test_model_state_memory_equals_the_planners_formula(kw):
     out = summarise(cfg, launch(train_rank, cfg.world, cfg, timeout=60), "local")
     want = trainer_memory(cfg.model, cfg.layout, 8)
     for k in ("params", "grads", "optimizer"):
-        assert out["memory_bytes"][k] == want[k], k
-    act = out["memory_bytes"]["activations_peak"]
+        assert out.memory_bytes[k] == want[k], k
+    act = out.memory_bytes["activations_peak"]
     assert act is None if cfg.layout.zero >= 3 else 0.2 < act / want["activations"] < 5
 
 
@@ -259,7 +259,7 @@ def test_emulated_compute_is_per_stage_whatever_the_interleaving(v):
 def test_trace_has_a_track_per_rank_with_its_slots_and_messages():
     from netmorph.parallel.run import train
     out = train(TrainConfig.make(model=TINY, dp=2, steps=1, trace=True))
-    events = out["trace"]["traceEvents"]
+    events = out.trace["traceEvents"]
     names = {e["args"]["name"] for e in events if e["ph"] == "M"}
     assert names == {"rank 0 (tp0 pp0 dp0)", "rank 1 (tp0 pp0 dp1)"}
     assert any(e.get("cat") == "compute" for e in events) and any(e.get("cat") == "dp" for e in events)

@@ -163,16 +163,15 @@ def run(args) -> int:
 
 def _print(args, cfg, out) -> int:
     from netmorph.planner.memory import trainer_memory
-    out["planner_memory_bytes"] = trainer_memory(cfg.model, cfg.layout, 8 if cfg.dtype == "float64" else 4)
-    trace = out.pop("trace", None)
-    if trace is not None:
-        write_json(args.trace, trace)
+    plan = trainer_memory(cfg.model, cfg.layout, 8 if cfg.dtype == "float64" else 4)
+    if out.trace is not None:
+        write_json(args.trace, out.trace)
     if args.json:
-        json.dump(out, sys.stdout, indent=1, default=float)
+        json.dump({**out.to_json(), "planner_memory_bytes": plan}, sys.stdout, indent=1, default=float)
         sys.stdout.write("\n")
         return 0
-    print_run(cfg, out)
-    if trace is not None:
+    print_run(cfg, out, plan)
+    if out.trace is not None:
         print(f"# trace of the last step: {args.trace} (open in Perfetto or chrome://tracing)")
     return 0
 
@@ -189,46 +188,48 @@ def _layout(cfg) -> str:
     return " ".join(parts) + (f", {sched}" if cfg.layout.pp > 1 else "")
 
 
-def print_run(cfg, out) -> None:
-    m = out["model"]
-    moe = f", {m['experts']} experts top-{m['top_k']}" if m["experts"] else ""
-    print(f"# netmorph train: GPT l{m['layers']} h{m['hidden']} heads {m['heads']} s{m['seq']} V{m['vocab']}{moe} "
-          f"({m['params']:,} params, {cfg.dtype}); {_layout(cfg)}; {cfg.layout.microbatches} microbatches x "
+def print_run(cfg, out, plan: dict) -> None:
+    """The table ``netmorph train`` prints for ``out`` (a :class:`TrainSummary`), model states beside
+    ``plan`` (the planner's memory of the same layout)."""
+    m = cfg.model
+    moe = f", {m.experts} experts top-{m.top_k}" if m.experts else ""
+    print(f"# netmorph train: GPT l{m.layers} h{m.hidden} heads {m.heads} s{m.seq} V{m.vocab}{moe} "
+          f"({m.params():,} params, {cfg.dtype}); {_layout(cfg)}; {cfg.layout.microbatches} microbatches x "
           f"{cfg.layout.micro_batch_size} per DP rank, global batch {cfg.layout.global_batch}; "
-          f"backend {out['backend']}")
-    shown = [ph for ph in PHASES if ph in out["bytes_per_rank_by_phase"]]
+          f"backend {out.backend}")
+    shown = [ph for ph in PHASES if ph in out.bytes_per_rank_by_phase]
     print(f"{'step':>4} {'loss':>9} {'time(ms)':>9} {'tokens/s':>9}  " + " ".join(f"{ph:>12}" for ph in shown)
           + "   (bytes sent per rank, max over ranks)")
     tokens = cfg.layout.global_batch * cfg.model.seq
-    for k, (loss, t) in enumerate(zip(out["losses"], out["step_times_s"]), 1):
-        b = out["step_bytes_by_phase"][k - 1]
+    for k, (loss, t) in enumerate(zip(out.losses, out.step_times_s), 1):
+        b = out.step_bytes_by_phase[k - 1]
         print(f"{k:>4} {loss:>9.5f} {t * 1e3:>9.1f} {tokens / t:>9,.0f}  " + " ".join(f"{b.get(ph, 0):>12,}"
                                                                                         for ph in shown))
-    print(f"# median step {out['step_time_s'] * 1e3:.1f} ms, {out['tokens_per_s']:,.0f} tokens/s")
-    if out["backend"] == "torch-native":
+    print(f"# median step {out.step_time_s * 1e3:.1f} ms, {out.tokens_per_s:,.0f} tokens/s")
+    if out.backend == "torch-native":
         print("# traffic: torch's own collectives do not say what each rank sent (the ledger holds the buffer "
               "size per call); run --backend local or torch to set it against the closed forms")
         shown = []
     else:
         print("# traffic per rank per step: measured (max over ranks) vs the closed form, exact on every rank:")
     for ph in shown:
-        pred = out["predicted_bytes_per_rank_by_phase"].get(ph, 0)
-        ok = out["traffic_exact"].get(ph, out["bytes_per_rank_by_phase"][ph] == pred)   # 0 sent, 0 predicted
+        pred = out.predicted_bytes_per_rank_by_phase.get(ph, 0)
+        ok = out.traffic_exact.get(ph, out.bytes_per_rank_by_phase[ph] == pred)   # 0 sent, 0 predicted
         mark = "✓" if ok else "✗"
-        print(f"#   {ph:<12} {out['bytes_per_rank_by_phase'][ph]:>12,} {pred:>14,.0f} {mark}  "
-              f"{out['formulas'].get(ph, '')}")
+        print(f"#   {ph:<12} {out.bytes_per_rank_by_phase[ph]:>12,} {pred:>14,.0f} {mark}  "
+              f"{out.formulas.get(ph, '')}")
     if cfg.layout.pp > 1:
-        fl = out["in_flight_peak"]
+        fl = out.in_flight_peak
         bound = {"afab": f"m = {cfg.layout.microbatches}", "1f1b": f"p = {cfg.layout.pp}"}.get(
             cfg.layout.pipeline_schedule, "(p-1)·2 + (v-1)·p + 1")
         print(f"# pipeline: microbatches in flight per stage {[fl[s] for s in sorted(fl)]} "
               f"({cfg.layout.pipeline_schedule}: at most {bound} on stage 0)")
-        bub = out["bubble_fraction"]
+        bub = out.bubble_fraction
         how = (f"emulated compute {cfg.compute_ms:g} ms per forward" if cfg.compute_ms else
                "no --compute-ms: with more ranks than cores this measures the scheduler, not the schedule")
         print(f"# bubble: measured {bub['measured']:.1%} of the pipeline's time idle vs (p-1)/(v·m+p-1) = "
               f"{bub['theory']:.1%} ({how})")
-    mem, plan = out["memory_bytes"], out["planner_memory_bytes"]
+    mem = out.memory_bytes
     parts = []
     for k in ("params", "grads", "optimizer"):
         ok = "✓" if mem[k] == plan[k] else "(padded to a multiple of dp)" if mem[k] > plan[k] else "✗"
@@ -239,14 +240,14 @@ def print_run(cfg, out) -> None:
         print(f"# activations at the peak (saved for backward x microbatches held): {act:,} B; Korthikanti et al.'s "
               f"estimate {plan['activations']:,.0f} B (16-bit; this model has no dropout): "
               f"ratio {act / plan['activations']:.2f}")
-    if "baseline" in out:
-        b, me = out["baseline"], out["tokens_per_s"]
+    if out.baseline is not None:
+        b, me = out.baseline, out.tokens_per_s
         print(f"# baseline, same ranks and data: netmorph {me:,.0f} tokens/s, PyTorch DDP (gloo) "
               f"{b['tokens_per_s']:,.0f}, no communication {b['no_comm_tokens_per_s']:,.0f}: netmorph "
               f"{me / b['no_comm_tokens_per_s']:.0%} of the bound, DDP {b['tokens_per_s'] / b['no_comm_tokens_per_s']:.0%}")
-    if "reference_losses" in out:
+    if out.reference_losses is not None:
         tol = 1e-9 if cfg.dtype == "float64" else 1e-4
-        ok = "✓" if out["max_rel_loss_diff"] <= tol else "✗"
+        ok = "✓" if out.max_rel_loss_diff <= tol else "✗"
         print(f"# check: the 1-rank run on the same global batches: max relative loss difference "
-              f"{out['max_rel_loss_diff']:.2e} (<= {tol:g} {ok}), max weight difference "
-              f"{out['max_abs_weight_diff']:.2e}")
+              f"{out.max_rel_loss_diff:.2e} (<= {tol:g} {ok}), max weight difference "
+              f"{out.max_abs_weight_diff:.2e}")

@@ -21,6 +21,7 @@ from netmorph.mesh.shape import ModelShape
 from netmorph.models.capacity import capacity
 from netmorph.models.moe import Router
 from netmorph.parallel.hybrid import TrainConfig
+from netmorph.parallel.results import TrainSummary
 from netmorph.parallel.run import train as run
 
 PHASES = ("moe.dispatch", "moe.combine", "moe.dispatch.bwd", "moe.combine.bwd")
@@ -100,11 +101,11 @@ def train(cfg: MoEConfig, check: bool = False, on_progress=None) -> dict:
     return view(cfg, out)
 
 
-def view(cfg: MoEConfig, out: dict) -> dict:
+def view(cfg: MoEConfig, out: TrainSummary) -> dict:
     """The trainer's summary read as the MoE view: per step loss (cross-entropy + load-balancing + z),
     drops, imbalance, the traffic matrix and the all-to-all bytes against it."""
     t = cfg.train
-    ranks = out["experts_by_rank"]                 # {rank: (tp, pp, dp, [per-step routing])}
+    ranks = out.experts_by_rank                    # {rank: (tp, pp, dp, [per-step routing])}
     world, isz, h = cfg.world, 8 if t.dtype == "float64" else 4, t.model.hidden
     steps, kept_by_step = [], []
     for s in range(t.steps):
@@ -120,28 +121,28 @@ def view(cfg: MoEConfig, out: dict) -> dict:
             rec["links"].get((ph, d), 0) == h * isz * int(matrix[r][d] if ph in ("moe.dispatch", "moe.combine.bwd")
                                                          else matrix[d][r])
             for r, rec in per.items() for d in range(world) if d != r for ph in PHASES)
-        measured = [sum(out["bytes_by_rank"][r][s].get(ph, 0) for ph in PHASES) for r in range(world)]
+        measured = [sum(out.bytes_by_rank[r][s].get(ph, 0) for ph in PHASES) for r in range(world)]
         predicted = [h * isz * int(matrix[r].sum() - matrix[r][r] + matrix[:, r].sum() - matrix[r][r]) * 2
                      for r in range(world)]
         # the load-balancing loss of every layer: summed over pipeline stages, averaged over the replicas
         aux = sum(np.mean([per[r]["aux"] + per[r]["z"] for r in first_tp if ranks[r][1] == p])
                   for p in {ranks[r][1] for r in first_tp})
         assigned = cfg.tokens_per_rank * t.model.top_k * t.layout.dp * t.model.layers
-        steps.append({"loss": out["losses"][s] + aux, "ce": out["losses"][s], "aux": aux,
+        steps.append({"loss": out.losses[s] + aux, "ce": out.losses[s], "aux": aux,
                       "drop_fraction": 1 - kept.sum() / assigned,
                       "load_imbalance": float(np.max(routed.max(1) / routed.mean(1))),
                       "largest_expert_batch": int(kept.max()), "traffic": matrix.tolist(),
                       "routed_per_rank": [per[r]["routed"] for r in sorted(first_tp)],
                       "a2a_bytes": measured, "predicted_a2a_bytes": predicted,
                       "exact": None if cfg.backend == "torch-native" else measured == predicted and links_exact,
-                      "step_s": out["step_times_s"][s], "a2a_s": max(rec["a2a_s"] for rec in per.values())})
+                      "step_s": out.step_times_s[s], "a2a_s": max(rec["a2a_s"] for rec in per.values())})
     view_out = {"config": cfg.describe(), "capacity": cfg.capacity, "steps": steps}
-    if "reference_losses" in out:
-        view_out["reference_losses"] = out["reference_losses"]
-        view_out["max_rel_loss_diff"] = out["max_rel_loss_diff"]
-        view_out["max_param_diff"] = out["max_abs_weight_diff"]
+    if out.reference_losses is not None:
+        view_out["reference_losses"] = out.reference_losses
+        view_out["max_rel_loss_diff"] = out.max_rel_loss_diff
+        view_out["max_param_diff"] = out.max_abs_weight_diff
         view_out["same_routing"] = all(np.array_equal(kept, np.asarray(ref))
-                                       for kept, ref in zip(kept_by_step, out["reference_kept"], strict=True))
+                                       for kept, ref in zip(kept_by_step, out.reference_kept, strict=True))
     return view_out
 
 

@@ -9,13 +9,11 @@ process of a torchrun job).
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict
-
 from netmorph.models.gpt import GPTStage, synthetic_batch
 from netmorph.parallel.baseline import baseline_rank
 from netmorph.parallel.flat import Adam, FlatParams
 from netmorph.parallel.hybrid import DTYPES, TrainConfig, train_rank
-from netmorph.parallel.results import RankReport
+from netmorph.parallel.results import RankReport, TrainSummary
 from netmorph.parallel.state import assemble, named_pieces
 from netmorph.runtime.launch import launch
 from netmorph.runtime.progress import ProgressCounter
@@ -34,21 +32,22 @@ def baselines(cfg: TrainConfig, timeout: float = 60.0) -> dict:
 
 
 def train(cfg: TrainConfig, backend: str = "local", timeout: float = 60.0, check: bool = False,
-          on_progress=None, baseline: str | None = None) -> dict:
-    """Train ``cfg`` on ``cfg.world`` processes; the summary (the ``--json`` object)."""
+          on_progress=None, baseline: str | None = None) -> TrainSummary:
+    """Train ``cfg`` on ``cfg.world`` processes; what the job did."""
     cfg.check()
     progress = ProgressCounter(cfg.world)
     with progress.watch(on_progress, ProgressCounter.slowest, cfg.steps):
         results = launch(train_rank, cfg.world, cfg, progress, backend=backend, timeout=timeout)
     out = summarise(cfg, results, backend, reference(cfg) if check else None)
     if cfg.trace:
-        out["trace"] = chrome_trace(results)
+        out.trace = chrome_trace(results)
     if baseline == "ddp":
-        out["baseline"] = baselines(cfg, timeout)
+        out.baseline = baselines(cfg, timeout)
     return out
 
 
-def train_torchrun(cfg: TrainConfig, backend: str = "torch", timeout: float = 60.0, check: bool = False):
+def train_torchrun(cfg: TrainConfig, backend: str = "torch", timeout: float = 60.0,
+                   check: bool = False) -> TrainSummary | None:
     """This process's part of a job ``torchrun`` started: train, then rank 0 gathers every rank's
     report (``all_gather_object``) and returns the summary; the other ranks return None."""
     from netmorph.runtime.torchrun import init_from_env
@@ -66,7 +65,7 @@ def train_torchrun(cfg: TrainConfig, backend: str = "torch", timeout: float = 60
     return summarise(cfg, everyone, backend, reference(cfg) if check else None)
 
 
-def summarise(cfg: TrainConfig, results: list, backend: str, ref=None) -> dict:
+def summarise(cfg: TrainConfig, results: list, backend: str, ref=None) -> TrainSummary:
     losses = next(r.losses for r in results if r.losses is not None)
     times = [max(r.step_times[k] for r in results) for k in range(cfg.steps)]
     tokens = cfg.layout.global_batch * cfg.model.seq
@@ -88,42 +87,33 @@ def summarise(cfg: TrainConfig, results: list, backend: str, ref=None) -> dict:
             formulas[ph] = max(ranks, key=lambda r: r.predicted[ph][0]).predicted[ph][1]
     med = statistics.median(times[1:] if len(times) > 1 else times)
     p, m, v = cfg.layout.pp, cfg.layout.microbatches, cfg.layout.interleave
-    out = {
-        "world": cfg.world, "tp": cfg.layout.tp, "pp": cfg.layout.pp, "dp": cfg.layout.dp, "zero": cfg.layout.zero,
-        "schedule": cfg.layout.pipeline_schedule,
-        "interleave": v, "microbatches": m, "micro_batch_size": cfg.layout.micro_batch_size,
-        "global_batch": cfg.layout.global_batch, "steps": cfg.steps, "backend": backend, "dtype": cfg.dtype,
-        "sequence_parallel": cfg.layout.sequence_parallel, "dp_mode": cfg.dp_mode,
-        "model": {**asdict(cfg.model), "params": cfg.model.params()},
-        "losses": losses, "step_times_s": times, "step_time_s": med, "tokens_per_s": tokens / med if med else 0.0,
-        "bytes_per_rank_by_phase": measured, "predicted_bytes_per_rank_by_phase": predicted,
-        "traffic_exact": exact, "formulas": formulas,
-        "in_flight_peak": {r.pp: r.in_flight_peak for r in results},
+    out = TrainSummary(
+        config=cfg, backend=backend, losses=losses, step_times_s=times, step_time_s=med,
+        tokens_per_s=tokens / med if med else 0.0, bytes_per_rank_by_phase=measured,
+        predicted_bytes_per_rank_by_phase=predicted, traffic_exact=exact, formulas=formulas,
+        in_flight_peak={r.pp: r.in_flight_peak for r in results},
         # measured: the share of the pipeline's time a rank waited, averaged over ranks and the steps after
         # the first (the first pays for warming up)
-        "bubble_fraction": {"theory": (p - 1) / (v * m + p - 1),
-                            "measured": statistics.mean(statistics.mean(r.idle_fraction[1:] or r.idle_fraction)
-                                                        for r in results)},
-        "memory_bytes": {**{k: max(r.memory_bytes[k] for r in results) for k in ("params", "grads", "optimizer")},
-                         "activations_peak": None if any(r.memory_bytes["activations_peak"] is None
-                                                         for r in results)
-                         else max(r.memory_bytes["activations_peak"] for r in results)},
-        "timeline": {r.rank: r.timeline for r in results if r.tp == 0 and r.dp == 0},
-        "pp_rank": {r.rank: r.pp for r in results},
-        "step_bytes_by_phase": [{ph: max(r.bytes_by_step[k].get(ph, 0) for r in results) for ph in phases}
-                                for k in range(cfg.steps)],
-    }
+        bubble_fraction={"theory": (p - 1) / (v * m + p - 1),
+                         "measured": statistics.mean(statistics.mean(r.idle_fraction[1:] or r.idle_fraction)
+                                                     for r in results)},
+        memory_bytes={**{k: max(r.memory_bytes[k] for r in results) for k in ("params", "grads", "optimizer")},
+                      "activations_peak": None if any(r.memory_bytes["activations_peak"] is None
+                                                      for r in results)
+                      else max(r.memory_bytes["activations_peak"] for r in results)},
+        timeline={r.rank: r.timeline for r in results if r.tp == 0 and r.dp == 0},
+        pp_rank={r.rank: r.pp for r in results},
+        step_bytes_by_phase=[{ph: max(r.bytes_by_step[k].get(ph, 0) for r in results) for ph in phases}
+                             for k in range(cfg.steps)])
     if any(r.experts for r in results):          # the router's own log, for netmorph moe's view
-        out["experts_by_rank"] = {r.rank: (r.tp, r.pp, r.dp, r.experts) for r in results}
-        out["bytes_by_rank"] = [r.bytes_by_step for r in sorted(results, key=lambda r: r.rank)]
+        out.experts_by_rank = {r.rank: (r.tp, r.pp, r.dp, r.experts) for r in results}
+        out.bytes_by_rank = [r.bytes_by_step for r in sorted(results, key=lambda r: r.rank)]
     if ref is not None:
-        ref_losses, ref_w, ref_kept = ref
-        if ref_kept is not None:
-            out["reference_kept"] = ref_kept
-        out["reference_losses"] = ref_losses
-        out["max_rel_loss_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
+        ref_losses, ref_w, out.reference_kept = ref
+        out.reference_losses = ref_losses
+        out.max_rel_loss_diff = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
         full = assemble(results)
-        out["max_abs_weight_diff"] = max(float((full[k] - ref_w[k]).abs().max()) for k in ref_w)
+        out.max_abs_weight_diff = max(float((full[k] - ref_w[k]).abs().max()) for k in ref_w)
     return out
 
 

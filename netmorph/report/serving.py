@@ -32,7 +32,7 @@ def phase_traffic(out_dir, tick=lambda: None) -> dict:
     from netmorph.serving.tp import serve_tensor_parallel
     t = train(TrainConfig.make(dp=4, steps=2, trace=True))
     train_msgs = [(e["ts"] / 1e6, e["args"]["bytes"], "training: gradient all-reduce")
-                  for e in t["trace"]["traceEvents"] if e.get("ph") == "X" and e.get("cat", "").startswith("dp")]
+                  for e in t.trace["traceEvents"] if e.get("ph") == "X" and e.get("cat", "").startswith("dp")]
     model = ModelShape(layers=2, hidden=64, heads=4, seq=512, vocab=256)
     reqs = workload.generate(16, 200.0, model.seq, model.vocab, seed=1, means=(161.31 / 2, 337.99 / 8))
     cfg = ServeConfig(num_blocks=256, block_size=16)

@@ -31,20 +31,20 @@ def build_section(out_dir, tick=lambda: None, quick: bool = False) -> Section:
     tick()
     fig, axes = plt.subplots(3, 1, figsize=(13, 7.5), sharex=False)
     for ax, (name, v, out) in zip(axes, runs):
-        spans = out["timeline"]
+        spans = out.timeline
         t0 = min(s[3] for rank in spans.values() for s in rank)
         for rank, rows in spans.items():
-            y = out["pp_rank"][rank]
+            y = out.pp_rank[rank]
             for kind, mb, chunk, a, b in rows:
                 ax.broken_barh([((a - t0) * 1e3, (b - a) * 1e3)], (y - 0.4, 0.8), color=COLORS[kind],
                                alpha=0.55 + 0.45 * (chunk == 0), edgecolor="white")
                 ax.text((a - t0) * 1e3 + (b - a) * 5e2, y, f"{mb}" + ("'" if chunk else ""), ha="center",
                         va="center", fontsize=6, color="white")
-        b = out["bubble_fraction"]
+        b = out.bubble_fraction
         label = {"afab": "GPipe (all forward, all backward)", "1f1b": "1F1B (PipeDream-flush)",
                  "interleaved": "interleaved 1F1B, 2 chunks per rank"}[name]
         ax.set_title(f"{label}: bubble measured {b['measured']:.0%}, (p-1)/(v·m+p-1) = {b['theory']:.0%}; "
-                     f"step {out['step_time_s'] * 1e3:.0f} ms", fontsize=9)
+                     f"step {out.step_time_s * 1e3:.0f} ms", fontsize=9)
         ax.set_yticks(range(4), [f"stage {i}" for i in range(4)], fontsize=8)
         ax.invert_yaxis()
         ax.set_xlabel("ms", fontsize=8)
@@ -58,11 +58,11 @@ def build_section(out_dir, tick=lambda: None, quick: bool = False) -> Section:
     cfg3 = TrainConfig.make(model=ModelShape(), tp=2, pp=2, dp=2, zero=1, microbatches=4, steps=2)
     out3 = train(cfg3, check=True)
     tick()
-    phases = [p for p in ("zero", "tp", "pp", "pp.emb") if p in out3["bytes_per_rank_by_phase"]]
+    phases = [p for p in ("zero", "tp", "pp", "pp.emb") if p in out3.bytes_per_rank_by_phase]
     fig, ax = plt.subplots(figsize=(9, 3.8))
     x = np.arange(len(phases))
-    ax.bar(x - 0.2, [out3["bytes_per_rank_by_phase"][p] / 1e3 for p in phases], 0.4, label="measured (ledger)")
-    ax.bar(x + 0.2, [out3["predicted_bytes_per_rank_by_phase"][p] / 1e3 for p in phases], 0.4,
+    ax.bar(x - 0.2, [out3.bytes_per_rank_by_phase[p] / 1e3 for p in phases], 0.4, label="measured (ledger)")
+    ax.bar(x + 0.2, [out3.predicted_bytes_per_rank_by_phase[p] / 1e3 for p in phases], 0.4,
            label="closed form", color="#aaaaaa")
     ax.set_xticks(x, phases)
     _finish(plt, fig, ax, "kB sent per rank per step (max over ranks)",
@@ -72,7 +72,7 @@ def build_section(out_dir, tick=lambda: None, quick: bool = False) -> Section:
     mems, plans = [], []
     for z in (0, 1, 2, 3):
         cfg = TrainConfig.make(model=ModelShape(), dp=4, zero=z, microbatches=1, steps=1, dtype="float32")
-        mems.append(train(cfg)["memory_bytes"])
+        mems.append(train(cfg).memory_bytes)
         est = trainer_memory(cfg.model, cfg.layout, 8 if cfg.dtype == "float64" else 4)
         plans.append(est["params"] + est["grads"] + est["optimizer"])
     tick()
@@ -89,13 +89,13 @@ def build_section(out_dir, tick=lambda: None, quick: bool = False) -> Section:
             "The default GPT on 4 data-parallel ranks, fp32 Adam: ZeRO shards what the paper says",
             out_dir / "train_zero_memory.png")
 
-    exact = all(out3["traffic_exact"].values())
-    bub = {name: out["bubble_fraction"] for name, _, out in runs}
+    exact = all(out3.traffic_exact.values())
+    bub = {name: out.bubble_fraction for name, _, out in runs}
     html = f"""
 <p>A small GPT (Megatron's parameter layout, {ModelShape().params():,} parameters) trained split across real
 processes. Every layout -- data parallel, ZeRO 1-3, Megatron's tensor parallelism with and without sequence
 parallelism, each pipeline schedule, and their 3D composition -- reproduces the 1-rank run on the same global
-batches (float64: to about 1e-15); here tp2 pp2 dp2 ZeRO-1 differs from it by {out3['max_rel_loss_diff']:.1e}
+batches (float64: to about 1e-15); here tp2 pp2 dp2 ZeRO-1 differs from it by {out3.max_rel_loss_diff:.1e}
 in loss.</p>
 <p><b>The pipeline timeline</b> shows each schedule's bubble: GPipe runs all 8 forwards before any backward, so
 every stage holds 8 microbatches; 1F1B interleaves them after a warm-up, holding at most 4 on stage 0 for the same
@@ -109,7 +109,7 @@ bytes each rank holds equal the planner's formula for the same layout (the black
 <p>Reproduce: <code>netmorph train --tp 2 --pp 2 --dp 2 --zero 1 --microbatches 4 --check</code>;
 <code>netmorph train --pp 4 --schedule 1f1b --microbatches 8 --layers 8 --compute-ms 15 --trace run.json</code>.</p>
 """
-    summary = [f"tp2 pp2 dp2 ZeRO-1: loss vs the 1-rank run {out3['max_rel_loss_diff']:.1e}; traffic "
+    summary = [f"tp2 pp2 dp2 ZeRO-1: loss vs the 1-rank run {out3.max_rel_loss_diff:.1e}; traffic "
                f"{'= closed form on every rank' if exact else 'differs from the closed form'} "
                f"({', '.join(phases)})",
                "pipeline bubble, 4 stages x 8 microbatches: " + ", ".join(
