@@ -12,9 +12,10 @@ import sys
 
 from netmorph.collectives import ALGORITHMS, ROOTED, canonical_op, check_algo
 from netmorph.cost.topology import PRESETS, load_topology
+from netmorph.cost.record import record
 from netmorph.cost.tuner import choose, predict
 from netmorph.errors import UsageError
-from netmorph.report.table import PREDICTED, format_formula, record, size_bands
+from netmorph.report.table import PREDICTED, format_formula, size_bands
 from netmorph.report.table import header as table_header, row as table_row
 from netmorph.units import DTYPES, parse_dtype, parse_size, parse_size_range
 
