@@ -133,7 +133,7 @@ def main() -> None:
         return worker(args.worker)
     from netmorph.elastic.restart import restart_all
     from netmorph.elastic.train import train
-    from netmorph.report.elastic import recovery_summary
+    from netmorph.elastic.recovery import recovery_summary
     rows = {"netmorph in place": [], "netmorph restart-all (forked)": [], "torchrun --max-restarts 3": []}
     diffs, starts, restarts = [], [], []
     for i in range(args.repeats):

@@ -237,7 +237,7 @@ def test_the_baselines_recover_the_same_job_redoing_every_step_since_the_checkpo
     assert [e["steps_redone"] for e in inplace["events"]] == [1, 1]
     # the timelines the figure draws: the restart's progress falls back to the checkpoint, nobody trains
     # between a death and the restart; in place it never falls back by more than the step in flight
-    from netmorph.report.elastic import caught_up
+    from netmorph.elastic.recovery import caught_up
     done = [s for _, s, n in restart["timeline"] if n > 0]
     falls = [(a, b) for a, b in zip(done, done[1:]) if b <= a]
     assert falls == [(25, 21), (47, 41)]

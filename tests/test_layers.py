@@ -26,8 +26,9 @@ FLOORS = {
     "moe": 8, "elastic": 8, "serving": 8, "consistency": 8, "planner": 8, "failures": 8,
     "simulate": 9,
     "morph": 10,
-    "report": 11,
-    "cli": 12,
+    "tour": 11,
+    "report": 12,
+    "cli": 13,
 }
 FACADE = ("__init__", "__main__")          # netmorph/__init__.py re-exports; nothing inside imports it
 
@@ -163,3 +164,14 @@ def test_every_package_is_a_regular_package():
     missing = [str(d.relative_to(ROOT.parent)) for d in sorted(ROOT.rglob("*")) if d.is_dir()
                and d.name != "__pycache__" and any(d.glob("*.py")) and not (d / "__init__.py").exists()]
     assert missing == []
+
+
+def test_the_report_only_draws():
+    """report/ builds figures and pages from results: it imports the tour's result types and the house's
+    files and units, never a package that launches ranks or computes what it shows (netmorph.tour does)."""
+    allowed = {"netmorph.files", "netmorph.units", "netmorph.errors"}
+    for module, deps in GRAPH.items():
+        if _room(module) != "report":
+            continue
+        wrong = {d for d in deps if d not in allowed and _room(d) not in ("report", "tour")}
+        assert not wrong, f"{module} imports {sorted(wrong)}: run it in netmorph.tour, pass the result in"

@@ -126,8 +126,9 @@ def run(args) -> int:
            "lost_hours": {k: hours * (1 - v) for k, v in closed.items()},
            "lost_gpu_hours": {k: hours * (1 - v) * args.gpus for k, v in closed.items()}}
     if args.plot:
+        from netmorph.failures import curve
         from netmorph.report.failures import plot_goodput
-        plot_goodput(args.plot, [(args.gpus, M)], C, R, r, s, tau=tau,
+        plot_goodput(args.plot, [curve(args.gpus, M, C, R, r, s)], C, R, r, s, tau=tau,
                      mc_points={args.gpus: [(tau, out["simulated_goodput"]["restart"],
                                              out["simulated_stderr"]["restart"])]})
     if args.json:

@@ -1,18 +1,34 @@
 """``netmorph tour``: the main job -- a terminal summary and one HTML report with figures.
 
-Each capability contributes a section (``netmorph.report.<name>.build_section``):
-collectives, the fabric, training, mixture of experts, elastic membership, serving, failures
-at scale, SGD consistency models, the planner and a whole step simulated at cluster scale.
+Each capability contributes a section: ``netmorph.tour.<name>.run`` makes its experiments and returns their
+result, ``netmorph.report.<name>.build_section`` draws it (collectives, the fabric, training, mixture of
+experts, elastic membership, serving, failures at scale, SGD consistency models, the planner, a whole step
+simulated at cluster scale, and the control loop).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 from pathlib import Path
 
 from netmorph.errors import UsageError
 from netmorph.files import output_problem, printable, probe_writable
+
+
+# (section, what its progress bar says): netmorph.tour.<section> runs it, netmorph.report.<section> draws it
+PLAN = (("collectives", "collectives: simulating schedules"),
+        ("fabric", "real ranks: measuring processes"),
+        ("train", "train: DP, ZeRO, TP and PP on real ranks"),
+        ("moe", "moe: routing tokens to 4 expert ranks"),
+        ("elastic", "elastic: killing workers mid-run"),
+        ("serving", "serve: paged KV cache, batching"),
+        ("failures", "failures: goodput at 1k-100k GPUs"),
+        ("consistency", "sgd: training under 5 consistency models"),
+        ("planner", "planner: searching DP/TP/PP splits"),
+        ("simulate", "simulate: one step on 1024 ranks"),
+        ("morph", "morph: the split follows the link"))
 
 
 def add_parser(sub) -> None:
@@ -29,8 +45,7 @@ def run(args) -> int:
 
     from netmorph.cli.progress import Bar
 
-    from netmorph.report import (collectives, consistency, elastic, fabric, failures, moe, morph, planner, serving,
-                                 simulate, train)
+    from netmorph import report, tour
     from netmorph.report.html import Section, write_page
     from netmorph.version import __version__
 
@@ -43,25 +58,15 @@ def run(args) -> int:
     console.print(f"[bold]netmorph tour[/bold] -> {out}/index.html")
     sections = []
     t0 = time.time()
-    plan = [(collectives, "collectives: simulating schedules"),
-            (fabric, "real ranks: measuring processes"),
-            (train, "train: DP, ZeRO, TP and PP on real ranks"),
-            (moe, "moe: routing tokens to 4 expert ranks"),
-            (elastic, "elastic: killing workers mid-run"),
-            (serving, "serve: paged KV cache, batching"),
-            (failures, "failures: goodput at 1k-100k GPUs"),
-            (consistency, "sgd: training under 5 consistency models"),
-            (planner, "planner: searching DP/TP/PP splits"),
-            (simulate, "simulate: one step on 1024 ranks"),
-            (morph, "morph: the split follows the link")]
     with Bar("tour", transient=False, width=36) as bar:
-        for mod, label in plan:
-            with bar.task(label, mod.STEPS) as task:
+        for name, label in PLAN:
+            experiment = importlib.import_module(f"{tour.__name__}.{name}")
+            with bar.task(label, experiment.STEPS) as task:
                 try:
-                    sections.append(mod.build_section(out, lambda t=task: bar.update(t, advance=1),
-                                                        quick=args.quick))
+                    result = experiment.run(lambda t=task: bar.update(t, advance=1), quick=args.quick)
+                    drawing = importlib.import_module(f"{report.__name__}.{name}")
+                    sections.append(drawing.build_section(result, out))
                 except Exception as e:     # one broken section must not cost the reader the others
-                    name = mod.__name__.rsplit(".", 1)[1]
                     console.print(f"[yellow]section {name} could not run: {type(e).__name__}: {e}[/yellow]")
                     sections.append(Section(f"{name} (did not run)", f"<p>This section failed: "
                                             f"<code>{type(e).__name__}: {e}</code></p>"))

@@ -30,6 +30,9 @@ replica short is not counted.)
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+
+import numpy as np
 
 
 def young(C: float, M: float) -> float:
@@ -79,3 +82,27 @@ def optimum(C: float, R: float, M: float) -> float:
             b = lo + g * (hi - lo)
             fb = goodput(math.exp(b), C, R, M)
     return math.exp((lo + hi) / 2)
+
+
+@dataclass
+class Curve:
+    """Goodput against the checkpoint interval for one job MTBF: restart at each of ``taus``, in place, and
+    Daly's interval with its goodput (what ``netmorph failures --plot`` and the tour draw)."""
+
+    gpus: int
+    mtbf_s: float
+    taus: np.ndarray
+    restart: np.ndarray
+    inplace: float
+    daly_s: float
+    daly_goodput: float
+
+
+def curve(gpus: int, M: float, C: float, R: float, r: float, s: float,
+          taus: np.ndarray | None = None) -> Curve:
+    """:class:`Curve` of ``gpus`` GPUs whose job MTBF is ``M``: checkpoint ``C``, restart ``R``; in place
+    recovery ``r`` and step ``s`` (default intervals: 1 min to 48 h)."""
+    taus = np.geomspace(60, 48 * 3600, 300) if taus is None else taus
+    t = daly(C, M)
+    return Curve(gpus, M, taus, np.array([goodput(x, C, R, M) for x in taus]), inplace_goodput(s, r, M), t,
+                 goodput(t, C, R, M))

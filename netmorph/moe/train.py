@@ -21,7 +21,7 @@ from netmorph.mesh.shape import ModelShape
 from netmorph.models.capacity import capacity
 from netmorph.models.moe import Router
 from netmorph.parallel.hybrid import TrainConfig
-from netmorph.parallel.results import TrainSummary
+from netmorph.parallel.run import TrainSummary
 from netmorph.parallel.run import train as run
 
 PHASES = ("moe.dispatch", "moe.combine", "moe.dispatch.bwd", "moe.combine.bwd")

@@ -1,5 +1,5 @@
 """Run a training layout on real ranks and summarise it: losses, traffic against the closed forms,
-the pipeline's in-flight microbatches and bubble, memory, and the 1-rank reference.
+the pipeline's in-flight microbatches and bubble, memory, and the 1-rank reference (a :class:`TrainSummary`).
 
 What ``netmorph train`` prints and ``--json`` returns; the SPMD rank function is
 :func:`netmorph.parallel.hybrid.train_rank` (run by ``launch`` here, or by every
@@ -9,14 +9,62 @@ process of a torchrun job).
 from __future__ import annotations
 
 import statistics
+from dataclasses import asdict, dataclass, fields
+
 from netmorph.models.gpt import GPTStage, synthetic_batch
 from netmorph.parallel.baseline import baseline_rank
 from netmorph.parallel.flat import Adam, FlatParams
 from netmorph.parallel.hybrid import DTYPES, TrainConfig, train_rank
-from netmorph.parallel.results import RankReport, TrainSummary
+from netmorph.parallel.results import RankReport
 from netmorph.parallel.state import assemble, named_pieces
 from netmorph.runtime.launch import launch
 from netmorph.runtime.progress import ProgressCounter
+
+
+@dataclass
+class TrainSummary:
+    """A training job's result, from every rank's :class:`RankReport` (:func:`netmorph.parallel.run.summarise`).
+
+    Per-phase figures are bytes each rank sent per step, the maximum over ranks, beside the closed form."""
+
+    config: TrainConfig                    # what ran: the model, the layout and the run's options
+    backend: str
+    losses: list                           # per step
+    step_times_s: list                     # per step, the slowest rank's
+    step_time_s: float                     # the median after the first step
+    tokens_per_s: float
+    bytes_per_rank_by_phase: dict          # {phase: measured} (a routed phase: its last step)
+    predicted_bytes_per_rank_by_phase: dict
+    traffic_exact: dict                    # {phase: every rank sent its closed form, every step}
+    formulas: dict                         # {phase: the closed form, as text}
+    in_flight_peak: dict                   # {pp rank: the most microbatches it held}
+    bubble_fraction: dict                  # {"theory": (p-1)/(v·m+p-1), "measured": the share of time waited}
+    memory_bytes: dict                     # params, grads, optimizer, activations_peak: the most loaded rank
+    timeline: dict                         # {rank: its last step's slots}, the ranks of tp 0 and dp 0
+    pp_rank: dict                          # {rank: its pipeline stage}
+    step_bytes_by_phase: list              # per step {phase: bytes}
+    experts_by_rank: dict | None = None    # with experts: {rank: (tp, pp, dp, the router's log)}
+    bytes_by_rank: list | None = None      # with experts: every rank's bytes by step
+    reference_losses: list | None = None   # with --check: the 1-rank run
+    reference_kept: list | None = None     # with --check and experts: the 1-rank run's kept tokens by step
+    max_rel_loss_diff: float | None = None
+    max_abs_weight_diff: float | None = None
+    trace: dict | None = None              # with --trace: the last step as Trace Event Format
+    baseline: dict | None = None           # with --baseline ddp: PyTorch DDP and the no-communication bound
+
+    def to_json(self) -> dict:
+        """The ``--json`` object: the layout's fields first, then every result that was computed (no trace)."""
+        cfg, lay = self.config, self.config.layout
+        out = {"world": cfg.world, "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "zero": lay.zero,
+               "schedule": lay.pipeline_schedule, "interleave": lay.interleave, "microbatches": lay.microbatches,
+               "micro_batch_size": lay.micro_batch_size, "global_batch": lay.global_batch, "steps": cfg.steps,
+               "backend": self.backend, "dtype": cfg.dtype, "sequence_parallel": lay.sequence_parallel,
+               "dp_mode": cfg.dp_mode, "model": {**asdict(cfg.model), "params": cfg.model.params()}}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name not in ("config", "backend", "trace") and value is not None:
+                out[f.name] = value
+        return out
 
 
 def baselines(cfg: TrainConfig, timeout: float = 60.0) -> dict:

@@ -10,48 +10,26 @@ from __future__ import annotations
 
 import numpy as np
 
-from netmorph.collectives import ALGORITHMS
-from netmorph.cost.topology import PRESETS
-from netmorph.cost.tuner import predict
 from netmorph.files import save_figure
 from netmorph.report.html import Section
 from netmorph.report.table import size_bands
+from netmorph.tour.collectives import ALGOS, MAP_SIZES, SIZES, WORLDS, Collectives, winners
 from netmorph.units import fmt_bytes, fmt_time
 
-ALGOS = list(ALGORITHMS["allreduce"])
 COLORS = {"naive": "#999999", "ring": "#1f77b4", "recursive_doubling": "#ff7f0e", "rabenseifner": "#2ca02c",
           "binomial": "#9467bd", "double_binary_tree": "#d62728", "one_shot": "#8c564b", "two_shot": "#17becf"}
-SIZES = [1 << e for e in range(10, 31)]          # 1 KiB .. 1 GiB
-WORLDS = [2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256]
-MAP_SIZES = [1 << e for e in range(10, 31, 2)]
 
 
-def _curves(topo, placement, world=8):
-    return {a: np.array([predict("allreduce", a, world, n, topo, 4, placement).time for n in SIZES]) for a in ALGOS}
-
-
-def _winners(curves):
-    stack = np.array([curves[a] for a in ALGOS])
-    return [ALGOS[i] for i in stack.argmin(axis=0)]
-
-
-def build_section(out_dir, tick=lambda: None, quick: bool = False) -> Section:
+def build_section(res: Collectives, out_dir) -> Section:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cluster = PRESETS["dgx-a100-cluster"]
-    groups = {"TP group: 8 GPUs of one node (devices 0..7, NVLink)": list(range(8)),
-              "DP group: GPU 0 of 8 nodes (devices 0, 8, .., 56, InfiniBand)": list(range(0, 64, 8))}
-    curves = {}
-    for label, pl in groups.items():
-        curves[label] = _curves(cluster, pl)
-        tick()
-
+    curves, maps, preds = res.curves, res.maps, res.flat
     fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
     band_text = {}
     for ax, (label, cv) in zip(axes, curves.items()):
-        win = _winners(cv)
+        win = winners(cv)
         best = np.min(np.array([cv[a] for a in ALGOS]), axis=0)
         ax.plot(SIZES, best, color="black", lw=7, alpha=0.12, label="fastest (tuner's pick)")
         for a in ALGOS:
@@ -71,17 +49,6 @@ def build_section(out_dir, tick=lambda: None, quick: bool = False) -> Section:
     save_figure(fig, out_dir / "allreduce_tp_vs_dp.png")
     plt.close(fig)
 
-    # who wins, over world size x message size, on two clusters
-    maps = {}
-    for name in ("dgx-a100-cluster", "pcie-ethernet-cluster"):
-        topo = PRESETS[name]
-        grid = np.zeros((len(WORLDS), len(MAP_SIZES)), dtype=int)
-        for i, p in enumerate(WORLDS):
-            for j, n in enumerate(MAP_SIZES):
-                times = [predict("allreduce", a, p, n, topo, 4).time for a in ALGOS]
-                grid[i, j] = int(np.argmin(times))
-            tick()
-        maps[name] = grid
     from matplotlib.colors import ListedColormap
     cmap = ListedColormap([COLORS[a] for a in ALGOS])
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
@@ -99,8 +66,6 @@ def build_section(out_dir, tick=lambda: None, quick: bool = False) -> Section:
     plt.close(fig)
 
     # what each algorithm costs in the two hardware-independent quantities
-    flat = PRESETS["flat"]
-    preds = [predict("allreduce", a, 8, 8 << 20, flat, 4) for a in ALGOS]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     axes[0].bar(ALGOS, [p.counts.rounds for p in preds], color=[COLORS[a] for a in ALGOS])
     axes[0].set_ylabel("rounds on the critical path")
@@ -112,9 +77,8 @@ def build_section(out_dir, tick=lambda: None, quick: bool = False) -> Section:
     fig.tight_layout()
     save_figure(fig, out_dir / "allreduce_rounds_bytes.png")
     plt.close(fig)
-    tick()
 
-    tp_label, dp_label = list(groups)
+    tp_label, dp_label = list(curves)
     tp_small, dp_small = curves[tp_label], curves[dp_label]
     one_kib_ratio = dp_small["recursive_doubling"][0] / tp_small["recursive_doubling"][0]
     gib = -1
@@ -164,5 +128,3 @@ any placement or sweep: <code>netmorph collective allreduce --world 64 --sizes 1
          ("allreduce_rounds_bytes.png", "The two hardware-independent quantities: rounds and bytes.")],
         summary)
 
-
-STEPS = 2 + 2 * len(WORLDS) + 1     # progress ticks build_section makes

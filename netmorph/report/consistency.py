@@ -5,8 +5,6 @@ from __future__ import annotations
 from netmorph.files import save_figure
 from netmorph.report.html import Section
 
-STEPS = 2
-
 
 def plot(rows, path, title):
     import matplotlib
@@ -43,14 +41,8 @@ def _row(r) -> str:
             f"<td>{r['max_staleness']}</td><td>{r['bytes_on_wire']:,}</td></tr>")
 
 
-def build_section(out_dir, tick=lambda: None, quick: bool = False) -> Section:
-    from netmorph.consistency import Config, compare
-    runs = {}
-    for label, strag in (("no straggler", None), ("worker 1 four times slower", (1, 4.0))):
-        cfg = Config(workers=4, steps=100, model="convex", lr=40.0, compute_ms=2.0, straggler=strag)
-        rows = [r.summary for r in compare(cfg)]
-        runs[label] = rows
-        tick()
+def build_section(runs: dict, out_dir) -> Section:
+    """:func:`netmorph.tour.consistency.run`'s rows: loss against time and against updates, and the tables."""
     files = []
     for i, (label, rows) in enumerate(runs.items()):
         name = f"sgd_{'straggler' if i else 'balanced'}.png"

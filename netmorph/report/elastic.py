@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from netmorph.files import save_figure
+from netmorph.report.html import Section
+from netmorph.tour.elastic import EVERY, KILLS
 
 LABELS = {"inplace": "netmorph in place", "rollback": "Horovod Elastic: last commit",
           "restart": "torchrun-style: restart all + checkpoint"}
@@ -17,26 +19,6 @@ def throughput(timeline, batch: int, bins: np.ndarray):
     t = np.array([t for t, _, n in timeline if n > 0])
     counts, _ = np.histogram(t, bins)
     return counts * batch / np.diff(bins)
-
-
-def caught_up(run) -> float:
-    """Seconds from each death until the job has again completed as many steps as when it died (what a
-    recovery costs in wall time, redone steps included), summed over the deaths."""
-    total = 0.0
-    for e in run["events"]:
-        if e.get("kind") == "join":
-            continue
-        total += next(t for t, s, n in run["timeline"] if t > e["at_s"] and n > 0 and s > e["step"]) - e["at_s"]
-    return total
-
-
-def recovery_summary(run) -> dict:
-    """One recovery's figures over its deaths (joins are not recoveries): wall time, recovery (death to the next
-    completed step: ``resumed_after_s`` in place, ``recovery_s`` for a restart), steps redone, caught up."""
-    kills = [e for e in run["events"] if e.get("kind") != "join"]
-    return {"wall_s": run["wall_s"], "steps_redone": sum(e["steps_redone"] for e in kills),
-            "recovery_s": sum(e["resumed_after_s"] if "resumed_after_s" in e else e["recovery_s"] for e in kills),
-            "caught_up_s": caught_up(run)}
 
 
 def plot_recoveries(runs: dict, batch: int, path, title: str) -> None:
@@ -75,33 +57,15 @@ def plot_recoveries(runs: dict, batch: int, path, title: str) -> None:
     plt.close(fig)
 
 
-STEPS = 3
-KILLS = ((2, 60), (1, 140))
-EVERY = 25
-
-
-def build_section(out_dir, tick=lambda: None, quick: bool = False):
-    """One job (4 workers, 200 steps, two workers SIGKILLed) recovered in place, by rollback to the last
-    commit, and by restarting every worker from the last checkpoint; the figure and the table."""
-    from dataclasses import replace
-
-    from netmorph.elastic.restart import restart_all
-    from netmorph.elastic.train import ElasticConfig, train
-    from netmorph.report.html import Section
-    cfg = ElasticConfig(workers=4, min_workers=2, steps=200, kills=KILLS)
-    inplace = train(cfg, check=True)
-    tick()
-    rollback = train(replace(cfg, commit_every=EVERY))
-    tick()
-    restart = restart_all(replace(cfg, commit_every=EVERY))
-    tick()
-    runs = {"inplace": inplace, "rollback": rollback, "restart": restart}
+def build_section(res, out_dir) -> Section:
+    """The figure and the table of :func:`netmorph.tour.elastic.run`'s three recoveries."""
+    cfg, runs = res
+    inplace = runs["inplace"]
     plot_recoveries(runs, cfg.global_batch, out_dir / "elastic_recovery.png",
-                    f"{cfg.workers} workers, {cfg.steps} steps, rank 2 killed in step 60 and rank 1 in step 140; "
-                    f"commit / checkpoint every {EVERY}")
+                    f"{cfg.workers} workers, {cfg.steps} steps, rank {KILLS[0][0]} killed in step {KILLS[0][1]} "
+                    f"and rank {KILLS[1][0]} in step {KILLS[1][1]}; commit / checkpoint every {EVERY}")
     rows = []
-    for name, run in runs.items():
-        r = recovery_summary(run)
+    for name, r in runs.items():
         rows.append((LABELS[name], r["wall_s"], r["recovery_s"], r["caught_up_s"], r["steps_redone"]))
     ok = inplace["max_rel_param_diff"] <= 1e-9
     table = "".join(f"<tr><td>{n}</td><td>{w:.2f}</td><td>{1e3 * r:.1f}</td><td>{1e3 * c:.1f}</td><td>{s}</td></tr>"

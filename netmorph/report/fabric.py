@@ -9,66 +9,21 @@ event simulation's prediction for the same schedules.
 
 from __future__ import annotations
 
-import os
-import time
-
 import numpy as np
 
-from netmorph.cost.topology import Topology
-from netmorph.cost.tuner import predict
 from netmorph.files import save_figure
 from netmorph.report.collectives import COLORS
 from netmorph.report.html import Section
+from netmorph.tour.fabric import EMU_ALGOS, EMU_SIZES, LAB, LOCAL, SIZES, WORLDS, Fabric
 from netmorph.units import fmt_bytes
 
-SIZES = [4 << 10, 32 << 10, 256 << 10, 2 << 20, 16 << 20]
-LOCAL = ["ring", "rabenseifner", "two_shot"]
-WORLDS = (2, 4)
-# 2 "nodes" x 2 ranks, slow enough that the emulated links dominate Python's own costs
-LAB = Topology("lab-2x2", alpha=200e-6, beta=1 / 1e9, gamma=0.0, gpus_per_node=2, alpha_inter=1e-3,
-               beta_inter=1 / 100e6, description="emulated: 2 nodes x 2 ranks; 200 us, 1 GB/s inside; "
-                                                 "1 ms, 100 MB/s between")
-EMU_ALGOS = ["ring", "recursive_doubling", "rabenseifner", "binomial", "double_binary_tree", "two_shot"]
-EMU_SIZES = [1 << 10, 64 << 10, 512 << 10]
-STEPS = 2 * len(WORLDS) + len(EMU_ALGOS)
 
-
-def _emulated(comm, sizes, algo, reps):
-    """The best of ``reps`` all-reduces of each size (one launch for every size: fewer process starts)."""
-    out = []
-    for n in sizes:
-        x = np.ones(max(1, n // 4), np.float32)
-        comm.barrier()
-        comm.all_reduce(x, algo=algo)
-        best = float("inf")
-        for _ in range(reps):
-            comm.barrier()
-            t0 = time.perf_counter()
-            comm.all_reduce(x, algo=algo)
-            best = min(best, time.perf_counter() - t0)
-        out.append(best)
-    return out
-
-
-def build_section(out_dir, tick=lambda: None, quick: bool = False) -> Section:
+def build_section(res: Fabric, out_dir) -> Section:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from netmorph.runtime.bench import Case, measure, memcpy_bandwidth
-    from netmorph.runtime.launch import launch
-
-    bw = {}
-    for p in WORLDS:
-        rows = measure([Case("allreduce", a, n) for n in SIZES for a in LOCAL], p, "local", iters=8, warmup=2,
-                       in_place_only=True)
-        tick()
-        rows += measure([Case("allreduce", "native", n) for n in SIZES], p, "torch-native", iters=8, warmup=2,
-                        in_place_only=True)
-        tick()
-        bw[p] = rows
-    copy = memcpy_bandwidth()
-
+    bw, copy, pts = res.busbw, res.memcpy_gbps, res.emulated
     fig, axes = plt.subplots(1, len(WORLDS), figsize=(13, 4.8), sharey=True)
     ratios = {}
     for ax, p in zip(axes, WORLDS):
@@ -94,12 +49,6 @@ def build_section(out_dir, tick=lambda: None, quick: bool = False) -> Section:
     save_figure(fig, out_dir / "fabric_busbw.png")
     plt.close(fig)
 
-    pts = []
-    for a in EMU_ALGOS:
-        per_rank = launch(_emulated, 4, EMU_SIZES, a, 3, topology=LAB, timeout=30)
-        for k, n in enumerate(EMU_SIZES):
-            pts.append((a, n, max(r[k] for r in per_rank), predict("allreduce", a, 4, n, LAB).time))
-        tick()
     fig, ax = plt.subplots(figsize=(6.5, 5.5))
     for a in EMU_ALGOS:
         xs = [q[3] * 1e3 for q in pts if q[0] == a]
@@ -124,7 +73,7 @@ def build_section(out_dir, tick=lambda: None, quick: bool = False) -> Section:
 <p>The schedules of the previous section run here on real OS processes. The local fabric moves messages through
 shared memory: per pair of ranks a ring of slots (NCCL's SHM transport FIFO); buffers allocated with
 <code>comm.alloc</code> (registered memory, like <code>ncclMemAlloc</code>) are read by peers in place, so each byte
-moves once. At {fmt_bytes(SIZES[-1])}: {ratio_txt}. {_cores_note(max(ratios, default=1))}</p>
+moves once. At {fmt_bytes(SIZES[-1])}: {ratio_txt}. {_cores_note(max(ratios, default=1), res.cores)}</p>
 <p>Below, the fabric imposes the α and β of an emulated two-level topology ({LAB.description}) on every message,
 and the measured time of each schedule is set against the event simulation's prediction. Mean absolute error
 {100 * float(np.mean(err)):.0f}%; what the model leaves out is the Python cost of each round and the receive port
@@ -142,9 +91,8 @@ and the measured time of each schedule is set against the event simulation's pre
                    summary)
 
 
-def _cores_note(world: int) -> str:
+def _cores_note(world: int, cores: int) -> str:
     """What the core count of the machine that ran the tour means for the busbw above."""
-    cores = os.cpu_count() or 1
     if world > cores:
         return (f"This machine has {cores} core{'s' if cores > 1 else ''}, so world {world} runs more than one rank "
                 f"per core and memory bandwidth, not the fabric, sets the ceiling.")

@@ -2,29 +2,27 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from netmorph.files import save_figure
+from netmorph.report.html import Section
+from netmorph.tour.failures import Failures
 
 
-def plot_goodput(path, clusters, C, R, r, s, tau=None, mc_points=None) -> None:
-    """``clusters``: [(gpus, job MTBF s)]. Restart goodput against the interval (solid), in place (dashed),
-    Daly's interval marked, ``tau`` (the interval used) dotted; ``mc_points``: {gpus: [(interval, mean, stderr)]} Monte-Carlo points."""
+def plot_goodput(path, curves: list, C, R, r, s, tau=None, mc_points=None) -> None:
+    """``curves``: :class:`netmorph.failures.Curve` per cluster size. Restart goodput against the interval
+    (solid), in place (dashed), Daly's interval marked, ``tau`` (the interval used) dotted; ``mc_points``:
+    {gpus: [(interval, mean, stderr)]} Monte-Carlo points."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from netmorph.failures import daly, goodput, inplace_goodput
     fig, ax = plt.subplots(figsize=(10, 4.4))
-    taus = np.geomspace(60, 48 * 3600, 300)
-    for i, (gpus, M) in enumerate(clusters):
+    for i, cv in enumerate(curves):
         c = f"C{i}"
-        ax.plot(taus / 60, [100 * goodput(t, C, R, M) for t in taus], color=c,
-                label=f"{gpus:,} GPUs (MTBF {M / 3600:.2f} h): restart")
-        ax.axhline(100 * inplace_goodput(s, r, M), color=c, ls="--", lw=1, label=f"{gpus:,} GPUs: in place")
-        t = daly(C, M)
-        ax.plot([t / 60], [100 * goodput(t, C, R, M)], "o", color=c, ms=5)
-        for tt, mean, se in (mc_points or {}).get(gpus, []):
+        ax.plot(cv.taus / 60, 100 * cv.restart, color=c,
+                label=f"{cv.gpus:,} GPUs (MTBF {cv.mtbf_s / 3600:.2f} h): restart")
+        ax.axhline(100 * cv.inplace, color=c, ls="--", lw=1, label=f"{cv.gpus:,} GPUs: in place")
+        ax.plot([cv.daly_s / 60], [100 * cv.daly_goodput], "o", color=c, ms=5)
+        for tt, mean, se in (mc_points or {}).get(cv.gpus, []):
             ax.errorbar([tt / 60], [100 * mean], yerr=[100 * 2 * se], fmt="x", color="black", ms=5, capsize=2)
     if tau is not None:
         ax.axvline(tau / 60, color="gray", ls=":", lw=1)
@@ -40,29 +38,13 @@ def plot_goodput(path, clusters, C, R, r, s, tau=None, mc_points=None) -> None:
     plt.close(fig)
 
 
-STEPS = 1
-SIZES = (1024, 16384, 100_000)
-
-
-def build_section(out_dir, tick=lambda: None, quick: bool = False):
+def build_section(res: Failures, out_dir) -> Section:
     """Goodput vs checkpoint interval at 1k, 16k and 100k GPUs, per-GPU MTBF from Llama 3's published count."""
-    from netmorph.failures import daly, fleet, goodput, inplace_goodput, job_mtbf, monte_carlo
-    from netmorph.report.html import Section
-    f = fleet()["llama3-405b"]
-    per_gpu = job_mtbf(f) * f["gpus"]
-    C, R, r, s = 60.0, 600.0, 60.0, 10.0
-    clusters = [(n, per_gpu / n) for n in SIZES]
-    mc = {}
-    for n, M in clusters:
-        t = daly(C, M)
-        g = monte_carlo(t, C, R, M, hours=54 * 24, trials=100, seed=1)
-        mc[n] = [(t, float(g.mean()), float(g.std(ddof=1) / len(g) ** 0.5))]
-    tick()
-    plot_goodput(out_dir / "failures_goodput.png", clusters, C, R, r, s, mc_points=mc)
+    f, per_gpu, (C, R, r, s), mc = res.run, res.per_gpu_mtbf_s, res.costs, res.monte_carlo
+    plot_goodput(out_dir / "failures_goodput.png", res.curves, C, R, r, s, mc_points=mc)
     rows, summary = [], []
-    for n, M in clusters:
-        t = daly(C, M)
-        gr, gi = goodput(t, C, R, M), inplace_goodput(s, r, M)
+    for cv in res.curves:
+        n, M, t, gr, gi = cv.gpus, cv.mtbf_s, cv.daly_s, cv.daly_goodput, cv.inplace
         lost = 54 * 24 * (1 - gr) * n - 54 * 24 * (1 - gi) * n
         rows.append(f"<tr><td>{n:,}</td><td>{M / 3600:.2f} h</td><td>{54 * 24 * 3600 / M:,.0f}</td>"
                     f"<td>{t / 60:.1f} min</td><td>{100 * gr:.1f}%</td><td>{100 * mc[n][0][1]:.1f}%</td>"

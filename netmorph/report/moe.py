@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from netmorph.files import save_figure
+from netmorph.report.html import Section
+from netmorph.tour.moe import ALPHA, FACTORS, LAST, MoE
 
 
 def plot_traffic(out: dict, path, steps: int = 4) -> None:
@@ -50,36 +52,15 @@ def plot_traffic(out: dict, path, steps: int = 4) -> None:
     plt.close(fig)
 
 
-STEPS = 2
-ALPHA = 0.1
-FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
-
-
-def build_section(out_dir, tick=lambda: None, quick: bool = False):
-    """Two dropless runs of the same MoE, load-balancing loss on and off; the router's traffic for
-    consecutive batches, the balance over training, and what each capacity factor would drop. α = 0.1
-    (ten times Megatron's default) so the effect shows within 60 steps of a tiny model."""
-    from netmorph.moe import MoEConfig, exact_drop_fraction, simulated_drop_fraction, train
-    from netmorph.models.capacity import capacity
-    from netmorph.moe.train import drops_at
-    from netmorph.report.html import Section
-    base = dict(ep=4, experts=8, top_k=2, capacity_factor=None, steps=20 if quick else 60, batch=16, lr=1e-2)
-    runs = {}
-    for alpha in (ALPHA, 0.0):
-        runs[alpha] = train(MoEConfig.make(aux_loss_coeff=alpha, **base))
-        tick()
-    on, off = runs[ALPHA], runs[0.0]
-    cfg = MoEConfig.make(aux_loss_coeff=ALPHA, **base)
+def build_section(res: MoE, out_dir) -> Section:
+    """The traffic of consecutive batches, the balance over training, and the drops by capacity factor."""
+    on, off, cfg, drops, uniform = res.on, res.off, res.cfg, res.drops, res.uniform
+    runs = {ALPHA: on, 0.0: off}
     plot_traffic(on, out_dir / "moe_traffic.png")
     _plot_balance(on, off, cfg, out_dir / "moe_balance.png")
-    drops = {a: [drops_at(cfg, r["steps"][-1]["routed_per_rank"], f) for f in FACTORS] for a, r in runs.items()}
-    T, E, k = cfg.tokens_per_rank, cfg.train.model.experts, cfg.train.model.top_k
-    caps = [capacity(T, E, k, f) for f in FACTORS]
-    uniform = [exact_drop_fraction(T, E, k, c) for c in caps]
-    simulated = [simulated_drop_fraction(T, E, k, c, 300) for c in caps]
-    _plot_drops(drops, uniform, simulated, out_dir / "moe_drops.png")
-    im_on = sum(s["load_imbalance"] for s in on["steps"][-30:]) / 30
-    im_off = sum(s["load_imbalance"] for s in off["steps"][-30:]) / 30
+    _plot_drops(drops, uniform, res.simulated, out_dir / "moe_drops.png")
+    im_on, im_off = res.imbalance[ALPHA], res.imbalance[0.0]
+    last = min(LAST, cfg.train.steps)
     exact = all(s["exact"] for r in runs.values() for s in r["steps"])
     i1 = FACTORS.index(1.0)
     html = f"""
@@ -91,13 +72,13 @@ the all-to-all, so the communication pattern is a function of the batch.</p>
 <li><b>Traffic.</b> The rank-to-rank token matrices of four consecutive steps differ: the wiring diagram changes batch
 to batch. The ledger's all-to-all bytes equal matrix &times; h &times; 4 B on every link and step
 ({'✓' if exact else '✗'}).</li>
-<li><b>Balance.</b> Over the last 30 steps the busiest expert takes {im_on:.2f}&times; the mean with the aux loss and
+<li><b>Balance.</b> Over the last {last} steps the busiest expert takes {im_on:.2f}&times; the mean with the aux loss and
 {im_off:.2f}&times; without it.</li>
 <li><b>Capacity.</b> At capacity factor 1.0 the trained router would drop {100 * drops[ALPHA][i1]:.1f}% of its
 assignments with the aux loss, {100 * drops[0.0][i1]:.1f}% without; uniformly random routing drops
 {100 * uniform[i1]:.1f}% (exact, from Binomial(T, k/E)).</li>
 </ul>
-<p>Reproduce: <code>netmorph moe --dropless --steps 60 --batch 16 --lr 1e-2 --aux-loss-coeff {ALPHA} --plot moe.png</code> (and
+<p>Reproduce: <code>netmorph moe --dropless --steps {cfg.train.steps} --batch 16 --lr 1e-2 --aux-loss-coeff {ALPHA} --plot moe.png</code> (and
 <code>--aux-loss-coeff 0</code>); <code>netmorph moe drops --tokens {cfg.tokens_per_rank} --experts 8
 --capacity-factor 1.0</code>.</p>
 """
@@ -105,7 +86,7 @@ assignments with the aux loss, {100 * drops[0.0][i1]:.1f}% without; uniformly ra
                                  "over training."),
              ("moe_balance.png", "Load imbalance (max / mean tokens per expert) over training, aux loss on and off."),
              ("moe_drops.png", "Assignments dropped against capacity factor: the trained routers and uniform routing.")]
-    summary = [f"load imbalance (last 30 steps): {im_on:.2f} with aux loss {ALPHA}, {im_off:.2f} without",
+    summary = [f"load imbalance (last {last} steps): {im_on:.2f} with aux loss {ALPHA}, {im_off:.2f} without",
                f"capacity factor 1.0 drops: trained {100 * drops[ALPHA][i1]:.1f}% (aux) / {100 * drops[0.0][i1]:.1f}% "
                f"(no aux), uniform {100 * uniform[i1]:.1f}%",
                f"all-to-all bytes = traffic matrix x h x 4 B on every link and step: {'yes' if exact else 'NO'}"]

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from netmorph.files import save_figure
 from netmorph.report.html import Section
-
-STEPS = 4
+from netmorph.tour.morph import Morph
 
 
 def _clock(run):
     """Each step's end on the run's wall clock: its steps' times plus the moves and recoveries where they happened."""
-    import numpy as np
     t = np.cumsum(run.step_s)
     for at, spent, *_ in run.events:
         t[at:] += spent
@@ -60,7 +60,6 @@ def plot_plan(path, p) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
     m = p.bytes_matrix().astype(float)
     kept = np.zeros(p.world)
     for r, kinds in p.local.items():
@@ -87,27 +86,11 @@ def plot_plan(path, p) -> None:
     plt.close(fig)
 
 
-def build_section(out_dir, tick=lambda: None, quick: bool = False) -> Section:
-    from netmorph.mesh.shape import ModelShape
-    from netmorph.morph.controller import Trainer, calibrate, parse_scenario, run_adaptive, run_static
-    from netmorph.mesh.layout import Layout
-    from netmorph.morph.reshard import plan
-
-    model = ModelShape(layers=4, hidden=32, heads=4, seq=16, vocab=64)
-    world, batch, steps, segment = 8, 8, 24, 4
-    scenario = parse_scenario("link-degrades@8")
-    trainer = Trainer(model, batch, world)
-    cal = calibrate(trainer, scenario, steps, steps=3, max_tp=1)
-    tick()
-    start = cal.best(cal.beta0, world, model.seq)
-    log = []
-    adaptive = run_adaptive(trainer, cal, start, steps, segment, scenario, log=log.append)
-    tick()
-    others = [lay for lay in cal.layouts(world, model.seq) if lay != start][:1]
-    statics = {lay.tag(): run_static(trainer, lay, steps, segment, scenario) for lay in [start, *others]}
-    tick()
+def build_section(res: Morph, out_dir) -> Section:
+    """:func:`netmorph.tour.morph.run`'s runs over wall time and its reshard plan."""
+    scenario, segment, start, adaptive, statics, moved = (res.scenario, res.segment, res.start, res.adaptive,
+                                                           res.statics, res.moved)
     plot_throughput(out_dir / "morph_throughput.png", adaptive, statics, scenario)
-    moved = plan(model, Layout(tp=2, pp=2, dp=2), Layout(dp=8, zero=3))
     plot_plan(out_dir / "morph_plan.png", moved)
     best = min(statics, key=lambda k: statics[k].total_s)
     first = statics[start.tag()].total_s

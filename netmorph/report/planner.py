@@ -2,44 +2,23 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from netmorph.files import save_figure
 from netmorph.report.html import Section
-
-STEPS = 2
-MODEL, GPUS, BATCH = "gpt3-175b", 1024, 1536
+from netmorph.tour.planner import BATCH, GPUS, MODEL, Planning
 
 
-def build_section(out_dir, tick=lambda: None, quick: bool = False) -> Section:
-    import time
-
+def build_section(res: Planning, out_dir) -> Section:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
-    from netmorph.mesh.layout import Layout
-    from netmorph.planner.hardware import PRESETS as HW
-    from netmorph.planner.memory import memory
-    from netmorph.mesh.shape import PRESETS
-    from netmorph.planner.search import search
-
-    model, hw = PRESETS[MODEL], HW["a100-80g"]
-    t0 = time.perf_counter()
-    result = search(model, GPUS, hw, BATCH, top=1)
-    n_fit = result.fits
-    elapsed = time.perf_counter() - t0
-    tick()
-    best = result.ranked[0]
-    splits = [(t, p) for t in (1, 2, 4, 8) for p in (1, 2, 4, 8, 16, 32) if model.layers % p == 0]
-    mems, thr, labels = [], [], []
-    for t, p in splits:
-        d = GPUS // (t * p)
-        c = Layout(tp=t, pp=p, dp=d, global_batch=BATCH, zero=1, recompute="selective", sequence_parallel=t > 1)
-        mems.append(memory(model, c))
-        here = [e for e in result.by_split if e["tp"] == t and e["pp"] == p]
-        thr.append(100 * here[0]["mfu"] if here else 0.0)      # model FLOPs: ranks as the step time does
-        labels.append(f"t{t}\np{p}")
-    tick()
+    result, elapsed, n_fit, best = res.result, res.seconds, res.result.fits, res.result.ranked[0]
+    splits = [(t, p) for t, p, _, _ in res.splits]
+    mems = [m for _, _, m, _ in res.splits]
+    thr = [v for _, _, _, v in res.splits]
+    labels = [f"t{t}\np{p}" for t, p in splits]
     fig, axes = plt.subplots(2, 1, figsize=(13, 8), sharex=True)
     x = np.arange(len(splits))
     bottom = np.zeros(len(splits))
@@ -48,7 +27,7 @@ def build_section(out_dir, tick=lambda: None, quick: bool = False) -> Section:
         vals = np.array([m[key] / 2**30 for m in mems])
         axes[0].bar(x, vals, bottom=bottom, color=color, label=key)
         bottom += vals
-    axes[0].axhline(hw.memory_bytes / 2**30, color="black", ls="--", lw=1, label="80 GiB per A100")
+    axes[0].axhline(res.memory_bytes / 2**30, color="black", ls="--", lw=1, label="80 GiB per A100")
     axes[0].set_yscale("log")
     axes[0].set_ylim(1, None)
     axes[0].set_ylabel("GiB per GPU (ZeRO-1, selective recompute, mb 1)")
@@ -73,13 +52,8 @@ def build_section(out_dir, tick=lambda: None, quick: bool = False) -> Section:
     save_figure(fig, out_dir / "plan_splits.png")
     plt.close(fig)
     mem = best["memory_bytes"]
-    # today's model on today's cluster: GQA, SwiGLU, FlashAttention, uneven stages, cp and precision searched
-    t0 = time.perf_counter()
-    big = search(PRESETS["llama-3-405b"], 16384, HW["h100-80g"], 2048, top=1,
-                 base=Layout(first_stage_layers=7, last_stage_layers=7), fixed={"precision": "bf16"})
-    t_big = time.perf_counter() - t0
+    big, t_big = res.big, res.big_seconds
     lb = big.ranked[0]
-    tick()
     html = f"""
 <p>The planner's memory model (ZeRO's partitioning, Megatron's sharding, Korthikanti et al.'s activations) and
 time model (Narayanan et al.'s FLOPs, the pipeline bubble, every collective simulated on the DGX A100 cluster

@@ -2,51 +2,21 @@
 
 from __future__ import annotations
 
-import copy
+import numpy as np
 
 from netmorph.files import save_figure
+from netmorph.report.html import Section
+from netmorph.tour.serving import RATES, TRAINING, Serving
 
-STEPS = 3
-RATES = (4.0, 8.0, 16.0)
-PHASE_COLORS = {"training: gradient all-reduce": "tab:purple", "prefill: TP all-reduces": "tab:orange",
+PHASE_COLORS = {TRAINING: "tab:purple", "prefill: TP all-reduces": "tab:orange",
                 "KV transfer (prefill -> decode ranks)": "tab:red", "decode: TP all-reduces": "tab:blue"}
 
 
-def phase_traffic(out_dir, tick=lambda: None) -> dict:
-    """One data-parallel training step, a disaggregated serve and a tensor-parallel serve on the fabric; every
-    message's bytes by phase over wall time (the ledgers' timestamps), drawn as three panels."""
+def plot_phases(runs: dict, path) -> dict:
+    """Every message's bytes by phase over wall time, one panel per run; {phase: (messages, bytes)}."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
-
-    from netmorph.mesh.shape import ModelShape
-    from netmorph.parallel.hybrid import TrainConfig
-    from netmorph.parallel.run import train
-    from netmorph.planner.hardware import PRESETS as HARDWARE
-    from netmorph.serving import workload
-    from netmorph.serving.disagg import serve_disaggregated
-    from netmorph.serving.engine import ServeConfig
-    from netmorph.mesh.shape import PRESETS as MODELS
-    from netmorph.serving.roofline import iteration_time
-    from netmorph.serving.tp import serve_tensor_parallel
-    t = train(TrainConfig.make(dp=4, steps=2, trace=True))
-    train_msgs = [(e["ts"] / 1e6, e["args"]["bytes"], "training: gradient all-reduce")
-                  for e in t.trace["traceEvents"] if e.get("ph") == "X" and e.get("cat", "").startswith("dp")]
-    model = ModelShape(layers=2, hidden=64, heads=4, seq=512, vocab=256)
-    reqs = workload.generate(16, 200.0, model.seq, model.vocab, seed=1, means=(161.31 / 2, 337.99 / 8))
-    cfg = ServeConfig(num_blocks=256, block_size=16)
-    d = serve_disaggregated(model, cfg, copy.deepcopy(reqs), 1, 2, keep_ledger=True)
-    price = (lambda items: iteration_time(MODELS["llama-3-8b"], HARDWARE["a100-80g"], items))   # noqa: E731
-    p = serve_tensor_parallel(model, cfg, copy.deepcopy(reqs), 2, price, keep_ledger=True)
-    names = {"kv": "KV transfer (prefill -> decode ranks)", "tp.prefill": "prefill: TP all-reduces",
-             "tp.decode": "decode: TP all-reduces"}
-    runs = {"one training step, dp 4": train_msgs,
-            "serving, prefill 1 rank : decode 2 ranks": [(r.t0, r.bytes, names[r.phase]) for r in d["ledger"]
-                                                         if r.phase in names],
-            "serving, tensor parallel 2": [(r.t0, r.bytes, names[r.phase]) for r in p["ledger"]
-                                           if r.phase in names]}
-    tick()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     totals = {}
     for ax, (title, msgs) in zip(axes, runs.items()):
@@ -72,46 +42,24 @@ def phase_traffic(out_dir, tick=lambda: None) -> dict:
     fig.suptitle("bytes on the fabric by phase: training's bursts, prefill's large all-reduces, the KV transfer, "
                  "decode's stream of small ones", fontsize=10)
     fig.tight_layout()
-    save_figure(fig, out_dir / "serve_phases.png")
+    save_figure(fig, path)
     plt.close(fig)
     return totals
 
 
-def build_section(out_dir, tick=lambda: None, quick: bool = False):
-    """A short ShareGPT-shaped workload (lengths scaled down 4x so the tour stays quick) served by the project's
-    GPT, each iteration priced as Llama-3-8B's roofline on an A100."""
+def build_section(res: Serving, out_dir) -> Section:
+    """KV memory and the load curves, then the bytes by phase."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from netmorph.mesh.shape import ModelShape
-    from netmorph.planner.hardware import PRESETS as HARDWARE
-    from netmorph.report.html import Section
-    from netmorph.serving import workload
-    from netmorph.serving.engine import Engine, ServeConfig
-    from netmorph.mesh.shape import PRESETS as MODELS
-    from netmorph.serving.roofline import iteration_time
-    model = ModelShape(layers=2, hidden=32, heads=4, seq=512, vocab=256)
-    price = (lambda items: iteration_time(MODELS["llama-3-8b"], HARDWARE["a100-80g"], items))   # noqa: E731
-    means = (161.31 / 4, 337.99 / 4)
-
-    def serve(n, rate, **kw):
-        reqs = workload.generate(n, rate, model.seq, model.vocab, seed=0, means=means)
-        e = Engine(model, ServeConfig(block_size=16, **kw), price)
-        return e, e.run(copy.deepcopy(reqs))
-    kv = {name: serve(32, 40.0, num_blocks=64, kv=name) for name in ("paged", "contiguous")}
-    tick()
-    curves = {}
-    for name, kw in (("static", dict(scheduler="static")), ("continuous", {}),
-                     ("continuous + chunked prefill 64", dict(chunked_prefill=64, max_tokens=128))):
-        curves[name] = [serve(12 if quick else 24, rate, num_blocks=512, **kw)[1] for rate in RATES]
-    tick()
+    kv, curves = res.kv, res.curves
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2))
-    for name, (e, m) in kv.items():
-        t = [x[0] for x in e.timeline]
+    for name, (timeline, m) in kv.items():
+        t = [x[0] for x in timeline]
         ls = "-" if name == "paged" else "--"
-        a.plot(t, [x[2] for x in e.timeline], ls, color="tab:gray", label=f"{name}: reserved")
-        a.plot(t, [x[1] for x in e.timeline], ls, color="tab:blue" if name == "paged" else "tab:red",
+        a.plot(t, [x[2] for x in timeline], ls, color="tab:gray", label=f"{name}: reserved")
+        a.plot(t, [x[1] for x in timeline], ls, color="tab:blue" if name == "paged" else "tab:red",
                label=f"{name}: holding a token ({100 * m['kv_utilization']:.0f}%)")
     a.set_xlabel("time (s, priced as Llama-3-8B on an A100)")
     a.set_ylabel("KV slots (64 blocks x 16)")
@@ -125,12 +73,13 @@ def build_section(out_dir, tick=lambda: None, quick: bool = False):
     b.set_yscale("log")
     b.set_xlabel("throughput (tokens/s)")
     b.set_ylabel("TTFT p90 (ms)")
-    b.set_title("throughput vs latency at 4, 8, 16 requests/s", fontsize=10)
+    b.set_title(f"throughput vs latency at {', '.join(f'{r:g}' for r in RATES)} requests/s "
+                f"({res.requests} requests each)", fontsize=10)
     b.legend(fontsize=7)
     fig.tight_layout()
     save_figure(fig, out_dir / "serve_kv_and_latency.png")
     plt.close(fig)
-    totals = phase_traffic(out_dir, tick)
+    totals = plot_phases(res.phases, out_dir / "serve_phases.png")
     p, c = kv["paged"][1], kv["contiguous"][1]
     hi = {k: v[-1] for k, v in curves.items()}
     html = f"""

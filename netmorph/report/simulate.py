@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from netmorph.files import save_figure
+from netmorph.report.html import Section
+from netmorph.tour.simulate import LAYOUT
 
 COLORS = {"F": "tab:blue", "B": "tab:green", "dp": "tab:red", "opt": "tab:purple"}
 
@@ -40,20 +42,10 @@ def plot_timeline(spans, pp: int, stage_size: int, path, title: str) -> None:
     plt.close(fig)
 
 
-STEPS = 1
-
-
-def build_section(out_dir, tick=lambda: None, quick: bool = False):
-    """GPT-3 175B on 1024 A100s (tp 8, pp 8, dp 16, 1F1B, gradient buckets overlapped), every rank simulated."""
-    from netmorph.mesh.layout import Layout
-    from netmorph.planner.hardware import PRESETS as HARDWARE
-    from netmorph.mesh.shape import PRESETS as MODELS
-    from netmorph.report.html import Section
-    from netmorph.simulate import simulate_config
-    c = Layout(tp=8, pp=8, dp=16, global_batch=1536, recompute="full", dp_overlap=True)
+def build_section(out: dict, out_dir) -> Section:
+    """:func:`netmorph.tour.simulate.run`'s step: the timeline and the breakdown beside the planner's."""
+    c = LAYOUT
     stage = c.tp * c.dp
-    out = simulate_config(MODELS["gpt3-175b"], c, HARDWARE["a100-80g"], "1f1b", [r * stage for r in range(c.pp)])
-    tick()
     plot_timeline(out["spans"], c.pp, stage, out_dir / "simulate_step.png",
                   f"GPT-3 175B, {c.label()}, 1F1B, 96 microbatches: rank 0 of each pipeline stage "
                   f"(all {out['ranks']} ranks simulated)")

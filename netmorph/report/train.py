@@ -3,32 +3,21 @@ each phase sent against its closed form, and what each ZeRO stage keeps per rank
 
 from __future__ import annotations
 
+import numpy as np
+
 from netmorph.files import save_figure
 from netmorph.report.html import Section
+from netmorph.tour.train import Training
 
-STEPS = 3
 COLORS = {"F": "#1f77b4", "B": "#ff7f0e"}
 
 
-def build_section(out_dir, tick=lambda: None, quick: bool = False) -> Section:
+def build_section(res: Training, out_dir) -> Section:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
-    from netmorph.mesh.shape import ModelShape
-    from netmorph.parallel.hybrid import TrainConfig
-    from netmorph.parallel.run import train
-    from netmorph.planner.memory import trainer_memory
-
-    # 1. three pipeline schedules on 4 stages, 8 microbatches, 15 ms emulated compute per forward
-    small = ModelShape(layers=8, hidden=32, heads=4, seq=16, vocab=64)
-    runs = []
-    for name, v in (("afab", 1), ("1f1b", 1), ("interleaved", 2)):
-        cfg = TrainConfig.make(model=small, pp=4, schedule=name, interleave=v, microbatches=8,
-                               steps=2 if quick else 4, compute_ms=15.0)
-        runs.append((name, v, train(cfg)))
-    tick()
+    runs, out3 = res.schedules, res.three_d
     fig, axes = plt.subplots(3, 1, figsize=(13, 7.5), sharex=False)
     for ax, (name, v, out) in zip(axes, runs):
         spans = out.timeline
@@ -55,9 +44,6 @@ def build_section(out_dir, tick=lambda: None, quick: bool = False) -> Section:
     plt.close(fig)
 
     # 2. 3D: every phase's bytes against its closed form
-    cfg3 = TrainConfig.make(model=ModelShape(), tp=2, pp=2, dp=2, zero=1, microbatches=4, steps=2)
-    out3 = train(cfg3, check=True)
-    tick()
     phases = [p for p in ("zero", "tp", "pp", "pp.emb") if p in out3.bytes_per_rank_by_phase]
     fig, ax = plt.subplots(figsize=(9, 3.8))
     x = np.arange(len(phases))
@@ -69,13 +55,7 @@ def build_section(out_dir, tick=lambda: None, quick: bool = False) -> Section:
             "tp2 pp2 dp2 ZeRO-1: what each phase sent vs its closed form", out_dir / "train_traffic.png")
 
     # 3. ZeRO stages on dp 4: model-state bytes per rank
-    mems, plans = [], []
-    for z in (0, 1, 2, 3):
-        cfg = TrainConfig.make(model=ModelShape(), dp=4, zero=z, microbatches=1, steps=1, dtype="float32")
-        mems.append(train(cfg).memory_bytes)
-        est = trainer_memory(cfg.model, cfg.layout, 8 if cfg.dtype == "float64" else 4)
-        plans.append(est["params"] + est["grads"] + est["optimizer"])
-    tick()
+    mems, plans = [m for _, m, _ in res.zero_memory], [q for _, _, q in res.zero_memory]
     fig, ax = plt.subplots(figsize=(9, 3.8))
     bottom = np.zeros(4)
     for key, color in (("params", "#1f77b4"), ("grads", "#ff7f0e"), ("optimizer", "#2ca02c")):
@@ -92,7 +72,7 @@ def build_section(out_dir, tick=lambda: None, quick: bool = False) -> Section:
     exact = all(out3.traffic_exact.values())
     bub = {name: out.bubble_fraction for name, _, out in runs}
     html = f"""
-<p>A small GPT (Megatron's parameter layout, {ModelShape().params():,} parameters) trained split across real
+<p>A small GPT (Megatron's parameter layout, {res.params:,} parameters) trained split across real
 processes. Every layout -- data parallel, ZeRO 1-3, Megatron's tensor parallelism with and without sequence
 parallelism, each pipeline schedule, and their 3D composition -- reproduces the 1-rank run on the same global
 batches (float64: to about 1e-15); here tp2 pp2 dp2 ZeRO-1 differs from it by {out3.max_rel_loss_diff:.1e}

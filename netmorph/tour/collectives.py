@@ -1,0 +1,57 @@
+"""The same all-reduce eight ways, priced by the cost model: a tensor-parallel and a data-parallel placement
+on one DGX A100 cluster, who wins over world size x message size on two clusters, and each schedule's rounds
+and bytes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from netmorph.collectives import ALGORITHMS
+from netmorph.cost.topology import PRESETS
+from netmorph.cost.tuner import predict
+
+ALGOS = list(ALGORITHMS["allreduce"])
+SIZES = [1 << e for e in range(10, 31)]          # 1 KiB .. 1 GiB
+WORLDS = [2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256]
+MAP_SIZES = [1 << e for e in range(10, 31, 2)]
+GROUPS = {"TP group: 8 GPUs of one node (devices 0..7, NVLink)": list(range(8)),
+          "DP group: GPU 0 of 8 nodes (devices 0, 8, .., 56, InfiniBand)": list(range(0, 64, 8))}
+MAP_CLUSTERS = ("dgx-a100-cluster", "pcie-ethernet-cluster")
+STEPS = len(GROUPS) + len(MAP_CLUSTERS) * len(WORLDS) + 1
+
+
+@dataclass
+class Collectives:
+    curves: dict        # {placement label: {algorithm: predicted seconds per size of SIZES}} at p = 8
+    maps: dict          # {cluster: (WORLDS x MAP_SIZES) index into ALGOS of the fastest}
+    flat: list          # each algorithm's Prediction for 8 MiB on 8 ranks of the flat topology
+
+
+def winners(curves: dict) -> list:
+    """The fastest algorithm at each size of ``curves`` ({algorithm: times})."""
+    stack = np.array([curves[a] for a in ALGOS])
+    return [ALGOS[i] for i in stack.argmin(axis=0)]
+
+
+def run(tick=lambda: None, quick: bool = False) -> Collectives:
+    """The predictions the section draws (simulated: ``quick`` changes nothing)."""
+    cluster = PRESETS["dgx-a100-cluster"]
+    curves = {}
+    for label, pl in GROUPS.items():
+        curves[label] = {a: np.array([predict("allreduce", a, 8, n, cluster, 4, pl).time for n in SIZES])
+                         for a in ALGOS}
+        tick()
+    maps = {}
+    for name in MAP_CLUSTERS:
+        topo = PRESETS[name]
+        grid = np.zeros((len(WORLDS), len(MAP_SIZES)), dtype=int)
+        for i, p in enumerate(WORLDS):
+            for j, n in enumerate(MAP_SIZES):
+                grid[i, j] = int(np.argmin([predict("allreduce", a, p, n, topo, 4).time for a in ALGOS]))
+            tick()
+        maps[name] = grid
+    flat = [predict("allreduce", a, 8, 8 << 20, PRESETS["flat"], 4) for a in ALGOS]
+    tick()
+    return Collectives(curves, maps, flat)
