@@ -10,7 +10,9 @@ traceback. Library callers get an ordinary ``ValueError`` subclass.
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import sys
 
 _PLACEHOLDER = re.compile(r"\{([a-z][a-z0-9_]*)\}")
 
@@ -56,8 +58,6 @@ class MissingPackage(ImportError):
 
 def require(package: str, what: str) -> None:
     """Raise :class:`MissingPackage` unless ``package`` can be imported (without importing it)."""
-    import importlib.util
-    import sys
     if package in sys.modules:
         if sys.modules[package] is None:          # import blocked (python -X importtime tests, sys.modules poke)
             raise MissingPackage(package, what)

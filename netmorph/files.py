@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import stat
 import tempfile
 from contextlib import contextmanager
@@ -146,8 +147,6 @@ def _standing(path) -> tuple[bool, bool, str | None]:
 
 def plot_suffixes() -> tuple[str, ...]:
     """The extensions matplotlib can save here (``pgf`` only where its TeX is installed)."""
-    import shutil
-
     import matplotlib
     from matplotlib.backend_bases import FigureCanvasBase
     kinds = ["png", "pdf", "svg"] + sorted(set(FigureCanvasBase.get_supported_filetypes()) - {"png", "pdf", "svg"})

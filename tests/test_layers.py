@@ -175,3 +175,25 @@ def test_the_report_only_draws():
             continue
         wrong = {d for d in deps if d not in allowed and _room(d) not in ("report", "tour")}
         assert not wrong, f"{module} imports {sorted(wrong)}: run it in netmorph.tour, pass the result in"
+
+
+# what a function may import where it is used: torch and what imports it (netmorph's own modules, so that
+# `netmorph --help` and the one-line "install torch" stay fast and clean), the plotting stack, and the extras
+DEFERRABLE = {"torch", "matplotlib", "rich", "netmorph", "sklearn", "ml_dtypes", "transformers"}
+
+
+def test_library_imports_are_at_the_top_of_the_file():
+    hidden = []
+    for module, path in MODULES.items():
+        for fn in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    names = [node.module]
+                else:
+                    continue
+                hidden += [f"{path.name}:{node.lineno} {n}" for n in names if n.split(".")[0] not in DEFERRABLE]
+    assert not hidden, f"move these imports to the top of their files: {hidden}"

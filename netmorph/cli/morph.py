@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 
 from netmorph.cli import add_timeout, plot_file
@@ -88,8 +89,6 @@ def run(args) -> int:
 
 
 def _control(args) -> int:
-    import statistics
-
     from netmorph.morph.controller import Trainer, calibrate, parse_scenario, regimes, run_adaptive, run_static
     world = 8 if args.world is None else args.world
     steps = 100 if args.steps is None else args.steps

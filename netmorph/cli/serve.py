@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import sys
@@ -210,8 +211,6 @@ def _serve(args) -> int:
 
 
 def _disaggregated(args, model, cfg, reqs, bad) -> int:
-    import copy
-
     from netmorph.serving.disagg import serve_disaggregated
     from netmorph.serving.engine import Engine
     P, D = _split(args.disaggregate)

@@ -9,7 +9,9 @@ as ``torchrun --max-restarts`` starts one worker group per attempt.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import time
 
 import numpy as np
@@ -54,8 +56,6 @@ def _attempt_of(cfg, rank) -> int:
 def restart_all(cfg: ElasticConfig) -> dict:
     """torchrun's recovery on the same job: on any death, every worker is torn down and restarted (the
     dead one replaced) from the last checkpoint written to disk every ``commit_every`` steps."""
-    import shutil
-    import tempfile
 
     ckpt = tempfile.mkdtemp(prefix="netmorph-ckpt-")
     t0 = time.monotonic()

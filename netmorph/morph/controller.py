@@ -37,7 +37,10 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from netmorph.cost.topology import Topology, node_of
 from netmorph.errors import UsageError
@@ -93,10 +96,6 @@ PROBE_BYTES = 1 << 18
 def _segment_rank(comm, cfg, inits, gpn: int) -> tuple:
     """(the rank's report, seconds one way across the nodes or None): train, then (on two nodes) time one message
     across the node boundary (rank 0 to rank ``gpn`` and back): the link's price as the traffic sees it."""
-    import time
-
-    import numpy as np
-
     out, probe = train_rank(comm, cfg, None, inits), None
     if comm.world <= gpn:
         return out, probe
@@ -258,7 +257,6 @@ class _Job:
         """Reshard to ``target`` (on the survivors ``alive``; of ``model`` if it grew) by plan ``p`` (made here if
         not given); from the last checkpoint when the survivors lack some state. (the plan run or None, seconds,
         what happened)."""
-        import time
         t = self.trainer
         model = model or self.model
         grown = model if model != self.model else None

@@ -31,10 +31,12 @@ bound to the loopback interface (``GLOO_SOCKET_IFNAME``, unless the user set it)
 from __future__ import annotations
 
 import ctypes
+import errno
 import importlib
 import multiprocessing as mp
 import os
 import pickle
+import resource
 import shutil
 import signal
 import sys
@@ -212,9 +214,6 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
 def _limit_error(e: OSError | MemoryError, world: int) -> UsageError | OSError:
     """A limit of this process that starting ``world`` ranks ran into, as one line naming it (the limit,
     its value, the shell command that raises it); any other OSError as it is."""
-    import errno
-    import resource
-
     def limit(which):
         soft = resource.getrlimit(which)[0]
         return "unlimited" if soft == resource.RLIM_INFINITY else f"{soft:,}"
