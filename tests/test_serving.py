@@ -328,3 +328,21 @@ def test_the_scheduler_is_pure_policy_and_runs_without_torch():
     out = json.loads(r.stdout)
     assert out["preempted"] and out["ops"][0] == "out" and out["ops"].count("in") == out["ops"].count("out")
     assert out["swap_bytes"] == 100 * out["moved"] > 0 and out["free"] == 6 and out["left"] == 0
+
+
+def test_a_mixture_of_experts_serves_through_the_training_models_own_blocks():
+    """The paged model is the training GPT's blocks with the attention backend swapped: a mixture of experts (every
+    other layer, top-2 of 4, dropless) serves with no code of its own, and every request equals itself decoded
+    alone by the training model; the served model's weights are the training model's, tensor by tensor."""
+    from netmorph.models.gpt import GPTStage
+    moe = ModelShape(layers=2, hidden=32, heads=4, seq=128, vocab=64, seed=3, experts=4, top_k=2, dense_layers=1)
+    reqs = _requests(seed=5, n=6, shared=False)
+    out = Engine(moe, ServeConfig(num_blocks=64, block_size=4, temperature=1.0)).run(copy.deepcopy(reqs))
+    assert out["completed"] == len(reqs)
+    for r in reqs:
+        assert out["outputs"][r.rid] == generate_alone(moe, r.prompt, r.output_len, 1.0, r.rid * 1_000_003), r.rid
+    paged, trained = PagedGPT(moe, 4, 4), GPTStage(moe)
+    assert paged.blocks[1].moe is not None and paged.blocks[0].moe is None
+    for a, b in zip(paged.blocks, trained.blocks):
+        for (na, pa), (nb, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+            assert na == nb and torch.equal(pa, pb), na

@@ -166,12 +166,17 @@ class Block(nn.Module):
         y = AuxLossScaler.apply(y, r.aux_loss + r.z_loss, self.aux_scale)
         return y.view(T, B, h)
 
-    def forward(self, x):                                                # x (T', B, h); T' = T / t with SP
+    def forward(self, x, attend=None):                                   # x (T', B, h); T' = T / t with SP
+        """``attend(q, k, v) -> y``, each (B, nh, T, hd): the attention itself, causal over the T positions
+        given unless an attention backend is passed (serving's paged KV cache: :mod:`netmorph.serving.model`)."""
         a = self.qkv(self.ln1(x))                                        # (T, B, 3h/t)
         T, B, _ = a.shape
         q, k, v = a.view(T, B, self.nh, 3, self.hd).unbind(3)            # each (T, B, nh, hd)
         q, k, v = (z.permute(1, 2, 0, 3) for z in (q, k, v))             # (B, nh, T, hd)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)      # (B, nh, T, hd)
+        if attend is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hd)
+        else:
+            y = attend(q, k, v)                                          # (B, nh, T, hd)
         y = y.permute(2, 0, 1, 3).reshape(T, B, self.nh * self.hd)       # (T, B, h/t)
         x = x + self.proj(y)                                             # (T', B, h)
         x = x + self.mlp(self.ln2(x))                                    # (T', B, h)

@@ -25,13 +25,13 @@ __all__ = ["Engine", "Request", "ServeConfig", "sample_id"]
 
 
 class Engine:
-    def __init__(self, model_cfg, cfg: ServeConfig, time_model=None, shard=None, on_forward=None):
+    def __init__(self, model_cfg, cfg: ServeConfig, time_model=None, layers=None, on_forward=None):
         """``time_model([(new tokens, tokens in context)] per sequence) -> seconds`` prices an iteration (e.g.
         :func:`netmorph.serving.roofline.iteration_time` for a real model on a GPU); None: the measured wall time
-        of this model's iteration here. ``shard`` and ``on_forward``: the :class:`Runner`'s."""
+        of this model's iteration here. ``layers`` and ``on_forward``: the :class:`Runner`'s."""
         cfg.check()
         self.cfg, self.mcfg, self.time_model = cfg, model_cfg, time_model
-        self.runner = Runner(model_cfg, cfg.num_blocks, cfg.block_size, shard=shard, on_forward=on_forward)
+        self.runner = Runner(model_cfg, cfg.num_blocks, cfg.block_size, layers=layers, on_forward=on_forward)
         self.scheduler = Scheduler(cfg, model_cfg.seq, self.runner.bytes_per_block())
         self.bm = self.scheduler.bm
         self.clock = 0.0

@@ -6,8 +6,10 @@ some new tokens (a whole prompt, a prefill chunk, or one decode token) at known
 positions: every new token's key and value are written into its slot (block,
 offset) from the block manager, then each sequence's queries attend over its keys and
 values **gathered through its block table** -- positions 0..p of the sequence, wherever
-their blocks lie. The linear layers run on all new tokens of the batch at once (the
-iteration-level batch of Orca / vLLM); attention runs per sequence.
+their blocks lie. The layers are the training model's own (:class:`netmorph.models.gpt.Block`,
+a mixture of experts included) with the attention backend swapped for the paged one; their
+linear layers run on all new tokens of the batch at once (the iteration-level batch of Orca /
+vLLM), the attention per sequence.
 
 :func:`generate_alone` is the reference: the same weights run as the training model
 (:class:`netmorph.models.gpt.GPTStage`, causal ``scaled_dot_product_attention`` over
@@ -20,9 +22,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from netmorph.mesh.placement import parameters
 from netmorph.mesh.shape import ModelShape
-from netmorph.models.gpt import GPTStage, full_weights
+from netmorph.models.gpt import Block, GPTStage, PlainLayers, full_weights
+from netmorph.models.moe import Router
 
 
 def sample(logits: torch.Tensor, temperature: float, seed: int) -> int:
@@ -36,23 +38,25 @@ def sample(logits: torch.Tensor, temperature: float, seed: int) -> int:
 
 
 class PagedGPT:
-    def __init__(self, cfg: ModelShape, num_blocks: int, block_size: int, dtype=torch.float64, shard=None):
-        """``shard = (tp, rank, all_reduce)``: Megatron's tensor-parallel split -- this rank keeps heads
-        ``rank·heads/tp ...`` (the QKV rows and the projection's input columns of those heads, its KV cache
-        holds only them) and a 1/tp slice of the MLP; ``all_reduce(partial)`` sums the row-parallel outputs
-        (Megatron's g) twice per layer, after the attention projection and after the MLP."""
+    """The training GPT's own blocks (:class:`netmorph.models.gpt.Block`, its weights from the same seed)
+    with vLLM's attention backend swapped in: each layer writes its new keys and values into the paged cache
+    and attends over the cache through each sequence's block table.
+
+    ``layers``: how the blocks are built -- :class:`~netmorph.models.gpt.PlainLayers` on one rank, or training's
+    :class:`~netmorph.parallel.tensor_parallel.TensorParallel` for Megatron's split: this rank keeps heads
+    ``rank·heads/tp ...`` (the QKV rows and the projection's input columns of those heads; its KV cache holds
+    only them) and a 1/tp slice of the MLP, and the row-parallel layers all-reduce their partial sums (Megatron's
+    g) twice per layer. The word embedding and the final norm stay whole on every rank (every rank computes the
+    logits and samples the same token)."""
+
+    def __init__(self, cfg: ModelShape, num_blocks: int, block_size: int, dtype=torch.float64, layers=None):
         self.cfg, self.block_size = cfg, block_size
-        self.w = full_weights(cfg, dtype)
-        self.nh, self.hd = cfg.heads, cfg.hidden // cfg.heads
-        self.reduce = None
-        if shard is not None and shard[0] > 1:
-            tp, rank, self.reduce = shard
-            if cfg.heads % tp:
-                raise ValueError(f"heads {cfg.heads} not divisible by tp {tp}")
-            self.nh = cfg.heads // tp
-            for p in parameters(cfg):            # each layer's piece, as training's tensor parallelism holds it
-                if p.layer is not None:          # (the word embedding stays whole: every rank computes the logits)
-                    self.w[p.name] = p.piece(self.w[p.name], tp, rank).contiguous()
+        w = full_weights(cfg, dtype)
+        self.blocks = [Block(w, i, cfg, layers or PlainLayers(), Router(dropless=True))
+                       for i in range(cfg.layers)]
+        self.wte, self.wpe = w["wte"], w["wpe"]
+        self.ln_f = PlainLayers().layer_norm(w["ln_f.w"], w["ln_f.b"])
+        self.nh, self.hd = self.blocks[0].nh, cfg.hidden // cfg.heads
         shape = (num_blocks, block_size, self.nh, self.hd)
         self.k = [torch.zeros(shape, dtype=dtype) for _ in range(cfg.layers)]
         self.v = [torch.zeros(shape, dtype=dtype) for _ in range(cfg.layers)]
@@ -83,46 +87,43 @@ class PagedGPT:
         off = pos % self.block_size
         return self.k[layer][blocks, off], self.v[layer][blocks, off]
 
+    def attend(self, layer: int, items, sb, so):
+        """Layer ``layer``'s attention backend for one iteration: write every new token's key and value into
+        its slot (block ``sb``, offset ``so``), then each sequence's queries over its keys and values gathered
+        through its block table (positions 0 .. first + n of that sequence, wherever their blocks lie)."""
+        def attend(q, k, v):                                               # each (1, nh, N, hd)
+            self.k[layer][sb, so] = k[0].transpose(0, 1)                   # (N, nh, hd)
+            self.v[layer][sb, so] = v[0].transpose(0, 1)
+            out, start = [], 0
+            for tokens, first, _, table in items:
+                n = len(tokens)
+                kk, vv = self.gather(layer, table, first + n)              # (first+n, nh, hd)
+                mask = torch.arange(first + n)[None, :] <= (first + torch.arange(n))[:, None]   # (n, first+n)
+                out.append(F.scaled_dot_product_attention(q[0, :, start:start + n], kk.transpose(0, 1),
+                                                          vv.transpose(0, 1), attn_mask=mask))  # (nh, n, hd)
+                start += n
+            return torch.cat(out, dim=1).unsqueeze(0)                      # (1, nh, N, hd)
+        return attend
+
     @torch.no_grad()
     def forward(self, items) -> list:
-        """``items``: [(tokens, first position, slots [(block, offset)] for those tokens, block table)].
-        Returns each item's logits for its last token (V,)."""
-        w, cfg = self.w, self.cfg
+        """``items``: [(tokens, first position, slots [(block, offset)] for those tokens, block table)] -- the
+        iteration-level batch, every new token of every sequence in one pass of the linear layers. Returns each
+        item's logits for its last token (V,)."""
         toks = torch.tensor([t for it in items for t in it[0]], dtype=torch.long)
         pos = torch.tensor([it[1] + j for it in items for j in range(len(it[0]))], dtype=torch.long)
         slots = [s for it in items for s in it[2]]
         sb = torch.tensor([b for b, _ in slots], dtype=torch.long)
         so = torch.tensor([o for _, o in slots], dtype=torch.long)
-        x = w["wte"][toks] + w["wpe"][pos]                                         # (N, h)
-        for i in range(cfg.layers):
-            a = F.layer_norm(x, (cfg.hidden,), w[f"{i}.ln1.w"], w[f"{i}.ln1.b"], 1e-5)
-            qkv = F.linear(a, w[f"{i}.qkv.w"], w[f"{i}.qkv.b"]).view(-1, self.nh, 3, self.hd)
-            q, k, v = qkv.unbind(2)                                                # each (N, nh, hd)
-            self.k[i][sb, so] = k                                                  # write every new token's KV
-            self.v[i][sb, so] = v
-            out, start = [], 0
-            for tokens, first, _, table in items:
-                n = len(tokens)
-                kk, vv = self.gather(i, table, first + n)                          # (first+n, nh, hd)
-                qq = q[start:start + n].transpose(0, 1)                            # (nh, n, hd)
-                mask = torch.arange(first + n)[None, :] <= (first + torch.arange(n))[:, None]   # (n, first+n)
-                y = F.scaled_dot_product_attention(qq, kk.transpose(0, 1), vv.transpose(0, 1), attn_mask=mask)
-                out.append(y.transpose(0, 1).reshape(n, self.nh * self.hd))        # (n, h/t)
-                start += n
-            y = torch.cat(out)                                                     # (N, h/t)
-            if self.reduce is None:
-                x = x + F.linear(y, w[f"{i}.proj.w"], w[f"{i}.proj.b"])           # (N, h)
-            else:                                                                  # row-parallel: partial sums
-                x = x + self.reduce(F.linear(y, w[f"{i}.proj.w"])) + w[f"{i}.proj.b"]
-            m = F.layer_norm(x, (cfg.hidden,), w[f"{i}.ln2.w"], w[f"{i}.ln2.b"], 1e-5)
-            g = F.gelu(F.linear(m, w[f"{i}.fc.w"], w[f"{i}.fc.b"]))               # (N, f/t)
-            if self.reduce is None:
-                x = x + F.linear(g, w[f"{i}.fc2.w"], w[f"{i}.fc2.b"])
-            else:
-                x = x + self.reduce(F.linear(g, w[f"{i}.fc2.w"])) + w[f"{i}.fc2.b"]
+        x = (self.wte[toks] + self.wpe[pos]).unsqueeze(1)                  # (N, 1, h): the batch is one sequence
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, self.attend(i, items, sb, so))                      # (N, 1, h)
+            if blk.moe is not None:
+                blk.stats.clear()                                          # the router's log: training's, not ours
+                blk.aux.clear()
         ends = torch.tensor(list(_ends(items)), dtype=torch.long)
-        last = F.layer_norm(x[ends], (cfg.hidden,), w["ln_f.w"], w["ln_f.b"], 1e-5)  # (items, h)
-        return list(last @ w["wte"].t())                                          # each (V,)
+        last = self.ln_f(x[ends, 0])                                       # (items, h)
+        return list(last @ self.wte.t())                                   # each (V,)
 
 
 def _ends(items):

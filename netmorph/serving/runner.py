@@ -17,15 +17,16 @@ from netmorph.serving.scheduler import SchedulerOutput
 
 
 class Runner:
-    """``shard``: Megatron's tensor-parallel split of the model (see :class:`PagedGPT`); ``on_forward(items)``,
-    when given, is told each iteration's work before it runs (the tp ranks tag their all-reduces by it)."""
+    """``layers``: how the model's blocks are built (training's tensor-parallel layers for Megatron's split; see
+    :class:`PagedGPT`); ``on_forward(items)``, when given, is told each iteration's work before it runs (the tp
+    ranks tag their all-reduces by it)."""
 
-    def __init__(self, model_cfg, num_blocks: int, block_size: int, shard=None, on_forward=None):
+    def __init__(self, model_cfg, num_blocks: int, block_size: int, layers=None, on_forward=None):
         # one intra-op thread, as its ranks under serve --tp / --disaggregate run (torchrun's OMP_NUM_THREADS=1):
         # this model's matmuls are too small to split, and an OpenMP pool spinning on every core of a busy
         # machine made one engine use 8-10x the CPU it needs
         torch.set_num_threads(1)
-        self.model = PagedGPT(model_cfg, num_blocks, block_size, shard=shard)
+        self.model = PagedGPT(model_cfg, num_blocks, block_size, layers=layers)
         self.layers = model_cfg.layers
         self.host = {}                   # request id -> its blocks' contents while swapped out
         self.on_forward = on_forward

@@ -17,26 +17,19 @@ tokens.
 
 from __future__ import annotations
 
+from netmorph.parallel.tensor_parallel import TensorParallel
 from netmorph.runtime import launch
+from netmorph.runtime.base import Group
 from netmorph.serving.engine import Engine
 
 
 def _rank(comm, model_cfg, serve_cfg, requests, tp: int, price):
-    import torch
+    layers = TensorParallel(comm, Group(range(tp)), phase="tp.decode")    # training's layers, Megatron's f and g
 
-    torch.set_num_threads(1)
-
-    kind = ["decode"]
-
-    def reduce(t):
-        a = t.contiguous().numpy()
-        with comm.phase("tp." + kind[0]):
-            comm.all_reduce(a, algo="ring")
-        return torch.from_numpy(a)
     def tag(items):                    # the ledger tells a prefill iteration's all-reduces from a decode one's
-        kind[0] = "prefill" if any(len(it[0]) > 1 for it in items) else "decode"
+        layers.phase = "tp.prefill" if any(len(it[0]) > 1 for it in items) else "tp.decode"
 
-    engine = Engine(model_cfg, serve_cfg, price, shard=(tp, comm.rank, reduce), on_forward=tag)
+    engine = Engine(model_cfg, serve_cfg, price, layers=layers, on_forward=tag)
     out = engine.run(requests)
     out["tokens_per_iteration"] = [int(x[4]) for x in engine.timeline]
     out["kv_bytes_per_block_per_rank"] = engine.runner.bytes_per_block()
