@@ -13,7 +13,9 @@ Scenarios (a GPT of 4 layers x 32 on 8 ranks, two emulated nodes of 4):
   pipeline stage on each node (its loss takes stage 1; the last checkpoint is 10 steps back);
 - ``lost-fast``: the same loss at 50 MB/s, where data parallelism starts and the loss takes nothing:
   nothing to gain by moving, which the loop should see;
-- ``seq``: the sequences 4x longer from step 40 at 5 MB/s (not in the issue's goal; for the record).
+- ``seq``: the sequences 4x longer from step 40 at 5 MB/s (not in the issue's goal; for the record);
+- ``none``: nothing changes: measurement noise alone must never move the split (moves: none). A wall-clock
+  property of a shared machine, so it is measured here, not asserted in the unit tests.
 
 About 10 minutes per scenario on 2 cores (each run is real training on 8 processes).
 """
@@ -29,7 +31,8 @@ import time
 SCENARIOS = {"link": ["--scenario", "link-degrades@40"],
              "lost": ["--scenario", "node-lost@50", "--inter-node-mbps", "5"],
              "lost-fast": ["--scenario", "node-lost@50"],
-             "seq": ["--scenario", "seq-grows@40x4", "--inter-node-mbps", "5"]}
+             "seq": ["--scenario", "seq-grows@40x4", "--inter-node-mbps", "5"],
+             "none": ["--scenario", "none"]}
 
 
 def main() -> int:
@@ -57,7 +60,8 @@ def main() -> int:
             print(f"{'':<11}   static {lay:<16} " + (f"{total:8.2f} s" if total else f"stopped: {why}"))
         print(f"{'':<11}   ({time.perf_counter() - t0:.0f} s of wall clock; {out['redone_steps']} steps redone by "
               f"the loop)", flush=True)
-    print("# goal: adaptive beats the start split by a clear margin and is within +10% of the best static split")
+    print("# goal: adaptive beats the start split by a clear margin and is within +10% of the best static split; "
+          "under none, no move")
     return 0
 
 

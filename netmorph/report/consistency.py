@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from netmorph.files import save_figure
 from netmorph.report.html import Section
+from netmorph.tour.consistency import Consistency
 
 
 def plot(rows, path, title):
@@ -41,12 +42,13 @@ def _row(r) -> str:
             f"<td>{r['max_staleness']}</td><td>{r['bytes_on_wire']:,}</td></tr>")
 
 
-def build_section(runs: dict, out_dir) -> Section:
+def build_section(res: Consistency, out_dir) -> Section:
     """:func:`netmorph.tour.consistency.run`'s rows: loss against time and against updates, and the tables."""
+    runs, updates = res.runs, res.steps * res.workers
     files = []
     for i, (label, rows) in enumerate(runs.items()):
         name = f"sgd_{'straggler' if i else 'balanced'}.png"
-        plot(rows, out_dir / name, f"least squares, 4 workers, 400 updates: {label}")
+        plot(rows, out_dir / name, f"least squares, {res.workers} workers, {updates} updates: {label}")
         files.append((name, f"Loss against wall-clock time and against updates, {label}."))
     tables = ""
     for label, rows in runs.items():
@@ -57,7 +59,7 @@ def build_section(runs: dict, out_dir) -> Section:
     s = {r["mode"]: r for r in runs["worker 1 four times slower"]}
     b = {r["mode"]: r for r in runs["no straggler"]}
     html = f"""
-<p>The same least-squares problem, the same 4 worker processes and the same 400 updates, under five consistency
+<p>The same least-squares problem, the same {res.workers} worker processes and the same {updates} updates, under five consistency
 models -- the ladder from linearizable (BSP: every worker sees the exact average) through bounded staleness (SSP,
 s = 2) to eventual (asynchronous parameter server, Hogwild!). Each step stands for 2 ms of forward and backward
 pass; the learning rate is about half the stability limit, where stale gradients start to cost.</p>
@@ -76,7 +78,7 @@ copies drift for 8 steps. The asynchronous server's gradients are mostly fresh -
 and a pull per update; Hogwild! moves nothing over the fabric -- it writes shared memory.</li>
 </ul>
 {tables}
-<p>Reproduce: <code>netmorph sgd --compare --workers 4 --straggler 1:4 --steps 100</code>. Hogwild! on a sparse
+<p>Reproduce: <code>netmorph sgd --compare --workers {res.workers} --straggler 1:4 --steps {res.steps}</code>. Hogwild! on a sparse
 problem against a dense one: <code>netmorph sgd --mode hogwild --model sparse</code> (few collisions) vs
 <code>--model convex</code> (every update collides).</p>
 """

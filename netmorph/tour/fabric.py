@@ -50,24 +50,25 @@ def _emulated(comm, sizes, algo, reps):
 
 
 def run(tick=lambda: None, quick: bool = False) -> Fabric:
-    """nccl-tests' sweep on 2 and 4 ranks (local fabric, gloo), then every schedule on the emulated cluster
-    (``quick`` changes nothing: these are the measurements the section is about)."""
+    """nccl-tests' sweep on 2 and 4 ranks (local fabric, gloo), then every schedule on the emulated cluster;
+    ``quick``: 3 timed iterations after 1 warm-up (8 after 2), the best of 2 emulated all-reduces (of 3)."""
+    iters, warmup, reps = (3, 1, 2) if quick else (8, 2, 3)
     from netmorph.runtime.bench import Case, measure, memcpy_bandwidth
     from netmorph.runtime.launch import launch
 
     bw = {}
     for p in WORLDS:
-        rows = measure([Case("allreduce", a, n) for n in SIZES for a in LOCAL], p, "local", iters=8, warmup=2,
-                       in_place_only=True)
+        rows = measure([Case("allreduce", a, n) for n in SIZES for a in LOCAL], p, "local", iters=iters,
+                       warmup=warmup, in_place_only=True)
         tick()
-        rows += measure([Case("allreduce", "native", n) for n in SIZES], p, "torch-native", iters=8, warmup=2,
-                        in_place_only=True)
+        rows += measure([Case("allreduce", "native", n) for n in SIZES], p, "torch-native", iters=iters,
+                        warmup=warmup, in_place_only=True)
         tick()
         bw[p] = rows
     copy = memcpy_bandwidth()
     pts = []
     for a in EMU_ALGOS:
-        per_rank = launch(_emulated, 4, EMU_SIZES, a, 3, topology=LAB, timeout=30)
+        per_rank = launch(_emulated, 4, EMU_SIZES, a, reps, topology=LAB, timeout=30)
         for k, n in enumerate(EMU_SIZES):
             pts.append((a, n, max(r[k] for r in per_rank), predict("allreduce", a, 4, n, LAB).time))
         tick()
