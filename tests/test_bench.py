@@ -149,7 +149,8 @@ def test_bench_under_torchrun_joins_the_job_and_rank_0_prints(backend):
     """nccl-tests runs under the cluster's launcher; so does `netmorph bench`: one table, from rank 0."""
     import subprocess
     import sys
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "netmorph",
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+                        "netmorph",
                         "bench", "allreduce", "-b", "8", "-e", "8K", "-f", "32", "--backend", backend,
                         "--algo", "ring", "-n", "3", "-w", "1"],
                        capture_output=True, text=True, timeout=170)
