@@ -23,7 +23,7 @@ FLOORS = {
     "mesh": 5,
     "models": 6,
     "parallel": 7,
-    "moe": 8, "elastic": 8, "serving": 8, "consistency": 8, "planner": 8, "failures": 8,
+    "moe": 8, "elastic": 8, "serving": 8, "consistency": 8, "planner": 8, "failures": 8, "calibrate": 8,
     "simulate": 9,
     "morph": 10,
     "tour": 11,

@@ -68,6 +68,7 @@ class Hardware:
     gemm_table: tuple = ()         # ((GFLOP upper bound, efficiency), ...) measured; () = gemm_efficiency
     fp8_gemm_table: tuple = ()     # the same for FP8 GEMMs
     fp8_gemm_efficiency: float = 0.0   # FP8 GEMMs' share of fp8_flops (0: gemm_efficiency)
+    op_overhead_s: float = 0.0     # what one operator costs whatever its size: a kernel launch, eager dispatch
 
     @property
     def fp8_efficiency(self) -> float:
@@ -81,6 +82,7 @@ class Hardware:
 
 
 GiB = 1024 ** 3
+PROFILE_FORMAT = "netmorph-profile/1"       # the "format" of a file netmorph calibrate writes
 CALIBRATED_EFFICIENCY = 0.70       # the 16-bit matmul efficiency fitted on the calibration set (A100)
 # maximum achievable matmul FLOP/s, measured (Bekman, Machine Learning Engineering, MAMF table; mean of 100
 # iterations per shape): (16-bit MAMF, 16-bit peak, FP8 MAMF, FP8 peak)
@@ -122,6 +124,10 @@ def load_hardware(name_or_file: str, efficiency: float | None = None) -> Hardwar
             raise UsageError(f"{{hardware}}: {name_or_file!r} is neither a preset ({', '.join(PRESETS)}) nor a file",
                              "hardware")
         data = read_json_object(path, "hardware")
+        if data.get("format") == PROFILE_FORMAT:        # netmorph calibrate's profile: its measured fields
+            data = data.get("hardware")
+            if not isinstance(data, dict):
+                raise UsageError(f"{{hardware}}: {name_or_file}: a profile's hardware must be an object", "hardware")
         data.setdefault("name", path.stem)
         for key in ("gemm_table", "fp8_gemm_table"):
             if key in data:
@@ -148,7 +154,7 @@ _RULES = (
      "a number > 0"),
     (("memory_bytes", "hbm_bandwidth", "nvlink_bandwidth", "nic_bandwidth"), lambda v: v <= 1e15,
      "at most 1e15 (a petabyte, or a petabyte per second)"),
-    (("alpha_intra", "alpha_inter"), lambda v: 0 <= v <= 1, "a number of seconds in 0..1"),
+    (("alpha_intra", "alpha_inter", "op_overhead_s"), lambda v: 0 <= v <= 1, "a number of seconds in 0..1"),
     (("elementwise_passes",), lambda v: 0 <= v <= 1e3, "a number in 0..1000"),
     (("gemm_efficiency", "attention_efficiency"), lambda v: 0 < v <= 1, "a number in (0, 1]"),
     (("fp8_gemm_efficiency",), lambda v: 0 <= v <= 1, "a number in [0, 1] (0: as gemm_efficiency)"),

@@ -1,0 +1,64 @@
+"""``calibrate()``: the measurements in their order -- compute on one rank alone, compute on every rank at
+once, then the links -- and the profile built from them (:mod:`netmorph.calibrate.profile`)."""
+
+from __future__ import annotations
+
+from netmorph.calibrate.compute import compute_rank, gemm_shapes
+from netmorph.calibrate.links import SIZES, fit, pingpong_rank
+from netmorph.calibrate.profile import build
+from netmorph.cost.topology import Topology, node_of
+from netmorph.errors import UsageError
+from netmorph.runtime.launch import launch
+
+PHASES = ("compute, one rank alone", "compute, every rank at once", "links")
+BACKENDS = ("local", "torch")
+
+
+def topology(world: int, inter_mbps: float | None) -> Topology | None:
+    """None (one node, the fabric as it is), or two emulated nodes of world/2 ranks whose link between them
+    runs at ``inter_mbps`` MB/s (and 50 µs), as ``netmorph morph --inter-node-mbps`` emulates it."""
+    if not inter_mbps:
+        return None
+    return Topology("calibrate-two-node", alpha=0.0, beta=0.0, gpus_per_node=world // 2, alpha_inter=50e-6,
+                    beta_inter=1 / (inter_mbps * 1e6))
+
+
+def calibrate(world: int = 4, backend: str = "local", dtype: str = "float32", inter_mbps: float | None = None,
+              hidden=None, timeout: float = 60.0, on_phase=lambda name: None) -> dict:
+    """Measure ``world`` ranks of this machine (``backend`` local: the shared-memory fabric; torch: gloo) and
+    return the profile; ``on_phase(name)`` after each of :data:`PHASES`."""
+    if backend not in BACKENDS:
+        raise UsageError(f"{{backend}} must be one of {', '.join(BACKENDS)}, got {backend!r}", "backend")
+    if not 2 <= world <= 64:
+        raise UsageError(f"{{world}} must be in 2..64 (one rank has no link to measure), got {world}", "world")
+    if inter_mbps is not None and (world < 2 or world % 2):
+        raise UsageError(f"{{inter_mbps}}: two emulated nodes need an even world >= 2, got {world}", "inter_mbps")
+    if inter_mbps is not None and backend != "local":
+        raise UsageError("{inter_mbps}: links are emulated on the local fabric only; use --backend local",
+                         "inter_mbps")
+    shapes = gemm_shapes(**({"hidden": tuple(hidden)} if hidden else {}))
+    alone = launch(compute_rank, 1, shapes, dtype, timeout=timeout)[0]
+    on_phase(PHASES[0])
+    busy_ranks = launch(compute_rank, world, shapes, dtype, timeout=timeout)
+    # the slowest rank's rate: a step waits for it
+    busy = {"gemm": [(m, n, k, min(r["gemm"][i][3] for r in busy_ranks))
+                     for i, (m, n, k) in enumerate(shapes)],
+            "elementwise_bytes_per_s": min(r["elementwise_bytes_per_s"] for r in busy_ranks),
+            "op_s": max(r["op_s"] for r in busy_ranks)}
+    on_phase(PHASES[1])
+    topo = topology(world, inter_mbps)
+    gpn = topo.gpus_per_node if topo else world
+    peers = {}
+    if gpn > 1:
+        peers["intra"] = 1
+    if topo is not None:
+        peers["inter"] = gpn
+    links = {}
+    measured = launch(pingpong_rank, world, list(peers.values()), topology=topo, backend=backend,
+                      timeout=timeout)[0]
+    for name, peer in peers.items():
+        alpha, beta, residuals = fit(SIZES, measured[peer])
+        links[name] = {"peer": peer, "same_node": node_of(peer, gpn) == 0, "sizes": list(SIZES),
+                       "one_way_s": measured[peer], "alpha": alpha, "beta": beta, "residuals": residuals}
+    on_phase(PHASES[2])
+    return build(world, dtype, backend, gpn, alone, busy, links, inter_mbps)

@@ -1,0 +1,75 @@
+"""``netmorph calibrate``: measure this machine's ranks -- compute with every rank busy, each link's α and β --
+and write the profile ``netmorph plan --hardware`` and ``netmorph simulate step --hardware`` read."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from netmorph.cli import add_timeout, output_file
+from netmorph.errors import UsageError, require
+from netmorph.files import write_json
+from netmorph.units import fmt_bytes
+
+FLAGS = {"inter_mbps": "--inter-node-mbps"}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("calibrate", help="measure this machine's compute and links into a profile for plan/simulate",
+                       description="Time the GEMM shapes of a transformer layer, an elementwise pass and one "
+                                   "operator on every rank at once, fit each link class's alpha and beta from a "
+                                   "ping-pong sweep, and write the planner's hardware fields with the raw "
+                                   "measurements and the fit residuals.")
+    p.add_argument("--world", type=int, default=4, help="ranks to measure at once (2..64, default 4)")
+    p.add_argument("--backend", default="local", choices=("local", "torch"),
+                   help="local shared-memory fabric (default) or torch.distributed (gloo)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "float64"),
+                   help="what the GEMMs and passes compute in (default float32, netmorph train's)")
+    p.add_argument("--inter-node-mbps", type=float,
+                   help="emulate two nodes of world/2 ranks joined by a link of this many MB/s (local backend)")
+    p.add_argument("--out", type=output_file(("json",)), default="profile.json",
+                   help="the profile to write (default profile.json)")
+    p.add_argument("--json", action="store_true", help="print the profile instead of the summary")
+    add_timeout(p, 60.0)
+    p.set_defaults(run=run, flags=FLAGS)
+
+
+def run(args) -> int:
+    require("torch", "calibrate")
+    from netmorph.calibrate.run import PHASES, calibrate
+    from netmorph.cli.progress import Bar
+    if args.inter_node_mbps is not None and not 0.01 <= args.inter_node_mbps <= 100_000:
+        raise UsageError(f"--inter-node-mbps must be in 0.01..100000, got {args.inter_node_mbps}")
+    with Bar("calibrate") as bar, bar.task(f"measuring {args.world} ranks", len(PHASES)) as task:
+        prof = calibrate(args.world, args.backend, args.dtype, args.inter_node_mbps, timeout=args.timeout,
+                         on_phase=lambda name: bar.update(task, advance=1))
+    write_json(args.out, prof, indent=1)
+    if args.json:
+        json.dump(prof, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0
+    print_profile(prof, args.out)
+    return 0
+
+
+def print_profile(prof: dict, path: str) -> None:
+    m, c, hw = prof["machine"], prof["compute"], prof["hardware"]
+    alone, busy = c["alone"], c["busy"]
+    best = max(r for *_, r in alone["gemm"])
+    print(f"# netmorph calibrate: {m['ranks']} {m['backend']} ranks on {m['cores']} cores, {m['dtype']}, "
+          f"{m['threads_per_rank']} thread per rank")
+    print(f"{'# compute, per rank':<28} {'alone':>14} {'all ranks busy':>16} {'slowdown':>9}")
+    print(f"{'#   GEMM (best shape)':<28} {best / 1e9:>9.2f} GF/s {hw['peak_flops'] / 1e9:>11.2f} GF/s "
+          f"{c['sharing_slowdown']:>8.2f}x")
+    print(f"{'#   elementwise pass':<28} {alone['elementwise_bytes_per_s'] / 1e9:>9.2f} GB/s "
+          f"{busy['elementwise_bytes_per_s'] / 1e9:>11.2f} GB/s {c['elementwise_slowdown']:>8.2f}x")
+    print(f"{'#   one operator':<28} {alone['op_s'] * 1e6:>11.1f} us {busy['op_s'] * 1e6:>13.1f} us "
+          f"{busy['op_s'] / alone['op_s']:>8.2f}x")
+    table = ", ".join(f"<= {b * 1e3:.3g} MFLOP {100 * e:.0f}%" for b, e in hw["gemm_table"])
+    print(f"# GEMM efficiency by size (of {hw['peak_flops'] / 1e9:.2f} GF/s, all busy): {table}")
+    print(f"{'# links, one way':<28} {'alpha':>10} {'1/beta':>12} {'fit residuals':>22}")
+    for name, link in prof["links"].items():
+        res = link["residuals"]
+        print(f"#   {name + ' (0 <-> ' + str(link['peer']) + ')':<24} {link['alpha'] * 1e6:>7.1f} us "
+              f"{fmt_bytes(1 / link['beta']):>10}/s   {min(res):+7.1%} .. {max(res):+.1%}")
+    print(f"# wrote {path}: netmorph plan estimate --hardware {path} ...; netmorph simulate step --hardware {path}")

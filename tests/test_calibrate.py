@@ -1,0 +1,116 @@
+"""netmorph calibrate: a small profile of 2 and 4 local ranks in seconds, read back by plan and simulate as the
+hardware; the fitted links are the emulated ones; a slower link prices the dp step by its bytes."""
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from netmorph.calibrate.links import fit
+from netmorph.calibrate.run import calibrate
+from netmorph.cli import main
+from netmorph.mesh.layout import Layout
+from netmorph.mesh.shape import ModelShape
+from netmorph.planner.hardware import PROFILE_FORMAT, load_hardware
+from netmorph.planner.timing import step_time
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    """Profiles of 2 ranks on two emulated nodes joined at 20 and at 80 MB/s (one hidden size: seconds)."""
+    out = {}
+    for mbps in (20.0, 80.0):
+        path = tmp_path_factory.mktemp("profiles") / f"two-node-{mbps:g}.json"
+        path.write_text(json.dumps(calibrate(2, inter_mbps=mbps, hidden=(32,))))
+        out[mbps] = path
+    return out
+
+
+def test_a_profile_holds_the_planners_fields_the_raw_measurements_and_the_fit():
+    prof = calibrate(4, hidden=(32, 64))
+    assert prof["format"] == PROFILE_FORMAT and prof["machine"]["ranks"] == 4
+    hw = prof["hardware"]
+    assert hw["gpus_per_node"] == 4 and hw["peak_flops"] == max(r for *_, r in prof["compute"]["busy"]["gemm"])
+    assert all(0 < e <= 1 for _, e in hw["gemm_table"]) and hw["op_overhead_s"] > 0
+    # every GEMM a transformer layer runs, at every token count and hidden size asked for
+    assert len(prof["compute"]["busy"]["gemm"]) == len(prof["compute"]["alone"]["gemm"]) == 2 * 3 * 4
+    link = prof["links"]["intra"]
+    assert link["same_node"] and len(link["one_way_s"]) == len(link["sizes"]) == len(link["residuals"])
+    assert hw["alpha_intra"] == link["alpha"] and hw["nvlink_bandwidth"] == 1 / link["beta"]
+    assert "inter" not in prof["links"] and hw["nic_bandwidth"] == hw["nvlink_bandwidth"]   # one node
+
+
+def test_the_fit_is_alpha_plus_beta_n_and_its_residuals_are_relative():
+    sizes = [8, 1 << 10, 1 << 16, 1 << 20]
+    alpha, beta, res = fit(sizes, [20e-6 + n / 2e9 for n in sizes])
+    assert math.isclose(alpha, 20e-6, rel_tol=1e-9) and math.isclose(beta, 1 / 2e9, rel_tol=1e-9)
+    assert max(abs(r) for r in res) < 1e-9
+
+
+def test_the_emulated_link_is_what_the_fit_finds(two_nodes):
+    for mbps, path in two_nodes.items():
+        prof = json.loads(path.read_text())
+        inter = prof["links"]["inter"]
+        assert not inter["same_node"] and inter["peer"] == 1 and prof["hardware"]["gpus_per_node"] == 1
+        # the fabric imposes 50 us and mbps per byte; the fit adds the transport's own software and copies
+        assert 0.6 < 1 / inter["beta"] / (mbps * 1e6) < 1.1, 1 / inter["beta"]
+        assert inter["alpha"] >= 50e-6
+
+
+def test_a_slower_link_prices_the_dp_step_by_the_bytes_over_it(two_nodes):
+    """dp 2 across the two nodes: the gradient ring all-reduce is two steps of half the bytes, so the profile
+    with the slower link predicts 2·Δα + n·Δβ more, n the gradient bytes -- through the planner's own model."""
+    fast, slow = load_hardware(str(two_nodes[80.0])), load_hardware(str(two_nodes[20.0]))
+    slow = dataclasses.replace(fast, alpha_inter=slow.alpha_inter, nic_bandwidth=slow.nic_bandwidth)
+    model = ModelShape(layers=4, hidden=256, heads=4, seq=32, vocab=128)
+    lay = Layout(dp=2, global_batch=8, micro_batch_size=2, param_bytes=4, grad_bytes=4, optimizer_bytes=8)
+    dp = {k: step_time(model, lay, hw)["comm_s"]["data_parallel"] for k, hw in (("fast", fast), ("slow", slow))}
+    n = model.params() * lay.grad_bytes
+    closed = 2 * (slow.alpha_inter - fast.alpha_inter) + n * (1 / slow.nic_bandwidth - 1 / fast.nic_bandwidth)
+    assert dp["slow"] > dp["fast"] and math.isclose(dp["slow"] - dp["fast"], closed, rel_tol=1e-6)
+
+
+def test_plan_and_simulate_read_a_profile_as_their_hardware(two_nodes, capsys):
+    path = str(two_nodes[80.0])
+    gpt = ["--layers", "4", "--hidden", "64", "--heads", "4", "--seq", "32", "--vocab", "128"]
+    assert main(["plan", "estimate", "--hardware", path, *gpt, "--dp", "2", "--global-batch", "8",
+                 "--microbatch", "2", "--json"]) == 0
+    est = json.loads(capsys.readouterr().out)
+    assert est["step_time_s"] > 0
+    assert main(["simulate", "step", "--hardware", path, *gpt, "--dp", "2", "--global-batch", "8",
+                 "--microbatch", "2"]) == 0
+    assert "local-2x-float32" in capsys.readouterr().out
+
+
+def test_calibrate_command_writes_the_profile_and_bad_input_is_one_line(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["calibrate", "--world", "2", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "intra (0 <-> 1)" in text and f"wrote {out}" in text
+    assert json.loads(out.read_text())["hardware"]["gpus_per_node"] == 2
+    for argv, flag in ((["--world", "1"], "--world"), (["--world", "3", "--inter-node-mbps", "10"], "--inter-node-mbps"),
+                       (["--inter-node-mbps", "0"], "--inter-node-mbps"), (["--backend", "torch", "--inter-node-mbps",
+                                                                            "10"], "--inter-node-mbps"),
+                       (["--out", str(tmp_path / "p.txt")], "--out")):
+        assert main(["calibrate", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and flag in err[0], err
+
+
+@pytest.mark.parametrize("field,value", [("peak_flops", None), ("peak_flops", -1), ("alpha_intra", float("nan")),
+                                         ("op_overhead_s", "fast"), ("gpus_per_node", 1.5)])
+def test_a_broken_profile_is_exit_2_naming_the_field(two_nodes, tmp_path, field, value, capsys):
+    prof = json.loads(two_nodes[80.0].read_text())
+    if value is None:
+        del prof["hardware"][field]
+    else:
+        prof["hardware"][field] = value
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(prof))
+    assert main(["plan", "estimate", "--hardware", str(bad), "--layers", "4", "--hidden", "64", "--heads", "4",
+                 "--dp", "2", "--global-batch", "8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--hardware" in err[0] and field in err[0], err
