@@ -16,6 +16,7 @@ from netmorph.planner.hardware import PROFILE_FORMAT, load_hardware
 from netmorph.planner.timing import step_time
 
 pytestmark = pytest.mark.timeout(120)
+FAST = 0.004          # seconds per compute measurement: a rough profile in a second or two
 
 
 @pytest.fixture(scope="module")
@@ -24,13 +25,13 @@ def two_nodes(tmp_path_factory):
     out = {}
     for mbps in (20.0, 80.0):
         path = tmp_path_factory.mktemp("profiles") / f"two-node-{mbps:g}.json"
-        path.write_text(json.dumps(calibrate(2, inter_mbps=mbps, hidden=(32,))))
+        path.write_text(json.dumps(calibrate(2, inter_mbps=mbps, hidden=(32,), window=FAST)))
         out[mbps] = path
     return out
 
 
 def test_a_profile_holds_the_planners_fields_the_raw_measurements_and_the_fit():
-    prof = calibrate(4, hidden=(32, 64))
+    prof = calibrate(4, hidden=(32, 64), window=FAST)
     assert prof["format"] == PROFILE_FORMAT and prof["machine"]["ranks"] == 4
     hw = prof["hardware"]
     assert hw["gpus_per_node"] == 4 and hw["peak_flops"] == max(r for *_, r in prof["compute"]["busy"]["gemm"])
@@ -38,7 +39,7 @@ def test_a_profile_holds_the_planners_fields_the_raw_measurements_and_the_fit():
     # every GEMM a transformer layer runs, at every token count and hidden size asked for
     assert len(prof["compute"]["busy"]["gemm"]) == len(prof["compute"]["alone"]["gemm"]) == 2 * 3 * 4
     link = prof["links"]["intra"]
-    assert link["same_node"] and len(link["one_way_s"]) == len(link["sizes"]) == len(link["residuals"])
+    assert link["same_node"] and len(link["one_way_s"]) == len(link["sizes"]) == len(link["pingpong_residuals"])
     assert hw["alpha_intra"] == link["alpha"] and hw["nvlink_bandwidth"] == 1 / link["beta"]
     assert "inter" not in prof["links"] and hw["nic_bandwidth"] == hw["nvlink_bandwidth"]   # one node
 
@@ -48,6 +49,19 @@ def test_the_fit_is_alpha_plus_beta_n_and_its_residuals_are_relative():
     alpha, beta, res = fit(sizes, [20e-6 + n / 2e9 for n in sizes])
     assert math.isclose(alpha, 20e-6, rel_tol=1e-9) and math.isclose(beta, 1 / 2e9, rel_tol=1e-9)
     assert max(abs(r) for r in res) < 1e-9
+
+
+def test_a_ring_all_reduce_sweep_gives_the_per_step_alpha_and_beta():
+    """A ring all-reduce on p ranks is 2(p-1) steps of n/p bytes: the fit recovers α and β from its times."""
+    from netmorph.calibrate.links import RING_SIZES, fit_ring
+    p, alpha, beta = 4, 300e-6, 1 / 2e9
+    alpha_fit, beta_fit, res = fit_ring(p, RING_SIZES, [2 * (p - 1) * (alpha + n / p * beta) for n in RING_SIZES])
+    assert math.isclose(alpha_fit, alpha, rel_tol=1e-9) and math.isclose(beta_fit, beta, rel_tol=1e-9)
+    assert max(abs(r) for r in res) < 1e-9
+    prof = calibrate(4, hidden=(32,), window=FAST)           # one node of 4: the intra link is the ring's
+    intra = prof["links"]["intra"]
+    assert intra["fitted_from"].startswith("ring all-reduce on 4 ranks") and len(intra["ring_s"]) == len(RING_SIZES)
+    assert prof["hardware"]["alpha_intra"] == intra["alpha"] and "pingpong_alpha" in intra
 
 
 def test_the_emulated_link_is_what_the_fit_finds(two_nodes):
@@ -87,7 +101,7 @@ def test_plan_and_simulate_read_a_profile_as_their_hardware(two_nodes, capsys):
 
 def test_calibrate_command_writes_the_profile_and_bad_input_is_one_line(tmp_path, capsys):
     out = tmp_path / "p.json"
-    assert main(["calibrate", "--world", "2", "--out", str(out)]) == 0
+    assert main(["calibrate", "--world", "2", "--quick", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "intra (0 <-> 1)" in text and f"wrote {out}" in text
     assert json.loads(out.read_text())["hardware"]["gpus_per_node"] == 2
@@ -114,3 +128,44 @@ def test_a_broken_profile_is_exit_2_naming_the_field(two_nodes, tmp_path, field,
                  "--dp", "2", "--global-batch", "8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--hardware" in err[0] and field in err[0], err
+
+
+def test_the_kernel_counts_the_planner_charges_are_the_gpts_own():
+    """ModelShape.LAYER_KERNELS and HEAD_KERNELS -- what a profile's op_overhead_s is paid for -- are the aten
+    operators netmorph's GPT dispatches, forward and backward, counted by a TorchDispatchMode."""
+    import torch
+
+    from netmorph.calibrate.compute import _Count
+    from netmorph.models.gpt import GPTStage, synthetic_batch
+    counts = {}
+    for layers in (1, 3):
+        cfg = ModelShape(layers=layers, hidden=16, heads=2, seq=8, vocab=32)
+        model = GPTStage(cfg, dtype=torch.float32)
+        x, y = synthetic_batch(cfg, range(2))
+        with _Count() as fwd:
+            loss = model(x, y)
+        with _Count() as bwd:
+            loss.backward()
+        counts[layers] = (fwd.n, bwd.n)
+    per_layer = tuple((counts[3][i] - counts[1][i]) // 2 for i in (0, 1))
+    assert per_layer == ModelShape.LAYER_KERNELS
+    assert tuple(counts[1][i] - per_layer[i] for i in (0, 1)) == ModelShape.HEAD_KERNELS
+
+
+def test_validation_trains_layouts_and_predicts_them_from_the_profile():
+    """Three layouts of 2 ranks trained for real beside the planner's prediction from a profile of those ranks;
+    the summary's statistics are computed from the rows."""
+    from netmorph.calibrate.validate import _spearman, layouts, summary, validate
+    small = ModelShape(layers=4, hidden=64, heads=4, seq=32, vocab=128)
+    names = {lay.tag() for lay in layouts(small, 2)}
+    assert {"tp1·pp1·dp2", "tp1·pp1·dp2·zero3", "tp1·pp2·dp1", "tp2·pp1·dp1"} <= names
+    out = validate(2, ("small",), steps=3, only=3, profile=calibrate(2, hidden=(32,), window=FAST))
+    rows = out["rows"]
+    assert len(rows) == 3 and all(r.measured_s > 0 and r.predicted_s > 0 for r in rows)
+    assert all(math.isclose(r.error, r.predicted_s / r.measured_s - 1) for r in rows)
+    s = summary(rows)
+    assert math.isclose(s["mean_abs_error"], sum(abs(r.error) for r in rows) / 3)
+    assert s["by_model"]["small"]["layouts"] == 3
+    assert _spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert _spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert _spearman([1, 2, 3], [5, 5, 9]) == pytest.approx(0.8660254, rel=1e-6)     # a tie shares its rank

@@ -10,21 +10,31 @@ profile records that as measured, beside the single-rank rate.
 - **GEMM**: achieved FLOP/s of ``a @ b`` (2mnk FLOPs) over a window every rank runs at once;
 - **elementwise**: bytes moved per second by ``torch.add(x, y, out=z)`` over arrays out of every cache (read
   two, write one): what the planner's ``hbm_bandwidth`` prices the non-GEMM passes with;
-- **operator**: seconds per call of a one-element ``torch.add`` -- eager PyTorch's dispatch cost, the CPU's
-  kernel-launch latency, which a small model pays once per operator whatever its size.
+- **layer**: one layer of netmorph's GPT forward and backward at a shape too small for FLOPs to matter (3
+  layers' time minus 1 layer's, over 4) -- eager PyTorch's dispatch, autograd and the operators' fixed costs,
+  the CPU's kernel-launch latency, which a small model pays at every layer whatever its size; ``op_s`` is that
+  over the layer's aten operators (:attr:`ModelShape.LAYER_KERNELS`). Beside it, for the record, one bare
+  ``torch.add`` (``dispatch_s``) and a generic autograd chain per operator (``chain_op_s``).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from netmorph.mesh.shape import ModelShape
+from netmorph.models.gpt import GPTStage, synthetic_batch
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 HIDDEN = (32, 64, 128, 256)
 TOKENS = (64, 256, 1024)
 ELEMENTWISE_BYTES = 48 << 20          # per array: out of every cache level
 WINDOW = 0.03                         # seconds each measurement runs, on every rank at once
+DEEP = 5                              # layers of the tiny GPT whose time over one layer's gives a layer's
 
 
 def gemm_shapes(hidden=HIDDEN, tokens=TOKENS) -> list:
@@ -32,19 +42,23 @@ def gemm_shapes(hidden=HIDDEN, tokens=TOKENS) -> list:
     return [(m, n, k) for h in hidden for m in tokens for k, n in ((h, 3 * h), (h, h), (h, 4 * h), (4 * h, h))]
 
 
-def _rate(comm, fn, window: float = WINDOW) -> float:
+def _rate(comm, fn, window: float = WINDOW, windows: int = 3) -> float:
     """Calls of ``fn`` per second over ``window`` seconds that start on every rank together (a barrier): the
     rate a rank gets while the others run theirs -- not the best of a few repetitions, which would pick a
-    moment when its neighbours happened to wait."""
+    moment when its neighbours happened to wait. The median of ``windows`` such windows."""
     fn()                                                    # warm: allocation, the kernel's first call
-    comm.barrier()
-    calls, t0 = 0, time.perf_counter()
-    while True:
-        fn()
-        calls += 1
-        elapsed = time.perf_counter() - t0
-        if elapsed >= window:
-            return calls / elapsed
+    rates = []
+    for _ in range(windows):
+        comm.barrier()
+        calls, t0 = 0, time.perf_counter()
+        while True:
+            fn()
+            calls += 1
+            elapsed = time.perf_counter() - t0
+            if elapsed >= window:
+                break
+        rates.append(calls / elapsed)
+    return statistics.median(rates)
 
 
 def compute_rank(comm, shapes, dtype: str, window: float = WINDOW) -> dict:
@@ -58,10 +72,63 @@ def compute_rank(comm, shapes, dtype: str, window: float = WINDOW) -> dict:
         a = torch.randn(m, k, dtype=dt, generator=g)
         b = torch.randn(k, n, dtype=dt, generator=g)
         out["gemm"].append((m, n, k, 2 * m * n * k * _rate(comm, lambda: torch.mm(a, b), window)))
-    n = ELEMENTWISE_BYTES // torch.tensor([], dtype=dt).element_size()
+    # a shorter window (a quick profile) takes a smaller array: in cache at the smallest, so rougher
+    n = int(ELEMENTWISE_BYTES * min(1.0, window / WINDOW)) // torch.tensor([], dtype=dt).element_size()
     x, y, z = torch.ones(n, dtype=dt), torch.ones(n, dtype=dt), torch.empty(n, dtype=dt)
     out["elementwise_bytes_per_s"] = 3 * x.nbytes * _rate(comm, lambda: torch.add(x, y, out=z), 3 * window)
     one = torch.ones(1, dtype=dt)
-    out["op_s"] = 1 / _rate(comm, lambda: torch.add(one, one), window)
+    out["dispatch_s"] = 1 / _rate(comm, lambda: torch.add(one, one), window)
+    chain, ops = autograd_chain(dt)
+    out["chain_op_s"] = 1 / _rate(comm, chain, window) / ops
+    seconds = {}
+    for layers in (1, DEEP):
+        seconds[layers] = 1 / _rate(comm, tiny_gpt(layers, dt), 3 * window)
+    out["layer_s"] = (seconds[DEEP] - seconds[1]) / (DEEP - 1)   # one layer's forward and backward, FLOPs ~ 0
+    out["head_s"] = seconds[1] - out["layer_s"]                # the embedding, LM head and loss
+    out["op_s"] = out["layer_s"] / sum(ModelShape.LAYER_KERNELS)
     comm.barrier()
     return out
+
+
+def tiny_gpt(layers: int, dt):
+    """A forward and backward of netmorph's own GPT at a shape too small for FLOPs to matter (h 8, 4 tokens):
+    its time is the software each layer pays -- eager dispatch, autograd, the operators' fixed costs --
+    profiled operator by operator as vTrain and Echo profile a model's kernels, not a training run."""
+    cfg = ModelShape(layers=layers, hidden=8, heads=2, seq=4, vocab=8)
+    model = GPTStage(cfg, dtype=dt)
+    x, y = synthetic_batch(cfg, range(1))
+
+    def run():
+        model.zero_grad(set_to_none=True)
+        model(x, y).backward()
+    return run
+
+
+class _Count(TorchDispatchMode):
+    """Counts the aten operators dispatched under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+def autograd_chain(dt, depth: int = 8):
+    """(run, aten operators per run): forward and backward of ``depth`` tiny transformer-like steps (linear,
+    GeLU, residual add, LayerNorm) -- sizes too small for FLOPs to matter, so its time per operator is what
+    eager autograd costs per operator: the software a small model pays at every layer."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 16, dtype=dt, generator=g, requires_grad=True)
+    w = torch.randn(16, 16, dtype=dt, generator=g, requires_grad=True)
+
+    def run():
+        y = x
+        for _ in range(depth):
+            y = F.layer_norm(F.gelu(F.linear(y, w)) + y, (16,))
+        y.sum().backward()
+    with _Count() as c:
+        run()
+    return run, c.n

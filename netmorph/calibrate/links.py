@@ -3,8 +3,9 @@ osu_latency's method): the time one message of n bytes takes one way is ``α + �
 message pays whatever its size -- the transport's software on both ends as well as the wire's latency -- and β
 the seconds per byte.
 
-Rank 0 and one peer bounce a message ``reps`` times per size while every other rank waits; one way is half the
-median round trip. The fit minimises the *relative* error over the sizes (every size counts alike, not only
+Rank 0 and one peer bounce a message ``reps`` times per size while every other rank bounces with its own
+partner at the same distance (a collective's step has every rank sending at once); one way is half the median
+round trip. The fit minimises the *relative* error over the sizes (every size counts alike, not only
 the largest), and the residuals -- predicted over measured, minus one, per size -- go into the profile: where
 they are large, one (α, β) does not describe the link (an eager/rendezvous protocol switch, a cache
 boundary), and the planner's prediction inherits that error.
@@ -17,35 +18,97 @@ import time
 
 import numpy as np
 
+from netmorph.runtime.base import Group
+
 SIZES = tuple(8 << (2 * i) for i in range(10))     # 8 B .. 2 MiB, x4
+BUDGET = 0.15                                       # seconds of round trips per size at most (3 at least)
+
+
+def partner(rank: int, distance: int, world: int) -> int | None:
+    """Who ``rank`` bounces with at ``distance``: blocks of ``distance`` ranks pair with the next block (0-1,
+    2-3, ... at 1; node 0's ranks with node 1's at a node's size), or None when its block has no partner."""
+    other = rank + distance if (rank // distance) % 2 == 0 else rank - distance
+    return other if 0 <= other < world else None
 
 
 def pingpong_rank(comm, peers, sizes=SIZES, reps: int = 9) -> dict:
-    """{peer: [one-way seconds per size]} on rank 0 (None elsewhere): rank 0 and each of ``peers`` in turn."""
+    """{peer: [one-way seconds per size]} on rank 0 (None elsewhere), for each of rank 0's ``peers`` in turn.
+    Every other rank bounces with its own partner at the same distance at the same time (:func:`partner`):
+    a collective's step has every rank sending at once, so the link is measured as loaded as it will be --
+    on a machine whose ranks share cores, a message costs more while the others send theirs."""
     out = {}
     for peer in peers:
         comm.barrier()
-        if comm.rank in (0, peer):
-            other = peer if comm.rank == 0 else 0
-            times = []
+        other = partner(comm.rank, peer, comm.world)
+        times = []
+        if other is not None:
+            lead = comm.rank < other
             for n in sizes:
                 buf = comm.alloc(max(1, n // 4), np.float32)
                 rtts = []
-                for k in range(reps + 2):                       # two warm-ups
+                k, want = 0, reps + 2
+                while k < want:                                 # two warm-ups, then the timed round trips
                     t0 = time.perf_counter()
-                    if comm.rank == 0:
+                    if lead:
                         comm.send(buf, other)
                         comm.recv(buf, other)
                     else:
                         comm.recv(buf, other)
                         comm.send(buf, other)
+                    rtt = time.perf_counter() - t0
                     if k >= 2:
-                        rtts.append(time.perf_counter() - t0)
+                        rtts.append(rtt)
+                    elif k == 1 and lead:
+                        # a slow link's large messages: as many round trips as fit in BUDGET seconds, at least 3;
+                        # the leader decides and tells its partner, so both bounce the same number
+                        want = 2 + max(3, min(reps, int(BUDGET / max(rtt, 1e-9))))
+                        comm.send(np.array([want], np.int64), other)
+                    elif k == 1:
+                        got = np.zeros(1, np.int64)
+                        comm.recv(got, other)
+                        want = int(got[0])
+                    k += 1
                 times.append(statistics.median(rtts) / 2)
                 comm.free_all()
-            out[peer] = times
+        out[peer] = times
     comm.barrier()
     return out if comm.rank == 0 else None
+
+
+RING_SIZES = tuple(1 << e for e in range(10, 23, 2))     # 1 KiB .. 4 MiB
+
+
+def ring_rank(comm, group_size: int, sizes=RING_SIZES, iters: int = 6) -> list | None:
+    """Seconds per ring all-reduce of each size on groups of ``group_size`` consecutive ranks (a node's), every
+    group at once (nccl-tests' all_reduce_perf, the slowest rank's mean of ``iters``); on rank 0, else None.
+    A step of a ring moves a message between two ranks that must both be running: where ranks share cores,
+    its cost is the scheduler's as much as the transport's, which a ping-pong with idle neighbours misses."""
+    first = comm.rank - comm.rank % group_size
+    group = Group(range(first, first + group_size))
+    out = []
+    for n in sizes:
+        buf = comm.alloc(max(1, n // 4), np.float32)
+        comm.all_reduce(buf, group=group, algo="ring")            # warm-up
+        comm.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            comm.all_reduce(buf, group=group, algo="ring")
+        t = np.array([(time.perf_counter() - t0) / iters])
+        comm.all_reduce(t, op="max")
+        out.append(float(t[0]))
+        comm.free_all()
+    return out if comm.rank == 0 else None
+
+
+def fit_ring(p: int, sizes, seconds) -> tuple[float, float, list]:
+    """(α, β, residuals) of a ring all-reduce on p ranks: ``2(p-1)·α + 2(p-1)/p·n·β`` (its 2(p-1) steps each
+    one message of n/p bytes), minimising the relative error."""
+    n = np.asarray(sizes, dtype=np.float64)
+    t = np.asarray(seconds, dtype=np.float64)
+    a = np.stack([2 * (p - 1) / t, 2 * (p - 1) / p * n / t], axis=1)
+    (alpha, beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+    alpha, beta = max(float(alpha), 0.0), max(float(beta), 1e-15)
+    return alpha, beta, [float(x) for x in (2 * (p - 1) * (alpha + n / p * beta)) / t - 1]
 
 
 def fit(sizes, seconds) -> tuple[float, float, list]:

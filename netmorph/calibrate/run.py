@@ -3,8 +3,8 @@ once, then the links -- and the profile built from them (:mod:`netmorph.calibrat
 
 from __future__ import annotations
 
-from netmorph.calibrate.compute import compute_rank, gemm_shapes
-from netmorph.calibrate.links import SIZES, fit, pingpong_rank
+from netmorph.calibrate.compute import WINDOW, compute_rank, gemm_shapes
+from netmorph.calibrate.links import RING_SIZES, SIZES, fit, fit_ring, pingpong_rank, ring_rank
 from netmorph.calibrate.profile import build
 from netmorph.cost.topology import Topology, node_of
 from netmorph.errors import UsageError
@@ -24,9 +24,10 @@ def topology(world: int, inter_mbps: float | None) -> Topology | None:
 
 
 def calibrate(world: int = 4, backend: str = "local", dtype: str = "float32", inter_mbps: float | None = None,
-              hidden=None, timeout: float = 60.0, on_phase=lambda name: None) -> dict:
+              hidden=None, timeout: float = 60.0, on_phase=lambda name: None, window: float = WINDOW) -> dict:
     """Measure ``world`` ranks of this machine (``backend`` local: the shared-memory fabric; torch: gloo) and
-    return the profile; ``on_phase(name)`` after each of :data:`PHASES`."""
+    return the profile; ``on_phase(name)`` after each of :data:`PHASES`; ``window``: seconds each compute
+    measurement runs (shorter: a rougher profile, sooner)."""
     if backend not in BACKENDS:
         raise UsageError(f"{{backend}} must be one of {', '.join(BACKENDS)}, got {backend!r}", "backend")
     if not 2 <= world <= 64:
@@ -37,14 +38,17 @@ def calibrate(world: int = 4, backend: str = "local", dtype: str = "float32", in
         raise UsageError("{inter_mbps}: links are emulated on the local fabric only; use --backend local",
                          "inter_mbps")
     shapes = gemm_shapes(**({"hidden": tuple(hidden)} if hidden else {}))
-    alone = launch(compute_rank, 1, shapes, dtype, timeout=timeout)[0]
+    alone = launch(compute_rank, 1, shapes, dtype, window, timeout=timeout)[0]
     on_phase(PHASES[0])
-    busy_ranks = launch(compute_rank, world, shapes, dtype, timeout=timeout)
+    busy_ranks = launch(compute_rank, world, shapes, dtype, window, timeout=timeout)
     # the slowest rank's rate: a step waits for it
     busy = {"gemm": [(m, n, k, min(r["gemm"][i][3] for r in busy_ranks))
-                     for i, (m, n, k) in enumerate(shapes)],
-            "elementwise_bytes_per_s": min(r["elementwise_bytes_per_s"] for r in busy_ranks),
-            "op_s": max(r["op_s"] for r in busy_ranks)}
+                     for i, (m, n, k) in enumerate(shapes)]}
+    for key in busy_ranks[0]:
+        if key.endswith("_per_s"):
+            busy[key] = min(r[key] for r in busy_ranks)
+        elif key.endswith("_s"):
+            busy[key] = max(r[key] for r in busy_ranks)
     on_phase(PHASES[1])
     topo = topology(world, inter_mbps)
     gpn = topo.gpus_per_node if topo else world
@@ -59,6 +63,16 @@ def calibrate(world: int = 4, backend: str = "local", dtype: str = "float32", in
     for name, peer in peers.items():
         alpha, beta, residuals = fit(SIZES, measured[peer])
         links[name] = {"peer": peer, "same_node": node_of(peer, gpn) == 0, "sizes": list(SIZES),
-                       "one_way_s": measured[peer], "alpha": alpha, "beta": beta, "residuals": residuals}
+                       "one_way_s": measured[peer], "alpha": alpha, "beta": beta, "residuals": residuals,
+                       "fitted_from": "ping-pong, every pair at once"}
+    if gpn > 2:
+        # inside a node the link is priced as the collectives see it: fitted from a ring all-reduce of every
+        # node's ranks at once (the ping-pong stays in the profile, as measured)
+        ring = launch(ring_rank, world, gpn, topology=topo, backend=backend, timeout=timeout)[0]
+        alpha, beta, residuals = fit_ring(gpn, RING_SIZES, ring)
+        links["intra"] = {**links["intra"], "alpha": alpha, "beta": beta, "residuals": residuals,
+                          "ring_sizes": list(RING_SIZES), "ring_s": ring, "pingpong_alpha": links["intra"]["alpha"],
+                          "pingpong_beta": links["intra"]["beta"], "pingpong_residuals": links["intra"]["residuals"],
+                          "fitted_from": f"ring all-reduce on {gpn} ranks, every node at once"}
     on_phase(PHASES[2])
     return build(world, dtype, backend, gpn, alone, busy, links, inter_mbps)

@@ -29,6 +29,8 @@ def add_parser(sub) -> None:
                    help="emulate two nodes of world/2 ranks joined by a link of this many MB/s (local backend)")
     p.add_argument("--out", type=output_file(("json",)), default="profile.json",
                    help="the profile to write (default profile.json)")
+    p.add_argument("--quick", action="store_true",
+                   help="two hidden sizes and short measurement windows: a rougher profile in a few seconds")
     p.add_argument("--json", action="store_true", help="print the profile instead of the summary")
     add_timeout(p, 60.0)
     p.set_defaults(run=run, flags=FLAGS)
@@ -41,8 +43,9 @@ def run(args) -> int:
     if args.inter_node_mbps is not None and not 0.01 <= args.inter_node_mbps <= 100_000:
         raise UsageError(f"--inter-node-mbps must be in 0.01..100000, got {args.inter_node_mbps}")
     with Bar("calibrate") as bar, bar.task(f"measuring {args.world} ranks", len(PHASES)) as task:
+        quick = {"hidden": (32, 64), "window": 0.005} if args.quick else {}
         prof = calibrate(args.world, args.backend, args.dtype, args.inter_node_mbps, timeout=args.timeout,
-                         on_phase=lambda name: bar.update(task, advance=1))
+                         on_phase=lambda name: bar.update(task, advance=1), **quick)
     write_json(args.out, prof, indent=1)
     if args.json:
         json.dump(prof, sys.stdout, indent=1)
@@ -63,7 +66,7 @@ def print_profile(prof: dict, path: str) -> None:
           f"{c['sharing_slowdown']:>8.2f}x")
     print(f"{'#   elementwise pass':<28} {alone['elementwise_bytes_per_s'] / 1e9:>9.2f} GB/s "
           f"{busy['elementwise_bytes_per_s'] / 1e9:>11.2f} GB/s {c['elementwise_slowdown']:>8.2f}x")
-    print(f"{'#   one operator':<28} {alone['op_s'] * 1e6:>11.1f} us {busy['op_s'] * 1e6:>13.1f} us "
+    print(f"{'#   one operator (autograd)':<28} {alone['op_s'] * 1e6:>11.1f} us {busy['op_s'] * 1e6:>13.1f} us "
           f"{busy['op_s'] / alone['op_s']:>8.2f}x")
     table = ", ".join(f"<= {b * 1e3:.3g} MFLOP {100 * e:.0f}%" for b, e in hw["gemm_table"])
     print(f"# GEMM efficiency by size (of {hw['peak_flops'] / 1e9:.2f} GF/s, all busy): {table}")

@@ -77,6 +77,7 @@ class Layout:
     param_bytes: int = 2           # fp16/bf16 weights
     grad_bytes: int = 4            # Megatron's fp32 main gradients (2 gives ZeRO's 16 B/parameter)
     optimizer_bytes: int = 12      # mixed-precision Adam: fp32 master weights, momentum, variance
+    activation_bytes: int = 2      # an activation on the wire (pipeline sends, TP collectives): 16-bit
     first_stage_layers: int = 0    # Megatron's --decoder-first/last-pipeline-num-layers (0: an even split)
     last_stage_layers: int = 0
 

@@ -210,6 +210,12 @@ class ModelShape:
         mlp = self.active_experts * self.expert_weights() * (self.capacity_factor if self.experts else 1.0)
         return 2 * b * s * (self.attn_weights() + mlp + h * self.experts)
 
+    # the aten operators one layer of netmorph's GPT dispatches in eager PyTorch, (forward, backward), and the
+    # embedding, LM head and loss's -- traced by a TorchDispatchMode (tests/test_calibrate.py holds them): what
+    # a profile's op_overhead_s (a kernel launch, eager dispatch and autograd) is paid for, whatever the sizes
+    LAYER_KERNELS = (30, 66)
+    HEAD_KERNELS = (14, 23)
+
     def layer_flops_fwd(self, tokens_b: int, causal: bool = False) -> float:
         """Forward FLOPs of one transformer layer for b sequences (b = ``tokens_b``)."""
         return self.layer_linear_flops_fwd(tokens_b) + self._core(tokens_b, causal)

@@ -127,11 +127,12 @@ def layer_costs(model: ModelShape, c: Layout, hw: Hardware) -> dict:
     """What one layer costs under ``c``: :func:`_layer_costs` for the fields it depends on (cached, so a search
     prices each (tp, cp, ep, microbatch, recompute, sp, precision) once)."""
     return dict(_layer_costs(model, hw, c.tp, c.cp, c.ep, c.micro_batch_size, c.recompute, c.sequence_parallel,
-                             c.precision))
+                             c.precision, c.activation_bytes))
 
 
 @lru_cache(maxsize=16384)
-def _layer_costs(model: ModelShape, hw: Hardware, tp, cp, ep, microbatch, recompute, sp, precision) -> dict:
+def _layer_costs(model: ModelShape, hw: Hardware, tp, cp, ep, microbatch, recompute, sp, precision,
+                 act_bytes: int = 2) -> dict:
     """Seconds of one layer's work per microbatch on one rank, forward and backward apart (the backward
     carries the recomputed forward under full recomputation, the attention core again under selective, and
     FlashAttention's own recompute of the scores: its backward is 2.5x its forward), the LM head's forward,
@@ -165,11 +166,16 @@ def _layer_costs(model: ModelShape, hw: Hardware, tp, cp, ep, microbatch, recomp
         h_, f_ = model.hidden, model.f * model.active_experts
         cast_fwd = 3 * tokens * (3 * h_ + f_) / hw.hbm_bandwidth
         cast_bwd = 3 * tokens * (3 * h_ + 2 * model.h_kv + (model.mlp_mats - 1) * f_) / hw.hbm_bandwidth
-    out = {"matmul_fwd": lin + core, "matmul_bwd": (3 if full else 2) * lin + core_bwd * core,
+    # what every operator costs whatever its size (a kernel launch; eager PyTorch's dispatch and autograd):
+    # nothing on the presets, the measured cost in a profile of netmorph's own ranks
+    kf, kb = model.LAYER_KERNELS
+    launch_fwd, launch_bwd = kf * hw.op_overhead_s, (kb + (kf if full else 0)) * hw.op_overhead_s
+    out = {"matmul_fwd": lin + core + launch_fwd, "matmul_bwd": (3 if full else 2) * lin + core_bwd * core + launch_bwd,
            "elementwise_fwd": elem / 3 + cast_fwd,
            "elementwise_bwd": elem * (1 if full else 2 / 3) + cast_bwd + (cast_fwd if full else 0.0),
-           "logits_fwd": model.logit_flops_fwd(b) / (t * cp) / r16,
-           "activation_bytes": b * s * h * 2 / cp,                 # one 16-bit activation
+           # the head runs 3x its forward (forward, two backward GEMMs): its operators' cost spread the same way
+           "logits_fwd": model.logit_flops_fwd(b) / (t * cp) / r16 + sum(model.HEAD_KERNELS) / 3 * hw.op_overhead_s,
+           "activation_bytes": b * s * h * act_bytes / cp,         # one activation (16-bit: 2 bytes)
            "tp_per_fwd": 2, "tp_per_bwd": 4 if full else 2, "cp_fwd": 0.0, "cp_bwd": 0.0,
            "moe_fwd": 0.0, "moe_bwd": 0.0}
     if cp > 1:
@@ -203,7 +209,7 @@ def step_time(model: ModelShape, c: Layout, hw: Hardware) -> dict:
     p, v, m = c.pp, c.interleave, c.microbatches
     gemm, elementwise, tp_comm, cp_comm, moe_comm, pp_comm = _microbatch(
         model, hw, c.tp, c.cp, c.pp, c.dp, c.ep, c.micro_batch_size, c.recompute, c.sequence_parallel, c.precision, v,
-        c.first_stage_layers, c.last_stage_layers, c.tp_overlap, c.pp_overlap)
+        c.first_stage_layers, c.last_stage_layers, c.tp_overlap, c.pp_overlap, c.activation_bytes)
     per_mb = gemm + elementwise + tp_comm + cp_comm + moe_comm + pp_comm
     slots = m + (p - 1) / v
     pipeline = slots * per_mb
@@ -239,13 +245,13 @@ def step_time(model: ModelShape, c: Layout, hw: Hardware) -> dict:
 
 @lru_cache(maxsize=65536)
 def _microbatch(model, hw, t, cp, p, d, ep, mb, recompute, sp, precision, v, first, last, tp_overlap=False,
-                pp_overlap=False) -> tuple:
+                pp_overlap=False, act_bytes=2) -> tuple:
     """(matmul, elementwise, TP, CP, MoE, PP p2p) seconds of one microbatch on the slowest pipeline stage; with
     ``tp_overlap`` (Megatron's --tp-comm-overlap: the TP collectives split into chunks pipelined with the
     GEMMs that produce and consume them) only what the stage's linear-layer GEMMs do not cover is exposed,
     with ``pp_overlap`` (--overlap-p2p-communication) only what one layer's compute does not cover."""
     stages = _stage_layers(model.layers, p, first, last)
-    lc = _layer_costs(model, hw, t, cp, ep, mb, recompute, sp, precision)
+    lc = _layer_costs(model, hw, t, cp, ep, mb, recompute, sp, precision, act_bytes)
     per_layer_gemm = lc["matmul_fwd"] + lc["matmul_bwd"]
     # the slowest stage sets the pipeline's pace: the most layers, or the last stage's with the output layer
     head = 3 * lc["logits_fwd"]

@@ -1,0 +1,146 @@
+"""The twin held against the machine: every layout of a world trained for real, its step time predicted from a
+profile of the same ranks measured in the same run, side by side.
+
+Each layout runs ``netmorph train`` (its real compute: no emulated sleep) and is timed by the median step after
+the first; the prediction is the planner's :func:`~netmorph.planner.timing.step_time` for the same
+:class:`~netmorph.mesh.layout.Layout` -- the trainer's own, with the byte widths of its dtype -- on the profile's
+:class:`~netmorph.planner.hardware.Hardware`. The profile is fitted on the calibration microbenchmarks alone
+(:mod:`netmorph.calibrate.compute`, :mod:`netmorph.calibrate.links`), never on these runs, and no layout gets a
+factor of its own: what the table shows is what the model knows.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from netmorph.calibrate.run import calibrate
+from netmorph.mesh.layout import Layout
+from netmorph.mesh.shape import ModelShape
+from netmorph.parallel.hybrid import TrainConfig
+from netmorph.parallel.run import train
+from netmorph.planner.hardware import load_hardware
+from netmorph.planner.timing import step_time
+
+MODELS = {"small": ModelShape(layers=4, hidden=64, heads=4, seq=32, vocab=128),
+          "medium": ModelShape(layers=8, hidden=128, heads=8, seq=64, vocab=256)}
+ITEMSIZE = {"float32": 4, "float64": 8}
+
+
+@dataclass
+class Row:
+    model: str
+    layout: Layout
+    measured_s: float
+    predicted_s: float
+    predicted_parts: dict
+
+    @property
+    def error(self) -> float:
+        """Predicted over measured, minus one: + when the model is pessimistic, - when it is optimistic."""
+        return self.predicted_s / self.measured_s - 1
+
+    @property
+    def name(self) -> str:
+        """The split, its pipeline schedule and sequence parallelism: ``tp2·pp2·dp1·1f1b·sp``."""
+        lay = self.layout
+        return lay.tag() + (f"·{lay.pipeline_schedule}" if lay.pp > 1 and lay.interleave == 1 else "") + \
+            ("·sp" if lay.sequence_parallel else "")
+
+    def to_json(self) -> dict:
+        return {"model": self.model, "layout": self.name, "measured_s": self.measured_s,
+                "predicted_s": self.predicted_s, "error": self.error, "predicted_parts": self.predicted_parts}
+
+
+def layouts(model: ModelShape, world: int, microbatches: int = 4, micro_batch_size: int = 2) -> list:
+    """Every layout of ``world`` ranks the trainer runs for ``model``: each tp x pp x dp, ZeRO 0-3 on dp > 1,
+    GPipe, 1F1B and interleaved pipelines, tensor parallelism with and without sequence parallelism."""
+    out = []
+    for tp in (t for t in range(1, world + 1) if world % t == 0):
+        for pp in (p for p in range(1, world // tp + 1) if (world // tp) % p == 0):
+            dp = world // (tp * pp)
+            variants = [{}]
+            if dp > 1:
+                variants += [{"zero": z} for z in (1, 2, 3)]
+            if pp > 1:
+                variants += [{"schedule": "afab"}, {"schedule": "interleaved", "interleave": 2}]
+            if tp > 1:
+                variants += [{"sequence_parallel": True}]
+            for v in variants:
+                cfg = TrainConfig.make(model=model, tp=tp, pp=pp, dp=dp, microbatches=microbatches,
+                                       micro_batch_size=micro_batch_size, **v)
+                if not cfg.layout.check(model, trainer=True):
+                    out.append(cfg.layout)
+    return out
+
+
+def planner_layout(layout: Layout, dtype: str) -> Layout:
+    """The trainer's layout as the planner prices it: every byte width its dtype's (no mixed precision), the
+    gradient buckets overlapped with the backward (the trainer's default)."""
+    b = ITEMSIZE[dtype]
+    return replace(layout, param_bytes=b, grad_bytes=b, optimizer_bytes=2 * b, activation_bytes=b, dp_overlap=True)
+
+
+def measure(model: ModelShape, layout: Layout, steps: int, dtype: str, timeout: float) -> float:
+    """The median step time (after the first) of ``layout`` trained for real."""
+    return train(TrainConfig(model=model, layout=layout, steps=steps, dtype=dtype), timeout=timeout).step_time_s
+
+
+def validate(world: int, models=("small", "medium"), steps: int = 6, dtype: str = "float32",
+             timeout: float = 120.0, profile: dict | None = None, on_row=lambda row, done, total: None,
+             only=None) -> dict:
+    """{"profile", "rows": [Row]} for every layout of every model (``only``: the first of them)."""
+    prof = profile or calibrate(world, dtype=dtype, timeout=timeout)
+    with tempfile.TemporaryDirectory(prefix="netmorph-validate-") as d:
+        path = Path(d) / "profile.json"
+        path.write_text(json.dumps(prof))
+        hw = load_hardware(str(path))
+    todo = [(name, lay) for name in models for lay in layouts(MODELS[name], world)][:only]
+    rows = []
+    for k, (name, lay) in enumerate(todo, 1):
+        model = MODELS[name]
+        measured = measure(model, lay, steps, dtype, timeout)
+        pred = step_time(model, planner_layout(lay, dtype), hw)
+        parts = {"compute": pred["compute_s"], "bubble": pred["bubble_s"], "optimizer": pred["optimizer_s"],
+                 **{k: v for k, v in pred["comm_s"].items() if v}}
+        rows.append(Row(name, lay, measured, pred["step_time_s"], parts))
+        on_row(rows[-1], k, len(todo))
+    return {"profile": prof, "rows": rows}
+
+
+def summary(rows: list) -> dict:
+    """Mean and worst |error|, Spearman's rank correlation, and whether the predicted best is within 5% of the
+    measured best -- per model, since layouts are ranked against each other for one model."""
+    out = {"mean_abs_error": float(np.mean([abs(r.error) for r in rows])),
+           "worst_abs_error": max(abs(r.error) for r in rows), "layouts": len(rows), "by_model": {}}
+    for name in dict.fromkeys(r.model for r in rows):
+        mine = [r for r in rows if r.model == name]
+        m = np.array([r.measured_s for r in mine])
+        p = np.array([r.predicted_s for r in mine])
+        best_pred = mine[int(np.argmin(p))]
+        out["by_model"][name] = {
+            "layouts": len(mine), "mean_abs_error": float(np.mean(np.abs(p / m - 1))),
+            "spearman": _spearman(m, p),
+            "predicted_best": best_pred.name, "measured_best": mine[int(np.argmin(m))].name,
+            "predicted_best_within_5pct": bool(best_pred.measured_s <= 1.05 * m.min())}
+    return out
+
+
+def _spearman(a, b) -> float:
+    """Spearman's rank correlation (average ranks for ties): Pearson's of the ranks."""
+    if len(a) < 2:
+        return float("nan")
+    return float(np.corrcoef(_ranks(np.asarray(a)), _ranks(np.asarray(b)))[0, 1])
+
+
+def _ranks(x) -> np.ndarray:
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x))
+    ranks[order] = np.arange(len(x), dtype=float)
+    for v in np.unique(x):                       # ties share their mean rank
+        ranks[x == v] = ranks[x == v].mean()
+    return ranks

@@ -1,0 +1,65 @@
+"""``netmorph validate local``: every layout of a world trained here, beside the step time the planner predicts
+for it from a profile of the same ranks measured first (``netmorph calibrate``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from netmorph.cli import add_timeout
+from netmorph.errors import UsageError, require
+
+FLAGS = {}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("validate", help="hold the planner's predictions against netmorph's own training runs",
+                       description="local: calibrate this machine's ranks, train every layout of the world "
+                                   "(tp x pp x dp, ZeRO 0-3, GPipe / 1F1B / interleaved, SP) for real and print "
+                                   "measured beside predicted step time, the mean and worst error, the rank "
+                                   "correlation, and whether the predicted best layout is the measured best.")
+    p.add_argument("action", choices=("local",), help="local: netmorph's own ranks on this machine")
+    p.add_argument("--world", type=int, default=4, choices=(2, 4, 8), help="ranks (default 4)")
+    p.add_argument("--model", action="append", choices=("small", "medium"),
+                   help="GPT size: small (4 layers, h 64) and/or medium (8 layers, h 128); default both")
+    p.add_argument("--steps", type=int, default=6, help="steps per layout; the median after the first (default 6)")
+    p.add_argument("--only", type=int, help="the first N layouts alone (a quick look)")
+    p.add_argument("--json", action="store_true", help="print the rows and the summary as JSON")
+    add_timeout(p, 120.0)
+    p.set_defaults(run=run, flags=FLAGS)
+
+
+def run(args) -> int:
+    require("torch", "validate")
+    from netmorph.calibrate.validate import MODELS, layouts, summary, validate
+    from netmorph.cli.progress import Bar
+    if not 2 <= args.steps <= 1000:
+        raise UsageError(f"--steps must be in 2..1000 (the first step is not counted), got {args.steps}")
+    if args.only is not None and args.only < 1:
+        raise UsageError(f"--only must be >= 1, got {args.only}")
+    models = tuple(dict.fromkeys(args.model or ("small", "medium")))
+    total = sum(len(layouts(MODELS[m], args.world)) for m in models)
+    total = min(total, args.only or total)
+    with Bar("validate", unit="layouts") as bar, bar.task(f"calibrating, then training {total} layouts of "
+                                                          f"{args.world} ranks", total) as task:
+        out = validate(args.world, models, args.steps, timeout=args.timeout, only=args.only,
+                       on_row=lambda row, done, total: bar.update(task, completed=done))
+    rows, s = out["rows"], summary(out["rows"])
+    if args.json:
+        json.dump({"rows": [r.to_json() for r in rows], "summary": s, "profile": out["profile"]}, sys.stdout,
+                  indent=1)
+        sys.stdout.write("\n")
+        return 0
+    hw = out["profile"]["hardware"]
+    print(f"# netmorph validate local: {args.world} ranks, profile measured first ({hw['description']})")
+    print(f"{'model':<7} {'layout':<28} {'measured(ms)':>12} {'predicted(ms)':>13} {'error':>8}   predicted parts (ms)")
+    for r in rows:
+        parts = " ".join(f"{k} {1e3 * v:.1f}" for k, v in r.predicted_parts.items() if v)
+        print(f"{r.model:<7} {r.name:<28} {1e3 * r.measured_s:>12.1f} {1e3 * r.predicted_s:>13.1f} "
+              f"{r.error:>+8.1%}   {parts}")
+    print(f"# {s['layouts']} layouts: mean |error| {s['mean_abs_error']:.1%}, worst {s['worst_abs_error']:.1%} "
+          f"(goal: 10% mean, 20% worst)")
+    for name, m in s["by_model"].items():
+        print(f"# {name}: rank correlation {m['spearman']:.2f}; predicted best {m['predicted_best']}, measured best "
+              f"{m['measured_best']}: {'within' if m['predicted_best_within_5pct'] else 'NOT within'} 5%")
+    return 0
