@@ -169,3 +169,21 @@ def test_validation_trains_layouts_and_predicts_them_from_the_profile():
     assert _spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert _spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert _spearman([1, 2, 3], [5, 5, 9]) == pytest.approx(0.8660254, rel=1e-6)     # a tie shares its rank
+
+
+def test_measured_overlap_decides_how_much_of_the_dp_reduction_is_exposed(two_nodes):
+    """The profile's overlap (a ring all-reduce on a thread beside GEMMs, measured) enters the planner where the
+    presets assume a GPU's: at 0 the whole gradient reduction is exposed, at 1 up to 2/3 of a microbatch hides
+    it (Megatron's overlap_grad_reduce behind the last backward)."""
+    prof = json.loads(two_nodes[80.0].read_text())
+    ov = prof["compute"]["busy"]["overlap"]
+    assert 0 <= ov["overlap"] <= 1 and ov["both_s"] > 0 and prof["hardware"]["overlap"] == ov["overlap"]
+    hw = load_hardware(str(two_nodes[80.0]))
+    model = ModelShape(layers=4, hidden=256, heads=4, seq=32, vocab=128)
+    lay = Layout(dp=2, global_batch=8, micro_batch_size=2, param_bytes=4, grad_bytes=4, optimizer_bytes=8,
+                 dp_overlap=True)
+    none = step_time(model, lay, dataclasses.replace(hw, overlap=0.0))
+    full = step_time(model, lay, dataclasses.replace(hw, overlap=1.0))
+    plain = step_time(model, dataclasses.replace(lay, dp_overlap=False), hw)
+    assert none["comm_s"]["data_parallel"] == plain["comm_s"]["data_parallel"]       # nothing hidden
+    assert full["comm_s"]["data_parallel"] < none["comm_s"]["data_parallel"]

@@ -20,8 +20,10 @@ profile records that as measured, beside the single-rank rate.
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -132,3 +134,45 @@ def autograd_chain(dt, depth: int = 8):
     with _Count() as c:
         run()
     return run, c.n
+
+
+def overlap_rank(comm, nbytes: int = 1 << 20, reps: int = 5) -> dict:
+    """How much of a gradient all-reduce hides behind compute, measured the way the trainer overlaps it (a
+    communication thread runs the ring all-reduce while the main thread computes, DDP's reducer): the times of
+    the all-reduce alone, of GEMMs lasting about as long alone, and of both at once, every rank together.
+    ``overlap`` = (alone + alone - together) / the shorter alone: 1 when one hides the other, 0 when they add up
+    (no core free for it, or the interpreter's lock held by one of them)."""
+    torch.set_num_threads(1)
+    buf = comm.alloc(max(1, nbytes // 4), np.float32)
+
+    def reduce():
+        comm.all_reduce(buf, algo="ring")
+
+    def timed(fn):
+        out = []
+        for _ in range(reps):
+            comm.barrier()
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+        return statistics.median(out)
+    reduce()
+    t_comm = timed(reduce)
+    a = torch.randn(256, 256)
+    one = _rate(comm, lambda: torch.mm(a, a), 0.02, 1)
+    calls = max(1, int(t_comm * one))
+
+    def compute():
+        for _ in range(calls):
+            torch.mm(a, a)
+    t_comp = timed(compute)
+
+    def both():
+        th = threading.Thread(target=reduce)
+        th.start()
+        compute()
+        th.join()
+    t_both = timed(both)
+    comm.free_all()
+    return {"bytes": nbytes, "comm_s": t_comm, "compute_s": t_comp, "both_s": t_both,
+            "overlap": min(1.0, max(0.0, (t_comm + t_comp - t_both) / min(t_comm, t_comp)))}

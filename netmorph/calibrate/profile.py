@@ -9,6 +9,8 @@ What maps to what:
   ``gemm_efficiency``: the largest GEMMs' (the LM head's, the attention core's);
 - ``hbm_bandwidth``: the elementwise pass's bytes per second per rank, every rank busy;
 - ``op_overhead_s``: one operator's dispatch (a GPU's kernel launch), per rank, every rank busy;
+- ``overlap``: the share of a ring all-reduce on a communication thread that hid behind GEMMs on the main
+  thread (the trainer's DDP-style overlap), every rank at once;
 - ``alpha_intra`` / ``nvlink_bandwidth``: the same-node link's fitted α and 1/β; ``alpha_inter`` /
   ``nic_bandwidth``: the other node's (emulated with ``--inter-node-mbps``; the same-node link's when the
   profile has one node);
@@ -62,6 +64,7 @@ def build(world: int, dtype: str, backend: str, gpn: int, alone: dict, busy: dic
                   nvlink_bandwidth=1 / intra["beta"], nic_bandwidth=1 / inter["beta"],
                   alpha_intra=intra["alpha"], alpha_inter=inter["alpha"], gemm_efficiency=table[-1][1],
                   attention_efficiency=table[-1][1], gemm_table=table, op_overhead_s=busy["op_s"],
+                  overlap=busy["overlap"]["overlap"],
                   description=f"measured by netmorph calibrate: {world} {backend} ranks on {os.cpu_count()} "
                               f"cores, {dtype}" + (f", two nodes at {inter_mbps:g} MB/s" if inter_mbps else ""))
     return {

@@ -3,14 +3,14 @@ once, then the links -- and the profile built from them (:mod:`netmorph.calibrat
 
 from __future__ import annotations
 
-from netmorph.calibrate.compute import WINDOW, compute_rank, gemm_shapes
+from netmorph.calibrate.compute import WINDOW, compute_rank, gemm_shapes, overlap_rank
 from netmorph.calibrate.links import RING_SIZES, SIZES, fit, fit_ring, pingpong_rank, ring_rank
 from netmorph.calibrate.profile import build
 from netmorph.cost.topology import Topology, node_of
 from netmorph.errors import UsageError
 from netmorph.runtime.launch import launch
 
-PHASES = ("compute, one rank alone", "compute, every rank at once", "links")
+PHASES = ("compute, one rank alone", "compute, every rank at once", "links and overlap")
 BACKENDS = ("local", "torch")
 
 
@@ -74,5 +74,7 @@ def calibrate(world: int = 4, backend: str = "local", dtype: str = "float32", in
                           "ring_sizes": list(RING_SIZES), "ring_s": ring, "pingpong_alpha": links["intra"]["alpha"],
                           "pingpong_beta": links["intra"]["beta"], "pingpong_residuals": links["intra"]["residuals"],
                           "fitted_from": f"ring all-reduce on {gpn} ranks, every node at once"}
+    overlap = launch(overlap_rank, world, topology=topo, backend=backend, timeout=timeout)
+    busy["overlap"] = {**overlap[0], "overlap": min(r["overlap"] for r in overlap)}
     on_phase(PHASES[2])
     return build(world, dtype, backend, gpn, alone, busy, links, inter_mbps)

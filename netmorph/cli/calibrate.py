@@ -68,6 +68,10 @@ def print_profile(prof: dict, path: str) -> None:
           f"{busy['elementwise_bytes_per_s'] / 1e9:>11.2f} GB/s {c['elementwise_slowdown']:>8.2f}x")
     print(f"{'#   one operator (autograd)':<28} {alone['op_s'] * 1e6:>11.1f} us {busy['op_s'] * 1e6:>13.1f} us "
           f"{busy['op_s'] / alone['op_s']:>8.2f}x")
+    ov = busy["overlap"]
+    print(f"# overlap: a {fmt_bytes(ov['bytes'])} ring all-reduce on a thread beside GEMMs: {ov['comm_s'] * 1e3:.1f} "
+          f"+ {ov['compute_s'] * 1e3:.1f} ms apart, {ov['both_s'] * 1e3:.1f} ms together on rank 0; hidden on the "
+          f"worst rank {ov['overlap']:.0%}")
     table = ", ".join(f"<= {b * 1e3:.3g} MFLOP {100 * e:.0f}%" for b, e in hw["gemm_table"])
     print(f"# GEMM efficiency by size (of {hw['peak_flops'] / 1e9:.2f} GF/s, all busy): {table}")
     print(f"{'# links, one way':<28} {'alpha':>10} {'1/beta':>12} {'fit residuals':>22}")

@@ -69,6 +69,8 @@ class Hardware:
     fp8_gemm_table: tuple = ()     # the same for FP8 GEMMs
     fp8_gemm_efficiency: float = 0.0   # FP8 GEMMs' share of fp8_flops (0: gemm_efficiency)
     op_overhead_s: float = 0.0     # what one operator costs whatever its size: a kernel launch, eager dispatch
+    overlap: float = 1.0           # the share of a collective that can hide behind compute (1: a GPU's own
+                                   # stream and SMs; measured by netmorph calibrate where ranks share cores)
 
     @property
     def fp8_efficiency(self) -> float:
@@ -157,6 +159,7 @@ _RULES = (
     (("alpha_intra", "alpha_inter", "op_overhead_s"), lambda v: 0 <= v <= 1, "a number of seconds in 0..1"),
     (("elementwise_passes",), lambda v: 0 <= v <= 1e3, "a number in 0..1000"),
     (("gemm_efficiency", "attention_efficiency"), lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    (("overlap",), lambda v: 0 <= v <= 1, "a number in [0, 1]"),
     (("fp8_gemm_efficiency",), lambda v: 0 <= v <= 1, "a number in [0, 1] (0: as gemm_efficiency)"),
 )
 

@@ -224,12 +224,12 @@ def step_time(model: ModelShape, c: Layout, hw: Hardware) -> dict:
         # FSDP: the weight gathers before each microbatch's forward and backward and the gradient
         # reduce-scatters all run on the one NCCL stream behind the same compute; what the compute
         # does not cover is exposed (reported as ZeRO-3 first, the rest as data parallel)
-        exposed = max(0.0, m * gather + dp_comm - m * (gemm + elementwise))
+        exposed = max(0.0, m * gather + dp_comm - hw.overlap * m * (gemm + elementwise))
         zero3 = min(exposed, m * gather)
         dp_exposed = exposed - zero3
     else:
         # the gradient reduction overlaps the last microbatch's backward (2/3 of it) with --dp-overlap
-        dp_exposed = max(0.0, dp_comm - (2 / 3) * per_mb) if c.dp_overlap else dp_comm
+        dp_exposed = max(0.0, dp_comm - hw.overlap * (2 / 3) * per_mb) if c.dp_overlap else dp_comm
         zero3 = m * gather
     total = pipeline + dp_exposed + zero3 + optimizer
     return {
