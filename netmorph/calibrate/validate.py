@@ -11,10 +11,7 @@ factor of its own: what the table shows is what the model knows.
 
 from __future__ import annotations
 
-import json
-import tempfile
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 
@@ -23,7 +20,7 @@ from netmorph.mesh.layout import Layout
 from netmorph.mesh.shape import ModelShape
 from netmorph.parallel.hybrid import TrainConfig
 from netmorph.parallel.run import train
-from netmorph.planner.hardware import load_hardware
+from netmorph.planner.hardware import hardware_from
 from netmorph.planner.timing import step_time
 
 MODELS = {"small": ModelShape(layers=4, hidden=64, heads=4, seq=32, vocab=128),
@@ -95,10 +92,7 @@ def validate(world: int, models=("small", "medium"), steps: int = 6, dtype: str 
              only=None) -> dict:
     """{"profile", "rows": [Row]} for every layout of every model (``only``: the first of them)."""
     prof = profile or calibrate(world, dtype=dtype, timeout=timeout)
-    with tempfile.TemporaryDirectory(prefix="netmorph-validate-") as d:
-        path = Path(d) / "profile.json"
-        path.write_text(json.dumps(prof))
-        hw = load_hardware(str(path))
+    hw = hardware_from(prof, "the profile measured first")
     todo = [(name, lay) for name in models for lay in layouts(MODELS[name], world)][:only]
     rows = []
     for k, (name, lay) in enumerate(todo, 1):

@@ -117,6 +117,29 @@ PRESETS = {h.name: h for h in [
 ]}
 
 
+def hardware_from(data: dict, where: str) -> Hardware:
+    """A :class:`Hardware` from a hardware file's object or a ``netmorph calibrate`` profile (its measured
+    ``hardware`` fields), every field checked; UsageError naming the first that is wrong (``where``: whence)."""
+    if data.get("format") == PROFILE_FORMAT:            # netmorph calibrate's profile: its measured fields
+        name = data.get("name")
+        data = data.get("hardware")
+        if not isinstance(data, dict):
+            raise UsageError(f"{{hardware}}: {where}: a profile's hardware must be an object", "hardware")
+        if name is not None:
+            data.setdefault("name", name)
+    data = dict(data)
+    for key in ("gemm_table", "fp8_gemm_table"):
+        if key in data:
+            data[key] = _table(data[key], key, where)
+    try:
+        hw = Hardware(**data)
+    except TypeError as e:
+        raise UsageError(f"{{hardware}}: cannot use {where}: {e}; fields: "
+                         f"{', '.join(asdict(PRESETS['a100-80g']))}", "hardware") from None
+    _check_fields(hw, where)
+    return hw
+
+
 def load_hardware(name_or_file: str, efficiency: float | None = None) -> Hardware:
     if name_or_file in PRESETS:
         hw = PRESETS[name_or_file]
@@ -126,20 +149,8 @@ def load_hardware(name_or_file: str, efficiency: float | None = None) -> Hardwar
             raise UsageError(f"{{hardware}}: {name_or_file!r} is neither a preset ({', '.join(PRESETS)}) nor a file",
                              "hardware")
         data = read_json_object(path, "hardware")
-        if data.get("format") == PROFILE_FORMAT:        # netmorph calibrate's profile: its measured fields
-            data = data.get("hardware")
-            if not isinstance(data, dict):
-                raise UsageError(f"{{hardware}}: {name_or_file}: a profile's hardware must be an object", "hardware")
         data.setdefault("name", path.stem)
-        for key in ("gemm_table", "fp8_gemm_table"):
-            if key in data:
-                data[key] = _table(data[key], key, name_or_file)
-        try:
-            hw = Hardware(**data)
-        except TypeError as e:
-            raise UsageError(f"{{hardware}}: cannot use {name_or_file}: {e}; fields: "
-                             f"{', '.join(asdict(PRESETS['a100-80g']))}", "hardware") from None
-        _check_fields(hw, name_or_file)
+        hw = hardware_from(data, name_or_file)
     if efficiency is not None:
         if not 0 < efficiency <= 1:
             raise UsageError(f"{{efficiency}} must be in (0, 1], got {efficiency}", "efficiency")
