@@ -6,21 +6,12 @@ from __future__ import annotations
 from netmorph.calibrate.compute import WINDOW, compute_rank, gemm_shapes, overlap_rank
 from netmorph.calibrate.links import RING_SIZES, SIZES, fit, fit_ring, pingpong_rank, ring_rank
 from netmorph.calibrate.profile import build
-from netmorph.cost.topology import Topology, node_of
+from netmorph.cost.topology import node_of, two_nodes
 from netmorph.errors import UsageError
 from netmorph.runtime.launch import launch
 
 PHASES = ("compute, one rank alone", "compute, every rank at once", "links and overlap")
 BACKENDS = ("local", "torch")
-
-
-def topology(world: int, inter_mbps: float | None) -> Topology | None:
-    """None (one node, the fabric as it is), or two emulated nodes of world/2 ranks whose link between them
-    runs at ``inter_mbps`` MB/s (and 50 µs), as ``netmorph morph --inter-node-mbps`` emulates it."""
-    if not inter_mbps:
-        return None
-    return Topology("calibrate-two-node", alpha=0.0, beta=0.0, gpus_per_node=world // 2, alpha_inter=50e-6,
-                    beta_inter=1 / (inter_mbps * 1e6))
 
 
 def calibrate(world: int = 4, backend: str = "local", dtype: str = "float32", inter_mbps: float | None = None,
@@ -50,7 +41,7 @@ def calibrate(world: int = 4, backend: str = "local", dtype: str = "float32", in
         elif key.endswith("_s"):
             busy[key] = max(r[key] for r in busy_ranks)
     on_phase(PHASES[1])
-    topo = topology(world, inter_mbps)
+    topo = two_nodes(world, inter_mbps) if inter_mbps else None
     gpn = topo.gpus_per_node if topo else world
     peers = {}
     if gpn > 1:

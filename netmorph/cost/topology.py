@@ -126,6 +126,14 @@ PRESETS = {
 }
 
 
+def two_nodes(world: int, inter_mbps: float = 50.0) -> Topology:
+    """The emulated cluster morph's scenarios happen on and calibrate measures: two nodes of world/2 ranks, fast
+    links inside a node (10 µs, 2 GB/s), a slower one between (50 µs, ``inter_mbps`` MB/s), imposed per link
+    by the local fabric (:mod:`netmorph.runtime.links`)."""
+    return Topology("two-node", alpha=10e-6, beta=1 / 2e9, gpus_per_node=world // 2, alpha_inter=50e-6,
+                    beta_inter=1 / (inter_mbps * 1e6))
+
+
 def load_topology(name_or_file: str) -> Topology:
     """A preset by name, or a JSON file with the :class:`Topology` fields."""
     if name_or_file in PRESETS:

@@ -42,16 +42,16 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from netmorph.cost.topology import Topology, node_of
+from netmorph.cost.topology import Topology, node_of, two_nodes
 from netmorph.errors import UsageError
 from netmorph.mesh.layout import Layout
 from netmorph.morph.layouts import train_config
 from netmorph.morph.reshard import StateLost, execute, plan, restore
-from netmorph.morph.scenario import Scenario, cluster, parse_scenario
+from netmorph.morph.scenario import Scenario, parse_scenario
 from netmorph.parallel.hybrid import train_rank
 from netmorph.runtime.launch import launch
 
-__all__ = ["Calibration", "Decision", "Run", "Scenario", "Trainer", "calibrate", "candidates", "cluster",
+__all__ = ["Calibration", "Decision", "Run", "Scenario", "Trainer", "calibrate", "candidates",
            "parse_scenario", "regimes", "run_adaptive", "run_static", "shrunk"]
 
 
@@ -126,7 +126,7 @@ class Trainer:
                  inter_mbps: float = 50.0, checkpoint_every: int = 20):
         self.model, self.global_batch, self.world, self.timeout = model, global_batch, world, timeout
         self.compute_ms, self.checkpoint_every = compute_ms, checkpoint_every
-        self.base = cluster(world, inter_mbps)
+        self.base = two_nodes(world, inter_mbps)
 
     def segment(self, layout: Layout, steps: int, start: int, inits, topo: Topology, model=None):
         """(states, step times, losses, busiest rank's inter-node bytes per step, probed s/byte across nodes or

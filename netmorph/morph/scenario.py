@@ -3,7 +3,7 @@
 A scenario is one event at one step: ``link-degrades@STEP[xFACTOR]`` (the inter-node link FACTOR times slower,
 as a congested or degraded network), ``node-lost@STEP`` (a node's ranks gone, as torchelastic sees a lost
 agent), ``seq-grows@STEP[xFACTOR]`` (the context FACTOR times longer, as a long-context phase of training).
-:func:`cluster` is the emulated two-node cluster they happen on.
+:func:`netmorph.cost.topology.two_nodes` is the emulated two-node cluster they happen on.
 """
 
 from __future__ import annotations
@@ -70,9 +70,3 @@ def parse_scenario(text: str) -> Scenario:
     if kind == "seq-grows" and s.factor not in (2, 4, 8):
         raise UsageError(f"{{scenario}} {text!r}: the sequence grows 2, 4 or 8 times", "scenario")
     return s
-
-
-def cluster(world: int, inter_mbps: float = 50.0) -> Topology:
-    """Two nodes of world/2 ranks: fast links inside a node (2 GB/s), a slower one between (emulated)."""
-    return Topology("two-node", alpha=10e-6, beta=1 / 2e9, gpus_per_node=world // 2, alpha_inter=50e-6,
-                    beta_inter=1 / (inter_mbps * 1e6))
