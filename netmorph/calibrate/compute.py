@@ -65,7 +65,8 @@ def _rate(comm, fn, window: float = WINDOW, windows: int = 3) -> float:
 
 def compute_rank(comm, shapes, dtype: str, window: float = WINDOW) -> dict:
     """One rank's measurements, every rank at the same shape at once: {"gemm": [(m, n, k, FLOP/s)],
-    "elementwise_bytes_per_s", "op_s"}. One intra-op thread per rank, as torchrun's OMP_NUM_THREADS=1."""
+    "elementwise_bytes_per_s", "dispatch_s", "chain_op_s", "layer_s", "head_s", "op_s"}. One intra-op thread
+    per rank, as torchrun's OMP_NUM_THREADS=1."""
     torch.set_num_threads(1)
     dt = DTYPES[dtype]
     g = torch.Generator().manual_seed(comm.rank)
