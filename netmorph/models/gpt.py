@@ -25,6 +25,7 @@ bigram entropy). No network, no files.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -235,21 +236,29 @@ def bigram_table(vocab: int, seed: int = 1234) -> np.ndarray:
     return p / p.sum(1, keepdims=True)
 
 
+@lru_cache(maxsize=8)
+def _successor_cdf(vocab: int) -> np.ndarray:
+    """Each row of the bigram table summed up (read-only): drawn once per process, as a data loader opens its
+    dataset once, not at every batch."""
+    cum = np.cumsum(bigram_table(vocab), axis=1)
+    cum.flags.writeable = False
+    return cum
+
+
 def synthetic_batch(cfg: ModelShape, indices) -> tuple[torch.Tensor, torch.Tensor]:
     """Samples ``indices`` (global sample numbers) as (tokens, targets), each (T, B) int64.
 
     Sample i is a walk through the bigram language seeded by i alone: the same sample for
     every layout, whichever rank draws it."""
-    table = bigram_table(cfg.vocab)
-    cum = np.cumsum(table, axis=1)
+    cum = _successor_cdf(cfg.vocab)
     out = np.empty((len(indices), cfg.seq + 1), dtype=np.int64)
+    u = np.empty((len(indices), cfg.seq))
     for j, i in enumerate(indices):
         rng = np.random.default_rng((cfg.seed, int(i)))
-        u = rng.random(cfg.seq)
-        t = int(rng.integers(cfg.vocab))
-        out[j, 0] = t
-        for k in range(cfg.seq):
-            t = min(int(np.searchsorted(cum[t], u[k])), cfg.vocab - 1)
-            out[j, k + 1] = t
+        u[j] = rng.random(cfg.seq)
+        out[j, 0] = rng.integers(cfg.vocab)
+    for k in range(cfg.seq):          # every sample's walk one step on: the successor is where u falls in its CDF
+        nxt = (cum[out[:, k]] < u[:, k, None]).sum(axis=1)        # np.searchsorted(row, u), row by row
+        out[:, k + 1] = np.minimum(nxt, cfg.vocab - 1)
     seqs = torch.from_numpy(out).t().contiguous()                        # (T + 1, B)
     return seqs[:-1], seqs[1:]

@@ -15,6 +15,8 @@ unsharded one bit for bit.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -97,9 +99,10 @@ class Adam:
         self.t += 1
         self.m.mul_(self.b1).add_(grad, alpha=1 - self.b1)
         self.v.mul_(self.b2).addcmul_(grad, grad, value=1 - self.b2)
-        mhat = self.m / (1 - self.b1 ** self.t)
-        vhat = self.v / (1 - self.b2 ** self.t)
-        param.sub_(self.lr * mhat / (vhat.sqrt() + self.eps))
+        # torch.optim.Adam's single-tensor update: lr·m̂ / (√v̂ + eps) with the bias corrections folded into
+        # scalars, so one temporary (the denominator) instead of five
+        denom = self.v.sqrt().div_(math.sqrt(1 - self.b2 ** self.t)).add_(self.eps)
+        param.addcdiv_(self.m, denom, value=-self.lr / (1 - self.b1 ** self.t))
 
     def bytes(self) -> int:
         return (self.m.numel() + self.v.numel()) * self.m.element_size()

@@ -247,7 +247,9 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None) -> RankReport:
                 return tuple(t.to(device) for t in batch)
 
             # compute_ms is a stage's compute per microbatch: its interleaved chunks share it
-            hooks = _Hooks(reps, last_backward, cfg.compute_ms / split.interleave)
+            # what autograd saves is measured on the first step (a router's varies: on every step with experts);
+            # its hook costs a Python call per saved tensor, which the later steps' times are spared
+            hooks = _Hooks(reps, last_backward, cfg.compute_ms / split.interleave, measure=step == 0 or bool(moe))
             t_pipe = time.perf_counter()
             mb_losses, peak = ex.run(slots, inputs, split.microbatches, hooks)
             t_pipe = time.perf_counter() - t_pipe
@@ -322,8 +324,8 @@ class _Hooks:
     (``compute_ms`` per forward, twice that per backward), and the time spent computing -- the
     rest of a pipeline rank's step is waiting: its bubble."""
 
-    def __init__(self, reps, last_backward: int, compute_ms: float):
-        self.reps, self.last, self.ms = reps, last_backward, compute_ms
+    def __init__(self, reps, last_backward: int, compute_ms: float, measure: bool = True):
+        self.reps, self.last, self.ms, self.measure = reps, last_backward, compute_ms, measure
         self.zero = reps[0].zero              # ZeRO-3 gathers the dense parameters (experts refuse stage 3)
         self.busy = 0.0
         self.params_storage = {r.flat.data.untyped_storage()._cdata for r in reps}
@@ -334,6 +336,8 @@ class _Hooks:
         _sleep_ms(self.ms)
         if self.zero and self.zero.stage >= 3:
             out = self.zero.forward(fn)       # ZeRO-3's own hooks see the saved tensors (not measured)
+        elif not self.measure:
+            out = fn()
         else:
             seen = {}
 
@@ -364,10 +368,16 @@ def _sync_replicated(comm, lay: RankGroups, tp, chunks, flat) -> None:
     """SP's replicated parameters over TP; the tied word embedding between first and last stage."""
     rep = tp.replicated()
     if rep:
+        # coalesced into one all-reduce, as Megatron's _allreduce_layernorm_grads flattens them: one message
+        # round instead of one per LayerNorm weight and bias
+        spans = [flat.span(p) for p in rep]
+        both = torch.cat([flat.grad[lo:hi] for lo, hi in spans])
         with comm.phase("tp.sp-grads"):
-            for p in rep:
-                lo, hi = flat.span(p)
-                comm.all_reduce(flat.grad[lo:hi], group=lay.tp_group, algo="ring")
+            comm.all_reduce(both, group=lay.tp_group, algo="ring")
+        at = 0
+        for lo, hi in spans:
+            flat.grad[lo:hi].copy_(both[at:at + hi - lo])
+            at += hi - lo
     if lay.emb_group is not None:
         for c in chunks:
             if hasattr(c, "wte") and (c.is_first or c.is_last):
