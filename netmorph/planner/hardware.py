@@ -71,6 +71,16 @@ class Hardware:
     op_overhead_s: float = 0.0     # what one operator costs whatever its size: a kernel launch, eager dispatch
     overlap: float = 1.0           # the share of a collective that can hide behind compute (1: a GPU's own
                                    # stream and SMs; measured by netmorph calibrate where ranks share cores)
+    allreduce_algorithms: tuple = ()   # what an all-reduce may run (NCCL_ALGO): () the cheaper per size of
+                                       # ring and double binary tree, as NCCL's tuner picks; ("ring",) where
+                                       # the ranks' library runs rings only (netmorph's trainer)
+    optimizer_bandwidth: float = 0.0   # B/s the optimizer step streams its state at (0: hbm_bandwidth, a fused
+                                       # Adam's one pass; measured by netmorph calibrate on the trainer's Adam)
+    core_sharing: float = 1.0      # how many times slower a rank computes while every rank of its node does
+                                   # than alone (1: a device per rank; measured where ranks share cores)
+    compute_scale: float = 1.0     # a real layer's measured compute over what the fields above predict for it
+                                   # (1: a device per rank; measured by netmorph calibrate on a reference
+                                   # layer where ranks share cores and caches and meet at every microbatch)
 
     @property
     def fp8_efficiency(self) -> float:
@@ -131,6 +141,8 @@ def hardware_from(data: dict, where: str) -> Hardware:
     for key in ("gemm_table", "fp8_gemm_table"):
         if key in data:
             data[key] = _table(data[key], key, where)
+    if "allreduce_algorithms" in data:
+        data["allreduce_algorithms"] = _algorithms(data["allreduce_algorithms"], where)
     try:
         hw = Hardware(**data)
     except TypeError as e:
@@ -171,6 +183,9 @@ _RULES = (
     (("elementwise_passes",), lambda v: 0 <= v <= 1e3, "a number in 0..1000"),
     (("gemm_efficiency", "attention_efficiency"), lambda v: 0 < v <= 1, "a number in (0, 1]"),
     (("overlap",), lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+    (("compute_scale",), lambda v: 0 < v <= 100, "a number in (0, 100]"),
+    (("core_sharing",), lambda v: 1 <= v <= 1e4, "a number in 1..10000 (1: a device per rank)"),
+    (("optimizer_bandwidth",), lambda v: 0 <= v <= 1e15, "a number of B/s in 0..1e15 (0: hbm_bandwidth)"),
     (("fp8_gemm_efficiency",), lambda v: 0 <= v <= 1, "a number in [0, 1] (0: as gemm_efficiency)"),
 )
 
@@ -189,6 +204,17 @@ def _check_fields(hw: Hardware, where: str) -> None:
     for k in ("name", "description"):
         if not isinstance(getattr(hw, k), str):
             raise UsageError(f"{{hardware}}: {where}: {k} must be a string, got {getattr(hw, k)!r}", "hardware")
+
+
+ALLREDUCE_ALGORITHMS = ("ring", "double_binary_tree")
+
+
+def _algorithms(names, where: str) -> tuple:
+    """A JSON list of all-reduce algorithm names as a tuple; UsageError for an unknown one."""
+    if not isinstance(names, (list, tuple)) or not all(n in ALLREDUCE_ALGORITHMS for n in names):
+        raise UsageError(f"{{hardware}}: {where}: allreduce_algorithms must be a list of "
+                         f"{', '.join(ALLREDUCE_ALGORITHMS)} ([]: the cheaper per size), got {names!r}", "hardware")
+    return tuple(names)
 
 
 def _table(rows, key: str, where: str) -> tuple:

@@ -87,7 +87,8 @@ def collective_time(hw: Hardware, op: str, p: int, stride: int, nbytes: float) -
     """Seconds for ``op`` of nbytes (nccl-tests' convention) on a group of p with the given stride."""
     if p <= 1 or nbytes <= 0:
         return 0.0
-    return min(a + b * nbytes for a, b in (_fit(hw, op, algo, p, stride) for algo in ALGOS[op]))
+    algos = hw.allreduce_algorithms if op == "allreduce" and hw.allreduce_algorithms else ALGOS[op]
+    return min(a + b * nbytes for a, b in (_fit(hw, op, algo, p, stride) for algo in algos))
 
 
 def p2p_time(hw: Hardware, src: int, dst: int, nbytes: float) -> float:
@@ -170,11 +171,13 @@ def _layer_costs(model: ModelShape, hw: Hardware, tp, cp, ep, microbatch, recomp
     # nothing on the presets, the measured cost in a profile of netmorph's own ranks
     kf, kb = model.LAYER_KERNELS
     launch_fwd, launch_bwd = kf * hw.op_overhead_s, (kb + (kf if full else 0)) * hw.op_overhead_s
-    out = {"matmul_fwd": lin + core + launch_fwd, "matmul_bwd": (3 if full else 2) * lin + core_bwd * core + launch_bwd,
-           "elementwise_fwd": elem / 3 + cast_fwd,
-           "elementwise_bwd": elem * (1 if full else 2 / 3) + cast_bwd + (cast_fwd if full else 0.0),
+    k = hw.compute_scale              # 1 on a device per rank; measured where ranks share a machine's cores
+    out = {"matmul_fwd": k * (lin + core) + launch_fwd,
+           "matmul_bwd": k * ((3 if full else 2) * lin + core_bwd * core) + launch_bwd,
+           "elementwise_fwd": k * (elem / 3 + cast_fwd),
+           "elementwise_bwd": k * (elem * (1 if full else 2 / 3) + cast_bwd + (cast_fwd if full else 0.0)),
            # the head runs 3x its forward (forward, two backward GEMMs): its operators' cost spread the same way
-           "logits_fwd": model.logit_flops_fwd(b) / (t * cp) / r16 + sum(model.HEAD_KERNELS) / 3 * hw.op_overhead_s,
+           "logits_fwd": k * model.logit_flops_fwd(b) / (t * cp) / r16 + sum(model.HEAD_KERNELS) / 3 * hw.op_overhead_s,
            "activation_bytes": b * s * h * act_bytes / cp,         # one activation (16-bit: 2 bytes)
            "tp_per_fwd": 2, "tp_per_bwd": 4 if full else 2, "cp_fwd": 0.0, "cp_bwd": 0.0,
            "moe_fwd": 0.0, "moe_bwd": 0.0}
@@ -198,10 +201,30 @@ def _layer_costs(model: ModelShape, hw: Hardware, tp, cp, ep, microbatch, recomp
     return out
 
 
+def tp_head_costs(model: ModelShape, hw: Hardware, t: int, act: float, act_bytes: int, sp: bool = False) -> tuple:
+    """(embedding, head forward, head backward) seconds of the vocabulary-parallel ends' TP collectives per
+    microbatch (Megatron's ``VocabParallelEmbedding`` and ``vocab_parallel_cross_entropy``): the embedding's
+    output summed over the ranks on the first stage (all-reduced; with SP reduce-scattered); on the last, the
+    cross-entropy's three all-reduces over the tokens (the max, the sum of exponentials, the target's logit;
+    fp32 at least), and the logits' input all-reduced in the backward (with SP all-gathered in the forward
+    and reduce-scattered in the backward), counted with the backward."""
+    if t <= 1:
+        return 0.0, 0.0, 0.0
+    ce = act / (model.hidden * act_bytes) * max(4, act_bytes)
+    head_fwd = 3 * collective_time(hw, "allreduce", t, 1, ce)
+    if sp:
+        rs, ag = collective_time(hw, "reduce_scatter", t, 1, act), collective_time(hw, "allgather", t, 1, act)
+        return rs, head_fwd, ag + rs
+    one = collective_time(hw, "allreduce", t, 1, act)
+    return one, head_fwd, one
+
+
 def optimizer_time(n_params: float, c: Layout, hw: Hardware) -> float:
-    """The optimizer step streams its shard's state through HBM once."""
+    """The optimizer step streams its shard's state once: at HBM speed (a fused Adam), or at the rate measured
+    for the ranks' own optimizer (``optimizer_bandwidth``)."""
     shard = n_params / (c.dp * c.cp if c.zero >= 1 else 1)
-    return shard * (2 * c.optimizer_bytes + c.grad_bytes + 2 * c.param_bytes) / hw.hbm_bandwidth
+    return shard * (2 * c.optimizer_bytes + c.grad_bytes + 2 * c.param_bytes) / (hw.optimizer_bandwidth or
+                                                                                   hw.hbm_bandwidth)
 
 
 def step_time(model: ModelShape, c: Layout, hw: Hardware) -> dict:
@@ -212,7 +235,9 @@ def step_time(model: ModelShape, c: Layout, hw: Hardware) -> dict:
         c.first_stage_layers, c.last_stage_layers, c.tp_overlap, c.pp_overlap, c.activation_bytes)
     per_mb = gemm + elementwise + tp_comm + cp_comm + moe_comm + pp_comm
     slots = m + (p - 1) / v
-    pipeline = slots * per_mb
+    # where ranks share a node's cores, a rank waiting in the pipeline's bubble gives its core to the others:
+    # the step takes the longer of the critical path at a rank's speed alone and its m slots with every rank busy
+    pipeline = max(m, slots / hw.core_sharing) * per_mb
     bubble = (p - 1) / (v * m) if m else float("inf")
     dp_comm, gather, optimizer = _after(model, hw, c.tp, c.cp, c.pp, c.dp, c.ep, c.zero, c.first_stage_layers,
                                         c.last_stage_layers, c.param_bytes, c.grad_bytes, c.optimizer_bytes)
@@ -231,13 +256,20 @@ def step_time(model: ModelShape, c: Layout, hw: Hardware) -> dict:
         # the gradient reduction overlaps the last microbatch's backward (2/3 of it) with --dp-overlap
         dp_exposed = max(0.0, dp_comm - hw.overlap * (2 / 3) * per_mb) if c.dp_overlap else dp_comm
         zero3 = m * gather
-    total = pipeline + dp_exposed + zero3 + optimizer
+    sp_grads = 0.0
+    if c.sequence_parallel and c.tp > 1:
+        # Megatron's _allreduce_layernorm_grads: under SP every TP rank holds the norms (and the row-parallel
+        # biases) whole but trains them on its own tokens; their gradients, coalesced, are all-reduced once a step
+        held = max(_stage_layers(model.layers, p, c.first_stage_layers, c.last_stage_layers))
+        n = held * (2 * model.norm_params() + (2 * model.hidden if model.bias else 0))
+        sp_grads = collective_time(hw, "allreduce", c.tp, 1, n * c.grad_bytes)
+    total = pipeline + dp_exposed + zero3 + optimizer + sp_grads
     return {
         "step_time_s": total, "bubble_fraction": bubble,
         # the parts add up: matmul + elementwise + TP + CP + MoE + PP (m microbatches) + bubble + the rest
         "compute_s": m * (gemm + elementwise), "matmul_s": m * gemm, "elementwise_s": m * elementwise,
-        "bubble_s": (slots - m) * per_mb,
-        "comm_s": {"tensor_parallel": m * tp_comm, "context_parallel": m * cp_comm, "expert_parallel": m * moe_comm,
+        "bubble_s": pipeline - m * per_mb,
+        "comm_s": {"tensor_parallel": m * tp_comm + sp_grads, "context_parallel": m * cp_comm, "expert_parallel": m * moe_comm,
                    "pipeline_p2p": m * pp_comm, "data_parallel": dp_exposed, "zero3_gather": zero3},
         "optimizer_s": optimizer,
     }
@@ -255,12 +287,19 @@ def _microbatch(model, hw, t, cp, p, d, ep, mb, recompute, sp, precision, v, fir
     per_layer_gemm = lc["matmul_fwd"] + lc["matmul_bwd"]
     # the slowest stage sets the pipeline's pace: the most layers, or the last stage's with the output layer
     head = 3 * lc["logits_fwd"]
-    layers, gemm = max((stages[-1], stages[-1] * per_layer_gemm + head), (max(stages), max(stages) * per_layer_gemm),
-                       key=lambda x: x[1])
+    last = (stages[-1], stages[-1] * per_layer_gemm + head)
+    layers, gemm = max(last, (max(stages), max(stages) * per_layer_gemm), key=lambda x: x[1])
     elementwise = layers * (lc["elementwise_fwd"] + lc["elementwise_bwd"])
     act = lc["activation_bytes"]
     n_tp = (lc["tp_per_fwd"] + lc["tp_per_bwd"]) * layers
-    tp_comm = n_tp * collective_time(hw, "allreduce", t, 1, act) if t > 1 else 0.0
+    tp_comm = 0.0
+    if t > 1:
+        embedding, head_fwd, head_bwd = tp_head_costs(model, hw, t, act, act_bytes, sp)
+        tp_comm = n_tp * collective_time(hw, "allreduce", t, 1, act)
+        if (layers, gemm) == last:
+            tp_comm += head_fwd + head_bwd
+        if p == 1:
+            tp_comm += embedding    # the first stage's: with one stage, the same rank's
     cp_comm = layers * (lc["cp_fwd"] + lc["cp_bwd"])
     moe_comm = layers * (lc["moe_fwd"] + lc["moe_bwd"])
     pp_comm = 2 * v * p2p_time(hw, 0, t * cp * d, act / t) if p > 1 else 0.0

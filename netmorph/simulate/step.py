@@ -55,6 +55,10 @@ class Costs:
     tp_allreduce: float = 0.0
     tp_per_fwd: int = 2              # TP all-reduces per layer forward (0 with tp = 1)
     tp_per_bwd: int = 2
+    tp_head_fwd: float = 0.0         # the vocabulary-parallel cross-entropy's all-reduces (last stage, forward)
+    tp_head_bwd: float = 0.0         # the logits' input gradient all-reduced (last stage, backward)
+    tp_embedding: float = 0.0        # VocabParallelEmbedding's output all-reduced (first stage, forward)
+    tp_head_bytes: tuple = (0.0, 0.0, 0.0)   # what a rank sends for those three (embedding, head fwd, head bwd)
     p2p_bytes: float = 0.0           # one activation (or its gradient) crossing a stage boundary
     dp_layer: float = 0.0            # one layer's gradient reduction on the DP group
     dp_embedding: float = 0.0        # the embedding's, on the first and the last stage
@@ -148,6 +152,19 @@ def simulate_step(tp: int, pp: int, dp: int, microbatches: int, layers: int, cos
             t = t2
         return t
 
+    def tp_collective(r, t, seconds, nbytes, name):
+        """The TP group's lanes wait for their last, then run one collective of ``seconds`` (the head's), each
+        lane sending ``nbytes``."""
+        nonlocal events
+        if not seconds or tp == 1:
+            return t
+        t2 = np.repeat(t.max(axis=1, keepdims=True), tp, axis=1) + seconds
+        record(r, name, "tp", t, t2)
+        acc["tp"][r] += t2 - t
+        events += t.size
+        count_tp(nbytes * t.size)
+        return t2
+
     def send(r, t_ready, dst_stage):
         """Stage r's lanes send one activation to ``dst_stage``: (arrival, transfer seconds). Sends queue
         on the rank's send port; a send that leaves the node while a DP bucket is on the NIC shares its
@@ -205,15 +222,20 @@ def simulate_step(tp: int, pp: int, dp: int, microbatches: int, layers: int, cos
                     t = np.maximum(t, arrival)
                 t_slot = t
                 if s.kind == "F":
+                    if vs == 0:
+                        t = tp_collective(r, t, costs.tp_embedding, costs.tp_head_bytes[0], "tp embedding all-reduce")
                     for _ in range(per_chunk):
                         t = layer_pass(r, t, costs.fwd_layer, costs.tp_per_fwd if tp > 1 else 0, f"F{s.microbatch}")
                     if vs == stages - 1 and costs.fwd_logits:
                         t = layer_pass(r, t, costs.fwd_logits, 0, f"F{s.microbatch} logits")
+                        t = tp_collective(r, t, costs.tp_head_fwd, costs.tp_head_bytes[1],
+                                         "tp cross-entropy all-reduces")
                     if vs < stages - 1:
                         inbox[("F", vs + 1, s.microbatch)] = send(r, t, (vs + 1) % pp)
                 else:
                     if vs == stages - 1 and costs.bwd_logits:
                         t = layer_pass(r, t, costs.bwd_logits, 0, f"B{s.microbatch} logits")
+                        t = tp_collective(r, t, costs.tp_head_bwd, costs.tp_head_bytes[2], "tp logits all-reduce")
                     final = last_b[r][s.chunk] == pos[r]
                     for _ in range(per_chunk):
                         t = layer_pass(r, t, costs.bwd_layer, costs.tp_per_bwd if tp > 1 else 0, f"B{s.microbatch}")
