@@ -52,15 +52,22 @@ def test_the_fit_is_alpha_plus_beta_n_and_its_residuals_are_relative():
 
 
 def test_a_ring_all_reduce_sweep_gives_the_per_step_alpha_and_beta():
-    """A ring all-reduce on p ranks is 2(p-1) steps of n/p bytes: the fit recovers α and β from its times."""
+    """A ring all-reduce on p ranks is 2(p-1) steps of n/p bytes: the fit recovers α and β from its times, from
+    one group size or from several at once."""
     from netmorph.calibrate.links import RING_SIZES, fit_ring
-    p, alpha, beta = 4, 300e-6, 1 / 2e9
-    alpha_fit, beta_fit, res = fit_ring(p, RING_SIZES, [2 * (p - 1) * (alpha + n / p * beta) for n in RING_SIZES])
-    assert math.isclose(alpha_fit, alpha, rel_tol=1e-9) and math.isclose(beta_fit, beta, rel_tol=1e-9)
-    assert max(abs(r) for r in res) < 1e-9
-    prof = calibrate(4, hidden=(32,), window=FAST)           # one node of 4: the intra link is the ring's
+    alpha, beta = 300e-6, 1 / 2e9
+
+    def ring(p):
+        return [2 * (p - 1) * (alpha + n / p * beta) for n in RING_SIZES]
+    for args in ((4, RING_SIZES, ring(4)), ([2, 4], [RING_SIZES] * 2, [ring(2), ring(4)])):
+        alpha_fit, beta_fit, res = fit_ring(*args)
+        assert math.isclose(alpha_fit, alpha, rel_tol=1e-9) and math.isclose(beta_fit, beta, rel_tol=1e-9)
+        assert max(abs(r) for r in res) < 1e-9
+    prof = calibrate(4, hidden=(32,), window=FAST)           # one node of 4: the intra link is the rings'
     intra = prof["links"]["intra"]
-    assert intra["fitted_from"].startswith("ring all-reduce on 4 ranks") and len(intra["ring_s"]) == len(RING_SIZES)
+    assert intra["fitted_from"].startswith("ring all-reduces on groups of 2 and of 4 ranks")
+    assert [len(intra["ring_s"][g]) for g in ("2", "4")] == [len(RING_SIZES)] * 2
+    assert len(intra["residuals"]) == 2 * len(RING_SIZES)
     assert prof["hardware"]["alpha_intra"] == intra["alpha"] and "pingpong_alpha" in intra
 
 
@@ -159,12 +166,16 @@ def test_validation_trains_layouts_and_predicts_them_from_the_profile():
     small = ModelShape(layers=4, hidden=64, heads=4, seq=32, vocab=128)
     names = {lay.tag() for lay in layouts(small, 2)}
     assert {"tp1·pp1·dp2", "tp1·pp1·dp2·zero3", "tp1·pp2·dp1", "tp2·pp1·dp1"} <= names
-    out = validate(2, ("small",), steps=3, only=3, profile=calibrate(2, hidden=(32,), window=FAST))
+    out = validate(2, ("small",), steps=3, only=3, profile=calibrate(2, hidden=(32,), window=FAST), repeats=2)
     rows = out["rows"]
     assert len(rows) == 3 and all(r.measured_s > 0 and r.predicted_s > 0 for r in rows)
+    # each layout trained twice, in rounds; the median counts and the spread is how far apart they fell
+    assert all(len(r.repeats_s) == 2 and r.measured_s == pytest.approx(sum(r.repeats_s) / 2) for r in rows)
+    assert all(math.isclose(r.spread, max(r.repeats_s) / min(r.repeats_s) - 1) for r in rows)
     assert all(math.isclose(r.error, r.predicted_s / r.measured_s - 1) for r in rows)
     s = summary(rows)
     assert math.isclose(s["mean_abs_error"], sum(abs(r.error) for r in rows) / 3)
+    assert math.isclose(s["mean_spread"], sum(r.spread for r in rows) / 3)
     assert s["by_model"]["small"]["layouts"] == 3
     assert _spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert _spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
@@ -187,3 +198,74 @@ def test_measured_overlap_decides_how_much_of_the_dp_reduction_is_exposed(two_no
     plain = step_time(model, dataclasses.replace(lay, dp_overlap=False), hw)
     assert none["comm_s"]["data_parallel"] == plain["comm_s"]["data_parallel"]       # nothing hidden
     assert full["comm_s"]["data_parallel"] < none["comm_s"]["data_parallel"]
+
+
+def test_the_planner_prices_the_tp_collectives_the_trainer_sends():
+    """Per microbatch the trainer's TP ranks all-reduce four activations per layer, the embedding's output, the
+    logits' input gradient and the vocabulary-parallel loss's three token vectors (its closed form,
+    netmorph.parallel.traffic); over a link of 1 GB/s with no latency the planner's TP seconds are those bytes."""
+    from netmorph.parallel.hybrid import TrainConfig
+    from netmorph.parallel.traffic import predicted
+    from netmorph.planner.hardware import Hardware
+    small = ModelShape(layers=4, hidden=64, heads=4, seq=32, vocab=128)
+    hw = Hardware("wire", 1e15, 1e12, 1e15, 8, 1e9, 1e9, alpha_intra=0.0, alpha_inter=0.0,
+                  allreduce_algorithms=("ring",))
+    for t in (2, 4):
+        cfg = TrainConfig.make(model=small, tp=t, microbatches=4, micro_batch_size=2)
+        lay = dataclasses.replace(cfg.layout, param_bytes=8, grad_bytes=8, optimizer_bytes=16, activation_bytes=8)
+        seconds = step_time(small, lay, hw)["comm_s"]["tensor_parallel"]
+        sent = predicted(cfg, 0, 0, 8, True, True, small.layers)["tp"][0]
+        assert seconds * 1e9 == pytest.approx(sent, rel=1e-3)
+
+
+def test_a_profile_says_its_allreduce_algorithm_and_its_optimizers_rate(tmp_path, capsys):
+    """A profile's ring-only all-reduce is priced as a ring (NCCL's choice of tree would be cheaper for small
+    messages); its measured optimizer rate prices the optimizer step; an unknown algorithm is one line."""
+    from netmorph.planner.hardware import PRESETS, hardware_from
+    from netmorph.planner.timing import collective_time, optimizer_time
+    a100 = PRESETS["a100-80g"]
+    ring = dataclasses.replace(a100, allreduce_algorithms=("ring",))
+    assert collective_time(ring, "allreduce", 8, 1, 1 << 10) > collective_time(a100, "allreduce", 8, 1, 1 << 10)
+    assert collective_time(ring, "allreduce", 8, 1, 1 << 30) == collective_time(a100, "allreduce", 8, 1, 1 << 30)
+    lay = Layout(dp=8, global_batch=8, micro_batch_size=1)
+    slow = dataclasses.replace(a100, optimizer_bandwidth=a100.hbm_bandwidth / 5)
+    assert optimizer_time(1e9, lay, slow) == pytest.approx(5 * optimizer_time(1e9, lay, a100))
+    data = {k: v for k, v in dataclasses.asdict(a100).items() if not k.endswith("_table")}
+    data["allreduce_algorithms"] = ["ring"]
+    assert hardware_from(data, "here").allreduce_algorithms == ("ring",)
+    path = tmp_path / "hw.json"
+    path.write_text(json.dumps({**data, "allreduce_algorithms": ["nvls"]}))
+    assert main(["plan", "estimate", "--hardware", str(path), "--model", "llama-2-7b", "--tp", "1", "--pp", "1",
+                 "--dp", "8", "--global-batch", "8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "allreduce_algorithms" in err and len(err.splitlines()) == 1
+
+
+def test_where_ranks_share_cores_the_pipelines_bubble_is_lent_to_the_others():
+    """On a device per rank (core_sharing 1) the bubble is (p-1)/v slots; where a rank computes s times slower
+    while all do than alone, the ranks of the fill and drain run faster: the step is the longer of m slots and
+    the critical path at a rank's own speed, (m + p - 1)/s."""
+    from netmorph.planner.hardware import PRESETS
+    a100 = PRESETS["a100-80g"]
+    model = ModelShape(layers=8, hidden=1024, heads=16, seq=512, vocab=1024)
+    lay = Layout(pp=4, global_batch=4, micro_batch_size=1)                    # m = 4, 7 slots
+    base = step_time(model, lay, a100)
+    per_mb = base["bubble_s"] / 3
+    for s, slots in ((1.0, 7), (1.4, 5), (2.0, 4), (8.0, 4)):
+        got = step_time(model, lay, dataclasses.replace(a100, core_sharing=s))
+        assert got["bubble_s"] == pytest.approx((slots - 4) * per_mb, abs=1e-12)
+        assert got["step_time_s"] == pytest.approx(base["step_time_s"] - (7 - slots) * per_mb)
+
+
+def test_the_reference_gpts_scale_the_operators_and_the_flops_apart():
+    """Two reference GPTs, one heavy in operators and one in FLOPs, measured at k_ops times the planner's
+    operator part plus k_flops times its FLOP part: the two scales come back."""
+    from netmorph.calibrate.compute import REFERENCES
+    from netmorph.calibrate.profile import reference_compute, scales
+    from netmorph.planner.hardware import Hardware
+    hw = Hardware("cpu", 50e9, 8e9, 10e9, 4, 3e9, 3e9, gemm_efficiency=0.5, op_overhead_s=10e-6)
+    bare = dataclasses.replace(hw, op_overhead_s=0.0)
+    for k_ops, k_flops in ((1.0, 1.0), (0.5, 2.0), (3.0, 1.2)):
+        measured = [k_ops * (reference_compute(hw, "float32", s) - reference_compute(bare, "float32", s))
+                    + k_flops * reference_compute(bare, "float32", s) for s in REFERENCES]
+        assert scales(hw, "float32", measured) == pytest.approx((k_ops, k_flops), rel=1e-6)

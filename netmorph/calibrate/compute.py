@@ -22,6 +22,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -30,8 +31,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from netmorph.mesh.shape import ModelShape
 from netmorph.models.gpt import GPTStage, synthetic_batch
+from netmorph.parallel.flat import Adam
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+ITEMSIZE = {"float32": 4, "float64": 8}
 HIDDEN = (32, 64, 128, 256)
 TOKENS = (64, 256, 1024)
 ELEMENTWISE_BYTES = 48 << 20          # per array: out of every cache level
@@ -65,7 +68,8 @@ def _rate(comm, fn, window: float = WINDOW, windows: int = 3) -> float:
 
 def compute_rank(comm, shapes, dtype: str, window: float = WINDOW) -> dict:
     """One rank's measurements, every rank at the same shape at once: {"gemm": [(m, n, k, FLOP/s)],
-    "elementwise_bytes_per_s", "dispatch_s", "chain_op_s", "layer_s", "head_s", "op_s"}. One intra-op thread
+    "elementwise_bytes_per_s", "dispatch_s", "chain_op_s", "layer_s", "head_s", "op_s",
+    "optimizer_bytes_per_s", "reference_s"}. One intra-op thread
     per rank, as torchrun's OMP_NUM_THREADS=1."""
     torch.set_num_threads(1)
     dt = DTYPES[dtype]
@@ -89,17 +93,55 @@ def compute_rank(comm, shapes, dtype: str, window: float = WINDOW) -> dict:
     out["layer_s"] = (seconds[DEEP] - seconds[1]) / (DEEP - 1)   # one layer's forward and backward, FLOPs ~ 0
     out["head_s"] = seconds[1] - out["layer_s"]                # the embedding, LM head and loss
     out["op_s"] = out["layer_s"] / sum(ModelShape.LAYER_KERNELS)
+    out["optimizer_bytes_per_s"] = optimizer_rate(comm, dt, window)
+    out["reference_s"] = [reference_seconds(comm, dt, shape) for shape in REFERENCES]
     comm.barrier()
     return out
 
 
-def tiny_gpt(layers: int, dt):
-    """A forward and backward of netmorph's own GPT at a shape too small for FLOPs to matter (h 8, 4 tokens):
-    its time is the software each layer pays -- eager dispatch, autograd, the operators' fixed costs --
-    profiled operator by operator as vTrain and Echo profile a model's kernels, not a training run."""
-    cfg = ModelShape(layers=layers, hidden=8, heads=2, seq=4, vocab=8)
+# two GPTs no validate local trains: one where the operators' fixed costs weigh most, one where the FLOPs do
+REFERENCES = (ModelShape(layers=2, hidden=96, heads=4, seq=48, vocab=64),
+              ModelShape(layers=2, hidden=192, heads=4, seq=96, vocab=64))
+REFERENCE_MICROBATCH = 2
+
+
+def reference_seconds(comm, dt, shape: ModelShape, calls: int = 6, repeats: int = 5) -> float:
+    """Seconds of one forward and backward of ``shape`` (micro-batch 2), every rank at once and meeting the
+    others after each (a barrier, as a training step's ranks meet at their collectives): the slowest rank's
+    mean over ``calls``, the median of ``repeats``. What the GEMM, elementwise and operator rates above miss
+    when a real layer runs -- ranks sharing cores and caches, the scheduler's time slices, the wait for the
+    last rank -- is this over what they predict for it (:func:`netmorph.calibrate.profile.scales`)."""
+    run = tiny_gpt(shape.layers, dt, shape, REFERENCE_MICROBATCH)
+    run()
+    times = []
+    for _ in range(repeats):
+        comm.barrier()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            run()
+            comm.barrier()
+        t = np.array([(time.perf_counter() - t0) / calls])
+        comm.all_reduce(t, op="max")
+        times.append(float(t[0]))
+    return statistics.median(times)
+
+
+def optimizer_rate(comm, dt, window: float = WINDOW, n: int = 1 << 20) -> float:
+    """Bytes per second the trainer's own Adam (:class:`netmorph.parallel.flat.Adam`) streams on a buffer of
+    ``n`` elements, every rank at once: the planner's bytes per element of an optimizer step (the parameter
+    and both moments read and written, the gradient read: 7 of the dtype's width) over the measured time."""
+    param, grad = torch.zeros(n, dtype=dt), torch.full((n,), 1e-3, dtype=dt)
+    adam = Adam(0, n, dtype=dt)
+    return 7 * param.element_size() * n * _rate(comm, lambda: adam.step(param, grad), 3 * window)
+
+
+def tiny_gpt(layers: int, dt, shape: ModelShape | None = None, batch: int = 1):
+    """A forward and backward of netmorph's own GPT, by default at a shape too small for FLOPs to matter (h 8,
+    4 tokens): its time is the software each layer pays -- eager dispatch, autograd, the operators' fixed
+    costs -- profiled operator by operator as vTrain and Echo profile a model's kernels, not a training run."""
+    cfg = replace(shape, layers=layers) if shape else ModelShape(layers=layers, hidden=8, heads=2, seq=4, vocab=8)
     model = GPTStage(cfg, dtype=dt)
-    x, y = synthetic_batch(cfg, range(1))
+    x, y = synthetic_batch(cfg, range(batch))
 
     def run():
         model.zero_grad(set_to_none=True)

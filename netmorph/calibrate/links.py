@@ -17,6 +17,7 @@ import statistics
 import time
 
 import numpy as np
+import torch
 
 from netmorph.runtime.base import Group
 
@@ -78,37 +79,74 @@ def pingpong_rank(comm, peers, sizes=SIZES, reps: int = 9) -> dict:
 RING_SIZES = tuple(1 << e for e in range(10, 23, 2))     # 1 KiB .. 4 MiB
 
 
-def ring_rank(comm, group_size: int, sizes=RING_SIZES, iters: int = 6) -> list | None:
+LOAD_S = 1e-3      # the compute between two loaded collectives, on one rank alone: about a small layer's
+
+
+def ring_rank(comm, group_size: int, sizes=RING_SIZES, iters: int = 6, load_s: float = LOAD_S) -> list | None:
     """Seconds per ring all-reduce of each size on groups of ``group_size`` consecutive ranks (a node's), every
     group at once (nccl-tests' all_reduce_perf, the slowest rank's mean of ``iters``); on rank 0, else None.
-    A step of a ring moves a message between two ranks that must both be running: where ranks share cores,
-    its cost is the scheduler's as much as the transport's, which a ping-pong with idle neighbours misses."""
+    Every rank computes between two collectives (GEMMs lasting about ``load_s`` alone; 0: none), as a
+    training step interleaves its layers with their TP and pipeline messages, and only the collective calls
+    are timed -- what a step's trace shows as communication, waiting for the peers included. A step of a ring
+    moves a message between two ranks that must both be running: where ranks share cores, it waits for a peer
+    the scheduler gave its core to another rank's compute -- which a ping-pong, or a ring with idle
+    neighbours, misses."""
+    torch.set_num_threads(1)
     first = comm.rank - comm.rank % group_size
     group = Group(range(first, first + group_size))
+    a = torch.randn(128, 128)
+    per = np.array([_mm_seconds(a)])
+    comm.all_reduce(per, op="max")                               # every rank the same number of GEMMs
+    calls = int(load_s / per[0]) if load_s > 0 else 0
+
+    def work():
+        for _ in range(calls):
+            torch.mm(a, a)
+
     out = []
     for n in sizes:
         buf = comm.alloc(max(1, n // 4), np.float32)
         comm.all_reduce(buf, group=group, algo="ring")            # warm-up
         comm.barrier()
-        t0 = time.perf_counter()
+        inside = 0.0
         for _ in range(iters):
+            work()
+            t0 = time.perf_counter()
             comm.all_reduce(buf, group=group, algo="ring")
-        t = np.array([(time.perf_counter() - t0) / iters])
+            inside += time.perf_counter() - t0
+        t = np.array([inside / iters])
         comm.all_reduce(t, op="max")
         out.append(float(t[0]))
         comm.free_all()
     return out if comm.rank == 0 else None
 
 
-def fit_ring(p: int, sizes, seconds) -> tuple[float, float, list]:
+def _mm_seconds(a, reps: int = 20) -> float:
+    torch.mm(a, a)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        torch.mm(a, a)
+    return (time.perf_counter() - t0) / reps
+
+
+def fit_ring(p, sizes, seconds) -> tuple[float, float, list]:
     """(α, β, residuals) of a ring all-reduce on p ranks: ``2(p-1)·α + 2(p-1)/p·n·β`` (its 2(p-1) steps each
-    one message of n/p bytes), minimising the relative error."""
-    n = np.asarray(sizes, dtype=np.float64)
-    t = np.asarray(seconds, dtype=np.float64)
-    a = np.stack([2 * (p - 1) / t, 2 * (p - 1) / p * n / t], axis=1)
+    one message of n/p bytes), minimising the relative error. ``p``, ``sizes`` and ``seconds`` may each be a
+    list of several rings (one per group size): one (α, β) fitted to all of them, the residuals concatenated."""
+    if isinstance(p, int):
+        p, sizes, seconds = [p], [sizes], [seconds]
+    rows, ts, ps, ns = [], [], [], []
+    for g, n_, t_ in zip(p, sizes, seconds):
+        n = np.asarray(n_, dtype=np.float64)
+        t = np.asarray(t_, dtype=np.float64)
+        rows.append(np.stack([2 * (g - 1) / t, 2 * (g - 1) / g * n / t], axis=1))
+        ts.append(t)
+        ps.append(np.full(len(n), g, dtype=np.float64))
+        ns.append(n)
+    a, t, g, n = np.concatenate(rows), np.concatenate(ts), np.concatenate(ps), np.concatenate(ns)
     (alpha, beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
     alpha, beta = max(float(alpha), 0.0), max(float(beta), 1e-15)
-    return alpha, beta, [float(x) for x in (2 * (p - 1) * (alpha + n / p * beta)) / t - 1]
+    return alpha, beta, [float(x) for x in (2 * (g - 1) * (alpha + n / g * beta)) / t - 1]
 
 
 def fit(sizes, seconds) -> tuple[float, float, list]:

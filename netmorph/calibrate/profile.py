@@ -8,12 +8,23 @@ What maps to what:
   efficiency (rate over that peak) by GEMM size, Calculon's bins -- small GEMMs run further from peak;
   ``gemm_efficiency``: the largest GEMMs' (the LM head's, the attention core's);
 - ``hbm_bandwidth``: the elementwise pass's bytes per second per rank, every rank busy;
-- ``op_overhead_s``: one operator's dispatch (a GPU's kernel launch), per rank, every rank busy;
+- ``op_overhead_s``: one operator's dispatch (a GPU's kernel launch), per rank, every rank busy, times the
+  operator scale below;
 - ``overlap``: the share of a ring all-reduce on a communication thread that hid behind GEMMs on the main
   thread (the trainer's DDP-style overlap), every rank at once;
 - ``alpha_intra`` / ``nvlink_bandwidth``: the same-node link's fitted α and 1/β; ``alpha_inter`` /
   ``nic_bandwidth``: the other node's (emulated with ``--inter-node-mbps``; the same-node link's when the
   profile has one node);
+- ``optimizer_bandwidth``: the bytes per second of the trainer's own Adam step, every rank busy (a GPU's
+  fused Adam streams at HBM speed; an eager one passes over its state several times);
+- ``allreduce_algorithms``: ring only -- what netmorph's trainer calls (NCCL would pick a tree too);
+- ``compute_scale`` and the operator scale: two reference GPTs (:data:`~netmorph.calibrate.compute.REFERENCES`,
+  no model ``validate local`` trains), forward and backward with every rank at once and meeting at each
+  microbatch, timed; the FLOP-and-byte part and the per-operator part of the planner's compute are scaled so
+  that it gives both their measured times -- what the microbenchmarks miss when a real layer runs on ranks
+  that share cores and caches (1 and 1 on a device per rank);
+- ``core_sharing``: the first reference's time with every rank busy over its time alone -- how much of a core a
+  rank gets when all compute, and so how much faster the few that compute in a pipeline's bubble run;
 - ``gpus_per_node``: ranks per (emulated) node; ``memory_bytes``: the machine's memory over its ranks.
 
 Not measured yet, and said so in ``assumed``: ``elementwise_passes`` (the planner's 6) and
@@ -23,11 +34,15 @@ Not measured yet, and said so in ``assumed``: ``elementwise_passes`` (the planne
 from __future__ import annotations
 
 import os
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 
+from netmorph.calibrate.compute import ITEMSIZE, REFERENCE_MICROBATCH, REFERENCES
+from netmorph.mesh.layout import Layout
+from netmorph.mesh.shape import ModelShape
 from netmorph.planner.hardware import PROFILE_FORMAT, Hardware
+from netmorph.planner.timing import step_time
 
 BINS = 6
 
@@ -47,6 +62,34 @@ def gemm_table(points) -> tuple[float, tuple]:
     return peak, tuple(table)
 
 
+def reference_compute(hw: Hardware, dtype: str, shape: ModelShape) -> float:
+    """Seconds the planner gives one forward and backward of a reference GPT on ``hw`` (one rank, one
+    microbatch of 2): what its measured time is held against."""
+    b = ITEMSIZE[dtype]
+    lay = Layout(micro_batch_size=REFERENCE_MICROBATCH, global_batch=REFERENCE_MICROBATCH, param_bytes=b,
+                 grad_bytes=b, optimizer_bytes=2 * b, activation_bytes=b)
+    return step_time(shape, lay, hw)["compute_s"]
+
+
+def scales(hw: Hardware, dtype: str, measured) -> tuple[float, float]:
+    """(operator scale, FLOP scale): what the microbenchmarks' per-operator cost and their FLOP and byte rates
+    are multiplied by so that the planner gives the reference GPTs their measured times -- two unknowns, two
+    references, one weighted by its operators and one by its FLOPs, solved exactly (least squares on the
+    relative error if the two do not tell them apart, one scale for both)."""
+    ops = [reference_compute(hw, dtype, s) - reference_compute(replace(hw, op_overhead_s=0.0), dtype, s)
+           for s in REFERENCES]
+    flops = [reference_compute(hw, dtype, s) - o for s, o in zip(REFERENCES, ops)]
+    a = np.array([[o / t, f / t] for o, f, t in zip(ops, flops, measured)])
+    try:
+        k_ops, k_flops = np.linalg.solve(a, np.ones(len(measured)))
+    except np.linalg.LinAlgError:
+        k_ops = k_flops = -1.0
+    if not (0.05 <= k_ops <= 100 and 0.05 <= k_flops <= 100):
+        k = float(np.linalg.lstsq(a.sum(axis=1, keepdims=True), np.ones(len(measured)), rcond=None)[0][0])
+        k_ops = k_flops = min(100.0, max(0.05, k))
+    return float(k_ops), float(k_flops)
+
+
 def build(world: int, dtype: str, backend: str, gpn: int, alone: dict, busy: dict, links: dict,
           inter_mbps: float | None) -> dict:
     """The profile object: ``hardware`` (the planner's fields), ``machine``, ``compute`` (alone and busy, raw),
@@ -64,9 +107,13 @@ def build(world: int, dtype: str, backend: str, gpn: int, alone: dict, busy: dic
                   nvlink_bandwidth=1 / intra["beta"], nic_bandwidth=1 / inter["beta"],
                   alpha_intra=intra["alpha"], alpha_inter=inter["alpha"], gemm_efficiency=table[-1][1],
                   attention_efficiency=table[-1][1], gemm_table=table, op_overhead_s=busy["op_s"],
-                  overlap=busy["overlap"]["overlap"],
+                  overlap=busy["overlap"]["overlap"], allreduce_algorithms=("ring",),
+                  optimizer_bandwidth=busy["optimizer_bytes_per_s"],
                   description=f"measured by netmorph calibrate: {world} {backend} ranks on {os.cpu_count()} "
                               f"cores, {dtype}" + (f", two nodes at {inter_mbps:g} MB/s" if inter_mbps else ""))
+    k_ops, k_flops = scales(hw, dtype, busy["reference_s"])
+    hw = replace(hw, op_overhead_s=hw.op_overhead_s * k_ops, compute_scale=k_flops,
+                 core_sharing=min(1e4, max(1.0, busy["reference_s"][0] / alone["reference_s"][0])))
     return {
         "format": PROFILE_FORMAT,
         "hardware": {k: (list(map(list, v)) if k.endswith("_table") else v) for k, v in asdict(hw).items()
@@ -76,7 +123,11 @@ def build(world: int, dtype: str, backend: str, gpn: int, alone: dict, busy: dic
         "compute": {"alone": alone, "busy": busy,
                     # what sharing the cores costs one rank: its best GEMM rate alone over with everyone busy
                     "sharing_slowdown": alone_peak / peak,
-                    "elementwise_slowdown": alone["elementwise_bytes_per_s"] / busy["elementwise_bytes_per_s"]},
+                    "elementwise_slowdown": alone["elementwise_bytes_per_s"] / busy["elementwise_bytes_per_s"],
+                    # the reference GPTs timed (reference_s) and what their times made of the rates measured
+                    "references": [{"layers": r.layers, "hidden": r.hidden, "heads": r.heads, "seq": r.seq,
+                                    "vocab": r.vocab, "micro_batch": REFERENCE_MICROBATCH} for r in REFERENCES],
+                    "operator_scale": k_ops, "op_s_measured": busy["op_s"]},
         "links": links,
         "assumed": {"elementwise_passes": "the planner's 6, not measured",
                     "attention_efficiency": "gemm_efficiency, not measured"},

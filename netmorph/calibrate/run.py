@@ -4,7 +4,7 @@ once, then the links -- and the profile built from them (:mod:`netmorph.calibrat
 from __future__ import annotations
 
 from netmorph.calibrate.compute import WINDOW, compute_rank, gemm_shapes, overlap_rank
-from netmorph.calibrate.links import RING_SIZES, SIZES, fit, fit_ring, pingpong_rank, ring_rank
+from netmorph.calibrate.links import LOAD_S, RING_SIZES, SIZES, fit, fit_ring, pingpong_rank, ring_rank
 from netmorph.calibrate.profile import build
 from netmorph.cost.topology import node_of, two_nodes
 from netmorph.errors import UsageError
@@ -56,15 +56,21 @@ def calibrate(world: int = 4, backend: str = "local", dtype: str = "float32", in
         links[name] = {"peer": peer, "same_node": node_of(peer, gpn) == 0, "sizes": list(SIZES),
                        "one_way_s": measured[peer], "alpha": alpha, "beta": beta, "residuals": residuals,
                        "fitted_from": "ping-pong, every pair at once"}
-    if gpn > 2:
-        # inside a node the link is priced as the collectives see it: fitted from a ring all-reduce of every
-        # node's ranks at once (the ping-pong stays in the profile, as measured)
-        ring = launch(ring_rank, world, gpn, topology=topo, backend=backend, timeout=timeout)[0]
-        alpha, beta, residuals = fit_ring(gpn, RING_SIZES, ring)
+    if gpn > 1:
+        # inside a node the link is priced as the training step sees it: fitted from ring all-reduces on groups
+        # of 2 and of a node's ranks, every group at once, every rank computing between two of them (the
+        # ping-pong, with idle neighbours, stays in the profile as measured)
+        groups = sorted({2, gpn})
+        rings = [launch(ring_rank, world, g, topology=topo, backend=backend, timeout=timeout)[0]
+                 for g in groups]
+        alpha, beta, residuals = fit_ring(groups, [RING_SIZES] * len(groups), rings)
         links["intra"] = {**links["intra"], "alpha": alpha, "beta": beta, "residuals": residuals,
-                          "ring_sizes": list(RING_SIZES), "ring_s": ring, "pingpong_alpha": links["intra"]["alpha"],
-                          "pingpong_beta": links["intra"]["beta"], "pingpong_residuals": links["intra"]["residuals"],
-                          "fitted_from": f"ring all-reduce on {gpn} ranks, every node at once"}
+                          "ring_sizes": list(RING_SIZES), "ring_groups": groups,
+                          "ring_s": dict(zip(map(str, groups), rings)), "ring_load_s": LOAD_S,
+                          "pingpong_alpha": links["intra"]["alpha"], "pingpong_beta": links["intra"]["beta"],
+                          "pingpong_residuals": links["intra"]["residuals"],
+                          "fitted_from": f"ring all-reduces on groups of {' and of '.join(map(str, groups))} ranks, "
+                                         "every group at once, every rank computing between two of them"}
     overlap = launch(overlap_rank, world, topology=topo, backend=backend, timeout=timeout)
     busy["overlap"] = {**overlap[0], "overlap": min(r["overlap"] for r in overlap)}
     on_phase(PHASES[2])

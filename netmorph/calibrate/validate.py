@@ -11,10 +11,12 @@ factor of its own: what the table shows is what the model knows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import statistics
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from netmorph.calibrate.compute import ITEMSIZE
 from netmorph.calibrate.run import calibrate
 from netmorph.mesh.layout import Layout
 from netmorph.mesh.shape import ModelShape
@@ -25,16 +27,29 @@ from netmorph.planner.timing import step_time
 
 MODELS = {"small": ModelShape(layers=4, hidden=64, heads=4, seq=32, vocab=128),
           "medium": ModelShape(layers=8, hidden=128, heads=8, seq=64, vocab=256)}
-ITEMSIZE = {"float32": 4, "float64": 8}
+
+
+WARMUP = 2          # steps not counted: the first builds the caches, the second still pays for some
 
 
 @dataclass
 class Row:
     model: str
     layout: Layout
-    measured_s: float
+    measured_s: float                 # the median of its repeats
     predicted_s: float
     predicted_parts: dict
+    repeats_s: tuple = ()             # each repeat's median step, in the order they ran
+    # the last step of the last repeat split as the trace splits it, beside the model's split of its prediction:
+    # {"slots": the busiest stage's forward and backward slots (compute and the TP collectives inside them),
+    #  "between": the rest of the step (bubble, pipeline waits, DP reduction, optimizer)}
+    measured_split: dict = field(default_factory=dict)
+    predicted_split: dict = field(default_factory=dict)
+
+    @property
+    def spread(self) -> float:
+        """The slowest repeat over the fastest, minus one: how far this machine moves the same run."""
+        return max(self.repeats_s) / min(self.repeats_s) - 1 if len(self.repeats_s) > 1 else 0.0
 
     @property
     def error(self) -> float:
@@ -50,7 +65,9 @@ class Row:
 
     def to_json(self) -> dict:
         return {"model": self.model, "layout": self.name, "measured_s": self.measured_s,
-                "predicted_s": self.predicted_s, "error": self.error, "predicted_parts": self.predicted_parts}
+                "predicted_s": self.predicted_s, "error": self.error, "predicted_parts": self.predicted_parts,
+                "repeats_s": list(self.repeats_s), "spread": self.spread, "measured_split": self.measured_split,
+                "predicted_split": self.predicted_split}
 
 
 def layouts(model: ModelShape, world: int, microbatches: int = 4, micro_batch_size: int = 2) -> list:
@@ -82,27 +99,42 @@ def planner_layout(layout: Layout, dtype: str) -> Layout:
     return replace(layout, param_bytes=b, grad_bytes=b, optimizer_bytes=2 * b, activation_bytes=b, dp_overlap=True)
 
 
-def measure(model: ModelShape, layout: Layout, steps: int, dtype: str, timeout: float) -> float:
-    """The median step time (after the first) of ``layout`` trained for real."""
-    return train(TrainConfig(model=model, layout=layout, steps=steps, dtype=dtype), timeout=timeout).step_time_s
+def measure(model: ModelShape, layout: Layout, steps: int, dtype: str, timeout: float) -> tuple[float, dict]:
+    """(the median step time of ``layout`` trained for real after :data:`WARMUP` steps, its last step split into
+    the busiest stage's slots and the time between them)."""
+    run = train(TrainConfig(model=model, layout=layout, steps=steps, dtype=dtype), timeout=timeout)
+    slots = max(sum(t1 - t0 for *_, t0, t1 in spans) for spans in run.timeline.values())
+    last = run.step_times_s[-1]
+    return statistics.median(run.step_times_s[WARMUP:]), {"slots": slots, "between": max(0.0, last - slots)}
 
 
-def validate(world: int, models=("small", "medium"), steps: int = 6, dtype: str = "float32",
+def validate(world: int, models=("small", "medium"), steps: int = 8, dtype: str = "float32",
              timeout: float = 120.0, profile: dict | None = None, on_row=lambda row, done, total: None,
-             only=None) -> dict:
-    """{"profile", "rows": [Row]} for every layout of every model (``only``: the first of them)."""
+             only=None, repeats: int = 1) -> dict:
+    """{"profile", "rows": [Row]} for every layout of every model (``only``: the first of them), each measured
+    ``repeats`` times -- in rounds, every layout once per round, so a slow minute of the machine falls on
+    different layouts, not on one layout's every repeat -- and its median kept."""
     prof = profile or calibrate(world, dtype=dtype, timeout=timeout)
     hw = hardware_from(prof, "the profile measured first")
     todo = [(name, lay) for name in models for lay in layouts(MODELS[name], world)][:only]
+    times = {k: [] for k in range(len(todo))}
+    split = {}
+    done = 0
+    for _ in range(repeats):
+        for k, (name, lay) in enumerate(todo):
+            seconds, split[k] = measure(MODELS[name], lay, steps, dtype, timeout)
+            times[k].append(seconds)
+            done += 1
+            on_row(None, done, len(todo) * repeats)
     rows = []
-    for k, (name, lay) in enumerate(todo, 1):
-        model = MODELS[name]
-        measured = measure(model, lay, steps, dtype, timeout)
-        pred = step_time(model, planner_layout(lay, dtype), hw)
+    for k, (name, lay) in enumerate(todo):
+        pred = step_time(MODELS[name], planner_layout(lay, dtype), hw)
         parts = {"compute": pred["compute_s"], "bubble": pred["bubble_s"], "optimizer": pred["optimizer_s"],
                  **{k: v for k, v in pred["comm_s"].items() if v}}
-        rows.append(Row(name, lay, measured, pred["step_time_s"], parts))
-        on_row(rows[-1], k, len(todo))
+        # the model's slots: m microbatches of the busiest stage's compute and TP collectives
+        slots = pred["compute_s"] + pred["comm_s"]["tensor_parallel"]
+        rows.append(Row(name, lay, statistics.median(times[k]), pred["step_time_s"], parts, tuple(times[k]),
+                        split[k], {"slots": slots, "between": pred["step_time_s"] - slots}))
     return {"profile": prof, "rows": rows}
 
 
@@ -110,7 +142,9 @@ def summary(rows: list) -> dict:
     """Mean and worst |error|, Spearman's rank correlation, and whether the predicted best is within 5% of the
     measured best -- per model, since layouts are ranked against each other for one model."""
     out = {"mean_abs_error": float(np.mean([abs(r.error) for r in rows])),
-           "worst_abs_error": max(abs(r.error) for r in rows), "layouts": len(rows), "by_model": {}}
+           "worst_abs_error": max(abs(r.error) for r in rows), "layouts": len(rows), "by_model": {},
+           # the machine's own noise: the same layout's repeats apart (0 with one repeat)
+           "mean_spread": float(np.mean([r.spread for r in rows])), "worst_spread": max(r.spread for r in rows)}
     for name in dict.fromkeys(r.model for r in rows):
         mine = [r for r in rows if r.model == name]
         m = np.array([r.measured_s for r in mine])

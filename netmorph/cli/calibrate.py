@@ -68,6 +68,15 @@ def print_profile(prof: dict, path: str) -> None:
           f"{busy['elementwise_bytes_per_s'] / 1e9:>11.2f} GB/s {c['elementwise_slowdown']:>8.2f}x")
     print(f"{'#   one operator (autograd)':<28} {alone['op_s'] * 1e6:>11.1f} us {busy['op_s'] * 1e6:>13.1f} us "
           f"{busy['op_s'] / alone['op_s']:>8.2f}x")
+    print(f"{'#   Adam step (the trainer)':<28} {alone['optimizer_bytes_per_s'] / 1e9:>9.2f} GB/s "
+          f"{busy['optimizer_bytes_per_s'] / 1e9:>11.2f} GB/s "
+          f"{alone['optimizer_bytes_per_s'] / busy['optimizer_bytes_per_s']:>8.2f}x")
+    for shape, a, b in zip(c["references"], alone["reference_s"], busy["reference_s"]):
+        name = f"#   GPT h {shape['hidden']} s {shape['seq']} fwd+bwd"
+        print(f"{name:<28} {a * 1e3:>11.2f} ms {b * 1e3:>13.2f} ms {b / a:>8.2f}x")
+    print(f"# the reference GPTs, every rank meeting the others at each microbatch, against what the rates above "
+          f"predict for them: operators x{c['operator_scale']:.2f}, FLOPs and bytes x{hw['compute_scale']:.2f}; a "
+          f"rank computes {hw['core_sharing']:.2f}x slower with every rank busy than alone")
     ov = busy["overlap"]
     print(f"# overlap: a {fmt_bytes(ov['bytes'])} ring all-reduce on a thread beside GEMMs: {ov['comm_s'] * 1e3:.1f} "
           f"+ {ov['compute_s'] * 1e3:.1f} ms apart, {ov['both_s'] * 1e3:.1f} ms together on rank 0; hidden on the "
@@ -78,5 +87,6 @@ def print_profile(prof: dict, path: str) -> None:
     for name, link in prof["links"].items():
         res = link["residuals"]
         print(f"#   {name + ' (0 <-> ' + str(link['peer']) + ')':<24} {link['alpha'] * 1e6:>7.1f} us "
-              f"{fmt_bytes(1 / link['beta']):>10}/s   {min(res):+7.1%} .. {max(res):+.1%}")
+              f"{fmt_bytes(1 / link['beta']):>10}/s   {min(res):+7.1%} .. {max(res):+.1%}   "
+              f"({link['fitted_from']})")
     print(f"# wrote {path}: netmorph plan estimate --hardware {path} ...; netmorph simulate step --hardware {path}")

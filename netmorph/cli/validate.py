@@ -22,7 +22,11 @@ def add_parser(sub) -> None:
     p.add_argument("--world", type=int, default=4, choices=(2, 4, 8), help="ranks (default 4)")
     p.add_argument("--model", action="append", choices=("small", "medium"),
                    help="GPT size: small (4 layers, h 64) and/or medium (8 layers, h 128); default both")
-    p.add_argument("--steps", type=int, default=6, help="steps per layout; the median after the first (default 6)")
+    p.add_argument("--steps", type=int, default=8,
+                   help="steps per layout; the median after the first two (default 8)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="train every layout this many times, in rounds; the median counts, the spread is the "
+                        "machine's noise (default 1)")
     p.add_argument("--only", type=int, help="the first N layouts alone (a quick look)")
     p.add_argument("--json", action="store_true", help="print the rows and the summary as JSON")
     add_timeout(p, 120.0)
@@ -33,16 +37,21 @@ def run(args) -> int:
     require("torch", "validate")
     from netmorph.calibrate.validate import MODELS, layouts, summary, validate
     from netmorph.cli.progress import Bar
-    if not 2 <= args.steps <= 1000:
-        raise UsageError(f"--steps must be in 2..1000 (the first step is not counted), got {args.steps}")
+    if not 3 <= args.steps <= 1000:
+        raise UsageError(f"--steps must be in 3..1000 (the first two steps are not counted), got {args.steps}")
+    if not 1 <= args.repeats <= 20:
+        raise UsageError(f"--repeats must be in 1..20, got {args.repeats}")
     if args.only is not None and args.only < 1:
         raise UsageError(f"--only must be >= 1, got {args.only}")
     models = tuple(dict.fromkeys(args.model or ("small", "medium")))
     total = sum(len(layouts(MODELS[m], args.world)) for m in models)
     total = min(total, args.only or total)
-    with Bar("validate", unit="layouts") as bar, bar.task(f"calibrating, then training {total} layouts of "
-                                                          f"{args.world} ranks", total) as task:
-        out = validate(args.world, models, args.steps, timeout=args.timeout, only=args.only,
+    runs = total * args.repeats
+    with Bar("validate", unit="runs") as bar, bar.task(f"calibrating, then training {total} layouts of "
+                                                       f"{args.world} ranks" + (f" {args.repeats} times"
+                                                                                if args.repeats > 1 else ""),
+                                                       runs) as task:
+        out = validate(args.world, models, args.steps, timeout=args.timeout, only=args.only, repeats=args.repeats,
                        on_row=lambda row, done, total: bar.update(task, completed=done))
     rows, s = out["rows"], summary(out["rows"])
     if args.json:
@@ -52,13 +61,21 @@ def run(args) -> int:
         return 0
     hw = out["profile"]["hardware"]
     print(f"# netmorph validate local: {args.world} ranks, profile measured first ({hw['description']})")
-    print(f"{'model':<7} {'layout':<28} {'measured(ms)':>12} {'predicted(ms)':>13} {'error':>8}   predicted parts (ms)")
+    print(f"{'model':<7} {'layout':<28} {'measured(ms)':>12} {'predicted(ms)':>13} {'error':>8} "
+          f"{'slots m/p':>13} {'between m/p':>13}   predicted parts (ms)")
     for r in rows:
         parts = " ".join(f"{k} {1e3 * v:.1f}" for k, v in r.predicted_parts.items() if v)
+        ms, ps = r.measured_split, r.predicted_split
         print(f"{r.model:<7} {r.name:<28} {1e3 * r.measured_s:>12.1f} {1e3 * r.predicted_s:>13.1f} "
-              f"{r.error:>+8.1%}   {parts}")
+              f"{r.error:>+8.1%} {1e3 * ms['slots']:>6.1f}/{1e3 * ps['slots']:<6.1f} "
+              f"{1e3 * ms['between']:>6.1f}/{1e3 * ps['between']:<6.1f}   {parts}")
+    print("# slots: the busiest stage's forward and backward slots of the last step (compute and the TP collectives "
+          "in them); between: the rest of that step (bubble, pipeline waits, DP, optimizer); measured/predicted")
     print(f"# {s['layouts']} layouts: mean |error| {s['mean_abs_error']:.1%}, worst {s['worst_abs_error']:.1%} "
           f"(goal: 10% mean, 20% worst)")
+    if args.repeats > 1:
+        print(f"# the machine's noise: the same layout's {args.repeats} runs apart by {s['mean_spread']:.1%} on "
+              f"average, {s['worst_spread']:.1%} at worst")
     for name, m in s["by_model"].items():
         print(f"# {name}: rank correlation {m['spearman']:.2f}; predicted best {m['predicted_best']}, measured best "
               f"{m['measured_best']}: {'within' if m['predicted_best_within_5pct'] else 'NOT within'} 5%")
