@@ -30,14 +30,27 @@ def two_nodes(tmp_path_factory):
     return out
 
 
-def test_a_profile_holds_the_planners_fields_the_raw_measurements_and_the_fit():
-    prof = calibrate(4, hidden=(32, 64), window=FAST)
+@pytest.fixture(scope="module")
+def four():
+    """A rough profile of one node of 4 ranks (two hidden sizes)."""
+    return calibrate(4, hidden=(32, 64), window=FAST)
+
+
+def test_a_profile_holds_the_planners_fields_the_raw_measurements_and_the_fit(four):
+    prof = four
     assert prof["format"] == PROFILE_FORMAT and prof["machine"]["ranks"] == 4
     hw = prof["hardware"]
     assert hw["gpus_per_node"] == 4 and hw["peak_flops"] == max(r for *_, r in prof["compute"]["busy"]["gemm"])
     assert all(0 < e <= 1 for _, e in hw["gemm_table"]) and hw["op_overhead_s"] > 0
     # every GEMM a transformer layer runs, at every token count and hidden size asked for
     assert len(prof["compute"]["busy"]["gemm"]) == len(prof["compute"]["alone"]["gemm"]) == 2 * 3 * 4
+    # the reference GPTs timed alone and busy, and what they made of the rates: scales, and how much slower
+    # a rank computes with all four busy
+    c = prof["compute"]
+    assert len(c["references"]) == len(c["alone"]["reference_s"]) == len(c["busy"]["reference_s"]) == 2
+    assert hw["compute_scale"] > 0 and c["operator_scale"] > 0 and hw["core_sharing"] >= 1
+    assert hw["op_overhead_s"] == pytest.approx(c["op_s_measured"] * c["operator_scale"])
+    assert hw["allreduce_algorithms"] == ["ring"] and hw["optimizer_bandwidth"] == c["busy"]["optimizer_bytes_per_s"]
     link = prof["links"]["intra"]
     assert link["same_node"] and len(link["one_way_s"]) == len(link["sizes"]) == len(link["pingpong_residuals"])
     assert hw["alpha_intra"] == link["alpha"] and hw["nvlink_bandwidth"] == 1 / link["beta"]
@@ -51,7 +64,7 @@ def test_the_fit_is_alpha_plus_beta_n_and_its_residuals_are_relative():
     assert max(abs(r) for r in res) < 1e-9
 
 
-def test_a_ring_all_reduce_sweep_gives_the_per_step_alpha_and_beta():
+def test_a_ring_all_reduce_sweep_gives_the_per_step_alpha_and_beta(four):
     """A ring all-reduce on p ranks is 2(p-1) steps of n/p bytes: the fit recovers α and β from its times, from
     one group size or from several at once."""
     from netmorph.calibrate.links import RING_SIZES, fit_ring
@@ -63,7 +76,7 @@ def test_a_ring_all_reduce_sweep_gives_the_per_step_alpha_and_beta():
         alpha_fit, beta_fit, res = fit_ring(*args)
         assert math.isclose(alpha_fit, alpha, rel_tol=1e-9) and math.isclose(beta_fit, beta, rel_tol=1e-9)
         assert max(abs(r) for r in res) < 1e-9
-    prof = calibrate(4, hidden=(32,), window=FAST)           # one node of 4: the intra link is the rings'
+    prof = four                                              # one node of 4: the intra link is the rings'
     intra = prof["links"]["intra"]
     assert intra["fitted_from"].startswith("ring all-reduces on groups of 2 and of 4 ranks")
     assert [len(intra["ring_s"][g]) for g in ("2", "4")] == [len(RING_SIZES)] * 2

@@ -116,7 +116,8 @@ def build(world: int, dtype: str, backend: str, gpn: int, alone: dict, busy: dic
                  core_sharing=min(1e4, max(1.0, busy["reference_s"][0] / alone["reference_s"][0])))
     return {
         "format": PROFILE_FORMAT,
-        "hardware": {k: (list(map(list, v)) if k.endswith("_table") else v) for k, v in asdict(hw).items()
+        "hardware": {k: (list(map(list, v)) if k.endswith("_table") else list(v) if isinstance(v, tuple) else v)
+                     for k, v in asdict(hw).items()
                      if v != ()},                         # no FP8 table: absent, as in a hand-written file
         "machine": {"cores": os.cpu_count(), "ranks": world, "ranks_per_node": gpn, "dtype": dtype,
                     "backend": backend, "threads_per_rank": 1, "inter_node_mbps": inter_mbps},
