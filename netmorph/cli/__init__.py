@@ -96,6 +96,17 @@ def timeout_seconds(text: str) -> float:
     return x
 
 
+def link_mbps(text: str) -> float:
+    """An ``--inter-node-mbps``: the emulated link between two nodes, the same bounds on every command that
+    emulates one (:data:`netmorph.cost.topology.INTER_MBPS_RANGE`)."""
+    from netmorph.cost.topology import INTER_MBPS_RANGE
+    x = finite_float(text)
+    lo, hi = INTER_MBPS_RANGE
+    if not lo <= x <= hi:
+        raise argparse.ArgumentTypeError(f"an emulated link is {lo:g}..{hi:g} MB/s, got {text}")
+    return x
+
+
 def add_timeout(p, default: float) -> None:
     """The ``--timeout`` flag of a command that starts ranks."""
     p.add_argument("--timeout", type=timeout_seconds, default=default,

@@ -13,7 +13,7 @@ import math
 import statistics
 import sys
 
-from netmorph.cli import add_timeout, plot_file
+from netmorph.cli import add_timeout, link_mbps, plot_file
 from netmorph.errors import UsageError
 
 
@@ -38,7 +38,7 @@ def add_parser(sub) -> None:
                         "(default 4)")
     p.add_argument("--compute-ms", type=float, default=40.0,
                    help="run: emulated accelerator time per sequence forward, whole model (default 40)")
-    p.add_argument("--inter-node-mbps", type=float, default=50.0,
+    p.add_argument("--inter-node-mbps", type=link_mbps, default=50.0,
                    help="run: the healthy link between the two nodes, MB/s (default 50; inside a node 2 GB/s)")
     p.add_argument("--checkpoint-every", type=int, default=20,
                    help="run: steps between checkpoints, where a run goes back to when a lost node took state no "
@@ -75,8 +75,6 @@ def run(args) -> int:
         raise UsageError(f"--static must be in 1..64 (the start split runs static beside the loop), got {args.static}")
     if not 0 <= args.compute_ms <= 1e4:
         raise UsageError(f"--compute-ms must be in 0..10000, got {args.compute_ms}")
-    if not 0.01 <= args.inter_node_mbps <= 1e5:
-        raise UsageError(f"--inter-node-mbps must be in 0.01..100000, got {args.inter_node_mbps}")
     if not 1 <= args.checkpoint_every <= 10000:
         raise UsageError(f"--checkpoint-every must be in 1..10000, got {args.checkpoint_every}")
     if not 2 <= args.segment <= 10000:

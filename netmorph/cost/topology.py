@@ -126,6 +126,9 @@ PRESETS = {
 }
 
 
+INTER_MBPS_RANGE = (0.01, 100_000.0)      # MB/s an emulated inter-node link may be set to (10 kB/s .. 100 GB/s)
+
+
 def two_nodes(world: int, inter_mbps: float = 50.0) -> Topology:
     """The emulated cluster morph's scenarios happen on and calibrate measures: two nodes of world/2 ranks, fast
     links inside a node (10 µs, 2 GB/s), a slower one between (50 µs, ``inter_mbps`` MB/s), imposed per link
