@@ -101,6 +101,10 @@ def run(args) -> int:
           f"{out['bytes_by_link_class']['nic'] / 1e12:,.2f} TB (all ranks)")
     print("# simulated breakdown: the rank that finishes last (its waits for input beyond the transfer are the "
           "bubble); the planner's: the most loaded stage (its layers plus the LM head), (m + p - 1) slots")
+    if hw.core_sharing > 1:
+        print(f"# {hw.name}'s ranks share cores (a rank computes {hw.core_sharing:.2f}x slower with every rank busy): "
+              f"the planner lends a pipeline's bubble to the ranks not in it, the simulator does not yet -- its "
+              f"bubble is the bubble of ranks with a device each")
     if args.trace:
         print(f"# trace: {args.trace} ({len({g for g, *_ in spans})} ranks; open in ui.perfetto.dev)")
     return 0
