@@ -78,7 +78,7 @@ def test_a_ring_all_reduce_sweep_gives_the_per_step_alpha_and_beta(four):
         assert max(abs(r) for r in res) < 1e-9
     prof = four                                              # one node of 4: the intra link is the rings'
     intra = prof["links"]["intra"]
-    assert intra["fitted_from"].startswith("ring all-reduces on groups of 2 and of 4 ranks")
+    assert intra["fitted_from"].startswith("ring all-reduces on groups of 2, 4 ranks")
     assert [len(intra["ring_s"][g]) for g in ("2", "4")] == [len(RING_SIZES)] * 2
     assert len(intra["residuals"]) == 2 * len(RING_SIZES)
     assert prof["hardware"]["alpha_intra"] == intra["alpha"] and "pingpong_alpha" in intra

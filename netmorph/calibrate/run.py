@@ -58,9 +58,9 @@ def calibrate(world: int = 4, backend: str = "local", dtype: str = "float32", in
                        "fitted_from": "ping-pong, every pair at once"}
     if gpn > 1:
         # inside a node the link is priced as the training step sees it: fitted from ring all-reduces on groups
-        # of 2 and of a node's ranks, every group at once, every rank computing between two of them (the
-        # ping-pong, with idle neighbours, stays in the profile as measured)
-        groups = sorted({2, gpn})
+        # of every size a layout of the node's ranks uses (each divisor of the node's size from 2), every group at
+        # once, every rank computing between two of them (the ping-pong, with idle neighbours, stays as measured)
+        groups = [g for g in range(2, gpn + 1) if gpn % g == 0]
         rings = [launch(ring_rank, world, g, topology=topo, backend=backend, timeout=timeout)[0]
                  for g in groups]
         alpha, beta, residuals = fit_ring(groups, [RING_SIZES] * len(groups), rings)
@@ -69,7 +69,7 @@ def calibrate(world: int = 4, backend: str = "local", dtype: str = "float32", in
                           "ring_s": dict(zip(map(str, groups), rings)), "ring_load_s": LOAD_S,
                           "pingpong_alpha": links["intra"]["alpha"], "pingpong_beta": links["intra"]["beta"],
                           "pingpong_residuals": links["intra"]["residuals"],
-                          "fitted_from": f"ring all-reduces on groups of {' and of '.join(map(str, groups))} ranks, "
+                          "fitted_from": f"ring all-reduces on groups of {', '.join(map(str, groups))} ranks, "
                                          "every group at once, every rank computing between two of them"}
     overlap = launch(overlap_rank, world, topology=topo, backend=backend, timeout=timeout)
     busy["overlap"] = {**overlap[0], "overlap": min(r["overlap"] for r in overlap)}
