@@ -1,5 +1,6 @@
 """One training step simulated on every rank: the closed forms it must reduce to, and the planner beside it."""
 
+import dataclasses
 import itertools
 import json
 
@@ -10,8 +11,9 @@ from netmorph.mesh.layout import Layout
 from netmorph.planner.hardware import PRESETS as HARDWARE
 from netmorph.planner.memory import memory
 from netmorph.mesh.shape import PRESETS as MODELS
+from netmorph.mesh.shape import ModelShape
 from netmorph.planner.search import check, estimate
-from netmorph.simulate import Costs, simulate_config, simulate_step
+from netmorph.simulate import Costs, lend_bubble, simulate_config, simulate_step
 
 A100 = HARDWARE["a100-80g"]
 
@@ -119,3 +121,22 @@ def test_bad_simulate_input_is_one_line_exit_2(argv, flag, capsys, tmp_path):
     assert main(["simulate", "step", *argv]) == 2
     err = capsys.readouterr().err
     assert flag in err and len(err.strip().splitlines()) == 1
+
+
+def test_where_ranks_share_cores_the_simulated_bubble_is_lent_as_the_planner_lends_it():
+    """The schedule is played on a device per rank; with core_sharing s the finishing rank's pipeline takes the
+    longer of its busy time and the played pipeline over s -- the planner's rule, so on a pipeline of 4 stages
+    the two agree as they do without sharing."""
+    parts = {"compute": 6.0, "tp": 1.0, "pp": 1.0, "dp": 0.5, "optimizer": 0.5, "bubble": 4.0}
+    assert lend_bubble(13.0, parts, 1.0) == (13.0, parts)
+    assert lend_bubble(13.0, parts, 1.5) == (13.0 - 4.0 + 0.0, {**parts, "bubble": 0.0})      # 12 / 1.5 = 8 = busy
+    step, lent = lend_bubble(13.0, parts, 1.2)
+    assert step == pytest.approx(13.0 - 12.0 + 10.0) and lent["bubble"] == pytest.approx(2.0)
+    model = ModelShape(layers=8, hidden=1024, heads=16, seq=512, vocab=1024)
+    lay = Layout(pp=4, global_batch=4, micro_batch_size=1)
+    for s in (1.0, 1.4, 3.0):
+        hw = dataclasses.replace(HARDWARE["a100-80g"], core_sharing=s)
+        out = simulate_config(model, lay, hw, "1f1b")
+        assert out["step_time_s"] == pytest.approx(out["planner_step_time_s"], rel=0.1)
+        assert out["breakdown_s"]["bubble"] <= simulate_config(model, lay, HARDWARE["a100-80g"], "1f1b")[
+            "breakdown_s"]["bubble"] + 1e-12

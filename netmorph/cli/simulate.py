@@ -103,8 +103,8 @@ def run(args) -> int:
           "bubble); the planner's: the most loaded stage (its layers plus the LM head), (m + p - 1) slots")
     if hw.core_sharing > 1:
         print(f"# {hw.name}'s ranks share cores (a rank computes {hw.core_sharing:.2f}x slower with every rank busy): "
-              f"the planner lends a pipeline's bubble to the ranks not in it, the simulator does not yet -- its "
-              f"bubble is the bubble of ranks with a device each")
+              f"the bubble of the schedule played on a device per rank is lent to the ranks not in it, as the planner "
+              f"lends it" + ("; the trace shows the schedule on a device per rank" if args.trace else ""))
     if args.trace:
         print(f"# trace: {args.trace} ({len({g for g, *_ in spans})} ranks; open in ui.perfetto.dev)")
     return 0

@@ -11,7 +11,7 @@ from netmorph.planner.search import check, estimate
 from netmorph.planner.timing import collective_time, layer_costs, optimizer_time, tp_head_costs
 from netmorph.simulate.step import Costs, StepResult, simulate_step
 
-__all__ = ["Costs", "StepResult", "costs_for", "simulate_config", "simulate_step"]
+__all__ = ["Costs", "StepResult", "costs_for", "lend_bubble", "simulate_config", "simulate_step"]
 
 
 def costs_for(model, c, hw) -> Costs:
@@ -50,6 +50,20 @@ def costs_for(model, c, hw) -> Costs:
         dp_bytes_after=(d - 1) / d * c.param_bytes * n if c.zero else 0.0)
 
 
+def lend_bubble(step: float, breakdown: dict, sharing: float) -> tuple[float, dict]:
+    """(step, breakdown) of the rank that finishes last once its pipeline's bubble is lent to the ranks not in
+    it, as the planner lends it (:func:`netmorph.planner.timing.step_time`), where ranks share a node's cores
+    (``sharing``: how many times slower a rank computes with every rank busy than alone; 1 on a device per
+    rank, where nothing changes): its pipeline takes the longer of its busy time and the simulated pipeline at
+    a rank's own speed. The schedule is played on a device per rank; the spans of the trace stay so."""
+    if sharing <= 1:
+        return step, breakdown
+    busy = breakdown["compute"] + breakdown["tp"] + breakdown["pp"]
+    pipeline = busy + breakdown["bubble"]
+    lent = max(busy, pipeline / sharing)
+    return step - pipeline + lent, {**breakdown, "bubble": lent - busy}
+
+
 def simulate_config(model, c, hw, schedule_name: str | None = None, trace_ranks=()) -> dict:
     """Simulate one step of ``c`` on every rank; the figures ``netmorph simulate step --json`` prints."""
     if c.zero >= 3:
@@ -63,7 +77,8 @@ def simulate_config(model, c, hw, schedule_name: str | None = None, trace_ranks=
                         c.interleave, trace_ranks)
     wall = time.perf_counter() - t0
     plan = estimate(model, c, hw)
-    return {"ranks": res.ranks, "schedule": name, "step_time_s": res.step_time, "breakdown_s": res.breakdown,
+    step, breakdown = lend_bubble(res.step_time, res.breakdown, hw.core_sharing)
+    return {"ranks": res.ranks, "schedule": name, "step_time_s": step, "breakdown_s": breakdown,
             "bytes_by_link_class": res.bytes_by_link_class, "planner_step_time_s": plan["step_time_s"],
             "planner_breakdown_s": {"compute": plan["compute_s"], "tp": plan["comm_s"]["tensor_parallel"],
                                     "pp": plan["comm_s"]["pipeline_p2p"],
