@@ -147,6 +147,9 @@ def test_without_torch_bench_still_prints_what_it_measured():
     (["failures", "--checkpoint-write", "0"], "--checkpoint-write must be more than 0"),
     (["sgd", "--slow-link", "0:1:1e308:1", "--steps", "2"], "ALPHA_US"),
     (["sgd", "--outer-momentum", "1", "--steps", "2"], "--outer-momentum"),
+    # GPT-2's vocabulary: the synthetic language's V x V table alone is tens of GB per rank (it was built, and the
+    # ranks were killed for memory)
+    (["train", "--vocab", "50257", "--steps", "1", "--layers", "1", "--hidden", "16", "--heads", "2"], "--vocab"),
 ])
 def test_small_refusals_name_what_to_change(argv, words, capsys):
     assert main(argv) == 2
