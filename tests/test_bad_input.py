@@ -147,9 +147,8 @@ def test_without_torch_bench_still_prints_what_it_measured():
     (["failures", "--checkpoint-write", "0"], "--checkpoint-write must be more than 0"),
     (["sgd", "--slow-link", "0:1:1e308:1", "--steps", "2"], "ALPHA_US"),
     (["sgd", "--outer-momentum", "1", "--steps", "2"], "--outer-momentum"),
-    # GPT-2's vocabulary: the synthetic language's V x V table alone is tens of GB per rank (it was built, and the
-    # ranks were killed for memory)
-    (["train", "--vocab", "50257", "--steps", "1", "--layers", "1", "--hidden", "16", "--heads", "2"], "--vocab"),
+    # a vocabulary whose language does not fit even a row at a time: refused, not killed for memory
+    (["train", "--vocab", "100000000", "--steps", "1", "--layers", "1", "--hidden", "16", "--heads", "2"], "--vocab"),
 ])
 def test_small_refusals_name_what_to_change(argv, words, capsys):
     assert main(argv) == 2
@@ -170,6 +169,11 @@ def test_small_things_that_are_valid(capsys, tmp_path, monkeypatch):
                  "8", "--vocab", "32"]) == 0
     zero = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("#   zero"))
     assert "✓" in zero and "✗" not in zero                 # 0 B sent, 0 B predicted at dp 1
+    # GPT-2's vocabulary trains: past 4,096 the synthetic language is drawn a row at a time (its V x V table was
+    # 20 GB, and the ranks were killed for memory)
+    assert main(["train", "--vocab", "50257", "--steps", "1", "--layers", "1", "--hidden", "16", "--heads", "2",
+                 "--seq", "8"]) == 0
+    assert "V50257" in capsys.readouterr().out
 
 
 def test_serve_check_with_nothing_completed_is_not_a_pass(capsys):

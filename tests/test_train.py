@@ -10,10 +10,12 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from netmorph.cli import main
 from netmorph.errors import UsageError
 from netmorph.mesh.shape import ModelShape
+from netmorph.models.gpt import TABLE_VOCAB, synthetic_batch
 from netmorph.parallel.hybrid import TrainConfig, train_rank
 from netmorph.parallel.pipeline import check, schedule
 from netmorph.parallel.run import reference, summarise
@@ -263,3 +265,14 @@ def test_trace_has_a_track_per_rank_with_its_slots_and_messages():
     names = {e["args"]["name"] for e in events if e["ph"] == "M"}
     assert names == {"rank 0 (tp0 pp0 dp0)", "rank 1 (tp0 pp0 dp1)"}
     assert any(e.get("cat") == "compute" for e in events) and any(e.get("cat") == "dp" for e in events)
+
+
+def test_a_sample_is_the_same_whichever_batch_draws_it_at_any_vocabulary():
+    """Sample i is a walk seeded by i alone -- from the V x V table up to 4,096 tokens, from rows drawn as met past
+    it -- so a rank drawing samples 2..3 gets the columns the 1-rank run drew for them."""
+    for vocab in (128, TABLE_VOCAB + 1, 50257):
+        shape = ModelShape(layers=1, hidden=16, heads=2, seq=12, vocab=vocab)
+        x4, y4 = synthetic_batch(shape, range(4))
+        x2, y2 = synthetic_batch(shape, range(2, 4))
+        assert torch.equal(x4[:, 2:], x2) and torch.equal(y4[:, 2:], y2)
+        assert torch.equal(x4[1:], y4[:-1]) and 0 <= int(x4.min()) and int(x4.max()) < vocab

@@ -102,6 +102,7 @@ def run(args) -> int:
                          batch=args.batch, steps=args.steps, lr=args.lr, seed=args.seed, dtype=args.dtype,
                          tp=args.tp, pp=args.pp, backend=args.backend, timeout=args.timeout)
     cfg.train.check()
+    from netmorph.models.gpt import synthetic_data_bytes
     from netmorph.runtime import budget
     m = cfg.train.model
     itemsize = 8 if args.dtype == "float64" else 4
@@ -109,7 +110,8 @@ def run(args) -> int:
         params_per_rank=m.params() / (args.tp * args.pp), active_params=m.active_params(), layers=m.layers,
         hidden=m.hidden, heads=m.heads, seq=m.seq, vocab=m.vocab, micro_batch=args.batch, microbatches=1,
         steps=args.steps, world=cfg.world, tp=args.tp, pp=args.pp, itemsize=itemsize,
-        extra_bytes_per_rank=8 * m.params())                              # every rank draws the whole model once
+        extra_bytes_per_rank=8 * m.params(),                              # every rank draws the whole model once
+        data_bytes=synthetic_data_bytes(m.vocab))
     budget.check(memory, seconds, f"training {m.experts} experts on {budget.ranks(cfg.world)}",
                  "--experts, --ffn, --hidden, --vocab, --seq or --batch", "--steps, --seq, --batch or the model "
                  "(--layers, --hidden, --ffn)")

@@ -123,6 +123,7 @@ def config_from(args):
                       microbatches=micro if micro is not None else 2, micro_batch_size=mbs, steps=args.steps,
                       lr=args.lr, dtype=args.dtype, compute_ms=args.compute_ms, trace=bool(args.trace))
     cfg.check()
+    from netmorph.models.gpt import synthetic_data_bytes
     from netmorph.runtime import budget
     m = cfg.model
     lay = cfg.layout
@@ -131,7 +132,8 @@ def config_from(args):
                                       vocab=m.vocab, micro_batch=lay.micro_batch_size, microbatches=lay.microbatches,
                                       steps=cfg.steps, world=cfg.world, tp=lay.tp, pp=lay.pp,
                                       itemsize=8 if cfg.dtype == "float64" else 4,
-                                      in_flight=lay.microbatches if lay.pipeline_schedule == "afab" else None)
+                                      in_flight=lay.microbatches if lay.pipeline_schedule == "afab" else None,
+                                      data_bytes=synthetic_data_bytes(m.vocab))
     budget.check(memory, seconds, f"training {m.params():,} parameters on {budget.ranks(cfg.world)}",
                  "--micro-batch-size (or --microbatches with afab), --layers, --hidden, --seq or --vocab",
                  "--steps, --microbatches, --micro-batch-size or the model (--layers, --hidden, --seq, --vocab)")

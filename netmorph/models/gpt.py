@@ -236,6 +236,16 @@ def bigram_table(vocab: int, seed: int = 1234) -> np.ndarray:
     return p / p.sum(1, keepdims=True)
 
 
+TABLE_VOCAB = 4096          # up to this vocabulary the language is one V x V table; past it, rows drawn as met
+ROWS_CACHED = 1024
+
+
+def synthetic_data_bytes(vocab: int) -> int:
+    """Bytes the synthetic language holds per process at most: the V x V table (three float64 V x V arrays
+    while it is built), or past :data:`TABLE_VOCAB` the cached rows (and one row's temporaries)."""
+    return 3 * 8 * vocab * vocab if vocab <= TABLE_VOCAB else 8 * vocab * (ROWS_CACHED + 3)
+
+
 @lru_cache(maxsize=8)
 def _successor_cdf(vocab: int) -> np.ndarray:
     """Each row of the bigram table summed up (read-only): drawn once per process, as a data loader opens its
@@ -245,12 +255,29 @@ def _successor_cdf(vocab: int) -> np.ndarray:
     return cum
 
 
+@lru_cache(maxsize=ROWS_CACHED)
+def _successor_row(vocab: int, token: int, seed: int = 1234) -> np.ndarray:
+    """Past :data:`TABLE_VOCAB` (a V x V table of GPT-2's 50,257 would be 20 GB): token's successor CDF alone,
+    drawn from a generator seeded by the token -- the same kind of language, a row at a time, as met."""
+    logits = np.random.default_rng((seed, vocab, token)).standard_normal(vocab) * 3.0
+    p = np.exp(logits - logits.max())
+    cum = np.cumsum(p / p.sum())
+    cum.flags.writeable = False
+    return cum
+
+
+def _successors(vocab: int, tokens: np.ndarray) -> np.ndarray:
+    """The successor CDF of each of ``tokens``: (len(tokens), V)."""
+    if vocab <= TABLE_VOCAB:
+        return _successor_cdf(vocab)[tokens]
+    return np.stack([_successor_row(vocab, int(t)) for t in tokens])
+
+
 def synthetic_batch(cfg: ModelShape, indices) -> tuple[torch.Tensor, torch.Tensor]:
     """Samples ``indices`` (global sample numbers) as (tokens, targets), each (T, B) int64.
 
     Sample i is a walk through the bigram language seeded by i alone: the same sample for
     every layout, whichever rank draws it."""
-    cum = _successor_cdf(cfg.vocab)
     out = np.empty((len(indices), cfg.seq + 1), dtype=np.int64)
     u = np.empty((len(indices), cfg.seq))
     for j, i in enumerate(indices):
@@ -258,7 +285,7 @@ def synthetic_batch(cfg: ModelShape, indices) -> tuple[torch.Tensor, torch.Tenso
         u[j] = rng.random(cfg.seq)
         out[j, 0] = rng.integers(cfg.vocab)
     for k in range(cfg.seq):          # every sample's walk one step on: the successor is where u falls in its CDF
-        nxt = (cum[out[:, k]] < u[:, k, None]).sum(axis=1)        # np.searchsorted(row, u), row by row
+        nxt = (_successors(cfg.vocab, out[:, k]) < u[:, k, None]).sum(axis=1)   # np.searchsorted, row by row
         out[:, k + 1] = np.minimum(nxt, cfg.vocab - 1)
     seqs = torch.from_numpy(out).t().contiguous()                        # (T + 1, B)
     return seqs[:-1], seqs[1:]

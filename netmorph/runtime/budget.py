@@ -55,16 +55,16 @@ def ranks(n: int) -> str:
 
 def training(*, params_per_rank: float, active_params: float, layers: int, hidden: int, heads: int, seq: int,
              vocab: int, micro_batch: int, microbatches: int, steps: int, world: int, tp: int = 1, pp: int = 1,
-             itemsize: int = 4, in_flight: int | None = None, extra_bytes_per_rank: float = 0.0) -> tuple[float, float]:
+             itemsize: int = 4, in_flight: int | None = None, extra_bytes_per_rank: float = 0.0,
+             data_bytes: float = 0.0) -> tuple[float, float]:
     """(bytes, seconds) of a model trained on ``world`` local ranks, each holding ``params_per_rank`` with
-    Adam (weights, grads, m, v), the activations of the microbatches it holds, its data (the synthetic bigram
-    language's V x V successor table, built from three float64 V x V arrays at once) and itself; FLOPs
+    Adam (weights, grads, m, v), the activations of the microbatches it holds, its data (``data_bytes``: what
+    the data loader holds, :func:`netmorph.models.gpt.synthetic_data_bytes`) and itself; FLOPs
     6·active_params·tokens plus attention's, shared by the cores."""
     states = 4 * params_per_rank * itemsize
     held = in_flight if in_flight is not None else (min(microbatches, pp) if pp > 1 else 1)
     per_mb = micro_batch * seq * (layers * (34 * hidden + 5 * heads * seq) / pp + 4 * vocab) * itemsize / tp
-    data = 3 * 8 * vocab * vocab
-    memory = world * (states + held * per_mb + data + RANK_OVERHEAD_BYTES + extra_bytes_per_rank)
+    memory = world * (states + held * per_mb + data_bytes + RANK_OVERHEAD_BYTES + extra_bytes_per_rank)
     dp = max(1, world // (tp * pp))
     tokens = micro_batch * seq * microbatches * dp
     flops = 6 * active_params * tokens + 12 * layers * hidden * seq * tokens
