@@ -94,8 +94,8 @@ def compute_rank(comm, shapes, dtype: str, window: float = WINDOW) -> dict:
     out["head_s"] = seconds[1] - out["layer_s"]                # the embedding, LM head and loss
     out["op_s"] = out["layer_s"] / sum(ModelShape.LAYER_KERNELS)
     out["optimizer_bytes_per_s"] = optimizer_rate(comm, dt, window)
-    quick = window < WINDOW                                      # a rough profile: one short repeat
-    out["reference_s"] = [reference_seconds(comm, dt, shape, *((2, 1) if quick else ())) for shape in REFERENCES]
+    calls, repeats = (2, 1) if window < WINDOW else (6, 5)       # a rough profile: one short repeat
+    out["reference_s"] = [reference_seconds(comm, dt, shape, calls, repeats) for shape in REFERENCES]
     comm.barrier()
     return out
 

@@ -19,6 +19,7 @@ import time
 import numpy as np
 import torch
 
+from netmorph.calibrate.compute import _rate
 from netmorph.runtime.base import Group
 
 SIZES = tuple(8 << (2 * i) for i in range(10))     # 8 B .. 2 MiB, x4
@@ -95,7 +96,7 @@ def ring_rank(comm, group_size: int, sizes=RING_SIZES, iters: int = 6, load_s: f
     first = comm.rank - comm.rank % group_size
     group = Group(range(first, first + group_size))
     a = torch.randn(128, 128)
-    per = np.array([_mm_seconds(a)])
+    per = np.array([1 / _rate(comm, lambda: torch.mm(a, a), 0.01, 1)])
     comm.all_reduce(per, op="max")                               # every rank the same number of GEMMs
     calls = int(load_s / per[0]) if load_s > 0 else 0
 
@@ -119,14 +120,6 @@ def ring_rank(comm, group_size: int, sizes=RING_SIZES, iters: int = 6, load_s: f
         out.append(float(t[0]))
         comm.free_all()
     return out if comm.rank == 0 else None
-
-
-def _mm_seconds(a, reps: int = 20) -> float:
-    torch.mm(a, a)
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        torch.mm(a, a)
-    return (time.perf_counter() - t0) / reps
 
 
 def fit_ring(p, sizes, seconds) -> tuple[float, float, list]:

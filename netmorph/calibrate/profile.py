@@ -76,9 +76,9 @@ def scales(hw: Hardware, dtype: str, measured) -> tuple[float, float]:
     are multiplied by so that the planner gives the reference GPTs their measured times -- two unknowns, two
     references, one weighted by its operators and one by its FLOPs, solved exactly (least squares on the
     relative error if the two do not tell them apart, one scale for both)."""
-    ops = [reference_compute(hw, dtype, s) - reference_compute(replace(hw, op_overhead_s=0.0), dtype, s)
-           for s in REFERENCES]
-    flops = [reference_compute(hw, dtype, s) - o for s, o in zip(REFERENCES, ops)]
+    bare = replace(hw, op_overhead_s=0.0)
+    flops = [reference_compute(bare, dtype, s) for s in REFERENCES]
+    ops = [reference_compute(hw, dtype, s) - f for s, f in zip(REFERENCES, flops)]
     a = np.array([[o / t, f / t] for o, f, t in zip(ops, flops, measured)])
     try:
         k_ops, k_flops = np.linalg.solve(a, np.ones(len(measured)))
