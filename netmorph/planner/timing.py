@@ -210,13 +210,25 @@ def tp_head_costs(model: ModelShape, hw: Hardware, t: int, act: float, act_bytes
     and reduce-scattered in the backward), counted with the backward."""
     if t <= 1:
         return 0.0, 0.0, 0.0
-    ce = act / (model.hidden * act_bytes) * max(4, act_bytes)
-    head_fwd = 3 * collective_time(hw, "allreduce", t, 1, ce)
+    head_fwd = 3 * collective_time(hw, "allreduce", t, 1, _loss_vector_bytes(model, act, act_bytes))
     if sp:
         rs, ag = collective_time(hw, "reduce_scatter", t, 1, act), collective_time(hw, "allgather", t, 1, act)
         return rs, head_fwd, ag + rs
     one = collective_time(hw, "allreduce", t, 1, act)
     return one, head_fwd, one
+
+
+def tp_head_bytes(model: ModelShape, t: int, act: float, act_bytes: int, sp: bool = False) -> tuple:
+    """(embedding, head forward, head backward) bytes one rank sends for the collectives
+    :func:`tp_head_costs` prices, by ring: an all-reduce 2(t-1)/t of its bytes, a reduce-scatter or an
+    all-gather (t-1)/t."""
+    ring = (t - 1) / t
+    return ((1 if sp else 2) * ring * act, 3 * 2 * ring * _loss_vector_bytes(model, act, act_bytes), 2 * ring * act)
+
+
+def _loss_vector_bytes(model: ModelShape, act: float, act_bytes: int) -> float:
+    """One of the vocabulary-parallel cross-entropy's all-reduced vectors: a number per token, fp32 at least."""
+    return act / (model.hidden * act_bytes) * max(4, act_bytes)
 
 
 def optimizer_time(n_params: float, c: Layout, hw: Hardware) -> float:

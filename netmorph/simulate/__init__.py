@@ -8,7 +8,7 @@ import time
 from netmorph.errors import UsageError
 from netmorph.planner.memory import params_on_device
 from netmorph.planner.search import check, estimate
-from netmorph.planner.timing import collective_time, layer_costs, optimizer_time, tp_head_costs
+from netmorph.planner.timing import collective_time, layer_costs, optimizer_time, tp_head_bytes, tp_head_costs
 from netmorph.simulate.step import Costs, StepResult, simulate_step
 
 __all__ = ["Costs", "StepResult", "costs_for", "lend_bubble", "simulate_config", "simulate_step"]
@@ -36,11 +36,7 @@ def costs_for(model, c, hw) -> Costs:
         tp_per_fwd=lc["tp_per_fwd"], tp_per_bwd=lc["tp_per_bwd"],
         **dict(zip(("tp_embedding", "tp_head_fwd", "tp_head_bwd"),
                    tp_head_costs(model, hw, t, act, c.activation_bytes, c.sequence_parallel))),
-        # ring bytes per rank: the embedding's all-reduce (SP: a reduce-scatter), the loss's three token vectors
-        # (fp32 at least), the logits' input all-reduce (SP: an all-gather and a reduce-scatter)
-        tp_head_bytes=((1 if c.sequence_parallel else 2) * (t - 1) / t * act,
-                       3 * 2 * (t - 1) / t * act / (model.hidden * c.activation_bytes) * max(4, c.activation_bytes),
-                       2 * (t - 1) / t * act),
+        tp_head_bytes=tp_head_bytes(model, t, act, c.activation_bytes, c.sequence_parallel),
         p2p_bytes=act / t,
         dp_layer=collective_time(hw, op, d, t, layer_grads), dp_embedding=collective_time(hw, op, d, t, emb_grads),
         dp_after=after, dp_overlap=c.dp_overlap, optimizer=optimizer_time(n, c, hw),
