@@ -109,11 +109,12 @@ def measure(model: ModelShape, layout: Layout, steps: int, dtype: str, timeout: 
 
 
 def validate(world: int, models=("small", "medium"), steps: int = 8, dtype: str = "float32",
-             timeout: float = 120.0, profile: dict | None = None, on_row=lambda row, done, total: None,
+             timeout: float = 120.0, profile: dict | None = None, on_run=lambda done, total: None,
              only=None, repeats: int = 1) -> dict:
     """{"profile", "rows": [Row]} for every layout of every model (``only``: the first of them), each measured
     ``repeats`` times -- in rounds, every layout once per round, so a slow minute of the machine falls on
-    different layouts, not on one layout's every repeat -- and its median kept."""
+    different layouts, not on one layout's every repeat -- and its median kept; ``on_run(done, total)`` after
+    each training run."""
     prof = profile or calibrate(world, dtype=dtype, timeout=timeout)
     hw = hardware_from(prof, "the profile measured first")
     todo = [(name, lay) for name in models for lay in layouts(MODELS[name], world)][:only]
@@ -125,7 +126,7 @@ def validate(world: int, models=("small", "medium"), steps: int = 8, dtype: str 
             seconds, split[k] = measure(MODELS[name], lay, steps, dtype, timeout)
             times[k].append(seconds)
             done += 1
-            on_row(None, done, len(todo) * repeats)
+            on_run(done, len(todo) * repeats)
     rows = []
     for k, (name, lay) in enumerate(todo):
         pred = step_time(MODELS[name], planner_layout(lay, dtype), hw)

@@ -52,7 +52,7 @@ def run(args) -> int:
                                                                                 if args.repeats > 1 else ""),
                                                        runs) as task:
         out = validate(args.world, models, args.steps, timeout=args.timeout, only=args.only, repeats=args.repeats,
-                       on_row=lambda row, done, total: bar.update(task, completed=done))
+                       on_run=lambda done, total: bar.update(task, completed=done))
     rows, s = out["rows"], summary(out["rows"])
     if args.json:
         json.dump({"rows": [r.to_json() for r in rows], "summary": s, "profile": out["profile"]}, sys.stdout,
