@@ -131,39 +131,27 @@ def simulate_step(tp: int, pp: int, dp: int, microbatches: int, layers: int, cos
         nic_bytes += nbytes * tp_nic
         nvlink += nbytes * (1 - tp_nic)
 
-    def layer_pass(r, t, compute, n_ar, name):
-        nonlocal events
-        if n_ar == 0:
-            t1 = t + compute
-            record(r, name, "compute", t, t1)
-            acc["compute"][r] += compute
-            events += t.size
-            return t1
-        for _ in range(n_ar):
-            t1 = t + compute / n_ar
-            record(r, name, "compute", t, t1)
-            sync = np.repeat(t1.max(axis=1, keepdims=True), tp, axis=1)       # the TP group waits for its last
-            t2 = sync + costs.tp_allreduce
-            record(r, "tp all-reduce", "tp", t1, t2)
-            acc["compute"][r] += compute / n_ar
-            acc["tp"][r] += t2 - t1
-            events += 2 * t.size
-            count_tp(costs.tp_bytes_sent * t.size)
-            t = t2
-        return t
-
     def tp_collective(r, t, seconds, nbytes, name):
-        """The TP group's lanes wait for their last, then run one collective of ``seconds`` (the head's), each
-        lane sending ``nbytes``."""
+        """The TP group's lanes wait for their last, then run one collective of ``seconds``, each lane sending
+        ``nbytes``."""
         nonlocal events
-        if not seconds or tp == 1:
-            return t
         t2 = np.repeat(t.max(axis=1, keepdims=True), tp, axis=1) + seconds
         record(r, name, "tp", t, t2)
         acc["tp"][r] += t2 - t
         events += t.size
         count_tp(nbytes * t.size)
         return t2
+
+    def layer_pass(r, t, compute, n_ar, name):
+        """A layer's compute in ``n_ar`` parts, each ended by a TP all-reduce (none: one part, no collective)."""
+        nonlocal events
+        for _ in range(max(n_ar, 1)):
+            t1 = t + compute / max(n_ar, 1)
+            record(r, name, "compute", t, t1)
+            acc["compute"][r] += compute / max(n_ar, 1)
+            events += t.size
+            t = tp_collective(r, t1, costs.tp_allreduce, costs.tp_bytes_sent, "tp all-reduce") if n_ar else t1
+        return t
 
     def send(r, t_ready, dst_stage):
         """Stage r's lanes send one activation to ``dst_stage``: (arrival, transfer seconds). Sends queue
@@ -222,20 +210,22 @@ def simulate_step(tp: int, pp: int, dp: int, microbatches: int, layers: int, cos
                     t = np.maximum(t, arrival)
                 t_slot = t
                 if s.kind == "F":
-                    if vs == 0:
+                    if vs == 0 and costs.tp_embedding:
                         t = tp_collective(r, t, costs.tp_embedding, costs.tp_head_bytes[0], "tp embedding all-reduce")
                     for _ in range(per_chunk):
                         t = layer_pass(r, t, costs.fwd_layer, costs.tp_per_fwd if tp > 1 else 0, f"F{s.microbatch}")
                     if vs == stages - 1 and costs.fwd_logits:
                         t = layer_pass(r, t, costs.fwd_logits, 0, f"F{s.microbatch} logits")
-                        t = tp_collective(r, t, costs.tp_head_fwd, costs.tp_head_bytes[1],
-                                         "tp cross-entropy all-reduces")
+                        if costs.tp_head_fwd:
+                            t = tp_collective(r, t, costs.tp_head_fwd, costs.tp_head_bytes[1],
+                                              "tp cross-entropy all-reduces")
                     if vs < stages - 1:
                         inbox[("F", vs + 1, s.microbatch)] = send(r, t, (vs + 1) % pp)
                 else:
                     if vs == stages - 1 and costs.bwd_logits:
                         t = layer_pass(r, t, costs.bwd_logits, 0, f"B{s.microbatch} logits")
-                        t = tp_collective(r, t, costs.tp_head_bwd, costs.tp_head_bytes[2], "tp logits all-reduce")
+                        if costs.tp_head_bwd:
+                            t = tp_collective(r, t, costs.tp_head_bwd, costs.tp_head_bytes[2], "tp logits all-reduce")
                     final = last_b[r][s.chunk] == pos[r]
                     for _ in range(per_chunk):
                         t = layer_pass(r, t, costs.bwd_layer, costs.tp_per_bwd if tp > 1 else 0, f"B{s.microbatch}")
