@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from netmorph.mesh.shape import PRESETS
+from netmorph.mesh.presets import PRESETS
 
 MODELS = ("llama-3-8b", "llama-3-70b", "llama-3-405b", "mpt-7b", "mpt-30b", "mpt-70b", "gpt3-175b")
 

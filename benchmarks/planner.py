@@ -18,7 +18,7 @@ import argparse
 import time
 
 from netmorph.planner.hardware import PRESETS as HARDWARE
-from netmorph.mesh.shape import PRESETS as MODELS
+from netmorph.mesh.presets import PRESETS as MODELS
 from netmorph.planner import timing
 from netmorph.planner.search import search
 

@@ -25,7 +25,7 @@ from netmorph.mesh.shape import ModelShape
 from netmorph.serving import workload
 from netmorph.planner.hardware import PRESETS as HARDWARE
 from netmorph.serving.engine import Engine, ServeConfig
-from netmorph.mesh.shape import PRESETS as MODELS
+from netmorph.mesh.presets import PRESETS as MODELS
 from netmorph.serving.roofline import iteration_time
 
 

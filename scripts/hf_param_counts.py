@@ -1,12 +1,14 @@
-"""Every model preset's parameter count as Hugging Face ``transformers`` counts it: the model built on the meta
-device (no memory, no weights) from a config with the preset's numbers, ``sum(p.numel() for p in
-model.parameters())`` (tied weights once).
+"""Every model preset's parameter count, and every ``config.json`` in ``examples/configs``'s total and active
+counts, as Hugging Face ``transformers`` counts them: the model built on the meta device (no memory, no weights)
+from a config with the preset's numbers (or from the file itself), ``sum(p.numel() for p in
+model.parameters())`` (tied weights once); active = total less the routed experts a token does not use
+((E - top_k)/E of every fused expert tensor, ``experts.gate_up_proj`` / ``experts.down_proj``).
 
-    python scripts/hf_param_counts.py            # prints {preset: count} as JSON (needs transformers)
+    python scripts/hf_param_counts.py            # prints the table as JSON (needs transformers)
 
 The printed table is kept in ``tests/hf_param_counts.json``; ``tests/test_vocabulary.py`` holds
-:meth:`netmorph.mesh.shape.ModelShape.params` to it for every preset, and rebuilds the models here when
-``transformers`` is importable. The 2021-era Megatron GPTs (GPT-3, Narayanan's and Korthikanti's tables) and
+:meth:`netmorph.mesh.shape.ModelShape.params` and ``active_params`` to it for every preset and config file, and
+rebuilds the models here when ``transformers`` is importable. The 2021-era Megatron GPTs (GPT-3, Narayanan's and Korthikanti's tables) and
 llm-foundry's benchmark MPTs (learned positions, biases, LayerNorm, GeLU 4h, tied) are GPT-2's architecture, so
 they are built as ``GPT2LMHeadModel``.
 """
@@ -14,8 +16,9 @@ they are built as ``GPT2LMHeadModel``.
 import importlib.util
 import json
 import sys
+from pathlib import Path
 
-from netmorph.mesh.shape import PRESETS
+from netmorph.mesh.presets import PRESETS
 
 
 def hf_config(m):
@@ -39,19 +42,43 @@ def hf_config(m):
                          n_positions=m.seq)
 
 
-def hf_count(m) -> int:
+CONFIGS = Path(__file__).resolve().parent.parent / "examples" / "configs"
+
+
+def _build(config):
     import torch
     import transformers as tf
     with torch.device("meta"):
-        model = tf.AutoModelForCausalLM.from_config(hf_config(m))
-    return sum(p.numel() for p in model.parameters())
+        return tf.AutoModelForCausalLM.from_config(config)
+
+
+def hf_count(m) -> int:
+    """A preset's count: from its config.json where examples/configs has one, else from its numbers."""
+    if (CONFIGS / f"{m.name}.json").exists():
+        return hf_file_counts(CONFIGS / f"{m.name}.json")["total"]
+    return sum(p.numel() for p in _build(hf_config(m)).parameters())
+
+
+def hf_file_counts(path) -> dict:
+    """{"total", "active"} of the model transformers builds from a config.json."""
+    import transformers as tf
+    cfg = json.loads(Path(path).read_text())
+    config = tf.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    model = _build(config)
+    total = sum(p.numel() for p in model.parameters())
+    k = getattr(config, "num_experts_per_tok", None)
+    idle = sum(p.numel() // p.shape[0] * (p.shape[0] - k) for name, p in model.named_parameters()
+               if ".experts." in name and p.dim() == 3)
+    return {"total": total, "active": total - idle}
 
 
 def main() -> int:
     if importlib.util.find_spec("transformers") is None:
         print("this script needs transformers (pip install transformers)", file=sys.stderr)
         return 2
-    print(json.dumps({name: hf_count(m) for name, m in PRESETS.items()}, indent=1))
+    table = {"presets": {name: hf_count(m) for name, m in PRESETS.items()},
+             "configs": {p.name: hf_file_counts(p) for p in sorted(CONFIGS.glob("*.json"))}}
+    print(json.dumps(table, indent=1))
     return 0
 
 

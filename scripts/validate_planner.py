@@ -52,7 +52,7 @@ from dataclasses import replace
 from netmorph.mesh.layout import Layout
 from netmorph.planner.hardware import PRESETS as HARDWARE
 from netmorph.planner.memory import memory
-from netmorph.mesh.shape import PRESETS as MODELS
+from netmorph.mesh.presets import PRESETS as MODELS
 from netmorph.mesh.shape import ModelShape
 from netmorph.planner.search import check, estimate, search
 

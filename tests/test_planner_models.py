@@ -12,7 +12,8 @@ from netmorph.mesh.layout import Layout
 from netmorph.mesh.configs import from_deepspeed_config, from_hf_config, from_megatron_args
 from netmorph.planner.hardware import PRESETS as HW
 from netmorph.planner.memory import activation_bytes_per_layer, memory, params_on_device
-from netmorph.mesh.shape import PRESETS, ModelShape
+from netmorph.mesh.presets import PRESETS
+from netmorph.mesh.shape import ModelShape
 from netmorph.planner.search import check, estimate, search
 
 H100, A100 = HW["h100-80g"], HW["a100-80g"]
@@ -308,7 +309,7 @@ def test_capacity_factor_pads_experts_and_overlap_options_hide_comm():
     assert (estimate(padded, c, H100)["comm_s"]["expert_parallel"]
             > 1.2 * estimate(m, c, H100)["comm_s"]["expert_parallel"])
     with pytest.raises(UsageError, match="capacity_factor"):
-        from netmorph.mesh.shape import check_shape
+        from netmorph.mesh.presets import check_shape
         check_shape(replace(m, capacity_factor=0.5))
     g = PRESETS["gpt3-175b"]
     base = Layout(tp=8, pp=8, dp=16, micro_batch_size=1, global_batch=1536, recompute="full")

@@ -2,6 +2,7 @@
 
 import copy
 import json
+from pathlib import Path
 import random
 import subprocess
 import sys
@@ -10,7 +11,8 @@ import pytest
 import torch
 
 from netmorph.cli import main
-from netmorph.mesh.shape import PRESETS, ModelShape
+from netmorph.mesh.presets import PRESETS
+from netmorph.mesh.shape import ModelShape
 from netmorph.serving.blocks import BlockManager
 from netmorph.serving.engine import Engine, Request, ServeConfig
 from netmorph.serving.model import PagedGPT, generate_alone
@@ -126,6 +128,24 @@ def test_serve_kv_and_roofline_cli(capsys):
     r = json.loads(capsys.readouterr().out)
     assert r["prefill"]["bound"] == "compute" and r["decode"]["bound"] == "memory"
     assert r["prefill"]["intensity"] > r["ridge_flops_per_byte"] > r["decode"]["intensity"]
+
+
+def test_serve_kv_reads_a_config_file_and_caches_mlas_latent(capsys):
+    """A DeepSeek config.json: the cache holds the 512-wide latent and the 64-wide rotary key per layer, not
+    2 x 128 heads x 128; a mixture of experts decoding one token reads its top-k experts' weights, not all."""
+    cfg = str(Path(__file__).resolve().parent.parent / "examples" / "configs" / "deepseek-v3.json")
+    assert main(["serve", "kv", "--model-config", cfg, "--tokens", "4096", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["attention"] == "mla" and out["bytes_per_token"] == 61 * (512 + 64) * 2
+    from netmorph.serving.roofline import flops_and_bytes
+    m = PRESETS["deepseek-v3"]
+    _, one = flops_and_bytes(m, [(1, 0)])
+    _, many = flops_and_bytes(m, [(1, 0)] * 4096)
+    outside = m.embedding_params() + m.norm_params()
+    assert one == pytest.approx(2 * (m.active_params() - outside + m.vocab * m.hidden) + 2 * m.kv_bytes_per_token(2)
+                                / 2, rel=1e-12)
+    assert many - 4096 * m.kv_bytes_per_token(2) == pytest.approx(2 * (m.params() - outside + m.vocab * m.hidden),
+                                                                 rel=1e-3)
 
 
 def test_serve_run_json_and_a_malformed_workload_line_is_rejected_not_fatal(tmp_path, capsys):

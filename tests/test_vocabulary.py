@@ -93,12 +93,30 @@ def test_one_rule_told_the_same_way_to_the_planner_and_the_trainer():
     assert Layout.parse("tp2,pp2", 8) == Layout(tp=2, pp=2, dp=2)
 
 
+COUNTS = json.loads((Path(__file__).parent / "hf_param_counts.json").read_text())
+CONFIGS = Path(__file__).resolve().parent.parent / "examples" / "configs"
+
+
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_counts_what_hugging_face_counts(name):
     """ModelShape.params() against ``sum(p.numel())`` of the model built by transformers on the meta device
     (recorded by scripts/hf_param_counts.py; rebuilt below when transformers is installed)."""
-    counts = json.loads((Path(__file__).parent / "hf_param_counts.json").read_text())
-    assert PRESETS[name].params() == counts[name]
+    assert PRESETS[name].params() == COUNTS["presets"][name]
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.json")))
+def test_every_config_file_counts_what_hugging_face_counts(name):
+    """A published config.json read by the loader -- MLA, shared and gated experts, dense first layers, QKV bias,
+    Q/K norms, 256-wide heads, four norms a layer -- counts what transformers builds from the same file, total
+    and active (a token's top_k routed experts, every shared one), and a preset of that name is the file."""
+    from netmorph.mesh.configs import from_hf_config
+    fields, _ = from_hf_config(CONFIGS / name)
+    model = ModelShape(**fields)
+    assert (model.params(), model.active_params()) == (COUNTS["configs"][name]["total"],
+                                                      COUNTS["configs"][name]["active"])
+    stem = name.removesuffix(".json")
+    if stem in PRESETS:
+        assert PRESETS[stem] == model.__class__(**{**fields, "name": stem}), stem
 
 
 def test_the_recorded_counts_are_transformers_own():
@@ -108,9 +126,65 @@ def test_the_recorded_counts_are_transformers_own():
                                                   "hf_param_counts.py")
     hf = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hf)
-    counts = json.loads((Path(__file__).parent / "hf_param_counts.json").read_text())
     for name in ("llama-3-8b", "mixtral-8x7b", "bloom-176b", "opt-13b", "mpt-7b"):
-        assert hf.hf_count(PRESETS[name]) == counts[name], name
+        assert hf.hf_count(PRESETS[name]) == COUNTS["presets"][name], name
+    for name in ("deepseek-v2-lite.json", "qwen1.5-moe-a2.7b.json", "gemma-2-9b.json"):
+        assert hf.hf_file_counts(CONFIGS / name) == COUNTS["configs"][name], name
+
+
+def test_latent_attention_caches_the_latent_and_the_rotary_key():
+    """DeepSeek-V2 (section 2.1.2): MLA caches (d_c + d_h^R) elements per token per layer -- 576 for
+    d_c = 512, d_h^R = 64 -- where multi-head attention of the same heads caches 2·n_h·d_h."""
+    lite = PRESETS["deepseek-v2-lite"]
+    assert lite.kv_bytes_per_token(2) == 27 * (512 + 64) * 2
+    mha = ModelShape(layers=27, hidden=2048, heads=16, seq=4096, vocab=102400)
+    assert mha.kv_bytes_per_token(2) / lite.kv_bytes_per_token(2) == pytest.approx(2 * 16 * 128 / 576)
+    # the attention product reads Q·K over nope + rope (192) and V over v_head_dim (128) per head
+    assert lite._core(1, False) == 2 * lite.seq ** 2 * 16 * (192 + 128)
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "qwen1.5-moe-a2.7b", "qwen3-30b-a3b", "mixtral-8x7b"])
+def test_the_planners_gemms_sum_to_the_layers_flops(name):
+    """The GEMMs the planner times (QKV or MLA's projections, output, each routed expert, shared experts,
+    router) add up to the layer's linear FLOPs, whatever the architecture."""
+    from netmorph.planner.timing import linear_gemms
+    m = PRESETS[name]
+    assert sum(f * n for f, n in linear_gemms(m, m.seq, 1)) == pytest.approx(m.layer_linear_flops_fwd(1))
+
+
+def test_dense_layers_by_index_and_model_flops():
+    """Qwen2-MoE's decoder_sparse_step 2 and mlp_only_layers make layers dense by index; the FLOPs add the
+    dense layers' MLP, not the MoE one."""
+    from netmorph.mesh.configs import from_hf_config
+    cfg = json.loads((CONFIGS / "qwen1.5-moe-a2.7b.json").read_text())
+    path = Path(__file__).parent / "_step.json"
+    try:
+        path.write_text(json.dumps({**cfg, "num_hidden_layers": 6, "decoder_sparse_step": 2, "mlp_only_layers": [3]}))
+        m = ModelShape(**from_hf_config(path)[0])
+    finally:
+        path.unlink()
+    assert [m.is_moe_layer(i) for i in range(6)] == [False, True, False, False, False, True]
+    assert m.moe_layers == 2
+    dense, moe = m.layer_linear_flops_fwd(1, moe=False), m.layer_linear_flops_fwd(1)
+    assert m.flops_per_iteration(1, "none") == pytest.approx(
+        3 * (2 * moe + 4 * dense + 6 * m._core(1, False)) + 3 * m.logit_flops_fwd(1))
+
+
+@pytest.mark.parametrize("base,change,words", [
+    ("llama-3-70b", {"mlp_bias": True}, "mlp_bias"),
+    ("llama-3-70b", {"n_shared_experts": 2}, "n_shared_experts"),
+    ("qwen1.5-moe-a2.7b", {"mlp_only_layers": [40]}, "mlp_only_layers"),
+    ("qwen1.5-moe-a2.7b", {"decoder_sparse_step": 0}, "decoder_sparse_step"),
+    ("deepseek-v2-lite", {"v_head_dim": None}, "v_head_dim"),
+    ("llama-3-70b", {"model_type": "opt", "word_embed_proj_dim": 512}, "word_embed_proj_dim"),
+])
+def test_config_fields_that_are_not_modelled_are_refused(base, change, words, tmp_path):
+    """A field that changes the count and is not modelled, or a value out of range, is one line naming it."""
+    from netmorph.mesh.configs import from_hf_config
+    cfg = {**json.loads((CONFIGS / f"{base}.json").read_text()), **change}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UsageError, match=words):
+        from_hf_config(tmp_path / "config.json")
 
 
 def test_the_placement_table_is_what_the_torch_gpt_holds():

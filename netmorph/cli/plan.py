@@ -108,7 +108,8 @@ def _common(args):
     (a flag given on the command line wins) and the settings the planner does not model are printed."""
     from netmorph.mesh.configs import from_deepspeed_config, from_hf_config, from_megatron_args
     from netmorph.planner.hardware import load_hardware
-    from netmorph.mesh.shape import MEGATRON_DEFAULTS, ModelShape, from_args
+    from netmorph.mesh.presets import MEGATRON_DEFAULTS, from_args
+    from netmorph.mesh.shape import ModelShape
     sources = [k for k in ("model", "model_config", "megatron_args") if getattr(args, k, None)]
     if len(sources) > 1:
         raise UsageError("give one of --model, --model-config and --megatron-args (flags override its fields)")

@@ -63,7 +63,10 @@ def add_parser(sub) -> None:
     p.add_argument("--check", type=int, default=0, metavar="N",
                    help="decode the first N completed requests alone (no cache, the training model) and compare")
     p.add_argument("--seed", type=int, default=0, help="workload seed")
-    p.add_argument("--model", default="llama-3-8b", help="kv / roofline: opt-13b, llama-2-7b, llama-3-8b, llama-3-70b")
+    p.add_argument("--model", default="llama-3-8b", help="kv / roofline: a preset (llama-3-8b, mixtral-8x7b, "
+                   "deepseek-v2-lite, ...; netmorph plan --help lists them)")
+    p.add_argument("--model-config", metavar="CONFIG.json",
+                   help="kv / roofline: a Hugging Face config.json instead of --model (MLA, GQA, MoE as it says)")
     p.add_argument("--tokens", type=int, default=2048, help="kv: tokens in context (default 2048)")
     p.add_argument("--hardware", default="a100-80g", help="roofline: a100-80g (default), h100-80g, v100-32g")
     p.add_argument("--batch", type=int, default=1, help="roofline: sequences per pass (default 1)")
@@ -93,12 +96,16 @@ def _kv(args) -> int:
         raise UsageError(f"--tokens must be in 1..2**30, got {args.tokens}")
     if not 1 <= args.block_size <= 1 << 16:
         raise UsageError(f"--block-size must be in 1..65536, got {args.block_size}")
-    out = kv_table(get_model(args.model), args.tokens, args.block_size)
+    out = kv_table(get_model(args.model, args.model_config), args.tokens, args.block_size)
     if args.json:
         print(json.dumps(out))
         return 0
-    print(f"# {out['model']}: 2 x {out['layers']} layers x {out['kv_heads']} KV heads x {out['head_dim']} head dim x "
-          f"{out['dtype_bytes']} B")
+    if out["attention"] == "mla":
+        print(f"# {out['model']}: {out['layers']} layers x (latent {out['kv_lora_rank']} + rotary key "
+              f"{out['qk_rope_head_dim']}) x {out['dtype_bytes']} B (multi-head latent attention)")
+    else:
+        print(f"# {out['model']}: 2 x {out['layers']} layers x {out['kv_heads']} KV heads x {out['head_dim']} head "
+              f"dim x {out['dtype_bytes']} B")
     print(f"bytes per token   {out['bytes_per_token']:>16,}  ({out['bytes_per_token'] / 2**10:,.0f} KiB)")
     print(f"bytes per block   {out['bytes_per_block']:>16,}  ({args.block_size} tokens)")
     print(f"{out['tokens']:,} tokens      {out['bytes_total']:>16,}  ({out['bytes_total'] / 2**30:,.2f} GiB; "
@@ -113,7 +120,8 @@ def _roofline(args) -> int:
     for k, flag in (("batch", "--batch"), ("prompt", "--prompt"), ("ctx", "--context-tokens")):
         if not 1 <= getattr(args, k) <= 1 << 24:
             raise UsageError(f"{flag} must be in 1..2**24, got {getattr(args, k)}")
-    out = roofline(get_model(args.model), load_hardware(args.hardware), args.batch, args.prompt, args.ctx)
+    out = roofline(get_model(args.model, args.model_config), load_hardware(args.hardware), args.batch, args.prompt,
+                   args.ctx)
     if args.json:
         print(json.dumps(out))
         return 0
@@ -125,7 +133,8 @@ def _roofline(args) -> int:
         ph = out[key]
         print(f"{label:<34} {ph['flops'] / 1e9:>10,.1f} {ph['bytes'] / 1e9:>9.2f} {ph['intensity']:>8.1f} "
               f"{1e3 * ph['time_s']:>9.3f}  {ph['bound']}")
-    print("# decode reads every weight to produce one token per sequence: batching is what raises its intensity")
+    print("# decode reads every weight (of a mixture of experts, those its tokens route to) to produce one token per "
+          "sequence: batching is what raises its intensity")
     return 0
 
 
@@ -319,7 +328,7 @@ def _time_model(text: str):
     if text == "measured":
         return None, None, None
     from netmorph.planner.hardware import PRESETS as HARDWARE
-    from netmorph.mesh.shape import PRESETS as MODELS
+    from netmorph.mesh.presets import PRESETS as MODELS
     from netmorph.serving.roofline import iteration_time
     name, _, hw = text.partition("@")
     if name not in MODELS or hw not in HARDWARE:

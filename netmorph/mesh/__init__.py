@@ -2,13 +2,15 @@
 
 - :mod:`.grid`: the named rank grid (``Mesh``, Megatron's ``RankGenerator``) and one rank's process groups
   (``DeviceMesh``, torch's);
-- :mod:`.shape`: ``ModelShape``, a transformer's shape (Hugging Face's ``config.json``), its presets and counts;
+- :mod:`.shape`: ``ModelShape``, a transformer's shape (Hugging Face's ``config.json``) and its counts;
+- :mod:`.presets`: the published models, and a model from a user's flags, checked;
 - :mod:`.layout`: ``Layout``, how a job is split over its ranks, and every rule it must obey (``Rejection``);
 - :mod:`.placement`: where each parameter of a model lives under a layout (DTensor's placements).
 """
 
 from netmorph.mesh.grid import DIMS, PRINT_ORDER, DeviceMesh, Mesh
 from netmorph.mesh.layout import Layout, Rejection
-from netmorph.mesh.shape import PRESETS, ModelShape
+from netmorph.mesh.presets import PRESETS
+from netmorph.mesh.shape import ModelShape
 
 __all__ = ["DIMS", "PRINT_ORDER", "DeviceMesh", "Layout", "Mesh", "ModelShape", "PRESETS", "Rejection"]

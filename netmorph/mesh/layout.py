@@ -270,7 +270,8 @@ def _trainer_rules(c: Layout, model: ModelShape | None) -> list:
     if model is None:
         return out
     gpt2 = (("ffn_type", "gelu"), ("position", "learned"), ("tied", True), ("bias", True), ("kv_heads", 0),
-            ("shared_experts", 0), ("extra_positions", 0), ("embedding_norm", False))
+            ("shared_experts", 0), ("extra_positions", 0), ("embedding_norm", False), ("head_width", 0),
+            ("attention_bias", ""), ("qk_norm", False), ("layer_norms", 2), ("kv_lora_rank", 0), ("dense_at", ()))
     for k, want in gpt2 + (("ffn", 0),) * (model.ffn != 4 * model.hidden):
         if getattr(model, k) != want and not (k == "kv_heads" and model.kv == model.heads):
             out.append(Rejection("trainer", k, getattr(model, k), f"netmorph's torch GPT is GPT-2's shape (GeLU MLP "

@@ -141,8 +141,8 @@ BLOCK.update({f"{m}.{p}": (suffix, place) for m, p, suffix, place, _, _ in _MOE}
 
 
 def is_moe_layer(model: ModelShape, i: int) -> bool:
-    """Layer ``i`` routes to experts (all but the first ``dense_layers`` of a mixture-of-experts model)."""
-    return bool(model.experts) and i >= model.dense_layers
+    """Layer ``i`` routes to experts (:meth:`ModelShape.is_moe_layer`)."""
+    return model.is_moe_layer(i)
 
 
 def _block(model: ModelShape, i: int) -> list:

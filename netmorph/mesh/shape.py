@@ -24,6 +24,12 @@ embedding. Today's models differ in ways that change every count, so each is a f
 - ``dense_layers`` (DeepSeek's ``first_k_dense_replace``): the first k layers keep a dense MLP of width
   ``ffn``; ``expert_ffn`` (``moe_intermediate_size``) is each expert's width when it differs from ``ffn``;
   ``shared_experts`` (``n_shared_experts``) run on every token beside the routed ones;
+- ``kv_lora_rank`` > 0: multi-head latent attention (DeepSeek-V2/V3): Q through an optional rank-``q_lora_rank``
+  bottleneck, K and V decompressed per head from one latent of ``kv_lora_rank`` (the KV cache holds that latent
+  and the shared rotary key, ``qk_rope_head_dim``), heads of ``qk_nope_head_dim + qk_rope_head_dim`` for QKᵀ and
+  ``v_head_dim`` for V; ``head_width`` (config.json's ``head_dim``), ``attention_bias`` (Qwen2's on Q, K and V), ``qk_norm`` (Qwen3),
+  ``layer_norms`` (Gemma 2's four per layer) and ``dense_at``/``shared_ffn``/``shared_gate`` (Qwen2-MoE) are
+  the other fields of today's configs that change a count;
 - ``experts``/``top_k`` (mixture of experts, Megatron's expert-parallel MLP; Mixtral): E
   copies of the MLP and a router of h x E per layer, each token through ``top_k`` of them;
   ``capacity_factor`` > 1 pads every expert to that multiple of its even share (GShard,
@@ -44,18 +50,13 @@ Two conventions for the attention term, both reported: Megatron's (and Narayanan
 counts the full s x s product, ``model_flops``; a causal model needs only half of it,
 ``causal_model_flops`` -- and a FlashAttention kernel executes only that half, which is what the
 planner's time uses. The backward is 2x the forward; full recomputation runs the forward
-once more, selective (Korthikanti et al. 2022) only the attention core.
-
-Presets: GPT-3 175B, Narayanan et al. 2021 Table 1 (``ptdp-1.7b`` .. ``ptdp-1t``) and
-Korthikanti et al. 2022 Table 3 (``mt-22b`` .. ``mt-1t``), s = 2048, V = 51200, as the papers;
-open models from their published architectures (Hugging Face ``config.json``): Llama-3 8B,
-70B and 405B (Dubey et al. 2024, Table 3), Llama-2 7B and 70B, Mixtral 8x7B, BLOOM-176B, and
-MosaicML's MPT benchmark models (llm-foundry ``scripts/train/yamls/pretrain``).
+once more, selective (Korthikanti et al. 2022) only the attention core. The presets are in
+:mod:`netmorph.mesh.presets`, the config-file loaders in :mod:`netmorph.mesh.configs`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from netmorph.errors import UsageError
@@ -63,6 +64,7 @@ from netmorph.errors import UsageError
 FFN_TYPES = ("gelu", "relu", "swiglu")
 POSITIONS = ("learned", "rope", "alibi")
 ATTENTION = ("standard", "flash")
+ATTENTION_BIAS = ("", "qkv", "all")
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,20 @@ class ModelShape:
     embedding_norm: bool = False   # a norm right after the word embedding (BLOOM's word_embeddings_layernorm)
     extra_positions: int = 0       # learned position rows beyond seq (OPT keeps 2 for its padding offset)
     dense_layers: int = 0          # the first k layers keep a dense MLP (DeepSeek's first_k_dense_replace)
+    dense_at: tuple = ()           # further dense layers by index (moe_layer_freq, decoder_sparse_step, mlp_only_layers)
+    shared_ffn: int = 0            # 0: each shared expert is expert_ffn wide (Qwen2-MoE's shared_expert_intermediate_size)
+    shared_gate: bool = False      # a sigmoid gate of h x 1 on the shared expert's output (Qwen2-MoE)
+    head_width: int = 0            # 0: hidden / heads (config.json's head_dim where it differs: Gemma, Qwen3, Mistral)
+    attention_bias: str = ""       # with bias=False: "qkv" (Qwen2) or "all" of attention's projections (config.json's
+                                   # attention_bias in Llama, Qwen3, DeepSeek), RMSNorm and a bias-free MLP kept
+    qk_norm: bool = False          # an RMSNorm of head_dim on each Q and K head (Qwen3, Gemma 3)
+    layer_norms: int = 2           # norms per layer (Gemma 2/3: 4, before and after attention and MLP)
+    # multi-head latent attention (DeepSeek-V2/V3; kv_lora_rank > 0): K and V come from one compressed latent
+    q_lora_rank: int = 0           # 0: Q projected directly from h
+    kv_lora_rank: int = 0          # the latent's width (what the KV cache stores, with the rotary key)
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0      # the decoupled rotary part of each Q and K head (K's shared by all heads)
+    v_head_dim: int = 0
     seed: int = 0                  # the initial weights' and the synthetic data's seed (netmorph's GPT)
     source: str = field(default="", compare=False)     # where a preset's numbers come from
 
@@ -109,13 +125,41 @@ class ModelShape:
         return self.kv_heads or self.heads
 
     @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_width or self.hidden // self.heads
 
     @cached_property
     def h_kv(self) -> int:
         """Width of K (and of V): kv_heads x head_dim."""
         return self.kv * self.head_dim
+
+    @property
+    def q_width(self) -> int:
+        """Width of Q (and of the attention output in multi-head attention): heads x each Q head's width."""
+        return self.heads * (self.qk_nope_head_dim + self.qk_rope_head_dim if self.mla else self.head_dim)
+
+    @property
+    def o_width(self) -> int:
+        """Width of the attention's output (heads x each V head's width), the output projection's input."""
+        return self.heads * (self.v_head_dim if self.mla else self.head_dim)
+
+    @property
+    def kv_widths(self) -> tuple:
+        """(K's width, V's width) as attention reads them: kv_heads x head_dim each, or MLA's per-head K and V
+        decompressed from the latent (heads x (nope + rope), heads x v_head_dim)."""
+        if self.mla:
+            return self.q_width, self.heads * self.v_head_dim
+        return self.h_kv, self.h_kv
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Layer ``i`` routes to experts: every layer of a mixture of experts but the first ``dense_layers`` and
+        those in ``dense_at`` (transformers' DeepSeek ``first_k_dense_replace``; Qwen2-MoE's
+        ``decoder_sparse_step`` and ``mlp_only_layers``)."""
+        return bool(self.experts) and i >= self.dense_layers and i not in self.dense_at
 
     @property
     def mlp_mats(self) -> int:
@@ -134,17 +178,44 @@ class ModelShape:
         """One expert's MLP width (the dense MLP's in a dense model)."""
         return (self.expert_ffn or self.f) if self.experts else self.f
 
-    @property
+    @cached_property
     def moe_layers(self) -> int:
-        """Layers with routed experts (all but the first ``dense_layers``; none in a dense model)."""
-        return self.layers - self.dense_layers if self.experts else 0
+        """Layers with routed experts (none in a dense model)."""
+        return sum(map(self.is_moe_layer, range(self.layers))) if self.experts else 0
 
     # -- parameters -------------------------------------------------------------------------------
+    def qkv_weights(self) -> int:
+        """The matrices that make Q, K and V from the layer's input: h x (q + 2 h_kv), or MLA's down- and
+        up-projections (h x q_lora, q_lora x q; h x (kv_lora + rope); kv_lora x heads (nope + v))."""
+        h = self.hidden
+        if not self.mla:
+            return h * (self.q_width + 2 * self.h_kv)
+        q = (h * self.q_lora_rank + self.q_lora_rank * self.q_width) if self.q_lora_rank else h * self.q_width
+        kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank * self.heads * (
+            self.qk_nope_head_dim + self.v_head_dim)
+        return q + kv
+
+    def out_weights(self) -> int:
+        """The attention output projection: (heads x v width) x h."""
+        return self.o_width * self.hidden
+
     def attn_weights(self) -> int:
-        return 2 * self.hidden * self.hidden + 2 * self.hidden * self.h_kv
+        return self.qkv_weights() + self.out_weights()
 
     def attn_biases(self) -> int:
-        return (2 * self.hidden + 2 * self.h_kv) if self.bias else 0
+        """Linear biases of attention: every projection's with ``bias`` or ``attention_bias`` "all" (MLA's biased
+        ones are its down-projections and the output: transformers' ``DeepseekV2Attention``), Q's, K's and V's
+        with "qkv"."""
+        on = "all" if self.bias else self.attention_bias
+        if not on:
+            return 0
+        if self.mla:
+            return self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim + self.hidden
+        return self.q_width + 2 * self.h_kv + (self.hidden if on == "all" else 0)
+
+    def attn_norms(self) -> int:
+        """Norms inside attention: MLA's on its latents, Qwen3's per-head Q and K norms."""
+        return ((self.q_lora_rank + self.kv_lora_rank) if self.mla else 0) + (2 * self.head_dim if self.qk_norm else 0)
 
     def mlp_params(self, width: int) -> int:
         """One MLP of ``width``: its matrices and (with biases) theirs."""
@@ -157,22 +228,33 @@ class ModelShape:
     def expert_biases(self) -> int:
         return ((self.mlp_mats - 1) * self.ef + self.hidden) if self.bias else 0
 
+    def shared_params(self) -> int:
+        """The shared experts every token passes through (DeepSeek: n_shared of moe_intermediate_size, which
+        transformers builds as one MLP n_shared times as wide -- the same count; Qwen2-MoE: one of
+        shared_expert_intermediate_size)."""
+        return self.shared_experts * self.mlp_params(self.shared_ffn or self.ef) if self.experts else 0
+
     def norm_params(self) -> int:
         """One norm: LayerNorm's weight and bias, or RMSNorm's weight."""
         return (2 if self.bias else 1) * self.hidden
 
     def router_params(self) -> int:
-        return self.hidden * self.experts
+        """The router (h x E) and Qwen2-MoE's shared-expert gate (h x 1)."""
+        return self.hidden * (self.experts + self.shared_gate)
+
+    def _layer_common(self) -> int:
+        return self.attn_weights() + self.attn_biases() + self.attn_norms() + self.layer_norms * self.norm_params()
 
     def layer_params(self) -> int:
         """One layer of the kind most layers are: routed experts (plus shared ones) in a mixture of experts, else
         the dense MLP. (The planner prices every layer as this one.)"""
-        mlp = ((self.n_experts + self.shared_experts) * (self.expert_weights() + self.expert_biases())
-               + self.router_params()) if self.experts else self.mlp_params(self.f)
-        return self.attn_weights() + self.attn_biases() + mlp + 2 * self.norm_params()
+        if not self.experts:
+            return self.dense_layer_params()
+        return (self._layer_common() + self.n_experts * (self.expert_weights() + self.expert_biases())
+                + self.shared_params() + self.router_params())
 
     def dense_layer_params(self) -> int:
-        return self.attn_weights() + self.attn_biases() + self.mlp_params(self.f) + 2 * self.norm_params()
+        return self._layer_common() + self.mlp_params(self.f)
 
     def embedding_params(self) -> int:
         """Word embedding (and the untied output layer) and learned positions."""
@@ -196,19 +278,29 @@ class ModelShape:
 
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         """A KV cache's bytes per token of context: a key and a value per KV head in every layer (vLLM's
-        ``get_kv_cache_spec``: 2 · layers · kv_heads · head_dim · bytes)."""
+        ``get_kv_cache_spec``: 2 · layers · kv_heads · head_dim · bytes), or with multi-head latent attention
+        the compressed latent and the shared rotary key, layers · (kv_lora_rank + qk_rope_head_dim) · bytes
+        (vLLM's ``MLAAttentionSpec``: one head of that width; DeepSeek-V2 section 2.1.2)."""
+        if self.mla:
+            return self.layers * (self.kv_lora_rank + self.qk_rope_head_dim) * dtype_bytes
         return 2 * self.layers * self.kv * self.head_dim * dtype_bytes
 
     # -- FLOPs --------------------------------------------------------------------------------------
     def _core(self, tokens_b: int, causal: bool) -> float:
-        return 4 * tokens_b * self.seq * self.seq * self.hidden * (0.5 if causal else 1.0)
+        """QKᵀ (Q's width) and attention·V (V's width) over s x s: 4bs²h for multi-head attention."""
+        return 2 * tokens_b * self.seq * self.seq * (self.q_width + self.o_width) * (0.5 if causal else 1.0)
 
-    def layer_linear_flops_fwd(self, tokens_b: int) -> float:
+    def layer_linear_flops_fwd(self, tokens_b: int, moe: bool = True) -> float:
         """The layer's matmuls that scale with tokens: projections, the MLP (top_k experts, each padded to its
-        capacity), the router."""
-        b, s, h = tokens_b, self.seq, self.hidden
-        mlp = self.active_experts * self.expert_weights() * (self.capacity_factor if self.experts else 1.0)
-        return 2 * b * s * (self.attn_weights() + mlp + h * self.experts)
+        capacity, and the shared ones), the router -- or with ``moe=False`` (or a dense model) the dense MLP."""
+        b, s = tokens_b, self.seq
+        if self.experts and moe:
+            mlp = (self.active_experts * self.expert_weights() * self.capacity_factor
+                   + self.shared_experts * self.mlp_mats * self.hidden * (self.shared_ffn or self.ef)
+                   + self.router_params())
+        else:
+            mlp = self.mlp_mats * self.hidden * self.f
+        return 2 * b * s * (self.attn_weights() + mlp)
 
     # the aten operators one layer of netmorph's GPT dispatches in eager PyTorch, (forward, backward), and the
     # embedding, LM head and loss's -- traced by a TorchDispatchMode (tests/test_calibrate.py holds them): what
@@ -232,12 +324,18 @@ class ModelShape:
         (1 + s/6h + V/12lh)); "selective": 3 x both + the attention core again.
         """
         self._need_shape()
-        layer = self.layer_flops_fwd(batch)
+        layer = self._layers_flops_fwd(batch, False)
         logit = self.logit_flops_fwd(batch)
         if recompute == "full":
-            return self.layers * 4 * layer + 3 * logit
-        extra = self._core(batch, False) if recompute == "selective" else 0
-        return self.layers * (3 * layer + extra) + 3 * logit
+            return 4 * layer + 3 * logit
+        extra = self.layers * self._core(batch, False) if recompute == "selective" else 0
+        return 3 * layer + extra + 3 * logit
+
+    def _layers_flops_fwd(self, batch: int, causal: bool) -> float:
+        """Every layer's forward: the MoE layers' and the dense ones' (the first k of DeepSeek, ...)."""
+        dense = self.layers - self.moe_layers
+        return (self.moe_layers * self.layer_flops_fwd(batch, causal)
+                + dense * (self.layer_linear_flops_fwd(batch, moe=False) + self._core(batch, causal)))
 
     def model_flops(self, batch: int) -> float:
         """FLOPs of the model itself (no recomputation), Megatron's full-attention convention: MFU's numerator."""
@@ -246,7 +344,7 @@ class ModelShape:
     def causal_model_flops(self, batch: int) -> float:
         """The same with the causal half of the attention product only (what a causal model needs)."""
         self._need_shape()
-        return 3 * (self.layers * self.layer_flops_fwd(batch, causal=True) + self.logit_flops_fwd(batch))
+        return 3 * (self._layers_flops_fwd(batch, True) + self.logit_flops_fwd(batch))
 
     def _need_shape(self) -> None:
         if self.bare:
@@ -256,11 +354,18 @@ class ModelShape:
     def describe(self) -> str:
         """The architecture in one phrase: what differs from the 2021 GPT default."""
         parts = []
-        if self.kv != self.heads:
+        if self.mla:
+            parts.append(f"MLA latent {self.kv_lora_rank} + rope {self.qk_rope_head_dim}")
+        elif self.kv != self.heads:
             parts.append(f"GQA {self.heads}/{self.kv}")
+        if self.head_width:
+            parts.append(f"head dim {self.head_width}")
         parts.append(f"{self.ffn_type} f {self.f}")
         if self.experts:
-            parts.append(f"{self.experts} experts top-{self.top_k}")
+            parts.append(f"{self.experts} experts top-{self.top_k}" + (f" f {self.ef}" if self.ef != self.f else "")
+                         + (f" + {self.shared_experts} shared" if self.shared_experts else "")
+                         + (f" ({self.layers - self.moe_layers} dense)" if self.moe_layers < self.layers
+                            else ""))
         parts.append(self.position)
         if not self.tied:
             parts.append("untied")
@@ -270,116 +375,3 @@ class ModelShape:
         if not self.dropout:
             parts.append("no dropout")
         return ", ".join(parts)
-
-
-# what a Megatron command line that names no --seq-length / vocabulary is taken to train (GPT-3's)
-MEGATRON_DEFAULTS = {"seq": 2048, "vocab": 51200}
-
-
-def _m(name, layers, hidden, heads, seq=2048, vocab=51200, **kw):
-    """A 2021-era Megatron GPT, as the papers train it: learned positions, GeLU 4h, tied, biases, dropout."""
-    return ModelShape(name, layers, hidden, heads, seq, vocab, dropout=True, **kw)
-
-
-def _llama(name, layers, hidden, heads, kv, ffn, vocab=128256, seq=8192, **kw):
-    return ModelShape(name, layers, hidden, heads, seq, vocab, ffn, kv_heads=kv, ffn_type="swiglu", position="rope",
-                      tied=False, bias=False, attention="flash", dropout=False, **kw)
-
-
-def _mpt(name, layers, hidden, heads):
-    # llm-foundry's benchmark MPTs: learned positions, biases, LayerNorm, GeLU 4h, vocab 50368, tied, flash, and
-    # attn_pdrop = resid_pdrop = emb_pdrop = 0
-    return ModelShape(name, layers, hidden, heads, 2048, 50368, attention="flash", dropout=False,
-                      source="llm-foundry scripts/train/yamls/pretrain")
-
-
-PRESETS = {m.name: m for m in [
-    _m("gpt3-175b", 96, 12288, 96, source="Brown et al. 2020, Table 2.1"),
-    # Narayanan et al. 2021, Table 1 (weak scaling on Selene)
-    _m("ptdp-1.7b", 24, 2304, 24), _m("ptdp-3.6b", 30, 3072, 32), _m("ptdp-7.5b", 36, 4096, 32),
-    _m("ptdp-18.4b", 40, 6144, 48), _m("ptdp-39.1b", 48, 8192, 64), _m("ptdp-76.1b", 60, 10240, 80),
-    _m("ptdp-145.6b", 80, 12288, 96), _m("ptdp-310.1b", 96, 16384, 128), _m("ptdp-529.6b", 105, 20480, 128),
-    _m("ptdp-1t", 128, 25600, 160),
-    # Korthikanti et al. 2022, Table 3
-    _m("mt-22b", 48, 6144, 64), _m("mt-175b", 96, 12288, 96), _m("mt-530b", 105, 20480, 128),
-    _m("mt-1t", 128, 25600, 160),
-    # open models, from their published config.json
-    _llama("llama-3-8b", 32, 4096, 32, 8, 14336, source="meta-llama/Meta-Llama-3-8B config.json"),
-    _llama("llama-3-70b", 80, 8192, 64, 8, 28672, source="meta-llama/Meta-Llama-3-70B config.json"),
-    _llama("llama-3-405b", 126, 16384, 128, 8, 53248, source="meta-llama/Llama-3.1-405B config.json"),
-    _llama("llama-2-7b", 32, 4096, 32, 32, 11008, vocab=32000, seq=4096, source="meta-llama/Llama-2-7b-hf config.json"),
-    _llama("llama-2-70b", 80, 8192, 64, 8, 28672, vocab=32000, seq=4096,
-           source="meta-llama/Llama-2-70b-hf config.json"),
-    _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, vocab=32000, seq=4096, experts=8, top_k=2,
-           source="mistralai/Mixtral-8x7B-v0.1 config.json"),
-    ModelShape("bloom-176b", 70, 14336, 112, 2048, 250880, position="alibi", dropout=False, embedding_norm=True,
-               source="bigscience/bloom config.json"),
-    # OPT: ReLU MLP of ffn_dim, learned positions offset by 2 rows (OPTLearnedPositionalEmbedding), dropout 0.1
-    ModelShape("opt-13b", 40, 5120, 40, 2048, 50272, 20480, ffn_type="relu", extra_positions=2, dropout=True,
-               source="facebook/opt-13b config.json"),
-    _mpt("mpt-1b", 24, 2048, 16), _mpt("mpt-7b", 32, 4096, 32), _mpt("mpt-13b", 40, 5120, 40),
-    _mpt("mpt-30b", 48, 7168, 56), _mpt("mpt-70b", 80, 8192, 64),
-]}
-
-
-def preset(name: str) -> ModelShape:
-    """The preset called ``name`` (any case), or the one line that lists them."""
-    key = name.lower()
-    if key not in PRESETS:
-        raise UsageError(f"{{model}}: unknown preset {name!r}; choose one of {', '.join(PRESETS)}", "model")
-    return PRESETS[key]
-
-
-def check_shape(spec: ModelShape) -> ModelShape:
-    """Every field in range and consistent; errors name the flag that changes it."""
-    for k in ("layers", "hidden", "heads", "seq", "vocab"):
-        if not 1 <= getattr(spec, k) <= 1 << 24:
-            raise UsageError(f"{{{k}}} must be in 1..{1 << 24:,}, got {getattr(spec, k)}", k)
-    if not 0 <= spec.ffn <= 1 << 26:
-        raise UsageError(f"{{ffn}} must be in 1..{1 << 26:,} (omit it for 4 x hidden), got {spec.ffn}", "ffn")
-    if spec.hidden % spec.heads:
-        raise UsageError(f"{{hidden}} {spec.hidden} is not divisible by {{heads}} {spec.heads}", "hidden")
-    if not 0 <= spec.kv_heads <= spec.heads or spec.kv_heads and spec.heads % spec.kv_heads:
-        raise UsageError(f"{{kv_heads}} must divide the {spec.heads} heads, got {spec.kv_heads}", "kv_heads")
-    for k, allowed in (("ffn_type", FFN_TYPES), ("position", POSITIONS), ("attention", ATTENTION)):
-        if getattr(spec, k) not in allowed:
-            raise UsageError(f"{{{k}}} must be one of {', '.join(allowed)}, got {getattr(spec, k)!r}", k)
-    if not 0 <= spec.experts <= 1 << 14 or spec.experts == 1:
-        raise UsageError(f"{{experts}} must be 0 (dense) or 2..{1 << 14}, got {spec.experts}", "experts")
-    if not 1 <= spec.top_k <= max(spec.experts, 1):
-        raise UsageError(f"{{top_k}} must be in 1..experts ({spec.experts}), got {spec.top_k}", "top_k")
-    if not 1.0 <= spec.capacity_factor <= 64:
-        raise UsageError(f"{{capacity_factor}} must be in 1..64, got {spec.capacity_factor}", "capacity_factor")
-    for k, hi in (("expert_ffn", 1 << 26), ("shared_experts", 1 << 10), ("extra_positions", 1 << 10)):
-        if not 0 <= getattr(spec, k) <= hi:
-            raise UsageError(f"{{{k}}} must be in 0..{hi:,}, got {getattr(spec, k)}", k)
-    if not 0 <= spec.dense_layers < spec.layers or spec.dense_layers and not spec.experts:
-        raise UsageError(f"{{dense_layers}} must be in 0..{spec.layers - 1} and needs {{experts}}, got "
-                         f"{spec.dense_layers}", "dense_layers")
-    return spec
-
-
-def from_args(model=None, layers=None, hidden=None, heads=None, seq=None, vocab=None, ffn=None,
-              params=None, base: ModelShape | None = None, **arch) -> ModelShape:
-    """A preset, a ``base`` (read from a config file) or a model from flags, with any field overridden by a flag
-    (``arch``: kv_heads, ffn_type, position, tied, bias, attention, experts, top_k); errors name the flag."""
-    if params is not None:
-        if not 0 < params <= 1e15:
-            raise UsageError(f"{{params}} must be in (0, 1e15] (a quadrillion parameters), got {params:g}", "params")
-        return ModelShape(f"{params:.3g} params", 0, 0, 0, params_only=float(params))
-    over = {k: v for k, v in dict(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, ffn=ffn,
-                                  **arch).items() if v is not None}
-    if model is not None:
-        spec = replace(preset(model), **over)
-    elif base is not None:
-        spec = replace(base, **over)
-    else:
-        missing = ["{" + k + "}" for k, v in (("layers", layers), ("hidden", hidden), ("heads", heads)) if v is None]
-        if missing:
-            raise UsageError("describe the model with {model} NAME, {model_config} FILE, {megatron_args} ARGS, "
-                             "{params} N, or " + " ".join(missing), missing[0][1:-1])
-        spec = replace(ModelShape("custom", layers, hidden, heads, 2048, 51200, attention="flash", dropout=True),
-                       **over)
-    if ffn is not None and not 1 <= ffn <= 1 << 26:
-        raise UsageError(f"{{ffn}} must be in 1..{1 << 26:,} (omit it for 4 x hidden), got {ffn}", "ffn")
-    return check_shape(spec)

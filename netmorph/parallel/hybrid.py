@@ -26,7 +26,8 @@ from netmorph.errors import UsageError
 from netmorph.mesh import DeviceMesh
 from netmorph.mesh.layout import Layout
 from netmorph.mesh.placement import rank_parameters
-from netmorph.mesh.shape import ModelShape, check_shape
+from netmorph.mesh.presets import check_shape
+from netmorph.mesh.shape import ModelShape
 from netmorph.models.capacity import POLICIES
 from netmorph.models.gpt import GPTStage, synthetic_batch
 from netmorph.models.moe import Router

@@ -48,13 +48,14 @@ from netmorph.mesh.shape import ModelShape
 def _per_layer_params(model: ModelShape, c: Layout) -> tuple[float, float]:
     """(dense, expert) parameters of one layer on one device."""
     h, t = model.hidden, c.tp
-    col_bias = (h + 2 * model.h_kv) if model.bias else 0
-    row_bias = h if model.bias else 0
-    dense = (model.attn_weights() + col_bias) / t + row_bias + 2 * model.norm_params()
+    row_bias = h if model.bias else 0           # the output projection's and the MLP's down-projection's: whole
+    attn_row = h if model.bias or model.attention_bias == "all" else 0
+    dense = ((model.attn_weights() + model.attn_biases() - attn_row) / t + attn_row + model.attn_norms()
+             + model.layer_norms * model.norm_params())
     te = (c.expert_tp or t) if model.experts else t    # experts split over expert_tp ranks (Megatron: tp)
     expert = model.expert_weights() / te + ((model.expert_biases() - row_bias) / te + row_bias if model.bias else 0)
-    if model.experts:
-        return dense + model.router_params(), model.experts / c.ep * expert
+    if model.experts:          # shared experts are tp-split MLPs beside the router (Megatron's SharedExpertMLP)
+        return dense + model.router_params() + model.shared_params() / t, model.experts / c.ep * expert
     return dense + expert, 0.0
 
 
@@ -82,7 +83,7 @@ def stage_params(model: ModelShape, c: Layout, which: list | None = None) -> lis
         n = stages[i]
         d = n * dense
         if i == 0:
-            d += model.vocab * h / t + (model.seq * h if model.position == "learned" else 0)
+            d += model.vocab * h / t + ((model.seq + model.extra_positions) * h if model.position == "learned" else 0)
         if i == len(stages) - 1:
             d += model.norm_params()
             if c.pp > 1 or not model.tied:
@@ -114,8 +115,11 @@ def activation_bytes_per_layer(model: ModelShape, c: Layout, recompute: str | No
     k = model.active_experts * (model.capacity_factor if model.experts else 1.0)     # MLP rows per token
     masks = 2 * h if model.dropout else 0
     replicated = 4 * h + lin * h + lin * h * k + masks
-    mlp = (2 * 2 if model.ffn_type == "swiglu" else 2) * model.f + lin * model.f
-    split = 2 * h + 4 * model.h_kv + lin * h + k * mlp
+    def mlp_bytes(f):
+        return (2 * 2 if model.ffn_type == "swiglu" else 2) * f + lin * f
+    kw, vw = model.kv_widths
+    shared = model.shared_experts * mlp_bytes(model.shared_ffn or model.ef) if model.experts else 0
+    split = 2 * model.q_width + 2 * (kw + vw) + lin * model.o_width + k * mlp_bytes(model.ef) + shared
     if rc == "none":
         split += (5 if model.dropout else 4) * a * s if model.attention == "standard" else 4 * a
     return sb * (replicated / t + split / t if sp else replicated + split / t)

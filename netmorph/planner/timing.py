@@ -103,11 +103,15 @@ def linear_gemms(model: ModelShape, tokens: float, t: int) -> list:
     output projection, the MLP's up (and gate) and down projections -- per expert, on the tokens routed to
     it, for a mixture of experts -- and the router. They sum to the layer's linear FLOPs."""
     h, f = model.hidden, model.f
-    out = [(2 * tokens * h * (h + 2 * model.h_kv) / t, 1), (2 * tokens * h * h / t, 1)]
+    out = [(2 * tokens * model.qkv_weights() / t, 1), (2 * tokens * model.out_weights() / t, 1)]
     if model.experts:
-        per_expert = tokens * model.top_k * model.capacity_factor / model.experts
+        per_expert, f = tokens * model.top_k * model.capacity_factor / model.experts, model.ef
         out += [(2 * per_expert * h * (model.mlp_mats - 1) * f / t, model.experts),
-                (2 * per_expert * f * h / t, model.experts), (2 * tokens * h * model.experts, 1)]
+                (2 * per_expert * f * h / t, model.experts), (2 * tokens * model.router_params(), 1)]
+        if model.shared_experts:                   # every token through each shared expert, tp-split
+            fs = model.shared_ffn or model.ef
+            out += [(2 * tokens * h * (model.mlp_mats - 1) * fs / t, model.shared_experts),
+                    (2 * tokens * fs * h / t, model.shared_experts)]
     else:
         out += [(2 * tokens * h * (model.mlp_mats - 1) * f / t, 1), (2 * tokens * f * h / t, 1)]
     return out

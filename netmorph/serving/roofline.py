@@ -21,14 +21,21 @@ def flops_and_bytes(m: ModelShape, items) -> tuple[float, float]:
     per sequence: the weights are read once for the whole batch, each sequence reads its own KV and writes
     its new tokens' KV, and each produces logits for its last token."""
     h = m.hidden
-    # the layers' matrices: every expert's is read, a token multiplies through its top-k
-    weights = m.layers * (m.attn_weights() + m.n_experts * m.expert_weights() + m.router_params())
-    active = m.layers * (m.attn_weights() + m.active_experts * m.expert_weights() + m.router_params())
+    # the layers' weights, dense and shared ones whole; a token multiplies through its top-k routed experts, and
+    # a pass reads only the experts some token was routed to: with T tokens routed uniformly E·(1 - (1 - k/E)^T)
+    # of the E (vLLM's fused MoE kernel skips an expert with no tokens) -- k at batch 1, all E for a big batch
+    outside = m.embedding_params() + m.norm_params()
+    active = m.active_params() - outside
+    weights = active
+    if m.experts:
+        tokens = sum(new for new, _ in items)
+        hit = m.experts * (1 - (1 - m.top_k / m.experts) ** tokens)
+        weights += m.moe_layers * (hit - m.top_k) * (m.expert_weights() + m.expert_biases())
     kv = m.kv_bytes_per_token(DTYPE_BYTES)
     flops, nbytes = 0.0, (weights + m.vocab * h) * DTYPE_BYTES
     for new, ctx in items:
         pairs = new * ctx + new * (new + 1) / 2                                 # causal (query, key) pairs
-        flops += 2 * active * new + 4 * m.layers * m.heads * m.head_dim * pairs + 2 * m.vocab * h
+        flops += 2 * active * new + 2 * m.layers * (m.q_width + m.o_width) * pairs + 2 * m.vocab * h
         nbytes += ctx * kv + new * kv
     return flops, nbytes
 

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 
 from netmorph.mesh.layout import Layout
-from netmorph.mesh.shape import PRESETS
+from netmorph.mesh.presets import PRESETS
 from netmorph.planner.hardware import PRESETS as HW
 from netmorph.planner.memory import memory
 from netmorph.planner.search import SearchResult, search

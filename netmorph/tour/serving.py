@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from netmorph.mesh.shape import PRESETS as MODELS
+from netmorph.mesh.presets import PRESETS as MODELS
 from netmorph.mesh.shape import ModelShape
 from netmorph.parallel.hybrid import TrainConfig
 from netmorph.parallel.run import train

@@ -4,7 +4,7 @@ simulated, rank 0 of every pipeline stage traced."""
 from __future__ import annotations
 
 from netmorph.mesh.layout import Layout
-from netmorph.mesh.shape import PRESETS as MODELS
+from netmorph.mesh.presets import PRESETS as MODELS
 from netmorph.planner.hardware import PRESETS as HARDWARE
 from netmorph.simulate import simulate_config
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from netmorph.errors import UsageError
 from netmorph.files import printable, read_json_object
-from netmorph.mesh.shape import ModelShape, check_shape
+from netmorph.mesh.presets import check_shape
+from netmorph.mesh.shape import ModelShape
 
 GATED = ("silu", "swish", "swiglu", "silu_and_mul")
 DROPOUTS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "emb_pdrop", "attn_pdrop",
@@ -111,34 +112,68 @@ def _check_common(r: "_Reader") -> None:
             raise r.bad(k, "a token id >= 0 (or a list of them)", v)
 
 
-# fields of today's configs that change the parameter count in ways the planner does not model: an estimate
-# would be wrong by 2.5-6.5x (DeepSeek-V2-Lite, Qwen1.5-MoE), so the config is refused, naming them.
-# field -> (what it is, the value that changes nothing)
-PARAM_FIELDS = {
-    "q_lora_rank": ("MLA's low-rank query projection (DeepSeek-V2/V3)", None),
-    "kv_lora_rank": ("MLA's compressed key-value projection (DeepSeek-V2/V3)", None),
-    "qk_nope_head_dim": ("MLA's query-key head width", None),
-    "qk_rope_head_dim": ("MLA's rotary head width", None),
-    "v_head_dim": ("MLA's value head width", None),
-    "n_shared_experts": ("shared experts beside the routed ones", 0),
-    "shared_expert_intermediate_size": ("a shared expert's width (Qwen2-MoE)", 0),
-    "first_k_dense_replace": ("dense layers before the MoE layers", 0),
-    "moe_layer_freq": ("MoE only every k-th layer", 1),
-    "decoder_sparse_step": ("MoE only every k-th layer", 1),
-    "mlp_only_layers": ("dense layers among the MoE layers", []),
-}
+# model types whose MLP is gated (gate, up and down projections: SwiGLU, or Gemma's GeGLU -- the same three
+# matrices, counted and priced alike) whatever their hidden_act says
+GATED_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
+                  "gemma3_text", "deepseek_v2", "deepseek_v3", "olmo", "olmo2", "phi3", "internlm2")
 
 
-def _unmodelled_params(cfg: dict, hidden: int, heads: int, ffn, experts: int) -> list:
-    found = [f"{k} ({what})" for k, (what, neutral) in PARAM_FIELDS.items()
-             if k in cfg and cfg[k] is not None and cfg[k] != neutral]
-    head_dim = cfg.get("head_dim")
-    if head_dim is not None and heads and head_dim != hidden // heads:
-        found.append(f"head_dim {head_dim} (heads {head_dim} wide, not hidden/heads = {hidden // heads})")
-    moe_ffn = cfg.get("moe_intermediate_size")
-    if moe_ffn is not None and experts and moe_ffn != ffn:
-        found.append(f"moe_intermediate_size {moe_ffn} (experts narrower than intermediate_size {ffn})")
-    return found
+def _layer_indices(r: "_Reader", key: str, layers: int) -> list:
+    v = r.cfg.get(key)
+    if v is None:
+        return []
+    if not (isinstance(v, list) and all(_whole(i, 0, layers - 1) for i in v)):
+        raise r.bad(key, f"a list of layer indices in 0..{layers - 1}", v)
+    r.used.add(key)
+    return [int(i) for i in v]
+
+
+def _architecture(r: "_Reader", model_type: str, layers: int, hidden: int, heads: int, experts: int) -> dict:
+    """The fields of today's configs that change a count, as ModelShape's: multi-head latent attention and
+    DeepSeek's shared experts and dense layers (transformers' ``DeepseekV2Attention`` / ``DeepseekV3MoE``),
+    Qwen2-MoE's shared expert, gate and sparse step, Qwen3's and Gemma 3's Q/K norms,
+    Gemma 2's four norms per layer, head_dim where it is not hidden/heads, OPT's two extra position rows."""
+    out: dict = {}
+    if "q_lora_rank" in r.cfg:                 # null: Q projected directly
+        r.used.add("q_lora_rank")
+    if r.int(None, "kv_lora_rank", lo=0, default=0):
+        out.update(kv_lora_rank=int(r.cfg["kv_lora_rank"]), q_lora_rank=r.int(None, "q_lora_rank", lo=0, default=0),
+                   **{k: r.int(k, k) or 0 for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")})
+    head_dim = r.int("head_width", "head_dim")
+    if head_dim is not None and head_dim != hidden // heads and "kv_lora_rank" not in out:
+        out["head_width"] = head_dim
+    moe_ffn = r.int("expert_ffn", "moe_intermediate_size")
+    if experts:
+        if moe_ffn is not None:
+            out["expert_ffn"] = moe_ffn
+        shared = r.int("shared_experts", "n_shared_experts", lo=0, default=0)
+        shared_ffn = r.int("shared_ffn", "shared_expert_intermediate_size", lo=0, default=0)
+        if shared:
+            out["shared_experts"] = shared
+        elif shared_ffn:                       # Qwen2-MoE: one shared expert of its own width, behind a gate
+            out.update(shared_experts=1, shared_ffn=shared_ffn, shared_gate=True)
+        first = r.int("dense_layers", "first_k_dense_replace", lo=0, default=0)
+        freq = r.int(None, "moe_layer_freq", default=1)              # DeepSeek: MoE where i >= k and i % freq == 0
+        step = r.int(None, "decoder_sparse_step", default=1)         # Qwen2/3-MoE: MoE where (i + 1) % step == 0
+        dense = {i for i in range(layers) if i >= first and (i % freq or (i + 1) % step)}
+        dense |= set(_layer_indices(r, "mlp_only_layers", layers))
+        out.update(dense_layers=min(first, layers - 1), dense_at=tuple(sorted(i for i in dense if i >= first)))
+    else:
+        for k in ("n_shared_experts", "shared_expert_intermediate_size", "first_k_dense_replace"):
+            if r.int(None, k, lo=0, default=0):
+                raise r.bad(k, "0 in a model without routed experts", r.cfg[k])
+    if model_type in ("qwen3", "qwen3_moe", "gemma3_text"):
+        out["qk_norm"] = True
+    if model_type in ("gemma2", "gemma3_text"):
+        out["layer_norms"] = 4
+    if model_type == "opt":                    # OPTLearnedPositionalEmbedding keeps 2 rows for its offset
+        out["extra_positions"] = 2
+        proj = r.int(None, "word_embed_proj_dim")
+        if proj is not None and proj != hidden or r.bool("do_layer_norm_before", default=True) is False:
+            raise UsageError(f"{{model_config}} {r.where}: OPT with word_embed_proj_dim {proj} (project_in/out) or "
+                             f"without do_layer_norm_before is not modelled -- an estimate would be wrong, so none "
+                             f"is made", "model_config")
+    return out
 
 
 def from_hf_config(path) -> tuple[dict, list]:
@@ -168,7 +203,7 @@ def from_hf_config(path) -> tuple[dict, list]:
     if act not in ACTIVATIONS:
         raise r.bad(r.key("hidden_act", "activation_function", "hidden_activation"),
                     f"an activation transformers knows ({', '.join(ACTIVATIONS[:6])}, ...)", act)
-    swiglu = act in GATED or model_type in ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3")
+    swiglu = act in GATED or model_type in GATED_FAMILIES
     ffn = r.int("ffn", "intermediate_size", "n_inner", "ffn_hidden_size", "ffn_dim")
     if ffn is None and "expansion_ratio" in cfg:                # MPT
         ffn = int(r.number("expansion_ratio", lo=0, open_lo=True, hi=1 << 10) * hidden)
@@ -197,11 +232,20 @@ def from_hf_config(path) -> tuple[dict, list]:
                 if k in cfg)
     seq = r.int("seq", "max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
                 "max_sequence_length", default=2048)
-    bias = r.bool("attention_bias", "use_bias", "bias")
-    if bias is None:
-        bias = not (swiglu or model_type in ROPE_FAMILIES)
-    if "no_bias" in cfg:
-        bias = not r.bool("no_bias")
+    if model_type in GATED_FAMILIES:           # RMSNorm, bias-free MLP: attention_bias biases attention only
+        bias = False
+        attention_bias = "all" if r.bool("attention_bias", default=False) else ""
+        if model_type in ("qwen2", "qwen2_moe") and r.bool("qkv_bias", default=True):
+            attention_bias = attention_bias or "qkv"
+        if r.bool("mlp_bias", default=False):
+            raise r.bad("mlp_bias", "false (biases on a gated MLP are not modelled)", True)
+    else:
+        attention_bias = ""
+        bias = r.bool("attention_bias", "use_bias", "bias")
+        if bias is None:
+            bias = not (swiglu or model_type in ROPE_FAMILIES)
+        if "no_bias" in cfg:
+            bias = not r.bool("no_bias")
     tied = r.bool("tie_word_embeddings", "tie_embeddings", default=True)
     # dropout: any probability above 0 stores masks; a config without one (Llama's first ones) has none
     drops = []
@@ -216,18 +260,14 @@ def from_hf_config(path) -> tuple[dict, list]:
                     used.add(k)
     experts = r.int("experts", "num_local_experts", "num_experts", "n_routed_experts", lo=0, default=0)
     top_k = r.int("top_k", "num_experts_per_tok", "moe_top_k", "top_k", default=1 if not experts else 2)
-    unmodelled = _unmodelled_params(cfg, hidden, heads, ffn, experts)
-    if unmodelled:
-        raise UsageError(f"{{model_config}} {where}: fields that change the parameter count are not modelled: "
-                         f"{'; '.join(unmodelled)} -- an estimate would be wrong, so none is made (describe a "
-                         f"modelled shape with flags instead)", "model_config")
-    used.update(k for k in ("head_dim", "moe_intermediate_size") if k in cfg)
+    arch = _architecture(r, model_type, layers, hidden, heads, experts)
     if kv is not None and kv == heads:
         kv = None
     fields = dict(layers=layers, hidden=hidden, heads=heads, vocab=vocab, seq=seq, ffn=ffn or 0, kv_heads=kv or 0,
-                  ffn_type="swiglu" if swiglu else "gelu", position=position, tied=tied, bias=bias,
-                  attention="flash", dropout=any(p > 0 for p in drops), experts=experts, top_k=top_k,
-                  embedding_norm=model_type == "bloom")
+                  ffn_type="swiglu" if swiglu else "relu" if act == "relu" else "gelu",
+                  position=position, tied=tied, bias=bias, attention="flash", dropout=any(p > 0 for p in drops),
+                  experts=experts, top_k=top_k, embedding_norm=model_type == "bloom", attention_bias=attention_bias,
+                  **arch)
     try:
         check_shape(ModelShape("config", **fields))
     except UsageError as e:                    # the file's own numbers disagree: name its keys, not flags

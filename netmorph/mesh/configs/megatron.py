@@ -11,7 +11,8 @@ import shlex
 
 from netmorph.errors import UsageError
 from netmorph.files import printable
-from netmorph.mesh.shape import MEGATRON_DEFAULTS, ModelShape, check_shape
+from netmorph.mesh.presets import MEGATRON_DEFAULTS, check_shape
+from netmorph.mesh.shape import ModelShape
 
 # --- Megatron-LM ------------------------------------------------------------------------------------------
 # flag -> (target, field, type): model fields go to the ModelShape, config fields to the split
