@@ -11,7 +11,7 @@ from netmorph.planner import timing
 from netmorph.mesh.layout import Layout
 from netmorph.mesh.configs import from_deepspeed_config, from_hf_config, from_megatron_args
 from netmorph.planner.hardware import PRESETS as HW
-from netmorph.planner.memory import activation_bytes_per_layer, memory, params_on_device
+from netmorph.planner.memory import activation_bytes_per_layer, memory, params_on_device, stage_activations
 from netmorph.mesh.presets import PRESETS
 from netmorph.mesh.shape import ModelShape
 from netmorph.planner.search import check, estimate, search
@@ -385,3 +385,33 @@ def test_matmul_efficiency_is_carried_by_the_measured_ceiling():
     from netmorph.planner.hardware import load_hardware
     half = load_hardware("h100-80g", 0.5)                     # --efficiency keeps FP8's measured ratio
     assert half.fp8_efficiency / 0.5 == pytest.approx(h100.fp8_efficiency / h100.gemm_efficiency)
+
+
+@pytest.mark.parametrize("name,p,v,m", [("afab", 4, 1, 8), ("1f1b", 4, 1, 8), ("1f1b", 8, 1, 3),
+                                        ("interleaved", 4, 2, 8), ("interleaved", 4, 3, 4), ("interleaved", 2, 4, 6)])
+def test_activations_in_flight_are_what_the_schedule_holds(name, p, v, m):
+    """Layout.in_flight(i) x v is the most chunk-microbatches pipeline rank i holds (forwarded, not yet
+    backwarded) when it runs the trainer's own slot order for that schedule -- GPipe all m, 1F1B p - i, the
+    interleaved schedule Megatron's warmup + 1 -- and the planner's activation memory scales with it."""
+    from netmorph.parallel.pipeline import schedule
+    c = Layout(pp=p, interleave=v, schedule=name, global_batch=m)
+    for i, slots in enumerate(schedule(name, p, m, v)):
+        held = peak = 0
+        for s in slots:
+            held += 1 if s.kind == "F" else -1
+            peak = max(peak, held)
+        assert c.in_flight(i) * v == peak, (i, c.in_flight(i), peak)
+    model = ModelShape(layers=4 * p * v, hidden=64, heads=4, seq=32, vocab=128, dropout=False)
+    acts = stage_activations(model, c)
+    assert acts[0] == pytest.approx(activation_bytes_per_layer(model, c) * 4 * v * c.in_flight(0))
+
+
+def test_a_larger_microbatch_group_holds_more_in_flight():
+    """Llama 3's tunable N (Megatron's --microbatch-group-size-per-virtual-pipeline-stage): a group of N > p
+    microbatches per chunk lets m be any multiple of N, and every rank holds (v - 1)(N - p) more chunks."""
+    base = Layout(pp=4, interleave=2, global_batch=10 * 1)
+    assert base.check() and "multiple of pp" in base.check()[0].text
+    grouped = replace(base, microbatch_group=5)
+    assert not grouped.check()
+    assert [grouped.in_flight(i) * 2 for i in range(4)] == [2 * (4 - i - 1) + 5 + 1 for i in range(4)]
+    assert "at least pp" in replace(base, microbatch_group=2, global_batch=8).check()[0].text

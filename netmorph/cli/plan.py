@@ -13,6 +13,7 @@ import json
 import sys
 import time
 
+from netmorph.cli import pipeline_schedule
 from netmorph.errors import UsageError
 
 FIXABLE = ("tp", "cp", "pp", "dp", "ep", "microbatch", "interleave", "zero", "recompute", "sequence_parallel",
@@ -78,6 +79,12 @@ def add_split_args(p, bare: bool = True) -> None:
     c.add_argument("--ep", type=int, help="expert-parallel size, within dp (search: fix it)")
     c.add_argument("--microbatch", type=int, help="sequences per microbatch b (search: fix it)")
     c.add_argument("--interleave", type=int, help="model chunks per pipeline stage, v (default 1)")
+    c.add_argument("--schedule", type=pipeline_schedule, choices=("afab", "1f1b", "interleaved"),
+                   help="pipeline schedule: afab (or gpipe: every forward first), 1f1b (default), interleaved "
+                        "(default with --interleave > 1); sets the activations each stage holds")
+    c.add_argument("--microbatch-group", type=int, metavar="N",
+                   help="interleaved: microbatches each chunk runs before the next (Megatron's "
+                        "--microbatch-group-size-per-virtual-pipeline-stage, Llama 3's N; default pp)")
     c.add_argument("--first-stage-layers", type=int, help="layers on the first pipeline stage (default: even split)")
     c.add_argument("--last-stage-layers", type=int, help="layers on the last pipeline stage (default: even split)")
     c.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage over the DP group (search: fix it)")
@@ -205,7 +212,8 @@ def config_from(args):
                   dp_overlap=bool(args.dp_overlap), tp_overlap=bool(args.tp_overlap), pp_overlap=bool(args.pp_overlap),
                   precision=args.precision or "bf16", param_bytes=args.param_bytes, grad_bytes=args.grad_bytes,
                   optimizer_bytes=args.optimizer_bytes, first_stage_layers=args.first_stage_layers or 0,
-                  last_stage_layers=args.last_stage_layers or 0)
+                  last_stage_layers=args.last_stage_layers or 0, schedule=getattr(args, "schedule", None) or "",
+                  microbatch_group=getattr(args, "microbatch_group", None) or 0)
 
 
 def _estimate(args, model, hw) -> int:

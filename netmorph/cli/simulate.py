@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from netmorph.cli import pipeline_schedule, trace_file
+from netmorph.cli import trace_file
 from netmorph.errors import UsageError
 
 FLAGS = {"schedule": "--schedule", "layers": "--layers", "zero": "--zero"}
@@ -19,8 +19,6 @@ def add_parser(sub) -> None:
                                    "breakdown beside the planner's analytic estimate.")
     p.add_argument("action", choices=("step",), help="step: one training iteration")
     add_split_args(p, bare=False)
-    p.add_argument("--schedule", type=pipeline_schedule, choices=("afab", "1f1b", "interleaved"),
-                   help="pipeline schedule: afab (or gpipe), 1f1b (default; interleaved when --interleave > 1)")
     p.add_argument("--trace", type=trace_file,
                    metavar="JSON", help="write a Perfetto / chrome://tracing trace of the traced ranks")
     p.add_argument("--trace-ranks", metavar="LIST",
@@ -74,6 +72,9 @@ def run(args) -> int:
                          f"per rank to simulate; lower --global-batch (or raise --microbatch)")
     if args.schedule and args.schedule != "interleaved" and c.interleave > 1:
         raise UsageError(f"--interleave {c.interleave} needs --schedule interleaved")
+    if c.microbatch_group:
+        raise UsageError("--microbatch-group: the simulator plays the trainer's interleaved schedule, whose group "
+                         "is pp (Megatron's default); the planner (plan estimate) prices other groups")
     if args.trace_ranks is not None and not args.trace:
         raise UsageError("--trace-ranks picks the ranks --trace writes: add --trace FILE.json")
     ranks = _trace_ranks(args.trace_ranks, c) if args.trace else ()

@@ -65,6 +65,8 @@ class Layout:
     zero: int = 0                  # DeepSpeed ZeRO stage over the data-parallel group (3: FSDP)
     interleave: int = 1            # v: model chunks per pipeline stage (Megatron's interleaved 1F1B)
     schedule: str = ""             # afab (GPipe) | 1f1b | interleaved; "": 1f1b, or interleaved when interleave > 1
+    microbatch_group: int = 0      # interleaved: microbatches a chunk runs before the next chunk (Megatron's
+                                   # --microbatch-group-size-per-virtual-pipeline-stage, Llama 3's N); 0: pp
     global_batch: int = 1          # sequences per step over every replica
     micro_batch_size: int = 1
     sequence_parallel: bool = False
@@ -102,6 +104,27 @@ class Layout:
         return self.schedule or ("interleaved" if self.interleave > 1 else "1f1b")
 
     @property
+    def group(self) -> int:
+        """The interleaved schedule's microbatch group N (pp unless set)."""
+        return self.microbatch_group or self.pp
+
+    def in_flight(self, stage: int) -> float:
+        """Microbatches whose activations pipeline rank ``stage`` holds at its peak, in units of the stage's whole
+        layers: GPipe (afab) runs every forward first, so all m; 1F1B holds the p - i its warmup starts
+        (Narayanan et al. 2021); Megatron's interleaved schedule runs 2(p - i - 1) + (v - 1)·N warmup forwards
+        of one chunk (1/v of the stage's layers) each, then one more before its first backward (schedules.py's
+        ``num_warmup_microbatches``; N = pp is Megatron's default, Llama 3 tunes it, section 3.3.2)."""
+        p, v, m, i = self.pp, self.interleave, max(self.microbatches, 1), stage
+        kind = self.pipeline_schedule
+        if p == 1:
+            return 1.0
+        if kind == "afab":
+            return float(m)
+        if kind == "interleaved":
+            return min(2 * (p - i - 1) + (v - 1) * self.group + 1, m * v) / v
+        return float(min(p - i, m))
+
+    @property
     def stages(self) -> int:
         """Virtual pipeline stages: pp x interleave model chunks."""
         return self.pp * self.interleave
@@ -134,6 +157,8 @@ class Layout:
         extra = [f"cp{self.cp}"] if self.cp > 1 else []
         extra += [f"ep{self.ep}"] if self.ep > 1 else []
         extra += [f"v={self.interleave}"] if self.interleave > 1 else []
+        extra += [f"N={self.microbatch_group}"] if self.microbatch_group else []
+        extra += ["afab"] if self.pp > 1 and self.pipeline_schedule == "afab" else []
         extra += [f"zero{self.zero}"] if self.zero else []
         extra += [f"rc={self.recompute}"] if self.recompute != "none" else []
         extra += ["sp"] if self.sequence_parallel else []
@@ -190,10 +215,18 @@ class Layout:
                                  f"global batch {self.global_batch} does not split into dp {self.dp} x microbatch "
                                  f"{self.micro_batch_size}", "--global-batch or --microbatch"))
         m = self.microbatches
-        if self.interleave > 1 and (self.pp == 1 or m % self.pp):
+        if self.interleave > 1 and (self.pp == 1 or m % self.group):
             out.append(Rejection("interleave", "interleave", self.interleave,
-                                 f"interleaving needs pp > 1 and microbatches ({m}) a multiple of pp ({self.pp})",
+                                 f"interleaving needs pp > 1 and microbatches ({m}) a multiple of "
+                                 + (f"the microbatch group ({self.group})" if self.microbatch_group else
+                                    f"pp ({self.pp})"),
                                  "--microbatches or --interleave" if trainer else "--interleave"))
+        if self.microbatch_group and (self.microbatch_group < self.pp or self.pipeline_schedule != "interleaved"
+                                      or trainer):
+            out.append(Rejection("interleave", "microbatch_group", self.microbatch_group,
+                                 f"a microbatch group ({self.microbatch_group}) goes with the interleaved schedule "
+                                 f"and at least pp ({self.pp}) microbatches (Megatron's dependency check)"
+                                 + ("; netmorph's trainer runs N = pp" if trainer else ""), "--microbatch-group"))
         if self.pp > 1 and (self.zero == 2 or trainer and self.zero == 3):
             out.append(Rejection("zero-pp", "zero", self.zero, f"ZeRO-{self.zero} with pipeline parallelism "
                                  "(gradients accumulate over microbatches; ZeRO-1 and ZeRO-3/FSDP go with pp)"
@@ -219,6 +252,9 @@ def _ranges(c: Layout) -> list:
     if c.expert_tp and c.tp % c.expert_tp:
         out.append(Rejection("range", "expert_tp", c.expert_tp, f"expert_tp must divide tp {c.tp}, got "
                              f"{c.expert_tp}"))
+    if not 0 <= c.microbatch_group <= 1 << 24:
+        out.append(Rejection("range", "microbatch_group", c.microbatch_group, f"microbatch_group must be in "
+                             f"0..{1 << 24:,}, got {c.microbatch_group}"))
     for k in ("tp", "cp", "ep", "dp", "pp", "interleave", "global_batch", "micro_batch_size"):
         if not 1 <= getattr(c, k) <= 1 << 24:
             out.append(Rejection("range", k, getattr(c, k), f"{k} must be in 1..{1 << 24:,}, got {getattr(c, k)}"))

@@ -32,8 +32,9 @@ parallelism); context parallelism divides everything by cp (each rank holds s/cp
 stores the four linear layers' inputs in 8 bits; a mixture of experts stores the MLP part for
 each of the top_k experts a token visits (times the capacity factor: the padding is stored too).
 
-Under 1F1B stage i holds min(p - i, m) microbatches in flight, times (1 + (p-1)/(p·v)) with the
-interleaved schedule; the first stage also the embedding's dropout mask (if any) for p microbatches and
+Microbatches in flight follow the schedule (:meth:`Layout.in_flight`): GPipe holds all m, 1F1B stage i
+min(p - i, m), Megatron's interleaved schedule 2(p - i - 1) + (v - 1)·N + 1 chunks of 1/v of the stage (p + (p-1)/v
+stages' worth on the first for N = p: Narayanan's 1 + (p-1)/(p·v) factor); the first stage also the embedding's dropout mask (if any) for p microbatches and
 the last stage the fp32 logits (4·s·b·V/t) of one.
 """
 
@@ -129,14 +130,13 @@ def stage_activations(model: ModelShape, c: Layout, which: list | None = None) -
     """Activation bytes of one device on each pipeline stage (or on the stages ``which``)."""
     if model.bare:
         return [0.0]
-    m, p = c.microbatches, c.pp
+    p = c.pp
     per_layer = activation_bytes_per_layer(model, c)
-    interleave = 1 + (p - 1) / (p * c.interleave) if c.interleave > 1 else 1.0
     s, b, h = model.seq / c.cp, c.micro_batch_size, model.hidden
     out = []
     stages = c.stage_layers(model.layers)
     for i in (range(len(stages)) if which is None else which):
-        act = per_layer * stages[i] * min(p - i, max(m, 1)) * interleave
+        act = per_layer * stages[i] * c.in_flight(i)
         if i == 0 and model.dropout:
             act += s * b * h * p / c.tp                  # embedding dropout mask, p microbatches
         if i == len(stages) - 1:
