@@ -197,8 +197,8 @@ def test_validation_trains_layouts_and_predicts_them_from_the_profile():
 
 def test_measured_overlap_decides_how_much_of_the_dp_reduction_is_exposed(two_nodes):
     """The profile's overlap (a ring all-reduce on a thread beside GEMMs, measured) enters the planner where the
-    presets assume a GPU's: at 0 the whole gradient reduction is exposed, at 1 up to 2/3 of a microbatch hides
-    it (Megatron's overlap_grad_reduce behind the last backward)."""
+    presets assume a GPU's: at 0 the whole gradient reduction is exposed, bucket by bucket; at 1 each layer's
+    backward hides a bucket (Megatron's overlap_grad_reduce) and only the last ones are exposed."""
     prof = json.loads(two_nodes[80.0].read_text())
     ov = prof["compute"]["busy"]["overlap"]
     assert 0 <= ov["overlap"] <= 1 and ov["both_s"] > 0 and prof["hardware"]["overlap"] == ov["overlap"]
@@ -209,8 +209,10 @@ def test_measured_overlap_decides_how_much_of_the_dp_reduction_is_exposed(two_no
     none = step_time(model, lay, dataclasses.replace(hw, overlap=0.0))
     full = step_time(model, lay, dataclasses.replace(hw, overlap=1.0))
     plain = step_time(model, dataclasses.replace(lay, dp_overlap=False), hw)
-    assert none["comm_s"]["data_parallel"] == plain["comm_s"]["data_parallel"]       # nothing hidden
+    assert none["comm_hidden_s"] == 0 and plain["comm_hidden_s"] == 0                # nothing hidden
+    assert none["comm_s"]["data_parallel"] >= plain["comm_s"]["data_parallel"]      # a bucket a layer: more α
     assert full["comm_s"]["data_parallel"] < none["comm_s"]["data_parallel"]
+    assert hw.comm_slowdown == 0 and full["overlap_slowdown_s"] == 0       # the local fabric's collectives: threads
 
 
 def test_the_planner_prices_the_tp_collectives_the_trainer_sends():

@@ -361,10 +361,35 @@ def test_zero3_moves_three_model_copies_per_microbatch():
     assert st["comm_s"]["data_parallel"] == pytest.approx(4 * rs)
     st1 = timing.step_time(m, replace(c, zero=1), hw)
     assert (st1["comm_s"]["zero3_gather"], st1["comm_s"]["data_parallel"]) == (0.0, pytest.approx(rs + ag))
-    # overlapped, they hide behind the compute they fit under
+    # overlapped, layer by layer: per microbatch the first gather and the last reduce-scatter are exposed, and
+    # a layer whose gather (and, in the backward, gather + reduce-scatter) outlasts its compute the difference
     over = timing.step_time(m, replace(c, dp_overlap=True), hw)
-    assert over["comm_s"]["zero3_gather"] + over["comm_s"]["data_parallel"] == pytest.approx(
-        max(0.0, 4 * (2 * ag + rs) - st["compute_s"]))
+    lc = timing.layer_costs(m, c, hw)
+    f, b = lc["matmul_fwd"] + lc["elementwise_fwd"], lc["matmul_bwd"] + lc["elementwise_bwd"]
+    g, r, L = ag / m.layers, rs / m.layers, m.layers
+    per_mb = g + r + (L - 1) * (max(0.0, g - f) + max(0.0, g + r - b))
+    assert over["comm_s"]["zero3_gather"] + over["comm_s"]["data_parallel"] == pytest.approx(4 * per_mb)
+    assert over["comm_hidden_s"] == pytest.approx(4 * (2 * ag + rs) - 4 * per_mb)
+    assert over["overlap_slowdown_s"] == pytest.approx(hw.comm_slowdown * over["comm_hidden_s"])
+    assert hw.comm_slowdown == 0.189                       # Lee et al. 2025's mean GEMM slowdown beside NCCL
+
+
+def test_bucketed_overlap_exposes_the_last_bucket_and_what_outlasts_a_layer():
+    """DDP's / Megatron's overlap_grad_reduce: n buckets launched one per layer of compute c, run in order --
+    the stream ends one bucket after the compute when a bucket is shorter, (n - 1)(bucket - c) later when not;
+    with one microbatch per step there is one backward to hide behind, with many the same last backward."""
+    assert timing.bucketed(1.0, 10, 2.0) == 1.0
+    assert timing.bucketed(3.0, 10, 2.0) == 3.0 + 9 * 1.0
+    assert timing.bucketed(1.0, 10, 2.0, overlap=0.25) == 1.0 + 9 * 0.5
+    assert timing.bucketed(1.0, 0, 2.0) == 0.0
+    hw, m = HW["h100-80g"], PRESETS["llama-3-8b"]
+    c = Layout(dp=64, micro_batch_size=1, global_batch=64, zero=1, dp_overlap=True)
+    one = timing.step_time(m, c, hw)
+    gathered = timing.step_time(m, replace(c, param_gather_overlap=True), hw)
+    # the distributed optimizer's all-gather follows the step unless --overlap-param-gather hides it
+    assert gathered["comm_s"]["data_parallel"] < one["comm_s"]["data_parallel"]
+    assert one["comm_s"]["data_parallel"] > timing.collective_time(hw, "allgather", 64, 1,
+                                                                   2 * params_on_device(m, c))
 
 
 def test_matmul_efficiency_is_carried_by_the_measured_ceiling():

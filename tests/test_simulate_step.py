@@ -100,7 +100,7 @@ def test_simulate_step_cli_json_and_trace(tmp_path, capsys):
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["ranks"] == 512 and out["events"] > 0 and out["sim_wall_s"] > 0
-    assert set(out["breakdown_s"]) == {"compute", "tp", "pp", "dp", "bubble", "optimizer"}
+    assert set(out["breakdown_s"]) == {"compute", "tp", "pp", "dp", "bubble", "optimizer", "slowdown"}
     assert sum(out["breakdown_s"].values()) == pytest.approx(out["step_time_s"])
     assert out["bytes_by_link_class"]["nic"] > 0 and out["bytes_by_link_class"]["nvlink"] > 0
     events = json.loads(trace.read_text())["traceEvents"]
@@ -140,3 +140,20 @@ def test_where_ranks_share_cores_the_simulated_bubble_is_lent_as_the_planner_len
         assert out["step_time_s"] == pytest.approx(out["planner_step_time_s"], rel=0.1)
         assert out["breakdown_s"]["bubble"] <= simulate_config(model, lay, HARDWARE["a100-80g"], "1f1b")[
             "breakdown_s"]["bubble"] + 1e-12
+
+
+@pytest.mark.parametrize("name,t,p,gpus,gbs,mbs,vp", [("gpt3-175b", 4, 8, 128, 256, 1, 6),
+                                                      ("llama-2-7b", 1, 1, 8, 128, 1, 1),
+                                                      ("llama-2-70b", 4, 4, 64, 128, 1, 20)])
+def test_overlapped_buckets_agree_with_the_planners_closed_form_within_five_percent(name, t, p, gpus, gbs, mbs, vp):
+    """NeMo's published layouts (the validation set's; distributed optimizer, overlap_grad_reduce and
+    overlap_param_gather): the simulator plays a gradient bucket per layer behind the last backward, the
+    embedding's after it, the parameter gather behind the next forward, and slows the compute beside them by
+    the hardware's comm_slowdown -- within 5% of the planner's closed form (timing.bucketed)."""
+    hw = HARDWARE["h100-80g"]
+    model = MODELS[name]
+    c = Layout(tp=t, pp=p, dp=gpus // (t * p), micro_batch_size=mbs, global_batch=gbs, interleave=vp, zero=1,
+               sequence_parallel=t > 1, dp_overlap=True, param_gather_overlap=True)
+    out = simulate_config(model, c, hw)
+    assert abs(out["step_time_s"] / out["planner_step_time_s"] - 1) < 0.05, out["step_time_s"]
+    assert out["breakdown_s"]["slowdown"] > 0 and out["planner_breakdown_s"]["slowdown"] > 0

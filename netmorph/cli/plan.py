@@ -98,6 +98,9 @@ def add_split_args(p, bare: bool = True) -> None:
                    help="overlap the gradient reduction (and FSDP's gathers) with compute")
     c.add_argument("--tp-overlap", action="store_true", default=None,
                    help="Megatron --tp-comm-overlap: TP collectives pipelined with the GEMMs")
+    c.add_argument("--param-gather-overlap", action="store_true", default=None,
+                   help="Megatron --overlap-param-gather: the distributed optimizer's all-gather behind the next "
+                        "forward (with --dp-overlap)")
     c.add_argument("--pp-overlap", action="store_true", default=None,
                    help="Megatron --overlap-p2p-communication: pipeline sends behind compute")
     c.add_argument("--param-bytes", type=int, default=2, help="bytes per weight (default 2)")
@@ -210,6 +213,7 @@ def config_from(args):
                   global_batch=gb, micro_batch_size=mb,
                   sequence_parallel=bool(args.sequence_parallel), recompute=args.recompute or "none",
                   dp_overlap=bool(args.dp_overlap), tp_overlap=bool(args.tp_overlap), pp_overlap=bool(args.pp_overlap),
+                  param_gather_overlap=bool(getattr(args, "param_gather_overlap", None)),
                   precision=args.precision or "bf16", param_bytes=args.param_bytes, grad_bytes=args.grad_bytes,
                   optimizer_bytes=args.optimizer_bytes, first_stage_layers=args.first_stage_layers or 0,
                   last_stage_layers=args.last_stage_layers or 0, schedule=getattr(args, "schedule", None) or "",
@@ -252,7 +256,8 @@ def _estimate(args, model, hw) -> int:
     print(f"step time          {e['step_time_s']:.3f} s = matmul {e['matmul_s']:.3f} + elementwise "
           f"{e['elementwise_s']:.3f} + bubble {e['bubble_s']:.3f} + TP {cm['tensor_parallel']:.3f}{extra} + PP "
           f"{cm['pipeline_p2p']:.3f} + DP {cm['data_parallel']:.3f} + ZeRO-3 {cm['zero3_gather']:.3f} + optimizer "
-          f"{e['optimizer_s']:.3f}")
+          f"{e['optimizer_s']:.3f}" + (f" + compute slowed beside comm {e['overlap_slowdown_s']:.3f}"
+                                      if e["overlap_slowdown_s"] else ""))
     fp8 = (f" of the 16-bit peak ({100 * e['mfu'] * hw.peak_flops / hw.fp8_flops:.1f}% of FP8's)"
            if c.precision == "fp8" else "")
     print(f"throughput         {e['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU {100 * e['mfu']:.1f}%{fp8}, "

@@ -96,8 +96,10 @@ def run(args) -> int:
     print(f"{'step time (s)':<22} {out['step_time_s']:>10.3f} {out['planner_step_time_s']:>10.3f}   "
           f"({100 * diff:+.1f}%)")
     for k, label in (("compute", "compute"), ("tp", "TP all-reduces"), ("pp", "PP transfers"),
-                     ("dp", "DP exposed"), ("bubble", "bubble"), ("optimizer", "optimizer")):
-        print(f"  {label:<20} {b[k]:>10.3f} {pb[k]:>10.3f}")
+                     ("dp", "DP exposed"), ("bubble", "bubble"), ("optimizer", "optimizer"),
+                     ("slowdown", "slowed beside comm")):
+        if k != "slowdown" or b[k] or pb[k]:
+            print(f"  {label:<20} {b[k]:>10.3f} {pb[k]:>10.3f}")
     print(f"bytes sent by link class: NVLink {out['bytes_by_link_class']['nvlink'] / 1e12:,.2f} TB, NIC "
           f"{out['bytes_by_link_class']['nic'] / 1e12:,.2f} TB (all ranks)")
     print("# simulated breakdown: the rank that finishes last (its waits for input beyond the transfer are the "

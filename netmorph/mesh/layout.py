@@ -73,6 +73,8 @@ class Layout:
     recompute: str = "none"        # none | selective | full
     # how it overlaps and in which precision (the planner prices them; the trainer runs dp_overlap)
     dp_overlap: bool = False       # the gradient reduction overlaps the backward (DDP's buckets)
+    param_gather_overlap: bool = False     # Megatron's --overlap-param-gather: the distributed optimizer's
+                                           # parameter all-gather hides behind the next forward, bucket by bucket
     tp_overlap: bool = False       # Megatron --tp-comm-overlap: TP collectives pipelined with the GEMMs
     pp_overlap: bool = False       # Megatron --overlap-p2p-communication
     precision: str = "bf16"        # bf16 | fp8 (Transformer Engine: FP8 matmuls, fp32 master weights)

@@ -78,6 +78,9 @@ class Hardware:
                                        # Adam's one pass; measured by netmorph calibrate on the trainer's Adam)
     core_sharing: float = 1.0      # how many times slower a rank computes while every rank of its node does
                                    # than alone (1: a device per rank; measured where ranks share cores)
+    comm_slowdown: float = 0.0     # how much slower compute runs while a collective runs beside it (NCCL's kernels
+                                   # take SMs and HBM bandwidth); 0: not at all (a rank's collectives on a thread
+                                   # of their own, as netmorph's local fabric runs them)
     compute_scale: float = 1.0     # a real layer's measured compute over what the fields above predict for it
                                    # (1: a device per rank; measured by netmorph calibrate on a reference
                                    # layer where ranks share cores and caches and meet at every microbatch)
@@ -109,7 +112,13 @@ def carried_efficiency(part: str, fp8: bool = False) -> float:
     return round(CALIBRATED_EFFICIENCY * ((mamf8 / peak8) if fp8 else (mamf / peak)) / a100, 4)
 
 
-PRESETS = {h.name: h for h in [
+# a GEMM's slowdown while a collective runs beside it on the same GPU: 18.9% on average over GPT and Llama
+# layers on 4 A100s, H100s, MI250s and MI210s (Lee et al. 2025, "Characterizing Compute-Communication Overlap in
+# GPU-Accelerated Distributed Deep Learning", arXiv 2507.03114; at most 40%) -- the GPU presets' default, until
+# `netmorph calibrate` measures it on the hardware at hand (a sourced figure, not fitted on any run here)
+OVERLAP_SLOWDOWN = 0.189
+
+PRESETS = {h.name: replace(h, comm_slowdown=OVERLAP_SLOWDOWN) for h in [
     Hardware("v100-32g", 125e12, 32 * GiB, 900e9, 16, 150e9, 12.5e9, gemm_efficiency=CALIBRATED_EFFICIENCY,
              description="DGX-2: 16 V100-32GB on NVSwitch (300 GB/s bidirectional per GPU), 8 x 100 Gb/s EDR per node"),
     Hardware("a100-40g", 312e12, 40 * GiB, 1555e9, 8, 300e9, 25e9, gemm_efficiency=carried_efficiency("a100"),
@@ -183,6 +192,7 @@ _RULES = (
     (("elementwise_passes",), lambda v: 0 <= v <= 1e3, "a number in 0..1000"),
     (("gemm_efficiency", "attention_efficiency"), lambda v: 0 < v <= 1, "a number in (0, 1]"),
     (("overlap",), lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+    (("comm_slowdown",), lambda v: 0 <= v <= 10, "a number in [0, 10] (0: compute unslowed beside a collective)"),
     (("compute_scale",), lambda v: 0 < v <= 100, "a number in (0, 100]"),
     (("core_sharing",), lambda v: 1 <= v <= 1e4, "a number in 1..10000 (1: a device per rank)"),
     (("optimizer_bandwidth",), lambda v: 0 <= v <= 1e15, "a number of B/s in 0..1e15 (0: hbm_bandwidth)"),

@@ -261,17 +261,13 @@ def step_time(model: ModelShape, c: Layout, hw: Hardware) -> dict:
         # FSDP FULL_SHARD / DeepSpeed stage 3 keep no unsharded gradient to accumulate into, so every
         # microbatch's backward reduce-scatters its gradients
         dp_comm *= m
-    if c.dp_overlap and gather:
-        # FSDP: the weight gathers before each microbatch's forward and backward and the gradient
-        # reduce-scatters all run on the one NCCL stream behind the same compute; what the compute
-        # does not cover is exposed (reported as ZeRO-3 first, the rest as data parallel)
-        exposed = max(0.0, m * gather + dp_comm - hw.overlap * m * (gemm + elementwise))
-        zero3 = min(exposed, m * gather)
-        dp_exposed = exposed - zero3
+    hidden = 0.0
+    if c.dp_overlap and c.dp * c.cp > 1:
+        dp_exposed, zero3, hidden = _overlapped(model, c, hw, dp_comm, gather)
     else:
-        # the gradient reduction overlaps the last microbatch's backward (2/3 of it) with --dp-overlap
-        dp_exposed = max(0.0, dp_comm - hw.overlap * (2 / 3) * per_mb) if c.dp_overlap else dp_comm
-        zero3 = m * gather
+        dp_exposed, zero3 = dp_comm, m * gather
+    # what ran beside compute slowed it (NCCL's kernels take SMs and HBM bandwidth): Hardware.comm_slowdown
+    slowdown = hw.comm_slowdown * hidden
     sp_grads = 0.0
     if c.sequence_parallel and c.tp > 1:
         # Megatron's _allreduce_layernorm_grads: under SP every TP rank holds the norms (and the row-parallel
@@ -279,9 +275,9 @@ def step_time(model: ModelShape, c: Layout, hw: Hardware) -> dict:
         held = max(_stage_layers(model.layers, p, c.first_stage_layers, c.last_stage_layers))
         n = held * (2 * model.norm_params() + (2 * model.hidden if model.bias else 0))
         sp_grads = collective_time(hw, "allreduce", c.tp, 1, n * c.grad_bytes)
-    total = pipeline + dp_exposed + zero3 + optimizer + sp_grads
+    total = pipeline + dp_exposed + zero3 + optimizer + sp_grads + slowdown
     return {
-        "step_time_s": total, "bubble_fraction": bubble,
+        "step_time_s": total, "bubble_fraction": bubble, "overlap_slowdown_s": slowdown, "comm_hidden_s": hidden,
         # the parts add up: matmul + elementwise + TP + CP + MoE + PP (m microbatches) + bubble + the rest
         "compute_s": m * (gemm + elementwise), "matmul_s": m * gemm, "elementwise_s": m * elementwise,
         "bubble_s": pipeline - m * per_mb,
@@ -289,6 +285,55 @@ def step_time(model: ModelShape, c: Layout, hw: Hardware) -> dict:
                    "pipeline_p2p": m * pp_comm, "data_parallel": dp_exposed, "zero3_gather": zero3},
         "optimizer_s": optimizer,
     }
+
+
+def bucketed(bucket: float, n: int, compute: float, overlap: float = 1.0) -> float:
+    """Seconds that ``n`` equal buckets of ``bucket`` seconds leave exposed when one is launched as each of ``n``
+    layers of ``compute`` seconds finishes and they run in order on their own stream (DDP's and Megatron's
+    ``overlap_grad_reduce`` buckets; FSDP's prefetched gathers): the stream ends one bucket after the compute
+    while a bucket is shorter than a layer (the last bucket is always exposed), else (n - 1)(bucket - compute)
+    later; ``overlap`` is the share of a layer a bucket can hide behind."""
+    if n <= 0 or bucket <= 0:
+        return 0.0
+    return bucket + (n - 1) * max(0.0, bucket - overlap * compute)
+
+
+def _overlapped(model: ModelShape, c: Layout, hw: Hardware, dp_comm: float, gather: float) -> tuple:
+    """(data-parallel seconds exposed, ZeRO-3 gather seconds exposed, seconds that ran beside compute) with
+    ``dp_overlap``, from the mechanics rather than a flag: the buckets of :func:`bucketed`, one a layer of the
+    most loaded stage.
+
+    - DDP / Megatron (ZeRO 0-2): each layer's gradient bucket is launched as the last microbatch's backward
+      finishes it; the embedding's bucket comes after the last layer and is exposed; the distributed
+      optimizer's parameter all-gather follows the step, exposed unless ``param_gather_overlap`` (Megatron's
+      --overlap-param-gather) launches it bucket by bucket behind the next forward.
+    - FSDP (ZeRO-3): every microbatch gathers each layer's weights one layer ahead of its forward and of its
+      backward, and reduce-scatters each layer's gradients one layer behind its backward; per microbatch the
+      first gather and the last reduce-scatter are exposed, and a layer whose gather (and reduce-scatter)
+      outlasts its compute exposes the difference. With one microbatch there is one backward to hide behind."""
+    lc = _layer_costs(model, hw, c.tp, c.cp, c.ep, c.micro_batch_size, c.recompute, c.sequence_parallel,
+                      c.precision, c.activation_bytes)
+    layers = max(_stage_layers(model.layers, c.pp, c.first_stage_layers, c.last_stage_layers))
+    tp_ar = collective_time(hw, "allreduce", c.tp, 1, lc["activation_bytes"]) if c.tp > 1 else 0.0
+    fwd = lc["matmul_fwd"] + lc["elementwise_fwd"] + lc["tp_per_fwd"] * tp_ar
+    bwd = lc["matmul_bwd"] + lc["elementwise_bwd"] + lc["tp_per_bwd"] * tp_ar
+    o, m, group, t = hw.overlap, c.microbatches, c.dp * c.cp, c.tp
+    if gather:
+        g, r = gather / 2 / layers, dp_comm / m / layers
+        per_mb = g + r + (layers - 1) * (max(0.0, g - o * fwd) + max(0.0, g + r - o * bwd))
+        exposed = min(m * per_mb, m * gather + dp_comm)
+        zero3 = min(exposed, m * gather)
+        return exposed - zero3, zero3, m * gather + dp_comm - exposed
+    op = "allreduce" if c.zero == 0 else "reduce_scatter"
+    bucket = collective_time(hw, op, group, t, c.grad_bytes * model.layer_params() / t)
+    embedding = collective_time(hw, op, group, t, c.grad_bytes * model.embedding_params() / t)
+    grads = bucketed(bucket, layers, bwd, o) + embedding
+    params = 0.0
+    if c.zero:
+        n = params_on_device(model, c)
+        params = collective_time(hw, "allgather", group, t, c.param_bytes * n)
+    shown = grads + (bucketed(params / layers, layers, fwd, o) if c.param_gather_overlap else params)
+    return shown, 0.0, max(0.0, layers * bucket + embedding + params - shown)
 
 
 @lru_cache(maxsize=65536)

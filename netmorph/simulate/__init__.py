@@ -8,7 +8,8 @@ import time
 from netmorph.errors import UsageError
 from netmorph.planner.memory import params_on_device
 from netmorph.planner.search import check, estimate
-from netmorph.planner.timing import collective_time, layer_costs, optimizer_time, tp_head_bytes, tp_head_costs
+from netmorph.planner.timing import (bucketed, collective_time, layer_costs, optimizer_time, tp_head_bytes,
+                                     tp_head_costs)
 from netmorph.simulate.step import Costs, StepResult, simulate_step
 
 __all__ = ["Costs", "StepResult", "costs_for", "lend_bubble", "simulate_config", "simulate_step"]
@@ -23,12 +24,16 @@ def costs_for(model, c, hw) -> Costs:
     layer_grads = model.layer_params() / t * c.grad_bytes
     emb_grads = model.embedding_params() / t * c.grad_bytes
     n = params_on_device(model, c)
+    after_exposed = -1.0
     if c.zero == 0:
         op, after = "allreduce", 0.0
         ring = 2 * (d - 1) / d
     else:
         op, ring = "reduce_scatter", (d - 1) / d
         after = collective_time(hw, "allgather", d, t, c.param_bytes * n)
+        if c.param_gather_overlap and c.dp_overlap:
+            layers = model.layers // c.pp
+            after_exposed = bucketed(after / layers, layers, lc["matmul_fwd"] + lc["elementwise_fwd"], hw.overlap)
     return Costs(
         fwd_layer=lc["matmul_fwd"] + lc["elementwise_fwd"], bwd_layer=lc["matmul_bwd"] + lc["elementwise_bwd"],
         fwd_logits=lc["logits_fwd"], bwd_logits=2 * lc["logits_fwd"],
@@ -39,7 +44,8 @@ def costs_for(model, c, hw) -> Costs:
         tp_head_bytes=tp_head_bytes(model, t, act, c.activation_bytes, c.sequence_parallel),
         p2p_bytes=act / t,
         dp_layer=collective_time(hw, op, d, t, layer_grads), dp_embedding=collective_time(hw, op, d, t, emb_grads),
-        dp_after=after, dp_overlap=c.dp_overlap, optimizer=optimizer_time(n, c, hw),
+        dp_after=after, dp_after_exposed=after_exposed, dp_overlap=c.dp_overlap, optimizer=optimizer_time(n, c, hw),
+        comm_slowdown=hw.comm_slowdown if c.dp_overlap else 0.0,
         alpha_intra=hw.alpha_intra, alpha_inter=hw.alpha_inter, bw_intra=hw.nvlink_bandwidth,
         bw_inter=hw.nic_bandwidth, gpus_per_node=hw.gpus_per_node,
         tp_bytes_sent=2 * (t - 1) / t * act, dp_bytes_layer=ring * layer_grads, dp_bytes_embedding=ring * emb_grads,
@@ -79,5 +85,5 @@ def simulate_config(model, c, hw, schedule_name: str | None = None, trace_ranks=
             "planner_breakdown_s": {"compute": plan["compute_s"], "tp": plan["comm_s"]["tensor_parallel"],
                                     "pp": plan["comm_s"]["pipeline_p2p"],
                                     "dp": plan["comm_s"]["data_parallel"], "bubble": plan["bubble_s"],
-                                    "optimizer": plan["optimizer_s"]},
+                                    "optimizer": plan["optimizer_s"], "slowdown": plan["overlap_slowdown_s"]},
             "events": res.events, "sim_wall_s": wall, "fits": plan["fits"], "spans": res.spans}

@@ -63,7 +63,10 @@ class Costs:
     dp_layer: float = 0.0            # one layer's gradient reduction on the DP group
     dp_embedding: float = 0.0        # the embedding's, on the first and the last stage
     dp_after: float = 0.0            # after the optimizer: ZeRO-1/2's all-gather of the weights
+    dp_after_exposed: float = -1.0   # what of it the next forward does not hide (--overlap-param-gather, by the
+                                     # planner's bucket mechanics: the next step is not played); < 0: all of it
     dp_overlap: bool = False
+    comm_slowdown: float = 0.0       # compute slows by this share of the DP time that ran beside it
     optimizer: float = 0.0
     alpha_intra: float = 0.0
     alpha_inter: float = 0.0
@@ -111,7 +114,7 @@ def simulate_step(tp: int, pp: int, dp: int, microbatches: int, layers: int, cos
     free = [np.zeros(shape) for _ in range(pp)]
     nic = [np.zeros(shape) for _ in range(pp)]           # the pipeline send port: free from then on
     dpq = [np.zeros(shape) for _ in range(pp)]           # the DP stream: when its last bucket finishes
-    acc = {k: [np.zeros(shape) for _ in range(pp)] for k in ("compute", "tp", "pp")}
+    acc = {k: [np.zeros(shape) for _ in range(pp)] for k in ("compute", "tp", "pp", "dp")}
     inbox: dict = {}
     nvlink = nic_bytes = 0.0
     events = 0
@@ -179,6 +182,7 @@ def simulate_step(tp: int, pp: int, dp: int, microbatches: int, layers: int, cos
         events += t_ready.size
         start = np.maximum(t_ready, dpq[r])               # buckets in order, on their own communicator
         dpq[r] = start + seconds
+        acc["dp"][r] += seconds
         _count_dp(nbytes * t_ready.size)
         record(r, "dp bucket", "dp", start, dpq[r])
 
@@ -242,7 +246,7 @@ def simulate_step(tp: int, pp: int, dp: int, microbatches: int, layers: int, cos
             raise RuntimeError("the pipeline schedule deadlocks: no stage can run its next slot")
 
     finish = np.empty((pp, dp, tp))
-    parts = {}
+    parts, slowdown = {}, {}
     for r in range(pp):
         end = free[r]
         if not costs.dp_overlap:
@@ -253,6 +257,7 @@ def simulate_step(tp: int, pp: int, dp: int, microbatches: int, layers: int, cos
             dp_bucket(r, np.maximum(end, dpq[r]), costs.dp_embedding, costs.dp_bytes_embedding)
         t = np.maximum(end, dpq[r])
         dp_exposed = t - end
+        hidden = acc["dp"][r] - dp_exposed             # bucket time that ran beside the backward
         t_opt = t + costs.optimizer
         record(r, "optimizer", "compute", t, t_opt)
         events += t.size
@@ -260,16 +265,23 @@ def simulate_step(tp: int, pp: int, dp: int, microbatches: int, layers: int, cos
         if costs.dp_after > 0 and dp > 1:
             events += t.size
             _count_dp(costs.dp_bytes_after * t.size)
-            record(r, "zero all-gather", "dp", t, t + costs.dp_after)
-            dp_exposed = dp_exposed + costs.dp_after
-            t = t + costs.dp_after
+            after = costs.dp_after if costs.dp_after_exposed < 0 else costs.dp_after_exposed
+            record(r, "zero all-gather", "dp", t, t + after)
+            dp_exposed = dp_exposed + after
+            hidden = hidden + costs.dp_after - after
+            t = t + after
+        slowed = costs.comm_slowdown * hidden
+        if costs.comm_slowdown:
+            record(r, "compute slowed beside comm", "compute", t, t + slowed)
+        t = t + slowed
+        slowdown[r] = slowed
         finish[r] = t
         parts[r] = dp_exposed
     r, a, b = np.unravel_index(int(np.argmax(finish)), finish.shape)
     busy = {k: float(acc[k][r][a, b]) for k in acc}
     step = float(finish[r, a, b])
     breakdown = {"compute": busy["compute"], "tp": busy["tp"], "pp": busy["pp"],
-                 "dp": float(parts[r][a, b]), "optimizer": costs.optimizer}
+                 "dp": float(parts[r][a, b]), "optimizer": costs.optimizer, "slowdown": float(slowdown[r][a, b])}
     breakdown["bubble"] = step - sum(breakdown.values())          # waiting for the pipeline: the rest
     return StepResult(step, finish, breakdown, {"nvlink": nvlink, "nic": nic_bytes}, events, tp * pp * dp, spans)
 
