@@ -440,3 +440,22 @@ def test_a_larger_microbatch_group_holds_more_in_flight():
     assert not grouped.check()
     assert [grouped.in_flight(i) * 2 for i in range(4)] == [2 * (4 - i - 1) + 5 + 1 for i in range(4)]
     assert "at least pp" in replace(base, microbatch_group=2, global_batch=8).check()[0].text
+
+
+def test_buckets_of_a_size_and_the_trainers_overlap_rule():
+    """DDP's bucket_cap_mb (netmorph train's --bucket-mb): the gradients fill ceil(bytes / size) buckets, each
+    hiding behind its share of the backward; the twin prices the trainer's layout with the trainer's buckets and
+    overlaps them only where the trainer does (no tp, no pp)."""
+    from netmorph.calibrate.validate import planner_layout
+    hw, m = HW["a100-80g"], PRESETS["mpt-7b"]
+    c = Layout(dp=16, micro_batch_size=2, global_batch=64, zero=0, dp_overlap=True, dp_bucket_mb=25.0)
+    total = c.grad_bytes * params_on_device(m, c)
+    n = -(-int(total) // (25 * 2 ** 20))
+    bucket = timing.collective_time(hw, "allreduce", 16, 1, total / n)
+    lc = timing.layer_costs(m, c, hw)
+    per = (lc["matmul_bwd"] + lc["elementwise_bwd"]) * m.layers / n
+    assert timing.step_time(m, c, hw)["comm_s"]["data_parallel"] == pytest.approx(timing.bucketed(bucket, n, per))
+    small = ModelShape(layers=2, hidden=96, heads=4, seq=48, vocab=128)
+    assert planner_layout(Layout(dp=4, global_batch=8), "float32", small).dp_overlap
+    assert planner_layout(Layout(dp=4, global_batch=8), "float32", small).dp_bucket_mb == 1.0
+    assert not planner_layout(Layout(tp=2, dp=2, global_batch=8), "float32", small).dp_overlap

@@ -20,7 +20,7 @@ from netmorph.calibrate.compute import ITEMSIZE
 from netmorph.calibrate.run import calibrate
 from netmorph.mesh.layout import Layout
 from netmorph.mesh.shape import ModelShape
-from netmorph.parallel.hybrid import TrainConfig
+from netmorph.parallel.hybrid import TrainConfig, overlaps_dp
 from netmorph.parallel.run import train
 from netmorph.planner.hardware import hardware_from
 from netmorph.planner.timing import step_time
@@ -92,11 +92,14 @@ def layouts(model: ModelShape, world: int, microbatches: int = 4, micro_batch_si
     return out
 
 
-def planner_layout(layout: Layout, dtype: str) -> Layout:
+def planner_layout(layout: Layout, dtype: str, model: ModelShape | None = None) -> Layout:
     """The trainer's layout as the planner prices it: every byte width its dtype's (no mixed precision), the
-    gradient buckets overlapped with the backward (the trainer's default)."""
+    gradient buckets of the trainer's size (TrainConfig.bucket_mb), overlapped with the backward where the
+    trainer overlaps them (:func:`~netmorph.parallel.hybrid.overlaps_dp`)."""
     b = ITEMSIZE[dtype]
-    return replace(layout, param_bytes=b, grad_bytes=b, optimizer_bytes=2 * b, activation_bytes=b, dp_overlap=True)
+    overlap = overlaps_dp(replace(layout, dp_overlap=True), model or ModelShape())
+    return replace(layout, param_bytes=b, grad_bytes=b, optimizer_bytes=2 * b, activation_bytes=b,
+                   dp_overlap=overlap, dp_bucket_mb=TrainConfig.bucket_mb)
 
 
 def measure(model: ModelShape, layout: Layout, steps: int, dtype: str, timeout: float) -> tuple[float, dict]:
@@ -129,7 +132,7 @@ def validate(world: int, models=("small", "medium"), steps: int = 8, dtype: str 
             on_run(done, len(todo) * repeats)
     rows = []
     for k, (name, lay) in enumerate(todo):
-        pred = step_time(MODELS[name], planner_layout(lay, dtype), hw)
+        pred = step_time(MODELS[name], planner_layout(lay, dtype, MODELS[name]), hw)
         parts = {"compute": pred["compute_s"], "bubble": pred["bubble_s"], "optimizer": pred["optimizer_s"],
                  **{k: v for k, v in pred["comm_s"].items() if v}}
         # the model's slots: m microbatches of the busiest stage's compute and TP collectives

@@ -75,6 +75,8 @@ class Layout:
     dp_overlap: bool = False       # the gradient reduction overlaps the backward (DDP's buckets)
     param_gather_overlap: bool = False     # Megatron's --overlap-param-gather: the distributed optimizer's
                                            # parameter all-gather hides behind the next forward, bucket by bucket
+    dp_bucket_mb: float = 0.0      # gradient bucket size (DDP's bucket_cap_mb, netmorph train's --bucket-mb);
+                                   # 0: a bucket per layer (Megatron at scale: 40M-parameter buckets)
     tp_overlap: bool = False       # Megatron --tp-comm-overlap: TP collectives pipelined with the GEMMs
     pp_overlap: bool = False       # Megatron --overlap-p2p-communication
     precision: str = "bf16"        # bf16 | fp8 (Transformer Engine: FP8 matmuls, fp32 master weights)

@@ -152,6 +152,12 @@ def build_chunks(comm, cfg: TrainConfig, lay: RankGroups):
     return chunks, tp
 
 
+def overlaps_dp(layout: Layout, model: ModelShape) -> bool:
+    """The trainer overlaps its gradient buckets with the backward (DDP's hooks) only where nothing else runs
+    on the rank's communicator meanwhile: no tp, no pp, no experts; elsewhere the buckets go after it."""
+    return layout.dp_overlap and layout.tp == 1 and layout.pp == 1 and not model.experts
+
+
 def replicas(comm, cfg: TrainConfig, lay: RankGroups, chunks, device) -> list:
     """The dense parameters' :class:`Replica` over dp, and with experts the experts' over the expert
     data-parallel group, each in the placement table's order."""
@@ -160,7 +166,7 @@ def replicas(comm, cfg: TrainConfig, lay: RankGroups, chunks, device) -> list:
     params = [p for c in chunks for p in c.parameters()]
     dense = [(r.name, p) for r, p in zip(rows, params) if not r.is_expert]
     experts = [(r.name, p) for r, p in zip(rows, params) if r.is_expert]
-    overlap = split.dp_overlap and split.tp == 1 and split.pp == 1 and not cfg.model.experts
+    overlap = overlaps_dp(split, cfg.model)
     kw = dict(zero=split.zero, lr=cfg.lr, dtype=dtype, device=device, dp_mode=cfg.dp_mode,
               bucket_mb=cfg.bucket_mb)
     out = [Replica(comm, lay.dp_group, [p for _, p in dense], [n for n, _ in dense], overlap=overlap, **kw)]

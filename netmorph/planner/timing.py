@@ -325,15 +325,24 @@ def _overlapped(model: ModelShape, c: Layout, hw: Hardware, dp_comm: float, gath
         zero3 = min(exposed, m * gather)
         return exposed - zero3, zero3, m * gather + dp_comm - exposed
     op = "allreduce" if c.zero == 0 else "reduce_scatter"
-    bucket = collective_time(hw, op, group, t, c.grad_bytes * model.layer_params() / t)
-    embedding = collective_time(hw, op, group, t, c.grad_bytes * model.embedding_params() / t)
-    grads = bucketed(bucket, layers, bwd, o) + embedding
+    if c.dp_bucket_mb:
+        # buckets of a size over the flat buffer (DDP's bucket_cap_mb): as many as the gradients fill, each
+        # launched once the backward has produced it -- its share of the stage's backward
+        total = c.grad_bytes * params_on_device(model, c)
+        n = max(1, math.ceil(total / (c.dp_bucket_mb * 2 ** 20)))
+        bucket = collective_time(hw, op, group, t, total / n)
+        grads = bucketed(bucket, n, bwd * layers / n, o)
+        embedding = 0.0
+    else:
+        bucket, n = collective_time(hw, op, group, t, c.grad_bytes * model.layer_params() / t), layers
+        embedding = collective_time(hw, op, group, t, c.grad_bytes * model.embedding_params() / t)
+        grads = bucketed(bucket, layers, bwd, o) + embedding
     params = 0.0
     if c.zero:
         n = params_on_device(model, c)
         params = collective_time(hw, "allgather", group, t, c.param_bytes * n)
     shown = grads + (bucketed(params / layers, layers, fwd, o) if c.param_gather_overlap else params)
-    return shown, 0.0, max(0.0, layers * bucket + embedding + params - shown)
+    return shown, 0.0, max(0.0, n * bucket + embedding + params - shown)
 
 
 @lru_cache(maxsize=65536)
