@@ -459,3 +459,22 @@ def test_buckets_of_a_size_and_the_trainers_overlap_rule():
     assert planner_layout(Layout(dp=4, global_batch=8), "float32", small).dp_overlap
     assert planner_layout(Layout(dp=4, global_batch=8), "float32", small).dp_bucket_mb == 1.0
     assert not planner_layout(Layout(tp=2, dp=2, global_batch=8), "float32", small).dp_overlap
+
+
+def test_deepspeed_memory_term_by_term():
+    """--zero-memory deepspeed counts what DeepSpeed allocates, as its estimators do: stages 1-2 4Ψ + 16Ψ/N
+    (estimate_zero2_model_states_mem_needs without offload), stage 3 4·largest layer + 18Ψ/N
+    (estimate_zero3_model_states_mem_needs), the largest layer being the biggest module (here the embedding);
+    the paper's Table 1 stays the default."""
+    psi, n = 7.5e9, 64
+    bare = ModelShape("7.5B", 0, 0, 0, params_only=psi)
+    for zero in (1, 2):
+        ds = memory(bare, Layout(dp=n, zero=zero, grad_bytes=4, zero_memory="deepspeed"))
+        assert ds["params"] + ds["grads"] + ds["optimizer"] == pytest.approx(4 * psi + 16 * psi / n)
+    assert memory(bare, Layout(dp=n, zero=2, grad_bytes=2))["total"] == pytest.approx(2 * psi + 14 * psi / n)
+    m = PRESETS["llama-3-8b"]
+    c = Layout(dp=n, global_batch=n, zero=3, grad_bytes=4, zero_memory="deepspeed")
+    ds, paper = memory(m, c), memory(m, replace(c, zero_memory="paper"))
+    largest = m.vocab * m.hidden
+    assert ds["total"] - paper["total"] == pytest.approx(4 * largest)
+    assert ds["params"] + ds["grads"] + ds["optimizer"] == pytest.approx(4 * largest + 18 * m.params() / n)

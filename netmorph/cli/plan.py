@@ -88,6 +88,9 @@ def add_split_args(p, bare: bool = True) -> None:
     c.add_argument("--first-stage-layers", type=int, help="layers on the first pipeline stage (default: even split)")
     c.add_argument("--last-stage-layers", type=int, help="layers on the last pipeline stage (default: even split)")
     c.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage over the DP group (search: fix it)")
+    c.add_argument("--zero-memory", choices=("paper", "deepspeed"), default="paper",
+                   help="ZeRO's model states as the ZeRO paper's Table 1 counts them (default) or as DeepSpeed "
+                        "allocates them (its estimate_zero2/3_model_states_mem_needs, term by term)")
     c.add_argument("--recompute", choices=("none", "selective", "full"),
                    help="activation recomputation (Korthikanti et al.; search: fix it)")
     c.add_argument("--sequence-parallel", action="store_true", default=None,
@@ -214,6 +217,7 @@ def config_from(args):
                   sequence_parallel=bool(args.sequence_parallel), recompute=args.recompute or "none",
                   dp_overlap=bool(args.dp_overlap), tp_overlap=bool(args.tp_overlap), pp_overlap=bool(args.pp_overlap),
                   param_gather_overlap=bool(getattr(args, "param_gather_overlap", None)),
+                  zero_memory=getattr(args, "zero_memory", None) or "paper",
                   precision=args.precision or "bf16", param_bytes=args.param_bytes, grad_bytes=args.grad_bytes,
                   optimizer_bytes=args.optimizer_bytes, first_stage_layers=args.first_stage_layers or 0,
                   last_stage_layers=args.last_stage_layers or 0, schedule=getattr(args, "schedule", None) or "",
@@ -325,7 +329,9 @@ def _search(args, model, hw) -> int:
     base = Layout(dp_overlap=bool(args.dp_overlap), param_bytes=args.param_bytes, grad_bytes=args.grad_bytes,
                   optimizer_bytes=args.optimizer_bytes, first_stage_layers=args.first_stage_layers or 0,
                   last_stage_layers=args.last_stage_layers or 0, tp_overlap=bool(args.tp_overlap),
-                  pp_overlap=bool(args.pp_overlap))
+                  pp_overlap=bool(args.pp_overlap), param_gather_overlap=bool(args.param_gather_overlap),
+                  zero_memory=args.zero_memory, schedule=args.schedule or "",
+                  microbatch_group=args.microbatch_group or 0)
     fixed = {k: getattr(args, k) for k in FIXABLE if getattr(args, k) is not None}
     t0 = time.perf_counter()
     if args.top < 1:

@@ -75,6 +75,8 @@ class Layout:
     dp_overlap: bool = False       # the gradient reduction overlaps the backward (DDP's buckets)
     param_gather_overlap: bool = False     # Megatron's --overlap-param-gather: the distributed optimizer's
                                            # parameter all-gather hides behind the next forward, bucket by bucket
+    zero_memory: str = "paper"     # ZeRO's model states as Rajbhandari et al.'s Table 1 counts them ("paper") or
+                                   # as DeepSpeed allocates them ("deepspeed": its estimate_zero2/3 functions)
     dp_bucket_mb: float = 0.0      # gradient bucket size (DDP's bucket_cap_mb, netmorph train's --bucket-mb);
                                    # 0: a bucket per layer (Megatron at scale: 40M-parameter buckets)
     tp_overlap: bool = False       # Megatron --tp-comm-overlap: TP collectives pipelined with the GEMMs
@@ -264,7 +266,8 @@ def _ranges(c: Layout) -> list:
             out.append(Rejection("range", k, getattr(c, k), f"{k} must be in 1..{1 << 24:,}, got {getattr(c, k)}"))
     if c.zero not in (0, 1, 2, 3):
         out.append(Rejection("range", "zero", c.zero, f"zero must be 0, 1, 2 or 3, got {c.zero}"))
-    for k, allowed in (("recompute", RECOMPUTE), ("precision", PRECISION), ("schedule", ("",) + SCHEDULES)):
+    for k, allowed in (("recompute", RECOMPUTE), ("precision", PRECISION), ("schedule", ("",) + SCHEDULES),
+                       ("zero_memory", ("paper", "deepspeed"))):
         if getattr(c, k) not in allowed:
             out.append(Rejection("range", k, getattr(c, k), f"{k} must be one of {', '.join(allowed)}, got "
                                  f"{getattr(c, k)!r}"))

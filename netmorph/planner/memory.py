@@ -149,38 +149,61 @@ def activation_bytes(model: ModelShape, c: Layout) -> float:
     return max(stage_activations(model, c))
 
 
+def largest_module(model: ModelShape, c: Layout) -> float:
+    """The parameters of the largest single module on a device (DeepSpeed's ``largest_layer_params``: the
+    biggest ``nn.Module``'s own weights -- the word embedding or the LM head, else an MLP matrix), split by tp."""
+    if model.bare:
+        return 0.0
+    return max(model.vocab * model.hidden, model.hidden * max(model.f, model.ef)) / c.tp
+
+
 def memory_parts(model: ModelShape, c: Layout) -> list:
-    """[(dense parameters, expert parameters, activation bytes)] of the stages that can be the most loaded:
-    what :func:`memory` weighs, apart so a search can try every ZeRO stage on one computation."""
+    """[(dense parameters, expert parameters, activation bytes, largest module)] of the stages that can be the
+    most loaded: what :func:`memory` weighs, apart so a search can try every ZeRO stage on one computation."""
     which = None if model.bare else _candidates(c.stage_layers(model.layers))
-    return [(d, e, a) for (d, e), a in zip(stage_params(model, c, which), stage_activations(model, c, which))]
+    big = largest_module(model, c)
+    return [(d, e, a, big) for (d, e), a in zip(stage_params(model, c, which), stage_activations(model, c, which))]
 
 
-def _state_bytes(c: Layout, zero: int) -> tuple[tuple, tuple]:
+def _state_bytes(c: Layout, zero: int) -> tuple[tuple, tuple, float]:
     """Bytes per parameter of (weights, gradients, optimizer state) on one device under ZeRO stage ``zero``: for
-    the dense parameters (sharded over dp x cp) and for the expert parameters (over their dp x cp / ep)."""
+    the dense parameters (sharded over dp x cp) and for the expert parameters (over their dp x cp / ep); and the
+    bytes per parameter of the largest module held live.
+
+    ``zero_memory`` "paper" is Rajbhandari et al.'s Table 1 (2Ψ + 2Ψ + KΨ, each sharded from its stage on).
+    "deepspeed" is what DeepSpeed allocates, term by term as its estimators count it
+    (``estimate_zero2_model_states_mem_needs``: 4Ψ + 16Ψ/N for stages 1 and 2 -- the 16-bit weights and the
+    16-bit gradients whole, the fp32 gradient partition beside the fp32 master copy and Adam's states;
+    ``estimate_zero3_model_states_mem_needs``: 4·largest layer + 18Ψ/N -- the 16-bit weights sharded, the
+    largest module's 16-bit weights and gradients live)."""
     shard = c.dp * c.cp
     wbytes = c.param_bytes + (1 if c.precision == "fp8" else 0)
+    deepspeed = c.zero_memory == "deepspeed"
 
     def per(group):
-        return (wbytes / (group if zero >= 3 else 1), c.grad_bytes / (group if zero >= 2 else 1),
-                c.optimizer_bytes / (group if zero >= 1 else 1))
-    return per(shard), per(max(shard // c.ep, 1))
+        grads = c.grad_bytes / (group if zero >= 2 else 1)
+        if deepspeed and zero in (1, 2):
+            grads = c.param_bytes + c.grad_bytes / group        # 16-bit whole + the 32-bit partition
+        return (wbytes / (group if zero >= 3 else 1), grads, c.optimizer_bytes / (group if zero >= 1 else 1))
+    live = 2 * c.param_bytes if deepspeed and zero >= 3 else 0.0
+    return per(shard), per(max(shard // c.ep, 1)), live
 
 
 def memory_total(c: Layout, parts: list, zero: int) -> float:
     """The most loaded device's bytes under ZeRO stage ``zero``: :func:`memory`'s total, for a search's inner
     loop."""
-    dense, expert = (sum(x) for x in _state_bytes(c, zero))
-    return max(dn * dense + en * expert + act for dn, en, act in parts)
+    dense, expert, live = _state_bytes(c, zero)
+    dense, expert = sum(dense), sum(expert)
+    return max(dn * dense + en * expert + act + live * big for dn, en, act, big in parts)
 
 
 def memory(model: ModelShape, c: Layout) -> dict:
     """{"params", "grads", "optimizer", "activations", "total"} in bytes for the most loaded device."""
-    dense, expert = _state_bytes(c, c.zero)
+    dense, expert, live = _state_bytes(c, c.zero)
     best = None
-    for dn, en, act in memory_parts(model, c):
+    for dn, en, act, big in memory_parts(model, c):
         params, grads, opt = (dn * d + en * e for d, e in zip(dense, expert))
+        params, grads = params + live / 2 * big, grads + live / 2 * big       # the live layer's weights, grads
         total = params + grads + opt + act
         if best is None or total > best["total"]:
             best = {"params": params, "grads": grads, "optimizer": opt, "activations": act, "total": total}

@@ -339,8 +339,7 @@ def _overlapped(model: ModelShape, c: Layout, hw: Hardware, dp_comm: float, gath
         grads = bucketed(bucket, layers, bwd, o) + embedding
     params = 0.0
     if c.zero:
-        n = params_on_device(model, c)
-        params = collective_time(hw, "allgather", group, t, c.param_bytes * n)
+        params = collective_time(hw, "allgather", group, t, c.param_bytes * params_on_device(model, c))
     shown = grads + (bucketed(params / layers, layers, fwd, o) if c.param_gather_overlap else params)
     return shown, 0.0, max(0.0, n * bucket + embedding + params - shown)
 
