@@ -1,6 +1,7 @@
 """The planner: the papers' formulas, the search, and the CLI."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -14,6 +15,7 @@ from netmorph.mesh.shape import ModelShape
 from netmorph.planner.search import check, estimate, search
 
 A100 = HW["a100-80g"]
+H100 = HW["h100-80g"]
 
 
 @pytest.mark.parametrize("zero,want_gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.88)])
@@ -89,7 +91,6 @@ def test_rules_reject_with_reasons():
     cases = [(Layout(tp=5), "heads", "--tp", "heads"),
              (Layout(pp=97), "layers", "--pp or --first/last-stage-layers", "layers"),
              (Layout(pp=4, interleave=25, global_batch=4), "layers", "--pp or --interleave", "interleave"),
-             (Layout(pp=2, zero=2, global_batch=8), "zero-pp", "--zero or --pp", "ZeRO-2"),
              (Layout(cp=3), "cp", "--cp or --attention", "flash"),
              (Layout(tp=16), "inter-node-tp", "--tp", "inter-node"),
              (Layout(dp=3, global_batch=8), "batch", "--global-batch or --microbatch", "does not split"),
@@ -102,6 +103,23 @@ def test_rules_reject_with_reasons():
     # since Megatron-Core and DeepSpeed run them: uneven stages, ZeRO-3 (FSDP) with pp, interleave to 16
     assert check(m, Layout(pp=5), A100) is None and Layout(pp=5).stage_layers(96) == [19, 20, 19, 19, 19]
     assert check(m, Layout(pp=2, zero=3, global_batch=8), A100) is None
+    assert check(m, Layout(pp=2, zero=2, global_batch=8), A100) is None
+
+
+def test_fsdp_with_a_pipeline_is_zero1s_memory_and_traffic(capsys):
+    """ZeRO-2/3 with pp: FSDP2 under torch.distributed.pipelining (torchtitan) keeps a stage's weights gathered
+    (reshard_after_forward=False) and accumulates gradients unsharded until the last microbatch -- priced as
+    ZeRO-1, said so; netmorph's trainer (as DeepSpeed's pipeline engine) refuses it."""
+    m = PRESETS["llama-3-70b"]
+    c = Layout(tp=8, pp=4, dp=4, global_batch=64, zero=3, dp_overlap=True)
+    one = estimate(m, replace(c, zero=1), H100)
+    three = estimate(m, c, H100)
+    assert three["memory_bytes"] == one["memory_bytes"] and three["step_time_s"] == one["step_time_s"]
+    assert c.sharding == 1 and replace(c, pp=1).sharding == 3
+    assert [r.key for r in c.check(trainer=True)] == ["zero-pp"]
+    assert main(["plan", "estimate", "--model", "llama-3-70b", "--hardware", "h100-80g", "--tp", "8", "--pp", "4",
+                 "--dp", "4", "--global-batch", "64", "--zero", "3"]) == 0
+    assert "runs as FSDP under torch.distributed.pipelining" in capsys.readouterr().err
     assert check(m, Layout(pp=2, interleave=16, global_batch=8), A100) is None
 
 

@@ -111,7 +111,7 @@ def test_simulate_step_cli_json_and_trace(tmp_path, capsys):
 @pytest.mark.parametrize("argv,flag", [
     (["--model", "gpt3-175b", "--tp", "8", "--pp", "7", "--dp", "1"], "--pp"),
     (["--model", "nope", "--tp", "1"], "--model"),
-    (["--model", "gpt3-175b", "--tp", "8", "--pp", "8", "--dp", "2", "--zero", "3"], "--zero"),
+    (["--model", "gpt3-175b", "--tp", "8", "--pp", "1", "--dp", "2", "--zero", "3"], "--zero"),
     (["--model", "gpt3-175b", "--tp", "8", "--pp", "8", "--dp", "2", "--trace", "/x", "--trace-ranks", "999"],
      "--trace"),
     (["--model", "gpt3-175b", "--tp", "8", "--pp", "8", "--interleave", "2", "--schedule", "1f1b"], "--interleave"),

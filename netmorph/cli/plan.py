@@ -233,6 +233,10 @@ def _estimate(args, model, hw) -> int:
         raise UsageError(f"{why}; change {why.flag}")
     e = estimate(model, c, hw)
     print_notes(args)
+    if c.sharding != c.zero:
+        print(f"# note: ZeRO-{c.zero} with pp {c.pp} runs as FSDP under torch.distributed.pipelining "
+              "(reshard_after_forward=False, gradients reduce-scattered at the last microbatch): priced with "
+              "ZeRO-1's memory and traffic", file=sys.stderr)
     if args.json:
         json.dump(e, sys.stdout, indent=1, default=float)
         sys.stdout.write("\n")

@@ -110,6 +110,14 @@ class Layout:
         return self.schedule or ("interleaved" if self.interleave > 1 else "1f1b")
 
     @property
+    def sharding(self) -> int:
+        """The ZeRO stage memory and traffic follow: ``zero``, except that ZeRO-2/3 with a pipeline run as FSDP2
+        runs under torch.distributed.pipelining (torchtitan, Llama 3): ``reshard_after_forward=False`` keeps a
+        stage's weights gathered through its microbatches and the gradients accumulate unsharded until the last
+        backward reduce-scatters them -- ZeRO-1's memory and traffic (one gather, one reduce-scatter a step)."""
+        return 1 if self.pp > 1 and self.zero >= 2 else self.zero
+
+    @property
     def group(self) -> int:
         """The interleaved schedule's microbatch group N (pp unless set)."""
         return self.microbatch_group or self.pp
@@ -233,11 +241,10 @@ class Layout:
                                  f"a microbatch group ({self.microbatch_group}) goes with the interleaved schedule "
                                  f"and at least pp ({self.pp}) microbatches (Megatron's dependency check)"
                                  + ("; netmorph's trainer runs N = pp" if trainer else ""), "--microbatch-group"))
-        if self.pp > 1 and (self.zero == 2 or trainer and self.zero == 3):
-            out.append(Rejection("zero-pp", "zero", self.zero, f"ZeRO-{self.zero} with pipeline parallelism "
-                                 "(gradients accumulate over microbatches; ZeRO-1 and ZeRO-3/FSDP go with pp)"
-                                 if not trainer else f"ZeRO-{self.zero} with pipeline parallelism: DeepSpeed "
-                                 "supports stage 1 only", "--zero or --pp"))
+        if trainer and self.pp > 1 and self.zero >= 2:
+            out.append(Rejection("zero-pp", "zero", self.zero, f"ZeRO-{self.zero} with pipeline parallelism: "
+                                 "netmorph's trainer, as DeepSpeed's pipeline engine, runs stage 1 only",
+                                 "--zero or --pp"))
         if self.sequence_parallel and self.tp == 1:
             out.append(Rejection("sp-needs-tp", "sequence_parallel", True, "sequence parallelism needs tp > 1",
                                  "--sequence-parallel or --tp" if trainer else "--tp"))

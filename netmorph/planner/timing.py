@@ -238,7 +238,7 @@ def _loss_vector_bytes(model: ModelShape, act: float, act_bytes: int) -> float:
 def optimizer_time(n_params: float, c: Layout, hw: Hardware) -> float:
     """The optimizer step streams its shard's state once: at HBM speed (a fused Adam), or at the rate measured
     for the ranks' own optimizer (``optimizer_bandwidth``)."""
-    shard = n_params / (c.dp * c.cp if c.zero >= 1 else 1)
+    shard = n_params / (c.dp * c.cp if c.sharding >= 1 else 1)
     return shard * (2 * c.optimizer_bytes + c.grad_bytes + 2 * c.param_bytes) / (hw.optimizer_bandwidth or
                                                                                    hw.hbm_bandwidth)
 
@@ -255,7 +255,7 @@ def step_time(model: ModelShape, c: Layout, hw: Hardware) -> dict:
     # the step takes the longer of the critical path at a rank's speed alone and its m slots with every rank busy
     pipeline = max(m, slots / hw.core_sharing) * per_mb
     bubble = (p - 1) / (v * m) if m else float("inf")
-    dp_comm, gather, optimizer = _after(model, hw, c.tp, c.cp, c.pp, c.dp, c.ep, c.zero, c.first_stage_layers,
+    dp_comm, gather, optimizer = _after(model, hw, c.tp, c.cp, c.pp, c.dp, c.ep, c.sharding, c.first_stage_layers,
                                         c.last_stage_layers, c.param_bytes, c.grad_bytes, c.optimizer_bytes)
     if gather:
         # FSDP FULL_SHARD / DeepSpeed stage 3 keep no unsharded gradient to accumulate into, so every
@@ -324,7 +324,7 @@ def _overlapped(model: ModelShape, c: Layout, hw: Hardware, dp_comm: float, gath
         exposed = min(m * per_mb, m * gather + dp_comm)
         zero3 = min(exposed, m * gather)
         return exposed - zero3, zero3, m * gather + dp_comm - exposed
-    op = "allreduce" if c.zero == 0 else "reduce_scatter"
+    op = "allreduce" if c.sharding == 0 else "reduce_scatter"
     if c.dp_bucket_mb:
         # buckets of a size over the flat buffer (DDP's bucket_cap_mb): as many as the gradients fill, each
         # launched once the backward has produced it -- its share of the stage's backward
@@ -338,7 +338,7 @@ def _overlapped(model: ModelShape, c: Layout, hw: Hardware, dp_comm: float, gath
         embedding = collective_time(hw, op, group, t, c.grad_bytes * model.embedding_params() / t)
         grads = bucketed(bucket, layers, bwd, o) + embedding
     params = 0.0
-    if c.zero:
+    if c.sharding:
         params = collective_time(hw, "allgather", group, t, c.param_bytes * params_on_device(model, c))
     shown = grads + (bucketed(params / layers, layers, fwd, o) if c.param_gather_overlap else params)
     return shown, 0.0, max(0.0, n * bucket + embedding + params - shown)

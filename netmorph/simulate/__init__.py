@@ -25,7 +25,7 @@ def costs_for(model, c, hw) -> Costs:
     emb_grads = model.embedding_params() / t * c.grad_bytes
     n = params_on_device(model, c)
     after_exposed = -1.0
-    if c.zero == 0:
+    if c.sharding == 0:
         op, after = "allreduce", 0.0
         ring = 2 * (d - 1) / d
     else:
@@ -49,7 +49,7 @@ def costs_for(model, c, hw) -> Costs:
         alpha_intra=hw.alpha_intra, alpha_inter=hw.alpha_inter, bw_intra=hw.nvlink_bandwidth,
         bw_inter=hw.nic_bandwidth, gpus_per_node=hw.gpus_per_node,
         tp_bytes_sent=2 * (t - 1) / t * act, dp_bytes_layer=ring * layer_grads, dp_bytes_embedding=ring * emb_grads,
-        dp_bytes_after=(d - 1) / d * c.param_bytes * n if c.zero else 0.0)
+        dp_bytes_after=(d - 1) / d * c.param_bytes * n if c.sharding else 0.0)
 
 
 def lend_bubble(step: float, breakdown: dict, sharing: float) -> tuple[float, dict]:
@@ -68,7 +68,7 @@ def lend_bubble(step: float, breakdown: dict, sharing: float) -> tuple[float, di
 
 def simulate_config(model, c, hw, schedule_name: str | None = None, trace_ranks=()) -> dict:
     """Simulate one step of ``c`` on every rank; the figures ``netmorph simulate step --json`` prints."""
-    if c.zero >= 3:
+    if c.sharding >= 3:
         raise UsageError("{zero} 3 is not simulated yet (its per-layer weight all-gathers); use 0, 1 or 2", "zero")
     why = check(model, c, hw)
     if why and not why.soft:
