@@ -119,7 +119,22 @@ def test_fsdp_with_a_pipeline_is_zero1s_memory_and_traffic(capsys):
     assert [r.key for r in c.check(trainer=True)] == ["zero-pp"]
     assert main(["plan", "estimate", "--model", "llama-3-70b", "--hardware", "h100-80g", "--tp", "8", "--pp", "4",
                  "--dp", "4", "--global-batch", "64", "--zero", "3"]) == 0
-    assert "runs as FSDP under torch.distributed.pipelining" in capsys.readouterr().err
+    assert "runs as FSDP2 under torch.distributed.pipelining" in capsys.readouterr().err
+
+
+def test_llama3s_fsdp_with_a_pipeline_shards_the_gradients_every_microbatch():
+    """ZeRO-2 with pp is Llama 3's FSDP (section 3.3.2): weights whole, gradients and optimizer sharded -- ZeRO-2's
+    memory -- and a reduce-scatter after every microbatch's backward (m of them where ZeRO-1 has one)."""
+    from netmorph.planner import timing
+    from netmorph.planner.memory import params_on_device
+    m = PRESETS["llama-3-70b"]
+    c = Layout(tp=8, pp=4, dp=4, global_batch=64, zero=2)                # 16 microbatches
+    two, one = estimate(m, c, H100), estimate(m, replace(c, zero=1), H100)
+    n = params_on_device(m, c)
+    assert one["memory_bytes"]["grads"] - two["memory_bytes"]["grads"] == pytest.approx(4 * n * (1 - 1 / 4), rel=1e-4)
+    assert two["memory_bytes"]["params"] == one["memory_bytes"]["params"]
+    rs = timing.collective_time(H100, "reduce_scatter", 4, 8, 4 * n)
+    assert two["comm_s"]["data_parallel"] - one["comm_s"]["data_parallel"] == pytest.approx(15 * rs)
     assert check(m, Layout(pp=2, interleave=16, global_batch=8), A100) is None
 
 

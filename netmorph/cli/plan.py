@@ -233,10 +233,12 @@ def _estimate(args, model, hw) -> int:
         raise UsageError(f"{why}; change {why.flag}")
     e = estimate(model, c, hw)
     print_notes(args)
-    if c.sharding != c.zero:
-        print(f"# note: ZeRO-{c.zero} with pp {c.pp} runs as FSDP under torch.distributed.pipelining "
-              "(reshard_after_forward=False, gradients reduce-scattered at the last microbatch): priced with "
-              "ZeRO-1's memory and traffic", file=sys.stderr)
+    if c.pp > 1 and c.zero >= 2:
+        print("# note: " + (f"ZeRO-3 with pp {c.pp} runs as FSDP2 under torch.distributed.pipelining "
+                            "(reshard_after_forward=False, gradients reduce-scattered at the last microbatch): "
+                            "priced with ZeRO-1's memory and traffic" if c.zero == 3 else
+                            f"ZeRO-2 with pp {c.pp} is Llama 3's FSDP: weights gathered once a step, gradients "
+                            "and optimizer sharded, a reduce-scatter after every microbatch"), file=sys.stderr)
     if args.json:
         json.dump(e, sys.stdout, indent=1, default=float)
         sys.stdout.write("\n")

@@ -111,11 +111,16 @@ class Layout:
 
     @property
     def sharding(self) -> int:
-        """The ZeRO stage memory and traffic follow: ``zero``, except that ZeRO-2/3 with a pipeline run as FSDP2
-        runs under torch.distributed.pipelining (torchtitan, Llama 3): ``reshard_after_forward=False`` keeps a
-        stage's weights gathered through its microbatches and the gradients accumulate unsharded until the last
-        backward reduce-scatters them -- ZeRO-1's memory and traffic (one gather, one reduce-scatter a step)."""
-        return 1 if self.pp > 1 and self.zero >= 2 else self.zero
+        """The ZeRO stage memory follows: ``zero``, except with a pipeline, where no framework re-gathers a
+        stage's weights for every microbatch:
+
+        - ZeRO-3 + pp is FSDP2 as torchtitan runs it under torch.distributed.pipelining:
+          ``reshard_after_forward=False`` keeps the weights gathered and the gradients accumulate unsharded
+          until the last microbatch's backward reduce-scatters them -- ZeRO-1's memory and traffic;
+        - ZeRO-2 + pp is Llama 3's FSDP (Dubey et al. 2024, section 3.3.2: "shards the optimizer states and
+          gradients, but for model shards we do not reshard after forward"): the weights gathered once a step,
+          the gradients kept sharded -- reduce-scattered after every microbatch's backward."""
+        return 1 if self.pp > 1 and self.zero >= 3 else self.zero
 
     @property
     def group(self) -> int:

@@ -179,7 +179,7 @@ def _state_bytes(c: Layout, zero: int) -> tuple[tuple, tuple, float]:
     shard = c.dp * c.cp
     wbytes = c.param_bytes + (1 if c.precision == "fp8" else 0)
     deepspeed = c.zero_memory == "deepspeed"
-    zero = 1 if c.pp > 1 and zero >= 2 else zero            # FSDP with a pipeline: Layout.sharding
+    zero = 1 if c.pp > 1 and zero >= 3 else zero            # FSDP2 with a pipeline: Layout.sharding
 
     def per(group):
         grads = c.grad_bytes / (group if zero >= 2 else 1)

@@ -210,13 +210,13 @@ def search(model: ModelShape, gpus: int, hw: Hardware, global_batch: int, base: 
                                         cz = make(tp, cp, pp, dp, ep, mb, v, 0, rc, sp, prec)
                                         parts = memory_parts(model, cz)
                                         for zero in zeros:
-                                            if zero >= 2 and pp > 1 and 1 in zeros:
-                                                # FSDP with a pipeline is ZeRO-1's memory and traffic
+                                            if zero == 3 and pp > 1 and 1 in zeros:
+                                                # FSDP2 with a pipeline is ZeRO-1's memory and traffic
                                                 # (Layout.sharding): the same plan, searched once as ZeRO-1
-                                                reject(Rejection(ZERO_PP, "zero", zero, f"ZeRO-{zero} with a "
-                                                                 "pipeline runs as FSDP with reshard_after_forward"
-                                                                 "=False: ZeRO-1's memory and traffic, searched "
-                                                                 "as ZeRO-1", "--zero or --pp"),
+                                                reject(Rejection(ZERO_PP, "zero", zero, "ZeRO-3 with a pipeline "
+                                                                 "runs as FSDP2 with reshard_after_forward=False: "
+                                                                 "ZeRO-1's memory and traffic, searched as ZeRO-1",
+                                                                 "--zero or --pp"),
                                                        lambda: make(tp, cp, pp, dp, ep, mb, v, zero, rc, sp, prec))
                                                 continue
                                             total = memory_total(cz, parts, zero)

@@ -261,9 +261,13 @@ def step_time(model: ModelShape, c: Layout, hw: Hardware) -> dict:
         # FSDP FULL_SHARD / DeepSpeed stage 3 keep no unsharded gradient to accumulate into, so every
         # microbatch's backward reduce-scatters its gradients
         dp_comm *= m
+    rs_rounds = m if c.pp > 1 and c.sharding == 2 else 1     # Llama 3's sharded gradients under a pipeline
+    if rs_rounds > 1:
+        n = params_on_device(model, c)
+        dp_comm += (m - 1) * collective_time(hw, "reduce_scatter", c.dp * c.cp, c.tp, c.grad_bytes * n)
     hidden = 0.0
     if c.dp_overlap and c.dp * c.cp > 1:
-        dp_exposed, zero3, hidden = _overlapped(model, c, hw, dp_comm, gather)
+        dp_exposed, zero3, hidden = _overlapped(model, c, hw, dp_comm, gather, rs_rounds)
     else:
         dp_exposed, zero3 = dp_comm, m * gather
     # what ran beside compute slowed it (NCCL's kernels take SMs and HBM bandwidth): Hardware.comm_slowdown
@@ -298,7 +302,8 @@ def bucketed(bucket: float, n: int, compute: float, overlap: float = 1.0) -> flo
     return bucket + (n - 1) * max(0.0, bucket - overlap * compute)
 
 
-def _overlapped(model: ModelShape, c: Layout, hw: Hardware, dp_comm: float, gather: float) -> tuple:
+def _overlapped(model: ModelShape, c: Layout, hw: Hardware, dp_comm: float, gather: float,
+                rs_rounds: int = 1) -> tuple:
     """(data-parallel seconds exposed, ZeRO-3 gather seconds exposed, seconds that ran beside compute) with
     ``dp_overlap``, from the mechanics rather than a flag: the buckets of :func:`bucketed`, one a layer of the
     most loaded stage.
@@ -306,7 +311,10 @@ def _overlapped(model: ModelShape, c: Layout, hw: Hardware, dp_comm: float, gath
     - DDP / Megatron (ZeRO 0-2): each layer's gradient bucket is launched as the last microbatch's backward
       finishes it; the embedding's bucket comes after the last layer and is exposed; the distributed
       optimizer's parameter all-gather follows the step, exposed unless ``param_gather_overlap`` (Megatron's
-      --overlap-param-gather) launches it bucket by bucket behind the next forward.
+      --overlap-param-gather) launches it bucket by bucket behind the next forward. With ``rs_rounds`` > 1
+      (Llama 3's sharded gradients under a pipeline) every microbatch's backward reduce-scatters its buckets:
+      each round hides behind its own backward as the last does, the earlier rounds' tails behind the next
+      microbatch's compute.
     - FSDP (ZeRO-3): every microbatch gathers each layer's weights one layer ahead of its forward and of its
       backward, and reduce-scatters each layer's gradients one layer behind its backward; per microbatch the
       first gather and the last reduce-scatter are exposed, and a layer whose gather (and reduce-scatter)
@@ -340,8 +348,13 @@ def _overlapped(model: ModelShape, c: Layout, hw: Hardware, dp_comm: float, gath
     params = 0.0
     if c.sharding:
         params = collective_time(hw, "allgather", group, t, c.param_bytes * params_on_device(model, c))
+    total = rs_rounds * (n * bucket + embedding)
+    if rs_rounds > 1:
+        # the earlier rounds queue on the same stream behind the later microbatches' compute: what the stream
+        # needs beyond the compute from the first backward to the last is exposed too
+        grads = max(grads, total - o * layers * ((rs_rounds - 1) * (fwd + bwd) + bwd))
     shown = grads + (bucketed(params / layers, layers, fwd, o) if c.param_gather_overlap else params)
-    return shown, 0.0, max(0.0, n * bucket + embedding + params - shown)
+    return shown, 0.0, max(0.0, total + params - shown)
 
 
 @lru_cache(maxsize=65536)

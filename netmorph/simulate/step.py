@@ -66,6 +66,7 @@ class Costs:
     dp_after_exposed: float = -1.0   # what of it the next forward does not hide (--overlap-param-gather, by the
                                      # planner's bucket mechanics: the next step is not played); < 0: all of it
     dp_overlap: bool = False
+    dp_rounds: int = 1               # gradient reductions a step: 1, or every microbatch's (Llama 3's ZeRO-2 + pp)
     comm_slowdown: float = 0.0       # compute slows by this share of the DP time that ran beside it
     optimizer: float = 0.0
     alpha_intra: float = 0.0
@@ -233,7 +234,7 @@ def simulate_step(tp: int, pp: int, dp: int, microbatches: int, layers: int, cos
                     final = last_b[r][s.chunk] == pos[r]
                     for _ in range(per_chunk):
                         t = layer_pass(r, t, costs.bwd_layer, costs.tp_per_bwd if tp > 1 else 0, f"B{s.microbatch}")
-                        if final and costs.dp_overlap:
+                        if (final or costs.dp_rounds > 1) and costs.dp_overlap:
                             dp_bucket(r, t, costs.dp_layer, costs.dp_bytes_layer)
                     if vs > 0:
                         inbox[("B", vs - 1, s.microbatch)] = send(r, t, (vs - 1) % pp)
@@ -250,7 +251,7 @@ def simulate_step(tp: int, pp: int, dp: int, microbatches: int, layers: int, cos
     for r in range(pp):
         end = free[r]
         if not costs.dp_overlap:
-            for _ in range(per_chunk * v):
+            for _ in range(per_chunk * v * costs.dp_rounds):
                 dp_bucket(r, end, costs.dp_layer, costs.dp_bytes_layer)
         first_or_last = r == 0 or r == pp - 1
         if first_or_last:
