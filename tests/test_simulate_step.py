@@ -63,9 +63,10 @@ def test_a_pipeline_send_that_meets_a_dp_bucket_on_the_nic_shares_its_bandwidth(
     assert shared.breakdown["pp"] > alone.breakdown["pp"]
 
 
-def test_table1_configurations_that_fit_agree_with_the_planner_within_ten_percent():
+def test_table1_configurations_that_fit_agree_with_the_planner_within_five_percent():
     """Narayanan et al. 2021 Table 1 (ten GPT models, 32 to 3072 A100s, full recomputation): for each the
-    planner's fastest fitting (microbatch, v), simulated on every rank, within 10% of its analytic estimate."""
+    planner's fastest fitting (microbatch, v), simulated on every rank, within 5% of its analytic estimate (issue
+    29's bound; they are within 1.6% today)."""
     rows = [("ptdp-1.7b", 1, 1, 32, 512), ("ptdp-3.6b", 2, 1, 64, 512), ("ptdp-7.5b", 4, 1, 128, 512),
             ("ptdp-18.4b", 8, 1, 256, 1024), ("ptdp-39.1b", 8, 2, 512, 1536), ("ptdp-76.1b", 8, 4, 1024, 1792),
             ("ptdp-145.6b", 8, 8, 1536, 2304), ("ptdp-310.1b", 8, 16, 1920, 2160),
@@ -88,7 +89,7 @@ def test_table1_configurations_that_fit_agree_with_the_planner_within_ten_percen
             continue
         out = simulate_config(model, best[1], A100)
         assert out["ranks"] == n
-        assert abs(out["step_time_s"] / out["planner_step_time_s"] - 1) < 0.10, (name, out["step_time_s"], best)
+        assert abs(out["step_time_s"] / out["planner_step_time_s"] - 1) < 0.05, (name, out["step_time_s"], best)
         checked += 1
     assert checked >= 8
 
