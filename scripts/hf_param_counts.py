@@ -7,10 +7,10 @@ model.parameters())`` (tied weights once); active = total less the routed expert
     python scripts/hf_param_counts.py            # prints the table as JSON (needs transformers)
 
 The printed table is kept in ``tests/hf_param_counts.json``; ``tests/test_vocabulary.py`` holds
-:meth:`netmorph.mesh.shape.ModelShape.params` and ``active_params`` to it for every preset and config file, and
-rebuilds the models here when ``transformers`` is importable. The 2021-era Megatron GPTs (GPT-3, Narayanan's and Korthikanti's tables) and
-llm-foundry's benchmark MPTs (learned positions, biases, LayerNorm, GeLU 4h, tied) are GPT-2's architecture, so
-they are built as ``GPT2LMHeadModel``.
+:meth:`netmorph.mesh.shape.ModelShape.params` and ``active_params`` to it for every preset and config file,
+and rebuilds the models here when ``transformers`` is importable. The 2021-era Megatron GPTs (GPT-3,
+Narayanan's and Korthikanti's tables) and llm-foundry's benchmark MPTs (learned positions, biases, LayerNorm,
+GeLU 4h, tied) are GPT-2's architecture, so they are built as ``GPT2LMHeadModel``.
 """
 
 import importlib.util

@@ -438,7 +438,8 @@ def main() -> int:
             "the pipeline, a reduce-scatter after every microbatch's backward). Priced so, the split fits as Meta "
             f"ran it: interleaved (v = {l3v}) without recomputation, "
             f"{l3e['memory_bytes']['total'] / 2**30:.0f} GiB on the most loaded rank "
-            + ("(fits" if l3e["fits"] else "(DOES NOT FIT") + f"; plain 1F1B {l3e1['memory_bytes']['total'] / 2**30:.0f} "
+            + ("(fits" if l3e["fits"] else "(DOES NOT FIT")
+            + f"; plain 1F1B {l3e1['memory_bytes']['total'] / 2**30:.0f} "
             f"GiB, {predicted('TFLOP/s', l3e1, 'Llama'):.0f} TFLOP/s with its (p-1)/m = {p - 1}/{l3c1.microbatches} "
             f"bubble), predicting {predicted('TFLOP/s', l3e, 'Llama'):.0f} TFLOP/s against {pub}. With the "
             "distributed optimizer's sharding instead (ZeRO-1: the FP32 gradients whole) the same split needs "

@@ -120,7 +120,13 @@ class Layout:
         - ZeRO-2 + pp is Llama 3's FSDP (Dubey et al. 2024, section 3.3.2: "shards the optimizer states and
           gradients, but for model shards we do not reshard after forward"): the weights gathered once a step,
           the gradients kept sharded -- reduce-scattered after every microbatch's backward."""
-        return 1 if self.pp > 1 and self.zero >= 3 else self.zero
+        return sharding_with(self.zero, self.pp)
+
+    @property
+    def reduce_rounds(self) -> int:
+        """Gradient reductions a step: one, or with Llama 3's ZeRO-2 under a pipeline (:attr:`sharding`) one after
+        every microbatch's backward."""
+        return self.microbatches if self.pp > 1 and self.sharding == 2 else 1
 
     @property
     def group(self) -> int:
@@ -364,6 +370,12 @@ def _coords(tp, cp, ep, dp, pp, rank) -> tuple:
 
 
 @lru_cache(maxsize=4096)
+def sharding_with(zero: int, pp: int) -> int:
+    """:attr:`Layout.sharding` for ZeRO stage ``zero`` over ``pp`` stages (a search tries every stage on one
+    layout): ZeRO-3 with a pipeline is FSDP2's reshard_after_forward=False, ZeRO-1's memory and traffic."""
+    return 1 if pp > 1 and zero >= 3 else zero
+
+
 def _stage_layers(layers: int, p: int, first: int, last: int) -> tuple:
     if p == 1:
         return (layers,)

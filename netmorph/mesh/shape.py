@@ -27,7 +27,8 @@ embedding. Today's models differ in ways that change every count, so each is a f
 - ``kv_lora_rank`` > 0: multi-head latent attention (DeepSeek-V2/V3): Q through an optional rank-``q_lora_rank``
   bottleneck, K and V decompressed per head from one latent of ``kv_lora_rank`` (the KV cache holds that latent
   and the shared rotary key, ``qk_rope_head_dim``), heads of ``qk_nope_head_dim + qk_rope_head_dim`` for QKᵀ and
-  ``v_head_dim`` for V; ``head_width`` (config.json's ``head_dim``), ``attention_bias`` (Qwen2's on Q, K and V), ``qk_norm`` (Qwen3),
+  ``v_head_dim`` for V; ``head_width`` (config.json's ``head_dim``), ``attention_bias`` (Qwen2's on Q, K and
+  V), ``qk_norm`` (Qwen3),
   ``layer_norms`` (Gemma 2's four per layer) and ``dense_at``/``shared_ffn``/``shared_gate`` (Qwen2-MoE) are
   the other fields of today's configs that change a count;
 - ``experts``/``top_k`` (mixture of experts, Megatron's expert-parallel MLP; Mixtral): E
@@ -95,8 +96,10 @@ class ModelShape:
     embedding_norm: bool = False   # a norm right after the word embedding (BLOOM's word_embeddings_layernorm)
     extra_positions: int = 0       # learned position rows beyond seq (OPT keeps 2 for its padding offset)
     dense_layers: int = 0          # the first k layers keep a dense MLP (DeepSeek's first_k_dense_replace)
-    dense_at: tuple = ()           # further dense layers by index (moe_layer_freq, decoder_sparse_step, mlp_only_layers)
-    shared_ffn: int = 0            # 0: each shared expert is expert_ffn wide (Qwen2-MoE's shared_expert_intermediate_size)
+    dense_at: tuple = ()           # further dense layers by index (moe_layer_freq, decoder_sparse_step,
+                                   # mlp_only_layers)
+    shared_ffn: int = 0            # 0: each shared expert is expert_ffn wide (Qwen2-MoE's
+                                   # shared_expert_intermediate_size)
     shared_gate: bool = False      # a sigmoid gate of h x 1 on the shared expert's output (Qwen2-MoE)
     head_width: int = 0            # 0: hidden / heads (config.json's head_dim where it differs: Gemma, Qwen3, Mistral)
     attention_bias: str = ""       # with bias=False: "qkv" (Qwen2) or "all" of attention's projections (config.json's
@@ -178,6 +181,11 @@ class ModelShape:
         """One expert's MLP width (the dense MLP's in a dense model)."""
         return (self.expert_ffn or self.f) if self.experts else self.f
 
+    @property
+    def shared_width(self) -> int:
+        """One shared expert's MLP width (Qwen2-MoE's shared_expert_intermediate_size, else an expert's)."""
+        return self.shared_ffn or self.ef
+
     @cached_property
     def moe_layers(self) -> int:
         """Layers with routed experts (none in a dense model)."""
@@ -232,7 +240,7 @@ class ModelShape:
         """The shared experts every token passes through (DeepSeek: n_shared of moe_intermediate_size, which
         transformers builds as one MLP n_shared times as wide -- the same count; Qwen2-MoE: one of
         shared_expert_intermediate_size)."""
-        return self.shared_experts * self.mlp_params(self.shared_ffn or self.ef) if self.experts else 0
+        return self.shared_experts * self.mlp_params(self.shared_width) if self.experts else 0
 
     def norm_params(self) -> int:
         """One norm: LayerNorm's weight and bias, or RMSNorm's weight."""
@@ -296,7 +304,7 @@ class ModelShape:
         b, s = tokens_b, self.seq
         if self.experts and moe:
             mlp = (self.active_experts * self.expert_weights() * self.capacity_factor
-                   + self.shared_experts * self.mlp_mats * self.hidden * (self.shared_ffn or self.ef)
+                   + self.shared_experts * self.mlp_mats * self.hidden * self.shared_width
                    + self.router_params())
         else:
             mlp = self.mlp_mats * self.hidden * self.f

@@ -33,16 +33,17 @@ stores the four linear layers' inputs in 8 bits; a mixture of experts stores the
 each of the top_k experts a token visits (times the capacity factor: the padding is stored too).
 
 Microbatches in flight follow the schedule (:meth:`Layout.in_flight`): GPipe holds all m, 1F1B stage i
-min(p - i, m), Megatron's interleaved schedule 2(p - i - 1) + (v - 1)·N + 1 chunks of 1/v of the stage (p + (p-1)/v
-stages' worth on the first for N = p: Narayanan's 1 + (p-1)/(p·v) factor); the first stage also the embedding's dropout mask (if any) for p microbatches and
-the last stage the fp32 logits (4·s·b·V/t) of one.
+min(p - i, m), Megatron's interleaved schedule 2(p - i - 1) + (v - 1)·N + 1 chunks of 1/v of the stage
+(p + (p-1)/v stages' worth on the first for N = p: Narayanan's 1 + (p-1)/(p·v) factor); the first stage
+also the embedding's dropout mask (if any) for p microbatches and the last stage the fp32 logits
+(4·s·b·V/t) of one.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from netmorph.mesh.layout import Layout
+from netmorph.mesh.layout import Layout, sharding_with
 from netmorph.mesh.shape import ModelShape
 
 
@@ -119,7 +120,7 @@ def activation_bytes_per_layer(model: ModelShape, c: Layout, recompute: str | No
     def mlp_bytes(f):
         return (2 * 2 if model.ffn_type == "swiglu" else 2) * f + lin * f
     kw, vw = model.kv_widths
-    shared = model.shared_experts * mlp_bytes(model.shared_ffn or model.ef) if model.experts else 0
+    shared = model.shared_experts * mlp_bytes(model.shared_width) if model.experts else 0
     split = 2 * model.q_width + 2 * (kw + vw) + lin * model.o_width + k * mlp_bytes(model.ef) + shared
     if rc == "none":
         split += (5 if model.dropout else 4) * a * s if model.attention == "standard" else 4 * a
@@ -179,7 +180,7 @@ def _state_bytes(c: Layout, zero: int) -> tuple[tuple, tuple, float]:
     shard = c.dp * c.cp
     wbytes = c.param_bytes + (1 if c.precision == "fp8" else 0)
     deepspeed = c.zero_memory == "deepspeed"
-    zero = 1 if c.pp > 1 and zero >= 3 else zero            # FSDP2 with a pipeline: Layout.sharding
+    zero = sharding_with(zero, c.pp)                          # FSDP2 with a pipeline: Layout.sharding
 
     def per(group):
         grads = c.grad_bytes / (group if zero >= 2 else 1)

@@ -109,7 +109,7 @@ def linear_gemms(model: ModelShape, tokens: float, t: int) -> list:
         out += [(2 * per_expert * h * (model.mlp_mats - 1) * f / t, model.experts),
                 (2 * per_expert * f * h / t, model.experts), (2 * tokens * model.router_params(), 1)]
         if model.shared_experts:                   # every token through each shared expert, tp-split
-            fs = model.shared_ffn or model.ef
+            fs = model.shared_width
             out += [(2 * tokens * h * (model.mlp_mats - 1) * fs / t, model.shared_experts),
                     (2 * tokens * fs * h / t, model.shared_experts)]
     else:
@@ -256,18 +256,15 @@ def step_time(model: ModelShape, c: Layout, hw: Hardware) -> dict:
     pipeline = max(m, slots / hw.core_sharing) * per_mb
     bubble = (p - 1) / (v * m) if m else float("inf")
     dp_comm, gather, optimizer = _after(model, hw, c.tp, c.cp, c.pp, c.dp, c.ep, c.sharding, c.first_stage_layers,
-                                        c.last_stage_layers, c.param_bytes, c.grad_bytes, c.optimizer_bytes)
+                                        c.last_stage_layers, c.param_bytes, c.grad_bytes, c.optimizer_bytes,
+                                        c.reduce_rounds)
     if gather:
         # FSDP FULL_SHARD / DeepSpeed stage 3 keep no unsharded gradient to accumulate into, so every
         # microbatch's backward reduce-scatters its gradients
         dp_comm *= m
-    rs_rounds = m if c.pp > 1 and c.sharding == 2 else 1     # Llama 3's sharded gradients under a pipeline
-    if rs_rounds > 1:
-        n = params_on_device(model, c)
-        dp_comm += (m - 1) * collective_time(hw, "reduce_scatter", c.dp * c.cp, c.tp, c.grad_bytes * n)
     hidden = 0.0
     if c.dp_overlap and c.dp * c.cp > 1:
-        dp_exposed, zero3, hidden = _overlapped(model, c, hw, dp_comm, gather, rs_rounds)
+        dp_exposed, zero3, hidden = _overlapped(model, c, hw, dp_comm, gather)
     else:
         dp_exposed, zero3 = dp_comm, m * gather
     # what ran beside compute slowed it (NCCL's kernels take SMs and HBM bandwidth): Hardware.comm_slowdown
@@ -302,8 +299,7 @@ def bucketed(bucket: float, n: int, compute: float, overlap: float = 1.0) -> flo
     return bucket + (n - 1) * max(0.0, bucket - overlap * compute)
 
 
-def _overlapped(model: ModelShape, c: Layout, hw: Hardware, dp_comm: float, gather: float,
-                rs_rounds: int = 1) -> tuple:
+def _overlapped(model: ModelShape, c: Layout, hw: Hardware, dp_comm: float, gather: float) -> tuple:
     """(data-parallel seconds exposed, ZeRO-3 gather seconds exposed, seconds that ran beside compute) with
     ``dp_overlap``, from the mechanics rather than a flag: the buckets of :func:`bucketed`, one a layer of the
     most loaded stage.
@@ -311,7 +307,7 @@ def _overlapped(model: ModelShape, c: Layout, hw: Hardware, dp_comm: float, gath
     - DDP / Megatron (ZeRO 0-2): each layer's gradient bucket is launched as the last microbatch's backward
       finishes it; the embedding's bucket comes after the last layer and is exposed; the distributed
       optimizer's parameter all-gather follows the step, exposed unless ``param_gather_overlap`` (Megatron's
-      --overlap-param-gather) launches it bucket by bucket behind the next forward. With ``rs_rounds`` > 1
+      --overlap-param-gather) launches it bucket by bucket behind the next forward. With ``reduce_rounds`` > 1
       (Llama 3's sharded gradients under a pipeline) every microbatch's backward reduce-scatters its buckets:
       each round hides behind its own backward as the last does, the earlier rounds' tails behind the next
       microbatch's compute.
@@ -325,7 +321,7 @@ def _overlapped(model: ModelShape, c: Layout, hw: Hardware, dp_comm: float, gath
     tp_ar = collective_time(hw, "allreduce", c.tp, 1, lc["activation_bytes"]) if c.tp > 1 else 0.0
     fwd = lc["matmul_fwd"] + lc["elementwise_fwd"] + lc["tp_per_fwd"] * tp_ar
     bwd = lc["matmul_bwd"] + lc["elementwise_bwd"] + lc["tp_per_bwd"] * tp_ar
-    o, m, group, t = hw.overlap, c.microbatches, c.dp * c.cp, c.tp
+    o, m, group, t, rounds = hw.overlap, c.microbatches, c.dp * c.cp, c.tp, c.reduce_rounds
     if gather:
         g, r = gather / 2 / layers, dp_comm / m / layers
         per_mb = g + r + (layers - 1) * (max(0.0, g - o * fwd) + max(0.0, g + r - o * bwd))
@@ -333,10 +329,11 @@ def _overlapped(model: ModelShape, c: Layout, hw: Hardware, dp_comm: float, gath
         zero3 = min(exposed, m * gather)
         return exposed - zero3, zero3, m * gather + dp_comm - exposed
     op = "allreduce" if c.sharding == 0 else "reduce_scatter"
+    on_device = params_on_device(model, c)
     if c.dp_bucket_mb:
         # buckets of a size over the flat buffer (DDP's bucket_cap_mb): as many as the gradients fill, each
         # launched once the backward has produced it -- its share of the stage's backward
-        total = c.grad_bytes * params_on_device(model, c)
+        total = c.grad_bytes * on_device
         n = max(1, math.ceil(total / (c.dp_bucket_mb * 2 ** 20)))
         bucket = collective_time(hw, op, group, t, total / n)
         grads = bucketed(bucket, n, bwd * layers / n, o)
@@ -347,12 +344,12 @@ def _overlapped(model: ModelShape, c: Layout, hw: Hardware, dp_comm: float, gath
         grads = bucketed(bucket, layers, bwd, o) + embedding
     params = 0.0
     if c.sharding:
-        params = collective_time(hw, "allgather", group, t, c.param_bytes * params_on_device(model, c))
-    total = rs_rounds * (n * bucket + embedding)
-    if rs_rounds > 1:
+        params = collective_time(hw, "allgather", group, t, c.param_bytes * on_device)
+    total = rounds * (n * bucket + embedding)
+    if rounds > 1:
         # the earlier rounds queue on the same stream behind the later microbatches' compute: what the stream
         # needs beyond the compute from the first backward to the last is exposed too
-        grads = max(grads, total - o * layers * ((rs_rounds - 1) * (fwd + bwd) + bwd))
+        grads = max(grads, total - o * layers * ((rounds - 1) * (fwd + bwd) + bwd))
     shown = grads + (bucketed(params / layers, layers, fwd, o) if c.param_gather_overlap else params)
     return shown, 0.0, max(0.0, total + params - shown)
 
@@ -393,8 +390,10 @@ def _microbatch(model, hw, t, cp, p, d, ep, mb, recompute, sp, precision, v, fir
 
 
 @lru_cache(maxsize=65536)
-def _after(model, hw, t, cp, p, d, ep, zero, first, last, param_bytes, grad_bytes, optimizer_bytes) -> tuple:
-    """(data-parallel gradient reduction, one microbatch's ZeRO-3 weight gathers, optimizer) seconds."""
+def _after(model, hw, t, cp, p, d, ep, zero, first, last, param_bytes, grad_bytes, optimizer_bytes,
+           rounds=1) -> tuple:
+    """(data-parallel gradient reduction, one microbatch's ZeRO-3 weight gathers, optimizer) seconds; ``rounds``
+    reduce-scatters a step where the gradients stay sharded under a pipeline (Layout.reduce_rounds)."""
     c = Layout(tp=t, pp=p, dp=d, cp=cp, ep=ep, zero=zero, first_stage_layers=first, last_stage_layers=last,
                        param_bytes=param_bytes, grad_bytes=grad_bytes, optimizer_bytes=optimizer_bytes)
     n = params_on_device(model, c)
@@ -406,7 +405,7 @@ def _after(model, hw, t, cp, p, d, ep, zero, first, last, param_bytes, grad_byte
         # is the gradient reduce-scatter alone (ZeRO's 3Ψ: two gathers per microbatch and this)
         dp_comm = collective_time(hw, "reduce_scatter", group, t, grad_bytes * n)
     else:
-        dp_comm = (collective_time(hw, "reduce_scatter", group, t, grad_bytes * n)
+        dp_comm = (rounds * collective_time(hw, "reduce_scatter", group, t, grad_bytes * n)
                    + collective_time(hw, "allgather", group, t, param_bytes * n))
     gather = 2 * collective_time(hw, "allgather", group, t, param_bytes * n) if zero >= 3 and group > 1 else 0.0
     return dp_comm, gather, optimizer_time(n, c, hw)

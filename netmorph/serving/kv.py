@@ -4,14 +4,14 @@ Every layer keeps a key and a value vector per KV head for every token in contex
 
     KV bytes per token = 2 · layers · kv_heads · head_dim · bytes per element
 
-(grouped-query attention, Ainslie et al. 2023, shares one KV head among
-heads / kv_heads query heads: Llama-3-8B keeps 8 KV heads for 32 query heads, a
-quarter of Llama-2-7B's cache per token). Multi-head latent attention (DeepSeek-V2/V3)
-caches one compressed latent and the shared rotary key instead, layers · (kv_lora_rank +
-qk_rope_head_dim) · bytes: 576 elements a layer where the same heads would keep 4,096. A block of ``block_size`` tokens is vLLM's
-unit of allocation. The presets are the models' published configurations (Hugging
-Face ``config.json``: num_hidden_layers, num_key_value_heads, hidden_size /
-num_attention_heads, intermediate_size, vocab_size); nothing derived is stored.
+(grouped-query attention, Ainslie et al. 2023, shares one KV head among heads / kv_heads query
+heads: Llama-3-8B keeps 8 KV heads for 32 query heads, a quarter of Llama-2-7B's cache per token).
+Multi-head latent attention (DeepSeek-V2/V3) caches one compressed latent and the shared rotary key
+instead, layers · (kv_lora_rank + qk_rope_head_dim) · bytes: 576 elements a layer where the same
+heads would keep 4,096. A block of ``block_size`` tokens is vLLM's unit of allocation. The presets
+are the models' published configurations (Hugging Face ``config.json``: num_hidden_layers,
+num_key_value_heads, hidden_size / num_attention_heads, intermediate_size, vocab_size); nothing
+derived is stored.
 """
 
 from __future__ import annotations

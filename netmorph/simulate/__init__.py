@@ -46,7 +46,7 @@ def costs_for(model, c, hw) -> Costs:
         dp_layer=collective_time(hw, op, d, t, layer_grads), dp_embedding=collective_time(hw, op, d, t, emb_grads),
         dp_after=after, dp_after_exposed=after_exposed, dp_overlap=c.dp_overlap, optimizer=optimizer_time(n, c, hw),
         comm_slowdown=hw.comm_slowdown if c.dp_overlap else 0.0,
-        dp_rounds=c.microbatches if c.pp > 1 and c.sharding == 2 else 1,
+        dp_rounds=c.reduce_rounds,
         alpha_intra=hw.alpha_intra, alpha_inter=hw.alpha_inter, bw_intra=hw.nvlink_bandwidth,
         bw_inter=hw.nic_bandwidth, gpus_per_node=hw.gpus_per_node,
         tp_bytes_sent=2 * (t - 1) / t * act, dp_bytes_layer=ring * layer_grads, dp_bytes_embedding=ring * emb_grads,
