@@ -175,6 +175,7 @@ def test_dense_layers_by_index_and_model_flops():
     ("llama-3-70b", {"n_shared_experts": 2}, "n_shared_experts"),
     ("qwen1.5-moe-a2.7b", {"mlp_only_layers": [40]}, "mlp_only_layers"),
     ("qwen1.5-moe-a2.7b", {"decoder_sparse_step": 0}, "decoder_sparse_step"),
+    ("deepseek-v2-lite", {"first_k_dense_replace": 27}, "first_k_dense_replace"),
     ("deepseek-v2-lite", {"v_head_dim": None}, "v_head_dim"),
     ("llama-3-70b", {"model_type": "opt", "word_embed_proj_dim": 512}, "word_embed_proj_dim"),
 ])

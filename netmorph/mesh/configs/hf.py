@@ -136,8 +136,9 @@ def _architecture(r: "_Reader", model_type: str, layers: int, hidden: int, heads
     out: dict = {}
     if "q_lora_rank" in r.cfg:                 # null: Q projected directly
         r.used.add("q_lora_rank")
-    if r.int(None, "kv_lora_rank", lo=0, default=0):
-        out.update(kv_lora_rank=int(r.cfg["kv_lora_rank"]), q_lora_rank=r.int(None, "q_lora_rank", lo=0, default=0),
+    latent = r.int("kv_lora_rank", "kv_lora_rank", lo=0, default=0)
+    if latent:
+        out.update(kv_lora_rank=latent, q_lora_rank=r.int(None, "q_lora_rank", lo=0, default=0),
                    **{k: r.int(k, k) or 0 for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")})
     head_dim = r.int("head_width", "head_dim")
     if head_dim is not None and head_dim != hidden // heads and "kv_lora_rank" not in out:
@@ -157,7 +158,7 @@ def _architecture(r: "_Reader", model_type: str, layers: int, hidden: int, heads
         step = r.int(None, "decoder_sparse_step", default=1)         # Qwen2/3-MoE: MoE where (i + 1) % step == 0
         dense = {i for i in range(layers) if i >= first and (i % freq or (i + 1) % step)}
         dense |= set(_layer_indices(r, "mlp_only_layers", layers))
-        out.update(dense_layers=min(first, layers - 1), dense_at=tuple(sorted(i for i in dense if i >= first)))
+        out.update(dense_layers=first, dense_at=tuple(sorted(i for i in dense if i >= first)))
     else:
         for k in ("n_shared_experts", "shared_expert_intermediate_size", "first_k_dense_replace"):
             if r.int(None, k, lo=0, default=0):
