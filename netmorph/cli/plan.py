@@ -216,12 +216,12 @@ def config_from(args):
                   global_batch=gb, micro_batch_size=mb,
                   sequence_parallel=bool(args.sequence_parallel), recompute=args.recompute or "none",
                   dp_overlap=bool(args.dp_overlap), tp_overlap=bool(args.tp_overlap), pp_overlap=bool(args.pp_overlap),
-                  param_gather_overlap=bool(getattr(args, "param_gather_overlap", None)),
-                  zero_memory=getattr(args, "zero_memory", None) or "paper",
+                  param_gather_overlap=bool(args.param_gather_overlap),
+                  zero_memory=args.zero_memory,
                   precision=args.precision or "bf16", param_bytes=args.param_bytes, grad_bytes=args.grad_bytes,
                   optimizer_bytes=args.optimizer_bytes, first_stage_layers=args.first_stage_layers or 0,
-                  last_stage_layers=args.last_stage_layers or 0, schedule=getattr(args, "schedule", None) or "",
-                  microbatch_group=getattr(args, "microbatch_group", None) or 0)
+                  last_stage_layers=args.last_stage_layers or 0, schedule=args.schedule or "",
+                  microbatch_group=args.microbatch_group or 0)
 
 
 def _estimate(args, model, hw) -> int:
