@@ -456,9 +456,11 @@ def test_buckets_of_a_size_and_the_trainers_overlap_rule():
     per = (lc["matmul_bwd"] + lc["elementwise_bwd"]) * m.layers / n
     assert timing.step_time(m, c, hw)["comm_s"]["data_parallel"] == pytest.approx(timing.bucketed(bucket, n, per))
     small = ModelShape(layers=2, hidden=96, heads=4, seq=48, vocab=128)
-    assert planner_layout(Layout(dp=4, global_batch=8), "float32", small).dp_overlap
+    assert planner_layout(Layout(dp=4, global_batch=8, dp_overlap=True), "float32", small).dp_overlap
     assert planner_layout(Layout(dp=4, global_batch=8), "float32", small).dp_bucket_mb == 1.0
-    assert not planner_layout(Layout(tp=2, dp=2, global_batch=8), "float32", small).dp_overlap
+    assert not planner_layout(Layout(tp=2, dp=2, global_batch=8, dp_overlap=True), "float32", small).dp_overlap
+    # a run that does not overlap (morph's trainer) is priced as one that does not
+    assert not planner_layout(Layout(dp=4, global_batch=8), "float32", small).dp_overlap
 
 
 def test_deepspeed_memory_term_by_term():

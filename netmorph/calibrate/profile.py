@@ -17,7 +17,8 @@ What maps to what:
   profile has one node);
 - ``optimizer_bandwidth``: the bytes per second of the trainer's own Adam step, every rank busy (a GPU's
   fused Adam streams at HBM speed; an eager one passes over its state several times);
-- ``allreduce_algorithms``: ring only -- what netmorph's trainer calls (NCCL would pick a tree too);
+- ``allreduce_algorithms``: ring only -- what netmorph's trainer calls (NCCL would pick a tree too); and
+  ``multi_rail`` false: that one ring leaves a node on one link (NCCL would run a channel per NIC);
 - ``compute_scale`` and the operator scale: two reference GPTs (:data:`~netmorph.calibrate.compute.REFERENCES`,
   no model ``validate local`` trains), forward and backward with every rank at once and meeting at each
   microbatch, timed; the FLOP-and-byte part and the per-operator part of the planner's compute are scaled so
@@ -107,7 +108,7 @@ def build(world: int, dtype: str, backend: str, gpn: int, alone: dict, busy: dic
                   nvlink_bandwidth=1 / intra["beta"], nic_bandwidth=1 / inter["beta"],
                   alpha_intra=intra["alpha"], alpha_inter=inter["alpha"], gemm_efficiency=table[-1][1],
                   attention_efficiency=table[-1][1], gemm_table=table, op_overhead_s=busy["op_s"],
-                  overlap=busy["overlap"]["overlap"], allreduce_algorithms=("ring",),
+                  overlap=busy["overlap"]["overlap"], allreduce_algorithms=("ring",), multi_rail=False,
                   optimizer_bandwidth=busy["optimizer_bytes_per_s"],
                   description=f"measured by netmorph calibrate: {world} {backend} ranks on {os.cpu_count()} "
                               f"cores, {dtype}" + (f", two nodes at {inter_mbps:g} MB/s" if inter_mbps else ""))

@@ -43,6 +43,18 @@ def calibrate(world: int = 4, backend: str = "local", dtype: str = "float32", in
     on_phase(PHASES[1])
     topo = two_nodes(world, inter_mbps) if inter_mbps else None
     gpn = topo.gpus_per_node if topo else world
+    links = measure_links(world, topo, backend, timeout)
+    overlap = launch(overlap_rank, world, topology=topo, backend=backend, timeout=timeout)
+    busy["overlap"] = {**overlap[0], "overlap": min(r["overlap"] for r in overlap)}
+    on_phase(PHASES[2])
+    return build(world, dtype, backend, gpn, alone, busy, links, inter_mbps)
+
+
+def measure_links(world: int, topo=None, backend: str = "local", timeout: float = 60.0) -> dict:
+    """{"intra" (when a node holds 2 ranks or more), "inter" (on two nodes): {"alpha", "beta", ...}}: each link
+    class's α and β as the training step sees them, fitted from ping-pongs and (inside a node) ring all-reduces
+    under load -- ``calibrate``'s link phase, which morph's twin also runs on its own."""
+    gpn = topo.gpus_per_node if topo else world
     peers = {}
     if gpn > 1:
         peers["intra"] = 1
@@ -71,7 +83,4 @@ def calibrate(world: int = 4, backend: str = "local", dtype: str = "float32", in
                           "pingpong_residuals": links["intra"]["residuals"],
                           "fitted_from": f"ring all-reduces on groups of {', '.join(map(str, groups))} ranks, "
                                          "every group at once, every rank computing between two of them"}
-    overlap = launch(overlap_rank, world, topology=topo, backend=backend, timeout=timeout)
-    busy["overlap"] = {**overlap[0], "overlap": min(r["overlap"] for r in overlap)}
-    on_phase(PHASES[2])
-    return build(world, dtype, backend, gpn, alone, busy, links, inter_mbps)
+    return links

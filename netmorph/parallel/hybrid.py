@@ -35,6 +35,7 @@ from netmorph.parallel.pipeline import Executor, check, schedule
 from netmorph.parallel.replica import Replica
 from netmorph.parallel.results import RankReport, RankState
 from netmorph.parallel.state import named_pieces
+from netmorph.parallel.slots import Hooks, device_ms
 from netmorph.parallel.tensor_parallel import TensorParallel
 from netmorph.parallel.traffic import expert_traffic, predicted
 from netmorph.schedule import count
@@ -44,7 +45,8 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 # the trainer's own defaults where a Layout's differ: two microbatches of two sequences, DDP's overlapped buckets
 TRAIN_LAYOUT = Layout(global_batch=4, micro_batch_size=2, dp_overlap=True)
-RUN_FIELDS = ("steps", "lr", "dtype", "dp_mode", "bucket_mb", "compute_ms", "trace", "start_step", "router")
+RUN_FIELDS = ("steps", "lr", "dtype", "dp_mode", "bucket_mb", "compute_ms", "device_flops", "trace", "start_step",
+              "router")
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,8 @@ class TrainConfig:
     bucket_mb: float = 1.0
     compute_ms: float = 0.0          # emulated compute per microbatch forward on a stage, shared by its interleaved
                                      # chunks (backward: twice)
+    device_flops: float = 0.0        # an emulated accelerator of this many FLOP/s: each microbatch's forward also
+                                     # sleeps the rank's share of its layers' and LM head's FLOPs (slots.device_ms)
     trace: bool = False              # return every rank's ledger records too (for a Chrome trace)
     start_step: int = 0              # the first step's index: the data a resumed (or resharded) run continues on
     router: Router = Router()        # a mixture of experts' routing and auxiliary losses
@@ -88,6 +92,8 @@ class TrainConfig:
             raise UsageError(f"{{bucket_mb}} must be a size in MiB > 0, got {self.bucket_mb}", "bucket_mb")
         if not 0 <= self.compute_ms < 1e4:
             raise UsageError(f"{{compute_ms}} must be in [0, 10000), got {self.compute_ms}", "compute_ms")
+        if not (0 <= self.device_flops < 1e20 and math.isfinite(self.device_flops)):
+            raise UsageError(f"{{device_flops}} must be in [0, 1e20), got {self.device_flops}", "device_flops")
         if self.dtype not in DTYPES:
             raise UsageError(f"{{dtype}} must be float64 or float32, got {self.dtype!r}", "dtype")
         if self.dp_mode not in ("bucket", "naive"):
@@ -200,11 +206,6 @@ def _routing(moe: list, lay: RankGroups, records, a2a_s: float, world: int) -> d
             "z": sum(z for b in moe for _, z in b.aux) / m, "a2a_s": a2a_s, "links": links}
 
 
-def _sleep_ms(ms: float) -> None:
-    if ms > 0:
-        time.sleep(ms / 1000)
-
-
 def train_rank(comm, cfg: TrainConfig, progress=None, inits=None) -> RankReport:
     """One rank's part of ``cfg.steps`` training steps; what it measured (``progress``: a
     :class:`~netmorph.runtime.progress.ProgressCounter` bumped once per step). ``inits[rank]``, when given,
@@ -233,7 +234,8 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None) -> RankReport:
     ex = Executor(comm, lay.pp_group, chunks, split.interleave, (T, split.micro_batch_size, cfg.model.hidden), dtype)
     last_backward = max(i for i, s in enumerate(slots) if s.kind == "B")
     is_last_stage = lay.pp_rank == split.pp - 1
-    losses, times, peaks, bounds, idle, routed, experts_log = [], [], [], [], [], [], []
+    emulated = device_ms(cfg, sum(len(c.blocks) for c in chunks), any(c.is_last for c in chunks))
+    losses, times, peaks, bounds, idle, busy, routed, experts_log = [], [], [], [], [], [], [], []
     saved = 0
     try:
         for step in range(cfg.steps):
@@ -253,14 +255,15 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None) -> RankReport:
                 batch = synthetic_batch(cfg.model, range(lo, lo + split.micro_batch_size))
                 return tuple(t.to(device) for t in batch)
 
-            # compute_ms is a stage's compute per microbatch: its interleaved chunks share it
+            # the emulated compute is a stage's per microbatch: its interleaved chunks share it
             # what autograd saves is measured on the first step (a router's varies: on every step with experts);
             # its hook costs a Python call per saved tensor, which the later steps' times are spared
-            hooks = _Hooks(reps, last_backward, cfg.compute_ms / split.interleave, measure=step == 0 or bool(moe))
+            hooks = Hooks(reps, last_backward, emulated / split.interleave, measure=step == 0 or bool(moe))
             t_pipe = time.perf_counter()
             mb_losses, peak = ex.run(slots, inputs, split.microbatches, hooks)
             t_pipe = time.perf_counter() - t_pipe
             idle.append(1 - hooks.busy / t_pipe if t_pipe > 0 else 0.0)
+            busy.append(hooks.busy)
             for r in reps:
                 r.finish()
             _sync_replicated(comm, lay, tp, chunks, dense.flat)
@@ -306,7 +309,7 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None) -> RankReport:
                       step_bounds=bounds, idle_fraction=idle, in_flight_peak=max(peaks), memory_bytes=mem,
                       timeline=ex.spans, bytes_by_step=_bytes_by_step(comm.ledger, bounds), predicted=pred,
                       params=flat.numel, state=RankState(state, flat_state, dense.index()),
-                      ledger=comm.ledger.records if cfg.trace else None, predicted_by_step=routed or None,
+                      busy_s=busy, ledger=comm.ledger.records if cfg.trace else None, predicted_by_step=routed or None,
                       experts=experts_log or None)
 
 
@@ -324,51 +327,6 @@ def _bytes_by_step(ledger, bounds) -> list:
             ph = rec.phase or "(untagged)"
             out[k][ph] = out[k].get(ph, 0) + rec.bytes
     return out
-
-
-class _Hooks:
-    """What runs around each forward and backward: ZeRO-3's gather, DDP's arming, emulated compute
-    (``compute_ms`` per forward, twice that per backward), and the time spent computing -- the
-    rest of a pipeline rank's step is waiting: its bubble."""
-
-    def __init__(self, reps, last_backward: int, compute_ms: float, measure: bool = True):
-        self.reps, self.last, self.ms, self.measure = reps, last_backward, compute_ms, measure
-        self.zero = reps[0].zero              # ZeRO-3 gathers the dense parameters (experts refuse stage 3)
-        self.busy = 0.0
-        self.params_storage = {r.flat.data.untyped_storage()._cdata for r in reps}
-        self.saved_per_microbatch = 0         # bytes autograd saves for one microbatch's backward (max)
-
-    def forward(self, fn):
-        t0 = time.perf_counter()
-        _sleep_ms(self.ms)
-        if self.zero and self.zero.stage >= 3:
-            out = self.zero.forward(fn)       # ZeRO-3's own hooks see the saved tensors (not measured)
-        elif not self.measure:
-            out = fn()
-        else:
-            seen = {}
-
-            def pack(x):
-                if x.untyped_storage()._cdata not in self.params_storage:
-                    seen[(x.data_ptr(), x.numel(), x.dtype)] = x.numel() * x.element_size()
-                return x
-
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
-                out = fn()
-            self.saved_per_microbatch = max(self.saved_per_microbatch, sum(seen.values()))
-        self.busy += time.perf_counter() - t0
-        return out
-
-    def backward(self, index: int, fn):
-        t0 = time.perf_counter()
-        _sleep_ms(2 * self.ms)
-        if index == self.last:
-            for r in self.reps:
-                r.arm()
-        fn()
-        for r in self.reps:
-            r.after_backward()
-        self.busy += time.perf_counter() - t0
 
 
 def _sync_replicated(comm, lay: RankGroups, tp, chunks, flat) -> None:

@@ -10,7 +10,7 @@ is :class:`netmorph.parallel.run.TrainSummary`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 
 @dataclass
@@ -46,6 +46,8 @@ class RankReport:
     predicted: dict                        # {phase: (bytes per step, the closed form)}
     params: int                            # elements of its flat buffer
     state: RankState
+    busy_s: list = field(default_factory=list)   # per step: seconds in its forward and backward slots (compute
+                                                 # and the TP collectives inside them): the rest is waiting
     ledger: list | None = None             # every message it sent (with trace)
     predicted_by_step: list | None = None  # the routing's closed forms, step by step (a mixture of experts)
     experts: list | None = None            # the router's log, step by step

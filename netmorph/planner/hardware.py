@@ -81,6 +81,8 @@ class Hardware:
     comm_slowdown: float = 0.0     # how much slower compute runs while a collective runs beside it (NCCL's kernels
                                    # take SMs and HBM bandwidth); 0: not at all (a rank's collectives on a thread
                                    # of their own, as netmorph's local fabric runs them)
+    multi_rail: bool = True        # a group's rings leave a node on as many NICs as it has members there (NCCL's
+                                   # channels, one per NIC); False: one ring over one link (netmorph's own rings)
     compute_scale: float = 1.0     # a real layer's measured compute over what the fields above predict for it
                                    # (1: a device per rank; measured by netmorph calibrate on a reference
                                    # layer where ranks share cores and caches and meet at every microbatch)

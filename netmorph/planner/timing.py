@@ -71,8 +71,8 @@ def _fit(hw: Hardware, op: str, algo: str, p: int, stride: int) -> tuple[float, 
         return a2 + per * (p - SIMULATED), b2 * ((p - 1) / p) / ((SIMULATED - 1) / SIMULATED)
     topo = hw.topology()
     # NCCL runs one ring (channel) per NIC: with c members of the group on a node, the hop that leaves the
-    # node is c rails wide, not one NIC (the node's total still caps it)
-    c = max(1, min(p, hw.gpus_per_node // stride)) if stride < hw.gpus_per_node else 1
+    # node is c rails wide, not one NIC (the node's total still caps it); netmorph's own ring takes one
+    c = max(1, min(p, hw.gpus_per_node // stride)) if stride < hw.gpus_per_node and hw.multi_rail else 1
     if c > 1:
         topo = dataclasses.replace(topo, beta_inter=topo.beta_inter / c)
     placement = [i * stride for i in range(p)]
