@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 import statistics
 import sys
 
@@ -87,7 +88,8 @@ def run(args) -> int:
 
 
 def _control(args) -> int:
-    from netmorph.morph.controller import Trainer, calibrate, parse_scenario, regimes, run_adaptive, run_static
+    from netmorph.morph.controller import (Trainer, check_regimes, parse_scenario, run_adaptive, run_static,
+                                           twin_of)
     world = 8 if args.world is None else args.world
     steps = 100 if args.steps is None else args.steps
     if world not in (2, 4, 8, 16):
@@ -104,37 +106,52 @@ def _control(args) -> int:
         raise UsageError(f"--scenario {scenario.label()}: --seq {model.seq} x {scenario.factor:g} is past 4096")
     trainer = Trainer(model, args.global_batch, world, args.timeout, args.compute_ms, args.inter_node_mbps,
                       args.checkpoint_every)
+    check_regimes(trainer, scenario, steps)
     say = (lambda *a, **k: None) if args.json else print
     say(f"# netmorph morph: GPT {args.layers} layers x {args.hidden}, sequence {model.seq}, on {world} ranks, two "
         f"emulated nodes ({1 / trainer.base.beta / 1e9:.0f} GB/s inside, {1 / trainer.base.beta_inter / 1e6:g} MB/s "
-        f"between); {steps} steps, scenario {scenario.label()}")
-    later = regimes(trainer, scenario, steps)[1:]
-    say("calibrating every layout on the healthy cluster" +
-        "".join(f", and for {w} ranks on one node" if w < world else f", and for sequence {m.seq}" for w, m in later)
-        + " ...", flush=True)
+        f"between), accelerators of {trainer.device_flops / 1e9:.3g} GFLOP/s; {steps} steps, scenario "
+        f"{scenario.label()}")
+    from netmorph.calibrate.run import measure_links
     from netmorph.cli.progress import Bar
     with Bar("morph") as bar:
-        with bar.task("calibrating every layout"):
-            cal = calibrate(trainer, scenario, steps, log=lambda lay, seq, t, inter: say(
-                f"  {lay.tag():<14} seq {seq:<4} {1e3 * t:7.1f} ms/step, {inter:>10,.0f} B/step across nodes "
-                f"(busiest rank)", flush=True))
-        start = cal.best(cal.beta0, world, model.seq)
-        ranked = cal.layouts(world, model.seq)
-        say(f"start on {start.tag()} (the model's best on the healthy cluster); controller every {args.segment} "
+        with bar.task("measuring the links (netmorph calibrate's link phase)"):
+            links = measure_links(world, trainer.base, timeout=args.timeout)
+        twin = twin_of(trainer, links)
+        hw = twin.hardware
+        say(f"the twin: links measured on these ranks (inside a node {1e6 * hw.alpha_intra:.0f} us + "
+            f"{hw.nvlink_bandwidth / 1e6:.0f} MB/s, between {1e6 * hw.alpha_inter:.0f} us + "
+            f"{hw.nic_bandwidth / 1e6:.1f} MB/s), the planner's step time of every layout:", flush=True)
+        ranked = twin.layouts(world, model.seq)
+        for lay in ranked:
+            t = twin.step(lay)
+            comm = ", ".join(f"{k.replace('_parallel', '').replace('pipeline_p2p', 'pp')} {1e3 * v:.0f}"
+                             for k, v in t["comm_s"].items() if v >= 5e-4)
+            say(f"  {lay.tag():<14} {1e3 * t['step_time_s']:6.0f} ms/step  (compute {1e3 * t['compute_s']:.0f}, "
+                f"bubble {1e3 * t['bubble_s']:.0f}" + (f", {comm}" if comm else "") + ")")
+        start = ranked[0]
+        say(f"start on {start.tag()} (the twin's best on the healthy cluster); controller every {args.segment} "
             f"steps:", flush=True)
         with bar.task("the control loop's run"):
-            adaptive = run_adaptive(trainer, cal, start, steps, args.segment, scenario, log=say)
+            adaptive = run_adaptive(trainer, twin, start, steps, args.segment, scenario, log=say)
         statics = {}
-        for lay in ([start] + [x for x in ranked if x != start])[:args.static]:
+        for lay in ranked[:args.static]:
             say(f"static {lay.tag()} ...", flush=True)
             with bar.task(f"static {lay.tag()}"):
                 statics[lay.tag()] = run_static(trainer, lay, steps, args.segment, scenario, log=say)
     best_static = min(statics, key=lambda k: statics[k].total_s)
+    healthy = min(steps, scenario.at if scenario.kind != "none" else steps)
+    # the twin as the run left it (the per-operator cost it measured), on the healthy link: each static split's
+    # healthy steps against it
+    healed = replace(adaptive.twin, hardware=replace(adaptive.twin.hardware, nic_bandwidth=hw.nic_bandwidth))
+    predicted = {lay.tag(): healed.predict(lay) for lay in ranked}
+    measured = {k: statistics.median(r.step_s[:healthy]) for k, r in statics.items() if healthy and r.step_s}
     out = {"world": world, "steps": steps, "scenario": scenario.label(),
            "decisions": [{"step": d.step, "from": d.before, "to": d.after, "measured_step_s": _finite(d.measured_step_s),
                           "predicted_current_s": _finite(d.predicted_current_s),
                           "predicted_best_s": d.predicted_best_s, "reshard_bytes": d.reshard_bytes,
-                          "reshard_s": d.reshard_s, "payback_steps": _finite(d.payback_steps), "reason": d.reason}
+                          "reshard_s": d.reshard_s, "payback_steps": _finite(d.payback_steps), "reason": d.reason,
+                          "top": [list(t) for t in d.top]}
                          for d in adaptive.decisions],
            "throughput": adaptive.throughput(), "layouts": adaptive.layout_path,
            "static_runs": {k: _finite(r.total_s) for k, r in statics.items()},
@@ -142,7 +159,9 @@ def _control(args) -> int:
            "total_s": adaptive.total_s, "reshard_s": adaptive.reshard_s, "redone_steps": adaptive.redone,
            "start": start.tag(), "start_static_total_s": _finite(statics[start.tag()].total_s),
            "best_static": best_static, "best_static_total_s": _finite(statics[best_static].total_s),
-           "calibration_ms": {f"{lay.tag()} seq {seq}": 1e3 * t for (lay, seq), t in cal.step_s.items()}}
+           "decide_s": adaptive.decide_s, "links": {k: {"alpha": v["alpha"], "beta": v["beta"]} for k, v in links.items()},
+           "predicted_ms": {k: 1e3 * v for k, v in predicted.items()},
+           "measured_healthy_ms": {k: 1e3 * v for k, v in measured.items()}}
     if args.plot:
         from netmorph.report.morph import plot_throughput
         plot_throughput(args.plot, adaptive, statics, scenario)
@@ -151,21 +170,26 @@ def _control(args) -> int:
         sys.stdout.write("\n")
         return 0
     first = statics[start.tag()].total_s
-    print(f"{'run':<24} {'total (s)':>10} {'vs start':>9} {'redone':>7} {'median tokens/s':>16}")
+    print(f"{'run':<24} {'total (s)':>10} {'vs start':>9} {'redone':>7} {'median tokens/s':>16} "
+          f"{'healthy ms/step: measured':>26} {'twin':>6}")
     rows = [("adaptive", adaptive)] + [(f"static {k}", r) for k, r in statics.items()]
     for name, r in rows:
         if r.failed:
             print(f"{name:<24} {'-':>10} {'-':>9} {'-':>7} {'-':>16}  stopped: {r.failed}")
             continue
         vs = f"{100 * (r.total_s / first - 1):>+8.1f}%" if math.isfinite(first) else f"{'-':>9}"
-        print(f"{name:<24} {r.total_s:>10.2f} {vs} {r.redone:>7} {statistics.median(r.throughput()):>16,.0f}")
+        tag = name.removeprefix("static ")
+        twin_col = (f" {1e3 * measured[tag]:>26.0f} {1e3 * predicted[tag]:>6.0f}" if tag in measured else "")
+        print(f"{name:<24} {r.total_s:>10.2f} {vs} {r.redone:>7} {statistics.median(r.throughput()):>16,.0f}"
+              + twin_col)
 
     def total(r, name):
         return f"{r.total_s:.2f} s on {name}" if not r.failed else f"no finish on {name} (stopped: {r.failed})"
     print(f"# adaptive {adaptive.total_s:.2f} s against {total(statics[start.tag()], 'the start split ' + start.tag())}"
           f" and {total(statics[best_static], f'the best of the {len(statics)} static splits run, ' + best_static)}; "
           f"{len(adaptive.decisions)} move(s), {adaptive.reshard_s * 1e3:.1f} ms moving state, {adaptive.redone} steps "
-          f"redone")
+          f"redone; each look {1e3 * max(adaptive.decide_s, default=0):.0f} ms at most (every layout priced by the "
+          f"planner, none trial-run)")
     if args.plot:
         print(f"# figure: {args.plot}")
     return 0

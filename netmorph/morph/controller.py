@@ -1,36 +1,29 @@
-"""The control loop: measure the running split, re-plan, reshard when the gain pays for the move.
+"""The control loop: measure the running split, re-plan on the twin, reshard when the gain pays for the move.
 
-Varuna's job morphing and Oobleck's re-planning, on a GPT training for real on an emulated
-two-node cluster (the local fabric's per-link α/β, :mod:`netmorph.runtime.links`):
+Varuna's job morphing and Oobleck's re-planning, on a GPT training for real on an emulated two-node cluster
+(the local fabric's per-link α/β, :mod:`netmorph.runtime.links`; accelerators emulated as a FLOP rate,
+:func:`~netmorph.parallel.slots.device_ms`):
 
-1. **Calibrate.** Each candidate layout (tp, pp, dp, ZeRO) runs a few steps on the healthy
-   cluster: its step time T₀ and, from the ledger, the bytes its busiest rank sends across
-   the node boundary per step, X. The model of a layout under an inter-node link of
-   inverse bandwidth β is then T(β) = T₀ + X·(β − β₀): compute and intra-node traffic as
-   measured, the inter-node bytes at the link's new price. The split the model ranks first
-   on the healthy cluster is what a user would start on. A scenario that changes the job
-   itself -- fewer ranks after a node's loss, a longer context -- has its layouts calibrated
-   the same way, on the cluster and model it will be.
-2. **Measure.** Training runs in segments; after each, the loop takes the current layout's
-   median step time, and the inter-node link's price β̂ from a message timed across the
-   node boundary after the segment (the current split may send too little across to
-   show it: a pipeline's activations are kilobytes).
-3. **Decide.** Every layout is re-predicted at β̂. The best replaces the current one only if
-   it would save more than ``hysteresis`` of the step time, for ``confirm`` segments in a
-   row (so noise does not flap the split), and the saving over the remaining steps pays for
-   the move: the reshard plan's busiest rank's bytes at β̂ plus its measured overhead.
+1. **Model.** The candidate layouts (tp, pp, dp) are priced by the planner on the cluster's profile
+   (:class:`~netmorph.morph.twin.Twin`) -- none is trial-run. The profile's links and per-operator cost come
+   from ``netmorph calibrate`` of the same ranks (or a profile file), its compute from the emulated accelerator.
+2. **Measure.** Training runs in segments; after each, the loop takes the current layout's median step time,
+   the busiest stage's compute (its slots, from the trainer's own spans), and the inter-node link's price β̂
+   from a message timed across the node boundary after the segment (the current split may send too little
+   across to show it: a pipeline's activations are kilobytes), and writes them into the twin.
+3. **Decide** (:class:`~netmorph.morph.decide.Controller`): every layout re-priced; a move when the best saves
+   more than ``hysteresis`` for ``confirm`` looks in a row and the saving over the remaining steps pays for
+   the move (the reshard plan's bytes over the measured link).
 4. **Reshard** (:mod:`netmorph.morph.reshard`) and continue from the same step on the same data.
 
-When the job itself changes at a segment boundary, the loop re-plans at once: after a node's
-loss it moves to the best layout of the survivors (from what they hold, or from the last
-checkpoint when the loss took state no survivor has); when the context grows it moves, or
-stays, to the best layout of the longer sequences. A static split meets the same events as
-torchelastic and Megatron would run it: fewer data-parallel replicas after a loss (or the end
-of the run, if its model-parallel group no longer fits), the same split on longer sequences.
+When the job itself changes at a segment boundary, the loop re-plans at once: after a node's loss it moves to
+the twin's best layout of the survivors (from what they hold, or from the last checkpoint when the loss took
+state no survivor has); when the context grows, to the best layout of the longer sequences. A static split
+meets the same events as torchelastic and Megatron would run it: fewer data-parallel replicas after a loss (or
+the end of the run, if its model-parallel group no longer fits), the same split on longer sequences.
 
-Every decision is logged with its numbers; the same scenario runs on every static layout
-for the comparison. Times are the measured step times (the slowest rank's) plus the
-measured reshard times; the processes a segment starts are not counted, for any run.
+Times are the measured step times (the slowest rank's) plus the measured reshard times; the processes a
+segment starts are not counted, for any run.
 """
 
 from __future__ import annotations
@@ -38,105 +31,78 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 
 from netmorph.cost.topology import Topology, node_of, two_nodes
 from netmorph.errors import UsageError
 from netmorph.mesh.layout import Layout
+from netmorph.morph.decide import Controller, Decision, Look, Run, shrunk
 from netmorph.morph.layouts import train_config
 from netmorph.morph.reshard import StateLost, execute, plan, restore
 from netmorph.morph.scenario import Scenario, parse_scenario
+from netmorph.morph.twin import Twin, candidates, emulated_hardware
 from netmorph.parallel.hybrid import train_rank
 from netmorph.runtime.launch import launch
 
-__all__ = ["Calibration", "Decision", "Run", "Scenario", "Trainer", "calibrate", "candidates",
-           "parse_scenario", "regimes", "run_adaptive", "run_static", "shrunk"]
+__all__ = ["Decision", "Run", "Scenario", "Trainer", "Twin", "candidates", "check_regimes", "parse_scenario", "regimes",
+           "run_adaptive", "run_static", "shrunk", "twin_of"]
 
 
-@dataclass
-class Decision:
-    step: int
-    before: str
-    after: str
-    measured_step_s: float
-    predicted_current_s: float                  # the current split (after a node loss: it shrunk to the survivors)
-    predicted_best_s: float
-    reshard_bytes: int
-    reshard_s: float
-    payback_steps: float
-    reason: str = "bottleneck moved"
-
-
-@dataclass
-class Run:
-    layout_path: list                           # (first step, layout label)
-    step_s: list                                # every step run's time (the slowest rank's), redone steps included
-    reshard_s: float = 0.0                      # moving state: reshards, and reading a checkpoint back
-    decisions: list = field(default_factory=list)
-    losses: list = field(default_factory=list)  # one per step of the run's data, as the surviving run saw it
-    events: list = field(default_factory=list)  # (steps run so far, seconds spent, step, what): every move
-    tokens: list = field(default_factory=list)  # every step run's tokens (the sequence may grow)
-    redone: int = 0                             # steps trained again after going back to a checkpoint
-    failed: str = ""                            # why the run could not go on ("" if it finished)
-
-    @property
-    def total_s(self) -> float:
-        return math.inf if self.failed else sum(self.step_s) + self.reshard_s
-
-    def throughput(self) -> list:
-        """Tokens/s of every step run."""
-        return [n / t for n, t in zip(self.tokens, self.step_s)]
-
-
-PROBE_BYTES = 1 << 18
+PROBE_BYTES, PROBES = 1 << 18, 3
 
 
 def _segment_rank(comm, cfg, inits, gpn: int) -> tuple:
-    """(the rank's report, seconds one way across the nodes or None): train, then (on two nodes) time one message
-    across the node boundary (rank 0 to rank ``gpn`` and back): the link's price as the traffic sees it."""
+    """(the rank's report, seconds one way across the nodes or None): train, then (on two nodes) time a message
+    across the node boundary (rank 0 to rank ``gpn`` and back, the fastest of :data:`PROBES`): the link's price
+    as the traffic sees it."""
     out, probe = train_rank(comm, cfg, None, inits), None
     if comm.world <= gpn:
         return out, probe
     buf = np.zeros(PROBE_BYTES // 8)
     with comm.phase("morph.probe"):
-        if comm.rank == 0:
-            t0 = time.perf_counter()
-            comm.send(buf, gpn)
-            comm.recv(buf, gpn)
-            probe = (time.perf_counter() - t0) / 2
-        elif comm.rank == gpn:
-            comm.recv(buf, 0)
-            comm.send(buf, 0)
+        for _ in range(PROBES):              # the fastest of a few round trips: the link, not a busy moment
+            if comm.rank == 0:
+                t0 = time.perf_counter()
+                comm.send(buf, gpn)
+                comm.recv(buf, gpn)
+                took = (time.perf_counter() - t0) / 2
+                probe = took if probe is None else min(probe, took)
+            elif comm.rank == gpn:
+                comm.recv(buf, 0)
+                comm.send(buf, 0)
     return out, probe
 
 
 class Trainer:
     """Runs segments of a layout on the emulated cluster, starting from given states.
 
-    Each rank's accelerator is emulated as ``compute_ms`` of forward per sequence of the base model's length for
-    the whole model (the backward twice that; longer sequences in proportion; a sleep, so eight ranks on two
-    cores still compute in parallel), divided by the rank's share of the model, tp x pp: GPU-like compute that
-    tensor and pipeline parallelism split, so a pipeline's bubble and a data-parallel all-reduce cost what they
-    would on a cluster. Every ``checkpoint_every`` steps the runs keep a checkpoint of the whole state (its
-    writing is not timed), to go back to when a node's loss takes state no survivor holds."""
+    Each rank's accelerator is emulated as a FLOP rate (:func:`~netmorph.parallel.slots.device_ms`: a sleep,
+    so eight ranks on two cores still compute in parallel): the rate at which the base model's forward of one
+    sequence takes ``compute_ms``. Its rank's share of the layers and the LM head is what it computes, so
+    tensor and pipeline parallelism split it, a longer context costs its FLOPs, and a pipeline's bubble and a
+    data-parallel all-reduce cost what they would on a cluster. Every ``checkpoint_every`` steps the runs keep
+    a checkpoint of the whole state (its writing is not timed), to go back to when a node's loss takes state no
+    survivor holds."""
 
     def __init__(self, model, global_batch: int, world: int, timeout: float = 60.0, compute_ms: float = 40.0,
                  inter_mbps: float = 50.0, checkpoint_every: int = 20):
         self.model, self.global_batch, self.world, self.timeout = model, global_batch, world, timeout
         self.compute_ms, self.checkpoint_every = compute_ms, checkpoint_every
         self.base = two_nodes(world, inter_mbps)
+        # the emulated accelerator: the base model's forward of one sequence in compute_ms
+        fwd = model.layers * model.layer_flops_fwd(1, causal=model.attention == "flash") + model.logit_flops_fwd(1)
+        self.device_flops = fwd / (compute_ms / 1e3) if compute_ms > 0 else 0.0
 
     def segment(self, layout: Layout, steps: int, start: int, inits, topo: Topology, model=None):
         """(states, step times, losses, busiest rank's inter-node bytes per step, probed s/byte across nodes or
-        None on one node), training ``model`` (default the base model).
+        None on one node, the busiest rank's median slots a step), training ``model`` (default the base model).
 
         A segment starts fresh processes, whose first step also pays for their warm-up: that step is counted
         at the segment's median instead (for every run alike)."""
         model = model or self.model
-        cfg = train_config(model, layout, steps, self.global_batch, start,
-                           self.compute_ms * model.seq / self.model.seq / (layout.tp * layout.pp))
+        cfg = train_config(model, layout, steps, self.global_batch, start, device_flops=self.device_flops)
         gpn = topo.gpus_per_node
         pairs, ledger = launch(_segment_rank, layout.world, cfg, inits, gpn, topology=topo, ledger=True,
                                timeout=self.timeout)
@@ -150,25 +116,9 @@ class Trainer:
                 sent[rec.src] += rec.bytes
         losses = next(r.losses for r in res if r.losses)
         probe = pairs[0][1]
+        busy = max(statistics.median(r.busy_s[1:] or r.busy_s) for r in res)
         return ([r.state.flat for r in res], times, losses, max(sent) / steps,
-                None if probe is None else probe / PROBE_BYTES)
-
-
-def candidates(model, world: int, global_batch: int, max_tp: int = 8) -> list:
-    """Every (tp, pp, dp) layout of ``world`` the trainer runs for this model and batch (ZeRO off; tp up to
-    ``max_tp``)."""
-    out = []
-    for tp in (t for t in (1, 2, 4, 8) if t <= max_tp):
-        for pp in (1, 2, 4, 8):
-            if world % (tp * pp):
-                continue
-            lay = Layout(tp=tp, pp=pp, dp=world // (tp * pp))
-            if any(r.key != "batch" for r in lay.check(model, trainer=True)):
-                continue
-            if global_batch % lay.dp or global_batch // lay.dp < lay.pp or model.seq % tp:
-                continue
-            out.append(lay)
-    return out
+                None if probe is None else probe / PROBE_BYTES, busy)
 
 
 def regimes(trainer: Trainer, scenario: Scenario, steps: int) -> list:
@@ -178,51 +128,24 @@ def regimes(trainer: Trainer, scenario: Scenario, steps: int) -> list:
     return out if after == out[0] else out + [after]
 
 
-@dataclass
-class Calibration:
-    step_s: dict                                 # (layout, seq) -> T0 on the healthy cluster
-    inter_bytes: dict                            # (layout, seq) -> busiest rank's inter-node bytes per step
-    beta0: float
-
-    def predict(self, layout: Layout, beta: float, seq: int) -> float:
-        return self.step_s[layout, seq] + self.inter_bytes[layout, seq] * (beta - self.beta0)
-
-    def layouts(self, world: int, seq: int) -> list:
-        """The calibrated layouts of ``world`` ranks training ``seq``-long sequences, fastest first (healthy)."""
-        return sorted((lay for lay, s in self.step_s if lay.world == world and s == seq),
-                      key=lambda lay: self.step_s[lay, seq])
-
-    def best(self, beta: float, world: int, seq: int) -> Layout:
-        return min(self.layouts(world, seq), key=lambda lay: self.predict(lay, beta, seq))
-
-
-def calibrate(trainer: Trainer, scenario: Scenario, steps_total: int, steps: int = 4, max_tp: int = 8,
-              log=lambda *a, **k: None) -> Calibration:
-    """Every candidate layout of every regime the scenario brings (:func:`regimes`) a few steps on the healthy
-    cluster (fewer ranks: on the first node alone): its median step time and inter-node bytes."""
-    t0, x, probes = {}, {}, []
-    todo = []
-    for world, model in regimes(trainer, scenario, steps_total):
-        todo.append((model, candidates(model, world, trainer.global_batch, max_tp)))
-        if not todo[-1][1]:
+def check_regimes(trainer: Trainer, scenario: Scenario, steps: int) -> None:
+    """Some layout runs every regime the scenario brings, or the one line that says which does not."""
+    for world, model in regimes(trainer, scenario, steps):
+        if not candidates(model, world, trainer.global_batch):
             raise UsageError(f"no layout of {world} ranks fits a {model.layers}-layer GPT of {model.heads} heads "
                              f"and sequence {model.seq} with {{global_batch}} {trainer.global_batch}", "global_batch")
-    for model, layouts in todo:
-        for lay in layouts:
-            _, times, _, inter, probe = trainer.segment(lay, steps, 0, None, trainer.base, model)
-            t0[lay, model.seq], x[lay, model.seq] = statistics.median(times), inter
-            if probe is not None:
-                probes.append(probe)
-            log(lay, model.seq, t0[lay, model.seq], inter)
-    return Calibration(t0, x, statistics.median(probes) if probes else trainer.base.beta_inter)
 
 
-def shrunk(layout: Layout, world: int):
-    """What a static split becomes on ``world`` survivors -- torchelastic's restart with fewer data-parallel
-    replicas: the same tp, pp and ZeRO, dp scaled down -- or None when its model-parallel group no longer fits."""
-    if layout.world % world or layout.dp % (layout.world // world):
-        return None
-    return replace(layout, dp=layout.dp // (layout.world // world))
+def twin_of(trainer: Trainer, links: dict | None = None) -> Twin:
+    """The twin of ``trainer``'s runs: its emulated accelerator on the links ``netmorph calibrate`` measured of
+    the same ranks (:func:`~netmorph.calibrate.run.measure_links`: {"intra", "inter": {"alpha", "beta"}}), or on
+    the emulated fabric's nominal α and β when there are none (no software cost per message)."""
+    hw = emulated_hardware(trainer.base, trainer.device_flops)
+    if links:
+        intra, inter = links.get("intra") or links["inter"], links.get("inter") or links["intra"]
+        hw = replace(hw, alpha_intra=intra["alpha"], nvlink_bandwidth=1 / intra["beta"], alpha_inter=inter["alpha"],
+                     nic_bandwidth=1 / inter["beta"], description=f"{hw.description}, links measured")
+    return Twin(trainer.model, trainer.global_batch, hw)
 
 
 class _Job:
@@ -234,7 +157,8 @@ class _Job:
         self.run = Run([(0, layout.tag())], [])
 
     def train(self, n: int, topo: Topology):
-        st, times, losses, inter, beta = self.trainer.segment(self.layout, n, self.step, self.states, topo, self.model)
+        st, times, losses, inter, beta, busy = self.trainer.segment(self.layout, n, self.step, self.states, topo,
+                                                                    self.model)
         self.states = st
         self.run.step_s += times
         self.run.tokens += [self.trainer.global_batch * self.model.seq] * n
@@ -243,7 +167,7 @@ class _Job:
         self.step += n
         if self.step - self.checkpoint[0] >= self.trainer.checkpoint_every:
             self.checkpoint = (self.step, self.layout, self.model, st)
-        return times, inter, beta
+        return times, beta, busy
 
     def event(self, scenario: Scenario) -> str:
         """What the scenario does to the job at this segment boundary: "node-lost", "seq-grows" or ""."""
@@ -316,65 +240,49 @@ def run_static(trainer: Trainer, layout: Layout, steps: int, segment: int, scena
     return job.run
 
 
-def run_adaptive(trainer: Trainer, cal: Calibration, start: Layout, steps: int, segment: int, scenario: Scenario,
+def run_adaptive(trainer: Trainer, twin: Twin, start: Layout, steps: int, segment: int, scenario: Scenario,
                  hysteresis: float = 0.10, confirm: int = 2, log=print) -> Run:
-    """The control loop (module docstring); ``log`` gets one line per segment and per decision."""
+    """The control loop (module docstring) deciding on ``twin``; ``log`` gets one line per segment and per
+    decision."""
     job = _Job(trainer, start)
     run = job.run
-    streak, wanted, beta, measured = 0, None, cal.beta0, math.nan
+    ctl = Controller(twin, steps, hysteresis, confirm)
     while job.step < steps:
         topo = scenario.topology(trainer.base, job.step)
         event, at, before = job.event(scenario), job.step, job.layout
         if event:
             world, model = scenario.world(trainer.world, at), scenario.model(trainer.model, at)
-            best = cal.best(beta, world, model.seq)
-            same = shrunk(before, world)
-            current = cal.predict(same, beta, model.seq) if (same, model.seq) in cal.step_s else math.inf
-            predicted = cal.predict(best, beta, model.seq)
-            p, spent, how = job.move(best, topo, alive=range(world) if world < before.world else None, model=model)
             what = f"node lost ({world} ranks left)" if event == "node-lost" else f"sequence grew to {model.seq}"
+            best, predicted, current, top = ctl.replan(before, world, model.seq, what)
+            same = shrunk(before, world)
+            p, spent, how = job.move(best, topo, alive=range(world) if world < before.world else None, model=model)
             verb = "shrinking to" if event == "node-lost" else "keeping"
             if same is None:
                 staying = f"{before.tag()} with fewer replicas does not fit {world} ranks"
             else:
-                staying = f"{verb} {same.tag()}: " + ("the best" if same == best else f"{1e3 * current:.1f} ms")
-            log(f"  -> at step {at}, {what}: {before.tag()} -> {best.tag()} (model {1e3 * predicted:.1f} "
+                staying = f"{verb} {same.tag()}: " + ("the best" if same == best else f"{1e3 * current:.0f} ms")
+            log(f"  -> at step {at}, {what}: {before.tag()} -> {best.tag()} (model {1e3 * predicted:.0f} "
                 f"ms/step; {staying}); {how}")
             if best != same:
                 gain = current - predicted
-                run.decisions.append(Decision(at, before.tag(), best.tag(), measured, current, predicted,
+                run.decisions.append(Decision(at, before.tag(), best.tag(), math.nan, current, predicted,
                                               0 if p is None else p.bytes, spent,
-                                              spent / gain if gain > 0 else math.inf, what))
-            streak, wanted = 0, None
-        n = min(segment, steps - job.step)
-        times, _, probed = job.train(n, topo)
-        beta = beta if probed is None else probed
-        step, layout, seq = job.step, job.layout, job.model.seq
-        measured = statistics.median(times)
-        best = cal.best(beta, layout.world, seq)
-        current = cal.predict(layout, beta, seq)
-        predicted_best = cal.predict(best, beta, seq)
-        gain = measured - predicted_best
-        link = "one node" if probed is None else f"inter-node link {1 / beta / 1e6:.1f} MB/s probed"
-        log(f"  step {step:>4}: {layout.tag()} {1e3 * measured:.1f} ms/step (model {1e3 * current:.1f}); {link}; "
-            f"best {best.tag()} {1e3 * predicted_best:.1f} ms")
-        if best == layout or gain <= hysteresis * measured or step >= steps:
-            streak, wanted = 0, None
+                                              spent / gain if gain > 0 else math.inf, what, top))
+        times, probed, busy = job.train(min(segment, steps - job.step), topo)
+        t0 = time.perf_counter()
+        line, d = ctl.look(Look(job.step, job.layout, job.model.seq, statistics.median(times), busy, probed))
+        run.decide_s.append(time.perf_counter() - t0)
+        log(line)
+        if d is None:
             continue
-        streak = streak + 1 if best == wanted else 1
-        wanted = best
-        if streak < confirm:
-            continue
-        p = plan(job.model, layout, best, gpus_per_node=topo.gpus_per_node)
-        moved = p.bytes_matrix()
-        busiest = int(max(moved.sum(axis=1).max(), moved.sum(axis=0).max()))
-        if gain * (steps - step) <= busiest * beta:
-            continue
-        _, spent, _ = job.move(best, topo, p=p)
-        d = Decision(step, layout.tag(), best.tag(), measured, current, predicted_best, p.bytes, spent,
-                     spent / gain if gain > 0 else math.inf)
+        target = next(lay for lay in candidates(job.model, job.layout.world, trainer.global_batch)
+                      if lay.tag() == d.after)
+        p = plan(job.model, job.layout, target, gpus_per_node=topo.gpus_per_node)
+        _, spent, _ = job.move(target, topo, p=p)
+        predicted_cost, d.reshard_s = d.reshard_s, spent
+        d.payback_steps = spent / (d.predicted_current_s - d.predicted_best_s)
         run.decisions.append(d)
-        log(f"  -> reshard {d.before} to {d.after} at step {step}: {p.bytes:,} B in {1e3 * spent:.1f} ms, pays back "
-            f"in {d.payback_steps:.1f} steps")
-        streak, wanted = 0, None
+        log(f"  -> reshard {d.before} to {d.after} at step {d.step}: {p.bytes:,} B in {1e3 * spent:.0f} ms "
+            f"(model {1e3 * predicted_cost:.0f} ms), pays back in {d.payback_steps:.1f} steps")
+    run.twin = ctl.twin
     return run

@@ -109,9 +109,11 @@ def parse_layout(text: str, world: int) -> Layout:
 
 
 def train_config(model: ModelShape, layout: Layout, steps: int, global_batch: int, start: int = 0,
-                 compute_ms: float = 0.0):
+                 compute_ms: float = 0.0, device_flops: float = 0.0):
     """The trainer's :class:`~netmorph.parallel.hybrid.TrainConfig` for ``layout``: ``global_batch`` sequences a
-    step as one-sequence microbatches over its dp ranks, from step ``start`` (a resumed or resharded run)."""
+    step as one-sequence microbatches over its dp ranks, from step ``start`` (a resumed or resharded run), on
+    accelerators emulated as ``compute_ms`` a forward plus ``device_flops`` FLOP/s
+    (:func:`~netmorph.parallel.slots.device_ms`)."""
     if global_batch % layout.dp:
         raise UsageError(f"{{global_batch}} {global_batch} does not split over dp {layout.dp} ({layout.tag()})",
                          "global_batch")
@@ -120,6 +122,6 @@ def train_config(model: ModelShape, layout: Layout, steps: int, global_batch: in
                          f"{layout.pp * layout.dp} sequences per step", "global_batch")
     cfg = TrainConfig(model=model, layout=replace(layout, global_batch=global_batch, micro_batch_size=1,
                                                   dp_overlap=False),
-                      steps=steps, start_step=start, compute_ms=compute_ms)
+                      steps=steps, start_step=start, compute_ms=compute_ms, device_flops=device_flops)
     cfg.check()
     return cfg

@@ -25,8 +25,12 @@ class Scenario:
     at: int = 0
     factor: float = 10.0
 
+    def link_factor(self, step: int) -> float:
+        """How many times slower the inter-node link is at ``step`` than healthy."""
+        return self.factor if self.kind == "link-degrades" and step >= self.at else 1.0
+
     def topology(self, base: Topology, step: int) -> Topology:
-        if self.kind == "link-degrades" and step >= self.at:
+        if self.link_factor(step) != 1:
             return replace(base, name=f"{base.name} (inter-node x{self.factor:g} slower)",
                            beta_inter=base.beta_inter * self.factor, alpha_inter=base.alpha_inter * self.factor)
         return base

@@ -94,6 +94,7 @@ def build_section(res: Morph, out_dir) -> Section:
     plot_throughput(out_dir / "morph_throughput.png", adaptive, statics, scenario)
     plot_plan(out_dir / "morph_plan.png", moved)
     best = min(statics, key=lambda k: statics[k].total_s)
+    ranked = ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in list(res.predicted.items())[:4]) + " a step"
     first = statics[start.tag()].total_s
     moves = "; ".join(f"step {d.step}: {d.before} -> {d.after}" for d in adaptive.decisions) or "no move"
     summary = [f"8 ranks on two emulated nodes, the inter-node link 10x slower from step {scenario.at}: {moves}",
@@ -103,11 +104,12 @@ def build_section(res: Morph, out_dir) -> Section:
                f"{moved.bytes:,} B on the wire, {moved.kept_bytes():,} B kept in place"]
     html = f"""
 <p>A small GPT trains for real on 8 ranks laid out as two emulated nodes (the fabric's per-link α/β), each rank's
-accelerator emulated as a sleep of its share of the compute. The control loop starts on the layout that its
-calibration (a few steps of each layout on the healthy cluster) ranks first, <b>{start.tag()}</b>. At step
+accelerator emulated as a FLOP rate (a sleep of its share of the compute). No layout is trial-run: the planner
+prices every one on the cluster's twin -- the emulated accelerator, the links measured by <code>netmorph
+calibrate</code>'s link phase -- {ranked}; the loop starts on the first, <b>{start.tag()}</b>. At step
 {scenario.at} the link between the nodes becomes ten times slower. After each segment of {segment} steps the loop
-times a message across the nodes, re-predicts every layout at that price and moves when the best one saves more
-than 10% for two looks in a row and pays for the move: {moves}. It finished in {adaptive.total_s:.2f} s against
+writes what it measured into the twin (the step's compute, a message timed across the nodes), re-prices every
+layout and moves when the best one saves more than 10% for two looks in a row and pays for the move: {moves}. It finished in {adaptive.total_s:.2f} s against
 {first:.2f} s for staying on {start.tag()} and {statics[best].total_s:.2f} s for {best} all along.</p>
 <p>Under dp8 every rank already holds the whole model and its Adam moments, so that move sends nothing. The second
 figure is the move out of a sharded layout, tp2·pp2·dp2 to ZeRO-3 over 8 ranks: the plan, computed before

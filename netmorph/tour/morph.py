@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from netmorph.mesh.layout import Layout
 from netmorph.mesh.shape import ModelShape
-from netmorph.morph.controller import Run, Trainer, calibrate, parse_scenario, run_adaptive, run_static
+from netmorph.calibrate.run import measure_links
+from netmorph.morph.controller import Run, Trainer, parse_scenario, run_adaptive, run_static, twin_of
 from netmorph.morph.reshard import Plan, plan
 from netmorph.morph.scenario import Scenario
 
@@ -22,7 +23,8 @@ FULL, QUICK = (24, 4, 40.0, 50.0), (16, 4, 10.0, 200.0)
 class Morph:
     scenario: Scenario
     segment: int
-    start: Layout           # the split the calibration ranks first on the healthy cluster
+    start: Layout           # the split the twin ranks first on the healthy cluster
+    predicted: dict         # {layout tag: the twin's step seconds on the healthy cluster}, fastest first
     adaptive: Run
     statics: dict           # {layout tag: the same scenario on that split all along}: the start and one other
     moved: Plan             # tp2·pp2·dp2 -> dp8·zero3 of the default GPT
@@ -35,14 +37,15 @@ def run(tick=lambda: None, quick: bool = False) -> Morph:
     model = ModelShape(layers=4, hidden=32, heads=4, seq=16, vocab=64)
     scenario = parse_scenario(f"link-degrades@{steps // 4 if quick else steps // 3}")
     trainer = Trainer(model, BATCH, WORLD, compute_ms=compute_ms, inter_mbps=mbps)
-    cal = calibrate(trainer, scenario, steps, steps=3, max_tp=1)
+    twin = twin_of(trainer, measure_links(WORLD, trainer.base))
+    ranked = twin.layouts(WORLD, model.seq)
     tick()
-    start = cal.best(cal.beta0, WORLD, model.seq)
-    adaptive = run_adaptive(trainer, cal, start, steps, segment, scenario, log=lambda *a, **k: None)
+    start = ranked[0]
+    adaptive = run_adaptive(trainer, twin, start, steps, segment, scenario, log=lambda *a, **k: None)
     tick()
-    others = [lay for lay in cal.layouts(WORLD, model.seq) if lay != start][:1]
-    statics = {lay.tag(): run_static(trainer, lay, steps, segment, scenario) for lay in [start, *others]}
+    statics = {lay.tag(): run_static(trainer, lay, steps, segment, scenario) for lay in ranked[:2]}
     tick()
     moved = plan(model, Layout(tp=2, pp=2, dp=2), Layout(dp=8, zero=3))
     tick()
-    return Morph(scenario, segment, start, adaptive, statics, moved)
+    return Morph(scenario, segment, start, {lay.tag(): twin.predict(lay) for lay in ranked}, adaptive, statics,
+                 moved)
