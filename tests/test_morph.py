@@ -6,7 +6,7 @@ import pytest
 from netmorph.mesh.shape import ModelShape
 from netmorph.mesh.layout import Layout
 from netmorph.morph.layouts import element_map, global_ids, train_config
-from netmorph.morph.reshard import KINDS, execute, gather_reference, plan
+from netmorph.morph.reshard import KINDS, execute, gather_reference, matches, plan
 from netmorph.parallel.hybrid import train_rank
 from netmorph.runtime.launch import launch
 
@@ -131,6 +131,28 @@ def test_survivors_and_checkpoints_continue_the_unmorphed_run():
     got = next(r.losses for r in checkpoint if r.losses) + next(r.losses for r in c if r.losses)
     np.testing.assert_allclose(got, losses, rtol=1e-9, atol=0)
     for name, t in assemble(c).items():
+        np.testing.assert_allclose(t.numpy(), final[name].numpy(), rtol=0, atol=1e-9)
+
+
+@pytest.mark.timeout(300)
+def test_a_joining_node_is_sent_what_it_needs_and_the_run_continues():
+    """Two steps on 2 ranks (pp2), then 2 ranks join holding nothing: the plan sends them their half of each stage
+    (pp2·dp2, ZeRO-1), every element equals the gathered reference, the ledger's bytes are the plan's, and two
+    more steps give the losses and weights of 4 steps on the 2 ranks (float64, 1e-9)."""
+    from netmorph.parallel.state import assemble
+    before, after = Layout(pp=2), Layout(pp=2, dp=2, zero=1)
+    a = run(before, 2)
+    p = plan(MODEL, before, after)
+    assert p.world == 4 and all(t.src < 2 for t in p.transfers) and {t.dst for t in p.transfers} >= {2, 3}
+    states, ledger = execute(p, [r.state.flat for r in a])
+    assert ledger.by_phase()["morph"] == {"messages": p.messages, "bytes": p.bytes}
+    assert matches(p, states, gather_reference(p, [r.state.flat for r in a])) and all(st["t"] == 2 for st in states)
+    b = run(after, 2, start=2, inits=states)
+    whole = run(before, 4)
+    got = next(r.losses for r in a if r.losses) + next(r.losses for r in b if r.losses)
+    np.testing.assert_allclose(got, next(r.losses for r in whole if r.losses), rtol=1e-9, atol=0)
+    final = assemble(whole)
+    for name, t in assemble(b).items():
         np.testing.assert_allclose(t.numpy(), final[name].numpy(), rtol=0, atol=1e-9)
 
 

@@ -68,7 +68,7 @@ def test_the_loop_moves_off_a_degraded_link_on_the_twin():
     step 40; the first look after (step 50) wants the twin's best at the new price, the second confirms it and
     moves (step 60); the run beats staying, and every look printed its line."""
     twin, start, adaptive, static, lines = _rehearse("link-degrades@40")
-    assert start == Layout(dp=8)
+    assert (start.tp, start.pp, start.dp) == (1, 1, 8)          # data parallelism (with or without ZeRO-1)
     best = twin.best(twin.beta0 * 10, 8)
     assert best != start and adaptive.layout_path == [(0, start.tag()), (60, best.tag())]
     (d,) = adaptive.decisions
@@ -102,7 +102,7 @@ def test_a_move_is_made_only_when_its_gain_pays_for_its_cost():
     best = twin.best(None, 8)
     gain = twin.predict(start) - twin.predict(best)
     p, cost = move_cost(twin, start, best)
-    assert best == Layout(pp=2, dp=4) and p.bytes > 0 and cost > 2 * gain > 0
+    assert (best.tp, best.pp, best.dp) == (1, 2, 4) and p.bytes > 0 and cost > gain > 0
     need = math.floor(cost / gain) + 1                 # the fewest steps left that pay for it
     for left in (need - 1, need):
         ctl = Controller(twin, 100 + left, hysteresis=0.0, confirm=1)
@@ -119,6 +119,45 @@ def test_the_loop_replans_for_the_survivors_and_the_longer_context():
     twin, start, grown, _, _ = _rehearse("seq-grows@40x4", inter_mbps=5.0)
     assert grown.layout_path[1] == (40, twin.best(None, 8, 64).tag())
     assert grown.tokens == [8 * 16] * 40 + [8 * 64] * 80
+
+
+def test_scenarios_compose_as_events():
+    """Events in step order, each from its step on: the link's factor, the ranks, the sequence and the memory."""
+    sc = parse_scenario("link-degrades@10x4,node-lost@20,link-recovers@30,node-joins@40,seq-grows@50x2,"
+                        "memory-shrinks@60x4")
+    assert [sc.link_factor(s) for s in (9, 10, 29, 30)] == [1, 4, 4, 1]
+    assert [sc.world(8, s) for s in (19, 20, 39, 40)] == [8, 4, 4, 8]
+    assert [sc.model(MORPH_GPT, s).seq for s in (49, 50)] == [16, 32]
+    assert [sc.memory(s) for s in (59, 60)] == [math.inf, 0.25] and sc.at == 10
+    assert sc.label().startswith("link-degrades@10x4,node-lost@20,link-recovers@30")
+    from netmorph.errors import UsageError
+    for bad, words in (("node-joins@5", "node-lost before it"), ("node-lost@5,node-lost@9", "already lost"),
+                       ("link-degrades@9,link-recovers@5", "step order"), ("link-recovers@5x2", "no FACTOR"),
+                       ("seq-grows@5x3", "2, 4 or 8"), ("shrinks@3", "KIND@STEP")):
+        with pytest.raises(UsageError, match=words):
+            parse_scenario(bad)
+
+
+def test_the_loop_follows_a_link_that_degrades_and_recovers_and_a_node_that_comes_back():
+    """The link 10x slower from 30 to 70: the loop leaves data parallelism and comes back to it, each move after
+    two looks; a node lost at 40 and back at 80: the survivors' best, then the whole cluster's again."""
+    twin, start, adaptive, _, _ = _rehearse("link-degrades@30,link-recovers@70")
+    slow = twin.best(twin.beta0 * 10, 8)
+    assert adaptive.layout_path == [(0, start.tag()), (50, slow.tag()), (90, start.tag())]
+    twin, start, adaptive, _, _ = _rehearse("node-lost@40,node-joins@80", inter_mbps=5.0)
+    assert adaptive.layout_path == [(0, start.tag()), (40, twin.best(None, 4).tag()), (80, start.tag())]
+
+
+def test_memory_pressure_moves_to_a_layout_that_fits():
+    """Each rank left with a third of what a whole replica needs: the loop moves at once to the fastest layout
+    that fits -- one that shards the training state -- and the split it ran on does not fit."""
+    twin, start, adaptive, _, _ = _rehearse("memory-shrinks@40x3")
+    (d,) = adaptive.decisions
+    small = replace(twin, memory_share=1 / 3)
+    after = next(lay for lay in small.layouts(8) if lay.tag() == d.after)
+    assert d.step == 40 and after == small.layouts(8)[0] and not small.fits(start)
+    assert small.memory_bytes(after) <= small.memory_bytes(Layout()) / 3
+    assert after.zero >= 2 or after.tp * after.pp > 1
 
 
 def _controller(world, steps, segment, scenario, inter_mbps=50.0, checkpoint_every=20, start=None):

@@ -29,10 +29,12 @@ def add_parser(sub) -> None:
                    help="run (default): the control loop on a scenario; reshard: one move between two layouts")
     p.add_argument("--world", type=int, help="ranks (default 8 for run, 4 for reshard)")
     p.add_argument("--scenario", default="link-degrades@40",
-                   help="run: none; link-degrades@STEP[xFACTOR] (inter-node links FACTOR (10) times slower from "
-                        "STEP on); node-lost@STEP (the second node's ranks and the state only they held gone "
-                        "from STEP on); or seq-grows@STEP[xFACTOR] (sequences FACTOR (2, 4 or 8; default 2) times "
-                        "longer from STEP on). Default link-degrades@40")
+                   help="run: none, or events joined by commas, each from STEP on: link-degrades@STEP[xF] "
+                        "(inter-node links F (10) times slower), link-recovers@STEP, node-lost@STEP (the second "
+                        "node's ranks and the state only they held gone), node-joins@STEP (a node back, holding "
+                        "nothing), seq-grows@STEP[xF] (sequences F (2, 4 or 8; default 2) times longer), "
+                        "memory-shrinks@STEP[xF] (each rank's memory 1/F (1/2) of a whole replica's). Default "
+                        "link-degrades@40")
     p.add_argument("--segment", type=int, default=10, help="run: steps between the controller's looks (default 10)")
     p.add_argument("--static", type=int, default=4,
                    help="run: how many static layouts to run beside it: the start split, then the best-ranked "
@@ -44,6 +46,9 @@ def add_parser(sub) -> None:
     p.add_argument("--checkpoint-every", type=int, default=20,
                    help="run: steps between checkpoints, where a run goes back to when a lost node took state no "
                         "survivor holds (default 20)")
+    p.add_argument("--compare", action="store_true",
+                   help="run: also run the start split as torchrun would restart it: a node lost or joining "
+                        "restarts every rank (the relaunch measured) from the last checkpoint")
     p.add_argument("--plot", type=plot_file,
                    help="run: draw throughput over time, adaptive vs static, to this PNG")
     p.add_argument("--from", dest="before", default="tp2,pp2", help="reshard: layout before (default tp2,pp2)")
@@ -87,9 +92,12 @@ def run(args) -> int:
     return _reshard(args)
 
 
+SHOWN = 10          # rows of the twin's table
+
+
 def _control(args) -> int:
-    from netmorph.morph.controller import (Trainer, check_regimes, parse_scenario, run_adaptive, run_static,
-                                           twin_of)
+    from netmorph.morph.controller import (Trainer, check_regimes, parse_scenario, relaunch_seconds, run_adaptive,
+                                           run_static, twin_of)
     world = 8 if args.world is None else args.world
     steps = 100 if args.steps is None else args.steps
     if world not in (2, 4, 8, 16):
@@ -99,11 +107,11 @@ def _control(args) -> int:
     if not 2 <= args.segment <= steps:
         raise UsageError(f"--segment must be in 2..--steps ({steps}), got {args.segment}")
     scenario = parse_scenario(args.scenario)
-    if scenario.kind == "node-lost" and world < 4:
+    if any(e.kind == "node-lost" for e in scenario.events) and world < 4:
         raise UsageError(f"--scenario {scenario.label()} needs --world 4 or more (a node of world/2 ranks survives)")
     model = _model(args)
-    if scenario.kind == "seq-grows" and model.seq * scenario.factor > 4096:
-        raise UsageError(f"--scenario {scenario.label()}: --seq {model.seq} x {scenario.factor:g} is past 4096")
+    if scenario.model(model, steps).seq > 4096:
+        raise UsageError(f"--scenario {scenario.label()}: --seq {model.seq} grows past 4096")
     trainer = Trainer(model, args.global_batch, world, args.timeout, args.compute_ms, args.inter_node_mbps,
                       args.checkpoint_every)
     check_regimes(trainer, scenario, steps)
@@ -123,28 +131,42 @@ def _control(args) -> int:
             f"{hw.nvlink_bandwidth / 1e6:.0f} MB/s, between {1e6 * hw.alpha_inter:.0f} us + "
             f"{hw.nic_bandwidth / 1e6:.1f} MB/s), the planner's step time of every layout:", flush=True)
         ranked = twin.layouts(world, model.seq)
-        for lay in ranked:
+        for lay in ranked[:SHOWN]:
             t = twin.step(lay)
             comm = ", ".join(f"{k.replace('_parallel', '').replace('pipeline_p2p', 'pp')} {1e3 * v:.0f}"
                              for k, v in t["comm_s"].items() if v >= 5e-4)
             say(f"  {lay.tag():<14} {1e3 * t['step_time_s']:6.0f} ms/step  (compute {1e3 * t['compute_s']:.0f}, "
                 f"bubble {1e3 * t['bubble_s']:.0f}" + (f", {comm}" if comm else "") + ")")
+        if len(ranked) > SHOWN:
+            say(f"  ... and {len(ranked) - SHOWN} more")
         start = ranked[0]
         say(f"start on {start.tag()} (the twin's best on the healthy cluster); controller every {args.segment} "
             f"steps:", flush=True)
         with bar.task("the control loop's run"):
             adaptive = run_adaptive(trainer, twin, start, steps, args.segment, scenario, log=say)
         statics = {}
-        for lay in ranked[:args.static]:
+        # the best-ranked splits, and under memory pressure the best of those that fit the tightest memory: the
+        # split a user who knew the scenario would have chosen
+        tight = min(scenario.memory(s) for s in range(steps + 1))
+        fits = [] if math.isinf(tight) else replace(twin, memory_share=tight).layouts(world, model.seq)[:1]
+        for lay in list(dict.fromkeys(ranked[:args.static] + fits)):
             say(f"static {lay.tag()} ...", flush=True)
             with bar.task(f"static {lay.tag()}"):
-                statics[lay.tag()] = run_static(trainer, lay, steps, args.segment, scenario, log=say)
+                statics[lay.tag()] = run_static(trainer, lay, steps, args.segment, scenario, log=say, twin=twin)
+        restart = None
+        if args.compare:
+            with bar.task("measuring a restart, then the start split restarted as torchrun would"):
+                restart_s = relaunch_seconds(world, trainer.base, args.timeout)
+                say(f"restart {start.tag()} ... (a relaunch of {world} ranks and their rendezvous: {restart_s:.2f} s)",
+                    flush=True)
+                restart = run_static(trainer, start, steps, args.segment, scenario, log=say, twin=twin,
+                                     restart_s=restart_s)
     best_static = min(statics, key=lambda k: statics[k].total_s)
-    healthy = min(steps, scenario.at if scenario.kind != "none" else steps)
+    healthy = min(steps, scenario.at if scenario.events else steps)
     # the twin as the run left it (the per-operator cost it measured), on the healthy link: each static split's
     # healthy steps against it
     healed = replace(adaptive.twin, hardware=replace(adaptive.twin.hardware, nic_bandwidth=hw.nic_bandwidth))
-    predicted = {lay.tag(): healed.predict(lay) for lay in ranked}
+    predicted = {lay.tag(): healed.predict(lay) for lay in dict.fromkeys(ranked + fits)}
     measured = {k: statistics.median(r.step_s[:healthy]) for k, r in statics.items() if healthy and r.step_s}
     out = {"world": world, "steps": steps, "scenario": scenario.label(),
            "decisions": [{"step": d.step, "from": d.before, "to": d.after, "measured_step_s": _finite(d.measured_step_s),
@@ -160,6 +182,10 @@ def _control(args) -> int:
            "start": start.tag(), "start_static_total_s": _finite(statics[start.tag()].total_s),
            "best_static": best_static, "best_static_total_s": _finite(statics[best_static].total_s),
            "decide_s": adaptive.decide_s, "links": {k: {"alpha": v["alpha"], "beta": v["beta"]} for k, v in links.items()},
+           "restart_total_s": None if restart is None else _finite(restart.total_s),
+           "restart_redone_steps": None if restart is None else restart.redone,
+           "final_loss": {name: (r.losses[-1] if r.losses and not r.failed else None)
+                          for name, r in _rows(adaptive, statics, restart)},
            "predicted_ms": {k: 1e3 * v for k, v in predicted.items()},
            "measured_healthy_ms": {k: 1e3 * v for k, v in measured.items()}}
     if args.plot:
@@ -170,18 +196,18 @@ def _control(args) -> int:
         sys.stdout.write("\n")
         return 0
     first = statics[start.tag()].total_s
-    print(f"{'run':<24} {'total (s)':>10} {'vs start':>9} {'redone':>7} {'median tokens/s':>16} "
+    print(f"{'run':<24} {'total (s)':>10} {'vs start':>9} {'redone':>7} {'final loss':>11} {'median tokens/s':>16} "
           f"{'healthy ms/step: measured':>26} {'twin':>6}")
-    rows = [("adaptive", adaptive)] + [(f"static {k}", r) for k, r in statics.items()]
-    for name, r in rows:
+    for name, r in _rows(adaptive, statics, restart):
         if r.failed:
-            print(f"{name:<24} {'-':>10} {'-':>9} {'-':>7} {'-':>16}  stopped: {r.failed}")
+            print(f"{name:<24} {'-':>10} {'-':>9} {'-':>7} {'-':>11} {'-':>16}  stopped: {r.failed}")
             continue
         vs = f"{100 * (r.total_s / first - 1):>+8.1f}%" if math.isfinite(first) else f"{'-':>9}"
         tag = name.removeprefix("static ")
-        twin_col = (f" {1e3 * measured[tag]:>26.0f} {1e3 * predicted[tag]:>6.0f}" if tag in measured else "")
-        print(f"{name:<24} {r.total_s:>10.2f} {vs} {r.redone:>7} {statistics.median(r.throughput()):>16,.0f}"
-              + twin_col)
+        twin_col = (f" {1e3 * measured[tag]:>26.0f} {1e3 * predicted[tag]:>6.0f}"
+                    if tag in measured and tag in predicted else "")
+        print(f"{name:<24} {r.total_s:>10.2f} {vs} {r.redone:>7} {r.losses[-1]:>11.6f} "
+              f"{statistics.median(r.throughput()):>16,.0f}" + twin_col)
 
     def total(r, name):
         return f"{r.total_s:.2f} s on {name}" if not r.failed else f"no finish on {name} (stopped: {r.failed})"
@@ -193,6 +219,12 @@ def _control(args) -> int:
     if args.plot:
         print(f"# figure: {args.plot}")
     return 0
+
+
+def _rows(adaptive, statics: dict, restart) -> list:
+    """[(name, Run)] as the table lists them."""
+    return ([("adaptive", adaptive)] + [(f"static {k}", r) for k, r in statics.items()]
+            + ([] if restart is None else [(f"restart {next(iter(statics))}", restart)]))
 
 
 def _finite(x: float):

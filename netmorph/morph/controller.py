@@ -38,7 +38,7 @@ import numpy as np
 from netmorph.cost.topology import Topology, node_of, two_nodes
 from netmorph.errors import UsageError
 from netmorph.mesh.layout import Layout
-from netmorph.morph.decide import Controller, Decision, Look, Run, shrunk
+from netmorph.morph.decide import Controller, Decision, Look, Run, resized
 from netmorph.morph.layouts import train_config
 from netmorph.morph.reshard import StateLost, execute, plan, restore
 from netmorph.morph.scenario import Scenario, parse_scenario
@@ -47,7 +47,7 @@ from netmorph.parallel.hybrid import train_rank
 from netmorph.runtime.launch import launch
 
 __all__ = ["Decision", "Run", "Scenario", "Trainer", "Twin", "candidates", "check_regimes", "parse_scenario", "regimes",
-           "run_adaptive", "run_static", "shrunk", "twin_of"]
+           "relaunch_seconds", "resized", "run_adaptive", "run_static", "twin_of"]
 
 
 PROBE_BYTES, PROBES = 1 << 18, 3
@@ -153,6 +153,7 @@ class _Job:
 
     def __init__(self, trainer: Trainer, layout: Layout):
         self.trainer, self.layout, self.model, self.states, self.step = trainer, layout, trainer.model, None, 0
+        self.share = math.inf                                # memory as a share of a whole replica
         self.checkpoint = (0, layout, trainer.model, None)   # step 0: the initial weights, which any run rebuilds
         self.run = Run([(0, layout.tag())], [])
 
@@ -169,24 +170,42 @@ class _Job:
             self.checkpoint = (self.step, self.layout, self.model, st)
         return times, beta, busy
 
-    def event(self, scenario: Scenario) -> str:
-        """What the scenario does to the job at this segment boundary: "node-lost", "seq-grows" or ""."""
-        if scenario.world(self.trainer.world, self.step) < self.layout.world:
-            return "node-lost"
-        if scenario.model(self.trainer.model, self.step) != self.model:
-            return "seq-grows"
-        return ""
+    @property
+    def clock(self) -> int:
+        """Steps run so far, redone ones included: the cluster's clock, which a scenario's events are set on (a
+        run that goes back to a checkpoint does not go back in time: the lost node stays lost)."""
+        return len(self.run.step_s)
 
-    def move(self, target: Layout, topo: Topology, alive=None, p=None, model=None) -> tuple:
+    def event(self, scenario: Scenario) -> tuple:
+        """(what the scenario does to the job at this segment boundary -- "node lost (4 ranks left)", "a node
+        joined (8 ranks)", "sequence grew to 64", "memory down to 50% of a replica", joined by "; ", or "" --, the
+        ranks, the model and the memory share from here)."""
+        world = scenario.world(self.trainer.world, self.clock)
+        model, share = scenario.model(self.trainer.model, self.clock), scenario.memory(self.clock)
+        what = []
+        if world < self.layout.world:
+            what.append(f"node lost ({world} ranks left)")
+        elif world > self.layout.world:
+            what.append(f"a node joined ({world} ranks)")
+        if model != self.model:
+            what.append(f"sequence grew to {model.seq}")
+        if share != self.share:
+            what.append(f"memory down to {100 * share:.0f}% of a replica")
+            self.share = share
+        return "; ".join(what), world, model, share
+
+    def move(self, target: Layout, topo: Topology, alive=None, p=None, model=None, restart: bool = False) -> tuple:
         """Reshard to ``target`` (on the survivors ``alive``; of ``model`` if it grew) by plan ``p`` (made here if
-        not given); from the last checkpoint when the survivors lack some state. (the plan run or None, seconds,
-        what happened)."""
+        not given); from the last checkpoint when the survivors lack some state, or always with ``restart`` (as
+        torchrun restarts every worker). (the plan run or None, seconds, what happened)."""
         t = self.trainer
         model = model or self.model
         grown = model if model != self.model else None
         spent, how, at = 0.0, "nothing trained yet", self.step
         if self.states is not None:
             try:
+                if restart:
+                    raise StateLost("every rank restarted")
                 p = p or plan(self.model, self.layout, target, gpus_per_node=topo.gpus_per_node, alive=alive,
                               grown=grown)
             except StateLost as e:
@@ -199,7 +218,7 @@ class _Job:
                 self.run.redone += self.step - step
                 self.step, p = step, None
             else:
-                alive = range(self.layout.world) if alive is None else alive
+                alive = range(min(self.layout.world, target.world)) if alive is None else alive
                 new, _ = execute(p, [self.states[r] for r in sorted(alive)], topology=topo, timeout=t.timeout)
                 self.states = new               # the trainer reads params, m, v and t; "seconds" rides along
                 spent = max(st["seconds"] for st in new)
@@ -215,27 +234,54 @@ class _Job:
         return p, spent, how
 
 
+def relaunch_seconds(world: int, topo: Topology, timeout: float = 60.0) -> float:
+    """Seconds to start ``world`` ranks and meet at the rendezvous (a TCPStore), doing nothing else: what a
+    torchrun-style restart pays before it reads the checkpoint (the median of three)."""
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        launch(_nothing, world, topology=topo, timeout=timeout)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _nothing(comm) -> None:
+    comm.barrier()
+
+
 def run_static(trainer: Trainer, layout: Layout, steps: int, segment: int, scenario: Scenario,
-               log=lambda *a, **k: None) -> Run:
-    """``layout`` throughout: after a node's loss with fewer replicas (:func:`shrunk`), or the end of the run if
-    it no longer fits; on longer sequences as it is."""
+               log=lambda *a, **k: None, twin: Twin | None = None, restart_s: float | None = None) -> Run:
+    """``layout`` throughout, as torchelastic and Megatron would run it: after a node's loss with fewer
+    data-parallel replicas (:func:`resized`), after a node joins with as many as it started with, on longer
+    sequences as it is; the end of the run when its model-parallel group no longer fits the ranks, or (priced by
+    ``twin``) its memory. With ``restart_s``, torchrun's restart: a node lost or joining restarts every rank
+    (``restart_s`` seconds, :func:`relaunch_seconds`) from the last checkpoint, redoing the steps since."""
     job = _Job(trainer, layout)
     while job.step < steps:
-        topo = scenario.topology(trainer.base, job.step)
-        event, at = job.event(scenario), job.step
-        if event == "node-lost":
-            survivors = scenario.world(trainer.world, at)
-            target = shrunk(job.layout, survivors)
+        topo = scenario.topology(trainer.base, job.clock)
+        what, world, model, share = job.event(scenario)
+        if what:
+            target = resized(job.layout, world)
             if target is None:
-                job.run.failed = f"tp x pp = {layout.tp * layout.pp} does not fit the {survivors} surviving ranks"
+                job.run.failed = f"tp x pp = {layout.tp * layout.pp} does not fit the {world} surviving ranks"
+            elif twin is not None and not replace(twin, memory_share=share).fits(target, model.seq):
+                job.run.failed = f"{target.tag()} does not fit {100 * share:.0f}% of a replica's memory"
+            if job.run.failed:
                 log(f"  static {layout.tag()}: {job.run.failed}")
                 break
-            _, _, how = job.move(target, topo, alive=range(survivors))
-            log(f"  static {layout.tag()}: node lost at step {at}, on as {target.tag()} ({how})")
-        elif event == "seq-grows":
-            model = scenario.model(trainer.model, at)
-            _, _, how = job.move(job.layout, topo, model=model)
-            log(f"  static {layout.tag()}: sequence {job.model.seq} from step {at} ({how})")
+            at = job.step
+            if target == job.layout and model == job.model:
+                log(f"  static {layout.tag()}: {what} at step {at}, on as it was")
+                job.train(min(segment, steps - job.step), topo)
+                continue
+            restart = restart_s is not None and target.world != job.layout.world
+            _, _, how = job.move(target, topo, alive=range(world) if world < job.layout.world else None, model=model,
+                                 restart=restart)
+            if restart:
+                job.run.reshard_s += restart_s
+                how += f", after restarting every rank ({restart_s:.2f} s)"
+            log(f"  {'restart' if restart_s is not None else 'static'} {layout.tag()}: {what} at step {at}, on as "
+                f"{target.tag()} ({how})")
         job.train(min(segment, steps - job.step), topo)
     return job.run
 
@@ -248,19 +294,18 @@ def run_adaptive(trainer: Trainer, twin: Twin, start: Layout, steps: int, segmen
     run = job.run
     ctl = Controller(twin, steps, hysteresis, confirm)
     while job.step < steps:
-        topo = scenario.topology(trainer.base, job.step)
-        event, at, before = job.event(scenario), job.step, job.layout
-        if event:
-            world, model = scenario.world(trainer.world, at), scenario.model(trainer.model, at)
-            what = f"node lost ({world} ranks left)" if event == "node-lost" else f"sequence grew to {model.seq}"
-            best, predicted, current, top = ctl.replan(before, world, model.seq, what)
-            same = shrunk(before, world)
+        topo = scenario.topology(trainer.base, job.clock)
+        before, at = job.layout, job.step
+        what, world, model, share = job.event(scenario)
+        if what:
+            best, predicted, current, top = ctl.replan(before, world, model.seq, share)
+            same = resized(before, world)
             p, spent, how = job.move(best, topo, alive=range(world) if world < before.world else None, model=model)
-            verb = "shrinking to" if event == "node-lost" else "keeping"
-            if same is None:
-                staying = f"{before.tag()} with fewer replicas does not fit {world} ranks"
+            if current == math.inf:
+                staying = f"{before.tag()} on {world} ranks does not fit" if same is None else \
+                    f"{same.tag()} does not fit"
             else:
-                staying = f"{verb} {same.tag()}: " + ("the best" if same == best else f"{1e3 * current:.0f} ms")
+                staying = f"staying {same.tag()}: " + ("the best" if same == best else f"{1e3 * current:.0f} ms")
             log(f"  -> at step {at}, {what}: {before.tag()} -> {best.tag()} (model {1e3 * predicted:.0f} "
                 f"ms/step; {staying}); {how}")
             if best != same:
@@ -275,7 +320,7 @@ def run_adaptive(trainer: Trainer, twin: Twin, start: Layout, steps: int, segmen
         log(line)
         if d is None:
             continue
-        target = next(lay for lay in candidates(job.model, job.layout.world, trainer.global_batch)
+        target = next(lay for lay in candidates(job.model, job.layout.world, trainer.global_batch, zero=True)
                       if lay.tag() == d.after)
         p = plan(job.model, job.layout, target, gpus_per_node=topo.gpus_per_node)
         _, spent, _ = job.move(target, topo, p=p)

@@ -21,12 +21,13 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 
+from netmorph.errors import UsageError
 from netmorph.mesh.layout import Layout
 from netmorph.morph.reshard import plan
 from netmorph.morph.scenario import Scenario
 from netmorph.morph.twin import Twin
 
-__all__ = ["Controller", "Decision", "Look", "Run", "move_cost", "rehearse", "shrunk"]
+__all__ = ["Controller", "Decision", "Look", "Run", "move_cost", "rehearse", "resized"]
 
 
 @dataclass
@@ -35,7 +36,7 @@ class Decision:
     before: str
     after: str
     measured_step_s: float
-    predicted_current_s: float                  # the current split (after a node loss: it shrunk to the survivors)
+    predicted_current_s: float                  # the current split (after a node loss or join: resized)
     predicted_best_s: float
     reshard_bytes: int
     reshard_s: float                            # predicted by move_cost; the real run replaces it by the measured
@@ -79,12 +80,16 @@ class Look:
     beta: float | None           # the inter-node link's s/B as the run saw it (None: one node)
 
 
-def shrunk(layout: Layout, world: int):
-    """What a static split becomes on ``world`` survivors -- torchelastic's restart with fewer data-parallel
-    replicas: the same tp, pp and ZeRO, dp scaled down -- or None when its model-parallel group no longer fits."""
-    if layout.world % world or layout.dp % (layout.world // world):
+def resized(layout: Layout, world: int):
+    """What a static split becomes on ``world`` ranks -- torchelastic's restart with fewer (or, when a node joins,
+    more) data-parallel replicas: the same tp, pp and ZeRO, dp scaled -- or None when its model-parallel group
+    does not fit them."""
+    if world == layout.world:
+        return layout
+    mp = layout.tp * layout.pp * layout.cp
+    if world % mp:
         return None
-    return replace(layout, dp=layout.dp // (layout.world // world))
+    return replace(layout, dp=world // mp)
 
 
 def move_cost(twin: Twin, before: Layout, after: Layout, seq: int | None = None, beta: float | None = None):
@@ -146,12 +151,16 @@ class Controller:
                      top=tuple((lay.tag(), s) for lay, s in ranked[:self.top]))
         return line + f"; {gains}: move to {best.tag()}", d
 
-    def replan(self, layout: Layout, world: int, seq: int, what: str) -> tuple:
-        """(the best layout of ``world`` ranks on ``seq``-long sequences, its prediction, the prediction of
-        ``layout`` shrunk to ``world`` (inf if it does not fit), the best few) when the job changed."""
+    def replan(self, layout: Layout, world: int, seq: int, share: float = math.inf) -> tuple:
+        """(the best layout of ``world`` ranks on ``seq``-long sequences in ``share`` of a replica's memory, its
+        prediction, the prediction of ``layout`` resized to ``world`` (inf if it does not fit), the best few) when
+        the job changed."""
         self.streak, self.wanted = 0, None
+        self.twin = replace(self.twin, memory_share=share)
         ranked = self._ranked(world, seq)
-        same = shrunk(layout, world)
+        if not ranked:
+            raise UsageError(f"no layout of {world} ranks fits {100 * share:.0f}% of a replica's memory (--scenario)")
+        same = resized(layout, world)
         fits = same is not None and same in [lay for lay, _ in ranked]
         current = self.twin.predict(same, self.beta, seq) if fits else math.inf
         return ranked[0][0], ranked[0][1], current, tuple((lay.tag(), s) for lay, s in ranked[:self.top])
@@ -168,15 +177,14 @@ def rehearse(twin: Twin, scenario: Scenario, start: Layout, steps: int, segment:
     run = Run([(0, start.tag())], [])
     layout, step, world, seq = start, 0, start.world, twin.model.seq
     while step < steps:
-        w, s = scenario.world(start.world, step), scenario.model(twin.model, step).seq
+        w, s, share = scenario.world(start.world, step), scenario.model(twin.model, step).seq, scenario.memory(step)
         beta = truth.beta0 * scenario.link_factor(step)
-        if (w, s) != (world, seq):
-            what = f"node lost ({w} ranks left)" if w < world else f"sequence grew to {s}"
-            best, best_s, current, top = ctl.replan(layout, w, s, what)
-            if best != shrunk(layout, w):
+        if (w, s, share) != (world, seq, ctl.twin.memory_share):
+            best, best_s, current, top = ctl.replan(layout, w, s, share)
+            if best != resized(layout, w):
                 run.decisions.append(Decision(step, layout.tag(), best.tag(), math.nan, current, best_s, 0, 0.0,
-                                              0.0, what, top))
-            log(f"  -> at step {step}, {what}: {layout.tag()} -> {best.tag()}")
+                                              0.0, "the job changed", top))
+            log(f"  -> at step {step}: {layout.tag()} -> {best.tag()}")
             layout, world, seq = best, w, s
             run.layout_path.append((step, layout.tag()))
         n = min(segment, steps - step)

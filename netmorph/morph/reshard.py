@@ -112,10 +112,13 @@ def _holders(maps, kind: str):
 def plan(cfg, before: Layout, after: Layout, itemsize: int = 8, gpus_per_node: int = 8, alive=None,
          grown=None) -> Plan:
     """The transfer plan from ``before`` to ``after`` for model ``cfg``: on the same ranks, or on ``before``'s
-    surviving ranks ``alive`` (``after.world`` of them, in order; the plan numbers them 0.. as ``after`` does);
-    into ``grown``, ``cfg`` with a longer context, if given (:func:`~netmorph.morph.layouts.grow_sources`)."""
+    surviving ranks ``alive`` (``after.world`` of them, in order; the plan numbers them 0.. as ``after`` does),
+    or on ``before``'s ranks and ranks joining after them (``after.world`` larger: the joiners hold nothing and
+    are sent all they need); into ``grown``, ``cfg`` with a longer context, if given
+    (:func:`~netmorph.morph.layouts.grow_sources`)."""
     alive = list(range(before.world)) if alive is None else sorted(alive)
-    if after.world != len(alive) or not set(alive) <= set(range(before.world)):
+    joining = after.world > len(alive) and alive == list(range(before.world))
+    if (after.world != len(alive) and not joining) or not set(alive) <= set(range(before.world)):
         raise ValueError(f"{after.tag()} must span the {len(alive)} surviving ranks of {before.tag()}'s "
                          f"{before.world} ({after.world} != {len(alive)})")
     before_maps = element_map(cfg, before)
@@ -175,7 +178,7 @@ def run_rank(comm, p: Plan, state: dict) -> dict:
     here. Messages go in the ``morph`` ledger phase: a rank posts all
     its receives, then all its sends, then waits for them all."""
     me = comm.rank
-    A, B = p.maps_before[me], p.maps_after[me]
+    A, B = (p.maps_before[me] if me < len(p.maps_before) else None), p.maps_after[me]   # None: a rank joining
     dtype = state["params"].dtype
     out = {"params": np.zeros(B.flat.size, dtype=dtype), "t": state["t"]}
     olo, ohi = B.optimizer
@@ -217,13 +220,16 @@ def run_rank(comm, p: Plan, state: dict) -> dict:
 
 
 def execute(p: Plan, states: list, backend: str = "local", timeout: float = 30.0, topology=None) -> tuple[list, object]:
-    """Run ``p`` on ``p.world`` processes from every rank's ``states`` (rank order), on an emulated ``topology``
-    if given; (new states, Ledger)."""
+    """Run ``p`` on ``p.world`` processes from every rank's ``states`` (rank order; fewer than ``p.world``, or None,
+    for ranks joining), on an emulated ``topology`` if given; (new states, Ledger)."""
     return launch(_run, p.world, p, states, backend=backend, timeout=timeout, ledger=True, topology=topology)
 
 
 def _run(comm, p: Plan, states: list) -> dict:
-    return run_rank(comm, p, states[comm.rank])
+    if comm.rank < len(states) and states[comm.rank] is not None:
+        return run_rank(comm, p, states[comm.rank])
+    # a rank joining: it holds nothing but knows the step count (the rendezvous tells it)
+    return run_rank(comm, p, {"params": np.zeros(0, dtype=states[0]["params"].dtype), "t": states[0]["t"]})
 
 
 def gather_reference(p: Plan, states: list) -> dict:

@@ -1,8 +1,15 @@
 """What happens to a training job while it runs: the scenarios morph's control loop meets, as data.
 
-A scenario is one event at one step: ``link-degrades@STEP[xFACTOR]`` (the inter-node link FACTOR times slower,
-as a congested or degraded network), ``node-lost@STEP`` (a node's ranks gone, as torchelastic sees a lost
-agent), ``seq-grows@STEP[xFACTOR]`` (the context FACTOR times longer, as a long-context phase of training).
+A scenario is a list of events, each ``KIND@STEP[xFACTOR]``, comma-separated and composable:
+
+- ``link-degrades@STEP[xF]``: the inter-node links F (10) times slower (bandwidth divided, latency multiplied), as
+  a congested or degraded network; ``link-recovers@STEP``: healthy again;
+- ``node-lost@STEP``: the second node's ranks gone, with whatever state only they held, as torchelastic sees a
+  lost agent; ``node-joins@STEP``: a node of as many ranks back (after a loss), holding nothing;
+- ``seq-grows@STEP[xF]``: the context F (2, 4 or 8) times longer, as a long-context phase of training;
+- ``memory-shrinks@STEP[xF]``: each rank's memory F (2) times smaller than a whole replica of the training state
+  needs (another job on the device, a fragmented allocator): only layouts that shard it fit.
+
 :func:`netmorph.cost.topology.two_nodes` is the emulated two-node cluster they happen on.
 """
 
@@ -13,64 +20,105 @@ from dataclasses import dataclass, replace
 from netmorph.cost.topology import Topology
 from netmorph.errors import UsageError
 
+# kind -> its FACTOR's default (None: takes no FACTOR)
+KINDS = {"link-degrades": 10.0, "link-recovers": None, "node-lost": None, "node-joins": None, "seq-grows": 2.0,
+         "memory-shrinks": 2.0}
+USAGE = ("none, or events KIND@STEP[xFACTOR] joined by commas: link-degrades@STEP[xF], link-recovers@STEP, "
+         "node-lost@STEP, node-joins@STEP, seq-grows@STEP[xF] (F 2, 4 or 8), memory-shrinks@STEP[xF]")
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str
+    at: int
+    factor: float = 1.0
+
+    def label(self) -> str:
+        return f"{self.kind}@{self.at}" + (f"x{self.factor:g}" if KINDS[self.kind] is not None else "")
+
 
 @dataclass(frozen=True)
 class Scenario:
-    """What changes mid-run, from step ``at`` on: ``link-degrades`` -- the inter-node links' bandwidth divided by
-    ``factor`` (their latency multiplied by it); ``node-lost`` -- the second node's ranks are gone, with whatever
-    state only they held; ``seq-grows`` -- the sequences are ``factor`` times longer (a long-context phase); or
-    ``none``. A loss or a growth happens at the first segment boundary from ``at`` on."""
+    """Events in step order; each takes effect from its step on (a loss, a join, a growth or a memory change at
+    the first segment boundary from there). A step here is one on the cluster's clock -- steps run, redone ones
+    included -- so a run that goes back to a checkpoint does not undo what happened to the cluster."""
 
-    kind: str = "none"
-    at: int = 0
-    factor: float = 10.0
+    events: tuple = ()
+
+    def _until(self, step: int):
+        return [e for e in self.events if e.at <= step]
 
     def link_factor(self, step: int) -> float:
         """How many times slower the inter-node link is at ``step`` than healthy."""
-        return self.factor if self.kind == "link-degrades" and step >= self.at else 1.0
+        f = 1.0
+        for e in self._until(step):
+            f = e.factor if e.kind == "link-degrades" else 1.0 if e.kind == "link-recovers" else f
+        return f
 
     def topology(self, base: Topology, step: int) -> Topology:
-        if self.link_factor(step) != 1:
-            return replace(base, name=f"{base.name} (inter-node x{self.factor:g} slower)",
-                           beta_inter=base.beta_inter * self.factor, alpha_inter=base.alpha_inter * self.factor)
-        return base
+        f = self.link_factor(step)
+        if f == 1:
+            return base
+        return replace(base, name=f"{base.name} (inter-node x{f:g} slower)", beta_inter=base.beta_inter * f,
+                       alpha_inter=base.alpha_inter * f)
 
     def world(self, world: int, step: int) -> int:
-        """Ranks alive at ``step``: the first node's alone once the second is lost."""
-        return world // 2 if self.kind == "node-lost" and step >= self.at else world
+        """Ranks alive at ``step``: the first node's alone while the second is lost."""
+        w = world
+        for e in self._until(step):
+            w = world // 2 if e.kind == "node-lost" else world if e.kind == "node-joins" else w
+        return w
 
     def model(self, model, step: int):
-        """The model trained at ``step``: ``factor`` times the sequence length once it grew."""
-        return replace(model, seq=model.seq * int(self.factor)) if self.kind == "seq-grows" and step >= self.at \
-            else model
+        """The model trained at ``step``: its sequence the product of the growths so far."""
+        seq = model.seq
+        for e in self._until(step):
+            seq = seq * int(e.factor) if e.kind == "seq-grows" else seq
+        return model if seq == model.seq else replace(model, seq=seq)
+
+    def memory(self, step: int) -> float:
+        """Each rank's memory at ``step`` as a share of a whole replica of the training state (inf: no limit)."""
+        m = float("inf")
+        for e in self._until(step):
+            m = 1 / e.factor if e.kind == "memory-shrinks" else m
+        return m
+
+    @property
+    def at(self) -> int:
+        """The first event's step (the run's healthy part ends there); 0 without events."""
+        return self.events[0].at if self.events else 0
 
     def label(self) -> str:
-        if self.kind == "none":
-            return "none"
-        return f"{self.kind}@{self.at}" + (f"x{self.factor:g}" if self.kind == "seq-grows" else "")
-
-
-DEFAULT_FACTOR = {"link-degrades": 10.0, "node-lost": 1.0, "seq-grows": 2.0}
+        return ",".join(e.label() for e in self.events) or "none"
 
 
 def parse_scenario(text: str) -> Scenario:
-    """``none``, ``link-degrades@STEP[xFACTOR]``, ``node-lost@STEP`` or ``seq-grows@STEP[xFACTOR]``."""
+    """``none`` or events (module docstring): one line naming what to change for anything else."""
     if text == "none":
         return Scenario()
-    kind, _, rest = text.partition("@")
-    usage = "none, link-degrades@STEP[xFACTOR], node-lost@STEP or seq-grows@STEP[xFACTOR]"
-    if kind not in DEFAULT_FACTOR or not rest:
-        raise UsageError(f"{{scenario}} {text!r}: {usage}", "scenario")
-    at, _, factor = rest.partition("x")
-    if factor and kind == "node-lost":
-        raise UsageError(f"{{scenario}} {text!r}: node-lost takes no FACTOR", "scenario")
-    try:
-        s = Scenario(kind, int(at), float(factor) if factor else DEFAULT_FACTOR[kind])
-    except ValueError:
-        raise UsageError(f"{{scenario}} {text!r}: STEP must be a whole number and FACTOR a number", "scenario") \
-            from None
-    if s.at < 0 or not 1 <= s.factor <= 1e4:
-        raise UsageError(f"{{scenario}} {text!r}: STEP >= 0 and FACTOR in 1..10000", "scenario")
-    if kind == "seq-grows" and s.factor not in (2, 4, 8):
-        raise UsageError(f"{{scenario}} {text!r}: the sequence grows 2, 4 or 8 times", "scenario")
-    return s
+    events, lost = [], False
+    for part in text.split(","):
+        kind, _, rest = part.strip().partition("@")
+        if kind not in KINDS or not rest:
+            raise UsageError(f"{{scenario}} {part!r}: {USAGE}", "scenario")
+        at, _, factor = rest.partition("x")
+        if factor and KINDS[kind] is None:
+            raise UsageError(f"{{scenario}} {part!r}: {kind} takes no FACTOR", "scenario")
+        try:
+            e = Event(kind, int(at), float(factor) if factor else KINDS[kind] or 1.0)
+        except ValueError:
+            raise UsageError(f"{{scenario}} {part!r}: STEP must be a whole number and FACTOR a number",
+                             "scenario") from None
+        if e.at < 0 or not 1 <= e.factor <= 1e4:
+            raise UsageError(f"{{scenario}} {part!r}: STEP >= 0 and FACTOR in 1..10000", "scenario")
+        if kind == "seq-grows" and e.factor not in (2, 4, 8):
+            raise UsageError(f"{{scenario}} {part!r}: the sequence grows 2, 4 or 8 times", "scenario")
+        if events and e.at < events[-1].at:
+            raise UsageError(f"{{scenario}} {text!r}: events in step order ({part} after {events[-1].label()})",
+                             "scenario")
+        if kind in ("node-lost", "node-joins") and lost == (kind == "node-lost"):
+            raise UsageError(f"{{scenario}} {part!r}: " + ("a node is already lost" if lost else
+                                                           "node-joins needs a node-lost before it"), "scenario")
+        lost = {"node-lost": True, "node-joins": False}.get(kind, lost)
+        events.append(e)
+    return Scenario(tuple(events))

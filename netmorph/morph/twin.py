@@ -16,7 +16,9 @@ planner prices a 1,024-GPU cluster's layouts (``benchmarks/morph.py --decide``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from netmorph.calibrate.validate import planner_layout
 from netmorph.cost.topology import Topology
@@ -24,6 +26,7 @@ from netmorph.mesh.layout import Layout
 from netmorph.mesh.shape import ModelShape
 from netmorph.morph.layouts import train_config
 from netmorph.planner.hardware import Hardware
+from netmorph.planner.memory import memory
 from netmorph.planner.timing import step_time
 
 __all__ = ["Twin", "candidates", "emulated_hardware"]
@@ -39,21 +42,28 @@ def emulated_hardware(topo: Topology, device_flops: float, op_overhead_s: float 
                     description=f"{topo.name}: emulated accelerators of {device_flops / 1e9:g} GFLOP/s")
 
 
-def candidates(model: ModelShape, world: int, global_batch: int, max_tp: int = 8) -> list:
-    """Every (tp, pp, dp) layout of ``world`` the trainer runs for this model and batch (ZeRO off; tp up to
-    ``max_tp``)."""
+def candidates(model: ModelShape, world: int, global_batch: int, max_tp: int = 8, zero: bool = False) -> list:
+    """Every (tp, pp, dp) layout of ``world`` the trainer runs for this model and batch (tp up to ``max_tp``), and
+    with ``zero`` each with ZeRO 1-3 where dp > 1, as the trainer allows it beside a pipeline."""
     out = []
     for tp in (t for t in (1, 2, 4, 8) if t <= max_tp):
         for pp in (1, 2, 4, 8):
             if world % (tp * pp):
                 continue
-            lay = Layout(tp=tp, pp=pp, dp=world // (tp * pp))
-            if any(r.key != "batch" for r in lay.check(model, trainer=True)):
-                continue
-            if global_batch % lay.dp or global_batch // lay.dp < lay.pp or model.seq % tp:
-                continue
-            out.append(lay)
+            dp = world // (tp * pp)
+            for z in ((0, 1, 2, 3) if dp > 1 and zero else (0,)):
+                lay = Layout(tp=tp, pp=pp, dp=dp, zero=z)
+                if any(r.key != "batch" for r in lay.check(model, trainer=True)):
+                    continue
+                if global_batch % lay.dp or global_batch // lay.dp < lay.pp or model.seq % tp:
+                    continue
+                out.append(lay)
     return out
+
+
+@lru_cache(maxsize=4096)
+def _priced(layout: Layout, model: ModelShape, global_batch: int, dtype: str) -> Layout:
+    return planner_layout(train_config(model, layout, 1, global_batch).layout, dtype, model)
 
 
 @dataclass
@@ -66,6 +76,7 @@ class Twin:
     hardware: Hardware
     dtype: str = "float64"
     max_tp: int = 8
+    memory_share: float = math.inf      # each rank's memory, as a share of a whole replica of the training state
 
     @property
     def beta0(self) -> float:
@@ -75,22 +86,41 @@ class Twin:
     def _model(self, seq: int | None) -> ModelShape:
         return self.model if seq in (None, self.model.seq) else replace(self.model, seq=seq)
 
+    def _priced(self, layout: Layout, model: ModelShape) -> Layout:
+        """``layout`` as the trainer runs it (its microbatches) and the planner prices it (byte widths, buckets)."""
+        return _priced(layout, model, self.global_batch, self.dtype)
+
     def step(self, layout: Layout, beta: float | None = None, seq: int | None = None) -> dict:
         """The planner's :func:`~netmorph.planner.timing.step_time` of ``layout`` as the trainer runs it (its
         microbatches, byte widths and buckets), the inter-node link at ``beta`` s/B."""
         model = self._model(seq)
         hw = self.hardware if beta is None else replace(self.hardware, nic_bandwidth=1 / beta)
-        lay = train_config(model, layout, 1, self.global_batch).layout
-        return step_time(model, planner_layout(lay, self.dtype, model), hw)
+        return step_time(model, self._priced(layout, model), hw)
+
+    def memory_bytes(self, layout: Layout, seq: int | None = None) -> float:
+        """The most loaded rank's bytes under ``layout`` (the planner's memory model: weights, gradients, Adam's
+        moments, activations in flight)."""
+        model = self._model(seq)
+        return memory(model, self._priced(layout, model))["total"]
+
+    def fits(self, layout: Layout, seq: int | None = None) -> bool:
+        """Whether ``layout`` fits :attr:`memory_share` of a whole replica (one rank holding everything)."""
+        if math.isinf(self.memory_share):
+            return True
+        return self.memory_bytes(layout, seq) <= self.memory_share * self.memory_bytes(Layout(), seq)
 
     def predict(self, layout: Layout, beta: float | None = None, seq: int | None = None) -> float:
         return self.step(layout, beta, seq)["step_time_s"]
 
     def layouts(self, world: int, seq: int | None = None, beta: float | None = None) -> list:
-        """The candidate layouts of ``world`` ranks, fastest first as predicted."""
+        """The candidate layouts of ``world`` ranks that fit the memory, fastest first as predicted."""
         model = self._model(seq)
-        return sorted(candidates(model, world, self.global_batch, self.max_tp),
-                      key=lambda lay: self.predict(lay, beta, model.seq))
+        # ZeRO only under memory pressure: it saves memory, not time (its sharded Adam step is shorter by a
+        # millisecond here), and a node's loss takes its shards with it -- a rollback to the last checkpoint that
+        # replicated state never needs
+        zero = not math.isinf(self.memory_share)
+        return sorted((lay for lay in candidates(model, world, self.global_batch, self.max_tp, zero)
+                       if self.fits(lay, model.seq)), key=lambda lay: self.predict(lay, beta, model.seq))
 
     def best(self, beta: float | None, world: int, seq: int | None = None) -> Layout:
         return self.layouts(world, seq, beta)[0]

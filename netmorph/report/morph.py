@@ -40,12 +40,14 @@ def plot_throughput(path, adaptive, statics, scenario) -> None:
         x = t[at - 1] if at else 0.0
         ax.axvline(x, color="red", ls="--", lw=1)
         ax.annotate(f"step {step}: {what}", (x, top * (0.95 - 0.06 * (k % 2))), fontsize=8, color="red")
-    if scenario.kind == "link-degrades" and 0 < scenario.at <= len(t):
-        ax.axvline(t[scenario.at - 1], color="gray", ls=":", lw=1)
-        ax.annotate(scenario.kind, (t[scenario.at - 1], top * 0.95), fontsize=8, color="gray", xytext=(3, 0),
-                    textcoords="offset points", bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8})
-    elif scenario.kind != "none":
-        ax.annotate(f"{scenario.label()} (at the next look)", (0.01, 0.02), xycoords="axes fraction", fontsize=8,
+    for e in scenario.events:
+        if e.kind.startswith("link-") and 0 < e.at <= len(t):
+            ax.axvline(t[e.at - 1], color="gray", ls=":", lw=1)
+            ax.annotate(e.kind, (t[e.at - 1], top * 0.95), fontsize=8, color="gray", xytext=(3, 0),
+                        textcoords="offset points", bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8})
+    others = [e.label() for e in scenario.events if not e.kind.startswith("link-")]
+    if others:
+        ax.annotate(f"{', '.join(others)} (at the next look)", (0.01, 0.02), xycoords="axes fraction", fontsize=8,
                     color="gray")
     ax.set_xlabel("wall-clock seconds (steps, moves and redone steps)")
     ax.set_ylabel("tokens/s")
