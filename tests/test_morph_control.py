@@ -171,13 +171,25 @@ def _controller(world, steps, segment, scenario, inter_mbps=50.0, checkpoint_eve
 
 
 @pytest.mark.timeout(300)
-def test_controller_moves_off_a_degraded_link_and_keeps_the_model():
+def test_controller_moves_off_a_degraded_link_and_keeps_the_model(monkeypatch):
     """For real: the inter-node link 20x slower from step 4 under data parallelism across the nodes; the loop
-    moves (to the twin's best at the link it measured) and its losses are the ones the start split gives -- the
-    same data, resharded state. Whether the move wins in wall time is a measurement on a shared machine, not a
-    unit test: benchmarks/morph.py holds it."""
+    moves (to the twin's best at the link it measured) in one launch -- the ranks stay alive, the move runs
+    between them -- and its losses are the ones the start split gives: the same data, resharded state. Whether
+    the move wins in wall time is a measurement on a shared machine, not a unit test: benchmarks/morph.py holds
+    it."""
+    import sys
+    launcher = sys.modules["netmorph.runtime.launch"]            # the module (the package exports its function)
+    launches = []
+    real = launcher.launch
+    monkeypatch.setattr(launcher, "launch", lambda fn, *a, **k: launches.append(fn.__name__) or real(fn, *a, **k))
     start = Layout(dp=4)
-    twin, adaptive, static = _controller(4, 16, 4, "link-degrades@4x20", start=start)
+    from netmorph.morph.controller import Trainer, run_adaptive, twin_of
+    trainer = Trainer(MORPH_GPT, 8, 4, 60.0, 10.0, 50.0)
+    sc = parse_scenario("link-degrades@4x20")
+    adaptive = run_adaptive(trainer, twin_of(trainer, LINKS), start, 16, 4, sc, log=lambda *a, **k: None)
+    assert launches == ["live_rank"]
+    monkeypatch.setattr(launcher, "launch", real)
+    static = _controller(4, 16, 4, "link-degrades@4x20", start=start)[2]
     (d,) = adaptive.decisions
     assert d.after != start.tag() and d.after == d.top[0][0] and adaptive.decide_s and max(adaptive.decide_s) < 5
     np.testing.assert_allclose(adaptive.losses, static.losses, rtol=1e-9, atol=0)

@@ -122,7 +122,7 @@ class Controller:
         and what it decided; the :class:`Decision` to move now, or None)."""
         if m.beta is not None:
             self.beta = m.beta
-        if m.busy_s is not None:
+        if m.busy_s is not None and m.layout.zero < 3:     # ZeRO-3's gathers run inside the slots: not compute
             self.twin = self.twin.measured(m.layout, m.busy_s, self.beta, m.seq)
         ranked = self._ranked(m.layout.world, m.seq)
         best, best_s = ranked[0]
@@ -136,8 +136,9 @@ class Controller:
         gain = current - best_s
         if best == m.layout or gain <= self.hysteresis * current or left <= 0:
             self.streak, self.wanted = 0, None
-            return line + ("; stay (the best)" if best == m.layout else
-                           f"; stay (gain {1e3 * gain:.0f} ms/step under {100 * self.hysteresis:.0f}%)"), None
+            why = ("the best" if best == m.layout else "no steps left" if left <= 0 else
+                   f"gain {1e3 * gain:.0f} ms/step under {100 * self.hysteresis:.0f}%")
+            return line + f"; stay ({why})", None
         self.streak = self.streak + 1 if best == self.wanted else 1
         self.wanted = best
         p, cost = move_cost(self.twin, m.layout, best, m.seq, self.beta)

@@ -174,6 +174,15 @@ class CommBase:
         self.sent.clear()
         self.received.clear()
 
+    def emulate(self, topology) -> None:
+        """Price this rank's outgoing links by ``topology`` from here on, as a launch's ``topology=`` does from the
+        start (the local fabric's link clock): a link that degrades or recovers mid-run. A real network (the torch
+        backend) is what it is: nothing changes there."""
+        from netmorph.runtime.links import link_cost
+        clock = getattr(self.transport, "clock", None)
+        if clock is not None:
+            clock.cost = link_cost(topology)
+
     # torch.distributed spellings
     def close(self) -> None:
         """``destroy_process_group`` for this communicator: release the transport (idempotent)."""
