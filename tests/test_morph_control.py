@@ -95,7 +95,8 @@ def test_the_loop_holds_still_when_nothing_changes_or_no_time_is_left():
 def test_a_move_is_made_only_when_its_gain_pays_for_its_cost():
     """Nodes joined at 0.5 MB/s, 100 MB/s inside: from pp4·dp2 the twin prefers pp2·dp4 by a few ms a step, and
     the move costs a few steps of that (half of each stage's state changes hands inside the nodes). With one look
-    to confirm and no hysteresis, it moves exactly when the steps left times the gain exceed the reshard's predicted seconds."""
+    to confirm and no hysteresis, it moves exactly when the steps left times the gain exceed the reshard's predicted
+    seconds."""
     from netmorph.morph.decide import Controller, Look, move_cost
     _, twin = _twin(inter_mbps=0.5, links={"intra": {"alpha": 1e-3, "beta": 1e-8}, "inter": LINKS["inter"]})
     start = Layout(pp=4, dp=2)

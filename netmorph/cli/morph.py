@@ -169,7 +169,8 @@ def _control(args) -> int:
     predicted = {lay.tag(): healed.predict(lay) for lay in dict.fromkeys(ranked + fits)}
     measured = {k: statistics.median(r.step_s[:healthy]) for k, r in statics.items() if healthy and r.step_s}
     out = {"world": world, "steps": steps, "scenario": scenario.label(),
-           "decisions": [{"step": d.step, "from": d.before, "to": d.after, "measured_step_s": _finite(d.measured_step_s),
+           "decisions": [{"step": d.step, "from": d.before, "to": d.after,
+                          "measured_step_s": _finite(d.measured_step_s),
                           "predicted_current_s": _finite(d.predicted_current_s),
                           "predicted_best_s": d.predicted_best_s, "reshard_bytes": d.reshard_bytes,
                           "reshard_s": d.reshard_s, "payback_steps": _finite(d.payback_steps), "reason": d.reason,
@@ -181,7 +182,8 @@ def _control(args) -> int:
            "total_s": adaptive.total_s, "reshard_s": adaptive.reshard_s, "redone_steps": adaptive.redone,
            "start": start.tag(), "start_static_total_s": _finite(statics[start.tag()].total_s),
            "best_static": best_static, "best_static_total_s": _finite(statics[best_static].total_s),
-           "decide_s": adaptive.decide_s, "links": {k: {"alpha": v["alpha"], "beta": v["beta"]} for k, v in links.items()},
+           "decide_s": adaptive.decide_s,
+           "links": {k: {"alpha": v["alpha"], "beta": v["beta"]} for k, v in links.items()},
            "restart_total_s": None if restart is None else _finite(restart.total_s),
            "restart_redone_steps": None if restart is None else restart.redone,
            "final_loss": {name: (r.losses[-1] if r.losses and not r.failed else None)

@@ -38,7 +38,8 @@ def emulated_hardware(topo: Topology, device_flops: float, op_overhead_s: float 
                     gpus_per_node=topo.gpus_per_node, nvlink_bandwidth=1 / topo.beta,
                     nic_bandwidth=1 / (topo.beta_inter or topo.beta), alpha_intra=topo.alpha,
                     alpha_inter=topo.alpha_inter or topo.alpha, gemm_efficiency=1.0, attention_efficiency=1.0,
-                    elementwise_passes=0.0, op_overhead_s=op_overhead_s, allreduce_algorithms=("ring",), multi_rail=False,
+                    elementwise_passes=0.0, op_overhead_s=op_overhead_s, allreduce_algorithms=("ring",),
+                    multi_rail=False,
                     description=f"{topo.name}: emulated accelerators of {device_flops / 1e9:g} GFLOP/s")
 
 
