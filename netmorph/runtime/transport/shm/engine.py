@@ -205,7 +205,9 @@ class ProgressEngine:
         self.outq.clear()
         self.inq.clear()
         self.failed = None
-        self.acked_deaths = self.f.deaths
+        # every death marked so far: the launcher sets a rank's dead flag before it counts the event, so a rank
+        # that saw the flag (and re-forms without it) must not take the count's late increment for a new death
+        self.acked_deaths = max(self.f.deaths, int((self.f.dead != 0).sum()))
         self.f.set_epoch(epoch)
 
     def _check(self) -> None:
