@@ -112,7 +112,9 @@ class DeviceMesh:
     """
 
     def __init__(self, comm, order: str = "tp-cp-ep-dp-pp", **sizes):
-        self.mesh = Mesh(comm.world, order=order, **sizes)
+        # the members the communicator has now (after an elastic re-form: the survivors, ranks 0..n-1)
+        world = comm.WORLD.size() if getattr(comm, "WORLD", None) is not None else comm.world
+        self.mesh = Mesh(world, order=order, **sizes)
         self.rank = comm.rank
         self._groups = {}
         for dim in DIMS:

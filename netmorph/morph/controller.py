@@ -40,7 +40,7 @@ from netmorph.errors import UsageError
 from netmorph.mesh.layout import Layout
 from netmorph.morph.decide import Controller, Decision, Look, Run, resized
 from netmorph.morph.layouts import train_config
-from netmorph.morph.live import LiveJob, membership_changes, run_live
+from netmorph.morph.live import LiveJob, run_live
 from netmorph.morph.reshard import StateLost, execute, plan, restore
 from netmorph.morph.scenario import Scenario, parse_scenario
 from netmorph.morph.twin import Twin, candidates, emulated_hardware
@@ -292,9 +292,10 @@ def run_adaptive(trainer: Trainer, twin: Twin, start: Layout, steps: int, segmen
     """The control loop (module docstring) deciding on ``twin``; ``log`` gets one line per segment and per
     decision. Without a node lost or joining, the whole run is one launch whose ranks stay alive across moves
     (:mod:`netmorph.morph.live`); with one, each segment is its own launch."""
-    if not membership_changes(scenario):
+    if not any(e.kind == "node-joins" for e in scenario.events):
         live = LiveJob(trainer.model, trainer.global_batch, trainer.device_flops, trainer.base, twin, start, steps,
-                       segment, scenario, hysteresis, confirm, verbose=log is print)
+                       segment, scenario, hysteresis, confirm, verbose=log is print,
+                       checkpoint_every=trainer.checkpoint_every)
         return run_live(live, trainer.world, trainer.timeout, log)
     job = _Job(trainer, start)
     run = job.run

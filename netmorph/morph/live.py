@@ -14,16 +14,31 @@ Varuna and Oobleck morph a job without restarting it; so does this loop. Every r
 
 The scenario's link changes reach each rank's own link clock at the same segment boundary
 (:meth:`Comm.emulate <netmorph.runtime.base.CommBase.emulate>`); a longer context or less memory re-plans there.
-A node lost or joining changes the membership itself: those scenarios run on the relaunching path of
-:mod:`netmorph.morph.controller` (each segment its own launch) until the elastic rendezvous carries them.
+
+A node lost is not applied by anyone: at the scenario's step its ranks SIGKILL themselves in the middle of the
+next step (an elastic launch, ``launch(elastic=True)``). The fabric marks them dead and every survivor's pending
+call raises ``PeerLost``; the survivors post the steps they completed, agree on the view without the dead and
+on the step to resume at (the fewest any completed: each keeps its last two steps' state in memory, Horovod
+Elastic's commit) through :class:`~netmorph.elastic.membership.Rendezvous`, re-form the communicator on the
+epoch's fresh channels, and rank 0's twin picks the survivors' layout. The state is resharded from what the
+survivors hold -- or, when the node took state no survivor has (a pipeline stage, a ZeRO shard), read from the
+last checkpoint every rank wrote to a shared folder -- and the line says which. At most the step in flight is
+redone when the survivors hold everything. A node joining still runs on the relaunching path of
+:mod:`netmorph.morph.controller`; a rank stopped (SIGSTOP) rather than killed is not yet fenced here.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import signal
 import statistics
+import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -32,7 +47,7 @@ from netmorph.mesh.layout import Layout
 from netmorph.mesh.shape import ModelShape
 from netmorph.morph.decide import Controller, Decision, Look, Run
 from netmorph.morph.layouts import train_config
-from netmorph.morph.reshard import plan, run_rank
+from netmorph.morph.reshard import StateLost, plan, restore, run_rank
 from netmorph.morph.scenario import Scenario
 from netmorph.morph.twin import Twin, candidates
 from netmorph.parallel.hybrid import train_rank
@@ -43,7 +58,7 @@ PROBE_BYTES, PROBES = 1 << 18, 3
 
 
 def membership_changes(scenario: Scenario) -> bool:
-    """Whether the scenario loses or adds ranks (the relaunching path's, for now)."""
+    """Whether the scenario loses or adds ranks."""
     return any(e.kind in ("node-lost", "node-joins") for e in scenario.events)
 
 
@@ -63,12 +78,14 @@ class LiveJob:
     hysteresis: float = 0.10
     confirm: int = 2
     verbose: bool = False           # rank 0 prints each look's line as it goes
+    checkpoint_every: int = 20
+    checkpoints: str = ""           # a folder every rank writes its checkpoints to (a node may be lost), or ""
 
 
 def probe(comm, gpn: int) -> float | None:
     """Seconds per byte one way across the node boundary (rank 0 to rank ``gpn`` and back, the fastest of
     :data:`PROBES`), known on every rank (broadcast from rank 0); None on one node."""
-    if comm.world <= gpn:
+    if comm.WORLD.size() <= gpn:                # one node (the survivors of a lost one too)
         return None
     buf, best = np.zeros(PROBE_BYTES // 8), math.inf
     with comm.phase("morph.probe"):
@@ -93,99 +110,254 @@ def _max(comm, values) -> np.ndarray:
     return a
 
 
-def live_rank(comm, job: LiveJob) -> dict:
-    """This rank's part of the whole adaptive run: {"losses": per step where this rank computes them, else None;
-    "run": the :class:`~netmorph.morph.decide.Run` on rank 0 (its losses filled by the caller)}."""
-    gpn = job.base.gpus_per_node
-    layout, model, state, step, share = job.start, job.model, None, 0, math.inf
-    ctl = Controller(job.twin, job.steps, job.hysteresis, job.confirm) if comm.rank == 0 else None
-    run = Run([(0, layout.tag())], [])
-    losses: list = []
-    lines: list = []                # rank 0's log, returned when it is not printed as it goes
+class _Rank:
+    """One rank of a live run: its layout, model, state and step, its in-memory commits, its log (rank 0)."""
 
-    def say(line):
-        if comm.rank == 0:
-            lines.append(line)
-            if job.verbose:
+    def __init__(self, comm, job: LiveJob):
+        self.comm, self.job, self.gpn = comm, job, job.base.gpus_per_node
+        self.layout, self.model, self.state, self.step, self.share = job.start, job.model, None, 0, math.inf
+        self.ctl = Controller(job.twin, job.steps, job.hysteresis, job.confirm) if comm.rank == 0 else None
+        self.run = Run([(0, job.start.tag())], [])
+        self.losses: dict = {}                  # step -> loss, where this rank computes it (redone steps overwrite)
+        self.lines: list = []                   # rank 0's log, returned when it is not printed as it goes
+        self.clock = 0                          # steps run, redone ones included: the scenario's clock
+        self.commits: list = []                 # the last two (steps done, state): a loss redoes one step at most
+        self.ends: list = []                    # when each step of the segment in hand ended (perf_counter)
+        self.accounted = False                  # the segment's step times are in the run
+        lost = [e.at for e in job.scenario.events if e.kind == "node-lost"]
+        self.dies_at = lost[0] if lost and comm.rank >= self.gpn else None
+        self.rdzv = self.view = None
+        if job.checkpoints:
+            from netmorph.elastic.membership import Rendezvous
+            self.rdzv = Rendezvous(comm.store, 1)
+            self.view = self.rdzv.start(range(comm.world))
+
+    def say(self, line: str) -> None:
+        if self.comm.rank == 0:
+            self.lines.append(line)
+            if self.job.verbose:
                 print(line, flush=True)
 
-    def move(target, grown=None):
-        nonlocal state
-        p = plan(model, layout, target, gpus_per_node=gpn, grown=grown)
-        if state is None:
-            return p, 0.0
-        state = run_rank(comm, p, state)
-        return p, float(_max(comm, [state["seconds"]])[0])
+    def commit(self, done: int, state, loss) -> None:
+        """After each step: keep the state (the last two), write a checkpoint every ``checkpoint_every`` steps,
+        and -- a rank of the node the scenario loses, at its step on the cluster's clock -- arm the SIGKILL that
+        takes this process in the middle of the next step."""
+        self.clock += 1
+        self.ends.append(time.perf_counter())
+        if loss is not None:
+            self.losses[done - 1] = loss
+        self.commits = (self.commits + [(done, state())])[-2:]
+        if self.job.checkpoints and done % self.job.checkpoint_every == 0:
+            d = Path(self.job.checkpoints) / f"step{done}"
+            d.mkdir(exist_ok=True)
+            np.savez(d / f"rank{self.comm.rank}.npz", **{k: np.asarray(v) for k, v in self.commits[-1][1].items()})
+            (d / f"meta{self.comm.rank}.json").write_text(json.dumps({"layout": self.layout.tag(),
+                                                                       "seq": self.model.seq}))
+        if self.dies_at is not None and self.clock == self.dies_at:
+            took = self.run.step_s[-1] if self.run.step_s else 0.1
+            threading.Timer(took / 2, os.kill, (os.getpid(), signal.SIGKILL)).start()
 
-    while step < job.steps:
-        comm.emulate(job.scenario.topology(job.base, step))
-        new_model, new_share = job.scenario.model(job.model, step), job.scenario.memory(step)
-        if new_model != model or new_share != share:
-            what = "; ".join(w for w, c in ((f"sequence grew to {new_model.seq}", new_model != model),
-                                            (f"memory down to {100 * new_share:.0f}% of a replica",
-                                             new_share != share)) if c)
-            pick = np.array([-1.0])
-            if comm.rank == 0:
-                best, predicted, current, top = ctl.replan(layout, layout.world, new_model.seq, new_share)
-                pick[0] = candidates(new_model, layout.world, job.global_batch, zero=True).index(best)
-            with comm.phase("morph.agree"):
-                comm.broadcast(pick, 0)
-            target = candidates(new_model, layout.world, job.global_batch, zero=True)[int(pick[0])]
-            p, spent = move(target, new_model if new_model != model else None)
-            run.reshard_s += spent
-            run.events.append((len(run.step_s), spent, step, f"{layout.tag()} -> {target.tag()}"))
-            if comm.rank == 0:
-                say(f"  -> at step {step}, {what}: {layout.tag()} -> {target.tag()} (model {1e3 * predicted:.0f} "
-                    f"ms/step; staying {'does not fit' if math.isinf(current) else f'{1e3 * current:.0f} ms'}); "
-                    f"{p.bytes:,} B between live ranks in {1e3 * spent:.0f} ms")
-                if target != layout:
-                    run.decisions.append(Decision(step, layout.tag(), target.tag(), math.nan, current, predicted,
-                                                  p.bytes, spent, spent / max(current - predicted, 1e-12), what, top))
+    def move(self, target: Layout, grown=None) -> tuple:
+        p = plan(self.model, self.layout, target, gpus_per_node=self.gpn, grown=grown)
+        if self.state is None:
+            return p, 0.0
+        self.state = run_rank(self.comm, p, self.state)
+        return p, float(_max(self.comm, [self.state["seconds"]])[0])
+
+    def pick(self, choose, model: ModelShape, world: int) -> Layout:
+        """Rank 0's choice among the candidates (``choose()`` on rank 0: a Layout, or None to stay), on every
+        rank; None when it stays."""
+        options = candidates(model, world, self.job.global_batch, zero=True)
+        pick = np.array([-1.0])
+        if self.comm.rank == 0:
+            chosen = choose()
+            pick[0] = -1 if chosen is None else [lay.tag() for lay in options].index(chosen.tag())
+        with self.comm.phase("morph.agree"):
+            self.comm.broadcast(pick, 0)
+        return None if pick[0] < 0 else options[int(pick[0])]
+
+    def replan(self) -> None:
+        """The context grew or the memory shrank at this boundary: rank 0's twin picks the layout; move there."""
+        job, layout = self.job, self.layout
+        model, share = job.scenario.model(job.model, self.clock), job.scenario.memory(self.clock)
+        if model == self.model and share == self.share:
+            return
+        what = "; ".join(w for w, c in ((f"sequence grew to {model.seq}", model != self.model),
+                                        (f"memory down to {100 * share:.0f}% of a replica", share != self.share)) if c)
+        out = {}
+
+        def choose():
+            out["best"] = self.ctl.replan(layout, layout.world, model.seq, share)
+            return out["best"][0]
+        target = self.pick(choose, model, layout.world)
+        p, spent = self.move(target, model if model != self.model else None)
+        self.run.reshard_s += spent
+        self.run.events.append((len(self.run.step_s), spent, self.step, f"{layout.tag()} -> {target.tag()}"))
+        if self.comm.rank == 0:
+            _, predicted, current, top = out["best"]
+            self.say(f"  -> at step {self.step}, {what}: {layout.tag()} -> {target.tag()} (model "
+                     f"{1e3 * predicted:.0f} ms/step; staying "
+                     f"{'does not fit' if math.isinf(current) else f'{1e3 * current:.0f} ms'}); {p.bytes:,} B between "
+                     f"live ranks in {1e3 * spent:.0f} ms")
             if target != layout:
-                run.layout_path.append((step, target.tag()))
-            layout, model, share = target, new_model, new_share
-        n = min(job.segment, job.steps - step)
-        cfg = train_config(model, layout, n, job.global_batch, step, device_flops=job.device_flops)
-        out = train_rank(comm, cfg, None, None if state is None else {comm.rank: state})
-        state = out.state.flat
-        losses.append(out.losses)
+                self.run.decisions.append(Decision(self.step, layout.tag(), target.tag(), math.nan, current,
+                                                   predicted, p.bytes, spent,
+                                                   spent / max(current - predicted, 1e-12), what, top))
+        if target != layout:
+            self.run.layout_path.append((self.step, target.tag()))
+        self.layout, self.model, self.share = target, model, share
+
+    def segment(self) -> None:
+        """Train a segment, agree on what it measured, look, and move if the controller says so."""
+        job, comm = self.job, self.comm
+        n = min(job.segment, job.steps - self.step)
+        cfg = train_config(self.model, self.layout, n, job.global_batch, self.step, device_flops=job.device_flops)
+        self.commits, self.ends, self.accounted = [(self.step, self.state)], [time.perf_counter()], False
+        out = train_rank(comm, cfg, None, None if self.state is None else {comm.rank: self.state},
+                         commit=self.commit)
+        self.state = out.state.flat
+        # every rank learns the segment's losses (the ranks that compute them may be the ones a loss takes)
+        first = self.step
+        mine = [self.losses.get(k, 0.0) for k in range(first, first + n)] + [1.0 if out.losses else 0.0]
+        total = np.asarray(mine, dtype=np.float64)
+        with comm.phase("morph.agree"):
+            comm.all_reduce(total)
+        self.losses.update({first + k: float(v) / total[-1] for k, v in enumerate(total[:-1])})
         times = _max(comm, out.step_times)
         if n > 1:
             times[0] = statistics.median(times[1:])       # the segment's first step builds the layout's modules
         busy = float(_max(comm, [statistics.median(out.busy_s[1:] or out.busy_s)])[0])
-        beta = probe(comm, gpn)
-        run.step_s += times.tolist()
-        run.tokens += [job.global_batch * model.seq] * n
-        step += n
-        pick = np.array([-1.0])
-        if comm.rank == 0:
+        beta = probe(comm, self.gpn)
+        self.run.step_s += times.tolist()
+        self.run.tokens += [job.global_batch * self.model.seq] * n
+        self.accounted = True
+        self.step += n
+        line = d = None
+
+        def choose():
+            nonlocal line, d
             t0 = time.perf_counter()
-            line, d = ctl.look(Look(step, layout, model.seq, statistics.median(times), busy, beta))
-            run.decide_s.append(time.perf_counter() - t0)
-            say(line)
-            if d is not None:
-                pick[0] = [lay.tag() for lay in candidates(model, layout.world, job.global_batch, zero=True)] \
-                    .index(d.after)
-        with comm.phase("morph.agree"):
-            comm.broadcast(pick, 0)
-        if pick[0] < 0:
-            continue
-        target = candidates(model, layout.world, job.global_batch, zero=True)[int(pick[0])]
-        p, spent = move(target)
-        run.reshard_s += spent
-        run.events.append((len(run.step_s), spent, step, f"{layout.tag()} -> {target.tag()}"))
-        run.layout_path.append((step, target.tag()))
+            line, d = self.ctl.look(Look(self.step, self.layout, self.model.seq, statistics.median(times), busy,
+                                         beta))
+            self.run.decide_s.append(time.perf_counter() - t0)
+            self.say(line)
+            return None if d is None else next(lay for lay in candidates(self.model, self.layout.world,
+                                                                         job.global_batch, zero=True)
+                                               if lay.tag() == d.after)
+        target = self.pick(choose, self.model, self.layout.world)
+        if target is None:
+            return
+        p, spent = self.move(target)
+        self.run.reshard_s += spent
+        self.run.events.append((len(self.run.step_s), spent, self.step, f"{self.layout.tag()} -> {target.tag()}"))
+        self.run.layout_path.append((self.step, target.tag()))
         if comm.rank == 0:
             predicted_cost, d.reshard_s = d.reshard_s, spent
             d.payback_steps = spent / (d.predicted_current_s - d.predicted_best_s)
-            run.decisions.append(d)
-            say(f"  -> reshard {d.before} to {d.after} at step {d.step} between live ranks: {p.bytes:,} B in "
-                f"{1e3 * spent:.0f} ms (model {1e3 * predicted_cost:.0f} ms), pays back in {d.payback_steps:.1f} "
-                f"steps")
-        layout = target
-    if ctl is not None:
-        run.twin = ctl.twin
-    return {"losses": losses, "run": run if comm.rank == 0 else None, "lines": lines}
+            self.run.decisions.append(d)
+            self.say(f"  -> reshard {d.before} to {d.after} at step {d.step} between live ranks: {p.bytes:,} B in "
+                     f"{1e3 * spent:.0f} ms (model {1e3 * predicted_cost:.0f} ms), pays back in "
+                     f"{d.payback_steps:.1f} steps")
+        self.layout = target
+
+    def recover(self, err) -> None:
+        """A peer died (the fabric marked it: ``err``): agree with the other survivors on the new view and the
+        step to resume at (the fewest any of them completed), re-form, let rank 0's twin pick the survivors'
+        layout, and reshard from what the survivors hold -- from the last checkpoint when they lack some state."""
+        comm, job, t0 = self.comm, self.job, time.perf_counter()
+        f = comm.transport.f
+        nxt = self.view.epoch + 1
+        done = max(d for d, _ in self.commits)
+        comm.store.set(f"netmorph/morph/progress/{nxt}/{comm.rank}", str(done))
+        posted, deadline = {}, time.monotonic() + comm.transport.timeout
+        while True:                               # who survives is read again on every look
+            dead = [r for r in range(f.world) if f.dead[r]]
+            alive = [m for m in self.view.members if m not in dead]
+            for m in alive:
+                key = f"netmorph/morph/progress/{nxt}/{m}"
+                if m not in posted and comm.store.check([key]):
+                    posted[m] = int(comm.store.get(key))
+            if all(m in posted for m in alive):
+                break
+            if time.monotonic() > deadline:
+                raise err
+            time.sleep(0.002)
+        view = self.rdzv.propose(self.view, suspects=dead, first_step=min(posted[m] for m in alive))
+        comm.reform(view.members, view.epoch)
+        self.view, world, first = view, len(view.members), view.first_step
+        if not self.accounted:                    # the segment's steps done before the loss, as this rank timed them
+            kept = first - self.step              # (the segment started at self.step)
+            self.run.step_s += np.diff(self.ends[:kept + 1]).tolist()
+            self.run.tokens += [job.global_batch * self.model.seq] * kept
+            t0 = self.ends[kept]                  # from here on the time is the loss's: the step in flight too
+        if list(view.members) != list(range(world)):
+            raise RuntimeError(f"survivors {list(view.members)}: morph re-forms on the first node's ranks only")
+        state = dict(self.commits).get(first, self.state)
+        layout, out, agreed = self.layout, {}, first
+
+        def choose():
+            out["best"] = self.ctl.replan(layout, world, self.model.seq, self.share)
+            return out["best"][0]
+        target = self.pick(choose, self.model, world)
+        try:
+            if state is None:
+                raise StateLost("nothing trained yet")
+            p = plan(self.model, layout, target, gpus_per_node=self.gpn, alive=range(world))
+            self.state = run_rank(comm, p, state)
+            how = f"{p.bytes:,} B from the survivors' shards"
+        except StateLost as e:
+            at = max((int(d.name[4:]) for d in Path(job.checkpoints).iterdir()), default=0)
+            self.state = self._restore(at, target) if at else None
+            how = f"{e}: from the checkpoint of step {at}, {first - at} steps to redo"
+            first = at
+        spent = float(_max(comm, [time.perf_counter() - t0])[0])
+        redone = agreed - first + 1               # the step in flight, and the steps since the checkpoint
+        self.run.reshard_s += spent
+        self.run.redone += redone
+        self.run.events.append((len(self.run.step_s), spent, first, f"{layout.tag()} -> {target.tag()}"))
+        self.run.layout_path.append((first, target.tag()))
+        if comm.rank == 0:
+            _, predicted, current, top = out["best"]
+            what = f"node lost ({world} ranks left, ranks {dead} killed mid-step, detected by the fabric)"
+            self.say(f"  -> {what}: agreed to resume at step {agreed} (the step in flight redone); {layout.tag()} -> "
+                     f"{target.tag()} (model {1e3 * predicted:.0f} ms/step); {how}; {1e3 * spent:.0f} ms from the "
+                     f"detection to going on")
+            self.run.decisions.append(Decision(first, layout.tag(), target.tag(), math.nan, current, predicted,
+                                               0, spent, math.inf, what, top))
+        self.layout, self.step, self.accounted = target, first, True
+
+    def _restore(self, at: int, target: Layout) -> dict:
+        """This rank's state under ``target`` from the checkpoint of step ``at`` (every old rank's file)."""
+        d = Path(self.job.checkpoints) / f"step{at}"
+        metas = sorted(d.glob("meta*.json"), key=lambda q: int(q.stem[4:]))
+        meta = json.loads(metas[0].read_text())
+        old = Layout.parse(meta["layout"].replace("·", ","), len(metas))
+        model = self.job.model if meta["seq"] == self.job.model.seq else replace(self.job.model, seq=meta["seq"])
+        states = [dict(np.load(d / f"rank{r}.npz")) for r in range(len(metas))]
+        for st in states:
+            st["t"] = int(st["t"])
+        return restore(model, old, states, target)[self.comm.rank]
+
+    def main(self) -> dict:
+        from netmorph.runtime.transport import PeerLost
+        while self.step < self.job.steps:
+            self.comm.emulate(self.job.scenario.topology(self.job.base, self.clock))
+            try:
+                self.replan()
+                self.segment()
+            except PeerLost as e:
+                if not self.job.checkpoints:
+                    raise
+                self.recover(e)
+        if self.ctl is not None:
+            self.run.twin = self.ctl.twin
+        return {"losses": self.losses, "run": self.run if self.comm.rank == 0 else None, "lines": self.lines}
+
+
+def live_rank(comm, job: LiveJob) -> dict:
+    """This rank's part of the whole adaptive run: {"losses": {step: loss} where this rank computes them; "run":
+    the :class:`~netmorph.morph.decide.Run` on rank 0 (its losses filled by the caller); "lines": its log}."""
+    return _Rank(comm, job).main()
 
 
 def run_live(job: LiveJob, world: int, timeout: float, log=lambda line: None) -> Run:
@@ -193,11 +365,19 @@ def run_live(job: LiveJob, world: int, timeout: float, log=lambda line: None) ->
     losses gathered from the ranks that computed them (rank 0's lines go to ``log`` at the end unless
     ``job.verbose`` printed them as they came)."""
     from netmorph.runtime.launch import launch
-    outs = launch(live_rank, world, job, topology=job.base, timeout=timeout)
+    if membership_changes(job.scenario):
+        with tempfile.TemporaryDirectory(prefix=".netmorph-ckpt-") as d:
+            outs, _ = launch(live_rank, world, replace(job, checkpoints=d), topology=job.base, timeout=timeout,
+                             elastic=True)
+    else:
+        outs = launch(live_rank, world, job, topology=job.base, timeout=timeout)
     if not job.verbose:
         for line in outs[0]["lines"]:
             log(line)
     run = outs[0]["run"]
-    for k in range(len(outs[0]["losses"])):
-        run.losses += next(o["losses"][k] for o in outs if o["losses"][k])
+    losses = {}
+    for o in outs:
+        if o is not None:
+            losses.update(o["losses"])
+    run.losses = [losses[k] for k in sorted(losses)]
     return run

@@ -206,12 +206,12 @@ def _routing(moe: list, lay: RankGroups, records, a2a_s: float, world: int) -> d
             "z": sum(z for b in moe for _, z in b.aux) / m, "a2a_s": a2a_s, "links": links}
 
 
-def train_rank(comm, cfg: TrainConfig, progress=None, inits=None) -> RankReport:
+def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -> RankReport:
     """One rank's part of ``cfg.steps`` training steps; what it measured (``progress``: a
     :class:`~netmorph.runtime.progress.ProgressCounter` bumped once per step). ``inits[rank]``, when given,
     is the rank's state to start from -- {"params": its flat buffer, "m", "v": Adam's moments over its
     range, "t": Adam's step}, as ``flat_state`` returns it or :func:`netmorph.morph.reshard.run_rank`
-    makes it for this layout."""
+    makes it for this layout. ``commit(steps done, state(), its loss or None)`` after each step, when given."""
     torch.manual_seed(0)
     torch.set_num_threads(1)            # torchrun's OMP_NUM_THREADS=1: one process per core, no spinning pools
     split = cfg.layout
@@ -285,6 +285,9 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None) -> RankReport:
             saved = max(saved, hooks.saved_per_microbatch)
             if progress is not None:
                 progress.bump(comm.rank)
+            if commit is not None:          # an in-memory commit (Horovod Elastic's): a loss redoes one step at most
+                commit(cfg.start_step + step + 1, dense.state, losses[-1] if is_last_stage and lay.tp_rank == 0
+                       else None)
         for r in reps:
             r.gather()
         state = named_pieces(chunks)

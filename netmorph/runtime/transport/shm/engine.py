@@ -204,6 +204,9 @@ class ProgressEngine:
         so far and move to epoch ``epoch``'s fresh channels. Stale pieces stay in the old ones."""
         self.outq.clear()
         self.inq.clear()
+        # the calls made so far were on the old channels: a group re-formed on the same ranks (the survivors of a
+        # lost node can be one of its old groups) counts its calls from 1 again, and must not be matched against them
+        self.trail.clear()
         self.failed = None
         # every death marked so far: the launcher sets a rank's dead flag before it counts the event, so a rank
         # that saw the flag (and re-forms without it) must not take the count's late increment for a new death
