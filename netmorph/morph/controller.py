@@ -33,14 +33,12 @@ import statistics
 import time
 from dataclasses import replace
 
-import numpy as np
-
 from netmorph.cost.topology import Topology, node_of, two_nodes
 from netmorph.errors import UsageError
 from netmorph.mesh.layout import Layout
 from netmorph.morph.decide import Controller, Decision, Look, Run, resized
 from netmorph.morph.layouts import train_config
-from netmorph.morph.live import LiveJob, run_live
+from netmorph.morph.live import LiveJob, probe, run_live
 from netmorph.morph.reshard import StateLost, execute, plan, restore
 from netmorph.morph.scenario import Scenario, parse_scenario
 from netmorph.morph.twin import Twin, candidates, emulated_hardware
@@ -51,29 +49,11 @@ __all__ = ["Decision", "Run", "Scenario", "Trainer", "Twin", "candidates", "chec
            "relaunch_seconds", "resized", "run_adaptive", "run_static", "twin_of"]
 
 
-PROBE_BYTES, PROBES = 1 << 18, 3
-
-
 def _segment_rank(comm, cfg, inits, gpn: int) -> tuple:
-    """(the rank's report, seconds one way across the nodes or None): train, then (on two nodes) time a message
-    across the node boundary (rank 0 to rank ``gpn`` and back, the fastest of :data:`PROBES`): the link's price
-    as the traffic sees it."""
-    out, probe = train_rank(comm, cfg, None, inits), None
-    if comm.world <= gpn:
-        return out, probe
-    buf = np.zeros(PROBE_BYTES // 8)
-    with comm.phase("morph.probe"):
-        for _ in range(PROBES):              # the fastest of a few round trips: the link, not a busy moment
-            if comm.rank == 0:
-                t0 = time.perf_counter()
-                comm.send(buf, gpn)
-                comm.recv(buf, gpn)
-                took = (time.perf_counter() - t0) / 2
-                probe = took if probe is None else min(probe, took)
-            elif comm.rank == gpn:
-                comm.recv(buf, 0)
-                comm.send(buf, 0)
-    return out, probe
+    """(the rank's report, seconds per byte one way across the nodes or None): train, then (on two nodes) time a
+    message across the node boundary (:func:`~netmorph.morph.live.probe`): the link's price as the traffic sees
+    it."""
+    return train_rank(comm, cfg, None, inits), probe(comm, gpn)
 
 
 class Trainer:
@@ -116,10 +96,10 @@ class Trainer:
             if node_of(rec.src, gpn) != node_of(rec.dst, gpn) and rec.phase != "morph.probe":
                 sent[rec.src] += rec.bytes
         losses = next(r.losses for r in res if r.losses)
-        probe = pairs[0][1]
+        beta = pairs[0][1]
         busy = max(statistics.median(r.busy_s[1:] or r.busy_s) for r in res)
         return ([r.state.flat for r in res], times, losses, max(sent) / steps,
-                None if probe is None else probe / PROBE_BYTES, busy)
+                beta, busy)
 
 
 def regimes(trainer: Trainer, scenario: Scenario, steps: int) -> list:
