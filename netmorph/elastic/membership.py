@@ -28,6 +28,7 @@ from dataclasses import dataclass
 VIEW = "netmorph/view/{}"
 JOIN = "netmorph/join/{}"
 LATEST = "netmorph/view/latest"
+PROGRESS = "netmorph/progress/{}/{}"       # epoch, rank: the steps that member completed before the loss
 
 
 class MembershipError(RuntimeError):
@@ -106,3 +107,33 @@ class Rendezvous:
             got = got.decode() if isinstance(got, bytes) else got
             if int(got) >= epoch:
                 return
+
+
+def agree_after_loss(comm, rdzv: Rendezvous, view: View, step: int, timeout: float, on_silent) -> View:
+    """After a member is lost (``PeerLost`` on an elastic launch): post the steps this rank completed, wait for
+    every surviving member's, and propose the view without the dead, resuming at the fewest steps any survivor
+    completed. Returns the *agreed* view (:meth:`Rendezvous.propose`).
+
+    Who survives is read again on every look (the fabric's dead flags): members killed in the same step die a
+    few milliseconds apart, and the launcher marks each as its process goes -- a member that dies while we wait
+    drops out of the wait. One that neither posts nor dies within ``timeout`` is silent: ``on_silent(silent)``
+    decides -- it returns the members it fenced (they drop out too; the wait starts over) or raises."""
+    f = comm.transport.f
+    nxt = view.epoch + 1
+    comm.store.set(PROGRESS.format(nxt, comm.rank), str(step))
+    done, fenced = {}, set()
+    deadline = time.monotonic() + timeout
+    while True:
+        dead = {r for r in range(f.world) if f.dead[r]} | fenced
+        alive = [m for m in view.members if m not in dead]
+        for m in alive:
+            key = PROGRESS.format(nxt, m)
+            if m not in done and comm.store.check([key]):
+                done[m] = int(comm.store.get(key))
+        if all(m in done for m in alive):
+            break
+        if time.monotonic() > deadline:
+            fenced |= set(on_silent([m for m in alive if m not in done]))
+            deadline = time.monotonic() + timeout
+        time.sleep(0.002)
+    return rdzv.propose(view, suspects=dead, first_step=min(done[m] for m in alive))

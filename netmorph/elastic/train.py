@@ -37,7 +37,7 @@ import numpy as np
 
 from netmorph.elastic.detector import FixedTimeout, PhiAccrual
 from netmorph.elastic.heartbeat import Heartbeat, Monitor
-from netmorph.elastic.membership import Rendezvous
+from netmorph.elastic.membership import Rendezvous, agree_after_loss
 from netmorph.errors import UsageError
 from netmorph.runtime import launch
 from netmorph.runtime.transport import PeerLost, PeerTimeout
@@ -273,36 +273,16 @@ def _admitted(comm, rdzv, cfg, join_step):
 
 
 def _agree(comm, rdzv, view, step, cfg):
-    """After PeerLost: post our completed steps, wait for every surviving member's, propose the view
-    without the dead (resuming at the smallest completed step). Returns (agreed view, are we ahead).
-
-    Who survives is read again on every look: two or three workers killed in the same step die a few
-    milliseconds apart, and the launcher marks each as its process goes -- a member that dies while we
-    wait drops out of the wait. One that neither posts nor dies within ``timeout`` is hung: the
-    heartbeat detector fences it (:func:`_fence_hung`) and it drops out too. Never an error naming a
-    survivor; too few members left is the rendezvous' :class:`MembershipError`."""
+    """After PeerLost: the survivors' view (:func:`~netmorph.elastic.membership.agree_after_loss`), a member that
+    neither posts nor dies within ``timeout`` being hung -- the heartbeat detector fences it (:func:`_fence_hung`)
+    and it drops out. Never an error naming a survivor; too few members left is the rendezvous'
+    :class:`MembershipError`. Returns (agreed view, are we ahead)."""
     f = comm.transport.f
-    nxt = view.epoch + 1
-    comm.store.set(f"netmorph/progress/{nxt}/{comm.rank}", str(step))
-    done = {}
-    fenced = set()
-    deadline = time.monotonic() + cfg.timeout
-    while True:
-        dead = {r for r in range(f.world) if f.dead[r]} | fenced
-        alive = [m for m in view.members if m not in dead]
-        for m in alive:
-            key = f"netmorph/progress/{nxt}/{m}"
-            if m not in done and comm.store.check([key]):
-                done[m] = int(comm.store.get(key))
-        if all(m in done for m in alive):
-            break
-        if time.monotonic() > deadline:          # silent, not dead: hung members are fenced and left out
-            silent = [m for m in alive if m not in done]
-            _fence_hung(comm, view, cfg, among=silent)
-            fenced |= {m for m in silent if f.dead[m]}
-            deadline = time.monotonic() + cfg.timeout
-        time.sleep(0.002)
-    agreed = rdzv.propose(view, suspects=dead, first_step=min(done[m] for m in alive))
+
+    def fence(silent):
+        _fence_hung(comm, view, cfg, among=silent)
+        return [m for m in silent if f.dead[m]]
+    agreed = agree_after_loss(comm, rdzv, view, step, cfg.timeout, fence)
     return agreed, step > agreed.first_step
 
 

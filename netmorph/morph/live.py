@@ -45,6 +45,7 @@ import numpy as np
 from netmorph.cost.topology import Topology
 from netmorph.mesh.layout import Layout
 from netmorph.mesh.shape import ModelShape
+from netmorph.elastic.membership import Rendezvous, agree_after_loss
 from netmorph.morph.decide import Controller, Decision, Look, Run
 from netmorph.morph.layouts import train_config
 from netmorph.morph.reshard import StateLost, plan, restore, run_rank
@@ -128,7 +129,6 @@ class _Rank:
         self.dies_at = lost[0] if lost and comm.rank >= self.gpn else None
         self.rdzv = self.view = None
         if job.checkpoints:
-            from netmorph.elastic.membership import Rendezvous
             self.rdzv = Rendezvous(comm.store, 1)
             self.view = self.rdzv.start(range(comm.world))
 
@@ -265,24 +265,12 @@ class _Rank:
         step to resume at (the fewest any of them completed), re-form, let rank 0's twin pick the survivors'
         layout, and reshard from what the survivors hold -- from the last checkpoint when they lack some state."""
         comm, job, t0 = self.comm, self.job, time.perf_counter()
-        f = comm.transport.f
-        nxt = self.view.epoch + 1
         done = max(d for d, _ in self.commits)
-        comm.store.set(f"netmorph/morph/progress/{nxt}/{comm.rank}", str(done))
-        posted, deadline = {}, time.monotonic() + comm.transport.timeout
-        while True:                               # who survives is read again on every look
-            dead = [r for r in range(f.world) if f.dead[r]]
-            alive = [m for m in self.view.members if m not in dead]
-            for m in alive:
-                key = f"netmorph/morph/progress/{nxt}/{m}"
-                if m not in posted and comm.store.check([key]):
-                    posted[m] = int(comm.store.get(key))
-            if all(m in posted for m in alive):
-                break
-            if time.monotonic() > deadline:
-                raise err
-            time.sleep(0.002)
-        view = self.rdzv.propose(self.view, suspects=dead, first_step=min(posted[m] for m in alive))
+
+        def silent(ranks):                        # neither posted nor died: a stopped node is not fenced here
+            raise err
+        view = agree_after_loss(comm, self.rdzv, self.view, done, comm.transport.timeout, silent)
+        dead = sorted(set(self.view.members) - set(view.members))
         comm.reform(view.members, view.epoch)
         self.view, world, first = view, len(view.members), view.first_step
         if not self.accounted:                    # the segment's steps done before the loss, as this rank timed them
