@@ -307,10 +307,8 @@ def run_adaptive(trainer: Trainer, twin: Twin, start: Layout, steps: int, segmen
         log(line)
         if d is None:
             continue
-        target = next(lay for lay in candidates(job.model, job.layout.world, trainer.global_batch, zero=True)
-                      if lay.tag() == d.after)
-        p = plan(job.model, job.layout, target, gpus_per_node=topo.gpus_per_node)
-        _, spent, _ = job.move(target, topo, p=p)
+        p = plan(job.model, job.layout, d.target, gpus_per_node=topo.gpus_per_node)
+        _, spent, _ = job.move(d.target, topo, p=p)
         predicted_cost, d.reshard_s = d.reshard_s, spent
         d.payback_steps = spent / (d.predicted_current_s - d.predicted_best_s)
         run.decisions.append(d)

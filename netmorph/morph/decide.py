@@ -43,6 +43,7 @@ class Decision:
     payback_steps: float
     reason: str = "bottleneck moved"
     top: tuple = ()                             # ((layout tag, predicted s), ...) the twin's best few
+    target: Layout | None = None                # the layout moved to (``after`` is its tag)
 
 
 @dataclass
@@ -149,7 +150,7 @@ class Controller:
             return line + f"; {gains}: stay (does not pay)", None
         self.streak, self.wanted = 0, None
         d = Decision(m.step, m.layout.tag(), best.tag(), m.step_s, current, best_s, p.bytes, cost, cost / gain,
-                     top=tuple((lay.tag(), s) for lay, s in ranked[:self.top]))
+                     top=tuple((lay.tag(), s) for lay, s in ranked[:self.top]), target=best)
         return line + f"; {gains}: move to {best.tag()}", d
 
     def replan(self, layout: Layout, world: int, seq: int, share: float = math.inf) -> tuple:
@@ -201,7 +202,7 @@ def rehearse(twin: Twin, scenario: Scenario, start: Layout, steps: int, segment:
         if d is not None:
             run.decisions.append(d)
             run.reshard_s += d.reshard_s
-            layout = next(lay for lay in ctl.twin.layouts(world, seq, beta) if lay.tag() == d.after)
+            layout = d.target
             run.layout_path.append((step, layout.tag()))
     run.twin = ctl.twin
     return run

@@ -241,9 +241,7 @@ class _Rank:
                                          beta))
             self.run.decide_s.append(time.perf_counter() - t0)
             self.say(line)
-            return None if d is None else next(lay for lay in candidates(self.model, self.layout.world,
-                                                                         job.global_batch, zero=True)
-                                               if lay.tag() == d.after)
+            return None if d is None else d.target
         target = self.pick(choose, self.model, self.layout.world)
         if target is None:
             return
