@@ -126,7 +126,7 @@ class _Rank:
         self.ends: list = []                    # when each step of the segment in hand ended (perf_counter)
         self.accounted = False                  # the segment's step times are in the run
         lost = [e.at for e in job.scenario.events if e.kind == "node-lost"]
-        self.dies_at = lost[0] if lost and comm.rank >= self.gpn else None
+        self.dies_at = lost[0] if lost and comm.rank >= self.gpn else None      # (a loss comes with checkpoints)
         self.rdzv = self.view = None
         if job.checkpoints:
             self.rdzv = Rendezvous(comm.store, 1)
@@ -139,20 +139,24 @@ class _Rank:
                 print(line, flush=True)
 
     def commit(self, done: int, state, loss) -> None:
-        """After each step: keep the state (the last two), write a checkpoint every ``checkpoint_every`` steps,
-        and -- a rank of the node the scenario loses, at its step on the cluster's clock -- arm the SIGKILL that
-        takes this process in the middle of the next step."""
+        """After each step: its loss; and where a node may be lost, keep the state (the last two), write a
+        checkpoint every ``checkpoint_every`` steps (rank 0 the layout it is under), and -- a rank of the node the
+        scenario loses, at its step on the cluster's clock -- arm the SIGKILL that takes this process in the middle
+        of the next step."""
         self.clock += 1
         self.ends.append(time.perf_counter())
         if loss is not None:
             self.losses[done - 1] = loss
+        if not self.job.checkpoints:              # no node can be lost (nor dies): nothing to keep
+            return
         self.commits = (self.commits + [(done, state())])[-2:]
-        if self.job.checkpoints and done % self.job.checkpoint_every == 0:
+        if done % self.job.checkpoint_every == 0:
             d = Path(self.job.checkpoints) / f"step{done}"
             d.mkdir(exist_ok=True)
             np.savez(d / f"rank{self.comm.rank}.npz", **{k: np.asarray(v) for k, v in self.commits[-1][1].items()})
-            (d / f"meta{self.comm.rank}.json").write_text(json.dumps({"layout": self.layout.tag(),
-                                                                       "seq": self.model.seq}))
+            if self.comm.rank == 0:
+                (d / "meta.json").write_text(json.dumps({"layout": self.layout.tag(), "seq": self.model.seq,
+                                                         "world": self.layout.world}))
         if self.dies_at is not None and self.clock == self.dies_at:
             took = self.run.step_s[-1] if self.run.step_s else 0.1
             threading.Timer(took / 2, os.kill, (os.getpid(), signal.SIGKILL)).start()
@@ -315,11 +319,10 @@ class _Rank:
     def _restore(self, at: int, target: Layout) -> dict:
         """This rank's state under ``target`` from the checkpoint of step ``at`` (every old rank's file)."""
         d = Path(self.job.checkpoints) / f"step{at}"
-        metas = sorted(d.glob("meta*.json"), key=lambda q: int(q.stem[4:]))
-        meta = json.loads(metas[0].read_text())
-        old = Layout.parse(meta["layout"].replace("·", ","), len(metas))
+        meta = json.loads((d / "meta.json").read_text())
+        old = Layout.parse(meta["layout"].replace("·", ","), meta["world"])
         model = self.job.model if meta["seq"] == self.job.model.seq else replace(self.job.model, seq=meta["seq"])
-        states = [dict(np.load(d / f"rank{r}.npz")) for r in range(len(metas))]
+        states = [dict(np.load(d / f"rank{r}.npz")) for r in range(meta["world"])]
         for st in states:
             st["t"] = int(st["t"])
         return restore(model, old, states, target)[self.comm.rank]
