@@ -21,6 +21,9 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
+from netmorph.cost.topology import node_of
 from netmorph.errors import UsageError
 from netmorph.mesh.layout import Layout
 from netmorph.morph.reshard import plan
@@ -101,8 +104,8 @@ def move_cost(twin: Twin, before: Layout, after: Layout, seq: int | None = None,
     p = plan(model, before, after, gpus_per_node=hw.gpus_per_node)
     moved = p.bytes_matrix()
     busiest = float(max(moved.sum(axis=1).max(), moved.sum(axis=0).max()))
-    across = any(moved[i, j] for i in range(len(moved)) for j in range(len(moved))
-                 if i // hw.gpus_per_node != j // hw.gpus_per_node)
+    node = node_of(np.arange(len(moved)), hw.gpus_per_node)
+    across = bool(moved[node[:, None] != node[None, :]].any())
     b = (beta or twin.beta0) if across else 1 / hw.nvlink_bandwidth
     a = hw.alpha_inter if across else hw.alpha_intra
     return p, busiest * b + p.rounds * a
