@@ -33,7 +33,7 @@ import statistics
 import time
 from dataclasses import replace
 
-from netmorph.cost.topology import Topology, node_of, two_nodes
+from netmorph.cost.topology import Topology, two_nodes
 from netmorph.errors import UsageError
 from netmorph.mesh.layout import Layout
 from netmorph.morph.decide import Controller, Decision, Look, Run, resized
@@ -77,29 +77,23 @@ class Trainer:
         self.device_flops = fwd / (compute_ms / 1e3) if compute_ms > 0 else 0.0
 
     def segment(self, layout: Layout, steps: int, start: int, inits, topo: Topology, model=None):
-        """(states, step times, losses, busiest rank's inter-node bytes per step, probed s/byte across nodes or
-        None on one node, the busiest rank's median slots a step), training ``model`` (default the base model).
+        """(states, step times, losses, probed s/byte across nodes or None on one node, the busiest rank's median
+        slots a step), training ``model`` (default the base model).
 
         A segment starts fresh processes, whose first step also pays for their warm-up: that step is counted
         at the segment's median instead (for every run alike)."""
         model = model or self.model
         cfg = train_config(model, layout, steps, self.global_batch, start, device_flops=self.device_flops)
         gpn = topo.gpus_per_node
-        pairs, ledger = launch(_segment_rank, layout.world, cfg, inits, gpn, topology=topo, ledger=True,
-                               timeout=self.timeout)
+        pairs = launch(_segment_rank, layout.world, cfg, inits, gpn, topology=topo, timeout=self.timeout)
         res = [r for r, _ in pairs]
         times = [max(r.step_times[k] for r in res) for k in range(steps)]
         if steps > 1:
             times[0] = statistics.median(times[1:])
-        sent = [0] * layout.world
-        for rec in ledger.records:
-            if node_of(rec.src, gpn) != node_of(rec.dst, gpn) and rec.phase != "morph.probe":
-                sent[rec.src] += rec.bytes
         losses = next(r.losses for r in res if r.losses)
         beta = pairs[0][1]
         busy = max(statistics.median(r.busy_s[1:] or r.busy_s) for r in res)
-        return ([r.state.flat for r in res], times, losses, max(sent) / steps,
-                beta, busy)
+        return [r.state.flat for r in res], times, losses, beta, busy
 
 
 def regimes(trainer: Trainer, scenario: Scenario, steps: int) -> list:
@@ -139,8 +133,7 @@ class _Job:
         self.run = Run([(0, layout.tag())], [])
 
     def train(self, n: int, topo: Topology):
-        st, times, losses, inter, beta, busy = self.trainer.segment(self.layout, n, self.step, self.states, topo,
-                                                                    self.model)
+        st, times, losses, beta, busy = self.trainer.segment(self.layout, n, self.step, self.states, topo, self.model)
         self.states = st
         self.run.step_s += times
         self.run.tokens += [self.trainer.global_batch * self.model.seq] * n
