@@ -466,11 +466,10 @@ def main() -> int:
     # --check: the calibration set no worse than when the validation set was added (ZeRO <= 0.5%, Narayanan
     # <= 6.2%, Korthikanti <= 5.0%), and no published run reported as not fitting on its own hardware. The
     # validation set's errors are reported, not gated: its goal (mean <= 10%) is not met yet (see the table).
-    # Korthikanti's bound is 5.25%: pricing the vocabulary-parallel embedding's and cross-entropy's TP
-    # collectives (Megatron runs them; the model had left them out) took its mean from 5.0% to 5.2%, on the
-    # rows the planner already over-predicts (530B, 1T), while Narayanan's went from 5.4% to 5.2%.
+    # Korthikanti's bound is back at 5.0% since the sequence-parallel backward's second all-gather is priced
+    # (Megatron keeps the sequence shard and gathers it again for the weight gradients; sec. 4.2.2).
     if args.check and (statistics.mean(ze) > 0.005 or statistics.mean(map(abs, ne)) > 0.062
-                       or statistics.mean(map(abs, ke)) > 0.0525 or misfits):
+                       or statistics.mean(map(abs, ke)) > 0.05 or misfits):
         return 1
     return 0
 

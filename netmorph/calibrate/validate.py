@@ -95,11 +95,13 @@ def layouts(model: ModelShape, world: int, microbatches: int = 4, micro_batch_si
 def planner_layout(layout: Layout, dtype: str, model: ModelShape | None = None) -> Layout:
     """The trainer's layout as the planner prices it: every byte width its dtype's (no mixed precision), the
     gradient buckets of the trainer's size (TrainConfig.bucket_mb), overlapped with the backward where the
-    trainer overlaps them (:func:`~netmorph.parallel.hybrid.overlaps_dp`; never when ``layout`` says not to)."""
+    trainer overlaps them (:func:`~netmorph.parallel.hybrid.overlaps_dp`; never when ``layout`` says not to), and
+    under sequence parallelism the gathered inputs kept for the backward (autograd saves them; no second gather)."""
     b = ITEMSIZE[dtype]
     overlap = overlaps_dp(layout, model or ModelShape())
     return replace(layout, param_bytes=b, grad_bytes=b, optimizer_bytes=2 * b, activation_bytes=b,
-                   dp_overlap=overlap, dp_bucket_mb=TrainConfig.bucket_mb)
+                   dp_overlap=overlap, dp_bucket_mb=TrainConfig.bucket_mb,
+                   sp_regather=False)
 
 
 def measure(model: ModelShape, layout: Layout, steps: int, dtype: str, timeout: float) -> tuple[float, dict]:

@@ -70,6 +70,9 @@ class Layout:
     global_batch: int = 1          # sequences per step over every replica
     micro_batch_size: int = 1
     sequence_parallel: bool = False
+    sp_regather: bool = True       # under SP each rank keeps its sequence shard of the QKV and fc1 inputs and
+                                   # all-gathers it again for the weight gradients (Megatron); False: the gathered
+                                   # input is kept (netmorph's trainer, whose autograd saves it)
     recompute: str = "none"        # none | selective | full
     # how it overlaps and in which precision (the planner prices them; the trainer runs dp_overlap)
     dp_overlap: bool = False       # the gradient reduction overlaps the backward (DDP's buckets)

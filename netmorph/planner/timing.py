@@ -132,12 +132,12 @@ def layer_costs(model: ModelShape, c: Layout, hw: Hardware) -> dict:
     """What one layer costs under ``c``: :func:`_layer_costs` for the fields it depends on (cached, so a search
     prices each (tp, cp, ep, microbatch, recompute, sp, precision) once)."""
     return dict(_layer_costs(model, hw, c.tp, c.cp, c.ep, c.micro_batch_size, c.recompute, c.sequence_parallel,
-                             c.precision, c.activation_bytes))
+                             c.precision, c.activation_bytes, c.sp_regather))
 
 
 @lru_cache(maxsize=16384)
 def _layer_costs(model: ModelShape, hw: Hardware, tp, cp, ep, microbatch, recompute, sp, precision,
-                 act_bytes: int = 2) -> dict:
+                 act_bytes: int = 2, regather: bool = True) -> dict:
     """Seconds of one layer's work per microbatch on one rank, forward and backward apart (the backward
     carries the recomputed forward under full recomputation, the attention core again under selective, and
     FlashAttention's own recompute of the scores: its backward is 2.5x its forward), the LM head's forward,
@@ -183,7 +183,12 @@ def _layer_costs(model: ModelShape, hw: Hardware, tp, cp, ep, microbatch, recomp
            # the head runs 3x its forward (forward, two backward GEMMs): its operators' cost spread the same way
            "logits_fwd": k * model.logit_flops_fwd(b) / (t * cp) / r16 + sum(model.HEAD_KERNELS) / 3 * hw.op_overhead_s,
            "activation_bytes": b * s * h * act_bytes / cp,         # one activation (16-bit: 2 bytes)
-           "tp_per_fwd": 2, "tp_per_bwd": 4 if full else 2, "cp_fwd": 0.0, "cp_bwd": 0.0,
+           # backward: the column-parallel layers' input-gradient all-reduces (reduce-scatters under SP), after the
+           # recomputed forward's two under full recomputation; under sequence parallelism without it Megatron keeps
+           # only each rank's sequence shard of the QKV and fc1 inputs and all-gathers them again for the weight
+           # gradients (Korthikanti et al. 2022 sec. 4.2.2) -- two all-gathers, one all-reduce's bytes
+           "tp_per_fwd": 2, "tp_per_bwd": 4 if full else (3 if sp and regather and t > 1 else 2),
+           "cp_fwd": 0.0, "cp_bwd": 0.0,
            "moe_fwd": 0.0, "moe_bwd": 0.0}
     if cp > 1:
         # ring attention: cp - 1 steps, each passing one K and one V block of s/cp tokens (h_kv/t wide) to
@@ -248,7 +253,7 @@ def step_time(model: ModelShape, c: Layout, hw: Hardware) -> dict:
     p, v, m = c.pp, c.interleave, c.microbatches
     gemm, elementwise, tp_comm, cp_comm, moe_comm, pp_comm = _microbatch(
         model, hw, c.tp, c.cp, c.pp, c.dp, c.ep, c.micro_batch_size, c.recompute, c.sequence_parallel, c.precision, v,
-        c.first_stage_layers, c.last_stage_layers, c.tp_overlap, c.pp_overlap, c.activation_bytes)
+        c.first_stage_layers, c.last_stage_layers, c.tp_overlap, c.pp_overlap, c.activation_bytes, c.sp_regather)
     per_mb = gemm + elementwise + tp_comm + cp_comm + moe_comm + pp_comm
     slots = m + (p - 1) / v
     # where ranks share a node's cores, a rank waiting in the pipeline's bubble gives its core to the others:
@@ -316,7 +321,7 @@ def _overlapped(model: ModelShape, c: Layout, hw: Hardware, dp_comm: float, gath
       first gather and the last reduce-scatter are exposed, and a layer whose gather (and reduce-scatter)
       outlasts its compute exposes the difference. With one microbatch there is one backward to hide behind."""
     lc = _layer_costs(model, hw, c.tp, c.cp, c.ep, c.micro_batch_size, c.recompute, c.sequence_parallel,
-                      c.precision, c.activation_bytes)
+                      c.precision, c.activation_bytes, c.sp_regather)
     layers = max(_stage_layers(model.layers, c.pp, c.first_stage_layers, c.last_stage_layers))
     tp_ar = collective_time(hw, "allreduce", c.tp, 1, lc["activation_bytes"]) if c.tp > 1 else 0.0
     fwd = lc["matmul_fwd"] + lc["elementwise_fwd"] + lc["tp_per_fwd"] * tp_ar
@@ -356,13 +361,13 @@ def _overlapped(model: ModelShape, c: Layout, hw: Hardware, dp_comm: float, gath
 
 @lru_cache(maxsize=65536)
 def _microbatch(model, hw, t, cp, p, d, ep, mb, recompute, sp, precision, v, first, last, tp_overlap=False,
-                pp_overlap=False, act_bytes=2) -> tuple:
+                pp_overlap=False, act_bytes=2, regather=True) -> tuple:
     """(matmul, elementwise, TP, CP, MoE, PP p2p) seconds of one microbatch on the slowest pipeline stage; with
     ``tp_overlap`` (Megatron's --tp-comm-overlap: the TP collectives split into chunks pipelined with the
     GEMMs that produce and consume them) only what the stage's linear-layer GEMMs do not cover is exposed,
     with ``pp_overlap`` (--overlap-p2p-communication) only what one layer's compute does not cover."""
     stages = _stage_layers(model.layers, p, first, last)
-    lc = _layer_costs(model, hw, t, cp, ep, mb, recompute, sp, precision, act_bytes)
+    lc = _layer_costs(model, hw, t, cp, ep, mb, recompute, sp, precision, act_bytes, regather)
     per_layer_gemm = lc["matmul_fwd"] + lc["matmul_bwd"]
     # the slowest stage sets the pipeline's pace: the most layers, or the last stage's with the output layer
     head = 3 * lc["logits_fwd"]
