@@ -480,3 +480,22 @@ def test_deepspeed_memory_term_by_term():
     largest = m.vocab * m.hidden
     assert ds["total"] - paper["total"] == pytest.approx(4 * largest)
     assert ds["params"] + ds["grads"] + ds["optimizer"] == pytest.approx(4 * largest + 18 * m.params() / n)
+
+
+def test_sequence_parallel_gathers_again_in_the_backward_where_megatron_does():
+    """Megatron's SP keeps each rank's sequence shard of the QKV and fc1 inputs and all-gathers it again for the
+    weight gradients: one all-reduce's bytes more per layer backward than without SP, unless the gathered input is
+    kept (netmorph's trainer) or the whole forward is recomputed; the simulator plays the same count."""
+    from netmorph.simulate import costs_for
+    m = PRESETS["mt-22b"]
+    base = Layout(tp=8, micro_batch_size=4, global_batch=4, recompute="selective")
+    sp = replace(base, sequence_parallel=True)
+    assert timing.layer_costs(m, base, A100)["tp_per_bwd"] == 2
+    assert timing.layer_costs(m, sp, A100)["tp_per_bwd"] == 3
+    assert timing.layer_costs(m, replace(sp, sp_regather=False), A100)["tp_per_bwd"] == 2
+    assert timing.layer_costs(m, replace(sp, recompute="full"), A100)["tp_per_bwd"] == 4
+    ar = timing.collective_time(A100, "allreduce", 8, 1, timing.layer_costs(m, sp, A100)["activation_bytes"])
+    extra = (estimate(m, sp, A100)["comm_s"]["tensor_parallel"]
+             - estimate(m, replace(sp, sp_regather=False), A100)["comm_s"]["tensor_parallel"])
+    assert extra == pytest.approx(m.layers * ar, rel=1e-9)
+    assert costs_for(m, sp, A100).tp_per_bwd == 3
