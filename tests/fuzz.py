@@ -333,7 +333,9 @@ def run_blame(rng: random.Random) -> tuple[str, str]:
     victim, at = rng.randrange(cfg.world), rng.randint(2, 20)
     t0 = time.monotonic()
     try:
-        launch(train_rank, cfg.world, cfg, None, faults=[Fault("stop", rank=victim, at_op=at)], timeout=2.0)
+        # 4 s without progress before a rank gives up: on two loaded cores a running rank can go 2 s without
+        # reaching its next call before the victim has stopped, and then naming the running rank is right
+        launch(train_rank, cfg.world, cfg, None, faults=[Fault("stop", rank=victim, at_op=at)], timeout=4.0)
     except LaunchError as e:
         took = time.monotonic() - t0
         if e.root.rank == victim and "SIGSTOP" in e.root.describe():

@@ -117,11 +117,12 @@ def test_heartbeat_thread_publishes_and_stops(tmp_path):
     store = _store(tmp_path)
     hb = Heartbeat(store, 3, interval=0.02).start()
     time.sleep(0.2)
+    assert int(store.get("netmorph/hb/3")) >= 3
     hb.stop()
-    n = int(store.get("netmorph/hb/3"))
-    assert n >= 3
+    assert store.get("netmorph/hb/3") == b"done"          # its last word: finished, not silent
+    n = hb.count
     time.sleep(0.1)
-    assert int(store.get("netmorph/hb/3")) == n           # stopped: no more beats
+    assert hb.count == n and store.get("netmorph/hb/3") == b"done"     # stopped: no more beats
 
 
 def _suspect_each_other(path, me, other, go, out):
@@ -317,3 +318,45 @@ def test_a_worker_stopped_from_outside_is_ejected_and_the_run_finishes():
     assert proc.returncode == 0, err[-2000:]
     assert "hang rank 2" in out and "✓" in out, out
 
+
+
+def _beat_as(path, rank, interval, stop_after):
+    """A worker: say which process it is, beat every ``interval``, and after ``stop_after`` seconds either stop
+    itself (SIGSTOP: hung) or, with a negative value, say it is done and idle on."""
+    import torch.distributed as dist
+    from netmorph.elastic import publish_pid
+    store = dist.FileStore(path, -1)
+    publish_pid(store, rank)
+    hb = Heartbeat(store, rank, interval).start()
+    time.sleep(abs(stop_after))
+    if stop_after > 0:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    hb.stop()
+    time.sleep(60)
+
+
+@pytest.mark.timeout(60)
+def test_the_watchdog_fences_a_hung_worker_and_leaves_a_finished_one(tmp_path):
+    """Morph's live loop: a worker that stops (SIGSTOP) mid-run falls silent; the watchdog's φ accrual suspects it
+    and SIGKILLs it (the fabric then sees it exit); a worker that said it is done stays alive, however long it is
+    silent."""
+    from netmorph.elastic import Watchdog
+    store, path = _store(tmp_path), str(tmp_path / "store")
+    ctx = mp.get_context("fork")
+    hung = ctx.Process(target=_beat_as, args=(path, 1, 0.05, 0.5), daemon=True)
+    done = ctx.Process(target=_beat_as, args=(path, 2, 0.05, -0.5), daemon=True)
+    hung.start(), done.start()
+    dog = Watchdog(store, [1, 2], lambda: PhiAccrual(first_heartbeat_estimate=0.05, min_std_deviation=0.025,
+                                                     acceptable_heartbeat_pause=0.3), interval=0.02).start()
+    try:
+        hung.join(20)
+        assert hung.exitcode == -signal.SIGKILL, "the hung worker was never fenced"
+        time.sleep(1.0)
+        assert done.is_alive() and list(dog.fenced) == [1] and 0.3 < dog.fenced[1] < 10
+    finally:
+        dog.stop()
+        for p in (hung, done):
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGCONT)
+                p.kill()
+            p.join(5)

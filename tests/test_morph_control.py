@@ -2,6 +2,7 @@
 real ranks keeping the model identical through every move."""
 
 import math
+import os
 from dataclasses import replace
 
 import numpy as np
@@ -132,7 +133,8 @@ def test_scenarios_compose_as_events():
     assert [sc.memory(s) for s in (59, 60)] == [math.inf, 0.25] and sc.at == 10
     assert sc.label().startswith("link-degrades@10x4,node-lost@20,link-recovers@30")
     from netmorph.errors import UsageError
-    for bad, words in (("node-joins@5", "node-lost before it"), ("node-lost@5,node-lost@9", "already lost"),
+    assert [parse_scenario("node-hangs@20,node-joins@40").world(8, s) for s in (19, 20, 40)] == [8, 4, 8]
+    for bad, words in (("node-joins@5", "needs a node-lost"), ("node-lost@5,node-hangs@9", "already lost"),
                        ("link-degrades@9,link-recovers@5", "step order"), ("link-recovers@5x2", "no FACTOR"),
                        ("seq-grows@5x3", "2, 4 or 8"), ("shrinks@3", "KIND@STEP")):
         with pytest.raises(UsageError, match=words):
@@ -221,6 +223,23 @@ def test_a_node_killed_mid_step_is_detected_and_the_survivors_go_on():
     stopped = run_static(trainer, Layout(pp=4), 12, 4, parse_scenario("node-lost@4"))
     assert "does not fit the 2 surviving ranks" in stopped.failed and len(stopped.step_s) == 4
     assert stopped.total_s == float("inf")
+
+
+@pytest.mark.timeout(300)
+def test_a_node_that_hangs_is_found_by_its_heartbeats_and_fenced():
+    """The same ranks stopped (SIGSTOP) mid-step instead of killed: nothing exits, no call fails; their heartbeats
+    stop, every survivor's watchdog suspects them (φ accrual) and SIGKILLs them, and from there it is a loss: the
+    survivors hold every data-parallel replica, so only the step in flight is redone, in the same processes, and
+    the losses are the ones no node left gives. No stopped process outlives the run."""
+    from netmorph.runtime.transport.blame import child_pids
+    twin, adaptive, static = _controller(4, 12, 4, "node-hangs@6", inter_mbps=5.0, start=Layout(dp=4))
+    (d,) = adaptive.decisions
+    assert d.reason.startswith("node hung (2 ranks left, ranks [2, 3] stopped mid-step: ")
+    assert "without a heartbeat when φ accrual suspected them, fenced with SIGKILL" in d.reason
+    assert adaptive.redone == 1 and adaptive.layout_path[-1] == (d.step, d.after) and not static.failed
+    calm = _controller(4, 12, 4, "none", inter_mbps=5.0, start=Layout(dp=4))[1]
+    np.testing.assert_allclose(adaptive.losses, calm.losses, rtol=1e-9, atol=0)
+    assert child_pids(os.getpid()) == []
 
 
 @pytest.mark.timeout(300)

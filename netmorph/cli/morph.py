@@ -31,8 +31,9 @@ def add_parser(sub) -> None:
     p.add_argument("--scenario", default="link-degrades@40",
                    help="run: none, or events joined by commas, each from STEP on: link-degrades@STEP[xF] "
                         "(inter-node links F (10) times slower), link-recovers@STEP, node-lost@STEP (the second "
-                        "node's ranks and the state only they held gone), node-joins@STEP (a node back, holding "
-                        "nothing), seq-grows@STEP[xF] (sequences F (2, 4 or 8; default 2) times longer), "
+                        "node's ranks and the state only they held gone: killed), node-hangs@STEP (the same ranks "
+                        "stopped, SIGSTOP: found by their heartbeats and fenced), node-joins@STEP (a node back, "
+                        "holding nothing), seq-grows@STEP[xF] (sequences F (2, 4 or 8; default 2) times longer), "
                         "memory-shrinks@STEP[xF] (each rank's memory 1/F (1/2) of a whole replica's). Default "
                         "link-degrades@40")
     p.add_argument("--segment", type=int, default=10, help="run: steps between the controller's looks (default 10)")
@@ -98,6 +99,7 @@ SHOWN = 10          # rows of the twin's table
 def _control(args) -> int:
     from netmorph.morph.controller import (Trainer, check_regimes, parse_scenario, relaunch_seconds, run_adaptive,
                                            run_static, twin_of)
+    from netmorph.morph.scenario import LOSSES
     world = 8 if args.world is None else args.world
     steps = 100 if args.steps is None else args.steps
     if world not in (2, 4, 8, 16):
@@ -107,7 +109,7 @@ def _control(args) -> int:
     if not 2 <= args.segment <= steps:
         raise UsageError(f"--segment must be in 2..--steps ({steps}), got {args.segment}")
     scenario = parse_scenario(args.scenario)
-    if any(e.kind == "node-lost" for e in scenario.events) and world < 4:
+    if any(e.kind in LOSSES for e in scenario.events) and world < 4:
         raise UsageError(f"--scenario {scenario.label()} needs --world 4 or more (a node of world/2 ranks survives)")
     model = _model(args)
     if scenario.model(model, steps).seq > 4096:
@@ -218,6 +220,9 @@ def _control(args) -> int:
           f"{len(adaptive.decisions)} move(s), {adaptive.reshard_s * 1e3:.1f} ms moving state, {adaptive.redone} steps "
           f"redone; each look {1e3 * max(adaptive.decide_s, default=0):.0f} ms at most (every layout priced by the "
           f"planner, none trial-run)")
+    if any(e.kind in LOSSES for e in scenario.events):
+        print("# the static runs lose the node by script, at a segment boundary: nothing to detect, no step in flight "
+              "to redo" + ("" if restart is None else "; the restart pays the relaunch and the checkpoint"))
     if args.plot:
         print(f"# figure: {args.plot}")
     return 0

@@ -9,14 +9,39 @@ keys of its peers every ``interval`` and feeds one detector per peer
 value. The store is anything with torch's ``set``/``get``/``check``: a ``TCPStore``
 across machines, a ``FileStore`` on one. A thread beats for its process, so a
 SIGSTOPped process falls silent as a dead one does.
+
+A silent worker is fenced: :func:`fence` SIGKILLs its process (the pid each worker
+published with :func:`publish_pid`), so it cannot wake up inside a view that no
+longer holds it, and the launcher sees it exit. :class:`Watchdog` does both on its
+own, all the time -- torchelastic's agent killing a worker whose keepalives stopped:
+every pending call of the survivors then fails as if the worker had died.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
 KEY = "netmorph/hb/{}"
+DONE = "done"                     # a worker's last word: it finished, it is not silent
+PID = "netmorph/pid/{}"
+
+
+def publish_pid(store, rank: int) -> None:
+    """Say which process is ``rank`` (for :func:`fence`)."""
+    store.set(PID.format(rank), str(os.getpid()))
+
+
+def fence(store, ranks) -> None:
+    """SIGKILL the processes of ``ranks`` (as they published them): a hung worker must not wake up inside the new
+    view. A process already gone is left alone."""
+    for r in ranks:
+        try:
+            os.kill(int(store.get(PID.format(r))), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
 
 
 class Heartbeat:
@@ -45,8 +70,13 @@ class Heartbeat:
                 return
 
     def stop(self) -> None:
+        """Stop beating, and say so (:data:`DONE`): a worker that finished is not a silent one."""
         self._stop.set()
         self._thread.join(2 * self.interval + 1)
+        try:
+            self.store.set(KEY.format(self.rank), DONE)
+        except RuntimeError:
+            pass
 
 
 class Monitor:
@@ -60,11 +90,14 @@ class Monitor:
     def poll(self) -> None:
         """Read every peer's counter once; a changed counter is a heartbeat arriving now."""
         now = self.clock()
-        for p, det in self.detectors.items():
+        for p, det in list(self.detectors.items()):
             key = KEY.format(p)
             if not self.store.check([key]):
                 continue
             value = self.store.get(key)
+            if value == DONE.encode():        # it finished: nothing more to watch
+                del self.detectors[p]
+                continue
             if value != self.seen[p]:
                 self.seen[p] = value
                 det.heartbeat(now)
@@ -84,3 +117,45 @@ class Monitor:
                     first[p] = self.clock() - t0
             time.sleep(self.interval)
         return first
+
+
+class Watchdog:
+    """A thread that polls ``peers``' heartbeats every ``interval`` and fences (:func:`fence`) each one the detector
+    (``detector()`` makes one per peer) suspects, once: a worker stopped mid-step stops beating, is suspected,
+    killed, and the fabric's dead flag makes every survivor's pending call raise ``PeerLost``. ``fenced``: rank ->
+    seconds it had been silent when fenced."""
+
+    def __init__(self, store, peers, detector, interval: float = 0.1):
+        self.monitor = Monitor(store, peers, detector, interval)
+        self.store, self.interval = store, interval
+        self.fenced: dict = {}
+        self._lock = threading.Lock()             # forget() comes from the rank's own thread
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="netmorph-watchdog", daemon=True)
+
+    def start(self) -> "Watchdog":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                with self._lock:
+                    self.monitor.poll()
+                    now = self.monitor.clock()
+                    for p in self.monitor.suspects():
+                        if p not in self.fenced:
+                            self.fenced[p] = now - self.monitor.detectors[p].last
+                            fence(self.store, [p])
+            except RuntimeError:          # the store is gone: the job is ending
+                return
+
+    def forget(self, ranks) -> None:
+        """Stop watching ``ranks`` (they left the view)."""
+        with self._lock:
+            for r in ranks:
+                self.monitor.detectors.pop(r, None)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2 * self.interval + 1)

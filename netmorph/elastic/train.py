@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from netmorph.elastic.detector import FixedTimeout, PhiAccrual
-from netmorph.elastic.heartbeat import Heartbeat, Monitor
+from netmorph.elastic.heartbeat import Heartbeat, Monitor, fence, publish_pid
 from netmorph.elastic.membership import Rendezvous, agree_after_loss
 from netmorph.errors import UsageError
 from netmorph.runtime import launch
@@ -132,7 +132,7 @@ def reference(cfg: ElasticConfig):
 
 def rank_fn(comm, cfg: ElasticConfig):
     me = comm.rank
-    comm.store.set(f"netmorph/pid/{me}", str(os.getpid()))       # for fencing a hung rank
+    publish_pid(comm.store, me)                                  # for fencing a hung rank
     heart = Heartbeat(comm.store, me, HEARTBEAT).start()
     x, y = problem(cfg)
     rdzv = Rendezvous(comm.store, cfg.min_workers)
@@ -229,11 +229,7 @@ def _fence_hung(comm, view, cfg, among=None):
     seen = mon.watch(10 * HEARTBEAT)
     hung = [p for p, t in seen.items() if t is not None]
     hung_at = [float(comm.store.get(f"netmorph/hung/{p}")) for p in hung if comm.store.check([f"netmorph/hung/{p}"])]
-    for p in hung:
-        try:
-            os.kill(int(comm.store.get(f"netmorph/pid/{p}")), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
+    fence(comm.store, hung)
     deadline = time.monotonic() + cfg.timeout
     while not all(f.dead[p] for p in hung) and time.monotonic() < deadline:
         time.sleep(0.002)

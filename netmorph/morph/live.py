@@ -23,8 +23,11 @@ Elastic's commit) through :class:`~netmorph.elastic.membership.Rendezvous`, re-f
 epoch's fresh channels, and rank 0's twin picks the survivors' layout. The state is resharded from what the
 survivors hold -- or, when the node took state no survivor has (a pipeline stage, a ZeRO shard), read from the
 last checkpoint every rank wrote to a shared folder -- and the line says which. At most the step in flight is
-redone when the survivors hold everything. A node joining still runs on the relaunching path of
-:mod:`netmorph.morph.controller`; a rank stopped (SIGSTOP) rather than killed is not yet fenced here.
+redone when the survivors hold everything. A node that hangs instead (its ranks SIGSTOP themselves mid-step:
+alive, silent) is found by its heartbeats: every rank beats into the store and watches the others' beats with
+the φ accrual detector of ``netmorph elastic`` (:class:`~netmorph.elastic.heartbeat.Watchdog`); a rank suspected
+is fenced (SIGKILL) and from there it is a loss like the other. A node joining still runs on the relaunching
+path of :mod:`netmorph.morph.controller`.
 """
 
 from __future__ import annotations
@@ -45,22 +48,27 @@ import numpy as np
 from netmorph.cost.topology import Topology
 from netmorph.mesh.layout import Layout
 from netmorph.mesh.shape import ModelShape
+from netmorph.elastic.detector import PhiAccrual
+from netmorph.elastic.heartbeat import Heartbeat, Watchdog, publish_pid
 from netmorph.elastic.membership import Rendezvous, agree_after_loss
 from netmorph.morph.decide import Controller, Decision, Look, Run
 from netmorph.morph.layouts import train_config
 from netmorph.morph.reshard import StateLost, plan, restore, run_rank
-from netmorph.morph.scenario import Scenario
+from netmorph.morph.scenario import LOSSES, Scenario
 from netmorph.morph.twin import Twin, candidates
 from netmorph.parallel.hybrid import train_rank
 
 __all__ = ["LiveJob", "live_rank", "membership_changes"]
 
 PROBE_BYTES, PROBES = 1 << 18, 3
+# heartbeats every 0.1 s; a peer silent about a second past its usual beat is suspected (φ > 8 with Akka's
+# acceptable pause of 1 s: eight ranks sharing two cores can miss a few beats, and fencing a live rank loses it)
+HEARTBEAT, PAUSE = 0.1, 1.0
 
 
 def membership_changes(scenario: Scenario) -> bool:
     """Whether the scenario loses or adds ranks."""
-    return any(e.kind in ("node-lost", "node-joins") for e in scenario.events)
+    return any(e.kind in LOSSES + ("node-joins",) for e in scenario.events)
 
 
 @dataclass(frozen=True)
@@ -125,12 +133,18 @@ class _Rank:
         self.commits: list = []                 # the last two (steps done, state): a loss redoes one step at most
         self.ends: list = []                    # when each step of the segment in hand ended (perf_counter)
         self.accounted = False                  # the segment's step times are in the run
-        lost = [e.at for e in job.scenario.events if e.kind == "node-lost"]
-        self.dies_at = lost[0] if lost and comm.rank >= self.gpn else None      # (a loss comes with checkpoints)
-        self.rdzv = self.view = None
+        lost = [e for e in job.scenario.events if e.kind in LOSSES]
+        self.dies_at = lost[0].at if lost and comm.rank >= self.gpn else None   # (a loss comes with checkpoints)
+        self.how = signal.SIGSTOP if lost and lost[0].kind == "node-hangs" else signal.SIGKILL
+        self.rdzv = self.view = self.heart = self.dog = None
         if job.checkpoints:
             self.rdzv = Rendezvous(comm.store, 1)
             self.view = self.rdzv.start(range(comm.world))
+            publish_pid(comm.store, comm.rank)
+            self.heart = Heartbeat(comm.store, comm.rank, HEARTBEAT).start()
+            self.dog = Watchdog(comm.store, [r for r in range(comm.world) if r != comm.rank], lambda: PhiAccrual(
+                first_heartbeat_estimate=HEARTBEAT, min_std_deviation=HEARTBEAT / 2,
+                acceptable_heartbeat_pause=PAUSE), interval=HEARTBEAT / 2).start()
 
     def say(self, line: str) -> None:
         if self.comm.rank == 0:
@@ -141,8 +155,8 @@ class _Rank:
     def commit(self, done: int, state, loss) -> None:
         """After each step: its loss; and where a node may be lost, keep the state (the last two), write a
         checkpoint every ``checkpoint_every`` steps (rank 0 the layout it is under), and -- a rank of the node the
-        scenario loses, at its step on the cluster's clock -- arm the SIGKILL that takes this process in the middle
-        of the next step."""
+        scenario loses, at its step on the cluster's clock -- arm the SIGKILL (or, a node that hangs, the SIGSTOP)
+        that takes this process in the middle of the next step."""
         self.clock += 1
         self.ends.append(time.perf_counter())
         if loss is not None:
@@ -159,7 +173,7 @@ class _Rank:
                                                          "world": self.layout.world}))
         if self.dies_at is not None and self.clock == self.dies_at:
             took = self.run.step_s[-1] if self.run.step_s else 0.1
-            threading.Timer(took / 2, os.kill, (os.getpid(), signal.SIGKILL)).start()
+            threading.Timer(took / 2, os.kill, (os.getpid(), self.how)).start()
 
     def move(self, target: Layout, grown=None) -> tuple:
         p = plan(self.model, self.layout, target, gpus_per_node=self.gpn, grown=grown)
@@ -273,6 +287,8 @@ class _Rank:
             raise err
         view = agree_after_loss(comm, self.rdzv, self.view, done, comm.transport.timeout, silent)
         dead = sorted(set(self.view.members) - set(view.members))
+        if self.dog is not None:
+            self.dog.forget(dead)
         comm.reform(view.members, view.epoch)
         self.view, world, first = view, len(view.members), view.first_step
         if not self.accounted:                    # the segment's steps done before the loss, as this rank timed them
@@ -308,10 +324,15 @@ class _Rank:
         self.run.layout_path.append((first, target.tag()))
         if comm.rank == 0:
             _, predicted, current, top = out["best"]
-            what = f"node lost ({world} ranks left, ranks {dead} killed mid-step, detected by the fabric)"
+            silent = [self.dog.fenced[r] for r in dead if r in self.dog.fenced]
+            what = (f"node lost ({world} ranks left, ranks {dead} killed mid-step, detected by the fabric)"
+                    if self.how == signal.SIGKILL else
+                    f"node hung ({world} ranks left, ranks {dead} stopped mid-step: " +
+                    (f"{max(silent):.1f} s without a heartbeat when φ accrual suspected them" if silent else
+                     "suspected by another rank's watchdog") + ", fenced with SIGKILL)")
             self.say(f"  -> {what}: agreed to resume at step {agreed} (the step in flight redone); {layout.tag()} -> "
-                     f"{target.tag()} (model {1e3 * predicted:.0f} ms/step); {how}; {1e3 * spent:.0f} ms from the "
-                     f"detection to going on")
+                     f"{target.tag()} (model {1e3 * predicted:.0f} ms/step); {how}; {1e3 * spent:.0f} ms from the last "
+                     f"step done to going on")
             self.run.decisions.append(Decision(first, layout.tag(), target.tag(), math.nan, current, predicted,
                                                0, spent, math.inf, what, top))
         self.layout, self.step, self.accounted = target, first, True
@@ -340,6 +361,9 @@ class _Rank:
                 self.recover(e)
         if self.ctl is not None:
             self.run.twin = self.ctl.twin
+        if self.heart is not None:                # done: said in the store, so no watchdog fences a finished rank
+            self.dog.stop()
+            self.heart.stop()
         return {"losses": self.losses, "run": self.run if self.comm.rank == 0 else None, "lines": self.lines}
 
 

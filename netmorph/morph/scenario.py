@@ -5,7 +5,9 @@ A scenario is a list of events, each ``KIND@STEP[xFACTOR]``, comma-separated and
 - ``link-degrades@STEP[xF]``: the inter-node links F (10) times slower (bandwidth divided, latency multiplied), as
   a congested or degraded network; ``link-recovers@STEP``: healthy again;
 - ``node-lost@STEP``: the second node's ranks gone, with whatever state only they held, as torchelastic sees a
-  lost agent; ``node-joins@STEP``: a node of as many ranks back (after a loss), holding nothing;
+  lost agent (killed: SIGKILL); ``node-hangs@STEP``: the same ranks stopped instead (SIGSTOP: alive, silent -- a
+  hung driver, a stuck NFS read), so that only their heartbeats stopping tells; ``node-joins@STEP``: a node of as
+  many ranks back (after a loss), holding nothing;
 - ``seq-grows@STEP[xF]``: the context F (2, 4 or 8) times longer, as a long-context phase of training;
 - ``memory-shrinks@STEP[xF]``: each rank's memory F (2) times smaller than a whole replica of the training state
   needs (another job on the device, a fragmented allocator): only layouts that shard it fit.
@@ -21,10 +23,12 @@ from netmorph.cost.topology import Topology
 from netmorph.errors import UsageError
 
 # kind -> its FACTOR's default (None: takes no FACTOR)
-KINDS = {"link-degrades": 10.0, "link-recovers": None, "node-lost": None, "node-joins": None, "seq-grows": 2.0,
-         "memory-shrinks": 2.0}
+KINDS = {"link-degrades": 10.0, "link-recovers": None, "node-lost": None, "node-hangs": None, "node-joins": None,
+         "seq-grows": 2.0, "memory-shrinks": 2.0}
+LOSSES = ("node-lost", "node-hangs")      # the second node out of the job: killed, or stopped
 USAGE = ("none, or events KIND@STEP[xFACTOR] joined by commas: link-degrades@STEP[xF], link-recovers@STEP, "
-         "node-lost@STEP, node-joins@STEP, seq-grows@STEP[xF] (F 2, 4 or 8), memory-shrinks@STEP[xF]")
+         "node-lost@STEP, node-hangs@STEP, node-joins@STEP, seq-grows@STEP[xF] (F 2, 4 or 8), "
+         "memory-shrinks@STEP[xF]")
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,7 @@ class Scenario:
         """Ranks alive at ``step``: the first node's alone while the second is lost."""
         w = world
         for e in self._until(step):
-            w = world // 2 if e.kind == "node-lost" else world if e.kind == "node-joins" else w
+            w = world // 2 if e.kind in LOSSES else world if e.kind == "node-joins" else w
         return w
 
     def model(self, model, step: int):
@@ -116,9 +120,10 @@ def parse_scenario(text: str) -> Scenario:
         if events and e.at < events[-1].at:
             raise UsageError(f"{{scenario}} {text!r}: events in step order ({part} after {events[-1].label()})",
                              "scenario")
-        if kind in ("node-lost", "node-joins") and lost == (kind == "node-lost"):
+        if (kind in LOSSES or kind == "node-joins") and lost == (kind in LOSSES):
             raise UsageError(f"{{scenario}} {part!r}: " + ("a node is already lost" if lost else
-                                                           "node-joins needs a node-lost before it"), "scenario")
-        lost = {"node-lost": True, "node-joins": False}.get(kind, lost)
+                                                           "node-joins needs a node-lost (or node-hangs) before it"),
+                             "scenario")
+        lost = True if kind in LOSSES else False if kind == "node-joins" else lost
         events.append(e)
     return Scenario(tuple(events))
