@@ -499,3 +499,22 @@ def test_sequence_parallel_gathers_again_in_the_backward_where_megatron_does():
              - estimate(m, replace(sp, sp_regather=False), A100)["comm_s"]["tensor_parallel"])
     assert extra == pytest.approx(m.layers * ar, rel=1e-9)
     assert costs_for(m, sp, A100).tp_per_bwd == 3
+
+
+def test_llama3_all_gather_context_parallelism_is_exposed():
+    """--cp-comm-type all_gather (Llama 3 sec. 3.3.2): K and V of the whole sequence all-gathered before the
+    attention core and their gradients reduce-scattered after it, nothing hidden; a ring (p2p) hides its blocks
+    behind the core. A value Megatron does not take is a typed rejection."""
+    m = replace(PRESETS["llama-3-70b"], seq=65536)
+    ring = Layout(tp=8, cp=8, micro_batch_size=1, global_batch=1, sequence_parallel=True)
+    ag = replace(ring, cp_comm_type="all_gather")
+    kv = 2 * m.seq * m.h_kv / 8 * 2
+    lc = timing.layer_costs(m, ag, H100)
+    assert lc["cp_fwd"] == pytest.approx(timing.collective_time(H100, "allgather", 8, 8, kv), rel=1e-12)
+    assert lc["cp_bwd"] == pytest.approx(timing.collective_time(H100, "reduce_scatter", 8, 8, kv), rel=1e-12)
+    full = timing.layer_costs(m, replace(ag, recompute="full"), H100)
+    assert full["cp_bwd"] == pytest.approx(lc["cp_bwd"] + lc["cp_fwd"], rel=1e-12)
+    assert timing.layer_costs(m, ring, H100)["cp_fwd"] < lc["cp_fwd"]
+    assert estimate(m, ag, H100)["comm_s"]["context_parallel"] > estimate(m, ring, H100)["comm_s"]["context_parallel"]
+    (r,) = [r for r in replace(ring, cp_comm_type="a2a").check(m, 64) if r.field == "cp_comm_type"]
+    assert "p2p, all_gather" in r.text

@@ -106,6 +106,9 @@ def add_split_args(p, bare: bool = True) -> None:
                         "forward (with --dp-overlap)")
     c.add_argument("--pp-overlap", action="store_true", default=None,
                    help="Megatron --overlap-p2p-communication: pipeline sends behind compute")
+    c.add_argument("--cp-comm-type", choices=("p2p", "all_gather"), default="p2p",
+                   help="Megatron --cp-comm-type: p2p (default; ring attention, K and V blocks passed behind the "
+                        "attention core) or all_gather (Llama 3: K and V all-gathered before it, exposed)")
     c.add_argument("--param-bytes", type=int, default=2, help="bytes per weight (default 2)")
     c.add_argument("--grad-bytes", type=int, default=4, help="bytes per gradient (default 4, fp32 main grads; "
                                                              "2 gives ZeRO's 16 B/param)")
@@ -217,7 +220,7 @@ def config_from(args):
                   sequence_parallel=bool(args.sequence_parallel), recompute=args.recompute or "none",
                   dp_overlap=bool(args.dp_overlap), tp_overlap=bool(args.tp_overlap), pp_overlap=bool(args.pp_overlap),
                   param_gather_overlap=bool(args.param_gather_overlap),
-                  zero_memory=args.zero_memory,
+                  zero_memory=args.zero_memory, cp_comm_type=args.cp_comm_type,
                   precision=args.precision or "bf16", param_bytes=args.param_bytes, grad_bytes=args.grad_bytes,
                   optimizer_bytes=args.optimizer_bytes, first_stage_layers=args.first_stage_layers or 0,
                   last_stage_layers=args.last_stage_layers or 0, schedule=args.schedule or "",
@@ -337,7 +340,7 @@ def _search(args, model, hw) -> int:
                   last_stage_layers=args.last_stage_layers or 0, tp_overlap=bool(args.tp_overlap),
                   pp_overlap=bool(args.pp_overlap), param_gather_overlap=bool(args.param_gather_overlap),
                   zero_memory=args.zero_memory, schedule=args.schedule or "",
-                  microbatch_group=args.microbatch_group or 0)
+                  microbatch_group=args.microbatch_group or 0, cp_comm_type=args.cp_comm_type)
     fixed = {k: getattr(args, k) for k in FIXABLE if getattr(args, k) is not None}
     t0 = time.perf_counter()
     if args.top < 1:

@@ -27,6 +27,7 @@ from netmorph.mesh.shape import ModelShape
 RECOMPUTE = ("none", "selective", "full")
 PRECISION = ("bf16", "fp8")
 SCHEDULES = ("afab", "1f1b", "interleaved")
+CP_COMM = ("p2p", "all_gather")   # Megatron-Core's --cp-comm-type (its a2a variants are Ulysses, not priced here)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,9 @@ class Layout:
 
     tp: int = 1
     cp: int = 1                    # context parallel: the sequence split over cp ranks (ring attention)
+    cp_comm_type: str = "p2p"      # how cp ranks get each other's K and V (Megatron's --cp-comm-type): "p2p", ring
+                                   # attention passing blocks behind the attention core; "all_gather", Llama 3's
+                                   # all-gather before the core and reduce-scatter of their gradients after, exposed
     ep: int = 1                    # expert parallel: the experts split over ep of the dp ranks
     expert_tp: int = 0             # Megatron's --expert-tensor-parallel-size: experts split over this many tp ranks
                                    # (0: = tp, Megatron's default; netmorph's trainer keeps them whole: 1)
@@ -288,7 +292,7 @@ def _ranges(c: Layout) -> list:
     if c.zero not in (0, 1, 2, 3):
         out.append(Rejection("range", "zero", c.zero, f"zero must be 0, 1, 2 or 3, got {c.zero}"))
     for k, allowed in (("recompute", RECOMPUTE), ("precision", PRECISION), ("schedule", ("",) + SCHEDULES),
-                       ("zero_memory", ("paper", "deepspeed"))):
+                       ("zero_memory", ("paper", "deepspeed")), ("cp_comm_type", CP_COMM)):
         if getattr(c, k) not in allowed:
             out.append(Rejection("range", k, getattr(c, k), f"{k} must be one of {', '.join(allowed)}, got "
                                  f"{getattr(c, k)!r}"))

@@ -132,12 +132,12 @@ def layer_costs(model: ModelShape, c: Layout, hw: Hardware) -> dict:
     """What one layer costs under ``c``: :func:`_layer_costs` for the fields it depends on (cached, so a search
     prices each (tp, cp, ep, microbatch, recompute, sp, precision) once)."""
     return dict(_layer_costs(model, hw, c.tp, c.cp, c.ep, c.micro_batch_size, c.recompute, c.sequence_parallel,
-                             c.precision, c.activation_bytes, c.sp_regather))
+                             c.precision, c.activation_bytes, c.sp_regather, c.cp_comm_type))
 
 
 @lru_cache(maxsize=16384)
 def _layer_costs(model: ModelShape, hw: Hardware, tp, cp, ep, microbatch, recompute, sp, precision,
-                 act_bytes: int = 2, regather: bool = True) -> dict:
+                 act_bytes: int = 2, regather: bool = True, cp_comm: str = "p2p") -> dict:
     """Seconds of one layer's work per microbatch on one rank, forward and backward apart (the backward
     carries the recomputed forward under full recomputation, the attention core again under selective, and
     FlashAttention's own recompute of the scores: its backward is 2.5x its forward), the LM head's forward,
@@ -190,7 +190,16 @@ def _layer_costs(model: ModelShape, hw: Hardware, tp, cp, ep, microbatch, recomp
            "tp_per_fwd": 2, "tp_per_bwd": 4 if full else (3 if sp and regather and t > 1 else 2),
            "cp_fwd": 0.0, "cp_bwd": 0.0,
            "moe_fwd": 0.0, "moe_bwd": 0.0}
-    if cp > 1:
+    if cp > 1 and cp_comm == "all_gather":
+        # Llama 3 (Dubey et al. 2024, sec. 3.3.2): every cp rank all-gathers K and V of the whole sequence before
+        # its attention core and reduce-scatters their gradients after it -- "the all-gather communication latency
+        # is exposed in the critical path" (K and V are small beside Q under GQA); kept for the backward, gathered
+        # again only when the forward is recomputed
+        kv = 2 * s * b * model.h_kv / t * 2
+        gather = collective_time(hw, "allgather", cp, t, kv)
+        out["cp_fwd"] = gather
+        out["cp_bwd"] = collective_time(hw, "reduce_scatter", cp, t, kv) + (gather if full else 0.0)
+    elif cp > 1:
         # ring attention: cp - 1 steps, each passing one K and one V block of s/cp tokens (h_kv/t wide) to
         # the next rank while the attention core of the block in hand runs; the backward passes K, V and
         # their gradients. What the core does not cover is exposed.
@@ -253,7 +262,8 @@ def step_time(model: ModelShape, c: Layout, hw: Hardware) -> dict:
     p, v, m = c.pp, c.interleave, c.microbatches
     gemm, elementwise, tp_comm, cp_comm, moe_comm, pp_comm = _microbatch(
         model, hw, c.tp, c.cp, c.pp, c.dp, c.ep, c.micro_batch_size, c.recompute, c.sequence_parallel, c.precision, v,
-        c.first_stage_layers, c.last_stage_layers, c.tp_overlap, c.pp_overlap, c.activation_bytes, c.sp_regather)
+        c.first_stage_layers, c.last_stage_layers, c.tp_overlap, c.pp_overlap, c.activation_bytes, c.sp_regather,
+        c.cp_comm_type)
     per_mb = gemm + elementwise + tp_comm + cp_comm + moe_comm + pp_comm
     slots = m + (p - 1) / v
     # where ranks share a node's cores, a rank waiting in the pipeline's bubble gives its core to the others:
@@ -321,7 +331,7 @@ def _overlapped(model: ModelShape, c: Layout, hw: Hardware, dp_comm: float, gath
       first gather and the last reduce-scatter are exposed, and a layer whose gather (and reduce-scatter)
       outlasts its compute exposes the difference. With one microbatch there is one backward to hide behind."""
     lc = _layer_costs(model, hw, c.tp, c.cp, c.ep, c.micro_batch_size, c.recompute, c.sequence_parallel,
-                      c.precision, c.activation_bytes, c.sp_regather)
+                      c.precision, c.activation_bytes, c.sp_regather, c.cp_comm_type)
     layers = max(_stage_layers(model.layers, c.pp, c.first_stage_layers, c.last_stage_layers))
     tp_ar = collective_time(hw, "allreduce", c.tp, 1, lc["activation_bytes"]) if c.tp > 1 else 0.0
     fwd = lc["matmul_fwd"] + lc["elementwise_fwd"] + lc["tp_per_fwd"] * tp_ar
@@ -361,13 +371,13 @@ def _overlapped(model: ModelShape, c: Layout, hw: Hardware, dp_comm: float, gath
 
 @lru_cache(maxsize=65536)
 def _microbatch(model, hw, t, cp, p, d, ep, mb, recompute, sp, precision, v, first, last, tp_overlap=False,
-                pp_overlap=False, act_bytes=2, regather=True) -> tuple:
+                pp_overlap=False, act_bytes=2, regather=True, cp_comm="p2p") -> tuple:
     """(matmul, elementwise, TP, CP, MoE, PP p2p) seconds of one microbatch on the slowest pipeline stage; with
     ``tp_overlap`` (Megatron's --tp-comm-overlap: the TP collectives split into chunks pipelined with the
     GEMMs that produce and consume them) only what the stage's linear-layer GEMMs do not cover is exposed,
     with ``pp_overlap`` (--overlap-p2p-communication) only what one layer's compute does not cover."""
     stages = _stage_layers(model.layers, p, first, last)
-    lc = _layer_costs(model, hw, t, cp, ep, mb, recompute, sp, precision, act_bytes, regather)
+    lc = _layer_costs(model, hw, t, cp, ep, mb, recompute, sp, precision, act_bytes, regather, cp_comm)
     per_layer_gemm = lc["matmul_fwd"] + lc["matmul_bwd"]
     # the slowest stage sets the pipeline's pace: the most layers, or the last stage's with the output layer
     head = 3 * lc["logits_fwd"]
