@@ -243,6 +243,32 @@ def test_a_node_that_hangs_is_found_by_its_heartbeats_and_fenced():
 
 
 @pytest.mark.timeout(300)
+def test_a_node_back_joins_the_same_launch_and_receives_its_state(monkeypatch):
+    """Node 1 killed at step 4 and back at step 8: rank 0 asks the launcher for processes in the dead slots, they
+    announce themselves, the members agree on the grown view, rank 0's twin picks the 4-rank layout and the plan
+    sends the joiners everything they hold -- one launch from start to end, and the losses are the ones no node
+    left gives."""
+    import sys
+    launcher = sys.modules["netmorph.runtime.launch"]
+    launches = []
+    real = launcher.launch
+    monkeypatch.setattr(launcher, "launch", lambda fn, *a, **k: launches.append(fn.__name__) or real(fn, *a, **k))
+    from netmorph.morph.controller import Trainer, run_adaptive, twin_of
+    trainer = Trainer(MORPH_GPT, 8, 4, 60.0, 10.0, 5.0, 20)
+    twin = twin_of(trainer, LINKS)
+    adaptive = run_adaptive(trainer, twin, Layout(dp=4), 12, 4, parse_scenario("node-lost@4,node-joins@8"),
+                            log=lambda *a, **k: None)
+    assert launches == ["live_rank"]
+    lost, back = adaptive.decisions
+    assert lost.reason.startswith("node lost (2 ranks left") and back.step == 8
+    assert back.reason.startswith("a node joined (4 ranks: [2, 3] started in the lost ranks' slots")
+    assert back.before == lost.after and back.after == twin.best(None, 4).tag() and back.reshard_bytes > 0
+    assert adaptive.layout_path[-1] == (8, back.after) and len(adaptive.losses) == 12
+    calm = _controller(4, 12, 4, "none", inter_mbps=5.0, start=Layout(dp=4))[1]
+    np.testing.assert_allclose(adaptive.losses, calm.losses, rtol=1e-9, atol=0)
+
+
+@pytest.mark.timeout(300)
 def test_controller_replans_when_the_context_grows():
     """Sequences 4x longer from step 4: every run trains the longer sequences from there (4x the tokens a step,
     the same losses whichever split), the loop on the best layout its twin gives the longer sequences."""

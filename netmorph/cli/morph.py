@@ -222,7 +222,9 @@ def _control(args) -> int:
           f"planner, none trial-run)")
     if any(e.kind in LOSSES for e in scenario.events):
         print("# the static runs lose the node by script, at a segment boundary: nothing to detect, no step in flight "
-              "to redo" + ("" if restart is None else "; the restart pays the relaunch and the checkpoint"))
+              "to redo" + ("; a node back costs them no process start" if any(e.kind == "node-joins" for e in
+                                                                          scenario.events) else "")
+              + ("" if restart is None else "; the restart pays the relaunch and the checkpoint"))
     if args.plot:
         print(f"# figure: {args.plot}")
     return 0

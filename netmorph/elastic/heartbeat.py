@@ -83,9 +83,14 @@ class Monitor:
     """Watch ``peers``' heartbeats; ``detector()`` makes one detector per peer."""
 
     def __init__(self, store, peers, detector, interval: float = 0.1, clock=time.monotonic):
-        self.store, self.interval, self.clock = store, interval, clock
-        self.detectors = {p: detector() for p in peers}
-        self.seen = {p: None for p in peers}
+        self.store, self.interval, self.clock, self.make = store, interval, clock, detector
+        self.detectors, self.seen = {}, {}
+        self.add(peers)
+
+    def add(self, peers) -> None:
+        """Watch ``peers`` too (workers that joined), each with a fresh detector."""
+        for p in peers:
+            self.detectors[p], self.seen[p] = self.make(), None
 
     def poll(self) -> None:
         """Read every peer's counter once; a changed counter is a heartbeat arriving now."""
@@ -155,6 +160,13 @@ class Watchdog:
         with self._lock:
             for r in ranks:
                 self.monitor.detectors.pop(r, None)
+
+    def add(self, ranks) -> None:
+        """Watch ``ranks`` (they joined the view, already beating); a rank fenced before may be fenced again."""
+        with self._lock:
+            self.monitor.add(ranks)
+            for r in ranks:
+                self.fenced.pop(r, None)
 
     def stop(self) -> None:
         self._stop.set()

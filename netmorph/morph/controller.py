@@ -36,7 +36,7 @@ from dataclasses import replace
 from netmorph.cost.topology import Topology, two_nodes
 from netmorph.errors import UsageError
 from netmorph.mesh.layout import Layout
-from netmorph.morph.decide import Controller, Decision, Look, Run, resized
+from netmorph.morph.decide import Decision, Run, resized
 from netmorph.morph.layouts import train_config
 from netmorph.morph.live import LiveJob, probe, run_live
 from netmorph.morph.reshard import StateLost, execute, plan, restore
@@ -263,49 +263,8 @@ def run_static(trainer: Trainer, layout: Layout, steps: int, segment: int, scena
 def run_adaptive(trainer: Trainer, twin: Twin, start: Layout, steps: int, segment: int, scenario: Scenario,
                  hysteresis: float = 0.10, confirm: int = 2, log=print) -> Run:
     """The control loop (module docstring) deciding on ``twin``; ``log`` gets one line per segment and per
-    decision. Without a node lost or joining, the whole run is one launch whose ranks stay alive across moves
-    (:mod:`netmorph.morph.live`); with one, each segment is its own launch."""
-    if not any(e.kind == "node-joins" for e in scenario.events):
-        live = LiveJob(trainer.model, trainer.global_batch, trainer.device_flops, trainer.base, twin, start, steps,
-                       segment, scenario, hysteresis, confirm, verbose=log is print,
-                       checkpoint_every=trainer.checkpoint_every)
-        return run_live(live, trainer.world, trainer.timeout, log)
-    job = _Job(trainer, start)
-    run = job.run
-    ctl = Controller(twin, steps, hysteresis, confirm)
-    while job.step < steps:
-        topo = scenario.topology(trainer.base, job.clock)
-        before, at = job.layout, job.step
-        what, world, model, share = job.event(scenario)
-        if what:
-            best, predicted, current, top = ctl.replan(before, world, model.seq, share)
-            same = resized(before, world)
-            p, spent, how = job.move(best, topo, alive=range(world) if world < before.world else None, model=model)
-            if current == math.inf:
-                staying = f"{before.tag()} on {world} ranks does not fit" if same is None else \
-                    f"{same.tag()} does not fit"
-            else:
-                staying = f"staying {same.tag()}: " + ("the best" if same == best else f"{1e3 * current:.0f} ms")
-            log(f"  -> at step {at}, {what}: {before.tag()} -> {best.tag()} (model {1e3 * predicted:.0f} "
-                f"ms/step; {staying}); {how}")
-            if best != same:
-                gain = current - predicted
-                run.decisions.append(Decision(at, before.tag(), best.tag(), math.nan, current, predicted,
-                                              0 if p is None else p.bytes, spent,
-                                              spent / gain if gain > 0 else math.inf, what, top))
-        times, probed, busy = job.train(min(segment, steps - job.step), topo)
-        t0 = time.perf_counter()
-        line, d = ctl.look(Look(job.step, job.layout, job.model.seq, statistics.median(times), busy, probed))
-        run.decide_s.append(time.perf_counter() - t0)
-        log(line)
-        if d is None:
-            continue
-        p = plan(job.model, job.layout, d.target, gpus_per_node=topo.gpus_per_node)
-        _, spent, _ = job.move(d.target, topo, p=p)
-        predicted_cost, d.reshard_s = d.reshard_s, spent
-        d.payback_steps = spent / (d.predicted_current_s - d.predicted_best_s)
-        run.decisions.append(d)
-        log(f"  -> reshard {d.before} to {d.after} at step {d.step}: {p.bytes:,} B in {1e3 * spent:.0f} ms "
-            f"(model {1e3 * predicted_cost:.0f} ms), pays back in {d.payback_steps:.1f} steps")
-    run.twin = ctl.twin
-    return run
+    decision. The whole run is one launch whose ranks stay alive across moves, losses and joins
+    (:mod:`netmorph.morph.live`)."""
+    live = LiveJob(trainer.model, trainer.global_batch, trainer.device_flops, trainer.base, twin, start, steps,
+                   segment, scenario, hysteresis, confirm, verbose=log is print, checkpoint_every=trainer.checkpoint_every)
+    return run_live(live, trainer.world, trainer.timeout, log)

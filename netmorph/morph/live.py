@@ -15,19 +15,8 @@ Varuna and Oobleck morph a job without restarting it; so does this loop. Every r
 The scenario's link changes reach each rank's own link clock at the same segment boundary
 (:meth:`Comm.emulate <netmorph.runtime.base.CommBase.emulate>`); a longer context or less memory re-plans there.
 
-A node lost is not applied by anyone: at the scenario's step its ranks SIGKILL themselves in the middle of the
-next step (an elastic launch, ``launch(elastic=True)``). The fabric marks them dead and every survivor's pending
-call raises ``PeerLost``; the survivors post the steps they completed, agree on the view without the dead and
-on the step to resume at (the fewest any completed: each keeps its last two steps' state in memory, Horovod
-Elastic's commit) through :class:`~netmorph.elastic.membership.Rendezvous`, re-form the communicator on the
-epoch's fresh channels, and rank 0's twin picks the survivors' layout. The state is resharded from what the
-survivors hold -- or, when the node took state no survivor has (a pipeline stage, a ZeRO shard), read from the
-last checkpoint every rank wrote to a shared folder -- and the line says which. At most the step in flight is
-redone when the survivors hold everything. A node that hangs instead (its ranks SIGSTOP themselves mid-step:
-alive, silent) is found by its heartbeats: every rank beats into the store and watches the others' beats with
-the φ accrual detector of ``netmorph elastic`` (:class:`~netmorph.elastic.heartbeat.Watchdog`); a rank suspected
-is fenced (SIGKILL) and from there it is a loss like the other. A node joining still runs on the relaunching
-path of :mod:`netmorph.morph.controller`.
+Losses, hangs and joins -- the job's membership changing under the loop -- are
+:class:`~netmorph.morph.members.Members`' part of a rank.
 """
 
 from __future__ import annotations
@@ -48,12 +37,10 @@ import numpy as np
 from netmorph.cost.topology import Topology
 from netmorph.mesh.layout import Layout
 from netmorph.mesh.shape import ModelShape
-from netmorph.elastic.detector import PhiAccrual
-from netmorph.elastic.heartbeat import Heartbeat, Watchdog, publish_pid
-from netmorph.elastic.membership import Rendezvous, agree_after_loss
 from netmorph.morph.decide import Controller, Decision, Look, Run
 from netmorph.morph.layouts import train_config
-from netmorph.morph.reshard import StateLost, plan, restore, run_rank
+from netmorph.morph.members import Members, agreed_max, membership_changes
+from netmorph.morph.reshard import plan, run_rank
 from netmorph.morph.scenario import LOSSES, Scenario
 from netmorph.morph.twin import Twin, candidates
 from netmorph.parallel.hybrid import train_rank
@@ -61,14 +48,6 @@ from netmorph.parallel.hybrid import train_rank
 __all__ = ["LiveJob", "live_rank", "membership_changes"]
 
 PROBE_BYTES, PROBES = 1 << 18, 3
-# heartbeats every 0.1 s; a peer silent about a second past its usual beat is suspected (φ > 8 with Akka's
-# acceptable pause of 1 s: eight ranks sharing two cores can miss a few beats, and fencing a live rank loses it)
-HEARTBEAT, PAUSE = 0.1, 1.0
-
-
-def membership_changes(scenario: Scenario) -> bool:
-    """Whether the scenario loses or adds ranks."""
-    return any(e.kind in LOSSES + ("node-joins",) for e in scenario.events)
 
 
 @dataclass(frozen=True)
@@ -112,14 +91,7 @@ def probe(comm, gpn: int) -> float | None:
     return float(out[0])
 
 
-def _max(comm, values) -> np.ndarray:
-    a = np.asarray(values, dtype=np.float64).copy()
-    with comm.phase("morph.agree"):
-        comm.all_reduce(a, op="max")
-    return a
-
-
-class _Rank:
+class _Rank(Members):
     """One rank of a live run: its layout, model, state and step, its in-memory commits, its log (rank 0)."""
 
     def __init__(self, comm, job: LiveJob):
@@ -137,14 +109,9 @@ class _Rank:
         self.dies_at = lost[0].at if lost and comm.rank >= self.gpn else None   # (a loss comes with checkpoints)
         self.how = signal.SIGSTOP if lost and lost[0].kind == "node-hangs" else signal.SIGKILL
         self.rdzv = self.view = self.heart = self.dog = None
+        self.joined = getattr(comm, "joined", False)     # started in a lost rank's slot: a node back
         if job.checkpoints:
-            self.rdzv = Rendezvous(comm.store, 1)
-            self.view = self.rdzv.start(range(comm.world))
-            publish_pid(comm.store, comm.rank)
-            self.heart = Heartbeat(comm.store, comm.rank, HEARTBEAT).start()
-            self.dog = Watchdog(comm.store, [r for r in range(comm.world) if r != comm.rank], lambda: PhiAccrual(
-                first_heartbeat_estimate=HEARTBEAT, min_std_deviation=HEARTBEAT / 2,
-                acceptable_heartbeat_pause=PAUSE), interval=HEARTBEAT / 2).start()
+            self.watch()
 
     def say(self, line: str) -> None:
         if self.comm.rank == 0:
@@ -180,7 +147,7 @@ class _Rank:
         if self.state is None:
             return p, 0.0
         self.state = run_rank(self.comm, p, self.state)
-        return p, float(_max(self.comm, [self.state["seconds"]])[0])
+        return p, float(agreed_max(self.comm, [self.state["seconds"]])[0])
 
     def pick(self, choose, model: ModelShape, world: int) -> Layout:
         """Rank 0's choice among the candidates (``choose()`` on rank 0: a Layout, or None to stay), on every
@@ -241,10 +208,10 @@ class _Rank:
         with comm.phase("morph.agree"):
             comm.all_reduce(total)
         self.losses.update({first + k: float(v) / total[-1] for k, v in enumerate(total[:-1])})
-        times = _max(comm, out.step_times)
+        times = agreed_max(comm, out.step_times)
         if n > 1:
             times[0] = statistics.median(times[1:])       # the segment's first step builds the layout's modules
-        busy = float(_max(comm, [statistics.median(out.busy_s[1:] or out.busy_s)])[0])
+        busy = float(agreed_max(comm, [statistics.median(out.busy_s[1:] or out.busy_s)])[0])
         beta = probe(comm, self.gpn)
         self.run.step_s += times.tolist()
         self.run.tokens += [job.global_batch * self.model.seq] * n
@@ -276,83 +243,16 @@ class _Rank:
                      f"{d.payback_steps:.1f} steps")
         self.layout = target
 
-    def recover(self, err) -> None:
-        """A peer died (the fabric marked it: ``err``): agree with the other survivors on the new view and the
-        step to resume at (the fewest any of them completed), re-form, let rank 0's twin pick the survivors'
-        layout, and reshard from what the survivors hold -- from the last checkpoint when they lack some state."""
-        comm, job, t0 = self.comm, self.job, time.perf_counter()
-        done = max(d for d, _ in self.commits)
-
-        def silent(ranks):                        # neither posted nor died: a stopped node is not fenced here
-            raise err
-        view = agree_after_loss(comm, self.rdzv, self.view, done, comm.transport.timeout, silent)
-        dead = sorted(set(self.view.members) - set(view.members))
-        if self.dog is not None:
-            self.dog.forget(dead)
-        comm.reform(view.members, view.epoch)
-        self.view, world, first = view, len(view.members), view.first_step
-        if not self.accounted:                    # the segment's steps done before the loss, as this rank timed them
-            kept = first - self.step              # (the segment started at self.step)
-            self.run.step_s += np.diff(self.ends[:kept + 1]).tolist()
-            self.run.tokens += [job.global_batch * self.model.seq] * kept
-            t0 = self.ends[kept]                  # from here on the time is the loss's: the step in flight too
-        if list(view.members) != list(range(world)):
-            raise RuntimeError(f"survivors {list(view.members)}: morph re-forms on the first node's ranks only")
-        state = dict(self.commits).get(first, self.state)
-        layout, out, agreed = self.layout, {}, first
-
-        def choose():
-            out["best"] = self.ctl.replan(layout, world, self.model.seq, self.share)
-            return out["best"][0]
-        target = self.pick(choose, self.model, world)
-        try:
-            if state is None:
-                raise StateLost("nothing trained yet")
-            p = plan(self.model, layout, target, gpus_per_node=self.gpn, alive=range(world))
-            self.state = run_rank(comm, p, state)
-            how = f"{p.bytes:,} B from the survivors' shards"
-        except StateLost as e:
-            at = max((int(d.name[4:]) for d in Path(job.checkpoints).iterdir()), default=0)
-            self.state = self._restore(at, target) if at else None
-            how = f"{e}: from the checkpoint of step {at}, {first - at} steps to redo"
-            first = at
-        spent = float(_max(comm, [time.perf_counter() - t0])[0])
-        redone = agreed - first + 1               # the step in flight, and the steps since the checkpoint
-        self.run.reshard_s += spent
-        self.run.redone += redone
-        self.run.events.append((len(self.run.step_s), spent, first, f"{layout.tag()} -> {target.tag()}"))
-        self.run.layout_path.append((first, target.tag()))
-        if comm.rank == 0:
-            _, predicted, current, top = out["best"]
-            silent = [self.dog.fenced[r] for r in dead if r in self.dog.fenced]
-            what = (f"node lost ({world} ranks left, ranks {dead} killed mid-step, detected by the fabric)"
-                    if self.how == signal.SIGKILL else
-                    f"node hung ({world} ranks left, ranks {dead} stopped mid-step: " +
-                    (f"{max(silent):.1f} s without a heartbeat when φ accrual suspected them" if silent else
-                     "suspected by another rank's watchdog") + ", fenced with SIGKILL)")
-            self.say(f"  -> {what}: agreed to resume at step {agreed} (the step in flight redone); {layout.tag()} -> "
-                     f"{target.tag()} (model {1e3 * predicted:.0f} ms/step); {how}; {1e3 * spent:.0f} ms from the last "
-                     f"step done to going on")
-            self.run.decisions.append(Decision(first, layout.tag(), target.tag(), math.nan, current, predicted,
-                                               0, spent, math.inf, what, top))
-        self.layout, self.step, self.accounted = target, first, True
-
-    def _restore(self, at: int, target: Layout) -> dict:
-        """This rank's state under ``target`` from the checkpoint of step ``at`` (every old rank's file)."""
-        d = Path(self.job.checkpoints) / f"step{at}"
-        meta = json.loads((d / "meta.json").read_text())
-        old = Layout.parse(meta["layout"].replace("·", ","), meta["world"])
-        model = self.job.model if meta["seq"] == self.job.model.seq else replace(self.job.model, seq=meta["seq"])
-        states = [dict(np.load(d / f"rank{r}.npz")) for r in range(meta["world"])]
-        for st in states:
-            st["t"] = int(st["t"])
-        return restore(model, old, states, target)[self.comm.rank]
-
     def main(self) -> dict:
         from netmorph.runtime.transport import PeerLost
+        if self.joined:
+            self.join()
         while self.step < self.job.steps:
             self.comm.emulate(self.job.scenario.topology(self.job.base, self.clock))
             try:
+                if self.view is not None and self.job.scenario.world(self.comm.world, self.clock) > \
+                        len(self.view.members):
+                    self.grow()
                 self.replan()
                 self.segment()
             except PeerLost as e:
@@ -361,9 +261,7 @@ class _Rank:
                 self.recover(e)
         if self.ctl is not None:
             self.run.twin = self.ctl.twin
-        if self.heart is not None:                # done: said in the store, so no watchdog fences a finished rank
-            self.dog.stop()
-            self.heart.stop()
+        self.unwatch()
         return {"losses": self.losses, "run": self.run if self.comm.rank == 0 else None, "lines": self.lines}
 
 

@@ -77,7 +77,7 @@ def _one_thread_per_rank() -> None:
 
 
 def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults, link_cost, store, want_ledger,
-           fingerprints, elastic):
+           fingerprints, elastic, joined=False):
     _one_thread_per_rank()
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # the launcher handles Ctrl-C for everyone
@@ -92,6 +92,10 @@ def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults
             if elastic:
                 import torch.distributed as dist
                 comm.store = dist.FileStore(store, -1)
+                # a rank may ask the launcher to start new processes in dead ranks' slots (a node back); a rank so
+                # started is ``joined``: it holds nothing and must re-form before it communicates
+                comm.joined = joined
+                comm.respawn = lambda ranks: conn.send_bytes(pickle.dumps(("respawn", rank, list(ranks))))
         else:
             from netmorph.runtime.torchrun import init_torch, loopback_interface
             lo = loopback_interface()
@@ -137,8 +141,10 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
     only to measure what the check costs.
     ``elastic=True`` (local fabric): a rank that dies does not end the launch -- every peer's pending
     call raises PeerLost once, and the survivors may agree on a new view (``comm.store``, a FileStore
-    for :class:`netmorph.elastic.Rendezvous`) and ``comm.reform(members, epoch)``. Returns
-    ``(results, deaths)``: the dead ranks' results are None, ``deaths`` is ``[(rank, monotonic time)]``.
+    for :class:`netmorph.elastic.Rendezvous`) and ``comm.reform(members, epoch)``; ``comm.respawn(ranks)`` starts
+    new processes in dead ranks' slots (their ``comm.joined`` is true: they hold nothing and re-form before they
+    communicate). Returns ``(results, deaths)``: the results of ranks dead at the end are None, ``deaths`` is
+    ``[(rank, monotonic time)]``.
     """
     if world < 1:
         raise UsageError(f"{{world}} must be >= 1, got {world}", "world")
@@ -173,20 +179,23 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
         if elastic:   # torch.distributed (its FileStore) imported once here, not by every forked rank
             importlib.import_module("torch.distributed")
         store = os.path.join(store_dir, "store") if store_dir else ""
-        for r in range(world):
+
+        def start(r, joined=False):
             try:
                 rd, wr = ctx.Pipe(duplex=False)
                 p = ctx.Process(target=_child, name=f"netmorph-rank{r}", daemon=True,
                                 args=(r, world, fn, args, kwargs, wr, fabric, backend, timeout, list(faults),
-                                      link_cost, store, ledger, fingerprints, elastic))
+                                      link_cost, store, ledger, fingerprints, elastic, joined))
                 p.start()
             except OSError as e:
                 raise _limit_error(e, world) from None
             wr.close()
-            procs.append(p)
             conns[rd] = r
+            return p
+        for r in range(world):
+            procs.append(start(r))
         try:
-            results, ledgers, failures, deaths, trails = _monitor(procs, conns, fabric, timeout, elastic)
+            results, ledgers, failures, deaths, trails = _monitor(procs, conns, fabric, timeout, elastic, start)
         except OSError as e:
             raise _limit_error(e, world) from None
         if not failures and fabric is not None and not elastic:
@@ -231,7 +240,7 @@ def _limit_error(e: OSError | MemoryError, world: int) -> UsageError | OSError:
     return e
 
 
-def _monitor(procs, conns, fabric, timeout, elastic=False):
+def _monitor(procs, conns, fabric, timeout, elastic=False, start=None):
     world = len(procs)
     deaths = []                          # elastic: ranks that died, not failures of the launch
     results, ledgers, trails = [None] * world, [None] * world, [None] * world
@@ -246,6 +255,15 @@ def _monitor(procs, conns, fabric, timeout, elastic=False):
 
     def take(r, msg, now):
         nonlocal first_fail
+        if msg[0] == "respawn":           # elastic: new processes in dead ranks' slots, joining the job
+            for j in msg[2]:
+                if j in exited and fabric.dead[j] and start is not None:
+                    fabric.revive(j)
+                    del sentinels[procs[j].sentinel]
+                    procs[j] = start(j, joined=True)
+                    sentinels[procs[j].sentinel] = j
+                    exited.discard(j)
+            return
         reported.add(r)
         if msg[0] == "ok":
             results[r], ledgers[r], trails[r] = msg[2], msg[3], msg[4]

@@ -110,6 +110,13 @@ class ShmFabric:
         for r in range(self.world):
             self.ring(r)
 
+    def revive(self, rank: int) -> None:
+        """Elastic launches: a new process takes dead ``rank``'s slot (a node back, as torchelastic starts a worker
+        in a lost one's place). It is a member again from the epoch it re-forms on: the channels of every epoch
+        after its predecessor died are untouched by it. ``deaths`` keeps counting the events."""
+        self.dead[rank] = 0
+        self.set_state(rank, IDLE, 0)
+
     @property
     def deaths(self) -> int:
         return int(self.hdr[25])

@@ -1,0 +1,231 @@
+"""The job's membership changing under the control loop: a node lost, hung or back, inside the one launch.
+
+A node lost is not applied by anyone: at the scenario's step its ranks SIGKILL themselves in the middle of the
+next step (an elastic launch, ``launch(elastic=True)``). The fabric marks them dead and every survivor's pending
+call raises ``PeerLost``; the survivors post the steps they completed, agree on the view without the dead and
+on the step to resume at (the fewest any completed: each keeps its last two steps' state in memory, Horovod
+Elastic's commit) through :class:`~netmorph.elastic.membership.Rendezvous`, re-form the communicator on the
+epoch's fresh channels, and rank 0's twin picks the survivors' layout. The state is resharded from what the
+survivors hold -- or, when the node took state no survivor has (a pipeline stage, a ZeRO shard), read from the
+last checkpoint every rank wrote to a shared folder -- and the line says which. At most the step in flight is
+redone when the survivors hold everything.
+
+A node that hangs instead (its ranks SIGSTOP themselves mid-step: alive, silent) is found by its heartbeats: every
+rank beats into the store and watches the others' beats with the φ accrual detector of ``netmorph elastic``
+(:class:`~netmorph.elastic.heartbeat.Watchdog`); a rank suspected is fenced (SIGKILL) and from there it is a loss.
+
+A node back: rank 0 asks the launcher for processes in the lost ranks' slots (``comm.respawn``, as torchelastic
+starts workers where lost ones were), they announce themselves, the members agree on the grown view, rank 0's
+twin picks its layout and the reshard plan sends the joiners everything they hold. One launch from start to end.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from netmorph.elastic.detector import PhiAccrual
+from netmorph.elastic.heartbeat import Heartbeat, Watchdog, publish_pid
+from netmorph.elastic.membership import Rendezvous, agree_after_loss
+from netmorph.mesh.layout import Layout
+from netmorph.morph.decide import Decision
+from netmorph.morph.reshard import StateLost, plan, restore, run_rank
+from netmorph.morph.scenario import LOSSES, Scenario
+from netmorph.morph.twin import candidates
+
+__all__ = ["Members", "agreed_max", "membership_changes"]
+
+# heartbeats every 0.1 s; a peer silent about a second past its usual beat is suspected (φ > 8 with Akka's
+# acceptable pause of 1 s: eight ranks sharing two cores can miss a few beats, and fencing a live rank loses it)
+HEARTBEAT, PAUSE = 0.1, 1.0
+
+
+def membership_changes(scenario: Scenario) -> bool:
+    """Whether the scenario loses or adds ranks."""
+    return any(e.kind in LOSSES + ("node-joins",) for e in scenario.events)
+
+
+def agreed_max(comm, values) -> np.ndarray:
+    """The largest of every rank's ``values``, on every rank (all-reduce MAX in the ``morph.agree`` phase)."""
+    a = np.asarray(values, dtype=np.float64).copy()
+    with comm.phase("morph.agree"):
+        comm.all_reduce(a, op="max")
+    return a
+
+
+class Members:
+    """A live rank's membership part (mixed into :class:`netmorph.morph.live._Rank`, whose fields it reads: comm,
+    job, layout, model, state, step, clock, share, commits, ends, run, ctl, rdzv, view, heart, dog, joined)."""
+
+    def watch(self) -> None:
+        """Beat, and fence a peer that stops beating (a run whose scenario changes its membership)."""
+        comm = self.comm
+        self.rdzv = Rendezvous(comm.store, 1)
+        self.view = None if self.joined else self.rdzv.start(range(comm.world))
+        publish_pid(comm.store, comm.rank)
+        self.heart = Heartbeat(comm.store, comm.rank, HEARTBEAT).start()
+        self.dog = Watchdog(comm.store, [r for r in range(comm.world) if r != comm.rank], lambda: PhiAccrual(
+            first_heartbeat_estimate=HEARTBEAT, min_std_deviation=HEARTBEAT / 2,
+            acceptable_heartbeat_pause=PAUSE), interval=HEARTBEAT / 2).start()
+
+    def unwatch(self) -> None:
+        """Done: stop watching, and say so in the store, so that no watchdog fences a rank that finished."""
+        if self.heart is not None:
+            self.dog.stop()
+            self.heart.stop()
+
+    def recover(self, err) -> None:
+        """A peer died (the fabric marked it: ``err``): agree with the other survivors on the new view and the
+        step to resume at (the fewest any of them completed), re-form, let rank 0's twin pick the survivors'
+        layout, and reshard from what the survivors hold -- from the last checkpoint when they lack some state."""
+        comm, job, t0 = self.comm, self.job, time.perf_counter()
+        done = max(d for d, _ in self.commits)
+
+        def silent(ranks):                        # neither posted nor died: a stopped node is not fenced here
+            raise err
+        view = agree_after_loss(comm, self.rdzv, self.view, done, comm.transport.timeout, silent)
+        dead = sorted(set(self.view.members) - set(view.members))
+        if self.dog is not None:
+            self.dog.forget(dead)
+        comm.reform(view.members, view.epoch)
+        self.view, world, first = view, len(view.members), view.first_step
+        if not self.accounted:                    # the segment's steps done before the loss, as this rank timed them
+            kept = first - self.step              # (the segment started at self.step)
+            self.run.step_s += np.diff(self.ends[:kept + 1]).tolist()
+            self.run.tokens += [job.global_batch * self.model.seq] * kept
+            t0 = self.ends[kept]                  # from here on the time is the loss's: the step in flight too
+        if list(view.members) != list(range(world)):
+            raise RuntimeError(f"survivors {list(view.members)}: morph re-forms on the first node's ranks only")
+        state = dict(self.commits).get(first, self.state)
+        layout, out, agreed = self.layout, {}, first
+
+        def choose():
+            out["best"] = self.ctl.replan(layout, world, self.model.seq, self.share)
+            return out["best"][0]
+        target = self.pick(choose, self.model, world)
+        try:
+            if state is None:
+                raise StateLost("nothing trained yet")
+            p = plan(self.model, layout, target, gpus_per_node=self.gpn, alive=range(world))
+            self.state = run_rank(comm, p, state)
+            how = f"{p.bytes:,} B from the survivors' shards"
+        except StateLost as e:
+            at = max((int(d.name[4:]) for d in Path(job.checkpoints).iterdir()), default=0)
+            self.state = self._restore(at, target) if at else None
+            how = f"{e}: from the checkpoint of step {at}, {first - at} steps to redo"
+            first = at
+        spent = float(agreed_max(comm, [time.perf_counter() - t0])[0])
+        redone = agreed - first + 1               # the step in flight, and the steps since the checkpoint
+        self.run.reshard_s += spent
+        self.run.redone += redone
+        self.run.events.append((len(self.run.step_s), spent, first, f"{layout.tag()} -> {target.tag()}"))
+        self.run.layout_path.append((first, target.tag()))
+        if comm.rank == 0:
+            _, predicted, current, top = out["best"]
+            silent = [self.dog.fenced[r] for r in dead if r in self.dog.fenced]
+            what = (f"node lost ({world} ranks left, ranks {dead} killed mid-step, detected by the fabric)"
+                    if self.how == signal.SIGKILL else
+                    f"node hung ({world} ranks left, ranks {dead} stopped mid-step: " +
+                    (f"{max(silent):.1f} s without a heartbeat when φ accrual suspected them" if silent else
+                     "suspected by another rank's watchdog") + ", fenced with SIGKILL)")
+            self.say(f"  -> {what}: agreed to resume at step {agreed} (the step in flight redone); {layout.tag()} -> "
+                     f"{target.tag()} (model {1e3 * predicted:.0f} ms/step); {how}; {1e3 * spent:.0f} ms from the last "
+                     f"step done to going on")
+            self.run.decisions.append(Decision(first, layout.tag(), target.tag(), math.nan, current, predicted,
+                                               0, spent, math.inf, what, top))
+        self.layout, self.step, self.accounted = target, first, True
+
+    def grow(self) -> None:
+        """The scenario brings the lost node back at this boundary: rank 0 asks the launcher for processes in the
+        dead ranks' slots (``comm.respawn``), the members wait until each has announced itself, agree on the view
+        with them, and :meth:`_welcome` them."""
+        comm, t0 = self.comm, time.perf_counter()
+        world = self.job.scenario.world(comm.world, self.clock)
+        new = [r for r in range(world) if r not in self.view.members]
+        if comm.rank == 0:
+            comm.respawn(new)
+        deadline = time.monotonic() + comm.transport.timeout
+        while self.rdzv.joiners(self.view.epoch, new) != new:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ranks {new} did not come up within {comm.transport.timeout:g} s")
+            time.sleep(0.005)
+        self._welcome(self.rdzv.propose(self.view, candidates=new, first_step=self.step), new, t0)
+
+    def join(self) -> None:
+        """A rank started in a lost one's slot: announce itself (beating already), wait for a view that holds it,
+        and be welcomed: it learns the run's step, clock and layout and receives its state."""
+        comm, t0 = self.comm, time.perf_counter()
+        seen = self.rdzv.current()
+        self.rdzv.announce(comm.rank, seen.epoch)
+        deadline = time.monotonic() + comm.transport.timeout
+        while True:
+            view = self.rdzv.current()
+            if view.epoch > seen.epoch and comm.rank in view.members:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank {comm.rank} was not admitted within {comm.transport.timeout:g} s")
+            time.sleep(0.005)
+        self._welcome(view, [r for r in view.members if r not in seen.members], t0)
+
+    def _welcome(self, view, new: list, t0: float) -> None:
+        """Every member of ``view`` (``new`` joined it): re-form, agree on where the run is (rank 0 says: step,
+        clock, sequence, memory share, Adam's step, the layout in hand), let rank 0's twin pick the layout of the
+        grown world, and send the joiners their state by the reshard plan -- they hold nothing."""
+        comm, job = self.comm, self.job
+        comm.reform(view.members, view.epoch)
+        self.view = view
+        if self.dog is not None:
+            self.dog.add([r for r in new if r != comm.rank])
+        before = len(view.members) - len(new)
+        where = np.zeros(6)
+        if comm.rank == 0:
+            options = [lay.tag() for lay in candidates(self.model, before, job.global_batch, zero=True)]
+            where[:] = (self.step, self.clock, self.model.seq, -1 if math.isinf(self.share) else self.share,
+                        self.state["t"] if self.state is not None else 0, options.index(self.layout.tag()))
+        with comm.phase("morph.agree"):
+            comm.broadcast(where, 0)
+        if self.joined and comm.rank in new:
+            self.step, self.clock = int(where[0]), int(where[1])
+            self.model = self.model if int(where[2]) == self.model.seq else replace(self.model, seq=int(where[2]))
+            self.share = math.inf if where[3] < 0 else float(where[3])
+            self.layout = candidates(self.model, before, job.global_batch, zero=True)[int(where[5])]
+            self.state = {"params": np.zeros(0, dtype=np.float64), "t": int(where[4])}
+        layout, out = self.layout, {}
+
+        def choose():
+            out["best"] = self.ctl.replan(layout, len(view.members), self.model.seq, self.share)
+            return out["best"][0]
+        target = self.pick(choose, self.model, len(view.members))
+        p = plan(self.model, layout, target, gpus_per_node=self.gpn)
+        self.state = run_rank(comm, p, self.state)
+        spent = float(agreed_max(comm, [time.perf_counter() - t0])[0])
+        self.commits, self.accounted = [(self.step, self.state)], True
+        self.run.reshard_s += spent
+        self.run.events.append((len(self.run.step_s), spent, self.step, f"{layout.tag()} -> {target.tag()}"))
+        self.run.layout_path.append((self.step, target.tag()))
+        if comm.rank == 0:
+            _, predicted, current, top = out["best"]
+            what = f"a node joined ({len(view.members)} ranks: {new} started in the lost ranks' slots, one launch)"
+            self.say(f"  -> at step {self.step}, {what}: {layout.tag()} -> {target.tag()} (model "
+                     f"{1e3 * predicted:.0f} ms/step); {p.bytes:,} B to the ranks that joined; {1e3 * spent:.0f} ms "
+                     f"from asking for the ranks to going on")
+            self.run.decisions.append(Decision(self.step, layout.tag(), target.tag(), math.nan, current, predicted,
+                                               p.bytes, spent, math.inf, what, top))
+        self.layout = target
+
+    def _restore(self, at: int, target: Layout) -> dict:
+        """This rank's state under ``target`` from the checkpoint of step ``at`` (every old rank's file)."""
+        d = Path(self.job.checkpoints) / f"step{at}"
+        meta = json.loads((d / "meta.json").read_text())
+        old = Layout.parse(meta["layout"].replace("·", ","), meta["world"])
+        model = self.job.model if meta["seq"] == self.job.model.seq else replace(self.job.model, seq=meta["seq"])
+        states = [dict(np.load(d / f"rank{r}.npz")) for r in range(meta["world"])]
+        for st in states:
+            st["t"] = int(st["t"])
+        return restore(model, old, states, target)[self.comm.rank]
