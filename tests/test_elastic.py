@@ -363,3 +363,36 @@ def test_the_watchdog_fences_a_hung_worker_and_leaves_a_finished_one(tmp_path):
                 os.kill(p.pid, signal.SIGCONT)
                 p.kill()
             p.join(5)
+
+
+def _respawned(comm):
+    """Rank 1 dies; rank 0 re-forms alone, asks for rank 1 back; the new rank 1 (it holds nothing) re-forms with
+    it on the next epoch and the two all-reduce: the revived slot carries messages as the first one did."""
+    import numpy as np
+    from netmorph.runtime.transport import PeerLost
+    if comm.joined:
+        comm.reform([0, 1], 2)
+        x = np.array([10.0])
+        comm.all_reduce(x)
+        return float(x[0])
+    x = np.array([1.0 + comm.rank])
+    comm.all_reduce(x)                            # epoch 0: both
+    if comm.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        comm.all_reduce(np.zeros(1))
+    except PeerLost:
+        pass
+    comm.reform([0], 1)
+    comm.respawn([1])
+    x = np.array([5.0])
+    comm.reform([0, 1], 2)
+    comm.all_reduce(x)
+    return float(x[0])
+
+
+@pytest.mark.timeout(60)
+def test_a_dead_ranks_slot_takes_a_new_process_that_joins_on_a_later_epoch():
+    from netmorph.runtime.launch import launch
+    results, deaths = launch(_respawned, 2, timeout=20.0, elastic=True)
+    assert results == [15.0, 15.0] and [r for r, _ in deaths] == [1]
