@@ -237,8 +237,8 @@ def test_a_node_that_hangs_is_found_by_its_heartbeats_and_fenced():
     assert d.reason.startswith("node hung (2 ranks left, ranks [2, 3] stopped mid-step: ")
     assert "without a heartbeat when φ accrual suspected them, fenced with SIGKILL" in d.reason
     assert adaptive.redone == 1 and adaptive.layout_path[-1] == (d.step, d.after) and not static.failed
-    calm = _controller(4, 12, 4, "none", inter_mbps=5.0, start=Layout(dp=4))[1]
-    np.testing.assert_allclose(adaptive.losses, calm.losses, rtol=1e-9, atol=0)
+    # the static split loses the node by script, on fewer replicas of the same global batch: the run no node left
+    np.testing.assert_allclose(adaptive.losses, static.losses, rtol=1e-9, atol=0)
     assert child_pids(os.getpid()) == []
 
 
@@ -253,7 +253,7 @@ def test_a_node_back_joins_the_same_launch_and_receives_its_state(monkeypatch):
     launches = []
     real = launcher.launch
     monkeypatch.setattr(launcher, "launch", lambda fn, *a, **k: launches.append(fn.__name__) or real(fn, *a, **k))
-    from netmorph.morph.controller import Trainer, run_adaptive, twin_of
+    from netmorph.morph.controller import Trainer, run_adaptive, run_static, twin_of
     trainer = Trainer(MORPH_GPT, 8, 4, 60.0, 10.0, 5.0, 20)
     twin = twin_of(trainer, LINKS)
     adaptive = run_adaptive(trainer, twin, Layout(dp=4), 12, 4, parse_scenario("node-lost@4,node-joins@8"),
@@ -264,7 +264,7 @@ def test_a_node_back_joins_the_same_launch_and_receives_its_state(monkeypatch):
     assert back.reason.startswith("a node joined (4 ranks: [2, 3] started in the lost ranks' slots")
     assert back.before == lost.after and back.after == twin.best(None, 4).tag() and back.reshard_bytes > 0
     assert adaptive.layout_path[-1] == (8, back.after) and len(adaptive.losses) == 12
-    calm = _controller(4, 12, 4, "none", inter_mbps=5.0, start=Layout(dp=4))[1]
+    calm = run_static(trainer, Layout(dp=4), 12, 12, parse_scenario("none"))      # one segment: one launch
     np.testing.assert_allclose(adaptive.losses, calm.losses, rtol=1e-9, atol=0)
 
 
