@@ -258,21 +258,38 @@ def korthikanti_rows(hw):
     return rows
 
 
-def loso(grid=tuple(round(0.50 + 0.02 * i, 2) for i in range(21))) -> list:
-    """Leave-one-source-out for the planner's one fitted constant, the A100 16-bit matmul efficiency (every other
-    part carries it by its measured ceiling): fitted on one calibration source alone (the grid value with the
-    least mean |error| there), judged on the other. [(held-out source, efficiency fitted without it, its
-    out-of-fold mean |error|, in-sample mean |error| with the shipped constant)]."""
-    def mean_err(source, e):
-        hw = replace(HARDWARE["a100-80g"], gemm_efficiency=e)
-        if source == "Narayanan":
-            return statistics.mean(abs(err(x["tflops_per_gpu"], pub)) for *_, pub, x in ptdp_rows(hw))
-        return statistics.mean(abs(err(x["step_time_s"], pub)) for *_, pub, x in korthikanti_rows(hw))
-    shipped = HARDWARE["a100-80g"].gemm_efficiency
+# the calibration fit's grid: the A100 16-bit matmul efficiency and the elementwise passes over the activations
+FIT_EFFICIENCY = tuple(round(0.64 + 0.01 * i, 2) for i in range(13))
+FIT_PASSES = tuple(float(p) for p in range(4, 13))
+
+
+def calibration_grid() -> dict:
+    """{(matmul efficiency, elementwise passes): (Narayanan mean |error|, Korthikanti mean |error|)} over the fit
+    grid, on the A100 preset with those two constants."""
+    out = {}
+    for e in FIT_EFFICIENCY:
+        for passes in FIT_PASSES:
+            hw = replace(HARDWARE["a100-80g"], gemm_efficiency=e, elementwise_passes=passes)
+            out[(e, passes)] = (statistics.mean(abs(err(x["tflops_per_gpu"], pub)) for *_, pub, x in ptdp_rows(hw)),
+                                statistics.mean(abs(err(x["step_time_s"], pub)) for *_, pub, x in korthikanti_rows(hw)))
+    return out
+
+
+def calibration_fit(grid: dict) -> tuple:
+    """The two constants fitted on the calibration set: the grid point whose worse source is best (each source's
+    mean |error| counts, not the one with more rows)."""
+    return min(grid, key=lambda c: max(grid[c]))
+
+
+def loso(grid: dict) -> list:
+    """Leave-one-source-out for the two fitted constants: fitted on one calibration source alone (the grid point
+    with the least mean |error| there), judged on the other. [(held-out source, (efficiency, passes) fitted
+    without it, its out-of-fold mean |error|, in-sample mean |error| with the shipped constants)]."""
+    shipped = (HARDWARE["a100-80g"].gemm_efficiency, HARDWARE["a100-80g"].elementwise_passes)
     out = []
-    for held, other in (("Narayanan", "Korthikanti"), ("Korthikanti", "Narayanan")):
-        fitted = min(grid, key=lambda e: mean_err(other, e))
-        out.append((held, fitted, mean_err(held, fitted), mean_err(held, shipped)))
+    for held, other in ((0, 1), (1, 0)):
+        fitted = min(grid, key=lambda c: grid[c][other])
+        out.append((("Narayanan", "Korthikanti")[held], fitted, grid[fitted][held], grid[shipped][held]))
     return out
 
 
@@ -283,6 +300,8 @@ def main() -> int:
     args = ap.parse_args()
     hw = HARDWARE["a100-80g"]
     z, n, k, vrows = zero_rows(), ptdp_rows(hw), korthikanti_rows(hw), validation_rows()
+    grid = calibration_grid()
+    fit = calibration_fit(grid)
     t0 = time.perf_counter()
     n_fit = search(MODELS["ptdp-1t"], 3072, hw, 3072).fits
     t_search = time.perf_counter() - t0
@@ -334,14 +353,20 @@ def main() -> int:
             "(Calculon reports 3.65% on these runs).", "",
             "The paper gives per-GPU memory as bar charts, not numbers; the last column is the planner's",
             "prediction for the same runs (every one fits in 80 GiB, as the runs did).", "",
-            "## Leave one source out", "",
-            "The one constant fitted on the calibration set is the A100's 16-bit matmul efficiency "
-            f"({HARDWARE['a100-80g'].gemm_efficiency:.3f}). Fitted on one calibration source alone and judged on "
-            "the other (out of fold), beside the error there with the shipped constant (in sample):", "",
-            "| held-out source | efficiency fitted without it | out-of-fold mean error | in-sample mean error |",
+            "## The calibration fit, and leaving one source out", "",
+            "Two constants are fitted on the calibration set: the A100's 16-bit matmul efficiency "
+            f"({HARDWARE['a100-80g'].gemm_efficiency:.2f}) and the elementwise passes over a layer's activations "
+            f"({HARDWARE['a100-80g'].elementwise_passes:g}), jointly, on a grid (efficiency "
+            f"{FIT_EFFICIENCY[0]:.2f}..{FIT_EFFICIENCY[-1]:.2f} by 0.01, passes {FIT_PASSES[0]:g}..{FIT_PASSES[-1]:g} "
+            "by 1): the point whose worse source is best, here "
+            f"{fit[0]:.2f} and {fit[1]:g} (Narayanan {100 * grid[fit][0]:.2f}%, Korthikanti {100 * grid[fit][1]:.2f}%); "
+            "the shipped constants are that point (`--check` fails otherwise). Fitted on one calibration source "
+            "alone and judged on the other (out of fold), beside the error there with the shipped constants (in "
+            "sample):", "",
+            "| held-out source | efficiency, passes fitted without it | out-of-fold mean error | in-sample mean error |",
             "|---|---:|---:|---:|"]
-    for held, fitted, oof, ins in loso():
-        out.append(f"| {held} | {fitted:.2f} | {100 * oof:.1f}% | {100 * ins:.1f}% |")
+    for held, fitted, oof, ins in loso(grid):
+        out.append(f"| {held} | {fitted[0]:.2f}, {fitted[1]:g} | {100 * oof:.1f}% | {100 * ins:.1f}% |")
     out += ["", "The validation set below is out of sample for every constant: nothing is fitted on it.", "",
             "## Validation set: published runs the constants never saw", "",
             "Every number below is predicted with the same constants as above (fitted on the calibration set",
@@ -477,10 +502,15 @@ def main() -> int:
     # --check: the calibration set no worse than when the validation set was added (ZeRO <= 0.5%, Narayanan
     # <= 6.2%, Korthikanti <= 5.0%), and no published run reported as not fitting on its own hardware. The
     # validation set's errors are reported, not gated: its goal (mean <= 10%) is not met yet (see the table).
-    # Korthikanti's bound is back at 5.0% since the sequence-parallel backward's second all-gather is priced
-    # (Megatron keeps the sequence shard and gathers it again for the weight gradients; sec. 4.2.2).
-    if args.check and (statistics.mean(ze) > 0.005 or statistics.mean(map(abs, ne)) > 0.062
-                       or statistics.mean(map(abs, ke)) > 0.05 or misfits):
+    # --check: the issue's must-hold for the calibration set (ZeRO exact to the table's rounding, Narayanan and
+    # Korthikanti within 5% on average), the shipped constants the calibration fit, the fit inside its grid (not
+    # held at an edge), and no published run reported as not fitting on its own hardware.
+    shipped = (hw.gemm_efficiency, hw.elementwise_passes)
+    inside = FIT_EFFICIENCY[0] < fit[0] < FIT_EFFICIENCY[-1] and FIT_PASSES[0] < fit[1] < FIT_PASSES[-1]
+    if args.check and (statistics.mean(ze) > 0.005 or statistics.mean(map(abs, ne)) > 0.05
+                       or statistics.mean(map(abs, ke)) > 0.05 or misfits or shipped != fit or not inside):
+        print(f"check failed: shipped constants {shipped}, calibration fit {fit}" + ("" if inside else
+                                                                                      " (at the grid's edge)"))
         return 1
     return 0
 

@@ -393,13 +393,14 @@ def test_bucketed_overlap_exposes_the_last_bucket_and_what_outlasts_a_layer():
 
 
 def test_matmul_efficiency_is_carried_by_the_measured_ceiling():
-    """The calibration set's A100 efficiency (0.70) moves to another part by the ratio of the maximum achievable
-    matmul FLOP/s measured on each (Bekman's MAMF table: A100 SXM 271.2 of 312, H100 SXM 794.5 of 989 TFLOP/s;
-    FP8 H100 1402.6 of 1979), so the calibration is untouched and an H100 is not a faster A100."""
+    """The calibration set's A100 efficiency (CALIBRATED_EFFICIENCY) moves to another part by the ratio of the
+    maximum achievable matmul FLOP/s measured on each (Bekman's MAMF table: A100 SXM 271.2 of 312, H100 SXM 794.5
+    of 989 TFLOP/s; FP8 H100 1402.6 of 1979), so the calibration is untouched and an H100 is not a faster A100."""
+    from netmorph.planner.hardware import CALIBRATED_EFFICIENCY as e
     a100, h100 = HW["a100-80g"], HW["h100-80g"]
-    assert a100.gemm_efficiency == HW["a100-40g"].gemm_efficiency == 0.70
-    assert h100.gemm_efficiency == pytest.approx(0.70 * (794.5 / 989) / (271.2 / 312), abs=1e-4)
-    assert h100.fp8_efficiency == pytest.approx(0.70 * (1402.6 / 1979) / (271.2 / 312), abs=1e-4)
+    assert a100.gemm_efficiency == HW["a100-40g"].gemm_efficiency == e
+    assert h100.gemm_efficiency == pytest.approx(e * (794.5 / 989) / (271.2 / 312), abs=1e-4)
+    assert h100.fp8_efficiency == pytest.approx(e * (1402.6 / 1979) / (271.2 / 312), abs=1e-4)
     assert HW["h200"].gemm_efficiency == h100.gemm_efficiency and HW["h200"].fp8_efficiency > h100.fp8_efficiency
     m = PRESETS["llama-3-8b"]
     c = Layout(micro_batch_size=1, precision="fp8")

@@ -108,6 +108,7 @@ class _Rank(Members):
         lost = [e for e in job.scenario.events if e.kind in LOSSES]
         self.dies_at = lost[0].at if lost and comm.rank >= self.gpn else None   # (a loss comes with checkpoints)
         self.how = signal.SIGSTOP if lost and lost[0].kind == "node-hangs" else signal.SIGKILL
+        self.doomed = False                     # armed to go with its node
         self.rdzv = self.view = self.heart = self.dog = None
         self.joined = getattr(comm, "joined", False)     # started in a lost rank's slot: a node back
         if job.checkpoints:
@@ -141,6 +142,7 @@ class _Rank(Members):
         if self.dies_at is not None and self.clock == self.dies_at:
             took = self.run.step_s[-1] if self.run.step_s else 0.1
             threading.Timer(took / 2, os.kill, (os.getpid(), self.how)).start()
+            self.doomed = True
 
     def move(self, target: Layout, grown=None) -> tuple:
         p = plan(self.model, self.layout, target, gpus_per_node=self.gpn, grown=grown)
@@ -258,6 +260,8 @@ class _Rank(Members):
             except PeerLost as e:
                 if not self.job.checkpoints:
                     raise
+                if self.doomed:                   # the node goes as one: a rank whose peer went first goes now,
+                    os.kill(os.getpid(), self.how)     # never into the survivors' agreement
                 self.recover(e)
         if self.ctl is not None:
             self.run.twin = self.ctl.twin

@@ -7,13 +7,13 @@ plus the planner's two efficiency knobs, both documented and overridable
 (``--efficiency``, or a JSON file):
 
 - ``gemm_efficiency``: the fraction of peak that a transformer's 16-bit matmuls reach. It is
-  fitted once, on the calibration set's A100 runs (0.70), and carried to other parts by their
-  measured matmul ceiling: each preset's value is 0.70 x (its MAMF / its peak) / (A100's
+  fitted once, on the calibration set's A100 runs (0.71, :data:`CALIBRATED_EFFICIENCY`), and carried to
+  other parts by their measured matmul ceiling: each preset's value is 0.71 x (its MAMF / its peak) / (A100's
   MAMF / A100's peak), where MAMF is the maximum achievable matmul FLOP/s measured over a
   sweep of shapes (Bekman, *Machine Learning Engineering*, "Maximum Achievable Matmul FLOPS
   comparison table": A100 SXM 271.2 of 312 TFLOP/s, H100 SXM 794.5 of 989 -- "H200 is the
   same"). An H100 is not a faster A100: its tensor cores hold a smaller share of their
-  datasheet peak (power and clock limits), 0.65 against 0.70. V100 has no published MAMF and
+  datasheet peak (power and clock limits), 0.66 against 0.71. V100 has no published MAMF and
   keeps the calibrated value;
 - ``fp8_gemm_efficiency``: the same for FP8 GEMMs, from the FP8 MAMF (H100 SXM 1402.6, H200
   SXM 1453.4 of 1979 TFLOP/s): 0.57 and 0.59 of the FP8 peak;
@@ -31,7 +31,8 @@ plus the planner's two efficiency knobs, both documented and overridable
 - ``elementwise_passes``: how many times the bytes of a layer's stored activations
   (Korthikanti et al.'s per-layer activation bytes) cross HBM in the non-matmul
   kernels of one forward+backward (layernorm, dropout, softmax, GeLU, residual adds).
-  This memory-bound work is why small hidden sizes reach a lower share of peak.
+  This memory-bound work is why small hidden sizes reach a lower share of peak. Fitted with the
+  matmul efficiency on the calibration set (8, :data:`CALIBRATED_PASSES`).
 
 Sources: NVIDIA V100, A100 (40 GB and 80 GB), H100 SXM and H200 SXM datasheets (peak dense
 FLOP/s without sparsity, memory, HBM bandwidth); DGX-2, DGX A100, DGX H100 and DGX H200
@@ -48,6 +49,12 @@ from netmorph.cost.topology import Topology
 from netmorph.errors import UsageError
 from netmorph.files import path_exists, read_json_object
 
+# The two constants fitted on the calibration set (Narayanan et al. 2021 Table 1 and Korthikanti et al. 2022), jointly
+# on a grid by ``python scripts/validate_planner.py`` (its calibration fit: the point whose worse source is best;
+# its --check fails when these are not that point): the A100's 16-bit matmul efficiency and the elementwise passes
+CALIBRATED_EFFICIENCY = 0.71
+CALIBRATED_PASSES = 8.0
+
 
 @dataclass(frozen=True)
 class Hardware:
@@ -60,8 +67,8 @@ class Hardware:
     nic_bandwidth: float           # B/s each way per device (its own InfiniBand NIC)
     alpha_intra: float = 2e-6
     alpha_inter: float = 5e-6
-    gemm_efficiency: float = 0.70
-    elementwise_passes: float = 6.0
+    gemm_efficiency: float = CALIBRATED_EFFICIENCY
+    elementwise_passes: float = CALIBRATED_PASSES
     description: str = ""
     fp8_flops: float = 0.0         # dense FP8 tensor FLOP/s (0: no FP8 tensor cores)
     attention_efficiency: float = 0.6   # a FlashAttention kernel's share of the 16-bit peak
@@ -100,7 +107,6 @@ class Hardware:
 
 GiB = 1024 ** 3
 PROFILE_FORMAT = "netmorph-profile/1"       # the "format" of a file netmorph calibrate writes
-CALIBRATED_EFFICIENCY = 0.70       # the 16-bit matmul efficiency fitted on the calibration set (A100)
 # maximum achievable matmul FLOP/s, measured (Bekman, Machine Learning Engineering, MAMF table; mean of 100
 # iterations per shape): (16-bit MAMF, 16-bit peak, FP8 MAMF, FP8 peak)
 MAMF = {"a100": (271.2e12, 312e12, 0.0, 0.0), "h100": (794.5e12, 989e12, 1402.6e12, 1979e12),
