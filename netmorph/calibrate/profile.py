@@ -28,7 +28,8 @@ What maps to what:
   rank gets when all compute, and so how much faster the few that compute in a pipeline's bubble run;
 - ``gpus_per_node``: ranks per (emulated) node; ``memory_bytes``: the machine's memory over its ranks.
 
-Not measured yet, and said so in ``assumed``: ``elementwise_passes`` (the planner's 6) and
+Not measured yet, and said so in ``assumed``: ``elementwise_passes`` (the planner's default, fitted on the
+calibration papers' A100 runs: :data:`~netmorph.planner.hardware.CALIBRATED_PASSES`) and
 ``attention_efficiency`` (taken as ``gemm_efficiency``).
 """
 
@@ -42,7 +43,7 @@ import numpy as np
 from netmorph.calibrate.compute import ITEMSIZE, REFERENCE_MICROBATCH, REFERENCES
 from netmorph.mesh.layout import Layout
 from netmorph.mesh.shape import ModelShape
-from netmorph.planner.hardware import PROFILE_FORMAT, Hardware
+from netmorph.planner.hardware import CALIBRATED_PASSES, PROFILE_FORMAT, Hardware
 from netmorph.planner.timing import step_time
 
 BINS = 6
@@ -131,6 +132,7 @@ def build(world: int, dtype: str, backend: str, gpn: int, alone: dict, busy: dic
                                     "vocab": r.vocab, "micro_batch": REFERENCE_MICROBATCH} for r in REFERENCES],
                     "operator_scale": k_ops, "op_s_measured": busy["op_s"]},
         "links": links,
-        "assumed": {"elementwise_passes": "the planner's 6, not measured",
+        "assumed": {"elementwise_passes": f"the planner's {CALIBRATED_PASSES:g} (fitted on the calibration "
+                                          "papers' A100 runs), not measured",
                     "attention_efficiency": "gemm_efficiency, not measured"},
     }
