@@ -346,15 +346,15 @@ def test_the_watchdog_fences_a_hung_worker_and_leaves_a_finished_one(tmp_path):
     from netmorph.elastic import Watchdog
     store, path = _store(tmp_path), str(tmp_path / "store")
     ctx = mp.get_context("fork")
-    hung = ctx.Process(target=_beat_as, args=(path, 1, 0.05, 0.5), daemon=True)
-    done = ctx.Process(target=_beat_as, args=(path, 2, 0.05, -0.5), daemon=True)
+    hung = ctx.Process(target=_beat_as, args=(path, 1, 0.05, 0.3), daemon=True)
+    done = ctx.Process(target=_beat_as, args=(path, 2, 0.05, -0.3), daemon=True)
     hung.start(), done.start()
     dog = Watchdog(store, [1, 2], lambda: PhiAccrual(first_heartbeat_estimate=0.05, min_std_deviation=0.025,
                                                      acceptable_heartbeat_pause=0.3), interval=0.02).start()
     try:
         hung.join(20)
         assert hung.exitcode == -signal.SIGKILL, "the hung worker was never fenced"
-        time.sleep(1.0)
+        time.sleep(0.6)                                    # twice the pause: a silent beater would be fenced by now
         assert done.is_alive() and list(dog.fenced) == [1] and 0.3 < dog.fenced[1] < 10
     finally:
         dog.stop()

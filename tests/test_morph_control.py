@@ -217,7 +217,8 @@ def test_a_node_killed_mid_step_is_detected_and_the_survivors_go_on():
     assert static.layout_path == [(0, "tp1·pp2·dp2"), (8, "tp1·pp2·dp1")] and not static.failed
     assert len(adaptive.losses) == len(static.losses) == 16
     np.testing.assert_allclose(adaptive.losses, static.losses, rtol=1e-9, atol=0)
-    calm = _controller(4, 16, 4, "none", inter_mbps=5.0, start=Layout(pp=2, dp=2))[1]
+    calm = run_static(Trainer(MORPH_GPT, 8, 4, 60.0, 10.0, 5.0, 8), Layout(pp=2, dp=2), 16, 16,
+                      parse_scenario("none"))                                   # one segment: one launch
     np.testing.assert_allclose(adaptive.losses, calm.losses, rtol=1e-9, atol=0)
     trainer = Trainer(MORPH_GPT, 8, 4, 60.0, 30.0, 5.0, 4)
     stopped = run_static(trainer, Layout(pp=4), 12, 4, parse_scenario("node-lost@4"))
