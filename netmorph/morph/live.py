@@ -163,6 +163,23 @@ class _Rank(Members):
             self.comm.broadcast(pick, 0)
         return None if pick[0] < 0 else options[int(pick[0])]
 
+    def replanned(self, world: int, model: ModelShape, share: float) -> tuple:
+        """Rank 0's twin re-plans from the layout in hand for ``world`` ranks of ``model`` with memory ``share``:
+        (the layout it picks, on every rank; rank 0's (best, predicted, current, top), None elsewhere)."""
+        out = {}
+
+        def choose():
+            out["best"] = self.ctl.replan(self.layout, world, model.seq, share)
+            return out["best"][0]
+        return self.pick(choose, model, world), out.get("best")
+
+    def moved(self, at: int, before: Layout, target: Layout, spent: float) -> None:
+        """A move from ``before`` to ``target`` at step ``at`` that took ``spent`` seconds, in the run's record."""
+        self.run.reshard_s += spent
+        self.run.events.append((len(self.run.step_s), spent, at, f"{before.tag()} -> {target.tag()}"))
+        if target != before:
+            self.run.layout_path.append((at, target.tag()))
+
     def replan(self) -> None:
         """The context grew or the memory shrank at this boundary: rank 0's twin picks the layout; move there."""
         job, layout = self.job, self.layout
@@ -171,17 +188,11 @@ class _Rank(Members):
             return
         what = "; ".join(w for w, c in ((f"sequence grew to {model.seq}", model != self.model),
                                         (f"memory down to {100 * share:.0f}% of a replica", share != self.share)) if c)
-        out = {}
-
-        def choose():
-            out["best"] = self.ctl.replan(layout, layout.world, model.seq, share)
-            return out["best"][0]
-        target = self.pick(choose, model, layout.world)
+        target, best = self.replanned(layout.world, model, share)
         p, spent = self.move(target, model if model != self.model else None)
-        self.run.reshard_s += spent
-        self.run.events.append((len(self.run.step_s), spent, self.step, f"{layout.tag()} -> {target.tag()}"))
+        self.moved(self.step, layout, target, spent)
         if self.comm.rank == 0:
-            _, predicted, current, top = out["best"]
+            _, predicted, current, top = best
             self.say(f"  -> at step {self.step}, {what}: {layout.tag()} -> {target.tag()} (model "
                      f"{1e3 * predicted:.0f} ms/step; staying "
                      f"{'does not fit' if math.isinf(current) else f'{1e3 * current:.0f} ms'}); {p.bytes:,} B between "
@@ -190,8 +201,6 @@ class _Rank(Members):
                 self.run.decisions.append(Decision(self.step, layout.tag(), target.tag(), math.nan, current,
                                                    predicted, p.bytes, spent,
                                                    spent / max(current - predicted, 1e-12), what, top))
-        if target != layout:
-            self.run.layout_path.append((self.step, target.tag()))
         self.layout, self.model, self.share = target, model, share
 
     def segment(self) -> None:
@@ -233,9 +242,7 @@ class _Rank(Members):
         if target is None:
             return
         p, spent = self.move(target)
-        self.run.reshard_s += spent
-        self.run.events.append((len(self.run.step_s), spent, self.step, f"{self.layout.tag()} -> {target.tag()}"))
-        self.run.layout_path.append((self.step, target.tag()))
+        self.moved(self.step, self.layout, target, spent)
         if comm.rank == 0:
             predicted_cost, d.reshard_s = d.reshard_s, spent
             d.payback_steps = spent / (d.predicted_current_s - d.predicted_best_s)

@@ -38,6 +38,7 @@ from netmorph.morph.decide import Decision
 from netmorph.morph.reshard import StateLost, plan, restore, run_rank
 from netmorph.morph.scenario import LOSSES, Scenario
 from netmorph.morph.twin import candidates
+from netmorph.parallel.hybrid import TrainConfig
 
 __all__ = ["Members", "agreed_max", "membership_changes"]
 
@@ -61,7 +62,8 @@ def agreed_max(comm, values) -> np.ndarray:
 
 class Members:
     """A live rank's membership part (mixed into :class:`netmorph.morph.live._Rank`, whose fields it reads: comm,
-    job, layout, model, state, step, clock, share, commits, ends, run, ctl, rdzv, view, heart, dog, joined)."""
+    job, layout, model, state, step, clock, share, commits, ends, run, ctl, rdzv, view, heart, dog, joined; and
+    whose ``pick``, ``replanned`` and ``moved`` it calls)."""
 
     def watch(self) -> None:
         """Beat, and fence a peer that stops beating (a run whose scenario changes its membership)."""
@@ -87,7 +89,7 @@ class Members:
         comm, job, t0 = self.comm, self.job, time.perf_counter()
         done = max(d for d, _ in self.commits)
 
-        def silent(ranks):                        # neither posted nor died: a stopped node is not fenced here
+        def silent(ranks):                        # neither posted nor died nor fenced by the watchdog in time
             raise err
         view = agree_after_loss(comm, self.rdzv, self.view, done, comm.transport.timeout, silent)
         dead = sorted(set(self.view.members) - set(view.members))
@@ -103,12 +105,8 @@ class Members:
         if list(view.members) != list(range(world)):
             raise RuntimeError(f"survivors {list(view.members)}: morph re-forms on the first node's ranks only")
         state = dict(self.commits).get(first, self.state)
-        layout, out, agreed = self.layout, {}, first
-
-        def choose():
-            out["best"] = self.ctl.replan(layout, world, self.model.seq, self.share)
-            return out["best"][0]
-        target = self.pick(choose, self.model, world)
+        layout, agreed = self.layout, first
+        target, best = self.replanned(world, self.model, self.share)
         try:
             if state is None:
                 raise StateLost("nothing trained yet")
@@ -121,13 +119,10 @@ class Members:
             how = f"{e}: from the checkpoint of step {at}, {first - at} steps to redo"
             first = at
         spent = float(agreed_max(comm, [time.perf_counter() - t0])[0])
-        redone = agreed - first + 1               # the step in flight, and the steps since the checkpoint
-        self.run.reshard_s += spent
-        self.run.redone += redone
-        self.run.events.append((len(self.run.step_s), spent, first, f"{layout.tag()} -> {target.tag()}"))
-        self.run.layout_path.append((first, target.tag()))
+        self.run.redone += agreed - first + 1     # the step in flight, and the steps since the checkpoint
+        self.moved(first, layout, target, spent)
         if comm.rank == 0:
-            _, predicted, current, top = out["best"]
+            _, predicted, current, top = best
             silent = [self.dog.fenced[r] for r in dead if r in self.dog.fenced]
             what = (f"node lost ({world} ranks left, ranks {dead} killed mid-step, detected by the fabric)"
                     if self.how == signal.SIGKILL else
@@ -195,22 +190,17 @@ class Members:
             self.model = self.model if int(where[2]) == self.model.seq else replace(self.model, seq=int(where[2]))
             self.share = math.inf if where[3] < 0 else float(where[3])
             self.layout = candidates(self.model, before, job.global_batch, zero=True)[int(where[5])]
-            self.state = {"params": np.zeros(0, dtype=np.float64), "t": int(where[4])}
-        layout, out = self.layout, {}
-
-        def choose():
-            out["best"] = self.ctl.replan(layout, len(view.members), self.model.seq, self.share)
-            return out["best"][0]
-        target = self.pick(choose, self.model, len(view.members))
+            # a joiner holds nothing (the trainer's dtype: train_config leaves TrainConfig's default)
+            self.state = {"params": np.zeros(0, dtype=np.dtype(TrainConfig.dtype)), "t": int(where[4])}
+        layout = self.layout
+        target, best = self.replanned(len(view.members), self.model, self.share)
         p = plan(self.model, layout, target, gpus_per_node=self.gpn)
         self.state = run_rank(comm, p, self.state)
         spent = float(agreed_max(comm, [time.perf_counter() - t0])[0])
         self.commits, self.accounted = [(self.step, self.state)], True
-        self.run.reshard_s += spent
-        self.run.events.append((len(self.run.step_s), spent, self.step, f"{layout.tag()} -> {target.tag()}"))
-        self.run.layout_path.append((self.step, target.tag()))
+        self.moved(self.step, layout, target, spent)
         if comm.rank == 0:
-            _, predicted, current, top = out["best"]
+            _, predicted, current, top = best
             what = f"a node joined ({len(view.members)} ranks: {new} started in the lost ranks' slots, one launch)"
             self.say(f"  -> at step {self.step}, {what}: {layout.tag()} -> {target.tag()} (model "
                      f"{1e3 * predicted:.0f} ms/step); {p.bytes:,} B to the ranks that joined; {1e3 * spent:.0f} ms "
