@@ -38,7 +38,7 @@ from netmorph.errors import UsageError
 from netmorph.mesh.layout import Layout
 from netmorph.morph.decide import Decision, Run, resized
 from netmorph.morph.layouts import train_config
-from netmorph.morph.live import LiveJob, probe, run_live
+from netmorph.morph.live import LiveJob, run_live
 from netmorph.morph.reshard import StateLost, execute, plan, restore
 from netmorph.morph.scenario import Scenario, parse_scenario
 from netmorph.morph.twin import Twin, candidates, emulated_hardware
@@ -47,13 +47,6 @@ from netmorph.runtime.launch import launch
 
 __all__ = ["Decision", "Run", "Scenario", "Trainer", "Twin", "candidates", "check_regimes", "parse_scenario", "regimes",
            "relaunch_seconds", "resized", "run_adaptive", "run_static", "twin_of"]
-
-
-def _segment_rank(comm, cfg, inits, gpn: int) -> tuple:
-    """(the rank's report, seconds per byte one way across the nodes or None): train, then (on two nodes) time a
-    message across the node boundary (:func:`~netmorph.morph.live.probe`): the link's price as the traffic sees
-    it."""
-    return train_rank(comm, cfg, None, inits), probe(comm, gpn)
 
 
 class Trainer:
@@ -77,23 +70,19 @@ class Trainer:
         self.device_flops = fwd / (compute_ms / 1e3) if compute_ms > 0 else 0.0
 
     def segment(self, layout: Layout, steps: int, start: int, inits, topo: Topology, model=None):
-        """(states, step times, losses, probed s/byte across nodes or None on one node, the busiest rank's median
-        slots a step), training ``model`` (default the base model).
+        """(states, step times, losses), training ``model`` (default the base model): a static run's segment (the
+        control loop measures its own, in :mod:`netmorph.morph.live`).
 
         A segment starts fresh processes, whose first step also pays for their warm-up: that step is counted
         at the segment's median instead (for every run alike)."""
         model = model or self.model
         cfg = train_config(model, layout, steps, self.global_batch, start, device_flops=self.device_flops)
-        gpn = topo.gpus_per_node
-        pairs = launch(_segment_rank, layout.world, cfg, inits, gpn, topology=topo, timeout=self.timeout)
-        res = [r for r, _ in pairs]
+        res = launch(train_rank, layout.world, cfg, None, inits, topology=topo, timeout=self.timeout)
         times = [max(r.step_times[k] for r in res) for k in range(steps)]
         if steps > 1:
             times[0] = statistics.median(times[1:])
         losses = next(r.losses for r in res if r.losses)
-        beta = pairs[0][1]
-        busy = max(statistics.median(r.busy_s[1:] or r.busy_s) for r in res)
-        return [r.state.flat for r in res], times, losses, beta, busy
+        return [r.state.flat for r in res], times, losses
 
 
 def regimes(trainer: Trainer, scenario: Scenario, steps: int) -> list:
@@ -132,8 +121,8 @@ class _Job:
         self.checkpoint = (0, layout, trainer.model, None)   # step 0: the initial weights, which any run rebuilds
         self.run = Run([(0, layout.tag())], [])
 
-    def train(self, n: int, topo: Topology):
-        st, times, losses, beta, busy = self.trainer.segment(self.layout, n, self.step, self.states, topo, self.model)
+    def train(self, n: int, topo: Topology) -> None:
+        st, times, losses = self.trainer.segment(self.layout, n, self.step, self.states, topo, self.model)
         self.states = st
         self.run.step_s += times
         self.run.tokens += [self.trainer.global_batch * self.model.seq] * n
@@ -142,7 +131,6 @@ class _Job:
         self.step += n
         if self.step - self.checkpoint[0] >= self.trainer.checkpoint_every:
             self.checkpoint = (self.step, self.layout, self.model, st)
-        return times, beta, busy
 
     @property
     def clock(self) -> int:
