@@ -92,6 +92,11 @@ class Monitor:
         for p in peers:
             self.detectors[p], self.seen[p] = self.make(), None
 
+    def forget(self, peers) -> None:
+        """Stop watching ``peers`` (they left)."""
+        for p in peers:
+            self.detectors.pop(p, None)
+
     def poll(self) -> None:
         """Read every peer's counter once; a changed counter is a heartbeat arriving now."""
         now = self.clock()
@@ -101,7 +106,7 @@ class Monitor:
                 continue
             value = self.store.get(key)
             if value == DONE.encode():        # it finished: nothing more to watch
-                del self.detectors[p]
+                self.forget([p])
                 continue
             if value != self.seen[p]:
                 self.seen[p] = value
@@ -158,8 +163,7 @@ class Watchdog:
     def forget(self, ranks) -> None:
         """Stop watching ``ranks`` (they left the view)."""
         with self._lock:
-            for r in ranks:
-                self.monitor.detectors.pop(r, None)
+            self.monitor.forget(ranks)
 
     def add(self, ranks) -> None:
         """Watch ``ranks`` (they joined the view, already beating); a rank fenced before may be fenced again."""
