@@ -165,18 +165,25 @@ def mpt_exposed_errors():
     return out
 
 
+def llama3_run(row, **changes) -> tuple:
+    """(model, layout) of a Llama 3 Table 4 row as the paper ran it, with ``changes``: section 3.3.2, "Our use of
+    FSDP for Llama 3 shards the optimizer states and gradients, but for model shards we do not reshard after
+    forward computation" -- ZeRO-2 with the pipeline (Layout.sharding); section 3.3.4: gradients reduce-scattered
+    in FP32 (grad_bytes 4); section 3.3.2 again: context parallelism all-gathers K and V ("all-gather based
+    method"), not a ring; the first and last stages one layer short."""
+    gpus, t, cp, p, d, seq, per_dp, pub = row
+    c = Layout(tp=t, pp=p, dp=d, micro_batch_size=1, global_batch=per_dp * d, zero=2, sequence_parallel=True,
+               dp_overlap=True, cp=cp, cp_comm_type="all_gather", first_stage_layers=7, last_stage_layers=7)
+    return replace(MODELS["llama-3-405b"], seq=seq), replace(c, **changes)
+
+
 def validation_rows():
     """(source, run, hardware, published, unit, predicted estimate or None when nothing fits)."""
     rows = []
     hw = HARDWARE["h100-80g"]
-    for gpus, t, cp, p, d, seq, per_dp, pub in LLAMA3:
-        model = replace(MODELS["llama-3-405b"], seq=seq)
-        # section 3.3.2: "Our use of FSDP for Llama 3 shards the optimizer states and gradients, but for model
-        # shards we do not reshard after forward computation" -- ZeRO-2 with the pipeline (Layout.sharding);
-        # section 3.3.4: gradients reduce-scattered in FP32 (grad_bytes 4); section 3.3.2 again: context
-        # parallelism all-gathers K and V ("all-gather based method"), not a ring
-        c = Layout(tp=t, pp=p, dp=d, micro_batch_size=1, global_batch=per_dp * d, zero=2, sequence_parallel=True,
-                   dp_overlap=True, cp=cp, cp_comm_type="all_gather", first_stage_layers=7, last_stage_layers=7)
+    for row in LLAMA3:
+        gpus, t, cp, p, d, seq, per_dp, pub = row
+        model, c = llama3_run(row)
         e = best_fit(model, hw, c)
         rows.append(("Llama 3 (Dubey et al. 2024), Table 4", f"405B, {gpus:,} GPUs, tp{t} cp{cp} pp{p} dp{d}, "
                      f"s {seq:,}", hw.name, pub, "TFLOP/s", e))
@@ -416,18 +423,13 @@ def main() -> int:
     # Llama 3 405B at 8K as the paper ran it, without recomputation: plain 1F1B, and interleaved as the planner
     # picks for the row
     gpus, t, cp, p, d, seq, per_dp, pub = LLAMA3[0]
-    l3 = replace(MODELS["llama-3-405b"], seq=seq)
     l3v = next(e["interleave"] for src, run, hwn, _, _, e in vrows if src.startswith("Llama") and e["gpus"] == gpus)
-    l3c1, l3c = (Layout(tp=t, pp=p, dp=d, micro_batch_size=1, global_batch=per_dp * d, interleave=v, zero=2,
-                        recompute="none", sequence_parallel=True, dp_overlap=True, cp=cp, first_stage_layers=7,
-                        last_stage_layers=7) for v in (1, l3v))
+    (l3, l3c1), (_, l3c) = (llama3_run(LLAMA3[0], interleave=v, recompute="none") for v in (1, l3v))
     l3e1, l3e = estimate(l3, l3c1, HARDWARE["h100-80g"]), estimate(l3, l3c, HARDWARE["h100-80g"])
     l128 = next(e for src, run, _, _, _, e in vrows if src.startswith("Llama") and run.endswith("s 131,072"))
-    _, t2, cp2, p2, d2, seq2, per_dp2, pub128 = LLAMA3[2]
-    ring = estimate(replace(MODELS["llama-3-405b"], seq=seq2), Layout(
-        tp=t2, pp=p2, dp=d2, cp=cp2, micro_batch_size=l128["microbatch"], global_batch=per_dp2 * d2,
-        interleave=l128["interleave"], zero=2, recompute=l128["recompute"], sequence_parallel=True, dp_overlap=True,
-        first_stage_layers=7, last_stage_layers=7), HARDWARE["h100-80g"])
+    pub128 = LLAMA3[2][-1]
+    ring = estimate(*llama3_run(LLAMA3[2], cp_comm_type="p2p", micro_batch_size=l128["microbatch"],
+                                interleave=l128["interleave"], recompute=l128["recompute"]), HARDWARE["h100-80g"])
     h100_hw, a100_hw = HARDWARE["h100-80g"], HARDWARE["a100-80g"]
     mm = h100_hw.peak_flops * h100_hw.gemm_efficiency / (a100_hw.peak_flops * a100_hw.gemm_efficiency)
     nvlink = h100_hw.nvlink_bandwidth / a100_hw.nvlink_bandwidth
