@@ -120,7 +120,7 @@ def agree_after_loss(comm, rdzv: Rendezvous, view: View, step: int, timeout: flo
     decides -- it returns the members it fenced (they drop out too; the wait starts over) or raises."""
     f = comm.transport.f
     nxt = view.epoch + 1
-    comm.store.set(PROGRESS.format(nxt, comm.rank), str(step))
+    comm.store.set(PROGRESS.format(nxt, comm.slot), str(step))
     done, fenced = {}, set()
     deadline = time.monotonic() + timeout
     while True:

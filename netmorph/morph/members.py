@@ -69,10 +69,10 @@ class Members:
         """Beat, and fence a peer that stops beating (a run whose scenario changes its membership)."""
         comm = self.comm
         self.rdzv = Rendezvous(comm.store, 1)
-        self.view = None if self.joined else self.rdzv.start(range(comm.world))
-        publish_pid(comm.store, comm.rank)
-        self.heart = Heartbeat(comm.store, comm.rank, HEARTBEAT).start()
-        self.dog = Watchdog(comm.store, [r for r in range(comm.world) if r != comm.rank], lambda: PhiAccrual(
+        self.view = None if self.joined else self.rdzv.start(range(comm.launched))
+        publish_pid(comm.store, comm.slot)
+        self.heart = Heartbeat(comm.store, comm.slot, HEARTBEAT).start()
+        self.dog = Watchdog(comm.store, [r for r in range(comm.launched) if r != comm.slot], lambda: PhiAccrual(
             first_heartbeat_estimate=HEARTBEAT, min_std_deviation=HEARTBEAT / 2,
             acceptable_heartbeat_pause=PAUSE), interval=HEARTBEAT / 2).start()
 
@@ -91,26 +91,27 @@ class Members:
 
         def silent(ranks):                        # neither posted nor died nor fenced by the watchdog in time
             raise err
+        before = list(self.view.members)         # old rank i is before[i] (the numbering the layout in hand uses)
         view = agree_after_loss(comm, self.rdzv, self.view, done, comm.transport.timeout, silent)
         dead = sorted(set(self.view.members) - set(view.members))
         if self.dog is not None:
             self.dog.forget(dead)
-        comm.reform(view.members, view.epoch)
+        comm.reform(view.members, view.epoch, renumber=True)      # the survivors are ranks 0..world-1 from here
         self.view, world, first = view, len(view.members), view.first_step
         if not self.accounted:                    # the segment's steps done before the loss, as this rank timed them
             kept = first - self.step              # (the segment started at self.step)
             self.run.step_s += np.diff(self.ends[:kept + 1]).tolist()
             self.run.tokens += [job.global_batch * self.model.seq] * kept
             t0 = self.ends[kept]                  # from here on the time is the loss's: the step in flight too
-        if list(view.members) != list(range(world)):
-            raise RuntimeError(f"survivors {list(view.members)}: morph re-forms on the first node's ranks only")
+        if 0 not in view.members:
+            raise RuntimeError(f"survivors {list(view.members)}: the controller ran on launch rank 0, which was lost")
         state = dict(self.commits).get(first, self.state)
         layout, agreed = self.layout, first
         target, best = self.replanned(world, self.model, self.share)
         try:
             if state is None:
                 raise StateLost("nothing trained yet")
-            p = plan(self.model, layout, target, gpus_per_node=self.gpn, alive=range(world))
+            p = plan(self.model, layout, target, gpus_per_node=self.gpn, alive=[before.index(m) for m in view.members])
             self.state = run_rank(comm, p, state)
             how = f"{p.bytes:,} B from the survivors' shards"
         except StateLost as e:
@@ -141,7 +142,7 @@ class Members:
         dead ranks' slots (``comm.respawn``), the members wait until each has announced itself, agree on the view
         with them, and :meth:`_welcome` them."""
         comm, t0 = self.comm, time.perf_counter()
-        world = self.job.scenario.world(comm.world, self.clock)
+        world = self.job.scenario.world(comm.launched, self.clock)
         new = [r for r in range(world) if r not in self.view.members]
         if comm.rank == 0:
             comm.respawn(new)
@@ -157,14 +158,14 @@ class Members:
         and be welcomed: it learns the run's step, clock and layout and receives its state."""
         comm, t0 = self.comm, time.perf_counter()
         seen = self.rdzv.current()
-        self.rdzv.announce(comm.rank, seen.epoch)
+        self.rdzv.announce(comm.slot, seen.epoch)
         deadline = time.monotonic() + comm.transport.timeout
         while True:
             view = self.rdzv.current()
-            if view.epoch > seen.epoch and comm.rank in view.members:
+            if view.epoch > seen.epoch and comm.slot in view.members:
                 break
             if time.monotonic() > deadline:
-                raise TimeoutError(f"rank {comm.rank} was not admitted within {comm.transport.timeout:g} s")
+                raise TimeoutError(f"rank {comm.slot} was not admitted within {comm.transport.timeout:g} s")
             time.sleep(0.005)
         self._welcome(view, [r for r in view.members if r not in seen.members], t0)
 
@@ -173,10 +174,10 @@ class Members:
         clock, sequence, memory share, Adam's step, the layout in hand), let rank 0's twin pick the layout of the
         grown world, and send the joiners their state by the reshard plan -- they hold nothing."""
         comm, job = self.comm, self.job
-        comm.reform(view.members, view.epoch)
+        comm.reform(view.members, view.epoch, renumber=True)
         self.view = view
         if self.dog is not None:
-            self.dog.add([r for r in new if r != comm.rank])
+            self.dog.add([r for r in new if r != comm.slot])
         before = len(view.members) - len(new)
         where = np.zeros(6)
         if comm.rank == 0:
@@ -185,7 +186,7 @@ class Members:
                         self.state["t"] if self.state is not None else 0, options.index(self.layout.tag()))
         with comm.phase("morph.agree"):
             comm.broadcast(where, 0)
-        if self.joined and comm.rank in new:
+        if self.joined and comm.slot in new:
             self.step, self.clock = int(where[0]), int(where[1])
             self.model = self.model if int(where[2]) == self.model.seq else replace(self.model, seq=int(where[2]))
             self.share = math.inf if where[3] < 0 else float(where[3])

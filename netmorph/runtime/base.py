@@ -149,6 +149,8 @@ class CommBase:
     def __init__(self, transport, rank: int, world: int, faults=(), fingerprints: bool = True):
         self.transport = transport
         self.rank, self.world = rank, world
+        self.slot, self.launched = rank, world        # what the launch, the store and the fabric call this process
+        self.peers: tuple | None = None               # rank -> slot once a reform renumbered (None: the same)
         self.WORLD = Group(range(world))
         self.fingerprints = fingerprints              # a checked header on every message (fingerprint.py)
         # the transport moves torch tensors where they live (CUDA over NCCL): no numpy round trip
@@ -165,14 +167,32 @@ class CommBase:
         self.received: dict[int, int] = {}            # peer -> point-to-point messages received from it
         self.faults = [f for f in faults if f.rank == rank]
 
-    def reform(self, members, epoch: int) -> None:
-        """Elastic: go on with ``members`` (global ranks, an agreed view) on the fresh channels of membership
-        epoch ``epoch``; the default group becomes theirs and call counting starts over."""
+    def reform(self, members, epoch: int, renumber: bool = False) -> None:
+        """Elastic: go on with ``members`` (launch slots: an agreed view) on the fresh channels of membership epoch
+        ``epoch``; call counting starts over. Without ``renumber`` every rank keeps its launch number and the
+        default group becomes the members' (a world with holes, as netmorph elastic's ring runs). With it the
+        members are numbered 0..n-1 in slot order, as NCCL's ``ncclCommShrink`` (2.27: "ranks will be re-ordered
+        to fill the gap of removed ones") and ULFM's ``MPIX_Comm_shrink`` make a new communicator -- ``ncclCommGrow``
+        when joiners are among them: ``rank`` and ``world`` are then the new communicator's, so that a mesh of
+        ``world`` ranks can be built on any survivors, while ``slot`` stays what the launch, the store and the
+        fabric call this process; every peer is addressed by its new number."""
         self.transport.reform(epoch)
-        self.WORLD = Group(sorted(members))
+        members = tuple(sorted(members))
+        if renumber:
+            if self.slot not in members:
+                raise UsageError(f"reform: slot {self.slot} is not among the members {list(members)}", "members")
+            self.peers, self.rank, self.world = members, members.index(self.slot), len(members)
+            self.WORLD = Group(range(self.world))
+        else:
+            self.peers, self.rank, self.world = None, self.slot, self.launched
+            self.WORLD = Group(members)
         self.calls.clear()
         self.sent.clear()
         self.received.clear()
+
+    def wire(self, rank: int) -> int:
+        """The slot (what the transport addresses) of ``rank`` in the current numbering."""
+        return rank if self.peers is None else self.peers[rank]
 
     def emulate(self, topology) -> None:
         """Price this rank's outgoing links by ``topology`` from here on, as a launch's ``topology=`` does from the
@@ -264,7 +284,7 @@ class CommBase:
         self._peer(dst)
         t = time.perf_counter()
         self.ledger.add(self.rank, dst, nbytes(a), seq, 0, self.current_phase, "send", "p2p", t, t)
-        work = self.transport.isend(a, dst, self._p2p_fp(self.sent, dst, a, (self.rank, dst)))
+        work = self.transport.isend(a, self.wire(dst), self._p2p_fp(self.sent, dst, a, (self.rank, dst)))
         work.keep = tensor                    # the memory stays alive until the send completes
         return work
 
@@ -272,7 +292,7 @@ class CommBase:
         self._begin()
         a = self._buf(tensor)
         self._peer(src)
-        work = self.transport.irecv(a, src, self._p2p_fp(self.received, src, a, (src, self.rank)))
+        work = self.transport.irecv(a, self.wire(src), self._p2p_fp(self.received, src, a, (src, self.rank)))
         work.keep = tensor
         return work
 
@@ -281,7 +301,12 @@ class CommBase:
         self._begin()
         a = as_array(tensor)
         srcs = [r for r in (range(self.world) if srcs is None else srcs) if r != self.rank]
-        return self.transport.recv_any(a, srcs, lambda src: self._p2p_fp(self.received, src, a, (src, self.rank)))
+        if self.peers is None:
+            return self.transport.recv_any(a, srcs, lambda src: self._p2p_fp(self.received, src, a, (src, self.rank)))
+        rank = {self.wire(r): r for r in srcs}
+        got = self.transport.recv_any(a, list(rank), lambda s: self._p2p_fp(self.received, rank[s], a,
+                                                                            (rank[s], self.rank)))
+        return rank[got]
 
     # ------------------------------------------------------------ internals
     def _buf(self, t):

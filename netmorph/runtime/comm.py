@@ -72,7 +72,7 @@ class Comm(CommBase):
                                  redop)
         ufunc = REDOPS["sum" if redop == "avg" else redop]
         interpret(self.transport, self.ledger, call, g.ranks, g.index[self.rank], regions, ufunc, seq,
-                  self.current_phase, fp)
+                  self.current_phase, fp, self.peers)
         return call.algo
 
     # ------------------------------------------------------------ collectives

@@ -63,17 +63,19 @@ class Workspace:
 
 
 def interpret(transport, ledger, call: Call, ranks, me: int, regions, ufunc, seq: int, phase: str,
-              fp=None) -> None:
-    """Run schedule rank ``me``'s program of ``call``; schedule rank i is global rank ``ranks[i]``.
+              fp=None, peers=None) -> None:
+    """Run schedule rank ``me``'s program of ``call``; schedule rank i is global rank ``ranks[i]``, which the
+    transport calls ``peers[ranks[i]]`` (a renumbered communicator: ``CommBase.reform``; None: the same).
     ``fp``: the call's fingerprint, carried by every message (None: no headers)."""
     _, prog = program(call, me)
     ws = Workspace(regions)
     me_global = ranks[me]
     isz = call.itemsize
+    slot = ranks if peers is None else [peers[r] for r in ranks]
     for rr in prog:
-        sends = [(ranks[m.peer], [ws.view(o, n) for o, n in zip(m.offs.tolist(), m.lens.tolist())])
+        sends = [(slot[m.peer], [ws.view(o, n) for o, n in zip(m.offs.tolist(), m.lens.tolist())])
                  for m in rr.sends]
-        recvs = [(ranks[m.peer], [ws.view(o, n) for o, n in zip(m.offs.tolist(), m.lens.tolist())],
+        recvs = [(slot[m.peer], [ws.view(o, n) for o, n in zip(m.offs.tolist(), m.lens.tolist())],
                   m.reduce.tolist()) for m in rr.recvs]
         t0 = time.perf_counter()
         transport.run_round(sends, recvs, ufunc, rr.overlap, fp)
