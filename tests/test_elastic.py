@@ -209,6 +209,8 @@ def test_falling_below_min_workers_ends_the_run_naming_why():
     (["elastic", "--seed", "-1"], "--seed"),
     (["elastic", "--steps", "10", "--join", "1@10"], "--join"),
     (["elastic", "--join", "one@3"], "--join"),
+    (["elastic", "--job", "gpt", "--kill", "1@5", "--global-batch", "10"], "--global-batch"),
+    (["elastic", "--job", "gpt", "--compare"], "--job gpt"),
 ])
 def test_bad_elastic_flags_are_one_line_exit_2(argv, flag, capsys):
     from netmorph.cli import main
@@ -396,3 +398,66 @@ def test_a_dead_ranks_slot_takes_a_new_process_that_joins_on_a_later_epoch():
     from netmorph.runtime.launch import launch
     results, deaths = launch(_respawned, 2, timeout=20.0, elastic=True)
     assert results == [15.0, 15.0] and [r for r, _ in deaths] == [1]
+
+
+def _shrunk(comm):
+    """Slot 0 dies; slots 1 and 2 shrink to a communicator of 2 numbered 0 and 1 (ncclCommShrink) and talk by
+    the new numbers -- a collective, a send and a receive from any -- then slot 0's new process grows it back."""
+    import numpy as np
+    from netmorph.runtime.transport import PeerLost
+    if comm.joined:
+        comm.reform([0, 1, 2], 2, renumber=True)
+        x = np.array([100.0])
+        comm.all_reduce(x)
+        return comm.rank, comm.world, float(x[0]), None
+    comm.all_reduce(np.zeros(1))                  # epoch 0: all three
+    if comm.slot == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        comm.all_reduce(np.zeros(1))
+    except PeerLost:
+        pass
+    comm.reform([1, 2], 1, renumber=True)
+    shrunk = (comm.rank, comm.world, comm.slot)
+    x = np.array([float(comm.slot)])
+    comm.all_reduce(x)                            # 1 + 2
+    got = np.zeros(1)
+    if comm.rank == 0:
+        comm.send(np.array([7.0]), 1)
+    else:
+        assert comm.recv_any(got) == 0            # the sender by its new number
+    peers = sorted({(r.src, r.dst) for r in comm.ledger.records if r.op == "send"})
+    if comm.rank == 0:
+        comm.respawn([0])
+    comm.reform([0, 1, 2], 2, renumber=True)
+    y = np.array([1.0])
+    comm.all_reduce(y)
+    return shrunk, float(x[0]), float(got[0]), peers, comm.rank, float(y[0])
+
+
+@pytest.mark.timeout(60)
+def test_survivors_renumber_from_zero_and_a_new_process_grows_the_communicator_back():
+    from netmorph.runtime.launch import launch
+    results, deaths = launch(_shrunk, 3, timeout=20.0, elastic=True)
+    assert [r for r, _ in deaths] == [0]
+    assert results[0] == (0, 3, 102.0, None)
+    (s1, x1, _, p1, r1, y1), (s2, x2, got2, p2, r2, y2) = results[1], results[2]
+    assert s1 == (0, 2, 1) and s2 == (1, 2, 2)          # (rank, world, slot) after the shrink
+    assert x1 == x2 == 3.0 and got2 == 7.0
+    assert p1 == [(0, 1)] and p2 == []                  # the ledger speaks the new numbers
+    assert (r1, r2) == (1, 2) and y1 == y2 == 102.0
+
+
+@pytest.mark.timeout(120)
+def test_the_gpt_trainer_goes_on_when_rank_0_dies_and_a_joiner_grows_it_equal_to_one_rank():
+    """netmorph elastic --job gpt: the trainer of netmorph train (DDP buckets, Adam) under a kill of launch rank 0
+    mid-backward and a join -- the survivors renumber 0..2 to build the trainer's mesh, the joiner receives the
+    state by broadcast -- and every loss and the final parameters equal the failure-free run on one process."""
+    from netmorph.elastic.train import ElasticConfig, train
+    cfg = ElasticConfig(workers=4, steps=10, global_batch=12, lr=3e-3, job="gpt", kills=((0, 3),), joins=((1, 6),),
+                        timeout=10.0)
+    out = train(cfg, check=True)
+    assert [e["members"] for e in out["epochs"]] == [[0, 1, 2, 3], [1, 2, 3], [1, 2, 3, 4]]
+    assert [(e["kind"], e["step"], e["steps_redone"]) for e in out["events"]] == [("kill", 3, 1), ("join", 6, 0)]
+    assert out["dead"] == [0]
+    assert out["max_rel_loss_diff"] < 1e-12 and out["max_rel_param_diff"] < 1e-11

@@ -12,9 +12,10 @@ FLAGS = {"kills": "--kill", "joins": "--join", "hangs": "--hang"}
 
 def add_parser(sub) -> None:
     p = sub.add_parser("elastic", help="train through worker deaths: detect, agree on a view, re-form in place",
-                       description="BSP data-parallel training on --workers processes; --kill RANK@STEP SIGKILLs a "
-                                   "worker mid-step; the survivors agree on a new membership view through a store "
-                                   "and carry on without a restart.")
+                       description="BSP data-parallel training (least squares, or --job gpt: netmorph train's "
+                                   "GPT) on --workers processes; --kill RANK@STEP SIGKILLs a worker mid-step; the "
+                                   "survivors agree on a new membership view through a store and carry on without "
+                                   "a restart.")
     p.add_argument("--workers", type=int, default=4, help="worker processes at launch (default 4)")
     p.add_argument("--min-workers", type=int, default=2, help="fewer members than this ends the job (default 2)")
     p.add_argument("--steps", type=int, default=60, help="training steps (default 60)")
@@ -27,8 +28,13 @@ def add_parser(sub) -> None:
                    help="how a hung worker is told from a slow one: phi accrual (default) or a fixed timeout")
     p.add_argument("--join", action="append", default=[], metavar="N@STEP",
                    help="N new workers join at STEP and receive the parameters by broadcast (repeatable)")
-    p.add_argument("--global-batch", type=int, default=96, help="samples per step, re-split over the members")
-    p.add_argument("--lr", type=float, default=0.5, help="learning rate (default 0.5)")
+    p.add_argument("--job", default="lsq", choices=("lsq", "gpt"),
+                   help="what trains: lsq, least squares on a ring all-reduce (default; --compare's three "
+                        "recoveries run it), or gpt, netmorph train's GPT trainer (DDP buckets, Adam) on whichever "
+                        "members are left, renumbered 0..n-1 as ncclCommShrink does")
+    p.add_argument("--global-batch", type=int, default=None,
+                   help="samples (gpt: sequences) per step, re-split over the members (default 96; gpt 12)")
+    p.add_argument("--lr", type=float, default=None, help="learning rate (default 0.5; gpt: Adam's 3e-3)")
     p.add_argument("--seed", type=int, default=0, help="data seed (default 0)")
     add_timeout(p, 10)
     p.add_argument("--check", action="store_true", help="also run without failures and compare")
@@ -57,11 +63,18 @@ def _pairs(specs, flag, shape):
 
 def run(args) -> int:
     require("torch", "netmorph elastic")          # the membership store is torch's FileStore
+    from netmorph.elastic.gpt import MODEL
     from netmorph.elastic.train import ElasticConfig, train
-    if not (0 < args.lr <= 100 and 1 <= args.global_batch <= 1 << 20):
+    gpt = args.job == "gpt"
+    lr = args.lr if args.lr is not None else 3e-3 if gpt else 0.5
+    batch = args.global_batch if args.global_batch is not None else 12 if gpt else 96
+    if not (0 < lr <= 100 and 1 <= batch <= 1 << 20):
         raise UsageError("--lr must be in (0, 100] and --global-batch in 1..2**20")
+    if gpt and args.compare:
+        raise UsageError("--compare's rollback and restart baselines run the least-squares job: drop --job gpt "
+                         "(netmorph morph --compare restarts the GPT trainer from a checkpoint)")
     cfg = ElasticConfig(workers=args.workers, min_workers=args.min_workers, steps=args.steps,
-                        global_batch=args.global_batch, lr=args.lr, seed=args.seed,
+                        global_batch=batch, lr=lr, seed=args.seed, job=args.job,
                         kills=_pairs(args.kill, "--kill", "RANK@STEP"), joins=_pairs(args.join, "--join", "N@STEP"),
                         hangs=_pairs(args.hang, "--hang", "RANK@STEP"), detector=args.detector,
                         timeout=args.timeout)
@@ -81,8 +94,10 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(out, default=float))
         return 0
-    print(f"# netmorph elastic: {cfg.workers} workers (min {cfg.min_workers}), {cfg.steps} steps, global batch "
-          f"{cfg.global_batch} re-split over the members; kills: "
+    what = "least squares" if not gpt else (f"netmorph train's GPT ({MODEL.layers} layers, hidden {MODEL.hidden}, "
+                                            f"DDP buckets, Adam)")
+    print(f"# netmorph elastic: {what} on {cfg.workers} workers (min {cfg.min_workers}), {cfg.steps} steps, global "
+          f"batch {cfg.global_batch}{' sequences' if gpt else ''} re-split over the members; kills: "
           + (", ".join(f"rank {r} in step {s}" for r, s in cfg.kills) or "none")
           + ("; hangs: " + ", ".join(f"rank {r} in step {s}" for r, s in cfg.hangs) if cfg.hangs else "")
           + ("; joins: " + ", ".join(f"{n} at step {s}" for n, s in cfg.joins) if cfg.joins else ""))

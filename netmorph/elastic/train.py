@@ -35,9 +35,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from netmorph.elastic.detector import FixedTimeout, PhiAccrual
-from netmorph.elastic.heartbeat import Heartbeat, Monitor, fence, publish_pid
-from netmorph.elastic.membership import Rendezvous, agree_after_loss
+from netmorph.elastic import gpt
+from netmorph.elastic.heartbeat import Heartbeat, publish_pid
+from netmorph.elastic.agent import HEARTBEAT, admit, admitted, agree, fence_hung
+from netmorph.elastic.membership import Rendezvous
 from netmorph.errors import UsageError
 from netmorph.runtime import launch
 from netmorph.runtime.transport import PeerLost, PeerTimeout
@@ -59,6 +60,8 @@ class ElasticConfig:
     detector: str = "phi"        # who is hung after a timeout: "phi" (accrual) or "fixed" (torchelastic's timeout)
     timeout: float = 10.0
     commit_every: int = 1        # in-memory commits; > 1 is Horovod Elastic's rollback to the last commit
+    job: str = "lsq"             # "lsq": least squares on a ring; "gpt": netmorph train's GPT (elastic/gpt.py)
+    model: object = None         # the GPT's ModelShape (None: elastic.gpt.MODEL)
 
     def check(self) -> None:
         if not 1 <= self.workers <= 32:
@@ -88,6 +91,26 @@ class ElasticConfig:
             raise UsageError("{join}: one join event per step", "join")
         if self.workers + sum(n for n, _ in self.joins) > 32:
             raise UsageError("{workers} plus the joiners must be at most 32 processes", "join")
+        if self.job not in ("lsq", "gpt"):
+            raise UsageError(f"{{job}} must be lsq or gpt, got {self.job!r}", "job")
+        if self.job == "gpt" and self.commit_every != 1:
+            raise UsageError("{commit_every}: the GPT job commits every step (Horovod's rollback runs on lsq)",
+                             "commit_every")
+        if self.job == "gpt":
+            bad = sorted({n for n in self.sizes() if self.global_batch % n})
+            if bad:
+                raise UsageError(f"{{global_batch}} {self.global_batch} sequences must split evenly over every "
+                                 f"membership the run reaches ({', '.join(map(str, self.sizes()))} members; not "
+                                 f"{', '.join(map(str, bad))})", "global_batch")
+
+    def sizes(self) -> list:
+        """The member counts the run goes through, in order (a kill or a hang one fewer, a join more)."""
+        n, out = self.workers, [self.workers]
+        changes = [(s, -1) for _, s in self.kills + self.hangs] + [(s, k) for k, s in self.joins]
+        for _, d in sorted(changes):
+            n += d
+            out.append(n)
+        return [k for k in out if k >= 1]
 
     def spares(self) -> dict:
         """Joining ranks (numbered after the launch's workers) -> the step they join at."""
@@ -145,7 +168,9 @@ def rank_fn(comm, cfg: ElasticConfig):
     losses, events, timeline = {}, [], []                        # timeline: (monotonic s, steps done, members)
     step = 0
     if me in spares:                                             # a joiner: wait to be admitted, then catch up
-        view, w, step = _admitted(comm, rdzv, cfg, spares[me])
+        view = admitted(comm, rdzv, cfg, spares[me])
+        w, step = np.empty(cfg.dim), view.first_step
+        comm.broadcast(w, src=min(view.members))          # the parameters: what it would load from a checkpoint
         epochs.append((view.epoch, list(view.members), view.first_step))
         prev = w
     else:
@@ -157,7 +182,7 @@ def rank_fn(comm, cfg: ElasticConfig):
             joining.pop(0)
             t_start = time.monotonic()
             new = [r for r, s in spares.items() if s == step]
-            view = _admit(comm, rdzv, view, new, step, cfg)
+            view = admit(comm, rdzv, view, new, step, cfg)
             comm.broadcast(w, src=min(view.members))           # the joiners receive the parameters
             epochs.append((view.epoch, list(view.members), view.first_step))
             events.append({"kind": "join", "ranks": new, "epoch": view.epoch, "detected_at": t_start,
@@ -176,9 +201,9 @@ def rank_fn(comm, cfg: ElasticConfig):
             t_detect = time.monotonic()
             hung_at = None
             if isinstance(e, PeerTimeout):                       # silent, not dead: find who is hung, fence it
-                hung_at = _fence_hung(comm, view, cfg)
+                hung_at = fence_hung(comm, view, cfg)
             before = set(view.members)
-            view, ahead = _agree(comm, rdzv, view, step, cfg)
+            view, ahead = agree(comm, rdzv, view, step, cfg)
             if me not in view.members:
                 return None                                      # excluded (only a hang could do this here)
             if ahead:
@@ -209,86 +234,14 @@ def rank_fn(comm, cfg: ElasticConfig):
     return {"w": w, "losses": losses, "events": events, "epochs": epochs, "timeline": timeline}
 
 
-HEARTBEAT = 0.05                 # seconds between a worker's heartbeats
-
-
-def _fence_hung(comm, view, cfg, among=None):
-    """After a timeout: watch the members' heartbeats (``among`` them, default all but us) with the
-    detector (φ accrual, or a fixed timeout of four heartbeat intervals); those whose beats have
-    stopped are hung -- SIGKILL them (fencing: a hung worker must not wake up inside the new view) and wait
-    until the launcher has marked them dead. A member that is slow but still beating is left alone."""
-    f = comm.transport.f
-    peers = [m for m in (view.members if among is None else among) if m != comm.rank and not f.dead[m]]
-    if cfg.detector == "phi":
-        def make():
-            return PhiAccrual(first_heartbeat_estimate=HEARTBEAT, min_std_deviation=HEARTBEAT / 2)
-    else:
-        def make():
-            return FixedTimeout(4 * HEARTBEAT)
-    mon = Monitor(comm.store, peers, make, interval=HEARTBEAT / 5)
-    seen = mon.watch(10 * HEARTBEAT)
-    hung = [p for p, t in seen.items() if t is not None]
-    hung_at = [float(comm.store.get(f"netmorph/hung/{p}")) for p in hung if comm.store.check([f"netmorph/hung/{p}"])]
-    fence(comm.store, hung)
-    deadline = time.monotonic() + cfg.timeout
-    while not all(f.dead[p] for p in hung) and time.monotonic() < deadline:
-        time.sleep(0.002)
-    return min(hung_at) if hung_at else None
-
-
-def _admit(comm, rdzv, view, new, step, cfg):
-    """Members at a join step: wait until the joiners are up, agree on the view with them, re-form and
-    hand them the parameters (a broadcast from the lowest member: what they would load from a checkpoint)."""
-    deadline = time.monotonic() + cfg.timeout
-    while not all(comm.store.check([f"netmorph/ready/{r}"]) for r in new):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"joiners {new} did not come up within {cfg.timeout:g} s")
-        time.sleep(0.002)
-    for r in new:
-        rdzv.announce(r, view.epoch)
-    agreed = rdzv.propose(view, candidates=new, first_step=step)
-    comm.reform(agreed.members, agreed.epoch)
-    return agreed
-
-
-def _admitted(comm, rdzv, cfg, join_step):
-    """A joiner: say it is up, wait for a view that includes it, re-form, receive the parameters."""
-    comm.store.set(f"netmorph/ready/{comm.rank}", "1")
-    deadline = time.monotonic() + cfg.timeout * (1 + join_step)
-    while True:
-        view = rdzv.current()
-        if view is not None and comm.rank in view.members:
-            break
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"rank {comm.rank} was not admitted by step {join_step}")
-        time.sleep(0.002)
-    comm.reform(view.members, view.epoch)
-    w = np.empty(cfg.dim)
-    comm.broadcast(w, src=min(view.members))
-    return view, w, view.first_step
-
-
-def _agree(comm, rdzv, view, step, cfg):
-    """After PeerLost: the survivors' view (:func:`~netmorph.elastic.membership.agree_after_loss`), a member that
-    neither posts nor dies within ``timeout`` being hung -- the heartbeat detector fences it (:func:`_fence_hung`)
-    and it drops out. Never an error naming a survivor; too few members left is the rendezvous'
-    :class:`MembershipError`. Returns (agreed view, are we ahead)."""
-    f = comm.transport.f
-
-    def fence(silent):
-        _fence_hung(comm, view, cfg, among=silent)
-        return [m for m in silent if f.dead[m]]
-    agreed = agree_after_loss(comm, rdzv, view, step, cfg.timeout, fence)
-    return agreed, step > agreed.first_step
-
-
 def train(cfg: ElasticConfig, check: bool = False) -> dict:
     """Launch the job with its kills; the recovery record (and, with ``check``, the failure-free run)."""
     importlib.import_module("torch.distributed")                # the store's module, before the clock starts
     cfg.check()
     t0 = time.monotonic()
     world = cfg.workers + sum(n for n, _ in cfg.joins)
-    results, deaths = launch(rank_fn, world, cfg, elastic=True, timeout=cfg.timeout)
+    results, deaths = launch(gpt.gpt_rank if cfg.job == "gpt" else rank_fn, world, cfg, elastic=True,
+                             timeout=cfg.timeout)
     wall = time.monotonic() - t0
     survivors = [r for r in results if r is not None]
     first = max(survivors, key=lambda r: len(r["losses"]))        # a member since step 0
@@ -322,7 +275,7 @@ def train(cfg: ElasticConfig, check: bool = False) -> dict:
            "losses": losses, "wall_s": wall, "dead": sorted(died),
            "timeline": [(t - t0, step, n) for t, step, n in first["timeline"]]}
     if check:
-        ref_losses, ref_w = reference(cfg)
+        ref_losses, ref_w = (gpt.reference if cfg.job == "gpt" else reference)(cfg)
         out["reference_losses"] = ref_losses
         out["max_rel_loss_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
         out["max_rel_param_diff"] = max(float(np.max(np.abs(r["w"] - ref_w)) / np.max(np.abs(ref_w)))

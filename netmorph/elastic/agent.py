@@ -1,0 +1,83 @@
+"""What an elastic member does around a change of view, for either job (:mod:`~netmorph.elastic.train`'s least
+squares, :mod:`~netmorph.elastic.gpt`'s GPT): fence a member that hung, agree on the survivors after a loss, admit
+joiners, be admitted -- torchelastic's agent and rendezvous handler, done by the members themselves."""
+
+from __future__ import annotations
+
+import time
+
+from netmorph.elastic.detector import FixedTimeout, PhiAccrual
+from netmorph.elastic.heartbeat import Monitor, fence
+from netmorph.elastic.membership import agree_after_loss
+
+HEARTBEAT = 0.05                 # seconds between a worker's heartbeats
+
+
+def fence_hung(comm, view, cfg, among=None):
+    """After a timeout: watch the members' heartbeats (``among`` them, default all but us) with the
+    detector (φ accrual, or a fixed timeout of four heartbeat intervals); those whose beats have
+    stopped are hung -- SIGKILL them (fencing: a hung worker must not wake up inside the new view) and wait
+    until the launcher has marked them dead. A member that is slow but still beating is left alone."""
+    f = comm.transport.f
+    peers = [m for m in (view.members if among is None else among) if m != comm.slot and not f.dead[m]]
+    if cfg.detector == "phi":
+        def make():
+            return PhiAccrual(first_heartbeat_estimate=HEARTBEAT, min_std_deviation=HEARTBEAT / 2)
+    else:
+        def make():
+            return FixedTimeout(4 * HEARTBEAT)
+    mon = Monitor(comm.store, peers, make, interval=HEARTBEAT / 5)
+    seen = mon.watch(10 * HEARTBEAT)
+    mon.poll()                                  # hung: suspected in the window and still at its end -- a member
+    still = set(mon.suspects())                 # starved of the CPU for a moment beats again and is left alone
+    hung = [p for p, t in seen.items() if t is not None and p in still]
+    hung_at = [float(comm.store.get(f"netmorph/hung/{p}")) for p in hung if comm.store.check([f"netmorph/hung/{p}"])]
+    fence(comm.store, hung)
+    deadline = time.monotonic() + cfg.timeout
+    while not all(f.dead[p] for p in hung) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    return min(hung_at) if hung_at else None
+
+
+def admit(comm, rdzv, view, new, step, cfg, renumber=False):
+    """Members at a join step: wait until the joiners are up, agree on the view with them and re-form (the
+    caller hands them the state)."""
+    deadline = time.monotonic() + cfg.timeout
+    while not all(comm.store.check([f"netmorph/ready/{r}"]) for r in new):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"joiners {new} did not come up within {cfg.timeout:g} s")
+        time.sleep(0.002)
+    for r in new:
+        rdzv.announce(r, view.epoch)
+    agreed = rdzv.propose(view, candidates=new, first_step=step)
+    comm.reform(agreed.members, agreed.epoch, renumber)
+    return agreed
+
+
+def admitted(comm, rdzv, cfg, join_step, renumber=False):
+    """A joiner: say it is up, wait for a view that includes it, re-form (the members then hand it the state)."""
+    comm.store.set(f"netmorph/ready/{comm.slot}", "1")
+    deadline = time.monotonic() + cfg.timeout * (1 + join_step)
+    while True:
+        view = rdzv.current()
+        if view is not None and comm.slot in view.members:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {comm.slot} was not admitted by step {join_step}")
+        time.sleep(0.002)
+    comm.reform(view.members, view.epoch, renumber)
+    return view
+
+
+def agree(comm, rdzv, view, step, cfg):
+    """After PeerLost: the survivors' view (:func:`~netmorph.elastic.membership.agree_after_loss`), a member that
+    neither posts nor dies within ``timeout`` being hung -- the heartbeat detector fences it (:func:`fence_hung`)
+    and it drops out. Never an error naming a survivor; too few members left is the rendezvous'
+    :class:`MembershipError`. Returns (agreed view, are we ahead)."""
+    f = comm.transport.f
+
+    def fence(silent):
+        fence_hung(comm, view, cfg, among=silent)
+        return [m for m in silent if f.dead[m]]
+    agreed = agree_after_loss(comm, rdzv, view, step, cfg.timeout, fence)
+    return agreed, step > agreed.first_step

@@ -1,0 +1,165 @@
+"""``netmorph elastic --job gpt``: the elastic data-parallel job on ``netmorph train``'s GPT trainer.
+
+The same membership machinery as :mod:`netmorph.elastic.train` -- heartbeats, the store's views, the survivors'
+agreement, φ-accrual fencing of a hung member, joiners admitted through the rendezvous -- around the trainer
+every other part of netmorph runs (:func:`netmorph.parallel.hybrid.train_rank`: the GPT, DDP's bucketed gradient
+all-reduce overlapped with the backward, the flat Adam), as torchelastic runs a DDP job. Every step the global
+batch of ``global_batch`` sequences is split over the members (dp = the members, each holding a whole replica).
+
+What the GPT trainer needs that the least-squares ring does not: a mesh of ``dp`` ranks numbered 0..dp-1. After a
+loss the survivors -- whichever ranks they are, rank 0 included -- shrink the communicator to a new numbering
+(``comm.reform(..., renumber=True)``: NCCL's ``ncclCommShrink``, ULFM's ``MPIX_Comm_shrink``), and a join grows
+it (``ncclCommGrow``); the trainer then builds its groups on ``range(world)`` as at launch. The state a survivor
+resumes from is its in-memory commit of the agreed step (the last two are kept: a survivor may be one step
+ahead), re-padded for the new data-parallel degree (the flat buffer is padded to a multiple of it); a joiner
+receives the parameters, Adam's moments and step from rank 0 by broadcast. A kill lands at the member's first
+communication call of its step (its first gradient bucket: mid-backward); a hang SIGSTOPs it there.
+
+``check``: the losses and the final parameters against the failure-free run on one process
+(:func:`netmorph.parallel.run.reference`, the same global batches) -- to rounding, float64.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from netmorph.elastic.heartbeat import Heartbeat, publish_pid
+from netmorph.elastic.agent import HEARTBEAT, admit, admitted, agree, fence_hung
+from netmorph.elastic.membership import Rendezvous
+from netmorph.mesh.shape import ModelShape
+from netmorph.parallel.hybrid import TrainConfig, train_rank
+from netmorph.runtime.faults import Fault
+from netmorph.runtime.transport import PeerLost, PeerTimeout
+
+MODEL = ModelShape(layers=2, hidden=32, heads=2, seq=16, vocab=64)     # small: a step is tens of milliseconds
+
+
+def train_config(cfg, world: int, steps: int, start: int) -> TrainConfig:
+    """The trainer's config for ``steps`` steps from ``start`` on ``world`` members: pure data parallelism, one
+    sequence per microbatch, the global batch re-split over the members."""
+    return TrainConfig.make(cfg.model or MODEL, dp=world, microbatches=cfg.global_batch // world,
+                            micro_batch_size=1, steps=steps, start_step=start, lr=cfg.lr, dtype="float64")
+
+
+def repad(state: dict, padded: int) -> dict:
+    """A whole replica's state (every flat array as long as the buffer) for a buffer ``padded`` long: the padding
+    after the last parameter is zeros in the parameters and in both moments, so cut or extend it."""
+    def fit(a):
+        a = np.asarray(a)
+        return a[:padded] if len(a) >= padded else np.concatenate([a, np.zeros(padded - len(a), a.dtype)])
+    return {"params": fit(state["params"]), "m": fit(state["m"]), "v": fit(state["v"]), "t": state["t"]}
+
+
+def gpt_rank(comm, cfg):
+    """One worker: train, and through deaths, hangs and joins agree on the view, shrink or grow the communicator
+    and go on from the agreed step. Returns its record (as :func:`netmorph.elastic.train.rank_fn`'s)."""
+    me = comm.slot
+    publish_pid(comm.store, me)
+    heart = Heartbeat(comm.store, me, HEARTBEAT).start()
+    rdzv = Rendezvous(comm.store, cfg.min_workers)
+    view = rdzv.start(range(cfg.workers))
+    epochs = [(view.epoch, list(view.members), view.first_step)]
+    dies_at, hangs_at, spares = dict(cfg.kills).get(me), dict(cfg.hangs).get(me), cfg.spares()
+    numel = _numel(cfg)
+    losses, events, timeline = {}, [], []
+    state, step = None, 0
+    if me in spares:                                  # a joiner: admitted, then handed the state
+        view = admitted(comm, rdzv, cfg, spares[me], renumber=True)
+        epochs.append((view.epoch, list(view.members), view.first_step))
+        state, step = _handed(comm, None, len(view.members), numel), view.first_step
+    else:
+        comm.reform(view.members, view.epoch, renumber=True)
+    joining = sorted({s for s in spares.values() if s > step})
+    commits = {}
+
+    def arm(done):
+        """Before step ``done`` runs: the kill or hang set for it, at this member's next communication call."""
+        if done == dies_at:
+            comm.faults.append(Fault("kill", comm.rank, comm.ops + 1))
+        if done == hangs_at:
+            comm.store.set(f"netmorph/hung/{me}", repr(time.monotonic()))
+            comm.faults.append(Fault("stop", comm.rank, comm.ops + 1))
+
+    def commit(done, snapshot, loss):
+        commits[done] = snapshot()
+        for k in [k for k in commits if k < done - 1]:
+            del commits[k]
+        if loss is not None:
+            losses[done - 1] = loss
+        if events and "resumed_at" not in events[-1]:
+            events[-1]["resumed_at"] = time.monotonic()
+        timeline.append((time.monotonic(), done, len(view.members)))
+        arm(done)
+
+    while step < cfg.steps:
+        if joining and step == joining[0]:
+            joining.pop(0)
+            t_start = time.monotonic()
+            new = [r for r, s in spares.items() if s == step]
+            view = admit(comm, rdzv, view, new, step, cfg, renumber=True)
+            state = _handed(comm, state, len(view.members), numel)
+            epochs.append((view.epoch, list(view.members), view.first_step))
+            events.append({"kind": "join", "ranks": new, "epoch": view.epoch, "detected_at": t_start,
+                           "agreed_at": time.monotonic(), "step": step, "steps_redone": 0})
+            continue
+        end = joining[0] if joining else cfg.steps
+        tc = train_config(cfg, len(view.members), end - step, step)
+        commits = {step: state}
+        arm(step)
+        try:
+            init = None if state is None else {comm.rank: repad(state, _padded(numel, len(view.members)))}
+            out = train_rank(comm, tc, None, init, commit=commit)
+            state, step = out.state.flat, end
+        except (PeerLost, PeerTimeout) as e:
+            t_detect = time.monotonic()
+            comm.faults.clear()
+            hung_at = fence_hung(comm, view, cfg) if isinstance(e, PeerTimeout) else None
+            before, done = set(view.members), max(commits)
+            view, _ = agree(comm, rdzv, view, done, cfg)
+            if me not in view.members:
+                return None
+            first = view.first_step
+            state = commits[first]
+            comm.reform(view.members, view.epoch, renumber=True)
+            epochs.append((view.epoch, list(view.members), first))
+            events.append({"kind": "hang" if isinstance(e, PeerTimeout) else "kill", "epoch": view.epoch,
+                           "lost": sorted(before - set(view.members)), "failed_at": hung_at, "detected_at": t_detect,
+                           "agreed_at": time.monotonic(), "step": first, "steps_redone": done - first + 1})
+            step = first
+    heart.stop()
+    w = None if state is None else np.asarray(state["params"])[:numel]
+    return {"w": w, "losses": losses, "events": events, "epochs": epochs, "timeline": timeline}
+
+
+def _numel(cfg) -> int:
+    from netmorph.mesh.placement import parameters
+    return sum(int(np.prod(p.shape)) for p in parameters(cfg.model or MODEL))
+
+
+def _padded(numel: int, dp: int) -> int:
+    from netmorph.parallel.flat import flat_offsets
+    return flat_offsets([numel], dp)[1]
+
+
+def _handed(comm, state, world: int, numel: int) -> dict:
+    """Every member of a grown view: rank 0 broadcasts the parameters, Adam's moments and step (the joiners hold
+    nothing: what they would otherwise read from a checkpoint), re-padded for ``world`` members."""
+    n = _padded(numel, world)
+    buf = np.zeros(3 * n + 1)
+    if state is not None and comm.rank == 0:
+        s = repad(state, n)
+        buf[:] = np.concatenate([s["params"], s["m"], s["v"], [s["t"]]])
+    with comm.phase("elastic.join"):
+        comm.broadcast(buf, 0)
+    if state is not None and comm.rank != 0:
+        return state
+    return {"params": buf[:n], "m": buf[n:2 * n], "v": buf[2 * n:3 * n], "t": int(buf[-1])}
+
+
+def reference(cfg) -> tuple[list, np.ndarray]:
+    """The failure-free run on one process: per-step losses and the final flat parameters."""
+    from netmorph.parallel.run import reference as one_rank
+    losses, weights, _ = one_rank(train_config(cfg, 1, cfg.steps, 0))
+    return losses, np.concatenate([np.asarray(v).reshape(-1) for v in weights.values()])
