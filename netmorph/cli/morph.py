@@ -30,8 +30,9 @@ def add_parser(sub) -> None:
     p.add_argument("--world", type=int, help="ranks (default 8 for run, 4 for reshard)")
     p.add_argument("--scenario", default="link-degrades@40",
                    help="run: none, or events joined by commas, each from STEP on: link-degrades@STEP[xF] "
-                        "(inter-node links F (10) times slower), link-recovers@STEP, node-lost@STEP (the second "
-                        "node's ranks and the state only they held gone: killed), node-hangs@STEP (the same ranks "
+                        "(inter-node links F (10) times slower), link-recovers@STEP, node-lost@STEP[:NODE] (the "
+                        "second node's ranks, node 0's with :0, and the state only they held gone: killed), "
+                        "node-hangs@STEP[:NODE] (the same ranks "
                         "stopped, SIGSTOP: found by their heartbeats and fenced), node-joins@STEP (a node back, "
                         "holding nothing), seq-grows@STEP[xF] (sequences F (2, 4 or 8; default 2) times longer), "
                         "memory-shrinks@STEP[xF] (each rank's memory 1/F (1/2) of a whole replica's). Default "
@@ -221,10 +222,9 @@ def _control(args) -> int:
           f"redone; each look {1e3 * max(adaptive.decide_s, default=0):.0f} ms at most (every layout priced by the "
           f"planner, none trial-run)")
     if any(e.kind in LOSSES for e in scenario.events):
-        print("# the static runs lose the node by script, at a segment boundary: nothing to detect, no step in flight "
-              "to redo" + ("; a node back costs them no process start" if any(e.kind == "node-joins" for e in
-                                                                          scenario.events) else "")
-              + ("" if restart is None else "; the restart pays the relaunch and the checkpoint"))
+        print("# every run meets the loss mid-step and recovers in its one launch (the static splits with fewer "
+              "replicas, as torchelastic restarts them)" +
+              ("" if restart is None else "; the restart relaunches every rank and reads the last checkpoint"))
     if args.plot:
         print(f"# figure: {args.plot}")
     return 0

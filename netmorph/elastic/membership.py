@@ -2,7 +2,8 @@
 
 Stands in for the state torch's c10d rendezvous keeps in its store (a round number,
 the participants, a last-call window for late joiners, ``compare_set`` so that
-exactly one writer's state wins). A :class:`View` is ``(epoch, members, first_step)``.
+exactly one writer's state wins). A :class:`View` is ``(epoch, members, first_step)``; its members' order is
+the rank order of a renumbered communicator (the survivors keep theirs, joiners come after them).
 
 The agreement rule, the one thing every member must apply identically:
 
@@ -80,7 +81,9 @@ class Rendezvous:
         if self.last_call and candidates:
             time.sleep(self.last_call)
         joined = self.joiners(after.epoch, candidates)
-        members = tuple(sorted((set(after.members) - set(suspects)) | set(joined)))[:self.max_workers]
+        # the survivors in their order, the joiners after them (a renumbered communicator's ranks: ncclCommGrow)
+        members = (tuple(m for m in after.members if m not in set(suspects)) +
+                   tuple(sorted(set(joined) - set(after.members))))[:self.max_workers]
         step = after.first_step if first_step is None else first_step
         return self._agree(View(after.epoch + 1, members, step))
 

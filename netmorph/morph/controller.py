@@ -216,8 +216,17 @@ def run_static(trainer: Trainer, layout: Layout, steps: int, segment: int, scena
     """``layout`` throughout, as torchelastic and Megatron would run it: after a node's loss with fewer
     data-parallel replicas (:func:`resized`), after a node joins with as many as it started with, on longer
     sequences as it is; the end of the run when its model-parallel group no longer fits the ranks, or (priced by
-    ``twin``) its memory. With ``restart_s``, torchrun's restart: a node lost or joining restarts every rank
-    (``restart_s`` seconds, :func:`relaunch_seconds`) from the last checkpoint, redoing the steps since."""
+    ``twin``, default :func:`twin_of` the trainer) its memory. It runs in the control loop's one launch with
+    nothing to decide (:class:`~netmorph.morph.live.LiveJob` ``static``), so a node lost mid-step is detected and
+    recovered from -- redone steps, a checkpoint read, processes started for a node back -- as the adaptive run
+    pays it. With ``restart_s``, torchrun's restart: a node lost or joining restarts every rank (``restart_s``
+    seconds, :func:`relaunch_seconds`) from the last checkpoint, redoing the steps since."""
+    if restart_s is None:
+        live = LiveJob(trainer.model, trainer.global_batch, trainer.device_flops, trainer.base,
+                       twin or twin_of(trainer), layout, steps, segment, scenario,
+                       checkpoint_every=trainer.checkpoint_every, static=True)
+        return run_live(live, trainer.world, trainer.timeout,
+                        lambda line: log(f"  static {layout.tag()}: {line.strip().removeprefix('-> ')}"))
     job = _Job(trainer, layout)
     while job.step < steps:
         topo = scenario.topology(trainer.base, job.clock)

@@ -37,7 +37,7 @@ import numpy as np
 from netmorph.cost.topology import Topology
 from netmorph.mesh.layout import Layout
 from netmorph.mesh.shape import ModelShape
-from netmorph.morph.decide import Controller, Decision, Look, Run
+from netmorph.morph.decide import Controller, Decision, Look, Run, resized
 from netmorph.morph.layouts import train_config
 from netmorph.morph.members import Members, agreed_max, membership_changes
 from netmorph.morph.reshard import plan, run_rank
@@ -68,6 +68,8 @@ class LiveJob:
     verbose: bool = False           # rank 0 prints each look's line as it goes
     checkpoint_every: int = 20
     checkpoints: str = ""           # a folder every rank writes its checkpoints to (a node may be lost), or ""
+    static: bool = False            # hold the start split as torchelastic would: fewer (more) data-parallel replicas
+                                    # after a loss (join), no look; the run ends when the split no longer fits
 
 
 def probe(comm, gpn: int) -> float | None:
@@ -92,12 +94,15 @@ def probe(comm, gpn: int) -> float | None:
 
 
 class _Rank(Members):
-    """One rank of a live run: its layout, model, state and step, its in-memory commits, its log (rank 0)."""
+    """One rank of a live run: its layout, model, state and step, its in-memory commits; on rank 0 the controller
+    and the log -- and, where a node can be lost, on rank ``gpn`` (the second node's first) a standby of both that
+    sees what rank 0 sees and decides the same, so that the run goes on whichever node is lost."""
 
     def __init__(self, comm, job: LiveJob):
         self.comm, self.job, self.gpn = comm, job, job.base.gpus_per_node
         self.layout, self.model, self.state, self.step, self.share = job.start, job.model, None, 0, math.inf
-        self.ctl = Controller(job.twin, job.steps, job.hysteresis, job.confirm) if comm.rank == 0 else None
+        standby = bool(job.checkpoints) and comm.rank == self.gpn
+        self.ctl = Controller(job.twin, job.steps, job.hysteresis, job.confirm) if comm.rank == 0 or standby else None
         self.run = Run([(0, job.start.tag())], [])
         self.losses: dict = {}                  # step -> loss, where this rank computes it (redone steps overwrite)
         self.lines: list = []                   # rank 0's log, returned when it is not printed as it goes
@@ -106,7 +111,8 @@ class _Rank(Members):
         self.ends: list = []                    # when each step of the segment in hand ended (perf_counter)
         self.accounted = False                  # the segment's step times are in the run
         lost = [e for e in job.scenario.events if e.kind in LOSSES]
-        self.dies_at = lost[0].at if lost and comm.rank >= self.gpn else None   # (a loss comes with checkpoints)
+        mine = lost and comm.slot // self.gpn == lost[0].node
+        self.dies_at = lost[0].at if mine else None        # (a loss comes with checkpoints)
         self.how = signal.SIGSTOP if lost and lost[0].kind == "node-hangs" else signal.SIGKILL
         self.doomed = False                     # armed to go with its node
         self.rdzv = self.view = self.heart = self.dog = None
@@ -115,9 +121,9 @@ class _Rank(Members):
             self.watch()
 
     def say(self, line: str) -> None:
-        if self.comm.rank == 0:
+        if self.ctl is not None:                # rank 0 and its standby keep the log; rank 0 prints it
             self.lines.append(line)
-            if self.job.verbose:
+            if self.job.verbose and self.comm.rank == 0:
                 print(line, flush=True)
 
     def commit(self, done: int, state, loss) -> None:
@@ -152,11 +158,11 @@ class _Rank(Members):
         return p, float(agreed_max(self.comm, [self.state["seconds"]])[0])
 
     def pick(self, choose, model: ModelShape, world: int) -> Layout:
-        """Rank 0's choice among the candidates (``choose()`` on rank 0: a Layout, or None to stay), on every
-        rank; None when it stays."""
+        """Rank 0's choice among the candidates (``choose()`` where the controller is: a Layout, or None to stay),
+        on every rank; None when it stays. The standby chooses too (its state stays rank 0's); rank 0's counts."""
         options = candidates(model, world, self.job.global_batch, zero=True)
         pick = np.array([-1.0])
-        if self.comm.rank == 0:
+        if self.ctl is not None:
             chosen = choose()
             pick[0] = -1 if chosen is None else [lay.tag() for lay in options].index(chosen.tag())
         with self.comm.phase("morph.agree"):
@@ -165,13 +171,34 @@ class _Rank(Members):
 
     def replanned(self, world: int, model: ModelShape, share: float) -> tuple:
         """Rank 0's twin re-plans from the layout in hand for ``world`` ranks of ``model`` with memory ``share``:
-        (the layout it picks, on every rank; rank 0's (best, predicted, current, top), None elsewhere)."""
+        (the layout it picks, on every rank; rank 0's (best, predicted, current, top), None elsewhere). A static
+        run takes the layout in hand resized (:func:`~netmorph.morph.decide.resized`), or raises :class:`Stopped`
+        when that no longer fits the ranks or the memory."""
         out = {}
 
         def choose():
-            out["best"] = self.ctl.replan(self.layout, world, model.seq, share)
-            return out["best"][0]
-        return self.pick(choose, model, world), out.get("best")
+            out["best"] = best = self.ctl.replan(self.layout, world, model.seq, share)
+            if self.job.static:                 # its prediction is the resized split's
+                same = resized(self.layout, world) if math.isfinite(best[2]) else None
+                out["best"] = (same, best[2], best[2], best[3])
+                return same
+            return best[0]
+        target = self.pick(choose, model, world)
+        if target is None:                      # only a static run picks nothing here
+            same = resized(self.layout, world)
+            raise Stopped(f"tp x pp = {self.layout.tp * self.layout.pp} does not fit the {world} surviving ranks"
+                          if same is None else f"{same.tag()} does not fit {100 * share:.0f}% of a replica's memory")
+        return target, out.get("best")
+
+    def stop(self, stop: Stopped) -> None:
+        """A static split that no longer fits: its run ends here, saying why."""
+        self.run.failed = str(stop)
+        self.say(f"  -> {stop}: the run ends at step {self.step}")
+
+    def record(self, d: Decision) -> None:
+        """A decision in the run's record (where the controller is; a static run decides nothing)."""
+        if self.ctl is not None and not self.job.static:
+            self.run.decisions.append(d)
 
     def moved(self, at: int, before: Layout, target: Layout, spent: float) -> None:
         """A move from ``before`` to ``target`` at step ``at`` that took ``spent`` seconds, in the run's record."""
@@ -191,14 +218,14 @@ class _Rank(Members):
         target, best = self.replanned(layout.world, model, share)
         p, spent = self.move(target, model if model != self.model else None)
         self.moved(self.step, layout, target, spent)
-        if self.comm.rank == 0:
+        if self.ctl is not None:
             _, predicted, current, top = best
             self.say(f"  -> at step {self.step}, {what}: {layout.tag()} -> {target.tag()} (model "
                      f"{1e3 * predicted:.0f} ms/step; staying "
                      f"{'does not fit' if math.isinf(current) else f'{1e3 * current:.0f} ms'}); {p.bytes:,} B between "
                      f"live ranks in {1e3 * spent:.0f} ms")
             if target != layout:
-                self.run.decisions.append(Decision(self.step, layout.tag(), target.tag(), math.nan, current,
+                self.record(Decision(self.step, layout.tag(), target.tag(), math.nan, current,
                                                    predicted, p.bytes, spent,
                                                    spent / max(current - predicted, 1e-12), what, top))
         self.layout, self.model, self.share = target, model, share
@@ -214,7 +241,8 @@ class _Rank(Members):
         self.state = out.state.flat
         # every rank learns the segment's losses (the ranks that compute them may be the ones a loss takes)
         first = self.step
-        mine = [self.losses.get(k, 0.0) for k in range(first, first + n)] + [1.0 if out.losses else 0.0]
+        # (this segment's own: a rank that learned the losses of steps a rollback redoes must not add them again)
+        mine = list(out.losses or [0.0] * n) + [1.0 if out.losses else 0.0]
         total = np.asarray(mine, dtype=np.float64)
         with comm.phase("morph.agree"):
             comm.all_reduce(total)
@@ -222,12 +250,14 @@ class _Rank(Members):
         times = agreed_max(comm, out.step_times)
         if n > 1:
             times[0] = statistics.median(times[1:])       # the segment's first step builds the layout's modules
-        busy = float(agreed_max(comm, [statistics.median(out.busy_s[1:] or out.busy_s)])[0])
-        beta = probe(comm, self.gpn)
         self.run.step_s += times.tolist()
         self.run.tokens += [job.global_batch * self.model.seq] * n
         self.accounted = True
         self.step += n
+        if job.static:                            # held: nothing to look at
+            return
+        busy = float(agreed_max(comm, [statistics.median(out.busy_s[1:] or out.busy_s)])[0])
+        beta = probe(comm, self.gpn)
         line = d = None
 
         def choose():
@@ -243,7 +273,7 @@ class _Rank(Members):
             return
         p, spent = self.move(target)
         self.moved(self.step, self.layout, target, spent)
-        if comm.rank == 0:
+        if self.ctl is not None:
             predicted_cost, d.reshard_s = d.reshard_s, spent
             d.payback_steps = spent / (d.predicted_current_s - d.predicted_best_s)
             self.run.decisions.append(d)
@@ -269,11 +299,22 @@ class _Rank(Members):
                     raise
                 if self.doomed:                   # the node goes as one: a rank whose peer went first goes now,
                     os.kill(os.getpid(), self.how)     # never into the survivors' agreement
-                self.recover(e)
-        if self.ctl is not None:
+                try:
+                    self.recover(e)
+                except Stopped as stop:
+                    self.stop(stop)
+                    break
+            except Stopped as stop:
+                self.stop(stop)
+                break
+        if self.ctl is not None and not self.job.static:
             self.run.twin = self.ctl.twin
         self.unwatch()
         return {"losses": self.losses, "run": self.run if self.comm.rank == 0 else None, "lines": self.lines}
+
+
+class Stopped(Exception):
+    """A static split that no longer fits the ranks or the memory: the end of its run (the reason)."""
 
 
 def live_rank(comm, job: LiveJob) -> dict:
@@ -293,10 +334,11 @@ def run_live(job: LiveJob, world: int, timeout: float, log=lambda line: None) ->
                              elastic=True)
     else:
         outs = launch(live_rank, world, job, topology=job.base, timeout=timeout)
+    head = next(o for o in outs if o is not None and o["run"] is not None)    # rank 0 at the end
     if not job.verbose:
-        for line in outs[0]["lines"]:
+        for line in head["lines"]:
             log(line)
-    run = outs[0]["run"]
+    run = head["run"]
     losses = {}
     for o in outs:
         if o is not None:

@@ -22,6 +22,7 @@ twin picks its layout and the reshard plan sends the joiners everything they hol
 from __future__ import annotations
 
 import json
+import pickle
 import math
 import signal
 import time
@@ -103,8 +104,6 @@ class Members:
             self.run.step_s += np.diff(self.ends[:kept + 1]).tolist()
             self.run.tokens += [job.global_batch * self.model.seq] * kept
             t0 = self.ends[kept]                  # from here on the time is the loss's: the step in flight too
-        if 0 not in view.members:
-            raise RuntimeError(f"survivors {list(view.members)}: the controller ran on launch rank 0, which was lost")
         state = dict(self.commits).get(first, self.state)
         layout, agreed = self.layout, first
         target, best = self.replanned(world, self.model, self.share)
@@ -122,7 +121,7 @@ class Members:
         spent = float(agreed_max(comm, [time.perf_counter() - t0])[0])
         self.run.redone += agreed - first + 1     # the step in flight, and the steps since the checkpoint
         self.moved(first, layout, target, spent)
-        if comm.rank == 0:
+        if self.ctl is not None:
             _, predicted, current, top = best
             silent = [self.dog.fenced[r] for r in dead if r in self.dog.fenced]
             what = (f"node lost ({world} ranks left, ranks {dead} killed mid-step, detected by the fabric)"
@@ -133,7 +132,7 @@ class Members:
             self.say(f"  -> {what}: agreed to resume at step {agreed} (the step in flight redone); {layout.tag()} -> "
                      f"{target.tag()} (model {1e3 * predicted:.0f} ms/step); {how}; {1e3 * spent:.0f} ms from the last "
                      f"step done to going on")
-            self.run.decisions.append(Decision(first, layout.tag(), target.tag(), math.nan, current, predicted,
+            self.record(Decision(first, layout.tag(), target.tag(), math.nan, current, predicted,
                                                0, spent, math.inf, what, top))
         self.layout, self.step, self.accounted = target, first, True
 
@@ -174,10 +173,12 @@ class Members:
         clock, sequence, memory share, Adam's step, the layout in hand), let rank 0's twin pick the layout of the
         grown world, and send the joiners their state by the reshard plan -- they hold nothing."""
         comm, job = self.comm, self.job
-        comm.reform(view.members, view.epoch, renumber=True)
+        comm.reform(view.members, view.epoch, renumber=True)        # the joiners after the members (ncclCommGrow)
         self.view = view
         if self.dog is not None:
             self.dog.add([r for r in new if r != comm.slot])
+        if len(view.members) > self.gpn and view.members[self.gpn] in new:
+            self._hand_standby()
         before = len(view.members) - len(new)
         where = np.zeros(6)
         if comm.rank == 0:
@@ -200,15 +201,31 @@ class Members:
         spent = float(agreed_max(comm, [time.perf_counter() - t0])[0])
         self.commits, self.accounted = [(self.step, self.state)], True
         self.moved(self.step, layout, target, spent)
-        if comm.rank == 0:
+        if self.ctl is not None:
             _, predicted, current, top = best
             what = f"a node joined ({len(view.members)} ranks: {new} started in the lost ranks' slots, one launch)"
             self.say(f"  -> at step {self.step}, {what}: {layout.tag()} -> {target.tag()} (model "
                      f"{1e3 * predicted:.0f} ms/step); {p.bytes:,} B to the ranks that joined; {1e3 * spent:.0f} ms "
                      f"from asking for the ranks to going on")
-            self.run.decisions.append(Decision(self.step, layout.tag(), target.tag(), math.nan, current, predicted,
+            self.record(Decision(self.step, layout.tag(), target.tag(), math.nan, current, predicted,
                                                p.bytes, spent, math.inf, what, top))
         self.layout = target
+
+    def _hand_standby(self) -> None:
+        """Rank 0 gives the new standby (rank ``gpn``, a joiner: the controller's second copy) the controller, the
+        run's record and the log, pickled -- what it needs to carry on should rank 0's node be lost next."""
+        comm, n = self.comm, np.zeros(1)
+        with comm.phase("morph.agree"):
+            if comm.rank == 0:
+                blob = np.frombuffer(pickle.dumps((self.ctl, self.run, self.lines)), dtype=np.uint8).copy()
+                n[0] = blob.size
+                comm.send(n, self.gpn)
+                comm.send(blob, self.gpn)
+            elif comm.rank == self.gpn:
+                comm.recv(n, 0)
+                blob = np.empty(int(n[0]), np.uint8)
+                comm.recv(blob, 0)
+                self.ctl, self.run, self.lines = pickle.loads(blob.tobytes())
 
     def _restore(self, at: int, target: Layout) -> dict:
         """This rank's state under ``target`` from the checkpoint of step ``at`` (every old rank's file)."""

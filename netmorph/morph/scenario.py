@@ -4,10 +4,10 @@ A scenario is a list of events, each ``KIND@STEP[xFACTOR]``, comma-separated and
 
 - ``link-degrades@STEP[xF]``: the inter-node links F (10) times slower (bandwidth divided, latency multiplied), as
   a congested or degraded network; ``link-recovers@STEP``: healthy again;
-- ``node-lost@STEP``: the second node's ranks gone, with whatever state only they held, as torchelastic sees a
-  lost agent (killed: SIGKILL); ``node-hangs@STEP``: the same ranks stopped instead (SIGSTOP: alive, silent -- a
-  hung driver, a stuck NFS read), so that only their heartbeats stopping tells; ``node-joins@STEP``: a node of as
-  many ranks back (after a loss), holding nothing;
+- ``node-lost@STEP[:NODE]``: node NODE's ranks gone (the second node, 1, unless NODE is 0), with whatever state only
+  they held, as torchelastic sees a lost agent (killed: SIGKILL); ``node-hangs@STEP[:NODE]``: the same ranks stopped
+  instead (SIGSTOP: alive, silent -- a hung driver, a stuck NFS read), so that only their heartbeats stopping tells;
+  ``node-joins@STEP``: a node of as many ranks back (after a loss) in the lost one's slots, holding nothing;
 - ``seq-grows@STEP[xF]``: the context F (2, 4 or 8) times longer, as a long-context phase of training;
 - ``memory-shrinks@STEP[xF]``: each rank's memory F (2) times smaller than a whole replica of the training state
   needs (another job on the device, a fragmented allocator): only layouts that shard it fit.
@@ -25,10 +25,10 @@ from netmorph.errors import UsageError
 # kind -> its FACTOR's default (None: takes no FACTOR)
 KINDS = {"link-degrades": 10.0, "link-recovers": None, "node-lost": None, "node-hangs": None, "node-joins": None,
          "seq-grows": 2.0, "memory-shrinks": 2.0}
-LOSSES = ("node-lost", "node-hangs")      # the second node out of the job: killed, or stopped
+LOSSES = ("node-lost", "node-hangs")      # a node out of the job: killed, or stopped
 USAGE = ("none, or events KIND@STEP[xFACTOR] joined by commas: link-degrades@STEP[xF], link-recovers@STEP, "
-         "node-lost@STEP, node-hangs@STEP, node-joins@STEP, seq-grows@STEP[xF] (F 2, 4 or 8), "
-         "memory-shrinks@STEP[xF]")
+         "node-lost@STEP[:NODE], node-hangs@STEP[:NODE] (NODE 0 or 1, default 1), node-joins@STEP, "
+         "seq-grows@STEP[xF] (F 2, 4 or 8), memory-shrinks@STEP[xF]")
 
 
 @dataclass(frozen=True)
@@ -36,9 +36,11 @@ class Event:
     kind: str
     at: int
     factor: float = 1.0
+    node: int = 1                 # a loss: which of the two nodes
 
     def label(self) -> str:
-        return f"{self.kind}@{self.at}" + (f"x{self.factor:g}" if KINDS[self.kind] is not None else "")
+        return (f"{self.kind}@{self.at}" + (f"x{self.factor:g}" if KINDS[self.kind] is not None else "") +
+                (f":{self.node}" if self.kind in LOSSES and self.node != 1 else ""))
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ class Scenario:
                        alpha_inter=base.alpha_inter * f)
 
     def world(self, world: int, step: int) -> int:
-        """Ranks alive at ``step``: the first node's alone while the second is lost."""
+        """Ranks alive at ``step``: one node's while the other is lost."""
         w = world
         for e in self._until(step):
             w = world // 2 if e.kind in LOSSES else world if e.kind == "node-joins" else w
@@ -105,11 +107,14 @@ def parse_scenario(text: str) -> Scenario:
         kind, _, rest = part.strip().partition("@")
         if kind not in KINDS or not rest:
             raise UsageError(f"{{scenario}} {part!r}: {USAGE}", "scenario")
+        rest, colon, node = rest.partition(":")
+        if colon and (kind not in LOSSES or node not in ("0", "1")):
+            raise UsageError(f"{{scenario}} {part!r}: only node-lost and node-hangs name a NODE, 0 or 1", "scenario")
         at, _, factor = rest.partition("x")
         if factor and KINDS[kind] is None:
             raise UsageError(f"{{scenario}} {part!r}: {kind} takes no FACTOR", "scenario")
         try:
-            e = Event(kind, int(at), float(factor) if factor else KINDS[kind] or 1.0)
+            e = Event(kind, int(at), float(factor) if factor else KINDS[kind] or 1.0, int(node) if colon else 1)
         except ValueError:
             raise UsageError(f"{{scenario}} {part!r}: STEP must be a whole number and FACTOR a number",
                              "scenario") from None

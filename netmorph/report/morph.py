@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from netmorph.files import save_figure
+from netmorph.morph.scenario import LOSSES
 from netmorph.report.html import Section
 from netmorph.tour.morph import Morph
 
@@ -47,8 +48,9 @@ def plot_throughput(path, adaptive, statics, scenario) -> None:
                         textcoords="offset points", bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8})
     others = [e.label() for e in scenario.events if not e.kind.startswith("link-")]
     if others:
-        ax.annotate(f"{', '.join(others)} (at the next look)", (0.01, 0.02), xycoords="axes fraction", fontsize=8,
-                    color="gray")
+        lost = any(e.kind in LOSSES for e in scenario.events)
+        when = "a loss mid-step, the rest at the next segment boundary" if lost else "at the next segment boundary"
+        ax.annotate(f"{', '.join(others)} ({when})", (0.01, 0.02), xycoords="axes fraction", fontsize=8, color="gray")
     ax.set_xlabel("wall-clock seconds (steps, moves and redone steps)")
     ax.set_ylabel("tokens/s")
     ax.set_title("throughput over time: the control loop against static splits")

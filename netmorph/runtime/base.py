@@ -170,14 +170,14 @@ class CommBase:
     def reform(self, members, epoch: int, renumber: bool = False) -> None:
         """Elastic: go on with ``members`` (launch slots: an agreed view) on the fresh channels of membership epoch
         ``epoch``; call counting starts over. Without ``renumber`` every rank keeps its launch number and the
-        default group becomes the members' (a world with holes, as netmorph elastic's ring runs). With it the
-        members are numbered 0..n-1 in slot order, as NCCL's ``ncclCommShrink`` (2.27: "ranks will be re-ordered
-        to fill the gap of removed ones") and ULFM's ``MPIX_Comm_shrink`` make a new communicator -- ``ncclCommGrow``
-        when joiners are among them: ``rank`` and ``world`` are then the new communicator's, so that a mesh of
-        ``world`` ranks can be built on any survivors, while ``slot`` stays what the launch, the store and the
-        fabric call this process; every peer is addressed by its new number."""
+        default group becomes the members' (a world with holes, as netmorph elastic's ring runs). With it member
+        i of ``members`` (in the given order: a view's) becomes rank i, as NCCL's ``ncclCommShrink`` (2.27: "ranks
+        will be re-ordered to fill the gap of removed ones") and ULFM's ``MPIX_Comm_shrink`` number the survivors
+        in order, and ``ncclCommGrow`` appends the joiners: ``rank`` and ``world`` are then the new communicator's,
+        so that a mesh of ``world`` ranks can be built on any survivors, while ``slot`` stays what the launch, the
+        store and the fabric call this process; every peer is addressed by its new number."""
         self.transport.reform(epoch)
-        members = tuple(sorted(members))
+        members = tuple(members)
         if renumber:
             if self.slot not in members:
                 raise UsageError(f"reform: slot {self.slot} is not among the members {list(members)}", "members")
@@ -185,7 +185,7 @@ class CommBase:
             self.WORLD = Group(range(self.world))
         else:
             self.peers, self.rank, self.world = None, self.slot, self.launched
-            self.WORLD = Group(members)
+            self.WORLD = Group(sorted(members))
         self.calls.clear()
         self.sent.clear()
         self.received.clear()
