@@ -38,6 +38,11 @@ class Event:
     factor: float = 1.0
     node: int = 1                 # a loss: which of the two nodes
 
+    @property
+    def loss(self) -> bool:
+        """A node out of the job (killed or stopped)."""
+        return self.kind in LOSSES
+
     def label(self) -> str:
         return (f"{self.kind}@{self.at}" + (f"x{self.factor:g}" if KINDS[self.kind] is not None else "") +
                 (f":{self.node}" if self.kind in LOSSES and self.node != 1 else ""))

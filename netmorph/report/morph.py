@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 
 from netmorph.files import save_figure
-from netmorph.morph.scenario import LOSSES
 from netmorph.report.html import Section
 from netmorph.tour.morph import Morph
 
@@ -48,7 +47,7 @@ def plot_throughput(path, adaptive, statics, scenario) -> None:
                         textcoords="offset points", bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8})
     others = [e.label() for e in scenario.events if not e.kind.startswith("link-")]
     if others:
-        lost = any(e.kind in LOSSES for e in scenario.events)
+        lost = any(e.loss for e in scenario.events)
         when = "a loss mid-step, the rest at the next segment boundary" if lost else "at the next segment boundary"
         ax.annotate(f"{', '.join(others)} ({when})", (0.01, 0.02), xycoords="axes fraction", fontsize=8, color="gray")
     ax.set_xlabel("wall-clock seconds (steps, moves and redone steps)")
