@@ -210,7 +210,6 @@ def test_falling_below_min_workers_ends_the_run_naming_why():
     (["elastic", "--steps", "10", "--join", "1@10"], "--join"),
     (["elastic", "--join", "one@3"], "--join"),
     (["elastic", "--job", "gpt", "--kill", "1@5", "--global-batch", "10"], "--global-batch"),
-    (["elastic", "--job", "gpt", "--compare"], "--job gpt"),
 ])
 def test_bad_elastic_flags_are_one_line_exit_2(argv, flag, capsys):
     from netmorph.cli import main
@@ -452,7 +451,8 @@ def test_survivors_renumber_from_zero_and_a_new_process_grows_the_communicator_b
 def test_the_gpt_trainer_goes_on_when_rank_0_dies_and_a_joiner_grows_it_equal_to_one_rank():
     """netmorph elastic --job gpt: the trainer of netmorph train (DDP buckets, Adam) under a kill of launch rank 0
     mid-backward and a join -- the survivors renumber 0..2 to build the trainer's mesh, the joiner receives the
-    state by broadcast -- and every loss and the final parameters equal the failure-free run on one process."""
+    state by broadcast -- and every loss and the final parameters equal the failure-free run on one process; so
+    do the rollback and restart baselines of the same job."""
     from netmorph.elastic.train import ElasticConfig, train
     cfg = ElasticConfig(workers=4, steps=10, global_batch=12, lr=3e-3, job="gpt", kills=((0, 3),), joins=((1, 6),),
                         timeout=10.0)
@@ -461,3 +461,13 @@ def test_the_gpt_trainer_goes_on_when_rank_0_dies_and_a_joiner_grows_it_equal_to
     assert [(e["kind"], e["step"], e["steps_redone"]) for e in out["events"]] == [("kill", 3, 1), ("join", 6, 0)]
     assert out["dead"] == [0]
     assert out["max_rel_loss_diff"] < 1e-12 and out["max_rel_param_diff"] < 1e-11
+    # the same kill recovered as Horovod Elastic (back to the commit of step 0, every 4) and as torchrun (every
+    # worker restarted from the checkpoint of step 0 on disk): 4 steps redone each, the same model at the end
+    import numpy as np
+    from netmorph.elastic import gpt
+    from netmorph.elastic.recovery import compare
+    runs = compare(cfg, 4, inplace=out)
+    assert runs["rollback"]["steps_redone"] == runs["restart"]["steps_redone"] == 4
+    np.testing.assert_allclose(runs["rollback"]["losses"], out["reference_losses"], rtol=1e-12, atol=0)
+    ref_w = gpt.reference(cfg)[1]
+    assert np.max(np.abs(runs["restart"]["w"] - ref_w)) / np.max(np.abs(ref_w)) < 1e-11

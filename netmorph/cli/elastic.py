@@ -29,9 +29,9 @@ def add_parser(sub) -> None:
     p.add_argument("--join", action="append", default=[], metavar="N@STEP",
                    help="N new workers join at STEP and receive the parameters by broadcast (repeatable)")
     p.add_argument("--job", default="lsq", choices=("lsq", "gpt"),
-                   help="what trains: lsq, least squares on a ring all-reduce (default; --compare's three "
-                        "recoveries run it), or gpt, netmorph train's GPT trainer (DDP buckets, Adam) on whichever "
-                        "members are left, renumbered 0..n-1 as ncclCommShrink does")
+                   help="what trains: lsq, least squares on a ring all-reduce (default: milliseconds a step), or "
+                        "gpt, netmorph train's GPT trainer (DDP buckets, Adam) on whichever members are left, "
+                        "renumbered 0..n-1 as ncclCommShrink does")
     p.add_argument("--global-batch", type=int, default=None,
                    help="samples (gpt: sequences) per step, re-split over the members (default 96; gpt 12)")
     p.add_argument("--lr", type=float, default=None, help="learning rate (default 0.5; gpt: Adam's 3e-3)")
@@ -70,9 +70,6 @@ def run(args) -> int:
     batch = args.global_batch if args.global_batch is not None else 12 if gpt else 96
     if not (0 < lr <= 100 and 1 <= batch <= 1 << 20):
         raise UsageError("--lr must be in (0, 100] and --global-batch in 1..2**20")
-    if gpt and args.compare:
-        raise UsageError("--compare's rollback and restart baselines run the least-squares job: drop --job gpt "
-                         "(netmorph morph --compare restarts the GPT trainer from a checkpoint)")
     cfg = ElasticConfig(workers=args.workers, min_workers=args.min_workers, steps=args.steps,
                         global_batch=batch, lr=lr, seed=args.seed, job=args.job,
                         kills=_pairs(args.kill, "--kill", "RANK@STEP"), joins=_pairs(args.join, "--join", "N@STEP"),

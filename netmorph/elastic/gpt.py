@@ -28,8 +28,11 @@ import numpy as np
 from netmorph.elastic.heartbeat import Heartbeat, publish_pid
 from netmorph.elastic.agent import HEARTBEAT, admit, admitted, agree, fence_hung
 from netmorph.elastic.membership import Rendezvous
+from netmorph.mesh.placement import parameters
 from netmorph.mesh.shape import ModelShape
+from netmorph.parallel.flat import flat_offsets
 from netmorph.parallel.hybrid import TrainConfig, train_rank
+from netmorph.parallel.run import reference as one_rank
 from netmorph.runtime.faults import Fault
 from netmorph.runtime.transport import PeerLost, PeerTimeout
 
@@ -62,17 +65,18 @@ def gpt_rank(comm, cfg):
     view = rdzv.start(range(cfg.workers))
     epochs = [(view.epoch, list(view.members), view.first_step)]
     dies_at, hangs_at, spares = dict(cfg.kills).get(me), dict(cfg.hangs).get(me), cfg.spares()
-    numel = _numel(cfg)
+    n_params = numel(cfg)
     losses, events, timeline = {}, [], []
     state, step = None, 0
     if me in spares:                                  # a joiner: admitted, then handed the state
         view = admitted(comm, rdzv, cfg, spares[me], renumber=True)
         epochs.append((view.epoch, list(view.members), view.first_step))
-        state, step = _handed(comm, None, len(view.members), numel), view.first_step
+        state, step = _handed(comm, None, len(view.members), n_params), view.first_step
     else:
         comm.reform(view.members, view.epoch, renumber=True)
     joining = sorted({s for s in spares.values() if s > step})
     commits = {}
+    saved = {step: state}          # Horovod Elastic's state.commit() every commit_every steps (and at a join)
 
     def arm(done):
         """Before step ``done`` runs: the kill or hang set for it, at this member's next communication call."""
@@ -86,6 +90,10 @@ def gpt_rank(comm, cfg):
         commits[done] = snapshot()
         for k in [k for k in commits if k < done - 1]:
             del commits[k]
+        if done % cfg.commit_every == 0 and cfg.commit_every > 1:
+            saved[done] = commits[done]
+            for k in sorted(saved)[:-2]:
+                del saved[k]
         if loss is not None:
             losses[done - 1] = loss
         if events and "resumed_at" not in events[-1]:
@@ -99,7 +107,9 @@ def gpt_rank(comm, cfg):
             t_start = time.monotonic()
             new = [r for r, s in spares.items() if s == step]
             view = admit(comm, rdzv, view, new, step, cfg, renumber=True)
-            state = _handed(comm, state, len(view.members), numel)
+            state = _handed(comm, state, len(view.members), n_params)
+            saved.clear()
+            saved[step] = state
             epochs.append((view.epoch, list(view.members), view.first_step))
             events.append({"kind": "join", "ranks": new, "epoch": view.epoch, "detected_at": t_start,
                            "agreed_at": time.monotonic(), "step": step, "steps_redone": 0})
@@ -109,7 +119,7 @@ def gpt_rank(comm, cfg):
         commits = {step: state}
         arm(step)
         try:
-            init = None if state is None else {comm.rank: repad(state, _padded(numel, len(view.members)))}
+            init = None if state is None else {comm.rank: repad(state, _padded(n_params, len(view.members)))}
             out = train_rank(comm, tc, None, init, commit=commit)
             state, step = out.state.flat, end
         except (PeerLost, PeerTimeout) as e:
@@ -120,26 +130,28 @@ def gpt_rank(comm, cfg):
             view, _ = agree(comm, rdzv, view, done, cfg)
             if me not in view.members:
                 return None
-            first = view.first_step
-            state = commits[first]
+            agreed = view.first_step
+            # from the agreed step's commit; with commit_every, back to the last commit at or before it (all
+            # members hold the same ones: every commit_every steps and at each join)
+            first = max(k for k in saved if k <= agreed) if cfg.commit_every > 1 else agreed
+            state = saved[first] if cfg.commit_every > 1 else commits[first]
             comm.reform(view.members, view.epoch, renumber=True)
-            epochs.append((view.epoch, list(view.members), first))
+            epochs.append((view.epoch, list(view.members), agreed))
             events.append({"kind": "hang" if isinstance(e, PeerTimeout) else "kill", "epoch": view.epoch,
                            "lost": sorted(before - set(view.members)), "failed_at": hung_at, "detected_at": t_detect,
-                           "agreed_at": time.monotonic(), "step": first, "steps_redone": done - first + 1})
+                           "agreed_at": time.monotonic(), "step": agreed, "steps_redone": agreed - first + 1})
             step = first
     heart.stop()
-    w = None if state is None else np.asarray(state["params"])[:numel]
+    w = None if state is None else np.asarray(state["params"])[:n_params]
     return {"w": w, "losses": losses, "events": events, "epochs": epochs, "timeline": timeline}
 
 
-def _numel(cfg) -> int:
-    from netmorph.mesh.placement import parameters
+def numel(cfg) -> int:
+    """The GPT's parameter count (the flat buffer's length before padding)."""
     return sum(int(np.prod(p.shape)) for p in parameters(cfg.model or MODEL))
 
 
 def _padded(numel: int, dp: int) -> int:
-    from netmorph.parallel.flat import flat_offsets
     return flat_offsets([numel], dp)[1]
 
 
@@ -160,6 +172,5 @@ def _handed(comm, state, world: int, numel: int) -> dict:
 
 def reference(cfg) -> tuple[list, np.ndarray]:
     """The failure-free run on one process: per-step losses and the final flat parameters."""
-    from netmorph.parallel.run import reference as one_rank
     losses, weights, _ = one_rank(train_config(cfg, 1, cfg.steps, 0))
     return losses, np.concatenate([np.asarray(v).reshape(-1) for v in weights.values()])

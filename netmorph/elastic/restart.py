@@ -1,9 +1,10 @@
 """torchrun's recovery, the baseline in-place recovery is measured against: on any death every worker is torn
 down and restarted (the dead one replaced) from the last checkpoint on disk, every step since redone.
 
-The same job as :mod:`netmorph.elastic.train` (its problem, batches and update); ``torch.save`` every
-``commit_every`` steps is an atomic ``np.save`` here, and each attempt is one :func:`~netmorph.runtime.launch`,
-as ``torchrun --max-restarts`` starts one worker group per attempt.
+The same job as :mod:`netmorph.elastic.train` (its problem, batches and update) or, ``job="gpt"``, as
+:mod:`netmorph.elastic.gpt` (the GPT trainer, rank 0 writing its whole replica: parameters and Adam's state);
+``torch.save`` every ``commit_every`` steps is an atomic ``np.save`` here, and each attempt is one
+:func:`~netmorph.runtime.launch`, as ``torchrun --max-restarts`` starts one worker group per attempt.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ import time
 
 import numpy as np
 
+from netmorph.elastic import gpt
 from netmorph.elastic.train import ElasticConfig, _grad_loss, global_batch, problem
 from netmorph.files import write_text
+from netmorph.parallel.hybrid import train_rank
 from netmorph.runtime import LaunchError, launch
+from netmorph.runtime.faults import Fault
 
 
 def _restart_rank(comm, cfg: ElasticConfig, start: int, w0, ckpt_dir: str, attempt: int):
@@ -36,15 +40,53 @@ def _restart_rank(comm, cfg: ElasticConfig, start: int, w0, ckpt_dir: str, attem
         w = w - cfg.lr * buf[:-1] / cfg.global_batch
         step += 1
         if me == 0:
-            with open(os.path.join(ckpt_dir, "timeline"), "a") as f:   # survives the teardown, for the figure
-                f.write(f"{time.monotonic()!r} {step}\n")
-            if step == start + 1:
-                write_text(os.path.join(ckpt_dir, f"first_step_{attempt}"), repr(time.monotonic()))
+            _stamp(ckpt_dir, step, start, attempt)
             if step % cfg.commit_every == 0:                     # torch.save(state) every K steps, atomically
                 np.save(os.path.join(ckpt_dir, "w.tmp.npy"), w)
                 os.replace(os.path.join(ckpt_dir, "w.tmp.npy"), os.path.join(ckpt_dir, "w.npy"))
                 write_text(os.path.join(ckpt_dir, "step"), str(step))
     return w
+
+
+def _restart_gpt_rank(comm, cfg: ElasticConfig, start: int, state, ckpt_dir: str, attempt: int):
+    """One attempt on the GPT trainer: every worker from the last checkpoint on disk (None: step 0's weights)."""
+    me = comm.rank
+    dies_at = {r: s for r, s in cfg.kills if s >= start}.get(me)
+    dies_at = dies_at if dies_at is not None and attempt == _attempt_of(cfg, me) else None
+
+    def arm(done):
+        if done == dies_at:                           # at its next communication call: mid-backward
+            comm.faults.append(Fault("kill", me, comm.ops + 1))
+
+    def commit(done, snapshot, loss):
+        if me == 0:
+            _stamp(ckpt_dir, done, start, attempt)
+            if done % cfg.commit_every == 0:
+                st = snapshot()
+                np.savez(os.path.join(ckpt_dir, "state.tmp.npz"), params=st["params"], m=st["m"], v=st["v"],
+                         t=st["t"])
+                os.replace(os.path.join(ckpt_dir, "state.tmp.npz"), os.path.join(ckpt_dir, "state.npz"))
+                write_text(os.path.join(ckpt_dir, "step"), str(done))
+        arm(done)
+    arm(start)
+    tc = gpt.train_config(cfg, comm.world, cfg.steps - start, start)
+    init = None if state is None else {me: gpt.repad(state, len(state["params"]))}
+    out = train_rank(comm, tc, None, init, commit=commit)
+    return np.asarray(out.state.flat["params"])[:gpt.numel(cfg)]
+
+
+def _stamp(ckpt_dir: str, step: int, start: int, attempt: int) -> None:
+    """Rank 0, after each step: the timeline (it survives the teardown, for the figure), and when the attempt's
+    first step ended."""
+    with open(os.path.join(ckpt_dir, "timeline"), "a") as f:
+        f.write(f"{time.monotonic()!r} {step}\n")
+    if step == start + 1:
+        write_text(os.path.join(ckpt_dir, f"first_step_{attempt}"), repr(time.monotonic()))
+
+
+def _load(path: str) -> dict:
+    with np.load(path) as f:
+        return {"params": f["params"], "m": f["m"], "v": f["v"], "t": int(f["t"])}
 
 
 def _attempt_of(cfg, rank) -> int:
@@ -63,11 +105,14 @@ def restart_all(cfg: ElasticConfig) -> dict:
     try:
         while True:
             step = int(open(os.path.join(ckpt, "step")).read()) if os.path.exists(os.path.join(ckpt, "step")) else 0
-            w = np.load(os.path.join(ckpt, "w.npy")) if step else np.zeros(cfg.dim)
+            if cfg.job == "gpt":
+                fn, w = _restart_gpt_rank, (_load(os.path.join(ckpt, "state.npz")) if step else None)
+            else:
+                fn, w = _restart_rank, (np.load(os.path.join(ckpt, "w.npy")) if step else np.zeros(cfg.dim))
             if events:
                 events[-1]["restart_step"] = step
             try:
-                final = launch(_restart_rank, cfg.workers, cfg, step, w, ckpt, attempt, timeout=cfg.timeout)[0]
+                final = launch(fn, cfg.workers, cfg, step, w, ckpt, attempt, timeout=cfg.timeout)[0]
                 break
             except LaunchError as e:
                 events.append({"rank": e.root.rank, "dead_at": e.root.when, "attempt": attempt + 1})
