@@ -24,7 +24,8 @@ from netmorph.runtime.transport.blame import stop_rank
 def elastic(*flags, stop_after: float | None = None, victim: int = 1):
     """Run ``netmorph elastic`` (4 workers, --check); with ``stop_after``, SIGSTOP worker ``victim`` that
     many seconds after every worker is up. (exit code, stdout, stderr, seconds)."""
-    cmd = [sys.executable, "-m", "netmorph", "elastic", "--workers", "4", "--timeout", "1", "--check", *flags]
+    cmd = [sys.executable, "-m", "netmorph", "elastic", "--job", "lsq", "--workers", "4", "--timeout", "1", "--check",
+           *flags]
     t0 = time.monotonic()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if stop_after is not None:

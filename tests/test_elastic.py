@@ -271,7 +271,7 @@ def test_compare_plots_the_three_recoveries_and_reports_them_in_json(tmp_path, c
 
     from netmorph.cli import main
     png = tmp_path / "rec.png"
-    assert main(["elastic", "--steps", "30", "--kill", "2@12", "--compare", "--checkpoint-every", "5",
+    assert main(["elastic", "--job", "lsq", "--steps", "30", "--kill", "2@12", "--compare", "--checkpoint-every", "5",
                  "--plot", str(png), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -314,8 +314,9 @@ def test_a_worker_stopped_from_outside_is_ejected_and_the_run_finishes():
     # --timeout 3, not 1: on two cores shared with another test worker a survivor can go a second without progress
     # and every such stall is a round of fencing and agreement (2 of 7 CI runs once failed under load with every
     # survivor waiting in one all-reduce; never reproduced alone)
-    proc = subprocess.Popen([sys.executable, "-m", "netmorph", "elastic", "--workers", "4", "--steps", "1500",
-                             "--timeout", "3", "--check"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "netmorph", "elastic", "--job", "lsq", "--workers", "4", "--steps",
+                             "1500", "--timeout", "3", "--check"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     # frozen wherever it is: not the --hang flag's own SIGSTOP
     assert stop_rank(proc.pid, 4, 2, after=0.3) is not None, "the four workers never came up"
     out, err = proc.communicate(timeout=80)

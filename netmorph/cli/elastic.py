@@ -12,8 +12,8 @@ FLAGS = {"kills": "--kill", "joins": "--join", "hangs": "--hang"}
 
 def add_parser(sub) -> None:
     p = sub.add_parser("elastic", help="train through worker deaths: detect, agree on a view, re-form in place",
-                       description="BSP data-parallel training (least squares, or --job gpt: netmorph train's "
-                                   "GPT) on --workers processes; --kill RANK@STEP SIGKILLs a worker mid-step; the "
+                       description="BSP data-parallel training (netmorph train's GPT, or --job lsq: least "
+                                   "squares) on --workers processes; --kill RANK@STEP SIGKILLs a worker mid-step; the "
                                    "survivors agree on a new membership view through a store and carry on without "
                                    "a restart.")
     p.add_argument("--workers", type=int, default=4, help="worker processes at launch (default 4)")
@@ -28,14 +28,14 @@ def add_parser(sub) -> None:
                    help="how a hung worker is told from a slow one: phi accrual (default) or a fixed timeout")
     p.add_argument("--join", action="append", default=[], metavar="N@STEP",
                    help="N new workers join at STEP and receive the parameters by broadcast (repeatable)")
-    p.add_argument("--job", default="lsq", choices=("lsq", "gpt"),
-                   help="what trains: lsq, least squares on a ring all-reduce (default: milliseconds a step), or "
-                        "gpt, netmorph train's GPT trainer (DDP buckets, Adam) on whichever members are left, "
-                        "renumbered 0..n-1 as ncclCommShrink does")
+    p.add_argument("--job", default="gpt", choices=("gpt", "lsq"),
+                   help="what trains: gpt (default), netmorph train's GPT trainer (DDP buckets, Adam) on whichever "
+                        "members are left, renumbered 0..n-1 as ncclCommShrink does; or lsq, least squares on a "
+                        "ring all-reduce, a step in microseconds (thousands of steps to stop a worker in)")
     p.add_argument("--global-batch", type=int, default=None,
                    help="samples (gpt: sequences) per step, re-split over the members (default 96; gpt 12)")
     p.add_argument("--lr", type=float, default=None, help="learning rate (default 0.5; gpt: Adam's 3e-3)")
-    p.add_argument("--seed", type=int, default=0, help="data seed (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="--job lsq: the problem's seed (default 0)")
     add_timeout(p, 10)
     p.add_argument("--check", action="store_true", help="also run without failures and compare")
     p.add_argument("--compare", action="store_true",

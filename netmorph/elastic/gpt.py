@@ -1,4 +1,4 @@
-"""``netmorph elastic --job gpt``: the elastic data-parallel job on ``netmorph train``'s GPT trainer.
+"""``netmorph elastic``'s job (``--job gpt``, the default): elastic data parallelism on ``netmorph train``'s GPT.
 
 The same membership machinery as :mod:`netmorph.elastic.train` -- heartbeats, the store's views, the survivors'
 agreement, φ-accrual fencing of a hung member, joiners admitted through the rendezvous -- around the trainer

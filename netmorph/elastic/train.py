@@ -93,6 +93,9 @@ class ElasticConfig:
             raise UsageError("{workers} plus the joiners must be at most 32 processes", "join")
         if self.job not in ("lsq", "gpt"):
             raise UsageError(f"{{job}} must be lsq or gpt, got {self.job!r}", "job")
+        if self.job == "gpt" and self.seed:
+            raise UsageError("{seed} draws the least-squares problem (--job lsq); the GPT's weights and data are "
+                             "the trainer's own", "seed")
         if self.job == "gpt":
             bad = sorted({n for n in self.sizes() if self.global_batch % n})
             if bad:
