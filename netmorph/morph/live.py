@@ -225,9 +225,8 @@ class _Rank(Members):
                      f"{'does not fit' if math.isinf(current) else f'{1e3 * current:.0f} ms'}); {p.bytes:,} B between "
                      f"live ranks in {1e3 * spent:.0f} ms")
             if target != layout:
-                self.record(Decision(self.step, layout.tag(), target.tag(), math.nan, current,
-                                                   predicted, p.bytes, spent,
-                                                   spent / max(current - predicted, 1e-12), what, top))
+                self.record(Decision(self.step, layout.tag(), target.tag(), math.nan, current, predicted, p.bytes,
+                                     spent, spent / max(current - predicted, 1e-12), what, top))
         self.layout, self.model, self.share = target, model, share
 
     def segment(self) -> None:

@@ -22,8 +22,8 @@ twin picks its layout and the reshard plan sends the joiners everything they hol
 from __future__ import annotations
 
 import json
-import pickle
 import math
+import pickle
 import signal
 import time
 from dataclasses import replace
@@ -64,7 +64,7 @@ def agreed_max(comm, values) -> np.ndarray:
 class Members:
     """A live rank's membership part (mixed into :class:`netmorph.morph.live._Rank`, whose fields it reads: comm,
     job, layout, model, state, step, clock, share, commits, ends, run, ctl, rdzv, view, heart, dog, joined; and
-    whose ``pick``, ``replanned`` and ``moved`` it calls)."""
+    whose ``pick``, ``replanned``, ``moved``, ``record`` and ``say`` it calls)."""
 
     def watch(self) -> None:
         """Beat, and fence a peer that stops beating (a run whose scenario changes its membership)."""
@@ -132,8 +132,8 @@ class Members:
             self.say(f"  -> {what}: agreed to resume at step {agreed} (the step in flight redone); {layout.tag()} -> "
                      f"{target.tag()} (model {1e3 * predicted:.0f} ms/step); {how}; {1e3 * spent:.0f} ms from the last "
                      f"step done to going on")
-            self.record(Decision(first, layout.tag(), target.tag(), math.nan, current, predicted,
-                                               0, spent, math.inf, what, top))
+            self.record(Decision(first, layout.tag(), target.tag(), math.nan, current, predicted, 0, spent,
+                                 math.inf, what, top))
         self.layout, self.step, self.accounted = target, first, True
 
     def grow(self) -> None:
@@ -207,8 +207,8 @@ class Members:
             self.say(f"  -> at step {self.step}, {what}: {layout.tag()} -> {target.tag()} (model "
                      f"{1e3 * predicted:.0f} ms/step); {p.bytes:,} B to the ranks that joined; {1e3 * spent:.0f} ms "
                      f"from asking for the ranks to going on")
-            self.record(Decision(self.step, layout.tag(), target.tag(), math.nan, current, predicted,
-                                               p.bytes, spent, math.inf, what, top))
+            self.record(Decision(self.step, layout.tag(), target.tag(), math.nan, current, predicted, p.bytes,
+                                 spent, math.inf, what, top))
         self.layout = target
 
     def _hand_standby(self) -> None:
