@@ -70,7 +70,7 @@ def _restart_gpt_rank(comm, cfg: ElasticConfig, start: int, state, ckpt_dir: str
         arm(done)
     arm(start)
     tc = gpt.train_config(cfg, comm.world, cfg.steps - start, start)
-    init = None if state is None else {me: gpt.repad(state, len(state["params"]))}
+    init = None if state is None else {me: state}                 # the same workers: the same padding
     out = train_rank(comm, tc, None, init, commit=commit)
     return np.asarray(out.state.flat["params"])[:gpt.numel(cfg)]
 
