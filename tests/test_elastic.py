@@ -367,11 +367,22 @@ def test_the_watchdog_fences_a_hung_worker_and_leaves_a_finished_one(tmp_path):
             p.join(5)
 
 
+def _lose(comm, victim: int) -> None:
+    """Slot ``victim`` SIGKILLs itself; the others' next all-reduce fails with PeerLost (the fabric marks it dead)."""
+    import numpy as np
+    from netmorph.runtime.transport import PeerLost
+    if comm.slot == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        comm.all_reduce(np.zeros(1))
+    except PeerLost:
+        pass
+
+
 def _respawned(comm):
     """Rank 1 dies; rank 0 re-forms alone, asks for rank 1 back; the new rank 1 (it holds nothing) re-forms with
     it on the next epoch and the two all-reduce: the revived slot carries messages as the first one did."""
     import numpy as np
-    from netmorph.runtime.transport import PeerLost
     if comm.joined:
         comm.reform([0, 1], 2)
         x = np.array([10.0])
@@ -379,12 +390,7 @@ def _respawned(comm):
         return float(x[0])
     x = np.array([1.0 + comm.rank])
     comm.all_reduce(x)                            # epoch 0: both
-    if comm.rank == 1:
-        os.kill(os.getpid(), signal.SIGKILL)
-    try:
-        comm.all_reduce(np.zeros(1))
-    except PeerLost:
-        pass
+    _lose(comm, 1)
     comm.reform([0], 1)
     comm.respawn([1])
     x = np.array([5.0])
@@ -404,19 +410,13 @@ def _shrunk(comm):
     """Slot 0 dies; slots 1 and 2 shrink to a communicator of 2 numbered 0 and 1 (ncclCommShrink) and talk by
     the new numbers -- a collective, a send and a receive from any -- then slot 0's new process grows it back."""
     import numpy as np
-    from netmorph.runtime.transport import PeerLost
     if comm.joined:
         comm.reform([0, 1, 2], 2, renumber=True)
         x = np.array([100.0])
         comm.all_reduce(x)
         return comm.rank, comm.world, float(x[0]), None
     comm.all_reduce(np.zeros(1))                  # epoch 0: all three
-    if comm.slot == 0:
-        os.kill(os.getpid(), signal.SIGKILL)
-    try:
-        comm.all_reduce(np.zeros(1))
-    except PeerLost:
-        pass
+    _lose(comm, 0)
     comm.reform([1, 2], 1, renumber=True)
     shrunk = (comm.rank, comm.world, comm.slot)
     x = np.array([float(comm.slot)])
