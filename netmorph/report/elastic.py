@@ -84,7 +84,7 @@ elastic agent) tears every worker down and starts {cfg.workers} new ones from th
 caught up = from the death until the job is back at the step it died in (the redone steps included). The
 restart here forks warm processes; under real torchrun each restart also starts fresh interpreters
 (<code>python benchmarks/elastic_torchrun.py</code> measures that).</p>
-<p>Reproduce: <code>netmorph elastic --steps 200 --kill 2@60 --kill 1@140 --compare --checkpoint-every {EVERY}
+<p>Reproduce: <code>netmorph elastic --job lsq --steps 200 --kill 2@60 --kill 1@140 --compare --checkpoint-every {EVERY}
 --check --plot elastic.png</code></p>
 """
     files = [("elastic_recovery.png", "Membership, throughput and progress over wall time for the three recoveries; "
