@@ -25,10 +25,9 @@ import time
 
 import numpy as np
 
-from netmorph.elastic.heartbeat import Heartbeat, publish_pid
 from netmorph.elastic.agent import HEARTBEAT, admit, admitted, agree, fence_hung
+from netmorph.elastic.heartbeat import Heartbeat, publish_pid
 from netmorph.elastic.membership import Rendezvous
-from netmorph.mesh.placement import parameters
 from netmorph.mesh.shape import ModelShape
 from netmorph.parallel.flat import flat_offsets
 from netmorph.parallel.hybrid import TrainConfig, train_rank
@@ -130,11 +129,11 @@ def gpt_rank(comm, cfg):
             view, _ = agree(comm, rdzv, view, done, cfg)
             if me not in view.members:
                 return None
-            agreed = view.first_step
-            # from the agreed step's commit; with commit_every, back to the last commit at or before it (all
-            # members hold the same ones: every commit_every steps and at each join)
-            first = max(k for k in saved if k <= agreed) if cfg.commit_every > 1 else agreed
-            state = saved[first] if cfg.commit_every > 1 else commits[first]
+            agreed = first = view.first_step
+            state = commits[agreed]               # the agreed step's commit (the last two are kept)
+            if cfg.commit_every > 1:              # Horovod: back to the last commit at or before it (all members
+                first = max(k for k in saved if k <= agreed)      # hold the same: every K steps, at each join)
+                state = saved[first]
             comm.reform(view.members, view.epoch, renumber=True)
             epochs.append((view.epoch, list(view.members), agreed))
             events.append({"kind": "hang" if isinstance(e, PeerTimeout) else "kill", "epoch": view.epoch,
@@ -147,8 +146,8 @@ def gpt_rank(comm, cfg):
 
 
 def numel(cfg) -> int:
-    """The GPT's parameter count (the flat buffer's length before padding)."""
-    return sum(int(np.prod(p.shape)) for p in parameters(cfg.model or MODEL))
+    """The GPT's parameter count: the flat buffer's length before padding (a dense model: one replica)."""
+    return (cfg.model or MODEL).params()
 
 
 def _padded(numel: int, dp: int) -> int:

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from netmorph.elastic import gpt
-from netmorph.elastic.heartbeat import Heartbeat, publish_pid
 from netmorph.elastic.agent import HEARTBEAT, admit, admitted, agree, fence_hung
+from netmorph.elastic.heartbeat import Heartbeat, publish_pid
 from netmorph.elastic.membership import Rendezvous
 from netmorph.errors import UsageError
 from netmorph.runtime import launch

@@ -238,21 +238,20 @@ def run_static(trainer: Trainer, layout: Layout, steps: int, segment: int, scena
             elif twin is not None and not replace(twin, memory_share=share).fits(target, model.seq):
                 job.run.failed = f"{target.tag()} does not fit {100 * share:.0f}% of a replica's memory"
             if job.run.failed:
-                log(f"  static {layout.tag()}: {job.run.failed}")
+                log(f"  restart {layout.tag()}: {job.run.failed}")
                 break
             at = job.step
             if target == job.layout and model == job.model:
-                log(f"  static {layout.tag()}: {what} at step {at}, on as it was")
+                log(f"  restart {layout.tag()}: {what} at step {at}, on as it was")
                 job.train(min(segment, steps - job.step), topo)
                 continue
-            restart = restart_s is not None and target.world != job.layout.world
+            restart = target.world != job.layout.world
             _, _, how = job.move(target, topo, alive=range(world) if world < job.layout.world else None, model=model,
                                  restart=restart)
             if restart:
                 job.run.reshard_s += restart_s
                 how += f", after restarting every rank ({restart_s:.2f} s)"
-            log(f"  {'restart' if restart_s is not None else 'static'} {layout.tag()}: {what} at step {at}, on as "
-                f"{target.tag()} ({how})")
+            log(f"  restart {layout.tag()}: {what} at step {at}, on as {target.tag()} ({how})")
         job.train(min(segment, steps - job.step), topo)
     return job.run
 
@@ -263,5 +262,6 @@ def run_adaptive(trainer: Trainer, twin: Twin, start: Layout, steps: int, segmen
     decision. The whole run is one launch whose ranks stay alive across moves, losses and joins
     (:mod:`netmorph.morph.live`)."""
     live = LiveJob(trainer.model, trainer.global_batch, trainer.device_flops, trainer.base, twin, start, steps,
-                   segment, scenario, hysteresis, confirm, verbose=log is print, checkpoint_every=trainer.checkpoint_every)
+                   segment, scenario, hysteresis, confirm, verbose=log is print,
+                   checkpoint_every=trainer.checkpoint_every)
     return run_live(live, trainer.world, trainer.timeout, log)
