@@ -146,16 +146,33 @@ def simulate_step(tp: int, pp: int, dp: int, microbatches: int, layers: int, cos
         count_tp(nbytes * t.size)
         return t2
 
-    def layer_pass(r, t, compute, n_ar, name):
-        """A layer's compute in ``n_ar`` parts, each ended by a TP all-reduce (none: one part, no collective)."""
+    def layer_pass(r, t, compute, n_ar, name, count=1):
+        """``count`` layers' compute, each in ``n_ar`` parts ended by a TP all-reduce (none: one part, no
+        collective). On a stage nobody traces, the parts after the first are added in one step: the first
+        all-reduce leaves every lane of a TP group at the same time, so each later part adds exactly its
+        compute and its all-reduce (the same events, bytes and busy times as playing them one by one)."""
         nonlocal events
-        for _ in range(max(n_ar, 1)):
-            t1 = t + compute / max(n_ar, 1)
-            record(r, name, "compute", t, t1)
-            acc["compute"][r] += compute / max(n_ar, 1)
-            events += t.size
-            t = tp_collective(r, t1, costs.tp_allreduce, costs.tp_bytes_sent, "tp all-reduce") if n_ar else t1
-        return t
+        parts, part = max(n_ar, 1) * count, compute / max(n_ar, 1)
+        if r in by_stage or parts == 1:
+            for _ in range(parts):
+                t1 = t + part
+                record(r, name, "compute", t, t1)
+                acc["compute"][r] += part
+                events += t.size
+                t = tp_collective(r, t1, costs.tp_allreduce, costs.tp_bytes_sent, "tp all-reduce") if n_ar else t1
+            return t
+        acc["compute"][r] += part * parts
+        events += t.size * parts
+        if not n_ar:
+            return t + part * parts
+        t = tp_collective(r, t + part, costs.tp_allreduce, costs.tp_bytes_sent, "tp all-reduce")
+        rest = parts - 1
+        acc["tp"][r] += costs.tp_allreduce * rest
+        events += t.size * rest
+        count_tp(costs.tp_bytes_sent * t.size * rest)
+        return t + (part + costs.tp_allreduce) * rest
+
+    links = {}                                            # (stage, next stage) -> which lanes leave the node, ...
 
     def send(r, t_ready, dst_stage):
         """Stage r's lanes send one activation to ``dst_stage``: (arrival, transfer seconds). Sends queue
@@ -163,14 +180,21 @@ def simulate_step(tp: int, pp: int, dp: int, microbatches: int, layers: int, cos
         bandwidth fairly with it (both progress at half rate while they overlap)."""
         nonlocal nvlink, nic_bytes, events
         events += t_ready.size
-        inter = node[r] != node[dst_stage]
+        link = links.get((r, dst_stage))
+        if link is None:
+            inter = node[r] != node[dst_stage]
+            x = np.where(inter, costs.p2p_bytes / costs.bw_inter, costs.p2p_bytes / costs.bw_intra)
+            link = links[r, dst_stage] = (inter, x, np.where(inter, costs.alpha_inter, costs.alpha_intra) + x,
+                                          int(inter.sum()))
+        inter, x, base, n_inter = link
         start = np.maximum(t_ready, nic[r])
-        x = np.where(inter, costs.p2p_bytes / costs.bw_inter, costs.p2p_bytes / costs.bw_intra)
-        shared = np.where(inter, np.minimum(x, np.maximum(dpq[r] - start, 0.0) / 2), 0.0)
-        dur = np.where(inter, costs.alpha_inter, costs.alpha_intra) + x + shared
-        dpq[r] = np.where(dpq[r] > start, dpq[r] + shared, dpq[r])      # the bucket lost that much bandwidth
+        if n_inter:
+            shared = np.where(inter, np.minimum(x, np.maximum(dpq[r] - start, 0.0) / 2), 0.0)
+            dur = base + shared
+            dpq[r] = np.where(dpq[r] > start, dpq[r] + shared, dpq[r])  # the bucket lost that much bandwidth
+        else:
+            dur = base
         nic[r] = start + dur
-        n_inter = int(inter.sum())
         nic_bytes += costs.p2p_bytes * n_inter
         nvlink += costs.p2p_bytes * (inter.size - n_inter)
         record(r, f"send to stage {dst_stage}", "pp", start, start + dur)
@@ -217,8 +241,8 @@ def simulate_step(tp: int, pp: int, dp: int, microbatches: int, layers: int, cos
                 if s.kind == "F":
                     if vs == 0 and costs.tp_embedding:
                         t = tp_collective(r, t, costs.tp_embedding, costs.tp_head_bytes[0], "tp embedding all-reduce")
-                    for _ in range(per_chunk):
-                        t = layer_pass(r, t, costs.fwd_layer, costs.tp_per_fwd if tp > 1 else 0, f"F{s.microbatch}")
+                    t = layer_pass(r, t, costs.fwd_layer, costs.tp_per_fwd if tp > 1 else 0, f"F{s.microbatch}",
+                                   per_chunk)
                     if vs == stages - 1 and costs.fwd_logits:
                         t = layer_pass(r, t, costs.fwd_logits, 0, f"F{s.microbatch} logits")
                         if costs.tp_head_fwd:
@@ -231,11 +255,13 @@ def simulate_step(tp: int, pp: int, dp: int, microbatches: int, layers: int, cos
                         t = layer_pass(r, t, costs.bwd_logits, 0, f"B{s.microbatch} logits")
                         if costs.tp_head_bwd:
                             t = tp_collective(r, t, costs.tp_head_bwd, costs.tp_head_bytes[2], "tp logits all-reduce")
-                    final = last_b[r][s.chunk] == pos[r]
-                    for _ in range(per_chunk):
-                        t = layer_pass(r, t, costs.bwd_layer, costs.tp_per_bwd if tp > 1 else 0, f"B{s.microbatch}")
-                        if (final or costs.dp_rounds > 1) and costs.dp_overlap:
+                    n_bwd = costs.tp_per_bwd if tp > 1 else 0
+                    if (last_b[r][s.chunk] == pos[r] or costs.dp_rounds > 1) and costs.dp_overlap:
+                        for _ in range(per_chunk):                  # a bucket after each layer
+                            t = layer_pass(r, t, costs.bwd_layer, n_bwd, f"B{s.microbatch}")
                             dp_bucket(r, t, costs.dp_layer, costs.dp_bytes_layer)
+                    else:
+                        t = layer_pass(r, t, costs.bwd_layer, n_bwd, f"B{s.microbatch}", per_chunk)
                     if vs > 0:
                         inbox[("B", vs - 1, s.microbatch)] = send(r, t, (vs - 1) % pp)
                 record(r, f"{s.kind}{s.microbatch}" + (f".{s.chunk}" if v > 1 else ""), "slot", t_slot, t)
