@@ -56,23 +56,30 @@ def _fit(hw: Hardware, op: str, algo: str, p: int, stride: int) -> tuple[float, 
 
     Up to :data:`SIMULATED` devices, from the event simulation on the hardware's topology, with as many
     rails out of a node as the group has members there (NCCL's channels each take their own NIC), at two
-    sizes (time is linear in bytes for a fixed schedule). A larger group (the data-parallel group of a 16k-GPU run) would cost the simulation
-    O(p²) messages, so it is extrapolated from the simulated groups of SIMULATED/2 and SIMULATED devices at
+    sizes (time is linear in bytes for a fixed schedule). A larger group (the data-parallel group of a
+    16k-GPU run) would cost the simulation O(p²) messages, so it is extrapolated from the simulated groups of
+    SIMULATED/2 and SIMULATED devices at
     the same stride: a ring's latency grows linearly in its p - 1 steps and its bandwidth term as
     (p - 1)/p; a tree's latency and its pipelined bandwidth term by what one more level of depth (log2 p)
     added between the two simulated sizes."""
+    return _fit_links(hw.topology(), hw.gpus_per_node, hw.multi_rail, op, algo, p, stride)
+
+
+@lru_cache(maxsize=4096)
+def _fit_links(topo, gpus_per_node: int, multi_rail: bool, op: str, algo: str, p: int, stride: int):
+    """:func:`_fit` by what it depends on, the links: hardware that differs only in compute (a calibration
+    grid's efficiencies) shares the simulations."""
     if p > SIMULATED:
-        a1, b1 = _fit(hw, op, algo, SIMULATED // 2, stride)
-        a2, b2 = _fit(hw, op, algo, SIMULATED, stride)
+        a1, b1 = _fit_links(topo, gpus_per_node, multi_rail, op, algo, SIMULATED // 2, stride)
+        a2, b2 = _fit_links(topo, gpus_per_node, multi_rail, op, algo, SIMULATED, stride)
         if algo in TREES:
             steps = math.log2(p) - math.log2(SIMULATED)          # tree depth added (the two sizes differ by 1)
             return a2 + (a2 - a1) * steps, b2 + (b2 - b1) * steps
         per = (a2 - a1) / (SIMULATED - SIMULATED // 2)
         return a2 + per * (p - SIMULATED), b2 * ((p - 1) / p) / ((SIMULATED - 1) / SIMULATED)
-    topo = hw.topology()
     # NCCL runs one ring (channel) per NIC: with c members of the group on a node, the hop that leaves the
     # node is c rails wide, not one NIC (the node's total still caps it); netmorph's own ring takes one
-    c = max(1, min(p, hw.gpus_per_node // stride)) if stride < hw.gpus_per_node and hw.multi_rail else 1
+    c = max(1, min(p, gpus_per_node // stride)) if stride < gpus_per_node and multi_rail else 1
     if c > 1:
         topo = dataclasses.replace(topo, beta_inter=topo.beta_inter / c)
     placement = [i * stride for i in range(p)]
@@ -297,7 +304,8 @@ def step_time(model: ModelShape, c: Layout, hw: Hardware) -> dict:
         # the parts add up: matmul + elementwise + TP + CP + MoE + PP (m microbatches) + bubble + the rest
         "compute_s": m * (gemm + elementwise), "matmul_s": m * gemm, "elementwise_s": m * elementwise,
         "bubble_s": pipeline - m * per_mb,
-        "comm_s": {"tensor_parallel": m * tp_comm + sp_grads, "context_parallel": m * cp_comm, "expert_parallel": m * moe_comm,
+        "comm_s": {"tensor_parallel": m * tp_comm + sp_grads, "context_parallel": m * cp_comm,
+                   "expert_parallel": m * moe_comm,
                    "pipeline_p2p": m * pp_comm, "data_parallel": dp_exposed, "zero3_gather": zero3},
         "optimizer_s": optimizer,
     }
