@@ -29,6 +29,9 @@ def calibrate(world: int = 4, backend: str = "local", dtype: str = "float32", in
         raise UsageError("{inter_mbps}: links are emulated on the local fabric only; use --backend local",
                          "inter_mbps")
     shapes = gemm_shapes(**({"hidden": tuple(hidden)} if hidden else {}))
+    # counting an autograd chain's operators enters a TorchDispatchMode, which imports torch._dynamo (1.4 s of
+    # a core): once here, inherited by every rank forked below, instead of once in each of them
+    import torch._dynamo  # noqa: F401
     alone = launch(compute_rank, 1, shapes, dtype, window, timeout=timeout)[0]
     on_phase(PHASES[0])
     busy_ranks = launch(compute_rank, world, shapes, dtype, window, timeout=timeout)

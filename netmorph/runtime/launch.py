@@ -124,6 +124,14 @@ def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults
         conn.close()
 
 
+def _warm_imports() -> None:
+    """Import once, before the fork, what torch imports lazily inside every rank: autograd's first backward
+    from a given gradient (a pipeline stage's ``out.backward(g)``) imports its symbolic-shape machinery and
+    sympy, 0.6 s of one core in each rank that would otherwise pay it (forkserver's ``preload``, by hand)."""
+    if "torch" in sys.modules:
+        import torch.fx.experimental.symbolic_shapes  # noqa: F401
+
+
 def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0, faults=(),
            topology=None, slow_links=None, ledger: bool = False, arena_bytes: int | None = None,
            fingerprints: bool = True, elastic: bool = False, **kwargs):
@@ -163,6 +171,7 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
     if (topology is not None or slow_links) and backend != "local":
         raise UsageError("link emulation (topology=, slow_links=) needs {backend} 'local'", "backend")
     ctx = mp.get_context("fork")
+    _warm_imports()
     fabric = None
     if backend == "local":
         from netmorph.runtime.transport.shm import ShmFabric
