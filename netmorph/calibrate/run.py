@@ -3,6 +3,8 @@ once, then the links -- and the profile built from them (:mod:`netmorph.calibrat
 
 from __future__ import annotations
 
+import importlib
+
 from netmorph.calibrate.compute import WINDOW, compute_rank, gemm_shapes, overlap_rank
 from netmorph.calibrate.links import LOAD_S, RING_SIZES, SIZES, fit, fit_ring, pingpong_rank, ring_rank
 from netmorph.calibrate.profile import build
@@ -31,7 +33,7 @@ def calibrate(world: int = 4, backend: str = "local", dtype: str = "float32", in
     shapes = gemm_shapes(**({"hidden": tuple(hidden)} if hidden else {}))
     # counting an autograd chain's operators enters a TorchDispatchMode, which imports torch._dynamo (1.4 s of
     # a core): once here, inherited by every rank forked below, instead of once in each of them
-    import torch._dynamo  # noqa: F401
+    importlib.import_module("torch._dynamo")
     alone = launch(compute_rank, 1, shapes, dtype, window, timeout=timeout)[0]
     on_phase(PHASES[0])
     busy_ranks = launch(compute_rank, world, shapes, dtype, window, timeout=timeout)

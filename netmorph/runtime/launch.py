@@ -129,7 +129,7 @@ def _warm_imports() -> None:
     from a given gradient (a pipeline stage's ``out.backward(g)``) imports its symbolic-shape machinery and
     sympy, 0.6 s of one core in each rank that would otherwise pay it (forkserver's ``preload``, by hand)."""
     if "torch" in sys.modules:
-        import torch.fx.experimental.symbolic_shapes  # noqa: F401
+        importlib.import_module("torch.fx.experimental.symbolic_shapes")
 
 
 def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0, faults=(),
