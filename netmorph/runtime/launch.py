@@ -128,7 +128,7 @@ def _warm_imports() -> None:
     """Import once, before the fork, what torch imports lazily inside every rank: autograd's first backward
     from a given gradient (a pipeline stage's ``out.backward(g)``) imports its symbolic-shape machinery and
     sympy, 0.6 s of one core in each rank that would otherwise pay it (forkserver's ``preload``, by hand)."""
-    if "torch" in sys.modules:
+    if sys.modules.get("torch") is not None:              # imported, and not blocked (None)
         importlib.import_module("torch.fx.experimental.symbolic_shapes")
 
 
