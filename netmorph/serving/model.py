@@ -87,21 +87,31 @@ class PagedGPT:
         off = pos % self.block_size
         return self.k[layer][blocks, off], self.v[layer][blocks, off]
 
-    def attend(self, layer: int, items, sb, so):
+    def reads(self, items) -> list:
+        """Per item of an iteration, what every layer's attention reads: (its new tokens' start in the batch,
+        their count, the block and offset of each position 0 .. first + n through its block table, and the
+        causal mask (n, first + n), or None for one new token, which sees every position)."""
+        out, start = [], 0
+        for tokens, first, _, table in items:
+            n = len(tokens)
+            pos = torch.arange(first + n)
+            blocks = torch.as_tensor(table, dtype=torch.long)[pos // self.block_size]
+            mask = None if n == 1 else pos[None, :] <= (first + torch.arange(n))[:, None]
+            out.append((start, n, blocks, pos % self.block_size, mask))
+            start += n
+        return out
+
+    def attend(self, layer: int, reads, sb, so):
         """Layer ``layer``'s attention backend for one iteration: write every new token's key and value into
         its slot (block ``sb``, offset ``so``), then each sequence's queries over its keys and values gathered
         through its block table (positions 0 .. first + n of that sequence, wherever their blocks lie)."""
         def attend(q, k, v):                                               # each (1, nh, N, hd)
-            self.k[layer][sb, so] = k[0].transpose(0, 1)                   # (N, nh, hd)
-            self.v[layer][sb, so] = v[0].transpose(0, 1)
-            out, start = [], 0
-            for tokens, first, _, table in items:
-                n = len(tokens)
-                kk, vv = self.gather(layer, table, first + n)              # (first+n, nh, hd)
-                mask = torch.arange(first + n)[None, :] <= (first + torch.arange(n))[:, None]   # (n, first+n)
-                out.append(F.scaled_dot_product_attention(q[0, :, start:start + n], kk.transpose(0, 1),
-                                                          vv.transpose(0, 1), attn_mask=mask))  # (nh, n, hd)
-                start += n
+            kc, vc = self.k[layer], self.v[layer]
+            kc[sb, so] = k[0].transpose(0, 1)                              # (N, nh, hd)
+            vc[sb, so] = v[0].transpose(0, 1)
+            out = [F.scaled_dot_product_attention(q[0, :, start:start + n], kc[blocks, off].transpose(0, 1),
+                                                  vc[blocks, off].transpose(0, 1), attn_mask=mask)
+                   for start, n, blocks, off, mask in reads]               # each (nh, n, hd)
             return torch.cat(out, dim=1).unsqueeze(0)                      # (1, nh, N, hd)
         return attend
 
@@ -116,8 +126,9 @@ class PagedGPT:
         sb = torch.tensor([b for b, _ in slots], dtype=torch.long)
         so = torch.tensor([o for _, o in slots], dtype=torch.long)
         x = (self.wte[toks] + self.wpe[pos]).unsqueeze(1)                  # (N, 1, h): the batch is one sequence
+        reads = self.reads(items)
         for i, blk in enumerate(self.blocks):
-            x = blk(x, self.attend(i, items, sb, so))                      # (N, 1, h)
+            x = blk(x, self.attend(i, reads, sb, so))                      # (N, 1, h)
             if blk.moe is not None:
                 blk.stats.clear()                                          # the router's log: training's, not ours
                 blk.aux.clear()
