@@ -14,7 +14,7 @@ import numpy as np
 from netmorph.files import save_figure
 from netmorph.report.collectives import COLORS
 from netmorph.report.html import Section
-from netmorph.tour.fabric import EMU_ALGOS, EMU_SIZES, LAB, LOCAL, SIZES, WORLDS, Fabric
+from netmorph.tour.fabric import EMU_ALGOS, EMU_SIZES, LAB, LOCAL, WORLDS, Fabric
 from netmorph.units import fmt_bytes
 
 
@@ -23,22 +23,22 @@ def build_section(res: Fabric, out_dir) -> Section:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    bw, copy, pts = res.busbw, res.memcpy_gbps, res.emulated
+    bw, copy, pts, sizes = res.busbw, res.memcpy_gbps, res.emulated, res.sizes
     fig, axes = plt.subplots(1, len(WORLDS), figsize=(13, 4.8), sharey=True)
     ratios = {}
     for ax, p in zip(axes, WORLDS):
         rows = bw[p]
         for a in LOCAL:
             ys = [r["busbw_gbps"] for r in rows if r["algo"] == a and r["backend"] == "local"]
-            ax.plot(SIZES, ys, "o-", color=COLORS[a], label=f"netmorph local: {a}")
+            ax.plot(sizes, ys, "o-", color=COLORS[a], label=f"netmorph local: {a}")
         gl = [r["busbw_gbps"] for r in rows if r["backend"] == "torch-native"]
-        ax.plot(SIZES, gl, "s--", color="black", label="torch.distributed gloo")
+        ax.plot(sizes, gl, "s--", color="black", label="torch.distributed gloo")
         ax.axhline(copy, ls=":", color="gray", lw=2, label="memcpy, one core, out of cache")
-        best_local = max(r["busbw_gbps"] for r in rows if r["backend"] == "local" and r["bytes"] == SIZES[-1])
+        best_local = max(r["busbw_gbps"] for r in rows if r["backend"] == "local" and r["bytes"] == sizes[-1])
         ratios[p] = (best_local, gl[-1])
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_xticks(SIZES, [fmt_bytes(n).replace(" ", "") for n in SIZES])
+        ax.set_xticks(sizes, [fmt_bytes(n).replace(" ", "") for n in sizes])
         ax.set_xlabel("all-reduce size (float32)")
         ax.set_title(f"world {p} on this machine", fontsize=10)
         ax.grid(True, alpha=0.3)
@@ -73,7 +73,7 @@ def build_section(res: Fabric, out_dir) -> Section:
 <p>The schedules of the previous section run here on real OS processes. The local fabric moves messages through
 shared memory: per pair of ranks a ring of slots (NCCL's SHM transport FIFO); buffers allocated with
 <code>comm.alloc</code> (registered memory, like <code>ncclMemAlloc</code>) are read by peers in place, so each byte
-moves once. At {fmt_bytes(SIZES[-1])}: {ratio_txt}. {_cores_note(max(ratios, default=1), res.cores)}</p>
+moves once. At {fmt_bytes(sizes[-1])}: {ratio_txt}. {_cores_note(max(ratios, default=1), res.cores)}</p>
 <p>Below, the fabric imposes the α and β of an emulated two-level topology ({LAB.description}) on every message,
 and the measured time of each schedule is set against the event simulation's prediction. Mean absolute error
 {100 * float(np.mean(err)):.0f}%; what the model leaves out is the Python cost of each round and the receive port
@@ -82,7 +82,7 @@ and the measured time of each schedule is set against the event simulation's pre
 {rows_html}</table>
 <p>Reproduce: <code>netmorph bench allreduce --world 4 -b 16M -e 16M</code>; <code>python benchmarks/fabric.py</code>.</p>
 """
-    summary = [f"{fmt_bytes(SIZES[-1])} all-reduce busbw, " + ratio_txt,
+    summary = [f"{fmt_bytes(sizes[-1])} all-reduce busbw, " + ratio_txt,
                f"emulated {LAB.name}: measured vs predicted, mean |error| {100 * float(np.mean(err)):.0f}% "
                f"over {len(pts)} (algorithm, size) pairs"]
     return Section("Real ranks: the shared-memory fabric, gloo, and the model", html,

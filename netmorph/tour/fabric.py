@@ -30,6 +30,7 @@ class Fabric:
     memcpy_gbps: float          # one core's copy bandwidth, out of cache: the bound drawn beside them
     emulated: list              # (algorithm, bytes, measured s, predicted s) on LAB
     cores: int                  # this machine's
+    sizes: list                 # of the busbw sweep: SIZES (``quick``: without the largest)
 
 
 def _emulated(comm, sizes, algo, reps):
@@ -51,17 +52,19 @@ def _emulated(comm, sizes, algo, reps):
 
 def run(tick=lambda: None, quick: bool = False) -> Fabric:
     """nccl-tests' sweep on 2 and 4 ranks (local fabric, gloo), then every schedule on the emulated cluster;
-    ``quick``: 3 timed iterations after 1 warm-up (8 after 2), the best of 2 emulated all-reduces (of 3)."""
+    ``quick``: 3 timed iterations after 1 warm-up (8 after 2), sizes up to 2 MiB (16 MiB, more than half the
+    sweep's time), the best of 2 emulated all-reduces (of 3)."""
     iters, warmup, reps = (3, 1, 2) if quick else (8, 2, 3)
+    sizes = SIZES[:-1] if quick else SIZES
     from netmorph.runtime.bench import Case, measure, memcpy_bandwidth
     from netmorph.runtime.launch import launch
 
     bw = {}
     for p in WORLDS:
-        rows = measure([Case("allreduce", a, n) for n in SIZES for a in LOCAL], p, "local", iters=iters,
+        rows = measure([Case("allreduce", a, n) for n in sizes for a in LOCAL], p, "local", iters=iters,
                        warmup=warmup, in_place_only=True)
         tick()
-        rows += measure([Case("allreduce", "native", n) for n in SIZES], p, "torch-native", iters=iters,
+        rows += measure([Case("allreduce", "native", n) for n in sizes], p, "torch-native", iters=iters,
                         warmup=warmup, in_place_only=True)
         tick()
         bw[p] = rows
@@ -72,4 +75,4 @@ def run(tick=lambda: None, quick: bool = False) -> Fabric:
         for k, n in enumerate(EMU_SIZES):
             pts.append((a, n, max(r[k] for r in per_rank), predict("allreduce", a, 4, n, LAB).time))
         tick()
-    return Fabric(bw, copy, pts, os.cpu_count() or 1)
+    return Fabric(bw, copy, pts, os.cpu_count() or 1, sizes)
