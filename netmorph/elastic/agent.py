@@ -9,8 +9,22 @@ import time
 from netmorph.elastic.detector import FixedTimeout, PhiAccrual
 from netmorph.elastic.heartbeat import Monitor, fence
 from netmorph.elastic.membership import agree_after_loss
+from netmorph.runtime.faults import Fault
 
 HEARTBEAT = 0.05                 # seconds between a worker's heartbeats
+
+
+def arm_faults(comm, kill_at=None, hang_at=None):
+    """``arm(done)``, called before step ``done`` runs: the kill (SIGKILL) or hang (a stop that never returns,
+    its start posted for the detector's figures) set for that step, at this member's next communication call
+    -- its first gradient bucket, mid-backward."""
+    def arm(done):
+        if done == kill_at:
+            comm.faults.append(Fault("kill", comm.rank, comm.ops + 1))
+        if done == hang_at:
+            comm.store.set(f"netmorph/hung/{comm.slot}", repr(time.monotonic()))
+            comm.faults.append(Fault("stop", comm.rank, comm.ops + 1))
+    return arm
 
 
 def fence_hung(comm, view, cfg, among=None):

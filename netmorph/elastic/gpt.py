@@ -25,14 +25,13 @@ import time
 
 import numpy as np
 
-from netmorph.elastic.agent import HEARTBEAT, admit, admitted, agree, fence_hung
+from netmorph.elastic.agent import HEARTBEAT, admit, admitted, agree, arm_faults, fence_hung
 from netmorph.elastic.heartbeat import Heartbeat, publish_pid
 from netmorph.elastic.membership import Rendezvous
 from netmorph.mesh.shape import ModelShape
 from netmorph.parallel.flat import flat_offsets
 from netmorph.parallel.hybrid import TrainConfig, train_rank
 from netmorph.parallel.run import reference as one_rank
-from netmorph.runtime.faults import Fault
 from netmorph.runtime.transport import PeerLost, PeerTimeout
 
 MODEL = ModelShape(layers=2, hidden=32, heads=2, seq=16, vocab=64)     # small: a step is tens of milliseconds
@@ -77,13 +76,7 @@ def gpt_rank(comm, cfg):
     commits = {}
     saved = {step: state}          # Horovod Elastic's state.commit() every commit_every steps (and at a join)
 
-    def arm(done):
-        """Before step ``done`` runs: the kill or hang set for it, at this member's next communication call."""
-        if done == dies_at:
-            comm.faults.append(Fault("kill", comm.rank, comm.ops + 1))
-        if done == hangs_at:
-            comm.store.set(f"netmorph/hung/{me}", repr(time.monotonic()))
-            comm.faults.append(Fault("stop", comm.rank, comm.ops + 1))
+    arm = arm_faults(comm, dies_at, hangs_at)
 
     def commit(done, snapshot, loss):
         commits[done] = snapshot()

@@ -18,11 +18,11 @@ import time
 import numpy as np
 
 from netmorph.elastic import gpt
+from netmorph.elastic.agent import arm_faults
 from netmorph.elastic.train import ElasticConfig, _grad_loss, global_batch, problem
 from netmorph.files import write_text
 from netmorph.parallel.hybrid import train_rank
 from netmorph.runtime import LaunchError, launch
-from netmorph.runtime.faults import Fault
 
 
 def _restart_rank(comm, cfg: ElasticConfig, start: int, w0, ckpt_dir: str, attempt: int):
@@ -54,9 +54,7 @@ def _restart_gpt_rank(comm, cfg: ElasticConfig, start: int, state, ckpt_dir: str
     dies_at = {r: s for r, s in cfg.kills if s >= start}.get(me)
     dies_at = dies_at if dies_at is not None and attempt == _attempt_of(cfg, me) else None
 
-    def arm(done):
-        if done == dies_at:                           # at its next communication call: mid-backward
-            comm.faults.append(Fault("kill", me, comm.ops + 1))
+    arm = arm_faults(comm, dies_at)
 
     def commit(done, snapshot, loss):
         if me == 0:

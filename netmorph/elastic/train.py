@@ -240,8 +240,8 @@ def train(cfg: ElasticConfig, check: bool = False) -> dict:
     cfg.check()
     t0 = time.monotonic()
     world = cfg.workers + sum(n for n, _ in cfg.joins)
-    results, deaths = launch(gpt.gpt_rank if cfg.job == "gpt" else rank_fn, world, cfg, elastic=True,
-                             timeout=cfg.timeout)
+    member, one_rank = (gpt.gpt_rank, gpt.reference) if cfg.job == "gpt" else (rank_fn, reference)
+    results, deaths = launch(member, world, cfg, elastic=True, timeout=cfg.timeout)
     wall = time.monotonic() - t0
     survivors = [r for r in results if r is not None]
     first = max(survivors, key=lambda r: len(r["losses"]))        # a member since step 0
@@ -275,7 +275,7 @@ def train(cfg: ElasticConfig, check: bool = False) -> dict:
            "losses": losses, "wall_s": wall, "dead": sorted(died),
            "timeline": [(t - t0, step, n) for t, step, n in first["timeline"]]}
     if check:
-        ref_losses, ref_w = (gpt.reference if cfg.job == "gpt" else reference)(cfg)
+        ref_losses, ref_w = one_rank(cfg)
         out["reference_losses"] = ref_losses
         out["max_rel_loss_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
         out["max_rel_param_diff"] = max(float(np.max(np.abs(r["w"] - ref_w)) / np.max(np.abs(ref_w)))
