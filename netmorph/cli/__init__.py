@@ -124,6 +124,29 @@ def exact_int(text: str) -> int:
     return x
 
 
+def int_in(lo: int, hi: int, shown: str | None = None):
+    """An argparse type: an int flag in lo..hi, refused at parse time with its range (``shown``: the range as
+    the help writes it, e.g. ``1..2**30``)."""
+    def check(text: str) -> int:
+        x = exact_int(text)
+        if not lo <= x <= hi:
+            raise argparse.ArgumentTypeError(f"must be in {shown or f'{lo}..{hi}'}, got {text}")
+        return x
+    check.__name__ = "int"
+    return check
+
+
+def float_in(lo: float, hi: float, open_low: bool = False):
+    """An argparse type: a finite float flag in [lo, hi] (``open_low``: (lo, hi]), refused at parse time."""
+    def check(text: str) -> float:
+        x = finite_float(text)
+        if not (lo < x if open_low else lo <= x) or x > hi:
+            raise argparse.ArgumentTypeError(f"must be in {'(' if open_low else '['}{lo:g}, {hi:g}], got {text}")
+        return x
+    check.__name__ = "float"
+    return check
+
+
 def seed_int(text: str) -> int:
     """A --seed: what numpy's and torch's generators take, 0..2**32-1."""
     x = exact_int(text)

@@ -20,7 +20,7 @@ import io
 import json
 import sys
 
-from netmorph.cli import add_timeout
+from netmorph.cli import add_timeout, int_in
 from netmorph.collectives import ALGORITHMS, ROOTED, canonical_op, check_algo
 from netmorph.errors import MissingPackage, UsageError, require
 from netmorph.runtime.env import torchrun_rank, torchrun_world
@@ -53,11 +53,11 @@ def add_parser(sub) -> None:
     p.add_argument("-i", "--stepbytes", default="1M", help="add this between sizes (default 1M) unless -f")
     p.add_argument("-f", "--stepfactor", type=int, default=1, help="multiply the size by this between rows (default "
                                                                    "1: off, -i steps)")
-    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations (default 20)")
-    p.add_argument("-w", "--warmup_iters", "--warmup", dest="warmup", type=int, default=1,
+    p.add_argument("-n", "--iters", type=int_in(1, 100_000), default=20, help="timed iterations (default 20)")
+    p.add_argument("-w", "--warmup_iters", "--warmup", dest="warmup", type=int_in(0, 100_000), default=1,
                    help="untimed iterations (default 1)")
-    p.add_argument("-c", "--check", type=int, default=1, help="checked runs on fresh data after the timed ones; "
-                                                              "0: none (#wrong N/A) (default 1)")
+    p.add_argument("-c", "--check", type=int_in(0, 1000), default=1,
+                   help="checked runs on fresh data after the timed ones; 0: none (#wrong N/A) (default 1)")
     p.add_argument("-o", "--op", dest="redop", default="sum", help=f"reduction: {'/'.join(OPS)}/all (default sum)")
     p.add_argument("-d", "--datatype", "--dtype", dest="dtype", default="float",
                    help=f"{'/'.join(NCCL_TYPES)}/all (default float)")
@@ -157,8 +157,6 @@ def run(args) -> int:
         raise UsageError(f"--world must be >= 1, got {args.world}")
     if args.world > 64 and job is None:
         raise UsageError(f"--world {args.world}: this launches one process per rank; keep it <= 64 on one machine")
-    if not 1 <= args.iters <= 100_000 or not 0 <= args.warmup <= 100_000 or not 0 <= args.check <= 1000:
-        raise UsageError("-n/--iters must be in 1..100000, -w/--warmup_iters in 0..100000, -c/--check in 0..1000")
     types, ops, roots = plan(args, op)
     gloo_lacks = any(t in NO_GLOO for t in types)         # asked for: gloo's runs leave them out
     if args.backend != "local":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
+from netmorph.cli import int_in
 from netmorph.collectives import ALGORITHMS, ROOTED, canonical_op, check_algo
 from netmorph.cost.topology import PRESETS, load_topology
 from netmorph.cost.record import record
@@ -30,7 +31,8 @@ def add_parser(sub) -> None:
                     "algbw, busbw, plus rounds, messages, bytes on the wire and bytes sent per rank.")
     p.add_argument("op", help="allreduce, allgather, reduce_scatter, broadcast, reduce or alltoall")
     p.add_argument("--algo", default="all", help="algorithm name, auto (the tuner's pick) or all (default)")
-    p.add_argument("--world", "-p", type=int, required=True, help="number of ranks")
+    p.add_argument("--world", "-p", type=int_in(1, 16384), required=True,
+                   help="number of ranks (1..16384; benchmarks/scale.py times larger rings)")
     size = p.add_mutually_exclusive_group(required=True)
     size.add_argument("--bytes", "-b", help="message size, e.g. 8MiB, 1GB, 4096 (nccl-tests' convention per op)")
     size.add_argument("--sizes", help="sweep MIN:MAX in powers of two, e.g. 1KiB:1GiB")
@@ -41,7 +43,8 @@ def add_parser(sub) -> None:
     p.add_argument("--gamma", type=float, help="flat topology: reduction seconds per byte (default 0)")
     p.add_argument("--dtype", default="float", help=f"element type ({', '.join(DTYPES)}; default float)")
     p.add_argument("--root", type=int, default=0, help="root rank for broadcast and reduce (default 0)")
-    p.add_argument("--segments", type=int, help="double_binary_tree: pipeline each half in N segments (default 1)")
+    p.add_argument("--segments", type=int_in(1, 1024),
+                   help="double_binary_tree: pipeline each half in N segments (default 1)")
     p.add_argument("--formula", action="store_true", help="print the closed form under each row, evaluated")
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per (algorithm, size)")
     p.set_defaults(run=run, flags=FLAGS)
@@ -64,8 +67,6 @@ def _topology(args):
 
 def run(args) -> int:
     op = canonical_op(args.op)
-    if not 1 <= args.world <= 16384:
-        raise UsageError(f"--world must be in 1..16384, got {args.world} (benchmarks/scale.py times larger rings)")
     dtype, itemsize = parse_dtype(args.dtype)
     sizes = [parse_size(args.bytes)] if args.bytes is not None else parse_size_range(args.sizes)
     for n in sizes:
@@ -77,8 +78,6 @@ def run(args) -> int:
         raise UsageError(f"--root must be in 0..{args.world - 1}, got {args.root}")
     kw = {"root": args.root} if op in ROOTED else {}
     if args.segments is not None:
-        if not 1 <= args.segments <= 1024:
-            raise UsageError(f"--segments must be in 1..1024, got {args.segments}")
         if op != "allreduce" or (mode not in ("all", "auto") and algos != ["double_binary_tree"]):
             raise UsageError("--segments applies only to allreduce --algo double_binary_tree (or all/auto)")
     topo = _topology(args)

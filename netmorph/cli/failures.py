@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from netmorph.cli import plot_file
+from netmorph.cli import float_in, int_in, plot_file
 from netmorph.errors import UsageError
 
 FLAGS = {}
@@ -18,7 +18,7 @@ def add_parser(sub) -> None:
                                    "prints the expected interruptions, the optimal checkpoint interval, and the "
                                    "useful fraction of wall time for torchrun-style restart from a checkpoint and "
                                    "for in-place recovery, each in closed form and simulated.")
-    p.add_argument("--gpus", type=int, default=16384, help="GPUs in the job (default 16384)")
+    p.add_argument("--gpus", type=int_in(1, 10**7), default=16384, help="GPUs in the job (default 16384)")
     p.add_argument("--job-mtbf", metavar="DURATION", help="mean time between job interruptions, e.g. 3.1h")
     p.add_argument("--per-gpu-mtbf", metavar="DURATION",
                    help="one GPU's MTBF (the job's is this / --gpus); default: Llama 3's, from 419 interruptions "
@@ -34,11 +34,13 @@ def add_parser(sub) -> None:
                         "on local ranks)")
     p.add_argument("--step-time", default="10s", metavar="DURATION",
                    help="one training step: in place redoes at most this (default 10s)")
-    p.add_argument("--days", type=float, default=54.0, help="wall-clock length of the run (default 54)")
-    p.add_argument("--trials", type=int, default=200, help="Monte-Carlo runs (default 200)")
+    p.add_argument("--days", type=float_in(0, 3650, open_low=True), default=54.0,
+                   help="wall-clock length of the run (default 54)")
+    p.add_argument("--trials", type=int_in(1, 100_000), default=200, help="Monte-Carlo runs (default 200)")
     p.add_argument("--distribution", choices=("exponential", "weibull"), default="exponential",
                    help="times between failures (default exponential; weibull: same mean, --weibull-shape)")
-    p.add_argument("--weibull-shape", type=float, default=0.7, help="Weibull shape k (k < 1: clustered failures)")
+    p.add_argument("--weibull-shape", type=float_in(0.1, 10), default=0.7,
+                   help="Weibull shape k (k < 1: clustered failures)")
     p.add_argument("--seed", type=int, default=0, help="Monte-Carlo seed")
     p.add_argument("--fleet", action="store_true",
                    help="print the published runs' failure statistics (Llama 3, OPT-175B) and what they imply")
@@ -80,14 +82,6 @@ def run(args) -> int:
     from netmorph.failures import daly, fleet, goodput, inplace_goodput, monte_carlo, optimum, young
     if args.fleet:
         return _fleet(fleet(), args.json)
-    if not 1 <= args.gpus <= 10**7:
-        raise UsageError(f"--gpus must be in 1..10000000, got {args.gpus}")
-    if not 0 < args.days <= 3650:
-        raise UsageError(f"--days must be in (0, 3650], got {args.days:g}")
-    if not 1 <= args.trials <= 100_000:
-        raise UsageError(f"--trials must be in 1..100000, got {args.trials}")
-    if not 0.1 <= args.weibull_shape <= 10:
-        raise UsageError(f"--weibull-shape must be in [0.1, 10], got {args.weibull_shape:g}")
     if args.job_mtbf and args.per_gpu_mtbf:
         raise UsageError("give --job-mtbf or --per-gpu-mtbf, not both")
     if args.job_mtbf:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from netmorph.cli import int_in
 from netmorph.mesh import DIMS, Mesh
 
 
@@ -11,7 +12,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("mesh", help="print the tp/cp/ep/dp/pp groups of a rank grid",
                        description="Lay out --world ranks on a named grid (tp innermost, Megatron's "
                                    "tp-cp-ep-dp-pp order) and print the groups along each dimension.")
-    p.add_argument("--world", "-p", type=int, required=True, help="ranks in the grid")
+    p.add_argument("--world", "-p", type=int_in(1, 1 << 20, "1..2**20"), required=True, help="ranks in the grid")
     for d in ("tp", "pp", "cp", "ep"):
         p.add_argument(f"--{d}", type=int, default=1, help=f"{d.upper()} size (default 1)")
     p.add_argument("--dp", type=int, help="DP size (default: world / (tp*cp*ep*pp))")
@@ -22,9 +23,6 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    if not 1 <= args.world <= 1 << 20:
-        from netmorph.errors import UsageError
-        raise UsageError(f"--world must be in 1..{1 << 20}, got {args.world}")
     m = Mesh(args.world, tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, ep=args.ep, order=args.order)
     if args.rank is not None and not 0 <= args.rank < args.world:
         from netmorph.errors import UsageError

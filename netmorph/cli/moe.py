@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from netmorph.cli import add_timeout, plot_file
+from netmorph.cli import add_timeout, float_in, plot_file
 from netmorph.errors import UsageError, require
 from netmorph.runtime.env import torchrun_world
 
@@ -31,7 +31,8 @@ def add_parser(sub) -> None:
     r.add_argument("--pp", "--pipeline-model-parallel-size", type=int, default=1, help="pipeline stages")
     r.add_argument("--world", type=int, help="processes; must equal ep x dp x tp x pp (the default)")
     r.add_argument("--top-k", "--moe-router-topk", type=int, default=2, help="experts per token k (default 2)")
-    r.add_argument("--capacity-factor", "--moe-expert-capacity-factor", type=float, default=1.25,
+    r.add_argument("--capacity-factor", "--moe-expert-capacity-factor", type=float_in(0, 1e3, open_low=True),
+                   default=1.25,
                    help="C = ceil(k*T/E * CF) per expert per rank (default 1.25)")
     r.add_argument("--dropless", action="store_true", help="no capacity: every assignment is kept (MegaBlocks)")
     r.add_argument("--drop-policy", "--moe-token-drop-policy", default="position", choices=("position", "probs"),
@@ -203,8 +204,6 @@ def _drops(args) -> int:
             raise UsageError(f"--{name.replace('_', '-')} must be in {lo}..{hi}, got {v}")
     if args.top_k > args.experts:
         raise UsageError(f"--top-k {args.top_k} > --experts {args.experts}")
-    if not 0 < args.capacity_factor <= 1e3:
-        raise UsageError(f"--capacity-factor must be in (0, 1000], got {args.capacity_factor}")
     if args.tokens * args.experts * args.trials > 4e9:
         raise UsageError("--tokens x --experts x --trials is more than 4e9 draws; lower --trials")
     cap = capacity(args.tokens, args.experts, args.top_k, args.capacity_factor)

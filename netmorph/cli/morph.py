@@ -14,7 +14,7 @@ from dataclasses import replace
 import statistics
 import sys
 
-from netmorph.cli import add_timeout, link_mbps, plot_file
+from netmorph.cli import add_timeout, float_in, int_in, link_mbps, plot_file
 from netmorph.errors import UsageError
 
 
@@ -37,15 +37,16 @@ def add_parser(sub) -> None:
                         "holding nothing), seq-grows@STEP[xF] (sequences F (2, 4 or 8; default 2) times longer), "
                         "memory-shrinks@STEP[xF] (each rank's memory 1/F (1/2) of a whole replica's). Default "
                         "link-degrades@40")
-    p.add_argument("--segment", type=int, default=10, help="run: steps between the controller's looks (default 10)")
-    p.add_argument("--static", type=int, default=4,
+    p.add_argument("--segment", type=int_in(2, 10_000), default=10,
+                   help="run: steps between the controller's looks (default 10)")
+    p.add_argument("--static", type=int_in(1, 64), default=4,
                    help="run: how many static layouts to run beside it: the start split, then the best-ranked "
                         "(default 4)")
-    p.add_argument("--compute-ms", type=float, default=40.0,
+    p.add_argument("--compute-ms", type=float_in(0, 1e4), default=40.0,
                    help="run: emulated accelerator time per sequence forward, whole model (default 40)")
     p.add_argument("--inter-node-mbps", type=link_mbps, default=50.0,
                    help="run: the healthy link between the two nodes, MB/s (default 50; inside a node 2 GB/s)")
-    p.add_argument("--checkpoint-every", type=int, default=20,
+    p.add_argument("--checkpoint-every", type=int_in(1, 10_000), default=20,
                    help="run: steps between checkpoints, where a run goes back to when a lost node took state no "
                         "survivor holds (default 20)")
     p.add_argument("--compare", action="store_true",
@@ -79,14 +80,6 @@ def _model(args):
 
 def run(args) -> int:
     # the control loop's flags are checked for either action: a nonsense value is refused, not ignored
-    if not 1 <= args.static <= 64:
-        raise UsageError(f"--static must be in 1..64 (the start split runs static beside the loop), got {args.static}")
-    if not 0 <= args.compute_ms <= 1e4:
-        raise UsageError(f"--compute-ms must be in 0..10000, got {args.compute_ms}")
-    if not 1 <= args.checkpoint_every <= 10000:
-        raise UsageError(f"--checkpoint-every must be in 1..10000, got {args.checkpoint_every}")
-    if not 2 <= args.segment <= 10000:
-        raise UsageError(f"--segment must be in 2..10000, got {args.segment}")
     if args.action == "run":
         return _control(args)
     args.world = 4 if args.world is None else args.world

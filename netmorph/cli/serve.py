@@ -7,7 +7,7 @@ import json
 import math
 import sys
 
-from netmorph.cli import add_timeout
+from netmorph.cli import add_timeout, float_in, int_in
 from netmorph.errors import UsageError
 
 FLAGS = {"kv_blocks": "--kv-blocks", "block_size": "--block-size", "chunked_prefill": "--chunked-prefill",
@@ -22,15 +22,15 @@ def add_parser(sub) -> None:
                                    "throughput, TTFT and TPOT percentiles, KV utilisation and preemptions.")
     p.add_argument("action", nargs="?", default="run", choices=("run", "kv", "roofline"),
                    help="run (default): serve a workload; kv: KV bytes of a real model; roofline: prefill vs decode")
-    p.add_argument("--requests", type=int, default=200, help="generated requests (default 200)")
+    p.add_argument("--requests", type=int_in(1, 100_000), default=200, help="generated requests (default 200)")
     p.add_argument("--arrival", default="poisson:20", help="poisson:RATE requests/s (default poisson:20) or 'all' "
                                                            "(every request at t = 0)")
     p.add_argument("--workload", metavar="JSONL", help="requests from a file: {prompt_len, output_len, arrival_s} "
                                                        "per line")
-    p.add_argument("--shared-prefix", type=float, default=0.0,
+    p.add_argument("--shared-prefix", type=float_in(0, 1), default=0.0,
                    help="fraction of generated requests that start with one common 64-token system prompt")
     p.add_argument("--kv-blocks", type=int, default=512, help="KV-cache blocks in the pool (default 512)")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16, vLLM's)")
+    p.add_argument("--block-size", type=int_in(1, 1 << 16), default=16, help="tokens per block (default 16, vLLM's)")
     p.add_argument("--scheduler", choices=("continuous", "static"), default="continuous",
                    help="continuous (Orca / vLLM iteration-level, default) or static (request-level batches)")
     p.add_argument("--kv", choices=("paged", "contiguous"), default="paged",
@@ -48,14 +48,16 @@ def add_parser(sub) -> None:
                         "one to the other (DistServe / Splitwise), bytes counted")
     p.add_argument("--max-tokens", type=int, default=2048, help="tokens per iteration (default 2048)")
     p.add_argument("--max-seqs", type=int, default=64, help="sequences per iteration (default 64)")
-    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
-    p.add_argument("--n", type=int, default=1, help="parallel samples per request (vLLM's n): forked after the "
-                                                    "prefill, sharing the prompt's blocks (default 1)")
-    p.add_argument("--context", type=int, default=1024, help="the model's context (default 1024)")
-    p.add_argument("--layers", type=int, default=2, help="model layers (default 2)")
-    p.add_argument("--hidden", type=int, default=64, help="model width (default 64)")
-    p.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
-    p.add_argument("--vocab", type=int, default=512, help="vocabulary (default 512)")
+    p.add_argument("--temperature", type=float_in(0, 100), default=0.0, help="sampling temperature (default 0: greedy)")
+    p.add_argument("--n", type=int_in(1, 16), default=1,
+                   help="parallel samples per request (vLLM's n): forked after the prefill, sharing the prompt's "
+                        "blocks (default 1)")
+    p.add_argument("--context", type=int_in(1, 1 << 16, "1..65536"), default=1024,
+                   help="the model's context (default 1024)")
+    p.add_argument("--layers", type=int_in(1, 64), default=2, help="model layers (default 2)")
+    p.add_argument("--hidden", type=int_in(1, 4096), default=64, help="model width (default 64)")
+    p.add_argument("--heads", type=int_in(1, 256), default=4, help="attention heads (default 4)")
+    p.add_argument("--vocab", type=int_in(1, 1 << 20, "1..2**20"), default=512, help="vocabulary (default 512)")
     p.add_argument("--time-model", default="llama-3-8b@a100-80g", metavar="MODEL@HARDWARE|measured",
                    help="price each iteration as MODEL's roofline on HARDWARE (default llama-3-8b@a100-80g: a GPU, "
                         "where a decode batch costs one read of the weights), or 'measured': this model's wall time "
@@ -67,22 +69,21 @@ def add_parser(sub) -> None:
                    "deepseek-v2-lite, ...; netmorph plan --help lists them)")
     p.add_argument("--model-config", metavar="CONFIG.json",
                    help="kv / roofline: a Hugging Face config.json instead of --model (MLA, GQA, MoE as it says)")
-    p.add_argument("--tokens", type=int, default=2048, help="kv: tokens in context (default 2048)")
+    p.add_argument("--tokens", type=int_in(1, 1 << 30, "1..2**30"), default=2048,
+                   help="kv: tokens in context (default 2048)")
     p.add_argument("--hardware", default="a100-80g", help="roofline: a100-80g (default), h100-80g, v100-32g")
-    p.add_argument("--batch", type=int, default=1, help="roofline: sequences per pass (default 1)")
-    p.add_argument("--context-tokens", dest="ctx", type=int, default=512,
+    p.add_argument("--batch", type=int_in(1, 1 << 30, "1..2**30"), default=1,
+                   help="roofline: sequences per pass (default 1)")
+    p.add_argument("--context-tokens", dest="ctx", type=int_in(1, 1 << 30, "1..2**30"), default=512,
                    help="roofline: tokens already in context at the decode step (default 512)")
-    p.add_argument("--prompt", type=int, default=512, help="roofline: prompt tokens of the prefill (default 512)")
+    p.add_argument("--prompt", type=int_in(1, 1 << 30, "1..2**30"), default=512,
+                   help="roofline: prompt tokens of the prefill (default 512)")
     add_timeout(p, 60)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run, flags=FLAGS)
 
 
 def run(args) -> int:
-    # the kv and roofline actions' sizes, checked whichever action runs: a nonsense value is refused, not ignored
-    for k, flag in (("tokens", "--tokens"), ("batch", "--batch"), ("ctx", "--context-tokens"), ("prompt", "--prompt")):
-        if not 1 <= getattr(args, k) <= 1 << 30:
-            raise UsageError(f"{flag} must be in 1..2**30, got {getattr(args, k)}")
     if args.action == "kv":
         return _kv(args)
     if args.action == "roofline":
@@ -92,10 +93,6 @@ def run(args) -> int:
 
 def _kv(args) -> int:
     from netmorph.serving.kv import get_model, kv_table
-    if not 1 <= args.tokens <= 1 << 30:
-        raise UsageError(f"--tokens must be in 1..2**30, got {args.tokens}")
-    if not 1 <= args.block_size <= 1 << 16:
-        raise UsageError(f"--block-size must be in 1..65536, got {args.block_size}")
     out = kv_table(get_model(args.model, args.model_config), args.tokens, args.block_size)
     if args.json:
         print(json.dumps(out))
@@ -144,15 +141,6 @@ def _serve(args) -> int:
     from netmorph.mesh.shape import ModelShape
     from netmorph.serving import workload
     from netmorph.serving.engine import Engine, ServeConfig
-    if not 1 <= args.requests <= 100_000:
-        raise UsageError(f"--requests must be in 1..100000, got {args.requests}")
-    if not 0 <= args.shared_prefix <= 1:
-        raise UsageError(f"--shared-prefix must be a fraction in [0, 1], got {args.shared_prefix:g}")
-    if not 0 <= args.temperature <= 100:
-        raise UsageError(f"--temperature must be in [0, 100], got {args.temperature:g}")
-    for k, hi in (("context", 1 << 16), ("layers", 64), ("hidden", 4096), ("heads", 256), ("vocab", 1 << 20)):
-        if not 1 <= getattr(args, k) <= hi:
-            raise UsageError(f"--{k} must be in 1..{hi}, got {getattr(args, k)}")
     if args.hidden % args.heads:
         raise UsageError(f"--hidden {args.hidden} is not divisible by --heads {args.heads}")
     if args.context < 2:
@@ -161,8 +149,6 @@ def _serve(args) -> int:
         raise UsageError(f"--tp must be in 1..16 and divide --heads {args.heads}, got {args.tp}")
     if args.tp > 1 and (args.time_model == "measured" or args.disaggregate):
         raise UsageError("--tp > 1 needs a priced --time-model (every rank must schedule alike) and no --disaggregate")
-    if not 1 <= args.n <= 16:
-        raise UsageError(f"--n must be in 1..16, got {args.n}")
     if args.n > 1 and args.disaggregate:
         raise UsageError("--n > 1 is not supported with --disaggregate yet")
     if not 0 <= args.check <= args.requests:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from netmorph.cli import add_timeout, pipeline_schedule, trace_file
+from netmorph.cli import add_timeout, float_in, pipeline_schedule, trace_file
 from netmorph.errors import UsageError, require
 from netmorph.runtime.env import torchrun_world
 from netmorph.files import write_json
@@ -59,7 +59,7 @@ def add_parser(sub) -> None:
                    help="expert capacity over the even share, >= 1 (default 1.0; assignments over it drop)")
     r = p.add_argument_group("run")
     r.add_argument("--steps", type=int, default=10, help="optimizer steps (default 10)")
-    r.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate (default 3e-3)")
+    r.add_argument("--lr", type=float_in(0, 100, open_low=True), default=3e-3, help="Adam learning rate (default 3e-3)")
     r.add_argument("--dtype", default="float32", choices=("float32", "float64"),
                    help="parameters and activations (default float32; float64 for exact checks)")
     r.add_argument("--compute-ms", type=float, default=0.0,
@@ -84,8 +84,6 @@ def config_from(args):
     for k in ("layers", "hidden", "heads", "seq", "vocab", "steps"):
         if getattr(args, k) < 1:
             raise UsageError(f"--{k} must be >= 1, got {getattr(args, k)}")
-    if not 0 < args.lr <= 100:
-        raise UsageError(f"--lr must be in (0, 100], got {args.lr:g}")
     job = torchrun_world()
     if job is not None:
         if args.backend == "local":

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
-from netmorph.cli import add_timeout
+from netmorph.cli import add_timeout, int_in
 from netmorph.errors import UsageError, require
 
 FLAGS = {}
@@ -22,9 +22,9 @@ def add_parser(sub) -> None:
     p.add_argument("--world", type=int, default=4, choices=(2, 4, 8), help="ranks (default 4)")
     p.add_argument("--model", action="append", choices=("small", "medium"),
                    help="GPT size: small (4 layers, h 64) and/or medium (8 layers, h 128); default both")
-    p.add_argument("--steps", type=int, default=8,
+    p.add_argument("--steps", type=int_in(3, 1000), default=8,
                    help="steps per layout; the median after the first two (default 8)")
-    p.add_argument("--repeats", type=int, default=1,
+    p.add_argument("--repeats", type=int_in(1, 20), default=1,
                    help="train every layout this many times, in rounds; the median counts, the spread is the "
                         "machine's noise (default 1)")
     p.add_argument("--only", type=int, help="the first N layouts alone (a quick look)")
@@ -37,10 +37,6 @@ def run(args) -> int:
     require("torch", "validate")
     from netmorph.calibrate.validate import MODELS, layouts, summary, validate
     from netmorph.cli.progress import Bar
-    if not 3 <= args.steps <= 1000:
-        raise UsageError(f"--steps must be in 3..1000 (the first two steps are not counted), got {args.steps}")
-    if not 1 <= args.repeats <= 20:
-        raise UsageError(f"--repeats must be in 1..20, got {args.repeats}")
     if args.only is not None and args.only < 1:
         raise UsageError(f"--only must be >= 1, got {args.only}")
     models = tuple(dict.fromkeys(args.model or ("small", "medium")))
