@@ -10,7 +10,7 @@ import sys
 from netmorph.cli import add_timeout, float_in, int_in
 from netmorph.errors import UsageError
 
-FLAGS = {"kv_blocks": "--kv-blocks", "block_size": "--block-size", "chunked_prefill": "--chunked-prefill",
+FLAGS = {"seq": "--context", "kv_blocks": "--kv-blocks", "block_size": "--block-size", "chunked_prefill": "--chunked-prefill",
          "max_tokens": "--max-tokens", "max_seqs": "--max-seqs", "model": "--model", "workload": "--workload"}
 
 
@@ -40,7 +40,7 @@ def add_parser(sub) -> None:
     p.add_argument("--preemption", choices=("recompute", "swap"), default="recompute",
                    help="when the pool runs out: recompute (default) or swap to a host pool")
     p.add_argument("--no-prefix-caching", action="store_true", help="do not share full blocks of common prefixes")
-    p.add_argument("--tp", type=int, default=1,
+    p.add_argument("--tp", type=int_in(1, 16), default=1,
                    help="tensor-parallel ranks (Megatron's split of heads and MLP, 2 all-reduces per layer per "
                         "iteration, counted; needs a priced --time-model)")
     p.add_argument("--disaggregate", metavar="P:D",
@@ -141,12 +141,15 @@ def _serve(args) -> int:
     from netmorph.mesh.shape import ModelShape
     from netmorph.serving import workload
     from netmorph.serving.engine import Engine, ServeConfig
-    if args.hidden % args.heads:
-        raise UsageError(f"--hidden {args.hidden} is not divisible by --heads {args.heads}")
+    from netmorph.mesh.layout import Layout
+    from netmorph.mesh.presets import check_shape
     if args.context < 2:
         raise UsageError("--context must be at least 2 (a prompt token and an output token)")
-    if not 1 <= args.tp <= 16 or args.heads % args.tp:
-        raise UsageError(f"--tp must be in 1..16 and divide --heads {args.heads}, got {args.tp}")
+    # the model's shape and the tp split by the rules training and the planner use (one source of each)
+    model = check_shape(ModelShape(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.context,
+                                   vocab=args.vocab))
+    for why in Layout(tp=args.tp).check(model)[:1]:
+        raise why.error()
     if args.tp > 1 and (args.time_model == "measured" or args.disaggregate):
         raise UsageError("--tp > 1 needs a priced --time-model (every rank must schedule alike) and no --disaggregate")
     if args.n > 1 and args.disaggregate:
@@ -159,7 +162,6 @@ def _serve(args) -> int:
                       preemption=args.preemption, prefix_caching=not args.no_prefix_caching,
                       temperature=args.temperature)
     cfg.check()
-    model = ModelShape(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.context, vocab=args.vocab)
     bad = []
     if args.workload:
         reqs, bad = workload.load(args.workload, args.context, args.vocab, args.seed)
