@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from netmorph.cli import add_timeout, float_in, pipeline_schedule, trace_file
+from netmorph.cli import add_timeout, float_in, int_in, pipeline_schedule, trace_file
 from netmorph.errors import UsageError, require
 from netmorph.runtime.env import torchrun_world
 from netmorph.files import write_json
@@ -47,18 +47,19 @@ def add_parser(sub) -> None:
     g.add_argument("--micro-batch-size", type=int, default=2, help="sequences per microbatch (default 2)")
     g.add_argument("--global-batch-size", type=int, help="sequences per step: sets --microbatches")
     m = p.add_argument_group("model")
-    m.add_argument("--layers", "--num-layers", type=int, default=4, help="transformer layers (default 4)")
-    m.add_argument("--hidden", "--hidden-size", type=int, default=64, help="hidden size h (default 64)")
-    m.add_argument("--heads", "--num-attention-heads", type=int, default=4, help="attention heads (default 4)")
-    m.add_argument("--seq", "--seq-length", type=int, default=32, help="sequence length s (default 32)")
-    m.add_argument("--vocab", type=int, default=128, help="vocabulary V (default 128)")
+    size = int_in(1, 1 << 24, "1..2**24")
+    m.add_argument("--layers", "--num-layers", type=size, default=4, help="transformer layers (default 4)")
+    m.add_argument("--hidden", "--hidden-size", type=size, default=64, help="hidden size h (default 64)")
+    m.add_argument("--heads", "--num-attention-heads", type=size, default=4, help="attention heads (default 4)")
+    m.add_argument("--seq", "--seq-length", type=size, default=32, help="sequence length s (default 32)")
+    m.add_argument("--vocab", type=size, default=128, help="vocabulary V (default 128)")
     m.add_argument("--experts", "--num-experts", type=int, default=0,
                    help="a mixture of experts: E experts in every layer's MLP (default 0: dense)")
     m.add_argument("--top-k", "--moe-router-topk", type=int, default=2, help="experts per token (default 2)")
     m.add_argument("--capacity-factor", "--moe-expert-capacity-factor", type=float, default=1.0,
                    help="expert capacity over the even share, >= 1 (default 1.0; assignments over it drop)")
     r = p.add_argument_group("run")
-    r.add_argument("--steps", type=int, default=10, help="optimizer steps (default 10)")
+    r.add_argument("--steps", type=int_in(1, 1 << 24, "1..2**24"), default=10, help="optimizer steps (default 10)")
     r.add_argument("--lr", type=float_in(0, 100, open_low=True), default=3e-3, help="Adam learning rate (default 3e-3)")
     r.add_argument("--dtype", default="float32", choices=("float32", "float64"),
                    help="parameters and activations (default float32; float64 for exact checks)")
@@ -81,9 +82,6 @@ def add_parser(sub) -> None:
 def config_from(args):
     from netmorph.mesh.shape import ModelShape
     from netmorph.parallel.hybrid import TrainConfig
-    for k in ("layers", "hidden", "heads", "seq", "vocab", "steps"):
-        if getattr(args, k) < 1:
-            raise UsageError(f"--{k} must be >= 1, got {getattr(args, k)}")
     job = torchrun_world()
     if job is not None:
         if args.backend == "local":
