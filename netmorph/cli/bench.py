@@ -45,14 +45,15 @@ def add_parser(sub) -> None:
     p.add_argument("op", help="allreduce, allgather, reduce_scatter, broadcast, reduce or alltoall")
     p.add_argument("--world", type=int, help="ranks to start (default: -t x -g, as nccl-tests counts them; under "
                                               "torchrun, its WORLD_SIZE)")
-    p.add_argument("-t", "--nthreads", type=int, default=1, help="nccl-tests' threads per process (ranks: -t x -g)")
-    p.add_argument("-g", "--ngpus", type=int, default=1, help="nccl-tests' GPUs per thread (ranks: -t x -g)")
+    p.add_argument("-t", "--nthreads", type=int_in(1, 64), default=1,
+                   help="nccl-tests' threads per process (ranks: -t x -g)")
+    p.add_argument("-g", "--ngpus", type=int_in(1, 64), default=1, help="nccl-tests' GPUs per thread (ranks: -t x -g)")
     p.add_argument("-b", "--minbytes", "--bytes", default="32M", help="smallest size (default 32M); K, M, G binary, as "
                                                            "nccl-tests reads them")
     p.add_argument("-e", "--maxbytes", default="32M", help="largest size (default 32M)")
     p.add_argument("-i", "--stepbytes", default="1M", help="add this between sizes (default 1M) unless -f")
-    p.add_argument("-f", "--stepfactor", type=int, default=1, help="multiply the size by this between rows (default "
-                                                                   "1: off, -i steps)")
+    p.add_argument("-f", "--stepfactor", type=int, default=1,
+                   help="multiply the size by this between rows (default 1: off, -i steps)")
     p.add_argument("-n", "--iters", type=int_in(1, 100_000), default=20, help="timed iterations (default 20)")
     p.add_argument("-w", "--warmup_iters", "--warmup", dest="warmup", type=int_in(0, 100_000), default=1,
                    help="untimed iterations (default 1)")
@@ -140,9 +141,6 @@ def run(args) -> int:
 
     op = canonical_op(args.op)
     job = torchrun_world()
-    for flag in ("nthreads", "ngpus"):
-        if not 1 <= getattr(args, flag) <= 64:
-            raise UsageError(f"--{flag} must be in 1..64, got {getattr(args, flag)}")
     if job is not None:                  # joined from torchrun's environment, as nccl-tests under mpirun
         args.backend = args.backend or "torch"
         if args.backend == "local":

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from netmorph.cli import add_timeout, float_in, plot_file
+from netmorph.cli import add_timeout, float_in, int_in, plot_file
 from netmorph.errors import UsageError, require
 from netmorph.runtime.env import torchrun_world
 
@@ -62,16 +62,14 @@ def add_parser(sub) -> None:
     m.add_argument("--plot", type=plot_file,
                    metavar="FILE", help="draw the traffic matrices of consecutive steps into FILE")
     d = p.add_argument_group("moe drops")
-    d.add_argument("--tokens", type=int, default=4096, help="tokens routed per rank T (default 4096)")
-    d.add_argument("--trials", type=int, default=200, help="random routings simulated (default 200)")
+    d.add_argument("--tokens", type=int_in(1, 1 << 20, "1..2**20"), default=4096,
+                   help="tokens routed per rank T (default 4096)")
+    d.add_argument("--trials", type=int_in(1, 100_000), default=200, help="random routings simulated (default 200)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run, flags=FLAGS)
 
 
 def run(args) -> int:
-    for name, lo, hi in (("tokens", 1, 1 << 20), ("trials", 1, 100_000)):        # drops' own: checked for both
-        if not lo <= getattr(args, name) <= hi:
-            raise UsageError(f"--{name} must be in {lo}..{hi}, got {getattr(args, name)}")
     if args.action == "drops":
         return _drops(args)
     require("torch", "netmorph moe")
@@ -198,7 +196,7 @@ def _json(moe, out) -> dict:
 
 def _drops(args) -> int:
     from netmorph.models.capacity import capacity, exact_drop_fraction, simulated_drop_fraction
-    for name, lo, hi in (("tokens", 1, 1 << 20), ("experts", 1, 4096), ("top_k", 1, 4096), ("trials", 1, 100_000)):
+    for name, lo, hi in (("experts", 1, 4096), ("top_k", 1, 4096)):
         v = getattr(args, name)
         if not lo <= v <= hi:
             raise UsageError(f"--{name.replace('_', '-')} must be in {lo}..{hi}, got {v}")

@@ -58,12 +58,13 @@ def add_parser(sub) -> None:
     p.add_argument("--to", dest="after", default="dp4,zero3", help="reshard: layout after (default dp4,zero3)")
     p.add_argument("--steps", type=int, help="run: steps in all (default 100); reshard: before and after the move "
                                              "(default 2)")
-    p.add_argument("--layers", type=int, default=4, help="GPT layers (default 4)")
-    p.add_argument("--hidden", type=int, default=32, help="hidden size (default 32)")
-    p.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
-    p.add_argument("--seq", type=int, default=16, help="sequence length (default 16)")
-    p.add_argument("--vocab", type=int, default=64, help="vocabulary (default 64)")
-    p.add_argument("--global-batch", type=int, default=8, help="sequences per step, both layouts (default 8)")
+    p.add_argument("--layers", type=int_in(1, 4096), default=4, help="GPT layers (default 4)")
+    p.add_argument("--hidden", type=int_in(1, 4096), default=32, help="hidden size (default 32)")
+    p.add_argument("--heads", type=int_in(1, 4096), default=4, help="attention heads (default 4)")
+    p.add_argument("--seq", type=int_in(1, 4096), default=16, help="sequence length (default 16)")
+    p.add_argument("--vocab", type=int_in(1, 4096), default=64, help="vocabulary (default 64)")
+    p.add_argument("--global-batch", type=int_in(1, 4096), default=8,
+                   help="sequences per step, both layouts (default 8)")
     add_timeout(p, 60)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
@@ -72,9 +73,6 @@ def add_parser(sub) -> None:
 def _model(args):
     """The GPT the flags describe (both actions); one line for a size out of range."""
     from netmorph.mesh.shape import ModelShape
-    for k in ("layers", "hidden", "heads", "seq", "vocab", "global_batch"):
-        if not 1 <= getattr(args, k) <= 4096:
-            raise UsageError(f"--{k.replace('_', '-')} must be in 1..4096, got {getattr(args, k)}")
     return ModelShape(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab)
 
 
