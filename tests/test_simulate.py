@@ -120,3 +120,18 @@ def test_direct_algorithms_against_the_textbook_limits(p):
     if p > 2:
         g = 10 * b * n
         assert simulate(build("reduce", "naive", p, n // 4, 4), slow).time == pytest.approx(T + (p - 1) * g, rel=1e-12)
+
+
+@pytest.mark.parametrize("algo", ["one_shot", "two_shot"])
+@pytest.mark.parametrize("topo", ["dgx-a100-cluster", "pcie-ethernet-cluster"])
+def test_a_round_of_matchings_timed_run_by_run_is_the_message_by_message_time(algo, topo, monkeypatch):
+    """The direct all-reduces post "every rank to the rank k after it" for k = 1 .. p-1: timed run by run as
+    arrays, they give the very numbers the one-message-at-a-time walk gives (every rank's finish, bitwise)."""
+    import numpy as np
+
+    import netmorph.cost.simulate as sim
+    s = build("allreduce", algo, 24, 3 << 20, 4)
+    fast = simulate(s, PRESETS[topo])
+    monkeypatch.setattr(sim, "_matching_rows", lambda src, dst: None)
+    slow = simulate(s, PRESETS[topo])
+    assert fast.time == slow.time and np.array_equal(fast.finish, slow.finish)

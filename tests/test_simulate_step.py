@@ -54,6 +54,22 @@ def test_tensor_parallel_all_reduces_wait_for_the_whole_group_and_count_their_by
     assert r.events == 3 * 5 * (2 * 2 + 2 * 2) * 8 + 8          # halves and all-reduces, one optimizer step each
 
 
+@pytest.mark.parametrize("name,tp,pp,dp,v,recompute", [("ptdp-18.4b", 8, 4, 2, 1, "full"),
+                                                      ("ptdp-39.1b", 8, 4, 4, 2, "selective")])
+def test_an_untraced_stage_adds_its_layers_in_one_step_with_the_same_result(name, tp, pp, dp, v, recompute):
+    """A stage nobody traces adds the layers after its first all-reduce at once; tracing every rank plays them
+    one by one: the same step, per-rank finish, events, bytes and breakdown."""
+    import numpy as np
+    c = Layout(tp=tp, pp=pp, dp=dp, micro_batch_size=1, global_batch=8 * dp, interleave=v, recompute=recompute)
+    fast = simulate_config(MODELS[name], c, A100)
+    every = simulate_config(MODELS[name], c, A100, trace_ranks=range(tp * pp * dp))
+    assert fast["events"] == every["events"]
+    assert fast["step_time_s"] == pytest.approx(every["step_time_s"], rel=1e-12)
+    for k in ("bytes_by_link_class", "breakdown_s"):
+        for part in fast[k]:
+            assert fast[k][part] == pytest.approx(every[k][part], rel=1e-12, abs=1e-15), (k, part)
+
+
 def test_a_pipeline_send_that_meets_a_dp_bucket_on_the_nic_shares_its_bandwidth():
     """Two stages on two nodes: with the gradient buckets overlapped, stage 1's last backward send leaves while
     its buckets occupy the NIC, so it takes longer than alone -- what the analytic formula cannot see."""
