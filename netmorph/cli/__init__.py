@@ -147,6 +147,36 @@ def float_in(lo: float, hi: float, open_low: bool = False):
     return check
 
 
+def job_split(args, inner: tuple, cap: int) -> int | None:
+    """The processes of a run split ``inner`` (flag names whose product is one model replica: ``("tp", "pp")``)
+    times ``args.dp``. Under torchrun the job is the run: its WORLD_SIZE sets ``--dp`` when not given and must
+    equal the product, and ``--backend`` defaults to torch (local, which forks its own ranks, is refused);
+    outside it ``--dp`` defaults to 1, the backend to local, and at most ``cap`` processes run on this machine.
+    Sets ``args.dp`` and ``args.backend``; returns torchrun's WORLD_SIZE, or None."""
+    from netmorph.runtime.env import torchrun_world
+    job = torchrun_world()
+    names = " x ".join(f"--{k}" for k in inner)
+    for k in inner:
+        if getattr(args, k) < 1:
+            raise UsageError(f"--{k} must be >= 1, got {getattr(args, k)}")
+    size = math.prod(getattr(args, k) for k in inner)
+    if job is not None:
+        if args.backend == "local":
+            raise UsageError("--backend local cannot span torchrun's processes; use torch or torch-native")
+        args.backend = args.backend or "torch"
+        if job % size:
+            raise UsageError(f"{names} = {size} does not divide torchrun's WORLD_SIZE {job}")
+        if args.dp is None:
+            args.dp = job // size
+        if size * args.dp != job:
+            raise UsageError(f"{names} x --dp = {size * args.dp} != torchrun's WORLD_SIZE {job}")
+    args.backend = args.backend or "local"
+    args.dp = 1 if args.dp is None else args.dp
+    if job is None and size * args.dp > cap:
+        raise UsageError(f"{names} x --dp = {size * args.dp} processes; keep it <= {cap} on one machine")
+    return job
+
+
 def seed_int(text: str) -> int:
     """A --seed: what numpy's and torch's generators take, 0..2**32-1."""
     x = exact_int(text)

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import json
 
-from netmorph.cli import add_timeout, float_in, int_in, plot_file
+from netmorph.cli import add_timeout, float_in, int_in, job_split, plot_file
 from netmorph.errors import UsageError, require
-from netmorph.runtime.env import torchrun_world
 
 # library parameters set by a flag of another name (the rest are --name)
 FLAGS = {"jitter_eps": "--jitter", "tokens": "--tokens"}
@@ -24,8 +23,8 @@ def add_parser(sub) -> None:
     r.add_argument("--experts", "--num-experts", type=int, default=8, help="experts per MoE layer E (default 8)")
     r.add_argument("--ep", "--expert-model-parallel-size", type=int, default=4,
                    help="expert-parallel ranks: E/ep experts each (default 4)")
-    r.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the EP group (default 1; "
-                                                     "the data-parallel size is ep x dp)")
+    r.add_argument("--dp", type=int, help="data-parallel replicas of the EP group (default 1, or under torchrun "
+                                          "WORLD_SIZE / (ep x tp x pp); the data-parallel size is ep x dp)")
     r.add_argument("--tp", "--tensor-model-parallel-size", type=int, default=1,
                    help="tensor-parallel size of the attention (experts stay whole on every tp rank)")
     r.add_argument("--pp", "--pipeline-model-parallel-size", type=int, default=1, help="pipeline stages")
@@ -74,25 +73,11 @@ def run(args) -> int:
         return _drops(args)
     require("torch", "netmorph moe")
     from netmorph.moe.train import MoEConfig, view
-    job = torchrun_world()
-    dp = args.dp
-    if job is not None:                      # one process of a torchrun job: the job is the run
-        if args.backend == "local":
-            raise UsageError("--backend local cannot span torchrun's processes; use torch or torch-native")
-        args.backend = args.backend or "torch"
-        inner = args.ep * args.tp * args.pp
-        if job % inner:
-            raise UsageError(f"--ep x --tp x --pp = {inner} does not divide torchrun's WORLD_SIZE {job}")
-        dp = job // inner if args.world is None else dp
-    args.backend = args.backend or "local"
-    world = args.ep * dp * args.tp * args.pp
+    job = job_split(args, ("ep", "tp", "pp"), cap=32)        # under torchrun the job is the run
+    dp, world = args.dp, args.ep * args.dp * args.tp * args.pp
     if args.world is not None and args.world != world:
         raise UsageError(f"--world {args.world} != --ep x --dp x --tp x --pp = {world}; change --ep, --dp or "
                          "--world")
-    if job is not None and world != job:
-        raise UsageError(f"--ep x --dp x --tp x --pp = {world} != torchrun's WORLD_SIZE {job}")
-    if world > 32:
-        raise UsageError(f"ep x dp x tp x pp = {world} processes; keep it <= 32 on one machine", "--ep")
     cfg = MoEConfig.make(ep=args.ep, dp=dp, experts=args.experts, top_k=args.top_k,
                          capacity_factor=None if args.dropless else args.capacity_factor, drop_policy=args.drop_policy,
                          pre_softmax=args.pre_softmax, aux_loss_coeff=args.aux_loss_coeff,

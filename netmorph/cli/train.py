@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from netmorph.cli import add_timeout, float_in, int_in, pipeline_schedule, trace_file
+from netmorph.cli import add_timeout, float_in, int_in, job_split, pipeline_schedule, trace_file
 from netmorph.errors import UsageError, require
 from netmorph.runtime.env import torchrun_world
 from netmorph.files import write_json
@@ -82,22 +82,7 @@ def add_parser(sub) -> None:
 def config_from(args):
     from netmorph.mesh.shape import ModelShape
     from netmorph.parallel.hybrid import TrainConfig
-    job = torchrun_world()
-    if job is not None:
-        if args.backend == "local":
-            raise UsageError("--backend local cannot span torchrun's processes; use torch or torch-native")
-        args.backend = args.backend or "torch"
-        if args.tp < 1 or args.pp < 1 or job % (args.tp * args.pp):
-            raise UsageError(f"--tp x --pp = {args.tp * args.pp} does not divide torchrun's WORLD_SIZE {job}")
-        if args.dp is None:
-            args.dp = job // (args.tp * args.pp)
-        if args.tp * args.pp * args.dp != job:
-            raise UsageError(f"--tp x --pp x --dp = {args.tp * args.pp * args.dp} != torchrun's WORLD_SIZE {job}")
-    args.backend = args.backend or "local"
-    args.dp = 1 if args.dp is None else args.dp
-    world = args.tp * args.pp * args.dp
-    if world > 16 and job is None:
-        raise UsageError(f"tp x pp x dp = {world} processes; keep it <= 16 on one machine (--tp/--pp/--dp)")
+    job_split(args, ("tp", "pp"), cap=16)
     mbs = args.micro_batch_size
     micro = args.microbatches
     if args.global_batch_size is not None:
