@@ -193,3 +193,33 @@ def test_every_flag_says_what_it_does():
     silent = [(name, a.option_strings or a.dest) for name, p in sub.choices.items() for a in p._actions
               if a.help is None and a.dest != "help"]
     assert silent == []
+
+
+def test_a_run_split_under_torchrun_is_the_job_and_outside_it_a_local_launch(monkeypatch):
+    """train and moe size their run the same way: torchrun's WORLD_SIZE sets --dp and must equal the split, the
+    backend defaults to torch there (local refused) and to local here, where the processes are capped."""
+    import argparse
+
+    from netmorph.cli import job_split
+    from netmorph.errors import UsageError
+
+    def args(**kw):
+        return argparse.Namespace(**{"tp": 1, "pp": 1, "ep": 1, "dp": None, "backend": None, **kw})
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    a = args(tp=2)
+    assert job_split(a, ("tp", "pp"), cap=16) is None and (a.dp, a.backend) == (1, "local")
+    with pytest.raises(UsageError, match="keep it <= 16"):
+        job_split(args(tp=4, pp=2, dp=4), ("tp", "pp"), cap=16)
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")):
+        monkeypatch.setenv(k, v)
+    a = args(ep=2, tp=2)
+    assert job_split(a, ("ep", "tp", "pp"), cap=32) == 8 and (a.dp, a.backend) == (2, "torch")
+    a = args(tp=4, pp=2, dp=4)                                        # the job, not this machine, sets the size
+    with pytest.raises(UsageError, match="!= torchrun's WORLD_SIZE 8"):
+        job_split(a, ("tp", "pp"), cap=16)
+    for bad, words in ((args(tp=3), "does not divide torchrun's WORLD_SIZE 8"),
+                       (args(backend="local"), "cannot span torchrun's processes"), (args(pp=0), "--pp must be")):
+        with pytest.raises(UsageError, match=words):
+            job_split(bad, ("tp", "pp"), cap=16)
