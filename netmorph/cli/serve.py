@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import math
@@ -10,7 +11,8 @@ import sys
 from netmorph.cli import add_timeout, float_in, int_in
 from netmorph.errors import UsageError
 
-FLAGS = {"seq": "--context", "kv_blocks": "--kv-blocks", "block_size": "--block-size", "chunked_prefill": "--chunked-prefill",
+FLAGS = {"seq": "--context", "kv_blocks": "--kv-blocks", "block_size": "--block-size",
+         "chunked_prefill": "--chunked-prefill",
          "max_tokens": "--max-tokens", "max_seqs": "--max-seqs", "model": "--model", "workload": "--workload"}
 
 
@@ -23,8 +25,8 @@ def add_parser(sub) -> None:
     p.add_argument("action", nargs="?", default="run", choices=("run", "kv", "roofline"),
                    help="run (default): serve a workload; kv: KV bytes of a real model; roofline: prefill vs decode")
     p.add_argument("--requests", type=int_in(1, 100_000), default=200, help="generated requests (default 200)")
-    p.add_argument("--arrival", default="poisson:20", help="poisson:RATE requests/s (default poisson:20) or 'all' "
-                                                           "(every request at t = 0)")
+    p.add_argument("--arrival", type=arrival, default="poisson:20",
+                   help="poisson:RATE requests/s (default poisson:20) or 'all' (every request at t = 0)")
     p.add_argument("--workload", metavar="JSONL", help="requests from a file: {prompt_len, output_len, arrival_s} "
                                                        "per line")
     p.add_argument("--shared-prefix", type=float_in(0, 1), default=0.0,
@@ -43,7 +45,7 @@ def add_parser(sub) -> None:
     p.add_argument("--tp", type=int_in(1, 16), default=1,
                    help="tensor-parallel ranks (Megatron's split of heads and MLP, 2 all-reduces per layer per "
                         "iteration, counted; needs a priced --time-model)")
-    p.add_argument("--disaggregate", metavar="P:D",
+    p.add_argument("--disaggregate", type=split, metavar="P:D",
                    help="prefill on P ranks, decode on D ranks of the local fabric; each prompt's KV is sent from "
                         "one to the other (DistServe / Splitwise), bytes counted")
     p.add_argument("--max-tokens", type=int, default=2048, help="tokens per iteration (default 2048)")
@@ -58,7 +60,8 @@ def add_parser(sub) -> None:
     p.add_argument("--hidden", type=int_in(1, 4096), default=64, help="model width (default 64)")
     p.add_argument("--heads", type=int_in(1, 256), default=4, help="attention heads (default 4)")
     p.add_argument("--vocab", type=int_in(1, 1 << 20, "1..2**20"), default=512, help="vocabulary (default 512)")
-    p.add_argument("--time-model", default="llama-3-8b@a100-80g", metavar="MODEL@HARDWARE|measured",
+    p.add_argument("--time-model", type=time_model, default="llama-3-8b@a100-80g",
+                   metavar="MODEL@HARDWARE|measured",
                    help="price each iteration as MODEL's roofline on HARDWARE (default llama-3-8b@a100-80g: a GPU, "
                         "where a decode batch costs one read of the weights), or 'measured': this model's wall time "
                         "on this CPU")
@@ -174,7 +177,7 @@ def _serve(args) -> int:
         first = f"; line {bad[0][0]}: {bad[0][1]}" if bad else ""
         raise UsageError(f"--workload {args.workload}: no request could be read ({len(bad)} line(s) rejected{first})")
     from netmorph.runtime import budget
-    ranks = args.tp if args.tp > 1 else sum(_split(args.disaggregate)) if args.disaggregate else 1
+    ranks = args.tp if args.tp > 1 else sum(args.disaggregate) if args.disaggregate else 1
     memory, seconds = budget.serving(
         params=model.params(), layers=args.layers, hidden=args.hidden, kv_slots=args.kv_blocks * args.block_size,
         ranks=ranks, prompt_tokens=sum(len(r.prompt) for r in reqs), output_tokens=args.n * sum(r.output_len
@@ -210,7 +213,7 @@ def _serve(args) -> int:
 def _disaggregated(args, model, cfg, reqs, bad) -> int:
     from netmorph.serving.disagg import serve_disaggregated
     from netmorph.serving.engine import Engine
-    P, D = _split(args.disaggregate)
+    P, D = args.disaggregate
     price, priced_model, hardware = _time_model(args.time_model)
     # prefill and decode on two nodes: a token's KV crosses at the NIC's bandwidth
     kv_s = priced_model.kv_bytes_per_token() / hardware.nic_bandwidth if price else 0.0
@@ -256,15 +259,32 @@ def _disaggregated(args, model, cfg, reqs, bad) -> int:
     return _print_check(out) if args.check else 0
 
 
-def _split(text: str) -> tuple[int, int]:
-    """``--disaggregate P:D``: prefill and decode ranks."""
+def split(text: str) -> tuple[int, int]:
+    """``--disaggregate P:D`` (an argparse type): prefill and decode ranks, 1..8 each."""
     try:
         P, D = (int(x) for x in text.split(":"))
     except ValueError:
-        raise UsageError(f"--disaggregate: expected P:D prefill and decode ranks, e.g. 1:2, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected P:D prefill and decode ranks, e.g. 1:2, got {text!r}") from None
     if not (1 <= P <= 8 and 1 <= D <= 8):
-        raise UsageError(f"--disaggregate {text}: 1..8 prefill and 1..8 decode ranks")
+        raise argparse.ArgumentTypeError(f"{text}: 1..8 prefill and 1..8 decode ranks")
     return P, D
+
+
+def time_model(text: str) -> str:
+    """``--time-model`` (an argparse type): MODEL@HARDWARE of the presets, or 'measured'."""
+    from netmorph.mesh.presets import PRESETS as MODELS
+    from netmorph.planner.hardware import PRESETS as HARDWARE
+    name, _, hw = text.partition("@")
+    if text != "measured" and (name not in MODELS or hw not in HARDWARE):
+        raise argparse.ArgumentTypeError(f"expected MODEL@HARDWARE ({', '.join(MODELS)} @ {', '.join(HARDWARE)}) or "
+                                         f"'measured', got {text!r}")
+    return text
+
+
+def arrival(text: str) -> str:
+    """``--arrival`` (an argparse type): poisson:RATE (requests/s, > 0) or 'all'; kept as written."""
+    _rate(text)
+    return text
 
 
 def _check(args, model, reqs, outputs) -> dict:
@@ -319,9 +339,6 @@ def _time_model(text: str):
     from netmorph.mesh.presets import PRESETS as MODELS
     from netmorph.serving.roofline import iteration_time
     name, _, hw = text.partition("@")
-    if name not in MODELS or hw not in HARDWARE:
-        raise UsageError(f"--time-model: expected MODEL@HARDWARE ({', '.join(MODELS)} @ {', '.join(HARDWARE)}) or "
-                         f"'measured', got {text!r}")
     m, h = MODELS[name], HARDWARE[hw]
     return (lambda items: iteration_time(m, h, items)), m, h
 
@@ -335,7 +352,7 @@ def _rate(text: str) -> float:
     except ValueError:
         rate = -1.0
     if kind != "poisson" or not 0 < rate <= 1e6:
-        raise UsageError(f"--arrival: expected poisson:RATE (requests/s, > 0) or 'all', got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected poisson:RATE (requests/s, > 0) or 'all', got {text!r}")
     return rate
 
 
