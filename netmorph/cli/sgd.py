@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -31,10 +32,11 @@ def add_parser(sub) -> None:
     p.add_argument("--outer-momentum", type=float, default=0.0, help="local SGD outer Nesterov momentum (DiLoCo: 0.9)")
     p.add_argument("--n-push", type=int, default=1, help="async: push every n steps (Downpour)")
     p.add_argument("--n-fetch", type=int, default=1, help="async: fetch every n steps (Downpour)")
-    p.add_argument("--straggler", help="RANK:FACTOR, e.g. 1:4 -- that worker computes FACTOR x slower")
+    p.add_argument("--straggler", type=straggler, help="RANK:FACTOR, e.g. 1:4 -- that worker computes FACTOR x slower")
     p.add_argument("--jitter", type=float, default=0.0, help="random extra delay per step, mean as a fraction of "
                                                              "--compute-ms (exponential)")
-    p.add_argument("--slow-link", help="SRC:DST:ALPHA_US:MB_PER_S -- emulate a slow link between two ranks")
+    p.add_argument("--slow-link", type=slow_link,
+                   help="SRC:DST:ALPHA_US:MB_PER_S -- emulate a slow link between two ranks")
     p.add_argument("--steps", type=int, default=200, help="updates per worker; the run's budget is steps x workers")
     p.add_argument("--compute-ms", type=float, default=2.0, help="emulated forward+backward time per step (default 2)")
     p.add_argument("--model", default="convex", help="convex (least squares), sparse, or mlp (digits)")
@@ -50,14 +52,31 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-def _pair(text, flag, kinds):
+def _fields(text, names, kinds):
+    """``text`` split at ':' into len(kinds) fields of those types (argparse's error otherwise)."""
     parts = text.split(":")
     if len(parts) != len(kinds):
-        raise UsageError(f"{flag}: expected {':'.join(k.__name__.upper() for k in kinds)}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {':'.join(names)}, got {text!r}")
     try:
         return tuple(k(x) for k, x in zip(kinds, parts))
     except ValueError:
-        raise UsageError(f"{flag}: cannot parse {text!r}") from None
+        raise argparse.ArgumentTypeError(f"cannot parse {text!r} as {':'.join(names)}") from None
+
+
+def straggler(text: str) -> tuple:
+    """``--straggler RANK:FACTOR`` (an argparse type)."""
+    return _fields(text, ("RANK", "FACTOR"), (int, float))
+
+
+def slow_link(text: str) -> tuple:
+    """``--slow-link SRC:DST:ALPHA_US:MB_PER_S`` (an argparse type): (src, dst, alpha s, bytes/s)."""
+    s, d, a_us, mbps = _fields(text, ("SRC", "DST", "ALPHA_US", "MB_PER_S"), (int, int, float, float))
+    if not (0 <= a_us <= 1e6 and 0 < mbps <= 1e6):          # NaN fails both; 1e308 us would never arrive
+        raise argparse.ArgumentTypeError(f"ALPHA_US must be in 0..1000000 (1 s) and MB_PER_S in (0, 1000000], "
+                                         f"got {text!r}")
+    if s == d:
+        raise argparse.ArgumentTypeError(f"SRC and DST must be two different ranks, got {text!r}")
+    return s, d, a_us * 1e-6, mbps * 1e6
 
 
 def config_from(args):
@@ -67,21 +86,12 @@ def config_from(args):
         raise UsageError(f"--mode must be one of {', '.join(MODES)}, got {args.mode!r}")
     if args.model not in MODELS:
         raise UsageError(f"--model must be one of {', '.join(MODELS)}, got {args.model!r}")
-    straggler = _pair(args.straggler, "--straggler", (int, float)) if args.straggler else None
-    slow = None
-    if args.slow_link:
-        s, d, a_us, mbps = _pair(args.slow_link, "--slow-link", (int, int, float, float))
-        if not (0 <= a_us <= 1e6 and 0 < mbps <= 1e6):          # NaN fails both; 1e308 us would never arrive
-            raise UsageError(f"--slow-link: ALPHA_US must be in 0..1000000 (1 s) and MB_PER_S in (0, 1000000], got "
-                             f"{args.slow_link!r}")
-        if s == d:
-            raise UsageError(f"--slow-link: SRC and DST must be two different ranks, got {args.slow_link!r}")
-        slow = (s, d, a_us * 1e-6, mbps * 1e6)
+    slow = args.slow_link
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.model]
     cfg = Config(mode=args.mode, workers=args.workers, servers=args.servers, steps=args.steps, lr=lr,
                  model=args.model, batch=args.batch, seed=args.seed, staleness=args.staleness,
                  local_steps=args.local_steps, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
-                 n_push=args.n_push, n_fetch=args.n_fetch, compute_ms=args.compute_ms, straggler=straggler,
+                 n_push=args.n_push, n_fetch=args.n_fetch, compute_ms=args.compute_ms, straggler=args.straggler,
                  jitter=args.jitter, slow_link=slow, timeout=args.timeout)
     cfg.check()
     if args.plot is not None:
