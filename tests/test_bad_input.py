@@ -144,7 +144,8 @@ def test_without_torch_bench_still_prints_what_it_measured():
     (["morph", "reshard", "--world", "4", "--from", "dp2,dp2", "--to", "tp2", "--steps", "1"], "dp is given twice"),
     (["plan", "estimate", "--params", "1e308", "--gpus", "8"], "--params must be in (0, 1e15]"),
     (["failures", "--job-mtbf", ""], "an empty value"),
-    (["failures", "--checkpoint-write", "0"], "--checkpoint-write must be more than 0"),
+    (["failures", "--checkpoint-write", "0"], "--checkpoint-write: must be more than 0"),
+    (["serve", "--requests", ""], "argument --requests: an empty value"),
     (["sgd", "--slow-link", "0:1:1e308:1", "--steps", "2"], "ALPHA_US"),
     (["sgd", "--outer-momentum", "1", "--steps", "2"], "--outer-momentum"),
     # a vocabulary whose language does not fit even a row at a time: refused, not killed for memory

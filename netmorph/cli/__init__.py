@@ -69,8 +69,13 @@ def trace_file(text: str) -> str:
     return output_file(TRACE_SUFFIXES)(text)
 
 
+EMPTY = "an empty value; give one, or leave the flag out"
+
+
 def finite_float(text: str) -> float:
     """A float flag: finite (NaN would disable a comparison, inf a bound)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(EMPTY)
     try:
         x = float(text)
     except ValueError:
@@ -115,6 +120,8 @@ def add_timeout(p, default: float) -> None:
 
 def exact_int(text: str) -> int:
     """An int flag: decimal digits, at most 2**53 in size (past that no count here is meaningful)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(EMPTY)
     try:
         x = int(text)
     except ValueError:
@@ -222,7 +229,7 @@ def _check_arity(parser: Parser, args) -> None:
                                                                                   for v in values):
             parser.error(f"argument {flag}: expected one argument")     # --join=-- appends []
         if value != action.default and any(isinstance(v, str) and not v.strip() for v in values):
-            parser.error(f"argument {flag}: an empty value; give one, or leave the flag out")
+            parser.error(f"argument {flag}: {EMPTY}")
 
 
 def _terminate(signum, frame):

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
-from netmorph.cli import float_in, int_in, plot_file
+from netmorph.cli import EMPTY, float_in, int_in, plot_file
 from netmorph.errors import UsageError
 
 FLAGS = {}
@@ -19,20 +20,22 @@ def add_parser(sub) -> None:
                                    "useful fraction of wall time for torchrun-style restart from a checkpoint and "
                                    "for in-place recovery, each in closed form and simulated.")
     p.add_argument("--gpus", type=int_in(1, 10**7), default=16384, help="GPUs in the job (default 16384)")
-    p.add_argument("--job-mtbf", metavar="DURATION", help="mean time between job interruptions, e.g. 3.1h")
-    p.add_argument("--per-gpu-mtbf", metavar="DURATION",
+    p.add_argument("--job-mtbf", type=duration, metavar="DURATION",
+                   help="mean time between job interruptions, e.g. 3.1h")
+    p.add_argument("--per-gpu-mtbf", type=duration, metavar="DURATION",
                    help="one GPU's MTBF (the job's is this / --gpus); default: Llama 3's, from 419 interruptions "
                         "in 54 days on 16,384 GPUs")
-    p.add_argument("--checkpoint-write", default="1min", metavar="DURATION",
+    p.add_argument("--checkpoint-write", type=duration, default="1min", metavar="DURATION",
                    help="time the job stops to write a checkpoint (default 1min)")
-    p.add_argument("--restart", default="10min", metavar="DURATION",
+    p.add_argument("--restart", type=cost, default="10min", metavar="DURATION",
                    help="restart-all: failure to computing again (reschedule, fresh processes, rendezvous, load the "
                         "checkpoint; default 10min)")
-    p.add_argument("--interval", metavar="DURATION", help="compute between checkpoints (default: Daly's optimum)")
-    p.add_argument("--inplace-recovery", default="1min", metavar="DURATION",
+    p.add_argument("--interval", type=duration, metavar="DURATION",
+                   help="compute between checkpoints (default: Daly's optimum)")
+    p.add_argument("--inplace-recovery", type=cost, default="1min", metavar="DURATION",
                    help="in place: failure to the next completed step (default 1min; `netmorph elastic` measures it "
                         "on local ranks)")
-    p.add_argument("--step-time", default="10s", metavar="DURATION",
+    p.add_argument("--step-time", type=duration, default="10s", metavar="DURATION",
                    help="one training step: in place redoes at most this (default 10s)")
     p.add_argument("--days", type=float_in(0, 3650, open_low=True), default=54.0,
                    help="wall-clock length of the run (default 54)")
@@ -50,17 +53,28 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run, flags=FLAGS)
 
 
-def _dur(text, flag, zero_ok: bool = False):
-    """A duration flag; ``zero_ok``: 0 is a valid cost (a restart or an in-place recovery that costs nothing)."""
+def _seconds(text: str, zero_ok: bool) -> float:
     from netmorph.units import parse_duration
+    if not text.strip():
+        raise argparse.ArgumentTypeError(EMPTY)
     try:
-        v = parse_duration(text, flag)
+        v = parse_duration(text, "duration")
     except UsageError:
-        raise UsageError(f"{flag}: cannot parse {text!r} (a number and a unit: 30s, 10min, 3.1h, 2d)") from None
+        raise argparse.ArgumentTypeError(f"cannot parse {text!r} (a number and a unit: 30s, 10min, 3.1h, 2d)") from None
     if not (0 <= v if zero_ok else 0 < v) or not v < 1e12:
-        raise UsageError(f"{flag} must be {'0 or more' if zero_ok else 'more than 0'} (and under 30,000 years), "
-                         f"got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be {'0 or more' if zero_ok else 'more than 0'} (and under 30,000 "
+                                         f"years), got {text!r}")
     return v
+
+
+def duration(text: str) -> float:
+    """A DURATION flag (an argparse type): seconds, more than 0."""
+    return _seconds(text, zero_ok=False)
+
+
+def cost(text: str) -> float:
+    """A DURATION flag that may be 0 (an argparse type): a restart or an in-place recovery that costs nothing."""
+    return _seconds(text, zero_ok=True)
 
 
 def _per_gpu_default():
@@ -85,21 +99,20 @@ def run(args) -> int:
     if args.job_mtbf and args.per_gpu_mtbf:
         raise UsageError("give --job-mtbf or --per-gpu-mtbf, not both")
     if args.job_mtbf:
-        M, origin = _dur(args.job_mtbf, "--job-mtbf"), "(given)"
+        M, origin = args.job_mtbf, "(given)"
     else:
-        per = _dur(args.per_gpu_mtbf, "--per-gpu-mtbf") if args.per_gpu_mtbf else _per_gpu_default()
+        per = args.per_gpu_mtbf or _per_gpu_default()
         M = per / args.gpus
         origin = (f"= per-GPU MTBF {_fmt_h(per)}"
                   + ("" if args.per_gpu_mtbf else ", Llama 3's (419 interruptions in 54 days on 16,384 GPUs),")
                   + f" / {args.gpus:,} GPUs")
-    C, R = _dur(args.checkpoint_write, "--checkpoint-write"), _dur(args.restart, "--restart", zero_ok=True)
-    r, s = _dur(args.inplace_recovery, "--inplace-recovery", zero_ok=True), _dur(args.step_time, "--step-time")
+    C, R, r, s = args.checkpoint_write, args.restart, args.inplace_recovery, args.step_time
     if C >= M:
-        raise UsageError(f"--checkpoint-write {args.checkpoint_write} is not shorter than the job MTBF "
+        raise UsageError(f"--checkpoint-write {_fmt_h(C)} is not shorter than the job MTBF "
                          f"{_fmt_h(M)}: the job would fail before a checkpoint completes")
     if s >= M:
-        raise UsageError(f"--step-time {args.step_time} is not shorter than the job MTBF {_fmt_h(M)}")
-    tau = _dur(args.interval, "--interval") if args.interval else daly(C, M)
+        raise UsageError(f"--step-time {_fmt_h(s)} is not shorter than the job MTBF {_fmt_h(M)}")
+    tau = args.interval or daly(C, M)
     hours = args.days * 24
     if hours * 3600 / M * args.trials > 5e7:
         raise UsageError(f"--days {args.days:g} x --trials {args.trials} at a job MTBF of {_fmt_h(M)} is more than "
