@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from netmorph.cli import add_timeout, plot_file
@@ -19,14 +20,14 @@ def add_parser(sub) -> None:
     p.add_argument("--workers", type=int, default=4, help="worker processes at launch (default 4)")
     p.add_argument("--min-workers", type=int, default=2, help="fewer members than this ends the job (default 2)")
     p.add_argument("--steps", type=int, default=60, help="training steps (default 60)")
-    p.add_argument("--kill", action="append", default=[], metavar="RANK@STEP",
+    p.add_argument("--kill", action="append", type=at_step("RANK@STEP"), default=[], metavar="RANK@STEP",
                    help="SIGKILL RANK in STEP's all-reduce (repeatable), e.g. --kill 2@20")
-    p.add_argument("--hang", action="append", default=[], metavar="RANK@STEP",
+    p.add_argument("--hang", action="append", type=at_step("RANK@STEP"), default=[], metavar="RANK@STEP",
                    help="SIGSTOP RANK in STEP (hung, not dead): found by the phi-accrual detector after --timeout, "
                         "fenced (SIGKILL) and removed from the view (repeatable)")
     p.add_argument("--detector", default="phi", choices=("phi", "fixed"),
                    help="how a hung worker is told from a slow one: phi accrual (default) or a fixed timeout")
-    p.add_argument("--join", action="append", default=[], metavar="N@STEP",
+    p.add_argument("--join", action="append", type=at_step("N@STEP"), default=[], metavar="N@STEP",
                    help="N new workers join at STEP and receive the parameters by broadcast (repeatable)")
     p.add_argument("--job", default="gpt", choices=("gpt", "lsq"),
                    help="what trains: gpt (default), netmorph train's GPT trainer (DDP buckets, Adam) on whichever "
@@ -50,15 +51,16 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run, flags=FLAGS)
 
 
-def _pairs(specs, flag, shape):
-    out = []
-    for spec in specs:
+def at_step(shape: str):
+    """An argparse type for ``A@STEP`` (``shape`` names the fields, e.g. RANK@STEP): the pair of ints."""
+    def parse(spec: str) -> tuple[int, int]:
         try:
             a, b = spec.split("@")
-            out.append((int(a), int(b)))
+            return int(a), int(b)
         except ValueError:
-            raise UsageError(f"{flag} {spec!r}: expected {shape}, e.g. 2@20") from None
-    return tuple(out)
+            raise argparse.ArgumentTypeError(f"expected {shape}, e.g. 2@20, got {spec!r}") from None
+    parse.__name__ = shape
+    return parse
 
 
 def run(args) -> int:
@@ -72,8 +74,7 @@ def run(args) -> int:
         raise UsageError("--lr must be in (0, 100] and --global-batch in 1..2**20")
     cfg = ElasticConfig(workers=args.workers, min_workers=args.min_workers, steps=args.steps,
                         global_batch=batch, lr=lr, seed=args.seed, job=args.job,
-                        kills=_pairs(args.kill, "--kill", "RANK@STEP"), joins=_pairs(args.join, "--join", "N@STEP"),
-                        hangs=_pairs(args.hang, "--hang", "RANK@STEP"), detector=args.detector,
+                        kills=tuple(args.kill), joins=tuple(args.join), hangs=tuple(args.hang), detector=args.detector,
                         timeout=args.timeout)
     cfg.check()
     if not 1 <= args.checkpoint_every <= (cfg.steps if args.compare else 100_000):   # vs --steps: --compare's
