@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from netmorph.cli import add_timeout, plot_file
+from netmorph.cli import add_timeout, float_in, int_in, plot_file
 from netmorph.errors import UsageError, require
 
 FLAGS = {"kills": "--kill", "joins": "--join", "hangs": "--hang"}
@@ -33,9 +33,10 @@ def add_parser(sub) -> None:
                    help="what trains: gpt (default), netmorph train's GPT trainer (DDP buckets, Adam) on whichever "
                         "members are left, renumbered 0..n-1 as ncclCommShrink does; or lsq, least squares on a "
                         "ring all-reduce, a step in microseconds (thousands of steps to stop a worker in)")
-    p.add_argument("--global-batch", type=int, default=None,
+    p.add_argument("--global-batch", type=int_in(1, 1 << 20, "1..2**20"), default=None,
                    help="samples (gpt: sequences) per step, re-split over the members (default 96; gpt 12)")
-    p.add_argument("--lr", type=float, default=None, help="learning rate (default 0.5; gpt: Adam's 3e-3)")
+    p.add_argument("--lr", type=float_in(0, 100, open_low=True), default=None,
+                   help="learning rate (default 0.5; gpt: Adam's 3e-3)")
     p.add_argument("--seed", type=int, default=0, help="--job lsq: the problem's seed (default 0)")
     add_timeout(p, 10)
     p.add_argument("--check", action="store_true", help="also run without failures and compare")
@@ -70,8 +71,6 @@ def run(args) -> int:
     gpt = args.job == "gpt"
     lr = args.lr if args.lr is not None else 3e-3 if gpt else 0.5
     batch = args.global_batch if args.global_batch is not None else 12 if gpt else 96
-    if not (0 < lr <= 100 and 1 <= batch <= 1 << 20):
-        raise UsageError("--lr must be in (0, 100] and --global-batch in 1..2**20")
     cfg = ElasticConfig(workers=args.workers, min_workers=args.min_workers, steps=args.steps,
                         global_batch=batch, lr=lr, seed=args.seed, job=args.job,
                         kills=tuple(args.kill), joins=tuple(args.join), hangs=tuple(args.hang), detector=args.detector,

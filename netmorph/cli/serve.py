@@ -54,8 +54,8 @@ def add_parser(sub) -> None:
     p.add_argument("--n", type=int_in(1, 16), default=1,
                    help="parallel samples per request (vLLM's n): forked after the prefill, sharing the prompt's "
                         "blocks (default 1)")
-    p.add_argument("--context", type=int_in(1, 1 << 16, "1..65536"), default=1024,
-                   help="the model's context (default 1024)")
+    p.add_argument("--context", type=int_in(2, 1 << 16, "2..65536"), default=1024,
+                   help="the model's context, at least a prompt token and an output token (default 1024)")
     p.add_argument("--layers", type=int_in(1, 64), default=2, help="model layers (default 2)")
     p.add_argument("--hidden", type=int_in(1, 4096), default=64, help="model width (default 64)")
     p.add_argument("--heads", type=int_in(1, 256), default=4, help="attention heads (default 4)")
@@ -146,8 +146,6 @@ def _serve(args) -> int:
     from netmorph.serving.engine import Engine, ServeConfig
     from netmorph.mesh.layout import Layout
     from netmorph.mesh.presets import check_shape
-    if args.context < 2:
-        raise UsageError("--context must be at least 2 (a prompt token and an output token)")
     # the model's shape and the tp split by the rules training and the planner use (one source of each)
     model = check_shape(ModelShape(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.context,
                                    vocab=args.vocab))
