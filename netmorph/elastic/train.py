@@ -28,15 +28,13 @@ every step since) is measured against.
 from __future__ import annotations
 
 import importlib
-import os
-import signal
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from netmorph.elastic import gpt
-from netmorph.elastic.agent import HEARTBEAT, admit, admitted, agree, fence_hung
+from netmorph.elastic.agent import HEARTBEAT, admit, admitted, agree, arm_faults, fence_hung
 from netmorph.elastic.heartbeat import Heartbeat, publish_pid
 from netmorph.elastic.membership import Rendezvous
 from netmorph.errors import UsageError
@@ -161,8 +159,7 @@ def rank_fn(comm, cfg: ElasticConfig):
     rdzv = Rendezvous(comm.store, cfg.min_workers)
     view = rdzv.start(range(cfg.workers))
     epochs = [(view.epoch, list(view.members), view.first_step)]
-    dies_at = dict(cfg.kills).get(me)
-    hangs_at = dict(cfg.hangs).get(me)
+    arm = arm_faults(comm, dict(cfg.kills).get(me), dict(cfg.hangs).get(me))
     spares = cfg.spares()
     w, prev = np.zeros(cfg.dim), np.zeros(cfg.dim)
     losses, events, timeline = {}, [], []                        # timeline: (monotonic s, steps done, members)
@@ -190,11 +187,7 @@ def rank_fn(comm, cfg: ElasticConfig):
             continue
         mine = np.array_split(global_batch(cfg, step), len(view.members))[view.members.index(me)]
         buf = _grad_loss(x, y, w, mine)
-        if step == dies_at:
-            os.kill(os.getpid(), signal.SIGKILL)                 # mid-step: the others are in the all-reduce
-        if step == hangs_at:
-            comm.store.set(f"netmorph/hung/{me}", repr(time.monotonic()))
-            os.kill(os.getpid(), signal.SIGSTOP)                 # hung: heartbeats stop, the process stays
+        arm(step)                       # a kill or hang set for this step fires as its all-reduce starts
         try:
             comm.all_reduce(buf, algo="ring")
         except (PeerLost, PeerTimeout) as e:
