@@ -19,9 +19,10 @@ assume (Thakur, Rabenseifner & Gropp 2005):
 Rounds in which every rank sends and receives at most one message are timed as
 whole arrays, and so is each run of such messages in a round made of them (a
 direct all-reduce's "every rank to the rank k after it", k = 1 .. p-1); other
-rounds (a naive root, a tree node with two children) walk their messages in order. Work per round is O(messages), with link costs cached
-per (src, dst) pattern, so a 4096-rank ring (8190 rounds, 33 M transfers) takes
-well under a second.
+rounds (a naive root, a tree node with two children) walk their messages in
+order. Work per round is O(messages), with link costs cached per (src, dst)
+pattern, so a 4096-rank ring (8190 rounds, 33 M transfers) takes well under a
+second.
 """
 
 from __future__ import annotations

@@ -80,11 +80,14 @@ class PagedGPT:
             self.k[i][idx] = k
             self.v[i][idx] = v
 
+    def slots(self, table, n: int):
+        """(block, offset) of a sequence's positions 0 .. n-1 through its block table: two (n,) index tensors."""
+        pos = torch.arange(n)
+        return torch.as_tensor(table, dtype=torch.long)[pos // self.block_size], pos % self.block_size
+
     def gather(self, layer: int, table, n: int):
         """Keys and values of a sequence's first ``n`` positions, through its block table: (n, heads, hd)."""
-        pos = torch.arange(n)
-        blocks = torch.as_tensor(table, dtype=torch.long)[pos // self.block_size]
-        off = pos % self.block_size
+        blocks, off = self.slots(table, n)
         return self.k[layer][blocks, off], self.v[layer][blocks, off]
 
     def reads(self, items) -> list:
@@ -94,10 +97,8 @@ class PagedGPT:
         out, start = [], 0
         for tokens, first, _, table in items:
             n = len(tokens)
-            pos = torch.arange(first + n)
-            blocks = torch.as_tensor(table, dtype=torch.long)[pos // self.block_size]
-            mask = None if n == 1 else pos[None, :] <= (first + torch.arange(n))[:, None]
-            out.append((start, n, blocks, pos % self.block_size, mask))
+            mask = None if n == 1 else torch.arange(first + n)[None, :] <= (first + torch.arange(n))[:, None]
+            out.append((start, n, *self.slots(table, first + n), mask))
             start += n
         return out
 
