@@ -58,8 +58,7 @@ def test_tensor_parallel_all_reduces_wait_for_the_whole_group_and_count_their_by
                                                       ("ptdp-39.1b", 8, 4, 4, 2, "selective")])
 def test_an_untraced_stage_adds_its_layers_in_one_step_with_the_same_result(name, tp, pp, dp, v, recompute):
     """A stage nobody traces adds the layers after its first all-reduce at once; tracing every rank plays them
-    one by one: the same step, per-rank finish, events, bytes and breakdown."""
-    import numpy as np
+    one by one: the same step, events, bytes and breakdown."""
     c = Layout(tp=tp, pp=pp, dp=dp, micro_batch_size=1, global_batch=8 * dp, interleave=v, recompute=recompute)
     fast = simulate_config(MODELS[name], c, A100)
     every = simulate_config(MODELS[name], c, A100, trace_ranks=range(tp * pp * dp))
