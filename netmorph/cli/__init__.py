@@ -21,9 +21,6 @@ from netmorph.errors import INSTALL, MissingPackage, Terminated, UsageError
 from netmorph.runtime.launch import LaunchError
 
 
-EMPTY = "an empty value; give one, or leave the flag out"
-
-
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (prog: error: ...) and exit 2, with a "did you mean" where a
     choice or a flag is one typo away."""
@@ -36,13 +33,6 @@ class Parser(argparse.ArgumentParser):
                 message += f"; did you mean {guess[0]!r}?"
         sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
         sys.exit(2)
-
-    def _get_value(self, action, arg_string):
-        """Every flag's value passes here before its type sees it: an empty one (``--job-mtbf ''``) is refused
-        whatever the type, not read as the flag left out (every reader of a flag here takes "" as absent)."""
-        if action.option_strings and isinstance(arg_string, str) and not arg_string.strip():
-            raise argparse.ArgumentError(action, EMPTY)
-        return super()._get_value(action, arg_string)
 
     def unrecognized(self, extras) -> None:
         """Flags this command does not have: one line from the command's own parser, with the nearest flag."""
@@ -79,8 +69,13 @@ def trace_file(text: str) -> str:
     return output_file(TRACE_SUFFIXES)(text)
 
 
+EMPTY = "an empty value; give one, or leave the flag out"
+
+
 def finite_float(text: str) -> float:
     """A float flag: finite (NaN would disable a comparison, inf a bound)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(EMPTY)
     try:
         x = float(text)
     except ValueError:
@@ -125,6 +120,8 @@ def add_timeout(p, default: float) -> None:
 
 def exact_int(text: str) -> int:
     """An int flag: decimal digits, at most 2**53 in size (past that no count here is meaningful)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(EMPTY)
     try:
         x = int(text)
     except ValueError:
@@ -218,8 +215,9 @@ def build_parser() -> Parser:
 
 
 def _check_arity(parser: Parser, args) -> None:
-    """argparse drops a ``--`` given as a flag's value and stores an empty list: refuse it (an empty value is
-    refused as it is parsed: :meth:`Parser._get_value`)."""
+    """argparse drops a ``--`` given as a flag's value and stores an empty list: refuse it. An empty
+    value (``--job-mtbf ''``) is an error too, not the flag left out: every reader of a flag here takes
+    "" as absent."""
     sub = _subparsers(parser)
     parser = sub.choices[args.command]              # its errors say which command: netmorph failures: error: ...
     for action in parser._actions:
@@ -230,6 +228,8 @@ def _check_arity(parser: Parser, args) -> None:
         if (action.nargs is None and value == [] and action.default != []) or any(isinstance(v, list)
                                                                                   for v in values):
             parser.error(f"argument {flag}: expected one argument")     # --join=-- appends []
+        if value != action.default and any(isinstance(v, str) and not v.strip() for v in values):
+            parser.error(f"argument {flag}: {EMPTY}")
 
 
 def _terminate(signum, frame):
