@@ -72,12 +72,18 @@ def trace_file(text: str) -> str:
 EMPTY = "an empty value; give one, or leave the flag out"
 
 
-def finite_float(text: str) -> float:
-    """A float flag: finite (NaN would disable a comparison, inf a bound)."""
+def given(text: str) -> str:
+    """A typed flag's value, refused when empty as the post-parse check (:func:`_check_arity`) refuses an untyped
+    one: "" is not the flag left out."""
     if not text.strip():
         raise argparse.ArgumentTypeError(EMPTY)
+    return text
+
+
+def finite_float(text: str) -> float:
+    """A float flag: finite (NaN would disable a comparison, inf a bound)."""
     try:
-        x = float(text)
+        x = float(given(text))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not math.isfinite(x):
@@ -120,10 +126,8 @@ def add_timeout(p, default: float) -> None:
 
 def exact_int(text: str) -> int:
     """An int flag: decimal digits, at most 2**53 in size (past that no count here is meaningful)."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError(EMPTY)
     try:
-        x = int(text)
+        x = int(given(text))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
     if abs(x) > 1 << 53:

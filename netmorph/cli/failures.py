@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from netmorph.cli import EMPTY, float_in, int_in, plot_file
+from netmorph.cli import float_in, given, int_in, plot_file
 from netmorph.errors import UsageError
 
 FLAGS = {}
@@ -55,10 +55,8 @@ def add_parser(sub) -> None:
 
 def _seconds(text: str, zero_ok: bool) -> float:
     from netmorph.units import parse_duration
-    if not text.strip():
-        raise argparse.ArgumentTypeError(EMPTY)
     try:
-        v = parse_duration(text, "duration")
+        v = parse_duration(given(text), "duration")
     except UsageError:
         raise argparse.ArgumentTypeError(f"cannot parse {text!r} (a number and a unit: 30s, 10min, 3.1h, 2d)") from None
     if not (0 <= v if zero_ok else 0 < v) or not v < 1e12:
