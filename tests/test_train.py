@@ -18,7 +18,8 @@ from netmorph.mesh.shape import ModelShape
 from netmorph.models.gpt import TABLE_VOCAB, synthetic_batch
 from netmorph.parallel.hybrid import TrainConfig, train_rank
 from netmorph.parallel.pipeline import check, schedule
-from netmorph.parallel.run import reference, summarise
+from netmorph.parallel.baseline import compare
+from netmorph.parallel.run import reference, summarise, train
 from netmorph.runtime import Fault, LaunchError, launch
 
 pytestmark = pytest.mark.timeout(120)
@@ -136,6 +137,32 @@ def test_cli_json_keys(capsys):
               "bytes_per_rank_by_phase", "predicted_bytes_per_rank_by_phase", "memory_bytes"):
         assert k in d
     assert len(d["losses"]) == 2 and d["world"] == 2
+
+
+def test_baseline_alternates_netmorph_ddp_and_no_comm_in_one_launch_without_touching_netmorphs_run(capsys):
+    """A/B/C in one launch: netmorph's losses are the plain run's bit for bit (the DDP and no-communication
+    steps between its steps change nothing of it); DDP really synchronised (its ranks end equal), the bound
+    really did not (its ranks, on different batches, end apart); and the CLI prints the three with a verdict."""
+    cfg = TrainConfig.make(model=TINY, dp=2, steps=4, dtype="float64")
+    with_abc = train(cfg, baseline="ddp")
+    assert with_abc.losses == train(cfg).losses
+    b = with_abc.baseline
+    assert b["steps"] == 3 and b["replicas_agree"] == {"ddp": True, "no_comm": False}
+    for mode in ("netmorph", "ddp", "no_comm"):
+        assert 0 < b[mode]["q1_s"] <= b[mode]["median_s"] <= b[mode]["q3_s"]
+    assert b["of_bound"] == pytest.approx(b["no_comm"]["median_s"] / b["netmorph"]["median_s"])
+    assert main(["train", "--dp", "2", "--steps", "3", "--layers", "2", "--hidden", "32", "--seq", "16",
+                 "--vocab", "64", "--baseline", "ddp"]) == 0
+    out = capsys.readouterr().out
+    assert "alternated A/B/C in one launch" in out and "PyTorch DDP (gloo)" in out and "netmorph against DDP: " in out
+
+
+def test_a_ratio_is_called_only_when_the_interquartile_ranges_are_apart():
+    q = lambda lo, hi: {"q1_s": lo, "median_s": (lo + hi) / 2, "q3_s": hi}   # noqa: E731
+    assert compare(q(1.0, 2.0), q(2.5, 3.0)) == "faster"
+    assert compare(q(2.5, 3.0), q(1.0, 2.0)) == "slower"
+    assert compare(q(1.0, 2.6), q(2.5, 3.0)) == "within noise"
+    assert compare(q(2.5, 3.0), q(1.0, 2.5)) == "within noise"
 
 
 @pytest.mark.parametrize("argv,flag", [

@@ -224,13 +224,28 @@ def print_run(cfg, out, plan: dict) -> None:
               f"estimate {plan['activations']:,.0f} B (16-bit; this model has no dropout): "
               f"ratio {act / plan['activations']:.2f}")
     if out.baseline is not None:
-        b, me = out.baseline, out.tokens_per_s
-        print(f"# baseline, same ranks and data: netmorph {me:,.0f} tokens/s, PyTorch DDP (gloo) "
-              f"{b['tokens_per_s']:,.0f}, no communication {b['no_comm_tokens_per_s']:,.0f}: netmorph "
-              f"{me / b['no_comm_tokens_per_s']:.0%} of the bound, DDP {b['tokens_per_s'] / b['no_comm_tokens_per_s']:.0%}")
+        print_baseline(out.baseline)
     if out.reference_losses is not None:
         tol = 1e-9 if cfg.dtype == "float64" else 1e-4
         ok = "✓" if out.max_rel_loss_diff <= tol else "✗"
         print(f"# check: the 1-rank run on the same global batches: max relative loss difference "
               f"{out.max_rel_loss_diff:.2e} (<= {tol:g} {ok}), max weight difference "
               f"{out.max_abs_weight_diff:.2e}")
+
+
+def print_baseline(b: dict) -> None:
+    """netmorph, DDP and the no-communication bound, alternated step by step in one launch: each one's median
+    step and interquartile range, and a verdict only where the ranges do not overlap."""
+    print(f"# baseline, same ranks and batches, {b['steps']} steps each after the first, alternated A/B/C in one "
+          "launch (median step, interquartile range, tokens/s):")
+    for mode, label in (("netmorph", "netmorph"), ("ddp", "PyTorch DDP (gloo)"), ("no_comm", "no communication")):
+        q = b[mode]
+        print(f"#   {label:<20} {1e3 * q['median_s']:8.1f} ms  [{1e3 * q['q1_s']:.1f}, {1e3 * q['q3_s']:.1f}]"
+              f"  {q['tokens_per_s']:>9,.0f} tokens/s")
+    to_bound = {"faster": "above it, the ranges apart", "slower": "below it, the ranges apart",
+                "within noise": "the ranges overlap: as fast as the bound at this noise"}[b["vs_bound"]]
+    to_ddp = {"faster": "faster, the ranges apart", "slower": "slower, the ranges apart",
+              "within noise": "the ranges overlap: not decided"}[b["vs_ddp"]]
+    print(f"# netmorph {b['of_bound']:.0%} of the no-communication bound ({to_bound}), DDP "
+          f"{b['ddp_of_bound']:.0%}; netmorph against DDP: {to_ddp}")
+

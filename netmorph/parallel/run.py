@@ -12,7 +12,8 @@ import statistics
 from dataclasses import asdict, dataclass, fields
 
 from netmorph.models.gpt import GPTStage, synthetic_batch
-from netmorph.parallel.baseline import baseline_rank
+from netmorph.parallel.baseline import abc_rank
+from netmorph.parallel.baseline import summarise as compare_baselines
 from netmorph.parallel.flat import Adam, FlatParams
 from netmorph.parallel.hybrid import DTYPES, TrainConfig, train_rank
 from netmorph.parallel.results import RankReport
@@ -67,30 +68,25 @@ class TrainSummary:
         return out
 
 
-def baselines(cfg: TrainConfig, timeout: float = 60.0) -> dict:
-    """Tokens/s of PyTorch DDP (gloo) and of the no-communication bound, same ranks, model and data."""
-    out = {}
-    tokens = cfg.layout.global_batch * cfg.model.seq
-    for mode, backend in (("ddp", "torch"), ("no_comm", "local")):
-        res = launch(baseline_rank, cfg.layout.dp, cfg, mode, backend=backend, timeout=timeout)
-        times = [max(r[k] for r in res) for k in range(cfg.steps)]
-        med = statistics.median(times[1:] if len(times) > 1 else times)
-        out[f"{mode}_tokens_per_s" if mode == "no_comm" else "tokens_per_s"] = tokens / med
-    return out
-
-
 def train(cfg: TrainConfig, backend: str = "local", timeout: float = 60.0, check: bool = False,
           on_progress=None, baseline: str | None = None) -> TrainSummary:
     """Train ``cfg`` on ``cfg.world`` processes; what the job did."""
     cfg.check()
     progress = ProgressCounter(cfg.world)
     with progress.watch(on_progress, ProgressCounter.slowest, cfg.steps):
-        results = launch(train_rank, cfg.world, cfg, progress, backend=backend, timeout=timeout)
+        if baseline == "ddp":    # A/B/C: netmorph, DDP and no-communication steps alternate in one launch
+            both = launch(abc_rank, cfg.world, cfg, progress, backend=backend, timeout=timeout,
+                          torch_group=True)
+            results, others = [r for r, _ in both], [o for _, o in both]
+        else:
+            results = launch(train_rank, cfg.world, cfg, progress, backend=backend, timeout=timeout)
     out = summarise(cfg, results, backend, reference(cfg) if check else None)
     if cfg.trace:
         out.trace = chrome_trace(results)
     if baseline == "ddp":
-        out.baseline = baselines(cfg, timeout)
+        slowest = {m: [max(o[m][k] for o in others) for k in range(cfg.steps)] for m in ("ddp", "no_comm")}
+        out.baseline = compare_baselines({"netmorph": out.step_times_s, **slowest},
+                                         cfg.layout.global_batch * cfg.model.seq, [o["weights"] for o in others])
     return out
 
 

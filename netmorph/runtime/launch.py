@@ -77,7 +77,7 @@ def _one_thread_per_rank() -> None:
 
 
 def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults, link_cost, store, want_ledger,
-           fingerprints, elastic, joined=False):
+           fingerprints, elastic, joined=False, torch_group=False):
     _one_thread_per_rank()
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # the launcher handles Ctrl-C for everyone
@@ -96,6 +96,8 @@ def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults
                 # started is ``joined``: it holds nothing and must re-form before it communicates
                 comm.joined = joined
                 comm.respawn = lambda ranks: conn.send_bytes(pickle.dumps(("respawn", rank, list(ranks))))
+            if torch_group:
+                _join_gloo(rank, world, store, timeout)
         else:
             from netmorph.runtime.torchrun import init_torch, loopback_interface
             lo = loopback_interface()
@@ -112,6 +114,8 @@ def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults
                                       getattr(comm.transport, "trail", None))))
         if backend != "local":
             comm.transport.close()
+        elif torch_group:
+            sys.modules["torch.distributed"].destroy_process_group()
     except BaseException as e:          # noqa: BLE001 - every failure is reported to the launcher
         try:
             culprit = e.rank if isinstance(e, FabricError) else None      # whom this rank blames
@@ -124,6 +128,20 @@ def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults
         conn.close()
 
 
+def _join_gloo(rank: int, world: int, store: str, timeout: float) -> None:
+    """Beside the local fabric, torch.distributed's default process group over gloo on loopback, through the
+    launch's FileStore: for a baseline that runs torch's own collectives (DDP) in the same processes."""
+    import datetime
+
+    import torch.distributed as dist
+    from netmorph.runtime.torchrun import loopback_interface
+    lo = loopback_interface()
+    if lo and "GLOO_SOCKET_IFNAME" not in os.environ:
+        os.environ["GLOO_SOCKET_IFNAME"] = lo
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout))
+
+
 def _warm_imports() -> None:
     """Import once, before the fork, what torch imports lazily inside every rank: autograd's first backward
     from a given gradient (a pipeline stage's ``out.backward(g)``) imports its symbolic-shape machinery and
@@ -134,7 +152,7 @@ def _warm_imports() -> None:
 
 def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0, faults=(),
            topology=None, slow_links=None, ledger: bool = False, arena_bytes: int | None = None,
-           fingerprints: bool = True, elastic: bool = False, **kwargs):
+           fingerprints: bool = True, elastic: bool = False, torch_group: bool = False, **kwargs):
     """Run ``fn(comm, *args, **kwargs)`` on ``world`` processes and return their results in rank order.
 
     ``timeout``: seconds a rank waits on a silent peer before failing with PeerTimeout.
@@ -153,6 +171,8 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
     new processes in dead ranks' slots (their ``comm.joined`` is true: they hold nothing and re-form before they
     communicate). Returns ``(results, deaths)``: the results of ranks dead at the end are None, ``deaths`` is
     ``[(rank, monotonic time)]``.
+    ``torch_group=True`` (local fabric): every rank also joins torch.distributed's default process group
+    (gloo on loopback) -- for a baseline such as DDP run side by side with netmorph's own collectives.
     """
     if world < 1:
         raise UsageError(f"{{world}} must be >= 1, got {world}", "world")
@@ -183,9 +203,9 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
     procs, conns = [], {}
     store_dir = None
     try:
-        if backend != "local" or elastic:
+        if backend != "local" or elastic or torch_group:
             store_dir = tempfile.mkdtemp(prefix="netmorph-store-")
-        if elastic:   # torch.distributed (its FileStore) imported once here, not by every forked rank
+        if elastic or torch_group:   # torch.distributed imported once here, not by every forked rank
             importlib.import_module("torch.distributed")
         store = os.path.join(store_dir, "store") if store_dir else ""
 
@@ -194,7 +214,8 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
                 rd, wr = ctx.Pipe(duplex=False)
                 p = ctx.Process(target=_child, name=f"netmorph-rank{r}", daemon=True,
                                 args=(r, world, fn, args, kwargs, wr, fabric, backend, timeout, list(faults),
-                                      link_cost, store, ledger, fingerprints, elastic, joined))
+                                      link_cost, store, ledger, fingerprints, elastic, joined,
+                                      torch_group and backend == "local"))
                 p.start()
             except OSError as e:
                 raise _limit_error(e, world) from None
