@@ -4,6 +4,7 @@ hardware; the fitted links are the emulated ones; a slower link prices the dp st
 import dataclasses
 import json
 import math
+import statistics
 
 import pytest
 
@@ -186,7 +187,12 @@ def test_validation_trains_layouts_and_predicts_them_from_the_profile():
     assert all(len(r.repeats_s) == 2 and r.measured_s == pytest.approx(sum(r.repeats_s) / 2) for r in rows)
     assert all(math.isclose(r.spread, max(r.repeats_s) / min(r.repeats_s) - 1) for r in rows)
     assert all(math.isclose(r.error, r.predicted_s / r.measured_s - 1) for r in rows)
+    # each run bracketed by the speed probe: the prediction is the profile's times the median drift
+    assert out["probe_s"] > 0 and all(len(r.drift) == 2 and min(r.drift) > 0 for r in rows)
+    assert all(math.isclose(r.predicted_s, r.predicted_raw_s * statistics.median(r.drift)) for r in rows)
     s = summary(rows)
+    assert math.isclose(s["raw_mean_abs_error"], sum(abs(r.predicted_raw_s / r.measured_s - 1) for r in rows) / 3)
+    assert s["drift_range"] == (min(min(r.drift) for r in rows), max(max(r.drift) for r in rows))
     assert math.isclose(s["mean_abs_error"], sum(abs(r.error) for r in rows) / 3)
     assert math.isclose(s["mean_spread"], sum(r.spread for r in rows) / 3)
     assert s["by_model"]["small"]["layouts"] == 3

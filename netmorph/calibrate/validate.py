@@ -1,6 +1,13 @@
 """The twin held against the machine: every layout of a world trained for real, its step time predicted from a
 profile of the same ranks measured in the same run, side by side.
 
+A shared machine's speed drifts: on the 2-core VM this was built on, the same layout ran 1.4x slower three
+minutes after the calibration, with nothing else running. So between every two training steps the ranks run a speed probe (the first
+reference GPT's forward and backward on every rank, the microbenchmark the profile's compute scales come
+from), and each prediction is the profile's scaled by the probe's median time over the steps counted, over that
+reference's time in the profile: one number per run, the same microbenchmark for every layout. The summary gives the
+errors with and without it.
+
 Each layout runs ``netmorph train`` (its real compute: no emulated sleep) and is timed by the median step after
 the first; the prediction is the planner's :func:`~netmorph.planner.timing.step_time` for the same
 :class:`~netmorph.mesh.layout.Layout` -- the trainer's own, with the byte widths of its dtype -- on the profile's
@@ -12,18 +19,20 @@ factor of its own: what the table shows is what the model knows.
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from netmorph.calibrate.compute import ITEMSIZE
+from netmorph.calibrate.compute import DTYPES, ITEMSIZE, REFERENCE_MICROBATCH, REFERENCES, tiny_gpt
 from netmorph.calibrate.run import calibrate
 from netmorph.mesh.layout import Layout
 from netmorph.mesh.shape import ModelShape
-from netmorph.parallel.hybrid import TrainConfig, overlaps_dp
-from netmorph.parallel.run import train
+from netmorph.parallel.hybrid import TrainConfig, overlaps_dp, train_rank
+from netmorph.parallel.run import summarise
 from netmorph.planner.hardware import hardware_from
 from netmorph.planner.timing import step_time
+from netmorph.runtime.launch import launch
 
 MODELS = {"small": ModelShape(layers=4, hidden=64, heads=4, seq=32, vocab=128),
           "medium": ModelShape(layers=8, hidden=128, heads=8, seq=64, vocab=256)}
@@ -40,6 +49,10 @@ class Row:
     predicted_s: float
     predicted_parts: dict
     repeats_s: tuple = ()             # each repeat's median step, in the order they ran
+    # the machine's speed at each repeat: the probe's seconds then over its seconds when the profile was
+    # measured (>1: slower than at calibration); the prediction is the profile's times the median of these
+    drift: tuple = ()
+    predicted_raw_s: float = 0.0      # the profile's prediction as measured, before the drift
     # the last step of the last repeat split as the trace splits it, beside the model's split of its prediction:
     # {"slots": the busiest stage's forward and backward slots (compute and the TP collectives inside them),
     #  "between": the rest of the step (bubble, pipeline waits, DP reduction, optimizer)}
@@ -65,7 +78,8 @@ class Row:
 
     def to_json(self) -> dict:
         return {"model": self.model, "layout": self.name, "measured_s": self.measured_s,
-                "predicted_s": self.predicted_s, "error": self.error, "predicted_parts": self.predicted_parts,
+                "predicted_s": self.predicted_s, "error": self.error, "predicted_raw_s": self.predicted_raw_s,
+                "raw_error": self.predicted_raw_s / self.measured_s - 1, "drift": list(self.drift), "predicted_parts": self.predicted_parts,
                 "repeats_s": list(self.repeats_s), "spread": self.spread, "measured_split": self.measured_split,
                 "predicted_split": self.predicted_split}
 
@@ -104,44 +118,79 @@ def planner_layout(layout: Layout, dtype: str, model: ModelShape | None = None) 
                    sp_regather=False)
 
 
-def measure(model: ModelShape, layout: Layout, steps: int, dtype: str, timeout: float) -> tuple[float, dict]:
+def _probed(comm, cfg: TrainConfig) -> tuple:
+    """(the rank's training report, the speed probe's seconds after each step): after every training step the
+    ranks meet (a barrier), run one forward and backward of the first reference GPT -- the microbenchmark the
+    profile's compute scales were fitted on, timed the same way (every rank at once, meeting after it) -- and
+    meet again before the next step, so the probe sees the machine as the steps around it did. A shared
+    machine's speed drifts: on this 2-core VM the same dp8 run took 170 ms and, fifteen minutes later, 265 ms,
+    nothing else running."""
+    ref = REFERENCES[0]
+    run = tiny_gpt(ref.layers, DTYPES[cfg.dtype], ref, REFERENCE_MICROBATCH)
+    run()                                    # warm, as reference_seconds does
+    seconds = []
+
+    def after(done, state, loss):
+        comm.barrier()
+        t0 = time.perf_counter()
+        run()
+        comm.barrier()
+        seconds.append(time.perf_counter() - t0)
+    return train_rank(comm, cfg, commit=after), seconds
+
+
+def measure(model: ModelShape, layout: Layout, steps: int, dtype: str, timeout: float) -> tuple:
     """(the median step time of ``layout`` trained for real after :data:`WARMUP` steps, its last step split into
-    the busiest stage's slots and the time between them)."""
-    run = train(TrainConfig(model=model, layout=layout, steps=steps, dtype=dtype), timeout=timeout)
+    the busiest stage's slots and the time between them, the speed probe's median over the same steps -- each
+    step's slowest rank, as the step times)."""
+    cfg = TrainConfig(model=model, layout=layout, steps=steps, dtype=dtype)
+    cfg.check()
+    out = launch(_probed, cfg.world, cfg, timeout=timeout)
+    run = summarise(cfg, [r for r, _ in out], "local")
     slots = max(sum(t1 - t0 for *_, t0, t1 in spans) for spans in run.timeline.values())
     last = run.step_times_s[-1]
-    return statistics.median(run.step_times_s[WARMUP:]), {"slots": slots, "between": max(0.0, last - slots)}
+    probe = statistics.median(max(p[k] for _, p in out) for k in range(WARMUP, steps))
+    return statistics.median(run.step_times_s[WARMUP:]), {"slots": slots, "between": max(0.0, last - slots)}, probe
 
 
 def validate(world: int, models=("small", "medium"), steps: int = 8, dtype: str = "float32",
              timeout: float = 120.0, profile: dict | None = None, on_run=lambda done, total: None,
              only=None, repeats: int = 1) -> dict:
-    """{"profile", "rows": [Row]} for every layout of every model (``only``: the first of them), each measured
-    ``repeats`` times -- in rounds, every layout once per round, so a slow minute of the machine falls on
-    different layouts, not on one layout's every repeat -- and its median kept; ``on_run(done, total)`` after
-    each training run."""
+    """{"profile", "probe_s", "rows": [Row]} for every layout of every model (``only``: the first of them), each
+    measured ``repeats`` times -- in rounds, every layout once per round, so a slow minute of the machine falls
+    on different layouts, not on one layout's every repeat -- and its median kept; ``on_run(done, total)``
+    after each training run. Each prediction is the profile's scaled by the machine's drift since the profile
+    was measured: the speed probe around the run over the same reference GPT's time in the profile (a
+    microbenchmark, the same for every layout; nothing is read from the training runs)."""
     prof = profile or calibrate(world, dtype=dtype, timeout=timeout)
+    # the probe's time when the profile was measured: the same reference GPT the profile's scales were fitted on
+    base = prof["compute"]["busy"]["reference_s"][0]
     hw = hardware_from(prof, "the profile measured first")
     todo = [(name, lay) for name in models for lay in layouts(MODELS[name], world)][:only]
-    times = {k: [] for k in range(len(todo))}
+    times, drift = {k: [] for k in range(len(todo))}, {k: [] for k in range(len(todo))}
     split = {}
     done = 0
     for _ in range(repeats):
         for k, (name, lay) in enumerate(todo):
-            seconds, split[k] = measure(MODELS[name], lay, steps, dtype, timeout)
+            seconds, split[k], now = measure(MODELS[name], lay, steps, dtype, timeout)
             times[k].append(seconds)
+            drift[k].append(now / base)
             done += 1
             on_run(done, len(todo) * repeats)
     rows = []
     for k, (name, lay) in enumerate(todo):
         pred = step_time(MODELS[name], planner_layout(lay, dtype, MODELS[name]), hw)
+        d = statistics.median(drift[k])
         parts = {"compute": pred["compute_s"], "bubble": pred["bubble_s"], "optimizer": pred["optimizer_s"],
                  **{k: v for k, v in pred["comm_s"].items() if v}}
+        parts = {key: d * v for key, v in parts.items()}
         # the model's slots: m microbatches of the busiest stage's compute and TP collectives
-        slots = pred["compute_s"] + pred["comm_s"]["tensor_parallel"]
-        rows.append(Row(name, lay, statistics.median(times[k]), pred["step_time_s"], parts, tuple(times[k]),
-                        split[k], {"slots": slots, "between": pred["step_time_s"] - slots}))
-    return {"profile": prof, "rows": rows}
+        slots = d * (pred["compute_s"] + pred["comm_s"]["tensor_parallel"])
+        rows.append(Row(name, lay, statistics.median(times[k]), d * pred["step_time_s"], parts,
+                        repeats_s=tuple(times[k]), drift=tuple(drift[k]), predicted_raw_s=pred["step_time_s"],
+                        measured_split=split[k],
+                        predicted_split={"slots": slots, "between": d * pred["step_time_s"] - slots}))
+    return {"profile": prof, "probe_s": base, "rows": rows}
 
 
 def summary(rows: list) -> dict:
@@ -150,7 +199,11 @@ def summary(rows: list) -> dict:
     out = {"mean_abs_error": float(np.mean([abs(r.error) for r in rows])),
            "worst_abs_error": max(abs(r.error) for r in rows), "layouts": len(rows), "by_model": {},
            # the machine's own noise: the same layout's repeats apart (0 with one repeat)
-           "mean_spread": float(np.mean([r.spread for r in rows])), "worst_spread": max(r.spread for r in rows)}
+           "mean_spread": float(np.mean([r.spread for r in rows])), "worst_spread": max(r.spread for r in rows),
+           # the same against the profile as measured, no drift: what the machine's drift alone moved
+           "raw_mean_abs_error": float(np.mean([abs(r.predicted_raw_s / r.measured_s - 1) for r in rows])),
+           "raw_worst_abs_error": max(abs(r.predicted_raw_s / r.measured_s - 1) for r in rows),
+           "drift_range": (min(min(r.drift) for r in rows), max(max(r.drift) for r in rows))}
     for name in dict.fromkeys(r.model for r in rows):
         mine = [r for r in rows if r.model == name]
         m = np.array([r.measured_s for r in mine])

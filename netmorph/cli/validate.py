@@ -4,6 +4,7 @@ for it from a profile of the same ranks measured first (``netmorph calibrate``).
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 
 from netmorph.cli import add_timeout, int_in
@@ -58,17 +59,21 @@ def run(args) -> int:
     hw = out["profile"]["hardware"]
     print(f"# netmorph validate local: {args.world} ranks, profile measured first ({hw['description']})")
     print(f"{'model':<7} {'layout':<28} {'measured(ms)':>12} {'predicted(ms)':>13} {'error':>8} "
-          f"{'slots m/p':>13} {'between m/p':>13}   predicted parts (ms)")
+          f"{'drift':>6} {'slots m/p':>13} {'between m/p':>13}   predicted parts (ms)")
     for r in rows:
         parts = " ".join(f"{k} {1e3 * v:.1f}" for k, v in r.predicted_parts.items() if v)
         ms, ps = r.measured_split, r.predicted_split
         print(f"{r.model:<7} {r.name:<28} {1e3 * r.measured_s:>12.1f} {1e3 * r.predicted_s:>13.1f} "
-              f"{r.error:>+8.1%} {1e3 * ms['slots']:>6.1f}/{1e3 * ps['slots']:<6.1f} "
+              f"{r.error:>+8.1%} {statistics.median(r.drift):>5.2f}x {1e3 * ms['slots']:>6.1f}/{1e3 * ps['slots']:<6.1f} "
               f"{1e3 * ms['between']:>6.1f}/{1e3 * ps['between']:<6.1f}   {parts}")
     print("# slots: the busiest stage's forward and backward slots of the last step (compute and the TP collectives "
           "in them); between: the rest of that step (bubble, pipeline waits, DP, optimizer); measured/predicted")
+    lo, hi = s["drift_range"]
+    print(f"# drift: the machine's speed around each run (a reference GPT on every rank between its steps) over "
+          f"its speed at calibration, {lo:.2f}x..{hi:.2f}x here; each prediction is the profile's times it")
     print(f"# {s['layouts']} layouts: mean |error| {s['mean_abs_error']:.1%}, worst {s['worst_abs_error']:.1%} "
-          f"(goal: 10% mean, 20% worst)")
+          f"(goal: 10% mean, 20% worst); without the drift {s['raw_mean_abs_error']:.1%} and "
+          f"{s['raw_worst_abs_error']:.1%}")
     if args.repeats > 1:
         print(f"# the machine's noise: the same layout's {args.repeats} runs apart by {s['mean_spread']:.1%} on "
               f"average, {s['worst_spread']:.1%} at worst")
