@@ -8,8 +8,12 @@ found it (``detected_by``).
 
 from __future__ import annotations
 
+import errno
+import resource
 import signal
 from dataclasses import dataclass
+
+from netmorph.errors import UsageError
 
 
 @dataclass
@@ -78,3 +82,23 @@ def root_cause_first(failures: list[RankFailure]) -> list[RankFailure]:
             culprit = max(blamed, key=blamed.get)
             fs.sort(key=lambda f: (f.rank != culprit, f.when))
     return fs
+
+
+def limit_error(e: OSError | MemoryError, world: int) -> UsageError | OSError:
+    """A limit of this process that starting ``world`` ranks ran into, as one line naming it (the limit,
+    its value, the shell command that raises it); any other OSError as it is."""
+    def limit(which):
+        soft = resource.getrlimit(which)[0]
+        return "unlimited" if soft == resource.RLIM_INFINITY else f"{soft:,}"
+    code = getattr(e, "errno", None)
+    if isinstance(e, MemoryError) or code == errno.ENOMEM:
+        return UsageError(f"starting {world} ranks: the local fabric's shared mapping needs more address space than "
+                          f"this process may have (RLIMIT_AS {limit(resource.RLIMIT_AS)} B: raise ulimit -v, or run "
+                          f"fewer ranks)")
+    if code in (errno.EMFILE, errno.ENFILE):
+        return UsageError(f"starting {world} ranks: out of file descriptors (RLIMIT_NOFILE "
+                          f"{limit(resource.RLIMIT_NOFILE)}: raise ulimit -n, or run fewer ranks)")
+    if code == errno.EAGAIN:
+        return UsageError(f"starting {world} ranks: the system refused another process (RLIMIT_NPROC "
+                          f"{limit(resource.RLIMIT_NPROC)}: raise ulimit -u, or run fewer ranks)")
+    return e

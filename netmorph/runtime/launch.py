@@ -31,12 +31,10 @@ bound to the loopback interface (``GLOO_SOCKET_IFNAME``, unless the user set it)
 from __future__ import annotations
 
 import ctypes
-import errno
 import importlib
 import multiprocessing as mp
 import os
 import pickle
-import resource
 import shutil
 import signal
 import sys
@@ -47,7 +45,7 @@ from multiprocessing.connection import wait as mp_wait
 
 from netmorph.errors import UsageError
 from netmorph.runtime import links
-from netmorph.runtime.failure import LaunchError, RankFailure, root_cause_first
+from netmorph.runtime.failure import LaunchError, RankFailure, limit_error, root_cause_first
 from netmorph.runtime.ledger import Ledger
 from netmorph.runtime.transport import CollectiveMismatch, FabricError, PeerLost, PeerTimeout, blame, fingerprint
 
@@ -97,7 +95,8 @@ def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults
                 comm.joined = joined
                 comm.respawn = lambda ranks: conn.send_bytes(pickle.dumps(("respawn", rank, list(ranks))))
             if torch_group:
-                _join_gloo(rank, world, store, timeout)
+                from netmorph.runtime.torchrun import join_gloo
+                join_gloo(rank, world, f"file://{store}", timeout)
         else:
             from netmorph.runtime.torchrun import init_torch, loopback_interface
             lo = loopback_interface()
@@ -126,20 +125,6 @@ def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults
         os._exit(1)
     finally:
         conn.close()
-
-
-def _join_gloo(rank: int, world: int, store: str, timeout: float) -> None:
-    """Beside the local fabric, torch.distributed's default process group over gloo on loopback, through the
-    launch's FileStore: for a baseline that runs torch's own collectives (DDP) in the same processes."""
-    import datetime
-
-    import torch.distributed as dist
-    from netmorph.runtime.torchrun import loopback_interface
-    lo = loopback_interface()
-    if lo and "GLOO_SOCKET_IFNAME" not in os.environ:
-        os.environ["GLOO_SOCKET_IFNAME"] = lo
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout))
 
 
 def _warm_imports() -> None:
@@ -198,7 +183,7 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
         try:
             fabric = ShmFabric(world, arena_bytes=arena_bytes, epochs=MAX_EPOCHS if elastic else 1)
         except (OSError, MemoryError) as e:
-            raise _limit_error(e, world) from None
+            raise limit_error(e, world) from None
     link_cost = links.link_cost(topology, slow_links)
     procs, conns = [], {}
     store_dir = None
@@ -218,7 +203,7 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
                                       torch_group and backend == "local"))
                 p.start()
             except OSError as e:
-                raise _limit_error(e, world) from None
+                raise limit_error(e, world) from None
             wr.close()
             conns[rd] = r
             return p
@@ -227,7 +212,7 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
         try:
             results, ledgers, failures, deaths, trails = _monitor(procs, conns, fabric, timeout, elastic, start)
         except OSError as e:
-            raise _limit_error(e, world) from None
+            raise limit_error(e, world) from None
         if not failures and fabric is not None and not elastic:
             failures = _unreceived(fabric, trails, procs)
     except BaseException:
@@ -248,26 +233,6 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
     if ledger:
         return results, Ledger.merge(ledgers)
     return results
-
-
-def _limit_error(e: OSError | MemoryError, world: int) -> UsageError | OSError:
-    """A limit of this process that starting ``world`` ranks ran into, as one line naming it (the limit,
-    its value, the shell command that raises it); any other OSError as it is."""
-    def limit(which):
-        soft = resource.getrlimit(which)[0]
-        return "unlimited" if soft == resource.RLIM_INFINITY else f"{soft:,}"
-    code = getattr(e, "errno", None)
-    if isinstance(e, MemoryError) or code == errno.ENOMEM:
-        return UsageError(f"starting {world} ranks: the local fabric's shared mapping needs more address space than "
-                          f"this process may have (RLIMIT_AS {limit(resource.RLIMIT_AS)} B: raise ulimit -v, or run "
-                          f"fewer ranks)")
-    if code in (errno.EMFILE, errno.ENFILE):
-        return UsageError(f"starting {world} ranks: out of file descriptors (RLIMIT_NOFILE "
-                          f"{limit(resource.RLIMIT_NOFILE)}: raise ulimit -n, or run fewer ranks)")
-    if code == errno.EAGAIN:
-        return UsageError(f"starting {world} ranks: the system refused another process (RLIMIT_NPROC "
-                          f"{limit(resource.RLIMIT_NPROC)}: raise ulimit -u, or run fewer ranks)")
-    return e
 
 
 def _monitor(procs, conns, fabric, timeout, elastic=False, start=None):

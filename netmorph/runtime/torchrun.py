@@ -79,3 +79,15 @@ def init_from_env(backend: str = "torch", timeout: float = 60.0):
                       native=(backend == "torch-native"))
     comm.local_rank, comm.device = local_rank, device
     return comm
+
+
+def join_gloo(rank: int, world: int, init_method: str, timeout: float) -> None:
+    """torch.distributed's default process group over gloo on loopback, in a rank that already talks over
+    netmorph's local fabric: for a baseline that runs torch's own collectives (DDP) in the same processes
+    (``launch(..., torch_group=True)``)."""
+    dist = dist_module()
+    lo = loopback_interface()
+    if lo and "GLOO_SOCKET_IFNAME" not in os.environ:
+        os.environ["GLOO_SOCKET_IFNAME"] = lo
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout))
