@@ -19,7 +19,7 @@ import time
 
 from netmorph.planner.hardware import PRESETS as HARDWARE
 from netmorph.mesh.presets import PRESETS as MODELS
-from netmorph.planner import timing
+from netmorph.planner import comm, timing
 from netmorph.planner.search import search
 
 CASES = (("gpt3-175b", "a100-80g", 1024, 1536), ("ptdp-1t", "a100-80g", 3072, 3072),
@@ -37,7 +37,7 @@ def main() -> None:
           f"{'configs/s':>11}")
     for name, hw_name, gpus, batch in CASES:
         hw = HARDWARE[hw_name]
-        for cache in (timing._fit, *PER_SEARCH):
+        for cache in (comm._fit, comm._fit_links, *PER_SEARCH):
             cache.cache_clear()
         t0 = time.perf_counter()
         res = search(MODELS[name], gpus, hw, batch)

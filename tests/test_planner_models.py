@@ -7,7 +7,7 @@ import pytest
 
 from netmorph.cli import main
 from netmorph.errors import UsageError
-from netmorph.planner import timing
+from netmorph.planner import comm, timing
 from netmorph.mesh.layout import Layout
 from netmorph.mesh.configs import from_deepspeed_config, from_hf_config, from_megatron_args
 from netmorph.planner.hardware import PRESETS as HW
@@ -178,13 +178,13 @@ def test_large_groups_extrapolate_to_what_the_simulation_gives():
     for op, algo in (("allreduce", "ring"), ("allreduce", "double_binary_tree"), ("reduce_scatter", "ring")):
         for stride in (1, 8):
             for p in (128, 256):
-                a, b = timing._fit(hw, op, algo, p, stride)
-                saved = timing.SIMULATED
-                timing.SIMULATED = 512
+                a, b = comm._fit(hw, op, algo, p, stride)
+                saved = comm.SIMULATED
+                comm.SIMULATED = 512
                 try:
-                    a2, b2 = timing._fit.__wrapped__(hw, op, algo, p, stride)
+                    a2, b2 = comm._fit.__wrapped__(hw, op, algo, p, stride)
                 finally:
-                    timing.SIMULATED = saved
+                    comm.SIMULATED = saved
                 for n in (1 << 20, 1 << 32):
                     assert a + b * n == pytest.approx(a2 + b2 * n, rel=0.005)
 
