@@ -197,3 +197,10 @@ def test_library_imports_are_at_the_top_of_the_file():
                     continue
                 hidden += [f"{path.name}:{node.lineno} {n}" for n in names if n.split(".")[0] not in DEFERRABLE]
     assert not hidden, f"move these imports to the top of their files: {hidden}"
+
+
+def test_no_module_is_over_400_lines():
+    """A file that grows past 400 lines is doing two jobs: split it (the vocabulary issue's rule)."""
+    long = {str(p.relative_to(ROOT.parent)): n for p in sorted(ROOT.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, long
