@@ -171,6 +171,16 @@ def test_the_kernel_counts_the_planner_charges_are_the_gpts_own():
     per_layer = tuple((counts[3][i] - counts[1][i]) // 2 for i in (0, 1))
     assert per_layer == ModelShape.LAYER_KERNELS
     assert tuple(counts[1][i] - per_layer[i] for i in (0, 1)) == ModelShape.HEAD_KERNELS
+    # a mixture of experts' layer: a fixed part and a part per local expert (its loop runs every expert)
+    for experts, top_k in ((2, 1), (4, 2), (8, 2)):
+        cfg = ModelShape(layers=2, hidden=16, heads=2, seq=8, vocab=32, experts=experts, top_k=top_k)
+        model = GPTStage(cfg, dtype=torch.float32)
+        x, y = synthetic_batch(cfg, range(2))
+        with _Count() as fwd:
+            loss = model(x, y)
+        with _Count() as bwd:
+            loss.backward()
+        assert cfg.layer_kernels() == tuple((n - h) / 2 for n, h in zip((fwd.n, bwd.n), ModelShape.HEAD_KERNELS))
 
 
 def test_validation_trains_layouts_and_predicts_them_from_the_profile():

@@ -2,11 +2,11 @@
 profile of the same ranks measured in the same run, side by side.
 
 A shared machine's speed drifts: on the 2-core VM this was built on, the same layout ran 1.4x slower three
-minutes after the calibration, with nothing else running. So between every two training steps the ranks run a speed probe (the first
-reference GPT's forward and backward on every rank, the microbenchmark the profile's compute scales come
-from), and each prediction is the profile's scaled by the probe's median time over the steps counted, over that
-reference's time in the profile: one number per run, the same microbenchmark for every layout. The summary gives the
-errors with and without it.
+minutes after the calibration, with nothing else running. So between every two training steps the ranks run a
+speed probe (the first reference GPT's forward and backward on every rank, the microbenchmark the profile's
+compute scales come from), and each prediction is the profile's scaled by the probe's median time over the
+steps counted, over that reference's time in the profile: one number per run, the same microbenchmark for
+every layout. The summary gives the errors with and without it.
 
 Each layout runs ``netmorph train`` (its real compute: no emulated sleep) and is timed by the median step after
 the first; the prediction is the planner's :func:`~netmorph.planner.timing.step_time` for the same
@@ -35,7 +35,9 @@ from netmorph.planner.timing import step_time
 from netmorph.runtime.launch import launch
 
 MODELS = {"small": ModelShape(layers=4, hidden=64, heads=4, seq=32, vocab=128),
-          "medium": ModelShape(layers=8, hidden=128, heads=8, seq=64, vocab=256)}
+          "medium": ModelShape(layers=8, hidden=128, heads=8, seq=64, vocab=256),
+          # the trainer's mixture of experts (Mixtral-style top-2 of 4 in every layer): its layouts add ep
+          "moe": ModelShape(layers=4, hidden=64, heads=4, seq=32, vocab=128, experts=4, top_k=2)}
 
 
 WARMUP = 2          # steps not counted: the first builds the caches, the second still pays for some
@@ -54,7 +56,7 @@ class Row:
     drift: tuple = ()
     predicted_raw_s: float = 0.0      # the profile's prediction as measured, before the drift
     # the last step of the last repeat split as the trace splits it, beside the model's split of its prediction:
-    # {"slots": the busiest stage's forward and backward slots (compute and the TP collectives inside them),
+    # {"slots": the busiest stage's forward and backward slots (compute and the TP and MoE collectives inside them),
     #  "between": the rest of the step (bubble, pipeline waits, DP reduction, optimizer)}
     measured_split: dict = field(default_factory=dict)
     predicted_split: dict = field(default_factory=dict)
@@ -79,14 +81,16 @@ class Row:
     def to_json(self) -> dict:
         return {"model": self.model, "layout": self.name, "measured_s": self.measured_s,
                 "predicted_s": self.predicted_s, "error": self.error, "predicted_raw_s": self.predicted_raw_s,
-                "raw_error": self.predicted_raw_s / self.measured_s - 1, "drift": list(self.drift), "predicted_parts": self.predicted_parts,
+                "raw_error": self.predicted_raw_s / self.measured_s - 1, "drift": list(self.drift),
+                "predicted_parts": self.predicted_parts,
                 "repeats_s": list(self.repeats_s), "spread": self.spread, "measured_split": self.measured_split,
                 "predicted_split": self.predicted_split}
 
 
 def layouts(model: ModelShape, world: int, microbatches: int = 4, micro_batch_size: int = 2) -> list:
     """Every layout of ``world`` ranks the trainer runs for ``model``: each tp x pp x dp, ZeRO 0-3 on dp > 1,
-    GPipe, 1F1B and interleaved pipelines, tensor parallelism with and without sequence parallelism."""
+    GPipe, 1F1B and interleaved pipelines, tensor parallelism with and without sequence parallelism, and for a
+    mixture of experts each expert-parallel degree that divides dp and the experts."""
     out = []
     for tp in (t for t in range(1, world + 1) if world % t == 0):
         for pp in (p for p in range(1, world // tp + 1) if (world // tp) % p == 0):
@@ -98,6 +102,8 @@ def layouts(model: ModelShape, world: int, microbatches: int = 4, micro_batch_si
                 variants += [{"schedule": "afab"}, {"schedule": "interleaved", "interleave": 2}]
             if tp > 1:
                 variants += [{"sequence_parallel": True}]
+            if model.experts:
+                variants += [{"ep": e} for e in range(2, dp + 1) if dp % e == 0 and model.experts % e == 0]
             for v in variants:
                 cfg = TrainConfig.make(model=model, tp=tp, pp=pp, dp=dp, microbatches=microbatches,
                                        micro_batch_size=micro_batch_size, **v)
@@ -184,8 +190,9 @@ def validate(world: int, models=("small", "medium"), steps: int = 8, dtype: str 
         parts = {"compute": pred["compute_s"], "bubble": pred["bubble_s"], "optimizer": pred["optimizer_s"],
                  **{k: v for k, v in pred["comm_s"].items() if v}}
         parts = {key: d * v for key, v in parts.items()}
-        # the model's slots: m microbatches of the busiest stage's compute and TP collectives
-        slots = d * (pred["compute_s"] + pred["comm_s"]["tensor_parallel"])
+        # the model's slots: m microbatches of the busiest stage's compute and the collectives inside them (TP's,
+        # the MoE dispatch and combine)
+        slots = d * (pred["compute_s"] + pred["comm_s"]["tensor_parallel"] + pred["comm_s"]["expert_parallel"])
         rows.append(Row(name, lay, statistics.median(times[k]), d * pred["step_time_s"], parts,
                         repeats_s=tuple(times[k]), drift=tuple(drift[k]), predicted_raw_s=pred["step_time_s"],
                         measured_split=split[k],

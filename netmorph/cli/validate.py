@@ -21,8 +21,9 @@ def add_parser(sub) -> None:
                                    "correlation, and whether the predicted best layout is the measured best.")
     p.add_argument("action", choices=("local",), help="local: netmorph's own ranks on this machine")
     p.add_argument("--world", type=int, default=4, choices=(2, 4, 8), help="ranks (default 4)")
-    p.add_argument("--model", action="append", choices=("small", "medium"),
-                   help="GPT size: small (4 layers, h 64) and/or medium (8 layers, h 128); default both")
+    p.add_argument("--model", action="append", choices=("small", "medium", "moe"),
+                   help="GPT: small (4 layers, h 64), medium (8 layers, h 128), moe (the small one with 4 experts, "
+                        "top-2, every ep); default small and medium")
     p.add_argument("--steps", type=int_in(3, 1000), default=8,
                    help="steps per layout; the median after the first two (default 8)")
     p.add_argument("--repeats", type=int_in(1, 20), default=1,
@@ -64,10 +65,12 @@ def run(args) -> int:
         parts = " ".join(f"{k} {1e3 * v:.1f}" for k, v in r.predicted_parts.items() if v)
         ms, ps = r.measured_split, r.predicted_split
         print(f"{r.model:<7} {r.name:<28} {1e3 * r.measured_s:>12.1f} {1e3 * r.predicted_s:>13.1f} "
-              f"{r.error:>+8.1%} {statistics.median(r.drift):>5.2f}x {1e3 * ms['slots']:>6.1f}/{1e3 * ps['slots']:<6.1f} "
+              f"{r.error:>+8.1%} {statistics.median(r.drift):>5.2f}x "
+              f"{1e3 * ms['slots']:>6.1f}/{1e3 * ps['slots']:<6.1f} "
               f"{1e3 * ms['between']:>6.1f}/{1e3 * ps['between']:<6.1f}   {parts}")
-    print("# slots: the busiest stage's forward and backward slots of the last step (compute and the TP collectives "
-          "in them); between: the rest of that step (bubble, pipeline waits, DP, optimizer); measured/predicted")
+    print("# slots: the busiest stage's forward and backward slots of the last step (compute and the TP and MoE "
+          "collectives in them); between: the rest of that step (bubble, pipeline waits, DP, optimizer); "
+          "measured/predicted")
     lo, hi = s["drift_range"]
     print(f"# drift: the machine's speed around each run (a reference GPT on every rank between its steps) over "
           f"its speed at calibration, {lo:.2f}x..{hi:.2f}x here; each prediction is the profile's times it")

@@ -201,8 +201,8 @@ class Layout:
                                                                                    if extra else "")
 
     def tag(self) -> str:
-        """The compact split, as morph prints and :meth:`parse` reads it: ``tp2·pp2·dp2·zero1·v2``."""
-        out = f"tp{self.tp}·pp{self.pp}·dp{self.dp}"
+        """The compact split, as morph prints and :meth:`parse` reads it: ``tp2·pp2·dp2·ep2·zero1·v2``."""
+        out = f"tp{self.tp}·pp{self.pp}·dp{self.dp}" + (f"·ep{self.ep}" if self.ep > 1 else "")
         return out + (f"·zero{self.zero}" if self.zero else "") + (f"·v{self.interleave}" if self.interleave > 1
                                                                     else "")
 
@@ -213,7 +213,7 @@ class Layout:
         for part in text.replace(" ", "").replace("·", ",").split(","):
             key = part.rstrip("0123456789")
             num = part[len(key):]
-            if key not in ("tp", "pp", "dp", "zero", "v") or not num:
+            if key not in ("tp", "pp", "dp", "ep", "zero", "v") or not num:
                 raise UsageError(f"{text!r}: write it as tpN,ppN,dpN,zeroN,vN (e.g. tp2,pp2 or dp4,zero3)",
                                  "layout")
             name = "interleave" if key == "v" else key
@@ -227,7 +227,7 @@ class Layout:
         if tp * pp * dp != world:
             raise UsageError(f"{text!r}: tp x pp x dp = {tp * pp * dp}, not the {world} ranks", "layout")
         v = fields.get("interleave", 1)
-        return cls(tp=tp, pp=pp, dp=dp, zero=fields.get("zero", 0), interleave=v)
+        return cls(tp=tp, pp=pp, dp=dp, ep=fields.get("ep", 1), zero=fields.get("zero", 0), interleave=v)
 
     # -- rules ---------------------------------------------------------------------------------------
     def check(self, model: ModelShape | None = None, world: int | None = None, trainer: bool = False) -> list:

@@ -315,6 +315,18 @@ class ModelShape:
     # a profile's op_overhead_s (a kernel launch, eager dispatch and autograd) is paid for, whatever the sizes
     LAYER_KERNELS = (30, 66)
     HEAD_KERNELS = (14, 23)
+    # an MoE layer's (Megatron's alltoall dispatcher, netmorph.models.moe): the router, the permutation and the
+    # combine, then a loop over the rank's local experts -- (forward, backward) fixed, and per local expert
+    MOE_KERNELS = ((94, 81), (10, 24))
+
+    def layer_kernels(self, ep: int = 1) -> tuple:
+        """(forward, backward) aten operators of one of the model's layers, averaged over them: a dense layer's
+        :data:`LAYER_KERNELS`; a routed layer's :data:`MOE_KERNELS`, with ``experts / ep`` local experts."""
+        if not self.moe_layers:
+            return self.LAYER_KERNELS
+        local, share = self.experts / ep, self.moe_layers / self.layers
+        moe = [fixed + each * local for fixed, each in zip(*self.MOE_KERNELS)]
+        return tuple(share * m + (1 - share) * d for m, d in zip(moe, self.LAYER_KERNELS))
 
     def layer_flops_fwd(self, tokens_b: int, causal: bool = False) -> float:
         """Forward FLOPs of one transformer layer for b sequences (b = ``tokens_b``)."""

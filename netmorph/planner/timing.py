@@ -110,7 +110,7 @@ def _layer_costs(model: ModelShape, hw: Hardware, tp, cp, ep, microbatch, recomp
         cast_bwd = 3 * tokens * (3 * h_ + 2 * model.h_kv + (model.mlp_mats - 1) * f_) / hw.hbm_bandwidth
     # what every operator costs whatever its size (a kernel launch; eager PyTorch's dispatch and autograd):
     # nothing on the presets, the measured cost in a profile of netmorph's own ranks
-    kf, kb = model.LAYER_KERNELS
+    kf, kb = model.layer_kernels(c.ep)
     launch_fwd, launch_bwd = kf * hw.op_overhead_s, (kb + (kf if full else 0)) * hw.op_overhead_s
     k = hw.compute_scale              # 1 on a device per rank; measured where ranks share a machine's cores
     out = {"matmul_fwd": k * (lin + core) + launch_fwd,
@@ -151,7 +151,10 @@ def _layer_costs(model: ModelShape, hw: Hardware, tp, cp, ep, microbatch, recomp
         # experts padded to their capacity send and receive the padding too
         a2a = collective_time(hw, "alltoall", c.ep, t * cp,
                               b * (s / cp) * h * 2 * model.top_k * model.capacity_factor / t)
-        out["moe_fwd"] = 2 * a2a
+        # before the dispatch, how many rows each rank sends to each expert: an all-to-all of E counts (int64)
+        # -- Megatron's MoEAlltoAllTokenDispatcher preprocess, the trainer's moe.counts: latency, not bytes
+        counts = collective_time(hw, "alltoall", c.ep, t * cp, 8 * model.experts)
+        out["moe_fwd"] = 2 * a2a + counts
         out["moe_bwd"] = 2 * a2a * (2 if full else 1)
     return out
 
