@@ -9,11 +9,13 @@ import statistics
 import pytest
 
 from netmorph.calibrate.links import fit
+from netmorph.calibrate.relay import hop_seconds
 from netmorph.calibrate.run import calibrate
 from netmorph.cli import main
 from netmorph.mesh.layout import Layout
 from netmorph.mesh.shape import ModelShape
 from netmorph.planner.hardware import PROFILE_FORMAT, load_hardware
+from netmorph.planner.hardware import PRESETS as HW
 from netmorph.planner.timing import step_time
 
 pytestmark = pytest.mark.timeout(120)
@@ -56,6 +58,37 @@ def test_a_profile_holds_the_planners_fields_the_raw_measurements_and_the_fit(fo
     assert link["same_node"] and len(link["one_way_s"]) == len(link["sizes"]) == len(link["pingpong_residuals"])
     assert hw["alpha_intra"] == link["alpha"] and hw["nvlink_bandwidth"] == 1 / link["beta"]
     assert "inter" not in prof["links"] and hw["nic_bandwidth"] == hw["nvlink_bandwidth"]   # one node
+    # the pipeline relays: chains of 2 and of 4 ranks, each with and without its messages, and the hop from them
+    relays = c["busy"]["relay"]
+    assert [r["p"] for r in relays] == [2, 4] and all(r["step_s"] > 0 and r["compute_s"] > 0 for r in relays)
+    assert hw["pipeline_hop_s"] == pytest.approx(hop_seconds(relays, hw["alpha_intra"] + relays[0]["nbytes"]
+                                                             / hw["nvlink_bandwidth"], hw["core_sharing"]))
+
+
+def test_the_hop_is_what_makes_the_planners_pipeline_formula_give_the_relays_step():
+    """Relays built from the planner's own formula with a known hop give that hop back; the planner's pipeline
+    pays it on every send (2 v per microbatch, in every slot of max(m, slots / core_sharing)), the simulator on
+    every stage-to-stage send, and a layout with one stage not at all."""
+    link, hop, cs, m = 1e-3, 2.5e-3, 3.0, 4
+    relays = [{"p": p, "m": m, "compute_s": 0.04, "step_s": max(m, (m + p - 1) / cs) * (0.01 + 2 * (link + hop))}
+              for p in (2, 4)]
+    assert hop_seconds(relays, link, cs) == pytest.approx(hop)
+    assert hop_seconds([{**r, "step_s": r["compute_s"]} for r in relays], link, cs) == 0.0    # never below 0
+    model = ModelShape(layers=4, hidden=64, heads=4, seq=32, vocab=128)
+    hw = dataclasses.replace(HW["a100-40g"], core_sharing=cs)
+    for lay, per_mb in ((Layout(pp=2, global_batch=8, micro_batch_size=2), 2),
+                        (Layout(pp=2, interleave=2, global_batch=8,
+                                micro_batch_size=2), 4),
+                        (Layout(dp=2, global_batch=8, micro_batch_size=2), 0)):
+        assert not lay.check(model)
+        plain, hopped = (step_time(model, lay, dataclasses.replace(hw, pipeline_hop_s=h)) for h in (0.0, hop))
+        slots = max(lay.microbatches, (lay.microbatches + (lay.pp - 1) / lay.interleave) / cs)
+        assert hopped["step_time_s"] - plain["step_time_s"] == pytest.approx(slots * per_mb * hop, rel=1e-9)
+    from netmorph.simulate import simulate_config
+    lay = Layout(pp=2, global_batch=8, micro_batch_size=2)
+    plain, hopped = (simulate_config(model, lay, dataclasses.replace(HW["a100-40g"], pipeline_hop_s=h))
+                     for h in (0.0, hop))
+    assert hopped["step_time_s"] > plain["step_time_s"] + hop
 
 
 def test_the_fit_is_alpha_plus_beta_n_and_its_residuals_are_relative():

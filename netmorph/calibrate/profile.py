@@ -12,6 +12,8 @@ What maps to what:
   operator scale below;
 - ``overlap``: the share of a ring all-reduce on a communication thread that hid behind GEMMs on the main
   thread (the trainer's DDP-style overlap), every rank at once;
+- ``pipeline_hop_s``: what a pipeline send costs beyond the link's α and β because its receiver waited asleep
+  (:mod:`netmorph.calibrate.relay`: GEMMs relayed along chains of ranks, every chain at once);
 - ``alpha_intra`` / ``nvlink_bandwidth``: the same-node link's fitted α and 1/β; ``alpha_inter`` /
   ``nic_bandwidth``: the other node's (emulated with ``--inter-node-mbps``; the same-node link's when the
   profile has one node);
@@ -41,6 +43,7 @@ from dataclasses import asdict, replace
 import numpy as np
 
 from netmorph.calibrate.compute import ITEMSIZE, REFERENCE_MICROBATCH, REFERENCES
+from netmorph.calibrate.relay import hop_seconds
 from netmorph.mesh.layout import Layout
 from netmorph.mesh.shape import ModelShape
 from netmorph.planner.hardware import CALIBRATED_PASSES, PROFILE_FORMAT, Hardware
@@ -116,6 +119,9 @@ def build(world: int, dtype: str, backend: str, gpn: int, alone: dict, busy: dic
     k_ops, k_flops = scales(hw, dtype, busy["reference_s"])
     hw = replace(hw, op_overhead_s=hw.op_overhead_s * k_ops, compute_scale=k_flops,
                  core_sharing=min(1e4, max(1.0, busy["reference_s"][0] / alone["reference_s"][0])))
+    if busy.get("relay"):
+        link = hw.alpha_intra + busy["relay"][0]["nbytes"] / hw.nvlink_bandwidth
+        hw = replace(hw, pipeline_hop_s=min(1.0, hop_seconds(busy["relay"], link, hw.core_sharing)))
     return {
         "format": PROFILE_FORMAT,
         "hardware": {k: (list(map(list, v)) if k.endswith("_table") else list(v) if isinstance(v, tuple) else v)

@@ -127,7 +127,7 @@ def planner_layout(layout: Layout, dtype: str, model: ModelShape | None = None) 
 def _probed(comm, cfg: TrainConfig) -> tuple:
     """(the rank's training report, the speed probe's seconds after each step): after every training step the
     ranks meet (a barrier), run one forward and backward of the first reference GPT -- the microbenchmark the
-    profile's compute scales were fitted on, timed the same way (every rank at once, meeting after it) -- and
+    profile's compute scales were fitted on, timed the same way (every rank at once, the slowest rank's) -- and
     meet again before the next step, so the probe sees the machine as the steps around it did. A shared
     machine's speed drifts: on this 2-core VM the same dp8 run took 170 ms and, fifteen minutes later, 265 ms,
     nothing else running."""
@@ -140,8 +140,8 @@ def _probed(comm, cfg: TrainConfig) -> tuple:
         comm.barrier()
         t0 = time.perf_counter()
         run()
-        comm.barrier()
         seconds.append(time.perf_counter() - t0)
+        comm.barrier()                       # the next step starts on every rank together, as the probe did
     return train_rank(comm, cfg, commit=after), seconds
 
 

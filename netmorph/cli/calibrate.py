@@ -72,7 +72,7 @@ def print_profile(prof: dict, path: str) -> None:
     for shape, a, b in zip(c["references"], alone["reference_s"], busy["reference_s"]):
         name = f"#   GPT h {shape['hidden']} s {shape['seq']} fwd+bwd"
         print(f"{name:<28} {a * 1e3:>11.2f} ms {b * 1e3:>13.2f} ms {b / a:>8.2f}x")
-    print(f"# the reference GPTs, every rank meeting the others at each microbatch, against what the rates above "
+    print(f"# the reference GPTs, every rank at once, calls back to back, against what the rates above "
           f"predict for them: operators x{c['operator_scale']:.2f}, FLOPs and bytes x{hw['compute_scale']:.2f}; a "
           f"rank computes {hw['core_sharing']:.2f}x slower with every rank busy than alone")
     ov = busy["overlap"]
@@ -87,4 +87,12 @@ def print_profile(prof: dict, path: str) -> None:
         print(f"#   {name + ' (0 <-> ' + str(link['peer']) + ')':<24} {link['alpha'] * 1e6:>7.1f} us "
               f"{fmt_bytes(1 / link['beta']):>10}/s   {min(res):+7.1%} .. {max(res):+.1%}   "
               f"({link['fitted_from']})")
+    relays = busy.get("relay") or []
+    if relays:
+        chains = ", ".join(str(r["p"]) for r in relays)
+        steps = " / ".join(f"{1e3 * r['step_s']:.1f}" for r in relays)
+        alone_ = " / ".join(f"{1e3 * r['compute_s']:.1f}" for r in relays)
+        print(f"# pipeline hop: GEMMs relayed along chains of {chains} ranks as a GPipe step (every chain at once): "
+              f"{steps} ms a step, {alone_} ms without the messages: a send costs "
+              f"{1e3 * hw['pipeline_hop_s']:.2f} ms beyond the link's alpha and beta (its receiver waited asleep)")
     print(f"# wrote {path}: netmorph plan estimate --hardware {path} ...; netmorph simulate step --hardware {path}")

@@ -76,6 +76,9 @@ class Hardware:
     fp8_gemm_table: tuple = ()     # the same for FP8 GEMMs
     fp8_gemm_efficiency: float = 0.0   # FP8 GEMMs' share of fp8_flops (0: gemm_efficiency)
     op_overhead_s: float = 0.0     # what one operator costs whatever its size: a kernel launch, eager dispatch
+    pipeline_hop_s: float = 0.0    # what a pipeline send costs beyond the link's α and β: its receiver waited asleep
+                                   # and, where ranks share cores, waits for one (0: a GPU's stream; measured by
+                                   # netmorph calibrate's relay)
     overlap: float = 1.0           # the share of a collective that can hide behind compute (1: a GPU's own
                                    # stream and SMs; measured by netmorph calibrate where ranks share cores)
     allreduce_algorithms: tuple = ()   # what an all-reduce may run (NCCL_ALGO): () the cheaper per size of
@@ -196,7 +199,8 @@ _RULES = (
      "a number > 0"),
     (("memory_bytes", "hbm_bandwidth", "nvlink_bandwidth", "nic_bandwidth"), lambda v: v <= 1e15,
      "at most 1e15 (a petabyte, or a petabyte per second)"),
-    (("alpha_intra", "alpha_inter", "op_overhead_s"), lambda v: 0 <= v <= 1, "a number of seconds in 0..1"),
+    (("alpha_intra", "alpha_inter", "op_overhead_s", "pipeline_hop_s"), lambda v: 0 <= v <= 1,
+     "a number of seconds in 0..1"),
     (("elementwise_passes",), lambda v: 0 <= v <= 1e3, "a number in 0..1000"),
     (("gemm_efficiency", "attention_efficiency"), lambda v: 0 < v <= 1, "a number in (0, 1]"),
     (("overlap",), lambda v: 0 <= v <= 1, "a number in [0, 1]"),

@@ -337,7 +337,7 @@ def _microbatch(model, hw, t, cp, p, d, ep, mb, recompute, sp, precision, v, fir
             tp_comm += embedding    # the first stage's: with one stage, the same rank's
     cp_comm = layers * (lc["cp_fwd"] + lc["cp_bwd"])
     moe_comm = layers * (lc["moe_fwd"] + lc["moe_bwd"])
-    pp_comm = 2 * v * p2p_time(hw, 0, t * cp * d, act / t) if p > 1 else 0.0
+    pp_comm = 2 * v * (p2p_time(hw, 0, t * cp * d, act / t) + hw.pipeline_hop_s) if p > 1 else 0.0
     if tp_overlap:
         tp_comm = max(0.0, tp_comm - gemm)
     if pp_overlap:

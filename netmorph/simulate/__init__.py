@@ -47,7 +47,8 @@ def costs_for(model, c, hw) -> Costs:
         dp_after=after, dp_after_exposed=after_exposed, dp_overlap=c.dp_overlap, optimizer=optimizer_time(n, c, hw),
         comm_slowdown=hw.comm_slowdown if c.dp_overlap else 0.0,
         dp_rounds=c.reduce_rounds,
-        alpha_intra=hw.alpha_intra, alpha_inter=hw.alpha_inter, bw_intra=hw.nvlink_bandwidth,
+        alpha_intra=hw.alpha_intra, alpha_inter=hw.alpha_inter, pipeline_hop=hw.pipeline_hop_s,
+        bw_intra=hw.nvlink_bandwidth,
         bw_inter=hw.nic_bandwidth, gpus_per_node=hw.gpus_per_node,
         tp_bytes_sent=2 * (t - 1) / t * act, dp_bytes_layer=ring * layer_grads, dp_bytes_embedding=ring * emb_grads,
         dp_bytes_after=(d - 1) / d * c.param_bytes * n if c.sharding else 0.0)

@@ -71,6 +71,7 @@ class Costs:
     optimizer: float = 0.0
     alpha_intra: float = 0.0
     alpha_inter: float = 0.0
+    pipeline_hop: float = 0.0        # a stage-to-stage send's cost beyond the link's (Hardware.pipeline_hop_s)
     bw_intra: float = math.inf       # B/s
     bw_inter: float = math.inf
     gpus_per_node: int = 8
@@ -184,8 +185,8 @@ def simulate_step(tp: int, pp: int, dp: int, microbatches: int, layers: int, cos
         if link is None:
             inter = node[r] != node[dst_stage]
             x = np.where(inter, costs.p2p_bytes / costs.bw_inter, costs.p2p_bytes / costs.bw_intra)
-            link = links[r, dst_stage] = (inter, x, np.where(inter, costs.alpha_inter, costs.alpha_intra) + x,
-                                          int(inter.sum()))
+            link = links[r, dst_stage] = (inter, x, np.where(inter, costs.alpha_inter, costs.alpha_intra) + x
+                                          + costs.pipeline_hop, int(inter.sum()))
         inter, x, base, n_inter = link
         start = np.maximum(t_ready, nic[r])
         if n_inter:
