@@ -95,7 +95,7 @@ class Hardware:
                                    # channels, one per NIC); False: one ring over one link (netmorph's own rings)
     compute_scale: float = 1.0     # a real layer's measured compute over what the fields above predict for it
                                    # (1: a device per rank; measured by netmorph calibrate on a reference
-                                   # layer where ranks share cores and caches and meet at every microbatch)
+                                   # layer where ranks share cores and caches)
 
     @property
     def fp8_efficiency(self) -> float:
