@@ -1,7 +1,7 @@
 """The twin against the machine: every layout of 4 and of 8 local ranks, both GPT sizes, measured beside the
 planner's prediction from a profile of the same ranks measured first (``netmorph validate local``).
 
-    python benchmarks/validate_local.py [--worlds 4 8] [--steps 8] [--repeats 2]
+    python benchmarks/validate_local.py [--worlds 4 8] [--steps 8] [--repeats 2] [--models small medium moe]
 
 Prints each world's table and the issue's goal beside the result: mean |error| <= 10%, worst <= 20%, the
 predicted best layout within 5% of the measured best -- and the machine's own noise beside it: every layout
@@ -23,10 +23,11 @@ def main() -> int:
     ap.add_argument("--worlds", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--models", nargs="+", default=["small", "medium", "moe"], choices=["small", "medium", "moe"])
     args = ap.parse_args()
     every = []
     for world in args.worlds:
-        rows = validate(world, steps=args.steps, repeats=args.repeats)["rows"]
+        rows = validate(world, tuple(args.models), steps=args.steps, repeats=args.repeats)["rows"]
         every += rows
         s = summary(rows)
         print(f"# world {world}: {s['layouts']} layouts, mean |error| {s['mean_abs_error']:.1%}, worst "
