@@ -186,34 +186,30 @@ def test_a_broken_profile_is_exit_2_naming_the_field(two_nodes, tmp_path, field,
 
 def test_the_kernel_counts_the_planner_charges_are_the_gpts_own():
     """ModelShape.LAYER_KERNELS and HEAD_KERNELS -- what a profile's op_overhead_s is paid for -- are the aten
-    operators netmorph's GPT dispatches, forward and backward, counted by a TorchDispatchMode."""
+    operators netmorph's GPT dispatches, forward and backward, counted by a TorchDispatchMode; and an MoE layer's,
+    ModelShape.layer_kernels(), for 2, 4 and 8 experts."""
     import torch
 
     from netmorph.calibrate.compute import _Count
     from netmorph.models.gpt import GPTStage, synthetic_batch
-    counts = {}
-    for layers in (1, 3):
-        cfg = ModelShape(layers=layers, hidden=16, heads=2, seq=8, vocab=32)
+
+    def count(cfg):
+        """(forward, backward) aten operators of one microbatch of ``cfg``'s GPT."""
         model = GPTStage(cfg, dtype=torch.float32)
         x, y = synthetic_batch(cfg, range(2))
         with _Count() as fwd:
             loss = model(x, y)
         with _Count() as bwd:
             loss.backward()
-        counts[layers] = (fwd.n, bwd.n)
+        return fwd.n, bwd.n
+    counts = {layers: count(ModelShape(layers=layers, hidden=16, heads=2, seq=8, vocab=32)) for layers in (1, 3)}
     per_layer = tuple((counts[3][i] - counts[1][i]) // 2 for i in (0, 1))
     assert per_layer == ModelShape.LAYER_KERNELS
     assert tuple(counts[1][i] - per_layer[i] for i in (0, 1)) == ModelShape.HEAD_KERNELS
     # a mixture of experts' layer: a fixed part and a part per local expert (its loop runs every expert)
     for experts, top_k in ((2, 1), (4, 2), (8, 2)):
         cfg = ModelShape(layers=2, hidden=16, heads=2, seq=8, vocab=32, experts=experts, top_k=top_k)
-        model = GPTStage(cfg, dtype=torch.float32)
-        x, y = synthetic_batch(cfg, range(2))
-        with _Count() as fwd:
-            loss = model(x, y)
-        with _Count() as bwd:
-            loss.backward()
-        assert cfg.layer_kernels() == tuple((n - h) / 2 for n, h in zip((fwd.n, bwd.n), ModelShape.HEAD_KERNELS))
+        assert cfg.layer_kernels() == tuple((n - h) / 2 for n, h in zip(count(cfg), ModelShape.HEAD_KERNELS))
 
 
 def test_validation_trains_layouts_and_predicts_them_from_the_profile():
