@@ -103,3 +103,16 @@ def test_bad_failures_input_is_one_line_exit_2(argv, flag, capsys):
     assert main(["failures", *argv]) == 2
     err = capsys.readouterr().err
     assert flag in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_jobs_own_rules_live_in_the_model_and_name_the_field():
+    """What cannot be modelled is refused by failures.model.check_job, for the CLI and a Python caller alike:
+    the message names the parameter (the CLI spells it as its flag)."""
+    from netmorph.errors import UsageError
+    from netmorph.failures.model import check_job
+    check_job(3600.0, 60.0, 5.0, 1.0, 10)                     # a job that fits: no error
+    for args, field in (((30.0, 60.0, 5.0, 1.0, 10), "checkpoint_write"), ((30.0, 1.0, 40.0, 1.0, 10), "step_time"),
+                        ((61.0, 1.0, 1.0, 3650.0, 200), "trials")):
+        with pytest.raises(UsageError) as e:
+            check_job(*args)
+        assert e.value.render(None).startswith(field) or f" {field} " in e.value.render(None)

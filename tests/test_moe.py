@@ -107,3 +107,15 @@ def test_moe_json_has_what_the_issue_lists(capsys):
     assert main(["moe", "drops", "--tokens", "512", "--experts", "8", "--trials", "50", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["capacity"] == 160 and 0 <= d["exact_drop_fraction"] < 0.1
+
+
+def test_a_routing_that_cannot_be_drawn_is_refused_by_the_capacity_model():
+    """models.capacity.check_routing holds the drop simulation's rules (the CLI's `moe drops` calls it)."""
+    from netmorph.errors import UsageError
+    from netmorph.models.capacity import check_routing
+    check_routing(4096, 8, 2, 200)
+    for args, field in (((64, 8, 9, 1), "top_k"), ((64, 5000, 1, 1), "experts"),
+                        ((1 << 20, 4096, 1, 10_000), "trials")):
+        with pytest.raises(UsageError) as e:
+            check_routing(*args)
+        assert field in e.value.render(None)

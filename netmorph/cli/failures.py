@@ -81,17 +81,9 @@ def _per_gpu_default():
     return job_mtbf(f) * f["gpus"]
 
 
-def _fmt_h(seconds: float) -> str:
-    h = seconds / 3600
-    if h >= 24 * 365:
-        return f"{h / (24 * 365):.1f} years"
-    if h >= 1:
-        return f"{h:.2f} h"
-    return f"{seconds / 60:.1f} min"
-
-
 def run(args) -> int:
     from netmorph.failures import daly, fleet, goodput, inplace_goodput, monte_carlo, optimum, young
+    from netmorph.failures.model import check_job, human_time
     if args.fleet:
         return _fleet(fleet(), args.json)
     if args.job_mtbf and args.per_gpu_mtbf:
@@ -101,20 +93,13 @@ def run(args) -> int:
     else:
         per = args.per_gpu_mtbf or _per_gpu_default()
         M = per / args.gpus
-        origin = (f"= per-GPU MTBF {_fmt_h(per)}"
+        origin = (f"= per-GPU MTBF {human_time(per)}"
                   + ("" if args.per_gpu_mtbf else ", Llama 3's (419 interruptions in 54 days on 16,384 GPUs),")
                   + f" / {args.gpus:,} GPUs")
     C, R, r, s = args.checkpoint_write, args.restart, args.inplace_recovery, args.step_time
-    if C >= M:
-        raise UsageError(f"--checkpoint-write {_fmt_h(C)} is not shorter than the job MTBF "
-                         f"{_fmt_h(M)}: the job would fail before a checkpoint completes")
-    if s >= M:
-        raise UsageError(f"--step-time {_fmt_h(s)} is not shorter than the job MTBF {_fmt_h(M)}")
+    check_job(M, C, s, args.days, args.trials)
     tau = args.interval or daly(C, M)
     hours = args.days * 24
-    if hours * 3600 / M * args.trials > 5e7:
-        raise UsageError(f"--days {args.days:g} x --trials {args.trials} at a job MTBF of {_fmt_h(M)} is more than "
-                         f"50 million failures to simulate; lower --trials or --days")
     mc = dict(hours=hours, trials=args.trials, seed=args.seed, dist=args.distribution, shape=args.weibull_shape)
     sim = {"restart": monte_carlo(tau, C, R, M, **mc), "inplace": monte_carlo(s, 0.0, r, M, **mc)}
     closed = {"restart": goodput(tau, C, R, M), "inplace": inplace_goodput(s, r, M)}
@@ -139,9 +124,10 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(out))
         return 0
-    print(f"# netmorph failures: {args.gpus:,} GPUs, job MTBF {_fmt_h(M)} {origin}, {args.days:g} days; "
-          f"checkpoint write {_fmt_h(C)}, restart {_fmt_h(R)}; in place: recovery {_fmt_h(r)}, step {s:g} s")
-    print(f"expected interruptions   {out['expected_interruptions']:,.1f}   ({hours:g} h / {_fmt_h(M)})")
+    print(f"# netmorph failures: {args.gpus:,} GPUs, job MTBF {human_time(M)} {origin}, {args.days:g} days; "
+          f"checkpoint write {human_time(C)}, restart {human_time(R)}; in place: recovery {human_time(r)}, "
+          f"step {s:g} s")
+    print(f"expected interruptions   {out['expected_interruptions']:,.1f}   ({hours:g} h / {human_time(M)})")
     print(f"checkpoint interval      Young sqrt(2CM) {young(C, M) / 60:.1f} min   Daly {daly(C, M) / 60:.1f} min   "
           f"exact optimum {optimum(C, R, M) / 60:.1f} min   (used: {tau / 60:.1f} min)")
     what = "exponential" if args.distribution == "exponential" else f"Weibull k={args.weibull_shape:g}"

@@ -180,15 +180,8 @@ def _json(moe, out) -> dict:
 
 
 def _drops(args) -> int:
-    from netmorph.models.capacity import capacity, exact_drop_fraction, simulated_drop_fraction
-    for name, lo, hi in (("experts", 1, 4096), ("top_k", 1, 4096)):
-        v = getattr(args, name)
-        if not lo <= v <= hi:
-            raise UsageError(f"--{name.replace('_', '-')} must be in {lo}..{hi}, got {v}")
-    if args.top_k > args.experts:
-        raise UsageError(f"--top-k {args.top_k} > --experts {args.experts}")
-    if args.tokens * args.experts * args.trials > 4e9:
-        raise UsageError("--tokens x --experts x --trials is more than 4e9 draws; lower --trials")
+    from netmorph.models.capacity import capacity, check_routing, exact_drop_fraction, simulated_drop_fraction
+    check_routing(args.tokens, args.experts, args.top_k, args.trials)
     cap = capacity(args.tokens, args.experts, args.top_k, args.capacity_factor)
     exact = exact_drop_fraction(args.tokens, args.experts, args.top_k, cap)
     sim = simulated_drop_fraction(args.tokens, args.experts, args.top_k, cap, args.trials, args.seed)

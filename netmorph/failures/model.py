@@ -34,6 +34,36 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from netmorph.errors import UsageError
+
+MAX_FAILURES = 5e7        # failures a Monte Carlo run may simulate (all trials)
+
+
+def human_time(seconds: float) -> str:
+    """``1.5 min``, ``3.10 h``, ``2.0 years``: a duration at the scale failure economics speaks in."""
+    h = seconds / 3600
+    if h >= 24 * 365:
+        return f"{h / (24 * 365):.1f} years"
+    if h >= 1:
+        return f"{h:.2f} h"
+    return f"{seconds / 60:.1f} min"
+
+
+def check_job(M: float, C: float, s: float, days: float, trials: int) -> None:
+    """UsageError naming the field when a job cannot be modelled: a checkpoint write ``C`` or a step ``s`` not
+    shorter than the job MTBF ``M`` (it would fail before either completes), or more than
+    :data:`MAX_FAILURES` failures for ``trials`` runs of ``days`` to simulate."""
+    if C >= M:
+        raise UsageError(f"{{checkpoint_write}} {human_time(C)} is not shorter than the job MTBF {human_time(M)}: "
+                         "the job would fail before a checkpoint completes", "checkpoint_write")
+    if s >= M:
+        raise UsageError(f"{{step_time}} {human_time(s)} is not shorter than the job MTBF {human_time(M)}",
+                         "step_time")
+    if days * 86400 / M * trials > MAX_FAILURES:
+        raise UsageError(f"{{days}} {days:g} x {{trials}} {trials} at a job MTBF of {human_time(M)} is more than "
+                         f"{MAX_FAILURES / 1e6:g} million failures to simulate; lower {{trials}} or {{days}}",
+                         "trials")
+
 
 def young(C: float, M: float) -> float:
     """Young's interval ``sqrt(2 C M)`` (seconds of compute between checkpoints)."""

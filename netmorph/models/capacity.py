@@ -21,7 +21,25 @@ import math
 import numpy as np
 import torch
 
+from netmorph.errors import UsageError
+
 POLICIES = ("position", "probs")
+
+
+MAX_DRAWS = 4e9           # tokens x experts x trials a drop simulation may draw
+
+
+def check_routing(tokens: int, experts: int, top_k: int, trials: int = 1) -> None:
+    """UsageError naming the field when a routing cannot be drawn: experts or top-k outside 1..4096, top-k above
+    the experts, or more than :data:`MAX_DRAWS` draws for ``trials`` simulated routings."""
+    for name, v in (("experts", experts), ("top_k", top_k)):
+        if not 1 <= v <= 4096:
+            raise UsageError(f"{{{name}}} must be in 1..4096, got {v}", name)
+    if top_k > experts:
+        raise UsageError(f"{{top_k}} {top_k} > {{experts}} {experts}", "top_k")
+    if tokens * experts * trials > MAX_DRAWS:
+        raise UsageError(f"{{tokens}} x {{experts}} x {{trials}} is more than {MAX_DRAWS:g} draws; lower {{trials}}",
+                         "trials")
 
 
 def capacity(tokens: int, experts: int, top_k: int, capacity_factor: float) -> int:
