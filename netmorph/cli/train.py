@@ -242,6 +242,10 @@ def print_baseline(b: dict) -> None:
         q = b[mode]
         print(f"#   {label:<20} {1e3 * q['median_s']:8.1f} ms  [{1e3 * q['q1_s']:.1f}, {1e3 * q['q3_s']:.1f}]"
               f"  {q['tokens_per_s']:>9,.0f} tokens/s")
+    if b["vs_ddp"] == "too few steps":
+        print(f"# netmorph {b['of_bound']:.0%} of the no-communication bound, DDP {b['ddp_of_bound']:.0%}: "
+              f"{b['steps']} steps counted, too few to call either ratio (--steps 8 or more)")
+        return
     to_bound = {"faster": "above it, the ranges apart", "slower": "below it, the ranges apart",
                 "within noise": "the ranges overlap: as fast as the bound at this noise"}[b["vs_bound"]]
     to_ddp = {"faster": "faster, the ranges apart", "slower": "slower, the ranges apart",

@@ -24,6 +24,7 @@ from netmorph.models.gpt import GPTStage, synthetic_batch
 from netmorph.parallel.hybrid import DTYPES, train_rank
 
 MODES = ("netmorph", "ddp", "no_comm")
+MIN_STEPS = 4             # counted steps below which no ratio is called: a quartile of fewer is one step
 
 
 class Baseline:
@@ -99,7 +100,8 @@ def compare(a: dict, b: dict) -> str:
 
 def summarise(step_times: dict, tokens: int, weights: list, warmup: int = 1) -> dict:
     """The ``baseline`` result from each mode's per-step seconds (the slowest rank's): per mode its quartiles
-    and tokens/s at the median, the steps after ``warmup``; netmorph against DDP and against the bound;
+    and tokens/s at the median, the steps after ``warmup``; netmorph against DDP and against the bound (with
+    fewer than :data:`MIN_STEPS` counted steps, "too few steps");
     ``replicas_agree``: whether each baseline's ranks ended with the same weights (``weights``: every rank's
     {mode: sum of its weights}) -- DDP's must, the unsynchronised bound's must not."""
     out = {"steps": len(step_times["netmorph"]) - warmup, "order": "A/B/C per step: " + ", ".join(MODES),
@@ -111,5 +113,8 @@ def summarise(step_times: dict, tokens: int, weights: list, warmup: int = 1) -> 
     out["tokens_per_s"], out["no_comm_tokens_per_s"] = ddp["tokens_per_s"], bound["tokens_per_s"]
     out["of_bound"] = bound["median_s"] / me["median_s"]
     out["ddp_of_bound"] = bound["median_s"] / ddp["median_s"]
-    out["vs_ddp"], out["vs_bound"] = compare(me, ddp), compare(me, bound)
+    if out["steps"] < MIN_STEPS:
+        out["vs_ddp"] = out["vs_bound"] = "too few steps"
+    else:
+        out["vs_ddp"], out["vs_bound"] = compare(me, ddp), compare(me, bound)
     return out
