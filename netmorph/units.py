@@ -128,6 +128,16 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+def fmt_params(n: float) -> str:
+    """A parameter count as papers print it (``174.62 x 1e9``); under 1e8 (netmorph's own models) whole."""
+    return f"{n / 1e9:,.2f} x 1e9" if n >= 1e8 else f"{n:,.0f}"
+
+
+def fmt_memory(n: float) -> str:
+    """``5.6 GB (5.3 GiB)``; under 0.1 GB, where that would read 0.0 GB, in binary units (``2.43 MiB``)."""
+    return f"{n / 1e9:.1f} GB ({n / 2**30:.1f} GiB)" if n >= 1e8 else fmt_bytes(n)
+
+
 def fmt_time(seconds: float) -> str:
     """Seconds with a unit a reader can compare at a glance."""
     s = float(seconds)

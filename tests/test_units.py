@@ -29,3 +29,10 @@ def test_nccl_tests_bus_bandwidth():
     assert round(algbw, 3) == 134.218 and round(busbw, 3) == 234.881
     assert bandwidths("allgather", 1 << 30, 8e-3, 8)[1] == pytest.approx(algbw * 7 / 8)
     assert bandwidths("broadcast", 1 << 30, 8e-3, 8)[1] == pytest.approx(algbw)
+
+
+def test_parameter_counts_and_memory_read_at_the_models_scale():
+    """A published model prints as papers do; netmorph's own models (a local profile's) whole, not as 0.00."""
+    from netmorph.units import fmt_memory, fmt_params
+    assert fmt_params(174.62e9) == "174.62 x 1e9" and fmt_params(210_304) == "210,304"
+    assert fmt_memory(5.6e9) == "5.6 GB (5.2 GiB)" and fmt_memory(2.5 * 2**20) == "2.50 MiB"

@@ -15,6 +15,7 @@ import time
 
 from netmorph.cli import pipeline_schedule
 from netmorph.errors import UsageError
+from netmorph.units import fmt_memory, fmt_params
 
 FIXABLE = ("tp", "cp", "pp", "dp", "ep", "microbatch", "interleave", "zero", "recompute", "sequence_parallel",
            "precision")
@@ -250,13 +251,13 @@ def _estimate(args, model, hw) -> int:
     print(f"# netmorph plan estimate: {_describe(model)} on {c.gpus} x {hw.name}")
     print(f"# {c.label()}, global batch {gb} ({c.microbatches} microbatches per pipeline)"
           + (f"; warning: {why}" if why else ""))
-    active = (f", {e['active_params_count'] / 1e9:,.2f} x 1e9 active per token (top-{model.top_k} of "
+    active = (f", {fmt_params(e['active_params_count'])} active per token (top-{model.top_k} of "
               f"{model.experts} experts)" if model.experts else "")
-    print(f"parameters         {e['params_count'] / 1e9:,.2f} x 1e9{active}"
+    print(f"parameters         {fmt_params(e['params_count'])}{active}"
           + ("" if model.bare else f"; layers per stage {_stages(e['stage_layers'])}"))
-    print("memory per GPU     " + ", ".join(f"{k} {_gb(mem[k])} GB ({mem[k] / 2**30:.1f} GiB)"
-                                            for k in ("params", "grads", "optimizer", "activations")))
-    print(f"                   total {_gb(mem['total'])} GB ({mem['total'] / 2**30:.1f} GiB) of "
+    print("memory per GPU     " + ", ".join(f"{k} {fmt_memory(mem[k])}" for k in ("params", "grads", "optimizer",
+                                                                            "activations")))
+    print(f"                   total {fmt_memory(mem['total'])} of "
           f"{_gb(hw.memory_bytes)} GB ({hw.memory_bytes / 2**30:.0f} GiB): {'fits' if e['fits'] else 'DOES NOT FIT'}")
     if model.bare:
         return 0
