@@ -8,7 +8,7 @@ import importlib
 from netmorph.calibrate.compute import WINDOW, compute_rank, gemm_shapes, overlap_rank
 from netmorph.calibrate.links import LOAD_S, RING_SIZES, SIZES, fit, fit_ring, pingpong_rank, ring_rank
 from netmorph.calibrate.profile import build
-from netmorph.calibrate.relay import relay_rank
+from netmorph.calibrate.relay import SLOT_S, relay_rank
 from netmorph.cost.topology import node_of, two_nodes
 from netmorph.errors import UsageError
 from netmorph.runtime.launch import launch
@@ -53,7 +53,10 @@ def calibrate(world: int = 4, backend: str = "local", dtype: str = "float32", in
     overlap = launch(overlap_rank, world, topology=topo, backend=backend, timeout=timeout)
     busy["overlap"] = {**overlap[0], "overlap": min(r["overlap"] for r in overlap)}
     # a pipeline's hop: GEMMs relayed along chains of 2 (and 4) consecutive ranks, every chain at once
-    busy["relay"] = [launch(relay_rank, world, p, topology=topo, backend=backend, timeout=timeout)[0]
+    # (a quick profile, with a shorter window: shorter slots, two repeats)
+    quick = window < WINDOW
+    busy["relay"] = [launch(relay_rank, world, p, slot_s=SLOT_S * min(1.0, window / WINDOW),
+                            repeats=2 if quick else 5, topology=topo, backend=backend, timeout=timeout)[0]
                      for p in (2, 4) if p <= gpn and world % p == 0]
     on_phase(PHASES[2])
     return build(world, dtype, backend, gpn, alone, busy, links, inter_mbps)
