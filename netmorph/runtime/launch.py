@@ -98,10 +98,8 @@ def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults
                 from netmorph.runtime.torchrun import join_gloo
                 join_gloo(rank, world, f"file://{store}", timeout)
         else:
-            from netmorph.runtime.torchrun import init_torch, loopback_interface
-            lo = loopback_interface()
-            if lo and "GLOO_SOCKET_IFNAME" not in os.environ:
-                os.environ["GLOO_SOCKET_IFNAME"] = lo
+            from netmorph.runtime.torchrun import gloo_on_loopback, init_torch
+            gloo_on_loopback()
             comm = init_torch(rank, world, f"file://{store}", timeout, native=(backend == "torch-native"),
                               faults=faults, fingerprints=fingerprints)
         result = fn(comm, *args, **kwargs)
@@ -114,7 +112,8 @@ def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults
         if backend != "local":
             comm.transport.close()
         elif torch_group:
-            sys.modules["torch.distributed"].destroy_process_group()
+            from netmorph.runtime.transport.torchdist import dist_module
+            dist_module().destroy_process_group()
     except BaseException as e:          # noqa: BLE001 - every failure is reported to the launcher
         try:
             culprit = e.rank if isinstance(e, FabricError) else None      # whom this rank blames

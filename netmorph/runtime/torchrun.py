@@ -29,6 +29,14 @@ def loopback_interface() -> str | None:
     return next((n for n in names if n in ("lo", "lo0")), None)
 
 
+def gloo_on_loopback() -> None:
+    """Bind gloo's sockets to the loopback interface (``GLOO_SOCKET_IFNAME``, unless the user set it): a
+    local launch exposes nothing beyond this host."""
+    lo = loopback_interface()
+    if lo and "GLOO_SOCKET_IFNAME" not in os.environ:
+        os.environ["GLOO_SOCKET_IFNAME"] = lo
+
+
 def init_torch(rank: int, world: int, init_method: str, timeout: float, native: bool = False, faults=(),
                fingerprints: bool = True):
     """``init_process_group(init_method=...)`` and a Comm over it: gloo for CPU tensors, and NCCL for
@@ -85,9 +93,6 @@ def join_gloo(rank: int, world: int, init_method: str, timeout: float) -> None:
     """torch.distributed's default process group over gloo on loopback, in a rank that already talks over
     netmorph's local fabric: for a baseline that runs torch's own collectives (DDP) in the same processes
     (``launch(..., torch_group=True)``)."""
-    dist = dist_module()
-    lo = loopback_interface()
-    if lo and "GLOO_SOCKET_IFNAME" not in os.environ:
-        os.environ["GLOO_SOCKET_IFNAME"] = lo
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout))
+    gloo_on_loopback()
+    dist_module().init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
+                                     timeout=datetime.timedelta(seconds=timeout))
