@@ -13,6 +13,7 @@ world on 2 cores.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 
 from netmorph.calibrate.validate import summary, validate
@@ -32,12 +33,14 @@ def main() -> int:
         s = summary(rows)
         print(f"# world {world}: {s['layouts']} layouts, mean |error| {s['mean_abs_error']:.1%}, worst "
               f"{s['worst_abs_error']:.1%}; the same layout's runs apart by {s['mean_spread']:.1%} on average, "
-              f"{s['worst_spread']:.1%} at worst; the machine's drift {s['drift_range'][0]:.2f}x..{s['drift_range'][1]:.2f}x "
+              f"{s['worst_spread']:.1%} at worst; the machine's drift "
+              f"{s['drift_range'][0]:.2f}x..{s['drift_range'][1]:.2f}x "
               f"(without it: mean {s['raw_mean_abs_error']:.1%}, worst {s['raw_worst_abs_error']:.1%})")
         for r in rows:
             ms, ps = r.measured_split, r.predicted_split
             print(f"  {r.model:<7} {r.name:<30} measured {1e3 * r.measured_s:8.1f} ms (runs apart {r.spread:5.1%})  "
-                  f"predicted {1e3 * r.predicted_s:8.1f} ms  {r.error:+7.1%} (drift {max(r.drift):.2f}x)   slots {1e3 * ms['slots']:6.1f}/"
+                  f"predicted {1e3 * r.predicted_s:8.1f} ms  {r.error:+7.1%} (drift {statistics.median(r.drift):.2f}x)"
+                  f"   slots {1e3 * ms['slots']:6.1f}/"
                   f"{1e3 * ps['slots']:<6.1f} between {1e3 * ms['between']:6.1f}/{1e3 * ps['between']:<6.1f}")
         for name, m in s["by_model"].items():
             print(f"  {name}: rank correlation {m['spearman']:.2f}, predicted best {m['predicted_best']} "

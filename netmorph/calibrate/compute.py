@@ -106,15 +106,14 @@ REFERENCES = (ModelShape(layers=2, hidden=96, heads=4, seq=48, vocab=64),
 REFERENCE_MICROBATCH = 2
 
 
-def reference_seconds(comm, dt, shape: ModelShape, calls: int = 6, repeats: int = 5, meet: bool = False) -> float:
+def reference_seconds(comm, dt, shape: ModelShape, calls: int = 6, repeats: int = 5) -> float:
     """Seconds of one forward and backward of ``shape`` (micro-batch 2), every rank at once: the slowest rank's
     mean over ``calls`` run back to back, as a rank runs its microbatches, the median of ``repeats``. What the
     GEMM, elementwise and operator rates above miss when a real layer runs -- ranks sharing cores and caches,
     the scheduler's time slices -- is this over what they predict for it
-    (:func:`netmorph.calibrate.profile.scales`). With ``meet`` the ranks also meet after every call (a barrier):
-    what a call costs when every rank waits for the last -- the wait itself is a collective's, which the
-    links' α (rings with the ranks computing between them) prices, so the profile's scales use calls that do
-    not meet."""
+    (:func:`netmorph.calibrate.profile.scales`). The ranks do not meet between calls: a barrier after each cost
+    ~20 ms at 8 ranks on 2 cores, and the wait for the last rank is a collective's, which the links' α (rings
+    with the ranks computing between them) prices."""
     run = tiny_gpt(shape.layers, dt, shape, REFERENCE_MICROBATCH)
     run()
     times = []
@@ -123,8 +122,6 @@ def reference_seconds(comm, dt, shape: ModelShape, calls: int = 6, repeats: int 
         t0 = time.perf_counter()
         for _ in range(calls):
             run()
-            if meet:
-                comm.barrier()
         t = np.array([(time.perf_counter() - t0) / calls])
         comm.all_reduce(t, op="max")
         times.append(float(t[0]))

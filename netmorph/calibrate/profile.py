@@ -23,9 +23,9 @@ What maps to what:
   ``multi_rail`` false: that one ring leaves a node on one link (NCCL would run a channel per NIC);
 - ``compute_scale`` and the operator scale: two reference GPTs (:data:`~netmorph.calibrate.compute.REFERENCES`,
   no model ``validate local`` trains), forward and backward with every rank at once, calls back to back as a
-  rank runs its microbatches, timed; the FLOP-and-byte part and the per-operator part of the planner's compute are scaled so
-  that it gives both their measured times -- what the microbenchmarks miss when a real layer runs on ranks
-  that share cores and caches (1 and 1 on a device per rank);
+  rank runs its microbatches, timed; the FLOP-and-byte part and the per-operator part of the planner's compute
+  are scaled so that it gives both their measured times -- what the microbenchmarks miss when a real layer
+  runs on ranks that share cores and caches (1 and 1 on a device per rank);
 - ``core_sharing``: the first reference's time with every rank busy over its time alone -- how much of a core a
   rank gets when all compute, and so how much faster the few that compute in a pipeline's bubble run;
 - ``gpus_per_node``: ranks per (emulated) node; ``memory_bytes``: the machine's memory over its ranks.
