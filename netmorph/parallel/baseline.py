@@ -59,7 +59,8 @@ class Baseline:
 
 
 def abc_rank(comm, cfg, progress=None) -> tuple:
-    """(netmorph's :class:`~netmorph.parallel.results.RankReport`, {"ddp": [s], "no_comm": [s]}): netmorph's
+    """(netmorph's :class:`~netmorph.parallel.results.RankReport`, {"ddp": [s], "no_comm": [s]}, {"ddp",
+    "no_comm": the sum of the replica's weights at the end}): netmorph's
     trainer steps as ``netmorph train`` runs them, and after each one a DDP step and a no-communication step on
     the same batches, every rank starting each of them together (a barrier, not timed). DP only (tp = pp = 1);
     torch.distributed's default group (gloo) is there for DDP (``launch(..., torch_group=True)``)."""
@@ -77,9 +78,8 @@ def abc_rank(comm, cfg, progress=None) -> tuple:
     report = train_rank(comm, cfg, progress, commit=after)
     # what each replica ends with, summed: DDP's agree across ranks (its all-reduces ran), no_comm's do not
     with torch.no_grad():
-        times["weights"] = {mode: float(sum(p.double().sum() for p in b.model.parameters()))
-                            for mode, b in others.items()}
-    return report, times
+        weights = {mode: float(sum(p.double().sum() for p in b.model.parameters())) for mode, b in others.items()}
+    return report, times, weights
 
 
 def quartiles(seconds) -> dict:

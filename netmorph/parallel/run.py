@@ -12,8 +12,7 @@ import statistics
 from dataclasses import asdict, dataclass, fields
 
 from netmorph.models.gpt import GPTStage, synthetic_batch
-from netmorph.parallel.baseline import abc_rank
-from netmorph.parallel.baseline import summarise as compare_baselines
+from netmorph.parallel.baseline import abc_rank, summarise as compare_baselines
 from netmorph.parallel.flat import Adam, FlatParams
 from netmorph.parallel.hybrid import DTYPES, TrainConfig, train_rank
 from netmorph.parallel.results import RankReport
@@ -75,18 +74,17 @@ def train(cfg: TrainConfig, backend: str = "local", timeout: float = 60.0, check
     progress = ProgressCounter(cfg.world)
     with progress.watch(on_progress, ProgressCounter.slowest, cfg.steps):
         if baseline == "ddp":    # A/B/C: netmorph, DDP and no-communication steps alternate in one launch
-            both = launch(abc_rank, cfg.world, cfg, progress, backend=backend, timeout=timeout,
-                          torch_group=True)
-            results, others = [r for r, _ in both], [o for _, o in both]
+            results, others, weights = zip(*launch(abc_rank, cfg.world, cfg, progress, backend=backend,
+                                                   timeout=timeout, torch_group=True))
         else:
             results = launch(train_rank, cfg.world, cfg, progress, backend=backend, timeout=timeout)
     out = summarise(cfg, results, backend, reference(cfg) if check else None)
     if cfg.trace:
         out.trace = chrome_trace(results)
     if baseline == "ddp":
-        slowest = {m: [max(o[m][k] for o in others) for k in range(cfg.steps)] for m in ("ddp", "no_comm")}
+        slowest = {m: [max(o[m][k] for o in others) for k in range(cfg.steps)] for m in others[0]}
         out.baseline = compare_baselines({"netmorph": out.step_times_s, **slowest},
-                                         cfg.layout.global_batch * cfg.model.seq, [o["weights"] for o in others])
+                                         cfg.layout.global_batch * cfg.model.seq, weights)
     return out
 
 
