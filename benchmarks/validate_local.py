@@ -13,7 +13,6 @@ world on 2 cores.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 from netmorph.calibrate.validate import summary, validate
@@ -39,7 +38,7 @@ def main() -> int:
         for r in rows:
             ms, ps = r.measured_split, r.predicted_split
             print(f"  {r.model:<7} {r.name:<30} measured {1e3 * r.measured_s:8.1f} ms (runs apart {r.spread:5.1%})  "
-                  f"predicted {1e3 * r.predicted_s:8.1f} ms  {r.error:+7.1%} (drift {statistics.median(r.drift):.2f}x)"
+                  f"predicted {1e3 * r.predicted_s:8.1f} ms  {r.error:+7.1%} (drift {r.drift_factor:.2f}x)"
                   f"   slots {1e3 * ms['slots']:6.1f}/"
                   f"{1e3 * ps['slots']:<6.1f} between {1e3 * ms['between']:6.1f}/{1e3 * ps['between']:<6.1f}")
         for name, m in s["by_model"].items():

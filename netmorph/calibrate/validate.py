@@ -62,6 +62,11 @@ class Row:
     predicted_split: dict = field(default_factory=dict)
 
     @property
+    def drift_factor(self) -> float:
+        """The median of :attr:`drift`: what the profile's prediction was scaled by."""
+        return statistics.median(self.drift) if self.drift else 1.0
+
+    @property
     def spread(self) -> float:
         """The slowest repeat over the fastest, minus one: how far this machine moves the same run."""
         return max(self.repeats_s) / min(self.repeats_s) - 1 if len(self.repeats_s) > 1 else 0.0

@@ -4,7 +4,6 @@ for it from a profile of the same ranks measured first (``netmorph calibrate``).
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 
 from netmorph.cli import add_timeout, int_in
@@ -65,7 +64,7 @@ def run(args) -> int:
         parts = " ".join(f"{k} {1e3 * v:.1f}" for k, v in r.predicted_parts.items() if v)
         ms, ps = r.measured_split, r.predicted_split
         print(f"{r.model:<7} {r.name:<28} {1e3 * r.measured_s:>12.1f} {1e3 * r.predicted_s:>13.1f} "
-              f"{r.error:>+8.1%} {statistics.median(r.drift):>5.2f}x "
+              f"{r.error:>+8.1%} {r.drift_factor:>5.2f}x "
               f"{1e3 * ms['slots']:>6.1f}/{1e3 * ps['slots']:<6.1f} "
               f"{1e3 * ms['between']:>6.1f}/{1e3 * ps['between']:<6.1f}   {parts}")
     print("# slots: the busiest stage's forward and backward slots of the last step (compute and the TP and MoE "

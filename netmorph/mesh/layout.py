@@ -208,13 +208,14 @@ class Layout:
 
     @classmethod
     def parse(cls, text: str, world: int) -> Layout:
-        """``"tp2,pp2"``, ``"dp4,zero3"``, ``"tp2,pp2,v2"``: a layout on ``world`` ranks (dp from the rest)."""
+        """``"tp2,pp2"``, ``"dp4,zero3"``, ``"tp2,pp2,v2"``, ``"dp4,ep2"``: a layout on ``world`` ranks (dp from the
+        rest)."""
         fields = {}
         for part in text.replace(" ", "").replace("·", ",").split(","):
             key = part.rstrip("0123456789")
             num = part[len(key):]
             if key not in ("tp", "pp", "dp", "ep", "zero", "v") or not num:
-                raise UsageError(f"{text!r}: write it as tpN,ppN,dpN,zeroN,vN (e.g. tp2,pp2 or dp4,zero3)",
+                raise UsageError(f"{text!r}: write it as tpN,ppN,dpN,epN,zeroN,vN (e.g. tp2,pp2 or dp4,zero3)",
                                  "layout")
             name = "interleave" if key == "v" else key
             if name in fields:
