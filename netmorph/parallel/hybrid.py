@@ -234,6 +234,7 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
     ex = Executor(comm, lay.pp_group, chunks, split.interleave, (T, split.micro_batch_size, cfg.model.hidden), dtype)
     last_backward = max(i for i, s in enumerate(slots) if s.kind == "B")
     is_last_stage = lay.pp_rank == split.pp - 1
+    reads_data = any(c.is_first or c.is_last for c in chunks)
     emulated = device_ms(cfg, sum(len(c.blocks) for c in chunks), any(c.is_last for c in chunks))
     losses, times, peaks, bounds, idle, busy, routed, experts_log = [], [], [], [], [], [], [], []
     saved = 0
@@ -248,12 +249,19 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
             at, a2a = len(comm.ledger.records), sum(b.moe.clock[0] for b in moe)
             base = ((cfg.start_step + step) * split.dp + lay.dp_rank) * split.microbatches * split.micro_batch_size
 
-            def inputs(i, base=base, step=step):
+            # the step's samples, drawn once (a data loader's batch) and only where a stage reads them: tokens
+            # on the first virtual stage, targets on the last -- Megatron's get_batch gives a middle stage none
+            # (drawing a microbatch's walk costs more than a middle stage's layer here)
+            mbs = split.micro_batch_size
+            samples = range(base, base + mbs * split.microbatches)
+            batch = tuple(t.to(device) for t in synthetic_batch(cfg.model, samples)) if reads_data else None
+
+            def inputs(i, step=step, batch=batch):
                 for b in moe:                 # the global microbatch index: seeds the router's jitter
                     b.key = ((cfg.start_step + step) * split.dp + lay.dp_rank) * split.microbatches + i
-                lo = base + i * split.micro_batch_size
-                batch = synthetic_batch(cfg.model, range(lo, lo + split.micro_batch_size))
-                return tuple(t.to(device) for t in batch)
+                if batch is None:
+                    return None, None
+                return tuple(t[:, i * mbs:(i + 1) * mbs].contiguous() for t in batch)
 
             # the emulated compute is a stage's per microbatch: its interleaved chunks share it
             # what autograd saves is measured on the first step (a router's varies: on every step with experts);

@@ -140,7 +140,8 @@ def draw(slots: list[list[Slot]]) -> str:
 class Executor:
     """Runs one rank's slots for one step: ``chunks[c]`` is virtual stage ``c·pp + rank``.
 
-    ``inputs(i)`` gives microbatch i's (tokens, targets); the last virtual stage returns the loss,
+    ``inputs(i)`` gives microbatch i's (tokens, targets) -- read by the first virtual stage and the last, (None,
+    None) where a rank holds neither; the last virtual stage returns the loss,
     scaled by 1/m so the microbatches' gradients average. Returns the microbatches' losses
     (last stage) and the peak number in flight.
     """
