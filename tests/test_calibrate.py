@@ -229,7 +229,14 @@ def test_validation_trains_layouts_and_predicts_them_from_the_profile():
     # each run bracketed by the speed probe: the prediction is the profile's times the median drift
     assert out["probe_s"] > 0 and all(len(r.drift) == 2 and min(r.drift) > 0 for r in rows)
     assert all(math.isclose(r.predicted_s, r.predicted_raw_s * statistics.median(r.drift)) for r in rows)
+    # each step split as the trainer's clock splits it, beside the prediction in the same parts (which add up to it)
+    from netmorph.parallel.phases import PHASES
+    assert all(tuple(r.measured_split) == PHASES == tuple(r.predicted_split) for r in rows)
+    assert all(math.isclose(sum(r.predicted_split.values()), r.predicted_s) for r in rows)
+    assert all(r.measured_split["compute"] > 0 and min(r.measured_split.values()) >= 0 for r in rows)
     s = summary(rows)
+    assert s["phases"]["compute"] == pytest.approx((sum(r.measured_split["compute"] for r in rows),
+                                                    sum(r.predicted_split["compute"] for r in rows)))
     assert math.isclose(s["raw_mean_abs_error"], sum(abs(r.predicted_raw_s / r.measured_s - 1) for r in rows) / 3)
     assert s["drift_range"] == (min(min(r.drift) for r in rows), max(max(r.drift) for r in rows))
     assert math.isclose(s["mean_abs_error"], sum(abs(r.error) for r in rows) / 3)
@@ -329,3 +336,15 @@ def test_the_reference_gpts_scale_the_operators_and_the_flops_apart():
         measured = [k_ops * (reference_compute(hw, "float32", s) - reference_compute(bare, "float32", s))
                     + k_flops * reference_compute(bare, "float32", s) for s in REFERENCES]
         assert scales(hw, "float32", measured) == pytest.approx((k_ops, k_flops), rel=1e-6)
+
+
+def test_the_validation_table_shows_each_part_measured_over_predicted():
+    from netmorph.calibrate.validate import Row, summary
+    from netmorph.cli.validate import parts_shown, phase_totals, split_cells
+    ms = dict(compute=0.08, tp=0.0, ep=0.0, dp=0.01, optimizer=0.002, rest=0.008)
+    ps = dict(compute=0.07, tp=0.0, ep=0.0, dp=0.02, optimizer=0.002, rest=0.0)
+    r = Row("small", Layout(dp=2), 0.1, 0.092, {}, repeats_s=(0.1,), drift=(1.0,), measured_split=ms,
+            predicted_split=ps)
+    assert parts_shown([r]) == ["compute", "dp", "optimizer", "rest"]          # no TP, no experts: not shown
+    assert split_cells(r, ["compute", "dp"]).split() == ["80.0/70.0", "10.0/20.0"]
+    assert "compute 0.08/0.07 s (-12%), dp 0.01/0.02 s (+100%)" in phase_totals(summary([r]), parts_shown([r]))

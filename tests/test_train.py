@@ -19,8 +19,10 @@ from netmorph.models.gpt import TABLE_VOCAB, synthetic_batch
 from netmorph.parallel.hybrid import TrainConfig, train_rank
 from netmorph.parallel.pipeline import check, schedule
 from netmorph.parallel.baseline import compare
+from netmorph.parallel.phases import PHASES, split_step
 from netmorph.parallel.run import reference, summarise, train
 from netmorph.runtime import Fault, LaunchError, launch
+from netmorph.runtime.ledger import Record
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -84,6 +86,30 @@ def test_the_trainer_refuses_what_its_experts_do_not_run():
             TrainConfig.make(model=MOE, **kw).check()
 
 
+def test_a_step_splits_into_what_the_rank_did():
+    """split_step on a hand-made step of 40 s: slots 0-10 and 20-30; a TP all-reduce inside a slot (2-4) and one
+    outside (12-13, SP's gradients); DDP's buckets on their thread, one hidden in a slot (5-8) and one exposed
+    (30-33); a ZeRO gather inside a slot (22-24, the rank's own thread) and one inside the optimizer (36-37)."""
+    def rec(phase, t0, t1):
+        return Record(0, 1, 8, 0, 0, phase, "allreduce", "ring", t0, t1)
+    records = [rec("tp", 2, 4), rec("tp.sp-grads", 12, 13), rec("dp", 5, 8), rec("dp", 30, 33),
+               rec("zero", 22, 24), rec("zero", 36, 37), rec("pp", 31, 31), rec("dp", 50, 60)]
+    out = split_step(records, (0, 40), [(0, 10), (20, 30)], (35, 38))
+    assert out == {"compute": 20 - 2 - 2, "tp": 3, "ep": 0, "dp": 3 + 2 + 1, "optimizer": 3 - 1,
+                   "rest": 40 - 16 - 3 - 6 - 2}
+    assert tuple(out) == PHASES
+
+
+def test_every_step_of_every_rank_adds_up_from_its_parts():
+    for kw in (dict(tp=2, dp=2, zero=3), dict(pp=2, dp=2)):
+        cfg = TrainConfig.make(model=TINY, steps=2, **kw)
+        for r in launch(train_rank, cfg.world, cfg, timeout=60):
+            for t, ph in zip(r.step_times, r.phases_s):
+                assert min(ph.values()) >= 0 and sum(ph.values()) == pytest.approx(t, rel=1e-9), ph
+                assert ph["compute"] > 0 and ph["dp"] > 0 and ph["optimizer"] > 0 and ph["ep"] == 0
+                assert (ph["tp"] > 0) == ("tp" in kw), ph
+
+
 def test_zero_stages_move_the_bytes_they_promise():
     """ZeRO-1/2 move what an all-reduce moves; ZeRO-3 at one microbatch 1.5x; its memory is 1/d."""
     _, dp = _run(dp=2, microbatches=1)
@@ -134,9 +160,10 @@ def test_cli_json_keys(capsys):
     d = json.loads(capsys.readouterr().out)
     for k in ("world", "tp", "pp", "dp", "zero", "schedule", "interleave", "microbatches", "steps", "backend",
               "model", "losses", "step_time_s", "tokens_per_s", "bubble_fraction",
-              "bytes_per_rank_by_phase", "predicted_bytes_per_rank_by_phase", "memory_bytes"):
+              "bytes_per_rank_by_phase", "predicted_bytes_per_rank_by_phase", "memory_bytes", "step_parts"):
         assert k in d
     assert len(d["losses"]) == 2 and d["world"] == 2
+    assert d["step_parts"]["compute"] > 0 and d["step_parts"]["tp"] == 0      # no TP: none measured
 
 
 def test_baseline_alternates_netmorph_ddp_and_no_comm_in_one_launch_without_touching_netmorphs_run(capsys):

@@ -29,6 +29,7 @@ from netmorph.calibrate.run import calibrate
 from netmorph.mesh.layout import Layout
 from netmorph.mesh.shape import ModelShape
 from netmorph.parallel.hybrid import TrainConfig, overlaps_dp, train_rank
+from netmorph.parallel.phases import PHASES, step_parts
 from netmorph.parallel.run import summarise
 from netmorph.planner.hardware import hardware_from
 from netmorph.planner.timing import step_time
@@ -55,9 +56,9 @@ class Row:
     # measured (>1: slower than at calibration); the prediction is the profile's times the median of these
     drift: tuple = ()
     predicted_raw_s: float = 0.0      # the profile's prediction as measured, before the drift
-    # the last step of the last repeat split as the trace splits it, beside the model's split of its prediction:
-    # {"slots": the busiest stage's forward and backward slots (compute and the TP and MoE collectives inside them),
-    #  "between": the rest of the step (bubble, pipeline waits, DP reduction, optimizer)}
+    # the step split by what the busiest stage's rank did (netmorph.parallel.phases: compute, tp, ep, dp, optimizer,
+    # rest -- the bubble, pipeline waits and sends, the host's own work), its mean over the last repeat's counted
+    # steps, beside the model's split of its prediction into the same parts
     measured_split: dict = field(default_factory=dict)
     predicted_split: dict = field(default_factory=dict)
 
@@ -151,17 +152,27 @@ def _probed(comm, cfg: TrainConfig) -> tuple:
 
 
 def measure(model: ModelShape, layout: Layout, steps: int, dtype: str, timeout: float) -> tuple:
-    """(the median step time of ``layout`` trained for real after :data:`WARMUP` steps, its last step split into
-    the busiest stage's slots and the time between them, the speed probe's median over the same steps -- each
-    step's slowest rank, as the step times)."""
+    """(the median step time of ``layout`` trained for real after :data:`WARMUP` steps, the busiest stage's rank's
+    steps split by what it did (:func:`~netmorph.parallel.phases.split_step`, the mean over the same steps), the
+    speed probe's median over them -- each step's slowest rank, as the step times)."""
     cfg = TrainConfig(model=model, layout=layout, steps=steps, dtype=dtype)
     cfg.check()
     out = launch(_probed, cfg.world, cfg, timeout=timeout)
     run = summarise(cfg, [r for r, _ in out], "local")
-    slots = max(sum(t1 - t0 for *_, t0, t1 in spans) for spans in run.timeline.values())
-    last = run.step_times_s[-1]
+    split = step_parts([r for r, _ in out], WARMUP)
     probe = statistics.median(max(p[k] for _, p in out) for k in range(WARMUP, steps))
-    return statistics.median(run.step_times_s[WARMUP:]), {"slots": slots, "between": max(0.0, last - slots)}, probe
+    return statistics.median(run.step_times_s[WARMUP:]), split, probe
+
+
+def predicted_split(pred: dict) -> dict:
+    """The planner's :func:`~netmorph.planner.timing.step_time` in the measured split's parts
+    (:data:`~netmorph.parallel.phases.PHASES`): ``rest`` is its bubble, pipeline sends and the slowdown of what
+    ran beside compute."""
+    comm = pred["comm_s"]
+    out = {"compute": pred["compute_s"], "tp": comm["tensor_parallel"], "ep": comm["expert_parallel"],
+           "dp": comm["data_parallel"] + comm["zero3_gather"], "optimizer": pred["optimizer_s"]}
+    out["rest"] = max(0.0, pred["step_time_s"] - sum(out.values()))       # 0 less rounding without a pipeline
+    return out
 
 
 def validate(world: int, models=("small", "medium"), steps: int = 8, dtype: str = "float32",
@@ -195,13 +206,10 @@ def validate(world: int, models=("small", "medium"), steps: int = 8, dtype: str 
         parts = {"compute": pred["compute_s"], "bubble": pred["bubble_s"], "optimizer": pred["optimizer_s"],
                  **{k: v for k, v in pred["comm_s"].items() if v}}
         parts = {key: d * v for key, v in parts.items()}
-        # the model's slots: m microbatches of the busiest stage's compute and the collectives inside them (TP's,
-        # the MoE dispatch and combine)
-        slots = d * (pred["compute_s"] + pred["comm_s"]["tensor_parallel"] + pred["comm_s"]["expert_parallel"])
         rows.append(Row(name, lay, statistics.median(times[k]), d * pred["step_time_s"], parts,
                         repeats_s=tuple(times[k]), drift=tuple(drift[k]), predicted_raw_s=pred["step_time_s"],
                         measured_split=split[k],
-                        predicted_split={"slots": slots, "between": d * pred["step_time_s"] - slots}))
+                        predicted_split={key: d * v for key, v in predicted_split(pred).items()}))
     return {"profile": prof, "probe_s": base, "rows": rows}
 
 
@@ -215,7 +223,10 @@ def summary(rows: list) -> dict:
            # the same against the profile as measured, no drift: what the machine's drift alone moved
            "raw_mean_abs_error": float(np.mean([abs(r.predicted_raw_s / r.measured_s - 1) for r in rows])),
            "raw_worst_abs_error": max(abs(r.predicted_raw_s / r.measured_s - 1) for r in rows),
-           "drift_range": (min(min(r.drift) for r in rows), max(max(r.drift) for r in rows))}
+           "drift_range": (min(min(r.drift) for r in rows), max(max(r.drift) for r in rows)),
+           # each part of the step summed over the layouts, measured and predicted: where the model is off
+           "phases": {k: (sum(r.measured_split.get(k, 0.0) for r in rows),
+                          sum(r.predicted_split.get(k, 0.0) for r in rows)) for k in PHASES}}
     for name in dict.fromkeys(r.model for r in rows):
         mine = [r for r in rows if r.model == name]
         m = np.array([r.measured_s for r in mine])

@@ -58,18 +58,16 @@ def run(args) -> int:
         return 0
     hw = out["profile"]["hardware"]
     print(f"# netmorph validate local: {args.world} ranks, profile measured first ({hw['description']})")
-    print(f"{'model':<7} {'layout':<28} {'measured(ms)':>12} {'predicted(ms)':>13} {'error':>8} "
-          f"{'drift':>6} {'slots m/p':>13} {'between m/p':>13}   predicted parts (ms)")
+    shown = parts_shown(rows)
+    print(f"{'model':<7} {'layout':<28} {'measured(ms)':>12} {'predicted(ms)':>13} {'error':>8} {'drift':>6}   "
+          + " ".join(f"{k + ' m/p':>13}" for k in shown))
     for r in rows:
-        parts = " ".join(f"{k} {1e3 * v:.1f}" for k, v in r.predicted_parts.items() if v)
-        ms, ps = r.measured_split, r.predicted_split
         print(f"{r.model:<7} {r.name:<28} {1e3 * r.measured_s:>12.1f} {1e3 * r.predicted_s:>13.1f} "
-              f"{r.error:>+8.1%} {r.drift_factor:>5.2f}x "
-              f"{1e3 * ms['slots']:>6.1f}/{1e3 * ps['slots']:<6.1f} "
-              f"{1e3 * ms['between']:>6.1f}/{1e3 * ps['between']:<6.1f}   {parts}")
-    print("# slots: the busiest stage's forward and backward slots of the last step (compute and the TP and MoE "
-          "collectives in them); between: the rest of that step (bubble, pipeline waits, DP, optimizer); "
-          "measured/predicted")
+              f"{r.error:>+8.1%} {r.drift_factor:>5.2f}x   " + split_cells(r, shown))
+    print("# each step split by what the busiest stage's rank did, measured/predicted (ms): compute (its slots less "
+          "the collectives in them), tp, ep (all-to-alls), dp (reduction and ZeRO gathers not hidden by the "
+          "backward), optimizer, rest (bubble, pipeline waits and sends, the host's own work)")
+    print("# " + phase_totals(s, shown))
     lo, hi = s["drift_range"]
     print(f"# drift: the machine's speed around each run (a reference GPT on every rank between its steps) over "
           f"its speed at calibration, {lo:.2f}x..{hi:.2f}x here; each prediction is the profile's times it")
@@ -83,3 +81,21 @@ def run(args) -> int:
         print(f"# {name}: rank correlation {m['spearman']:.2f}; predicted best {m['predicted_best']}, measured best "
               f"{m['measured_best']}: {'within' if m['predicted_best_within_5pct'] else 'NOT within'} 5%")
     return 0
+
+
+def parts_shown(rows) -> list:
+    """The parts of the step (:data:`~netmorph.parallel.phases.PHASES`) any row measured or predicted."""
+    from netmorph.parallel.phases import PHASES
+    return [k for k in PHASES if any(r.measured_split.get(k) or r.predicted_split.get(k) for r in rows)]
+
+
+def split_cells(r, shown) -> str:
+    """A row's parts, measured/predicted in ms, one right-aligned cell each."""
+    return " ".join(f"{f'{1e3 * r.measured_split[k]:.1f}/{1e3 * r.predicted_split[k]:.1f}':>13}" for k in shown)
+
+
+def phase_totals(s: dict, shown) -> str:
+    """The summary's parts summed over the layouts, measured/predicted, and how far the model is off in each."""
+    return "summed over the layouts, measured/predicted: " + ", ".join(
+        f"{k} {m:.2f}/{p:.2f} s ({p / m - 1:+.0%})" if m > 0 else f"{k} {m:.2f}/{p:.2f} s"
+        for k, (m, p) in s["phases"].items() if k in shown)

@@ -31,6 +31,7 @@ from netmorph.mesh.shape import ModelShape
 from netmorph.models.capacity import POLICIES
 from netmorph.models.gpt import GPTStage, synthetic_batch
 from netmorph.models.moe import Router
+from netmorph.parallel.phases import split_step
 from netmorph.parallel.pipeline import Executor, check, schedule
 from netmorph.parallel.replica import Replica
 from netmorph.parallel.results import RankReport, RankState
@@ -236,7 +237,7 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
     is_last_stage = lay.pp_rank == split.pp - 1
     reads_data = any(c.is_first or c.is_last for c in chunks)
     emulated = device_ms(cfg, sum(len(c.blocks) for c in chunks), any(c.is_last for c in chunks))
-    losses, times, peaks, bounds, idle, busy, routed, experts_log = [], [], [], [], [], [], [], []
+    losses, times, peaks, bounds, idle, busy, routed, experts_log, phases = [], [], [], [], [], [], [], [], []
     saved = 0
     try:
         for step in range(cfg.steps):
@@ -275,8 +276,10 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
             for r in reps:
                 r.finish()
             _sync_replicated(comm, lay, tp, chunks, dense.flat)
+            t_opt = time.perf_counter()
             for r in reps:
                 r.step()
+            t_opt = (t_opt, time.perf_counter())
             if moe:                         # what the router sent this step: the all-to-alls' closed form
                 routed.append({ph: v[0] for ph, v in expert_traffic(cfg, 0, 1, isz, moe, lay.ep_rank).items()})
                 experts_log.append(_routing(moe, lay, comm.ledger.records[at:],
@@ -289,6 +292,7 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
             t1 = time.perf_counter()
             times.append(t1 - t0)
             bounds.append((t0, t1))
+            phases.append(split_step(comm.ledger.records[at:], (t0, t1), [sp[3:] for sp in ex.spans], t_opt))
             peaks.append(peak)
             saved = max(saved, hooks.saved_per_microbatch)
             if progress is not None:
@@ -320,7 +324,7 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
                       step_bounds=bounds, idle_fraction=idle, in_flight_peak=max(peaks), memory_bytes=mem,
                       timeline=ex.spans, bytes_by_step=_bytes_by_step(comm.ledger, bounds), predicted=pred,
                       params=flat.numel, state=RankState(state, flat_state, dense.index()),
-                      busy_s=busy, ledger=comm.ledger.records if cfg.trace else None, predicted_by_step=routed or None,
+                      busy_s=busy, phases_s=phases, ledger=comm.ledger.records if cfg.trace else None, predicted_by_step=routed or None,
                       experts=experts_log or None)
 
 
