@@ -324,8 +324,8 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
                       step_bounds=bounds, idle_fraction=idle, in_flight_peak=max(peaks), memory_bytes=mem,
                       timeline=ex.spans, bytes_by_step=_bytes_by_step(comm.ledger, bounds), predicted=pred,
                       params=flat.numel, state=RankState(state, flat_state, dense.index()),
-                      busy_s=busy, phases_s=phases, ledger=comm.ledger.records if cfg.trace else None, predicted_by_step=routed or None,
-                      experts=experts_log or None)
+                      busy_s=busy, phases_s=phases, ledger=comm.ledger.records if cfg.trace else None,
+                      predicted_by_step=routed or None, experts=experts_log or None)
 
 
 def _ring_sent(n: int, g: int, r: int, isz: int) -> int:
