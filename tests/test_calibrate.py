@@ -99,23 +99,29 @@ def test_the_fit_is_alpha_plus_beta_n_and_its_residuals_are_relative():
 
 
 def test_a_ring_all_reduce_sweep_gives_the_per_step_alpha_and_beta(four):
-    """A ring all-reduce on p ranks is 2(p-1) steps of n/p bytes: the fit recovers α and β from its times, from
-    one group size or from several at once."""
+    """A ring all-reduce on p ranks is a cost per call (NCCL's baseLat) and 2(p-1) steps of n/p bytes: the fit
+    recovers α and β from one group size, and the base beside them from several at once."""
     from netmorph.calibrate.links import RING_SIZES, fit_ring
     alpha, beta = 300e-6, 1 / 2e9
 
-    def ring(p):
-        return [2 * (p - 1) * (alpha + n / p * beta) for n in RING_SIZES]
-    for args in ((4, RING_SIZES, ring(4)), ([2, 4], [RING_SIZES] * 2, [ring(2), ring(4)])):
-        alpha_fit, beta_fit, res = fit_ring(*args)
-        assert math.isclose(alpha_fit, alpha, rel_tol=1e-9) and math.isclose(beta_fit, beta, rel_tol=1e-9)
-        assert max(abs(r) for r in res) < 1e-9
+    def ring(p, base=0.0):
+        return [base + 2 * (p - 1) * (alpha + n / p * beta) for n in RING_SIZES]
+    for args, base in (((4, RING_SIZES, ring(4)), 0.0), (([2, 4], [RING_SIZES] * 2, [ring(2), ring(4)]), 0.0),
+                       (([2, 4, 8], [RING_SIZES] * 3, [ring(2, 1e-3), ring(4, 1e-3), ring(8, 1e-3)]), 1e-3)):
+        base_fit, alpha_fit, beta_fit, res = fit_ring(*args)
+        assert math.isclose(alpha_fit, alpha, rel_tol=1e-6) and math.isclose(beta_fit, beta, rel_tol=1e-6)
+        assert math.isclose(base_fit, base, abs_tol=1e-12, rel_tol=1e-6)
+        assert max(abs(r) for r in res) < 1e-6
+    # one group size cannot tell a cost per call from the steps': all of it is α
+    base_fit, alpha_fit, _, _ = fit_ring(4, RING_SIZES, ring(4, 1e-3))
+    assert base_fit == 0 and math.isclose(alpha_fit, alpha + 1e-3 / 6, rel_tol=1e-6)
     prof = four                                              # one node of 4: the intra link is the rings'
     intra = prof["links"]["intra"]
     assert intra["fitted_from"].startswith("ring all-reduces on groups of 2, 4 ranks")
     assert [len(intra["ring_s"][g]) for g in ("2", "4")] == [len(RING_SIZES)] * 2
     assert len(intra["residuals"]) == 2 * len(RING_SIZES)
     assert prof["hardware"]["alpha_intra"] == intra["alpha"] and "pingpong_alpha" in intra
+    assert prof["hardware"]["collective_base_s"] == intra["base"] >= 0
 
 
 def test_the_emulated_link_is_what_the_fit_finds(two_nodes):

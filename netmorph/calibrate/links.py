@@ -122,24 +122,30 @@ def ring_rank(comm, group_size: int, sizes=RING_SIZES, iters: int = 6, load_s: f
     return out if comm.rank == 0 else None
 
 
-def fit_ring(p, sizes, seconds) -> tuple[float, float, list]:
-    """(α, β, residuals) of a ring all-reduce on p ranks: ``2(p-1)·α + 2(p-1)/p·n·β`` (its 2(p-1) steps each
-    one message of n/p bytes), minimising the relative error. ``p``, ``sizes`` and ``seconds`` may each be a
-    list of several rings (one per group size): one (α, β) fitted to all of them, the residuals concatenated."""
+def fit_ring(p, sizes, seconds) -> tuple[float, float, float, list]:
+    """(base, α, β, residuals) of a ring all-reduce on p ranks: ``base + 2(p-1)·α + 2(p-1)/p·n·β`` -- a cost per
+    call (NCCL's tuner: baseLat), its 2(p-1) steps each one message of n/p bytes -- minimising the relative error.
+    ``p``, ``sizes`` and ``seconds`` may each be a list of several rings (one per group size): one fit to all of
+    them, the residuals concatenated. With one group size the base and α cannot be told apart: base 0."""
     if isinstance(p, int):
         p, sizes, seconds = [p], [sizes], [seconds]
     rows, ts, ps, ns = [], [], [], []
     for g, n_, t_ in zip(p, sizes, seconds):
         n = np.asarray(n_, dtype=np.float64)
         t = np.asarray(t_, dtype=np.float64)
-        rows.append(np.stack([2 * (g - 1) / t, 2 * (g - 1) / g * n / t], axis=1))
+        rows.append(np.stack([1 / t, 2 * (g - 1) / t, 2 * (g - 1) / g * n / t], axis=1))
         ts.append(t)
         ps.append(np.full(len(n), g, dtype=np.float64))
         ns.append(n)
     a, t, g, n = np.concatenate(rows), np.concatenate(ts), np.concatenate(ps), np.concatenate(ns)
-    (alpha, beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+    base, alpha = 0.0, -1.0
+    if len(set(p)) > 1:
+        (base, alpha, beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+    if base <= 0 or alpha < 0:                  # one size, or no cost per call in the data: the steps alone
+        base = 0.0
+        (alpha, beta), *_ = np.linalg.lstsq(a[:, 1:], np.ones_like(t), rcond=None)
     alpha, beta = max(float(alpha), 0.0), max(float(beta), 1e-15)
-    return alpha, beta, [float(x) for x in (2 * (g - 1) * (alpha + n / g * beta)) / t - 1]
+    return float(base), alpha, beta, [float(x) for x in (base + 2 * (g - 1) * (alpha + n / g * beta)) / t - 1]
 
 
 def fit(sizes, seconds) -> tuple[float, float, list]:

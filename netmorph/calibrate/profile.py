@@ -14,7 +14,8 @@ What maps to what:
   thread (the trainer's DDP-style overlap), every rank at once;
 - ``pipeline_hop_s``: what a pipeline send costs beyond the link's α and β because its receiver waited asleep
   (:mod:`netmorph.calibrate.relay`: GEMMs relayed along chains of ranks, every chain at once);
-- ``alpha_intra`` / ``nvlink_bandwidth``: the same-node link's fitted α and 1/β; ``alpha_inter`` /
+- ``alpha_intra`` / ``nvlink_bandwidth``: the same-node link's fitted α and 1/β, and ``collective_base_s`` the
+  cost per call fitted beside them (ring all-reduces of several group sizes tell it from α); ``alpha_inter`` /
   ``nic_bandwidth``: the other node's (emulated with ``--inter-node-mbps``; the same-node link's when the
   profile has one node);
 - ``optimizer_bandwidth``: the bytes per second of the trainer's own Adam step, every rank busy (a GPU's
@@ -110,7 +111,8 @@ def build(world: int, dtype: str, backend: str, gpn: int, alone: dict, busy: dic
     hw = Hardware(name=f"local-{world}x-{dtype}", peak_flops=peak, memory_bytes=float(memory) / world,
                   hbm_bandwidth=busy["elementwise_bytes_per_s"], gpus_per_node=gpn,
                   nvlink_bandwidth=1 / intra["beta"], nic_bandwidth=1 / inter["beta"],
-                  alpha_intra=intra["alpha"], alpha_inter=inter["alpha"], gemm_efficiency=table[-1][1],
+                  alpha_intra=intra["alpha"], alpha_inter=inter["alpha"], collective_base_s=intra.get("base", 0.0),
+                  gemm_efficiency=table[-1][1],
                   attention_efficiency=table[-1][1], gemm_table=table, op_overhead_s=busy["op_s"],
                   overlap=busy["overlap"]["overlap"], allreduce_algorithms=("ring",), multi_rail=False,
                   optimizer_bandwidth=busy["optimizer_bytes_per_s"],

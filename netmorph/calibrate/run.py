@@ -87,8 +87,8 @@ def measure_links(world: int, topo=None, backend: str = "local", timeout: float 
         groups = [g for g in range(2, gpn + 1) if gpn % g == 0]
         rings = [launch(ring_rank, world, g, topology=topo, backend=backend, timeout=timeout)[0]
                  for g in groups]
-        alpha, beta, residuals = fit_ring(groups, [RING_SIZES] * len(groups), rings)
-        links["intra"] = {**links["intra"], "alpha": alpha, "beta": beta, "residuals": residuals,
+        base, alpha, beta, residuals = fit_ring(groups, [RING_SIZES] * len(groups), rings)
+        links["intra"] = {**links["intra"], "base": base, "alpha": alpha, "beta": beta, "residuals": residuals,
                           "ring_sizes": list(RING_SIZES), "ring_groups": groups,
                           "ring_s": dict(zip(map(str, groups), rings)), "ring_load_s": LOAD_S,
                           "pingpong_alpha": links["intra"]["alpha"], "pingpong_beta": links["intra"]["beta"],

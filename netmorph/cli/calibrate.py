@@ -84,9 +84,10 @@ def print_profile(prof: dict, path: str) -> None:
     print(f"{'# links, one way':<28} {'alpha':>10} {'1/beta':>12} {'fit residuals':>22}")
     for name, link in prof["links"].items():
         res = link["residuals"]
+        base = f", and {link['base'] * 1e6:.1f} us per call" if link.get("base") else ""
         print(f"#   {name + ' (0 <-> ' + str(link['peer']) + ')':<24} {link['alpha'] * 1e6:>7.1f} us "
               f"{fmt_bytes(1 / link['beta']):>10}/s   {min(res):+7.1%} .. {max(res):+.1%}   "
-              f"({link['fitted_from']})")
+              f"({link['fitted_from']}{base})")
     relays = busy.get("relay") or []
     if relays:
         chains = ", ".join(str(r["p"]) for r in relays)

@@ -177,7 +177,7 @@ def _control(args) -> int:
            "start": start.tag(), "start_static_total_s": _finite(statics[start.tag()].total_s),
            "best_static": best_static, "best_static_total_s": _finite(statics[best_static].total_s),
            "decide_s": adaptive.decide_s,
-           "links": {k: {"alpha": v["alpha"], "beta": v["beta"]} for k, v in links.items()},
+           "links": {k: {"alpha": v["alpha"], "beta": v["beta"], "base": v.get("base", 0.0)} for k, v in links.items()},
            "restart_total_s": None if restart is None else _finite(restart.total_s),
            "restart_redone_steps": None if restart is None else restart.redone,
            "final_loss": {name: (r.losses[-1] if r.losses and not r.failed else None)

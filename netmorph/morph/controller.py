@@ -102,13 +102,15 @@ def check_regimes(trainer: Trainer, scenario: Scenario, steps: int) -> None:
 
 def twin_of(trainer: Trainer, links: dict | None = None) -> Twin:
     """The twin of ``trainer``'s runs: its emulated accelerator on the links ``netmorph calibrate`` measured of
-    the same ranks (:func:`~netmorph.calibrate.run.measure_links`: {"intra", "inter": {"alpha", "beta"}}), or on
+    the same ranks (:func:`~netmorph.calibrate.run.measure_links`: {"intra", "inter": {"alpha", "beta"}}, and the
+    same-node rings' cost per call, "base"), or on
     the emulated fabric's nominal α and β when there are none (no software cost per message)."""
     hw = emulated_hardware(trainer.base, trainer.device_flops)
     if links:
         intra, inter = links.get("intra") or links["inter"], links.get("inter") or links["intra"]
         hw = replace(hw, alpha_intra=intra["alpha"], nvlink_bandwidth=1 / intra["beta"], alpha_inter=inter["alpha"],
-                     nic_bandwidth=1 / inter["beta"], description=f"{hw.description}, links measured")
+                     nic_bandwidth=1 / inter["beta"], collective_base_s=intra.get("base", 0.0),
+                     description=f"{hw.description}, links measured")
     return Twin(trainer.model, trainer.global_batch, hw)
 
 

@@ -68,11 +68,12 @@ def _fit_links(topo, gpus_per_node: int, multi_rail: bool, op: str, algo: str, p
 
 
 def collective_time(hw: Hardware, op: str, p: int, stride: int, nbytes: float) -> float:
-    """Seconds for ``op`` of nbytes (nccl-tests' convention) on a group of p with the given stride."""
+    """Seconds for ``op`` of nbytes (nccl-tests' convention) on a group of p with the given stride: the
+    schedule's steps on the links, and once per call the hardware's ``collective_base_s``."""
     if p <= 1 or nbytes <= 0:
         return 0.0
     algos = hw.allreduce_algorithms if op == "allreduce" and hw.allreduce_algorithms else ALGOS[op]
-    return min(a + b * nbytes for a, b in (_fit(hw, op, algo, p, stride) for algo in algos))
+    return hw.collective_base_s + min(a + b * nbytes for a, b in (_fit(hw, op, algo, p, stride) for algo in algos))
 
 
 def p2p_time(hw: Hardware, src: int, dst: int, nbytes: float) -> float:

@@ -67,6 +67,9 @@ class Hardware:
     nic_bandwidth: float           # B/s each way per device (its own InfiniBand NIC)
     alpha_intra: float = 2e-6
     alpha_inter: float = 5e-6
+    collective_base_s: float = 0.0  # what a collective costs once, beside α per step (NCCL's tuner prices a call as
+                                    # baseLat + steps x hwLat, src/graph/tuning.cc); 0 in the presets, fitted by
+                                    # netmorph calibrate from ring all-reduces of several group sizes
     gemm_efficiency: float = CALIBRATED_EFFICIENCY
     elementwise_passes: float = CALIBRATED_PASSES
     description: str = ""
@@ -199,7 +202,7 @@ _RULES = (
      "a number > 0"),
     (("memory_bytes", "hbm_bandwidth", "nvlink_bandwidth", "nic_bandwidth"), lambda v: v <= 1e15,
      "at most 1e15 (a petabyte, or a petabyte per second)"),
-    (("alpha_intra", "alpha_inter", "op_overhead_s", "pipeline_hop_s"), lambda v: 0 <= v <= 1,
+    (("alpha_intra", "alpha_inter", "collective_base_s", "op_overhead_s", "pipeline_hop_s"), lambda v: 0 <= v <= 1,
      "a number of seconds in 0..1"),
     (("elementwise_passes",), lambda v: 0 <= v <= 1e3, "a number in 0..1000"),
     (("gemm_efficiency", "attention_efficiency"), lambda v: 0 < v <= 1, "a number in (0, 1]"),
