@@ -62,19 +62,10 @@ def write_trace(path, spans, c) -> None:
 
 def run(args) -> int:
     from netmorph.cli.plan import _common, config_from, print_notes
-    from netmorph.simulate import simulate_config
+    from netmorph.simulate import check_simulated, simulate_config
     model, hw = _common(args)
     c = config_from(args)
-    if c.gpus > 1 << 16:
-        raise UsageError(f"tp x pp x dp = {c.gpus:,} ranks: at most 65,536 are simulated")
-    if 2 * c.microbatches * model.layers > 1_000_000:
-        raise UsageError(f"{c.microbatches:,} microbatches x {model.layers} layers is more than a million layer passes "
-                         f"per rank to simulate; lower --global-batch (or raise --microbatch)")
-    if args.schedule and args.schedule != "interleaved" and c.interleave > 1:
-        raise UsageError(f"--interleave {c.interleave} needs --schedule interleaved")
-    if c.microbatch_group:
-        raise UsageError("--microbatch-group: the simulator plays the trainer's interleaved schedule, whose group "
-                         "is pp (Megatron's default); the planner (plan estimate) prices other groups")
+    check_simulated(model, c, args.schedule)
     if args.trace_ranks is not None and not args.trace:
         raise UsageError("--trace-ranks picks the ranks --trace writes: add --trace FILE.json")
     ranks = _trace_ranks(args.trace_ranks, c) if args.trace else ()

@@ -12,7 +12,7 @@ from netmorph.planner.timing import (bucketed, collective_time, layer_costs, opt
                                      tp_head_costs)
 from netmorph.simulate.step import Costs, StepResult, simulate_step
 
-__all__ = ["Costs", "StepResult", "costs_for", "lend_bubble", "simulate_config", "simulate_step"]
+__all__ = ["Costs", "StepResult", "check_simulated", "costs_for", "lend_bubble", "simulate_config", "simulate_step"]
 
 
 def costs_for(model, c, hw) -> Costs:
@@ -68,10 +68,30 @@ def lend_bubble(step: float, breakdown: dict, sharing: float) -> tuple[float, di
     return step - pipeline + lent, {**breakdown, "bubble": lent - busy}
 
 
-def simulate_config(model, c, hw, schedule_name: str | None = None, trace_ranks=()) -> dict:
-    """Simulate one step of ``c`` on every rank; the figures ``netmorph simulate step --json`` prints."""
+MAX_RANKS = 1 << 16              # every rank's events are kept: beyond this a step takes minutes and gigabytes
+MAX_LAYER_PASSES = 1_000_000    # forward and backward layer passes of one rank
+
+
+def check_simulated(model, c, schedule_name: str | None = None) -> None:
+    """UsageError naming the field when ``c`` is beyond what the simulator plays (the planner prices it)."""
     if c.sharding >= 3:
         raise UsageError("{zero} 3 is not simulated yet (its per-layer weight all-gathers); use 0, 1 or 2", "zero")
+    if c.gpus > MAX_RANKS:
+        raise UsageError(f"tp x pp x dp = {c.gpus:,} ranks: at most {MAX_RANKS:,} are simulated; lower {{dp}}", "dp")
+    if 2 * c.microbatches * model.layers > MAX_LAYER_PASSES:
+        raise UsageError(f"{c.microbatches:,} microbatches x {model.layers} layers is more than a million layer passes "
+                         "per rank to simulate; lower {global_batch} (or raise {microbatch})", "global_batch")
+    if schedule_name and schedule_name != "interleaved" and c.interleave > 1:
+        raise UsageError(f"{{interleave}} {c.interleave} needs {{schedule}} interleaved", "interleave")
+    if c.microbatch_group:
+        raise UsageError("{microbatch_group}: the simulator plays the trainer's interleaved schedule, whose group "
+                         "is pp (Megatron's default); the planner (plan estimate) prices other groups",
+                         "microbatch_group")
+
+
+def simulate_config(model, c, hw, schedule_name: str | None = None, trace_ranks=()) -> dict:
+    """Simulate one step of ``c`` on every rank; the figures ``netmorph simulate step --json`` prints."""
+    check_simulated(model, c, schedule_name)
     why = check(model, c, hw)
     if why and not why.soft:
         raise UsageError(f"{why}; change {why.flag}")
