@@ -131,6 +131,11 @@ def test_simulate_step_cli_json_and_trace(tmp_path, capsys):
     (["--model", "gpt3-175b", "--tp", "8", "--pp", "8", "--dp", "2", "--trace", "/x", "--trace-ranks", "999"],
      "--trace"),
     (["--model", "gpt3-175b", "--tp", "8", "--pp", "8", "--interleave", "2", "--schedule", "1f1b"], "--interleave"),
+    (["--model", "gpt3-175b", "--tp", "8", "--pp", "1", "--dp", "10000"], "--dp"),
+    (["--model", "gpt3-175b", "--tp", "8", "--pp", "8", "--dp", "4", "--global-batch", "1000000", "--microbatch", "1"],
+     "--global-batch"),
+    (["--model", "gpt3-175b", "--tp", "8", "--pp", "8", "--interleave", "2", "--microbatch-group", "2"],
+     "--microbatch-group"),
 ])
 def test_bad_simulate_input_is_one_line_exit_2(argv, flag, capsys, tmp_path):
     argv = [a if a != "/x" else str(tmp_path / "t.json") for a in argv]
