@@ -2,7 +2,7 @@
 (:class:`~netmorph.parallel.pipeline.Executor`'s spans), the ledger's messages by phase (each round from its
 send to its completion, waiting for the peer included) and the optimizer's window -- the measured side of the
 planner's :func:`~netmorph.planner.timing.step_time` parts, as Megatron's timers (``forward-backward``,
-``grads-all-reduce``, ``optimizer``) split an iteration.
+``all-grads-sync``, ``optimizer``) split an iteration.
 
 - ``compute``: the forward and backward slots less the collectives that ran inside them;
 - ``tp``: tensor-parallel collectives (``tp``, ``tp.sp-grads``), inside the slots or not;
