@@ -13,9 +13,12 @@ import json
 import sys
 import time
 
-from netmorph.cli import pipeline_schedule
+from netmorph.cli import int_in, pipeline_schedule
 from netmorph.errors import UsageError
 from netmorph.units import fmt_memory, fmt_params
+
+SIZE = int_in(1, 1 << 24, "1..16,777,216")     # a parallel degree, a device count, a batch
+BYTES = int_in(0, 64)                           # bytes per parameter, gradient or optimizer state
 
 FIXABLE = ("tp", "cp", "pp", "dp", "ep", "microbatch", "interleave", "zero", "recompute", "sequence_parallel",
            "precision")
@@ -28,7 +31,7 @@ def add_parser(sub) -> None:
     p.add_argument("action", nargs="?", default="search", choices=("search", "estimate"),
                    help="search (default): rank every split that fits; estimate: break one split down")
     add_split_args(p)
-    p.add_argument("--top", type=int, default=5, help="how many plans to print (default 5)")
+    p.add_argument("--top", type=int_in(1, 1000), default=5, help="how many plans to print (default 5)")
     p.add_argument("--json", action="store_true", help="print the plans (and for a search the rejections) as JSON")
     p.set_defaults(run=run)
 
@@ -67,19 +70,19 @@ def add_split_args(p, bare: bool = True) -> None:
     if bare:
         g.add_argument("--params", type=float, help="a bare parameter count: model-state memory only (estimate)")
     h = p.add_argument_group("machine")
-    h.add_argument("--gpus", type=int, help="devices (default: tp x cp x pp x dp for estimate)")
+    h.add_argument("--gpus", type=SIZE, help="devices (default: tp x cp x pp x dp for estimate)")
     h.add_argument("--hardware", default="a100-80g",
                    help="a100-80g (default), a100-40g, h100-80g, h200, v100-32g, or a JSON file")
     h.add_argument("--efficiency", type=float, help="override the hardware's matmul efficiency (fraction of peak)")
     c = p.add_argument_group("configuration")
-    c.add_argument("--global-batch", type=int, help="sequences per iteration")
-    c.add_argument("--tp", type=int, help="tensor-parallel size (search: fix it)")
-    c.add_argument("--cp", type=int, help="context-parallel size: the sequence split, ring attention (search: fix it)")
-    c.add_argument("--pp", type=int, help="pipeline stages (search: fix it)")
-    c.add_argument("--dp", type=int, help="data-parallel size (default: gpus / (tp x cp x pp))")
-    c.add_argument("--ep", type=int, help="expert-parallel size, within dp (search: fix it)")
-    c.add_argument("--microbatch", type=int, help="sequences per microbatch b (search: fix it)")
-    c.add_argument("--interleave", type=int, help="model chunks per pipeline stage, v (default 1)")
+    c.add_argument("--global-batch", type=SIZE, help="sequences per iteration")
+    c.add_argument("--tp", type=SIZE, help="tensor-parallel size (search: fix it)")
+    c.add_argument("--cp", type=SIZE, help="context-parallel size: the sequence split, ring attention (search: fix it)")
+    c.add_argument("--pp", type=SIZE, help="pipeline stages (search: fix it)")
+    c.add_argument("--dp", type=SIZE, help="data-parallel size (default: gpus / (tp x cp x pp))")
+    c.add_argument("--ep", type=SIZE, help="expert-parallel size, within dp (search: fix it)")
+    c.add_argument("--microbatch", type=SIZE, help="sequences per microbatch b (search: fix it)")
+    c.add_argument("--interleave", type=SIZE, help="model chunks per pipeline stage, v (default 1)")
     c.add_argument("--schedule", type=pipeline_schedule, choices=("afab", "1f1b", "interleaved"),
                    help="pipeline schedule: afab (or gpipe: every forward first), 1f1b (default), interleaved "
                         "(default with --interleave > 1); sets the activations each stage holds")
@@ -110,10 +113,10 @@ def add_split_args(p, bare: bool = True) -> None:
     c.add_argument("--cp-comm-type", choices=("p2p", "all_gather"), default="p2p",
                    help="Megatron --cp-comm-type: p2p (default; ring attention, K and V blocks passed behind the "
                         "attention core) or all_gather (Llama 3: K and V all-gathered before it, exposed)")
-    c.add_argument("--param-bytes", type=int, default=2, help="bytes per weight (default 2)")
-    c.add_argument("--grad-bytes", type=int, default=4, help="bytes per gradient (default 4, fp32 main grads; "
+    c.add_argument("--param-bytes", type=BYTES, default=2, help="bytes per weight (default 2)")
+    c.add_argument("--grad-bytes", type=BYTES, default=4, help="bytes per gradient (default 4, fp32 main grads; "
                                                              "2 gives ZeRO's 16 B/param)")
-    c.add_argument("--optimizer-bytes", type=int, default=12, help="optimizer bytes per parameter (default 12)")
+    c.add_argument("--optimizer-bytes", type=BYTES, default=12, help="optimizer bytes per parameter (default 12)")
 
 
 ARCH = {"kv_heads": "kv_heads", "ffn_type": "ffn_type", "position": "position", "attention": "attention",
@@ -167,13 +170,6 @@ def _common(args):
     model = from_args(args.model, args.layers, args.hidden, args.heads, args.seq, args.vocab, args.ffn,
                       getattr(args, "params", None), base=base, **arch)
     hw = load_hardware(args.hardware, args.efficiency)
-    for k in ("param_bytes", "grad_bytes", "optimizer_bytes"):
-        if getattr(args, k) < 0:
-            raise UsageError(f"--{k.replace('_', '-')} must be >= 0")
-    for k in ("tp", "cp", "pp", "dp", "ep", "microbatch", "interleave", "gpus", "global_batch"):
-        v = getattr(args, k)
-        if v is not None and not 1 <= v <= 1 << 24:
-            raise UsageError(f"--{k.replace('_', '-')} must be in 1..{1 << 24:,}, got {v}")
     for k in ("first_stage_layers", "last_stage_layers"):
         v = getattr(args, k)
         if v is not None and not 1 <= v <= max(model.layers, 1):
@@ -344,8 +340,6 @@ def _search(args, model, hw) -> int:
                   microbatch_group=args.microbatch_group or 0, cp_comm_type=args.cp_comm_type)
     fixed = {k: getattr(args, k) for k in FIXABLE if getattr(args, k) is not None}
     t0 = time.perf_counter()
-    if args.top < 1:
-        raise UsageError(f"--top must be >= 1, got {args.top}")
     result = search(model, args.gpus, hw, args.global_batch, base, top=args.top, fixed=fixed)
     elapsed = time.perf_counter() - t0
     top = result.ranked
