@@ -189,13 +189,12 @@ def print_run(cfg, out, plan: dict) -> None:
         print(f"{k:>4} {loss:>9.5f} {t * 1e3:>9.1f} {tokens / t:>9,.0f}  " + " ".join(f"{b.get(ph, 0):>12,}"
                                                                                         for ph in shown))
     print(f"# median step {out.step_time_s * 1e3:.1f} ms, {out.tokens_per_s:,.0f} tokens/s")
-    if out.step_parts:
-        parts = out.step_parts
-        whole = sum(parts.values()) or 1.0
-        print("# the busiest rank's step, mean after the first: " +
-              ", ".join(f"{k} {1e3 * v:.1f} ms ({v / whole:.0%})" for k, v in parts.items() if v > 0) +
-              " (rest: bubble, pipeline waits and sends, the host's own work; `netmorph validate local` holds each "
-              "part against the planner's)")
+    parts = out.step_parts
+    whole = sum(parts.values()) or 1.0
+    print("# the busiest rank's step, mean after the first: " +
+          ", ".join(f"{k} {1e3 * v:.1f} ms ({v / whole:.0%})" for k, v in parts.items() if v > 0) +
+          " (rest: bubble, pipeline waits and sends, the host's own work; `netmorph validate local` holds each "
+          "part against the planner's)")
     if out.backend == "torch-native":
         print("# traffic: torch's own collectives do not say what each rank sent (the ledger holds the buffer "
               "size per call); run --backend local or torch to set it against the closed forms")

@@ -9,7 +9,7 @@ process of a torchrun job).
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 
 from netmorph.models.gpt import GPTStage, synthetic_batch
 from netmorph.parallel.baseline import abc_rank, summarise as compare_baselines
@@ -45,7 +45,7 @@ class TrainSummary:
     pp_rank: dict                          # {rank: its pipeline stage}
     step_bytes_by_phase: list              # per step {phase: bytes}
     # the busiest rank's step by what it did (compute, tp, ep, dp, optimizer, rest), the mean after the first step
-    step_parts: dict = field(default_factory=dict)
+    step_parts: dict
     experts_by_rank: dict | None = None    # with experts: {rank: (tp, pp, dp, the router's log)}
     bytes_by_rank: list | None = None      # with experts: every rank's bytes by step
     reference_losses: list | None = None   # with --check: the 1-rank run
@@ -147,7 +147,7 @@ def summarise(cfg: TrainConfig, results: list, backend: str, ref=None) -> TrainS
                                                       for r in results)
                       else max(r.memory_bytes["activations_peak"] for r in results)},
         timeline={r.rank: r.timeline for r in results if r.tp == 0 and r.dp == 0},
-        step_parts=step_parts(results) if all(r.phases_s for r in results) else {},
+        step_parts=step_parts(results),
         pp_rank={r.rank: r.pp for r in results},
         step_bytes_by_phase=[{ph: max(r.bytes_by_step[k].get(ph, 0) for r in results) for ph in phases}
                              for k in range(cfg.steps)])
