@@ -89,26 +89,16 @@ SHOWN = 10          # rows of the twin's table
 
 
 def _control(args) -> int:
-    from netmorph.morph.controller import (Trainer, check_regimes, parse_scenario, relaunch_seconds, run_adaptive,
+    from netmorph.morph.controller import (Trainer, check_run, parse_scenario, relaunch_seconds, run_adaptive,
                                            run_static, twin_of)
     from netmorph.morph.scenario import LOSSES
     world = 8 if args.world is None else args.world
     steps = 100 if args.steps is None else args.steps
-    if world not in (2, 4, 8, 16):
-        raise UsageError(f"--world must be 2, 4, 8 or 16 (two nodes of world/2 ranks), got {world}")
-    if not 2 <= steps <= 10000:
-        raise UsageError(f"--steps must be in 2..10000, got {steps}")
-    if not 2 <= args.segment <= steps:
-        raise UsageError(f"--segment must be in 2..--steps ({steps}), got {args.segment}")
     scenario = parse_scenario(args.scenario)
-    if any(e.kind in LOSSES for e in scenario.events) and world < 4:
-        raise UsageError(f"--scenario {scenario.label()} needs --world 4 or more (a node of world/2 ranks survives)")
     model = _model(args)
-    if scenario.model(model, steps).seq > 4096:
-        raise UsageError(f"--scenario {scenario.label()}: --seq {model.seq} grows past 4096")
+    check_run(model, world, args.global_batch, steps, args.segment, scenario)
     trainer = Trainer(model, args.global_batch, world, args.timeout, args.compute_ms, args.inter_node_mbps,
                       args.checkpoint_every)
-    check_regimes(trainer, scenario, steps)
     say = (lambda *a, **k: None) if args.json else print
     say(f"# netmorph morph: GPT {args.layers} layers x {args.hidden}, sequence {model.seq}, on {world} ranks, two "
         f"emulated nodes ({1 / trainer.base.beta / 1e9:.0f} GB/s inside, {1 / trainer.base.beta_inter / 1e6:g} MB/s "
@@ -233,15 +223,12 @@ def _finite(x: float):
 
 
 def _reshard(args) -> int:
-    from netmorph.morph.layouts import check, parse_layout, train_config
+    from netmorph.morph.layouts import check, check_move, parse_layout, train_config
     from netmorph.morph.reshard import execute, gather_reference, matches, plan
     from netmorph.parallel.hybrid import train_rank
     from netmorph.parallel.state import assemble
     from netmorph.runtime.launch import launch
-    if not 1 <= args.world <= 16:
-        raise UsageError(f"--world must be in 1..16 (processes on this machine), got {args.world}")
-    if not 1 <= args.steps <= 1000:
-        raise UsageError(f"--steps must be in 1..1000, got {args.steps}")
+    check_move(args.world, args.steps)
     model = _model(args)
     layouts = []
     for flag, text in (("--from", args.before), ("--to", args.after)):

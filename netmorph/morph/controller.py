@@ -40,12 +40,12 @@ from netmorph.morph.decide import Decision, Run, resized
 from netmorph.morph.layouts import train_config
 from netmorph.morph.live import LiveJob, run_live
 from netmorph.morph.reshard import StateLost, execute, plan, restore
-from netmorph.morph.scenario import Scenario, parse_scenario
+from netmorph.morph.scenario import LOSSES, Scenario, parse_scenario
 from netmorph.morph.twin import Twin, candidates, emulated_hardware
 from netmorph.parallel.hybrid import train_rank
 from netmorph.runtime.launch import launch
 
-__all__ = ["Decision", "Run", "Scenario", "Trainer", "Twin", "candidates", "check_regimes", "parse_scenario", "regimes",
+__all__ = ["Decision", "Run", "Scenario", "Trainer", "Twin", "candidates", "check_run", "parse_scenario", "regimes",
            "relaunch_seconds", "resized", "run_adaptive", "run_static", "twin_of"]
 
 
@@ -85,19 +85,35 @@ class Trainer:
         return [r.state.flat for r in res], times, losses
 
 
-def regimes(trainer: Trainer, scenario: Scenario, steps: int) -> list:
+def regimes(world: int, model, scenario: Scenario, steps: int) -> list:
     """[(ranks, model)]: the job as it starts, then as the scenario leaves it, if that differs."""
-    out = [(trainer.world, trainer.model)]
-    after = (scenario.world(trainer.world, steps), scenario.model(trainer.model, steps))
+    out = [(world, model)]
+    after = (scenario.world(world, steps), scenario.model(model, steps))
     return out if after == out[0] else out + [after]
 
 
-def check_regimes(trainer: Trainer, scenario: Scenario, steps: int) -> None:
-    """Some layout runs every regime the scenario brings, or the one line that says which does not."""
-    for world, model in regimes(trainer, scenario, steps):
-        if not candidates(model, world, trainer.global_batch):
-            raise UsageError(f"no layout of {world} ranks fits a {model.layers}-layer GPT of {model.heads} heads "
-                             f"and sequence {model.seq} with {{global_batch}} {trainer.global_batch}", "global_batch")
+WORLDS = (2, 4, 8, 16)      # two emulated nodes of world/2 ranks
+MAX_SEQ = 4096
+
+
+def check_run(model, world: int, global_batch: int, steps: int, segment: int, scenario: Scenario) -> None:
+    """The control loop can run ``scenario`` for ``steps`` steps on ``world`` ranks, looking every ``segment``,
+    with some layout for every regime the scenario brings -- or the one line that says which field to change."""
+    if world not in WORLDS:
+        raise UsageError(f"{{world}} must be 2, 4, 8 or 16 (two nodes of world/2 ranks), got {world}", "world")
+    if not 2 <= steps <= 10000:
+        raise UsageError(f"{{steps}} must be in 2..10000, got {steps}", "steps")
+    if not 2 <= segment <= steps:
+        raise UsageError(f"{{segment}} must be in 2..{{steps}} ({steps}), got {segment}", "segment")
+    if any(e.kind in LOSSES for e in scenario.events) and world < 4:
+        raise UsageError(f"{{scenario}} {scenario.label()} needs {{world}} 4 or more (a node of world/2 ranks "
+                         "survives)", "scenario")
+    if scenario.model(model, steps).seq > MAX_SEQ:
+        raise UsageError(f"{{scenario}} {scenario.label()}: {{seq}} {model.seq} grows past {MAX_SEQ}", "scenario")
+    for w, m in regimes(world, model, scenario, steps):
+        if not candidates(m, w, global_batch):
+            raise UsageError(f"no layout of {w} ranks fits a {m.layers}-layer GPT of {m.heads} heads "
+                             f"and sequence {m.seq} with {{global_batch}} {global_batch}", "global_batch")
 
 
 def twin_of(trainer: Trainer, links: dict | None = None) -> Twin:

@@ -42,6 +42,17 @@ def check(layout: Layout, cfg: ModelShape) -> None:
         raise UsageError(f"layout {layout.tag()}: {bad[0].text}", "layout")
 
 
+MAX_RANKS = 16          # processes on one machine
+
+
+def check_move(world: int, steps: int) -> None:
+    """A reshard runs ``steps`` steps before and after the move on ``world`` local ranks, or the one line."""
+    if not 1 <= world <= MAX_RANKS:
+        raise UsageError(f"{{world}} must be in 1..{MAX_RANKS} (processes on this machine), got {world}", "world")
+    if not 1 <= steps <= 1000:
+        raise UsageError(f"{{steps}} must be in 1..1000, got {steps}", "steps")
+
+
 def full_shapes(cfg: ModelShape) -> dict:
     """{full weight name: shape} in :func:`~netmorph.mesh.placement.parameters`' order."""
     return {p.name: p.shape for p in parameters(cfg)}
