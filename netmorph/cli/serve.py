@@ -75,11 +75,11 @@ def add_parser(sub) -> None:
     p.add_argument("--tokens", type=int_in(1, 1 << 30, "1..2**30"), default=2048,
                    help="kv: tokens in context (default 2048)")
     p.add_argument("--hardware", default="a100-80g", help="roofline: a100-80g (default), h100-80g, v100-32g")
-    p.add_argument("--batch", type=int_in(1, 1 << 30, "1..2**30"), default=1,
+    p.add_argument("--batch", type=int_in(1, 1 << 24, "1..2**24"), default=1,
                    help="roofline: sequences per pass (default 1)")
-    p.add_argument("--context-tokens", dest="ctx", type=int_in(1, 1 << 30, "1..2**30"), default=512,
+    p.add_argument("--context-tokens", dest="ctx", type=int_in(1, 1 << 24, "1..2**24"), default=512,
                    help="roofline: tokens already in context at the decode step (default 512)")
-    p.add_argument("--prompt", type=int_in(1, 1 << 30, "1..2**30"), default=512,
+    p.add_argument("--prompt", type=int_in(1, 1 << 24, "1..2**24"), default=512,
                    help="roofline: prompt tokens of the prefill (default 512)")
     add_timeout(p, 60)
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -117,9 +117,6 @@ def _roofline(args) -> int:
     from netmorph.planner.hardware import load_hardware
     from netmorph.serving.kv import get_model
     from netmorph.serving.roofline import roofline
-    for k, flag in (("batch", "--batch"), ("prompt", "--prompt"), ("ctx", "--context-tokens")):
-        if not 1 <= getattr(args, k) <= 1 << 24:
-            raise UsageError(f"{flag} must be in 1..2**24, got {getattr(args, k)}")
     out = roofline(get_model(args.model, args.model_config), load_hardware(args.hardware), args.batch, args.prompt,
                    args.ctx)
     if args.json:
@@ -143,7 +140,7 @@ def _serve(args) -> int:
     require("torch", "netmorph serve")
     from netmorph.mesh.shape import ModelShape
     from netmorph.serving import workload
-    from netmorph.serving.engine import Engine, ServeConfig
+    from netmorph.serving.engine import Engine, ServeConfig, check_deployment
     from netmorph.mesh.layout import Layout
     from netmorph.mesh.presets import check_shape
     # the model's shape and the tp split by the rules training and the planner use (one source of each)
@@ -151,10 +148,7 @@ def _serve(args) -> int:
                                    vocab=args.vocab))
     for why in Layout(tp=args.tp).check(model)[:1]:
         raise why.error()
-    if args.tp > 1 and (args.time_model == "measured" or args.disaggregate):
-        raise UsageError("--tp > 1 needs a priced --time-model (every rank must schedule alike) and no --disaggregate")
-    if args.n > 1 and args.disaggregate:
-        raise UsageError("--n > 1 is not supported with --disaggregate yet")
+    check_deployment(args.tp, args.disaggregate, args.n, priced=args.time_model != "measured")
     if not 0 <= args.check <= args.requests:
         raise UsageError(f"--check must be in 0..--requests, got {args.check}")
     rate = _rate(args.arrival)
@@ -171,9 +165,6 @@ def _serve(args) -> int:
     else:
         reqs = workload.generate(args.requests, rate, args.context, args.vocab, args.seed,
                                  shared_prefix=args.shared_prefix, samples=args.n)
-    if args.workload and not reqs:
-        first = f"; line {bad[0][0]}: {bad[0][1]}" if bad else ""
-        raise UsageError(f"--workload {args.workload}: no request could be read ({len(bad)} line(s) rejected{first})")
     from netmorph.runtime import budget
     ranks = args.tp if args.tp > 1 else sum(args.disaggregate) if args.disaggregate else 1
     memory, seconds = budget.serving(

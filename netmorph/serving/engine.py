@@ -17,11 +17,23 @@ import time
 
 import numpy as np
 
+from netmorph.errors import UsageError
 from netmorph.serving.model import sample
 from netmorph.serving.runner import Runner
 from netmorph.serving.scheduler import Request, Scheduler, ServeConfig, sample_id
 
-__all__ = ["Engine", "Request", "ServeConfig", "sample_id"]
+__all__ = ["Engine", "Request", "ServeConfig", "check_deployment", "sample_id"]
+
+
+def check_deployment(tp: int, disaggregate, samples: int, priced: bool) -> None:
+    """The ranks a model is served on: one engine, ``tp`` tensor-parallel ranks (each schedules alike, so the
+    iterations must be priced, not timed on each rank's own clock), or ``disaggregate`` = (prefill, decode)
+    ranks -- or the one line that says which field to change."""
+    if tp > 1 and (not priced or disaggregate):
+        raise UsageError("{tp} > 1 needs a priced {time_model} (every rank must schedule alike) and no "
+                         "{disaggregate}", "tp")
+    if samples > 1 and disaggregate:
+        raise UsageError("{n} > 1 is not supported with {disaggregate} yet", "n")
 
 
 class Engine:

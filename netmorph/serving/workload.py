@@ -22,7 +22,8 @@ import math
 
 import numpy as np
 
-from netmorph.files import read_text_limited
+from netmorph.errors import UsageError
+from netmorph.files import printable, read_text_limited
 from netmorph.serving.engine import Request
 
 SHAREGPT_MEAN = (161.31, 337.99)      # prompt, output tokens (vLLM paper, ShareGPT)
@@ -49,7 +50,8 @@ def generate(n: int, rate: float, context: int, vocab: int, seed: int = 0, sigma
 
 
 def load(path: str, context: int, vocab: int, seed: int = 0) -> tuple[list, list]:
-    """(requests, [(line number, reason)] for the lines that could not be read)."""
+    """(requests, [(line number, reason)] for the lines that could not be read); a file none of whose lines can
+    be read is refused (UsageError on ``workload``, naming the first bad line)."""
     rng = np.random.default_rng(seed)
     reqs, bad = [], []
     for k, line in enumerate(read_text_limited(path, "workload", 64 << 20).splitlines(), 1):
@@ -76,4 +78,8 @@ def load(path: str, context: int, vocab: int, seed: int = 0) -> tuple[list, list
             bad.append((k, f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e)))
             continue
         reqs.append(Request(len(reqs), prompt, o, float(t)))
+    if not reqs:
+        first = f"; line {bad[0][0]}: {bad[0][1]}" if bad else ""
+        raise UsageError(f"{{workload}} {printable(path)}: no request could be read ({len(bad)} line(s) rejected"
+                         f"{first})", "workload")
     return reqs, bad
