@@ -17,7 +17,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from netmorph.errors import UsageError
+from netmorph.consistency.problems import MODELS
 from netmorph.runtime.launch import TIMEOUT_RANGE
+
+MODES = ("bsp", "async", "ssp", "hogwild", "local")
+MAX_WORKERS = 32             # one process per worker on one machine
 
 
 @dataclass
@@ -46,8 +50,15 @@ class Config:
     extra: dict = field(default_factory=dict)
 
     def check(self) -> None:
+        if self.mode not in MODES:
+            raise UsageError(f"{{mode}} must be one of {', '.join(MODES)}, got {self.mode!r}", "mode")
+        if self.model not in MODELS:
+            raise UsageError(f"{{model}} must be one of {', '.join(MODELS)}, got {self.model!r}", "model")
         if self.workers < 1:
             raise UsageError(f"{{workers}} must be >= 1, got {self.workers}", "workers")
+        if self.workers > MAX_WORKERS:
+            raise UsageError(f"{{workers}} {self.workers}: one process per worker; keep it <= {MAX_WORKERS} on one "
+                             "machine", "workers")
         if self.servers < 1 or self.servers > 8:
             raise UsageError(f"{{servers}} must be in 1..8, got {self.servers}", "servers")
         if self.steps < 1:
@@ -80,6 +91,9 @@ class Config:
             if not 0 <= r < self.workers or not 1 <= f <= 1000:
                 raise UsageError(f"{{straggler}} RANK:FACTOR needs 0 <= RANK < {self.workers} and 1 <= FACTOR <= 1000, "
                                  f"got {r}:{f}", "straggler")
+        if self.slow_link and not all(0 <= r < self.workers + self.servers for r in self.slow_link[:2]):
+            raise UsageError("{slow_link}: SRC and DST must be ranks of the run (workers first, then servers)",
+                             "slow_link")
 
 
 class Pacer:

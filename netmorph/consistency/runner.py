@@ -12,11 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from netmorph.consistency.common import Config
+from netmorph.consistency.common import MODES, Config
 from netmorph.runtime.progress import ProgressCounter
 from netmorph.consistency.problems import make
 
-MODES = ("bsp", "async", "ssp", "hogwild", "local")
 SYSTEMS = {
     "bsp": "PyTorch DDP / Horovod: all-reduce every step",
     "async": "DistBelief Downpour SGD: parameter server, no waiting",
