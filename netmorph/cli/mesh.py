@@ -24,14 +24,12 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     m = Mesh(args.world, tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, ep=args.ep, order=args.order)
-    if args.rank is not None and not 0 <= args.rank < args.world:
-        from netmorph.errors import UsageError
-        raise UsageError(f"--rank must be in 0..{args.world - 1}, got {args.rank}")
+    coords = m.coords(args.rank) if args.rank is not None else None       # a rank outside the mesh: one line
     if args.json:
         out = {"world": m.world, "order": "-".join(m.order), "sizes": m.sizes,
                "groups": {d: m.groups(d) for d in DIMS}}
-        if args.rank is not None:
-            out["coords"] = m.coords(args.rank)
+        if coords is not None:
+            out["coords"] = coords
         print(json.dumps(out))
         return 0
     print(f"{m}  ({m.world} ranks, order {'-'.join(m.order)}: {m.order[0]} varies fastest)")
@@ -39,7 +37,6 @@ def run(args) -> int:
         gs = m.groups(d)
         shown = ", ".join(str(g) for g in gs[:8]) + (f", ... ({len(gs)} groups)" if len(gs) > 8 else "")
         print(f"  {d.upper():>2} groups: {shown}")
-    if args.rank is not None:
-        c = m.coords(args.rank)
-        print(f"  {m.describe(args.rank)}: " + " ".join(f"{d}={c[d]}" for d in m.shown()))
+    if coords is not None:
+        print(f"  {m.describe(args.rank)}: " + " ".join(f"{d}={coords[d]}" for d in m.shown()))
     return 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from netmorph.cli import add_timeout, float_in, int_in, job_split, plot_file
-from netmorph.errors import UsageError, require
+from netmorph.errors import require
 
 # library parameters set by a flag of another name (the rest are --name)
 FLAGS = {"jitter_eps": "--jitter", "tokens": "--tokens"}
@@ -74,17 +74,15 @@ def run(args) -> int:
     require("torch", "netmorph moe")
     from netmorph.moe.train import MoEConfig, view
     job = job_split(args, ("ep", "tp", "pp"), cap=32)        # under torchrun the job is the run
-    dp, world = args.dp, args.ep * args.dp * args.tp * args.pp
-    if args.world is not None and args.world != world:
-        raise UsageError(f"--world {args.world} != --ep x --dp x --tp x --pp = {world}; change --ep, --dp or "
-                         "--world")
+    dp = args.dp
     cfg = MoEConfig.make(ep=args.ep, dp=dp, experts=args.experts, top_k=args.top_k,
                          capacity_factor=None if args.dropless else args.capacity_factor, drop_policy=args.drop_policy,
                          pre_softmax=args.pre_softmax, aux_loss_coeff=args.aux_loss_coeff,
                          z_loss_coeff=args.z_loss_coeff, jitter_eps=args.jitter, layers=args.layers,
                          hidden=args.hidden, heads=args.heads, ffn=args.ffn, vocab=args.vocab, seq=args.seq,
                          batch=args.batch, steps=args.steps, lr=args.lr, seed=args.seed, dtype=args.dtype,
-                         tp=args.tp, pp=args.pp, backend=args.backend, timeout=args.timeout)
+                         tp=args.tp, pp=args.pp, backend=args.backend, timeout=args.timeout,
+                         world=args.world)
     cfg.train.check()
     from netmorph.models.gpt import synthetic_data_bytes
     from netmorph.runtime import budget

@@ -86,6 +86,9 @@ class Mesh:
         raise UsageError(f"rank {rank} is not in 0..{self.world - 1}")
 
     def coords(self, rank: int) -> dict[str, int]:
+        """{dimension: this rank's index along it}."""
+        if not 0 <= rank < self.world:
+            raise UsageError(f"{{rank}} must be in 0..{self.world - 1}, got {rank}", "rank")
         idx = np.argwhere(self.grid == rank)[0]
         return {n: int(idx[len(self.order) - 1 - i]) for i, n in enumerate(self.order)}
 

@@ -41,9 +41,13 @@ class MoEConfig:
              z_loss_coeff: float = 0.0, jitter_eps: float = 0.0, layers: int = 2, hidden: int = 32,
              heads: int = 4, ffn: int = 64, vocab: int = 64, seq: int = 16, batch: int = 4, steps: int = 20,
              lr: float = 3e-3, seed: int = 0, dtype: str = "float32", tp: int = 1, pp: int = 1,
-             backend: str = "local", timeout: float = 60.0) -> MoEConfig:
+             backend: str = "local", timeout: float = 60.0, world: int | None = None) -> MoEConfig:
         """Megatron's flags as ``netmorph moe`` takes them: ``dp`` replicas of the ep group (data-parallel size
-        ep x dp), ``batch`` sequences per rank per step in one microbatch, ``capacity_factor`` None: dropless."""
+        ep x dp), ``batch`` sequences per rank per step in one microbatch, ``capacity_factor`` None: dropless;
+        ``world``, when given, must be the ranks that makes (ep x dp x tp x pp)."""
+        if world is not None and world != ep * dp * tp * pp:
+            raise UsageError(f"{{world}} {world} != {{ep}} x {{dp}} x {{tp}} x {{pp}} = {ep * dp * tp * pp}; change "
+                             "{ep}, {dp} or {world}", "world")
         if not 0 <= seed < 1 << 32:
             raise UsageError(f"{{seed}} must be in 0..2**32-1, got {seed}", "seed")
         if capacity_factor is not None and not 0 < capacity_factor <= 64:
