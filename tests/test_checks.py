@@ -77,3 +77,13 @@ def test_moe_world_is_the_product_of_its_split():
     e = refused(MoEConfig.make, ep=2, dp=1, tp=2, world=8)
     assert e.argument == "world" and "= 4" in str(e)
     assert MoEConfig.make(ep=2, dp=1, tp=2, world=4).world == 4
+
+
+def test_a_collective_request():
+    from netmorph.collectives import ALGORITHMS, check_request
+    assert refused(check_request, "allreduce", "ring", 4, [1024, 6], 4).argument == "nbytes"
+    assert refused(check_request, "broadcast", "binomial", 4, [1024], 4, root=4).argument == "root"
+    assert refused(check_request, "allreduce", "ring", 4, [1024], 4, segments=2).argument == "segments"
+    assert refused(check_request, "allreduce", "tree", 4, [1024], 4).argument == "algo"
+    assert check_request("all_reduce", "all", 4, [1024], 4, segments=2) == list(ALGORITHMS["allreduce"])
+    assert check_request("allgather", "bruck", 4, [1024], 4, root=5) == ["bruck"]     # a rank, though unused

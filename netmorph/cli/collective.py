@@ -11,7 +11,7 @@ import json
 import sys
 
 from netmorph.cli import int_in
-from netmorph.collectives import ALGORITHMS, ROOTED, canonical_op, check_algo
+from netmorph.collectives import ROOTED, canonical_op, check_request
 from netmorph.cost.topology import PRESETS, load_topology
 from netmorph.cost.record import record
 from netmorph.cost.tuner import choose, predict
@@ -69,17 +69,9 @@ def run(args) -> int:
     op = canonical_op(args.op)
     dtype, itemsize = parse_dtype(args.dtype)
     sizes = [parse_size(args.bytes)] if args.bytes is not None else parse_size_range(args.sizes)
-    for n in sizes:
-        if n % itemsize:
-            raise UsageError(f"--bytes {n} is not a whole number of {dtype} elements ({itemsize} B each)")
     mode = args.algo.lower()
-    algos = list(ALGORITHMS[op]) if mode in ("all", "auto") else [check_algo(op, mode)]
-    if not 0 <= args.root < (args.world if op in ROOTED else 1 << 20):        # a rank, whatever the op
-        raise UsageError(f"--root must be in 0..{args.world - 1}, got {args.root}")
+    algos = check_request(op, mode, args.world, sizes, itemsize, args.root, args.segments, dtype)
     kw = {"root": args.root} if op in ROOTED else {}
-    if args.segments is not None:
-        if op != "allreduce" or (mode not in ("all", "auto") and algos != ["double_binary_tree"]):
-            raise UsageError("--segments applies only to allreduce --algo double_binary_tree (or all/auto)")
     topo = _topology(args)
     redop = "sum" if op in ("allreduce", "reduce", "reduce_scatter") else "none"
 

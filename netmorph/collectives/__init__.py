@@ -97,6 +97,25 @@ def check_algo(op: str, algo: str, also=("auto", "all")) -> str:
     return name
 
 
+def check_request(op: str, mode: str, world: int, sizes, itemsize: int, root: int = 0,
+                  segments: int | None = None, dtype: str = "") -> list:
+    """The algorithms a request names (``mode``: one of ``op``'s, or ``all``/``auto``: every one) for buffers of
+    ``sizes`` bytes, or the one line that says which argument to change: each size a whole number of
+    ``itemsize``-byte elements (of ``dtype``, named in the line), ``root`` a rank (of ``world`` for broadcast and reduce), ``segments`` only for
+    the double binary tree's pipelining (NCCL's chunking of each tree)."""
+    op = canonical_op(op)
+    algos = list(ALGORITHMS[op]) if mode.lower() in ("all", "auto") else [check_algo(op, mode)]
+    for n in sizes:
+        if n % itemsize:
+            raise UsageError(f"{{nbytes}} {n} is not a whole number of {dtype + ' ' if dtype else ''}elements "
+                             f"({itemsize} B each)", "nbytes")
+    if not 0 <= root < (world if op in ROOTED else 1 << 20):          # a rank, whatever the op
+        raise UsageError(f"{{root}} must be in 0..{world - 1}, got {root}", "root")
+    if segments is not None and (op != "allreduce" or "double_binary_tree" not in algos):
+        raise UsageError("{segments} applies only to allreduce {algo} double_binary_tree (or all/auto)", "segments")
+    return algos
+
+
 def build(op: str, algo: str, world: int, count: int, itemsize: int = 4, root: int = 0,
           splits=None, **options) -> Schedule:
     """The schedule of ``algo`` for ``op`` on ``world`` ranks and ``count`` elements."""
