@@ -29,12 +29,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from netmorph.calibrate.device import buffer, device_of, rate, synchronizer
 from netmorph.mesh.shape import ModelShape
 from netmorph.models.gpt import GPTStage, synthetic_batch
 from netmorph.parallel.flat import Adam
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
-ITEMSIZE = {"float32": 4, "float64": 8}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2}
 HIDDEN = (32, 64, 128, 256)
 TOKENS = (64, 256, 1024)
 ELEMENTWISE_BYTES = 48 << 20          # per array: out of every cache level
@@ -47,56 +48,40 @@ def gemm_shapes(hidden=HIDDEN, tokens=TOKENS) -> list:
     return [(m, n, k) for h in hidden for m in tokens for k, n in ((h, 3 * h), (h, h), (h, 4 * h), (4 * h, h))]
 
 
-def _rate(comm, fn, window: float = WINDOW, windows: int = 3) -> float:
-    """Calls of ``fn`` per second over ``window`` seconds that start on every rank together (a barrier): the
-    rate a rank gets while the others run theirs -- not the best of a few repetitions, which would pick a
-    moment when its neighbours happened to wait. The median of ``windows`` such windows."""
-    fn()                                                    # warm: allocation, the kernel's first call
-    rates = []
-    for _ in range(windows):
-        comm.barrier()
-        calls, t0 = 0, time.perf_counter()
-        while True:
-            fn()
-            calls += 1
-            elapsed = time.perf_counter() - t0
-            if elapsed >= window:
-                break
-        rates.append(calls / elapsed)
-    return statistics.median(rates)
-
-
-def compute_rank(comm, shapes, dtype: str, window: float = WINDOW) -> dict:
-    """One rank's measurements, every rank at the same shape at once: {"gemm": [(m, n, k, FLOP/s)],
-    "elementwise_bytes_per_s", "dispatch_s", "chain_op_s", "layer_s", "head_s", "op_s",
-    "optimizer_bytes_per_s", "reference_s"}. One intra-op thread
-    per rank, as torchrun's OMP_NUM_THREADS=1."""
+def compute_rank(comm, shapes, dtype: str, window: float = WINDOW, group=None) -> dict:
+    """One rank's measurements, every rank of ``group`` (default: all; a group of one: the rank alone) at the same
+    shape at once: {"gemm": [(m, n, k, FLOP/s)], "elementwise_bytes_per_s", "dispatch_s", "chain_op_s",
+    "layer_s", "head_s", "op_s", "optimizer_bytes_per_s", "reference_s"}, on the rank's device (its GPU under
+    torchrun with GPUs). One intra-op thread per rank, as torchrun's OMP_NUM_THREADS=1."""
     torch.set_num_threads(1)
-    dt = DTYPES[dtype]
-    g = torch.Generator().manual_seed(comm.rank)
+    dt, dev = DTYPES[dtype], device_of(comm)
+
+    def per_s(fn, w=window):
+        return rate(comm, fn, w, group=group, device=dev)
+    g = torch.Generator(device=dev).manual_seed(comm.rank)
     out = {"gemm": []}
     for m, n, k in shapes:
-        a = torch.randn(m, k, dtype=dt, generator=g)
-        b = torch.randn(k, n, dtype=dt, generator=g)
-        out["gemm"].append((m, n, k, 2 * m * n * k * _rate(comm, lambda: torch.mm(a, b), window)))
+        a = torch.randn(m, k, dtype=dt, generator=g, device=dev)
+        b = torch.randn(k, n, dtype=dt, generator=g, device=dev)
+        out["gemm"].append((m, n, k, 2 * m * n * k * per_s(lambda: torch.mm(a, b))))
     # a shorter window (a quick profile) takes a smaller array: in cache at the smallest, so rougher
     n = int(ELEMENTWISE_BYTES * min(1.0, window / WINDOW)) // torch.tensor([], dtype=dt).element_size()
-    x, y, z = torch.ones(n, dtype=dt), torch.ones(n, dtype=dt), torch.empty(n, dtype=dt)
-    out["elementwise_bytes_per_s"] = 3 * x.nbytes * _rate(comm, lambda: torch.add(x, y, out=z), 3 * window)
-    one = torch.ones(1, dtype=dt)
-    out["dispatch_s"] = 1 / _rate(comm, lambda: torch.add(one, one), window)
-    chain, ops = autograd_chain(dt)
-    out["chain_op_s"] = 1 / _rate(comm, chain, window) / ops
+    x, y, z = (torch.ones(n, dtype=dt, device=dev) for _ in range(3))
+    out["elementwise_bytes_per_s"] = 3 * x.nbytes * per_s(lambda: torch.add(x, y, out=z), 3 * window)
+    one = torch.ones(1, dtype=dt, device=dev)
+    out["dispatch_s"] = 1 / per_s(lambda: torch.add(one, one))
+    chain, ops = autograd_chain(dt, device=dev)
+    out["chain_op_s"] = 1 / per_s(chain) / ops
     seconds = {}
     for layers in (1, DEEP):
-        seconds[layers] = 1 / _rate(comm, tiny_gpt(layers, dt), 3 * window)
+        seconds[layers] = 1 / per_s(tiny_gpt(layers, dt, device=dev), 3 * window)
     out["layer_s"] = (seconds[DEEP] - seconds[1]) / (DEEP - 1)   # one layer's forward and backward, FLOPs ~ 0
     out["head_s"] = seconds[1] - out["layer_s"]                # the embedding, LM head and loss
     out["op_s"] = out["layer_s"] / sum(ModelShape.LAYER_KERNELS)
-    out["optimizer_bytes_per_s"] = optimizer_rate(comm, dt, window)
+    out["optimizer_bytes_per_s"] = optimizer_rate(comm, dt, window, group=group)
     calls, repeats = (2, 1) if window < WINDOW else (6, 5)       # a rough profile: one short repeat
-    out["reference_s"] = [reference_seconds(comm, dt, shape, calls, repeats) for shape in REFERENCES]
-    comm.barrier()
+    out["reference_s"] = [reference_seconds(comm, dt, shape, calls, repeats, group) for shape in REFERENCES]
+    comm.barrier(group)
     return out
 
 
@@ -106,7 +91,7 @@ REFERENCES = (ModelShape(layers=2, hidden=96, heads=4, seq=48, vocab=64),
 REFERENCE_MICROBATCH = 2
 
 
-def reference_seconds(comm, dt, shape: ModelShape, calls: int = 6, repeats: int = 5) -> float:
+def reference_seconds(comm, dt, shape: ModelShape, calls: int = 6, repeats: int = 5, group=None) -> float:
     """Seconds of one forward and backward of ``shape`` (micro-batch 2), every rank at once: the slowest rank's
     mean over ``calls`` run back to back, as a rank runs its microbatches, the median of ``repeats``. What the
     GEMM, elementwise and operator rates above miss when a real layer runs -- ranks sharing cores and caches,
@@ -114,36 +99,43 @@ def reference_seconds(comm, dt, shape: ModelShape, calls: int = 6, repeats: int 
     (:func:`netmorph.calibrate.profile.scales`). The ranks do not meet between calls: a barrier after each cost
     ~20 ms at 8 ranks on 2 cores, and the wait for the last rank is a collective's, which the links' α (rings
     with the ranks computing between them) prices."""
-    run = tiny_gpt(shape.layers, dt, shape, REFERENCE_MICROBATCH)
+    dev = device_of(comm)
+    sync = synchronizer(dev)
+    run = tiny_gpt(shape.layers, dt, shape, REFERENCE_MICROBATCH, device=dev)
     run()
     times = []
     for _ in range(repeats):
-        comm.barrier()
+        comm.barrier(group)
         t0 = time.perf_counter()
         for _ in range(calls):
             run()
+        sync()
         t = np.array([(time.perf_counter() - t0) / calls])
-        comm.all_reduce(t, op="max")
+        comm.all_reduce(t, op="max", group=group)
         times.append(float(t[0]))
     return statistics.median(times)
 
 
-def optimizer_rate(comm, dt, window: float = WINDOW, n: int = 1 << 20) -> float:
+def optimizer_rate(comm, dt, window: float = WINDOW, n: int = 1 << 20, group=None) -> float:
     """Bytes per second the trainer's own Adam (:class:`netmorph.parallel.flat.Adam`) streams on a buffer of
     ``n`` elements, every rank at once: the planner's bytes per element of an optimizer step (the parameter
     and both moments read and written, the gradient read: 7 of the dtype's width) over the measured time."""
-    param, grad = torch.zeros(n, dtype=dt), torch.full((n,), 1e-3, dtype=dt)
-    adam = Adam(0, n, dtype=dt)
-    return 7 * param.element_size() * n * _rate(comm, lambda: adam.step(param, grad), 3 * window)
+    dev = device_of(comm)
+    param, grad = torch.zeros(n, dtype=dt, device=dev), torch.full((n,), 1e-3, dtype=dt, device=dev)
+    adam = Adam(0, n, dtype=dt, device=dev)
+    return 7 * param.element_size() * n * rate(comm, lambda: adam.step(param, grad), 3 * window, group=group,
+                                               device=dev)
 
 
-def tiny_gpt(layers: int, dt, shape: ModelShape | None = None, batch: int = 1):
+def tiny_gpt(layers: int, dt, shape: ModelShape | None = None, batch: int = 1, device=None):
     """A forward and backward of netmorph's own GPT, by default at a shape too small for FLOPs to matter (h 8,
     4 tokens): its time is the software each layer pays -- eager dispatch, autograd, the operators' fixed
     costs -- profiled operator by operator as vTrain and Echo profile a model's kernels, not a training run."""
     cfg = replace(shape, layers=layers) if shape else ModelShape(layers=layers, hidden=8, heads=2, seq=4, vocab=8)
     model = GPTStage(cfg, dtype=dt)
     x, y = synthetic_batch(cfg, range(batch))
+    if device is not None:
+        model, x, y = model.to(device), x.to(device), y.to(device)
 
     def run():
         model.zero_grad(set_to_none=True)
@@ -163,13 +155,13 @@ class _Count(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def autograd_chain(dt, depth: int = 8):
+def autograd_chain(dt, depth: int = 8, device=None):
     """(run, aten operators per run): forward and backward of ``depth`` tiny transformer-like steps (linear,
     GeLU, residual add, LayerNorm) -- sizes too small for FLOPs to matter, so its time per operator is what
     eager autograd costs per operator: the software a small model pays at every layer."""
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(4, 16, dtype=dt, generator=g, requires_grad=True)
-    w = torch.randn(16, 16, dtype=dt, generator=g, requires_grad=True)
+    x = torch.randn(4, 16, dtype=dt, generator=g).to(device or "cpu").requires_grad_()
+    w = torch.randn(16, 16, dtype=dt, generator=g).to(device or "cpu").requires_grad_()
 
     def run():
         y = x
@@ -188,7 +180,9 @@ def overlap_rank(comm, nbytes: int = 1 << 20, reps: int = 5) -> dict:
     ``overlap`` = (alone + alone - together) / the shorter alone: 1 when one hides the other, 0 when they add up
     (no core free for it, or the interpreter's lock held by one of them)."""
     torch.set_num_threads(1)
-    buf = comm.alloc(max(1, nbytes // 4), np.float32)
+    dev = device_of(comm)
+    sync = synchronizer(dev)
+    buf = buffer(comm, nbytes // 4, dev)
 
     def reduce():
         comm.all_reduce(buf, algo="ring")
@@ -199,12 +193,13 @@ def overlap_rank(comm, nbytes: int = 1 << 20, reps: int = 5) -> dict:
             comm.barrier()
             t0 = time.perf_counter()
             fn()
+            sync()
             out.append(time.perf_counter() - t0)
         return statistics.median(out)
     reduce()
     t_comm = timed(reduce)
-    a = torch.randn(256, 256)
-    one = _rate(comm, lambda: torch.mm(a, a), 0.02, 1)
+    a = torch.randn(256, 256, device=dev)
+    one = rate(comm, lambda: torch.mm(a, a), 0.02, 1, device=dev)
     calls = max(1, int(t_comm * one))
 
     def compute():

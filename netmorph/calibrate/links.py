@@ -19,7 +19,7 @@ import time
 import numpy as np
 import torch
 
-from netmorph.calibrate.compute import _rate
+from netmorph.calibrate.device import buffer, device_of, rate, synchronizer
 from netmorph.runtime.base import Group
 
 SIZES = tuple(8 << (2 * i) for i in range(10))     # 8 B .. 2 MiB, x4
@@ -38,6 +38,8 @@ def pingpong_rank(comm, peers, sizes=SIZES, reps: int = 9) -> dict:
     Every other rank bounces with its own partner at the same distance at the same time (:func:`partner`):
     a collective's step has every rank sending at once, so the link is measured as loaded as it will be --
     on a machine whose ranks share cores, a message costs more while the others send theirs."""
+    dev = device_of(comm)
+    sync = synchronizer(dev)
     out = {}
     for peer in peers:
         comm.barrier()
@@ -46,7 +48,7 @@ def pingpong_rank(comm, peers, sizes=SIZES, reps: int = 9) -> dict:
         if other is not None:
             lead = comm.rank < other
             for n in sizes:
-                buf = comm.alloc(max(1, n // 4), np.float32)
+                buf = buffer(comm, n // 4, dev)
                 rtts = []
                 k, want = 0, reps + 2
                 while k < want:                                 # two warm-ups, then the timed round trips
@@ -57,6 +59,7 @@ def pingpong_rank(comm, peers, sizes=SIZES, reps: int = 9) -> dict:
                     else:
                         comm.recv(buf, other)
                         comm.send(buf, other)
+                    sync()
                     rtt = time.perf_counter() - t0
                     if k >= 2:
                         rtts.append(rtt)
@@ -93,10 +96,12 @@ def ring_rank(comm, group_size: int, sizes=RING_SIZES, iters: int = 6, load_s: f
     the scheduler gave its core to another rank's compute -- which a ping-pong, or a ring with idle
     neighbours, misses."""
     torch.set_num_threads(1)
+    dev = device_of(comm)
+    sync = synchronizer(dev)
     first = comm.rank - comm.rank % group_size
     group = Group(range(first, first + group_size))
-    a = torch.randn(128, 128)
-    per = np.array([1 / _rate(comm, lambda: torch.mm(a, a), 0.01, 1)])
+    a = torch.randn(128, 128, device=dev)
+    per = np.array([1 / rate(comm, lambda: torch.mm(a, a), 0.01, 1, device=dev)])
     comm.all_reduce(per, op="max")                               # every rank the same number of GEMMs
     calls = int(load_s / per[0]) if load_s > 0 else 0
 
@@ -106,14 +111,17 @@ def ring_rank(comm, group_size: int, sizes=RING_SIZES, iters: int = 6, load_s: f
 
     out = []
     for n in sizes:
-        buf = comm.alloc(max(1, n // 4), np.float32)
+        buf = buffer(comm, n // 4, dev)
         comm.all_reduce(buf, group=group, algo="ring")            # warm-up
+        sync()
         comm.barrier()
         inside = 0.0
         for _ in range(iters):
             work()
+            sync()
             t0 = time.perf_counter()
             comm.all_reduce(buf, group=group, algo="ring")
+            sync()
             inside += time.perf_counter() - t0
         t = np.array([inside / iters])
         comm.all_reduce(t, op="max")

@@ -20,7 +20,7 @@ import time
 import numpy as np
 import torch
 
-from netmorph.calibrate.compute import _rate
+from netmorph.calibrate.device import buffer, device_of, rate, synchronizer
 
 SLOT_S = 0.004          # a forward slot's GEMMs, every rank busy: about a validated GPT's forward slot here
 MICROBATCHES = 4
@@ -36,12 +36,15 @@ def relay_rank(comm, p: int, m: int = MICROBATCHES, slot_s: float = SLOT_S, nbyt
     first = comm.rank - comm.rank % p
     stage = comm.rank - first
     chained = first + p <= comm.world
-    a = torch.randn(128, 128)
-    per = np.array([1 / _rate(comm, lambda: torch.mm(a, a), 0.02, 3)])
+    dev = device_of(comm)
+    sync = synchronizer(dev)
+    a = torch.randn(128, 128, device=dev)
+    per = np.array([1 / rate(comm, lambda: torch.mm(a, a), 0.02, 3, device=dev)])
     comm.all_reduce(per)                                  # every rank the same number of GEMMs: the mean rank's
     calls = max(1, int(slot_s * comm.world / per[0]))
-    hdr = np.zeros(4, np.int64)
-    buf = comm.alloc(max(1, nbytes // 4), np.float32)
+    # the executor's header and activation, where its activations live (the GPU's: NCCL's point-to-point)
+    hdr = np.zeros(4, np.int64) if dev.type == "cpu" else torch.zeros(4, dtype=torch.int64, device=dev)
+    buf = buffer(comm, nbytes // 4, dev)
 
     def work(k):
         for _ in range(k * calls):
@@ -70,6 +73,7 @@ def relay_rank(comm, p: int, m: int = MICROBATCHES, slot_s: float = SLOT_S, nbyt
                 hop(first + stage - 1, pending)
         for req in pending:
             req.wait()
+        sync()
 
     step(False)                                              # warm
     step(chained)
