@@ -97,17 +97,34 @@ def scales(hw: Hardware, dtype: str, measured) -> tuple[float, float]:
 
 
 def build(world: int, dtype: str, backend: str, gpn: int, alone: dict, busy: dict, links: dict,
-          inter_mbps: float | None) -> dict:
+          inter_mbps: float | None, device=None, preset: Hardware | None = None) -> dict:
     """The profile object: ``hardware`` (the planner's fields), ``machine``, ``compute`` (alone and busy, raw),
-    ``links`` (per class: sizes, one-way seconds, α, β, residuals) and ``assumed``."""
+    ``links`` (per class: sizes, one-way seconds, α, β, residuals) and ``assumed``. ``device``: the ranks' (a
+    GPU's memory is the device's own; the CPU's is the machine's over its ranks). With no link measured (one
+    rank: no peer), the links and the overlap are ``preset``'s, and ``assumed`` says so."""
     peak, table = gemm_table(busy["gemm"])
     alone_peak = max(r for *_, r in alone["gemm"])
-    intra = links.get("intra") or links["inter"]
-    inter = links.get("inter") or intra
-    try:
-        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        memory = 8 << 30
+    assumed = {}
+    if not links:                         # one rank: the links a preset gives, said so
+        intra = {"alpha": preset.alpha_intra, "beta": 1 / preset.nvlink_bandwidth}
+        inter = {"alpha": preset.alpha_inter, "beta": 1 / preset.nic_bandwidth}
+        gpn = preset.gpus_per_node
+        assumed["links"] = f"the {preset.name} preset's: one rank has no peer to measure"
+        assumed["overlap"] = f"the {preset.name} preset's {preset.overlap:g}: one rank has no peer to reduce with"
+        busy = {**busy, "overlap": {"overlap": preset.overlap}}
+    else:
+        intra = links.get("intra") or links["inter"]
+        inter = links.get("inter") or intra
+    where = f"{os.cpu_count()} cores"
+    if device is not None and device.type == "cuda":
+        import torch
+        props = torch.cuda.get_device_properties(device)
+        memory, where = float(props.total_memory) * world, f"{props.name} GPUs"
+    else:
+        try:
+            memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            memory = 8 << 30
     hw = Hardware(name=f"local-{world}x-{dtype}", peak_flops=peak, memory_bytes=float(memory) / world,
                   hbm_bandwidth=busy["elementwise_bytes_per_s"], gpus_per_node=gpn,
                   nvlink_bandwidth=1 / intra["beta"], nic_bandwidth=1 / inter["beta"],
@@ -116,8 +133,8 @@ def build(world: int, dtype: str, backend: str, gpn: int, alone: dict, busy: dic
                   attention_efficiency=table[-1][1], gemm_table=table, op_overhead_s=busy["op_s"],
                   overlap=busy["overlap"]["overlap"], allreduce_algorithms=("ring",), multi_rail=False,
                   optimizer_bandwidth=busy["optimizer_bytes_per_s"],
-                  description=f"measured by netmorph calibrate: {world} {backend} ranks on {os.cpu_count()} "
-                              f"cores, {dtype}" + (f", two nodes at {inter_mbps:g} MB/s" if inter_mbps else ""))
+                  description=f"measured by netmorph calibrate: {world} {backend} ranks on {where}, {dtype}"
+                              + (f", two nodes at {inter_mbps:g} MB/s" if inter_mbps else ""))
     k_ops, k_flops = scales(hw, dtype, busy["reference_s"])
     hw = replace(hw, op_overhead_s=hw.op_overhead_s * k_ops, compute_scale=k_flops,
                  core_sharing=min(1e4, max(1.0, busy["reference_s"][0] / alone["reference_s"][0])))
@@ -130,6 +147,7 @@ def build(world: int, dtype: str, backend: str, gpn: int, alone: dict, busy: dic
                      for k, v in asdict(hw).items()
                      if v != ()},                         # no FP8 table: absent, as in a hand-written file
         "machine": {"cores": os.cpu_count(), "ranks": world, "ranks_per_node": gpn, "dtype": dtype,
+                    "device": "cpu" if device is None else str(device.type),
                     "backend": backend, "threads_per_rank": 1, "inter_node_mbps": inter_mbps},
         "compute": {"alone": alone, "busy": busy,
                     # what sharing the cores costs one rank: its best GEMM rate alone over with everyone busy
@@ -142,5 +160,5 @@ def build(world: int, dtype: str, backend: str, gpn: int, alone: dict, busy: dic
         "links": links,
         "assumed": {"elementwise_passes": f"the planner's {CALIBRATED_PASSES:g} (fitted on the calibration "
                                           "papers' A100 runs), not measured",
-                    "attention_efficiency": "gemm_efficiency, not measured"},
+                    "attention_efficiency": "gemm_efficiency, not measured", **assumed},
     }
