@@ -253,3 +253,43 @@ def _table(rows, key: str, where: str) -> tuple:
         raise UsageError(f"{{hardware}}: {where}: {key} needs ascending bounds > 0 and efficiencies in (0, 1]",
                          "hardware")
     return out
+
+
+# -- fields measured on the hardware itself ---------------------------------------------------------------------
+# scripts/device_check.py measures a lent GPU (`netmorph calibrate` under torchrun against the preset's datasheet
+# peaks) and writes what it measured here, with the date, the device and the command; those fields replace the
+# sourced or carried ones of that preset, and its description says so
+MEASURED_FILE = Path(__file__).with_name("measured.json")
+MEASURED_FORMAT = "netmorph-measured/1"
+MEASURED_FIELDS = ("gemm_table", "fp8_gemm_table", "attention_efficiency", "comm_slowdown", "alpha_intra",
+                   "nvlink_bandwidth", "collective_base_s")
+SOURCE_KEYS = ("date", "device", "command")
+
+
+def with_measured(presets: dict, data: dict, where: str) -> dict:
+    """``presets`` with each entry of a measured-fields object (:data:`MEASURED_FORMAT`: {"presets": {name:
+    {"fields": {...}, "source": {"date", "device", "command", ...}}}}) laid over its preset, every field checked
+    as a hardware file's; UsageError naming what is wrong."""
+    if data.get("format") != MEASURED_FORMAT or not isinstance(data.get("presets"), dict):
+        raise UsageError(f"{{hardware}}: {where}: not a {MEASURED_FORMAT} object with presets", "hardware")
+    out = dict(presets)
+    for name, entry in data["presets"].items():
+        fields, source = (entry.get("fields"), entry.get("source")) if isinstance(entry, dict) else (None, None)
+        if name not in presets or not isinstance(fields, dict) or not isinstance(source, dict):
+            raise UsageError(f"{{hardware}}: {where}: {name!r} must be a preset ({', '.join(presets)}) with fields "
+                             "and source objects", "hardware")
+        extra = sorted(set(fields) - set(MEASURED_FIELDS))
+        missing = [k for k in SOURCE_KEYS if not isinstance(source.get(k), str)]
+        if extra or missing:
+            raise UsageError(f"{{hardware}}: {where}: {name}: " + (f"{', '.join(extra)} not measured here (only "
+                             f"{', '.join(MEASURED_FIELDS)})" if extra else f"source lacks {', '.join(missing)}"),
+                             "hardware")
+        base = presets[name]
+        note = f"; measured on {source['device']} {source['date']}: {', '.join(sorted(fields))} ({source['command']})"
+        sourced = {k: v for k, v in asdict(base).items() if v != ()}        # no table: absent, as in a file
+        out[name] = hardware_from({**sourced, **fields, "description": base.description + note}, f"{where} ({name})")
+    return out
+
+
+if path_exists(MEASURED_FILE):
+    PRESETS = with_measured(PRESETS, read_json_object(MEASURED_FILE, "hardware"), str(MEASURED_FILE.name))
