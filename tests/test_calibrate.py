@@ -449,3 +449,19 @@ def test_the_device_script_writes_what_a_gpu_measured_into_the_presets(tmp_path)
     path.write_text(json.dumps({**report, "device": "cpu", "preset": None}))
     with pytest.raises(SystemExit, match="nothing to apply"):
         dc.apply(path, measured)
+
+
+def test_the_gpu_measurement_bins_what_it_timed():
+    """calibrate.gpu on the CPU, shrunk (what it measures on a GPU under torchrun --preset): every GEMM shape
+    timed against the peak given, binned by GFLOP as the presets' gemm_table; the attention core beside it."""
+    import torch
+    from netmorph.calibrate import gpu
+    shapes = gpu.shapes((64,), (8,))[:4]
+    assert all(m == 64 for m, _, _ in shapes) and len(gpu.shapes()) > 50         # the published models' layers
+    out = gpu.measure(torch.device("cpu"), peak=2e11, gemms=shapes, seqs=(64,), head_dim=16, dtype=torch.float32,
+                      repeats=1)
+    rows = [r for r in out["rows"] if r["dtype"] == "float32"]
+    assert [(r["m"], r["k"], r["n"]) for r in rows] == shapes and "fp8_gemm_table" not in out   # no FP8 on a CPU
+    gflops = [2 * m * k * n / 1e9 for m, k, n in shapes]
+    assert [b for b, _ in out["gemm_table"]] == sorted({min(e for e in gpu.EDGES if e >= g) for g in gflops})
+    assert all(0 < e <= 1 for _, e in out["gemm_table"]) and 0 < out["attention_efficiency"] <= 1
