@@ -146,7 +146,9 @@ def calibrate_in_job(comm, dtype: str = "float32", hidden=None, window: float = 
                          "preset")
     peak, fp8_peak = (preset.peak_flops, preset.fp8_flops) if preset is not None else (0.0, 0.0)
     cuda = dev.type == "cuda"
-    shapes = ([(m, n, k) for m, k, n in gpu.shapes()] if cuda else
+    # on GPUs every rank at once times 104 of the published shapes (2k and 8k tokens, tp 1 and 8: the profile's
+    # own table, six bins), and rank 0 alone all 340 against the datasheet (gpu.measure, the presets' table)
+    shapes = ([(m, n, k) for m, k, n in gpu.shapes((2048, 8192), (1, 8))] if cuda else
               gemm_shapes(**({"hidden": tuple(hidden)} if hidden else {})))
     alone = compute_rank(comm, shapes, dtype, window, group=Group([0])) if comm.rank == 0 else None
     comm.barrier()
