@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
                                    "ping-pong sweep, and write the planner's hardware fields with the raw "
                                    "measurements and the fit residuals. Under torchrun it measures the job's "
                                    "ranks (their GPUs and NCCL where there are; rank 0 writes): "
-                                   "torchrun --nproc-per-node 8 -m netmorph calibrate --dtype bfloat16 "
+                                   "torchrun --nproc_per_node=8 -m netmorph calibrate --dtype bfloat16 "
                                    "--preset h100-80g")
     p.add_argument("--world", type=int, help="ranks to measure at once (2..64, default 4; under torchrun the job's)")
     p.add_argument("--backend", choices=("local", "torch"),
