@@ -162,8 +162,10 @@ def main() -> int:
     profile = out / "profile.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m",
            "netmorph", "calibrate", "--out", str(profile)]
-    cmd += ["--dtype", "bfloat16"] + (["--preset", report["preset"]] if report["preset"] else []) if cuda else \
-        ["--quick"]
+    if not cuda:
+        cmd += ["--quick"]
+    else:
+        cmd += ["--dtype", "bfloat16"] + (["--preset", report["preset"]] if report["preset"] else [])
     report["calibrate"] = _run(cmd, timeout=min(200.0, left()))
     if profile.exists() and report["calibrate"]["rc"] == 0:
         report["profile"] = json.loads(profile.read_text())

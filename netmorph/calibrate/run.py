@@ -80,7 +80,7 @@ def measure_links(world: int, topo=None, backend: str = "local", timeout: float 
     class's α and β as the training step sees them, fitted from ping-pongs and (inside a node) ring all-reduces
     under load -- ``calibrate``'s link phase, which morph's twin also runs on its own."""
     gpn = topo.gpus_per_node if topo else world
-    peers = link_peers(world, gpn, topo is not None)
+    peers = link_peers(world, gpn)
     measured = launch(pingpong_rank, world, list(peers.values()), topology=topo, backend=backend,
                       timeout=timeout)[0]
     groups = ring_groups(gpn)
@@ -88,13 +88,13 @@ def measure_links(world: int, topo=None, backend: str = "local", timeout: float 
     return fit_links(peers, gpn, measured, groups, rings)
 
 
-def link_peers(world: int, gpn: int, nodes: bool) -> dict:
+def link_peers(world: int, gpn: int) -> dict:
     """{link class: rank 0's peer}: the next rank inside a node ("intra", when a node holds two ranks or more),
     the first rank of the next node ("inter", with more than one node)."""
     peers = {}
     if gpn > 1:
         peers["intra"] = 1
-    if nodes and world > gpn:
+    if world > gpn:
         peers["inter"] = gpn
     return peers
 
@@ -160,7 +160,7 @@ def calibrate_in_job(comm, dtype: str = "float32", hidden=None, window: float = 
     on_phase(PHASES[1])
     links, busy["relay"] = {}, []
     if world > 1:
-        peers = link_peers(world, gpn, world > gpn)
+        peers = link_peers(world, gpn)
         measured = pingpong_rank(comm, list(peers.values()))
         groups = ring_groups(gpn)
         rings = [ring_rank(comm, g) for g in groups]                # rank 0's: the others' are None
