@@ -344,7 +344,7 @@ def _beat_as(path, rank, interval, stop_after):
 def test_the_watchdog_fences_a_hung_worker_and_leaves_a_finished_one(tmp_path):
     """Morph's live loop: a worker that stops (SIGSTOP) mid-run falls silent; the watchdog's φ accrual suspects it
     and SIGKILLs it (the fabric then sees it exit); a worker that said it is done stays alive, however long it is
-    silent."""
+    silent. A survivor whose own watchdog did not fence it learns the silence from the store (morph's reason)."""
     from netmorph.elastic import Watchdog
     store, path = _store(tmp_path), str(tmp_path / "store")
     ctx = mp.get_context("fork")
@@ -358,6 +358,8 @@ def test_the_watchdog_fences_a_hung_worker_and_leaves_a_finished_one(tmp_path):
         assert hung.exitcode == -signal.SIGKILL, "the hung worker was never fenced"
         time.sleep(0.6)                                    # twice the pause: a silent beater would be fenced by now
         assert done.is_alive() and list(dog.fenced) == [1] and 0.3 < dog.fenced[1] < 10
+        other = Watchdog(store, [1, 2], lambda: PhiAccrual())                  # never started: fenced nothing
+        assert other.fenced == {} and other.silence([1, 2]) == {1: dog.fenced[1]}
     finally:
         dog.stop()
         for p in (hung, done):

@@ -27,6 +27,7 @@ import time
 KEY = "netmorph/hb/{}"
 DONE = "done"                     # a worker's last word: it finished, it is not silent
 PID = "netmorph/pid/{}"
+FENCED = "netmorph/fenced/{}"    # seconds the rank had been silent when a watchdog fenced it
 
 
 def publish_pid(store, rank: int) -> None:
@@ -133,7 +134,8 @@ class Watchdog:
     """A thread that polls ``peers``' heartbeats every ``interval`` and fences (:func:`fence`) each one the detector
     (``detector()`` makes one per peer) suspects, once: a worker stopped mid-step stops beating, is suspected,
     killed, and the fabric's dead flag makes every survivor's pending call raise ``PeerLost``. ``fenced``: rank ->
-    seconds it had been silent when fenced."""
+    seconds it had been silent when this watchdog fenced it; the silence is also written to the store before the
+    kill, so :meth:`silence` knows it whichever survivor's watchdog suspected the rank first."""
 
     def __init__(self, store, peers, detector, interval: float = 0.1):
         self.monitor = Monitor(store, peers, detector, interval)
@@ -156,9 +158,21 @@ class Watchdog:
                     for p in self.monitor.suspects():
                         if p not in self.fenced:
                             self.fenced[p] = now - self.monitor.detectors[p].last
+                            self.store.set(FENCED.format(p), repr(self.fenced[p]))
                             fence(self.store, [p])
             except RuntimeError:          # the store is gone: the job is ending
                 return
+
+    def silence(self, ranks) -> dict:
+        """rank -> seconds it had been silent when fenced, for each of ``ranks`` some watchdog fenced (this one's
+        own figure first, else the one the fencing watchdog wrote to the store)."""
+        out = {}
+        for r in ranks:
+            if r in self.fenced:
+                out[r] = self.fenced[r]
+            elif self.store.check([FENCED.format(r)]):
+                out[r] = float(self.store.get(FENCED.format(r)))
+        return out
 
     def forget(self, ranks) -> None:
         """Stop watching ``ranks`` (they left the view)."""

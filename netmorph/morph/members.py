@@ -123,12 +123,12 @@ class Members:
         self.moved(first, layout, target, spent)
         if self.ctl is not None:
             _, predicted, current, top = best
-            silent = [self.dog.fenced[r] for r in dead if r in self.dog.fenced]
+            silent = list(self.dog.silence(dead).values())
             what = (f"node lost ({world} ranks left, ranks {dead} killed mid-step, detected by the fabric)"
                     if self.how == signal.SIGKILL else
                     f"node hung ({world} ranks left, ranks {dead} stopped mid-step: " +
                     (f"{max(silent):.1f} s without a heartbeat when φ accrual suspected them" if silent else
-                     "suspected by another rank's watchdog") + ", fenced with SIGKILL)")
+                     "suspected by a watchdog") + ", fenced with SIGKILL)")
             self.say(f"  -> {what}: agreed to resume at step {agreed} (the step in flight redone); {layout.tag()} -> "
                      f"{target.tag()} (model {1e3 * predicted:.0f} ms/step); {how}; {1e3 * spent:.0f} ms from the last "
                      f"step done to going on")
