@@ -67,10 +67,11 @@ def test_a_profile_holds_the_planners_fields_the_raw_measurements_and_the_fit(fo
 
 def test_the_hop_is_what_makes_the_planners_pipeline_formula_give_the_relays_step():
     """Relays built from the planner's own formula with a known hop give that hop back; the planner's pipeline
-    pays it on every send (2 v per microbatch, in every slot of max(m, slots / core_sharing)), the simulator on
-    every stage-to-stage send, and a layout with one stage not at all."""
+    pays it on every send (2 v per microbatch, in every one of its shared_slots), the simulator on every
+    stage-to-stage send, and a layout with one stage not at all."""
+    from netmorph.planner.timing import shared_slots
     link, hop, cs, m = 1e-3, 2.5e-3, 3.0, 4
-    relays = [{"p": p, "m": m, "compute_s": 0.04, "step_s": max(m, (m + p - 1) / cs) * (0.01 + 2 * (link + hop))}
+    relays = [{"p": p, "m": m, "compute_s": 0.04, "step_s": shared_slots(m, p, 1, cs) * (0.01 + 2 * (link + hop))}
               for p in (2, 4)]
     assert hop_seconds(relays, link, cs) == pytest.approx(hop)
     assert hop_seconds([{**r, "step_s": r["compute_s"]} for r in relays], link, cs) == 0.0    # never below 0
@@ -82,7 +83,7 @@ def test_the_hop_is_what_makes_the_planners_pipeline_formula_give_the_relays_ste
                         (Layout(dp=2, global_batch=8, micro_batch_size=2), 0)):
         assert not lay.check(model)
         plain, hopped = (step_time(model, lay, dataclasses.replace(hw, pipeline_hop_s=h)) for h in (0.0, hop))
-        slots = max(lay.microbatches, (lay.microbatches + (lay.pp - 1) / lay.interleave) / cs)
+        slots = shared_slots(lay.microbatches, lay.pp, lay.interleave, cs)
         assert hopped["step_time_s"] - plain["step_time_s"] == pytest.approx(slots * per_mb * hop, rel=1e-9)
     from netmorph.simulate import simulate_config
     lay = Layout(pp=2, global_batch=8, micro_batch_size=2)
@@ -316,15 +317,17 @@ def test_a_profile_says_its_allreduce_algorithm_and_its_optimizers_rate(tmp_path
 
 def test_where_ranks_share_cores_the_pipelines_bubble_is_lent_to_the_others():
     """On a device per rank (core_sharing 1) the bubble is (p-1)/v slots; where a rank computes s times slower
-    while all do than alone, the ranks of the fill and drain run faster: the step is the longer of m slots and
-    the critical path at a rank's own speed, (m + p - 1)/s."""
+    while all do than alone, the ranks of the fill and drain run faster: the wave of m + p - 1 steps, A stages
+    active at each (1, 2, 3, 4, 3, 2, 1 here), each step at a rank's own speed times max(1, s·A/p) -- over s, in
+    slots of every rank busy. It lies between the critical path alone, 7/s, and the m slots of the ranks' work."""
     from netmorph.planner.hardware import PRESETS
     a100 = PRESETS["a100-80g"]
     model = ModelShape(layers=8, hidden=1024, heads=16, seq=512, vocab=1024)
     lay = Layout(pp=4, global_batch=4, micro_batch_size=1)                    # m = 4, 7 slots
     base = step_time(model, lay, a100)
     per_mb = base["bubble_s"] / 3
-    for s, slots in ((1.0, 7), (1.4, 5), (2.0, 4), (8.0, 4)):
+    for s, slots in ((1.0, 7), (1.4, (1 + 1 + 1.05 + 1.4 + 1.05 + 1 + 1) / 1.4),
+                     (2.0, (1 + 1 + 1.5 + 2 + 1.5 + 1 + 1) / 2), (8.0, (2 + 4 + 6 + 8 + 6 + 4 + 2) / 8)):
         got = step_time(model, lay, dataclasses.replace(a100, core_sharing=s))
         assert got["bubble_s"] == pytest.approx((slots - 4) * per_mb, abs=1e-12)
         assert got["step_time_s"] == pytest.approx(base["step_time_s"] - (7 - slots) * per_mb)

@@ -145,14 +145,17 @@ def test_bad_simulate_input_is_one_line_exit_2(argv, flag, capsys, tmp_path):
 
 
 def test_where_ranks_share_cores_the_simulated_bubble_is_lent_as_the_planner_lends_it():
-    """The schedule is played on a device per rank; with core_sharing s the finishing rank's pipeline takes the
-    longer of its busy time and the played pipeline over s -- the planner's rule, so on a pipeline of 4 stages
-    the two agree as they do without sharing."""
-    parts = {"compute": 6.0, "tp": 1.0, "pp": 1.0, "dp": 0.5, "optimizer": 0.5, "bubble": 4.0}
-    assert lend_bubble(13.0, parts, 1.0) == (13.0, parts)
-    assert lend_bubble(13.0, parts, 1.5) == (13.0 - 4.0 + 0.0, {**parts, "bubble": 0.0})      # 12 / 1.5 = 8 = busy
-    step, lent = lend_bubble(13.0, parts, 1.2)
-    assert step == pytest.approx(13.0 - 12.0 + 10.0) and lent["bubble"] == pytest.approx(2.0)
+    """The schedule is played on a device per rank; with core_sharing s the finishing rank's pipeline is
+    stretched from its ideal m + p - 1 slots to the planner's (timing.shared_slots: the wave with the active
+    ranks sharing the cores) -- so on a pipeline of 4 stages the two agree as they do without sharing."""
+    parts = {"compute": 6.0, "tp": 1.0, "pp": 1.0, "dp": 0.5, "optimizer": 0.5, "bubble": 6.0}   # 4 x 2 s busy
+    assert lend_bubble(15.0, parts, 1.0, 4, 4) == (15.0, parts)
+    # s = 2: the wave's 7 steps at 1, 1, 1.5, 2, 1.5, 1, 1 of a rank alone = 9 -> 4.5 busy slots of 2 s
+    step, lent = lend_bubble(15.0, parts, 2.0, 4, 4)
+    assert step == pytest.approx(15.0 - 14.0 + 9.0) and lent["bubble"] == pytest.approx(1.0)
+    # s = 8: every step's ranks more than fill the cores: the m busy slots alone, no bubble
+    step, lent = lend_bubble(15.0, parts, 8.0, 4, 4)
+    assert step == pytest.approx(15.0 - 14.0 + 8.0) and lent["bubble"] == pytest.approx(0.0, abs=1e-12)
     model = ModelShape(layers=8, hidden=1024, heads=16, seq=512, vocab=1024)
     lay = Layout(pp=4, global_batch=4, micro_batch_size=1)
     for s in (1.0, 1.4, 3.0):

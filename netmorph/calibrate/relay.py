@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from netmorph.calibrate.device import buffer, device_of, rate, synchronizer
+from netmorph.planner.timing import shared_slots
 
 SLOT_S = 0.004          # a forward slot's GEMMs, every rank busy: about a validated GPT's forward slot here
 MICROBATCHES = 4
@@ -93,13 +94,13 @@ def relay_rank(comm, p: int, m: int = MICROBATCHES, slot_s: float = SLOT_S, nbyt
 
 def hop_seconds(relays: list, link_s: float, core_sharing: float) -> float:
     """The planner's ``pipeline_hop_s`` from the relays: per relay, the step the planner's GPipe formula gives
-    (:func:`netmorph.planner.timing.step_time`: ``max(m, (m + p - 1) / core_sharing)`` slots of a microbatch's
+    (:func:`netmorph.planner.timing.step_time`: :func:`~netmorph.planner.timing.shared_slots` of a microbatch's
     compute and its two sends, the bubble lent to the ranks not in it) equals the measured step when each send
     costs ``link_s`` (the link's α + n·β) plus the hop; a slot's compute is the no-message run's, every rank
     busy. The median over the relays, at least 0."""
     hops = []
     for r in relays:
         m, p = r["m"], r["p"]
-        per_mb = r["step_s"] / max(m, (m + p - 1) / core_sharing)
+        per_mb = r["step_s"] / shared_slots(m, p, 1, core_sharing)
         hops.append((per_mb - r["compute_s"] / m) / 2 - link_s)
     return max(0.0, statistics.median(hops)) if hops else 0.0

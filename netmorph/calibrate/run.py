@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib
 import os
 
+import numpy as np
+
 from netmorph.calibrate import gpu
 from netmorph.calibrate.compute import WINDOW, compute_rank, gemm_shapes, overlap_rank
 from netmorph.calibrate.device import device_of
@@ -25,6 +27,7 @@ from netmorph.runtime.launch import launch
 
 PHASES = ("compute, one rank alone", "compute, every rank at once", "links, overlap and pipeline hops")
 BACKENDS = ("local", "torch")
+RING_LAUNCHES = 3   # launches of each group size's ring all-reduces (measure_links)
 
 
 def calibrate(world: int = 4, backend: str = "local", dtype: str = "float32", inter_mbps: float | None = None,
@@ -51,12 +54,12 @@ def calibrate(world: int = 4, backend: str = "local", dtype: str = "float32", in
     on_phase(PHASES[1])
     topo = two_nodes(world, inter_mbps) if inter_mbps else None
     gpn = topo.gpus_per_node if topo else world
-    links = measure_links(world, topo, backend, timeout)
+    quick = window < WINDOW
+    links = measure_links(world, topo, backend, timeout, launches=1 if quick else RING_LAUNCHES)
     overlap = launch(overlap_rank, world, topology=topo, backend=backend, timeout=timeout)
     busy["overlap"] = {**overlap[0], "overlap": min(r["overlap"] for r in overlap)}
     # a pipeline's hop: GEMMs relayed along chains of 2 (and 4) consecutive ranks, every chain at once
     # (a quick profile, with a shorter window: shorter slots, two repeats)
-    quick = window < WINDOW
     busy["relay"] = [launch(relay_rank, world, p, slot_s=SLOT_S * min(1.0, window / WINDOW),
                             repeats=2 if quick else 5, topology=topo, backend=backend, timeout=timeout)[0]
                      for p in (2, 4) if p <= gpn and world % p == 0]
@@ -75,17 +78,25 @@ def slowest(ranks: list, shapes) -> dict:
     return busy
 
 
-def measure_links(world: int, topo=None, backend: str = "local", timeout: float = 60.0) -> dict:
+def measure_links(world: int, topo=None, backend: str = "local", timeout: float = 60.0, launches: int = 1) -> dict:
     """{"intra" (when a node holds 2 ranks or more), "inter" (on two nodes): {"alpha", "beta", ...}}: each link
     class's α and β as the training step sees them, fitted from ping-pongs and (inside a node) ring all-reduces
-    under load -- ``calibrate``'s link phase, which morph's twin also runs on its own."""
+    under load, each group size's in ``launches`` launches (the median per size) -- ``calibrate``'s link phase
+    (:data:`RING_LAUNCHES` of them), which morph's twin also runs on its own (one: it ranks layouts)."""
     gpn = topo.gpus_per_node if topo else world
     peers = link_peers(world, gpn)
     measured = launch(pingpong_rank, world, list(peers.values()), topology=topo, backend=backend,
                       timeout=timeout)[0]
     groups = ring_groups(gpn)
-    rings = [launch(ring_rank, world, g, topology=topo, backend=backend, timeout=timeout)[0] for g in groups]
-    return fit_links(peers, gpn, measured, groups, rings)
+    # each group size's rings in `launches` launches, the median per size: where ranks share cores, how the
+    # scheduler lays a launch's processes on them holds for the launch -- rings of 2 at world 4 here took
+    # 1.3-2.1 ms in one launch and 0.2-0.9 ms in the next -- so one launch is one draw of that
+    runs = [[launch(ring_rank, world, g, topology=topo, backend=backend, timeout=timeout)[0]
+             for _ in range(launches)] for g in groups]
+    links = fit_links(peers, gpn, measured, groups, [np.median(r, axis=0).tolist() for r in runs])
+    if groups:
+        links["intra"]["ring_launches_s"] = dict(zip(map(str, groups), runs))
+    return links
 
 
 def link_peers(world: int, gpn: int) -> dict:

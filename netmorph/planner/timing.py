@@ -197,6 +197,25 @@ def optimizer_time(n_params: float, c: Layout, hw: Hardware) -> float:
                                                                                    hw.hbm_bandwidth)
 
 
+def shared_slots(m: int, p: int, v: int = 1, sharing: float = 1.0) -> float:
+    """How many microbatch slots at every-rank-busy speed a pipeline of ``p`` stages (``v`` chunks each) takes
+    for ``m`` microbatches: ``m + (p - 1) / v`` on a device per rank (``sharing`` 1). Where ranks share a node's
+    cores (``sharing``: how many times slower a rank computes with every rank busy than alone), a rank waiting
+    in the bubble gives its core to the others: the schedule's wave of ``m·v + p - 1`` chunk steps is played
+    with the ranks of the A stages active at each step sharing the cores -- a step at a rank's own speed times
+    max(1, sharing·A/p), processor sharing -- from one stage at the fill through all p to one at the drain. It
+    lies between the two bounds it meets at its ends: the critical path alone (``slots / sharing``) and the
+    m slots of every rank's own work (``m``)."""
+    slots = m + (p - 1) / v
+    if sharing <= 1 or not m:
+        return slots
+    if p <= 1:
+        return float(m)                       # every step has the one stage active: m slots, every rank busy
+    steps = m * v + p - 1
+    busy = sum(max(1.0, sharing * min(j + 1, p, m * v, steps - j) / p) for j in range(steps))
+    return busy / (sharing * v)
+
+
 def step_time(model: ModelShape, c: Layout, hw: Hardware) -> dict:
     """Seconds per iteration and its parts."""
     p, v, m = c.pp, c.interleave, c.microbatches
@@ -205,10 +224,7 @@ def step_time(model: ModelShape, c: Layout, hw: Hardware) -> dict:
         c.first_stage_layers, c.last_stage_layers, c.tp_overlap, c.pp_overlap, c.activation_bytes, c.sp_regather,
         c.cp_comm_type)
     per_mb = gemm + elementwise + tp_comm + cp_comm + moe_comm + pp_comm
-    slots = m + (p - 1) / v
-    # where ranks share a node's cores, a rank waiting in the pipeline's bubble gives its core to the others:
-    # the step takes the longer of the critical path at a rank's speed alone and its m slots with every rank busy
-    pipeline = max(m, slots / hw.core_sharing) * per_mb
+    pipeline = shared_slots(m, p, v, hw.core_sharing) * per_mb
     bubble = (p - 1) / (v * m) if m else float("inf")
     dp_comm, gather, optimizer = _after(model, hw, c.tp, c.cp, c.pp, c.dp, c.ep, c.sharding, c.first_stage_layers,
                                         c.last_stage_layers, c.param_bytes, c.grad_bytes, c.optimizer_bytes,

@@ -8,8 +8,8 @@ import time
 from netmorph.errors import UsageError
 from netmorph.planner.memory import params_on_device
 from netmorph.planner.search import check, estimate
-from netmorph.planner.timing import (bucketed, collective_time, layer_costs, optimizer_time, tp_head_bytes,
-                                     tp_head_costs)
+from netmorph.planner.timing import (bucketed, collective_time, layer_costs, optimizer_time, shared_slots,
+                                     tp_head_bytes, tp_head_costs)
 from netmorph.simulate.step import Costs, StepResult, simulate_step
 
 __all__ = ["Costs", "StepResult", "check_simulated", "costs_for", "lend_bubble", "simulate_config", "simulate_step"]
@@ -54,17 +54,19 @@ def costs_for(model, c, hw) -> Costs:
         dp_bytes_after=(d - 1) / d * c.param_bytes * n if c.sharding else 0.0)
 
 
-def lend_bubble(step: float, breakdown: dict, sharing: float) -> tuple[float, dict]:
+def lend_bubble(step: float, breakdown: dict, sharing: float, m: int = 1, p: int = 1, v: int = 1) -> tuple:
     """(step, breakdown) of the rank that finishes last once its pipeline's bubble is lent to the ranks not in
-    it, as the planner lends it (:func:`netmorph.planner.timing.step_time`), where ranks share a node's cores
+    it, as the planner lends it (:func:`netmorph.planner.timing.shared_slots`), where ranks share a node's cores
     (``sharing``: how many times slower a rank computes with every rank busy than alone; 1 on a device per
-    rank, where nothing changes): its pipeline takes the longer of its busy time and the simulated pipeline at
-    a rank's own speed. The schedule is played on a device per rank; the spans of the trace stay so."""
+    rank, where nothing changes): its busy time (``m`` microbatches, ``p`` stages of ``v`` chunks) stretched to
+    the planner's slots, the simulated bubble scaled as the planner's is. The schedule is played on a device
+    per rank; the spans of the trace stay so."""
     if sharing <= 1:
         return step, breakdown
     busy = breakdown["compute"] + breakdown["tp"] + breakdown["pp"]
     pipeline = busy + breakdown["bubble"]
-    lent = max(busy, pipeline / sharing)
+    ideal = m + (p - 1) / v                   # the slots the played schedule's bubble stands for
+    lent = max(busy, pipeline * shared_slots(m, p, v, sharing) / ideal)
     return step - pipeline + lent, {**breakdown, "bubble": lent - busy}
 
 
@@ -101,7 +103,7 @@ def simulate_config(model, c, hw, schedule_name: str | None = None, trace_ranks=
                         c.interleave, trace_ranks)
     wall = time.perf_counter() - t0
     plan = estimate(model, c, hw)
-    step, breakdown = lend_bubble(res.step_time, res.breakdown, hw.core_sharing)
+    step, breakdown = lend_bubble(res.step_time, res.breakdown, hw.core_sharing, c.microbatches, c.pp, c.interleave)
     return {"ranks": res.ranks, "schedule": name, "step_time_s": step, "breakdown_s": breakdown,
             "bytes_by_link_class": res.bytes_by_link_class, "planner_step_time_s": plan["step_time_s"],
             "planner_breakdown_s": {"compute": plan["compute_s"], "tp": plan["comm_s"]["tensor_parallel"],
