@@ -123,6 +123,19 @@ def test_a_ring_all_reduce_sweep_gives_the_per_step_alpha_and_beta(four):
     assert len(intra["residuals"]) == 2 * len(RING_SIZES)
     assert prof["hardware"]["alpha_intra"] == intra["alpha"] and "pingpong_alpha" in intra
     assert prof["hardware"]["collective_base_s"] == intra["base"] >= 0
+    assert [len(intra["ring_launches_s"][g]) for g in ("2", "4")] == [1, 1]     # a quick profile: one launch
+
+
+def test_the_rings_are_the_median_of_their_launches():
+    """Each group size's rings measured in several launches (how the scheduler lays a launch's processes on
+    shared cores holds for the launch): the fitted rings are the per-size median of the launches."""
+    import numpy as np
+
+    from netmorph.calibrate.run import measure_links
+    intra = measure_links(2, launches=3)["intra"]
+    runs = intra["ring_launches_s"]["2"]
+    assert len(runs) == 3 and all(len(r) == len(intra["ring_sizes"]) for r in runs)
+    assert intra["ring_s"]["2"] == np.median(runs, axis=0).tolist()
 
 
 def test_the_emulated_link_is_what_the_fit_finds(two_nodes):
