@@ -186,13 +186,13 @@ def test_controller_moves_off_a_degraded_link_and_keeps_the_model(monkeypatch):
     real = launcher.launch
     monkeypatch.setattr(launcher, "launch", lambda fn, *a, **k: launches.append(fn.__name__) or real(fn, *a, **k))
     start = Layout(dp=4)
-    from netmorph.morph.controller import Trainer, run_adaptive, twin_of
-    trainer = Trainer(MORPH_GPT, 8, 4, 60.0, 10.0, 50.0)
+    from netmorph.morph.controller import Trainer, run_adaptive, run_static, twin_of
+    trainer = Trainer(MORPH_GPT, 8, 4, 60.0, 10.0, 50.0, 20)
     sc = parse_scenario("link-degrades@4x20")
     adaptive = run_adaptive(trainer, twin_of(trainer, LINKS), start, 16, 4, sc, log=lambda *a, **k: None)
     assert launches == ["live_rank"]
     monkeypatch.setattr(launcher, "launch", real)
-    static = _controller(4, 16, 4, "link-degrades@4x20", start=start)[2]
+    static = run_static(trainer, start, 16, 4, sc)
     (d,) = adaptive.decisions
     assert d.after != start.tag() and d.after == d.top[0][0] and adaptive.decide_s and max(adaptive.decide_s) < 5
     np.testing.assert_allclose(adaptive.losses, static.losses, rtol=1e-9, atol=0)

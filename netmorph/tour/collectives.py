@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from netmorph.collectives import ALGORITHMS
+from netmorph.collectives import ALGORITHMS, build
+from netmorph.cost.simulate import simulate
 from netmorph.cost.topology import PRESETS
 from netmorph.cost.tuner import predict
 
@@ -43,15 +44,14 @@ def run(tick=lambda: None, quick: bool = False) -> Collectives:
         curves[label] = {a: np.array([predict("allreduce", a, 8, n, cluster, 4, pl).time for n in SIZES])
                          for a in ALGOS}
         tick()
-    maps = {}
-    for name in MAP_CLUSTERS:
-        topo = PRESETS[name]
-        grid = np.zeros((len(WORLDS), len(MAP_SIZES)), dtype=int)
-        for i, p in enumerate(WORLDS):
-            for j, n in enumerate(MAP_SIZES):
-                grid[i, j] = int(np.argmin([predict("allreduce", a, p, n, topo, 4).time for a in ALGOS]))
+    maps = {name: np.zeros((len(WORLDS), len(MAP_SIZES)), dtype=int) for name in MAP_CLUSTERS}
+    for i, p in enumerate(WORLDS):
+        for j, n in enumerate(MAP_SIZES):
+            schedules = [build("allreduce", a, p, n // 4, 4) for a in ALGOS]     # one schedule, both clusters
+            for name, grid in maps.items():
+                grid[i, j] = int(np.argmin([simulate(s, PRESETS[name]).time for s in schedules]))
+        for _ in MAP_CLUSTERS:
             tick()
-        maps[name] = grid
     flat = [predict("allreduce", a, 8, 8 << 20, PRESETS["flat"], 4) for a in ALGOS]
     tick()
     return Collectives(curves, maps, flat)
