@@ -52,6 +52,8 @@ def test_a_profile_holds_the_planners_fields_the_raw_measurements_and_the_fit(fo
     c = prof["compute"]
     assert len(c["references"]) == len(c["alone"]["reference_s"]) == len(c["busy"]["reference_s"]) == 2
     assert hw["compute_scale"] > 0 and c["operator_scale"] > 0 and hw["core_sharing"] >= 1
+    side = c["busy"]["sharing"]                  # alone and busy side by side in one launch: the ratio the planner reads
+    assert side["repeats"] == 5 and hw["core_sharing"] == pytest.approx(max(1.0, side["busy_s"] / side["alone_s"]))
     assert hw["op_overhead_s"] == pytest.approx(c["op_s_measured"] * c["operator_scale"])
     assert hw["allreduce_algorithms"] == ["ring"] and hw["optimizer_bandwidth"] == c["busy"]["optimizer_bytes_per_s"]
     link = prof["links"]["intra"]

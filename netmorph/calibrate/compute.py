@@ -116,6 +116,37 @@ def reference_seconds(comm, dt, shape: ModelShape, calls: int = 6, repeats: int 
     return statistics.median(times)
 
 
+def sharing_rank(comm, dtype: str, calls: int = 6, repeats: int = 5) -> dict | None:
+    """How much of a core a rank gets when every rank computes, measured side by side in one launch: the first
+    reference GPT's forward and backward on rank 0 alone (the others asleep in a barrier) and on every rank at
+    once, alternated ``repeats`` times (the slowest rank's mean of ``calls``, as :func:`reference_seconds`), the
+    medians -- so a machine whose speed drifts between the calibration's alone and busy phases does not enter
+    the ratio (on the 2-core VM: 3.2-3.7x side by side at 8 ranks, 5.8x from the phases). On rank 0, else
+    None."""
+    torch.set_num_threads(1)
+    dev = device_of(comm)
+    sync = synchronizer(dev)
+    ref = REFERENCES[0]
+    run = tiny_gpt(ref.layers, DTYPES[dtype], ref, REFERENCE_MICROBATCH, device=dev)
+    run()
+    times = {"alone": [], "busy": []}
+    for _ in range(repeats):
+        for name in times:
+            comm.barrier()
+            t = 0.0
+            if name == "busy" or comm.rank == 0:
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    run()
+                sync()
+                t = (time.perf_counter() - t0) / calls
+            x = np.array([t])
+            comm.all_reduce(x, op="max")
+            times[name].append(float(x[0]))
+    alone, busy = (statistics.median(times[k]) for k in ("alone", "busy"))
+    return {"alone_s": alone, "busy_s": busy, "repeats": repeats} if comm.rank == 0 else None
+
+
 def optimizer_rate(comm, dt, window: float = WINDOW, n: int = 1 << 20, group=None) -> float:
     """Bytes per second the trainer's own Adam (:class:`netmorph.parallel.flat.Adam`) streams on a buffer of
     ``n`` elements, every rank at once: the planner's bytes per element of an optimizer step (the parameter

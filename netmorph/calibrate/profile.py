@@ -27,8 +27,10 @@ What maps to what:
   rank runs its microbatches, timed; the FLOP-and-byte part and the per-operator part of the planner's compute
   are scaled so that it gives both their measured times -- what the microbenchmarks miss when a real layer
   runs on ranks that share cores and caches (1 and 1 on a device per rank);
-- ``core_sharing``: the first reference's time with every rank busy over its time alone -- how much of a core a
-  rank gets when all compute, and so how much faster the few that compute in a pipeline's bubble run;
+- ``core_sharing``: the first reference's time with every rank busy over its time on one rank, the two measured
+  side by side in one launch (:func:`~netmorph.calibrate.compute.sharing_rank`; without that measurement, the
+  busy phase's over the alone phase's) -- how much of a core a rank gets when all compute, and so how much faster
+  the few that compute in a pipeline's bubble run;
 - ``gpus_per_node``: ranks per (emulated) node; ``memory_bytes``: the machine's memory over its ranks.
 
 Not measured yet, and said so in ``assumed``: ``elementwise_passes`` (the planner's default, fitted on the
@@ -136,8 +138,10 @@ def build(world: int, dtype: str, backend: str, gpn: int, alone: dict, busy: dic
                   description=f"measured by netmorph calibrate: {world} {backend} ranks on {where}, {dtype}"
                               + (f", two nodes at {inter_mbps:g} MB/s" if inter_mbps else ""))
     k_ops, k_flops = scales(hw, dtype, busy["reference_s"])
+    side = busy.get("sharing")
+    sharing = side["busy_s"] / side["alone_s"] if side else busy["reference_s"][0] / alone["reference_s"][0]
     hw = replace(hw, op_overhead_s=hw.op_overhead_s * k_ops, compute_scale=k_flops,
-                 core_sharing=min(1e4, max(1.0, busy["reference_s"][0] / alone["reference_s"][0])))
+                 core_sharing=min(1e4, max(1.0, sharing)))
     if busy.get("relay"):
         link = hw.alpha_intra + busy["relay"][0]["nbytes"] / hw.nvlink_bandwidth
         hw = replace(hw, pipeline_hop_s=min(1.0, hop_seconds(busy["relay"], link, hw.core_sharing)))

@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from netmorph.calibrate import gpu
-from netmorph.calibrate.compute import WINDOW, compute_rank, gemm_shapes, overlap_rank
+from netmorph.calibrate.compute import WINDOW, compute_rank, gemm_shapes, overlap_rank, sharing_rank
 from netmorph.calibrate.device import device_of
 from netmorph.calibrate.links import LOAD_S, RING_SIZES, SIZES, fit, fit_ring, pingpong_rank, ring_rank
 from netmorph.calibrate.profile import build
@@ -58,6 +58,7 @@ def calibrate(world: int = 4, backend: str = "local", dtype: str = "float32", in
     links = measure_links(world, topo, backend, timeout, launches=1 if quick else RING_LAUNCHES)
     overlap = launch(overlap_rank, world, topology=topo, backend=backend, timeout=timeout)
     busy["overlap"] = {**overlap[0], "overlap": min(r["overlap"] for r in overlap)}
+    busy["sharing"] = launch(sharing_rank, world, dtype, timeout=timeout)[0]
     # a pipeline's hop: GEMMs relayed along chains of 2 (and 4) consecutive ranks, every chain at once
     # (a quick profile, with a shorter window: shorter slots, two repeats)
     busy["relay"] = [launch(relay_rank, world, p, slot_s=SLOT_S * min(1.0, window / WINDOW),
@@ -179,6 +180,7 @@ def calibrate_in_job(comm, dtype: str = "float32", hidden=None, window: float = 
         overlap = [None] * world
         dist_module().all_gather_object(overlap, overlap_rank(comm))
         busy["overlap"] = {**overlap[0], "overlap": min(r["overlap"] for r in overlap)}
+        busy["sharing"] = sharing_rank(comm, dtype)                  # rank 0's: the others' are None
         busy["relay"] = [relay_rank(comm, p, repeats=2 if window < WINDOW else 5)
                          for p in (2, 4) if p <= gpn and world % p == 0]
     measured_gpu = gpu.measure(dev, peak, fp8_peak) if cuda and peak and comm.rank == 0 else None
