@@ -100,20 +100,25 @@ def reference_seconds(comm, dt, shape: ModelShape, calls: int = 6, repeats: int 
     ~20 ms at 8 ranks on 2 cores, and the wait for the last rank is a collective's, which the links' α (rings
     with the ranks computing between them) prices."""
     dev = device_of(comm)
-    sync = synchronizer(dev)
     run = tiny_gpt(shape.layers, dt, shape, REFERENCE_MICROBATCH, device=dev)
     run()
-    times = []
-    for _ in range(repeats):
-        comm.barrier(group)
+    return statistics.median(_slowest_mean(comm, run, calls, synchronizer(dev), group) for _ in range(repeats))
+
+
+def _slowest_mean(comm, run, calls: int, sync, group=None, active: bool = True) -> float:
+    """The ranks of ``group`` meet, each ``active`` one calls ``run`` ``calls`` times back to back, and all take
+    the slowest rank's mean seconds per call (an idle rank counts 0: it waited in the meeting)."""
+    comm.barrier(group)
+    t = 0.0
+    if active:
         t0 = time.perf_counter()
         for _ in range(calls):
             run()
         sync()
-        t = np.array([(time.perf_counter() - t0) / calls])
-        comm.all_reduce(t, op="max", group=group)
-        times.append(float(t[0]))
-    return statistics.median(times)
+        t = (time.perf_counter() - t0) / calls
+    x = np.array([t])
+    comm.all_reduce(x, op="max", group=group)
+    return float(x[0])
 
 
 def sharing_rank(comm, dtype: str, calls: int = 6, repeats: int = 5) -> dict | None:
@@ -129,22 +134,12 @@ def sharing_rank(comm, dtype: str, calls: int = 6, repeats: int = 5) -> dict | N
     ref = REFERENCES[0]
     run = tiny_gpt(ref.layers, DTYPES[dtype], ref, REFERENCE_MICROBATCH, device=dev)
     run()
-    times = {"alone": [], "busy": []}
+    alone, busy = [], []
     for _ in range(repeats):
-        for name in times:
-            comm.barrier()
-            t = 0.0
-            if name == "busy" or comm.rank == 0:
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    run()
-                sync()
-                t = (time.perf_counter() - t0) / calls
-            x = np.array([t])
-            comm.all_reduce(x, op="max")
-            times[name].append(float(x[0]))
-    alone, busy = (statistics.median(times[k]) for k in ("alone", "busy"))
-    return {"alone_s": alone, "busy_s": busy, "repeats": repeats} if comm.rank == 0 else None
+        alone.append(_slowest_mean(comm, run, calls, sync, active=comm.rank == 0))
+        busy.append(_slowest_mean(comm, run, calls, sync))
+    return ({"alone_s": statistics.median(alone), "busy_s": statistics.median(busy), "repeats": repeats}
+            if comm.rank == 0 else None)
 
 
 def optimizer_rate(comm, dt, window: float = WINDOW, n: int = 1 << 20, group=None) -> float:
