@@ -20,7 +20,7 @@ MAP_SIZES = [1 << e for e in range(10, 31, 2)]
 GROUPS = {"TP group: 8 GPUs of one node (devices 0..7, NVLink)": list(range(8)),
           "DP group: GPU 0 of 8 nodes (devices 0, 8, .., 56, InfiniBand)": list(range(0, 64, 8))}
 MAP_CLUSTERS = ("dgx-a100-cluster", "pcie-ethernet-cluster")
-STEPS = len(GROUPS) + len(MAP_CLUSTERS) * len(WORLDS) + 1
+STEPS = len(GROUPS) + len(WORLDS) + 1
 
 
 @dataclass
@@ -50,8 +50,7 @@ def run(tick=lambda: None, quick: bool = False) -> Collectives:
             schedules = [build("allreduce", a, p, n // 4, 4) for a in ALGOS]     # one schedule, both clusters
             for name, grid in maps.items():
                 grid[i, j] = int(np.argmin([simulate(s, PRESETS[name]).time for s in schedules]))
-        for _ in MAP_CLUSTERS:
-            tick()
+        tick()
     flat = [predict("allreduce", a, 8, 8 << 20, PRESETS["flat"], 4) for a in ALGOS]
     tick()
     return Collectives(curves, maps, flat)
