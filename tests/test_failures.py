@@ -249,6 +249,25 @@ def test_launch_after_the_parent_ran_torch_does_not_hang(no_leaks):
     assert len(out) == 2 and all(np.isfinite(out))
 
 
+def _heap_and_collection(comm):
+    import gc
+    return gc.get_freeze_count(), len(gc.get_objects())        # frozen; what a full collection walks
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_rank_never_walks_the_heap_it_inherited(no_leaks):
+    """A rank's inherited heap (torch and every module the launcher imported) sits in the collector's permanent
+    generation, so a full collection in the rank walks a small part of it, where in this process it walks it
+    all."""
+    import gc
+
+    __import__("torch")                        # the heap of a launcher that trains
+    here = len(gc.get_objects())
+    (frozen, walked), = launch(_heap_and_collection, 1, timeout=30)
+    assert frozen > here // 2, (frozen, here)
+    assert walked < here // 10, (walked, here)
+
+
 @pytest.mark.timeout(60)
 def test_sigterm_stops_every_rank_removes_the_store_and_exits_143(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path)}

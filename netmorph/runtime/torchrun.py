@@ -86,6 +86,8 @@ def init_from_env(backend: str = "torch", timeout: float = 60.0):
     comm = init_torch(rank, world, f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", timeout,
                       native=(backend == "torch-native"))
     comm.local_rank, comm.device = local_rank, device
+    from netmorph.runtime.launch import freeze_heap
+    freeze_heap()
     return comm
 
 
