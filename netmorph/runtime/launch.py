@@ -31,7 +31,6 @@ bound to the loopback interface (``GLOO_SOCKET_IFNAME``, unless the user set it)
 from __future__ import annotations
 
 import ctypes
-import gc
 import importlib
 import multiprocessing as mp
 import os
@@ -47,6 +46,7 @@ from multiprocessing.connection import wait as mp_wait
 from netmorph.errors import UsageError
 from netmorph.runtime import links
 from netmorph.runtime.failure import LaunchError, RankFailure, limit_error, root_cause_first
+from netmorph.runtime.heap import freeze_heap
 from netmorph.runtime.ledger import Ledger
 from netmorph.runtime.transport import CollectiveMismatch, FabricError, PeerLost, PeerTimeout, blame, fingerprint
 
@@ -73,19 +73,6 @@ def _one_thread_per_rank() -> None:
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "set_num_threads"):
         torch.set_num_threads(1)
-
-
-def freeze_heap() -> None:
-    """Move the heap a rank holds before it runs -- torch, sympy and every module imported before the fork (or,
-    under torchrun, before it joined) -- into the collector's permanent generation (``gc.freeze``, what the
-    Python docs prescribe for a child of ``fork()`` without ``exec()``): they live as long as the rank anyway,
-    and a full collection that walks them pauses the rank for 150-380 ms (the 2-core VM this was written on),
-    a pause every collective after it waits for. Whether one falls inside a run depends on the counts the rank
-    inherited: launched from one script, 10-step runs of the validated medium GPT with tp2 ran one in each of
-    two launches, and the mean step read 243-250 ms against 204 frozen (2 ranks), 916-1022 against 899-925 (8
-    ranks); launched from another, none did. Frozen, the same collection takes 1-6 ms. Megatron-LM's
-    ``--manual-gc`` answers the same jitter on GPUs by collecting between steps."""
-    gc.freeze()
 
 
 def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults, link_cost, store, want_ledger,

@@ -16,6 +16,7 @@ import socket
 from netmorph.cost.topology import PRESETS
 from netmorph.errors import UsageError
 from netmorph.runtime.comm import Comm
+from netmorph.runtime.heap import freeze_heap
 from netmorph.runtime.native import NativeComm
 from netmorph.runtime.transport.torchdist import TorchTransport, dist_module
 
@@ -86,7 +87,6 @@ def init_from_env(backend: str = "torch", timeout: float = 60.0):
     comm = init_torch(rank, world, f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", timeout,
                       native=(backend == "torch-native"))
     comm.local_rank, comm.device = local_rank, device
-    from netmorph.runtime.launch import freeze_heap
     freeze_heap()
     return comm
 
