@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import threading
 import time
 
 from netmorph.calibrate.validate import MODELS, Row, layouts, planner_layout
@@ -47,27 +48,29 @@ CALLS = ((Comm, ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor"
 
 
 def _timed(acc: dict, method):
-    """``method`` with its CPU and wall time added to ``acc`` -- only the outermost call (a collective's own
-    sends are inside it)."""
+    """``method`` with its CPU and wall time added to ``acc`` -- only a thread's outermost call (a collective's
+    own sends are inside it; the trainer's gradient buckets are all-reduced from a thread of their own, beside
+    the main thread's calls)."""
     def call(self, *args, **kwargs):
-        if acc["depth"]:
+        if getattr(acc["inside"], "depth", 0):
             return method(self, *args, **kwargs)
-        acc["depth"] += 1
+        acc["inside"].depth = 1
         c0, w0 = time.thread_time(), time.perf_counter()
         try:
             return method(self, *args, **kwargs)
         finally:
-            acc["cpu"] += time.thread_time() - c0
-            acc["wall"] += time.perf_counter() - w0
-            acc["calls"] += 1
-            acc["depth"] -= 1
+            with acc["lock"]:
+                acc["cpu"] += time.thread_time() - c0
+                acc["wall"] += time.perf_counter() - w0
+                acc["calls"] += 1
+            acc["inside"].depth = 0
     return call
 
 
 def rank_split(comm, cfg: TrainConfig) -> dict:
     """This rank's means per step after :data:`WARMUP`: wall, process CPU, and CPU, wall and calls inside the
     communicator."""
-    acc = {"cpu": 0.0, "wall": 0.0, "calls": 0, "depth": 0}
+    acc = {"cpu": 0.0, "wall": 0.0, "calls": 0, "inside": threading.local(), "lock": threading.Lock()}
     for cls, names in CALLS:
         for name in names:
             setattr(cls, name, _timed(acc, getattr(cls, name)))   # this rank's process only
