@@ -105,6 +105,15 @@ def empty_like(a, n: int):
     return np.empty(n, a.dtype) if isinstance(a, np.ndarray) else a.new_empty(n)
 
 
+def same_memory(a, b) -> bool:
+    """Two flat buffers over the same first element (an out-of-place call given one buffer twice: in place)."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return False
+    return a.data_ptr() == b.data_ptr()
+
+
 def is_float(a) -> bool:
     if isinstance(a, np.ndarray):
         return a.dtype.kind == "f" or a.dtype.name == "bfloat16"      # ml_dtypes' bfloat16 is kind V
@@ -270,6 +279,53 @@ class CommBase:
         dtype = np.dtype(dtype)
         n = int(np.prod(shape))
         return self.transport.shared(n * dtype.itemsize).view(dtype).reshape(shape)
+
+    # ------------------------------------------------------------ out of place (NCCL's send and receive buffers)
+    # torch.distributed's all_reduce, reduce and broadcast work in one tensor; NCCL's take a send and a receive
+    # buffer, and nccl-tests' first column times that form. Here a torch user's way: copy, then in place.
+    # Comm runs each as its schedule's out-of-place case instead (no copy in front).
+    def all_reduce_into_tensor(self, output, input, op="sum", group: Group | None = None, algo: str = "auto",
+                               async_op: bool = False):
+        """``ncclAllReduce(sendbuff=input, recvbuff=output, ...)``: ``output`` gets the reduction of every
+        rank's ``input``, which is only read."""
+        out, _ = self._pair(output, input, "all_reduce_into_tensor")
+        self._fill(out, input)
+        return self.all_reduce(output, op, group, algo, async_op)
+
+    def reduce_into_tensor(self, output, input, dst: int, op="sum", group: Group | None = None,
+                           algo: str = "auto", async_op: bool = False):
+        """``ncclReduce(sendbuff=input, recvbuff=output, ..., root=dst)``: ``dst``'s ``output`` gets the
+        reduction; every other rank's ``output`` is left as it was (NCCL uses recvbuff only on the root)."""
+        out, inp = self._pair(output, input, "reduce_into_tensor")
+        work = out if self.rank == dst else empty_like(out, len(out))
+        work[:] = inp
+        self.reduce(work, dst, op, group, algo)
+        return CompletedWork() if async_op else output
+
+    def broadcast_into_tensor(self, output, input, src: int, group: Group | None = None, algo: str = "auto",
+                              async_op: bool = False):
+        """``ncclBroadcast(sendbuff=input, recvbuff=output, ..., root=src)``: every ``output`` gets ``src``'s
+        ``input`` (only the root's is read; the others may pass None)."""
+        out, _ = self._pair(output, input, "broadcast_into_tensor", optional=self.rank != src)
+        if self.rank == src:
+            self._fill(out, input)
+        return self.broadcast(output, src, group, algo, async_op)
+
+    def _pair(self, output, input, name: str, optional: bool = False):
+        """(output, input) as flat buffers of one length; input None where ``optional``."""
+        out = self._buf(output)
+        if input is None and optional:
+            return out, None
+        inp = self._buf(input)
+        if len(inp) != len(out) or inp.dtype != out.dtype:
+            raise UsageError(f"{name}: {{input}} must match the output's {len(out)} elements of {out.dtype}, got "
+                             f"{len(inp)} of {inp.dtype}", "input")
+        return out, inp
+
+    def _fill(self, out, input) -> None:
+        inp = self._buf(input)
+        if not same_memory(out, inp):
+            out[:] = inp
 
     # ------------------------------------------------------------ point to point
     def send(self, tensor, dst: int) -> None:

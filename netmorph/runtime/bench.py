@@ -12,9 +12,11 @@ Sizes follow nccl-tests' ``GetCollByteCount``: all-gather, reduce-scatter and al
 move a per-rank ``count`` rounded down to 16 bytes' worth of elements, and their size
 column is the whole buffer (count x ranks); the others move ``size / itemsize``.
 
-In place and out of place: netmorph's schedules work in one buffer, so an out-of-place
-all-reduce, reduce or broadcast first copies the input into the output buffer (the copy
-is in its time, as it would be for a torch user); all-gather and reduce-scatter take
+In place and out of place: an out-of-place all-reduce, reduce or broadcast runs the
+communicator's out-of-place entry (``all_reduce_into_tensor``: NCCL's send and receive
+buffers), whose schedule reads the send buffer in its first round -- no copy in front
+of it; torch's own collectives (``native``) have no such entry and copy first, as a
+torch user would. All-gather and reduce-scatter take
 nccl-tests' in-place layout (the input is the rank's block of the output, or the output
 the rank's block of the input). An in-place all-to-all, which nccl-tests times but does
 not check, goes through a scratch buffer and is reported without ``#wrong``.
@@ -130,15 +132,19 @@ class _Buffers:
     def run(self, comm) -> np.ndarray:
         c, x, out = self.c, self.x, self.out
         kw = {} if c.algo == "native" else {"algo": c.algo}
-        if c.op in ("allreduce", "reduce", "broadcast"):
-            if out is not x:
-                out[:] = x                      # out of place: the schedule works in the output buffer
+        if c.op in ("allreduce", "reduce", "broadcast") and out is not x:     # out of place: NCCL's entries
             if c.op == "allreduce":
-                comm.all_reduce(out, op=c.redop, **kw)
+                comm.all_reduce_into_tensor(out, x, op=c.redop, **kw)
             elif c.op == "reduce":
-                comm.reduce(out, c.root, op=c.redop, **kw)
+                comm.reduce_into_tensor(out, x, c.root, op=c.redop, **kw)
             else:
-                comm.broadcast(out, c.root, **kw)
+                comm.broadcast_into_tensor(out, x, c.root, **kw)
+        elif c.op == "allreduce":
+            comm.all_reduce(out, op=c.redop, **kw)
+        elif c.op == "reduce":
+            comm.reduce(out, c.root, op=c.redop, **kw)
+        elif c.op == "broadcast":
+            comm.broadcast(out, c.root, **kw)
         elif c.op == "allgather":
             comm.all_gather_into_tensor(out, x, **kw)
         elif c.op == "reduce_scatter":

@@ -36,7 +36,7 @@ from netmorph.cost.topology import PRESETS, Topology
 from netmorph.cost.tuner import auto_algo
 from netmorph.errors import UsageError
 from netmorph.runtime.base import (CommBase, CompletedWork, Group, ReduceOp, as_array, canonical_redop, copy_of,
-                                   empty_like, is_float)
+                                   empty_like, is_float, same_memory)
 from netmorph.runtime.interpreter import Call, interpret, program
 from netmorph.runtime.transport import fingerprint
 from netmorph.schedule import REDOPS
@@ -61,12 +61,13 @@ class Comm(CommBase):
         return check_algo(op, algo, also=("auto",))
 
     def _run(self, op, algo, g: Group, count, like, regions, redop="sum", root=0, splits=None,
-             uneven=False):
-        """Run collective ``op`` on ``regions`` (arrays or tensors like ``like``: its dtype and itemsize)."""
+             uneven=False, in_place=True):
+        """Run collective ``op`` on ``regions`` (arrays or tensors like ``like``: its dtype and itemsize);
+        ``in_place=False``: the schedule's out-of-place case, its send buffer the region after the workspace."""
         seq = self._begin()
         itemsize, arr_dtype = like.itemsize, like.dtype
         call = Call(op, self._algo(op, algo, g.size(), count * itemsize, itemsize), g.size(), count, itemsize,
-                    root, splits)
+                    root, splits, in_place=in_place)
         # the fingerprint says avg (a rank dividing by p must not meet one that does not); the wire sums
         fp = self._collective_fp(op, call.algo, g, fingerprint.UNEVEN if uneven else count, arr_dtype, root,
                                  redop)
@@ -108,6 +109,53 @@ class Comm(CommBase):
         if g.size() > 1:
             self._run("broadcast", algo, g, len(a), a, [(0, a)], root=g.index[src])
         return CompletedWork() if async_op else tensor
+
+    # ------------------------------------------------------------ out of place: the schedule's own case
+    def all_reduce_into_tensor(self, output, input, op="sum", group: Group | None = None, algo: str = "auto",
+                               async_op: bool = False):
+        """Out of place, as ``ncclAllReduce(sendbuff=input, recvbuff=output, ...)``: the schedule's first
+        round reads ``input`` and writes ``output`` (:func:`netmorph.schedule.out_of_place`), so no copy
+        runs in front of it; ``input`` is only read. (torch's ``all_reduce`` is in place, and so is ours.)"""
+        out, inp = self._pair(output, input, "all_reduce_into_tensor")
+        g = self._group(group)
+        op = _redop(op, out)
+        if g.size() == 1 or same_memory(out, inp) or not len(out):
+            self._fill(out, inp)
+            return self.all_reduce(output, op, group, algo, async_op)
+        self._run("allreduce", algo, g, len(out), out, [(0, out), (len(out), inp)], op, in_place=False)
+        if op == "avg":
+            out /= g.size()
+        return CompletedWork() if async_op else output
+
+    def reduce_into_tensor(self, output, input, dst: int, op="sum", group: Group | None = None,
+                           algo: str = "auto", async_op: bool = False):
+        """Out of place, as ``ncclReduce(sendbuff=input, recvbuff=output, ..., root=dst)``: ``dst``'s output
+        gets the reduction, the others' outputs stay as they were (NCCL uses recvbuff on the root only)."""
+        out, inp = self._pair(output, input, "reduce_into_tensor")
+        g = self._group(group)
+        op = _redop(op, out)
+        if g.size() == 1 or same_memory(out, inp) or not len(out):
+            return super().reduce_into_tensor(output, input, dst, op, group, algo, async_op)
+        work = out if self.rank == dst else empty_like(out, len(out))     # a non-root's partial sums
+        self._run("reduce", algo, g, len(out), out, [(0, work), (len(out), inp)], op, root=g.index[dst],
+                  in_place=False)
+        if op == "avg" and self.rank == dst:
+            out /= g.size()
+        return CompletedWork() if async_op else output
+
+    def broadcast_into_tensor(self, output, input, src: int, group: Group | None = None, algo: str = "auto",
+                              async_op: bool = False):
+        """Out of place, as ``ncclBroadcast(sendbuff=input, recvbuff=output, ..., root=src)``: the root
+        sends from ``input`` (and copies it into its own output, as NCCL's root does); the others may pass
+        None for ``input``."""
+        root = self.rank == src
+        out, inp = self._pair(output, input, "broadcast_into_tensor", optional=not root)
+        g = self._group(group)
+        if g.size() == 1 or (root and same_memory(out, inp)) or not len(out):
+            return super().broadcast_into_tensor(output, input, src, group, algo, async_op)
+        self._run("broadcast", algo, g, len(out), out, [(0, out)] + ([(len(out), inp)] if root else []),
+                  root=g.index[src], in_place=False)
+        return CompletedWork() if async_op else output
 
     def all_gather_into_tensor(self, output, input, group: Group | None = None, algo: str = "auto",
                                async_op: bool = False):

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from netmorph.collectives import build
-from netmorph.schedule import rank_program
+from netmorph.schedule import out_of_place, rank_program
 
 
 class Call(NamedTuple):
@@ -34,6 +34,7 @@ class Call(NamedTuple):
     root: int = 0
     splits: tuple | None = None          # all-to-all: the flattened (world, world) element table
     options: tuple = ()
+    in_place: bool = True                # False: the out-of-place case (a send buffer after the workspace)
 
 
 @lru_cache(maxsize=256)
@@ -43,6 +44,8 @@ def program(call: Call, rank: int):
     if call.splits is not None:
         kw["splits"] = np.array(call.splits, dtype=np.int64).reshape(call.world, call.world)
     s = build(call.op, call.algo, call.world, call.count, call.itemsize, root=call.root, **kw)
+    if not call.in_place:
+        s = out_of_place(s)
     return s, rank_program(s, rank)
 
 
@@ -76,7 +79,7 @@ def interpret(transport, ledger, call: Call, ranks, me: int, regions, ufunc, seq
         sends = [(slot[m.peer], [ws.view(o, n) for o, n in zip(m.offs.tolist(), m.lens.tolist())])
                  for m in rr.sends]
         recvs = [(slot[m.peer], [ws.view(o, n) for o, n in zip(m.offs.tolist(), m.lens.tolist())],
-                  m.reduce.tolist()) for m in rr.recvs]
+                  m.reduce.tolist() if m.acc is None else _flags(ws, m)) for m in rr.recvs]
         t0 = time.perf_counter()
         transport.run_round(sends, recvs, ufunc, rr.overlap, fp)
         t1 = time.perf_counter()
@@ -84,3 +87,10 @@ def interpret(transport, ledger, call: Call, ranks, me: int, regions, ufunc, seq
             ledger.add(me_global, ranks[m.peer], m.elems * isz, seq, rr.index, phase, call.op, call.algo, t0, t1)
         for so, do, n in rr.local:
             ws.view(do, n)[:] = ws.view(so, n)
+
+
+def _flags(ws: Workspace, m) -> list:
+    """Per segment of a receive: False (copy), True (reduce into the destination) or the accumulator's
+    view (reduce it with the incoming data into the destination: out of place)."""
+    return [ws.view(a, n) if a >= 0 else bool(r)
+            for a, n, r in zip(m.acc.tolist(), m.lens.tolist(), m.reduce.tolist())]

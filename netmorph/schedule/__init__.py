@@ -9,8 +9,9 @@ transport runs. It imports only numpy and itself; every floor above builds on it
 
 from netmorph.schedule.core import COPY, REDUCE, Round, Schedule
 from netmorph.schedule.execute import REDOPS, Counts, count, execute
+from netmorph.schedule.out_of_place import out_of_place
 from netmorph.schedule.program import Msg, RankRound, rank_program
 from netmorph.schedule.validate import ScheduleError, validate
 
 __all__ = ["COPY", "REDUCE", "REDOPS", "Counts", "Msg", "RankRound", "Round", "Schedule", "ScheduleError",
-           "count", "execute", "rank_program", "validate"]
+           "count", "execute", "out_of_place", "rank_program", "validate"]

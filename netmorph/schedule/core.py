@@ -18,7 +18,11 @@ ring (33 million transfers) is 8190 small array bundles. Row ``i`` moves
 ``dst[i]``'s workspace at ``dst_off[i]``, either copying or reducing into what
 is there. Rows that share a ``msg`` id form one message (a packed, non-contiguous
 send, as Bruck's algorithms need). A row with ``src == dst`` is a local copy:
-it costs nothing on the wire and is not a message.
+it costs nothing on the wire and is not a message. A reducing row may name an
+*accumulator* (``acc_off``, -1 for none): the destination then starts from the
+receiver's element at ``acc_off`` instead of what it held -- ``recvbuff =
+sendbuff + incoming``, the three-operand reduction of an out-of-place
+collective's first step in NCCL (:mod:`netmorph.schedule.out_of_place`).
 
 Semantics of a round: every row reads its source as it was at the start of
 the round, then all rows write. Under the cost model a rank's sends in round k
@@ -55,9 +59,9 @@ class Round:
     which lets the counter and the simulator work once per pattern.
     """
 
-    __slots__ = ("src", "dst", "src_off", "dst_off", "length", "reduce", "msg", "_msgs")
+    __slots__ = ("src", "dst", "src_off", "dst_off", "length", "reduce", "msg", "acc_off", "_msgs")
 
-    def __init__(self, src, dst, src_off, dst_off, length, reduce=COPY, msg=None):
+    def __init__(self, src, dst, src_off, dst_off, length, reduce=COPY, msg=None, acc_off=None):
         self.src = src if isinstance(src, np.ndarray) and src.dtype == np.int64 else _i64(src)
         self.dst = dst if isinstance(dst, np.ndarray) and dst.dtype == np.int64 else _i64(dst)
         self.src_off = _i64(src_off)
@@ -68,9 +72,10 @@ class Round:
         else:
             self.reduce = np.asarray(reduce, dtype=bool).reshape(-1)
         self.msg = None if msg is None else _i64(msg)
+        self.acc_off = None if acc_off is None else _i64(acc_off)     # -1: the destination itself
         self._msgs = None
         n = len(self.src)
-        for name in ("dst", "src_off", "dst_off", "length"):
+        for name in ("dst", "src_off", "dst_off", "length") + (("acc_off",) if acc_off is not None else ()):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"Round: {name} has {len(getattr(self, name))} rows, src has {n}")
 
@@ -119,6 +124,8 @@ class Schedule:
     vector for all-reduce / reduce-scatter / reduce / broadcast, the gathered
     total for all-gather, the per-rank send buffer for all-to-all); ``itemsize``
     turns elements into bytes. ``reduces`` says whether the op combines values.
+    ``in_key``: where each rank's input would lie in the in-place layout (what the
+    validator names its elements by); None: at ``in_off``, as in place.
     """
 
     op: str
@@ -135,14 +142,15 @@ class Schedule:
     rounds: list = field(default_factory=list)
     root: int | None = None
     meta: dict = field(default_factory=dict)
+    in_key: np.ndarray | None = None
 
     @property
     def nbytes(self) -> int:
         return self.count * self.itemsize
 
-    def add(self, src, dst, src_off, dst_off, length, reduce=COPY, msg=None) -> None:
+    def add(self, src, dst, src_off, dst_off, length, reduce=COPY, msg=None, acc_off=None) -> None:
         """Append one round (skipped when it has no rows)."""
-        r = Round(src, dst, src_off, dst_off, length, reduce, msg)
+        r = Round(src, dst, src_off, dst_off, length, reduce, msg, acc_off)
         if len(r):
             self.rounds.append(r)
 
@@ -152,8 +160,9 @@ class Schedule:
             src, dst = r.src, r.dst
             if rank_map is not None:
                 src, dst = rank_map[src], rank_map[dst]
+            acc = None if r.acc_off is None else np.where(r.acc_off >= 0, r.acc_off + off_shift, -1)
             self.rounds.append(Round(src, dst, r.src_off + off_shift, r.dst_off + off_shift,
-                                     r.length, r.reduce, r.msg))
+                                     r.length, r.reduce, r.msg, acc))
 
     def validate(self) -> "Schedule":
         """Check the schedule symbolically and return it; raise ``ValueError`` naming the round.

@@ -46,6 +46,10 @@ def execute(s: Schedule, inputs, op: str = "sum") -> list[np.ndarray]:
         sidx = np.repeat(rd.src * L, rd.length) + expand_ranges(rd.src_off, rd.length)
         didx = np.repeat(rd.dst * L, rd.length) + expand_ranges(rd.dst_off, rd.length)
         data = flat[sidx]                          # every read sees the start-of-round state
+        if rd.acc_off is not None:                 # out of place: those destinations start from the input
+            arow = np.repeat(rd.acc_off >= 0, rd.length)
+            aidx = np.repeat(rd.dst * L, rd.length) + expand_ranges(np.maximum(rd.acc_off, 0), rd.length)
+            flat[didx[arow]] = flat[aidx[arow]]
         # several children may reduce into one parent's slot in one round: ufunc.at accumulates them
         if isinstance(rd.reduce, bool):
             if rd.reduce:

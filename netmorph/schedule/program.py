@@ -6,7 +6,8 @@ of ranks in one round travel as one message (segments in row order), so sender
 and receiver agree on the byte stream without any header. ``overlap`` marks a
 round in which this rank receives into bytes it still has to send (recursive
 doubling's whole-vector exchange): the transport then snapshots its sends first,
-keeping the schedule's start-of-round read semantics.
+keeping the schedule's start-of-round read semantics. A receive that reduces
+into a destination with an accumulator (out of place) names it per segment.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class Msg:
     offs: np.ndarray          # element offsets in this rank's workspace, in stream order
     lens: np.ndarray          # element counts
     reduce: np.ndarray        # per segment (receives only)
+    acc: np.ndarray | None = None    # per segment: the accumulator's offset, -1 the destination (None: all -1)
 
     @property
     def elems(self) -> int:
@@ -55,16 +57,18 @@ def _intervals_overlap(a_offs, a_lens, b_offs, b_lens) -> bool:
     return False
 
 
-def _group(peers, offs, lens, red):
+def _group(peers, offs, lens, red, acc=None):
     """Rows to one message per peer, keeping row order inside each message."""
     out = []
     if not len(peers):
         return out
     order = np.argsort(peers, kind="stable")
     peers, offs, lens, red = peers[order], offs[order], lens[order], red[order]
+    acc = None if acc is None else acc[order]
     cuts = np.flatnonzero(np.diff(peers)) + 1
     for idx in np.split(np.arange(len(peers)), cuts):
-        out.append(Msg(int(peers[idx[0]]), offs[idx], lens[idx], red[idx]))
+        a = None if acc is None or not (acc[idx] >= 0).any() else acc[idx]
+        out.append(Msg(int(peers[idx[0]]), offs[idx], lens[idx], red[idx], a))
     return out
 
 
@@ -80,7 +84,8 @@ def rank_program(s: Schedule, rank: int) -> list[RankRound]:
             continue
         rr = RankRound(k)
         rr.sends = _group(rd.dst[mine_s], rd.src_off[mine_s], rd.length[mine_s], red[mine_s])
-        rr.recvs = _group(rd.src[mine_r], rd.dst_off[mine_r], rd.length[mine_r], red[mine_r])
+        rr.recvs = _group(rd.src[mine_r], rd.dst_off[mine_r], rd.length[mine_r], red[mine_r],
+                          None if rd.acc_off is None else rd.acc_off[mine_r])
         rr.local = list(zip(rd.src_off[loc].tolist(), rd.dst_off[loc].tolist(), rd.length[loc].tolist()))
         if rr.sends and rr.recvs:
             so = np.concatenate([m.offs for m in rr.sends])

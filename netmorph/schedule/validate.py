@@ -44,8 +44,9 @@ def expected_output(s, r: int) -> tuple[np.ndarray, np.ndarray]:
     # copy ops with same-offset semantics (all-gather, broadcast): owner holds it as input
     key = np.arange(lo, lo + n, dtype=np.int64)
     mask = np.zeros(n, dtype=object)
+    at = s.in_off if s.in_key is None else s.in_key      # where each input lies in the in-place layout
     for q in range(p):
-        a, b = max(lo, int(s.in_off[q])), min(lo + n, int(s.in_off[q] + s.in_len[q]))
+        a, b = max(lo, int(at[q])), min(lo + n, int(at[q] + s.in_len[q]))
         if b > a:
             mask[a - lo:b - lo] = 1 << q
     return key, mask
@@ -60,7 +61,8 @@ def validate(s) -> None:
         a, n = int(s.in_off[r]), int(s.in_len[r])
         if a < 0 or a + n > s.buf_len[r] or s.out_off[r] < 0 or s.out_off[r] + s.out_len[r] > s.buf_len[r]:
             raise ScheduleError(f"rank {r}: input or output span outside its {s.buf_len[r]}-element workspace")
-        key[r, a:a + n] = np.arange(a, a + n)
+        k0 = a if s.in_key is None else int(s.in_key[r])      # out of place: named by its in-place offset
+        key[r, a:a + n] = np.arange(k0, k0 + n)
         mask[r, a:a + n] = 1 << r
     fkey, fmask = key.reshape(-1), mask.reshape(-1)
 
@@ -86,12 +88,26 @@ def validate(s) -> None:
         if len(np.unique(didx[c])) != int(c.sum()) or np.isin(didx[c], didx[rrow]).any():
             raise ScheduleError(f"{where}: two transfers write the same elements in one round")
         skey, smask = fkey[sidx].copy(), fmask[sidx].copy()
+        acc = None
+        if rd.acc_off is not None:
+            if ((rd.acc_off >= 0) & ~red).any():
+                raise ScheduleError(f"{where}: a copy names an accumulator")
+            if ((rd.acc_off + rd.length) > s.buf_len[rd.dst]).any():
+                raise ScheduleError(f"{where}: an accumulator runs past the end of a workspace")
+            arow = np.repeat(rd.acc_off >= 0, rd.length)
+            aidx = (np.repeat(rd.dst * L, rd.length) + expand_ranges(np.maximum(rd.acc_off, 0), rd.length))[arow]
+            acc = (didx[arow], fkey[aidx].copy(), fmask[aidx].copy())     # read at the start of the round
+            if (acc[1] < 0).any():
+                raise ScheduleError(f"{where}: an accumulator holds no data yet")
         bad = skey < 0
         if bad.any():
             i = int(np.argmax(bad))
             s_rank = int(sidx[i] // L)
             raise ScheduleError(f"{where}: rank {s_rank} sends elements {_span(sidx[bad & (sidx // L == s_rank)] % L)} "
                                 f"it does not hold yet")
+        if acc is not None:                    # the destination starts from its accumulator, once
+            fkey[acc[0]] = acc[1]
+            fmask[acc[0]] = acc[2]
         if rrow.any():
             d, k_in, m_in = didx[rrow], skey[rrow], smask[rrow]
             if (fkey[d] != k_in).any():

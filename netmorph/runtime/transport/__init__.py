@@ -12,12 +12,29 @@ import numpy as np
 from netmorph.runtime.transport.errors import FabricError, PeerLost, PeerTimeout
 from netmorph.runtime.transport.fingerprint import CollectiveMismatch
 
-__all__ = ["CollectiveMismatch", "FabricError", "PeerLost", "PeerTimeout", "Work", "nbytes"]
+__all__ = ["CollectiveMismatch", "FabricError", "PeerLost", "PeerTimeout", "Work", "nbytes", "settle"]
 
 
 def nbytes(a) -> int:
     """Bytes in a buffer a transport moves: a numpy array or a torch tensor (on any device)."""
     return a.nbytes if isinstance(a, np.ndarray) else a.numel() * a.itemsize
+
+
+def settle(segments) -> list:
+    """``[(views, flags)]`` of one round's receives with every accumulator applied once, when more than one
+    receive reduces: each accumulator is copied into its destination first and the flag becomes True
+    (reduce in place), so receives that land in any order -- several children reducing into one slot --
+    count the send buffer exactly once. A lone reducing receive keeps its accumulator (one pass: the
+    three-operand reduction). Returns the flag lists, in order."""
+    flags = [list(f) for _, f in segments]
+    if sum(any(f is not False for f in fl) for fl in flags) < 2:
+        return flags
+    for (views, _), fl in zip(segments, flags):
+        for i, (v, f) in enumerate(zip(views, fl)):
+            if f is not True and f is not False:
+                v[:] = f
+                fl[i] = True
+    return flags
 
 
 class Work:

@@ -45,14 +45,16 @@ def host(head) -> np.ndarray:
     return head if isinstance(head, np.ndarray) else head.cpu().numpy()
 
 
-def reduce_into(v, part, ufunc) -> None:
-    """``v = ufunc(v, part)`` in place: numpy's ufunc, or torch's op of the same name on the device."""
+def reduce_into(v, part, ufunc, acc=None) -> None:
+    """``v = ufunc(v, part)`` in place (``ufunc(acc, part)`` into ``v`` with an accumulator: out of place):
+    numpy's ufunc, or torch's op of the same name on the device."""
+    first = v if acc is None else acc
     if isinstance(v, np.ndarray):
-        ufunc(v, part, out=v)
+        ufunc(first, part, out=v)
         return
     import torch
     op = {np.add: torch.add, np.multiply: torch.mul, np.maximum: torch.maximum, np.minimum: torch.minimum}[ufunc]
-    op(v, part, out=v)
+    op(first, part, out=v)
 
 
 def concat(views):

@@ -29,7 +29,7 @@ from collections import deque
 
 import numpy as np
 
-from netmorph.runtime.transport import PeerLost, PeerTimeout, blame, nbytes
+from netmorph.runtime.transport import PeerLost, PeerTimeout, blame, nbytes, settle
 from netmorph.runtime.transport import fingerprint as fpr
 from netmorph.runtime.transport.tensors import (concat as _concat, contiguous as _contiguous, dist_module,
                                                 head_like as _head_like, header_like as _header_like,
@@ -301,14 +301,15 @@ class TorchTransport:
             works.append((peer, self.guard(peer, lambda: dist.irecv(to_torch(buf), peer, tag=PAYLOAD_TAG))))
         for peer, w in works:
             self.guard(peer, w.wait)
-        for _, buf, views, flags in bufs:       # receives land after every send has left: start-of-round reads
+        settled = settle([(views, flags) for _, _, views, flags in bufs])
+        for (_, buf, views, _), flags in zip(bufs, settled):   # land after every send left: start-of-round reads
             at = 0
             for v, red in zip(views, flags):
                 part = buf[at:at + len(v)]
-                if red:
-                    _reduce_into(v, part, ufunc)
-                else:
+                if red is False:
                     v[:] = part
+                else:
+                    _reduce_into(v, part, ufunc, None if red is True else red)
                 at += len(v)
 
     # ------------------------------------------------------------ point to point

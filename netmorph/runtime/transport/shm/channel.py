@@ -51,12 +51,15 @@ class OutStream:
 
 
 class InStream:
-    """A message being pulled out of a channel and copied or reduced into its destination views."""
+    """A message being pulled out of a channel and copied or reduced into its destination views; a
+    segment's flag is False (copy), True (reduce into it) or an accumulator array (reduce that with the
+    incoming data into it: out of place)."""
 
     __slots__ = ("peer", "segs", "flags", "seg", "pos", "done", "total", "got", "fp")
 
     def __init__(self, peer, views, flags, fp=None):
-        keep = [(v.reshape(-1), bool(f)) for v, f in zip(views, flags) if v.size]
+        keep = [(v.reshape(-1), f.reshape(-1) if isinstance(f, np.ndarray) else bool(f))
+                for v, f in zip(views, flags) if v.size]
         self.peer = peer
         self.segs = [v for v, _ in keep]
         self.flags = [f for _, f in keep]
@@ -221,10 +224,12 @@ def land(st: InStream, data: np.ndarray, ufunc) -> None:
         dst = st.segs[st.seg]
         take = min(n - at, dst.nbytes - st.pos)
         chunk = data[at:at + take]
-        if st.flags[st.seg]:
+        flag = st.flags[st.seg]
+        if flag is not False:
             isz = dst.itemsize
             a, b = st.pos // isz, (st.pos + take) // isz
-            ufunc(dst[a:b], chunk.view(dst.dtype), out=dst[a:b])
+            acc = dst if flag is True else flag          # out of place: recvbuff = sendbuff + incoming
+            ufunc(acc[a:b], chunk.view(dst.dtype), out=dst[a:b])
         else:
             dst.view(np.uint8)[st.pos:st.pos + take] = chunk
         at += take

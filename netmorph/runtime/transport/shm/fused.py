@@ -5,7 +5,8 @@ direct reduce-scatter step, one-shot and two-shot all-reduce), waiting for every
 peer's descriptor and then reducing all sources chunk by chunk keeps the
 destination in cache: one pass over it instead of one per peer. This is what
 vLLM's custom all-reduce (``csrc/custom_all_reduce.cuh``, the 2-stage kernel)
-does with all peers' pointers at once.
+does with all peers' pointers at once. Out of place, the first source is reduced
+with the send buffer's block straight into the receive buffer.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ def fusable(ins) -> bool:
     if len(ins) < 2:
         return False
     first = ins[0]
-    if len(first.segs) != 1 or not first.flags[0]:
+    if len(first.segs) != 1 or first.flags[0] is False:
         return False
     key = (address(first.segs[0]), first.segs[0].nbytes)
-    return all(len(st.segs) == 1 and st.flags[0] and (address(st.segs[0]), st.segs[0].nbytes) == key for st in ins)
+    return all(len(st.segs) == 1 and st.flags[0] is not False and (address(st.segs[0]), st.segs[0].nbytes) == key
+               for st in ins)
 
 
 def fused_reduce(engine, ins, streams) -> None:
@@ -63,10 +65,13 @@ def fused_reduce(engine, ins, streams) -> None:
         srcs.append(f.arena(st.peer)[off:off + dst.nbytes].view(dst.dtype))
     step = max(1, CHUNK // dst.itemsize)
     ufunc = channels.ufunc
+    acc = next((st.flags[0] for st in ins if st.flags[0] is not True), None)   # out of place: the send buffer
     for a in range(0, len(dst), step):
         d = dst[a:a + step]
+        first = d if acc is None else acc[a:a + step]
         for src in srcs:
-            ufunc(d, src[a:a + step], out=d)
+            ufunc(first, src[a:a + step], out=d)
+            first = d
     for st in ins:
         ch = heads[st][0]
         st.got, st.done = st.total, True

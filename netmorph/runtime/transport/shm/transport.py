@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from netmorph.errors import UsageError
-from netmorph.runtime.transport import Work
+from netmorph.runtime.transport import Work, settle
 from netmorph.runtime.transport.shm.channel import Channels, InStream
 from netmorph.runtime.transport.shm.engine import ProgressEngine
 from netmorph.runtime.transport.shm.fused import fusable, fused_reduce
@@ -85,6 +85,9 @@ class ShmTransport:
         ins = [st for st in streams if isinstance(st, InStream)]
         if fusable(ins):
             fused_reduce(self.engine, ins, streams)
+        live = [st for st in ins if not st.done]
+        for st, flags in zip(live, settle([(st.segs, st.flags) for st in live])):
+            st.flags = flags
         self.engine.wait_for(streams)
 
     def isend(self, array: np.ndarray, dst: int, fp=None) -> Work:
