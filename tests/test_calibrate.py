@@ -244,6 +244,9 @@ def test_validation_trains_layouts_and_predicts_them_from_the_profile():
     out = validate(2, ("small",), steps=3, only=3, profile=calibrate(2, hidden=(32,), window=FAST), repeats=2)
     rows = out["rows"]
     assert len(rows) == 3 and all(r.measured_s > 0 and r.predicted_s > 0 for r in rows)
+    from netmorph.cli import json_text
+    from netmorph.cli.validate import document
+    assert len(json.loads(json_text(document(out)))["rows"]) == 3          # what validate local --json prints
     # each layout trained twice, in rounds; the median counts and the spread is how far apart they fell
     assert all(len(r.repeats_s) == 2 and r.measured_s == pytest.approx(sum(r.repeats_s) / 2) for r in rows)
     assert all(math.isclose(r.spread, max(r.repeats_s) / min(r.repeats_s) - 1) for r in rows)

@@ -12,13 +12,14 @@ import sys
 import pytest
 import torch
 
-from netmorph.cli import main
+from netmorph.cli import json_text, main
 from netmorph.errors import UsageError
 from netmorph.mesh.shape import ModelShape
 from netmorph.models.gpt import TABLE_VOCAB, synthetic_batch
 from netmorph.parallel.hybrid import TrainConfig, train_rank
 from netmorph.parallel.pipeline import check, schedule
 from netmorph.parallel.baseline import compare
+from netmorph.planner.memory import stage_params, trainer_memory
 from netmorph.parallel.phases import PHASES, split_step
 from netmorph.parallel.run import reference, summarise, train
 from netmorph.runtime import Fault, LaunchError, launch
@@ -43,12 +44,17 @@ LAYOUTS = [
     dict(pp=2, schedule="afab"), dict(pp=2, schedule="1f1b"), dict(pp=2, schedule="interleaved", interleave=2),
     dict(tp=2, pp=2, dp=2, schedule="afab"), dict(tp=2, pp=2, dp=2, schedule="1f1b", zero=1),
     dict(tp=2, pp=2, dp=2, schedule="interleaved", interleave=2, sequence_parallel=True),
+    dict(pp=4, schedule="1f1b", microbatches=4), dict(dp=3, zero=2, microbatches=1),
 ]
 
 
 @pytest.mark.parametrize("kw", LAYOUTS, ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
 def test_layout_equals_the_one_rank_run_and_sends_the_closed_form(kw):
     cfg, out = _run(**kw)
+    assert json.loads(json_text(out.to_json()))["world"] == cfg.world      # what --json prints on this layout
+    # model states: the trainer's buffers, byte for byte what the planner counts from the placement table
+    assert {k: out.memory_bytes[k] for k in ("params", "grads", "optimizer")} == \
+        {k: v for k, v in trainer_memory(cfg.model, cfg.layout, 8).items() if k != "activations"}
     assert out.max_rel_loss_diff < 1e-9, out.losses
     assert out.max_abs_weight_diff < 1e-9
     want = {"dp" if cfg.layout.dp > 1 and not cfg.layout.zero else None, "zero" if cfg.layout.zero else None,
@@ -56,6 +62,30 @@ def test_layout_equals_the_one_rank_run_and_sends_the_closed_form(kw):
     assert want <= set(out.traffic_exact), out.traffic_exact
     assert all(out.traffic_exact.values()), (out.bytes_per_rank_by_phase,
                                                 out.predicted_bytes_per_rank_by_phase)
+
+
+@pytest.mark.parametrize("model", [TINY, ModelShape(layers=8, hidden=32, heads=4, seq=16, vocab=64),
+                                   ModelShape(layers=4, hidden=16, heads=4, seq=8, vocab=32, experts=4, top_k=2)],
+                         ids=["dense", "8-layers", "experts"])
+def test_the_planner_counts_every_stage_as_the_placement_table_places_it(model):
+    """Every pipeline stage, pp 1/2/4, tp 1/2/4, interleaved or not, with and without experts: the planner's
+    closed form per stage (Megatron's count) equals the elements the placement table puts on that stage's ranks,
+    so the trainer's model states and the planner's are one count (a pipeline's stages differ: the first holds
+    the positions, the last the LM head's copy and the final norm)."""
+    from netmorph.mesh.layout import Layout
+    from netmorph.mesh.placement import stage_elements
+    checked = 0
+    for tp in (1, 2, 4):
+        for pp in (1, 2, 4):
+            for v in ((1, 2) if pp > 1 else (1,)):
+                for ep in ((1, 2) if model.experts else (1,)):
+                    lay = Layout(tp=tp, pp=pp, dp=2 * ep if ep > 1 else 1, ep=ep, interleave=v, expert_tp=1)
+                    if lay.check(model, trainer=True):
+                        continue
+                    got = [stage_elements(model, lay, i) for i in range(pp)]
+                    assert [(int(d), int(e)) for d, e in stage_params(model, lay)] == got, (tp, pp, v, ep)
+                    checked += 1
+    assert checked >= 6
 
 
 MOE = ModelShape(layers=4, hidden=16, heads=4, seq=8, vocab=32, experts=4, top_k=2)
@@ -72,6 +102,10 @@ def test_experts_compose_with_tp_pp_dp_and_zero_and_equal_one_rank(kw):
     cfg.check()
     out = summarise(cfg, launch(train_rank, cfg.world, cfg, timeout=60), "local", reference(cfg))
     assert out.max_rel_loss_diff < 1e-9 and out.max_abs_weight_diff < 1e-9, out.losses
+    assert {k: out.memory_bytes[k] for k in ("params", "grads", "optimizer")} == \
+        {k: v for k, v in trainer_memory(cfg.model, cfg.layout, 8).items() if k != "activations"}
+    routing = json.loads(json_text(out.to_json()))["experts_by_rank"]["0"][3][0]      # what --json prints
+    assert set(routing["links"]) <= {"moe.dispatch", "moe.combine", "moe.dispatch.bwd", "moe.combine.bwd"}
     moe = {"moe.dispatch", "moe.combine", "moe.dispatch.bwd", "moe.combine.bwd", "moe.counts"}
     edp = {"edp" if not cfg.layout.zero else "zero.edp"} if cfg.layout.dp > cfg.layout.ep else set()
     assert moe | edp <= set(out.traffic_exact)

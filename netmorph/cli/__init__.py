@@ -43,6 +43,28 @@ class Parser(argparse.ArgumentParser):
                    + (f"; did you mean {guess[0]}?" if guess else ""))
 
 
+def json_text(obj, indent: int | None = None) -> str:
+    """What ``--json`` prints for ``obj``: numpy values as numbers, sets as sorted lists."""
+    import json
+    return json.dumps(obj, indent=indent, default=_plain)
+
+
+def print_json(obj, indent: int | None = None) -> None:
+    """``--json``: the whole object encoded first, then written in one piece (an object that cannot be
+    encoded raises before anything reaches stdout, never a half-written document)."""
+    sys.stdout.write(json_text(obj, indent) + "\n")
+
+
+def _plain(o):
+    if hasattr(o, "tolist"):               # numpy scalars and arrays
+        return o.tolist()
+    if isinstance(o, (set, frozenset)):
+        return sorted(o)
+    if hasattr(o, "__float__"):
+        return float(o)
+    raise TypeError(f"{type(o).__name__} is not JSON serialisable")
+
+
 def output_file(suffixes):
     """An argparse type for a file the command writes (``--plot``, ``--trace``): checked at parse time,
     before any work (:func:`netmorph.files.output_problem`). ``suffixes``: the extensions the writer

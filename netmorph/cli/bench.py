@@ -17,10 +17,9 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
-import json
 import sys
 
-from netmorph.cli import add_timeout, int_in
+from netmorph.cli import add_timeout, int_in, print_json
 from netmorph.collectives import ALGORITHMS, ROOTED, canonical_op, check_algo
 from netmorph.errors import MissingPackage, UsageError, require
 from netmorph.runtime.env import torchrun_rank, torchrun_world
@@ -263,8 +262,7 @@ def _tables(args, op, sizes, algos, compare, no_torch, topo, copy_bw, measure_al
                 sys.stdout.flush()
             rows += here
     if args.json:
-        json.dump(rows, sys.stdout, indent=1)
-        sys.stdout.write("\n")
+        print_json(rows, indent=1)
     if text:
         _summary(rows, sizes, args.backend, topo)
     return 1 if wrong_elements(rows) else 0

@@ -4,10 +4,8 @@ torchrun it measures the job's ranks instead (their GPUs and NCCL where there ar
 
 from __future__ import annotations
 
-import json
-import sys
 
-from netmorph.cli import add_timeout, link_mbps, output_file
+from netmorph.cli import add_timeout, link_mbps, output_file, print_json
 from netmorph.errors import UsageError, require
 from netmorph.files import write_json
 from netmorph.units import fmt_bytes
@@ -88,8 +86,7 @@ def _in_job(args, job: int, quick: dict) -> int:
 def _write(args, prof: dict) -> int:
     write_json(args.out, prof, indent=1)
     if args.json:
-        json.dump(prof, sys.stdout, indent=1)
-        sys.stdout.write("\n")
+        print_json(prof, indent=1)
         return 0
     print_profile(prof, args.out)
     return 0

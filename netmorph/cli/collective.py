@@ -7,10 +7,9 @@ is printed with ``--formula``. nccl-tests' column conventions throughout.
 
 from __future__ import annotations
 
-import json
 import sys
 
-from netmorph.cli import int_in
+from netmorph.cli import int_in, print_json
 from netmorph.collectives import ROOTED, canonical_op, check_request
 from netmorph.cost.topology import PRESETS, load_topology
 from netmorph.cost.record import record
@@ -100,8 +99,7 @@ def run(args) -> int:
 
     flat_records = [r for row in records for r in row]
     if args.json:
-        json.dump(flat_records, sys.stdout, indent=1)
-        sys.stdout.write("\n")
+        print_json(flat_records, indent=1)
         return 0
     print(f"# netmorph collective {op}: world {args.world}, {dtype}, topology {topo.describe()}")
     print(f"# predicted by event simulation of each schedule; busbw = algbw x "

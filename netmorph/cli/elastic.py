@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 
-from netmorph.cli import add_timeout, float_in, int_in, plot_file
+from netmorph.cli import add_timeout, float_in, int_in, plot_file, print_json
 from netmorph.errors import UsageError, require
 
 FLAGS = {"kills": "--kill", "joins": "--join", "hangs": "--hang"}
@@ -89,7 +88,7 @@ def run(args) -> int:
         plot_recoveries(out["compare"], cfg.global_batch, args.plot,
                         f"{cfg.workers} workers, {cfg.steps} steps; checkpoint / commit every {args.checkpoint_every}")
     if args.json:
-        print(json.dumps(out, default=float))
+        print_json(out)
         return 0
     what = "least squares" if not gpt else (f"netmorph train's GPT ({MODEL.layers} layers, hidden {MODEL.hidden}, "
                                             f"DDP buckets, Adam)")

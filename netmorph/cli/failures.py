@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 
-from netmorph.cli import float_in, given, int_in, plot_file
+from netmorph.cli import float_in, given, int_in, plot_file, print_json
 from netmorph.errors import UsageError
 
 FLAGS = {}
@@ -122,7 +121,7 @@ def run(args) -> int:
                      mc_points={args.gpus: [(tau, out["simulated_goodput"]["restart"],
                                              out["simulated_stderr"]["restart"])]})
     if args.json:
-        print(json.dumps(out))
+        print_json(out)
         return 0
     print(f"# netmorph failures: {args.gpus:,} GPUs, job MTBF {human_time(M)} {origin}, {args.days:g} days; "
           f"checkpoint write {human_time(C)}, restart {human_time(R)}; in place: recovery {human_time(r)}, "
@@ -158,7 +157,7 @@ def _fleet(runs: dict, as_json: bool) -> int:
                      "published_effective_training_time": f.get("published_effective_training_time"),
                      "what": f["what"], "source": f["source"]})
     if as_json:
-        print(json.dumps(rows))
+        print_json(rows)
         return 0
     print(f"{'run':<12} {'GPUs':>7} {'days':>5} {'interruptions':>13} {'job MTBF':>9} {'per-GPU MTBF':>13} "
           f"{'Daly (C=1min)':>13} {'goodput (C=1min, R=10min)':>26}")

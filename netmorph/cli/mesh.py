@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import json
 
-from netmorph.cli import int_in
+from netmorph.cli import int_in, print_json
 from netmorph.mesh import DIMS, Mesh
 
 
@@ -30,7 +29,7 @@ def run(args) -> int:
                "groups": {d: m.groups(d) for d in DIMS}}
         if coords is not None:
             out["coords"] = coords
-        print(json.dumps(out))
+        print_json(out)
         return 0
     print(f"{m}  ({m.world} ranks, order {'-'.join(m.order)}: {m.order[0]} varies fastest)")
     for d in m.shown():

@@ -3,9 +3,8 @@ arithmetic."""
 
 from __future__ import annotations
 
-import json
 
-from netmorph.cli import add_timeout, float_in, int_in, job_split, plot_file
+from netmorph.cli import add_timeout, float_in, int_in, job_split, plot_file, print_json
 from netmorph.errors import require
 
 # library parameters set by a flag of another name (the rest are --name)
@@ -109,7 +108,7 @@ def run(args) -> int:
         with Bar("moe") as bar, bar.task(f"training on {budget.ranks(cfg.world)}"):
             out = train(cfg, check=args.check)
     if args.json:
-        print(json.dumps(_json(cfg, out), default=float))
+        print_json(_json(cfg, out))
         return 0
     _print(cfg, out)
     if args.plot:
@@ -184,9 +183,9 @@ def _drops(args) -> int:
     exact = exact_drop_fraction(args.tokens, args.experts, args.top_k, cap)
     sim = simulated_drop_fraction(args.tokens, args.experts, args.top_k, cap, args.trials, args.seed)
     if args.json:
-        print(json.dumps({"tokens": args.tokens, "experts": args.experts, "top_k": args.top_k,
-                          "capacity_factor": args.capacity_factor, "capacity": cap, "simulated_drop_fraction": sim,
-                          "exact_drop_fraction": exact, "trials": args.trials}))
+        print_json({"tokens": args.tokens, "experts": args.experts, "top_k": args.top_k,
+                    "capacity_factor": args.capacity_factor, "capacity": cap, "simulated_drop_fraction": sim,
+                    "exact_drop_fraction": exact, "trials": args.trials})
         return 0
     print(f"# {args.tokens} tokens, top-{args.top_k} of {args.experts} experts, capacity factor "
           f"{args.capacity_factor:g}: C = ceil(k*T/E * CF) = {cap} per expert")

@@ -8,13 +8,11 @@ on the new layout beside an unmorphed run of the same length.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import replace
 import statistics
-import sys
 
-from netmorph.cli import add_timeout, float_in, int_in, link_mbps, plot_file
+from netmorph.cli import add_timeout, float_in, int_in, link_mbps, plot_file, print_json
 from netmorph.errors import UsageError
 
 
@@ -178,8 +176,7 @@ def _control(args) -> int:
         from netmorph.report.morph import plot_throughput
         plot_throughput(args.plot, adaptive, statics, scenario)
     if args.json:
-        json.dump(out, sys.stdout)
-        sys.stdout.write("\n")
+        print_json(out)
         return 0
     first = statics[start.tag()].total_s
     print(f"{'run':<24} {'total (s)':>10} {'vs start':>9} {'redone':>7} {'final loss':>11} {'median tokens/s':>16} "
@@ -262,11 +259,10 @@ def _reshard(args) -> int:
     ok = exact and phase == {"messages": p.messages, "bytes": p.bytes} and dloss <= 1e-9 and dparam <= 1e-9
     matrix = p.bytes_matrix()
     if args.json:
-        json.dump({"world": args.world, "before": before.tag(), "after": after.tag(), **p.summary(),
+        print_json({"world": args.world, "before": before.tag(), "after": after.tag(), **p.summary(),
                    "matrix": matrix.tolist(), "ledger": phase, "reshard_s": seconds, "exact": exact,
                    "losses": losses, "unmorphed_losses": unmorphed, "max_loss_diff": dloss,
-                   "max_param_diff": dparam, "ok": ok}, sys.stdout)
-        sys.stdout.write("\n")
+                   "max_param_diff": dparam, "ok": ok})
         return 0 if ok else 1
     print(f"# netmorph morph reshard: GPT {args.layers} layers x {args.hidden} on {args.world} ranks, "
           f"{before.tag()} -> {after.tag()} after {args.steps} steps (global batch {args.global_batch})")

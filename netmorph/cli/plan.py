@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 
-from netmorph.cli import int_in, pipeline_schedule
+from netmorph.cli import int_in, pipeline_schedule, print_json
 from netmorph.errors import UsageError
 from netmorph.units import fmt_memory, fmt_params
 
@@ -240,8 +239,7 @@ def _estimate(args, model, hw) -> int:
                             f"ZeRO-2 with pp {c.pp} is Llama 3's FSDP: weights gathered once a step, gradients "
                             "and optimizer sharded, a reduce-scatter after every microbatch"), file=sys.stderr)
     if args.json:
-        json.dump(e, sys.stdout, indent=1, default=float)
-        sys.stdout.write("\n")
+        print_json(e, indent=1)
         return 0
     mem = e["memory_bytes"]
     print(f"# netmorph plan estimate: {_describe(model)} on {c.gpus} x {hw.name}")
@@ -346,9 +344,7 @@ def _search(args, model, hw) -> int:
     print_notes(args)
     if args.json:
         rejected = [dataclasses.asdict(r) for r in sorted(result.rejected.values(), key=lambda r: -r.count)]
-        json.dump({"plans": top, "searched": result.searched, "fits": result.fits, "rejected": rejected},
-                  sys.stdout, indent=1, default=float)
-        sys.stdout.write("\n")
+        print_json({"plans": top, "searched": result.searched, "fits": result.fits, "rejected": rejected}, indent=1)
         return 0 if top else 1
     total, n_fit = result.searched, result.fits
     print(f"# netmorph plan: {_describe(model)} on {args.gpus} x {hw.name}, global batch {args.global_batch}")

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
 import sys
 
-from netmorph.cli import add_timeout, float_in, int_in
+from netmorph.cli import add_timeout, float_in, int_in, print_json
 from netmorph.errors import UsageError
 
 FLAGS = {"seq": "--context", "kv_blocks": "--kv-blocks", "block_size": "--block-size",
@@ -98,7 +97,7 @@ def _kv(args) -> int:
     from netmorph.serving.kv import get_model, kv_table
     out = kv_table(get_model(args.model, args.model_config), args.tokens, args.block_size)
     if args.json:
-        print(json.dumps(out))
+        print_json(out)
         return 0
     if out["attention"] == "mla":
         print(f"# {out['model']}: {out['layers']} layers x (latent {out['kv_lora_rank']} + rotary key "
@@ -120,7 +119,7 @@ def _roofline(args) -> int:
     out = roofline(get_model(args.model, args.model_config), load_hardware(args.hardware), args.batch, args.prompt,
                    args.ctx)
     if args.json:
-        print(json.dumps(out))
+        print_json(out)
         return 0
     print(f"# {out['model']} on {out['hardware']}: ridge point {out['ridge_flops_per_byte']:.0f} FLOP/B "
           f"(peak FLOP/s / HBM B/s); batch {args.batch}")
@@ -190,7 +189,7 @@ def _serve(args) -> int:
     if args.check:
         out["check"] = _check(args, model, reqs, outputs)
     if args.json:
-        print(json.dumps(out))
+        print_json(out)
         return 0 if not args.check or out["check"]["identical"] == out["check"]["requests"] > 0 else 1
     for r in out["rejections"][:5]:
         if "request" in r:
@@ -225,7 +224,7 @@ def _disaggregated(args, model, cfg, reqs, bad) -> int:
         out["check"] = _check(args, model, ok, outputs)
     good = not args.check or out["check"]["identical"] == out["check"]["requests"] > 0
     if args.json:
-        print(json.dumps(out))
+        print_json(out)
         return 0 if good else 1
     n = max(out["completed"], 1)
     print(f"# netmorph serve --disaggregate {P}:{D}: prefill on ranks 0..{P - 1}, decode on ranks {P}..{P + D - 1} "
@@ -308,7 +307,7 @@ def _tensor_parallel(args, model, cfg, reqs, bad) -> int:
         out["check"] = _check(args, model, reqs, outputs)
     good = not args.check or out["check"]["identical"] == out["check"]["requests"] > 0
     if args.json:
-        print(json.dumps(out))
+        print_json(out)
         return 0 if good else 1
     _print(args, cfg, model, out)
     print(f"tensor parallel {args.tp} ranks: {out['tp_allreduces']:,} all-reduces (2 per layer per iteration), "

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
-from netmorph.cli import add_timeout, plot_file
+from netmorph.cli import add_timeout, plot_file, print_json
 from netmorph.errors import UsageError, require
 
 COLS = f"{'mode':<8} {'updates':>7} {'upd/s':>8} {'wall(s)':>8} {'to target':>9} {'final loss':>11} " \
@@ -149,8 +147,7 @@ def run(args) -> int:
             rows = [run_mode(cfg, on_progress).summary]
         bar.finish(tasks["_current"])
     if args.json:
-        json.dump(rows, sys.stdout, indent=1)
-        sys.stdout.write("\n")
+        print_json(rows, indent=1)
         return 0
     strag = f", straggler worker {cfg.straggler[0]} x{cfg.straggler[1]:g}" if cfg.straggler else ""
     servers = ""

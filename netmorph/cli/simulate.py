@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import json
 
-from netmorph.cli import trace_file
+from netmorph.cli import print_json, trace_file
 from netmorph.errors import UsageError
 
 FLAGS = {"schedule": "--schedule", "layers": "--layers", "zero": "--zero"}
@@ -75,7 +74,7 @@ def run(args) -> int:
     if args.trace:
         write_trace(args.trace, spans, c)
     if args.json:
-        print(json.dumps(out))
+        print_json(out)
         return 0
     b, pb = out["breakdown_s"], out["planner_breakdown_s"]
     print(f"# netmorph simulate step: {model.name} on {c.gpus:,} x {hw.name}, {c.label()}, global batch "

@@ -8,10 +8,8 @@ pipeline's in-flight microbatches and bubble, model-state memory, and with
 
 from __future__ import annotations
 
-import json
-import sys
 
-from netmorph.cli import add_timeout, float_in, int_in, job_split, pipeline_schedule, trace_file
+from netmorph.cli import add_timeout, float_in, int_in, job_split, pipeline_schedule, print_json, trace_file
 from netmorph.errors import UsageError, require
 from netmorph.runtime.env import torchrun_world
 from netmorph.files import write_json
@@ -150,8 +148,7 @@ def _print(args, cfg, out) -> int:
     if out.trace is not None:
         write_json(args.trace, out.trace)
     if args.json:
-        json.dump({**out.to_json(), "planner_memory_bytes": plan}, sys.stdout, indent=1, default=float)
-        sys.stdout.write("\n")
+        print_json({**out.to_json(), "planner_memory_bytes": plan}, indent=1)
         return 0
     print_run(cfg, out, plan)
     if out.trace is not None:
@@ -221,9 +218,10 @@ def print_run(cfg, out, plan: dict) -> None:
     mem = out.memory_bytes
     parts = []
     for k in ("params", "grads", "optimizer"):
-        ok = "✓" if mem[k] == plan[k] else "(padded to a multiple of dp)" if mem[k] > plan[k] else "✗"
+        ok = "✓" if mem[k] == plan[k] else "✗"
         parts.append(f"{k} {mem[k]:,} B vs {plan[k]:,.0f} {ok}")
-    print("# model states on the most loaded rank, measured vs `netmorph plan estimate`: " + ", ".join(parts))
+    print("# model states on the most loaded rank, measured vs the planner's count (the placement table, each "
+          "field's most loaded stage): " + ", ".join(parts))
     act = mem.get("activations_peak")
     if act:
         print(f"# activations at the peak (saved for backward x microbatches held): {act:,} B; Korthikanti et al.'s "

@@ -3,10 +3,8 @@ for it from a profile of the same ranks measured first (``netmorph calibrate``).
 
 from __future__ import annotations
 
-import json
-import sys
 
-from netmorph.cli import add_timeout, int_in
+from netmorph.cli import add_timeout, int_in, print_json
 from netmorph.errors import UsageError, require
 
 FLAGS = {}
@@ -52,9 +50,7 @@ def run(args) -> int:
                        on_run=lambda done, total: bar.update(task, completed=done))
     rows, s = out["rows"], summary(out["rows"])
     if args.json:
-        json.dump({"rows": [r.to_json() for r in rows], "summary": s, "profile": out["profile"]}, sys.stdout,
-                  indent=1)
-        sys.stdout.write("\n")
+        print_json(document(out), indent=1)
         return 0
     hw = out["profile"]["hardware"]
     print(f"# netmorph validate local: {args.world} ranks, profile measured first ({hw['description']})")
@@ -99,3 +95,9 @@ def phase_totals(s: dict, shown) -> str:
     return "summed over the layouts, measured/predicted: " + ", ".join(
         f"{k} {m:.2f}/{p:.2f} s ({p / m - 1:+.0%})" if m > 0 else f"{k} {m:.2f}/{p:.2f} s"
         for k, (m, p) in s["phases"].items() if k in shown)
+
+
+def document(out: dict) -> dict:
+    """The ``--json`` object of a validation: every row, the summary, the profile it predicted from."""
+    from netmorph.calibrate.validate import summary
+    return {"rows": [r.to_json() for r in out["rows"]], "summary": summary(out["rows"]), "profile": out["profile"]}

@@ -28,8 +28,8 @@ import numpy as np
 from netmorph.elastic.agent import HEARTBEAT, admit, admitted, agree, arm_faults, fence_hung
 from netmorph.elastic.heartbeat import Heartbeat, publish_pid
 from netmorph.elastic.membership import Rendezvous
+from netmorph.mesh.placement import flat_offsets
 from netmorph.mesh.shape import ModelShape
-from netmorph.parallel.flat import flat_offsets
 from netmorph.parallel.hybrid import TrainConfig, train_rank
 from netmorph.parallel.run import reference as one_rank
 from netmorph.runtime.transport import PeerLost, PeerTimeout

@@ -208,3 +208,59 @@ def table(model: ModelShape, layout: Layout) -> list:
     it and a test reads it."""
     return [(p.name, p.shape, stage_of(p.name, model, layout), str(p.placement),
              p.local_shape(layout.tp, layout.ep)) for p in parameters(model)]
+
+
+# ---------------------------------------------------------------- flat buffers and their model-state bytes
+
+def flat_offsets(sizes, pad_to: int = 1) -> tuple[list, int]:
+    """(offset of each of ``sizes`` elements in the buffer, the padded length): back to back in order, the
+    end padded to a multiple of ``pad_to`` (the data-parallel degree: equal ZeRO shards). The one rule both
+    :class:`FlatParams` and a reshard's element map (:func:`netmorph.morph.layouts.element_map`) lay out by."""
+    offsets, n = [], 0
+    for size in sizes:
+        offsets.append(n)
+        n += size
+    return offsets, -(-max(n, 1) // pad_to) * pad_to
+
+
+def shard_range(padded: int, dp: int, rank: int) -> tuple[int, int]:
+    """[lo, hi) of the flat buffer data-parallel rank ``rank`` owns under ZeRO (DeepSpeed's partition)."""
+    n = padded // dp
+    return rank * n, (rank + 1) * n
+
+
+def stage_elements(model: ModelShape, layout: Layout, pp_rank: int) -> tuple[int, int]:
+    """(dense, expert) elements one rank of pipeline stage ``pp_rank`` holds: its parameters' local shapes."""
+    dense = expert = 0
+    for p in rank_parameters(model, layout, pp_rank):
+        n = 1
+        for d in p.local_shape(layout.tp, layout.ep):
+            n *= d
+        if p.is_expert:
+            expert += n
+        else:
+            dense += n
+    return dense, expert
+
+
+def model_state_bytes(model: ModelShape, layout: Layout, itemsize: int) -> dict:
+    """``{"params", "grads", "optimizer"}``: the bytes netmorph's trainer holds between steps on its most
+    loaded rank (each field's maximum over the pipeline stages; every tp, ep and dp rank of a stage holds the
+    same), counted from this table: per flat buffer (the dense parameters over the dp group, the experts over
+    the dp / ep ranks that share them) n elements padded to a multiple of the group, Adam's two moments over
+    the padded buffer, and under ZeRO stage s the optimizer (s >= 1), the gradients (s >= 2) and the
+    parameters (s >= 3) as the rank's 1/group shard of it. What the trainer measures from its buffers, and
+    what ``netmorph train`` holds against ``plan estimate``."""
+    best = {"params": 0, "grads": 0, "optimizer": 0}
+    z = layout.zero
+    for pp_rank in range(layout.pp):
+        got = {"params": 0, "grads": 0, "optimizer": 0}
+        for n, group in zip(stage_elements(model, layout, pp_rank), (layout.dp, max(layout.dp // layout.ep, 1))):
+            if not n:
+                continue
+            shard = flat_offsets([n], group)[1] // group
+            got["params"] += (shard if z >= 3 else n) * itemsize
+            got["grads"] += (shard if z >= 2 else n) * itemsize
+            got["optimizer"] += 2 * (shard if z >= 1 else shard * group) * itemsize
+        best = {k: max(best[k], got[k]) for k in best}
+    return best

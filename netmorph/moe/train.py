@@ -122,7 +122,7 @@ def view(cfg: MoEConfig, out: TrainSummary) -> dict:
         for rank, rec in per.items():
             matrix[rank] += np.sum(rec["send"], axis=0).astype(np.int64)
         links_exact = all(
-            rec["links"].get((ph, d), 0) == h * isz * int(matrix[r][d] if ph in ("moe.dispatch", "moe.combine.bwd")
+            rec["links"].get(ph, {}).get(d, 0) == h * isz * int(matrix[r][d] if ph in ("moe.dispatch", "moe.combine.bwd")
                                                          else matrix[d][r])
             for r, rec in per.items() for d in range(world) if d != r for ph in PHASES)
         measured = [sum(out.bytes_by_rank[r][s].get(ph, 0) for ph in PHASES) for r in range(world)]

@@ -28,9 +28,8 @@ import numpy as np
 
 from netmorph.errors import UsageError
 from netmorph.mesh.layout import Layout
-from netmorph.mesh.placement import parameters, rank_parameters
+from netmorph.mesh.placement import flat_offsets, parameters, rank_parameters, shard_range
 from netmorph.mesh.shape import ModelShape
-from netmorph.parallel.flat import flat_offsets, shard_range
 from netmorph.parallel.hybrid import TrainConfig
 
 

@@ -19,22 +19,7 @@ import math
 
 import torch
 
-
-def flat_offsets(sizes, pad_to: int = 1) -> tuple[list, int]:
-    """(offset of each of ``sizes`` elements in the buffer, the padded length): back to back in order, the
-    end padded to a multiple of ``pad_to`` (the data-parallel degree: equal ZeRO shards). The one rule both
-    :class:`FlatParams` and a reshard's element map (:func:`netmorph.morph.layouts.element_map`) lay out by."""
-    offsets, n = [], 0
-    for size in sizes:
-        offsets.append(n)
-        n += size
-    return offsets, -(-max(n, 1) // pad_to) * pad_to
-
-
-def shard_range(padded: int, dp: int, rank: int) -> tuple[int, int]:
-    """[lo, hi) of the flat buffer data-parallel rank ``rank`` owns under ZeRO (DeepSpeed's partition)."""
-    n = padded // dp
-    return rank * n, (rank + 1) * n
+from netmorph.mesh.placement import flat_offsets
 
 
 class FlatParams:

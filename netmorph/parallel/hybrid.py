@@ -187,12 +187,13 @@ def _routing(moe: list, lay: RankGroups, records, a2a_s: float, world: int) -> d
     """What this rank's MoE layers did in one step: per layer, the assignments routed to and kept by each
     expert and the rows sent to each global rank (summed over microbatches); the mean over microbatches of the
     load-balancing and z losses summed over the layers; the seconds in the all-to-alls; and the ledger's bytes
-    per (all-to-all phase, destination)."""
+    per all-to-all phase and destination ({phase: {dst: bytes}})."""
     m = max(1, len(moe[0].stats))
     links = {}
     for rec in records:
         if rec.phase and rec.phase.startswith("moe.") and rec.phase != "moe.counts":
-            links[(rec.phase, rec.dst)] = links.get((rec.phase, rec.dst), 0) + rec.bytes
+            to = links.setdefault(rec.phase, {})
+            to[rec.dst] = to.get(rec.dst, 0) + rec.bytes
     send = []
     for b in moe:
         row = [0] * world

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from netmorph.parallel.flat import Adam, shard_range
+from netmorph.mesh.placement import shard_range
+from netmorph.parallel.flat import Adam
 
 
 class ZeRO:

@@ -44,6 +44,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from netmorph.mesh.layout import Layout, sharding_with
+from netmorph.mesh.placement import model_state_bytes
 from netmorph.mesh.shape import ModelShape
 
 
@@ -213,9 +214,11 @@ def memory(model: ModelShape, c: Layout) -> dict:
 
 
 def trainer_memory(model: ModelShape, layout: Layout, itemsize: int) -> dict:
-    """What ``netmorph plan estimate`` says the most loaded rank of netmorph's own trainer holds, in that run's
-    element sizes: weights and gradients of ``itemsize`` bytes, Adam's two states and no master copy (optimizer
-    bytes = 2 x the element size); no recomputation."""
+    """What the planner says the most loaded rank of netmorph's own trainer holds, in that run's element sizes:
+    the model states counted from the placement table (:func:`~netmorph.mesh.placement.model_state_bytes`: each
+    field's most loaded stage, the flat buffers' padding and ZeRO's shards included -- one count, the
+    trainer's), and the activations of :func:`memory` with weights and gradients of ``itemsize`` bytes, Adam's
+    two states and no master copy; no recomputation."""
     est = memory(model, replace(layout, recompute="none", param_bytes=itemsize, grad_bytes=itemsize,
                                 optimizer_bytes=2 * itemsize))
-    return {**{k: est[k] for k in ("params", "grads", "optimizer")}, "activations": est["activations"]}
+    return {**model_state_bytes(model, layout, itemsize), "activations": est["activations"]}

@@ -29,48 +29,47 @@ from netmorph.collectives import bandwidths
 CHUNK = 256 << 10
 
 
+def _barrier(flags, r: int, gen: int) -> None:
+    flags[r] = gen
+    while flags.min() < gen:
+        os.sched_yield()
+
+
 def _rank(name, p, r, n, iters, warmup, times):
     shm = shared_memory.SharedMemory(name=name)
+    views = []
     try:
         flat = np.ndarray((2 * p, n), np.float32, buffer=shm.buf)      # rows: p send buffers, p receive buffers
         flags = np.ndarray((p,), np.int64, buffer=shm.buf, offset=2 * p * n * 4)
+        views += [flat, flags]
         send, recv = flat[:p], flat[p:]
-        gen = [0]
-
-        class barrier:
-            @staticmethod
-            def wait():
-                gen[0] += 1
-                flags[r] = gen[0]
-                while flags.min() < gen[0]:
-                    os.sched_yield()
-
         b = (np.arange(p + 1) * n) // p
         step = CHUNK // 4
         lo, hi = b[r], b[r + 1]
-
-        def once():
+        gen = 0
+        t0 = 0.0
+        for it in range(warmup + iters):
+            if it == warmup:
+                gen += 1
+                _barrier(flags, r, gen)
+                t0 = time.perf_counter()
             for a in range(lo, hi, step):                               # reduce-scatter: block r of every send
                 e = min(a + step, hi)
                 d = recv[r, a:e]
                 np.add(send[0, a:e], send[1, a:e], out=d)
                 for q in range(2, p):
                     np.add(d, send[q, a:e], out=d)
-            barrier.wait()
+            gen += 1
+            _barrier(flags, r, gen)
             for q in range(p):                                          # all-gather: every other reduced block
                 if q != r:
                     recv[r, b[q]:b[q + 1]] = recv[q, b[q]:b[q + 1]]
-            barrier.wait()
-
-        for _ in range(warmup):
-            once()
-        barrier.wait()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            once()
+            gen += 1
+            _barrier(flags, r, gen)
         times[r] = (time.perf_counter() - t0) / iters
-        del flat, send, recv, flags
     finally:
+        del views[:]
+        send = recv = flat = flags = d = None          # no view of the mapping may outlive it
         shm.close()
 
 
