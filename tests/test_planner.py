@@ -217,8 +217,49 @@ def test_validation_script_meets_the_goals(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_step_time_parts_add_up():
-    e = estimate(PRESETS["gpt3-175b"], Layout(tp=8, pp=8, dp=16, micro_batch_size=1, global_batch=1536,
-                                                      interleave=2, zero=1, recompute="selective"), A100)
-    parts = (e["matmul_s"] + e["elementwise_s"] + e["bubble_s"] + sum(e["comm_s"].values()) + e["optimizer_s"])
-    assert parts == pytest.approx(e["step_time_s"], rel=1e-9)
+def _grid():
+    """Layouts of GPT-3 175B and Mixtral over 1024 A100s: every overlap on and off, ZeRO 0-3, recomputation,
+    sequence and context parallelism, interleaving, experts."""
+    base = dict(micro_batch_size=1, global_batch=1536)
+    for zero in (0, 1, 2, 3):
+        for dp_overlap in (False, True):
+            for recompute in ("none", "selective", "full"):
+                yield "gpt3-175b", Layout(tp=8, pp=8, dp=16, zero=zero, dp_overlap=dp_overlap, recompute=recompute,
+                                          **base)
+                yield "gpt3-175b", Layout(tp=8, pp=8, dp=16, zero=min(zero, 1), dp_overlap=dp_overlap, interleave=2,
+                                          sequence_parallel=True, tp_overlap=True, pp_overlap=True,
+                                          param_gather_overlap=True, recompute=recompute, **base)
+                yield "gpt3-175b", Layout(tp=8, cp=2, pp=4, dp=16, zero=zero, dp_overlap=dp_overlap,
+                                          recompute=recompute, **base)
+                yield "gpt3-175b", Layout(tp=1, pp=1, dp=1024, zero=zero, dp_overlap=dp_overlap, recompute=recompute,
+                                          micro_batch_size=1, global_batch=2048)
+        yield "mixtral-8x7b", Layout(tp=2, pp=4, dp=128, ep=8, zero=zero, dp_overlap=True, **base)
+
+
+def test_step_parts_sum_to_the_step_on_every_layout_overlap_on_or_off():
+    """``step_parts_s`` (plan estimate --json, the search's rows): every second of the step in exactly one part,
+    the slowdown of compute beside overlapped communication included."""
+    n = 0
+    for name, lay in _grid():
+        e = estimate(PRESETS[name], lay, A100)
+        parts = e["step_parts_s"]
+        assert min(parts.values()) >= 0 and sum(parts.values()) == pytest.approx(e["step_time_s"], rel=1e-9), (name,
+                                                                                                             lay)
+        n += 1
+    assert n == 100
+    # a layout whose overlap slows compute has a non-zero part for it
+    e = estimate(PRESETS["gpt3-175b"], Layout(tp=8, pp=8, dp=16, global_batch=1536, recompute="full",
+                                              dp_overlap=True), A100)
+    assert e["step_parts_s"]["overlap_slowdown"] > 0
+
+
+def test_plan_json_carries_the_parts_of_the_step(capsys):
+    assert main(["plan", "estimate", "--model", "gpt3-175b", "--tp", "8", "--pp", "8", "--dp", "16", "--global-batch",
+                 "1536", "--recompute", "full", "--dp-overlap", "--json"]) == 0
+    e = json.loads(capsys.readouterr().out)
+    assert sum(e["step_parts_s"].values()) == pytest.approx(e["step_time_s"], rel=1e-9)
+    assert e["step_parts_s"]["overlap_slowdown"] > 0
+    assert main(["plan", "search", "--model", "gpt3-175b", "--gpus", "1024", "--global-batch", "1536", "--top", "3",
+                 "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["plans"]
+    assert rows and all(sum(r["step_parts_s"].values()) == pytest.approx(r["step_time_s"], rel=1e-9) for r in rows)

@@ -247,16 +247,18 @@ def step_time(model: ModelShape, c: Layout, hw: Hardware) -> dict:
         held = max(_stage_layers(model.layers, p, c.first_stage_layers, c.last_stage_layers))
         n = held * (2 * model.norm_params() + (2 * model.hidden if model.bias else 0))
         sp_grads = collective_time(hw, "allreduce", c.tp, 1, n * c.grad_bytes)
-    total = pipeline + dp_exposed + zero3 + optimizer + sp_grads + slowdown
+    comm = {"tensor_parallel": m * tp_comm + sp_grads, "context_parallel": m * cp_comm, "expert_parallel": m * moe_comm,
+            "pipeline_p2p": m * pp_comm, "data_parallel": dp_exposed, "zero3_gather": zero3}
+    # the parts of the step, every second of it in exactly one: matmul + elementwise (m microbatches), the
+    # bubble, each communication's exposed time, the optimizer, and the compute that ran slower beside overlapped
+    # communication -- they sum to the step
+    parts = {"matmul": m * gemm, "elementwise": m * elementwise, "bubble": pipeline - m * per_mb, **comm,
+             "optimizer": optimizer, "overlap_slowdown": slowdown}
     return {
-        "step_time_s": total, "bubble_fraction": bubble, "overlap_slowdown_s": slowdown, "comm_hidden_s": hidden,
-        # the parts add up: matmul + elementwise + TP + CP + MoE + PP (m microbatches) + bubble + the rest
+        "step_time_s": pipeline + dp_exposed + zero3 + optimizer + sp_grads + slowdown, "step_parts_s": parts,
+        "bubble_fraction": bubble, "overlap_slowdown_s": slowdown, "comm_hidden_s": hidden,
         "compute_s": m * (gemm + elementwise), "matmul_s": m * gemm, "elementwise_s": m * elementwise,
-        "bubble_s": pipeline - m * per_mb,
-        "comm_s": {"tensor_parallel": m * tp_comm + sp_grads, "context_parallel": m * cp_comm,
-                   "expert_parallel": m * moe_comm,
-                   "pipeline_p2p": m * pp_comm, "data_parallel": dp_exposed, "zero3_gather": zero3},
-        "optimizer_s": optimizer,
+        "bubble_s": parts["bubble"], "comm_s": comm, "optimizer_s": optimizer,
     }
 
 
