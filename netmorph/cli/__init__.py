@@ -13,9 +13,13 @@ from __future__ import annotations
 import argparse
 import difflib
 import math
+import os
 import re
+import shutil
 import signal
 import sys
+import tempfile
+from contextlib import contextmanager
 
 from netmorph.errors import INSTALL, MissingPackage, Terminated, UsageError
 from netmorph.runtime.launch import LaunchError
@@ -262,6 +266,25 @@ def _terminate(signum, frame):
     raise Terminated()
 
 
+@contextmanager
+def _private_torch_cache():
+    """Importing ``torch._dynamo`` (a TorchDispatchMode, which calibrate and validate enter, needs it) makes
+    torch's inductor cache folder in the temporary directory (``torchinductor_<user>``); a command keeps it in
+    a folder of its own instead, removed on every exit path -- unless the user chose one
+    (``TORCHINDUCTOR_CACHE_DIR``)."""
+    key = "TORCHINDUCTOR_CACHE_DIR"
+    if key in os.environ:
+        yield
+        return
+    path = os.path.join(tempfile.gettempdir(), f".netmorph-inductor-{os.getpid()}")
+    os.environ[key] = path
+    try:
+        yield
+    finally:
+        os.environ.pop(key, None)
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def main(argv=None) -> int:
     """Run one command; SIGTERM unwinds it like Ctrl-C (every cleanup runs) and exits 143."""
     try:
@@ -269,7 +292,8 @@ def main(argv=None) -> int:
     except ValueError:               # not the main thread: leave signals to whoever runs us
         previous = None
     try:
-        return _main(argv)
+        with _private_torch_cache():
+            return _main(argv)
     except KeyboardInterrupt as e:   # before a command started, or while its error was being printed
         sys.stderr.write("netmorph: terminated (SIGTERM)\n" if isinstance(e, Terminated) else "netmorph: interrupted\n")
         return 143 if isinstance(e, Terminated) else 130

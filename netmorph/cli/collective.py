@@ -80,6 +80,7 @@ def run(args) -> int:
             k["segments"] = args.segments
         return k
 
+    _within_budget(op, algos, args.world, len(sizes), itemsize, topo, build_kw)
     records, reasons = [], []
     with _progress(len(sizes) * len(algos), args.world) as tick:
         for n in sizes:
@@ -128,23 +129,35 @@ def _crossovers(records) -> str:
     return size_bands([r["algo"] for r in best], [r["bytes"] for r in best], sep="..")
 
 
+def _within_budget(op, algos, world, sizes, itemsize, topo, build_kw) -> None:
+    """Refuse, before anything is built, a request whose schedules would not fit this machine's memory or
+    would take longer than a run may (:mod:`netmorph.cost.footprint`: pilots at 128 and 256 ranks,
+    extrapolated): the p² algorithms at 16384 ranks need tens of GB."""
+    from netmorph.cost.footprint import footprint
+    from netmorph.runtime import budget
+    memory = seconds = 0.0
+    for a in algos:
+        m, t = footprint(op, a, world, itemsize, topo, **build_kw(a))
+        memory, seconds = max(memory, m), seconds + t * sizes
+    budget.check(memory, seconds, f"counting and timing {op} on {world} ranks ({len(algos)} algorithm"
+                 f"{'s' if len(algos) != 1 else ''} x {sizes} size{'s' if sizes != 1 else ''})",
+                 "--world or choose one --algo", "--world, --sizes or --algo")
+
+
 class _progress:
-    """A rich progress bar on stderr for sweeps long enough to want one."""
+    """Progress on stderr (:class:`netmorph.cli.progress.Bar`): a bar at a terminal for sweeps long enough to
+    want one, and off a terminal a line at least every 10 s once a sweep runs that long."""
 
     def __init__(self, total, world):
-        self.total, self.show = total, total * world > 20000 and sys.stderr.isatty()
-        self.bar = None
+        from netmorph.cli import progress
+        self.total = total
+        self.bar = progress.Bar("collective", unit="schedules", every=progress.EVERY,
+                                tty=total * world > 20000 and sys.stderr.isatty())
 
     def __enter__(self):
-        if not self.show:
-            return lambda k: None
-        from rich.progress import Progress
-        self.bar = Progress(transient=True)
-        self.bar.start()
-        task = self.bar.add_task("simulating", total=self.total)
-        return lambda k: self.bar.advance(task, k)
+        self.bar.__enter__()
+        task = self.bar.add("simulating", self.total)
+        return lambda k: self.bar.update(task, advance=k)
 
     def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.stop()
-        return False
+        return self.bar.__exit__(*exc)
