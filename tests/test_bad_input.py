@@ -182,3 +182,35 @@ def test_serve_check_with_nothing_completed_is_not_a_pass(capsys):
                  "1", "--layers", "1", "--hidden", "16", "--heads", "2", "--vocab", "32"])
     out = capsys.readouterr().out
     assert code == 1 and "nothing to check" in out and "0/0" not in out
+
+
+@pytest.mark.parametrize("argv,flag,near", [
+    (["serve", "--scheduling-policy", "x"], "--scheduling-policy", None),
+    (["moe", "--bogus", "3"], "--bogus", None),
+    (["morph", "--wrld", "3"], "--wrld", "--world"),
+    (["plan", "--gpu", "8", "estimate"], None, None),                # an unambiguous abbreviation is argparse's
+    (["serve", "--requets", "4", "kv"], "--requets", "--requests"),
+])
+def test_an_unknown_flag_is_named_even_when_an_action_could_take_its_value(argv, flag, near, capsys):
+    """The optional action word (serve run|kv|roofline, moe train|drops, ...) used to swallow the value after an
+    unknown flag: ``serve --scheduling-policy x`` said ``argument action: invalid choice: 'x'``."""
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    if flag is None:
+        assert not any("unrecognized" in e for e in err)
+        return
+    assert code == 2 and len(err) == 1 and f"unrecognized argument: {flag}" in err[0] and "action" not in err[0], err
+    assert near is None or f"did you mean {near}?" in err[0]
+
+
+@pytest.mark.parametrize("line,words", [
+    ('{"prompt_len": 4, "output_len": 3}', "the field arrival_s is missing"),
+    ('{"output_len": 3}', "the fields prompt_len, arrival_s are missing"),
+    ('{"prompt_len": 4, "output_len": 3, "arrival_s": 0, "priorty": 1}', "unknown field 'priorty'"),
+])
+def test_a_workload_line_names_the_field_it_lacks(tmp_path, line, words, capsys):
+    path = tmp_path / "w.jsonl"
+    path.write_text(line + "\n")
+    assert main(["serve", "--workload", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0] and "KeyError" not in err[0] and '"arrival_s": seconds' in err[0], err

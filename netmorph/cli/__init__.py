@@ -41,10 +41,30 @@ class Parser(argparse.ArgumentParser):
     def unrecognized(self, extras) -> None:
         """Flags this command does not have: one line from the command's own parser, with the nearest flag."""
         first = extras[0]
-        flags = [o for a in self._actions for o in a.option_strings]
+        flags = [o for a in self._actions for o in a.option_strings if o not in ("-h", "--help")]
         guess = difflib.get_close_matches(first.split("=")[0], flags, n=1) if first.startswith("-") else []
         self.error(f"unrecognized argument{'s' if len(extras) > 1 else ''}: {' '.join(extras)}"
                    + (f"; did you mean {guess[0]}?" if guess else ""))
+
+
+    def first_unknown_flag(self, tokens):
+        """The first token that argparse will read as a flag this parser does not have (``--flag``,
+        ``--flag=value``, ``-x``), or None. argparse itself would first hand the value after an unknown flag
+        to an optional positional (``serve --scheduling-policy x`` read ``x`` as serve's action and said
+        ``invalid choice: 'x'``), so the flag is found before it parses; a ``--`` ends the flags."""
+        flags = [o for a in self._actions for o in a.option_strings]
+        for tok in tokens:
+            if tok == "--":
+                return None
+            if not re.match(r"-{1,2}[A-Za-z]", tok):
+                continue
+            name = tok.split("=", 1)[0]
+            if name in flags or (not tok.startswith("--") and tok[:2] in flags):
+                continue
+            if tok.startswith("--") and sum(f.startswith(name) for f in flags if f.startswith("--")) == 1:
+                continue                                     # argparse's unambiguous abbreviation
+            return tok
+        return None
 
 
 def json_text(obj, indent: int | None = None) -> str:
@@ -305,6 +325,13 @@ def main(argv=None) -> int:
 def _main(argv=None) -> int:
     parser = build_parser()
     try:
+        tokens = sys.argv[1:] if argv is None else list(argv)
+        command = next((t for t in tokens if not t.startswith("-")), None)
+        commands = _subparsers(parser).choices
+        if command in commands:
+            unknown = commands[command].first_unknown_flag(tokens[tokens.index(command) + 1:])
+            if unknown is not None:
+                commands[command].unrecognized([unknown])
         args, extras = parser.parse_known_args(argv)
         if extras:
             _subparsers(parser).choices[args.command].unrecognized(extras)

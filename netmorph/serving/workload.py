@@ -49,6 +49,10 @@ def generate(n: int, rate: float, context: int, vocab: int, seed: int = 0, sigma
     return out
 
 
+FIELDS = ("prompt_len", "output_len", "arrival_s")
+LINE = '{"prompt_len": int >= 1, "output_len": int >= 1, "arrival_s": seconds >= 0[, "prompt": [token ids]]}'
+
+
 def load(path: str, context: int, vocab: int, seed: int = 0) -> tuple[list, list]:
     """(requests, [(line number, reason)] for the lines that could not be read); a file none of whose lines can
     be read is refused (UsageError on ``workload``, naming the first bad line)."""
@@ -61,7 +65,14 @@ def load(path: str, context: int, vocab: int, seed: int = 0) -> tuple[list, list
             d = json.loads(line)
             if not isinstance(d, dict):
                 raise ValueError("not a JSON object")
-            p, o, t = d["prompt_len"], d["output_len"], d["arrival_s"]
+            missing = [k for k in FIELDS if k not in d]
+            if missing:
+                raise ValueError(f"the field{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                                 f"{'are' if len(missing) > 1 else 'is'} missing; a line is {LINE}")
+            unknown = sorted(set(d) - set(FIELDS) - {"prompt"})
+            if unknown:
+                raise ValueError(f"unknown field {unknown[0]!r}; a line is {LINE}")
+            p, o, t = (d[k] for k in FIELDS)
             if not all(isinstance(v, int) and not isinstance(v, bool) for v in (p, o)) or p < 1 or o < 1:
                 raise ValueError("prompt_len and output_len must be integers >= 1")
             if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or not 0 <= t <= 1e9:
