@@ -4,7 +4,8 @@ fields, mismatched collective programs and stopped ranks (the cases are tests/fu
     python scripts/fuzz.py [--cases 4000] [--seed 0] [--blames 40]
 
 Prints one line per kind of case with its count per class (clean / traceback / unbounded / nonsense /
-destroyed; for ranks: silent mismatches and wrong blames) and every non-clean case; exit 1 if any.
+destroyed / leftover / bad output; for ranks: silent mismatches and wrong blames) and every non-clean case;
+exit 1 if any. Then every output switch (--json, --trace, --plot) of every subcommand, alone and together.
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ def main() -> int:
                 bad.append((cls, detail))
             if (i + 1) % 250 == 0:
                 print(f"# {i + 1}/{args.cases} cases, {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+        for name, switches in fuzz.switch_cases():               # every output switch of every subcommand
+            cls, detail = fuzz.run_switches(name, switches, tmp)
+            counts["output switches"][cls] += 1
+            if cls != "clean":
+                bad.append((cls, detail))
         for case in range(fuzz.MISMATCHES):
             for world in (2, 3, 4):
                 for backend in ("local", "torch") if world <= 3 else ("local",):

@@ -10,7 +10,16 @@ value in one field of a config file the command reads, runs ``netmorph`` in-proc
 - ``unbounded``: still running after :data:`LIMIT` seconds (interrupted by an alarm);
 - ``nonsense``: exit 0 with a value that cannot be valid (NaN, infinity, a negative size, text for a
   number, a boolean for a count...);
-- ``destroyed``: an output path that was a FIFO, socket, folder or device node is no longer one.
+- ``destroyed``: an output path that was a FIFO, socket, folder or device node is no longer one;
+- ``leftover``: a process, shared-memory segment or temporary file the case started is still there after it;
+- ``bad output``: an output switch (``--json``, ``--trace``, ``--plot``) asked of a run that exited 0 did not
+  give what it promises (one JSON document on stdout, a JSON trace, a PNG).
+
+``unbounded`` also covers memory: a case whose processes hold more than :data:`MEMORY_CAP` resident is stopped
+like one past the time limit. Size flags whose cost is implied (``--world 16384``, ``--bytes 1GiB``, ``--sizes
+1KiB:1GiB``) are drawn with valid but huge values (:data:`IMPLIED`): a run must refuse them in one line or
+finish within both limits -- with the machine's hour scaled to :data:`BUDGET_SHARE` of the limit, so that what the
+estimate lets through is what the case times.
 
 Two more kinds of case run ranks: ``mismatch`` (ranks whose calls disagree: a pass is a named
 CollectiveMismatch or Deadlock, never success) and ``blame`` (a rank SIGSTOPped mid-step in a random
@@ -27,12 +36,18 @@ import random
 import signal
 import socket
 import stat
+import tempfile
+import threading
 import time
 
 from netmorph.cli import _subparsers, build_parser, exact_int, finite_float, main, seed_int, timeout_seconds
 
 LIMIT = 60.0                   # seconds a case may run before it counts as unbounded
-CLASSES = ("clean", "traceback", "unbounded", "nonsense", "destroyed")
+# the machine's budget for a run (an hour: runtime.budget.MAX_SECONDS) is this much of LIMIT during a case, so a
+# run the estimate lets through must finish within the limit: the estimate itself is under test
+BUDGET_SHARE = 0.25
+MEMORY_CAP = 6 << 30           # bytes resident (this process and its children) before a case counts as unbounded
+CLASSES = ("clean", "traceback", "unbounded", "nonsense", "destroyed", "leftover", "bad output")
 
 # a small run of each subcommand: if a fuzzed value is valid, the run is still quick
 BASE = {
@@ -63,6 +78,17 @@ INVALID = ["nan", "NaN", "inf", "-inf", "1e400", "-1", "-5", "-0.5", "-1e30", st
            " ", "abc", "1e", "--", "1:2:3", "0x10"]
 MAYBE = ["0", "1", "2", "1e9", "1e30", "1_0", "٣", "all", "x" * 300, "3.5", "64", "1K", "8MiB"]
 SIZES = ["1e30", "-1", "1 PiB", "2PiB", "abc", "1KiBB", "nan", "inf", "", "1e400", "-1KiB", "8ZB", "64B"]
+# valid values whose memory or time the command must hold against this machine (dest -> values)
+IMPLIED = {"world": ["16384", "10000", "4096", "1024", "512", "65", "64"], "bytes": ["1GiB", "16GiB", "1TiB", "512MiB"],
+           "sizes": ["1KiB:1GiB", "1:1TiB", "1KiB:16GiB"], "minbytes": ["1G", "16G"], "maxbytes": ["1G", "16G"],
+           "workers": ["64", "512"], "requests": ["100000"], "steps": ["100000", "1000000"],
+           "gpus": ["1048576", "16384"], "trials": ["1000000"], "tokens": ["1000000000"]}
+
+# output switches per subcommand: a run with them that exits 0 must give what they promise
+SWITCHES = {"collective": ("--json",), "bench": ("--json",), "train": ("--json", "--trace"), "sgd": ("--json", "--plot"),
+            "plan": ("--json",), "mesh": ("--json",), "elastic": ("--json", "--plot"),
+            "simulate": ("--json", "--trace"), "serve": ("--json",), "failures": ("--json", "--plot"),
+            "moe": ("--json", "--plot"), "morph": ("--json", "--plot")}
 
 
 def flags():
@@ -84,16 +110,60 @@ class Unbounded(BaseException):
     """Raised by the alarm when a case runs past LIMIT (a BaseException: main must not swallow it)."""
 
 
-def run(argv, limit: float = LIMIT):
-    """(exit code, stderr, seconds, escaped exception or None) of ``netmorph argv`` in this process."""
+def _descendants(pid: int) -> list:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as fh:
+                    kids = [int(k) for k in fh.read().split()]
+                out += kids
+                todo += kids
+        except OSError:
+            continue
+    return out
+
+
+def _resident(pids) -> int:
+    total = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/statm") as fh:
+                total += int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
+def _memory_watch(stop: threading.Event, hit: list, cap: int) -> None:
+    """Poll this process's and its children's resident memory; past ``cap``, stop the case as the alarm does."""
+    me = os.getpid()
+    while not stop.wait(0.05):
+        if _resident([me] + _descendants(me)) > cap:
+            hit.append(True)
+            os.kill(me, signal.SIGALRM)
+            return
+
+
+def run(argv, limit: float = LIMIT, cap: int = MEMORY_CAP, out: list | None = None):
+    """(exit code, stderr, seconds, escaped exception or None) of ``netmorph argv`` in this process; "unbounded"
+    for the code past ``limit`` seconds or ``cap`` bytes resident. ``out``: append stdout to it."""
+    hit = []
+
     def alarm(signum, frame):
-        raise Unbounded()
+        raise Unbounded("memory" if hit else "time")
+    from netmorph.runtime import budget
     old = signal.signal(signal.SIGALRM, alarm)
     signal.setitimer(signal.ITIMER_REAL, limit)
-    err, escaped, code = io.StringIO(), None, None
+    hour, budget.MAX_SECONDS = budget.MAX_SECONDS, BUDGET_SHARE * limit
+    stop = threading.Event()
+    watch = threading.Thread(target=_memory_watch, args=(stop, hit, cap), daemon=True)
+    watch.start()
+    err, stdout, escaped, code = io.StringIO(), io.StringIO(), None, None
     t0 = time.monotonic()
     try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(stdout):
             code = main(argv)
     except SystemExit as e:
         code = e.code
@@ -102,9 +172,50 @@ def run(argv, limit: float = LIMIT):
     except BaseException as e:             # noqa: BLE001 - an exception out of main is the finding
         escaped = e
     finally:
+        budget.MAX_SECONDS = hour
+        stop.set()
+        watch.join()
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+    if out is not None:
+        out.append(stdout.getvalue())
     return code, err.getvalue(), time.monotonic() - t0, escaped
+
+
+# ---------------------------------------------------------------------------------------------- leftovers
+def _shm() -> set:
+    try:
+        return set(os.listdir("/dev/shm"))
+    except OSError:
+        return set()
+
+
+def _temporaries() -> set:
+    """Entries of the temporary directory that netmorph or torch could leave: store folders, inductor caches,
+    checkpoints, temporary output files."""
+    try:
+        names = os.listdir(tempfile.gettempdir())
+    except OSError:
+        return set()
+    return {n for n in names if n.startswith((".netmorph", "netmorph", "torchinductor", "torchelastic"))}
+
+
+def snapshot() -> tuple:
+    return _shm(), _temporaries(), set(_descendants(os.getpid()))
+
+
+def leftovers(before: tuple, grace: float = 2.0) -> str:
+    """What a case left behind compared with ``before`` (processes get ``grace`` seconds to be reaped); ""
+    when nothing."""
+    deadline = time.monotonic() + grace
+    while True:
+        shm, tmp, procs = snapshot()
+        new = (shm - before[0], tmp - before[1], procs - before[2])
+        if not any(new) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return "; ".join(f"{what}: {sorted(map(str, n))[:5]}" for what, n in
+                     zip(("shared memory", "temporary files", "processes"), new) if n)
 
 
 def classify(name: str, code, err: str, escaped, invalid: bool) -> str:
@@ -232,7 +343,11 @@ def run_config(kind, path, value: str, tmp) -> tuple[str, str]:
         with open(f, "w") as fh:
             fh.write(text.replace(f'"{marker}"', value))
         argv = argv + [flag, f]
+    state = snapshot()
     code, err, seconds, escaped = run(argv)
+    left = leftovers(state)
+    if left and code != "unbounded":
+        return "leftover", f"{kind} {'.'.join(map(str, path))}={value}: exit {code}, left {left}"
     if kind == "workload" and code == 0 and invalid and "request rejected" in err:
         return "clean", ""                 # the bad line was rejected with a reason; the others were served
     if kind == "workload" and code == 2 and "no request could be read" in err:
@@ -245,9 +360,13 @@ def run_flag(name, flag, action, value: str, tmp, paths) -> tuple[str, str]:
     """One flag case: (class, detail)."""
     argv = BASE[name] + ([f"{flag}={value}"] if value.startswith("-") else [flag, value])
     before = _modes(paths) if flag in OUTPUTS else {}
+    state = snapshot()
     code, err, seconds, escaped = run(argv)
     if before and _modes(paths) != before:
         return "destroyed", f"{argv}: {before} -> {_modes(paths)}"
+    left = leftovers(state)
+    if left and code != "unbounded":
+        return "leftover", f"{argv}: exit {code}, left {left}"
     numeric = action.type in (exact_int, finite_float, seed_int, timeout_seconds)
     invalid = value in INVALID and (numeric or value in ("", " ")) and flag not in OUTPUTS | INPUTS
     return classify(name, code, err, escaped, invalid), f"{argv}: exit {code} {err.strip()[-300:] or escaped!r}"
@@ -258,9 +377,58 @@ def flag_value(rng: random.Random, flag, action, tmp, paths, files) -> str:
         return rng.choice(sorted(paths) + ["/nonexistent/dir/x.png", "/proc/x.json", "/", "", "x" * 300 + ".png"])
     if flag in INPUTS:
         return rng.choice(files)
+    if action.dest in IMPLIED and rng.random() < 0.5:
+        return rng.choice(IMPLIED[action.dest])
     if action.dest in ("minbytes", "maxbytes", "stepbytes", "bytes", "sizes"):
         return rng.choice(SIZES + MAYBE)
     return rng.choice(INVALID + MAYBE + [rng.choice("abcxyz") * rng.randint(1, 4)])
+
+
+def switch_cases() -> list:
+    """(subcommand, switches): every output switch alone and all of a subcommand's together."""
+    out = []
+    for name, switches in SWITCHES.items():
+        out += [(name, (s,)) for s in switches]
+        if len(switches) > 1:
+            out.append((name, switches))
+    return out
+
+
+def run_switches(name: str, switches, tmp) -> tuple[str, str]:
+    """``BASE[name]`` with output switches: (class, detail) -- "bad output" when a run that exited 0 did not
+    give one JSON document on stdout (``--json``), a JSON trace (``--trace``) or a PNG (``--plot``)."""
+    argv, files = list(BASE[name]), {}
+    for s in switches:
+        if s == "--json":
+            argv.append(s)
+        else:
+            files[s] = os.path.join(tmp, f"switch-{name}{s}.{'json' if s == '--trace' else 'png'}")
+            if os.path.exists(files[s]):
+                os.unlink(files[s])
+            argv += [s, files[s]]
+    state = snapshot()
+    stdout = []
+    code, err, seconds, escaped = run(argv, out=stdout)
+    detail = f"{argv}: exit {code} {err.strip()[-300:] or escaped!r}"
+    left = leftovers(state)
+    if left and code != "unbounded":
+        return "leftover", f"{detail}, left {left}"
+    cls = classify(name, code, err, escaped, False)
+    if cls != "clean" or code != 0:
+        return cls, detail
+    try:
+        if "--json" in switches:
+            json.loads(stdout[0])
+        if "--trace" in files:
+            with open(files["--trace"]) as fh:
+                json.load(fh)
+        if "--plot" in files:
+            with open(files["--plot"], "rb") as fh:
+                if fh.read(8) != b"\x89PNG\r\n\x1a\n":
+                    raise ValueError("not a PNG")
+    except (ValueError, OSError) as e:
+        return "bad output", f"{detail}: {type(e).__name__}: {e}"
+    return "clean", detail
 
 
 def bad_files(tmp) -> list:

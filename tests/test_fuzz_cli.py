@@ -51,6 +51,46 @@ def test_every_config_field_ends_clean_on_hostile_values(case, value, scratch, m
     assert cls == "clean", (cls, detail)
 
 
+@pytest.mark.timeout(300)
+@settings(max_examples=8, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(case=st.sampled_from(fuzz.switch_cases()))
+def test_output_switches_give_what_they_promise(case, scratch, monkeypatch):
+    """--json is one document, --trace a JSON trace, --plot a PNG, alone or together, and nothing is left."""
+    tmp, _, _ = scratch
+    monkeypatch.chdir(tmp)
+    cls, detail = fuzz.run_switches(*case, tmp)
+    assert cls == "clean", (cls, detail)
+
+
+@pytest.mark.timeout(300)
+@settings(max_examples=12, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(case=st.sampled_from([(n, f, a, v) for n, f, a in FLAGS if a.dest in fuzz.IMPLIED
+                             for v in fuzz.IMPLIED[a.dest]]))
+def test_size_flags_whose_cost_is_implied_are_held_against_the_machine(case, scratch, monkeypatch):
+    """A valid but huge world, size or count: refused in one line, or done within the time and memory caps."""
+    tmp, paths, _ = scratch
+    monkeypatch.chdir(tmp)
+    name, flag, action, value = case
+    cls, detail = fuzz.run_flag(name, flag, action, value, tmp, paths)
+    assert cls == "clean", (cls, detail)
+
+
+def test_a_leftover_is_seen():
+    import multiprocessing as mp
+    import time
+    state = fuzz.snapshot()
+    p = mp.get_context("fork").Process(target=time.sleep, args=(5,))
+    p.start()
+    try:
+        assert "processes" in fuzz.leftovers(state, grace=0.2)
+    finally:
+        p.kill()
+        p.join()
+    assert fuzz.leftovers(state, grace=2.0) == ""
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("case", [0, 5, 6, 8])        # the rest are test_desync's and test_blame's cases
 def test_ranks_that_disagree_never_pass_silently(case):

@@ -80,6 +80,9 @@ def run(args) -> int:
                          f", got {args.checkpoint_every}")
     if args.plot and not args.compare:
         raise UsageError("--plot draws the three recoveries: add --compare")
+    from netmorph.runtime import budget
+    budget.check(0, budget.elastic(args.job, cfg.workers, cfg.steps, 3 if args.compare else 1),
+                 f"{cfg.steps} steps on {budget.ranks(cfg.workers)}", "", "--steps or --workers")
     out = train(cfg, check=args.check)          # fewer than --min-workers left: LaunchError, exit 1
     if args.compare:
         out["compare"] = _compare(cfg, out, args.checkpoint_every)

@@ -90,6 +90,10 @@ def config_from(args):
     if args.plot is not None:
         if not args.compare:
             raise UsageError("--plot draws the --compare run; add --compare")
+    from netmorph.consistency import MODES
+    from netmorph.runtime import budget
+    budget.check(0, budget.sgd(cfg.model, cfg.workers, cfg.steps, cfg.compute_ms, len(MODES) if args.compare else 1),
+                 f"{cfg.steps * cfg.workers:,} updates", "", "--steps, --workers or --compute-ms")
     return cfg
 
 

@@ -19,6 +19,13 @@ FLOPS_PER_CORE = 50e9            # float32 FLOP/s a rank's matmuls reach on one 
 RANK_OVERHEAD_BYTES = 300 << 20  # a forked rank with torch imported: ~250 MB resident, measured
 STEP_OVERHEAD_S = 2e-3           # per microbatch and stage: Python, autograd and the fabric's calls
 MAX_SECONDS = 3600.0             # a laptop run, not a cluster job
+# seconds a step or an update takes here, about half of what 2 cores measured (a generous estimate lets a run near
+# the limit through): netmorph elastic's GPT job 15 ms a step on 2 workers and its least squares 0.3 ms; an SGD
+# update of the MLP 0.9 ms, of the linear models 0.1 ms with 2 workers and 0.28 ms with 4 (netmorph sgd
+# --compute-ms 0: the workers' updates contend for the cores, so they are not divided among them)
+ELASTIC_STEP_S = {"gpt": 8e-3, "lsq": 1.5e-4}
+SGD_UPDATE_S = {"mlp": 4e-4}
+SGD_UPDATE_DEFAULT_S = 1e-4
 MEMORY_SHARE = 0.8               # of physical memory
 
 
@@ -82,3 +89,15 @@ def serving(*, params: float, layers: int, hidden: int, kv_slots: int, ranks: in
     seconds = (2 * params * (prompt_tokens + output_tokens) / FLOPS_PER_CORE
                + iterations * STEP_OVERHEAD_S * layers)
     return memory, seconds
+
+
+def elastic(job: str, workers: int, steps: int, runs: int = 1) -> float:
+    """Seconds of ``runs`` elastic runs (``--compare``: three) of ``steps`` steps on ``workers`` ranks."""
+    return runs * steps * ELASTIC_STEP_S.get(job, ELASTIC_STEP_S["gpt"]) * max(1.0, workers / cores())
+
+
+def sgd(model: str, workers: int, steps: int, compute_ms: float, modes: int = 1) -> float:
+    """Seconds of ``modes`` SGD runs, each ``steps`` updates per worker: the emulated compute of every step (the
+    workers compute at once) and every update's own cost."""
+    update = SGD_UPDATE_S.get(model, SGD_UPDATE_DEFAULT_S)
+    return modes * steps * (compute_ms / 1e3 + workers * update)
