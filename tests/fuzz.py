@@ -28,11 +28,13 @@ layout: a pass names it as the root cause).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import stat
@@ -154,6 +156,10 @@ def run(argv, limit: float = LIMIT, cap: int = MEMORY_CAP, out: list | None = No
     def alarm(signum, frame):
         raise Unbounded("memory" if hit else "time")
     from netmorph.runtime import budget
+    private = scratch_dir()
+    tmp_before, tempfile.tempdir = tempfile.tempdir, private      # what a case leaves is seen in a folder of its own
+    env_before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = private
     old = signal.signal(signal.SIGALRM, alarm)
     signal.setitimer(signal.ITIMER_REAL, limit)
     hour, budget.MAX_SECONDS = budget.MAX_SECONDS, BUDGET_SHARE * limit
@@ -172,6 +178,11 @@ def run(argv, limit: float = LIMIT, cap: int = MEMORY_CAP, out: list | None = No
     except BaseException as e:             # noqa: BLE001 - an exception out of main is the finding
         escaped = e
     finally:
+        tempfile.tempdir = tmp_before
+        if env_before is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = env_before
         budget.MAX_SECONDS = hour
         stop.set()
         watch.join()
@@ -190,14 +201,25 @@ def _shm() -> set:
         return set()
 
 
+_SCRATCH = []
+
+
+def scratch_dir() -> str:
+    """This process's temporary directory for the cases (made once): every case runs with it as the temporary
+    directory, so what a case leaves there is the case's -- not another test worker's, running beside it."""
+    if not _SCRATCH:
+        _SCRATCH.append(tempfile.mkdtemp(prefix="fuzz-tmp-"))
+        atexit.register(shutil.rmtree, _SCRATCH[0], True)
+    return _SCRATCH[0]
+
+
 def _temporaries() -> set:
-    """Entries of the temporary directory that netmorph or torch could leave: store folders, inductor caches,
-    checkpoints, temporary output files."""
+    """Everything in the cases' temporary directory: store folders, inductor caches, checkpoints, temporary output
+    files."""
     try:
-        names = os.listdir(tempfile.gettempdir())
+        return set(os.listdir(scratch_dir()))
     except OSError:
         return set()
-    return {n for n in names if n.startswith((".netmorph", "netmorph", "torchinductor", "torchelastic"))}
 
 
 def snapshot() -> tuple:

@@ -79,15 +79,20 @@ def test_size_flags_whose_cost_is_implied_are_held_against_the_machine(case, scr
 
 def test_a_leftover_is_seen():
     import multiprocessing as mp
+    import os
     import time
     state = fuzz.snapshot()
     p = mp.get_context("fork").Process(target=time.sleep, args=(5,))
     p.start()
+    left = os.path.join(fuzz.scratch_dir(), "netmorph-store-x")
+    os.mkdir(left)
     try:
-        assert "processes" in fuzz.leftovers(state, grace=0.2)
+        found = fuzz.leftovers(state, grace=0.2)
+        assert "processes" in found and "netmorph-store-x" in found, found
     finally:
         p.kill()
         p.join()
+        os.rmdir(left)
     assert fuzz.leftovers(state, grace=2.0) == ""
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import math
 import os
 import re
@@ -56,8 +57,8 @@ class Parser(argparse.ArgumentParser):
         for tok in tokens:
             if tok == "--":
                 return None
-            if not re.match(r"-{1,2}[A-Za-z]", tok):
-                continue
+            if not re.match(r"-{1,2}[A-Za-z]", tok) or (" " in tok and "=" not in tok.split(" ", 1)[0]):
+                continue                                     # a value, as argparse reads it ("--a 1" with a space)
             name = tok.split("=", 1)[0]
             if name in flags or (not tok.startswith("--") and tok[:2] in flags):
                 continue
@@ -69,7 +70,6 @@ class Parser(argparse.ArgumentParser):
 
 def json_text(obj, indent: int | None = None) -> str:
     """What ``--json`` prints for ``obj``: numpy values as numbers, sets as sorted lists."""
-    import json
     return json.dumps(obj, indent=indent, default=_plain)
 
 

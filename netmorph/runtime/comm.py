@@ -35,8 +35,8 @@ from netmorph.collectives import check_algo
 from netmorph.cost.topology import PRESETS, Topology
 from netmorph.cost.tuner import auto_algo
 from netmorph.errors import UsageError
-from netmorph.runtime.base import (CommBase, CompletedWork, Group, ReduceOp, as_array, canonical_redop, copy_of,
-                                   empty_like, is_float, same_memory)
+from netmorph.runtime.base import CommBase, CompletedWork, Group, ReduceOp, canonical_redop
+from netmorph.runtime.buffers import as_array, copy_of, empty_like, is_float, same_memory
 from netmorph.runtime.interpreter import Call, interpret, program
 from netmorph.runtime.transport import fingerprint
 from netmorph.schedule import REDOPS

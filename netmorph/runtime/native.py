@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import time
 
-from netmorph.runtime.base import CommBase, CompletedWork, canonical_redop, copy_of
+from netmorph.runtime.base import CommBase, CompletedWork, canonical_redop
+from netmorph.runtime.buffers import copy_of
 from netmorph.runtime.transport import nbytes
 from netmorph.runtime.transport.torchdist import dist_module, to_torch
 
