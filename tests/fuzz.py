@@ -128,12 +128,14 @@ def _descendants(pid: int) -> list:
 
 
 def _resident(pids) -> int:
+    """Bytes the processes hold, each shared page counted once over its sharers (PSS: forked ranks share their
+    parent's torch pages, which an RSS sum counts once per rank)."""
     total = 0
     for p in pids:
         try:
-            with open(f"/proc/{p}/statm") as fh:
-                total += int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError, IndexError):
+            with open(f"/proc/{p}/smaps_rollup") as fh:
+                total += next(int(line.split()[1]) for line in fh if line.startswith("Pss:")) * 1024
+        except (OSError, ValueError, IndexError, StopIteration):
             pass
     return total
 
@@ -141,7 +143,7 @@ def _resident(pids) -> int:
 def _memory_watch(stop: threading.Event, hit: list, cap: int) -> None:
     """Poll this process's and its children's resident memory; past ``cap``, stop the case as the alarm does."""
     me = os.getpid()
-    while not stop.wait(0.05):
+    while not stop.wait(0.2):
         if _resident([me] + _descendants(me)) > cap:
             hit.append(True)
             os.kill(me, signal.SIGALRM)

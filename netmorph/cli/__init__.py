@@ -68,6 +68,22 @@ class Parser(argparse.ArgumentParser):
         return None
 
 
+def action_only(p, action: str, dests) -> None:
+    """Mark ``p``'s flags ``dests`` as belonging to its action word ``action`` alone: given with another action
+    (``morph reshard --plot x.png``) they are one line naming them, not silently ignored (:func:`check_action`)."""
+    defaults = {a.dest: (a.option_strings[0], a.default) for a in p._actions if a.dest in dests}
+    owned = dict(p.get_default("action_owned") or {})
+    owned.update({d: (action, *defaults[d]) for d in dests})
+    p.set_defaults(action_owned=owned)
+
+
+def check_action(args) -> None:
+    """A flag :func:`action_only` marked for another action than ``args.action``: UsageError naming it."""
+    for dest, (action, flag, default) in (getattr(args, "action_owned", None) or {}).items():
+        if args.action != action and getattr(args, dest, default) != default:
+            raise UsageError(f"{flag} is for `netmorph {args.command} {action}`, not {args.action}; leave it out")
+
+
 def json_text(obj, indent: int | None = None) -> str:
     """What ``--json`` prints for ``obj``: numpy values as numbers, sets as sorted lists."""
     return json.dumps(obj, indent=indent, default=_plain)

@@ -4,7 +4,7 @@ arithmetic."""
 from __future__ import annotations
 
 
-from netmorph.cli import add_timeout, float_in, int_in, job_split, plot_file, print_json
+from netmorph.cli import action_only, add_timeout, check_action, float_in, int_in, job_split, plot_file, print_json
 from netmorph.errors import require
 
 # library parameters set by a flag of another name (the rest are --name)
@@ -49,7 +49,8 @@ def add_parser(sub) -> None:
     m.add_argument("--seq", type=int, default=16, help="sequence length (default 16)")
     m.add_argument("--batch", type=int, default=4, help="sequences per rank per step (default 4)")
     m.add_argument("--steps", type=int, default=20, help="optimizer steps (default 20)")
-    m.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate (default 3e-3)")
+    m.add_argument("--lr", type=float_in(0, 100, open_low=True), default=3e-3,
+                   help="Adam learning rate (default 3e-3)")
     m.add_argument("--seed", type=int, default=0, help="weights and data seed (default 0)")
     m.add_argument("--dtype", default="float32", choices=("float32", "float64"), help="default float32")
     m.add_argument("--backend", choices=("local", "torch", "torch-native"),
@@ -65,9 +66,12 @@ def add_parser(sub) -> None:
     d.add_argument("--trials", type=int_in(1, 100_000), default=200, help="random routings simulated (default 200)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run, flags=FLAGS)
+    action_only(p, "train", ("plot", "check", "dropless", "pre_softmax", "steps", "backend"))
+    action_only(p, "drops", ("tokens", "trials"))
 
 
 def run(args) -> int:
+    check_action(args)
     if args.action == "drops":
         return _drops(args)
     require("torch", "netmorph moe")
@@ -107,13 +111,14 @@ def run(args) -> int:
         from netmorph.moe.train import train
         with Bar("moe") as bar, bar.task(f"training on {budget.ranks(cfg.world)}"):
             out = train(cfg, check=args.check)
+    if args.plot:
+        from netmorph.report.moe import plot_traffic
+        plot_traffic(out, args.plot)
     if args.json:
         print_json(_json(cfg, out))
         return 0
     _print(cfg, out)
     if args.plot:
-        from netmorph.report.moe import plot_traffic
-        plot_traffic(out, args.plot)
         print(f"# figure: {args.plot}")
     return 0
 

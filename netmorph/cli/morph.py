@@ -12,7 +12,8 @@ import math
 from dataclasses import replace
 import statistics
 
-from netmorph.cli import add_timeout, float_in, int_in, link_mbps, plot_file, print_json
+from netmorph.cli import (action_only, add_timeout, check_action, float_in, int_in, link_mbps, plot_file,
+                          print_json)
 from netmorph.errors import UsageError
 
 
@@ -66,6 +67,9 @@ def add_parser(sub) -> None:
     add_timeout(p, 60)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
+    action_only(p, "run", ("scenario", "segment", "static", "compute_ms", "inter_node_mbps", "checkpoint_every",
+                           "compare", "plot"))
+    action_only(p, "reshard", ("before", "after"))
 
 
 def _model(args):
@@ -76,6 +80,7 @@ def _model(args):
 
 def run(args) -> int:
     # the control loop's flags are checked for either action: a nonsense value is refused, not ignored
+    check_action(args)
     if args.action == "run":
         return _control(args)
     args.world = 4 if args.world is None else args.world

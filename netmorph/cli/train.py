@@ -54,7 +54,8 @@ def add_parser(sub) -> None:
     m.add_argument("--experts", "--num-experts", type=int, default=0,
                    help="a mixture of experts: E experts in every layer's MLP (default 0: dense)")
     m.add_argument("--top-k", "--moe-router-topk", type=int, default=2, help="experts per token (default 2)")
-    m.add_argument("--capacity-factor", "--moe-expert-capacity-factor", type=float, default=1.0,
+    m.add_argument("--capacity-factor", "--moe-expert-capacity-factor", type=float_in(0, 1e3, open_low=True),
+                   default=1.0,
                    help="expert capacity over the even share, >= 1 (default 1.0; assignments over it drop)")
     r = p.add_argument_group("run")
     r.add_argument("--steps", type=int_in(1, 1 << 24, "1..2**24"), default=10, help="optimizer steps (default 10)")
