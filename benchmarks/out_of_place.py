@@ -7,7 +7,8 @@ round reads the send buffer, no copy in front). Per world and size, alternated `
 
 - fabric out of place and in place (``--algo auto``: the tuner's choice, named),
 - the protocol-free bound: plain numpy processes doing the two-shot all-reduce's memory work over one shared
-  mapping (:func:`netmorph.runtime.membound.two_shot_bound`),
+  mapping (:func:`netmorph.runtime.membound.two_shot_bound`), out of place and in place: their ratio is what a
+  third buffer costs the memory system alone (a CPU reads a destination line before it writes it),
 - gloo: ``torch.distributed.all_reduce`` (in place: torch has no out-of-place all-reduce).
 
 Goal at 16 MiB, world 2 and 4: out of place >= 90% of in place, >= 70% of the bound, >= 2x gloo.
@@ -103,29 +104,32 @@ def main() -> int:
     say(f"# all-reduce float32; medians of {args.repeats} alternated runs (fabric, bound, gloo), {args.iters} "
         f"timed calls each; busbw in GB/s (nccl-tests: algbw x 2(p-1)/p), slowest rank")
     say(f"{'world':>5} {'bytes':>11} {'algorithm':>12} {'out-of-place':>12} {'in-place':>9} {'oop/in':>7} "
-        f"{'bound':>7} {'oop/bound':>9} {'gloo':>6} {'oop/gloo':>8}")
+        f"{'bound':>7} {'oop/bound':>9} {'bound(in)':>9} {'bound o/i':>9} {'gloo':>6} {'oop/gloo':>8}")
     for p in worlds:
-        fab, bound, gloo = [], [], []
+        fab, bound, bound_in, gloo = [], [], [], []
         for k in range(args.repeats):
             print(f"out_of_place: world {p}, run {k + 1} of {args.repeats}", file=sys.stderr, flush=True)
             fab.append(measure([Case("allreduce", "auto", n) for n in sizes], p, "local", iters=args.iters, warmup=3))
             bound.append([two_shot_bound(p, n, iters=args.iters, warmup=3)["busbw_gbps"] for n in sizes])
+            bound_in.append([two_shot_bound(p, n, iters=args.iters, warmup=3, in_place=True)["busbw_gbps"]
+                             for n in sizes])
             gloo.append(measure([Case("allreduce", "native", n) for n in sizes], p, "torch-native", iters=args.iters,
                                 warmup=3, in_place_only=True))
         for i, n in enumerate(sizes):
             oop = statistics.median(r[i]["busbw_gbps"] for r in fab)
             inp = statistics.median(r[i]["in_place_busbw_gbps"] for r in fab)
             bnd = statistics.median(b[i] for b in bound)
+            bnd_in = statistics.median(b[i] for b in bound_in)
             glo = statistics.median(r[i]["in_place_busbw_gbps"] for r in gloo)
             wrong = sum(max(r[i]["wrong"], 0) + max(r[i]["in_place_wrong"], 0) for r in fab)
             algo = auto_algo("allreduce", p, n, 4, PRESETS["local-shm"])      # what --algo auto ran
             row = {"world": p, "bytes": n, "algo": algo, "out_of_place_busbw_gbps": oop, "in_place_busbw_gbps": inp,
-                   "bound_busbw_gbps": bnd, "gloo_busbw_gbps": glo, "oop_of_in_place": oop / inp,
+                   "bound_busbw_gbps": bnd, "bound_in_place_busbw_gbps": bnd_in, "gloo_busbw_gbps": glo, "oop_of_in_place": oop / inp,
                    "oop_of_bound": oop / bnd, "oop_x_gloo": oop / glo, "wrong": wrong}
             out["rows"].append(row)
             say(f"{p:>5} {n:>11,} {algo:>12} {oop:>12.2f} {inp:>9.2f} {oop / inp:>7.0%} {bnd:>7.2f} "
-                f"{oop / bnd:>9.0%} {glo:>6.2f} {oop / glo:>7.1f}x" + (f"  #wrong {wrong}" if wrong else ""),
-                flush=True)
+                f"{oop / bnd:>9.0%} {bnd_in:>9.2f} {bnd / bnd_in:>9.0%} {glo:>6.2f} {oop / glo:>7.1f}x"
+                + (f"  #wrong {wrong}" if wrong else ""), flush=True)
     for row in (r for r in out["rows"] if r["bytes"] == GOAL):
         checks = {"oop >= 90% of in place": row["oop_of_in_place"] >= 0.9,
                   "oop >= 70% of the bound": row["oop_of_bound"] >= 0.7, "oop >= 2x gloo": row["oop_x_gloo"] >= 2}
