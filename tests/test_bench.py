@@ -145,15 +145,17 @@ def test_nccl_tests_flags_that_change_nothing_here_are_accepted_and_world_is_not
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("backend", ["torch", "torch-native"])
-def test_bench_under_torchrun_joins_the_job_and_rank_0_prints(backend):
+def test_bench_under_torchrun_joins_the_job_and_rank_0_prints(backend, tmp_path):
     """nccl-tests runs under the cluster's launcher; so does `netmorph bench`: one table, from rank 0."""
+    import os
     import subprocess
     import sys
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
                         "netmorph",
                         "bench", "allreduce", "-b", "8", "-e", "8K", "-f", "32", "--backend", backend,
                         "--algo", "ring", "-n", "3", "-w", "1"],
-                       capture_output=True, text=True, timeout=170)
+                       capture_output=True, text=True, timeout=170,
+                       env={**os.environ, "TMPDIR": str(tmp_path)})      # torchrun's torchelastic_* log folder
     assert r.returncode == 0, r.stderr[-2000:]
     out = r.stdout
     assert out.count("# netmorph bench allreduce: 2 ranks") == 1          # rank 1 prints nothing

@@ -3,6 +3,7 @@ published models' GEMM shapes against a preset's datasheet, and what a lent GPU 
 (planner/measured.json, scripts/device_check.py --apply)."""
 
 import json
+import os
 
 import pytest
 
@@ -25,7 +26,8 @@ def test_calibrate_under_torchrun_measures_the_jobs_ranks_and_rank_0_writes(tmp_
     out = tmp_path / "job.json"
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
                         "netmorph", "calibrate", "--quick", "--out", str(out)],
-                       capture_output=True, text=True, timeout=170)
+                       capture_output=True, text=True, timeout=170,
+                       env={**os.environ, "TMPDIR": str(tmp_path)})      # torchrun's torchelastic_* log folder
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count("# netmorph calibrate: 2 torch ranks") == 1           # rank 1 prints nothing
     prof = json.loads(out.read_text())

@@ -6,6 +6,7 @@ each phase sent (the ledger) equal the closed form (netmorph.parallel.traffic).
 """
 
 import json
+import os
 import subprocess
 import sys
 
@@ -261,7 +262,8 @@ def test_torchrun_trains_the_same_losses_as_the_local_fabric(tmp_path):
     args = ["train", "--tp", "2", "--steps", "2", "--layers", "4", "--hidden", "32", "--seq", "16", "--vocab", "64",
             "--dtype", "float64", "--json"]
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "-m",
-                        "netmorph", *args], capture_output=True, text=True, timeout=170, cwd=tmp_path)
+                        "netmorph", *args], capture_output=True, text=True, timeout=170, cwd=tmp_path,
+                       env={**os.environ, "TMPDIR": str(tmp_path)})      # torchrun's torchelastic_* log folder
     assert r.returncode == 0, r.stderr[-2000:]
     job = json.loads(r.stdout)                       # rank 0 alone prints, for the whole job
     assert job["world"] == 4 and job["dp"] == 2 and job["backend"] == "torch"
