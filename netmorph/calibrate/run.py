@@ -148,7 +148,7 @@ def calibrate_in_job(comm, dtype: str = "float32", hidden=None, window: float = 
     efficiency table and the attention core's go into the profile as the presets carry them. Rank 0 returns
     the profile, the others None. A node is ``LOCAL_WORLD_SIZE`` ranks (torchrun's), the world its nodes; a
     job of one rank (one GPU) measures no link and takes the preset's."""
-    from netmorph.runtime.transport.torchdist import dist_module
+    from netmorph.runtime.transport.tensors import dist_module
     world, dev = comm.world, device_of(comm)
     gpn = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if world % gpn:

@@ -263,13 +263,13 @@ def _subparsers(p: argparse.ArgumentParser):
 
 
 def build_parser() -> Parser:
-    from netmorph.cli import (bench, calibrate, collective, elastic, failures, mesh, moe, morph, plan, serve, sgd,
-                              simulate, tour, train, validate)
+    from netmorph.cli import (bench, calibrate, collective, elastic, failures, launch, lighthouse, mesh, moe, morph,
+                              plan, serve, sgd, simulate, tour, train, validate)
     p = Parser(prog="netmorph", description="See, measure and run the distributed system under a large model.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     for mod in (collective, bench, train, moe, elastic, serve, failures, sgd, plan, simulate, morph, calibrate,
-                validate, tour, mesh):
+                validate, tour, mesh, lighthouse, launch):
         mod.add_parser(sub)
     for parser in sub.choices.values():        # every numeric flag: finite, bounded, one-line refusals
         for action in parser._actions:

@@ -47,6 +47,18 @@ def add_parser(sub) -> None:
     p.add_argument("--plot", type=plot_file,
                    metavar="PNG", help="--compare: draw membership, throughput and progress over wall "
                                        "time for the three recoveries")
+    c = p.add_argument_group("a cluster: every node its own torchrun job (netmorph launch starts them on one box)")
+    c.add_argument("--lighthouse", metavar="HOST:PORT",
+                   help="the lighthouse the nodes meet through (netmorph lighthouse --port P); under torchrun each "
+                        "node runs: torchrun --nproc-per-node K --max-restarts R -m netmorph elastic --lighthouse "
+                        "HOST:P --node-index I --nodes N ...; --kill and --hang then name the launch's global ranks")
+    c.add_argument("--node-index", dest="node", type=int_in(0, 1023),
+                   help="this torchrun job's node, 0..N-1 (with --lighthouse; not --node: torchrun's own parser "
+                        "reads that as an abbreviation of its --node-rank)")
+    c.add_argument("--nodes", type=int_in(1, 1024), help="nodes in the job, late ones included (with --lighthouse)")
+    c.add_argument("--late-node", dest="late_nodes", action="append", type=int_in(0, 1023), default=[],
+                   metavar="NODE", help="a node that starts after the others, not in the first view (repeatable; "
+                                        "netmorph launch --join NODE@STEP sets it)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run, flags=FLAGS)
 
@@ -63,17 +75,57 @@ def at_step(shape: str):
     return parse
 
 
-def run(args) -> int:
-    require("torch", "netmorph elastic")          # the membership store is torch's FileStore
-    from netmorph.elastic.gpt import MODEL
-    from netmorph.elastic.train import ElasticConfig, train
+def config_from(args):
+    """The job the flags describe (one box)."""
+    from netmorph.elastic.train import ElasticConfig
     gpt = args.job == "gpt"
     lr = args.lr if args.lr is not None else 3e-3 if gpt else 0.5
     batch = args.global_batch if args.global_batch is not None else 12 if gpt else 96
-    cfg = ElasticConfig(workers=args.workers, min_workers=args.min_workers, steps=args.steps,
-                        global_batch=batch, lr=lr, seed=args.seed, job=args.job,
-                        kills=tuple(args.kill), joins=tuple(args.join), hangs=tuple(args.hang), detector=args.detector,
-                        timeout=args.timeout)
+    return ElasticConfig(workers=args.workers, min_workers=args.min_workers, steps=args.steps, global_batch=batch,
+                         lr=lr, seed=args.seed, job=args.job, kills=tuple(args.kill), joins=tuple(args.join),
+                         hangs=tuple(args.hang), detector=args.detector, timeout=args.timeout)
+
+
+def cluster_config(args, nodes: int, k: int):
+    """The job as a cluster of ``nodes`` torchrun jobs of ``k`` workers (``--workers`` is then nodes x k)."""
+    from dataclasses import replace
+    if any(n >= nodes for n in args.late_nodes):
+        raise UsageError(f"--late-node must be in 0..--nodes - 1 = {nodes - 1}")
+    if args.job != "gpt" or args.compare or args.plot or args.join:
+        raise UsageError("a cluster runs --job gpt; --compare, --plot and --join are the one-box launch's (a node "
+                         "joins by starting: netmorph launch --join NODE@STEP)")
+    return replace(config_from(args), workers=nodes * k, nodes=nodes, late_nodes=tuple(args.late_nodes),
+                   min_workers=min(args.min_workers, nodes * k))
+
+
+def _cluster(args):
+    """``--lighthouse``: this torchrun job is one node of a cluster; the summary from node 0's local rank 0."""
+    import os
+    if args.node is None or args.nodes is None:
+        raise UsageError("--lighthouse needs --node-index I and --nodes N (this job's node and how many there are)")
+    if args.node >= args.nodes:
+        raise UsageError(f"--node-index must be in 0..--nodes - 1 = {args.nodes - 1}")
+    if "LOCAL_WORLD_SIZE" not in os.environ:
+        raise UsageError("--lighthouse joins a cluster from a torchrun job: run it under torchrun (or netmorph "
+                         "launch)")
+    cfg = cluster_config(args, args.nodes, int(os.environ["LOCAL_WORLD_SIZE"]))
+    cfg.check()
+    from netmorph.elastic.node import run as run_node
+    return cfg, run_node(cfg, args.lighthouse, args.node, check=args.check)
+
+
+def run(args) -> int:
+    require("torch", "netmorph elastic")          # the membership store is torch's FileStore
+    from netmorph.elastic.train import train
+    gpt = args.job == "gpt"
+    cfg = config_from(args)
+    if args.lighthouse:
+        cfg, out = _cluster(args)
+        if out is None:                 # not node 0's local rank 0: it prints for the job, as nccl-tests under mpirun
+            return 0
+        return _print(args, cfg, out, gpt)
+    if args.node is not None or args.nodes is not None or args.late_nodes:
+        raise UsageError("--node-index, --nodes and --late-node place a torchrun job in a cluster: add --lighthouse")
     cfg.check()
     if not 1 <= args.checkpoint_every <= (cfg.steps if args.compare else 100_000):   # vs --steps: --compare's
         raise UsageError(f"--checkpoint-every must be in 1..{'--steps ' + str(cfg.steps) if args.compare else 100_000}"
@@ -90,6 +142,11 @@ def run(args) -> int:
         from netmorph.report.elastic import plot_recoveries
         plot_recoveries(out["compare"], cfg.global_batch, args.plot,
                         f"{cfg.workers} workers, {cfg.steps} steps; checkpoint / commit every {args.checkpoint_every}")
+    return _print(args, cfg, out, gpt)
+
+
+def _print(args, cfg, out, gpt: bool) -> int:
+    from netmorph.elastic.gpt import MODEL
     if args.json:
         print_json(out)
         return 0

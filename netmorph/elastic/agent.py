@@ -8,23 +8,35 @@ import time
 
 from netmorph.elastic.detector import FixedTimeout, PhiAccrual
 from netmorph.elastic.heartbeat import Monitor, fence
-from netmorph.elastic.membership import agree_after_loss
+from netmorph.elastic.membership import agree_after_loss, fabric_dead
 from netmorph.runtime.faults import Fault
 
 HEARTBEAT = 0.05                 # seconds between a worker's heartbeats
+FINISHED = "netmorph/finished"   # the members trained every step: a worker still asking to join goes home
 
 
 def arm_faults(comm, kill_at=None, hang_at=None):
     """``arm(done)``, called before step ``done`` runs: the kill (SIGKILL) or hang (a stop that never returns,
     its start posted for the detector's figures) set for that step, at this member's next communication call
     -- its first gradient bucket, mid-backward."""
+    clock = getattr(comm, "clock", time.monotonic)
+
+    def stamp(key):
+        return lambda: comm.store.set(f"netmorph/{key}/{comm.slot}", repr(clock()))
+
     def arm(done):
         if done == kill_at:
-            comm.faults.append(Fault("kill", comm.rank, comm.ops + 1))
+            comm.faults.append(Fault("kill", comm.rank, comm.ops + 1, before=stamp("killed")))
         if done == hang_at:
-            comm.store.set(f"netmorph/hung/{comm.slot}", repr(time.monotonic()))
-            comm.faults.append(Fault("stop", comm.rank, comm.ops + 1))
+            comm.store.set(f"netmorph/hung/{comm.slot}", repr(clock()))
+            comm.faults.append(Fault("stop", comm.rank, comm.ops + 1, before=stamp("hung")))
     return arm
+
+
+def dead_of(comm):
+    """``dead(slot)``: the local fabric's dead flags, or a cluster's heartbeat verdicts (``comm.liveness``)."""
+    liveness = getattr(comm, "liveness", None)
+    return liveness.dead if liveness is not None else fabric_dead(comm)
 
 
 def fence_hung(comm, view, cfg, among=None):
@@ -32,8 +44,8 @@ def fence_hung(comm, view, cfg, among=None):
     detector (φ accrual, or a fixed timeout of four heartbeat intervals); those whose beats have
     stopped are hung -- SIGKILL them (fencing: a hung worker must not wake up inside the new view) and wait
     until the launcher has marked them dead. A member that is slow but still beating is left alone."""
-    f = comm.transport.f
-    peers = [m for m in (view.members if among is None else among) if m != comm.slot and not f.dead[m]]
+    dead = dead_of(comm)
+    peers = [m for m in (view.members if among is None else among) if m != comm.slot and not dead(m)]
     if cfg.detector == "phi":
         def make():
             return PhiAccrual(first_heartbeat_estimate=HEARTBEAT, min_std_deviation=HEARTBEAT / 2)
@@ -47,8 +59,11 @@ def fence_hung(comm, view, cfg, among=None):
     hung = [p for p, t in seen.items() if t is not None and p in still]
     hung_at = [float(comm.store.get(f"netmorph/hung/{p}")) for p in hung if comm.store.check([f"netmorph/hung/{p}"])]
     fence(comm.store, hung)
+    liveness = getattr(comm, "liveness", None)
+    for p in hung if liveness is not None else ():
+        liveness.mark(p)                        # a cluster: the view fences whoever this host cannot kill
     deadline = time.monotonic() + cfg.timeout
-    while not all(f.dead[p] for p in hung) and time.monotonic() < deadline:
+    while not all(dead(p) for p in hung) and time.monotonic() < deadline:
         time.sleep(0.002)
     return min(hung_at) if hung_at else None
 
@@ -83,15 +98,36 @@ def admitted(comm, rdzv, cfg, join_step, renumber=False):
     return view
 
 
+def requested(comm, rdzv, cfg, view):
+    """A worker nobody scheduled (a node torchrun restarted, a node started later): say it is up, ask to join after
+    the current view -- again after each newer view that does not hold it -- and wait until one does, then re-form
+    (the members hand it the state). Waits for as long as the run may last (the members admit at a step's end)."""
+    comm.store.set(f"netmorph/ready/{comm.slot}", "1")
+    asked = None
+    deadline = time.monotonic() + cfg.timeout * (2 + cfg.steps)
+    while comm.slot not in view.members:
+        if comm.store.check([FINISHED]):
+            return None                           # the members finished before they could admit it
+        if view.epoch != asked:
+            rdzv.request(comm.slot, view.epoch)
+            asked = view.epoch
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"slot {comm.slot} asked to join and was not admitted")
+        time.sleep(0.01)
+        view = rdzv.current() or view
+    comm.reform(view.members, view.epoch, renumber=True)
+    return view
+
+
 def agree(comm, rdzv, view, step, cfg):
     """After PeerLost: the survivors' view (:func:`~netmorph.elastic.membership.agree_after_loss`), a member that
     neither posts nor dies within ``timeout`` being hung -- the heartbeat detector fences it (:func:`fence_hung`)
     and it drops out. Never an error naming a survivor; too few members left is the rendezvous'
     :class:`MembershipError`. Returns (agreed view, are we ahead)."""
-    f = comm.transport.f
+    dead = dead_of(comm)
 
     def fence(silent):
         fence_hung(comm, view, cfg, among=silent)
-        return [m for m in silent if f.dead[m]]
-    agreed = agree_after_loss(comm, rdzv, view, step, cfg.timeout, fence)
+        return [m for m in silent if dead(m)]
+    agreed = agree_after_loss(comm, rdzv, view, step, cfg.timeout, fence, dead)
     return agreed, step > agreed.first_step

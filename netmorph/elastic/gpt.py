@@ -25,7 +25,8 @@ import time
 
 import numpy as np
 
-from netmorph.elastic.agent import HEARTBEAT, admit, admitted, agree, arm_faults, fence_hung
+from netmorph.elastic.agent import FINISHED, HEARTBEAT, admit, admitted, agree, arm_faults, fence_hung, requested
+from netmorph.elastic.cluster import watch_members
 from netmorph.elastic.heartbeat import Heartbeat, publish_pid
 from netmorph.elastic.membership import Rendezvous
 from netmorph.mesh.placement import flat_offsets
@@ -34,6 +35,7 @@ from netmorph.parallel.hybrid import TrainConfig, train_rank
 from netmorph.parallel.run import reference as one_rank
 from netmorph.runtime.transport import PeerLost, PeerTimeout
 
+PROGRESS = "netmorph/done-steps"          # a cluster's view rank 0 writes the steps done after each one
 MODEL = ModelShape(layers=2, hidden=32, heads=2, seq=16, vocab=64)     # small: a step is tens of milliseconds
 
 
@@ -53,25 +55,48 @@ def repad(state: dict, padded: int) -> dict:
     return {"params": fit(state["params"]), "m": fit(state["m"]), "v": fit(state["v"]), "t": state["t"]}
 
 
+class _Join(Exception):
+    """Raised from a step's commit when the members agree that workers nobody scheduled asked to join."""
+
+    def __init__(self, done: int, count: int):
+        super().__init__(f"{count} worker(s) join after step {done}")
+        self.done, self.count = done, count
+
+
 def gpt_rank(comm, cfg):
     """One worker: train, and through deaths, hangs and joins agree on the view, shrink or grow the communicator
-    and go on from the agreed step. Returns its record (as :func:`netmorph.elastic.train.rank_fn`'s)."""
+    and go on from the agreed step. Returns its record (as :func:`netmorph.elastic.train.rank_fn`'s).
+
+    On the one-box launch the joiners are the launch's spare ranks, each at its scheduled step. A worker of a
+    cluster (``comm.placement``: a node's torchrun job, :mod:`netmorph.elastic.cluster`) finds out instead: a
+    worker nobody scheduled -- a node torchrun restarted, a node started later -- asks to join
+    (:meth:`Rendezvous.request`), and at every step's end the members agree how many asked (an all-reduce of the
+    count each read), so they admit them after the same step."""
     me = comm.slot
+    cluster = getattr(comm, "placement", None) is not None
+    clock = getattr(comm, "clock", time.monotonic)
     publish_pid(comm.store, me)
     heart = Heartbeat(comm.store, me, HEARTBEAT).start()
     rdzv = Rendezvous(comm.store, cfg.min_workers)
-    view = rdzv.start(range(cfg.workers))
-    epochs = [(view.epoch, list(view.members), view.first_step)]
-    dies_at, hangs_at, spares = dict(cfg.kills).get(me), dict(cfg.hangs).get(me), cfg.spares()
+    view = (rdzv.current() if cluster else None) or rdzv.start(cfg.initial_members())
+    dies_at, hangs_at = dict(cfg.kills).get(me), dict(cfg.hangs).get(me)
+    if cluster and comm.placement.incarnation:
+        dies_at = hangs_at = None                     # a restarted worker: the faults were its predecessor's
+    spares = {} if cluster else cfg.spares()
     n_params = numel(cfg)
     losses, events, timeline = {}, [], []
     state, step = None, 0
-    if me in spares:                                  # a joiner: admitted, then handed the state
-        view = admitted(comm, rdzv, cfg, spares[me], renumber=True)
-        epochs.append((view.epoch, list(view.members), view.first_step))
+    if me in spares or (cluster and me not in view.members):     # a joiner: admitted, then handed the state
+        view = (admitted(comm, rdzv, cfg, spares[me], renumber=True) if not cluster else
+                requested(comm, rdzv, cfg, view))
+        if view is None:                              # the job finished before it was admitted
+            heart.stop()
+            return None
         state, step = _handed(comm, None, len(view.members), n_params), view.first_step
     else:
         comm.reform(view.members, view.epoch, renumber=True)
+    epochs = [(view.epoch, list(view.members), view.first_step)]
+    dog = watch_members(comm, view.members, HEARTBEAT) if cluster else None
     joining = sorted({s for s in spares.values() if s > step})
     commits = {}
     saved = {step: state}          # Horovod Elastic's state.commit() every commit_every steps (and at a join)
@@ -89,14 +114,28 @@ def gpt_rank(comm, cfg):
         if loss is not None:
             losses[done - 1] = loss
         if events and "resumed_at" not in events[-1]:
-            events[-1]["resumed_at"] = time.monotonic()
-        timeline.append((time.monotonic(), done, len(view.members)))
+            events[-1]["resumed_at"] = clock()
+        timeline.append((clock(), done, len(view.members)))
+        if cluster and comm.rank == 0:
+            comm.store.set(PROGRESS, str(done))        # how far the job is (netmorph launch starts a late node by it)
+        if cluster and done < cfg.steps:
+            asked = np.array([len(rdzv.requests(view.epoch))], dtype=np.int64)
+            with comm.phase("elastic.quorum"):
+                comm.all_reduce(asked, op="max")
+            if whole_nodes(rdzv.requests(view.epoch, int(asked[0])), comm.placement.local_world):
+                raise _Join(done, int(asked[0]))
         arm(done)
+
+    def reformed(new_view):
+        if dog is not None:                           # watch the new members, forget the gone
+            dog.forget([m for m in view.members if m not in new_view.members])
+            dog.add([m for m in new_view.members if m not in view.members and m != me])
+        return new_view
 
     while step < cfg.steps:
         if joining and step == joining[0]:
             joining.pop(0)
-            t_start = time.monotonic()
+            t_start = clock()
             new = [r for r, s in spares.items() if s == step]
             view = admit(comm, rdzv, view, new, step, cfg, renumber=True)
             state = _handed(comm, state, len(view.members), n_params)
@@ -104,7 +143,7 @@ def gpt_rank(comm, cfg):
             saved[step] = state
             epochs.append((view.epoch, list(view.members), view.first_step))
             events.append({"kind": "join", "ranks": new, "epoch": view.epoch, "detected_at": t_start,
-                           "agreed_at": time.monotonic(), "step": step, "steps_redone": 0})
+                           "agreed_at": clock(), "step": step, "steps_redone": 0})
             continue
         end = joining[0] if joining else cfg.steps
         tc = train_config(cfg, len(view.members), end - step, step)
@@ -114,14 +153,27 @@ def gpt_rank(comm, cfg):
             init = None if state is None else {comm.rank: repad(state, _padded(n_params, len(view.members)))}
             out = train_rank(comm, tc, None, init, commit=commit)
             state, step = out.state.flat, end
+        except _Join as j:                            # asked to join: admit them after the step all finished
+            t_start = clock()
+            state, step = commits[j.done], j.done
+            new = whole_nodes(rdzv.requests(view.epoch, j.count), comm.placement.local_world)
+            view = reformed(admit(comm, rdzv, view, new, step, cfg, renumber=True))
+            state = _handed(comm, state, len(view.members), n_params)
+            saved.clear()
+            saved[step] = state
+            epochs.append((view.epoch, list(view.members), view.first_step))
+            events.append({"kind": "join", "ranks": new, "epoch": view.epoch, "detected_at": t_start,
+                           "agreed_at": clock(), "step": step, "steps_redone": 0})
         except (PeerLost, PeerTimeout) as e:
-            t_detect = time.monotonic()
+            t_detect = clock()
             comm.faults.clear()
             hung_at = fence_hung(comm, view, cfg) if isinstance(e, PeerTimeout) else None
             before, done = set(view.members), max(commits)
-            view, _ = agree(comm, rdzv, view, done, cfg)
-            if me not in view.members:
+            new_view, _ = agree(comm, rdzv, view, done, cfg)
+            if me not in new_view.members:
+                heart.stop()
                 return None
+            view = reformed(new_view)
             agreed = first = view.first_step
             state = commits[agreed]               # the agreed step's commit (the last two are kept)
             if cfg.commit_every > 1:              # Horovod: back to the last commit at or before it (all members
@@ -129,13 +181,36 @@ def gpt_rank(comm, cfg):
                 state = saved[first]
             comm.reform(view.members, view.epoch, renumber=True)
             epochs.append((view.epoch, list(view.members), agreed))
-            events.append({"kind": "hang" if isinstance(e, PeerTimeout) else "kill", "epoch": view.epoch,
-                           "lost": sorted(before - set(view.members)), "failed_at": hung_at, "detected_at": t_detect,
-                           "agreed_at": time.monotonic(), "step": agreed, "steps_redone": agreed - first + 1})
+            lost = sorted(before - set(view.members))
+            events.append({"kind": _kind(comm, e, lost), "epoch": view.epoch, "lost": lost, "failed_at": hung_at,
+                           "detected_at": t_detect, "agreed_at": clock(), "step": agreed,
+                           "steps_redone": agreed - first + 1})
             step = first
+    if dog is not None:
+        dog.stop()
+    if cluster:
+        comm.store.set(FINISHED, "1")
     heart.stop()
     w = None if state is None else np.asarray(state["params"])[:n_params]
     return {"w": w, "losses": losses, "events": events, "epochs": epochs, "timeline": timeline}
+
+
+def whole_nodes(slots, local_world: int) -> list:
+    """The slots among ``slots`` whose whole node asked (every local rank of one incarnation of a node: a node
+    joins as the torchrun job it is), in the order they asked."""
+    groups = {}
+    for s in slots:
+        groups.setdefault(s // local_world, []).append(s)
+    return [s for s in slots if len(groups[s // local_world]) == local_world]
+
+
+def _kind(comm, e, lost) -> str:
+    """kill or hang: a lost member that stamped its stop (``netmorph/hung/``) hung; on the fabric a PeerTimeout."""
+    if isinstance(e, PeerTimeout):
+        return "hang"
+    if getattr(comm, "placement", None) is not None and any(comm.store.check([f"netmorph/hung/{r}"]) for r in lost):
+        return "hang"
+    return "kill"
 
 
 def numel(cfg) -> int:

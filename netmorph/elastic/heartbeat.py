@@ -21,28 +21,38 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 
 KEY = "netmorph/hb/{}"
 DONE = "done"                     # a worker's last word: it finished, it is not silent
 PID = "netmorph/pid/{}"
+HOST = "netmorph/host/{}"
 FENCED = "netmorph/fenced/{}"    # seconds the rank had been silent when a watchdog fenced it
 
 
 def publish_pid(store, rank: int) -> None:
-    """Say which process is ``rank`` (for :func:`fence`)."""
+    """Say which process is ``rank``, and on which host (for :func:`fence`)."""
+    store.set(HOST.format(rank), socket.gethostname())
     store.set(PID.format(rank), str(os.getpid()))
 
 
-def fence(store, ranks) -> None:
-    """SIGKILL the processes of ``ranks`` (as they published them): a hung worker must not wake up inside the new
-    view. A process already gone is left alone."""
+def fence(store, ranks) -> list:
+    """SIGKILL the processes of ``ranks`` (as they published them) that run on this host: a hung worker must not
+    wake up inside the new view. A process already gone is left alone; one on another host is fenced by the view
+    alone (it is no member of it, and a member that finds itself outside the view stops). Returns the ranks
+    killed here."""
+    here, killed = socket.gethostname(), []
     for r in ranks:
         try:
+            if store.check([HOST.format(r)]) and store.get(HOST.format(r)).decode() != here:
+                continue
             os.kill(int(store.get(PID.format(r))), signal.SIGKILL)
+            killed.append(r)
         except (ProcessLookupError, ValueError):
             pass
+    return killed
 
 
 class Heartbeat:
@@ -137,9 +147,10 @@ class Watchdog:
     seconds it had been silent when this watchdog fenced it; the silence is also written to the store before the
     kill, so :meth:`silence` knows it whichever survivor's watchdog suspected the rank first."""
 
-    def __init__(self, store, peers, detector, interval: float = 0.1):
+    def __init__(self, store, peers, detector, interval: float = 0.1, on_suspect=None):
         self.monitor = Monitor(store, peers, detector, interval)
         self.store, self.interval = store, interval
+        self.on_suspect = on_suspect          # after the fence: what else a suspicion does (abort a group)
         self.fenced: dict = {}
         self._lock = threading.Lock()             # forget() comes from the rank's own thread
         self._stop = threading.Event()
@@ -160,6 +171,8 @@ class Watchdog:
                             self.fenced[p] = now - self.monitor.detectors[p].last
                             self.store.set(FENCED.format(p), repr(self.fenced[p]))
                             fence(self.store, [p])
+                            if self.on_suspect is not None:
+                                self.on_suspect(p)
             except RuntimeError:          # the store is gone: the job is ending
                 return
 

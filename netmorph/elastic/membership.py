@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 VIEW = "netmorph/view/{}"
 JOIN = "netmorph/join/{}"
+REQUESTS = "netmorph/join/{}/requests"
 LATEST = "netmorph/view/latest"
 PROGRESS = "netmorph/progress/{}/{}"       # epoch, rank: the steps that member completed before the loss
 
@@ -74,6 +75,19 @@ class Rendezvous:
     def joiners(self, epoch: int, candidates) -> list:
         return [r for r in candidates if self.store.check([JOIN.format(epoch) + f"/{r}"])]
 
+    def request(self, rank: int, epoch: int) -> None:
+        """A worker nobody scheduled asks to join after ``epoch`` (a node back, a node added): announced, and
+        listed in arrival order so the members can find it (a store has no listing of its keys)."""
+        self.announce(rank, epoch)
+        i = self.store.add(REQUESTS.format(epoch), 1)
+        self.store.set(REQUESTS.format(epoch) + f"/{i}", str(rank))
+
+    def requests(self, epoch: int, first: int | None = None) -> list:
+        """The workers that asked to join after ``epoch``, in arrival order (the first ``first`` of them)."""
+        key = REQUESTS.format(epoch)
+        n = int(self.store.add(key, 0)) if first is None else first
+        return [int(self.store.get(f"{key}/{i}")) for i in range(1, n + 1)]
+
     def propose(self, after: View, suspects=(), candidates=(), first_step: int | None = None) -> View:
         """The next view after ``after``: its members minus ``suspects`` plus the announced joiners among
         ``candidates`` (waiting ``last_call`` seconds for late ones). Returns the *agreed* view of epoch
@@ -112,22 +126,29 @@ class Rendezvous:
                 return
 
 
-def agree_after_loss(comm, rdzv: Rendezvous, view: View, step: int, timeout: float, on_silent) -> View:
+def fabric_dead(comm):
+    """The local fabric's dead flags (the launcher marks a rank as its process goes), as ``dead(slot)``."""
+    f = comm.transport.f
+    return lambda r: bool(f.dead[r])
+
+
+def agree_after_loss(comm, rdzv: Rendezvous, view: View, step: int, timeout: float, on_silent, dead=None) -> View:
     """After a member is lost (``PeerLost`` on an elastic launch): post the steps this rank completed, wait for
     every surviving member's, and propose the view without the dead, resuming at the fewest steps any survivor
     completed. Returns the *agreed* view (:meth:`Rendezvous.propose`).
 
-    Who survives is read again on every look (the fabric's dead flags): members killed in the same step die a
-    few milliseconds apart, and the launcher marks each as its process goes -- a member that dies while we wait
-    drops out of the wait. One that neither posts nor dies within ``timeout`` is silent: ``on_silent(silent)``
-    decides -- it returns the members it fenced (they drop out too; the wait starts over) or raises."""
-    f = comm.transport.f
+    Who survives is read again on every look (``dead(slot)``: the fabric's dead flags by default, a cluster's
+    heartbeat verdicts): members killed in the same step die a few milliseconds apart, and the launcher marks each
+    as its process goes -- a member that dies while we wait drops out of the wait. One that neither posts nor dies
+    within ``timeout`` is silent: ``on_silent(silent)`` decides -- it returns the members it fenced (they drop out
+    too; the wait starts over) or raises."""
+    dead_of = dead or fabric_dead(comm)
     nxt = view.epoch + 1
     comm.store.set(PROGRESS.format(nxt, comm.slot), str(step))
     done, fenced = {}, set()
     deadline = time.monotonic() + timeout
     while True:
-        dead = {r for r in range(f.world) if f.dead[r]} | fenced
+        dead = {r for r in view.members if dead_of(r)} | fenced
         alive = [m for m in view.members if m not in dead]
         for m in alive:
             key = PROGRESS.format(nxt, m)

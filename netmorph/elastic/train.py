@@ -60,6 +60,8 @@ class ElasticConfig:
     commit_every: int = 1        # in-memory commits; > 1 is Horovod Elastic's rollback to the last commit
     job: str = "lsq"             # "lsq": least squares on a ring; "gpt": netmorph train's GPT (elastic/gpt.py)
     model: object = None         # the GPT's ModelShape (None: elastic.gpt.MODEL)
+    nodes: int = 0               # a cluster of torchrun jobs (elastic/cluster.py): its nodes; 0: the one-box launch
+    late_nodes: tuple = ()       # nodes that start after the launch (launch --join NODE@STEP): not in the first view
 
     def check(self) -> None:
         if not 1 <= self.workers <= 32:
@@ -94,6 +96,9 @@ class ElasticConfig:
         if self.job == "gpt" and self.seed:
             raise UsageError("{seed} draws the least-squares problem (--job lsq); the GPT's weights and data are "
                              "the trainer's own", "seed")
+        if self.nodes and (self.workers % self.nodes or self.job != "gpt"):
+            raise UsageError(f"{{workers}} {self.workers} must be nodes x processes per node ({self.nodes} nodes), "
+                             f"training the GPT", "workers")
         if self.job == "gpt":
             bad = sorted({n for n in self.sizes() if self.global_batch % n})
             if bad:
@@ -102,13 +107,24 @@ class ElasticConfig:
                                  f"{', '.join(map(str, bad))})", "global_batch")
 
     def sizes(self) -> list:
-        """The member counts the run goes through, in order (a kill or a hang one fewer, a join more)."""
+        """The member counts the run goes through, in order (a kill or a hang one fewer, a join more); on a cluster
+        every whole number of nodes (a node goes and comes back whole: its torchrun job)."""
+        if self.nodes:
+            k = self.workers // self.nodes
+            return [m * k for m in range(1, self.nodes + 1)]
         n, out = self.workers, [self.workers]
         changes = [(s, -1) for _, s in self.kills + self.hangs] + [(s, k) for k, s in self.joins]
         for _, d in sorted(changes):
             n += d
             out.append(n)
         return [k for k in out if k >= 1]
+
+    def initial_members(self) -> list:
+        """The first view: the launch's workers (on a cluster the slots of the nodes started with it)."""
+        if not self.nodes:
+            return list(range(self.workers))
+        k = self.workers // self.nodes
+        return [n * k + i for n in range(self.nodes) if n not in self.late_nodes for i in range(k)]
 
     def spares(self) -> dict:
         """Joining ranks (numbered after the launch's workers) -> the step they join at."""
@@ -233,9 +249,15 @@ def train(cfg: ElasticConfig, check: bool = False) -> dict:
     cfg.check()
     t0 = time.monotonic()
     world = cfg.workers + sum(n for n, _ in cfg.joins)
-    member, one_rank = (gpt.gpt_rank, gpt.reference) if cfg.job == "gpt" else (rank_fn, reference)
+    member = gpt.gpt_rank if cfg.job == "gpt" else rank_fn
     results, deaths = launch(member, world, cfg, elastic=True, timeout=cfg.timeout)
-    wall = time.monotonic() - t0
+    return summary(cfg, results, deaths, t0, time.monotonic() - t0, check)
+
+
+def summary(cfg: ElasticConfig, results: list, deaths: list, t0: float, wall: float, check: bool = False) -> dict:
+    """The run's record from its members' (None for one that left): events timed from each death (``deaths``:
+    (rank, when)), the epochs, the losses, and with ``check`` the failure-free run beside it."""
+    one_rank = gpt.reference if cfg.job == "gpt" else reference
     survivors = [r for r in results if r is not None]
     first = max(survivors, key=lambda r: len(r["losses"]))        # a member since step 0
     died = dict(deaths)

@@ -96,7 +96,7 @@ def train_torchrun(cfg: TrainConfig, backend: str = "torch", timeout: float = 60
     """This process's part of a job ``torchrun`` started: train, then rank 0 gathers every rank's
     report (``all_gather_object``) and returns the summary; the other ranks return None."""
     from netmorph.runtime.torchrun import init_from_env
-    from netmorph.runtime.transport.torchdist import dist_module
+    from netmorph.runtime.transport.tensors import dist_module
     cfg.check()
     comm = init_from_env(backend, timeout)
     try:

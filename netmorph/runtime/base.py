@@ -110,8 +110,8 @@ class CommBase:
         in order, and ``ncclCommGrow`` appends the joiners: ``rank`` and ``world`` are then the new communicator's,
         so that a mesh of ``world`` ranks can be built on any survivors, while ``slot`` stays what the launch, the
         store and the fabric call this process; every peer is addressed by its new number."""
-        self.transport.reform(epoch)
         members = tuple(members)
+        self.transport.reform(epoch, members, self.slot)      # torch: a fresh group among them; fabric: its channels
         if renumber:
             if self.slot not in members:
                 raise UsageError(f"reform: slot {self.slot} is not among the members {list(members)}", "members")

@@ -23,14 +23,17 @@ class Fault:
 
     KINDS = ("kill", "hang", "stop", "raise", "delay")
 
-    def __init__(self, kind: str, rank: int, at_op: int = 1, seconds: float = 0.0):
+    def __init__(self, kind: str, rank: int, at_op: int = 1, seconds: float = 0.0, before=None):
         if kind not in self.KINDS:
             raise UsageError(f"fault {{kind}} must be one of {', '.join(self.KINDS)}, got {kind!r}", "kind")
         self.kind, self.rank, self.at_op, self.seconds = kind, rank, at_op, seconds
+        self.before = before              # called as the fault fires (to stamp its time where others read it)
 
     def trigger(self, op_number: int) -> None:
         if op_number != self.at_op:
             return
+        if self.before is not None:
+            self.before()
         if self.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         elif self.kind == "hang":

@@ -114,7 +114,7 @@ def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults
         if backend != "local":
             comm.transport.close()
         elif torch_group:
-            from netmorph.runtime.transport.torchdist import dist_module
+            from netmorph.runtime.transport.tensors import dist_module
             dist_module().destroy_process_group()
     except BaseException as e:          # noqa: BLE001 - every failure is reported to the launcher
         try:

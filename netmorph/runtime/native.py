@@ -17,7 +17,7 @@ import time
 from netmorph.runtime.base import CommBase, CompletedWork, canonical_redop
 from netmorph.runtime.buffers import copy_of
 from netmorph.runtime.transport import nbytes
-from netmorph.runtime.transport.torchdist import dist_module, to_torch
+from netmorph.runtime.transport.tensors import dist_module, to_torch
 
 _NATIVE_OPS = {"sum": "SUM", "avg": "SUM", "prod": "PRODUCT", "max": "MAX", "min": "MIN"}   # gloo has no AVG
 

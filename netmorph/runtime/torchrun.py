@@ -18,7 +18,8 @@ from netmorph.errors import UsageError
 from netmorph.runtime.comm import Comm
 from netmorph.runtime.heap import freeze_heap
 from netmorph.runtime.native import NativeComm
-from netmorph.runtime.transport.torchdist import TorchTransport, dist_module
+from netmorph.runtime.transport.tensors import dist_module
+from netmorph.runtime.transport.torchdist import TorchTransport
 
 
 def loopback_interface() -> str | None:

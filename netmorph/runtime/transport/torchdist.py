@@ -29,11 +29,12 @@ from collections import deque
 
 import numpy as np
 
-from netmorph.runtime.transport import PeerLost, PeerTimeout, blame, nbytes, settle
+from netmorph.runtime.transport import FabricError, PeerLost, PeerTimeout, blame, nbytes, settle
 from netmorph.runtime.transport import fingerprint as fpr
-from netmorph.runtime.transport.tensors import (concat as _concat, contiguous as _contiguous, dist_module,
-                                                head_like as _head_like, header_like as _header_like,
-                                                host as _host, reduce_into as _reduce_into, to_torch)
+from netmorph.runtime.transport.tensors import (concat as _concat, contiguous as _contiguous, head_like as _head_like,
+                                                header_like as _header_like, host as _host, reduce_into as _reduce_into,
+                                                to_torch)
+from netmorph.runtime.transport.torchgroup import DefaultGroup, EpochGroup
 
 HEADER_TAG, PAYLOAD_TAG = 1, 2
 _MISMATCH_KEY = "netmorph/collective-mismatch"
@@ -104,8 +105,9 @@ class TorchTransport:
     name = "torch"
     devices = True
 
-    def __init__(self, rank: int, world: int, timeout: float = 60.0):
+    def __init__(self, rank: int, world: int, timeout: float = 60.0, group=None):
         self.rank, self.world, self.timeout = rank, world, timeout
+        self.group = group or DefaultGroup()   # the process group it talks over (a membership epoch's: reform)
         self.failed = None                     # the first failure: raised again on every later call
         self.current = None                    # the fingerprint of the call in flight (compared at a timeout)
         self.current_what = 0                  # what it waits for (blame.WHAT): 0 data, 1 a send's receive
@@ -136,6 +138,7 @@ class TorchTransport:
                               f"torch.distributed: {text} (torch does not say which peer)")
         self.failed = err
         self._post_failure(err)
+        self.group.abort()                     # an epoch's group: every peer blocked on us fails now, not later
         return err
 
     def _post_failure(self, err) -> None:
@@ -188,11 +191,20 @@ class TorchTransport:
         raise self.failure(peer, e) from None
 
     def _store(self):
-        try:
-            from torch.distributed import distributed_c10d
-            return distributed_c10d._get_default_store()
-        except (ImportError, AttributeError, RuntimeError, ValueError):
-            return None
+        return self.group.store()
+
+    # ------------------------------------------------------------ membership
+    def reform(self, epoch: int, members=None, slot: int | None = None) -> None:
+        """A new membership epoch: a fresh process group among ``members`` (slots, in the agreed view's order)
+        over a prefix of the job's store, this process slot ``slot`` (:class:`~.torchgroup.EpochGroup`,
+        ``ncclCommShrink``/``Grow``); the old group is aborted. Every member calls it for the same epoch."""
+        if members is None:
+            raise FabricError("reform on torch.distributed needs the members: the new process group is built "
+                              "among them")
+        store = self.group.store()
+        self.group.abort()
+        self.group = EpochGroup(store, epoch, members, self.rank if slot is None else slot, self.timeout)
+        self.failed, self.current, self.pending = None, None, {}
 
     def _publish(self, e: fpr.CollectiveMismatch) -> None:
         store = self._store()
@@ -268,7 +280,7 @@ class TorchTransport:
         self.guard(-1, lambda: None)
         self.current = fp
         self.current_what = 0
-        dist = dist_module()
+        g = self.group
         works, bufs, heads = [], [], []
         peer = -1
         try:
@@ -276,10 +288,10 @@ class TorchTransport:
                 payload = views[0] if len(views) == 1 else _concat(views)
                 if nbytes(payload):
                     if fp is not None:
-                        works.append((peer, dist.isend(_header_like(fp, nbytes(payload), payload), peer,
-                                                       tag=HEADER_TAG)))
-                    works.append((peer, dist.isend(to_torch(_contiguous(payload)), peer,
-                                                   tag=PAYLOAD_TAG if fp is not None else 0)))
+                        works.append((peer, g.isend(_header_like(fp, nbytes(payload), payload), peer,
+                                                    tag=HEADER_TAG)))
+                    works.append((peer, g.isend(to_torch(_contiguous(payload)), peer,
+                                                tag=PAYLOAD_TAG if fp is not None else 0)))
             for peer, views, flags in recvs:
                 total = sum(len(v) for v in views)
                 if total:
@@ -289,16 +301,16 @@ class TorchTransport:
                     bufs.append((peer, buf, views, flags))
                     if fp is not None:
                         head = _head_like(buf)
-                        heads.append((peer, head, buf, dist.irecv(to_torch(head), peer, tag=HEADER_TAG)))
+                        heads.append((peer, head, buf, g.irecv(to_torch(head), peer, tag=HEADER_TAG)))
                     else:
-                        works.append((peer, dist.irecv(to_torch(buf), peer)))
+                        works.append((peer, g.irecv(to_torch(buf), peer)))
         except RuntimeError as e:
             self._raise(peer, e)
         for peer, head, buf, w in heads:         # every header checked before any payload is received
             self.guard(peer, w.wait)
             self.guard(peer, lambda: fpr.check(fp, nbytes(buf), _host(head), self.rank, peer))
         for peer, head, buf, w in heads:
-            works.append((peer, self.guard(peer, lambda: dist.irecv(to_torch(buf), peer, tag=PAYLOAD_TAG))))
+            works.append((peer, self.guard(peer, lambda: g.irecv(to_torch(buf), peer, tag=PAYLOAD_TAG))))
         for peer, w in works:
             self.guard(peer, w.wait)
         settled = settle([(views, flags) for _, _, views, flags in bufs])
@@ -314,29 +326,29 @@ class TorchTransport:
 
     # ------------------------------------------------------------ point to point
     def isend(self, array, dst, fp=None):
-        dist = dist_module()
+        g = self.group
         self.current = fp
         self.current_what = 1                  # a send that waits for its receive
 
         def post():
             ws = []
             if fp is not None:
-                ws.append(dist.isend(_header_like(fp, nbytes(array), array), dst, tag=HEADER_TAG))
-            ws.append(dist.isend(to_torch(array), dst, tag=PAYLOAD_TAG if fp is not None else 0))
+                ws.append(g.isend(_header_like(fp, nbytes(array), array), dst, tag=HEADER_TAG))
+            ws.append(g.isend(to_torch(array), dst, tag=PAYLOAD_TAG if fp is not None else 0))
             return ws
         works = self.guard(dst, post)
         return _TorchWork(self, lambda: [w.wait() for w in works], dst,
                           test=lambda: all(w.is_completed() for w in works))
 
     def irecv(self, array, src, fp=None):
-        dist = dist_module()
+        g = self.group
         self.current = fp
         self.current_what = 0
         if fp is None:
-            w = self.guard(src, lambda: dist.irecv(to_torch(array), src))
+            w = self.guard(src, lambda: g.irecv(to_torch(array), src))
             return _TorchWork(self, w.wait, src, test=w.is_completed)
         r = _P2PRecv(src, array, fp)
-        r.hwork = self.guard(src, lambda: dist.irecv(to_torch(r.head), src, tag=HEADER_TAG))
+        r.hwork = self.guard(src, lambda: g.irecv(to_torch(r.head), src, tag=HEADER_TAG))
         self.pending.setdefault(src, deque()).append(r)
 
         def finish():
@@ -357,28 +369,26 @@ class TorchTransport:
         """Post the payload receives of earlier point-to-point receives from ``src`` (in order, each
         after its header checked), up to and including ``upto`` (None: all)."""
         q = self.pending.get(src)
-        dist = dist_module()
+        g = self.group
         while q:
             r = q.popleft()
             self.guard(src, r.hwork.wait)
             self.guard(src, lambda: fpr.check(r.fp, nbytes(r.array), _host(r.head), self.rank, src))
-            r.pwork = self.guard(src, lambda: dist.irecv(to_torch(r.array), src, tag=PAYLOAD_TAG))
+            r.pwork = self.guard(src, lambda: g.irecv(to_torch(r.array), src, tag=PAYLOAD_TAG))
             if r is upto:
                 return
 
     def recv_any(self, array, srcs, fp_of=None) -> int:
         """``dist.recv`` with no source: gloo's recv-from-any (sources outside ``srcs`` are not expected);
         with fingerprints the header is received from any source, then the payload from that one."""
-        dist = dist_module()
+        g = self.group
         if fp_of is None:
-            return int(self.guard(-1, lambda: dist.recv(to_torch(array))))
+            return int(self.guard(-1, lambda: g.recv_any(to_torch(array))))
         head = np.empty(fpr.HEADER_BYTES, np.uint8)
-        src = int(self.guard(-1, lambda: dist.recv(to_torch(head), tag=HEADER_TAG)))
+        src = int(self.guard(-1, lambda: g.recv_any(to_torch(head), tag=HEADER_TAG)))
         self.guard(src, lambda: fpr.check(fp_of(src), array.nbytes, head, self.rank, src))
-        self.guard(src, lambda: dist.recv(to_torch(array), src, tag=PAYLOAD_TAG))
+        self.guard(src, lambda: g.irecv(to_torch(array), src, tag=PAYLOAD_TAG).wait())
         return src
 
     def close(self) -> None:
-        dist = dist_module()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        self.group.close()

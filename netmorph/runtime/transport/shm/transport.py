@@ -126,8 +126,9 @@ class ShmTransport:
         self.irecv(array, src, None if fp_of is None else fp_of(src)).wait()
         return src
 
-    def reform(self, epoch: int) -> None:
-        """Elastic re-forming: fresh channels for membership epoch ``epoch`` (see the engine)."""
+    def reform(self, epoch: int, members=None, slot=None) -> None:
+        """Elastic re-forming: fresh channels for membership epoch ``epoch`` (see the engine); every slot keeps its
+        channels' place, so the members need not be named."""
         self.engine.reform(epoch)
 
     def finish(self) -> None:

@@ -1,0 +1,183 @@
+"""Emulated nodes on one box: the lighthouse and one torchrun job per node on 127.0.0.1 (``netmorph launch``).
+
+What a cluster runs -- ``netmorph lighthouse --port P`` on one host and on each node ``torchrun --nproc-per-node K
+--max-restarts R -m netmorph SUBCOMMAND ... --lighthouse HOST:P --node-index I --nodes N`` -- started here as
+processes: each torchrun job its own session (its workers with it), its temporary files (torchrun's
+``torchelastic_*`` logs) in a folder of the launch's, removed on every exit path. A node given a join step
+starts once the job has done that many steps (the members' progress in the lighthouse). SIGINT and SIGTERM reach
+every job; whatever is still running at the end is stopped. Node 0's output is the job's.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+from netmorph.errors import UsageError
+
+
+def free_port(port: int = 0, host: str = "127.0.0.1") -> int:
+    """``port`` if it can be listened on (0: any free one); UsageError naming ``port`` otherwise."""
+    s = socket.socket()
+    try:
+        s.bind((host, port))
+        return s.getsockname()[1]
+    except OSError as e:
+        raise UsageError(f"{{port}} {port} is in use on {host} ({e.strerror}); pick another or leave it out",
+                         "port") from None
+    finally:
+        s.close()
+
+
+@dataclass
+class Plan:
+    """What to start: ``nodes`` torchrun jobs of ``nproc`` workers, each running ``netmorph argv``."""
+
+    nodes: int
+    nproc: int
+    argv: list
+    max_restarts: int = 0
+    joins: dict = field(default_factory=dict)      # node -> the step it starts at
+    port: int = 0
+    host: str = "127.0.0.1"
+
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def node_argv(self, node: int) -> list:
+        late = [a for n in sorted(self.joins) for a in ("--late-node", str(n))]
+        return [*self.argv, "--lighthouse", self.address(), "--node-index", str(node), "--nodes", str(self.nodes),
+                *late]
+
+    def torchrun(self, node: int) -> list:
+        return ["torchrun", "--nnodes", "1", "--nproc-per-node", str(self.nproc), "--max-restarts",
+                str(self.max_restarts), "-m", "netmorph", *self.node_argv(node)]
+
+    def commands(self) -> list:
+        """The per-node command lines a cluster would run (the lighthouse's first)."""
+        out = [f"netmorph lighthouse --port {self.port}"]
+        for n in range(self.nodes):
+            when = f"  # once the job has done {self.joins[n]} steps" if n in self.joins else ""
+            out.append(f"node {n}: " + " ".join(self.torchrun(n)) + when)
+        return out
+
+
+class Cluster:
+    """The running processes of a :class:`Plan`; a context manager that stops them all on the way out."""
+
+    def __init__(self, plan: Plan, stdout=None):
+        self.plan, self.stdout = plan, stdout
+        self.tmp = tempfile.mkdtemp(prefix="netmorph-launch-")
+        self.lighthouse: subprocess.Popen | None = None
+        self.jobs: dict[int, subprocess.Popen] = {}
+        self.logs: dict[int, str] = {}
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.env = {**os.environ, "TMPDIR": self.tmp, "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL",
+                                                                                              "ERROR")}
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self, timeout: float = 60.0) -> None:
+        p = self.plan
+        self.lighthouse = subprocess.Popen([sys.executable, "-m", "netmorph", "lighthouse", "--port", str(p.port),
+                                            "--host", p.host], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                           env=self.env, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while True:                                # until it listens
+            try:
+                socket.create_connection((p.host, p.port), timeout=1).close()
+                break
+            except OSError:
+                if self.lighthouse.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the lighthouse on port {p.port} did not start") from None
+                time.sleep(0.05)
+        for n in range(p.nodes):
+            if n not in p.joins:
+                self.start_node(n)
+        if p.joins:
+            threading.Thread(target=self._late_nodes, daemon=True, name="netmorph-late-nodes").start()
+
+    def start_node(self, node: int) -> None:
+        with self.lock:
+            if self.stopping.is_set() or node in self.jobs:
+                return
+            log = os.path.join(self.tmp, f"node{node}.err")
+            self.logs[node] = log
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   *self.plan.torchrun(node)[3:]]  # torchrun's own flags and the command, without "torchrun --nnodes 1"
+            with open(log, "w") as err:
+                self.jobs[node] = subprocess.Popen(cmd, stdout=self.stdout if node == 0 else subprocess.DEVNULL,
+                                                   stderr=err, env=self.env, start_new_session=True)
+
+    def _late_nodes(self) -> None:
+        """Start each late node once the job has done its join step (or at once if the job is already past it)."""
+        from netmorph.elastic.gpt import PROGRESS
+        from netmorph.elastic.lighthouse import LighthouseStore
+        store = LighthouseStore(self.plan.host, self.plan.port, 30.0)
+        waiting = dict(self.plan.joins)
+        while waiting and not self.stopping.is_set():
+            done = int(store.get(PROGRESS)) if store.check([PROGRESS]) else 0
+            for node, step in list(waiting.items()):
+                if done >= step:
+                    self.start_node(node)
+                    del waiting[node]
+            time.sleep(0.02)
+
+    def signal_all(self, sig) -> None:
+        for proc in [*self.jobs.values(), self.lighthouse]:
+            if proc is not None and proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    def wait(self, timeout: float) -> int:
+        """Node 0's exit code once it is done (the job's); the other nodes get ``timeout`` s more to finish."""
+        node0 = self.jobs[0] if 0 in self.jobs else None
+        deadline = time.monotonic() + timeout
+        while node0 is None or node0.poll() is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"node 0 did not finish within {timeout:g} s")
+            time.sleep(0.05)
+            node0 = node0 or self.jobs.get(0)
+        rest = time.monotonic() + 30.0
+        while any(p.poll() is None for p in self.jobs.values()) and time.monotonic() < rest:
+            time.sleep(0.05)
+        return node0.returncode
+
+    def tail(self, node: int, lines: int = 20) -> str:
+        try:
+            with open(self.logs[node]) as fh:
+                text = [ln for ln in fh.read().splitlines() if ln.strip() and not ln.startswith(("W1", "I1"))]
+            return "\n".join(text[-lines:])
+        except (KeyError, OSError):
+            return ""
+
+    def stop(self) -> None:
+        """Every job and the lighthouse stopped (SIGTERM, then SIGKILL), the temporary folder removed."""
+        self.stopping.set()
+        self.signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + 10.0
+        procs = [p for p in [*self.jobs.values(), self.lighthouse] if p is not None]
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.signal_all(signal.SIGKILL)
+        for p in procs:
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+        shutil.rmtree(self.tmp, ignore_errors=True)

@@ -1,0 +1,89 @@
+"""One node's part of an elastic job on a cluster: join through the lighthouse, train, publish, summarise.
+
+What ``torchrun --nproc-per-node K -m netmorph elastic --lighthouse HOST:P --node I --nodes N`` runs in each
+worker (:func:`run`). The members train :func:`netmorph.elastic.gpt.gpt_rank` on the cluster's communicator
+(:func:`netmorph.elastic.cluster.join`); each publishes its record to the lighthouse when it is done; the final
+view's rank 0 waits for every final member's record and writes the job's summary -- the same one ``netmorph
+elastic`` prints on one box (:func:`netmorph.elastic.train.summary`) -- and node 0's local rank 0 returns it, so
+that one process prints for the job, as nccl-tests under mpirun.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+
+from netmorph.elastic import gpt
+from netmorph.elastic.cluster import join
+from netmorph.elastic.membership import Rendezvous
+from netmorph.elastic.train import ElasticConfig, summary
+
+RESULT = "netmorph/result/{}"
+WEIGHTS = "netmorph/result/{}/w"
+SUMMARY = "netmorph/summary"
+STARTED = "netmorph/started"
+
+
+def _publish(store, slot: int, rec: dict) -> None:
+    body = {k: rec[k] for k in ("events", "epochs", "timeline")}
+    body["losses"] = {str(k): v for k, v in rec["losses"].items()}
+    store.set(WEIGHTS.format(slot), np.asarray(rec["w"], dtype=np.float64).tobytes())
+    store.set(RESULT.format(slot), json.dumps(body))
+
+
+def _read(store, slot: int) -> dict:
+    body = json.loads(store.get(RESULT.format(slot)))
+    body["losses"] = {int(k): v for k, v in body["losses"].items()}
+    body["epochs"] = [tuple(e) for e in body["epochs"]]
+    body["timeline"] = [tuple(t) for t in body["timeline"]]
+    body["w"] = np.frombuffer(store.get(WEIGHTS.format(slot)), dtype=np.float64)
+    return body
+
+
+def _deaths(store, slots) -> list:
+    """(slot, when) of every worker that stamped its own kill or stop (the others of its node died with it)."""
+    out = []
+    for s in slots:
+        for key in (f"netmorph/killed/{s}", f"netmorph/hung/{s}"):
+            if store.check([key]):
+                out.append((s, float(store.get(key))))
+                break
+    return out
+
+
+def run(cfg: ElasticConfig, lighthouse: str, node: int, check: bool = False) -> dict | None:
+    """This worker's part of the job; the summary on node 0's local rank 0, None elsewhere."""
+    comm = join(lighthouse, node, cfg.nodes, cfg.timeout)
+    comm.clock = time.time                          # events timed across hosts (the wall clock)
+    store, place = comm.store, comm.placement
+    store.compare_set(STARTED, "", repr(time.time()))
+    t0 = float(store.get(STARTED))
+    try:
+        rec = gpt.gpt_rank(comm, cfg)
+        if rec is not None:
+            _publish(store, comm.slot, rec)
+            final = Rendezvous(store, cfg.min_workers).current()
+            if comm.slot == final.members[0]:        # the final view's rank 0 writes the job's summary
+                deadline = time.monotonic() + cfg.timeout
+                while not all(store.check([RESULT.format(m)]) for m in final.members):
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"members {list(final.members)} did not all publish their records")
+                    time.sleep(0.01)
+                results = [_read(store, m) for m in final.members]
+                launched = range(max(m for e in results[0]["epochs"] for m in e[1]) + 1)
+                out = summary(cfg, results, _deaths(store, launched), t0, time.time() - t0, check)
+                out["nodes"], out["nproc_per_node"] = cfg.nodes, place.local_world
+                out["lighthouse_reconnects"] = store.reconnects
+                store.set(SUMMARY, json.dumps(out))
+        if place.node == 0 and place.local_rank == 0:
+            deadline = time.monotonic() + cfg.timeout * 3
+            while not store.check([SUMMARY]):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the job's summary was not written (the final view's rank 0 is gone)")
+                time.sleep(0.01)
+            return json.loads(store.get(SUMMARY))
+        return None
+    finally:
+        comm.transport.close()

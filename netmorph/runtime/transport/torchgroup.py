@@ -1,0 +1,186 @@
+"""The process group a torch transport talks over: torch's default one, or a fresh one per membership epoch.
+
+A torchrun job starts with one process group (``init_process_group``) and keeps it. A job whose membership
+changes -- a node lost, a node back -- needs a new communicator among the members of each epoch, as torchft's
+Manager re-configures its process group per quorum and NCCL 2.27 shrinks and grows one (``ncclCommShrink``,
+``ncclCommGrow``). :class:`EpochGroup` builds it: a ``ProcessGroupGloo`` (with a ``ProcessGroupNCCL`` beside it
+where there are GPUs) over a prefix of the job's store (``netmorph/pg/<epoch>/``), member i of the agreed view
+its rank i; the transport addresses a peer by its slot and the group routes it to that rank.
+
+:meth:`EpochGroup.abort` is ``ncclCommAbort``: gloo has no abort that reaches its peers (``ProcessGroup.abort``
+and ``shutdown`` leave their connections open, and a peer blocked on us waits out its whole timeout), so the
+group shuts down the TCP connections it made -- never the listening socket gloo's accept thread needs -- and every
+peer's pending operation on them fails at once ("Connection closed by peer"); each of those peers aborts its own
+in turn, and the failure has crossed the whole group in milliseconds.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+
+from netmorph.runtime.transport.tensors import dist_module
+
+
+def socket_fds() -> set:
+    """This process's open socket file descriptors."""
+    out = set()
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return out
+    for fd in names:
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                out.add(int(fd))
+        except OSError:
+            continue
+    return out
+
+
+def connected(fds) -> list:
+    """The descriptors among ``fds`` that are connected sockets (a listener has no peer)."""
+    out = []
+    for fd in fds:
+        try:
+            s = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            s.getpeername()
+            out.append(fd)
+        except OSError:
+            pass
+        finally:
+            s.close()
+    return out
+
+
+def shut(fds) -> None:
+    """Shut down both directions of each connected socket (its owner's pending reads and the peer's fail)."""
+    for fd in fds:
+        try:
+            s = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            s.close()
+
+
+class DefaultGroup:
+    """torch's default process group (torchrun's, or a local launch's): peers are its ranks."""
+
+    epoch = -1
+
+    def __init__(self):
+        self.dist = dist_module()
+
+    def size(self) -> int:
+        return self.dist.get_world_size()
+
+    def store(self):
+        try:
+            from torch.distributed import distributed_c10d
+            return distributed_c10d._get_default_store()
+        except (ImportError, AttributeError, RuntimeError, ValueError):
+            return None
+
+    def isend(self, tensor, peer: int, tag: int = 0):
+        return self.dist.isend(tensor, peer, tag=tag)
+
+    def irecv(self, tensor, peer: int, tag: int = 0):
+        return self.dist.irecv(tensor, peer, tag=tag)
+
+    def recv_any(self, tensor, tag: int = 0) -> int:
+        return int(self.dist.recv(tensor, tag=tag))
+
+    def abort(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.dist.is_initialized():
+            self.dist.destroy_process_group()
+
+
+class StoreOnly:
+    """Before a member's first view: the job's store and no group yet (the first ``reform`` builds one)."""
+
+    epoch = -1
+
+    def __init__(self, store):
+        self._store = store
+
+    def size(self) -> int:
+        return 0
+
+    def store(self):
+        return self._store
+
+    def _none(self, *args, **kwargs):
+        raise RuntimeError("no process group yet: a member communicates after its first reform (its view)")
+
+    isend = irecv = recv_any = _none
+
+    def abort(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class EpochGroup:
+    """A process group among ``members`` (slots, in the view's order) for membership epoch ``epoch``, over
+    ``store`` (every member constructs it; the constructor meets the others there)."""
+
+    def __init__(self, store, epoch: int, members, slot: int, timeout: float):
+        import torch
+        dist = dist_module()
+        self.epoch, self.members, self.slot = epoch, tuple(members), slot
+        self.route = {s: i for i, s in enumerate(self.members)}
+        self._store = store
+        prefix = dist.PrefixStore(f"netmorph/pg/{epoch}/", getattr(store, "raw", store))  # a LighthouseStore: its TCPStore
+        wait = datetime.timedelta(seconds=timeout)
+        before = socket_fds()
+        self.pg = dist.ProcessGroupGloo(prefix, self.route[slot], len(self.members), wait)
+        self.nccl = None
+        if torch.cuda.is_available() and dist.is_nccl_available():
+            self.nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl/", prefix), self.route[slot],
+                                              len(self.members))
+        self.fds = connected(socket_fds() - before)       # the connections this group made (gloo's full mesh)
+        self.aborted = False
+
+    def size(self) -> int:
+        return len(self.members)
+
+    def store(self):
+        return self._store
+
+    def _pg(self, tensor):
+        return self.nccl if self.nccl is not None and tensor.device.type == "cuda" else self.pg
+
+    def isend(self, tensor, peer: int, tag: int = 0):
+        return self._pg(tensor).send([tensor], self.route[peer], tag)
+
+    def irecv(self, tensor, peer: int, tag: int = 0):
+        return self._pg(tensor).recv([tensor], self.route[peer], tag)
+
+    def recv_any(self, tensor, tag: int = 0) -> int:
+        work = self.pg.recv_anysource([tensor], tag)
+        work.wait()
+        return self.members[work._source_rank()]
+
+    def abort(self) -> None:
+        """``ncclCommAbort``: close this group's connections, so every peer blocked on us fails now."""
+        if not self.aborted:
+            self.aborted = True
+            shut(self.fds)
+            if self.nccl is not None:
+                self.nccl.abort()
+
+    def close(self) -> None:
+        self.abort()
