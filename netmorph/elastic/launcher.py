@@ -37,6 +37,31 @@ def free_port(port: int = 0, host: str = "127.0.0.1") -> int:
         s.close()
 
 
+def descendants(pid: int) -> list:
+    """Every process below ``pid`` (children's children too), from /proc."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as fh:
+                    kids = [int(k) for k in fh.read().split()]
+                out += kids
+                todo += kids
+        except OSError:
+            continue
+    return out
+
+
+def kill_tree(pid: int, sig) -> None:
+    """``sig`` to ``pid`` and every process below it (the tree read first, so none escapes as an orphan)."""
+    for p in [pid, *descendants(pid)]:
+        try:
+            os.kill(p, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 @dataclass
 class Plan:
     """What to start: ``nodes`` torchrun jobs of ``nproc`` workers, each running ``netmorph argv``."""
@@ -137,12 +162,15 @@ class Cluster:
             time.sleep(0.02)
 
     def signal_all(self, sig) -> None:
+        """``sig`` to every job's whole process tree (torchrun starts its workers in sessions of their own, so a
+        signal to its group would miss them) and to the lighthouse."""
         for proc in [*self.jobs.values(), self.lighthouse]:
-            if proc is not None and proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            if proc is not None:
+                kill_tree(proc.pid, sig)
+
+    def kill_node(self, node: int) -> None:
+        """SIGKILL node ``node``'s torchrun and all its workers at once: the node is gone, no agent restarts it."""
+        kill_tree(self.jobs[node].pid, signal.SIGKILL)
 
     def wait(self, timeout: float) -> int:
         """Node 0's exit code once it is done (the job's); the other nodes get ``timeout`` s more to finish."""

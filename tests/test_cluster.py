@@ -1,0 +1,222 @@
+"""A node is a torchrun job: netmorph elastic across torchrun jobs on 127.0.0.1, through the lighthouse.
+
+The faults are injected (a worker SIGKILLs itself mid-step, a whole node's torchrun is killed) and found by
+detection (the gloo group's connections, phi accrual over the heartbeats); the survivors redo at most the step in
+flight, never read a checkpoint, and torchrun's restart of the node rejoins and is healed from a live peer -- the
+losses and final parameters equal the failure-free 1-rank run (float64). Nothing is left behind.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from netmorph.cli import main
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _leftovers(before_tmp):
+    tmp = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith(("netmorph-launch-", "torchelastic_"))}
+    return sorted(tmp - before_tmp)
+
+
+def _tmp():
+    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith(("netmorph-launch-", "torchelastic_"))}
+
+
+def _netmorph_processes():
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if "netmorph" in cmd and ("--lighthouse" in cmd or "lighthouse --port" in cmd):
+                out.append((int(pid), cmd[:120]))
+    return out
+
+
+def test_two_nodes_survive_a_worker_killed_mid_step_and_the_restarted_node_rejoins():
+    """2 nodes x 2 workers under launch: global rank 3 SIGKILLs itself in step 5's first gradient bucket; its
+    torchrun tears the node down and starts it again (incarnation 1: slots 6 and 7), which asks to join, is admitted
+    after a step and handed the parameters and Adam's moments by broadcast."""
+    before = _tmp()
+    r = subprocess.run([sys.executable, "-m", "netmorph", "launch", "--nodes", "2", "--nproc-per-node", "2",
+                        "--max-restarts", "2", "--", "elastic", "--steps", "300", "--kill", "3@5", "--check",
+                        "--json", "--timeout", "20"], capture_output=True, text=True, timeout=220)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    kinds = [e["kind"] for e in out["events"]]
+    assert kinds[0] == "kill" and out["events"][0]["ranks"] == [3] and out["events"][0]["steps_redone"] <= 1
+    assert "join" in kinds, out["events"]                     # the node torchrun restarted is back
+    join = out["events"][kinds.index("join")]
+    assert sorted(join["rank"]) == [6, 7]                     # incarnation 1 of node 1: (1·2 + 1)·2 + local rank
+    assert [e["members"] for e in out["epochs"]] == [[0, 1, 2, 3], [0, 1], [0, 1, 6, 7]]
+    assert out["max_rel_loss_diff"] <= 1e-12 and out["max_rel_param_diff"] <= 1e-9
+    assert "node 1: torchrun --nnodes 1 --nproc-per-node 2 --max-restarts 2 -m netmorph elastic" in r.stderr
+    time.sleep(0.5)
+    assert _leftovers(before) == [] and _netmorph_processes() == []
+
+
+def test_a_whole_node_killed_is_found_and_the_others_go_on():
+    """Node 1's torchrun and its workers SIGKILLed from outside mid-run (no agent left to restart them): the
+    survivors find it by the group's closed connections and the heartbeats, agree without it and finish, equal to
+    the failure-free run."""
+    from netmorph.elastic.gpt import PROGRESS
+    from netmorph.elastic.launcher import Cluster, Plan, free_port
+    from netmorph.elastic.lighthouse import LighthouseStore
+    before = _tmp()
+    plan = Plan(2, 2, ["elastic", "--steps", "120", "--check", "--json", "--timeout", "20"], 0, {}, free_port())
+    with tempfile.TemporaryFile("w+") as out:
+        with Cluster(plan, stdout=out) as cluster:
+            cluster.start()
+            store = LighthouseStore(plan.host, plan.port, 30)
+            deadline = time.monotonic() + 120
+            while not (store.check([PROGRESS]) and int(store.get(PROGRESS)) >= 10):
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            cluster.kill_node(1)
+            assert cluster.wait(180) == 0, cluster.tail(0)
+        out.seek(0)
+        doc = json.loads(out.read())
+    assert doc["events"][0]["kind"] == "kill" and doc["epochs"][-1]["members"] == [0, 1]
+    assert doc["max_rel_loss_diff"] <= 1e-12 and doc["max_rel_param_diff"] <= 1e-9
+    assert _leftovers(before) == [] and _netmorph_processes() == []
+
+
+def _cascade(rank, world, path, q):
+    import datetime
+    import torch
+    import torch.distributed as dist
+    from netmorph.runtime.transport.torchgroup import EpochGroup
+    store = dist.FileStore(path, world)
+    g = EpochGroup(store, 0, range(world), rank, 30.0)
+    t = torch.zeros(4)
+    t0 = time.monotonic()
+    try:
+        if rank == 0:
+            time.sleep(0.5)
+            os.kill(os.getpid(), signal.SIGKILL)
+        g.irecv(t, rank - 1).wait()                     # 1 waits on 0, 2 on 1: only 1 talks to the dead
+    except RuntimeError:
+        g.abort()
+        q.put((rank, time.monotonic() - t0))
+    survivors = EpochGroup(store, 1, (1, 2), rank, 30.0)
+    x = torch.full((2,), float(rank))
+    survivors.pg.allreduce([x]).wait()
+    q.put((rank, x.tolist()))
+    del datetime
+
+
+def test_an_aborted_epoch_group_fails_every_peer_at_once_and_the_survivors_form_the_next():
+    """gloo's own abort leaves a peer blocked on us waiting out its whole timeout (30 s here); EpochGroup.abort
+    closes the group's connections, so rank 2 -- blocked on rank 1, which only lost rank 0 -- fails in well under a
+    second, and ranks 1 and 2 build epoch 1's group and all-reduce in it."""
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    with tempfile.TemporaryDirectory() as d:
+        procs = [ctx.Process(target=_cascade, args=(r, 3, os.path.join(d, "store"), q)) for r in range(3)]
+        for p in procs:
+            p.start()
+        got = [q.get(timeout=60) for _ in range(4)]
+        for p in procs:
+            p.join(30)
+    failed = {r: v for r, v in got if isinstance(v, float)}
+    summed = {r: v for r, v in got if isinstance(v, list)}
+    assert set(failed) == {1, 2} and max(failed.values()) < 3.0, failed
+    assert summed == {1: [3.0, 3.0], 2: [3.0, 3.0]}
+
+
+def test_a_lighthouse_restarted_mid_run_is_re_derived_from_the_members(tmp_path):
+    """A member's connection outlives its lighthouse: restarted on the same port, the next call reconnects and
+    writes back what the member knows -- its process, the views it agreed -- so a view agreed before the restart
+    is still there after it."""
+    from netmorph.elastic.launcher import free_port
+    from netmorph.elastic.lighthouse import LighthouseStore
+    from netmorph.elastic.membership import Rendezvous
+    from netmorph.elastic.heartbeat import publish_pid
+    port = free_port()
+
+    def serve():
+        return subprocess.Popen([sys.executable, "-m", "netmorph", "lighthouse", "--port", str(port), "--host",
+                                 "127.0.0.1"], stderr=subprocess.PIPE, text=True)
+    lh = serve()
+    try:
+        assert "listening" in lh.stderr.readline()
+        store = LighthouseStore("127.0.0.1", port, 20)
+        publish_pid(store, 5)
+        view = Rendezvous(store, 1).start([0, 5])
+        lh.terminate()
+        lh.wait(10)
+        lh = serve()
+        assert "listening" in lh.stderr.readline()
+        assert Rendezvous(store, 1).current() == view and int(store.get("netmorph/pid/5")) == os.getpid()
+        assert store.reconnects == 1
+    finally:
+        lh.terminate()
+        lh.wait(10)
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--nodes", "0", "--nproc-per-node", "2", "--", "elastic"], "--nodes"),
+    (["--nodes", "2", "--nproc-per-node", "5", "--", "elastic"], "--global-batch 12 sequences must split"),
+    (["--nodes", "2", "--nproc-per-node", "2", "--", "train"], "launch runs elastic"),
+    (["--nodes", "2", "--nproc-per-node", "2"], "give the subcommand after --"),
+    (["--nodes", "2", "--nproc-per-node", "2", "--join", "0@5", "--", "elastic"], "node 0 starts the job"),
+    (["--nodes", "2", "--nproc-per-node", "2", "--", "elastic", "--lighthouse", "x:1"], "launch's to set"),
+    (["--nodes", "2", "--nproc-per-node", "2", "--", "elastic", "--compare"], "--compare"),
+])
+def test_bad_launch_input_is_one_line(argv, words, capsys):
+    assert main(["launch", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+
+
+def test_a_port_in_use_is_one_line(capsys):
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    try:
+        assert main(["launch", "--nodes", "1", "--nproc-per-node", "1", "--port", str(s.getsockname()[1]), "--",
+                     "elastic"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--port" in err[0] and "in use" in err[0], err
+    finally:
+        s.close()
+
+
+def test_elastic_under_torchrun_without_a_lighthouse_names_what_to_add(capsys):
+    assert main(["elastic", "--node-index", "0", "--nodes", "2"]) == 2
+    assert "add --lighthouse" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_and_sigterm_reach_every_job_and_nothing_is_left(sig, code):
+    before = _tmp()
+    p = subprocess.Popen([sys.executable, "-m", "netmorph", "launch", "--nodes", "2", "--nproc-per-node", "2", "--",
+                          "elastic", "--steps", "100000", "--timeout", "20"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(_netmorph_processes()) < 7:            # the lighthouse, two agents and four workers
+            assert time.monotonic() < deadline and p.poll() is None
+            time.sleep(0.1)
+        time.sleep(2)
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == code, err[-2000:]
+    time.sleep(0.5)
+    assert _netmorph_processes() == [] and _leftovers(before) == []
