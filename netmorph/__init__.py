@@ -21,5 +21,6 @@ from netmorph.version import __version__
 
 __all__ = [
     "ALGORITHMS", "OPS", "Counts", "Fault", "LaunchError", "Mesh", "ReduceOp", "Round", "Schedule", "Topology",
-    "UsageError", "build", "count", "execute", "init_from_env", "launch", "load_topology", "simulate",
+    "UsageError", "__version__", "build", "count", "execute", "init_from_env", "launch", "load_topology",
+    "simulate",
 ]

@@ -8,7 +8,6 @@ it; ``--world 10000 --bytes 1KiB`` ran for minutes with no line; ``calibrate`` l
 import resource
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest

@@ -44,14 +44,27 @@ def _netmorph_processes():
     return out
 
 
+def _launch(argv, timeout=200):
+    """``netmorph launch ARGV`` as a user runs it; past ``timeout`` it gets SIGTERM (which stops every job it
+    started) before the test fails, so a hung run leaves nothing behind."""
+    p = subprocess.Popen([sys.executable, "-m", "netmorph", "launch", *argv], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+        pytest.fail(f"launch {' '.join(argv)} ran past {timeout} s:\n{err[-3000:]}")
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
 def test_two_nodes_survive_a_worker_killed_mid_step_and_the_restarted_node_rejoins():
     """2 nodes x 2 workers under launch: global rank 3 SIGKILLs itself in step 5's first gradient bucket; its
     torchrun tears the node down and starts it again (incarnation 1: slots 6 and 7), which asks to join, is admitted
     after a step and handed the parameters and Adam's moments by broadcast."""
     before = _tmp()
-    r = subprocess.run([sys.executable, "-m", "netmorph", "launch", "--nodes", "2", "--nproc-per-node", "2",
-                        "--max-restarts", "2", "--", "elastic", "--steps", "300", "--kill", "3@5", "--check",
-                        "--json", "--timeout", "20"], capture_output=True, text=True, timeout=220)
+    r = _launch(["--nodes", "2", "--nproc-per-node", "2", "--max-restarts", "2", "--", "elastic", "--steps", "200",
+                 "--kill", "3@5", "--check", "--json", "--timeout", "20"])
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     kinds = [e["kind"] for e in out["events"]]
@@ -66,6 +79,26 @@ def test_two_nodes_survive_a_worker_killed_mid_step_and_the_restarted_node_rejoi
     assert _leftovers(before) == [] and _netmorph_processes() == []
 
 
+def test_a_node_started_late_joins_and_is_healed():
+    """launch --join 1@5: node 1's torchrun starts once the job has done 5 steps (the members' progress in the
+    lighthouse); its worker asks to join, is admitted whole at a step's end (ncclCommGrow's numbering: after the
+    members) and handed the state; the run equals the 1-rank run and says how long the heal took."""
+    before = _tmp()
+    r = _launch(["--nodes", "2", "--nproc-per-node", "1", "--join", "1@5", "--", "elastic", "--steps", "400",
+                 "--min-workers", "1", "--check", "--json", "--timeout", "20"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    assert out["epochs"][0]["members"] == [0]                 # node 1 is not in the first view
+    joins = [e for e in out["events"] if e["kind"] == "join"]
+    assert len(joins) == 1 and joins[0]["rank"] == [1] and joins[0]["step"] > 5, out["events"]
+    assert out["epochs"][-1]["members"] == [0, 1]
+    assert 0 < out["heal_s"] < 60
+    assert out["max_rel_loss_diff"] <= 1e-12 and out["max_rel_param_diff"] <= 1e-9
+    assert "# once the job has done 5 steps" in r.stderr
+    time.sleep(0.5)
+    assert _leftovers(before) == [] and _netmorph_processes() == []
+
+
 def test_a_whole_node_killed_is_found_and_the_others_go_on():
     """Node 1's torchrun and its workers SIGKILLed from outside mid-run (no agent left to restart them): the
     survivors find it by the group's closed connections and the heartbeats, agree without it and finish, equal to
@@ -74,7 +107,7 @@ def test_a_whole_node_killed_is_found_and_the_others_go_on():
     from netmorph.elastic.launcher import Cluster, Plan, free_port
     from netmorph.elastic.lighthouse import LighthouseStore
     before = _tmp()
-    plan = Plan(2, 2, ["elastic", "--steps", "120", "--check", "--json", "--timeout", "20"], 0, {}, free_port())
+    plan = Plan(2, 2, ["elastic", "--steps", "60", "--check", "--json", "--timeout", "20"], 0, {}, free_port())
     with tempfile.TemporaryFile("w+") as out:
         with Cluster(plan, stdout=out) as cluster:
             cluster.start()
@@ -174,6 +207,7 @@ def test_a_lighthouse_restarted_mid_run_is_re_derived_from_the_members(tmp_path)
     (["--nodes", "2", "--nproc-per-node", "2", "--join", "0@5", "--", "elastic"], "node 0 starts the job"),
     (["--nodes", "2", "--nproc-per-node", "2", "--", "elastic", "--lighthouse", "x:1"], "launch's to set"),
     (["--nodes", "2", "--nproc-per-node", "2", "--", "elastic", "--compare"], "--compare"),
+    (["--nodes", "2", "--nproc-per-node", "1", "--join", "1@5", "--", "elastic"], "fewer than --min-workers 2"),
 ])
 def test_bad_launch_input_is_one_line(argv, words, capsys):
     assert main(["launch", *argv]) == 2
@@ -211,7 +245,6 @@ def test_ctrl_c_and_sigterm_reach_every_job_and_nothing_is_left(sig, code):
         while len(_netmorph_processes()) < 7:            # the lighthouse, two agents and four workers
             assert time.monotonic() < deadline and p.poll() is None
             time.sleep(0.1)
-        time.sleep(2)
         p.send_signal(sig)
         _, err = p.communicate(timeout=60)
     finally:

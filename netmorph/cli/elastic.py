@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+from dataclasses import replace
 
 from netmorph.cli import add_timeout, float_in, int_in, plot_file, print_json
 from netmorph.errors import UsageError, require
@@ -88,7 +90,6 @@ def config_from(args):
 
 def cluster_config(args, nodes: int, k: int):
     """The job as a cluster of ``nodes`` torchrun jobs of ``k`` workers (``--workers`` is then nodes x k)."""
-    from dataclasses import replace
     if any(n >= nodes for n in args.late_nodes):
         raise UsageError(f"--late-node must be in 0..--nodes - 1 = {nodes - 1}")
     if args.job != "gpt" or args.compare or args.plot or args.join:
@@ -100,7 +101,6 @@ def cluster_config(args, nodes: int, k: int):
 
 def _cluster(args):
     """``--lighthouse``: this torchrun job is one node of a cluster; the summary from node 0's local rank 0."""
-    import os
     if args.node is None or args.nodes is None:
         raise UsageError("--lighthouse needs --node-index I and --nodes N (this job's node and how many there are)")
     if args.node >= args.nodes:
@@ -152,7 +152,9 @@ def _print(args, cfg, out, gpt: bool) -> int:
         return 0
     what = "least squares" if not gpt else (f"netmorph train's GPT ({MODEL.layers} layers, hidden {MODEL.hidden}, "
                                             f"DDP buckets, Adam)")
-    print(f"# netmorph elastic: {what} on {cfg.workers} workers (min {cfg.min_workers}), {cfg.steps} steps, global "
+    where = (f"{out['nodes']} nodes (torchrun jobs) x {out['nproc_per_node']} = {cfg.workers} workers" if "nodes" in out
+             else f"{cfg.workers} workers")
+    print(f"# netmorph elastic: {what} on {where} (min {cfg.min_workers}), {cfg.steps} steps, global "
           f"batch {cfg.global_batch}{' sequences' if gpt else ''} re-split over the members; kills: "
           + (", ".join(f"rank {r} in step {s}" for r, s in cfg.kills) or "none")
           + ("; hangs: " + ", ".join(f"rank {r} in step {s}" for r, s in cfg.hangs) if cfg.hangs else "")
@@ -170,7 +172,14 @@ def _print(args, cfg, out, gpt: bool) -> int:
             print(f"{what:<{width}} {e['step']:>5} {1e3 * e['detected_after_s']:>8.1f}ms "
                   f"{1e3 * e['agreed_after_s']:>8.1f}ms {1e3 * e['resumed_after_s']:>8.1f}ms {e['steps_redone']:>12}")
         print("# times after the death or the hang (a join: after the members reached its step); resumed = the next "
-              "completed step. No process was restarted and nothing was read from disk.")
+              "completed step. " + ("The survivors kept their processes and read nothing from disk; a node that lost "
+                                    "a worker (restarted by its torchrun) or started late asked to join"
+                                    + (f", healed from a live peer {out['heal_s']:.2f} s after its workers started "
+                                       "(imports and rendezvous included)." if "heal_s" in out else ".")
+                                    if "nodes" in out else "No process was restarted and nothing was read from disk."))
+    if getattr(cfg, "late_nodes", ()) and not any(e["kind"] == "join" for e in out["events"]):
+        print(f"# node(s) {', '.join(map(str, cfg.late_nodes))} started late and were not admitted before the last "
+              "step (raise --steps)")
     print(f"# final loss {out['losses'][-1]:.6g}; wall {out['wall_s']:.2f} s")
     if args.compare:
         print(f"# the same job and kills, three recoveries (checkpoint / commit every {args.checkpoint_every} steps):")

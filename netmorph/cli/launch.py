@@ -47,7 +47,7 @@ def _joins(specs, nodes: int) -> dict:
     return out
 
 
-def _preflight(sub: str, argv: list, nodes: int, nproc: int) -> None:
+def _preflight(sub: str, argv: list, nodes: int, nproc: int, late: list) -> None:
     """The subcommand's own checks of its flags for this cluster, here, before any process starts."""
     from netmorph.cli import build_parser
     for flag in ("--lighthouse", "--node-index", "--nodes", "--late-node"):
@@ -62,6 +62,7 @@ def _preflight(sub: str, argv: list, nodes: int, nproc: int) -> None:
         raise
     if sub == "elastic":
         from netmorph.cli.elastic import cluster_config
+        args.late_nodes = late
         cluster_config(args, nodes, nproc).check()
 
 
@@ -75,7 +76,7 @@ def run(args) -> int:
     if sub not in RUNS:
         raise UsageError(f"launch runs {', '.join(RUNS)} as a cluster of torchrun jobs, not {sub!r}")
     joins = _joins(args.join, args.nodes)
-    _preflight(sub, argv, args.nodes, args.nproc_per_node)
+    _preflight(sub, argv, args.nodes, args.nproc_per_node, sorted(joins))
     plan = Plan(args.nodes, args.nproc_per_node, [sub, *argv], args.max_restarts, joins, free_port(args.port))
     print(f"# netmorph launch: {args.nodes} node(s) x {args.nproc_per_node} worker(s) on 127.0.0.1; a cluster runs:",
           file=sys.stderr)

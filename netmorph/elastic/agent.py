@@ -103,6 +103,7 @@ def requested(comm, rdzv, cfg, view):
     the current view -- again after each newer view that does not hold it -- and wait until one does, then re-form
     (the members hand it the state). Waits for as long as the run may last (the members admit at a step's end)."""
     comm.store.set(f"netmorph/ready/{comm.slot}", "1")
+    comm.asked_at = getattr(comm, "started_at", None) or getattr(comm, "clock", time.monotonic)()
     asked = None
     deadline = time.monotonic() + cfg.timeout * (2 + cfg.steps)
     while comm.slot not in view.members:

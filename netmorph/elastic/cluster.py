@@ -1,7 +1,7 @@
 """A node is a torchrun job: an elastic member that meets the others through the lighthouse.
 
 Each node of the cluster runs its own ``torchrun --nproc-per-node K --max-restarts R -m netmorph elastic
---lighthouse HOST:P --node I --nodes N ...`` -- torchft's replica groups, each its own torchrun job. A worker's
+--lighthouse HOST:P --node-index I --nodes N ...`` -- torchft's replica groups, each its own torchrun job. A worker's
 identity is its *slot*: ``(incarnation · N + node) · K + local rank``, where the incarnation is torchrun's
 ``TORCHELASTIC_RESTART_COUNT``: at incarnation 0 the slot is the launch's global rank (what ``--kill RANK@STEP``
 names), and a worker torchrun restarted after its node went down is a new slot -- a joiner that holds nothing,

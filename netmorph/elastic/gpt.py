@@ -192,7 +192,10 @@ def gpt_rank(comm, cfg):
         comm.store.set(FINISHED, "1")
     heart.stop()
     w = None if state is None else np.asarray(state["params"])[:n_params]
-    return {"w": w, "losses": losses, "events": events, "epochs": epochs, "timeline": timeline}
+    rec = {"w": w, "losses": losses, "events": events, "epochs": epochs, "timeline": timeline}
+    if getattr(comm, "asked_at", None) is not None and timeline:      # a joiner: from asking to its first step
+        rec["healed"] = {"asked_at": comm.asked_at, "first_step_at": timeline[0][0]}
+    return rec
 
 
 def whole_nodes(slots, local_world: int) -> list:

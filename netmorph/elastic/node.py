@@ -1,6 +1,6 @@
 """One node's part of an elastic job on a cluster: join through the lighthouse, train, publish, summarise.
 
-What ``torchrun --nproc-per-node K -m netmorph elastic --lighthouse HOST:P --node I --nodes N`` runs in each
+What ``torchrun --nproc-per-node K -m netmorph elastic --lighthouse HOST:P --node-index I --nodes N`` runs in each
 worker (:func:`run`). The members train :func:`netmorph.elastic.gpt.gpt_rank` on the cluster's communicator
 (:func:`netmorph.elastic.cluster.join`); each publishes its record to the lighthouse when it is done; the final
 view's rank 0 waits for every final member's record and writes the job's summary -- the same one ``netmorph
@@ -11,6 +11,7 @@ that one process prints for the job, as nccl-tests under mpirun.
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import numpy as np
@@ -27,7 +28,7 @@ STARTED = "netmorph/started"
 
 
 def _publish(store, slot: int, rec: dict) -> None:
-    body = {k: rec[k] for k in ("events", "epochs", "timeline")}
+    body = {k: rec[k] for k in ("events", "epochs", "timeline") + (("healed",) if "healed" in rec else ())}
     body["losses"] = {str(k): v for k, v in rec["losses"].items()}
     store.set(WEIGHTS.format(slot), np.asarray(rec["w"], dtype=np.float64).tobytes())
     store.set(RESULT.format(slot), json.dumps(body))
@@ -40,6 +41,20 @@ def _read(store, slot: int) -> dict:
     body["timeline"] = [tuple(t) for t in body["timeline"]]
     body["w"] = np.frombuffer(store.get(WEIGHTS.format(slot)), dtype=np.float64)
     return body
+
+
+def process_start() -> float | None:
+    """When this process started, on the wall clock: its age from /proc (the kernel's start time against the
+    uptime, both in the same clock) taken from now -- a restarted worker's heal is timed from there, its imports
+    and rendezvous included; None off Linux."""
+    try:
+        with open("/proc/self/stat") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def _deaths(store, slots) -> list:
@@ -57,6 +72,7 @@ def run(cfg: ElasticConfig, lighthouse: str, node: int, check: bool = False) -> 
     """This worker's part of the job; the summary on node 0's local rank 0, None elsewhere."""
     comm = join(lighthouse, node, cfg.nodes, cfg.timeout)
     comm.clock = time.time                          # events timed across hosts (the wall clock)
+    comm.started_at = process_start()               # a joiner's heal is timed from its process's start
     store, place = comm.store, comm.placement
     store.compare_set(STARTED, "", repr(time.time()))
     t0 = float(store.get(STARTED))
@@ -75,6 +91,9 @@ def run(cfg: ElasticConfig, lighthouse: str, node: int, check: bool = False) -> 
                 launched = range(max(m for e in results[0]["epochs"] for m in e[1]) + 1)
                 out = summary(cfg, results, _deaths(store, launched), t0, time.time() - t0, check)
                 out["nodes"], out["nproc_per_node"] = cfg.nodes, place.local_world
+                healed = [r["healed"] for r in results if "healed" in r]
+                if healed:                           # a node back: from its workers' asking to their first step
+                    out["heal_s"] = max(h["first_step_at"] for h in healed) - min(h["asked_at"] for h in healed)
                 out["lighthouse_reconnects"] = store.reconnects
                 store.set(SUMMARY, json.dumps(out))
         if place.node == 0 and place.local_rank == 0:

@@ -99,6 +99,9 @@ class ElasticConfig:
         if self.nodes and (self.workers % self.nodes or self.job != "gpt"):
             raise UsageError(f"{{workers}} {self.workers} must be nodes x processes per node ({self.nodes} nodes), "
                              f"training the GPT", "workers")
+        if self.nodes and len(self.initial_members()) < self.min_workers:
+            raise UsageError(f"the nodes started at launch give {len(self.initial_members())} worker(s), fewer than "
+                             f"{{min_workers}} {self.min_workers}: lower it or start fewer nodes late", "min_workers")
         if self.job == "gpt":
             bad = sorted({n for n in self.sizes() if self.global_batch % n})
             if bad:
