@@ -9,6 +9,7 @@ import sys
 
 from netmorph.cli import add_timeout, float_in, int_in, print_json
 from netmorph.errors import UsageError
+from netmorph.runtime.env import torchrun_world
 
 FLAGS = {"seq": "--context", "kv_blocks": "--kv-blocks", "block_size": "--block-size",
          "chunked_prefill": "--chunked-prefill",
@@ -20,7 +21,10 @@ def add_parser(sub) -> None:
                                      "preemption, prefix sharing; `serve kv` / `serve roofline` for real models",
                        description="Serve the project's GPT (random weights, float64) to a generated or given "
                                    "workload with vLLM's paged KV cache and iteration-level scheduling; print "
-                                   "throughput, TTFT and TPOT percentiles, KV utilisation and preemptions.")
+                                   "throughput, TTFT and TPOT percentiles, KV utilisation and preemptions. Under torchrun "
+                                   "(torchrun --nproc-per-node N -m netmorph serve --tp N, or N = P + D with "
+                                   "--disaggregate P:D) the job's ranks are the deployment's, over "
+                                   "torch.distributed; rank 0 prints.")
     p.add_argument("action", nargs="?", default="run", choices=("run", "kv", "roofline"),
                    help="run (default): serve a workload; kv: KV bytes of a real model; roofline: prefill vs decode")
     p.add_argument("--requests", type=int_in(1, 100_000), default=200, help="generated requests (default 200)")
@@ -175,6 +179,8 @@ def _serve(args) -> int:
                  "--requests (or the workload), --layers or --hidden")
     for line, why in bad:
         print(f"netmorph serve: {args.workload}:{line}: request rejected: {why}", file=sys.stderr)
+    if torchrun_world() is not None and not (args.disaggregate or args.tp > 1):
+        raise UsageError("under torchrun serve runs over the job's ranks: give --tp N or --disaggregate P:D")
     if args.disaggregate:
         return _disaggregated(args, model, cfg, reqs, bad)
     if args.tp > 1:
@@ -214,7 +220,9 @@ def _disaggregated(args, model, cfg, reqs, bad) -> int:
         ok = [r for r in reqs if r.rid not in refused]
         with bar.task(f"disaggregated {P}:{D} on {P + D} ranks"):
             out = serve_disaggregated(model, cfg, copy.deepcopy(ok), P, D, timeout=args.timeout, price=price,
-                                      kv_seconds_per_token=kv_s)
+                                      kv_seconds_per_token=kv_s, backend=_backend())
+    if out is None:                     # a torchrun rank other than 0: rank 0 prints
+        return 0
     out["colocated"] = {k: together[k] for k in ("ttft_s", "tpot_s", "throughput_tok_s", "duration_s")}
     outputs = out.pop("outputs")
     out["rejected"] = len(rejected) + len(bad)
@@ -296,11 +304,19 @@ def _print_check(out) -> int:
     return 0 if ok else 1
 
 
+def _backend() -> str:
+    """Under torchrun the job's ranks are the deployment's (WORLD_SIZE = --tp, or P + D); else netmorph's own."""
+    return "job" if torchrun_world() is not None else "local"
+
+
 def _tensor_parallel(args, model, cfg, reqs, bad) -> int:
     from netmorph.serving.tp import serve_tensor_parallel
     from netmorph.cli.progress import Bar
     with Bar("serve") as bar, bar.task(f"tensor parallel on {args.tp} ranks"):
-        out = serve_tensor_parallel(model, cfg, reqs, args.tp, _time_model(args.time_model)[0], timeout=args.timeout)
+        out = serve_tensor_parallel(model, cfg, reqs, args.tp, _time_model(args.time_model)[0], timeout=args.timeout,
+                                    backend=_backend())
+    if out is None:                     # a torchrun rank other than 0: rank 0 prints
+        return 0
     outputs = out.pop("outputs")
     out["rejected"] += len(bad)
     if args.check:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from netmorph.cli import add_timeout, plot_file, print_json
 from netmorph.errors import UsageError, require
+from netmorph.runtime.env import torchrun_world
 
 COLS = f"{'mode':<8} {'updates':>7} {'upd/s':>8} {'wall(s)':>8} {'to target':>9} {'final loss':>11} " \
        f"{'metric':>18} {'stale max':>9}  {'staleness k:count':<24} {'bytes on wire':>14}"
@@ -19,7 +21,9 @@ DEFAULT_LR = {"convex": 40.0, "sparse": 0.5, "mlp": 0.5}
 def add_parser(sub) -> None:
     p = sub.add_parser("sgd", help="train with BSP / async / SSP / Hogwild / local SGD on real processes",
                        description="Data-parallel SGD on worker processes under a consistency model; "
-                                   "--compare runs every model on the same problem and update budget.")
+                                   "--compare runs every model on the same problem and update budget. Under torchrun "
+                                   "(torchrun --nproc-per-node W [+ S] -m netmorph sgd --mode M) the job's ranks are "
+                                   "the workers (and servers), over torch.distributed point-to-point; rank 0 prints.")
     p.add_argument("--mode", default="bsp", help="bsp, async, ssp, hogwild or local (default bsp)")
     p.add_argument("--compare", action="store_true", help="run every mode and compare (table + figure)")
     p.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
@@ -132,6 +136,8 @@ def run(args) -> int:
     cfg = config_from(args)
     if args.model == "mlp":
         require("torch", "--model mlp")
+    if torchrun_world() is not None:
+        return _in_job(args, cfg, run_mode)
     with Bar("sgd", unit="updates", width=10) as bar:
         tasks = {}
 
@@ -150,6 +156,25 @@ def run(args) -> int:
             on_mode(cfg.mode)
             rows = [run_mode(cfg, on_progress).summary]
         bar.finish(tasks["_current"])
+    return _print(args, cfg, rows)
+
+
+def _in_job(args, cfg, run_mode) -> int:
+    """Under torchrun the job's ranks are the run's: WORLD_SIZE = --workers (+ --servers for async/ssp), over
+    torch.distributed point-to-point; each worker takes --steps updates (no shared pool); rank 0 prints."""
+    if args.compare:
+        raise UsageError("--compare runs every mode on its own ranks; under torchrun run one --mode per job")
+    if cfg.mode == "hogwild":
+        raise UsageError("--mode hogwild shares one address space between the workers: it runs on netmorph's "
+                         "own ranks, not under torchrun")
+    if cfg.slow_link is not None:
+        raise UsageError("--slow-link emulates a link of netmorph's own fabric: not under torchrun")
+    # the shared pool of updates lives in memory the ranks share: under torchrun each worker takes --steps
+    got = run_mode(replace(cfg, shared_budget=False), None, backend="job")
+    return 0 if got is None else _print(args, cfg, [got.summary])
+
+
+def _print(args, cfg, rows) -> int:
     if args.json:
         print_json(rows, indent=1)
         return 0

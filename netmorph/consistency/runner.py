@@ -45,8 +45,10 @@ def _rank_fn(comm, cfg, progress):
     return _entry(cfg.mode)(comm, cfg, progress)
 
 
-def run(cfg: Config, on_progress=None) -> RunResult:
-    """Train with ``cfg.mode`` on ``cfg.workers`` processes (+ servers)."""
+def run(cfg: Config, on_progress=None, backend: str = "local") -> RunResult | None:
+    """Train with ``cfg.mode`` on ``cfg.workers`` processes (+ servers). ``backend="job"``: this process is one
+    rank of a torchrun job of that many ranks (torch.distributed point-to-point); rank 0 gets the result, the
+    others None."""
     from netmorph.runtime.launch import launch
     cfg.check()
     make(cfg.model, cfg.batch, cfg.seed)       # build before the fork: the ranks inherit it
@@ -59,9 +61,12 @@ def run(cfg: Config, on_progress=None) -> RunResult:
         slow = {(s, d): (a, bw), (d, s): (a, bw)}
     t0 = time.perf_counter()
     with progress.watch(on_progress, ProgressCounter.total, cfg.steps * cfg.workers):
-        results, ledger = launch(_rank_fn, world, cfg, progress, ledger=True, timeout=cfg.timeout,
-                                 slow_links=slow)
+        got = launch(_rank_fn, world, cfg, progress, ledger=True, timeout=cfg.timeout, slow_links=slow,
+                     backend=backend)
     elapsed = time.perf_counter() - t0
+    if got is None:                     # a torchrun rank other than 0
+        return None
+    results, ledger = got
     return summarise(cfg, results, ledger, elapsed)
 
 

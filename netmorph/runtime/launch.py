@@ -157,11 +157,20 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
     new processes in dead ranks' slots (their ``comm.joined`` is true: they hold nothing and re-form before they
     communicate). Returns ``(results, deaths)``: the results of ranks dead at the end are None, ``deaths`` is
     ``[(rank, monotonic time)]``.
+    ``backend="job"``: this process is one rank of a job torchrun started (WORLD_SIZE must be ``world``):
+    ``fn`` runs here, rank 0 gets the results gathered, the others None
+    (:func:`netmorph.runtime.torchrun.run_in_job`).
     ``torch_group=True`` (local fabric): every rank also joins torch.distributed's default process group
     (gloo on loopback) -- for a baseline such as DDP run side by side with netmorph's own collectives.
     """
     if world < 1:
         raise UsageError(f"{{world}} must be >= 1, got {world}", "world")
+    if backend == "job":                # this process is a rank of a torchrun job: the job's ranks are the run's
+        if faults or topology is not None or slow_links or elastic or torch_group:
+            raise UsageError("fault injection and link emulation need ranks of netmorph's own launch, not a "
+                             "torchrun job's", "backend")
+        from netmorph.runtime.torchrun import run_in_job
+        return run_in_job(fn, world, *args, timeout=timeout, ledger=ledger, **kwargs)
     if backend not in BACKENDS:
         raise UsageError(f"{{backend}} must be one of {', '.join(BACKENDS)}, got {backend!r}", "backend")
     if arena_bytes is not None and not 4096 <= arena_bytes <= 1 << 40:

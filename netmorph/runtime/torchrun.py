@@ -99,3 +99,28 @@ def join_gloo(rank: int, world: int, init_method: str, timeout: float) -> None:
     gloo_on_loopback()
     dist_module().init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
                                      timeout=datetime.timedelta(seconds=timeout))
+
+
+def run_in_job(fn, world: int, *args, timeout: float = 60.0, ledger: bool = False, backend: str = "torch",
+               **kwargs):
+    """``launch(fn, world, ..., backend="job")``: this process is one rank of the torchrun job; run ``fn(comm,
+    *args, **kwargs)`` here and gather every rank's result (and ledger) to rank 0 (``all_gather_object``), as
+    every torchrun script ends. Rank 0 gets what :func:`~netmorph.runtime.launch.launch` returns (results in rank
+    order; with ``ledger``, ``(results, Ledger)``); the other ranks get None. The job's WORLD_SIZE must be
+    ``world``: the command's ranks are the job's."""
+    from netmorph.runtime.ledger import Ledger
+    job = int(os.environ["WORLD_SIZE"])
+    if job != world:
+        raise UsageError(f"this run takes {world} rank(s) but torchrun's WORLD_SIZE is {job}: start it with "
+                         f"--nproc-per-node {world} (x nodes)")
+    comm = init_from_env(backend, timeout)
+    try:
+        result = fn(comm, *args, **kwargs)
+        everyone = [None] * comm.world
+        dist_module().all_gather_object(everyone, (result, comm.ledger if ledger else None))
+    finally:
+        comm.transport.close()
+    if comm.rank != 0:
+        return None
+    results = [r for r, _ in everyone]
+    return (results, Ledger.merge([led for _, led in everyone])) if ledger else results

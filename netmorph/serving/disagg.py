@@ -75,14 +75,19 @@ def _rank(comm, model_cfg, serve_cfg, requests, P: int, D: int, price, kv_second
 
 
 def serve_disaggregated(model_cfg, serve_cfg, requests, P: int, D: int, timeout: float = 60.0,
-                        keep_ledger: bool = False, price=None, kv_seconds_per_token: float = 0.0) -> dict:
+                        keep_ledger: bool = False, price=None, kv_seconds_per_token: float = 0.0,
+                        backend: str = "local") -> dict | None:
     """Run the workload on P prefill + D decode ranks of the local fabric; outputs, the KV bytes moved, and
     latencies. ``price`` prices iterations (see :class:`~netmorph.serving.engine.Engine`);
     ``kv_seconds_per_token``: the priced transfer of one token's KV between the nodes (e.g. the real model's KV
-    bytes per token over the NIC's bandwidth)."""
+    bytes per token over the NIC's bandwidth). ``backend="job"``: the P + D ranks are a torchrun job's, this
+    process one of them (None on ranks other than 0)."""
     serve_cfg.check()
-    results, ledger = launch(_rank, P + D, model_cfg, serve_cfg, requests, P, D, price, kv_seconds_per_token,
-                             ledger=True, timeout=timeout)
+    got = launch(_rank, P + D, model_cfg, serve_cfg, requests, P, D, price, kv_seconds_per_token, ledger=True,
+                 timeout=timeout, backend=backend)
+    if got is None:
+        return None
+    results, ledger = got
     outputs, completed, tokens, ttft, tpot, ends = {}, 0, 0, [], [], []
     for res in results:
         if res["role"] == "decode":

@@ -37,11 +37,15 @@ def _rank(comm, model_cfg, serve_cfg, requests, tp: int, price):
 
 
 def serve_tensor_parallel(model_cfg, serve_cfg, requests, tp: int, price, timeout: float = 60.0,
-                          keep_ledger: bool = False) -> dict:
+                          keep_ledger: bool = False, backend: str = "local") -> dict | None:
     """Serve on ``tp`` ranks; rank 0's metrics, plus the all-reduce bytes measured and from the formula
-    (ledger phases ``tp.prefill`` and ``tp.decode``; ``keep_ledger``: every message, as ``ledger``)."""
+    (ledger phases ``tp.prefill`` and ``tp.decode``; ``keep_ledger``: every message, as ``ledger``).
+    ``backend="job"``: the ranks are a torchrun job's, this process one of them (None on ranks other than 0)."""
     serve_cfg.check()
-    results, ledger = launch(_rank, tp, model_cfg, serve_cfg, requests, tp, price, ledger=True, timeout=timeout)
+    got = launch(_rank, tp, model_cfg, serve_cfg, requests, tp, price, ledger=True, timeout=timeout, backend=backend)
+    if got is None:
+        return None
+    results, ledger = got
     out = results[0]
     assert all(r["outputs"] == out["outputs"] for r in results), "TP ranks sampled different tokens"
     tokens = sum(out.pop("tokens_per_iteration"))
