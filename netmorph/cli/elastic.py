@@ -167,7 +167,7 @@ def _print(args, cfg, out, gpt: bool) -> int:
         print(f"{'event':<{width}} {'step':>5} {'detected':>10} {'agreed':>10} {'resumed':>10} {'steps redone':>12}")
         for e in out["events"]:
             ranks = e.get("ranks") or [e["rank"]]
-            what = (f"join {e['rank']}" if e["kind"] == "join" else
+            what = (f"join {sorted(e['rank'])}" if e["kind"] == "join" else
                     f"{e['kind']} rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))}")
             print(f"{what:<{width}} {e['step']:>5} {1e3 * e['detected_after_s']:>8.1f}ms "
                   f"{1e3 * e['agreed_after_s']:>8.1f}ms {1e3 * e['resumed_after_s']:>8.1f}ms {e['steps_redone']:>12}")
