@@ -43,6 +43,7 @@ import threading
 import time
 
 from netmorph.cli import _subparsers, build_parser, exact_int, finite_float, main, seed_int, timeout_seconds
+from netmorph.elastic.launcher import descendants
 
 LIMIT = 60.0                   # seconds a case may run before it counts as unbounded
 # the machine's budget for a run (an hour: runtime.budget.MAX_SECONDS) is this much of LIMIT during a case, so a
@@ -112,21 +113,6 @@ class Unbounded(BaseException):
     """Raised by the alarm when a case runs past LIMIT (a BaseException: main must not swallow it)."""
 
 
-def _descendants(pid: int) -> list:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as fh:
-                    kids = [int(k) for k in fh.read().split()]
-                out += kids
-                todo += kids
-        except OSError:
-            continue
-    return out
-
-
 def _resident(pids) -> int:
     """Bytes the processes hold, each shared page counted once over its sharers (PSS: forked ranks share their
     parent's torch pages, which an RSS sum counts once per rank)."""
@@ -144,7 +130,7 @@ def _memory_watch(stop: threading.Event, hit: list, cap: int) -> None:
     """Poll this process's and its children's resident memory; past ``cap``, stop the case as the alarm does."""
     me = os.getpid()
     while not stop.wait(0.2):
-        if _resident([me] + _descendants(me)) > cap:
+        if _resident([me] + descendants(me)) > cap:
             hit.append(True)
             os.kill(me, signal.SIGALRM)
             return
@@ -225,7 +211,7 @@ def _temporaries() -> set:
 
 
 def snapshot() -> tuple:
-    return _shm(), _temporaries(), set(_descendants(os.getpid()))
+    return _shm(), _temporaries(), set(descendants(os.getpid()))
 
 
 def leftovers(before: tuple, grace: float = 2.0) -> str:

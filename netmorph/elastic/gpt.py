@@ -132,18 +132,21 @@ def gpt_rank(comm, cfg):
             dog.add([m for m in new_view.members if m not in view.members and m != me])
         return new_view
 
+    def grow(new, state, step, t_start):
+        """Admit ``new`` after ``step`` (ncclCommGrow's numbering), hand them ``state``; the view and the state."""
+        new_view = reformed(admit(comm, rdzv, view, new, step, cfg, renumber=True))
+        state = _handed(comm, state, len(new_view.members), n_params)
+        saved.clear()
+        saved[step] = state
+        epochs.append((new_view.epoch, list(new_view.members), new_view.first_step))
+        events.append({"kind": "join", "ranks": new, "epoch": new_view.epoch, "detected_at": t_start,
+                       "agreed_at": clock(), "step": step, "steps_redone": 0})
+        return new_view, state
+
     while step < cfg.steps:
         if joining and step == joining[0]:
             joining.pop(0)
-            t_start = clock()
-            new = [r for r, s in spares.items() if s == step]
-            view = admit(comm, rdzv, view, new, step, cfg, renumber=True)
-            state = _handed(comm, state, len(view.members), n_params)
-            saved.clear()
-            saved[step] = state
-            epochs.append((view.epoch, list(view.members), view.first_step))
-            events.append({"kind": "join", "ranks": new, "epoch": view.epoch, "detected_at": t_start,
-                           "agreed_at": clock(), "step": step, "steps_redone": 0})
+            view, state = grow([r for r, s in spares.items() if s == step], state, step, clock())
             continue
         end = joining[0] if joining else cfg.steps
         tc = train_config(cfg, len(view.members), end - step, step)
@@ -155,15 +158,9 @@ def gpt_rank(comm, cfg):
             state, step = out.state.flat, end
         except _Join as j:                            # asked to join: admit them after the step all finished
             t_start = clock()
-            state, step = commits[j.done], j.done
+            step = j.done
             new = whole_nodes(rdzv.requests(view.epoch, j.count), comm.placement.local_world)
-            view = reformed(admit(comm, rdzv, view, new, step, cfg, renumber=True))
-            state = _handed(comm, state, len(view.members), n_params)
-            saved.clear()
-            saved[step] = state
-            epochs.append((view.epoch, list(view.members), view.first_step))
-            events.append({"kind": "join", "ranks": new, "epoch": view.epoch, "detected_at": t_start,
-                           "agreed_at": clock(), "step": step, "steps_redone": 0})
+            view, state = grow(new, commits[j.done], step, t_start)
         except (PeerLost, PeerTimeout) as e:
             t_detect = clock()
             comm.faults.clear()
