@@ -384,7 +384,7 @@ def _kill_all(procs) -> None:
         p.join(max(0.0, deadline - time.monotonic()))
         if p.is_alive():
             p.kill()
-            p.join(1.0)
+            p.join(10.0)          # SIGKILL always ends it; a big process on a busy machine takes a moment to go
 
 
 __all__ = ["launch", "LaunchError", "RankFailure", "PeerLost", "PeerTimeout", "FabricError"]
