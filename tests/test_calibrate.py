@@ -206,6 +206,20 @@ def test_a_broken_profile_is_exit_2_naming_the_field(two_nodes, tmp_path, field,
     assert len(err) == 1 and "--hardware" in err[0] and field in err[0], err
 
 
+def test_a_layers_operator_cost_is_never_below_one_dispatch():
+    """The operators' fixed cost is the tiny GPT at DEEP layers minus at one, a difference of two timings: on a
+    busy machine the deeper model once timed faster and the profile carried op_overhead_s = -5e-6, which its own
+    reader refused (CI: test_a_slower_link_prices_the_dp_step_by_the_bytes_over_it). The floor is the bare
+    dispatch measured beside it; above the floor the difference is kept as measured."""
+    from netmorph.calibrate.compute import DEEP, layer_seconds
+
+    kernels = sum(ModelShape.LAYER_KERNELS)
+    layer, op = layer_seconds(shallow_s=0.010, deep_s=0.009, dispatch_s=2e-6)
+    assert layer == pytest.approx(kernels * 2e-6) and op == pytest.approx(2e-6)
+    layer, op = layer_seconds(shallow_s=0.010, deep_s=0.010 + (DEEP - 1) * 0.004, dispatch_s=2e-6)
+    assert layer == pytest.approx(0.004) and op == pytest.approx(0.004 / kernels)
+
+
 def test_the_kernel_counts_the_planner_charges_are_the_gpts_own():
     """ModelShape.LAYER_KERNELS and HEAD_KERNELS -- what a profile's op_overhead_s is paid for -- are the aten
     operators netmorph's GPT dispatches, forward and backward, counted by a TorchDispatchMode; and an MoE layer's,

@@ -75,14 +75,24 @@ def compute_rank(comm, shapes, dtype: str, window: float = WINDOW, group=None) -
     seconds = {}
     for layers in (1, DEEP):
         seconds[layers] = 1 / per_s(tiny_gpt(layers, dt, device=dev), 3 * window)
-    out["layer_s"] = (seconds[DEEP] - seconds[1]) / (DEEP - 1)   # one layer's forward and backward, FLOPs ~ 0
+    out["layer_s"], out["op_s"] = layer_seconds(seconds[1], seconds[DEEP], out["dispatch_s"])
     out["head_s"] = seconds[1] - out["layer_s"]                # the embedding, LM head and loss
-    out["op_s"] = out["layer_s"] / sum(ModelShape.LAYER_KERNELS)
     out["optimizer_bytes_per_s"] = optimizer_rate(comm, dt, window, group=group)
     calls, repeats = (2, 1) if window < WINDOW else (6, 5)       # a rough profile: one short repeat
     out["reference_s"] = [reference_seconds(comm, dt, shape, calls, repeats, group) for shape in REFERENCES]
     comm.barrier(group)
     return out
+
+
+def layer_seconds(shallow_s: float, deep_s: float, dispatch_s: float) -> tuple[float, float]:
+    """(one layer's forward and backward, one operator's share of it) from the tiny GPT timed at 1 and
+    :data:`DEEP` layers (FLOPs ~ 0, so the difference is the operators' fixed cost). The difference of two
+    timings is noise where the layers cost little: on a busy machine the deeper model can time faster. An
+    operator costs at least one bare dispatch (``dispatch_s``, measured beside it), so that is the floor --
+    a measured bound, never a negative cost the planner would refuse."""
+    kernels = sum(ModelShape.LAYER_KERNELS)
+    layer = max((deep_s - shallow_s) / (DEEP - 1), kernels * dispatch_s)
+    return layer, layer / kernels
 
 
 # two GPTs no validate local trains: one where the operators' fixed costs weigh most, one where the FLOPs do
