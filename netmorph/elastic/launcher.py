@@ -187,12 +187,17 @@ class Cluster:
         return node0.returncode
 
     def tail(self, node: int, lines: int = 20) -> str:
+        """The last lines a node's job wrote -- its workers', before torchrun's own traceback (ChildFailedError
+        says only that a worker failed; the worker's exception is above it)."""
         try:
             with open(self.logs[node]) as fh:
                 text = [ln for ln in fh.read().splitlines() if ln.strip() and not ln.startswith(("W1", "I1"))]
-            return "\n".join(text[-lines:])
         except (KeyError, OSError):
             return ""
+        agent = [i for i in range(len(text) - 1) if text[i].startswith("Traceback") and "torchrun" in text[i + 1]]
+        if agent and agent[-1] > 0:
+            text = text[:agent[-1]]
+        return "\n".join(text[-lines:])
 
     def stop(self) -> None:
         """Every job and the lighthouse stopped (SIGTERM, then SIGKILL), the temporary folder removed."""

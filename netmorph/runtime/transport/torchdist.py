@@ -120,6 +120,12 @@ class TorchTransport:
         published = self._published_mismatch()
         if published is not None:
             err = published
+        elif getattr(self.group, "aborted", False):
+            # this epoch's group was aborted under us (a watchdog suspected a member, or a peer failed first):
+            # every connection is closed, so two healthy peers in one call see each other go -- not a deadlock
+            root = self._root_of(peer)
+            err = PeerLost(root, f"torch.distributed: {text}; the membership epoch's group was aborted"
+                           + (f" (rank {peer} failed because it lost rank {root})" if root != peer else ""))
         elif "Detected mismatch between collectives" in text:       # TORCH_DISTRIBUTED_DEBUG=DETAIL
             err = fpr.CollectiveMismatch(self.rank, -1, None, None, text=_torch_mismatch(str(e)))
         elif "Timed out" in text or "timed out" in text:
