@@ -79,6 +79,37 @@ def test_two_nodes_survive_a_worker_killed_mid_step_and_the_restarted_node_rejoi
     assert _leftovers(before) == [] and _netmorph_processes() == []
 
 
+def test_tensor_parallel_within_each_node_survives_a_worker_killed_and_the_node_back():
+    """elastic --tp 2 on 2 nodes x 2: each node's two workers are one tensor-parallel group (consecutive ranks of
+    every view: tp innermost, a node's workers side by side), data parallel across the nodes. Rank 3 is killed
+    mid-step: its node-mate is dead with it (the node goes whole), the survivors' tensor-parallel all-reduces,
+    caught in the aborted group, are the loss and not a deadlock; the node comes back as slots 6 and 7, each
+    handed the shard of its tensor-parallel rank -- and the whole model equals the 1-rank run's."""
+    r = _launch(["--nodes", "2", "--nproc-per-node", "2", "--max-restarts", "2", "--", "elastic", "--tp", "2",
+                 "--global-batch", "4", "--steps", "80", "--kill", "3@5", "--check", "--json", "--timeout", "20"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    assert [e["members"] for e in out["epochs"]] == [[0, 1, 2, 3], [0, 1], [0, 1, 6, 7]]
+    assert [e["kind"] for e in out["events"]] == ["kill", "join"] and out["events"][0]["steps_redone"] <= 1
+    assert out["max_rel_loss_diff"] <= 1e-12 and out["max_rel_param_diff"] <= 1e-9
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--tp", "3"], "must divide the workers of a node (2"),
+    (["--tp", "2", "--global-batch", "3"], "must split evenly over every membership"),
+])
+def test_bad_tensor_parallel_input_is_one_line(argv, words, capsys):
+    assert main(["launch", "--nodes", "2", "--nproc-per-node", "2", "--", "elastic", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and len(err.splitlines()) == 1, err
+
+
+def test_tensor_parallel_on_one_box_names_launch(capsys):
+    assert main(["elastic", "--tp", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "netmorph launch --nodes N --nproc-per-node K -- elastic --tp T" in err and len(err.splitlines()) == 1
+
+
 def test_a_node_started_late_joins_and_is_healed():
     """launch --join 1@5: node 1's torchrun starts once the job has done 5 steps (the members' progress in the
     lighthouse); its worker asks to join, is admitted whole at a step's end (ncclCommGrow's numbering: after the

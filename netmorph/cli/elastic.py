@@ -58,6 +58,10 @@ def add_parser(sub) -> None:
                    help="this torchrun job's node, 0..N-1 (with --lighthouse; not --node: torchrun's own parser "
                         "reads that as an abbreviation of its --node-rank)")
     c.add_argument("--nodes", type=int_in(1, 1024), help="nodes in the job, late ones included (with --lighthouse)")
+    c.add_argument("--tp", type=int_in(1, 32), default=1,
+                   help="tensor parallel over T workers of each node (Megatron's --tensor-model-parallel-size; T "
+                        "divides --nproc-per-node), data parallel across nodes: a node lost takes whole "
+                        "tensor-parallel groups with it (default 1)")
     c.add_argument("--late-node", dest="late_nodes", action="append", type=int_in(0, 1023), default=[],
                    metavar="NODE", help="a node that starts after the others, not in the first view (repeatable; "
                                         "netmorph launch --join NODE@STEP sets it)")
@@ -96,7 +100,7 @@ def cluster_config(args, nodes: int, k: int):
         raise UsageError("a cluster runs --job gpt; --compare, --plot and --join are the one-box launch's (a node "
                          "joins by starting: netmorph launch --join NODE@STEP)")
     return replace(config_from(args), workers=nodes * k, nodes=nodes, late_nodes=tuple(args.late_nodes),
-                   min_workers=min(args.min_workers, nodes * k))
+                   min_workers=min(args.min_workers, nodes * k), tp=args.tp)
 
 
 def _cluster(args):
@@ -126,6 +130,7 @@ def run(args) -> int:
         return _print(args, cfg, out, gpt)
     if args.node is not None or args.nodes is not None or args.late_nodes:
         raise UsageError("--node-index, --nodes and --late-node place a torchrun job in a cluster: add --lighthouse")
+    cfg = replace(cfg, tp=args.tp)               # > 1 is refused on one box: a node is its failure domain
     cfg.check()
     if not 1 <= args.checkpoint_every <= (cfg.steps if args.compare else 100_000):   # vs --steps: --compare's
         raise UsageError(f"--checkpoint-every must be in 1..{'--steps ' + str(cfg.steps) if args.compare else 100_000}"
@@ -154,6 +159,8 @@ def _print(args, cfg, out, gpt: bool) -> int:
                                             f"DDP buckets, Adam)")
     where = (f"{out['nodes']} nodes (torchrun jobs) x {out['nproc_per_node']} = {cfg.workers} workers" if "nodes" in out
              else f"{cfg.workers} workers")
+    if cfg.tp > 1:
+        where += f", tensor parallel {cfg.tp} within each node, data parallel across"
     print(f"# netmorph elastic: {what} on {where} (min {cfg.min_workers}), {cfg.steps} steps, global "
           f"batch {cfg.global_batch}{' sequences' if gpt else ''} re-split over the members; kills: "
           + (", ".join(f"rank {r} in step {s}" for r, s in cfg.kills) or "none")

@@ -34,9 +34,18 @@ def arm_faults(comm, kill_at=None, hang_at=None):
 
 
 def dead_of(comm):
-    """``dead(slot)``: the local fabric's dead flags, or a cluster's heartbeat verdicts (``comm.liveness``)."""
+    """``dead(slot)``: the local fabric's dead flags, or a cluster's heartbeat verdicts (``comm.liveness``) by
+    node: a worker of a node one of whose workers is dead is dead too -- its torchrun tears the node down, and a
+    survivor must not agree on a view that holds half a node (half a tensor-parallel group)."""
     liveness = getattr(comm, "liveness", None)
-    return liveness.dead if liveness is not None else fabric_dead(comm)
+    if liveness is None:
+        return fabric_dead(comm)
+    k = comm.placement.local_world
+
+    def dead(slot):
+        first = slot - slot % k
+        return any(liveness.dead(s) for s in range(first, first + k))
+    return dead
 
 
 def fence_hung(comm, view, cfg, among=None):

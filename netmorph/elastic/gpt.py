@@ -22,14 +22,16 @@ communication call of its step (its first gradient bucket: mid-backward); a hang
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
+import torch
 
 from netmorph.elastic.agent import FINISHED, HEARTBEAT, admit, admitted, agree, arm_faults, fence_hung, requested
 from netmorph.elastic.cluster import watch_members
 from netmorph.elastic.heartbeat import Heartbeat, publish_pid
 from netmorph.elastic.membership import Rendezvous
-from netmorph.mesh.placement import flat_offsets
+from netmorph.mesh.placement import flat_offsets, stage_elements
 from netmorph.mesh.shape import ModelShape
 from netmorph.parallel.hybrid import TrainConfig, train_rank
 from netmorph.parallel.run import reference as one_rank
@@ -40,9 +42,12 @@ MODEL = ModelShape(layers=2, hidden=32, heads=2, seq=16, vocab=64)     # small: 
 
 
 def train_config(cfg, world: int, steps: int, start: int) -> TrainConfig:
-    """The trainer's config for ``steps`` steps from ``start`` on ``world`` members: pure data parallelism, one
-    sequence per microbatch, the global batch re-split over the members."""
-    return TrainConfig.make(cfg.model or MODEL, dp=world, microbatches=cfg.global_batch // world,
+    """The trainer's config for ``steps`` steps from ``start`` on ``world`` members: ``cfg.tp``-way tensor parallel
+    (consecutive ranks: one node's workers, tp innermost as Megatron orders it) and data parallel over the rest,
+    one sequence per microbatch, the global batch re-split over the replicas."""
+    tp = getattr(cfg, "tp", 1)
+    dp = world // tp
+    return TrainConfig.make(cfg.model or MODEL, tp=tp, dp=dp, microbatches=cfg.global_batch // dp,
                             micro_batch_size=1, steps=steps, start_step=start, lr=cfg.lr, dtype="float64")
 
 
@@ -84,6 +89,7 @@ def gpt_rank(comm, cfg):
         dies_at = hangs_at = None                     # a restarted worker: the faults were its predecessor's
     spares = {} if cluster else cfg.spares()
     n_params = numel(cfg)
+    pieces = None                  # this rank's pieces of the model by name, after the last segment (for the whole)
     losses, events, timeline = {}, [], []
     state, step = None, 0
     if me in spares or (cluster and me not in view.members):     # a joiner: admitted, then handed the state
@@ -92,7 +98,7 @@ def gpt_rank(comm, cfg):
         if view is None:                              # the job finished before it was admitted
             heart.stop()
             return None
-        state, step = _handed(comm, None, len(view.members), n_params), view.first_step
+        state, step = _handed(comm, None, len(view.members), n_params, cfg_tp(cfg)), view.first_step
     else:
         comm.reform(view.members, view.epoch, renumber=True)
     epochs = [(view.epoch, list(view.members), view.first_step)]
@@ -135,7 +141,7 @@ def gpt_rank(comm, cfg):
     def grow(new, state, step, t_start):
         """Admit ``new`` after ``step`` (ncclCommGrow's numbering), hand them ``state``; the view and the state."""
         new_view = reformed(admit(comm, rdzv, view, new, step, cfg, renumber=True))
-        state = _handed(comm, state, len(new_view.members), n_params)
+        state = _handed(comm, state, len(new_view.members), n_params, cfg_tp(cfg))
         saved.clear()
         saved[step] = state
         epochs.append((new_view.epoch, list(new_view.members), new_view.first_step))
@@ -153,9 +159,9 @@ def gpt_rank(comm, cfg):
         commits = {step: state}
         arm(step)
         try:
-            init = None if state is None else {comm.rank: repad(state, _padded(n_params, len(view.members)))}
+            init = None if state is None else {comm.rank: repad(state, _padded(n_params, len(view.members) // cfg_tp(cfg)))}
             out = train_rank(comm, tc, None, init, commit=commit)
-            state, step = out.state.flat, end
+            state, step, pieces = out.state.flat, end, out.state.pieces
         except _Join as j:                            # asked to join: admit them after the step all finished
             t_start = clock()
             step = j.done
@@ -188,7 +194,7 @@ def gpt_rank(comm, cfg):
     if cluster:
         comm.store.set(FINISHED, "1")
     heart.stop()
-    w = None if state is None else np.asarray(state["params"])[:n_params]
+    w = None if state is None else whole(comm, cfg, pieces) if cfg_tp(cfg) > 1 else np.asarray(state["params"])[:n_params]
     rec = {"w": w, "losses": losses, "events": events, "epochs": epochs, "timeline": timeline}
     if getattr(comm, "asked_at", None) is not None and timeline:      # a joiner: from asking to its first step
         rec["healed"] = {"asked_at": comm.asked_at, "first_step_at": timeline[0][0]}
@@ -197,11 +203,12 @@ def gpt_rank(comm, cfg):
 
 def whole_nodes(slots, local_world: int) -> list:
     """The slots among ``slots`` whose whole node asked (every local rank of one incarnation of a node: a node
-    joins as the torchrun job it is), in the order they asked."""
+    joins as the torchrun job it is), in slot order: each node's workers side by side, local rank 0 first, so that
+    a tensor-parallel group of the grown view is one node's."""
     groups = {}
     for s in slots:
         groups.setdefault(s // local_world, []).append(s)
-    return [s for s in slots if len(groups[s // local_world]) == local_world]
+    return sorted(s for s in slots if len(groups[s // local_world]) == local_world)
 
 
 def _kind(comm, e, lost) -> str:
@@ -213,31 +220,63 @@ def _kind(comm, e, lost) -> str:
     return "kill"
 
 
+def cfg_tp(cfg) -> int:
+    return getattr(cfg, "tp", 1)
+
+
 def numel(cfg) -> int:
-    """The GPT's parameter count: the flat buffer's length before padding (a dense model: one replica)."""
-    return (cfg.model or MODEL).params()
+    """A rank's flat buffer's length before padding: the GPT's parameter count (a dense model: one replica), or
+    with tensor parallelism its shard's (every tp rank holds the same count: split weights in equal parts, the
+    replicated ones whole)."""
+    model = cfg.model or MODEL
+    if cfg_tp(cfg) == 1:
+        return model.params()
+    return stage_elements(model, train_config(cfg, cfg_tp(cfg), 1, 0).layout, 0)[0]
+
+
+def whole(comm, cfg, pieces: dict) -> np.ndarray:
+    """The whole model's flat parameters from this rank's tensor-parallel pieces: every piece all-gathered over
+    its tp group (one call: the pieces flattened side by side) and put back together along its split dimension,
+    in the 1-rank buffer's order -- what ``--check`` compares."""
+    t = cfg_tp(cfg)
+    mine = np.concatenate([p.numpy().reshape(-1) for p, _ in pieces.values()])
+    first = comm.rank - comm.rank % t
+    out = np.empty(t * len(mine))
+    with comm.phase("elastic.final"):
+        comm.all_gather_into_tensor(out, mine, comm.new_group(range(first, first + t)))
+    parts = out.reshape(t, -1)
+    flat, at = [], 0
+    for p, dim in pieces.values():
+        n = p.numel()
+        shards = [torch.from_numpy(parts[k, at:at + n].reshape(tuple(p.shape))) for k in range(t)]
+        flat.append((shards[0] if dim is None else torch.cat(shards, dim=dim)).reshape(-1).numpy())
+        at += n
+    return np.concatenate(flat)
 
 
 def _padded(numel: int, dp: int) -> int:
     return flat_offsets([numel], dp)[1]
 
 
-def _handed(comm, state, world: int, numel: int) -> dict:
-    """Every member of a grown view: rank 0 broadcasts the parameters, Adam's moments and step (the joiners hold
-    nothing: what they would otherwise read from a checkpoint), re-padded for ``world`` members."""
-    n = _padded(numel, world)
+def _handed(comm, state, world: int, numel: int, tp: int = 1) -> dict:
+    """Every member of a grown view: the first member of each tensor-parallel rank's replicas (rank 0 without
+    tensor parallelism; a survivor: the joiners are numbered after the members) broadcasts its parameters, Adam's
+    moments and step to the others holding the same shard (the joiners hold nothing: what they would otherwise
+    read from a checkpoint), re-padded for the ``world // tp`` replicas."""
+    n = _padded(numel, world // tp)
+    root = comm.rank % tp
     buf = np.zeros(3 * n + 1)
-    if state is not None and comm.rank == 0:
+    if state is not None and comm.rank == root:
         s = repad(state, n)
         buf[:] = np.concatenate([s["params"], s["m"], s["v"], [s["t"]]])
     with comm.phase("elastic.join"):
-        comm.broadcast(buf, 0)
-    if state is not None and comm.rank != 0:
+        comm.broadcast(buf, root, comm.new_group(range(root, world, tp)) if tp > 1 else None)
+    if state is not None and comm.rank != root:
         return state
     return {"params": buf[:n], "m": buf[n:2 * n], "v": buf[2 * n:3 * n], "t": int(buf[-1])}
 
 
 def reference(cfg) -> tuple[list, np.ndarray]:
     """The failure-free run on one process: per-step losses and the final flat parameters."""
-    losses, weights, _ = one_rank(train_config(cfg, 1, cfg.steps, 0))
+    losses, weights, _ = one_rank(train_config(replace(cfg, tp=1) if cfg_tp(cfg) > 1 else cfg, 1, cfg.steps, 0))
     return losses, np.concatenate([np.asarray(v).reshape(-1) for v in weights.values()])

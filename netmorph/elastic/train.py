@@ -62,6 +62,7 @@ class ElasticConfig:
     model: object = None         # the GPT's ModelShape (None: elastic.gpt.MODEL)
     nodes: int = 0               # a cluster of torchrun jobs (elastic/cluster.py): its nodes; 0: the one-box launch
     late_nodes: tuple = ()       # nodes that start after the launch (launch --join NODE@STEP): not in the first view
+    tp: int = 1                  # tensor parallel inside each node (a cluster's): the node is the group's failure domain
 
     def check(self) -> None:
         if not 1 <= self.workers <= 32:
@@ -102,12 +103,26 @@ class ElasticConfig:
         if self.nodes and len(self.initial_members()) < self.min_workers:
             raise UsageError(f"the nodes started at launch give {len(self.initial_members())} worker(s), fewer than "
                              f"{{min_workers}} {self.min_workers}: lower it or start fewer nodes late", "min_workers")
+        if not 1 <= self.tp <= 32:
+            raise UsageError(f"{{tp}} must be in 1..32, got {self.tp}", "tp")
+        if self.tp > 1 and not self.nodes:
+            raise UsageError("{tp} splits each node's layers over its workers, and a node goes and comes back whole "
+                             "(its torchrun job): run it as a cluster, netmorph launch --nodes N --nproc-per-node K "
+                             "-- elastic --tp T", "tp")
+        if self.tp > 1 and (self.workers // self.nodes) % self.tp:
+            raise UsageError(f"{{tp}} {self.tp} must divide the workers of a node ({self.workers // self.nodes}, "
+                             f"--nproc-per-node): a tensor-parallel group never crosses nodes", "tp")
+        if self.tp > 1:
+            from netmorph.elastic.gpt import train_config
+            train_config(self, self.tp, 1, 0)         # the trainer's own limits (heads, hidden, vocab over tp)
         if self.job == "gpt":
-            bad = sorted({n for n in self.sizes() if self.global_batch % n})
+            bad = sorted({n for n in self.sizes() if self.global_batch % (n // self.tp)})
             if bad:
+                dp = f" ({self.tp} ways tensor parallel: {', '.join(str(n // self.tp) for n in bad)} replicas)" \
+                    if self.tp > 1 else ""
                 raise UsageError(f"{{global_batch}} {self.global_batch} sequences must split evenly over every "
                                  f"membership the run reaches ({', '.join(map(str, self.sizes()))} members; not "
-                                 f"{', '.join(map(str, bad))})", "global_batch")
+                                 f"{', '.join(map(str, bad))}{dp})", "global_batch")
 
     def sizes(self) -> list:
         """The member counts the run goes through, in order (a kill or a hang one fewer, a join more); on a cluster
