@@ -161,8 +161,9 @@ def _print(args, cfg, out, gpt: bool) -> int:
              else f"{cfg.workers} workers")
     if cfg.tp > 1:
         where += f", tensor parallel {cfg.tp} within each node, data parallel across"
+    over = "replicas" if cfg.tp > 1 else "members"
     print(f"# netmorph elastic: {what} on {where} (min {cfg.min_workers}), {cfg.steps} steps, global "
-          f"batch {cfg.global_batch}{' sequences' if gpt else ''} re-split over the members; kills: "
+          f"batch {cfg.global_batch}{' sequences' if gpt else ''} re-split over the {over}; kills: "
           + (", ".join(f"rank {r} in step {s}" for r, s in cfg.kills) or "none")
           + ("; hangs: " + ", ".join(f"rank {r} in step {s}" for r, s in cfg.hangs) if cfg.hangs else "")
           + ("; joins: " + ", ".join(f"{n} at step {s}" for n, s in cfg.joins) if cfg.joins else ""))
