@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class FabricError(RuntimeError):
     """Base of the errors a rank sees when the fabric under it fails."""
@@ -33,3 +35,19 @@ class PeerTimeout(FabricError):
         else:
             tail = f"{via}; {why}"
         super().__init__(f"timed out after {seconds:g} s{who}{tail} (raise timeout= to wait longer)")
+
+
+def gloo_text(e) -> str:
+    """gloo's error text, trimmed to what happened: '[.../pair.cc:553] Connection closed by peer ...'."""
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return text.split("] ", 1)[-1].split(". This is typically")[0]
+
+
+def torch_mismatch_text(text: str) -> str:
+    """torch's ProcessGroupWrapper report, on one line without the TensorOptions dump: "Rank 1 is
+    running collective: CollectiveFingerPrint(SequenceNumber=0, OpType=ALLREDUCE, TensorShape=[1000],
+    TensorDtypes=Float), but Rank 0 is running collective: ...(TensorShape=[10] ...)"."""
+    text = text.split("] ", 1)[-1] if text.startswith("[") else text
+    text = re.sub(r", TensorDeviceTypes=TensorOptions\((?:[^()]|\([^()]*\))*\)", "", text)
+    text = text.replace("Detected mismatch between collectives on ranks. ", "")
+    return " ".join(text.split())[:600]

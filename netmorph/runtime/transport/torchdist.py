@@ -31,9 +31,11 @@ import numpy as np
 
 from netmorph.runtime.transport import FabricError, PeerLost, PeerTimeout, blame, nbytes, settle
 from netmorph.runtime.transport import fingerprint as fpr
+from netmorph.runtime.transport.errors import gloo_text as _text, torch_mismatch_text as _torch_mismatch
 from netmorph.runtime.transport.tensors import (concat as _concat, contiguous as _contiguous, head_like as _head_like,
                                                 header_like as _header_like, host as _host, reduce_into as _reduce_into,
                                                 to_torch)
+from netmorph.runtime.transport.sendclock import SendClock
 from netmorph.runtime.transport.torchgroup import DefaultGroup, EpochGroup
 
 HEADER_TAG, PAYLOAD_TAG = 1, 2
@@ -50,22 +52,6 @@ def _same_host() -> bool:
     """Every rank on this host (a local launch, or torchrun on one node): a peer's pid means something
     in this host's /proc."""
     return os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE")) == os.environ.get("WORLD_SIZE")
-
-
-def _text(e) -> str:
-    """gloo's error text, trimmed to what happened: '[.../pair.cc:553] Connection closed by peer ...'."""
-    text = str(e).splitlines()[0] if str(e) else type(e).__name__
-    return text.split("] ", 1)[-1].split(". This is typically")[0]
-
-
-def _torch_mismatch(text: str) -> str:
-    """torch's ProcessGroupWrapper report, on one line without the TensorOptions dump: "Rank 1 is
-    running collective: CollectiveFingerPrint(SequenceNumber=0, OpType=ALLREDUCE, TensorShape=[1000],
-    TensorDtypes=Float), but Rank 0 is running collective: ...(TensorShape=[10] ...)"."""
-    text = text.split("] ", 1)[-1] if text.startswith("[") else text
-    text = re.sub(r", TensorDeviceTypes=TensorOptions\((?:[^()]|\([^()]*\))*\)", "", text)
-    text = text.replace("Detected mismatch between collectives on ranks. ", "")
-    return " ".join(text.split())[:600]
 
 
 class _P2PRecv:
@@ -112,6 +98,7 @@ class TorchTransport:
         self.current = None                    # the fingerprint of the call in flight (compared at a timeout)
         self.current_what = 0                  # what it waits for (blame.WHAT): 0 data, 1 a send's receive
         self.pending: dict[int, deque] = {}    # src -> point-to-point receives whose payload is not posted yet
+        self.clock = SendClock(rank)           # links emulated by Comm.emulate (none until then)
 
     # ------------------------------------------------------------ failures
     def failure(self, peer: int, e: BaseException):
@@ -293,6 +280,7 @@ class TorchTransport:
             for peer, views in sends:
                 payload = views[0] if len(views) == 1 else _concat(views)
                 if nbytes(payload):
+                    self.clock.hold(peer, nbytes(payload))
                     if fp is not None:
                         works.append((peer, g.isend(_header_like(fp, nbytes(payload), payload), peer,
                                                     tag=HEADER_TAG)))
@@ -337,6 +325,7 @@ class TorchTransport:
         self.current_what = 1                  # a send that waits for its receive
 
         def post():
+            self.clock.hold(dst, nbytes(array))
             ws = []
             if fp is not None:
                 ws.append(g.isend(_header_like(fp, nbytes(array), array), dst, tag=HEADER_TAG))
