@@ -16,46 +16,12 @@ import time
 
 import pytest
 
+from clusters import (launch_cli as _launch, leftovers as _leftovers, netmorph_processes as _netmorph_processes,
+                      temporaries as _tmp)
+
 from netmorph.cli import main
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def _leftovers(before_tmp):
-    tmp = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith(("netmorph-launch-", "torchelastic_"))}
-    return sorted(tmp - before_tmp)
-
-
-def _tmp():
-    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith(("netmorph-launch-", "torchelastic_"))}
-
-
-def _netmorph_processes():
-    out = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                    cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if "netmorph" in cmd and ("--lighthouse" in cmd or "lighthouse --port" in cmd):
-                out.append((int(pid), cmd[:120]))
-    return out
-
-
-def _launch(argv, timeout=200):
-    """``netmorph launch ARGV`` as a user runs it; past ``timeout`` it gets SIGTERM (which stops every job it
-    started) before the test fails, so a hung run leaves nothing behind."""
-    p = subprocess.Popen([sys.executable, "-m", "netmorph", "launch", *argv], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.send_signal(signal.SIGTERM)
-        _, err = p.communicate(timeout=60)
-        pytest.fail(f"launch {' '.join(argv)} ran past {timeout} s:\n{err[-3000:]}")
-    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
 def test_two_nodes_survive_a_worker_killed_mid_step_and_the_restarted_node_rejoins():

@@ -100,6 +100,16 @@ def measure_links(world: int, topo=None, backend: str = "local", timeout: float 
     return links
 
 
+def links_in_job(comm, gpn: int) -> dict | None:
+    """:func:`measure_links` on ``comm``'s ranks as they already run (a torchrun job, a cluster of them), ``gpn``
+    to a node: the fitted links on rank 0, None elsewhere."""
+    peers = link_peers(comm.world, gpn)
+    measured = pingpong_rank(comm, list(peers.values()))
+    groups = ring_groups(gpn)
+    rings = [ring_rank(comm, g) for g in groups]                    # rank 0's: the others' are None
+    return fit_links(peers, gpn, measured, groups, rings) if comm.rank == 0 else None
+
+
 def link_peers(world: int, gpn: int) -> dict:
     """{link class: rank 0's peer}: the next rank inside a node ("intra", when a node holds two ranks or more),
     the first rank of the next node ("inter", with more than one node)."""
@@ -172,11 +182,7 @@ def calibrate_in_job(comm, dtype: str = "float32", hidden=None, window: float = 
     on_phase(PHASES[1])
     links, busy["relay"] = {}, []
     if world > 1:
-        peers = link_peers(world, gpn)
-        measured = pingpong_rank(comm, list(peers.values()))
-        groups = ring_groups(gpn)
-        rings = [ring_rank(comm, g) for g in groups]                # rank 0's: the others' are None
-        links = fit_links(peers, gpn, measured, groups, rings) if comm.rank == 0 else {}
+        links = links_in_job(comm, gpn) or {}
         overlap = [None] * world
         dist_module().all_gather_object(overlap, overlap_rank(comm))
         busy["overlap"] = {**overlap[0], "overlap": min(r["overlap"] for r in overlap)}

@@ -7,6 +7,7 @@ import os
 from dataclasses import replace
 
 from netmorph.cli import add_timeout, float_in, int_in, plot_file, print_json
+from netmorph.cli.cluster import add_cluster_flags, in_cluster
 from netmorph.errors import UsageError, require
 
 FLAGS = {"kills": "--kill", "joins": "--join", "hangs": "--hang"}
@@ -49,22 +50,11 @@ def add_parser(sub) -> None:
     p.add_argument("--plot", type=plot_file,
                    metavar="PNG", help="--compare: draw membership, throughput and progress over wall "
                                        "time for the three recoveries")
-    c = p.add_argument_group("a cluster: every node its own torchrun job (netmorph launch starts them on one box)")
-    c.add_argument("--lighthouse", metavar="HOST:PORT",
-                   help="the lighthouse the nodes meet through (netmorph lighthouse --port P); under torchrun each "
-                        "node runs: torchrun --nproc-per-node K --max-restarts R -m netmorph elastic --lighthouse "
-                        "HOST:P --node-index I --nodes N ...; --kill and --hang then name the launch's global ranks")
-    c.add_argument("--node-index", dest="node", type=int_in(0, 1023),
-                   help="this torchrun job's node, 0..N-1 (with --lighthouse; not --node: torchrun's own parser "
-                        "reads that as an abbreviation of its --node-rank)")
-    c.add_argument("--nodes", type=int_in(1, 1024), help="nodes in the job, late ones included (with --lighthouse)")
+    c = add_cluster_flags(p, "elastic", "--kill and --hang then name the launch's global ranks")
     c.add_argument("--tp", type=int_in(1, 32), default=1,
                    help="tensor parallel over T workers of each node (Megatron's --tensor-model-parallel-size; T "
                         "divides --nproc-per-node), data parallel across nodes: a node lost takes whole "
                         "tensor-parallel groups with it (default 1)")
-    c.add_argument("--late-node", dest="late_nodes", action="append", type=int_in(0, 1023), default=[],
-                   metavar="NODE", help="a node that starts after the others, not in the first view (repeatable; "
-                                        "netmorph launch --join NODE@STEP sets it)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run, flags=FLAGS)
 
@@ -105,13 +95,6 @@ def cluster_config(args, nodes: int, k: int):
 
 def _cluster(args):
     """``--lighthouse``: this torchrun job is one node of a cluster; the summary from node 0's local rank 0."""
-    if args.node is None or args.nodes is None:
-        raise UsageError("--lighthouse needs --node-index I and --nodes N (this job's node and how many there are)")
-    if args.node >= args.nodes:
-        raise UsageError(f"--node-index must be in 0..--nodes - 1 = {args.nodes - 1}")
-    if "LOCAL_WORLD_SIZE" not in os.environ:
-        raise UsageError("--lighthouse joins a cluster from a torchrun job: run it under torchrun (or netmorph "
-                         "launch)")
     cfg = cluster_config(args, args.nodes, int(os.environ["LOCAL_WORLD_SIZE"]))
     cfg.check()
     from netmorph.elastic.node import run as run_node
@@ -123,13 +106,11 @@ def run(args) -> int:
     from netmorph.elastic.train import train
     gpt = args.job == "gpt"
     cfg = config_from(args)
-    if args.lighthouse:
+    if in_cluster(args):
         cfg, out = _cluster(args)
         if out is None:                 # not node 0's local rank 0: it prints for the job, as nccl-tests under mpirun
             return 0
         return _print(args, cfg, out, gpt)
-    if args.node is not None or args.nodes is not None or args.late_nodes:
-        raise UsageError("--node-index, --nodes and --late-node place a torchrun job in a cluster: add --lighthouse")
     cfg = replace(cfg, tp=args.tp)               # > 1 is refused on one box: a node is its failure domain
     cfg.check()
     if not 1 <= args.checkpoint_every <= (cfg.steps if args.compare else 100_000):   # vs --steps: --compare's

@@ -8,7 +8,7 @@ import sys
 from netmorph.cli import int_in
 from netmorph.errors import Terminated, UsageError, require
 
-RUNS = ("elastic",)              # the subcommands that run as a cluster of torchrun jobs
+RUNS = ("elastic", "morph")      # the subcommands that run as a cluster of torchrun jobs
 
 
 def add_parser(sub) -> None:
@@ -64,6 +64,12 @@ def _preflight(sub: str, argv: list, nodes: int, nproc: int, late: list) -> None
         from netmorph.cli.elastic import cluster_config
         args.late_nodes = late
         cluster_config(args, nodes, nproc).check()
+    if sub == "morph":
+        from netmorph.cli.morph import cluster_check
+        if late:
+            raise UsageError("--join: morph's node-joins is its scenario's (one box); a cluster's morph starts "
+                             "every node at once")
+        cluster_check(args, nodes, nproc)
 
 
 def run(args) -> int:

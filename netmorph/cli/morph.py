@@ -9,11 +9,13 @@ on the new layout beside an unmorphed run of the same length.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import replace
 import statistics
 
 from netmorph.cli import (action_only, add_timeout, check_action, float_in, int_in, link_mbps, plot_file,
                           print_json)
+from netmorph.cli.cluster import add_cluster_flags, in_cluster
 from netmorph.errors import UsageError
 
 
@@ -65,10 +67,12 @@ def add_parser(sub) -> None:
     p.add_argument("--global-batch", type=int_in(1, 4096), default=8,
                    help="sequences per step, both layouts (default 8)")
     add_timeout(p, 60)
+    add_cluster_flags(p, "morph", "run: the two nodes are two torchrun jobs (netmorph launch --nodes 2 "
+                                  "--nproc-per-node K -- morph ...), the link between them emulated on gloo")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
     action_only(p, "run", ("scenario", "segment", "static", "compute_ms", "inter_node_mbps", "checkpoint_every",
-                           "compare", "plot"))
+                           "compare", "plot", "lighthouse", "node", "nodes"))
     action_only(p, "reshard", ("before", "after"))
 
 
@@ -91,7 +95,40 @@ def run(args) -> int:
 SHOWN = 10          # rows of the twin's table
 
 
+def cluster_check(args, nodes: int, k: int) -> int:
+    """A cluster's morph (``nodes`` torchrun jobs of ``k`` workers), checked before anything starts: its world,
+    or one line naming the flag to change."""
+    from netmorph.morph.cluster import check_cluster
+    from netmorph.morph.controller import check_run, parse_scenario
+    if args.action != "run":
+        raise UsageError("a cluster runs morph's control loop (morph run); morph reshard runs on one box")
+    if args.compare:
+        raise UsageError("--compare relaunches every rank on one box; across torchrun jobs it is "
+                         "benchmarks/elastic_torchrun.py's measurement, not morph's")
+    scenario = parse_scenario(args.scenario)
+    world = check_cluster(nodes, k, args.world, scenario)
+    check_run(_model(args), world, args.global_batch, 100 if args.steps is None else args.steps, args.segment,
+              scenario)
+    return world
+
+
 def _control(args) -> int:
+    """morph run: on one box (a launch of ``--world`` ranks per run), or as one worker of a cluster."""
+    cluster = None
+    if in_cluster(args):
+        if args.late_nodes:
+            raise UsageError("--late-node: morph's cluster starts every node at once", "late_node")
+        from netmorph.morph.cluster import Cluster
+        args.world = cluster_check(args, args.nodes, int(os.environ["LOCAL_WORLD_SIZE"]))
+        cluster = Cluster(args.lighthouse, args.node, args.nodes, args.timeout)
+    try:
+        return _control_on(args, cluster)
+    finally:
+        if cluster is not None:
+            cluster.close()
+
+
+def _control_on(args, cluster) -> int:
     from netmorph.morph.controller import (Trainer, check_run, parse_scenario, relaunch_seconds, run_adaptive,
                                            run_static, twin_of)
     from netmorph.morph.scenario import LOSSES
@@ -102,16 +139,22 @@ def _control(args) -> int:
     check_run(model, world, args.global_batch, steps, args.segment, scenario)
     trainer = Trainer(model, args.global_batch, world, args.timeout, args.compute_ms, args.inter_node_mbps,
                       args.checkpoint_every)
-    say = (lambda *a, **k: None) if args.json else print
-    say(f"# netmorph morph: GPT {args.layers} layers x {args.hidden}, sequence {model.seq}, on {world} ranks, two "
-        f"emulated nodes ({1 / trainer.base.beta / 1e9:.0f} GB/s inside, {1 / trainer.base.beta_inter / 1e6:g} MB/s "
+    head = cluster is None or cluster.head
+    workers = None if cluster is None else cluster.comm       # a cluster: the runs are on this communicator
+    say = (lambda *a, **k: None) if args.json or not head else print
+    where = ("two emulated nodes" if cluster is None else
+             f"two torchrun jobs of {world // 2} workers (gloo, the links emulated on it)")
+    say(f"# netmorph morph: GPT {args.layers} layers x {args.hidden}, sequence {model.seq}, on {world} ranks, "
+        f"{where} ({1 / trainer.base.beta / 1e9:.0f} GB/s inside, {1 / trainer.base.beta_inter / 1e6:g} MB/s "
         f"between), accelerators of {trainer.device_flops / 1e9:.3g} GFLOP/s; {steps} steps, scenario "
         f"{scenario.label()}")
     from netmorph.calibrate.run import measure_links
     from netmorph.cli.progress import Bar
-    with Bar("morph") as bar:
+    quiet = {} if head else {"tty": False, "every": math.inf}     # one worker of a cluster shows progress
+    with Bar("morph", **quiet) as bar:
         with bar.task("measuring the links (netmorph calibrate's link phase)"):
-            links = measure_links(world, trainer.base, timeout=args.timeout)
+            links = (measure_links(world, trainer.base, timeout=args.timeout) if cluster is None else
+                     cluster.links(trainer.base))
         twin = twin_of(trainer, links)
         hw = twin.hardware
         say(f"the twin: links measured on these ranks (inside a node {1e6 * hw.alpha_intra:.0f} us + "
@@ -130,7 +173,7 @@ def _control(args) -> int:
         say(f"start on {start.tag()} (the twin's best on the healthy cluster); controller every {args.segment} "
             f"steps:", flush=True)
         with bar.task("the control loop's run"):
-            adaptive = run_adaptive(trainer, twin, start, steps, args.segment, scenario, log=say)
+            adaptive = run_adaptive(trainer, twin, start, steps, args.segment, scenario, log=say, comm=workers)
         statics = {}
         # the best-ranked splits, and under memory pressure the best of those that fit the tightest memory: the
         # split a user who knew the scenario would have chosen
@@ -139,7 +182,8 @@ def _control(args) -> int:
         for lay in list(dict.fromkeys(ranked[:args.static] + fits)):
             say(f"static {lay.tag()} ...", flush=True)
             with bar.task(f"static {lay.tag()}"):
-                statics[lay.tag()] = run_static(trainer, lay, steps, args.segment, scenario, log=say, twin=twin)
+                statics[lay.tag()] = run_static(trainer, lay, steps, args.segment, scenario, log=say, twin=twin,
+                                                comm=workers)
         restart = None
         if args.compare:
             with bar.task("measuring a restart, then the start split restarted as torchrun would"):
@@ -148,6 +192,8 @@ def _control(args) -> int:
                     flush=True)
                 restart = run_static(trainer, start, steps, args.segment, scenario, log=say, twin=twin,
                                      restart_s=restart_s)
+    if not head:                  # a cluster's worker other than rank 0: it ran its part, rank 0 prints
+        return 0
     best_static = min(statics, key=lambda k: statics[k].total_s)
     healthy = min(steps, scenario.at if scenario.events else steps)
     # the twin as the run left it (the per-operator cost it measured), on the healthy link: each static split's

@@ -230,21 +230,23 @@ def _nothing(comm) -> None:
 
 
 def run_static(trainer: Trainer, layout: Layout, steps: int, segment: int, scenario: Scenario,
-               log=lambda *a, **k: None, twin: Twin | None = None, restart_s: float | None = None) -> Run:
+               log=lambda *a, **k: None, twin: Twin | None = None, restart_s: float | None = None,
+               comm=None) -> Run | None:
     """``layout`` throughout, as torchelastic and Megatron would run it: after a node's loss with fewer
     data-parallel replicas (:func:`resized`), after a node joins with as many as it started with, on longer
     sequences as it is; the end of the run when its model-parallel group no longer fits the ranks, or (priced by
     ``twin``, default :func:`twin_of` the trainer) its memory. It runs in the control loop's one launch with
     nothing to decide (:class:`~netmorph.morph.live.LiveJob` ``static``), so a node lost mid-step is detected and
     recovered from -- redone steps, a checkpoint read, processes started for a node back -- as the adaptive run
-    pays it. With ``restart_s``, torchrun's restart: a node lost or joining restarts every rank (``restart_s``
+    pays it (with ``comm``, on a cluster's workers: :func:`~netmorph.morph.live.run_live`). With ``restart_s``,
+    torchrun's restart: a node lost or joining restarts every rank (``restart_s``
     seconds, :func:`relaunch_seconds`) from the last checkpoint, redoing the steps since."""
     if restart_s is None:
         live = LiveJob(trainer.model, trainer.global_batch, trainer.device_flops, trainer.base,
                        twin or twin_of(trainer), layout, steps, segment, scenario,
                        checkpoint_every=trainer.checkpoint_every, static=True)
         return run_live(live, trainer.world, trainer.timeout,
-                        lambda line: log(f"  static {layout.tag()}: {line.strip().removeprefix('-> ')}"))
+                        lambda line: log(f"  static {layout.tag()}: {line.strip().removeprefix('-> ')}"), comm)
     job = _Job(trainer, layout)
     while job.step < steps:
         topo = scenario.topology(trainer.base, job.clock)
@@ -275,11 +277,11 @@ def run_static(trainer: Trainer, layout: Layout, steps: int, segment: int, scena
 
 
 def run_adaptive(trainer: Trainer, twin: Twin, start: Layout, steps: int, segment: int, scenario: Scenario,
-                 hysteresis: float = 0.10, confirm: int = 2, log=print) -> Run:
+                 hysteresis: float = 0.10, confirm: int = 2, log=print, comm=None) -> Run | None:
     """The control loop (module docstring) deciding on ``twin``; ``log`` gets one line per segment and per
     decision. The whole run is one launch whose ranks stay alive across moves, losses and joins
-    (:mod:`netmorph.morph.live`)."""
+    (:mod:`netmorph.morph.live`); with ``comm``, this process is one of a cluster's ranks (None off rank 0)."""
     live = LiveJob(trainer.model, trainer.global_batch, trainer.device_flops, trainer.base, twin, start, steps,
                    segment, scenario, hysteresis, confirm, verbose=log is print,
                    checkpoint_every=trainer.checkpoint_every)
-    return run_live(live, trainer.world, trainer.timeout, log)
+    return run_live(live, trainer.world, trainer.timeout, log, comm)

@@ -322,12 +322,19 @@ def live_rank(comm, job: LiveJob) -> dict:
     return _Rank(comm, job).main()
 
 
-def run_live(job: LiveJob, world: int, timeout: float, log=lambda line: None) -> Run:
+def run_live(job: LiveJob, world: int, timeout: float, log=lambda line: None, comm=None) -> Run | None:
     """The whole adaptive run in one launch of ``world`` ranks on the emulated cluster; its :class:`Run`, the
     losses gathered from the ranks that computed them (rank 0's lines go to ``log`` at the end unless
-    ``job.verbose`` printed them as they came)."""
+    ``job.verbose`` printed them as they came). With ``comm`` (a cluster's worker, :mod:`netmorph.morph.cluster`)
+    this process is one of the ranks, launched already: the Run on rank 0 (every rank learns every loss), None
+    elsewhere."""
     from netmorph.runtime.launch import launch
-    if membership_changes(job.scenario):
+    if comm is not None:
+        out = live_rank(comm, job)
+        if out["run"] is None:
+            return None
+        outs = [out]
+    elif membership_changes(job.scenario):
         with tempfile.TemporaryDirectory(prefix=".netmorph-ckpt-") as d:
             outs, _ = launch(live_rank, world, replace(job, checkpoints=d), topology=job.base, timeout=timeout,
                              elastic=True)

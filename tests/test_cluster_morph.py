@@ -1,0 +1,82 @@
+"""morph across torchrun jobs: the control loop's ranks are two torchrun jobs' workers (netmorph launch).
+
+The cross-node link is emulated on the torch transport (its send clock), degrades mid-run, and the twin -- its
+links measured on these very workers -- moves the split; the reshard runs between the live ranks over
+torch.distributed, and the run ends with the loss of the static split beside it on the same workers.
+"""
+
+import json
+import time
+
+import pytest
+from clusters import launch_cli, leftovers, netmorph_processes, temporaries
+
+from netmorph.cli import main
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_morph_on_two_torchrun_jobs_moves_when_the_link_between_them_degrades_and_back_when_it_recovers():
+    before = temporaries()
+    r = launch_cli(["--nodes", "2", "--nproc-per-node", "2", "--max-restarts", "0", "--", "morph", "--steps", "40",
+                    "--segment", "5", "--scenario", "link-degrades@5,link-recovers@20", "--static", "1", "--json"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    assert out["world"] == 4 and out["start"] == "tp1·pp1·dp4"
+    # the twin's links were measured on the cluster, through the emulated 50 MB/s between the jobs: far below what
+    # gloo over loopback moves unemulated (GB/s); the rate itself is held in test_send_clock_* below
+    assert 1 / out["links"]["inter"]["beta"] < 120e6, out["links"]["inter"]
+    # away from data parallelism once the link is 10x slower, back once it recovers: the way back moves the other
+    # stage's parameters and Adam moments between the live ranks over torch.distributed
+    assert [(d["from"], d["to"]) for d in out["decisions"]] == [("tp1·pp1·dp4", "tp1·pp2·dp2"),
+                                                                ("tp1·pp2·dp2", "tp1·pp1·dp4")], out["decisions"]
+    back = out["decisions"][1]
+    assert back["step"] > 20 and back["reshard_bytes"] > 1_000_000 and back["reshard_s"] > 0
+    # the same data, every step: the adaptive run ends on the static split's loss (float32, other reduce orders)
+    final = out["final_loss"]
+    assert final["adaptive"] == pytest.approx(final["static tp1·pp1·dp4"], rel=1e-6)
+    assert out["redone_steps"] == 0
+    time.sleep(0.5)
+    assert leftovers(before) == [] and netmorph_processes() == []
+
+
+def _pingpong(comm, topo):
+    import numpy as np
+    comm.emulate(topo)
+    buf = np.zeros(1 << 17)                      # 1 MiB
+    comm.barrier()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        if comm.rank == 0:
+            comm.send(buf, 1)
+            comm.recv(buf, 1)
+        else:
+            comm.recv(buf, 0)
+            comm.send(buf, 0)
+    return (time.perf_counter() - t0) / 6
+
+
+@pytest.mark.parametrize("mbps", [50, 5])
+def test_send_clock_holds_a_torch_message_to_its_emulated_link_as_the_fabric_does(mbps):
+    """A 1 MiB message between two emulated nodes takes what the link's α and β say on the torch transport (its
+    send clock) as on the local fabric (its link clock): 21 ms at 50 MB/s, 210 ms at 5."""
+    from netmorph.cost.topology import two_nodes
+    from netmorph.runtime.launch import launch
+    want = 50e-6 + (1 << 20) / (mbps * 1e6)
+    local, torch = (launch(_pingpong, 2, two_nodes(2, mbps), backend=b, timeout=60)[0] for b in ("local", "torch"))
+    assert want <= local < 1.5 * want and want <= torch < 1.5 * want, (local, torch, want)
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--nodes", "3", "--nproc-per-node", "2", "--", "morph"], "--nodes 2"),
+    (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "--world", "8"], "--world 8"),
+    (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "--scenario", "node-lost@10"], "one box"),
+    (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "reshard"], "morph reshard runs on one box"),
+    (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "--compare"], "--compare"),
+    (["--nodes", "2", "--nproc-per-node", "2", "--join", "1@5", "--", "morph"], "--join"),
+    (["--nodes", "2", "--nproc-per-node", "3", "--", "morph"], "--nproc-per-node 3"),
+])
+def test_bad_cluster_morph_input_is_one_line(argv, words, capsys):
+    assert main(["launch", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
