@@ -106,6 +106,22 @@ def test_plan_onto_the_survivors_of_a_lost_node():
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.timeout(120)
+def test_reshard_over_torch_distributed_equals_the_fabric_bit_for_bit():
+    """The plan that morph runs between live ranks of torchrun jobs, on the torch transport (gloo): every rank ends
+    with the fabric's state bit for bit, the ledger counts the plan's messages and bytes."""
+    a = run(Layout(pp=2, dp=2), 2)
+    p = plan(MODEL, Layout(pp=2, dp=2), Layout(dp=4))
+    states = [r.state.flat for r in a]
+    local, _ = execute(p, states)
+    over_torch, ledger = execute(p, states, backend="torch")
+    assert ledger.by_phase()["morph"] == {"messages": p.messages, "bytes": p.bytes} and p.bytes > 0
+    for x, y in zip(local, over_torch):
+        for kind in KINDS:
+            assert np.array_equal(x[kind], y[kind])
+        assert x["t"] == y["t"] == 2
+
+
 def test_survivors_and_checkpoints_continue_the_unmorphed_run():
     """Two steps on 4 ranks, ranks 2 and 3 lost: tp2·dp2 reshards onto the survivors over the fabric; pp2·dp2 lost
     stage 1, so it reads the checkpoint of step 1 into the new layout and redoes step 1. Either way two (three) more

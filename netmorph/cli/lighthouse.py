@@ -14,8 +14,8 @@ def add_parser(sub) -> None:
                                    "heartbeats, each epoch's process group), torch's TCPStore, as torchft's "
                                    "lighthouse serves its quorum. It keeps nothing the members cannot give back: "
                                    "restarted, it is re-derived from them. Each node then runs torchrun ... -m "
-                                   "netmorph elastic --lighthouse HOST:PORT --node-index I --nodes N. Runs until SIGTERM "
-                                   "or Ctrl-C.")
+                                   "netmorph elastic (or morph) --lighthouse HOST:PORT --node-index I --nodes N. "
+                                   "Runs until SIGTERM or Ctrl-C.")
     p.add_argument("--port", type=int_in(1, 65535), required=True, help="TCP port to listen on")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default all; 127.0.0.1: this host)")
     p.set_defaults(run=run)

@@ -39,8 +39,9 @@ def socket_fds() -> set:
     return out
 
 
-def connected(fds) -> list:
-    """The descriptors among ``fds`` that are connected sockets (a listener has no peer)."""
+def _on_each(fds, call) -> list:
+    """``call(sock)`` on a duplicate of each descriptor in ``fds`` (the original stays its owner's); the
+    descriptors on which it did not raise OSError."""
     out = []
     for fd in fds:
         try:
@@ -48,7 +49,7 @@ def connected(fds) -> list:
         except OSError:
             continue
         try:
-            s.getpeername()
+            call(s)
             out.append(fd)
         except OSError:
             pass
@@ -57,19 +58,14 @@ def connected(fds) -> list:
     return out
 
 
+def connected(fds) -> list:
+    """The descriptors among ``fds`` that are connected sockets (a listener has no peer)."""
+    return _on_each(fds, lambda s: s.getpeername())
+
+
 def shut(fds) -> None:
     """Shut down both directions of each connected socket (its owner's pending reads and the peer's fail)."""
-    for fd in fds:
-        try:
-            s = socket.socket(fileno=os.dup(fd))
-        except OSError:
-            continue
-        try:
-            s.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        finally:
-            s.close()
+    _on_each(fds, lambda s: s.shutdown(socket.SHUT_RDWR))
 
 
 class DefaultGroup:
