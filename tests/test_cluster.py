@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from clusters import (launch_cli as _launch, leftovers as _leftovers, netmorph_processes as _netmorph_processes,
-                      temporaries as _tmp)
+from clusters import (ENV, ROOT, launch_cli as _launch, leftovers as _leftovers,
+                      netmorph_processes as _netmorph_processes, temporaries as _tmp)
 
 from netmorph.cli import main
 
@@ -29,7 +29,7 @@ def test_two_nodes_survive_a_worker_killed_mid_step_and_the_restarted_node_rejoi
     torchrun tears the node down and starts it again (incarnation 1: slots 6 and 7), which asks to join, is admitted
     after a step and handed the parameters and Adam's moments by broadcast."""
     before = _tmp()
-    r = _launch(["--nodes", "2", "--nproc-per-node", "2", "--max-restarts", "2", "--", "elastic", "--steps", "200",
+    r = _launch(["--nodes", "2", "--nproc-per-node", "2", "--max-restarts", "2", "--", "elastic", "--steps", "400",
                  "--kill", "3@5", "--check", "--json", "--timeout", "20"])
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
@@ -96,13 +96,14 @@ def test_a_node_started_late_joins_and_is_healed():
     assert _leftovers(before) == [] and _netmorph_processes() == []
 
 
-def test_a_whole_node_killed_is_found_and_the_others_go_on():
+def test_a_whole_node_killed_is_found_and_the_others_go_on(monkeypatch):
     """Node 1's torchrun and its workers SIGKILLed from outside mid-run (no agent left to restart them): the
     survivors find it by the group's closed connections and the heartbeats, agree without it and finish, equal to
     the failure-free run."""
     from netmorph.elastic.gpt import PROGRESS
     from netmorph.elastic.launcher import Cluster, Plan, free_port
     from netmorph.elastic.lighthouse import LighthouseStore
+    monkeypatch.setattr(tempfile, "tempdir", ROOT)          # the launch's folder where the leftover check looks
     before = _tmp()
     plan = Plan(2, 2, ["elastic", "--steps", "60", "--check", "--json", "--timeout", "20"], 0, {}, free_port())
     with tempfile.TemporaryFile("w+") as out:
@@ -236,7 +237,7 @@ def test_ctrl_c_and_sigterm_reach_every_job_and_nothing_is_left(sig, code):
     before = _tmp()
     p = subprocess.Popen([sys.executable, "-m", "netmorph", "launch", "--nodes", "2", "--nproc-per-node", "2", "--",
                           "elastic", "--steps", "100000", "--timeout", "20"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True, env=ENV)
     try:
         deadline = time.monotonic() + 60
         while len(_netmorph_processes()) < 7:            # the lighthouse, two agents and four workers

@@ -43,6 +43,32 @@ def test_morph_on_two_torchrun_jobs_moves_when_the_link_between_them_degrades():
     assert leftovers(before) == [] and netmorph_processes() == []
 
 
+@pytest.mark.parametrize("kind", ["node-lost", "node-hangs"])
+def test_morph_on_two_torchrun_jobs_goes_on_when_node_1_is_lost_mid_step(kind):
+    """Node 1's workers SIGKILL (SIGSTOP) themselves in step 12 on the cluster's clock; the survivors find it (gloo's
+    closed connections, or φ accrual over the heartbeats and a fence), agree on the view through the lighthouse,
+    re-form on a fresh gloo group, and the twin picks the survivors' layout: the step in flight redone, none from
+    a checkpoint, and the losses those of the run that lost nothing (one rank, the same global batches). Node 1's
+    torchrun restarts it (--max-restarts 1); the restarted workers say so and leave."""
+    from netmorph.mesh.layout import Layout
+    from netmorph.mesh.shape import ModelShape
+    from netmorph.morph.layouts import train_config
+    from netmorph.parallel.run import reference
+    before = temporaries()
+    r = launch_cli(["--nodes", "2", "--nproc-per-node", "2", "--max-restarts", "1", "--", "morph", "--steps", "24",
+                    "--segment", "5", "--scenario", f"{kind}@12", "--timeout", "20", "--json"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    lost = out["decisions"][0]
+    assert lost["from"] == "tp1·pp1·dp4" and lost["to"].endswith("dp2") and lost["reason"].startswith(
+        "node lost" if kind == "node-lost" else "node hung"), lost
+    assert out["redone_steps"] == 1 and out["static_runs"] == {}
+    losses, _, _ = reference(train_config(ModelShape(layers=4, hidden=32, heads=4, seq=16, vocab=64), Layout(), 24, 8))
+    assert out["final_loss"]["adaptive"] == pytest.approx(losses[-1], rel=1e-5)
+    time.sleep(0.5)
+    assert leftovers(before) == [] and netmorph_processes() == []
+
+
 def _pingpong(comm, topo):
     import numpy as np
     comm.emulate(topo)
@@ -73,7 +99,7 @@ def test_send_clock_holds_a_torch_message_to_its_emulated_link_as_the_fabric_doe
 @pytest.mark.parametrize("argv,words", [
     (["--nodes", "3", "--nproc-per-node", "2", "--", "morph"], "--nodes 2"),
     (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "--world", "8"], "--world 8"),
-    (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "--scenario", "node-lost@10"], "one box"),
+    (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "--scenario", "node-lost@5,node-joins@10"], "one box"),
     (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "reshard"], "morph reshard runs on one box"),
     (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "--compare"], "--compare"),
     (["--nodes", "2", "--nproc-per-node", "2", "--join", "1@5", "--", "morph"], "--join"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import replace
 import statistics
 
@@ -121,6 +122,12 @@ def _control(args) -> int:
         from netmorph.morph.cluster import Cluster
         args.world = cluster_check(args, args.nodes, int(os.environ["LOCAL_WORLD_SIZE"]))
         cluster = Cluster(args.lighthouse, args.node, args.nodes, args.timeout)
+        if cluster.restarted:                 # the scenario lost this node; the run goes on without it
+            print(f"# netmorph morph: node {args.node} restarted by torchrun after the scenario lost it; the run "
+                  "goes on without it (a node's return across torchrun jobs is netmorph elastic's)",
+                  file=sys.stderr)
+            cluster.close()
+            return 0
     try:
         return _control_on(args, cluster)
     finally:
@@ -131,6 +138,7 @@ def _control(args) -> int:
 def _control_on(args, cluster) -> int:
     from netmorph.morph.controller import (Trainer, check_run, parse_scenario, relaunch_seconds, run_adaptive,
                                            run_static, twin_of)
+    from netmorph.morph.cluster import losing
     from netmorph.morph.scenario import LOSSES
     world = 8 if args.world is None else args.world
     steps = 100 if args.steps is None else args.steps
@@ -179,7 +187,9 @@ def _control_on(args, cluster) -> int:
         # split a user who knew the scenario would have chosen
         tight = min(scenario.memory(s) for s in range(steps + 1))
         fits = [] if math.isinf(tight) else replace(twin, memory_share=tight).layouts(world, model.seq)[:1]
-        for lay in list(dict.fromkeys(ranked[:args.static] + fits)):
+        # a cluster that lost node 1 has no node 1 left for the static splits: the adaptive run alone
+        alone = cluster is not None and losing(scenario)
+        for lay in [] if alone else list(dict.fromkeys(ranked[:args.static] + fits)):
             say(f"static {lay.tag()} ...", flush=True)
             with bar.task(f"static {lay.tag()}"):
                 statics[lay.tag()] = run_static(trainer, lay, steps, args.segment, scenario, log=say, twin=twin,
@@ -194,7 +204,7 @@ def _control_on(args, cluster) -> int:
                                      restart_s=restart_s)
     if not head:                  # a cluster's worker other than rank 0: it ran its part, rank 0 prints
         return 0
-    best_static = min(statics, key=lambda k: statics[k].total_s)
+    best_static = min(statics, key=lambda k: statics[k].total_s) if statics else None
     healthy = min(steps, scenario.at if scenario.events else steps)
     # the twin as the run left it (the per-operator cost it measured), on the healthy link: each static split's
     # healthy steps against it
@@ -213,8 +223,9 @@ def _control_on(args, cluster) -> int:
            "static_runs": {k: _finite(r.total_s) for k, r in statics.items()},
            "static_failed": {k: r.failed for k, r in statics.items() if r.failed},
            "total_s": adaptive.total_s, "reshard_s": adaptive.reshard_s, "redone_steps": adaptive.redone,
-           "start": start.tag(), "start_static_total_s": _finite(statics[start.tag()].total_s),
-           "best_static": best_static, "best_static_total_s": _finite(statics[best_static].total_s),
+           "start": start.tag(),
+           "start_static_total_s": _finite(statics[start.tag()].total_s) if statics else None,
+           "best_static": best_static, "best_static_total_s": _finite(statics[best_static].total_s) if statics else None,
            "decide_s": adaptive.decide_s,
            "links": {k: {"alpha": v["alpha"], "beta": v["beta"], "base": v.get("base", 0.0)} for k, v in links.items()},
            "restart_total_s": None if restart is None else _finite(restart.total_s),
@@ -229,7 +240,7 @@ def _control_on(args, cluster) -> int:
     if args.json:
         print_json(out)
         return 0
-    first = statics[start.tag()].total_s
+    first = statics[start.tag()].total_s if statics else math.nan
     print(f"{'run':<24} {'total (s)':>10} {'vs start':>9} {'redone':>7} {'final loss':>11} {'median tokens/s':>16} "
           f"{'healthy ms/step: measured':>26} {'twin':>6}")
     for name, r in _rows(adaptive, statics, restart):
@@ -245,12 +256,14 @@ def _control_on(args, cluster) -> int:
 
     def total(r, name):
         return f"{r.total_s:.2f} s on {name}" if not r.failed else f"no finish on {name} (stopped: {r.failed})"
-    print(f"# adaptive {adaptive.total_s:.2f} s against {total(statics[start.tag()], 'the start split ' + start.tag())}"
-          f" and {total(statics[best_static], f'the best of the {len(statics)} static splits run, ' + best_static)}; "
+    against = (f" against {total(statics[start.tag()], 'the start split ' + start.tag())} and "
+               f"{total(statics[best_static], f'the best of the {len(statics)} static splits run, ' + best_static)}"
+               if statics else " (no static split beside it: across torchrun jobs node 1 is gone after this run)")
+    print(f"# adaptive {adaptive.total_s:.2f} s{against}; "
           f"{len(adaptive.decisions)} move(s), {adaptive.reshard_s * 1e3:.1f} ms moving state, {adaptive.redone} steps "
           f"redone; each look {1e3 * max(adaptive.decide_s, default=0):.0f} ms at most (every layout priced by the "
           f"planner, none trial-run)")
-    if any(e.kind in LOSSES for e in scenario.events):
+    if any(e.kind in LOSSES for e in scenario.events) and statics:
         print("# every run meets the loss mid-step and recovers in its one launch (the static splits with fewer "
               "replicas, as torchelastic restarts them)" +
               ("" if restart is None else "; the restart relaunches every rank and reads the last checkpoint"))

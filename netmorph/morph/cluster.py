@@ -19,17 +19,19 @@ communicator. Rank 0 -- node 0's local rank 0 -- prints for the job, as nccl-tes
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 
 from netmorph.errors import UsageError
 from netmorph.morph.scenario import Scenario
 
 LINKS = "netmorph/morph/links"            # rank 0's fitted links, for every worker's twin
+SCRATCH = "netmorph/morph/checkpoints"    # the folder the live loop's checkpoints go to
 NODES = 2                                  # morph's scenarios happen on two nodes
 
 
 def check_cluster(nodes: int, k: int, world, scenario: Scenario) -> int:
     """The cluster's world (``nodes`` x ``k``), or the one line that says which flag to change."""
-    from netmorph.morph.members import membership_changes
     if nodes != NODES:
         raise UsageError(f"morph's scenarios happen on two nodes: --nodes 2, got {nodes}", "nodes")
     from netmorph.morph.controller import WORLDS
@@ -39,11 +41,19 @@ def check_cluster(nodes: int, k: int, world, scenario: Scenario) -> int:
     if world is not None and world != nodes * k:
         raise UsageError(f"--world {world} is the cluster's nodes x workers ({nodes} x {k} = {nodes * k}) under "
                          f"torchrun; leave it out", "world")
-    if membership_changes(scenario):
-        raise UsageError(f"{{scenario}} {scenario.label()}: a node lost, hung or joining runs on one box (netmorph "
-                         f"morph without launch); across torchrun jobs morph runs link-degrades, link-recovers, "
-                         f"seq-grows and memory-shrinks, and netmorph elastic the membership changes", "scenario")
+    from netmorph.morph.scenario import LOSSES
+    if any(e.kind == "node-joins" for e in scenario.events) or any(e.kind in LOSSES and e.node != 1
+                                                                     for e in scenario.events):
+        raise UsageError(f"{{scenario}} {scenario.label()}: across torchrun jobs morph loses (or hangs) node 1 and "
+                         f"goes on without it; node-joins and node 0's loss run on one box (netmorph morph without "
+                         f"launch), a node's return across jobs is netmorph elastic's", "scenario")
     return nodes * k
+
+
+def losing(scenario: Scenario) -> bool:
+    """Whether the run loses node 1 (then the static splits are not run: node 1 is gone after the adaptive run)."""
+    from netmorph.morph.members import membership_changes
+    return membership_changes(scenario)
 
 
 class Cluster:
@@ -53,12 +63,20 @@ class Cluster:
         from netmorph.elastic.cluster import join
         self.comm = join(lighthouse, node, nodes, timeout)
         place = self.comm.placement
-        if place.incarnation:
-            raise UsageError("morph's workers are not restarted under torchrun (its scenarios here lose no node): "
-                             "--max-restarts 0", "max_restarts")
+        self.restarted = place.incarnation > 0    # torchrun restarted this node after the scenario lost it
         self.world = place.launched
+        self.scratch = None
+        if self.restarted:
+            return
         self.comm.reform(range(self.world), 0, renumber=True)
         self.comm.transport.clock.canon = lambda slot: slot % self.world
+        # where every rank writes the live loop's checkpoints (a node lost may take state no survivor holds): a
+        # folder rank 0 makes on this host (in launch's own temporary folder under netmorph launch) -- on a real
+        # cluster it must be on a filesystem every node shares
+        if self.comm.rank == 0:
+            self.scratch = tempfile.mkdtemp(prefix=".netmorph-ckpt-")
+            self.comm.store.set(SCRATCH, self.scratch)
+        self.comm.checkpoints = self.comm.store.get(SCRATCH).decode()
 
     @property
     def head(self) -> bool:
@@ -78,5 +96,8 @@ class Cluster:
         return json.loads(comm.store.get(LINKS))
 
     def close(self) -> None:
-        self.comm.barrier()                   # nobody leaves while a peer still talks to it
+        if not self.restarted:
+            self.comm.barrier()               # nobody leaves while a peer still talks to it
         self.comm.close()
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)

@@ -330,6 +330,8 @@ def run_live(job: LiveJob, world: int, timeout: float, log=lambda line: None, co
     elsewhere."""
     from netmorph.runtime.launch import launch
     if comm is not None:
+        if membership_changes(job.scenario):   # a cluster's folder every rank writes to (Cluster.scratch)
+            job = replace(job, checkpoints=comm.checkpoints)
         out = live_rank(comm, job)
         if out["run"] is None:
             return None

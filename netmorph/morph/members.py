@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from netmorph.elastic.agent import dead_of
 from netmorph.elastic.detector import PhiAccrual
 from netmorph.elastic.heartbeat import Heartbeat, Watchdog, publish_pid
 from netmorph.elastic.membership import Rendezvous, agree_after_loss
@@ -51,6 +52,19 @@ HEARTBEAT, PAUSE = 0.1, 1.0
 def membership_changes(scenario: Scenario) -> bool:
     """Whether the scenario loses or adds ranks."""
     return any(e.kind in LOSSES + ("node-joins",) for e in scenario.events)
+
+
+def _suspected(comm):
+    """What a suspicion does beyond the fence: on a cluster (``comm.liveness``, :mod:`netmorph.elastic.cluster`)
+    mark the member dead and abort the epoch's group, so that every pending call fails now -- the local fabric's
+    launcher marks a fenced rank dead itself."""
+    if getattr(comm, "liveness", None) is None:
+        return None
+
+    def suspected(slot):
+        comm.liveness.mark(slot)
+        comm.transport.group.abort()
+    return suspected
 
 
 def agreed_max(comm, values) -> np.ndarray:
@@ -75,7 +89,7 @@ class Members:
         self.heart = Heartbeat(comm.store, comm.slot, HEARTBEAT).start()
         self.dog = Watchdog(comm.store, [r for r in range(comm.launched) if r != comm.slot], lambda: PhiAccrual(
             first_heartbeat_estimate=HEARTBEAT, min_std_deviation=HEARTBEAT / 2,
-            acceptable_heartbeat_pause=PAUSE), interval=HEARTBEAT / 2).start()
+            acceptable_heartbeat_pause=PAUSE), interval=HEARTBEAT / 2, on_suspect=_suspected(comm)).start()
 
     def unwatch(self) -> None:
         """Done: stop watching, and say so in the store, so that no watchdog fences a rank that finished."""
@@ -93,7 +107,8 @@ class Members:
         def silent(ranks):                        # neither posted nor died nor fenced by the watchdog in time
             raise err
         before = list(self.view.members)         # old rank i is before[i] (the numbering the layout in hand uses)
-        view = agree_after_loss(comm, self.rdzv, self.view, done, comm.transport.timeout, silent)
+        view = agree_after_loss(comm, self.rdzv, self.view, done, comm.transport.timeout, silent,
+                                None if getattr(comm, "liveness", None) is None else dead_of(comm))
         dead = sorted(set(self.view.members) - set(view.members))
         if self.dog is not None:
             self.dog.forget(dead)
@@ -124,7 +139,8 @@ class Members:
         if self.ctl is not None:
             _, predicted, current, top = best
             silent = list(self.dog.silence(dead).values())
-            what = (f"node lost ({world} ranks left, ranks {dead} killed mid-step, detected by the fabric)"
+            found = "the fabric" if getattr(comm, "liveness", None) is None else "their closed connections and heartbeats"
+            what = (f"node lost ({world} ranks left, ranks {dead} killed mid-step, detected by {found})"
                     if self.how == signal.SIGKILL else
                     f"node hung ({world} ranks left, ranks {dead} stopped mid-step: " +
                     (f"{max(silent):.1f} s without a heartbeat when φ accrual suspected them" if silent else
