@@ -138,7 +138,7 @@ def _control(args) -> int:
 def _control_on(args, cluster) -> int:
     from netmorph.morph.controller import (Trainer, check_run, parse_scenario, relaunch_seconds, run_adaptive,
                                            run_static, twin_of)
-    from netmorph.morph.cluster import losing
+    from netmorph.morph.members import membership_changes
     from netmorph.morph.scenario import LOSSES
     world = 8 if args.world is None else args.world
     steps = 100 if args.steps is None else args.steps
@@ -188,7 +188,7 @@ def _control_on(args, cluster) -> int:
         tight = min(scenario.memory(s) for s in range(steps + 1))
         fits = [] if math.isinf(tight) else replace(twin, memory_share=tight).layouts(world, model.seq)[:1]
         # a cluster that lost node 1 has no node 1 left for the static splits: the adaptive run alone
-        alone = cluster is not None and losing(scenario)
+        alone = cluster is not None and membership_changes(scenario)
         for lay in [] if alone else list(dict.fromkeys(ranked[:args.static] + fits)):
             say(f"static {lay.tag()} ...", flush=True)
             with bar.task(f"static {lay.tag()}"):

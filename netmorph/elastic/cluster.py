@@ -110,16 +110,25 @@ def join(lighthouse: str, node: int, nodes: int, timeout: float, fingerprints: b
     return comm
 
 
-def watch_members(comm, members, interval: float) -> Watchdog:
-    """A watchdog over ``members``' heartbeats (all but this worker): a member φ accrual suspects is fenced, marked
-    dead, and the current epoch's group aborted -- every pending collective fails now (``comm.watchdog``)."""
+def on_suspect(comm):
+    """What a suspicion does beyond the fence on a cluster's worker: mark the member dead (``comm.liveness``) and
+    abort the current epoch's group, so that every pending call fails now; None off a cluster (the local fabric's
+    launcher marks a fenced rank dead itself)."""
+    if getattr(comm, "liveness", None) is None:
+        return None
+
     def suspected(slot):
         comm.liveness.mark(slot)
         comm.transport.group.abort()
+    return suspected
 
+
+def watch_members(comm, members, interval: float) -> Watchdog:
+    """A watchdog over ``members``' heartbeats (all but this worker): a member φ accrual suspects is fenced, marked
+    dead, and the current epoch's group aborted -- every pending collective fails now (``comm.watchdog``)."""
     def make():
         return PhiAccrual(first_heartbeat_estimate=interval, min_std_deviation=interval / 2,
                           acceptable_heartbeat_pause=4 * interval)
     dog = Watchdog(comm.store, [m for m in members if m != comm.slot], make, interval=interval / 2,
-                   on_suspect=suspected)
+                   on_suspect=on_suspect(comm))
     return dog.start()

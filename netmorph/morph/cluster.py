@@ -50,12 +50,6 @@ def check_cluster(nodes: int, k: int, world, scenario: Scenario) -> int:
     return nodes * k
 
 
-def losing(scenario: Scenario) -> bool:
-    """Whether the run loses node 1 (then the static splits are not run: node 1 is gone after the adaptive run)."""
-    from netmorph.morph.members import membership_changes
-    return membership_changes(scenario)
-
-
 class Cluster:
     """This worker's place in the cluster: ``comm`` over every node's workers (rank = node x K + local rank)."""
 

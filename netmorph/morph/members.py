@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from netmorph.elastic.agent import dead_of
+from netmorph.elastic.cluster import on_suspect
 from netmorph.elastic.detector import PhiAccrual
 from netmorph.elastic.heartbeat import Heartbeat, Watchdog, publish_pid
 from netmorph.elastic.membership import Rendezvous, agree_after_loss
@@ -52,19 +53,6 @@ HEARTBEAT, PAUSE = 0.1, 1.0
 def membership_changes(scenario: Scenario) -> bool:
     """Whether the scenario loses or adds ranks."""
     return any(e.kind in LOSSES + ("node-joins",) for e in scenario.events)
-
-
-def _suspected(comm):
-    """What a suspicion does beyond the fence: on a cluster (``comm.liveness``, :mod:`netmorph.elastic.cluster`)
-    mark the member dead and abort the epoch's group, so that every pending call fails now -- the local fabric's
-    launcher marks a fenced rank dead itself."""
-    if getattr(comm, "liveness", None) is None:
-        return None
-
-    def suspected(slot):
-        comm.liveness.mark(slot)
-        comm.transport.group.abort()
-    return suspected
 
 
 def agreed_max(comm, values) -> np.ndarray:
@@ -89,7 +77,7 @@ class Members:
         self.heart = Heartbeat(comm.store, comm.slot, HEARTBEAT).start()
         self.dog = Watchdog(comm.store, [r for r in range(comm.launched) if r != comm.slot], lambda: PhiAccrual(
             first_heartbeat_estimate=HEARTBEAT, min_std_deviation=HEARTBEAT / 2,
-            acceptable_heartbeat_pause=PAUSE), interval=HEARTBEAT / 2, on_suspect=_suspected(comm)).start()
+            acceptable_heartbeat_pause=PAUSE), interval=HEARTBEAT / 2, on_suspect=on_suspect(comm)).start()
 
     def unwatch(self) -> None:
         """Done: stop watching, and say so in the store, so that no watchdog fences a rank that finished."""
@@ -107,8 +95,7 @@ class Members:
         def silent(ranks):                        # neither posted nor died nor fenced by the watchdog in time
             raise err
         before = list(self.view.members)         # old rank i is before[i] (the numbering the layout in hand uses)
-        view = agree_after_loss(comm, self.rdzv, self.view, done, comm.transport.timeout, silent,
-                                None if getattr(comm, "liveness", None) is None else dead_of(comm))
+        view = agree_after_loss(comm, self.rdzv, self.view, done, comm.transport.timeout, silent, dead_of(comm))
         dead = sorted(set(self.view.members) - set(view.members))
         if self.dog is not None:
             self.dog.forget(dead)

@@ -23,7 +23,6 @@ class SendClock:
     def __init__(self, rank: int, canon=None):
         self.rank, self.cost, self.canon = rank, None, canon or (lambda slot: slot)
         self.port_free = 0.0
-        self.delayed_s = 0.0                       # seconds this rank's sends were held, in all
 
     def hold(self, peer: int, nbytes: int) -> None:
         """Wait until a message of ``nbytes`` to ``peer`` would have crossed its link."""
@@ -34,5 +33,4 @@ class SendClock:
         self.port_free = max(now, self.port_free) + a + nbytes * b
         wait = self.port_free - now
         if wait > 0:
-            self.delayed_s += wait
             time.sleep(wait)
