@@ -99,7 +99,7 @@ def test_send_clock_holds_a_torch_message_to_its_emulated_link_as_the_fabric_doe
 @pytest.mark.parametrize("argv,words", [
     (["--nodes", "3", "--nproc-per-node", "2", "--", "morph"], "--nodes 2"),
     (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "--world", "8"], "--world 8"),
-    (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "--scenario", "node-lost@5,node-joins@10"], "one box"),
+    (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "--scenario", "node-lost@5:0"], "one box"),
     (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "reshard"], "morph reshard runs on one box"),
     (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "--compare"], "--compare"),
     (["--nodes", "2", "--nproc-per-node", "2", "--join", "1@5", "--", "morph"], "--join"),
@@ -109,3 +109,35 @@ def test_bad_cluster_morph_input_is_one_line(argv, words, capsys):
     assert main(["launch", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0], err
+
+
+def test_morph_on_two_torchrun_jobs_takes_node_1_back_when_its_torchrun_restarts_it():
+    """node-lost@8 then node-joins@15 across jobs: node 1's workers kill themselves, the survivors go on on two
+    ranks; node 1's torchrun job restarts its workers (new slots 6 and 7), which ask the lighthouse to join, and at
+    the first boundary past step 15 the members admit them, the twin takes the four-rank layout again and the
+    reshard sends them their parameters and Adam moments over the new gloo group -- the losses still those of the
+    run that lost nothing."""
+    from netmorph.mesh.layout import Layout
+    from netmorph.mesh.shape import ModelShape
+    from netmorph.morph.layouts import train_config
+    from netmorph.parallel.run import reference
+    before = temporaries()
+    r = launch_cli(["--nodes", "2", "--nproc-per-node", "2", "--max-restarts", "1", "--", "morph", "--steps", "30",
+                    "--segment", "5", "--scenario", "node-lost@8,node-joins@15", "--timeout", "20", "--json"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    lost, joined = out["decisions"][:2]
+    assert lost["reason"].startswith("node lost") and lost["to"].endswith("dp2"), lost
+    assert joined["reason"].startswith("a node joined (4 ranks: [6, 7]") and joined["to"] == "tp1·pp1·dp4", joined
+    assert 15 <= joined["step"] <= 20 and joined["reshard_bytes"] > 1_000_000, joined
+    assert out["redone_steps"] == 1
+    losses, _, _ = reference(train_config(ModelShape(layers=4, hidden=32, heads=4, seq=16, vocab=64), Layout(), 30, 8))
+    assert out["final_loss"]["adaptive"] == pytest.approx(losses[-1], rel=1e-5)
+    time.sleep(0.5)
+    assert leftovers(before) == [] and netmorph_processes() == []
+
+
+def test_morph_across_torchrun_jobs_refuses_a_node_back_that_torchrun_will_not_restart():
+    r = launch_cli(["--nodes", "2", "--nproc-per-node", "2", "--max-restarts", "0", "--", "morph", "--scenario",
+                    "node-lost@8,node-joins@15"], timeout=60)
+    assert r.returncode == 2 and "--max-restarts 1 or more, got 0" in r.stderr and "Traceback" not in r.stderr

@@ -47,7 +47,7 @@ def _joins(specs, nodes: int) -> dict:
     return out
 
 
-def _preflight(sub: str, argv: list, nodes: int, nproc: int, late: list) -> None:
+def _preflight(sub: str, argv: list, nodes: int, nproc: int, late: list, max_restarts: int) -> None:
     """The subcommand's own checks of its flags for this cluster, here, before any process starts."""
     from netmorph.cli import build_parser
     for flag in ("--lighthouse", "--node-index", "--nodes", "--late-node"):
@@ -69,7 +69,7 @@ def _preflight(sub: str, argv: list, nodes: int, nproc: int, late: list) -> None
         if late:
             raise UsageError("--join: morph's node-joins is its scenario's (one box); a cluster's morph starts "
                              "every node at once")
-        cluster_check(args, nodes, nproc)
+        cluster_check(args, nodes, nproc, max_restarts)
 
 
 def run(args) -> int:
@@ -82,7 +82,7 @@ def run(args) -> int:
     if sub not in RUNS:
         raise UsageError(f"launch runs {', '.join(RUNS)} as a cluster of torchrun jobs, not {sub!r}")
     joins = _joins(args.join, args.nodes)
-    _preflight(sub, argv, args.nodes, args.nproc_per_node, sorted(joins))
+    _preflight(sub, argv, args.nodes, args.nproc_per_node, sorted(joins), args.max_restarts)
     plan = Plan(args.nodes, args.nproc_per_node, [sub, *argv], args.max_restarts, joins, free_port(args.port))
     print(f"# netmorph launch: {args.nodes} node(s) x {args.nproc_per_node} worker(s) on 127.0.0.1; a cluster runs:",
           file=sys.stderr)

@@ -96,7 +96,7 @@ def run(args) -> int:
 SHOWN = 10          # rows of the twin's table
 
 
-def cluster_check(args, nodes: int, k: int) -> int:
+def cluster_check(args, nodes: int, k: int, max_restarts: int) -> int:
     """A cluster's morph (``nodes`` torchrun jobs of ``k`` workers), checked before anything starts: its world,
     or one line naming the flag to change."""
     from netmorph.morph.cluster import check_cluster
@@ -107,7 +107,7 @@ def cluster_check(args, nodes: int, k: int) -> int:
         raise UsageError("--compare relaunches every rank on one box; across torchrun jobs it is "
                          "benchmarks/elastic_torchrun.py's measurement, not morph's")
     scenario = parse_scenario(args.scenario)
-    world = check_cluster(nodes, k, args.world, scenario)
+    world = check_cluster(nodes, k, args.world, scenario, max_restarts)
     check_run(_model(args), world, args.global_batch, 100 if args.steps is None else args.steps, args.segment,
               scenario)
     return world
@@ -119,13 +119,15 @@ def _control(args) -> int:
     if in_cluster(args):
         if args.late_nodes:
             raise UsageError("--late-node: morph's cluster starts every node at once", "late_node")
-        from netmorph.morph.cluster import Cluster
-        args.world = cluster_check(args, args.nodes, int(os.environ["LOCAL_WORLD_SIZE"]))
-        cluster = Cluster(args.lighthouse, args.node, args.nodes, args.timeout)
-        if cluster.restarted:                 # the scenario lost this node; the run goes on without it
+        from netmorph.morph.cluster import Cluster, rejoins
+        from netmorph.morph.controller import parse_scenario
+        args.world = cluster_check(args, args.nodes, int(os.environ["LOCAL_WORLD_SIZE"]),
+                                   int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")))
+        cluster = Cluster(args.lighthouse, args.node, args.nodes, args.timeout,
+                          joins=rejoins(parse_scenario(args.scenario)))
+        if cluster.leaves:                    # the scenario lost this node for good; the run goes on without it
             print(f"# netmorph morph: node {args.node} restarted by torchrun after the scenario lost it; the run "
-                  "goes on without it (a node's return across torchrun jobs is netmorph elastic's)",
-                  file=sys.stderr)
+                  "goes on without it (the scenario has no node-joins after the loss)", file=sys.stderr)
             cluster.close()
             return 0
     try:
@@ -258,7 +260,7 @@ def _control_on(args, cluster) -> int:
         return f"{r.total_s:.2f} s on {name}" if not r.failed else f"no finish on {name} (stopped: {r.failed})"
     against = (f" against {total(statics[start.tag()], 'the start split ' + start.tag())} and "
                f"{total(statics[best_static], f'the best of the {len(statics)} static splits run, ' + best_static)}"
-               if statics else " (no static split beside it: across torchrun jobs node 1 is gone after this run)")
+               if statics else " (no static split beside it: across torchrun jobs this run's loss took node 1's workers)")
     print(f"# adaptive {adaptive.total_s:.2f} s{against}; "
           f"{len(adaptive.decisions)} move(s), {adaptive.reshard_s * 1e3:.1f} ms moving state, {adaptive.redone} steps "
           f"redone; each look {1e3 * max(adaptive.decide_s, default=0):.0f} ms at most (every layout priced by the "

@@ -68,6 +68,10 @@ class Rendezvous:
             return None
         return self._stored(int(self.store.get(LATEST)))
 
+    def view(self, epoch: int) -> View:
+        """The agreed view of ``epoch``."""
+        return self._stored(epoch)
+
     def announce(self, rank: int, epoch: int) -> None:
         """A worker asks to join the view after ``epoch``."""
         self.store.set(JOIN.format(epoch) + f"/{rank}", "1")

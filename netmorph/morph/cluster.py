@@ -30,8 +30,10 @@ SCRATCH = "netmorph/morph/checkpoints"    # the folder the live loop's checkpoin
 NODES = 2                                  # morph's scenarios happen on two nodes
 
 
-def check_cluster(nodes: int, k: int, world, scenario: Scenario) -> int:
-    """The cluster's world (``nodes`` x ``k``), or the one line that says which flag to change."""
+def check_cluster(nodes: int, k: int, world, scenario: Scenario, max_restarts: int) -> int:
+    """The cluster's world (``nodes`` x ``k``), or the one line that says which flag to change. Node 1 may be lost
+    (or hang) and come back: its torchrun job restarts it (``max_restarts`` at least 1) and the restarted workers
+    join at the scenario's ``node-joins``."""
     if nodes != NODES:
         raise UsageError(f"morph's scenarios happen on two nodes: --nodes 2, got {nodes}", "nodes")
     from netmorph.morph.controller import WORLDS
@@ -42,32 +44,47 @@ def check_cluster(nodes: int, k: int, world, scenario: Scenario) -> int:
         raise UsageError(f"--world {world} is the cluster's nodes x workers ({nodes} x {k} = {nodes * k}) under "
                          f"torchrun; leave it out", "world")
     from netmorph.morph.scenario import LOSSES
-    if any(e.kind == "node-joins" for e in scenario.events) or any(e.kind in LOSSES and e.node != 1
-                                                                     for e in scenario.events):
-        raise UsageError(f"{{scenario}} {scenario.label()}: across torchrun jobs morph loses (or hangs) node 1 and "
-                         f"goes on without it; node-joins and node 0's loss run on one box (netmorph morph without "
-                         f"launch), a node's return across jobs is netmorph elastic's", "scenario")
+    if any(e.kind in LOSSES and e.node != 1 for e in scenario.events):
+        raise UsageError(f"{{scenario}} {scenario.label()}: across torchrun jobs morph loses (or hangs) node 1, whose "
+                         f"torchrun job can restart it; node 0's loss runs on one box (netmorph morph without "
+                         f"launch)", "scenario")
+    if rejoins(scenario) and max_restarts < 1:
+        raise UsageError(f"{{scenario}} {scenario.label()}: node 1 comes back as the workers its torchrun job "
+                         f"restarts: --max-restarts 1 or more, got {max_restarts}", "max_restarts")
     return nodes * k
 
 
-class Cluster:
-    """This worker's place in the cluster: ``comm`` over every node's workers (rank = node x K + local rank)."""
+def rejoins(scenario: Scenario) -> bool:
+    """Whether the node the scenario loses comes back (``node-joins`` after the loss)."""
+    return any(e.kind == "node-joins" for e in scenario.events)
 
-    def __init__(self, lighthouse: str, node: int, nodes: int, timeout: float):
+
+class Cluster:
+    """This worker's place in the cluster: ``comm`` over every node's workers (rank = node x K + local rank).
+
+    A worker torchrun restarted after the scenario lost its node (``restarted``) is a new slot: where the scenario
+    brings the node back (``joins``) it is a joiner (``comm.joined``) that forms no group until the members admit
+    it at the scenario's step (:meth:`netmorph.morph.members.Members.join`); otherwise it says so and leaves."""
+
+    def __init__(self, lighthouse: str, node: int, nodes: int, timeout: float, joins: bool = False):
         from netmorph.elastic.cluster import join
         self.comm = join(lighthouse, node, nodes, timeout)
         place = self.comm.placement
         self.restarted = place.incarnation > 0    # torchrun restarted this node after the scenario lost it
+        self.joiner = self.restarted and joins
         self.world = place.launched
         self.scratch = None
-        if self.restarted:
+        if self.restarted and not joins:
             return
-        self.comm.reform(range(self.world), 0, renumber=True)
+        # the emulated links place a slot by its position in the launch: a restarted worker where its node was
         self.comm.transport.clock.canon = lambda slot: slot % self.world
+        self.comm.joined = self.joiner
+        if not self.joiner:
+            self.comm.reform(range(self.world), 0, renumber=True)
         # where every rank writes the live loop's checkpoints (a node lost may take state no survivor holds): a
         # folder rank 0 makes on this host (in launch's own temporary folder under netmorph launch) -- on a real
         # cluster it must be on a filesystem every node shares
-        if self.comm.rank == 0:
+        if self.comm.rank == 0 and not self.joiner:
             self.scratch = tempfile.mkdtemp(prefix=".netmorph-ckpt-")
             self.comm.store.set(SCRATCH, self.scratch)
         self.comm.checkpoints = self.comm.store.get(SCRATCH).decode()
@@ -75,14 +92,22 @@ class Cluster:
     @property
     def head(self) -> bool:
         """Whether this worker prints for the job (rank 0: node 0's local rank 0)."""
-        return self.comm.rank == 0
+        return self.comm.rank == 0 and not self.joiner
+
+    @property
+    def leaves(self) -> bool:
+        """A worker torchrun restarted where the scenario does not bring its node back: it has nothing to do."""
+        return self.restarted and not self.joiner
 
     def links(self, base) -> dict:
         """``measure_links`` on this cluster's workers, under ``base``'s emulated links: the same ping-pongs and
-        ring all-reduces, fitted on rank 0, the same dict on every worker."""
+        ring all-reduces, fitted on rank 0, the same dict on every worker. A joiner reads what the launch's workers
+        measured (they are training by then), so that its twin is theirs."""
         from netmorph.calibrate.run import links_in_job
         comm = self.comm
         comm.emulate(base)
+        if self.joiner:
+            return json.loads(comm.store.get(LINKS))
         links = links_in_job(comm, base.gpus_per_node)
         if comm.rank == 0:
             comm.store.set(LINKS, json.dumps(links))
@@ -90,7 +115,7 @@ class Cluster:
         return json.loads(comm.store.get(LINKS))
 
     def close(self) -> None:
-        if not self.restarted:
+        if not self.leaves:
             self.comm.barrier()               # nobody leaves while a peer still talks to it
         self.comm.close()
         if self.scratch is not None:

@@ -288,7 +288,7 @@ class _Rank(Members):
         while self.step < self.job.steps:
             self.comm.emulate(self.job.scenario.topology(self.job.base, self.clock))
             try:
-                if self.view is not None and self.job.scenario.world(self.comm.launched, self.clock) > \
+                if self.view is not None and self.job.scenario.world(self.launched, self.clock) > \
                         len(self.view.members):
                     self.grow()
                 self.replan()

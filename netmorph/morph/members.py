@@ -72,12 +72,21 @@ class Members:
         """Beat, and fence a peer that stops beating (a run whose scenario changes its membership)."""
         comm = self.comm
         self.rdzv = Rendezvous(comm.store, 1)
-        self.view = None if self.joined else self.rdzv.start(range(comm.launched))
+        self.view = None if self.joined else self.rdzv.start(range(self.launched))
         publish_pid(comm.store, comm.slot)
         self.heart = Heartbeat(comm.store, comm.slot, HEARTBEAT).start()
-        self.dog = Watchdog(comm.store, [r for r in range(comm.launched) if r != comm.slot], lambda: PhiAccrual(
+        # a joiner watches the members once they admit it (:meth:`_welcome`): until then it holds nothing to lose
+        peers = [] if self.joined else [r for r in range(self.launched) if r != comm.slot]
+        self.dog = Watchdog(comm.store, peers, lambda: PhiAccrual(
             first_heartbeat_estimate=HEARTBEAT, min_std_deviation=HEARTBEAT / 2,
             acceptable_heartbeat_pause=PAUSE), interval=HEARTBEAT / 2, on_suspect=on_suspect(comm)).start()
+
+    @property
+    def launched(self) -> int:
+        """The launch's ranks: the scenario's world before any loss (a cluster's nodes x K, whatever slot this
+        worker was restarted in)."""
+        place = getattr(self.comm, "placement", None)
+        return self.comm.launched if place is None else place.launched
 
     def unwatch(self) -> None:
         """Done: stop watching, and say so in the store, so that no watchdog fences a rank that finished."""
@@ -140,46 +149,62 @@ class Members:
         self.layout, self.step, self.accounted = target, first, True
 
     def grow(self) -> None:
-        """The scenario brings the lost node back at this boundary: rank 0 asks the launcher for processes in the
-        dead ranks' slots (``comm.respawn``), the members wait until each has announced itself, agree on the view
-        with them, and :meth:`_welcome` them."""
+        """The scenario brings the lost node back at this boundary, and the members wait until each of its ranks
+        has announced itself, agree on the view with them, and :meth:`_welcome` them. On one box rank 0 asks the
+        launcher for processes in the dead ranks' slots (``comm.respawn``); on a cluster the node is the workers
+        its torchrun job restarted, new slots that asked to join (:meth:`Rendezvous.request`), a whole node's."""
         comm, t0 = self.comm, time.perf_counter()
-        world = self.job.scenario.world(comm.launched, self.clock)
-        new = [r for r in range(world) if r not in self.view.members]
-        if comm.rank == 0:
-            comm.respawn(new)
+        world = self.job.scenario.world(self.launched, self.clock)
         deadline = time.monotonic() + comm.transport.timeout
-        while self.rdzv.joiners(self.view.epoch, new) != new:
+        place = getattr(comm, "placement", None)
+        if place is None:
+            new = [r for r in range(world) if r not in self.view.members]
+            if comm.rank == 0:
+                comm.respawn(new)
+        while True:
+            if place is not None:
+                from netmorph.elastic.gpt import whole_nodes
+                new = whole_nodes(self.rdzv.requests(self.view.epoch), place.local_world)[:world - len(self.view.members)]
+            if self.rdzv.joiners(self.view.epoch, new) == new and len(self.view.members) + len(new) == world:
+                break
             if time.monotonic() > deadline:
-                raise TimeoutError(f"ranks {new} did not come up within {comm.transport.timeout:g} s")
+                raise TimeoutError(f"the node back (ranks {new or 'none yet'}) did not come up within "
+                                   f"{comm.transport.timeout:g} s" + ("" if place is None else
+                                   " (is its torchrun job restarting it? --max-restarts)"))
             time.sleep(0.005)
-        self._welcome(self.rdzv.propose(self.view, candidates=new, first_step=self.step), new, t0)
+        self._welcome(self.rdzv.propose(self.view, candidates=new, first_step=self.step), t0)
 
     def join(self) -> None:
-        """A rank started in a lost one's slot: announce itself (beating already), wait for a view that holds it,
-        and be welcomed: it learns the run's step, clock and layout and receives its state."""
-        comm, t0 = self.comm, time.perf_counter()
-        seen = self.rdzv.current()
-        self.rdzv.announce(comm.slot, seen.epoch)
-        deadline = time.monotonic() + comm.transport.timeout
+        """A rank started in a lost one's slot (or, on a cluster, a worker its node's torchrun job restarted): ask
+        to join (beating already) -- again after each newer view that does not hold it --, wait for a view that
+        holds it, and be welcomed: it learns the run's step, clock and layout and receives its state."""
+        comm = self.comm
+        cluster = getattr(comm, "placement", None) is not None
+        # on one box the members ask for it and wait; a restarted worker may wait the run's length to be admitted
+        deadline = time.monotonic() + comm.transport.timeout * (1 if not cluster else 2 + self.job.steps)
+        asked = None
         while True:
             view = self.rdzv.current()
-            if view.epoch > seen.epoch and comm.slot in view.members:
+            if comm.slot in view.members:
                 break
+            if view.epoch != asked:
+                (self.rdzv.request if cluster else self.rdzv.announce)(comm.slot, view.epoch)
+                asked = view.epoch
             if time.monotonic() > deadline:
                 raise TimeoutError(f"rank {comm.slot} was not admitted within {comm.transport.timeout:g} s")
             time.sleep(0.005)
-        self._welcome(view, [r for r in view.members if r not in seen.members], t0)
+        self._welcome(view, time.perf_counter())    # the members time the join from asking for it
 
-    def _welcome(self, view, new: list, t0: float) -> None:
-        """Every member of ``view`` (``new`` joined it): re-form, agree on where the run is (rank 0 says: step,
+    def _welcome(self, view, t0: float) -> None:
+        """Every member of ``view`` (the ranks not in the view before it joined it): re-form, agree on where the run is (rank 0 says: step,
         clock, sequence, memory share, Adam's step, the layout in hand), let rank 0's twin pick the layout of the
         grown world, and send the joiners their state by the reshard plan -- they hold nothing."""
         comm, job = self.comm, self.job
+        new = [r for r in view.members if r not in self.rdzv.view(view.epoch - 1).members]
         comm.reform(view.members, view.epoch, renumber=True)        # the joiners after the members (ncclCommGrow)
         self.view = view
-        if self.dog is not None:
-            self.dog.add([r for r in new if r != comm.slot])
+        if self.dog is not None:                  # a joiner watches every member, a member the joiners
+            self.dog.add([r for r in (view.members if comm.slot in new else new) if r != comm.slot])
         if len(view.members) > self.gpn and view.members[self.gpn] in new:
             self._hand_standby()
         before = len(view.members) - len(new)
@@ -206,10 +231,13 @@ class Members:
         self.moved(self.step, layout, target, spent)
         if self.ctl is not None:
             _, predicted, current, top = best
-            what = f"a node joined ({len(view.members)} ranks: {new} started in the lost ranks' slots, one launch)"
+            what = (f"a node joined ({len(view.members)} ranks: {new} started in the lost ranks' slots, one launch)"
+                    if getattr(comm, "placement", None) is None else
+                    f"a node joined ({len(view.members)} ranks: {new}, the workers node 1's torchrun job restarted)")
             self.say(f"  -> at step {self.step}, {what}: {layout.tag()} -> {target.tag()} (model "
                      f"{1e3 * predicted:.0f} ms/step); {p.bytes:,} B to the ranks that joined; {1e3 * spent:.0f} ms "
-                     f"from asking for the ranks to going on")
+                     f"from {'asking for the ranks' if getattr(comm, 'placement', None) is None else 'the boundary'} "
+                     f"to going on")
             self.record(Decision(self.step, layout.tag(), target.tag(), math.nan, current, predicted, p.bytes,
                                  spent, math.inf, what, top))
         self.layout = target
