@@ -67,8 +67,8 @@ def _preflight(sub: str, argv: list, nodes: int, nproc: int, late: list, max_res
     if sub == "morph":
         from netmorph.cli.morph import cluster_check
         if late:
-            raise UsageError("--join: morph's node-joins is its scenario's (one box); a cluster's morph starts "
-                             "every node at once")
+            raise UsageError("--join: a cluster's morph starts every node at once; node 1 comes back by its "
+                             "scenario (--scenario node-lost@S,node-joins@T: the workers its torchrun restarts)")
         cluster_check(args, nodes, nproc, max_restarts)
 
 

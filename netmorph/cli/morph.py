@@ -69,7 +69,9 @@ def add_parser(sub) -> None:
                    help="sequences per step, both layouts (default 8)")
     add_timeout(p, 60)
     add_cluster_flags(p, "morph", "run: the two nodes are two torchrun jobs (netmorph launch --nodes 2 "
-                                  "--nproc-per-node K -- morph ...), the link between them emulated on gloo")
+                                  "--nproc-per-node K -- morph ...), the link between them emulated on gloo; "
+                                  "node-lost/hangs take node 1 out, node-joins takes back the workers its "
+                                  "torchrun restarts (--max-restarts 1 or more)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
     action_only(p, "run", ("scenario", "segment", "static", "compute_ms", "inter_node_mbps", "checkpoint_every",
