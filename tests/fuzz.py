@@ -38,6 +38,8 @@ import shutil
 import signal
 import socket
 import stat
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -69,9 +71,15 @@ BASE = {
     "failures": ["failures", "--gpus", "1024", "--trials", "5", "--days", "5"],
     "moe": ["moe", "--steps", "1", "--ep", "2", "--experts", "2", "--layers", "1", "--seq", "4", "--batch", "1",
             "--timeout", "5"],
+    # a cluster of one torchrun job of one worker (the flags go before the --), and the lighthouse on a free port
+    "launch": ["launch", "--nodes", "1", "--nproc-per-node", "1", "--", "elastic", "--steps", "2", "--timeout", "5"],
+    "lighthouse": ["lighthouse", "--host", "127.0.0.1", "--port", "{port}"],
     "morph": ["morph", "reshard", "--world", "2", "--from", "dp2", "--to", "tp2", "--steps", "1", "--layers", "2",
               "--hidden", "8", "--heads", "2", "--seq", "4", "--vocab", "16", "--global-batch", "2", "--timeout", "5"],
 }
+# run as a user runs them, each in its own process: they start process trees and own SIGINT and SIGTERM
+PROCESSES = {"launch", "lighthouse"}
+SERVES = {"lighthouse": 3.0}     # runs until stopped: SIGINT after this long must end it, exit 0, nothing left
 OUTPUTS = {"--plot", "--trace", "--out"}                     # flags whose values are paths to write
 INPUTS = {"--topology", "--hardware", "-t", "--workload", "--model-config", "--deepspeed-config"}
 SKIP = {"--megatron-args"}                                   # fuzzed through its own cases (config kind)
@@ -235,8 +243,9 @@ def classify(name: str, code, err: str, escaped, invalid: bool) -> str:
         return "traceback"
     if code == 0:
         return "nonsense" if invalid else "clean"
-    if code == 2:
-        return "clean" if len([ln for ln in err.splitlines() if ln.strip()]) == 1 else "traceback"
+    if code == 2:                          # one line (launch's banner, the commands a cluster runs, before it)
+        lines = [ln for ln in err.splitlines() if ln.strip() and not (name == "launch" and ln.startswith("#"))]
+        return "clean" if len(lines) == 1 else "traceback"
     if name == "plan" and code == 1:
         return "clean"                     # "nothing fits": plan's documented answer
     if name == "serve" and code == 1 and "check" in err:
@@ -366,12 +375,36 @@ def run_config(kind, path, value: str, tmp) -> tuple[str, str]:
     return cls, f"{kind} {'.'.join(map(str, path))}={value}: exit {code} {err.strip()[-300:] or escaped!r}"
 
 
+def run_process(name: str, argv, limit: float = LIMIT):
+    """``run`` for :data:`PROCESSES`: ``python -m netmorph argv`` in a process of its own, its temporary folder
+    the cases'; a server (:data:`SERVES`) gets SIGINT once it has served its seconds, as Ctrl-C stops it."""
+    serve = SERVES.get(name)
+    t0 = time.monotonic()
+    p = subprocess.Popen([sys.executable, "-m", "netmorph", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env={**os.environ, "TMPDIR": scratch_dir()})
+    try:
+        _, err = p.communicate(timeout=serve or limit)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGINT if serve else signal.SIGTERM)
+        try:
+            _, err = p.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, err = p.communicate()
+            return "unbounded", err, time.monotonic() - t0, None
+        if not serve:
+            return "unbounded", err, time.monotonic() - t0, None
+    return p.returncode, err, time.monotonic() - t0, None
+
+
 def run_flag(name, flag, action, value: str, tmp, paths) -> tuple[str, str]:
     """One flag case: (class, detail)."""
-    argv = BASE[name] + ([f"{flag}={value}"] if value.startswith("-") else [flag, value])
+    base = [a.replace("{port}", str(_free_port())) for a in BASE[name]]
+    cut = base.index("--") if "--" in base else len(base)          # launch's own flags before its subcommand
+    argv = base[:cut] + ([f"{flag}={value}"] if value.startswith("-") else [flag, value]) + base[cut:]
     before = _modes(paths) if flag in OUTPUTS else {}
     state = snapshot()
-    code, err, seconds, escaped = run(argv)
+    code, err, seconds, escaped = run_process(name, argv) if name in PROCESSES else run(argv)
     if before and _modes(paths) != before:
         return "destroyed", f"{argv}: {before} -> {_modes(paths)}"
     left = leftovers(state)
@@ -380,6 +413,12 @@ def run_flag(name, flag, action, value: str, tmp, paths) -> tuple[str, str]:
     numeric = action.type in (exact_int, finite_float, seed_int, timeout_seconds)
     invalid = value in INVALID and (numeric or value in ("", " ")) and flag not in OUTPUTS | INPUTS
     return classify(name, code, err, escaped, invalid), f"{argv}: exit {code} {err.strip()[-300:] or escaped!r}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def flag_value(rng: random.Random, flag, action, tmp, paths, files) -> str:

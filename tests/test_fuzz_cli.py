@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 
 import fuzz
 
-FLAGS = fuzz.flags()
+FLAGS = [f for f in fuzz.flags() if f[0] not in fuzz.PROCESSES]
+# launch's and the lighthouse's flags: each a process tree of its own (seconds a case), so each once, below
+CLUSTER_FLAGS = [f for f in fuzz.flags() if f[0] in fuzz.PROCESSES]
 CONFIGS = fuzz.config_cases()
 
 
@@ -37,6 +39,24 @@ def test_every_flag_ends_clean_on_hostile_values(data, scratch, monkeypatch):
     value = fuzz.flag_value(rng, flag, action, tmp, paths, files)
     cls, detail = fuzz.run_flag(name, flag, action, value, tmp, paths)
     assert cls == "clean", (cls, detail)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("case", CLUSTER_FLAGS, ids=lambda c: f"{c[0]} {c[1]}")
+def test_launch_and_lighthouse_flags_end_clean_on_hostile_values(case, scratch, monkeypatch):
+    """Run as a user runs them (their own process); the lighthouse, which serves until stopped, gets Ctrl-C."""
+    tmp, paths, files = scratch
+    monkeypatch.chdir(tmp)
+    name, flag, action = case
+    value = fuzz.flag_value(random.Random(f"{name}{flag}"), flag, action, tmp, paths, files)
+    cls, detail = fuzz.run_flag(name, flag, action, value, tmp, paths)
+    assert cls == "clean", (cls, detail)
+
+
+def test_the_cluster_flags_are_fuzzed():
+    assert {f"{n} {f}" for n, f, _ in CLUSTER_FLAGS} >= {"launch --nodes", "launch --nproc-per-node",
+                                                           "launch --max-restarts", "launch --join", "launch --port",
+                                                           "lighthouse --port", "lighthouse --host"}
 
 
 @pytest.mark.timeout(600)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from netmorph.cli import int_in
+from netmorph.cli import int_in, timeout_seconds
 from netmorph.errors import Terminated, UsageError, require
 
 RUNS = ("elastic", "morph")      # the subcommands that run as a cluster of torchrun jobs
@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
     p.add_argument("--join", action="append", default=[], metavar="NODE@STEP",
                    help="start NODE only once the job has done STEP steps (a node added later; repeatable)")
     p.add_argument("--port", type=int_in(0, 65535), default=0, help="the lighthouse's port (default: a free one)")
-    p.add_argument("--wait", type=float, default=3600.0, help="seconds to wait for node 0 (default 3600)")
+    p.add_argument("--wait", type=timeout_seconds, default=3600.0, help="seconds to wait for node 0 (default 3600)")
     p.add_argument("subcommand", nargs=argparse.REMAINDER, metavar="-- SUBCOMMAND ARGS",
                    help="the subcommand each node runs, and its arguments")
     p.set_defaults(run=run)

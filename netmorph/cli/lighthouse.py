@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 
 from netmorph.cli import int_in
-from netmorph.errors import require
+from netmorph.errors import UsageError, require
 
 
 def add_parser(sub) -> None:
@@ -21,8 +22,21 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
+def listenable(host: str) -> None:
+    """``host`` names an address of this machine, or the one line that says so (before torch's store, which
+    retries an address it cannot bind for half a minute)."""
+    try:
+        family, kind, _, _, addr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind) as s:
+            s.bind(addr)
+    except (OSError, UnicodeError, ValueError) as e:
+        raise UsageError(f"--host {host!r} is not an address this machine can listen on ({e}); give one of its "
+                         f"addresses, 0.0.0.0 for all or 127.0.0.1 for this host only", "host") from None
+
+
 def run(args) -> int:
     require("torch", "netmorph lighthouse")
+    listenable(args.host)
     from netmorph.elastic.lighthouse import serve
     serve(args.port, args.host, ready=lambda: print(f"# netmorph lighthouse: listening on {args.host}:{args.port}",
                                                      file=sys.stderr, flush=True))
