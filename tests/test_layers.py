@@ -21,7 +21,7 @@ FLOORS = {
     "cost": 3,
     "runtime": 4,
     "mesh": 5,
-    "models": 6,
+    "models": 6, "checkpoint": 6,
     "parallel": 7,
     "moe": 8, "elastic": 8, "serving": 8, "consistency": 8, "planner": 8, "failures": 8, "calibrate": 8,
     "simulate": 9,

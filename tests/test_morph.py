@@ -5,7 +5,8 @@ import pytest
 
 from netmorph.mesh.shape import ModelShape
 from netmorph.mesh.layout import Layout
-from netmorph.morph.layouts import element_map, global_ids, train_config
+from netmorph.mesh.elements import element_map, global_ids
+from netmorph.morph.layouts import train_config
 from netmorph.morph.reshard import KINDS, execute, gather_reference, matches, plan
 from netmorph.parallel.hybrid import train_rank
 from netmorph.runtime.launch import launch

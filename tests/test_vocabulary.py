@@ -53,7 +53,7 @@ def test_the_checker_finds_a_planted_second_layout(tmp_path, monkeypatch):
 def test_one_layout_flows_from_the_planner_to_the_trainer_to_morph():
     """The same Layout value is priced by the planner, played by the step simulator, trained by the trainer
     and mapped by morph; its mesh is Megatron's."""
-    from netmorph.morph.layouts import element_map
+    from netmorph.mesh.elements import element_map
     from netmorph.parallel.hybrid import TrainConfig
     from netmorph.planner.hardware import PRESETS as HARDWARE
     from netmorph.planner.search import check, estimate

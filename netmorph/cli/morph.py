@@ -288,7 +288,8 @@ def _finite(x: float):
 
 
 def _reshard(args) -> int:
-    from netmorph.morph.layouts import check, check_move, parse_layout, train_config
+    from netmorph.mesh.elements import check
+    from netmorph.morph.layouts import check_move, parse_layout, train_config
     from netmorph.morph.reshard import execute, gather_reference, matches, plan
     from netmorph.parallel.hybrid import train_rank
     from netmorph.parallel.state import assemble

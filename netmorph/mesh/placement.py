@@ -215,7 +215,7 @@ def table(model: ModelShape, layout: Layout) -> list:
 def flat_offsets(sizes, pad_to: int = 1) -> tuple[list, int]:
     """(offset of each of ``sizes`` elements in the buffer, the padded length): back to back in order, the
     end padded to a multiple of ``pad_to`` (the data-parallel degree: equal ZeRO shards). The one rule both
-    :class:`FlatParams` and a reshard's element map (:func:`netmorph.morph.layouts.element_map`) lay out by."""
+    :class:`FlatParams` and a reshard's element map (:func:`netmorph.mesh.elements.element_map`) lay out by."""
     offsets, n = [], 0
     for size in sizes:
         offsets.append(n)

@@ -24,7 +24,8 @@ import numpy as np
 
 from netmorph.cost.topology import node_of
 from netmorph.mesh.layout import Layout
-from netmorph.morph.layouts import element_map, grow_sources
+from netmorph.mesh.elements import element_map
+from netmorph.morph.layouts import grow_sources
 from netmorph.runtime.launch import launch
 
 KINDS = ("params", "m", "v")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from netmorph.checkpoint import Checkpointing
 from netmorph.collectives import build
 from netmorph.errors import UsageError
 from netmorph.mesh import DeviceMesh
@@ -47,7 +48,7 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32}
 # the trainer's own defaults where a Layout's differ: two microbatches of two sequences, DDP's overlapped buckets
 TRAIN_LAYOUT = Layout(global_batch=4, micro_batch_size=2, dp_overlap=True)
 RUN_FIELDS = ("steps", "lr", "dtype", "dp_mode", "bucket_mb", "compute_ms", "device_flops", "trace", "start_step",
-              "router")
+              "router", "checkpoint")
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class TrainConfig:
     trace: bool = False              # return every rank's ledger records too (for a Chrome trace)
     start_step: int = 0              # the first step's index: the data a resumed (or resharded) run continues on
     router: Router = Router()        # a mixture of experts' routing and auxiliary losses
+    checkpoint: Checkpointing = Checkpointing()   # --save / --load (netmorph.checkpoint)
 
     @classmethod
     def make(cls, model: ModelShape | None = None, microbatches: int = 2, micro_batch_size: int = 2,
@@ -110,6 +112,12 @@ class TrainConfig:
             if not (0 <= v <= 100 and math.isfinite(v)) or k == "jitter_eps" and v >= 1:
                 raise UsageError(f"{{{k}}} must be in [0, {1 if k == 'jitter_eps' else 100}), got {v}", k)
         check(schedule(lay.pipeline_schedule, lay.pp, lay.microbatches, lay.interleave), lay.interleave)
+        ck = self.checkpoint
+        if (ck.save or ck.load) and self.model.experts:
+            raise UsageError("--save/--load: a mixture of experts' checkpoints (its expert replica) are not written "
+                             "yet; checkpoint a dense model (no --experts)", "save" if ck.save else "load")
+        if not 0 <= ck.every <= 1 << 24 or not 0 <= ck.keep <= 1 << 20:
+            raise UsageError(f"{{save_every}} and {{keep}} must be >= 0, got {ck.every} and {ck.keep}", "save_every")
 
 
 @dataclass
@@ -226,8 +234,16 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
     reps = replicas(comm, cfg, lay, chunks, device)
     dense = reps[0]
     isz = dense.flat.data.element_size()
+    ck = cfg.checkpoint
+    if ck.load and inits is None:                       # a resumed run: this rank's boxes, read under its layout
+        from netmorph.checkpoint.training import Resume
+        inits = Resume(cfg)
     if inits is not None:
         dense.load(inits[comm.rank])
+    saver = None
+    if ck.save:
+        from netmorph.checkpoint.training import Saver
+        saver = Saver(comm, cfg)
     moe = [b for c in chunks for b in c.blocks if b.moe is not None]
     for b in moe:
         b.aux_scale = 1.0 / split.microbatches             # each microbatch's load-balancing loss, averaged
@@ -290,6 +306,8 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
                 with comm.phase("metrics"):
                     comm.all_reduce(loss, group=lay.dp_group)
             losses.append(float(loss) / (split.dp * split.microbatches))
+            if saver is not None:           # a checkpoint when one is due, in the step's time (async: its staging)
+                saver.commit(cfg.start_step + step + 1, dense.state)
             t1 = time.perf_counter()
             times.append(t1 - t0)
             bounds.append((t0, t1))
@@ -301,11 +319,15 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
             if commit is not None:          # an in-memory commit (Horovod Elastic's): a loss redoes one step at most
                 commit(cfg.start_step + step + 1, dense.state, losses[-1] if is_last_stage and lay.tp_rank == 0
                        else None)
+        if saver is not None:
+            saver.wait()
         for r in reps:
             r.gather()
         state = named_pieces(chunks)
         flat_state = dense.state()
     finally:
+        if saver is not None and saver.thread is not None:
+            saver.thread.join()                 # a background save ends before its buffers go
         for r in reps:
             r.close()
     mem = {k: sum(r.bytes()[k] for r in reps) for k in ("params", "grads", "optimizer")}
@@ -326,7 +348,8 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
                       timeline=ex.spans, bytes_by_step=_bytes_by_step(comm.ledger, bounds), predicted=pred,
                       params=flat.numel, state=RankState(state, flat_state, dense.index()),
                       busy_s=busy, phases_s=phases, ledger=comm.ledger.records if cfg.trace else None,
-                      predicted_by_step=routed or None, experts=experts_log or None)
+                      predicted_by_step=routed or None, experts=experts_log or None,
+                      checkpoints=saver.log if saver is not None and saver.log else None)
 
 
 def _ring_sent(n: int, g: int, r: int, isz: int) -> int:

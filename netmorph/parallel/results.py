@@ -53,6 +53,7 @@ class RankReport:
     ledger: list | None = None             # every message it sent (with trace)
     predicted_by_step: list | None = None  # the routing's closed forms, step by step (a mixture of experts)
     experts: list | None = None            # the router's log, step by step
+    checkpoints: list | None = None        # rank 0 of a --save run: one row per checkpoint written
 
     tp = _coordinate("tp")
     pp = _coordinate("pp")

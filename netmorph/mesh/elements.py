@@ -1,0 +1,83 @@
+"""Where every element of the model's training state lives under a layout: the map a reshard plans on and a
+checkpoint writes by.
+
+A layout is the trainer's (tp, pp, dp, ZeRO stage, interleave) for one GPT. Under it each rank
+holds, as :func:`netmorph.parallel.hybrid.train_rank` lays them out:
+
+- its chunks' parameters in one flat buffer (:class:`~netmorph.parallel.flat.FlatParams`),
+  in the modules' registration order -- the word embedding (first and last stage: the tied
+  copy), the positions (first), each block's ln1, qkv, proj, ln2, fc, fc2 (weight then bias),
+  the final LayerNorm (last) -- each the rank's Megatron shard: column-parallel weights and
+  biases split along dim 0, row-parallel weights along dim 1, the vocabulary-parallel word
+  embedding along dim 0; padded to a multiple of dp;
+- Adam's two moments over the whole buffer, or under ZeRO over its shard
+  ``[r·n, (r+1)·n)`` of the padded buffer (n = padded / dp);
+- under ZeRO-3 only that shard of the parameters between steps.
+
+Every element of the 1-rank model gets a global id: the parameters in :func:`full_weights`'s
+order, each row-major. :func:`element_map` gives, per rank, the global id of each element of
+its flat buffer (-1 for padding) and the ranges it holds: the plan a reshard needs is then
+array work on these maps -- the same data Megatron's and torch.distributed.checkpoint's
+resharding keep as per-tensor placements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from netmorph.errors import UsageError
+from netmorph.mesh.layout import Layout
+from netmorph.mesh.placement import flat_offsets, parameters, rank_parameters, shard_range
+from netmorph.mesh.shape import ModelShape
+
+
+def check(layout: Layout, cfg: ModelShape) -> None:
+    """The layout runs ``cfg`` on netmorph's trainer, or the one line that says why not (its first
+    :class:`~netmorph.mesh.layout.Rejection`)."""
+    bad = [r for r in layout.check(cfg, trainer=True) if r.key != "batch"]
+    if bad:
+        raise UsageError(f"layout {layout.tag()}: {bad[0].text}", "layout")
+
+
+def full_shapes(cfg: ModelShape) -> dict:
+    """{full weight name: shape} in :func:`~netmorph.mesh.placement.parameters`' order."""
+    return {p.name: p.shape for p in parameters(cfg)}
+
+
+def global_ids(cfg: ModelShape) -> dict:
+    """{full weight name: int64 array of its elements' global ids, in its shape}."""
+    out, base = {}, 0
+    for name, shape in full_shapes(cfg).items():
+        n = int(np.prod(shape))
+        out[name] = np.arange(base, base + n, dtype=np.int64).reshape(shape)
+        base += n
+    return out
+
+
+@dataclass
+class RankMap:
+    """One rank's state under a layout, in global ids."""
+
+    flat: np.ndarray        # global id of each element of the padded flat buffer (-1: padding)
+    params: tuple           # [lo, hi) of the flat buffer whose parameters persist between steps
+    optimizer: tuple        # [lo, hi) of the flat buffer Adam's moments cover
+
+
+def element_map(cfg: ModelShape, layout: Layout) -> list:
+    """A :class:`RankMap` for every rank of ``layout``: each rank's parameters as
+    :func:`~netmorph.mesh.placement.rank_parameters` orders them, each its tensor-parallel piece."""
+    check(layout, cfg)
+    gids = global_ids(cfg)
+    out = []
+    for rank in range(layout.world):
+        c = layout.coords(rank)
+        t, d = c["tp"], c["dp"]
+        pieces = [p.piece(gids[p.name], layout.tp, t).ravel() for p in rank_parameters(cfg, layout, c["pp"])]
+        _, padded = flat_offsets([x.size for x in pieces], layout.dp)
+        flat = np.full(padded, -1, dtype=np.int64)
+        flat[:sum(x.size for x in pieces)] = np.concatenate(pieces)
+        shard = shard_range(padded, layout.dp, d)
+        out.append(RankMap(flat, shard if layout.zero >= 3 else (0, padded), shard if layout.zero else (0, padded)))
+    return out
