@@ -40,7 +40,8 @@ KILL = "NETMORPH_CHECKPOINT_KILL"
 def meta(cfg, done: int) -> str:
     """What a checkpoint says about the run that wrote it."""
     lay = cfg.layout
-    return json.dumps({"format": 1, "step": done, "model": asdict(cfg.model), "layout": lay.tag(),
+    return json.dumps({"format": 1, "step": done, "consumed_samples": done * lay.global_batch,
+                       "global_batch": lay.global_batch, "model": asdict(cfg.model), "layout": lay.tag(),
                        "world": lay.world, "dtype": cfg.dtype, "lr": cfg.lr})
 
 

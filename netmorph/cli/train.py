@@ -8,6 +8,8 @@ pipeline's in-flight microbatches and bubble, model-state memory, and with
 
 from __future__ import annotations
 
+import os
+
 
 from netmorph.cli import add_timeout, float_in, int_in, job_split, pipeline_schedule, print_json, trace_file
 from netmorph.errors import UsageError, require
@@ -75,6 +77,18 @@ def add_parser(sub) -> None:
                    metavar="FILE", help="write a Chrome/Perfetto trace of the last step, one track "
                                        "per rank (compute slots and every message)")
     r.add_argument("--json", action="store_true", help="print the run's summary as JSON")
+    c = p.add_argument_group("checkpoints (torch.distributed.checkpoint's format: DIR/step-N/.metadata and one "
+                             ".distcp per rank, DIR/latest)")
+    c.add_argument("--save", metavar="DIR", help="save into DIR at the end, and every --save-every steps "
+                   "(Megatron's --save; resumable on any layout with --load)")
+    c.add_argument("--save-every", "--save-interval", type=int_in(1, 1 << 24, "1..2**24"), default=0,
+                   metavar="N", help="save every N steps too (default: at the end only)")
+    c.add_argument("--keep", type=int_in(1, 1 << 20, "1..2**20"), default=0, metavar="K",
+                   help="keep the newest K checkpoints (default all)")
+    c.add_argument("--async-save", action="store_true", help="write in the background: the step copies its "
+                   "shards to host memory, a thread writes them, at most one save in flight")
+    c.add_argument("--load", metavar="DIR", help="resume from DIR's latest complete checkpoint (or a step-N "
+                   "folder), written on any layout: --steps is the total, the run goes on from the step saved")
     p.set_defaults(run=run, flags=FLAGS)
 
 
@@ -96,12 +110,17 @@ def config_from(args):
     moe = dict(experts=args.experts, top_k=args.top_k, capacity_factor=args.capacity_factor) if args.experts else {}
     model = ModelShape(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab,
                        **moe)
+    steps, start, ck = args.steps, 0, checkpointing(args, model)
+    if ck.load:
+        start = _resume_step(ck.load, steps, args.dp * (micro if micro is not None else 2) * mbs)
+        steps -= start
     cfg = TrainConfig.make(model=model, tp=args.tp, pp=args.pp, dp=args.dp, ep=args.ep, zero=args.zero,
                            dp_mode=args.dp_mode,
                       bucket_mb=args.bucket_mb, overlap=not args.no_overlap,
                       sequence_parallel=args.sequence_parallel, schedule=args.schedule, interleave=args.interleave,
-                      microbatches=micro if micro is not None else 2, micro_batch_size=mbs, steps=args.steps,
-                      lr=args.lr, dtype=args.dtype, compute_ms=args.compute_ms, trace=bool(args.trace))
+                      microbatches=micro if micro is not None else 2, micro_batch_size=mbs, steps=steps,
+                      lr=args.lr, dtype=args.dtype, compute_ms=args.compute_ms, trace=bool(args.trace),
+                      start_step=start, checkpoint=ck)
     cfg.check()
     from netmorph.models.gpt import synthetic_data_bytes
     from netmorph.runtime import budget
@@ -120,6 +139,58 @@ def config_from(args):
     if args.baseline and (cfg.layout.tp > 1 or cfg.layout.pp > 1):
         raise UsageError("--baseline ddp compares data parallelism only: use it with --tp 1 --pp 1")
     return cfg
+
+
+def checkpointing(args, model):
+    """The run's :class:`~netmorph.checkpoint.Checkpointing`; ``--load``'s checkpoint found and verified (every
+    file against its checksum) and its model the run's, or the one line naming what differs."""
+    import json
+    from dataclasses import asdict
+    from netmorph.checkpoint import Checkpointing
+    if (args.save_every or args.keep or args.async_save) and not args.save:
+        raise UsageError("--save-every, --keep and --async-save shape --save DIR's checkpoints: give --save DIR",
+                         "save")
+    if args.save:
+        from pathlib import Path
+        root = Path(args.save)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"--save {args.save}: cannot make the folder ({e.strerror})", "save") from None
+        if not os.access(root, os.W_OK | os.X_OK):
+            raise UsageError(f"--save {args.save}: the folder is not writable", "save")
+    load = ""
+    if args.load:
+        require("torch", "--load")
+        from netmorph.checkpoint import dcp, folder
+        path = folder.resolve(args.load)
+        folder.verify(path)
+        saved = json.loads(dcp.read_train(path)["meta"])["model"]
+        for name, value in asdict(model).items():
+            if saved.get(name) != (list(value) if isinstance(value, tuple) else value):
+                raise UsageError(f"--load {path}: its model has {name} {saved.get(name)}, this run {value}: pass "
+                                 f"--{name.replace('_', '-')} {saved.get(name)}", name)
+        load = str(path)
+    return Checkpointing(save=args.save or "", every=args.save_every, keep=args.keep, async_save=args.async_save,
+                         load=load)
+
+
+def _resume_step(path: str, steps: int, batch: int) -> int:
+    """The step a checkpoint was saved after (the data position the run goes on from: its global batches of
+    ``batch`` sequences, this run's), below ``--steps``."""
+    import json
+    from pathlib import Path
+    from netmorph.checkpoint import dcp
+    train = dcp.read_train(Path(path))
+    done, saved = int(train["step"]), json.loads(train["meta"])["global_batch"]
+    if saved != batch:
+        raise UsageError(f"--load {path}: its run took {saved} sequences a step, this one {batch}: the data goes on "
+                         f"from sample {done * saved:,} only with the same global batch (--global-batch-size "
+                         f"{saved})", "global_batch_size")
+    if done >= steps:
+        raise UsageError(f"--load {path}: it was saved after step {done}, and --steps {steps} is the total: "
+                         f"raise --steps past {done}", "steps")
+    return done
 
 
 PHASES = ("dp", "zero", "tp", "tp.sp-grads", "pp", "pp.emb", "edp", "zero.edp", "moe.dispatch", "moe.combine",
@@ -182,8 +253,11 @@ def print_run(cfg, out, plan: dict) -> None:
     print(f"{'step':>4} {'loss':>9} {'time(ms)':>9} {'tokens/s':>9}  " + " ".join(f"{ph:>12}" for ph in shown)
           + "   (bytes sent per rank, max over ranks)")
     tokens = cfg.layout.global_batch * cfg.model.seq
-    for k, (loss, t) in enumerate(zip(out.losses, out.step_times_s), 1):
-        b = out.step_bytes_by_phase[k - 1]
+    if out.resumed_from:
+        print(f"# resumed from {out.resumed_from} (saved after step {cfg.start_step}): the steps from "
+              f"{cfg.start_step + 1} on, on the same global batches")
+    for k, (loss, t) in enumerate(zip(out.losses, out.step_times_s), cfg.start_step + 1):
+        b = out.step_bytes_by_phase[k - 1 - cfg.start_step]
         print(f"{k:>4} {loss:>9.5f} {t * 1e3:>9.1f} {tokens / t:>9,.0f}  " + " ".join(f"{b.get(ph, 0):>12,}"
                                                                                         for ph in shown))
     print(f"# median step {out.step_time_s * 1e3:.1f} ms, {out.tokens_per_s:,.0f} tokens/s")
@@ -228,6 +302,12 @@ def print_run(cfg, out, plan: dict) -> None:
         print(f"# activations at the peak (saved for backward x microbatches held): {act:,} B; Korthikanti et al.'s "
               f"estimate {plan['activations']:,.0f} B (16-bit; this model has no dropout): "
               f"ratio {act / plan['activations']:.2f}")
+    for c in out.checkpoints or []:
+        mode = (f"staged in the step in {1e3 * c['staged_s']:.0f} ms, written in the background" if cfg.checkpoint.async_save
+                else "in the step")
+        print(f"# checkpoint {c['path']}: {c['bytes']:,} B, {1e3 * c['save_s']:.0f} ms ({mode}; "
+              f"{c['bytes'] / max(c['save_s'], 1e-9) / 1e6:.0f} MB/s)" +
+              (f"; removed step {', '.join(map(str, c['removed']))} (--keep {cfg.checkpoint.keep})" if c["removed"] else ""))
     if out.baseline is not None:
         print_baseline(out.baseline)
     if out.reference_losses is not None:

@@ -54,6 +54,8 @@ class TrainSummary:
     max_abs_weight_diff: float | None = None
     trace: dict | None = None              # with --trace: the last step as Trace Event Format
     baseline: dict | None = None           # with --baseline ddp: PyTorch DDP and the no-communication bound
+    checkpoints: list | None = None        # with --save: each checkpoint written (step, path, bytes, seconds)
+    resumed_from: str | None = None        # with --load: the checkpoint the run started from
 
     def to_json(self) -> dict:
         """The ``--json`` object: the layout's fields first, then every result that was computed (no trace)."""
@@ -151,6 +153,9 @@ def summarise(cfg: TrainConfig, results: list, backend: str, ref=None) -> TrainS
         pp_rank={r.rank: r.pp for r in results},
         step_bytes_by_phase=[{ph: max(r.bytes_by_step[k].get(ph, 0) for r in results) for ph in phases}
                              for k in range(cfg.steps)])
+    head = next(r for r in results if r.rank == 0)
+    out.checkpoints = head.checkpoints
+    out.resumed_from = cfg.checkpoint.load or None
     if any(r.experts for r in results):          # the router's own log, for netmorph moe's view
         out.experts_by_rank = {r.rank: (r.tp, r.pp, r.dp, r.experts) for r in results}
         out.bytes_by_rank = [r.bytes_by_step for r in sorted(results, key=lambda r: r.rank)]
@@ -175,7 +180,9 @@ def _expected(r: RankReport, ph: str, step: int) -> int:
 
 def reference(cfg: TrainConfig) -> tuple[list, dict, list | None]:
     """The 1-rank run on the same global batches: (losses per step, final weights, and with experts each step's
-    (MoE layers, E) assignments kept, summed over the microbatches)."""
+    (MoE layers, E) assignments kept, summed over the microbatches). A run that starts at ``cfg.start_step`` (one
+    resumed from a checkpoint of this run) is held against the 1-rank run from step 0: its last ``cfg.steps``
+    losses."""
     dtype = DTYPES[cfg.dtype]
     model = GPTStage(cfg.model, dtype=dtype, router=cfg.router)
     flat = FlatParams(list(model.parameters()), dtype=dtype)
@@ -188,7 +195,7 @@ def reference(cfg: TrainConfig) -> tuple[list, dict, list | None]:
     n = G // b if cfg.model.experts else 1
     for blk in moe:
         blk.aux_scale = 1.0 / n
-    for step in range(cfg.steps):
+    for step in range(cfg.start_step + cfg.steps):
         flat.zero_grad()
         total = 0.0
         for i in range(n):
@@ -205,7 +212,8 @@ def reference(cfg: TrainConfig) -> tuple[list, dict, list | None]:
         kept.append([sum(st.kept for st in blk.stats).tolist() for blk in moe])
         for blk in moe:
             blk.stats.clear()
-    return losses, {k: v for k, (v, _) in named_pieces([model]).items()}, kept if moe else None
+    skip = cfg.start_step
+    return losses[skip:], {k: v for k, (v, _) in named_pieces([model]).items()}, kept[skip:] if moe else None
 
 
 def chrome_trace(results: list) -> dict:

@@ -1,0 +1,200 @@
+"""Checkpoints in torch.distributed.checkpoint's format: saved on one layout, resumed on others with the losses
+and weights of the run that never stopped, readable by DCP's own tools, atomic and verified."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from netmorph.checkpoint import Checkpointing, folder
+from netmorph.checkpoint.shards import owners, range_boxes, rank_boxes
+from netmorph.mesh.layout import Layout
+from netmorph.mesh.placement import parameters
+from netmorph.mesh.shape import ModelShape
+from netmorph.parallel.hybrid import TrainConfig
+from netmorph.parallel.run import reference, train
+
+pytestmark = pytest.mark.timeout(300)
+
+MODEL = ModelShape(layers=4, hidden=32, heads=4, seq=16, vocab=64)
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def _cfg(steps, start=0, ck=Checkpointing(), **lay):
+    """A global batch of 4 one-sequence microbatches on every layout (the same data step by step)."""
+    return TrainConfig.make(MODEL, microbatches=4 // lay.get("dp", 1), micro_batch_size=1, steps=steps,
+                            start_step=start, checkpoint=ck, **lay)
+
+
+def _cli(*argv, env=None, timeout=200):
+    return subprocess.run([sys.executable, "-m", "netmorph", *argv], capture_output=True, text=True, timeout=timeout,
+                          env=env or ENV)
+
+
+def test_range_boxes_cover_a_row_major_range_exactly():
+    shape = (3, 4, 5)
+    for a, b in [(0, 60), (7, 53), (20, 40), (3, 4), (19, 21), (0, 1), (59, 60)]:
+        seen = np.zeros(60, dtype=int)
+        for off, size in range_boxes(shape, a, b):
+            idx = np.arange(60).reshape(shape)[tuple(slice(o, o + s) for o, s in zip(off, size))]
+            seen[idx.ravel()] += 1
+        assert seen[a:b].tolist() == [1] * (b - a) and seen.sum() == b - a, (a, b)
+
+
+@pytest.mark.parametrize("tag,world", [("tp2,pp2,dp2,zero1", 8), ("dp4,zero3", 4), ("tp2,dp2,zero2", 4),
+                                       ("pp2,v2", 2)])
+def test_the_written_boxes_tile_every_tensor_once(tag, world):
+    """Replicas write nothing twice: each tensor's owned boxes add up to its elements (DCP's global plan
+    rejects an overlap, so together they tile it)."""
+    from dataclasses import replace
+    lay = replace(Layout.parse(tag, world), global_batch=8, micro_batch_size=1)
+    who = owners(MODEL, lay)
+    elements = {}
+    for r in range(world):
+        for b in rank_boxes(MODEL, lay, r, owned=True, who=who):
+            elements[b.fqn] = elements.get(b.fqn, 0) + math.prod(b.sizes)
+    shapes = {p.name: p.shape for p in parameters(MODEL)}
+    assert len(elements) == 3 * len(shapes)
+    assert sorted(elements.values()) == sorted(math.prod(s) for s in shapes.values() for _ in range(3))
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """6 steps on tp2·pp2·dp2 ZeRO-1 (float64), a checkpoint every 3; and the run that never stops."""
+    d = tmp_path_factory.mktemp("ckpt")
+    whole = train(_cfg(6, tp=2, pp=2, dp=2, zero=1))
+    out = train(_cfg(6, ck=Checkpointing(save=str(d), every=3), tp=2, pp=2, dp=2, zero=1))
+    return d, whole, out
+
+
+def test_a_save_is_dcps_format_and_does_not_change_the_run(saved):
+    d, whole, out = saved
+    assert out.losses == whole.losses
+    assert folder.steps(d) == [3, 6] and (d / "latest").read_text().strip() == "step-6"
+    files = sorted(p.name for p in (d / "step-3").iterdir())
+    assert files == [".metadata", *[f"__{r}_0.distcp" for r in range(8)], "checksums.json"]
+    assert [c["step"] for c in out.checkpoints] == [3, 6] and all(c["bytes"] > 0 for c in out.checkpoints)
+
+
+def test_dcp_to_torch_save_gives_what_the_1_rank_gpt_loads_strictly(saved, tmp_path):
+    """DCP's own converter: one state dict; its "model" loads into the 1-rank GPT with strict=True and holds the
+    weights of the 1-rank run after 6 steps; Adam's moments are there in full shapes under optim.state."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from netmorph.checkpoint.shards import model_key
+    from netmorph.models.gpt import GPTStage
+    d, _, _ = saved
+    dcp_to_torch_save(d / "step-6", tmp_path / "out.pt")
+    sd = torch.load(tmp_path / "out.pt", weights_only=False)
+    gpt = GPTStage(MODEL, dtype=torch.float64)
+    gpt.load_state_dict(sd["model"], strict=True)
+    _, w_ref, _ = reference(_cfg(6))
+    for p in parameters(MODEL):
+        key = model_key(p)
+        assert torch.allclose(gpt.state_dict()[key], w_ref[p.name], rtol=0, atol=1e-12), key
+        moments = sd["optim"]["state"][key]
+        assert moments["exp_avg"].shape == p.shape and float(moments["step"]) == 6
+    meta = json.loads(sd["train"]["meta"])
+    assert sd["train"]["step"] == 6 and meta["layout"] == "tp2·pp2·dp2·zero1" and meta["consumed_samples"] == 24
+
+
+@pytest.mark.parametrize("layout", [dict(dp=4, zero=3), dict(tp=4), dict(pp=2, interleave=2, schedule="interleaved"),
+                                    dict(tp=2, dp=2, zero=2, sequence_parallel=True)],
+                         ids=["dp4-zero3", "tp4", "pp2-interleaved", "tp2-dp2-zero2-sp"])
+def test_resumed_on_another_layout_the_run_goes_on_as_if_it_never_stopped(saved, layout):
+    """Written on tp2·pp2·dp2 ZeRO-1 after step 3, read under another layout by DCP's resharding: steps 4-6
+    lose exactly what the run that never stopped lost, and end on the 1-rank run's weights."""
+    d, whole, _ = saved
+    out = train(_cfg(3, start=3, ck=Checkpointing(load=str(d / "step-3")), **layout), check=True)
+    assert max(abs(a - b) / abs(b) for a, b in zip(out.losses, whole.losses[3:])) <= 1e-12
+    assert out.max_abs_weight_diff <= 1e-12
+
+
+def test_a_corrupt_or_truncated_shard_is_refused_naming_the_file(saved, tmp_path):
+    import shutil
+    d, _, _ = saved
+    copy = tmp_path / "ck"
+    shutil.copytree(d, copy)
+    shard = copy / "step-6" / "__5_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    r = _cli("train", "--steps", "8", "--load", str(copy))
+    assert r.returncode == 2 and "__5_0.distcp is corrupt" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    with open(shard, "r+b") as fh:
+        fh.truncate(100)
+    r = _cli("train", "--steps", "8", "--load", str(copy / "step-6"))
+    assert r.returncode == 2 and "__5_0.distcp is corrupt" in r.stderr
+
+
+def test_a_checkpoint_of_another_model_or_batch_is_one_line(tmp_path):
+    d = tmp_path / "ck"
+    assert _cli("train", "--steps", "2", "--save", str(d)).returncode == 0
+    for argv, words in ((["--hidden", "32"], "its model has hidden 64, this run 32: pass --hidden 64"),
+                        (["--microbatches", "4"], "--global-batch-size 4"),
+                        (["--steps", "2"], "raise --steps past 2")):
+        r = _cli("train", "--load", str(d), *(["--steps", "4"] if "--steps" not in argv else []), *argv)
+        assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, (argv, r.stderr)
+    r = _cli("train", "--keep", "2")
+    assert r.returncode == 2 and "give --save DIR" in r.stderr
+    r = _cli("train", "--load", str(tmp_path / "nothing-here"))
+    assert r.returncode == 2 and "no such folder" in r.stderr
+
+
+def test_a_rank_killed_mid_save_leaves_the_last_checkpoint_and_the_next_run_goes_on(tmp_path):
+    """Rank 1 SIGKILLs itself in the save after step 4, its shard written, before the checkpoint is complete:
+    the job fails, step-2 stays the latest and loads; the next run sweeps the partial folder, resumes from step
+    2 and ends on the losses of the run that was never killed."""
+    d = tmp_path / "ck"
+    common = ["train", "--dp", "2", "--steps", "6", "--dtype", "float64", "--json"]
+    r = _cli(*common, "--save", str(d), "--save-every", "2", env={**ENV, "NETMORPH_CHECKPOINT_KILL": "1@4"})
+    assert r.returncode != 0
+    assert folder.steps(d) == [2] and (d / "latest").read_text().strip() == "step-2"
+    assert (d / ".step-4.partial").is_dir()
+    r = _cli(*common, "--load", str(d), "--save", str(d), "--save-every", "2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not any(p.name.endswith(".partial") for p in d.iterdir()) and folder.steps(d) == [2, 4, 6]
+    whole = json.loads(_cli(*common).stdout)
+    assert json.loads(r.stdout)["losses"] == pytest.approx(whole["losses"][2:], rel=1e-12)
+
+
+def test_async_save_keeps_the_newest_and_the_run_unchanged(tmp_path):
+    d = tmp_path / "ck"
+    common = ["train", "--tp", "2", "--steps", "5", "--dtype", "float64", "--json"]
+    r = _cli(*common, "--save", str(d), "--save-every", "1", "--keep", "2", "--async-save")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert folder.steps(d) == [4, 5] and [c["step"] for c in out["checkpoints"]] == [1, 2, 3, 4, 5]
+    assert out["losses"] == json.loads(_cli(*common).stdout)["losses"]
+
+
+def test_a_checkpoint_saved_under_torchrun_resumes_on_the_local_fabric(tmp_path):
+    """torchrun's two workers (netmorph's schedules over gloo) write it; a local tp2 run reads it."""
+    d = tmp_path / "ck"
+    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "-m", "netmorph", "train", "--dp", "2", "--steps", "3", "--dtype", "float64", "--save",
+                          str(d)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                         start_new_session=True)
+    try:
+        _, err = p.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        pytest.fail("torchrun did not finish in 150 s")
+    assert p.returncode == 0, err[-2000:]
+    assert folder.steps(d) == [3]
+    r = _cli("train", "--tp", "2", "--microbatches", "4", "--steps", "5", "--dtype", "float64", "--load", str(d),
+             "--check", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["max_rel_loss_diff"] <= 1e-12 and out["max_abs_weight_diff"] <= 1e-12
+    time.sleep(0.1)
