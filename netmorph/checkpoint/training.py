@@ -37,12 +37,11 @@ from netmorph.checkpoint.shards import NAMES, owners, rank_boxes
 KILL = "NETMORPH_CHECKPOINT_KILL"
 
 
-def meta(cfg, done: int) -> str:
+def meta(model, layout, done: int, dtype: str = "float64", lr: float = 0.0) -> str:
     """What a checkpoint says about the run that wrote it."""
-    lay = cfg.layout
-    return json.dumps({"format": 1, "step": done, "consumed_samples": done * lay.global_batch,
-                       "global_batch": lay.global_batch, "model": asdict(cfg.model), "layout": lay.tag(),
-                       "world": lay.world, "dtype": cfg.dtype, "lr": cfg.lr})
+    return json.dumps({"format": 1, "step": done, "consumed_samples": done * layout.global_batch,
+                       "global_batch": layout.global_batch, "model": asdict(model), "layout": layout.tag(),
+                       "world": layout.world, "dtype": dtype, "lr": lr})
 
 
 def _full(m, state: dict, dtype) -> dict:
@@ -84,19 +83,16 @@ class Saver:
         t0 = time.perf_counter()
         self.wait()                                   # at most one save in flight
         blocked = time.perf_counter() - t0
-        tensors = dcp.host_copy(self.boxes, _full(self.map, state, state["params"].dtype))
-        train = {"step": done, "meta": meta(self.cfg, done), "rng": torch.get_rng_state()}
-        path = folder.partial_dir(self.root, done)
-        if self.comm.rank == 0:
-            path.mkdir(parents=True, exist_ok=True)
-        plan = dcp.plan_save(self.comm, path, self.cfg.model, tensors, state["t"], train)
-        staged = time.perf_counter() - t0
+        cfg = self.cfg
+        staged = stage(self.comm, self.root, done, cfg.model, self.boxes, self.map, state,
+                       meta(cfg.model, cfg.layout, done, cfg.dtype, cfg.lr))
+        took = time.perf_counter() - t0
         if self.ck.async_save:
-            self.thread = threading.Thread(target=self._guarded, args=(plan, done, path, t0, staged, blocked),
+            self.thread = threading.Thread(target=self._guarded, args=(staged, t0, took, blocked),
                                            name="netmorph-checkpoint", daemon=True)
             self.thread.start()
         else:
-            self._write(plan, done, path, t0, staged, blocked)
+            self._write(staged, t0, took, blocked)
 
     def _guarded(self, *args) -> None:
         try:
@@ -104,36 +100,13 @@ class Saver:
         except BaseException as e:                    # noqa: BLE001 - raised in the rank's thread by wait()
             self.error = e
 
-    def _write(self, plan, done: int, path: Path, t0: float, staged: float, blocked: float) -> None:
-        results, sums = dcp.write(plan, path)
-        if self.kill == (self.comm.rank, done):
-            os.kill(os.getpid(), signal.SIGKILL)
-        mark = path / f".rank-{self.comm.rank}.done"
-        with open(mark.with_suffix(".tmp"), "wb") as fh:
-            pickle.dump((results, sums), fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(mark.with_suffix(".tmp"), mark)
-        if self.comm.rank:
-            return
-        marks = [path / f".rank-{r}.done" for r in range(self.comm.world)]
-        deadline = time.monotonic() + self.comm.transport.timeout
-        while not all(m.exists() for m in marks):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"checkpoint of step {done}: ranks {[r for r, m in enumerate(marks) if not m.exists()]}"
-                                   f" did not finish their shards within {self.comm.transport.timeout:g} s")
-            time.sleep(0.002)
-        everyone = []
-        for m in marks:
-            with open(m, "rb") as fh:
-                everyone.append(pickle.load(fh))
-            m.unlink()
-        sums = dcp.finish(plan, path, everyone)
-        final = folder.publish(self.root, done, sums)
-        removed = folder.prune(self.root, self.ck.keep)
-        size = sum((final / f).stat().st_size for f in sums)
-        self.log.append({"step": done, "path": str(final), "bytes": size, "staged_s": staged, "blocked_s": blocked,
-                         "save_s": time.perf_counter() - t0, "removed": removed})
+    def _write(self, staged, t0: float, took: float, blocked: float) -> None:
+        final, sums, removed = complete(self.comm, staged, self.root, self.ck.keep, self.kill)
+        if final is not None:
+            self.log.append({"step": staged.step, "path": str(final), "bytes": sum((final / f).stat().st_size
+                                                                                   for f in sums),
+                             "staged_s": took, "blocked_s": blocked, "save_s": time.perf_counter() - t0,
+                             "removed": removed})
 
     def wait(self) -> None:
         """The save in flight done (its error raised here)."""
@@ -145,19 +118,84 @@ class Saver:
             raise err
 
 
-def resume(cfg, rank: int) -> dict:
-    """Rank ``rank``'s flat state under ``cfg.layout`` from the checkpoint ``cfg.checkpoint.load`` (any layout's)."""
+class Staged:
+    """A save after its plan exchange, its shards in host memory: what is left is writing them."""
+
+    def __init__(self, step: int, path: Path, planned):
+        self.step, self.path, self.planned = step, path, planned
+
+
+def stage(comm, root: Path, done: int, model, boxes: list, m, state: dict, about: str) -> Staged:
+    """The part of a save in the step, on every rank: its ``boxes`` copied from ``state`` (its flat state under
+    the element map ``m``) to host memory, the plan exchanged with rank 0 (the only messages of a save)."""
+    tensors = dcp.host_copy(boxes, _full(m, state, np.asarray(state["params"]).dtype))
+    train = {"step": done, "meta": about, "rng": torch.get_rng_state()}
+    path = folder.partial_dir(root, done)
+    if comm.rank == 0:
+        path.mkdir(parents=True, exist_ok=True)
+    return Staged(done, path, dcp.plan_save(comm, path, model, tensors, state["t"], train))
+
+
+def complete(comm, staged: Staged, root: Path, keep: int = 0, kill=None) -> tuple:
+    """The rest, with no message (it may run in a thread beside training): this rank's file written and
+    synced, its ``.done`` left in the folder; rank 0 waits for every rank's, writes ``.metadata``, publishes and
+    prunes. (the checkpoint's folder, {file: sha256}, the steps removed) on rank 0, (None, None, None) elsewhere."""
+    path = staged.path
+    results, sums = dcp.write(staged.planned, path)
+    if kill == (comm.rank, staged.step):
+        os.kill(os.getpid(), signal.SIGKILL)
+    mark = path / f".rank-{comm.rank}.done"
+    with open(mark.with_suffix(".tmp"), "wb") as fh:
+        pickle.dump((results, sums), fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(mark.with_suffix(".tmp"), mark)
+    if comm.rank:
+        return None, None, None
+    marks = [path / f".rank-{r}.done" for r in range(comm.world)]
+    deadline = time.monotonic() + comm.transport.timeout
+    while not all(mk.exists() for mk in marks):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"checkpoint of step {staged.step}: ranks {[r for r, mk in enumerate(marks) if not mk.exists()]}"
+                               f" did not finish their shards within {comm.transport.timeout:g} s")
+        time.sleep(0.002)
+    everyone = []
+    for mk in marks:
+        with open(mk, "rb") as fh:
+            everyone.append(pickle.load(fh))
+        mk.unlink()
+    sums = dcp.finish(staged.planned, path, everyone)
+    final = folder.publish(root, staged.step, sums)
+    return final, sums, folder.prune(root, keep)
+
+
+def save_state(comm, root, done: int, model, layout, state: dict, keep: int = 0) -> None:
+    """One checkpoint of every rank's flat ``state`` under ``layout``, written in the step (morph's and elastic's
+    checkpoints: the trainer's code)."""
     from netmorph.mesh.elements import element_map
-    m = element_map(cfg.model, cfg.layout)[rank]
-    dtype = np.dtype(cfg.dtype)
-    flats = {k: np.zeros(m.flat.size, dtype=dtype) for k in NAMES}
-    dest = {(b.fqn, b.offsets): torch.from_numpy(b.view(flats[b.kind]))
-            for b in rank_boxes(cfg.model, cfg.layout, rank)}
-    got = dcp.load(Path(cfg.checkpoint.load), cfg.model, dest)
+    root = Path(root)
+    boxes = rank_boxes(model, layout, comm.rank, owned=True)
+    m = element_map(model, layout)[comm.rank]
+    complete(comm, stage(comm, root, done, model, boxes, m, state, meta(model, layout, done)), root, keep)
+    comm.barrier()                                   # the checkpoint is published before anyone goes on
+
+
+def load_state(path, model, layout, rank: int, dtype: str = "float64") -> dict:
+    """Rank ``rank``'s flat state under ``layout`` from the checkpoint in ``path`` (written on any layout)."""
+    from netmorph.mesh.elements import element_map
+    m = element_map(model, layout)[rank]
+    flats = {k: np.zeros(m.flat.size, dtype=np.dtype(dtype)) for k in NAMES}
+    dest = {(b.fqn, b.offsets): torch.from_numpy(b.view(flats[b.kind])) for b in rank_boxes(model, layout, rank)}
+    got = dcp.load(Path(path), model, dest)
     if got.get("rng") is not None:
         torch.set_rng_state(got["rng"])
     lo, hi = m.optimizer
     return {"params": flats["params"], "m": flats["m"][lo:hi].copy(), "v": flats["v"][lo:hi].copy(), "t": got["t"]}
+
+
+def resume(cfg, rank: int) -> dict:
+    """Rank ``rank``'s flat state under ``cfg.layout`` from the checkpoint ``cfg.checkpoint.load``."""
+    return load_state(cfg.checkpoint.load, cfg.model, cfg.layout, rank, cfg.dtype)
 
 
 class Resume:

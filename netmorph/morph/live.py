@@ -21,7 +21,6 @@ Losses, hangs and joins -- the job's membership changing under the loop -- are
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -30,7 +29,6 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 
@@ -138,13 +136,9 @@ class _Rank(Members):
         if not self.job.checkpoints:              # no node can be lost (nor dies): nothing to keep
             return
         self.commits = (self.commits + [(done, state())])[-2:]
-        if done % self.job.checkpoint_every == 0:
-            d = Path(self.job.checkpoints) / f"step{done}"
-            d.mkdir(exist_ok=True)
-            np.savez(d / f"rank{self.comm.rank}.npz", **{k: np.asarray(v) for k, v in self.commits[-1][1].items()})
-            if self.comm.rank == 0:
-                (d / "meta.json").write_text(json.dumps({"layout": self.layout.tag(), "seq": self.model.seq,
-                                                         "world": self.layout.world}))
+        if done % self.job.checkpoint_every == 0:      # the trainer's checkpoint (DCP), under the layout in hand
+            from netmorph.checkpoint.training import save_state
+            save_state(self.comm, self.job.checkpoints, done, self.model, self.layout, self.commits[-1][1])
         if self.dies_at is not None and self.clock == self.dies_at:
             took = self.run.step_s[-1] if self.run.step_s else 0.1
             threading.Timer(took / 2, os.kill, (os.getpid(), self.how)).start()

@@ -27,10 +27,10 @@ import pickle
 import signal
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 
+from netmorph.checkpoint import folder
 from netmorph.elastic.agent import dead_of
 from netmorph.elastic.cluster import on_suspect
 from netmorph.elastic.detector import PhiAccrual
@@ -38,7 +38,7 @@ from netmorph.elastic.heartbeat import Heartbeat, Watchdog, publish_pid
 from netmorph.elastic.membership import Rendezvous, agree_after_loss
 from netmorph.mesh.layout import Layout
 from netmorph.morph.decide import Decision
-from netmorph.morph.reshard import StateLost, plan, restore, run_rank
+from netmorph.morph.reshard import StateLost, plan, run_rank
 from netmorph.morph.scenario import LOSSES, Scenario
 from netmorph.morph.twin import candidates
 from netmorph.parallel.hybrid import TrainConfig
@@ -125,7 +125,7 @@ class Members:
             self.state = run_rank(comm, p, state)
             how = f"{p.bytes:,} B from the survivors' shards"
         except StateLost as e:
-            at = max((int(d.name[4:]) for d in Path(job.checkpoints).iterdir()), default=0)
+            at = max(folder.steps(job.checkpoints), default=0)
             self.state = self._restore(at, target) if at else None
             how = f"{e}: from the checkpoint of step {at}, {first - at} steps to redo"
             first = at
@@ -259,12 +259,11 @@ class Members:
                 self.ctl, self.run, self.lines = pickle.loads(blob.tobytes())
 
     def _restore(self, at: int, target: Layout) -> dict:
-        """This rank's state under ``target`` from the checkpoint of step ``at`` (every old rank's file)."""
-        d = Path(self.job.checkpoints) / f"step{at}"
-        meta = json.loads((d / "meta.json").read_text())
-        old = Layout.parse(meta["layout"].replace("·", ","), meta["world"])
-        model = self.job.model if meta["seq"] == self.job.model.seq else replace(self.job.model, seq=meta["seq"])
-        states = [dict(np.load(d / f"rank{r}.npz")) for r in range(meta["world"])]
-        for st in states:
-            st["t"] = int(st["t"])
-        return restore(model, old, states, target)[self.comm.rank]
+        """This rank's state under ``target`` from the checkpoint of step ``at`` (DCP's resharding: the boxes it
+        holds under ``target``, from whichever old ranks wrote them)."""
+        from netmorph.checkpoint.dcp import read_train
+        from netmorph.checkpoint.training import load_state
+        d = folder.step_dir(self.job.checkpoints, at)
+        seq = json.loads(read_train(d)["meta"])["model"]["seq"]
+        model = self.job.model if seq == self.job.model.seq else replace(self.job.model, seq=seq)
+        return load_state(d, model, target, self.comm.rank)
