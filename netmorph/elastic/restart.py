@@ -2,8 +2,9 @@
 down and restarted (the dead one replaced) from the last checkpoint on disk, every step since redone.
 
 The same job as :mod:`netmorph.elastic.train` (its problem, batches and update) or, ``job="gpt"``, as
-:mod:`netmorph.elastic.gpt` (the GPT trainer, rank 0 writing its whole replica: parameters and Adam's state);
-``torch.save`` every ``commit_every`` steps is an atomic ``np.save`` here, and each attempt is one
+:mod:`netmorph.elastic.gpt` (the GPT trainer, checkpointed as the trainer checkpoints: every rank's shards of
+the parameters and Adam's state in DCP's format, :func:`netmorph.checkpoint.training.save_state`); for the toy
+problem ``torch.save`` every ``commit_every`` steps is an atomic ``np.save``, and each attempt is one
 :func:`~netmorph.runtime.launch`, as ``torchrun --max-restarts`` starts one worker group per attempt.
 """
 
@@ -48,9 +49,12 @@ def _restart_rank(comm, cfg: ElasticConfig, start: int, w0, ckpt_dir: str, attem
     return w
 
 
-def _restart_gpt_rank(comm, cfg: ElasticConfig, start: int, state, ckpt_dir: str, attempt: int):
-    """One attempt on the GPT trainer: every worker from the last checkpoint on disk (None: step 0's weights)."""
+def _restart_gpt_rank(comm, cfg: ElasticConfig, start: int, saved, ckpt_dir: str, attempt: int):
+    """One attempt on the GPT trainer: every worker from the last checkpoint on disk (the trainer's, DCP's
+    format: ``saved`` its folder; None: step 0's weights)."""
+    from netmorph.checkpoint.training import load_state, save_state
     me = comm.rank
+    tc = gpt.train_config(cfg, comm.world, cfg.steps - start, start)
     dies_at = {r: s for r, s in cfg.kills if s >= start}.get(me)
     dies_at = dies_at if dies_at is not None and attempt == _attempt_of(cfg, me) else None
 
@@ -59,16 +63,13 @@ def _restart_gpt_rank(comm, cfg: ElasticConfig, start: int, state, ckpt_dir: str
     def commit(done, snapshot, loss):
         if me == 0:
             _stamp(ckpt_dir, done, start, attempt)
-            if done % cfg.commit_every == 0:
-                st = snapshot()
-                np.savez(os.path.join(ckpt_dir, "state.tmp.npz"), params=st["params"], m=st["m"], v=st["v"],
-                         t=st["t"])
-                os.replace(os.path.join(ckpt_dir, "state.tmp.npz"), os.path.join(ckpt_dir, "state.npz"))
+        if done % cfg.commit_every == 0:            # every rank its shards, published whole (torch.save's place)
+            save_state(comm, os.path.join(ckpt_dir, "dcp"), done, tc.model, tc.layout, snapshot(), keep=1)
+            if me == 0:
                 write_text(os.path.join(ckpt_dir, "step"), str(done))
         arm(done)
     arm(start)
-    tc = gpt.train_config(cfg, comm.world, cfg.steps - start, start)
-    init = None if state is None else {me: state}                 # the same workers: the same padding
+    init = None if saved is None else {me: load_state(saved, tc.model, tc.layout, me)}
     out = train_rank(comm, tc, None, init, commit=commit)
     return np.asarray(out.state.flat["params"])[:gpt.numel(cfg)]
 
@@ -80,11 +81,6 @@ def _stamp(ckpt_dir: str, step: int, start: int, attempt: int) -> None:
         f.write(f"{time.monotonic()!r} {step}\n")
     if step == start + 1:
         write_text(os.path.join(ckpt_dir, f"first_step_{attempt}"), repr(time.monotonic()))
-
-
-def _load(path: str) -> dict:
-    with np.load(path) as f:
-        return {"params": f["params"], "m": f["m"], "v": f["v"], "t": int(f["t"])}
 
 
 def _attempt_of(cfg, rank) -> int:
@@ -104,7 +100,7 @@ def restart_all(cfg: ElasticConfig) -> dict:
         while True:
             step = int(open(os.path.join(ckpt, "step")).read()) if os.path.exists(os.path.join(ckpt, "step")) else 0
             if cfg.job == "gpt":
-                fn, w = _restart_gpt_rank, (_load(os.path.join(ckpt, "state.npz")) if step else None)
+                fn, w = _restart_gpt_rank, (os.path.join(ckpt, "dcp", f"step-{step}") if step else None)
             else:
                 fn, w = _restart_rank, (np.load(os.path.join(ckpt, "w.npy")) if step else np.zeros(cfg.dim))
             if events:
