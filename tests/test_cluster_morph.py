@@ -111,7 +111,7 @@ def test_bad_cluster_morph_input_is_one_line(argv, words, capsys):
     assert len(err) == 1 and words in err[0], err
 
 
-def test_morph_on_two_torchrun_jobs_takes_node_1_back_when_its_torchrun_restarts_it():
+def test_morph_on_two_torchrun_jobs_takes_node_1_back_when_its_torchrun_restarts_it(tmp_path):
     """node-lost@8 then node-joins@15 across jobs: node 1's workers kill themselves, the survivors go on on two
     ranks; node 1's torchrun job restarts its workers (new slots 6 and 7), which ask the lighthouse to join, and at
     the first boundary past step 15 the members admit them, the twin takes the four-rank layout again and the
@@ -123,7 +123,8 @@ def test_morph_on_two_torchrun_jobs_takes_node_1_back_when_its_torchrun_restarts
     from netmorph.parallel.run import reference
     before = temporaries()
     r = launch_cli(["--nodes", "2", "--nproc-per-node", "2", "--max-restarts", "1", "--", "morph", "--steps", "30",
-                    "--segment", "5", "--scenario", "node-lost@8,node-joins@15", "--timeout", "20", "--json"])
+                    "--segment", "5", "--scenario", "node-lost@8,node-joins@15", "--timeout", "20",
+                    "--checkpoint-every", "5", "--checkpoint-dir", str(tmp_path), "--json"])
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     lost, joined = out["decisions"][:2]
@@ -134,6 +135,9 @@ def test_morph_on_two_torchrun_jobs_takes_node_1_back_when_its_torchrun_restarts
     losses, _, _ = reference(train_config(ModelShape(layers=4, hidden=32, heads=4, seq=16, vocab=64), Layout(), 30, 8))
     assert out["final_loss"]["adaptive"] == pytest.approx(losses[-1], rel=1e-5)
     time.sleep(0.5)
+    # the checkpoints went to --checkpoint-dir (a shared filesystem's folder on a cluster), in a folder of their own
+    # that rank 0 removed at the end
+    assert list(tmp_path.iterdir()) == []
     assert leftovers(before) == [] and netmorph_processes() == []
 
 

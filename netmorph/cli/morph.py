@@ -51,6 +51,10 @@ def add_parser(sub) -> None:
     p.add_argument("--checkpoint-every", type=int_in(1, 10_000), default=20,
                    help="run: steps between checkpoints, where a run goes back to when a lost node took state no "
                         "survivor holds (default 20)")
+    p.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="run across torchrun jobs: the folder the live loop's checkpoints go to (in a folder of "
+                        "their own, removed at the end); on a real cluster one every node sees, a shared "
+                        "filesystem (default: a temporary folder on rank 0's host)")
     p.add_argument("--compare", action="store_true",
                    help="run: also run the start split as torchrun would restart it: a node lost or joining "
                         "restarts every rank (the relaunch measured) from the last checkpoint")
@@ -75,7 +79,7 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
     action_only(p, "run", ("scenario", "segment", "static", "compute_ms", "inter_node_mbps", "checkpoint_every",
-                           "compare", "plot", "lighthouse", "node", "nodes"))
+                           "compare", "plot", "lighthouse", "node", "nodes", "checkpoint_dir"))
     action_only(p, "reshard", ("before", "after"))
 
 
@@ -110,6 +114,10 @@ def cluster_check(args, nodes: int, k: int, max_restarts: int) -> int:
                          "benchmarks/elastic_torchrun.py's measurement, not morph's")
     scenario = parse_scenario(args.scenario)
     world = check_cluster(nodes, k, args.world, scenario, max_restarts)
+    d = args.checkpoint_dir
+    if d is not None and not (os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK)):
+        raise UsageError(f"--checkpoint-dir {d}: not a folder this worker can write in (every node's workers "
+                         f"write their checkpoints there)", "checkpoint_dir")
     check_run(_model(args), world, args.global_batch, 100 if args.steps is None else args.steps, args.segment,
               scenario)
     return world
@@ -118,6 +126,9 @@ def cluster_check(args, nodes: int, k: int, max_restarts: int) -> int:
 def _control(args) -> int:
     """morph run: on one box (a launch of ``--world`` ranks per run), or as one worker of a cluster."""
     cluster = None
+    if not in_cluster(args) and args.checkpoint_dir is not None:
+        raise UsageError("--checkpoint-dir places a cluster's checkpoints (with --lighthouse, under netmorph "
+                         "launch); on one box they go to a temporary folder", "checkpoint_dir")
     if in_cluster(args):
         if args.late_nodes:
             raise UsageError("--late-node: morph's cluster starts every node at once", "late_node")
@@ -126,7 +137,7 @@ def _control(args) -> int:
         args.world = cluster_check(args, args.nodes, int(os.environ["LOCAL_WORLD_SIZE"]),
                                    int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")))
         cluster = Cluster(args.lighthouse, args.node, args.nodes, args.timeout,
-                          joins=rejoins(parse_scenario(args.scenario)))
+                          joins=rejoins(parse_scenario(args.scenario)), checkpoint_dir=args.checkpoint_dir)
         if cluster.leaves:                    # the scenario lost this node for good; the run goes on without it
             print(f"# netmorph morph: node {args.node} restarted by torchrun after the scenario lost it; the run "
                   "goes on without it (the scenario has no node-joins after the loss)", file=sys.stderr)

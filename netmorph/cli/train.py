@@ -8,7 +8,10 @@ pipeline's in-flight microbatches and bubble, model-state memory, and with
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import asdict
+from pathlib import Path
 
 
 from netmorph.cli import add_timeout, float_in, int_in, job_split, pipeline_schedule, print_json, trace_file
@@ -144,14 +147,11 @@ def config_from(args):
 def checkpointing(args, model):
     """The run's :class:`~netmorph.checkpoint.Checkpointing`; ``--load``'s checkpoint found and verified (every
     file against its checksum) and its model the run's, or the one line naming what differs."""
-    import json
-    from dataclasses import asdict
     from netmorph.checkpoint import Checkpointing
     if (args.save_every or args.keep or args.async_save) and not args.save:
         raise UsageError("--save-every, --keep and --async-save shape --save DIR's checkpoints: give --save DIR",
                          "save")
     if args.save:
-        from pathlib import Path
         root = Path(args.save)
         try:
             root.mkdir(parents=True, exist_ok=True)
@@ -178,8 +178,6 @@ def checkpointing(args, model):
 def _resume_step(path: str, steps: int, batch: int) -> int:
     """The step a checkpoint was saved after (the data position the run goes on from: its global batches of
     ``batch`` sequences, this run's), below ``--steps``."""
-    import json
-    from pathlib import Path
     from netmorph.checkpoint import dcp
     train = dcp.read_train(Path(path))
     done, saved = int(train["step"]), json.loads(train["meta"])["global_batch"]

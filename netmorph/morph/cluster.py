@@ -66,7 +66,8 @@ class Cluster:
     brings the node back (``joins``) it is a joiner (``comm.joined``) that forms no group until the members admit
     it at the scenario's step (:meth:`netmorph.morph.members.Members.join`); otherwise it says so and leaves."""
 
-    def __init__(self, lighthouse: str, node: int, nodes: int, timeout: float, joins: bool = False):
+    def __init__(self, lighthouse: str, node: int, nodes: int, timeout: float, joins: bool = False,
+                 checkpoint_dir: str | None = None):
         from netmorph.elastic.cluster import join
         self.comm = join(lighthouse, node, nodes, timeout)
         place = self.comm.placement
@@ -82,10 +83,10 @@ class Cluster:
         if not self.joiner:
             self.comm.reform(range(self.world), 0, renumber=True)
         # where every rank writes the live loop's checkpoints (a node lost may take state no survivor holds): a
-        # folder rank 0 makes on this host (in launch's own temporary folder under netmorph launch) -- on a real
-        # cluster it must be on a filesystem every node shares
+        # folder rank 0 makes in --checkpoint-dir, else on this host (in launch's own temporary folder under
+        # netmorph launch) -- on a real cluster it must be on a filesystem every node shares
         if self.comm.rank == 0 and not self.joiner:
-            self.scratch = tempfile.mkdtemp(prefix=".netmorph-ckpt-")
+            self.scratch = tempfile.mkdtemp(prefix=".netmorph-ckpt-", dir=checkpoint_dir)
             self.comm.store.set(SCRATCH, self.scratch)
         self.comm.checkpoints = self.comm.store.get(SCRATCH).decode()
 
