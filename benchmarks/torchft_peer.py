@@ -21,7 +21,7 @@ completed step), ``steps_redone`` (steps computed again after it), ``heal_s`` (a
 to their first completed step); medians over ``--repeats`` runs (one kill each). A system whose package is not
 installed makes the benchmark say so and exit 1 (torchft: ``pip install -e '.[peers]'``).
 
-    python benchmarks/torchft_peer.py [--nodes 2] [--nproc-per-node 2] [--steps 300] [--repeats 3] [--json]
+    python benchmarks/torchft_peer.py [--nodes 2[,3]] [--nproc-per-node 2] [--steps 300] [--repeats 3] [--json]
 """
 
 from __future__ import annotations
@@ -227,6 +227,13 @@ def run_ddp(nodes, k, tmp, kill_step, every=0, restart=False) -> dict:
     return fig
 
 
+def _first_error(err: str) -> str:
+    """A failed worker's own traceback out of torchrun's stderr (its summary only repeats the exit code)."""
+    lines = err.splitlines()
+    first = next((i for i, ln in enumerate(lines) if "Traceback" in ln and "elastic" not in ln), None)
+    return "\n".join(lines[first:first + 40]) if first is not None else err[-2000:]
+
+
 def run_torchft(nodes, k, tmp, kill_step) -> dict:
     out = tempfile.mkdtemp(dir=tmp)
     port = _free_port()
@@ -245,7 +252,7 @@ def run_torchft(nodes, k, tmp, kill_step) -> dict:
         for j in jobs:
             _, err = j.communicate(timeout=600)
             if j.returncode:
-                raise RuntimeError(f"a torchft group failed:\n{err[-2000:]}")
+                raise RuntimeError(f"a torchft group failed:\n{_first_error(err)}")
     finally:
         for j in jobs:
             if j.poll() is None:
@@ -276,7 +283,8 @@ def run_netmorph(nodes, k, tmp, kill_step) -> dict:
     tl = doc["timeline"]
     at = kill["at_s"]
     clear = [b[0] - a[0] for a, b in zip(tl, tl[1:]) if b[0] < at - 0.5 or a[0] > at + 10]
-    return {"steady_step_s": statistics.median(clear), "recovery_s": kill["resumed_after_s"],
+    gaps = [b[0] - a[0] for a, b in zip(tl, tl[1:])]
+    return {"steady_step_s": statistics.median(clear or gaps), "recovery_s": kill["resumed_after_s"],
             "steps_redone": kill["steps_redone"], "heal_s": doc.get("heal_s"), "steps_done": STEPS}
 
 
@@ -286,7 +294,7 @@ SYSTEMS = ("ddp", "torchft", "netmorph", "torchrun_restart")
 def main() -> int:
     global STEPS
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--nodes", type=int, default=2)
+    ap.add_argument("--nodes", default="2", help="node counts, comma-separated (2,3: a table for each)")
     ap.add_argument("--nproc-per-node", type=int, default=2)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--kill-step", type=int, default=25)
@@ -305,6 +313,14 @@ def main() -> int:
             torchft_worker(rest[0], int(rest[1]), int(rest[2]), int(rest[3]), int(rest[4]))
         return 0
     systems = args.systems.split(",")
+    try:
+        node_counts = [int(n) for n in args.nodes.split(",")]
+    except ValueError:
+        ap.error(f"--nodes {args.nodes!r}: node counts such as 2 or 2,3")
+    if any(n < 1 for n in node_counts) or args.nproc_per_node < 1:
+        ap.error("--nodes and --nproc-per-node: at least 1")
+    if unknown := set(systems) - set(SYSTEMS):
+        ap.error(f"--systems: {', '.join(sorted(unknown))} is none of {', '.join(SYSTEMS)}")
     if "torchft" in systems:
         try:
             import torchft  # noqa: F401
@@ -313,36 +329,71 @@ def main() -> int:
                   file=sys.stderr)
             return 1
     os.environ["STEPS"] = str(STEPS)
-    results = {s: [] for s in systems}
     tmp = tempfile.mkdtemp(prefix="netmorph-peer-")
     try:
-        for i in range(args.repeats):
-            for s in systems:
-                print(f"torchft_peer: {s}, run {i + 1} of {args.repeats}", file=sys.stderr, flush=True)
-                n, k, ks = args.nodes, args.nproc_per_node, args.kill_step
-                if s == "ddp":
-                    results[s].append(run_ddp(n, k, tmp, ks))
-                elif s == "torchrun_restart":
-                    results[s].append(run_ddp(n, k, tmp, ks, args.checkpoint_every, restart=True))
-                elif s == "torchft":
-                    results[s].append(run_torchft(n, k, tmp, ks))
-                else:
-                    results[s].append(run_netmorph(n, k, tmp, ks))
+        by_nodes = {n: measure(n, args, systems, tmp) for n in node_counts}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    out = {"nodes": args.nodes, "nproc_per_node": args.nproc_per_node, "steps": STEPS, "kill_step": args.kill_step,
+    if args.json:
+        doc = by_nodes[node_counts[0]] if len(node_counts) == 1 else {"by_nodes": {str(n): v for n, v in by_nodes.items()}}
+        print(json.dumps(doc, indent=1))
+    else:
+        for n in node_counts:
+            table(by_nodes[n], systems)
+    # a peer that broke is a figure of the comparison; netmorph breaking is a defect of ours
+    return 1 if any(v.get("netmorph", {}).get("failed_runs") for v in by_nodes.values()) else 0
+
+
+FIGURES = ("steady_step_s", "recovery_s", "steps_redone", "heal_s")
+
+
+def measure(nodes: int, args, systems, tmp) -> dict:
+    """Every system's figures on ``nodes`` nodes, medians over the repeats; a run that failed is counted in
+    ``failed_runs`` with its first error line in ``failure`` (a peer that breaks is a result, not a crash)."""
+    results = {s: [] for s in systems}
+    for i in range(args.repeats):
+        for s in systems:
+            print(f"torchft_peer: {nodes} nodes, {s}, run {i + 1} of {args.repeats}", file=sys.stderr, flush=True)
+            k, ks = args.nproc_per_node, args.kill_step
+            try:
+                if s == "ddp":
+                    results[s].append(run_ddp(nodes, k, tmp, ks))
+                elif s == "torchrun_restart":
+                    results[s].append(run_ddp(nodes, k, tmp, ks, args.checkpoint_every, restart=True))
+                elif s == "torchft":
+                    results[s].append(run_torchft(nodes, k, tmp, ks))
+                else:
+                    results[s].append(run_netmorph(nodes, k, tmp, ks))
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                reason = _reason(str(e))
+                print(f"torchft_peer: {nodes} nodes, {s} failed: {reason}", file=sys.stderr, flush=True)
+                results[s].append({"failed": reason})
+    out = {"nodes": nodes, "nproc_per_node": args.nproc_per_node, "steps": STEPS, "kill_step": args.kill_step,
            "repeats": args.repeats}
     for s, runs in results.items():
-        out[s] = {k: (statistics.median(v) if (v := [r[k] for r in runs if r.get(k) is not None]) else None)
-                  for k in ("steady_step_s", "recovery_s", "steps_redone", "heal_s")}
-    if args.json:
-        print(json.dumps(out, indent=1))
-        return 0
-    print(f"# the GPT job, data-parallel over {args.nodes} nodes x {args.nproc_per_node} workers (gloo, 127.0.0.1), "
-          f"{STEPS} steps, one worker of the last node SIGKILLed in step {args.kill_step}; medians of "
-          f"{args.repeats} runs")
+        ok = [r for r in runs if "failed" not in r]
+        out[s] = {k: (statistics.median(v) if (v := [r[k] for r in ok if r.get(k) is not None]) else None)
+                  for k in FIGURES}
+        out[s]["failed_runs"] = len(runs) - len(ok)
+        if len(ok) < len(runs):
+            out[s]["failure"] = next(r["failed"] for r in runs if "failed" in r)
+    return out
+
+
+def _reason(err: str) -> str:
+    """The last line of a worker's traceback that names an exception: what a reader of the table needs."""
+    lines = [ln.strip() for ln in err.splitlines() if ln.strip()]
+    named = [ln for ln in lines if "Error" in ln or "assert" in ln or "Exception" in ln]
+    return (named[-1] if named else lines[-1] if lines else "no output")[:300]
+
+
+def table(out: dict, systems) -> None:
+    nodes, k = out["nodes"], out["nproc_per_node"]
+    print(f"# the GPT job, data-parallel over {nodes} nodes x {k} workers (gloo, 127.0.0.1), "
+          f"{STEPS} steps, one worker of the last node SIGKILLed in step {out['kill_step']}; medians of "
+          f"{out['repeats']} runs")
     print(f"{'system':<18} {'steady step (ms)':>16} {'x DDP':>6} {'recovery (s)':>12} {'steps redone':>12} "
-          f"{'heal (s)':>9}")
+          f"{'heal (s)':>9} {'failed':>6}")
     base = out.get("ddp", {}).get("steady_step_s")
 
     def f(v, fmt, width):
@@ -351,7 +402,11 @@ def main() -> int:
         r = out[s]
         step = r["steady_step_s"]
         print(f"{s:<18} {f(step and step * 1e3, '.1f', 16)} {f(step / base if base and step else None, '.2f', 6)} "
-              f"{f(r['recovery_s'], '.2f', 12)} {f(r['steps_redone'], '.0f', 12)} {f(r['heal_s'], '.2f', 9)}")
+              f"{f(r['recovery_s'], '.2f', 12)} {f(r['steps_redone'], '.0f', 12)} {f(r['heal_s'], '.2f', 9)} "
+              f"{r['failed_runs']:>6}")
+    for s in systems:
+        if out[s].get("failure"):
+            print(f"# {s} failed {out[s]['failed_runs']} of {out['repeats']} runs: {out[s]['failure']}")
     print("# heal '-': the restarted node was not back before the last step (raise --steps), or the system has "
           "no restarted node")
     nm, ft, rs = (out.get(s, {}) for s in ("netmorph", "torchft", "torchrun_restart"))
@@ -361,8 +416,7 @@ def main() -> int:
     if nm.get("recovery_s") and rs.get("recovery_s"):
         print(f"# netmorph recovers {rs['recovery_s'] / nm['recovery_s']:.1f}x faster than torchrun's restart "
               f"(goal >= 5x) and redoes {nm['steps_redone']:.0f} step(s) to its {rs['steps_redone']:.0f}")
-    return 0
-
+    print()
 
 if __name__ == "__main__":
     STEPS = int(os.environ.get("STEPS", STEPS))
