@@ -167,6 +167,31 @@ def test_a_rank_killed_mid_save_leaves_the_last_checkpoint_and_the_next_run_goes
     assert json.loads(r.stdout)["losses"] == pytest.approx(whole["losses"][2:], rel=1e-12)
 
 
+def test_torchrun_max_restarts_resumes_a_job_killed_mid_save_from_its_own_checkpoints(tmp_path):
+    """The job the logbook describes: rank 1 dies in the save after step 4; torchrun (--max-restarts) restarts
+    every worker, which read step 2 (--load where they --save) and finish on the uninterrupted run's losses. The
+    restarted workers rendezvous under a prefix of their attempt: torchrun's store still holds the dead
+    attempt's gloo addresses."""
+    d = tmp_path / "ck"
+    common = ["train", "--dp", "2", "--steps", "6", "--dtype", "float64", "--json"]
+    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "--max-restarts", "2", "--monitor-interval", "0.1", "-m", "netmorph", *common, "--save",
+                          str(d), "--save-every", "2", "--load", str(d)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env={**ENV, "NETMORPH_CHECKPOINT_KILL": "1@4"},
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        pytest.fail("torchrun did not finish in 150 s")
+    assert p.returncode == 0, err[-3000:]
+    assert "exitcode: -9" in err                                   # rank 1 did die, and torchrun restarted
+    assert folder.steps(d) == [2, 4, 6] and not any(q.name.endswith(".partial") for q in d.iterdir())
+    whole = json.loads(_cli(*common).stdout)
+    assert json.loads(out[out.index("{"):])["losses"] == pytest.approx(whole["losses"][2:], rel=1e-12)
+
+
 def test_async_save_keeps_the_newest_and_the_run_unchanged(tmp_path):
     d = tmp_path / "ck"
     common = ["train", "--tp", "2", "--steps", "5", "--dtype", "float64", "--json"]

@@ -486,3 +486,27 @@ def test_a_polled_irecv_completes():
     """On the local fabric polling progresses the receive. (gloo's own recv Work reports
     is_completed() False until wait() is called, data or not; the torch backend inherits that.)"""
     assert launch(_poll_irecv, 2)[1] == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_a_restarted_torchrun_attempt_never_reads_the_dead_attempts_keys(monkeypatch):
+    """torchrun's agent store outlives ``--max-restarts``: each attempt rendezvous under its own prefix, so a
+    restarted worker's gloo cannot read the dead attempt's addresses (it did: connection refused, and the job
+    restarted again until a race let it through)."""
+    import datetime
+    import torch.distributed as dist
+    from netmorph.runtime.torchrun import attempt_store
+    from netmorph.elastic.launcher import free_port
+    port = free_port()
+    host = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=10))
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "RANK": "1",
+           "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    attempt_store(10).set("rank_1", "127.0.0.1:8101")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    again = attempt_store(10)
+    assert again.check(["rank_1"]) is False
+    again.set("rank_1", "127.0.0.1:9000")
+    assert again.get("rank_1") == b"127.0.0.1:9000"
+    del host

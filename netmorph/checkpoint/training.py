@@ -14,7 +14,8 @@ by DCP's resharding into fresh flat buffers, Adam's step, the data position the 
 (``start_step``).
 
 ``NETMORPH_CHECKPOINT_KILL=RANK@STEP`` makes rank RANK SIGKILL itself in the save of step STEP, after its shard is
-written and before its ``.done``: the crash mid-save the suite recovers from.
+written and before its ``.done``: the crash mid-save the suite recovers from (under torchrun, in the job's first
+attempt only: the attempt ``--max-restarts`` starts goes on).
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ class Saver:
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
         kill = os.environ.get(KILL, "")
-        self.kill = tuple(int(x) for x in kill.split("@")) if "@" in kill else None
+        first = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"     # a job torchrun restarts dies once
+        self.kill = tuple(int(x) for x in kill.split("@")) if "@" in kill and first else None
         if comm.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
             folder.sweep(self.root)

@@ -39,11 +39,11 @@ def gloo_on_loopback() -> None:
         os.environ["GLOO_SOCKET_IFNAME"] = lo
 
 
-def init_torch(rank: int, world: int, init_method: str, timeout: float, native: bool = False, faults=(),
-               fingerprints: bool = True):
+def init_torch(rank: int, world: int, init_method: str | None, timeout: float, native: bool = False, faults=(),
+               fingerprints: bool = True, store=None):
     """``init_process_group(init_method=...)`` and a Comm over it: gloo for CPU tensors, and NCCL for
     CUDA tensors where there is a GPU (torch's ``"cpu:gloo,cuda:nccl"``: one process group, the
-    backend chosen by each tensor's device)."""
+    backend chosen by each tensor's device). ``store``: a store to rendezvous over instead of ``init_method``."""
     dist = dist_module()
     if native and fingerprints and "TORCH_DISTRIBUTED_DEBUG" not in os.environ:
         # torch's own cross-rank check of every collective (ProcessGroupWrapper, what
@@ -51,8 +51,8 @@ def init_torch(rank: int, world: int, init_method: str, timeout: float, native: 
         # error, not a gloo abort (SIGABRT) mid-transfer. netmorph's fingerprints cover the rest.
         dist.set_debug_level(dist.DebugLevel.DETAIL)
     if not dist.is_initialized():
-        dist.init_process_group(process_group_backend(), init_method=init_method, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout))
+        dist.init_process_group(process_group_backend(), init_method=None if store else init_method, store=store,
+                                rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout))
     t = TorchTransport(rank, world, timeout)
     if native:
         return NativeComm(t, rank, world, faults, fingerprints)
@@ -85,11 +85,24 @@ def init_from_env(backend: str = "torch", timeout: float = 60.0):
                              f"start at most that many processes per node (--nproc-per-node)")
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
-    comm = init_torch(rank, world, f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", timeout,
-                      native=(backend == "torch-native"))
+    comm = init_torch(rank, world, None, timeout, native=(backend == "torch-native"), store=attempt_store(timeout))
     comm.local_rank, comm.device = local_rank, device
     freeze_heap()
     return comm
+
+
+def attempt_store(timeout: float):
+    """torchrun's store (MASTER_ADDR:MASTER_PORT, hosted by its agent), under a prefix of this attempt's own
+    (``TORCHELASTIC_RESTART_COUNT``). The agent's store outlives a restart with ``--max-restarts``: without the
+    prefix, a restarted worker's gloo reads the dead attempt's addresses and fails to connect -- and the job
+    restarts again, until a race lets it through."""
+    dist = dist_module()
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    tcp = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
+                        is_master=not agent and os.environ["RANK"] == "0",
+                        timeout=datetime.timedelta(seconds=timeout), multi_tenant=not agent)
+    return dist.PrefixStore(f"/netmorph/attempt_{attempt}", tcp)
 
 
 def join_gloo(rank: int, world: int, init_method: str, timeout: float) -> None:
