@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -91,7 +92,8 @@ def add_parser(sub) -> None:
     c.add_argument("--async-save", action="store_true", help="write in the background: the step copies its "
                    "shards to host memory, a thread writes them, at most one save in flight")
     c.add_argument("--load", metavar="DIR", help="resume from DIR's latest complete checkpoint (or a step-N "
-                   "folder), written on any layout: --steps is the total, the run goes on from the step saved")
+                   "folder), written on any layout: --steps is the total, the run goes on from the step saved; "
+                   "--load DIR --save DIR with no checkpoint in DIR yet starts at step 0, as a job torchrun restarts needs")
     p.set_defaults(run=run, flags=FLAGS)
 
 
@@ -163,6 +165,13 @@ def checkpointing(args, model):
     if args.load:
         require("torch", "--load")
         from netmorph.checkpoint import dcp, folder
+        if args.save and Path(args.load).resolve() == Path(args.save).resolve() and not folder.steps(Path(args.save)):
+            # the run that saves where it loads (a job torchrun --max-restarts restarts) starts at step 0 until its
+            # first checkpoint, as Megatron's --load does on a folder with none
+            if os.environ.get("RANK", "0") == "0":
+                print(f"# --load {args.load}: no complete checkpoint yet, starting at step 0", file=sys.stderr)
+            return Checkpointing(save=args.save, every=args.save_every, keep=args.keep, async_save=args.async_save,
+                                 load="")
         path = folder.resolve(args.load)
         folder.verify(path)
         saved = json.loads(dcp.read_train(path)["meta"])["model"]
