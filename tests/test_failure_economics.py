@@ -116,3 +116,36 @@ def test_the_jobs_own_rules_live_in_the_model_and_name_the_field():
         with pytest.raises(UsageError) as e:
             check_job(*args)
         assert e.value.render(None).startswith(field) or f" {field} " in e.value.render(None)
+
+
+def test_from_run_takes_the_measured_costs_as_the_typed_flags_would(tmp_path, capsys):
+    """A replay's --json (benchmarks/failures_replay.py) sets MTBF, checkpoint write, restart and step time: the
+    same figures as typing them in."""
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"job_mtbf_s": 20.0, "checkpoint_write_s": 0.3, "restart_s": 4.2,
+                               "step_time_s": 0.05, "intervals": []}))
+    common = ["--gpus", "2", "--days", "0.01", "--trials", "20", "--json"]
+    assert main(["failures", "--from-run", str(run), *common]) == 0
+    measured = json.loads(capsys.readouterr().out)
+    assert main(["failures", "--job-mtbf", "20s", "--checkpoint-write", "0.3s", "--restart", "4.2s",
+                 "--step-time", "0.05s", *common]) == 0
+    typed = json.loads(capsys.readouterr().out)
+    assert measured == typed
+    assert measured["restart_s"] == 4.2 and measured["interval_daly_min"] == pytest.approx(
+        daly(0.3, 20.0) / 60)
+
+
+@pytest.mark.parametrize("doc, argv, flag", [
+    ({"job_mtbf_s": 20, "checkpoint_write_s": 0.3, "restart_s": 4, "step_time_s": 0.1}, ["--restart", "1min"],
+     "--restart"),
+    ({"job_mtbf_s": 20, "checkpoint_write_s": 0.3, "restart_s": 4, "step_time_s": 0.1}, ["--per-gpu-mtbf", "1h"],
+     "--per-gpu-mtbf"),
+    ({"job_mtbf_s": 20, "checkpoint_write_s": "fast", "restart_s": 4, "step_time_s": 0.1}, [], "checkpoint_write_s"),
+    ([1, 2], [], "--from-run"),
+])
+def test_from_run_refuses_a_bad_file_or_a_flag_beside_it_in_one_line(tmp_path, capsys, doc, argv, flag):
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(doc))
+    assert main(["failures", "--from-run", str(run), *argv]) == 2
+    err = capsys.readouterr().err
+    assert flag in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 from netmorph.cli import float_in, given, int_in, plot_file, print_json
 from netmorph.errors import UsageError
@@ -24,9 +25,9 @@ def add_parser(sub) -> None:
     p.add_argument("--per-gpu-mtbf", type=duration, metavar="DURATION",
                    help="one GPU's MTBF (the job's is this / --gpus); default: Llama 3's, from 419 interruptions "
                         "in 54 days on 16,384 GPUs")
-    p.add_argument("--checkpoint-write", type=duration, default="1min", metavar="DURATION",
+    p.add_argument("--checkpoint-write", type=duration, metavar="DURATION",
                    help="time the job stops to write a checkpoint (default 1min)")
-    p.add_argument("--restart", type=cost, default="10min", metavar="DURATION",
+    p.add_argument("--restart", type=cost, metavar="DURATION",
                    help="restart-all: failure to computing again (reschedule, fresh processes, rendezvous, load the "
                         "checkpoint; default 10min)")
     p.add_argument("--interval", type=duration, metavar="DURATION",
@@ -34,7 +35,7 @@ def add_parser(sub) -> None:
     p.add_argument("--inplace-recovery", type=cost, default="1min", metavar="DURATION",
                    help="in place: failure to the next completed step (default 1min; `netmorph elastic` measures it "
                         "on local ranks)")
-    p.add_argument("--step-time", type=duration, default="10s", metavar="DURATION",
+    p.add_argument("--step-time", type=duration, metavar="DURATION",
                    help="one training step: in place redoes at most this (default 10s)")
     p.add_argument("--days", type=float_in(0, 3650, open_low=True), default=54.0,
                    help="wall-clock length of the run (default 54)")
@@ -44,6 +45,9 @@ def add_parser(sub) -> None:
     p.add_argument("--weibull-shape", type=float_in(0.1, 10), default=0.7,
                    help="Weibull shape k (k < 1: clustered failures)")
     p.add_argument("--seed", type=int, default=0, help="Monte-Carlo seed")
+    p.add_argument("--from-run", metavar="FILE", type=run_file,
+                   help="take the job MTBF, checkpoint write, restart and step time a run measured: the --json of "
+                        "benchmarks/failures_replay.py (a flag given beside it is refused)")
     p.add_argument("--fleet", action="store_true",
                    help="print the published runs' failure statistics (Llama 3, OPT-175B) and what they imply")
     p.add_argument("--plot", type=plot_file,
@@ -74,6 +78,48 @@ def cost(text: str) -> float:
     return _seconds(text, zero_ok=True)
 
 
+# what --from-run FILE sets: the flag, the measured figure's key in the file
+MEASURED = {"job_mtbf": "job_mtbf_s", "checkpoint_write": "checkpoint_write_s", "restart": "restart_s",
+            "step_time": "step_time_s"}
+DEFAULTS = {"checkpoint_write": 60.0, "restart": 600.0, "step_time": 10.0}
+
+
+def run_file(path: str) -> dict:
+    """``--from-run FILE`` (an argparse type): the measured costs of a run, each a number of seconds."""
+    try:
+        with open(path) as fh:
+            doc = json.load(fh)
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot read {path!r} ({e.strerror})") from None
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{path!r} is not JSON (give benchmarks/failures_replay.py --json's "
+                                         f"output)") from None
+    if not isinstance(doc, dict):
+        raise argparse.ArgumentTypeError(f"{path!r} is not one JSON object of a run's figures")
+    out = {}
+    for flag, key in MEASURED.items():
+        v = doc.get(key)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not (0 <= v < 1e12) or (v == 0 and key != "restart_s"):
+            raise argparse.ArgumentTypeError(f"{path!r}: {key} must be a number of seconds (more than 0), got {v!r}")
+        out[flag] = float(v)
+    return out
+
+
+def _measured(args) -> None:
+    """Fill the costs ``--from-run`` measured, then the defaults; a flag typed beside ``--from-run`` is refused."""
+    if args.from_run:
+        typed = [f for f in MEASURED if getattr(args, f) is not None] + (["per_gpu_mtbf"] if args.per_gpu_mtbf else [])
+        if typed:
+            flag = "--" + typed[0].replace("_", "-")
+            raise UsageError(f"{flag} and --from-run both set it: give one (--from-run takes the job MTBF, checkpoint "
+                             f"write, restart and step time the run measured)", typed[0])
+        for flag, v in args.from_run.items():
+            setattr(args, flag, v)
+    for flag, v in DEFAULTS.items():
+        if getattr(args, flag) is None:
+            setattr(args, flag, v)
+
+
 def _per_gpu_default():
     from netmorph.failures import fleet, job_mtbf
     f = fleet()["llama3-405b"]
@@ -85,10 +131,11 @@ def run(args) -> int:
     from netmorph.failures.model import check_job, human_time
     if args.fleet:
         return _fleet(fleet(), args.json)
+    _measured(args)
     if args.job_mtbf and args.per_gpu_mtbf:
         raise UsageError("give --job-mtbf or --per-gpu-mtbf, not both")
     if args.job_mtbf:
-        M, origin = args.job_mtbf, "(given)"
+        M, origin = args.job_mtbf, ("(measured: --from-run)" if args.from_run else "(given)")
     else:
         per = args.per_gpu_mtbf or _per_gpu_default()
         M = per / args.gpus
@@ -127,8 +174,8 @@ def run(args) -> int:
           f"checkpoint write {human_time(C)}, restart {human_time(R)}; in place: recovery {human_time(r)}, "
           f"step {s:g} s")
     print(f"expected interruptions   {out['expected_interruptions']:,.1f}   ({hours:g} h / {human_time(M)})")
-    print(f"checkpoint interval      Young sqrt(2CM) {young(C, M) / 60:.1f} min   Daly {daly(C, M) / 60:.1f} min   "
-          f"exact optimum {optimum(C, R, M) / 60:.1f} min   (used: {tau / 60:.1f} min)")
+    print(f"checkpoint interval      Young sqrt(2CM) {human_time(young(C, M))}   Daly {human_time(daly(C, M))}   "
+          f"exact optimum {human_time(optimum(C, R, M))}   (used: {human_time(tau)})")
     what = "exponential" if args.distribution == "exponential" else f"Weibull k={args.weibull_shape:g}"
     print(f"{'recovery':<26} {'goodput':>8} {'Monte-Carlo (' + str(args.trials) + ' runs, ' + what + ')':>36} "
           f"{'lost wall h':>12} {'lost GPU-h':>14}")

@@ -40,12 +40,15 @@ MAX_FAILURES = 5e7        # failures a Monte Carlo run may simulate (all trials)
 
 
 def human_time(seconds: float) -> str:
-    """``1.5 min``, ``3.10 h``, ``2.0 years``: a duration at the scale failure economics speaks in."""
+    """``0.3 s``, ``1.5 min``, ``3.10 h``, ``2.0 years``: a duration at the scale failure economics speaks in
+    (seconds for a replay's scaled costs)."""
     h = seconds / 3600
     if h >= 24 * 365:
         return f"{h / (24 * 365):.1f} years"
     if h >= 1:
         return f"{h:.2f} h"
+    if seconds < 60:
+        return f"{seconds:.3g} s"
     return f"{seconds / 60:.1f} min"
 
 
