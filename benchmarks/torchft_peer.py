@@ -216,7 +216,7 @@ def run_ddp(nodes, k, tmp, kill_step, every=0, restart=False) -> dict:
     p = _torchrun(nodes * k, 3 if restart else 0, args, _env(tmp))
     _, err = p.communicate(timeout=600)
     if p.returncode:
-        raise RuntimeError(f"ddp job failed:\n{err[-2000:]}")
+        raise RuntimeError(f"ddp job failed:\n{err[-20000:]}")
     steps = [tuple(r) for r in _rows(os.path.join(out, "steps"))]
     deaths = _rows(os.path.join(out, "deaths"))
     later = [t for t, attempt in _rows(os.path.join(out, "starts")) if attempt > 0]
@@ -225,13 +225,6 @@ def run_ddp(nodes, k, tmp, kill_step, every=0, restart=False) -> dict:
         first = [t for t, _ in steps if later and t > later[0]]
         fig["heal_s"] = first[0] - later[0] if first else None   # everything restarts: the new job's start to a step
     return fig
-
-
-def _first_error(err: str) -> str:
-    """A failed worker's own traceback out of torchrun's stderr (its summary only repeats the exit code)."""
-    lines = err.splitlines()
-    first = next((i for i, ln in enumerate(lines) if "Traceback" in ln and "elastic" not in ln), None)
-    return "\n".join(lines[first:first + 40]) if first is not None else err[-2000:]
 
 
 def run_torchft(nodes, k, tmp, kill_step) -> dict:
@@ -252,7 +245,7 @@ def run_torchft(nodes, k, tmp, kill_step) -> dict:
         for j in jobs:
             _, err = j.communicate(timeout=600)
             if j.returncode:
-                raise RuntimeError(f"a torchft group failed:\n{_first_error(err)}")
+                raise RuntimeError(f"a torchft group failed:\n{err[-20000:]}")
     finally:
         for j in jobs:
             if j.poll() is None:
@@ -277,7 +270,7 @@ def run_netmorph(nodes, k, tmp, kill_step) -> dict:
                         f"{victim}@{kill_step}", "--json", "--timeout", "30"], capture_output=True, text=True,
                        timeout=600, env=_env(tmp))
     if r.returncode:
-        raise RuntimeError(f"netmorph launch failed:\n{r.stderr[-2000:]}")
+        raise RuntimeError(f"netmorph launch failed:\n{r.stderr[-20000:]}")
     doc = json.loads(r.stdout)
     kill = next(e for e in doc["events"] if e["kind"] == "kill")
     tl = doc["timeline"]
@@ -381,9 +374,13 @@ def measure(nodes: int, args, systems, tmp) -> dict:
 
 
 def _reason(err: str) -> str:
-    """The last line of a worker's traceback that names an exception: what a reader of the table needs."""
+    """The worker's own exception out of a failed run's stderr: the last line naming one that is not torchrun's
+    summary of it (ChildFailedError) nor a frame of the traceback."""
+    import re
     lines = [ln.strip() for ln in err.splitlines() if ln.strip()]
-    named = [ln for ln in lines if "Error" in ln or "assert" in ln or "Exception" in ln]
+    named = [ln for ln in lines if re.search(r"\w+(Error|Exception|Timeout)\b|^\S*\s*assert ", ln)
+             and not re.match(r"(\[\w+\]:\s*)?File ", ln) and "ChildFailedError" not in ln
+             and "elastic" not in ln]
     return (named[-1] if named else lines[-1] if lines else "no output")[:300]
 
 
