@@ -165,6 +165,8 @@ def test_a_rank_killed_mid_save_leaves_the_last_checkpoint_and_the_next_run_goes
     assert not any(p.name.endswith(".partial") for p in d.iterdir()) and folder.steps(d) == [2, 4, 6]
     whole = json.loads(_cli(*common).stdout)
     assert json.loads(r.stdout)["losses"] == pytest.approx(whole["losses"][2:], rel=1e-12)
+    again = _cli(*common, "--load", str(d), "--save", str(d), "--save-every", "2")     # a job restarted at its end
+    assert again.returncode == 0 and "trained already" in again.stderr and folder.steps(d) == [2, 4, 6]
 
 
 def test_torchrun_max_restarts_resumes_a_job_killed_mid_save_from_its_own_checkpoints(tmp_path):

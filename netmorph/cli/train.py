@@ -117,7 +117,8 @@ def config_from(args):
                        **moe)
     steps, start, ck = args.steps, 0, checkpointing(args, model)
     if ck.load:
-        start = _resume_step(ck.load, steps, args.dp * (micro if micro is not None else 2) * mbs)
+        own = bool(args.save) and Path(args.load).resolve() == Path(args.save).resolve()
+        start = _resume_step(ck.load, steps, args.dp * (micro if micro is not None else 2) * mbs, own)
         steps -= start
     cfg = TrainConfig.make(model=model, tp=args.tp, pp=args.pp, dp=args.dp, ep=args.ep, zero=args.zero,
                            dp_mode=args.dp_mode,
@@ -184,9 +185,14 @@ def checkpointing(args, model):
                          load=load)
 
 
-def _resume_step(path: str, steps: int, batch: int) -> int:
+class AlreadyTrained(Exception):
+    """The run that loads where it saves finds its last step saved: a job torchrun restarted after its end."""
+
+
+def _resume_step(path: str, steps: int, batch: int, own: bool = False) -> int:
     """The step a checkpoint was saved after (the data position the run goes on from: its global batches of
-    ``batch`` sequences, this run's), below ``--steps``."""
+    ``batch`` sequences, this run's), below ``--steps``; ``own`` (--load is --save's folder): a checkpoint of
+    step --steps means the job is done (:class:`AlreadyTrained`)."""
     from netmorph.checkpoint import dcp
     train = dcp.read_train(Path(path))
     done, saved = int(train["step"]), json.loads(train["meta"])["global_batch"]
@@ -194,6 +200,9 @@ def _resume_step(path: str, steps: int, batch: int) -> int:
         raise UsageError(f"--load {path}: its run took {saved} sequences a step, this one {batch}: the data goes on "
                          f"from sample {done * saved:,} only with the same global batch (--global-batch-size "
                          f"{saved})", "global_batch_size")
+    if done >= steps and own:
+        raise AlreadyTrained(f"# --load {path}: saved after step {done}, --steps {steps}: trained already, "
+                             f"nothing to do")
     if done >= steps:
         raise UsageError(f"--load {path}: it was saved after step {done}, and --steps {steps} is the total: "
                          f"raise --steps past {done}", "steps")
@@ -208,7 +217,12 @@ def run(args) -> int:
     from netmorph.cli.progress import Bar
     require("torch", "training")
     from netmorph.parallel.run import train, train_torchrun
-    cfg = config_from(args)
+    try:
+        cfg = config_from(args)
+    except AlreadyTrained as done:
+        if os.environ.get("RANK", "0") == "0":
+            print(done, file=sys.stderr)
+        return 0
     if torchrun_world() is not None:
         out = train_torchrun(cfg, args.backend, args.timeout, args.check)
         if out is None:                  # not rank 0: rank 0 prints for the job, as nccl-tests under mpirun
