@@ -160,7 +160,7 @@ def test_small_refusals_name_what_to_change(argv, words, capsys):
 def test_small_things_that_are_valid(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["failures", "--restart", "0", "--inplace-recovery", "0", "--trials", "5"]) == 0     # free recovery
-    assert "restart 0.0 min" in capsys.readouterr().out
+    assert "restart 0 s" in capsys.readouterr().out
     assert main(["elastic", "--steps", "5", "--workers", "2", "--min-workers", "1"]) == 0      # no --compare
     capsys.readouterr()
     assert main(["train", "--pp", "2", "--schedule", "gpipe", "--steps", "1", "--layers", "2", "--hidden", "16",

@@ -169,6 +169,20 @@ def test_a_rank_killed_mid_save_leaves_the_last_checkpoint_and_the_next_run_goes
     assert again.returncode == 0 and "trained already" in again.stderr and folder.steps(d) == [2, 4, 6]
 
 
+def _torchrun(flags: list, argv: list, env: dict, timeout: float = 150):
+    """``torchrun --standalone --nproc-per-node 2 FLAGS -m netmorph ARGV``, bounded; (process, stdout, stderr)."""
+    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          *flags, "-m", "netmorph", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        pytest.fail(f"torchrun did not finish in {timeout:.0f} s")
+    return p, out, err
+
+
 def test_torchrun_max_restarts_resumes_a_job_killed_mid_save_from_its_own_checkpoints(tmp_path):
     """The job the logbook describes: rank 1 dies in the save after step 4; torchrun (--max-restarts) restarts
     every worker, which read step 2 (--load where they --save) and finish on the uninterrupted run's losses. The
@@ -176,17 +190,9 @@ def test_torchrun_max_restarts_resumes_a_job_killed_mid_save_from_its_own_checkp
     attempt's gloo addresses."""
     d = tmp_path / "ck"
     common = ["train", "--dp", "2", "--steps", "6", "--dtype", "float64", "--json"]
-    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          "--max-restarts", "2", "--monitor-interval", "0.1", "-m", "netmorph", *common, "--save",
-                          str(d), "--save-every", "2", "--load", str(d)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env={**ENV, "NETMORPH_CHECKPOINT_KILL": "1@4"},
-                         start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=150)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.communicate()
-        pytest.fail("torchrun did not finish in 150 s")
+    p, out, err = _torchrun(["--max-restarts", "2", "--monitor-interval", "0.1"],
+                            [*common, "--save", str(d), "--save-every", "2", "--load", str(d)],
+                            {**ENV, "NETMORPH_CHECKPOINT_KILL": "1@4"})
     assert p.returncode == 0, err[-3000:]
     assert "exitcode: -9" in err                                   # rank 1 did die, and torchrun restarted
     assert folder.steps(d) == [2, 4, 6] and not any(q.name.endswith(".partial") for q in d.iterdir())
@@ -207,16 +213,7 @@ def test_async_save_keeps_the_newest_and_the_run_unchanged(tmp_path):
 def test_a_checkpoint_saved_under_torchrun_resumes_on_the_local_fabric(tmp_path):
     """torchrun's two workers (netmorph's schedules over gloo) write it; a local tp2 run reads it."""
     d = tmp_path / "ck"
-    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          "-m", "netmorph", "train", "--dp", "2", "--steps", "3", "--dtype", "float64", "--save",
-                          str(d)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
-                         start_new_session=True)
-    try:
-        _, err = p.communicate(timeout=150)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.communicate()
-        pytest.fail("torchrun did not finish in 150 s")
+    p, _, err = _torchrun([], ["train", "--dp", "2", "--steps", "3", "--dtype", "float64", "--save", str(d)], ENV)
     assert p.returncode == 0, err[-2000:]
     assert folder.steps(d) == [3]
     r = _cli("train", "--tp", "2", "--microbatches", "4", "--steps", "5", "--dtype", "float64", "--load", str(d),
