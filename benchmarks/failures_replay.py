@@ -59,10 +59,6 @@ def _job(k: int, folder: str, steps: int, every: int, model: list, tmp: str) -> 
                             start_new_session=True)
 
 
-def _workers(agent: subprocess.Popen) -> list[int]:
-    return child_pids(agent.pid)
-
-
 def _finish(p: subprocess.Popen, timeout: float) -> dict:
     try:
         out, err = p.communicate(timeout=timeout)
@@ -84,29 +80,28 @@ def run(k, steps, every, model, tmp, kills=None, after_publish=False, timeout=18
     shutil.rmtree(folder)
     t0 = time.monotonic()
     p = _job(k, folder, steps, every, model, tmp)
-    done, since, struck, published = [], None, [], []
+    since, struck, published = None, [], []           # struck: (when, the step latest named) per kill
     stop = threading.Event()
+    latest = os.path.join(folder, "latest")
 
     def watch():                                       # every publish: (when, its step)
-        latest, last = os.path.join(folder, "latest"), None
+        last = None
         while not stop.is_set():
             if (now := _latest_step(latest)) != last and now is not None:
                 published.append((time.monotonic(), now))
                 last = now
-            time.sleep(0.005)
+            time.sleep(0.002)
 
     def strike():
         nonlocal since
-        latest = os.path.join(folder, "latest")
         for at in kills or []:
-            seen = open(latest).read() if after_publish and os.path.exists(latest) else None
             while not stop.is_set() and time.monotonic() - t0 < at:
                 time.sleep(0.01)
             if after_publish:                          # wait for the next publish, then strike at once
-                while not stop.is_set() and (not os.path.exists(latest) or open(latest).read() == seen):
+                seen = len(published)
+                while not stop.is_set() and len(published) == seen:
                     time.sleep(0.002)
-                published = time.monotonic()
-            while not stop.is_set() and not (pids := _workers(p)):
+            while not stop.is_set() and not (pids := child_pids(p.pid)):
                 time.sleep(0.01)
             if stop.is_set():
                 return
@@ -114,10 +109,9 @@ def run(k, steps, every, model, tmp, kills=None, after_publish=False, timeout=18
                 os.kill(pids[-1], signal.SIGKILL)
             except ProcessLookupError:
                 continue
-            done.append(time.monotonic() - t0)
             struck.append((time.monotonic(), _latest_step(latest)))
             if after_publish:
-                since = time.monotonic() - published
+                since = struck[-1][0] - published[-1][0]
     th = threading.Thread(target=strike, daemon=True)
     th.start()
     tw = threading.Thread(target=watch, daemon=True)
@@ -132,7 +126,7 @@ def run(k, steps, every, model, tmp, kills=None, after_publish=False, timeout=18
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
         shutil.rmtree(folder, ignore_errors=True)
-    return {"wall_s": time.monotonic() - t0, "doc": doc, "failures": len(done), "since_publish_s": since,
+    return {"wall_s": time.monotonic() - t0, "doc": doc, "failures": len(struck), "since_publish_s": since,
             "struck": struck, "published": published}
 
 

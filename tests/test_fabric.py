@@ -503,9 +503,9 @@ def test_a_restarted_torchrun_attempt_never_reads_the_dead_attempts_keys(monkeyp
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
-    attempt_store(10).set("rank_1", "127.0.0.1:8101")
+    attempt_store(1, 2, 10).set("rank_1", "127.0.0.1:8101")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    again = attempt_store(10)
+    again = attempt_store(1, 2, 10)
     assert again.check(["rank_1"]) is False
     again.set("rank_1", "127.0.0.1:9000")
     assert again.get("rank_1") == b"127.0.0.1:9000"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from netmorph.cli import add_timeout, float_in, int_in, job_split, pipeline_schedule, print_json, trace_file
 from netmorph.errors import UsageError, require
-from netmorph.runtime.env import torchrun_world
+from netmorph.runtime.env import torchrun_rank, torchrun_world
 from netmorph.files import write_json
 
 # library parameters set by a flag of another name (the rest are --name)
@@ -117,8 +117,7 @@ def config_from(args):
                        **moe)
     steps, start, ck = args.steps, 0, checkpointing(args, model)
     if ck.load:
-        own = bool(args.save) and Path(args.load).resolve() == Path(args.save).resolve()
-        start = _resume_step(ck.load, steps, args.dp * (micro if micro is not None else 2) * mbs, own)
+        start = _resume_step(ck.load, steps, args.dp * (micro if micro is not None else 2) * mbs, _loads_own(args))
         steps -= start
     cfg = TrainConfig.make(model=model, tp=args.tp, pp=args.pp, dp=args.dp, ep=args.ep, zero=args.zero,
                            dp_mode=args.dp_mode,
@@ -166,10 +165,10 @@ def checkpointing(args, model):
     if args.load:
         require("torch", "--load")
         from netmorph.checkpoint import dcp, folder
-        if args.save and Path(args.load).resolve() == Path(args.save).resolve() and not folder.steps(Path(args.save)):
+        if _loads_own(args) and not folder.steps(Path(args.save)):
             # the run that saves where it loads (a job torchrun --max-restarts restarts) starts at step 0 until its
             # first checkpoint, as Megatron's --load does on a folder with none
-            if os.environ.get("RANK", "0") == "0":
+            if torchrun_rank() == 0:
                 print(f"# --load {args.load}: no complete checkpoint yet, starting at step 0", file=sys.stderr)
             return Checkpointing(save=args.save, every=args.save_every, keep=args.keep, async_save=args.async_save,
                                  load="")
@@ -183,6 +182,11 @@ def checkpointing(args, model):
         load = str(path)
     return Checkpointing(save=args.save or "", every=args.save_every, keep=args.keep, async_save=args.async_save,
                          load=load)
+
+
+def _loads_own(args) -> bool:
+    """--load names --save's folder: the one command every attempt of a job torchrun restarts runs."""
+    return bool(args.save and args.load) and Path(args.load).resolve() == Path(args.save).resolve()
 
 
 class AlreadyTrained(Exception):
@@ -220,7 +224,7 @@ def run(args) -> int:
     try:
         cfg = config_from(args)
     except AlreadyTrained as done:
-        if os.environ.get("RANK", "0") == "0":
+        if torchrun_rank() == 0:
             print(done, file=sys.stderr)
         return 0
     if torchrun_world() is not None:

@@ -85,13 +85,13 @@ def init_from_env(backend: str = "torch", timeout: float = 60.0):
                              f"start at most that many processes per node (--nproc-per-node)")
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
-    comm = init_torch(rank, world, None, timeout, native=(backend == "torch-native"), store=attempt_store(timeout))
+    comm = init_torch(rank, world, None, timeout, native=(backend == "torch-native"), store=attempt_store(rank, world, timeout))
     comm.local_rank, comm.device = local_rank, device
     freeze_heap()
     return comm
 
 
-def attempt_store(timeout: float):
+def attempt_store(rank: int, world: int, timeout: float):
     """torchrun's store (MASTER_ADDR:MASTER_PORT, hosted by its agent), under a prefix of this attempt's own
     (``TORCHELASTIC_RESTART_COUNT``). The agent's store outlives a restart with ``--max-restarts``: without the
     prefix, a restarted worker's gloo reads the dead attempt's addresses and fails to connect -- and the job
@@ -99,8 +99,8 @@ def attempt_store(timeout: float):
     dist = dist_module()
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-    tcp = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
-                        is_master=not agent and os.environ["RANK"] == "0",
+    tcp = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                        is_master=not agent and rank == 0,
                         timeout=datetime.timedelta(seconds=timeout), multi_tenant=not agent)
     return dist.PrefixStore(f"/netmorph/attempt_{attempt}", tcp)
 
