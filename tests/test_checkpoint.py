@@ -25,13 +25,15 @@ from netmorph.parallel.run import reference, train
 pytestmark = pytest.mark.timeout(300)
 
 MODEL = ModelShape(layers=4, hidden=32, heads=4, seq=16, vocab=64)
+# a mixture of experts at capacity factor 1 (its experts drop assignments: each rank's capacity, on every layout)
+MOE = ModelShape(layers=4, hidden=32, heads=4, seq=16, vocab=64, experts=4, top_k=2, capacity_factor=1.0)
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-def _cfg(steps, start=0, ck=Checkpointing(), **lay):
+def _cfg(steps, start=0, ck=Checkpointing(), model=MODEL, **lay):
     """A global batch of 4 one-sequence microbatches on every layout (the same data step by step)."""
-    return TrainConfig.make(MODEL, microbatches=4 // lay.get("dp", 1), micro_batch_size=1, steps=steps,
+    return TrainConfig.make(model, microbatches=4 // lay.get("dp", 1), micro_batch_size=1, steps=steps,
                             start_step=start, checkpoint=ck, **lay)
 
 
@@ -50,19 +52,24 @@ def test_range_boxes_cover_a_row_major_range_exactly():
         assert seen[a:b].tolist() == [1] * (b - a) and seen.sum() == b - a, (a, b)
 
 
-@pytest.mark.parametrize("tag,world", [("tp2,pp2,dp2,zero1", 8), ("dp4,zero3", 4), ("tp2,dp2,zero2", 4),
-                                       ("pp2,v2", 2)])
-def test_the_written_boxes_tile_every_tensor_once(tag, world):
+@pytest.mark.parametrize("tag,world,model", [("tp2,pp2,dp2,zero1", 8, MODEL), ("dp4,zero3", 4, MODEL),
+                                             ("tp2,dp2,zero2", 4, MODEL), ("pp2,v2", 2, MODEL),
+                                             ("tp2,dp4,ep2,zero1", 8, MOE), ("pp2,dp2,ep2,zero1", 4, MOE),
+                                             ("tp2,pp2,dp2", 8, MOE)],
+                         ids=["tp2-pp2-dp2-zero1", "dp4-zero3", "tp2-dp2-zero2", "pp2-v2", "moe-tp2-dp4-ep2-zero1",
+                              "moe-pp2-dp2-ep2-zero1", "moe-tp2-pp2-dp2"])
+def test_the_written_boxes_tile_every_tensor_once(tag, world, model):
     """Replicas write nothing twice: each tensor's owned boxes add up to its elements (DCP's global plan
-    rejects an overlap, so together they tile it)."""
+    rejects an overlap, so together they tile it) -- a mixture of experts' expert buffer too, its experts
+    split over ep and replicated over the expert data-parallel ranks."""
     from dataclasses import replace
-    lay = replace(Layout.parse(tag, world), global_batch=8, micro_batch_size=1)
-    who = owners(MODEL, lay)
+    lay = replace(Layout.parse(tag, world), global_batch=8, micro_batch_size=1, expert_tp=1)
+    who = owners(model, lay)
     elements = {}
     for r in range(world):
-        for b in rank_boxes(MODEL, lay, r, owned=True, who=who):
+        for b in rank_boxes(model, lay, r, owned=True, who=who):
             elements[b.fqn] = elements.get(b.fqn, 0) + math.prod(b.sizes)
-    shapes = {p.name: p.shape for p in parameters(MODEL)}
+    shapes = {p.name: p.shape for p in parameters(model)}
     assert len(elements) == 3 * len(shapes)
     assert sorted(elements.values()) == sorted(math.prod(s) for s in shapes.values() for _ in range(3))
 
@@ -117,6 +124,66 @@ def test_resumed_on_another_layout_the_run_goes_on_as_if_it_never_stopped(saved,
     out = train(_cfg(3, start=3, ck=Checkpointing(load=str(d / "step-3")), **layout), check=True)
     assert max(abs(a - b) / abs(b) for a, b in zip(out.losses, whole.losses[3:])) <= 1e-12
     assert out.max_abs_weight_diff <= 1e-12
+
+
+@pytest.fixture(scope="module")
+def saved_moe(tmp_path_factory):
+    """A mixture of experts, 6 steps (float64), a checkpoint every 3, on tp2·pp2·dp2 ZeRO-1 (every expert on
+    every rank) and on tp2·dp2·ep2 (two experts a rank); and the run that never stops."""
+    out = {}
+    for name, lay in (("tp2-pp2-dp2-zero1", dict(tp=2, pp=2, dp=2, zero=1)), ("tp2-dp2-ep2", dict(tp=2, dp=2, ep=2))):
+        d = tmp_path_factory.mktemp(f"moe-{name}")
+        train(_cfg(6, ck=Checkpointing(save=str(d), every=3), model=MOE, **lay))
+        out[name] = d
+    return out, train(_cfg(6, model=MOE))
+
+
+@pytest.mark.parametrize("written,layout", [("tp2-pp2-dp2-zero1", dict(tp=2, dp=2, ep=2)),
+                                            ("tp2-dp2-ep2", dict(tp=2, pp=2, dp=2, zero=1)),
+                                            ("tp2-dp2-ep2", dict(dp=4, ep=4, zero=2))],
+                         ids=["to-tp2-dp2-ep2", "and-back", "to-dp4-ep4-zero2"])
+def test_a_mixture_of_experts_resumes_on_another_expert_split_as_if_it_never_stopped(saved_moe, written, layout):
+    """The experts' own buffer (Megatron's expert data-parallel replica) is written and resharded as the dense
+    one is: written on tp2·pp2·dp2 ZeRO-1 and read as tp2·dp2·ep2, and back; steps 4-6 lose what the run that
+    never stopped lost and end on the 1-rank run's weights, with its routing."""
+    folders, whole = saved_moe
+    out = train(_cfg(3, start=3, ck=Checkpointing(load=str(folders[written] / "step-3")), model=MOE, **layout),
+                check=True)
+    assert max(abs(a - b) / abs(b) for a, b in zip(out.losses, whole.losses[3:])) <= 1e-12
+    assert out.max_abs_weight_diff <= 1e-12
+
+
+def test_a_mixture_of_experts_checkpoint_is_what_the_1_rank_moe_gpt_loads_strictly(saved_moe, tmp_path):
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from netmorph.checkpoint.shards import model_key
+    from netmorph.models.gpt import GPTStage
+    folders, _ = saved_moe
+    dcp_to_torch_save(folders["tp2-dp2-ep2"] / "step-6", tmp_path / "out.pt")
+    sd = torch.load(tmp_path / "out.pt", weights_only=False)
+    gpt = GPTStage(MOE, dtype=torch.float64)
+    gpt.load_state_dict(sd["model"], strict=True)
+    _, w_ref, _ = reference(_cfg(6, model=MOE, dp=2, ep=2, tp=2))
+    experts = [p for p in parameters(MOE) if p.is_expert]
+    assert experts and all(sd["optim"]["state"][model_key(p)]["exp_avg"].shape == p.shape for p in experts)
+    for p in parameters(MOE):
+        assert torch.allclose(gpt.state_dict()[model_key(p)], w_ref[p.name], rtol=0, atol=1e-12), p.name
+
+
+def test_moe_saves_and_resumes_on_another_expert_split(tmp_path):
+    """``netmorph moe --save`` then ``--load`` with ep 4 -> ep 2 x dp 2: the resumed steps number on from the
+    checkpoint and lose what the run that never stopped lost."""
+    d = tmp_path / "ck"
+    whole = _cli("moe", "--steps", "4", "--dtype", "float64", "--save", str(d), "--save-every", "2", "--json")
+    assert whole.returncode == 0, whole.stderr
+    r = _cli("moe", "--steps", "4", "--dtype", "float64", "--ep", "2", "--dp", "2", "--load", str(d / "step-2"),
+             "--json")
+    assert r.returncode == 0, r.stderr
+    a, b = json.loads(whole.stdout), json.loads(r.stdout)
+    assert len(b["losses"]) == 2
+    assert max(abs(x - y) / abs(y) for x, y in zip(b["losses"], a["losses"][2:])) <= 1e-12
+    r = _cli("moe", "--steps", "4", "--ffn", "32", "--load", str(d))
+    assert r.returncode == 2 and "its model has expert_ffn 64, this run 32: pass --ffn 64" in r.stderr, r.stderr
 
 
 def test_a_corrupt_or_truncated_shard_is_refused_naming_the_file(saved, tmp_path):

@@ -129,8 +129,8 @@ def sha256(path: Path) -> str:
 
 def host_copy(boxes, flats: dict) -> dict:
     """{(fqn, offsets): (a contiguous host tensor of the box, the whole shape)} from the rank's flat buffers
-    ``flats`` {kind: numpy}: the copy a save writes from while training goes on (torchtitan's staging)."""
-    return {(b.fqn, b.offsets): (torch.from_numpy(np.ascontiguousarray(b.view(flats[b.kind]))), b.shape)
+    ``flats`` {(buffer, kind): numpy}: the copy a save writes from while training goes on (torchtitan's staging)."""
+    return {(b.fqn, b.offsets): (torch.from_numpy(np.ascontiguousarray(b.view(flats[b.key]))), b.shape)
             for b in boxes}
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from netmorph.mesh.layout import Layout
-from netmorph.mesh.placement import Param, Shard, flat_offsets, rank_parameters
+from netmorph.mesh.placement import Param, flat_offsets, rank_parameters
 from netmorph.mesh.shape import ModelShape
 
 # the state kinds of a rank's flat state (netmorph.parallel.replica's ``state()``) and their names in a checkpoint
@@ -45,6 +45,7 @@ class Box:
 
     fqn: str                # the checkpoint's name of the tensor
     kind: str               # "params", "m" or "v"
+    buffer: str             # the flat buffer it sits in: "dense" or (a mixture of experts') "experts"
     shape: tuple            # the whole tensor's
     offsets: tuple          # the box in the whole tensor
     sizes: tuple
@@ -52,8 +53,13 @@ class Box:
     local_shape: tuple      # the piece's shape
     local_offsets: tuple    # the box in the piece
 
+    @property
+    def key(self) -> tuple:
+        """(buffer, kind): which of a rank's flat buffers (:func:`flats`) the box is a view of."""
+        return self.buffer, self.kind
+
     def view(self, flat: np.ndarray) -> np.ndarray:
-        """The box's elements in ``flat`` (the rank's whole flat buffer of this kind), as a view."""
+        """The box's elements in ``flat`` (the rank's whole flat buffer of this buffer and kind), as a view."""
         n = math.prod(self.local_shape)
         piece = flat[self.start:self.start + n].reshape(self.local_shape)
         return piece[tuple(slice(o, o + s) for o, s in zip(self.local_offsets, self.sizes))]
@@ -88,19 +94,29 @@ def _runs(mask: np.ndarray) -> list:
     return list(zip(edges[::2].tolist(), edges[1::2].tolist()))
 
 
+def maps(model: ModelShape, layout: Layout) -> dict:
+    """{buffer: every rank's :class:`~netmorph.mesh.elements.RankMap` of it} (a dense model: the dense one)."""
+    from netmorph.mesh.elements import BUFFERS, element_map
+    return {b: element_map(model, layout, b) for b in (BUFFERS if model.experts else BUFFERS[:1])}
+
+
 def owners(model: ModelShape, layout: Layout) -> dict:
-    """{kind: for each global element id, the lowest rank that holds it}: who writes what."""
-    from netmorph.mesh.elements import element_map
-    maps = element_map(model, layout)
-    n = int(max(m.flat.max() for m in maps)) + 1
+    """{kind: for each global element id, the lowest rank that holds it}: who writes what (the buffers' ids
+    are disjoint: one array covers both)."""
+    every = maps(model, layout)
+    world = layout.world
+    n = int(max(m.flat.max() for ms in every.values() for m in ms if m is not None)) + 1
     out = {}
     for kind in NAMES:
-        owner = np.full(n, len(maps), dtype=np.int64)
-        for r, m in enumerate(maps):
-            lo, hi = m.params if kind == "params" else m.optimizer
-            g = m.flat[lo:hi]
-            g = g[g >= 0]
-            owner[g[owner[g] == len(maps)]] = r
+        owner = np.full(n, world, dtype=np.int64)
+        for ms in every.values():
+            for r, m in enumerate(ms):
+                if m is None:
+                    continue
+                lo, hi = m.params if kind == "params" else m.optimizer
+                g = m.flat[lo:hi]
+                g = g[g >= 0]
+                owner[g[owner[g] == world]] = r
         out[kind] = owner
     return out
 
@@ -108,27 +124,52 @@ def owners(model: ModelShape, layout: Layout) -> dict:
 def rank_boxes(model: ModelShape, layout: Layout, rank: int, owned: bool = False, who: dict | None = None) -> list:
     """The :class:`Box` es rank ``rank`` of ``layout`` holds (``owned``: only those it writes; ``who``: the
     :func:`owners`, computed when not given)."""
-    from netmorph.mesh.elements import element_map
-    m = element_map(model, layout)[rank]
     c = layout.coords(rank)
-    params = rank_parameters(model, layout, c["pp"])
-    sizes = [math.prod(p.local_shape(layout.tp)) for p in params]
-    starts, _ = flat_offsets(sizes, layout.dp)
     who = (who or owners(model, layout)) if owned else None
     out = []
-    for kind, name in NAMES.items():
-        lo, hi = m.params if kind == "params" else m.optimizer
-        for p, s, n in zip(params, starts, sizes):
-            a, b = max(s, lo), min(s + n, hi)
-            if a >= b:
-                continue
-            runs = [(a, b)] if who is None else [(a + x, a + y) for x, y in _runs(who[kind][m.flat[a:b]] == rank)]
-            local = p.local_shape(layout.tp)
-            base = [0] * len(p.shape)
-            if isinstance(p.placement, Shard) and local != p.shape:
-                base[p.placement.dim] = c["tp"] * local[p.placement.dim]
-            for x, y in runs:
-                for off, size in range_boxes(local, x - s, y - s):
-                    out.append(Box(name.format(model_key(p)), kind, p.shape, tuple(o + g for o, g in zip(off, base)),
-                                   size, s, local, off))
+    for buffer, ms in maps(model, layout).items():
+        m = ms[rank]
+        if m is None:
+            continue
+        experts = buffer == "experts"
+        params = [p for p in rank_parameters(model, layout, c["pp"]) if p.is_expert == experts]
+        sizes = [math.prod(p.local_shape(layout.tp, layout.ep)) for p in params]
+        starts, _ = flat_offsets(sizes)
+        for kind, name in NAMES.items():
+            lo, hi = m.params if kind == "params" else m.optimizer
+            for p, s, n in zip(params, starts, sizes):
+                a, b = max(s, lo), min(s + n, hi)
+                if a >= b:
+                    continue
+                runs = [(a, b)] if who is None else [(a + x, a + y)
+                                                     for x, y in _runs(who[kind][m.flat[a:b]] == rank)]
+                local = p.local_shape(layout.tp, layout.ep)
+                base = [0] * len(p.shape)
+                if local != p.shape:               # its tp piece (Megatron's shard), or its ep piece of the experts
+                    base[p.placement.dim] = (c["ep"] if experts else c["tp"]) * local[p.placement.dim]
+                for x, y in runs:
+                    for off, size in range_boxes(local, x - s, y - s):
+                        out.append(Box(name.format(model_key(p)), kind, buffer, p.shape,
+                                       tuple(o + g for o, g in zip(off, base)), size, s, local, off))
     return out
+
+
+def flats(states: dict, rank_maps: dict) -> dict:
+    """{(buffer, kind): the rank's whole flat buffer} from its flat state (``{"params", "m", "v", "t"}``, a
+    mixture of experts' expert buffer under ``"experts"``) and its :class:`RankMap` per buffer: Adam's
+    moments placed at their range, zero elsewhere."""
+    out = {}
+    for buffer, m in rank_maps.items():
+        state = states if buffer == "dense" else states["experts"]
+        params = np.asarray(state["params"])
+        lo, hi = m.optimizer
+        out[buffer, "params"] = params
+        for kind in ("m", "v"):
+            out[buffer, kind] = np.zeros(m.flat.size, dtype=params.dtype)
+            out[buffer, kind][lo:hi] = state[kind]
+    return out
+
+
+def rank_maps(model: ModelShape, layout: Layout, rank: int) -> dict:
+    """{buffer: rank ``rank``'s RankMap} for the buffers it holds."""
+    return {b: ms[rank] for b, ms in maps(model, layout).items() if ms[rank] is not None}

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from netmorph.checkpoint import dcp, folder
-from netmorph.checkpoint.shards import NAMES, owners, rank_boxes
+from netmorph.checkpoint.shards import NAMES, flats, owners, rank_boxes, rank_maps
 
 KILL = "NETMORPH_CHECKPOINT_KILL"
 
@@ -45,24 +45,13 @@ def meta(model, layout, done: int, dtype: str = "float64", lr: float = 0.0) -> s
                        "world": layout.world, "dtype": dtype, "lr": lr})
 
 
-def _full(m, state: dict, dtype) -> dict:
-    """{kind: the rank's whole flat buffer of it} (Adam's moments placed at their range)."""
-    lo, hi = m.optimizer
-    out = {"params": np.asarray(state["params"])}
-    for kind in ("m", "v"):
-        out[kind] = np.zeros(m.flat.size, dtype=dtype)
-        out[kind][lo:hi] = state[kind]
-    return out
-
-
 class Saver:
     """One rank's part of the run's saves (module docstring); ``log`` on rank 0: one row per checkpoint."""
 
     def __init__(self, comm, cfg):
-        from netmorph.mesh.elements import element_map
         self.comm, self.cfg, self.ck = comm, cfg, cfg.checkpoint
         self.root = Path(self.ck.save)
-        self.map = element_map(cfg.model, cfg.layout)[comm.rank]
+        self.maps = rank_maps(cfg.model, cfg.layout, comm.rank)
         self.boxes = rank_boxes(cfg.model, cfg.layout, comm.rank, owned=True, who=owners(cfg.model, cfg.layout))
         self.end = cfg.start_step + cfg.steps
         self.log: list = []
@@ -86,7 +75,7 @@ class Saver:
         self.wait()                                   # at most one save in flight
         blocked = time.perf_counter() - t0
         cfg = self.cfg
-        staged = stage(self.comm, self.root, done, cfg.model, self.boxes, self.map, state,
+        staged = stage(self.comm, self.root, done, cfg.model, self.boxes, self.maps, state,
                        meta(cfg.model, cfg.layout, done, cfg.dtype, cfg.lr))
         took = time.perf_counter() - t0
         if self.ck.async_save:
@@ -127,10 +116,11 @@ class Staged:
         self.step, self.path, self.planned = step, path, planned
 
 
-def stage(comm, root: Path, done: int, model, boxes: list, m, state: dict, about: str) -> Staged:
+def stage(comm, root: Path, done: int, model, boxes: list, maps: dict, state: dict, about: str) -> Staged:
     """The part of a save in the step, on every rank: its ``boxes`` copied from ``state`` (its flat state under
-    the element map ``m``) to host memory, the plan exchanged with rank 0 (the only messages of a save)."""
-    tensors = dcp.host_copy(boxes, _full(m, state, np.asarray(state["params"]).dtype))
+    its element maps ``maps``, :func:`~netmorph.checkpoint.shards.rank_maps`) to host memory, the plan exchanged
+    with rank 0 (the only messages of a save)."""
+    tensors = dcp.host_copy(boxes, flats(state, maps))
     train = {"step": done, "meta": about, "rng": torch.get_rng_state()}
     path = folder.partial_dir(root, done)
     if comm.rank == 0:
@@ -174,25 +164,29 @@ def complete(comm, staged: Staged, root: Path, keep: int = 0, kill=None) -> tupl
 def save_state(comm, root, done: int, model, layout, state: dict, keep: int = 0) -> None:
     """One checkpoint of every rank's flat ``state`` under ``layout``, written in the step (morph's and elastic's
     checkpoints: the trainer's code)."""
-    from netmorph.mesh.elements import element_map
     root = Path(root)
     boxes = rank_boxes(model, layout, comm.rank, owned=True)
-    m = element_map(model, layout)[comm.rank]
-    complete(comm, stage(comm, root, done, model, boxes, m, state, meta(model, layout, done)), root, keep)
+    maps = rank_maps(model, layout, comm.rank)
+    complete(comm, stage(comm, root, done, model, boxes, maps, state, meta(model, layout, done)), root, keep)
     comm.barrier()                                   # the checkpoint is published before anyone goes on
 
 
 def load_state(path, model, layout, rank: int, dtype: str = "float64") -> dict:
-    """Rank ``rank``'s flat state under ``layout`` from the checkpoint in ``path`` (written on any layout)."""
-    from netmorph.mesh.elements import element_map
-    m = element_map(model, layout)[rank]
-    flats = {k: np.zeros(m.flat.size, dtype=np.dtype(dtype)) for k in NAMES}
-    dest = {(b.fqn, b.offsets): torch.from_numpy(b.view(flats[b.kind])) for b in rank_boxes(model, layout, rank)}
+    """Rank ``rank``'s flat state under ``layout`` from the checkpoint in ``path`` (written on any layout): the
+    dense buffer's ``{"params", "m", "v", "t"}``, a mixture of experts' expert buffer under ``"experts"``."""
+    maps = rank_maps(model, layout, rank)
+    full = {(b, k): np.zeros(m.flat.size, dtype=np.dtype(dtype)) for b, m in maps.items() for k in NAMES}
+    dest = {(b.fqn, b.offsets): torch.from_numpy(b.view(full[b.key])) for b in rank_boxes(model, layout, rank)}
     got = dcp.load(Path(path), model, dest)
     if got.get("rng") is not None:
         torch.set_rng_state(got["rng"])
-    lo, hi = m.optimizer
-    return {"params": flats["params"], "m": flats["m"][lo:hi].copy(), "v": flats["v"][lo:hi].copy(), "t": got["t"]}
+    out = {}
+    for b, m in maps.items():
+        lo, hi = m.optimizer
+        out[b] = {"params": full[b, "params"], "m": full[b, "m"][lo:hi].copy(), "v": full[b, "v"][lo:hi].copy(),
+                  "t": got["t"]}
+    state = out.pop("dense")
+    return {**state, **out}
 
 
 def resume(cfg, rank: int) -> dict:

@@ -3,12 +3,18 @@ arithmetic."""
 
 from __future__ import annotations
 
+import sys
+from dataclasses import replace
+
 
 from netmorph.cli import action_only, add_timeout, check_action, float_in, int_in, job_split, plot_file, print_json
+from netmorph.cli.checkpoints import AlreadyTrained, add_checkpoint_arguments, checkpoint_start
 from netmorph.errors import require
+from netmorph.runtime.env import torchrun_rank
 
 # library parameters set by a flag of another name (the rest are --name)
-FLAGS = {"jitter_eps": "--jitter", "tokens": "--tokens"}
+FLAGS = {"jitter_eps": "--jitter", "tokens": "--tokens", "expert_ffn": "--ffn", "top_k": "--top-k",
+         "capacity_factor": "--capacity-factor"}
 
 
 def add_parser(sub) -> None:
@@ -65,8 +71,10 @@ def add_parser(sub) -> None:
                    help="tokens routed per rank T (default 4096)")
     d.add_argument("--trials", type=int_in(1, 100_000), default=200, help="random routings simulated (default 200)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_checkpoint_arguments(p)
     p.set_defaults(run=run, flags=FLAGS)
-    action_only(p, "train", ("plot", "check", "dropless", "pre_softmax", "steps", "backend"))
+    action_only(p, "train", ("plot", "check", "dropless", "pre_softmax", "steps", "backend", "save", "save_every",
+                             "keep", "async_save", "load"))
     action_only(p, "drops", ("tokens", "trials"))
 
 
@@ -86,6 +94,13 @@ def run(args) -> int:
                          batch=args.batch, steps=args.steps, lr=args.lr, seed=args.seed, dtype=args.dtype,
                          tp=args.tp, pp=args.pp, backend=args.backend, timeout=args.timeout,
                          world=args.world)
+    try:                                     # --load: the run goes on after the step its checkpoint saved
+        ck, start = checkpoint_start(args, cfg.train.model, cfg.train.layout.global_batch)
+    except AlreadyTrained as done:
+        if torchrun_rank() == 0:
+            print(done, file=sys.stderr)
+        return 0
+    cfg = replace(cfg, train=replace(cfg.train, steps=args.steps - start, start_step=start, checkpoint=ck))
     cfg.train.check()
     from netmorph.models.gpt import synthetic_data_bytes
     from netmorph.runtime import budget
@@ -94,7 +109,7 @@ def run(args) -> int:
     memory, seconds = budget.training(
         params_per_rank=m.params() / (args.tp * args.pp), active_params=m.active_params(), layers=m.layers,
         hidden=m.hidden, heads=m.heads, seq=m.seq, vocab=m.vocab, micro_batch=args.batch, microbatches=1,
-        steps=args.steps, world=cfg.world, tp=args.tp, pp=args.pp, itemsize=itemsize,
+        steps=cfg.train.steps, world=cfg.world, tp=args.tp, pp=args.pp, itemsize=itemsize,
         extra_bytes_per_rank=8 * m.params(),                              # every rank draws the whole model once
         data_bytes=synthetic_data_bytes(m.vocab))
     budget.check(memory, seconds, f"training {m.experts} experts on {budget.ranks(cfg.world)}",
@@ -134,7 +149,7 @@ def _print(moe, out) -> None:
           f"{cfg['layers']} layers with experts, aux {cfg['aux_loss_coeff']:g}; backend {cfg['backend']}")
     print(f"{'step':>4} {'loss':>8} {'aux':>8} {'dropped':>8} {'imbalance':>9} {'max expert batch':>16} "
           f"{'a2a B/rank (max)':>16} {'= matrix':>8}")
-    for i, s in enumerate(out["steps"], 1):
+    for i, s in enumerate(out["steps"], cfg["start_step"] + 1):
         print(f"{i:>4} {s['loss']:>8.4f} {s['aux']:>8.5f} {100 * s['drop_fraction']:>7.1f}% {s['load_imbalance']:>9.2f} "
               f"{s['largest_expert_batch']:>16} {max(s['a2a_bytes']):>16,} {_mark(s['exact']):>8}")
     b = 8 if cfg["dtype"] == "float64" else 4

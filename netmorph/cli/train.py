@@ -8,14 +8,10 @@ pipeline's in-flight microbatches and bubble, model-state memory, and with
 
 from __future__ import annotations
 
-import json
-import os
 import sys
-from dataclasses import asdict
-from pathlib import Path
-
 
 from netmorph.cli import add_timeout, float_in, int_in, job_split, pipeline_schedule, print_json, trace_file
+from netmorph.cli.checkpoints import AlreadyTrained, add_checkpoint_arguments, checkpoint_start
 from netmorph.errors import UsageError, require
 from netmorph.runtime.env import torchrun_rank, torchrun_world
 from netmorph.files import write_json
@@ -81,19 +77,7 @@ def add_parser(sub) -> None:
                    metavar="FILE", help="write a Chrome/Perfetto trace of the last step, one track "
                                        "per rank (compute slots and every message)")
     r.add_argument("--json", action="store_true", help="print the run's summary as JSON")
-    c = p.add_argument_group("checkpoints (torch.distributed.checkpoint's format: DIR/step-N/.metadata and one "
-                             ".distcp per rank, DIR/latest)")
-    c.add_argument("--save", metavar="DIR", help="save into DIR at the end, and every --save-every steps "
-                   "(Megatron's --save; resumable on any layout with --load)")
-    c.add_argument("--save-every", "--save-interval", type=int_in(1, 1 << 24, "1..2**24"), default=0,
-                   metavar="N", help="save every N steps too (default: at the end only)")
-    c.add_argument("--keep", type=int_in(1, 1 << 20, "1..2**20"), default=0, metavar="K",
-                   help="keep the newest K checkpoints (default all)")
-    c.add_argument("--async-save", action="store_true", help="write in the background: the step copies its "
-                   "shards to host memory, a thread writes them, at most one save in flight")
-    c.add_argument("--load", metavar="DIR", help="resume from DIR's latest complete checkpoint (or a step-N "
-                   "folder), written on any layout: --steps is the total, the run goes on from the step saved; "
-                   "--load DIR --save DIR with no checkpoint in DIR yet starts at step 0, as a job torchrun restarts needs")
+    add_checkpoint_arguments(p)
     p.set_defaults(run=run, flags=FLAGS)
 
 
@@ -115,10 +99,8 @@ def config_from(args):
     moe = dict(experts=args.experts, top_k=args.top_k, capacity_factor=args.capacity_factor) if args.experts else {}
     model = ModelShape(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab,
                        **moe)
-    steps, start, ck = args.steps, 0, checkpointing(args, model)
-    if ck.load:
-        start = _resume_step(ck.load, steps, args.dp * (micro if micro is not None else 2) * mbs, _loads_own(args))
-        steps -= start
+    ck, start = checkpoint_start(args, model, args.dp * (micro if micro is not None else 2) * mbs)
+    steps = args.steps - start
     cfg = TrainConfig.make(model=model, tp=args.tp, pp=args.pp, dp=args.dp, ep=args.ep, zero=args.zero,
                            dp_mode=args.dp_mode,
                       bucket_mb=args.bucket_mb, overlap=not args.no_overlap,
@@ -146,71 +128,6 @@ def config_from(args):
     return cfg
 
 
-def checkpointing(args, model):
-    """The run's :class:`~netmorph.checkpoint.Checkpointing`; ``--load``'s checkpoint found and verified (every
-    file against its checksum) and its model the run's, or the one line naming what differs."""
-    from netmorph.checkpoint import Checkpointing
-    if (args.save_every or args.keep or args.async_save) and not args.save:
-        raise UsageError("--save-every, --keep and --async-save shape --save DIR's checkpoints: give --save DIR",
-                         "save")
-    if args.save:
-        root = Path(args.save)
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise UsageError(f"--save {args.save}: cannot make the folder ({e.strerror})", "save") from None
-        if not os.access(root, os.W_OK | os.X_OK):
-            raise UsageError(f"--save {args.save}: the folder is not writable", "save")
-    load = ""
-    if args.load:
-        require("torch", "--load")
-        from netmorph.checkpoint import dcp, folder
-        if _loads_own(args) and not folder.steps(Path(args.save)):
-            # the run that saves where it loads (a job torchrun --max-restarts restarts) starts at step 0 until its
-            # first checkpoint, as Megatron's --load does on a folder with none
-            if torchrun_rank() == 0:
-                print(f"# --load {args.load}: no complete checkpoint yet, starting at step 0", file=sys.stderr)
-            return Checkpointing(save=args.save, every=args.save_every, keep=args.keep, async_save=args.async_save,
-                                 load="")
-        path = folder.resolve(args.load)
-        folder.verify(path)
-        saved = json.loads(dcp.read_train(path)["meta"])["model"]
-        for name, value in asdict(model).items():
-            if saved.get(name) != (list(value) if isinstance(value, tuple) else value):
-                raise UsageError(f"--load {path}: its model has {name} {saved.get(name)}, this run {value}: pass "
-                                 f"--{name.replace('_', '-')} {saved.get(name)}", name)
-        load = str(path)
-    return Checkpointing(save=args.save or "", every=args.save_every, keep=args.keep, async_save=args.async_save,
-                         load=load)
-
-
-def _loads_own(args) -> bool:
-    """--load names --save's folder: the one command every attempt of a job torchrun restarts runs."""
-    return bool(args.save and args.load) and Path(args.load).resolve() == Path(args.save).resolve()
-
-
-class AlreadyTrained(Exception):
-    """The run that loads where it saves finds its last step saved: a job torchrun restarted after its end."""
-
-
-def _resume_step(path: str, steps: int, batch: int, own: bool = False) -> int:
-    """The step a checkpoint was saved after (the data position the run goes on from: its global batches of
-    ``batch`` sequences, this run's), below ``--steps``; ``own`` (--load is --save's folder): a checkpoint of
-    step --steps means the job is done (:class:`AlreadyTrained`)."""
-    from netmorph.checkpoint import dcp
-    train = dcp.read_train(Path(path))
-    done, saved = int(train["step"]), json.loads(train["meta"])["global_batch"]
-    if saved != batch:
-        raise UsageError(f"--load {path}: its run took {saved} sequences a step, this one {batch}: the data goes on "
-                         f"from sample {done * saved:,} only with the same global batch (--global-batch-size "
-                         f"{saved})", "global_batch_size")
-    if done >= steps and own:
-        raise AlreadyTrained(f"# --load {path}: saved after step {done}, --steps {steps}: trained already, "
-                             f"nothing to do")
-    if done >= steps:
-        raise UsageError(f"--load {path}: it was saved after step {done}, and --steps {steps} is the total: "
-                         f"raise --steps past {done}", "steps")
-    return done
 
 
 PHASES = ("dp", "zero", "tp", "tp.sp-grads", "pp", "pp.emb", "edp", "zero.edp", "moe.dispatch", "moe.combine",

@@ -12,7 +12,9 @@ holds, as :func:`netmorph.parallel.hybrid.train_rank` lays them out:
   embedding along dim 0; padded to a multiple of dp;
 - Adam's two moments over the whole buffer, or under ZeRO over its shard
   ``[r·n, (r+1)·n)`` of the padded buffer (n = padded / dp);
-- under ZeRO-3 only that shard of the parameters between steps.
+- under ZeRO-3 only that shard of the parameters between steps;
+- with a mixture of experts, its experts in a second flat buffer (each rank its ep piece of every expert
+  tensor, dim 0), padded and sharded over the expert data-parallel ranks (dp / ep) instead.
 
 Every element of the 1-rank model gets a global id: the parameters in :func:`full_weights`'s
 order, each row-major. :func:`element_map` gives, per rank, the global id of each element of
@@ -65,19 +67,31 @@ class RankMap:
     optimizer: tuple        # [lo, hi) of the flat buffer Adam's moments cover
 
 
-def element_map(cfg: ModelShape, layout: Layout) -> list:
+BUFFERS = ("dense", "experts")
+
+
+def element_map(cfg: ModelShape, layout: Layout, buffer: str = "dense") -> list:
     """A :class:`RankMap` for every rank of ``layout``: each rank's parameters as
-    :func:`~netmorph.mesh.placement.rank_parameters` orders them, each its tensor-parallel piece."""
+    :func:`~netmorph.mesh.placement.rank_parameters` orders them, each its tensor-parallel piece. A mixture of
+    experts keeps two flat buffers, as the trainer's two replicas do (:func:`netmorph.parallel.hybrid.replicas`):
+    ``buffer="dense"`` every other parameter, over the data-parallel group; ``"experts"`` the rank's experts
+    (its ep piece, whole on every tp rank), padded and ZeRO-sharded over its expert data-parallel group (dp / ep
+    ranks, index ``edp``). A rank whose stage has no experts gets None for that buffer."""
     check(layout, cfg)
     gids = global_ids(cfg)
+    experts = buffer == "experts"
     out = []
     for rank in range(layout.world):
         c = layout.coords(rank)
-        t, d = c["tp"], c["dp"]
-        pieces = [p.piece(gids[p.name], layout.tp, t).ravel() for p in rank_parameters(cfg, layout, c["pp"])]
-        _, padded = flat_offsets([x.size for x in pieces], layout.dp)
+        rows = [p for p in rank_parameters(cfg, layout, c["pp"]) if p.is_expert == experts]
+        if not rows:
+            out.append(None)
+            continue
+        pieces = [p.piece(gids[p.name], layout.tp, c["tp"], layout.ep, c["ep"]).ravel() for p in rows]
+        ways, index = (layout.dp // layout.ep, c["edp"]) if experts else (layout.dp, c["dp"])
+        _, padded = flat_offsets([x.size for x in pieces], ways)
         flat = np.full(padded, -1, dtype=np.int64)
         flat[:sum(x.size for x in pieces)] = np.concatenate(pieces)
-        shard = shard_range(padded, layout.dp, d)
+        shard = shard_range(padded, ways, index)
         out.append(RankMap(flat, shard if layout.zero >= 3 else (0, padded), shard if layout.zero else (0, padded)))
     return out

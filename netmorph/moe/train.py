@@ -92,7 +92,7 @@ class MoEConfig:
                 "aux_loss_coeff": r.aux_loss_coeff, "z_loss_coeff": r.z_loss_coeff, "jitter_eps": r.jitter_eps,
                 "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "ffn": m.ef, "vocab": m.vocab,
                 "seq": m.seq, "batch": lay.micro_batch_size, "tokens_per_rank": self.tokens_per_rank,
-                "steps": self.train.steps, "dtype": self.train.dtype, "backend": self.backend,
+                "steps": self.train.steps, "start_step": self.train.start_step, "dtype": self.train.dtype, "backend": self.backend,
                 "world": self.world}
 
     def with_router(self, **kw) -> MoEConfig:

@@ -113,9 +113,6 @@ class TrainConfig:
                 raise UsageError(f"{{{k}}} must be in [0, {1 if k == 'jitter_eps' else 100}), got {v}", k)
         check(schedule(lay.pipeline_schedule, lay.pp, lay.microbatches, lay.interleave), lay.interleave)
         ck = self.checkpoint
-        if (ck.save or ck.load) and self.model.experts:
-            raise UsageError("--save/--load: a mixture of experts' checkpoints (its expert replica) are not written "
-                             "yet; checkpoint a dense model (no --experts)", "save" if ck.save else "load")
         if not 0 <= ck.every <= 1 << 24 or not 0 <= ck.keep <= 1 << 20:
             raise UsageError(f"{{save_every}} and {{keep}} must be >= 0, got {ck.every} and {ck.keep}", "save_every")
 
@@ -216,6 +213,13 @@ def _routing(moe: list, lay: RankGroups, records, a2a_s: float, world: int) -> d
             "z": sum(z for b in moe for _, z in b.aux) / m, "a2a_s": a2a_s, "links": links}
 
 
+def rank_state(reps) -> dict:
+    """The rank's flat state a checkpoint saves: the dense replica's, a mixture of experts' experts under
+    ``"experts"`` (:func:`netmorph.checkpoint.training.load_state`'s shape)."""
+    state = reps[0].state()
+    return {**state, "experts": reps[1].state()} if len(reps) > 1 else state
+
+
 def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -> RankReport:
     """One rank's part of ``cfg.steps`` training steps; what it measured (``progress``: a
     :class:`~netmorph.runtime.progress.ProgressCounter` bumped once per step). ``inits[rank]``, when given,
@@ -239,7 +243,10 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
         from netmorph.checkpoint.training import Resume
         inits = Resume(cfg)
     if inits is not None:
-        dense.load(inits[comm.rank])
+        init = inits[comm.rank]
+        dense.load(init)
+        if len(reps) > 1:                               # a mixture of experts' expert buffer (a checkpoint's)
+            reps[1].load(init["experts"])
     saver = None
     if ck.save:
         from netmorph.checkpoint.training import Saver
@@ -307,7 +314,7 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
                     comm.all_reduce(loss, group=lay.dp_group)
             losses.append(float(loss) / (split.dp * split.microbatches))
             if saver is not None:           # a checkpoint when one is due, in the step's time (async: its staging)
-                saver.commit(cfg.start_step + step + 1, dense.state)
+                saver.commit(cfg.start_step + step + 1, lambda: rank_state(reps))
             t1 = time.perf_counter()
             times.append(t1 - t0)
             bounds.append((t0, t1))
