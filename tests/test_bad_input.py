@@ -185,7 +185,7 @@ def test_serve_check_with_nothing_completed_is_not_a_pass(capsys):
 
 
 @pytest.mark.parametrize("argv,flag,near", [
-    (["serve", "--scheduling-policy", "x"], "--scheduling-policy", None),
+    (["serve", "--swap-space", "x"], "--swap-space", None),
     (["moe", "--bogus", "3"], "--bogus", None),
     (["morph", "--wrld", "3"], "--wrld", "--world"),
     (["plan", "--gpu", "8", "estimate"], None, None),                # an unambiguous abbreviation is argparse's
@@ -193,7 +193,7 @@ def test_serve_check_with_nothing_completed_is_not_a_pass(capsys):
 ])
 def test_an_unknown_flag_is_named_even_when_an_action_could_take_its_value(argv, flag, near, capsys):
     """The optional action word (serve run|kv|roofline, moe train|drops, ...) used to swallow the value after an
-    unknown flag: ``serve --scheduling-policy x`` said ``argument action: invalid choice: 'x'``."""
+    unknown flag: ``serve --swap-space x`` said ``argument action: invalid choice: 'x'``."""
     code = main(argv)
     err = capsys.readouterr().err.strip().splitlines()
     if flag is None:

@@ -366,3 +366,92 @@ def test_a_mixture_of_experts_serves_through_the_training_models_own_blocks():
     for a, b in zip(paged.blocks, trained.blocks):
         for (na, pa), (nb, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
             assert na == nb and torch.equal(pa, pb), na
+
+
+# ---------------------------------------------------------------- scheduling policies (vLLM v1's SchedulingPolicy)
+
+def _two_classes(n=24):
+    """A burst in which every fourth request is urgent (priority 0), the rest priority 1, all at once."""
+    rng = random.Random(3)
+    return [Request(i, [rng.randrange(64) for _ in range(rng.randrange(8, 30))], rng.randrange(4, 20),
+                    arrival=i * 1e-4, priority=0 if i % 4 == 0 else 1) for i in range(n)]
+
+
+def _serve(policy, reqs, **kw):
+    cfg = ServeConfig(num_blocks=24, block_size=4, max_seqs=4, scheduling_policy=policy, **kw)
+    return Engine(CFG, cfg, time_model=lambda rows: 1e-3 * (1 + sum(n for n, _ in rows) / 16)).run(
+        copy.deepcopy(reqs))
+
+
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_the_priority_policy_serves_the_urgent_first_and_every_output_is_unchanged(preemption):
+    """Under load (4 sequences a batch, a small pool that preempts) the priority policy gives the priority-0
+    requests a lower TTFT than FCFS does (p90 4.4 ms against FCFS's p50 53 ms), and the others a higher one;
+    each request's tokens are the same under both (FCFS's equal each request decoded alone: the test above), and
+    no block leaks."""
+    reqs = _two_classes()
+    fcfs, prio = _serve("fcfs", reqs, preemption=preemption), _serve("priority", reqs, preemption=preemption)
+    assert fcfs["outputs"] == prio["outputs"] and prio["completed"] == len(reqs)
+    assert prio["free_blocks_at_end"] == 24 and sum(prio["preemptions"].values()) > 0
+    f, p = fcfs["by_priority"], prio["by_priority"]
+    assert f["0"]["count"] == p["0"]["count"] == 6 and f["1"]["count"] == p["1"]["count"] == 18
+    assert p["0"]["ttft_s"]["p90"] < f["0"]["ttft_s"]["p50"]
+    assert p["1"]["ttft_s"]["p50"] > f["1"]["ttft_s"]["p50"]
+    assert prio["scheduling_policy"] == "priority" and set(p["0"]) == {"count", "ttft_s", "tpot_s"}
+
+
+def test_the_priority_policy_preempts_the_least_urgent_latest_arrival():
+    from netmorph.serving.policy import policy
+    from netmorph.serving.request import RequestStatus
+    running = [Request(0, [1], 1, 0.0, priority=2), Request(1, [1], 1, 1.0, priority=0),
+               Request(2, [1], 1, 2.0, priority=2), Request(3, [1], 1, 3.0, priority=1)]
+    assert policy("priority").victim(running).rid == 2 and policy("fcfs").victim(running).rid == 3
+    waiting = [Request(5, [1], 1, 5.0, priority=1), Request(4, [1, 2], 1, 4.0, tokens=[1, 2, 7], computed=0,
+                                                              priority=1)]
+    waiting[1].status = RequestStatus.WAITING
+    policy("priority").requeue(waiting, Request(6, [1], 1, 6.0, priority=0))
+    assert [r.rid for r in waiting] == [6, 4, 5]
+    assert str(RequestStatus.SWAPPED) == "swapped" and RequestStatus("running") is RequestStatus.RUNNING
+
+
+def test_a_policy_is_one_class_and_one_registration():
+    """Shortest prompt first, registered in three lines, runs end to end and changes who goes first."""
+    from netmorph.serving import policy as policies
+
+    @policies.register
+    class ShortestFirst(policies.Policy):
+        name, help = "shortest-first", "the shortest prompt first"
+
+        def key(self, r):
+            return len(r.prompt), r.arrival, r.rid
+
+        def order(self, waiting):
+            waiting.sort(key=self.key)
+
+    try:
+        reqs = _two_classes()
+        out = _serve("shortest-first", reqs)
+        assert out["outputs"] == _serve("fcfs", reqs)["outputs"]
+        first = min(out["outputs"], key=lambda rid: next(r for r in reqs if r.rid == rid).arrival)
+        assert out["scheduling_policy"] == "shortest-first" and first == 0
+        with pytest.raises(ValueError, match="shortest-first"):
+            ServeConfig(scheduling_policy="lottery").check()
+    finally:
+        del policies.POLICIES["shortest-first"]
+
+
+def test_serve_scheduling_policy_priority_reads_priorities_from_the_workload(tmp_path, capsys):
+    wl = tmp_path / "w.jsonl"
+    lines = [json.dumps({"prompt_len": 6 + i % 5, "output_len": 6, "arrival_s": 0, "priority": 0 if i % 3 else 5})
+             for i in range(12)] + ['{"prompt_len": 4, "output_len": 2, "arrival_s": 0, "priority": "high"}']
+    wl.write_text("\n".join(lines) + "\n")
+    argv = ["serve", "--workload", str(wl), "--context", "64", "--kv-blocks", "16", "--block-size", "4",
+            "--layers", "1", "--hidden", "16", "--heads", "2", "--vocab", "32", "--max-seqs", "2",
+            "--scheduling-policy", "priority", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["by_priority"]["0"]["count"] == 8 and out["by_priority"]["5"]["count"] == 4
+    assert out["by_priority"]["0"]["ttft_s"]["p50"] < out["by_priority"]["5"]["ttft_s"]["p50"]
+    assert out["rejected"] == 1 and "priority must be an integer" in out["rejections"][0]["reason"]
+    assert main(["serve", "--scheduling-policy", "lottery"]) == 2
+    assert "--scheduling-policy" in capsys.readouterr().err

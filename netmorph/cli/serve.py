@@ -44,6 +44,10 @@ def add_parser(sub) -> None:
                    help="Sarathi-Serve: mix decodes with prefill chunks of at most TOKENS under the token budget")
     p.add_argument("--preemption", choices=("recompute", "swap"), default="recompute",
                    help="when the pool runs out: recompute (default) or swap to a host pool")
+    from netmorph.serving.policy import POLICIES
+    p.add_argument("--scheduling-policy", choices=tuple(POLICIES), default="fcfs",
+                   help="which waiting request goes first and which running one gives way: "
+                        + "; ".join(f"{k}: {c.help}" for k, c in POLICIES.items()) + " (default fcfs)")
     p.add_argument("--no-prefix-caching", action="store_true", help="do not share full blocks of common prefixes")
     p.add_argument("--tp", type=int_in(1, 16), default=1,
                    help="tensor-parallel ranks (Megatron's split of heads and MLP, 2 all-reduces per layer per "
@@ -158,7 +162,7 @@ def _serve(args) -> int:
     cfg = ServeConfig(num_blocks=args.kv_blocks, block_size=args.block_size, scheduler=args.scheduler, kv=args.kv,
                       chunked_prefill=args.chunked_prefill, max_tokens=args.max_tokens, max_seqs=args.max_seqs,
                       preemption=args.preemption, prefix_caching=not args.no_prefix_caching,
-                      temperature=args.temperature)
+                      temperature=args.temperature, scheduling_policy=args.scheduling_policy)
     cfg.check()
     bad = []
     if args.workload:
@@ -368,7 +372,7 @@ def _print(args, cfg, model, out) -> None:
     src = args.workload or f"{args.requests} generated (ShareGPT-like lengths, {args.arrival})"
     print(f"# netmorph serve: GPT {model.layers} layers x {model.hidden} (context {model.seq}), "
           f"{src}; {out['scheduler']} scheduler, {cfg.kv} KV: {cfg.num_blocks} blocks x {cfg.block_size} tokens, "
-          f"preemption by {cfg.preemption}")
+          f"preemption by {cfg.preemption}, {cfg.scheduling_policy} policy")
     print(f"requests       {out['completed']} completed, {out['rejected']} rejected, {out['tokens_out']:,} tokens out "
           f"in {out['duration_s']:.2f} s ({out['iterations']:,} iterations)")
     print(f"throughput     {out['throughput_tok_s']:,.0f} tokens/s, {out['throughput_req_s']:.2f} requests/s")
@@ -378,6 +382,11 @@ def _print(args, cfg, model, out) -> None:
           f"{out['prefix_cached_tokens']:,} prompt tokens served from shared blocks; {out['cow_copies']} copy-on-write")
     print(f"preemptions    {out['preemptions']['recompute']} by recompute, {out['preemptions']['swap']} by swap "
           f"({out['swap_bytes']:,} B swapped out and in)")
+    if len(out.get("by_priority", {})) > 1:
+        print(f"by priority    ({out['scheduling_policy']} policy; lower is served first)")
+        for prio, d in out["by_priority"].items():
+            print(f"  priority {prio:>3}  {d['count']:>5} requests  TTFT p50 {ms(d['ttft_s'], 'p50')} "
+                  f"p90 {ms(d['ttft_s'], 'p90')} ms  TPOT p50 {ms(d['tpot_s'], 'p50')} ms")
     if args.time_model == "measured":
         print("# time: the measured compute of each iteration on this machine (CPU, float64), idle gaps jumped")
     else:

@@ -20,7 +20,7 @@ import numpy as np
 from netmorph.errors import UsageError
 from netmorph.serving.model import sample
 from netmorph.serving.runner import Runner
-from netmorph.serving.scheduler import Request, Scheduler, ServeConfig, sample_id
+from netmorph.serving.scheduler import Request, RequestStatus, Scheduler, ServeConfig, sample_id
 
 __all__ = ["Engine", "Request", "ServeConfig", "check_deployment", "sample_id"]
 
@@ -79,7 +79,7 @@ class Engine:
             if r.n > 1 and r.generated == 0 and r.parent is None:   # parallel sampling: fork after the prefill
                 for k in range(1, r.n):
                     child = Request(sample_id(r.rid, k), r.prompt, r.output_len, r.arrival, list(r.tokens),
-                                    r.computed, "running", parent=r.rid)
+                                    r.computed, RequestStatus.RUNNING, parent=r.rid, priority=r.priority)
                     self.bm.fork(r.rid, child.rid)        # every block shared, the last partial one too
                     child.tokens.append(sample(lg, self.cfg.temperature, child.rid * 1_000_003 + len(child.tokens)))
                     forks.append(child)
@@ -118,7 +118,7 @@ class Engine:
         self.bm.allocate(r.rid, r.tokens)
         self.runner.write_kv([self.bm.slot(r.rid, r.tokens) for _ in range(n)], kv)
         r.tokens.append(first)
-        r.computed, r.status = n, "running"
+        r.computed, r.status = n, RequestStatus.RUNNING
         return True
 
     def decode_prefilled(self, arrivals) -> dict:
@@ -137,7 +137,7 @@ class Engine:
                 pending.pop(0)
                 if r.generated >= r.output_len:
                     self.bm.free_seq(r.rid)
-                    r.status, r.finished_at = "finished", max(self.clock, t_first)
+                    r.status, r.finished_at = RequestStatus.FINISHED, max(self.clock, t_first)
                     finished.append(r)
                 else:
                     running.append(r)
@@ -157,16 +157,16 @@ class Engine:
             r.tokens = list(r.prompt)
             why = self.scheduler.reject_reason(r, self.mcfg.vocab)
             if why:
-                r.status, r.reason = "rejected", why
+                r.status, r.reason = RequestStatus.REJECTED, why
                 rejected.append(r)
-        pending = [r for r in pending if r.status != "rejected"]
+        pending = [r for r in pending if r.status != RequestStatus.REJECTED]
         waiting, running, swapped, finished = [], [], [], []
         i = 0
         while i < len(pending) or waiting or running or swapped:
             while i < len(pending) and pending[i].arrival <= self.clock:
                 waiting.append(pending[i])
                 i += 1
-            waiting.sort(key=lambda r: (r.computed == 0 and r.generated == 0, r.arrival, r.rid))
+            self.scheduler.policy.order(waiting)
             if not (waiting or running or swapped):
                 self.clock = pending[i].arrival                 # idle until the next arrival
                 continue
@@ -188,16 +188,25 @@ class Engine:
 
         def pct(a):
             return {f"p{q}": float(np.percentile(a, q)) if len(a) else None for q in (50, 90, 99)}
+
+        by_priority = {}
+        for prio in sorted({r.priority for r in finished}):
+            mine = [r for r in finished if r.priority == prio]
+            ts = [r for r in samples if r.priority == prio and r.generated > 1]
+            by_priority[str(prio)] = {
+                "count": len(mine), "ttft_s": pct(np.array([r.first_token_at - r.arrival for r in mine])),
+                "tpot_s": pct(np.array([(r.finished_at - r.first_token_at) / (r.generated - 1) for r in ts]))}
         return {"requests": len(requests), "completed": len(finished), "rejected": len(rejected),
                 "rejections": [{"request": r.rid, "reason": r.reason} for r in rejected],
                 "tokens_out": tokens_out, "duration_s": span,
                 "throughput_tok_s": tokens_out / span if span > 0 else 0.0,
                 "throughput_req_s": len(finished) / span if span > 0 else 0.0,
-                "ttft_s": pct(ttft), "tpot_s": pct(tpot), "kv_utilization": util,
+                "ttft_s": pct(ttft), "tpot_s": pct(tpot), "by_priority": by_priority, "kv_utilization": util,
                 "preemptions": dict(self.scheduler.preemptions), "swap_bytes": self.scheduler.swap_bytes,
                 "cow_copies": self.bm.cow_copies, "iterations": self.iterations,
                 "prefix_cached_tokens": self.scheduler.prefix_cached_tokens,
                 "scheduler": self.cfg.scheduler + (f"+chunked({self.cfg.chunked_prefill})"
                                                    if self.cfg.chunked_prefill else ""),
+                "scheduling_policy": self.cfg.scheduling_policy,
                 "kv": self.cfg.kv, "free_blocks_at_end": self.bm.num_free(), "num_blocks": self.cfg.num_blocks,
                 "outputs": {r.rid: r.tokens[len(r.prompt):] for r in samples}}

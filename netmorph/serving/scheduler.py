@@ -19,14 +19,15 @@ Schedulers (``scheduler``):
   finished row stays in it as padding (its KV held) until the batch ends -- or until the pool needs its blocks.
 - ``continuous`` -- iteration-level scheduling (Orca, Yu et al. 2022; vLLM): requests join and leave the batch
   every iteration. As vLLM (v0) does without chunked prefill, an iteration either prefills newly admitted
-  requests (FCFS, up to ``max_tokens`` prompt tokens) or decodes one token for every running request.
+  requests (in the policy's order, up to ``max_tokens`` prompt tokens) or decodes one token for every running request.
 - ``chunked_prefill`` > 0 (Sarathi-Serve, Agrawal et al. 2024): every iteration first decodes one token for
   each running request, then fills the rest of the token budget with prefill chunks of at most that many
   tokens -- long prompts no longer stall the decodes.
 
-When a sequence needs a block and the pool is empty the scheduler preempts, vLLM's policy: the latest-arrived
-running request goes first (FCFS fairness: the oldest keep their progress). ``preemption="recompute"`` frees
-its blocks and puts it back at the head of the queue to prefill its prompt and what it generated so far again;
+When a sequence needs a block and the pool is empty the scheduler preempts the running request its policy names
+(:mod:`netmorph.serving.policy`; FCFS, vLLM's default: the latest arrival, so the oldest keep their progress).
+``preemption="recompute"`` frees its blocks and puts it back in the queue (FCFS: at its head) to prefill its
+prompt and what it generated so far again;
 ``"swap"`` moves its blocks to a host pool (bytes counted out and back in) and resumes it, before any new
 admission, when blocks free up.
 """
@@ -34,35 +35,14 @@ admission, when blocks free up.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from netmorph.errors import UsageError
 from netmorph.serving.blocks import BlockManager
+from netmorph.serving.policy import POLICIES, policy
+from netmorph.serving.request import Request, RequestStatus, sample_id
 
-
-@dataclass
-class Request:
-    rid: int
-    prompt: list
-    output_len: int
-    arrival: float
-    tokens: list = field(default_factory=list)       # prompt + generated
-    computed: int = 0                                # tokens whose KV is in the cache
-    status: str = "waiting"                          # waiting | running | swapped | finished | rejected
-    first_token_at: float | None = None
-    finished_at: float | None = None
-    swapped: int = 0                                 # blocks it holds in the host pool while swapped out
-    reason: str = ""
-    n: int = 1                                       # parallel samples (vLLM's SamplingParams.n)
-    parent: int | None = None                        # a sample forked from this request id
-
-    @property
-    def generated(self) -> int:
-        return len(self.tokens) - len(self.prompt)
-
-
-def sample_id(rid: int, k: int) -> int:
-    """The id of request ``rid``'s k-th parallel sample (k = 0 is the request itself)."""
-    return rid + k * 1_000_000_000
+__all__ = ["Request", "RequestStatus", "ScheduledItem", "Scheduler", "SchedulerOutput", "ServeConfig", "sample_id"]
 
 
 @dataclass
@@ -77,6 +57,7 @@ class ServeConfig:
     preemption: str = "recompute"     # recompute | swap
     prefix_caching: bool = True
     temperature: float = 0.0
+    scheduling_policy: str = "fcfs"   # a name in netmorph.serving.policy.POLICIES (vLLM's --scheduling-policy)
 
     def check(self) -> None:
         if not 1 <= self.block_size <= 1024:
@@ -89,6 +70,8 @@ class ServeConfig:
             raise UsageError(f"{{kv}} must be paged or contiguous, got {self.kv!r}", "kv")
         if self.preemption not in ("recompute", "swap"):
             raise UsageError(f"{{preemption}} must be recompute or swap, got {self.preemption!r}", "preemption")
+        if self.scheduling_policy not in POLICIES:
+            policy(self.scheduling_policy)           # the one line naming the known policies
         if self.chunked_prefill < 0 or self.chunked_prefill and self.scheduler == "static":
             raise UsageError("{chunked_prefill} needs a token count > 0 and --scheduler continuous",
                              "chunked_prefill")
@@ -96,11 +79,19 @@ class ServeConfig:
             raise UsageError("{max_tokens} must be in 1..2**20 and {max_seqs} in 1..4096", "max_tokens")
 
 
+class ScheduledItem(NamedTuple):
+    """One request's part of an iteration."""
+
+    request: Request
+    tokens: int             # its tokens to compute now (a whole prompt, a prefill chunk, one decode token)
+    slots: list             # each token's KV slot [(block, offset)], allocated
+
+
 @dataclass
 class SchedulerOutput:
     """What to run this iteration (vLLM's ``SchedulerOutputs``)."""
 
-    items: list = field(default_factory=list)       # [(request, tokens to compute now, [(block, offset)] slots)]
+    items: list = field(default_factory=list)       # [ScheduledItem]
     block_ops: list = field(default_factory=list)   # [("out" | "in", request id, blocks)] in the order decided
     copies: list = field(default_factory=list)      # [(src, dst)] copy-on-write, before anything is written
     preempted: list = field(default_factory=list)   # requests preempted while forming this batch
@@ -117,6 +108,7 @@ class Scheduler:
     def __init__(self, cfg: ServeConfig, max_context: int, bytes_per_block: int):
         cfg.check()
         self.cfg = cfg
+        self.policy = policy(cfg.scheduling_policy)
         self.bm = BlockManager(cfg.num_blocks, cfg.block_size, max_context, contiguous=cfg.kv == "contiguous",
                                prefix_caching=cfg.prefix_caching)
         self.bytes_per_block = bytes_per_block
@@ -149,11 +141,20 @@ class Scheduler:
         cached = self.bm.allocate(r.rid, r.tokens)
         self.prefix_cached_tokens += cached
         r.computed = cached
-        r.status = "running"
+        r.status = RequestStatus.RUNNING
         return True
 
+    def _admit_next(self, waiting: list, running: list):
+        """The request the policy tries next, admitted (moved to ``running``), or None."""
+        r = self.policy.next_to_admit(waiting)
+        if r is None or not self._admit(r):
+            return None
+        waiting.remove(r)
+        running.append(r)
+        return r
+
     def _preempt(self, out: SchedulerOutput, running: list, waiting: list, swapped: list) -> None:
-        victim = max(running, key=lambda q: (q.arrival, q.rid))          # vLLM: the latest arrival goes first
+        victim = self.policy.victim(running)
         running.remove(victim)
         out.preempted.append(victim)
         if self.cfg.preemption == "swap":
@@ -162,24 +163,24 @@ class Scheduler:
             victim.swapped = len(blocks)
             self.swap_bytes += len(blocks) * self.bytes_per_block
             self.bm.swap_out(victim.rid)
-            victim.status = "swapped"
+            victim.status = RequestStatus.SWAPPED
             swapped.append(victim)
             self.preemptions["swap"] += 1
         else:
             self.bm.free_seq(victim.rid)
             victim.computed = 0
-            victim.status = "waiting"
-            waiting.insert(0, victim)
+            victim.status = RequestStatus.WAITING
+            self.policy.requeue(waiting, victim)
             self.preemptions["recompute"] += 1
 
     def _swap_in(self, out: SchedulerOutput, swapped: list, running: list) -> None:
         while swapped:
-            r = min(swapped, key=lambda q: (q.arrival, q.rid))
+            r = self.policy.next_to_swap_in(swapped)
             if r.swapped > self.bm.num_free():
                 return
             out.block_ops.append(("in", r.rid, list(self.bm.swap_in(r.rid, r.swapped))))
             self.swap_bytes += r.swapped * self.bytes_per_block
-            r.swapped, r.status = 0, "running"
+            r.swapped, r.status = 0, RequestStatus.RUNNING
             swapped.remove(r)
             running.append(r)
 
@@ -190,8 +191,8 @@ class Scheduler:
         batch, budget = [], cfg.max_tokens
         if cfg.scheduler == "static":
             if not running and not self.frozen:
-                while waiting and len(running) < cfg.max_seqs and self._admit(waiting[0]):
-                    running.append(waiting.pop(0))
+                while len(running) < cfg.max_seqs and self._admit_next(waiting, running):
+                    pass
                 self.batch_prompt = max((len(r.tokens) for r in running), default=0)
                 self.batch_step = 0
             return [(r, len(r.tokens) - r.computed) for r in running]
@@ -202,12 +203,12 @@ class Scheduler:
         if not cfg.chunked_prefill:
             if not swapped and not self.frozen:                # vLLM v0: admit and prefill before decoding
                 admitted = []
-                while (waiting and len(running) < cfg.max_seqs
-                       and (not admitted or len(waiting[0].tokens) <= budget) and self._admit(waiting[0])):
-                    r = waiting.pop(0)
-                    running.append(r)
-                    admitted.append(r)
-                    budget -= len(r.tokens) - r.computed
+                while waiting and len(running) < cfg.max_seqs:
+                    head = self.policy.next_to_admit(waiting)
+                    if admitted and len(head.tokens) > budget or not self._admit_next(waiting, running):
+                        break
+                    admitted.append(head)
+                    budget -= len(head.tokens) - head.computed
                 if admitted:
                     return [(r, len(r.tokens) - r.computed) for r in admitted]
             return [(r, 1) for r in decodes]
@@ -220,10 +221,10 @@ class Scheduler:
             n = min(cfg.chunked_prefill, budget, len(r.tokens) - r.computed)
             batch.append((r, n))
             budget -= n
-        while (budget > 0 and not swapped and not self.frozen and waiting and len(running) < cfg.max_seqs
-               and self._admit(waiting[0])):
-            r = waiting.pop(0)
-            running.append(r)
+        while budget > 0 and not swapped and not self.frozen and len(running) < cfg.max_seqs:
+            r = self._admit_next(waiting, running)
+            if r is None:
+                break
             n = min(cfg.chunked_prefill, budget, len(r.tokens) - r.computed)
             batch.append((r, n))
             budget -= n
@@ -246,14 +247,14 @@ class Scheduler:
                 raise RuntimeError("nothing left to preempt and the batch does not fit (admission should refuse it)")
             self._preempt(out, running, waiting, swapped)
             self.frozen = True
-        out.items = [(r, n, [self.bm.slot(r.rid, r.tokens) for _ in range(n)]) for r, n in batch]
+        out.items = [ScheduledItem(r, n, [self.bm.slot(r.rid, r.tokens) for _ in range(n)]) for r, n in batch]
         out.copies, self.bm.copies = list(self.bm.copies), []
         out.padding = len(self.padding)
         return out
 
     def finish(self, r: Request) -> None:
         """A request is done: its blocks go back to the pool (a static batch keeps its row as padding)."""
-        r.status = "finished"
+        r.status = RequestStatus.FINISHED
         if self.cfg.scheduler == "static":
             self.padding.append(r)
         else:

@@ -11,8 +11,9 @@ at random, except that a ``shared_prefix`` fraction of requests start with one c
 system prompt (prefix caching's case).
 
 File: one JSON object per line, ``{"prompt_len": int, "output_len": int, "arrival_s": float}``
-(optionally ``"prompt": [token ids]``); a malformed line rejects that request with a
-reason and the rest are served.
+(optionally ``"prompt": [token ids]`` and ``"priority": int``, lower served first under
+``--scheduling-policy priority``, default 0, as vLLM's); a malformed line rejects that request
+with a reason and the rest are served.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ def generate(n: int, rate: float, context: int, vocab: int, seed: int = 0, sigma
 
 
 FIELDS = ("prompt_len", "output_len", "arrival_s")
-LINE = '{"prompt_len": int >= 1, "output_len": int >= 1, "arrival_s": seconds >= 0[, "prompt": [token ids]]}'
+LINE = ('{"prompt_len": int >= 1, "output_len": int >= 1, "arrival_s": seconds >= 0[, "prompt": [token ids]]'
+        '[, "priority": int]}')
+OPTIONAL = ("prompt", "priority")
 
 
 def load(path: str, context: int, vocab: int, seed: int = 0) -> tuple[list, list]:
@@ -69,7 +72,7 @@ def load(path: str, context: int, vocab: int, seed: int = 0) -> tuple[list, list
             if missing:
                 raise ValueError(f"the field{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
                                  f"{'are' if len(missing) > 1 else 'is'} missing; a line is {LINE}")
-            unknown = sorted(set(d) - set(FIELDS) - {"prompt"})
+            unknown = sorted(set(d) - set(FIELDS) - set(OPTIONAL))
             if unknown:
                 raise ValueError(f"unknown field {unknown[0]!r}; a line is {LINE}")
             p, o, t = (d[k] for k in FIELDS)
@@ -79,6 +82,9 @@ def load(path: str, context: int, vocab: int, seed: int = 0) -> tuple[list, list
                 raise ValueError("arrival_s must be a number of seconds in 0..1e9")
             if p > 1 << 20:
                 raise ValueError(f"prompt_len {p} is absurd")
+            priority = d.get("priority", 0)
+            if not isinstance(priority, int) or isinstance(priority, bool) or not -(1 << 31) <= priority < 1 << 31:
+                raise ValueError("priority must be an integer (lower is served first)")
             prompt = d.get("prompt")
             if prompt is None:
                 prompt = [int(x) for x in rng.integers(0, vocab, p)]
@@ -88,7 +94,7 @@ def load(path: str, context: int, vocab: int, seed: int = 0) -> tuple[list, list
         except (ValueError, KeyError, TypeError, RecursionError) as e:
             bad.append((k, f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e)))
             continue
-        reqs.append(Request(len(reqs), prompt, o, float(t)))
+        reqs.append(Request(len(reqs), prompt, o, float(t), priority=priority))
     if not reqs:
         first = f"; line {bad[0][0]}: {bad[0][1]}" if bad else ""
         raise UsageError(f"{{workload}} {printable(path)}: no request could be read ({len(bad)} line(s) rejected"
