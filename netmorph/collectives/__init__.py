@@ -2,54 +2,89 @@
 
 Each builder is ``f(world, count, itemsize=4, **options) -> Schedule``; ``build``
 dispatches by name and turns bad requests into :class:`~netmorph.errors.UsageError`.
+Every algorithm is one :class:`Algorithm` record in :data:`REGISTRY` (builder, closed forms, how the planner
+extrapolates it, label, colour); :func:`register` adds one that every command then offers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 
 from netmorph.collectives import allgather, allreduce, alltoall, broadcast, reduce, reduce_scatter
 from netmorph.errors import UsageError
 from netmorph.schedule import Schedule
 
-ALGORITHMS = {
-    "allreduce": {
-        "naive": allreduce.naive,
-        "ring": allreduce.ring,
-        "recursive_doubling": allreduce.recursive_doubling,
-        "rabenseifner": allreduce.rabenseifner,
-        "binomial": allreduce.binomial,
-        "double_binary_tree": allreduce.double_binary_tree,
-        "one_shot": allreduce.one_shot,
-        "two_shot": allreduce.two_shot,
-    },
-    "allgather": {
-        "ring": allgather.ring,
-        "recursive_doubling": allgather.recursive_doubling,
-        "bruck": allgather.bruck,
-    },
-    "reduce_scatter": {
-        "ring": reduce_scatter.ring,
-        "pairwise": reduce_scatter.pairwise,
-        "recursive_halving": reduce_scatter.recursive_halving,
-    },
-    "broadcast": {
-        "naive": broadcast.naive,
-        "binomial": broadcast.binomial,
-        "scatter_ring": broadcast.scatter_ring,
-        "scatter_recursive_doubling": broadcast.scatter_recursive_doubling,
-    },
-    "reduce": {
-        "naive": reduce.naive,
-        "binomial": reduce.binomial,
-    },
-    "alltoall": {
-        "naive": alltoall.naive,
-        "pairwise": alltoall.pairwise,
-        "bruck": alltoall.bruck,
-    },
-}
-OPS = tuple(ALGORITHMS)
+@dataclass(frozen=True)
+class Algorithm:
+    """One collective algorithm, the one record every part reads: ``collective`` and ``bench`` build and run
+    it, the tuner prices it, the planner extrapolates it to groups larger than it simulates, hardware files
+    name it, the report and the tour draw it.
+
+    ``build(world, count, itemsize=4, **options) -> Schedule``; ``form(p, n, alpha, beta, gamma)`` its closed
+    forms (:class:`~netmorph.collectives.formulas.Formula`, or None: the simulator is the reference); ``growth``
+    how its cost grows past the simulated group sizes ("linear": p - 1 steps, a ring's; "log": tree depth);
+    ``planner`` whether the planner considers it by default (NCCL's tuner: ring and double binary tree for an
+    all-reduce)."""
+
+    op: str
+    name: str
+    build: Callable
+    label: str = ""
+    color: str = "#7f7f7f"
+    growth: str = "linear"
+    planner: bool = False
+    form: Callable | None = None
+
+    def closed_form(self, p: int, n: float, alpha: float, beta: float, gamma: float):
+        return self.form(p, n, alpha, beta, gamma) if self.form is not None else None
+
+
+# {op: {name: Algorithm}}, and the builders alone by the same keys (the view most callers index)
+REGISTRY: dict = {}
+ALGORITHMS: dict = {}
+
+
+def register(alg: Algorithm) -> Algorithm:
+    """Make ``alg`` known to every part of netmorph (a builtin's name is refused: pick a new one)."""
+    if alg.name in REGISTRY.get(alg.op, {}):
+        raise ValueError(f"{alg.op} already has an algorithm {alg.name!r}")
+    if alg.growth not in ("linear", "log"):
+        raise ValueError(f"growth must be linear or log, got {alg.growth!r}")
+    label = alg.label or alg.name.replace("_", " ")
+    rec = Algorithm(alg.op, alg.name, alg.build, label, alg.color, alg.growth, alg.planner, alg.form)
+    REGISTRY.setdefault(alg.op, {})[alg.name] = rec
+    ALGORITHMS.setdefault(alg.op, {})[alg.name] = alg.build
+    check_algo.cache_clear()
+    return rec
+
+
+def unregister(op: str, name: str) -> None:
+    """Forget an algorithm (a test's own)."""
+    del REGISTRY[op][name], ALGORITHMS[op][name]
+    check_algo.cache_clear()
+
+
+def algorithm(op: str, name: str) -> Algorithm:
+    """The record of ``name`` for ``op`` (names checked by :func:`check_algo`)."""
+    op = canonical_op(op)
+    return REGISTRY[op][check_algo(op, name)]
+
+
+def planner_algorithms(op: str) -> tuple:
+    """The algorithms the planner prices ``op`` with by default (the cheaper per size, as NCCL's tuner)."""
+    return tuple(a.name for a in REGISTRY[op].values() if a.planner)
+
+
+def _builtin(op, name, fn, color, growth="linear", planner=False):
+    from functools import partial
+
+    from netmorph.collectives.formulas import builtin_form
+    register(Algorithm(op, name, fn, color=color, growth=growth, planner=planner,
+                       form=partial(builtin_form, op, name)))
+
+
 ROOTED = ("broadcast", "reduce")
 
 # nccl-tests' bus-bandwidth factor: busbw = algbw * factor(p)
@@ -134,3 +169,32 @@ def build(op: str, algo: str, world: int, count: int, itemsize: int = 4, root: i
     if op == "alltoall" and splits is not None:
         kw["splits"] = splits
     return fn(world, count, itemsize, **kw)
+
+
+# the colours are matplotlib's tab10, one per all-reduce (the tour's figures put them side by side)
+for _op, _name, _fn, _color, _kw in (
+        ("allreduce", "naive", allreduce.naive, "#999999", {}),
+        ("allreduce", "ring", allreduce.ring, "#1f77b4", {"planner": True}),
+        ("allreduce", "recursive_doubling", allreduce.recursive_doubling, "#ff7f0e", {"growth": "log"}),
+        ("allreduce", "rabenseifner", allreduce.rabenseifner, "#2ca02c", {"growth": "log"}),
+        ("allreduce", "binomial", allreduce.binomial, "#9467bd", {"growth": "log"}),
+        ("allreduce", "double_binary_tree", allreduce.double_binary_tree, "#d62728", {"growth": "log", "planner": True}),
+        ("allreduce", "one_shot", allreduce.one_shot, "#8c564b", {}),
+        ("allreduce", "two_shot", allreduce.two_shot, "#17becf", {}),
+        ("allgather", "ring", allgather.ring, "#1f77b4", {"planner": True}),
+        ("allgather", "recursive_doubling", allgather.recursive_doubling, "#ff7f0e", {"growth": "log"}),
+        ("allgather", "bruck", allgather.bruck, "#2ca02c", {"growth": "log"}),
+        ("reduce_scatter", "ring", reduce_scatter.ring, "#1f77b4", {"planner": True}),
+        ("reduce_scatter", "pairwise", reduce_scatter.pairwise, "#ff7f0e", {}),
+        ("reduce_scatter", "recursive_halving", reduce_scatter.recursive_halving, "#2ca02c", {"growth": "log"}),
+        ("broadcast", "naive", broadcast.naive, "#999999", {}),
+        ("broadcast", "binomial", broadcast.binomial, "#9467bd", {"growth": "log"}),
+        ("broadcast", "scatter_ring", broadcast.scatter_ring, "#1f77b4", {}),
+        ("broadcast", "scatter_recursive_doubling", broadcast.scatter_recursive_doubling, "#ff7f0e", {"growth": "log"}),
+        ("reduce", "naive", reduce.naive, "#999999", {}),
+        ("reduce", "binomial", reduce.binomial, "#9467bd", {"growth": "log"}),
+        ("alltoall", "naive", alltoall.naive, "#999999", {}),
+        ("alltoall", "pairwise", alltoall.pairwise, "#1f77b4", {"planner": True}),
+        ("alltoall", "bruck", alltoall.bruck, "#2ca02c", {"growth": "log"})):
+    _builtin(_op, _name, _fn, _color, **_kw)
+OPS = tuple(ALGORITHMS)

@@ -36,6 +36,14 @@ def _bits(p: int) -> int:
 
 
 def closed_form(op: str, algo: str, p: int, n: float, alpha: float, beta: float, gamma: float) -> Formula | None:
+    """The closed forms of ``algo`` for ``op`` (its registry record's; None: the simulator is the reference)."""
+    from netmorph.collectives import REGISTRY
+    rec = REGISTRY.get(op, {}).get(algo)
+    return rec.closed_form(p, n, alpha, beta, gamma) if rec is not None else None
+
+
+def builtin_form(op: str, algo: str, p: int, n: float, alpha: float, beta: float, gamma: float) -> Formula | None:
+    """The builtin algorithms' closed forms (the sources above)."""
     if p == 1 or n == 0:
         return Formula(0, "0", 0, "0", 0.0, "0")
     a, b, g = alpha, beta, gamma

@@ -4,8 +4,9 @@ Every collective is timed by the foundation's event simulation on the hardware's
 group placed as the mesh places it (tp innermost: a TP group is consecutive devices, a DP group strides by t, a
 PP group by t·d). Time is linear in bytes for a fixed schedule, so each (op, group size, stride) is simulated
 at two sizes once and cached as α_eff + n·β_eff: the planner's search then costs microseconds per
-configuration. An all-reduce takes the cheaper of ring and double binary tree per size, as NCCL's tuner picks
-(or what ``Hardware.allreduce_algorithms`` allows).
+configuration. An operation takes the cheapest per size of the algorithms the registry marks for the planner
+(an all-reduce: ring and double binary tree, as NCCL's tuner picks), or what ``Hardware.allreduce_algorithms``
+names; a group larger than the simulation runs is extrapolated as the record's ``growth`` says.
 """
 
 from __future__ import annotations
@@ -14,17 +15,12 @@ import dataclasses
 import math
 from functools import lru_cache
 
-from netmorph.collectives import build
+from netmorph.collectives import REGISTRY, build, planner_algorithms
 from netmorph.cost.simulate import simulate
 from netmorph.cost.topology import node_of
 from netmorph.planner.hardware import Hardware
 
-ALGOS = {"allreduce": ("ring", "double_binary_tree"), "reduce_scatter": ("ring",), "allgather": ("ring",),
-         "alltoall": ("pairwise",)}
-
-
 SIMULATED = 64            # the largest group the event simulation runs; larger ones are extrapolated from it
-TREES = ("double_binary_tree",)
 
 
 @lru_cache(maxsize=4096)
@@ -49,7 +45,7 @@ def _fit_links(topo, gpus_per_node: int, multi_rail: bool, op: str, algo: str, p
     if p > SIMULATED:
         a1, b1 = _fit_links(topo, gpus_per_node, multi_rail, op, algo, SIMULATED // 2, stride)
         a2, b2 = _fit_links(topo, gpus_per_node, multi_rail, op, algo, SIMULATED, stride)
-        if algo in TREES:
+        if REGISTRY[op][algo].growth == "log":
             steps = math.log2(p) - math.log2(SIMULATED)          # tree depth added (the two sizes differ by 1)
             return a2 + (a2 - a1) * steps, b2 + (b2 - b1) * steps
         per = (a2 - a1) / (SIMULATED - SIMULATED // 2)
@@ -72,7 +68,7 @@ def collective_time(hw: Hardware, op: str, p: int, stride: int, nbytes: float) -
     schedule's steps on the links, and once per call the hardware's ``collective_base_s``."""
     if p <= 1 or nbytes <= 0:
         return 0.0
-    algos = hw.allreduce_algorithms if op == "allreduce" and hw.allreduce_algorithms else ALGOS[op]
+    algos = hw.allreduce_algorithms if op == "allreduce" and hw.allreduce_algorithms else planner_algorithms(op)
     return hw.collective_base_s + min(a + b * nbytes for a, b in (_fit(hw, op, algo, p, stride) for algo in algos))
 
 

@@ -231,25 +231,28 @@ def _check_fields(hw: Hardware, where: str) -> None:
             raise UsageError(f"{{hardware}}: {where}: {k} must be a string, got {getattr(hw, k)!r}", "hardware")
 
 
-ALLREDUCE_ALGORITHMS = ("ring", "double_binary_tree")
-
-
 def _algorithms(names, where: str) -> tuple:
-    """A JSON list of all-reduce algorithm names as a tuple; UsageError for an unknown one."""
-    if not isinstance(names, (list, tuple)) or not all(n in ALLREDUCE_ALGORITHMS for n in names):
+    """A JSON list of all-reduce algorithm names (any the registry holds) as a tuple; UsageError for an
+    unknown one."""
+    from netmorph.collectives import REGISTRY
+    known = REGISTRY["allreduce"]
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) and n in known for n in names):
         raise UsageError(f"{{hardware}}: {where}: allreduce_algorithms must be a list of "
-                         f"{', '.join(ALLREDUCE_ALGORITHMS)} ([]: the cheaper per size), got {names!r}", "hardware")
+                         f"{', '.join(known)} ([]: the cheaper per size), got {names!r}", "hardware")
     return tuple(names)
 
 
 def _table(rows, key: str, where: str) -> tuple:
-    """A JSON [[GFLOP upper bound, efficiency], ...] as an ascending tuple; UsageError for anything else."""
+    """A JSON [[GFLOP upper bound, efficiency], ...] as an ascending tuple ([]: none, the field's default, as a
+    preset dumped to a file has it); UsageError for anything else."""
+    if isinstance(rows, (list, tuple)) and not rows:
+        return ()
     try:
         out = tuple((float(b), float(e)) for b, e in rows)
     except (TypeError, ValueError):
         raise UsageError(f"{{hardware}}: {where}: {key} must be a list of [GFLOP upper bound, efficiency] pairs",
                          "hardware") from None
-    if not out or any(not 0 < e <= 1 or b <= 0 for b, e in out) or list(out) != sorted(out):
+    if any(not 0 < e <= 1 or b <= 0 for b, e in out) or list(out) != sorted(out):
         raise UsageError(f"{{hardware}}: {where}: {key} needs ascending bounds > 0 and efficiencies in (0, 1]",
                          "hardware")
     return out

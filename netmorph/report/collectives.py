@@ -13,11 +13,15 @@ import numpy as np
 from netmorph.files import save_figure
 from netmorph.report.html import Section
 from netmorph.report.table import size_bands
-from netmorph.tour.collectives import ALGOS, MAP_SIZES, SIZES, WORLDS, Collectives, winners
+from netmorph.tour.collectives import MAP_SIZES, SIZES, WORLDS, Collectives, winners
 from netmorph.units import fmt_bytes, fmt_time
 
-COLORS = {"naive": "#999999", "ring": "#1f77b4", "recursive_doubling": "#ff7f0e", "rabenseifner": "#2ca02c",
-          "binomial": "#9467bd", "double_binary_tree": "#d62728", "one_shot": "#8c564b", "two_shot": "#17becf"}
+
+
+def color(name: str, op: str = "allreduce") -> str:
+    """The algorithm's colour (its registry record's)."""
+    from netmorph.collectives import REGISTRY
+    return REGISTRY[op][name].color
 
 
 def build_section(res: Collectives, out_dir) -> Section:
@@ -25,15 +29,15 @@ def build_section(res: Collectives, out_dir) -> Section:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves, maps, preds = res.curves, res.maps, res.flat
+    curves, maps, preds, names = res.curves, res.maps, res.flat, res.algos
     fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
     band_text = {}
     for ax, (label, cv) in zip(axes, curves.items()):
         win = winners(cv)
-        best = np.min(np.array([cv[a] for a in ALGOS]), axis=0)
+        best = np.min(np.array([cv[a] for a in names]), axis=0)
         ax.plot(SIZES, best, color="black", lw=7, alpha=0.12, label="fastest (tuner's pick)")
-        for a in ALGOS:
-            ax.plot(SIZES, cv[a], color=COLORS[a], lw=1.8, label=a)
+        for a in names:
+            ax.plot(SIZES, cv[a], color=color(a), lw=1.8, label=a)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(label, fontsize=10)
@@ -50,26 +54,26 @@ def build_section(res: Collectives, out_dir) -> Section:
     plt.close(fig)
 
     from matplotlib.colors import ListedColormap
-    cmap = ListedColormap([COLORS[a] for a in ALGOS])
+    cmap = ListedColormap([color(a) for a in names])
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     for ax, (name, grid) in zip(axes, maps.items()):
-        ax.imshow(grid, cmap=cmap, vmin=-0.5, vmax=len(ALGOS) - 0.5, aspect="auto", origin="lower")
+        ax.imshow(grid, cmap=cmap, vmin=-0.5, vmax=len(names) - 0.5, aspect="auto", origin="lower")
         ax.set_xticks(range(len(MAP_SIZES)), [fmt_bytes(n).replace(" ", "") for n in MAP_SIZES], rotation=45)
         ax.set_yticks(range(len(WORLDS)), [str(p) for p in WORLDS])
         ax.set_xlabel("message size per rank")
         ax.set_ylabel("world size p (ranks 0..p-1, 8 per node)")
         ax.set_title(f"{name}: fastest all-reduce", fontsize=10)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[a]) for a in ALGOS]
-    fig.legend(handles, ALGOS, loc="lower center", ncol=8, fontsize=8)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=color(a)) for a in names]
+    fig.legend(handles, names, loc="lower center", ncol=8, fontsize=8)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     save_figure(fig, out_dir / "allreduce_winner_map.png")
     plt.close(fig)
 
     # what each algorithm costs in the two hardware-independent quantities
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    axes[0].bar(ALGOS, [p.counts.rounds for p in preds], color=[COLORS[a] for a in ALGOS])
+    axes[0].bar(names, [p.counts.rounds for p in preds], color=[color(a) for a in names])
     axes[0].set_ylabel("rounds on the critical path")
-    axes[1].bar(ALGOS, [p.counts.max_bytes_sent / 2**20 for p in preds], color=[COLORS[a] for a in ALGOS])
+    axes[1].bar(names, [p.counts.max_bytes_sent / 2**20 for p in preds], color=[color(a) for a in names])
     axes[1].set_ylabel("MiB sent by the busiest rank")
     for ax in axes:
         ax.tick_params(axis="x", rotation=30, labelsize=8)
@@ -82,15 +86,15 @@ def build_section(res: Collectives, out_dir) -> Section:
     tp_small, dp_small = curves[tp_label], curves[dp_label]
     one_kib_ratio = dp_small["recursive_doubling"][0] / tp_small["recursive_doubling"][0]
     gib = -1
-    big_ratio = min(dp_small[a][gib] for a in ALGOS) / min(tp_small[a][gib] for a in ALGOS)
+    big_ratio = min(dp_small[a][gib] for a in names) / min(tp_small[a][gib] for a in names)
     rows = "".join(
         f"<tr><td>{a}</td><td>{p.counts.rounds}</td><td>{p.counts.messages}</td>"
         f"<td>{p.counts.max_bytes_sent:,}</td><td>{p.counts.bytes_on_wire:,}</td><td>{fmt_time(p.time)}</td></tr>"
-        for a, p in zip(ALGOS, preds))
+        for a, p in zip(names, preds))
     map_lines = []
     for name, grid in maps.items():
         p64 = WORLDS.index(64)
-        map_lines.append(f"{name}, p = 64: " + size_bands([ALGOS[i] for i in grid[p64]], MAP_SIZES))
+        map_lines.append(f"{name}, p = 64: " + size_bands([names[i] for i in grid[p64]], MAP_SIZES))
     html = f"""
 <p>The same all-reduce, written eight ways as schedules of point-to-point transfers, counted and timed by
 event simulation on a modelled DGX A100 cluster (NVLink 300 GB/s inside a node, 8 × 25 GB/s InfiniBand

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from netmorph.files import save_figure
-from netmorph.report.collectives import COLORS
+from netmorph.report.collectives import color
 from netmorph.report.html import Section
 from netmorph.tour.fabric import EMU_ALGOS, EMU_SIZES, LAB, LOCAL, WORLDS, Fabric
 from netmorph.units import fmt_bytes
@@ -30,7 +30,7 @@ def build_section(res: Fabric, out_dir) -> Section:
         rows = bw[p]
         for a in LOCAL:
             ys = [r["busbw_gbps"] for r in rows if r["algo"] == a and r["backend"] == "local"]
-            ax.plot(sizes, ys, "o-", color=COLORS[a], label=f"netmorph local: {a}")
+            ax.plot(sizes, ys, "o-", color=color(a), label=f"netmorph local: {a}")
         gl = [r["busbw_gbps"] for r in rows if r["backend"] == "torch-native"]
         ax.plot(sizes, gl, "s--", color="black", label="torch.distributed gloo")
         ax.axhline(copy, ls=":", color="gray", lw=2, label="memcpy, one core, out of cache")
@@ -53,7 +53,7 @@ def build_section(res: Fabric, out_dir) -> Section:
     for a in EMU_ALGOS:
         xs = [q[3] * 1e3 for q in pts if q[0] == a]
         ys = [q[2] * 1e3 for q in pts if q[0] == a]
-        ax.scatter(xs, ys, color=COLORS[a], label=a, s=40)
+        ax.scatter(xs, ys, color=color(a), label=a, s=40)
     lim = [0, max(max(q[2], q[3]) for q in pts) * 1e3 * 1.1]
     ax.plot(lim, lim, color="gray", lw=1)
     ax.set_xlabel("predicted by the event simulation (ms)")

@@ -40,7 +40,13 @@ from netmorph.units import numpy_dtype
 HEADER_BYTES = 64
 WORDS = HEADER_BYTES // 8
 OPS = ("p2p", *ALGORITHMS)
-ALGOS = ("p2p", *sorted({a for algos in ALGORITHMS.values() for a in algos}))
+
+
+def algos() -> tuple:
+    """Every algorithm name, a stable order to index (the registry's now: one registered later is there too)."""
+    return ("p2p", *sorted({a for names in ALGORITHMS.values() for a in names}))
+
+
 REDOPS = ("sum", "prod", "max", "min", "none", "avg")
 UNEVEN = -1                      # all-to-all with per-rank split sizes: the count differs by rank
 
@@ -99,7 +105,7 @@ def dtype_code(dtype) -> int:
 
 @lru_cache(maxsize=1024)
 def _template(op: str, algo: str, count: int, dtype, root: int, redop: str, ranks: tuple) -> np.ndarray:
-    return np.array([OPS.index(op) | ALGOS.index(algo) << 8, 0, count, dtype_code(dtype),
+    return np.array([OPS.index(op) | algos().index(algo) << 8, 0, count, dtype_code(dtype),
                      root | len(ranks) << 32, REDOPS.index(redop),
                      zlib.crc32(np.asarray(ranks, dtype=np.int64).tobytes()), 0], dtype=np.int64)
 
@@ -139,7 +145,7 @@ def describe(fp) -> str:
     """``allreduce(ring, 1024 x float32, op=sum, group of 4 #1a2b3c4d, call #3, 4096 B)``."""
     w = [int(x) for x in fp]
     op, algo = w[0] & 0xFF, w[0] >> 8
-    if op >= len(OPS) or algo >= len(ALGOS) or not 0 <= w[5] < len(REDOPS):
+    if op >= len(OPS) or algo >= len(algos()) or not 0 <= w[5] < len(REDOPS):
         return f"something that is not a netmorph message (header words {w})"
     kind, isz = chr(w[3] & 0xFF), w[3] >> 8
     try:
@@ -150,7 +156,7 @@ def describe(fp) -> str:
     count = "uneven" if w[2] == UNEVEN else str(w[2])
     if name == "p2p":
         return f"send/recv({count} x {dtype}, message #{w[1]}" + (f", {w[7]:,} B)" if w[7] else ")")
-    parts = [ALGOS[algo], f"{count} x {dtype}"]
+    parts = [algos()[algo], f"{count} x {dtype}"]
     if name in ("broadcast", "reduce"):
         parts.append(f"root={w[4] & 0xFFFFFFFF}")
     if name in ("allreduce", "reduce", "reduce_scatter"):
