@@ -375,3 +375,35 @@ def test_a_sample_is_the_same_whichever_batch_draws_it_at_any_vocabulary():
         x2, y2 = synthetic_batch(shape, range(2, 4))
         assert torch.equal(x4[:, 2:], x2) and torch.equal(y4[:, 2:], y2)
         assert torch.equal(x4[1:], y4[:-1]) and 0 <= int(x4.min()) and int(x4.max()) < vocab
+
+
+# ---------------------------------------------------------------- the trainer's collectives from config
+
+@pytest.mark.parametrize("kw", [
+    dict(dp=4, algos=dict(dp="binomial")),
+    dict(dp=2, tp=2, algos=dict(dp="rabenseifner", tp="double_binary_tree")),
+    dict(dp=3, dp_mode="naive", algos=dict(dp="two_shot")),
+    dict(dp=2, pp=2, tp=2, algos=dict(tp="recursive_doubling")),
+], ids=["dp4-binomial", "tp2-double-binary-tree-dp2-rabenseifner", "dp3-naive-two-shot", "pp2-tp2-recursive"])
+def test_the_trainers_all_reduces_run_any_registered_algorithm_and_send_its_schedules_bytes(kw):
+    """--dp-algo / --tp-algo: the run equals the 1-rank run (float64), and every rank's dp and tp bytes equal
+    what the algorithm's own schedule sends from that rank (a binomial tree's root sends more than its leaves)."""
+    from netmorph.parallel.algos import CollectiveAlgos
+    kw = dict(kw)
+    algos = CollectiveAlgos(**kw.pop("algos"))
+    out = train(TrainConfig.make(ModelShape(layers=2, hidden=32, heads=4, seq=16, vocab=64), steps=2,
+                                 algos=algos, **kw), check=True)
+    assert out.max_rel_loss_diff <= 1e-12 and out.max_abs_weight_diff <= 1e-12
+    phases = [ph for ph in ("dp", "tp") if ph in out.traffic_exact]
+    assert phases and all(out.traffic_exact[ph] for ph in phases), out.traffic_exact
+    named = [out.formulas[ph] for ph in phases if getattr(algos, ph) != "ring"]
+    assert named and all(algos.dp in f or algos.tp in f for f in named)
+
+
+def test_a_collective_algorithm_the_trainer_cannot_use_is_one_line(capsys):
+    for argv, words in ((["--tp", "2", "--tp-algo", "nope"], "--tp-algo: allreduce has no algorithm 'nope'"),
+                        (["--tp", "2", "--sequence-parallel", "--tp-algo", "binomial"], "drop --sequence-parallel"),
+                        (["--dp", "2", "--zero", "1", "--dp-algo", "binomial"], "drop --zero")):
+        assert main(["train", "--steps", "1", *argv]) == 2
+        err = capsys.readouterr().err
+        assert words in err and len(err.strip().splitlines()) == 1, err

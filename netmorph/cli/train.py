@@ -18,6 +18,7 @@ from netmorph.files import write_json
 
 # library parameters set by a flag of another name (the rest are --name)
 FLAGS = {"micro_batch_size": "--micro-batch-size", "dp_mode": "--dp-mode", "bucket_mb": "--bucket-mb",
+         "dp_algo": "--dp-algo", "tp_algo": "--tp-algo", "sequence_parallel": "--sequence-parallel",
          "top_k": "--top-k", "capacity_factor": "--capacity-factor"}
 BACKENDS = ("local", "torch", "torch-native")
 
@@ -37,6 +38,12 @@ def add_parser(sub) -> None:
     g.add_argument("--dp-mode", default="bucket", choices=("bucket", "naive"),
                    help="DDP-style buckets with backward overlap (default), or one all-reduce per gradient")
     g.add_argument("--bucket-mb", type=float, default=1.0, help="gradient bucket size, MiB (default 1)")
+    from netmorph.collectives import REGISTRY
+    names = ", ".join(REGISTRY["allreduce"])
+    g.add_argument("--dp-algo", default="ring", metavar="ALGO",
+                   help=f"the gradient all-reduce's algorithm: {names} (default ring, NCCL's for large messages)")
+    g.add_argument("--tp-algo", default="ring", metavar="ALGO",
+                   help="the tensor-parallel all-reduces' algorithm, the same names (default ring)")
     g.add_argument("--no-overlap", action="store_true", help="all-reduce buckets after backward, not during it")
     g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (needs tp > 1)")
     g.add_argument("--schedule", default="1f1b", type=pipeline_schedule,
@@ -83,6 +90,7 @@ def add_parser(sub) -> None:
 
 def config_from(args):
     from netmorph.mesh.shape import ModelShape
+    from netmorph.parallel.algos import CollectiveAlgos
     from netmorph.parallel.hybrid import TrainConfig
     job_split(args, ("tp", "pp"), cap=16)
     mbs = args.micro_batch_size
@@ -107,7 +115,8 @@ def config_from(args):
                       sequence_parallel=args.sequence_parallel, schedule=args.schedule, interleave=args.interleave,
                       microbatches=micro if micro is not None else 2, micro_batch_size=mbs, steps=steps,
                       lr=args.lr, dtype=args.dtype, compute_ms=args.compute_ms, trace=bool(args.trace),
-                      start_step=start, checkpoint=ck)
+                      start_step=start, checkpoint=ck,
+                      algos=CollectiveAlgos(dp=args.dp_algo.replace("-", "_"), tp=args.tp_algo.replace("-", "_")))
     cfg.check()
     from netmorph.models.gpt import synthetic_data_bytes
     from netmorph.runtime import budget

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 
 from netmorph.collectives import allgather, allreduce, alltoall, broadcast, reduce, reduce_scatter
+from netmorph.collectives.formulas import builtin_form
 from netmorph.errors import UsageError
 from netmorph.schedule import Schedule
 
@@ -78,9 +79,6 @@ def planner_algorithms(op: str) -> tuple:
 
 
 def _builtin(op, name, fn, color, growth="linear", planner=False):
-    from functools import partial
-
-    from netmorph.collectives.formulas import builtin_form
     register(Algorithm(op, name, fn, color=color, growth=growth, planner=planner,
                        form=partial(builtin_form, op, name)))
 

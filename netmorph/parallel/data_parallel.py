@@ -13,7 +13,8 @@
   microbatches communicates only on the last one (DDP's ``no_sync``).
 
 Every bucket is a multiple of the DP degree, so a ring all-reduce of it sends
-exactly 2(d-1)/d of it per rank (phase ``dp``).
+exactly 2(d-1)/d of it per rank (phase ``dp``). ``algo`` names the all-reduce (ring by default:
+:class:`netmorph.parallel.algos.CollectiveAlgos`).
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ import queue
 import threading
 
 from netmorph.errors import UsageError
+from netmorph.parallel.algos import CollectiveAlgos
 
 
 class DataParallelNaive:
-    def __init__(self, comm, group, flat, phase: str = "dp"):
-        self.comm, self.group, self.flat, self.phase = comm, group, flat, phase
+    def __init__(self, comm, group, flat, phase: str = "dp", algo: str = CollectiveAlgos.dp):
+        self.comm, self.group, self.flat, self.phase, self.algo = comm, group, flat, phase, algo
         self.d = group.size()
 
     def arm(self) -> None:
@@ -41,7 +43,7 @@ class DataParallelNaive:
             for p in reversed(self.flat.params):
                 lo, hi = self.flat.span(p)
                 g = self.flat.grad[lo:hi]
-                self.comm.all_reduce(g, group=self.group, algo="ring")
+                self.comm.all_reduce(g, group=self.group, algo=self.algo)
                 g.div_(self.d)
 
     def close(self) -> None:
@@ -49,10 +51,11 @@ class DataParallelNaive:
 
 
 class DataParallelBucket:
-    def __init__(self, comm, group, flat, bucket_mb: float = 1.0, overlap: bool = True, phase: str = "dp"):
+    def __init__(self, comm, group, flat, bucket_mb: float = 1.0, overlap: bool = True, phase: str = "dp",
+                 algo: str = CollectiveAlgos.dp):
         if bucket_mb <= 0:
             raise UsageError(f"{{bucket_mb}} must be > 0, got {bucket_mb}", "bucket_mb")
-        self.comm, self.group, self.flat, self.phase = comm, group, flat, phase
+        self.comm, self.group, self.flat, self.phase, self.algo = comm, group, flat, phase, algo
         self.d = group.size()
         self.overlap = overlap and self.d > 1
         isz = flat.grad.element_size()
@@ -93,7 +96,7 @@ class DataParallelBucket:
             return
         g = self.flat.grad[lo:hi]
         with self.comm.phase(self.phase):
-            self.comm.all_reduce(g, group=self.group, algo="ring")
+            self.comm.all_reduce(g, group=self.group, algo=self.algo)
         g.div_(self.d)
 
     def _worker(self) -> None:

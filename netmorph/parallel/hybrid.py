@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 import torch
 
 from netmorph.checkpoint import Checkpointing
-from netmorph.collectives import build
 from netmorph.errors import UsageError
 from netmorph.mesh import DeviceMesh
 from netmorph.mesh.layout import Layout
@@ -37,10 +36,10 @@ from netmorph.parallel.pipeline import Executor, check, schedule
 from netmorph.parallel.replica import Replica
 from netmorph.parallel.results import RankReport, RankState
 from netmorph.parallel.state import named_pieces
+from netmorph.parallel.algos import CollectiveAlgos
 from netmorph.parallel.slots import Hooks, device_ms
 from netmorph.parallel.tensor_parallel import TensorParallel
-from netmorph.parallel.traffic import expert_traffic, predicted
-from netmorph.schedule import count
+from netmorph.parallel.traffic import counted_reductions, expert_traffic, predicted
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
@@ -48,7 +47,7 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32}
 # the trainer's own defaults where a Layout's differ: two microbatches of two sequences, DDP's overlapped buckets
 TRAIN_LAYOUT = Layout(global_batch=4, micro_batch_size=2, dp_overlap=True)
 RUN_FIELDS = ("steps", "lr", "dtype", "dp_mode", "bucket_mb", "compute_ms", "device_flops", "trace", "start_step",
-              "router", "checkpoint")
+              "router", "checkpoint", "algos")
 
 
 @dataclass(frozen=True)
@@ -71,6 +70,7 @@ class TrainConfig:
     start_step: int = 0              # the first step's index: the data a resumed (or resharded) run continues on
     router: Router = Router()        # a mixture of experts' routing and auxiliary losses
     checkpoint: Checkpointing = Checkpointing()   # --save / --load (netmorph.checkpoint)
+    algos: CollectiveAlgos = CollectiveAlgos()    # each collective's algorithm (--dp-algo, --tp-algo; ring)
 
     @classmethod
     def make(cls, model: ModelShape | None = None, microbatches: int = 2, micro_batch_size: int = 2,
@@ -112,6 +112,7 @@ class TrainConfig:
             if not (0 <= v <= 100 and math.isfinite(v)) or k == "jitter_eps" and v >= 1:
                 raise UsageError(f"{{{k}}} must be in [0, {1 if k == 'jitter_eps' else 100}), got {v}", k)
         check(schedule(lay.pipeline_schedule, lay.pp, lay.microbatches, lay.interleave), lay.interleave)
+        self.algos.check(self.layout)
         ck = self.checkpoint
         if not 0 <= ck.every <= 1 << 24 or not 0 <= ck.keep <= 1 << 20:
             raise UsageError(f"{{save_every}} and {{keep}} must be >= 0, got {ck.every} and {ck.keep}", "save_every")
@@ -157,7 +158,7 @@ def rank_groups(comm, cfg: TrainConfig) -> RankGroups:
 
 def build_chunks(comm, cfg: TrainConfig, lay: RankGroups):
     """This rank's model chunks: chunk c is virtual stage c·pp + pp_rank."""
-    tp = TensorParallel(comm, lay.tp_group, cfg.layout.sequence_parallel, ep_group=lay.ep_group)
+    tp = TensorParallel(comm, lay.tp_group, cfg.layout.sequence_parallel, ep_group=lay.ep_group, algos=cfg.algos)
     dtype = DTYPES[cfg.dtype]
     chunks = [GPTStage(cfg.model, *cfg.layout.chunk_layers(cfg.model.layers, lay.pp_rank, c), tp, dtype,
                        cfg.router) for c in range(cfg.layout.interleave)]
@@ -180,7 +181,7 @@ def replicas(comm, cfg: TrainConfig, lay: RankGroups, chunks, device) -> list:
     experts = [(r.name, p) for r, p in zip(rows, params) if r.is_expert]
     overlap = overlaps_dp(split, cfg.model)
     kw = dict(zero=split.zero, lr=cfg.lr, dtype=dtype, device=device, dp_mode=cfg.dp_mode,
-              bucket_mb=cfg.bucket_mb)
+              bucket_mb=cfg.bucket_mb, algos=cfg.algos)
     out = [Replica(comm, lay.dp_group, [p for _, p in dense], [n for n, _ in dense], overlap=overlap, **kw)]
     if experts:
         out.append(Replica(comm, lay.edp_group, [p for _, p in experts], [n for n, _ in experts], phase="edp",
@@ -343,12 +344,10 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
     flat = dense.flat
     pred = predicted(cfg, lay.pp_rank, flat.padded, isz, any(c.is_first for c in chunks),
                      any(c.is_last for c in chunks), sum(len(c.blocks) for c in chunks),
-                     sum(p.numel() for p in tp.replicated()), moe_layers=len(moe))
+                     sum(p.numel() for p in tp.replicated()), moe_layers=len(moe), tp_rank=lay.tp_rank)
     if moe:
         pred.update(expert_traffic(cfg, reps[1].flat.padded, lay.edp_group.size(), isz, moe, lay.ep_rank))
-    if not split.zero and split.dp > 1 and cfg.dp_mode == "naive":
-        pred["dp"] = (sum(_ring_sent(p.numel(), lay.dp_group.size(), lay.dp_rank, isz) for p in flat.params),
-                      "Σ over parameters of one ring all-reduce each")
+    pred.update(counted_reductions(cfg, reps, comm.rank, isz))
     return RankReport(comm.rank, split.coords(comm.rank),
                       losses=losses if is_last_stage and lay.tp_rank == 0 else None, step_times=times,
                       step_bounds=bounds, idle_fraction=idle, in_flight_peak=max(peaks), memory_bytes=mem,
@@ -357,10 +356,6 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
                       busy_s=busy, phases_s=phases, ledger=comm.ledger.records if cfg.trace else None,
                       predicted_by_step=routed or None, experts=experts_log or None,
                       checkpoints=saver.log if saver is not None and saver.log else None)
-
-
-def _ring_sent(n: int, g: int, r: int, isz: int) -> int:
-    return int(count(build("allreduce", "ring", g, n, isz)).bytes_sent[r])
 
 
 def _bytes_by_step(ledger, bounds) -> list:
@@ -384,7 +379,7 @@ def _sync_replicated(comm, lay: RankGroups, tp, chunks, flat) -> None:
         spans = [flat.span(p) for p in rep]
         both = torch.cat([flat.grad[lo:hi] for lo, hi in spans])
         with comm.phase("tp.sp-grads"):
-            comm.all_reduce(both, group=lay.tp_group, algo="ring")
+            comm.all_reduce(both, group=lay.tp_group, algo=tp.algos.tp)
         at = 0
         for lo, hi in spans:
             flat.grad[lo:hi].copy_(both[at:at + hi - lo])
@@ -394,4 +389,4 @@ def _sync_replicated(comm, lay: RankGroups, tp, chunks, flat) -> None:
             if hasattr(c, "wte") and (c.is_first or c.is_last):
                 lo, hi = flat.span(c.wte)
                 with comm.phase("pp.emb"):
-                    comm.all_reduce(flat.grad[lo:hi], group=lay.emb_group, algo="ring")
+                    comm.all_reduce(flat.grad[lo:hi], group=lay.emb_group, algo=tp.algos.pair)

@@ -24,16 +24,18 @@ class Replica:
     ZeRO stage ``zero``), stepped by Adam; ``phase`` tags its traffic in the ledger."""
 
     def __init__(self, comm, group, params, names, *, zero: int, lr: float, dtype, device, dp_mode: str = "bucket",
-                 bucket_mb: float = 1.0, overlap: bool = False, phase: str = "dp", scale: float = 1.0):
+                 bucket_mb: float = 1.0, overlap: bool = False, phase: str = "dp", scale: float = 1.0, algos=None):
+        from netmorph.parallel.algos import CollectiveAlgos
+        algos = algos or CollectiveAlgos()
         self.flat = FlatParams(params, pad_to=group.size(), dtype=dtype, names=names)
         self.scale, self.phase = scale, phase
-        self.zero = ZeRO(comm, group, self.flat, zero, lr, phase="zero" if phase == "dp" else f"zero.{phase}") \
-            if zero else None
+        self.zero = ZeRO(comm, group, self.flat, zero, lr, phase="zero" if phase == "dp" else f"zero.{phase}",
+                         algos=algos) if zero else None
         self.adam = None if self.zero else Adam(0, self.flat.padded, lr=lr, dtype=dtype, device=device)
         self.dp = None
         if not self.zero:
-            self.dp = (DataParallelNaive(comm, group, self.flat, phase) if dp_mode == "naive"
-                       else DataParallelBucket(comm, group, self.flat, bucket_mb, overlap, phase))
+            self.dp = (DataParallelNaive(comm, group, self.flat, phase, algos.dp) if dp_mode == "naive"
+                       else DataParallelBucket(comm, group, self.flat, bucket_mb, overlap, phase, algos.dp))
 
     @property
     def optimizer(self) -> Adam:

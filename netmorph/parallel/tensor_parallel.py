@@ -40,7 +40,7 @@ from netmorph.runtime.base import Group
 def _all_reduce(ctx_tp, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
     out = t.detach().contiguous().clone()
     with ctx_tp.comm.phase(ctx_tp.phase):
-        ctx_tp.comm.all_reduce(out, op=op, group=ctx_tp.group, algo="ring")
+        ctx_tp.comm.all_reduce(out, op=op, group=ctx_tp.group, algo=ctx_tp.algos.tp)
     return out
 
 
@@ -49,7 +49,7 @@ def _all_gather_seq(ctx_tp, t: torch.Tensor) -> torch.Tensor:
     t = t.detach().contiguous()
     out = t.new_empty((t.shape[0] * ctx_tp.tp,) + tuple(t.shape[1:]))
     with ctx_tp.comm.phase(ctx_tp.phase):
-        ctx_tp.comm.all_gather_into_tensor(out, t, group=ctx_tp.group, algo="ring")
+        ctx_tp.comm.all_gather_into_tensor(out, t, group=ctx_tp.group, algo=ctx_tp.algos.allgather)
     return out
 
 
@@ -58,7 +58,7 @@ def _reduce_scatter_seq(ctx_tp, t: torch.Tensor) -> torch.Tensor:
     t = t.detach().contiguous()
     out = t.new_empty((t.shape[0] // ctx_tp.tp,) + tuple(t.shape[1:]))
     with ctx_tp.comm.phase(ctx_tp.phase):
-        ctx_tp.comm.reduce_scatter_tensor(out, t, group=ctx_tp.group, algo="ring")
+        ctx_tp.comm.reduce_scatter_tensor(out, t, group=ctx_tp.group, algo=ctx_tp.algos.reduce_scatter)
     return out
 
 
@@ -204,8 +204,10 @@ class TensorParallel:
     ``phase`` tags the ledger.
     """
 
-    def __init__(self, comm, group, sequence_parallel: bool = False, phase: str = "tp", ep_group=None):
+    def __init__(self, comm, group, sequence_parallel: bool = False, phase: str = "tp", ep_group=None, algos=None):
+        from netmorph.parallel.algos import CollectiveAlgos
         self.comm, self.group, self.phase = comm, group, phase
+        self.algos = algos or CollectiveAlgos()    # which all-reduce, all-gather, reduce-scatter (default ring)
         self.ep_group = ep_group if ep_group is not None else Group([comm.rank])   # the experts' all-to-all group
         self.tp = group.size()
         self.rank = group.index[comm.rank]

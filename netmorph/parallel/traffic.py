@@ -30,6 +30,8 @@ parameter buffer (padded to a multiple of d):
 
 from __future__ import annotations
 
+from netmorph.parallel.algos import CollectiveAlgos
+
 
 def ring_allreduce(n: int, g: int, isz: int) -> float:
     return 2 * (g - 1) / g * n * isz if g > 1 else 0.0
@@ -40,8 +42,9 @@ def ring_half(n: int, g: int, isz: int) -> float:
 
 
 def predicted(cfg, lay_pp_rank: int, padded: int, isz: int, first: bool, last: bool, chunks_layers: int,
-              sp_elems: int = 0, moe_layers: int = 0) -> dict:
-    """{phase: (bytes per rank per step, the formula as text)} for this rank."""
+              sp_elems: int = 0, moe_layers: int = 0, tp_rank: int = 0) -> dict:
+    """{phase: (bytes per rank per step, the formula as text)} for this rank (``tp_rank``: its place in its
+    tensor-parallel group, which a non-ring all-reduce's bytes depend on)."""
     m, mb, model = cfg.layout.microbatches, cfg.layout.micro_batch_size, cfg.model
     t, d, p, v = cfg.layout.tp, cfg.layout.dp, cfg.layout.pp, cfg.layout.interleave
     bsh, bs = mb * model.seq * model.hidden, mb * model.seq
@@ -52,7 +55,9 @@ def predicted(cfg, lay_pp_rank: int, padded: int, isz: int, first: bool, last: b
     elif d > 1:
         if cfg.dp_mode == "bucket":
             out["dp"] = (ring_allreduce(padded, d, isz), f"2(d-1)/d·Ψ·B = 2·{d - 1}/{d}·{padded}·{isz}")
-    if t > 1:
+    if t > 1 and cfg.algos.tp != CollectiveAlgos.tp:
+        out["tp"] = _tp_counted(cfg, bsh, bs, isz, m, chunks_layers, moe_layers, first, last, tp_rank)
+    elif t > 1:
         per = 8 * (t - 1) / t * bsh * isz
         dense = chunks_layers - moe_layers            # an MoE layer's experts are whole on every tp rank: only
         total = dense * m * per + moe_layers * m * per / 2          # its attention's 2 all-reduces remain
@@ -78,6 +83,39 @@ def predicted(cfg, lay_pp_rank: int, padded: int, isz: int, first: bool, last: b
         if first or last:
             n = model.vocab // t * model.hidden
             out["pp.emb"] = (ring_allreduce(n, 2, isz), f"V/t·h·B = {n}·{isz}")
+    return out
+
+
+def _tp_counted(cfg, bsh, bs, isz, m, layers, moe_layers, first, last, r) -> tuple:
+    """The tensor-parallel all-reduces' bytes under another algorithm than ring (no sequence parallelism: every
+    one an all-reduce): per microbatch 4 of bsh elements a dense layer, 2 a mixture-of-experts layer, one for
+    the embedding and one for the LM head, 3 of bs for the vocab-parallel loss -- each its schedule's bytes
+    from this rank."""
+    from netmorph.parallel.algos import sent
+    t, algo = cfg.layout.tp, cfg.algos.tp
+    big, small = sent("allreduce", algo, bsh, t, r, isz), sent("allreduce", algo, bs, t, r, isz)
+    n_big = m * (4 * (layers - moe_layers) + 2 * moe_layers + int(first) + int(last))
+    n_small = m * 3 * int(last)
+    return (n_big * big + n_small * small,
+            f"{n_big} {algo} all-reduces of bsh + {n_small} of bs, each its schedule's bytes from this rank "
+            f"= {n_big}·{big} + {n_small}·{small}")
+
+
+def counted_reductions(cfg, reps, rank: int, isz: int) -> dict:
+    """{phase: (bytes, formula)} of each replica's gradient all-reduces where no closed form above holds
+    (``--dp-mode naive``: one per parameter; or another algorithm than ring: one per bucket), each its
+    schedule's bytes from ``rank``'s place in the replica's group."""
+    from netmorph.parallel.algos import sent
+    algo, naive, out = cfg.algos.dp, cfg.dp_mode == "naive", {}
+    for rep, name in zip(reps, ("dp", "edp")):
+        g = rep.dp.group if rep.dp is not None else None
+        if g is None or g.size() < 2 or (not naive and algo == CollectiveAlgos.dp):
+            continue
+        spans = [p.numel() for p in rep.flat.params] if naive else [hi - lo for lo, hi, _ in rep.dp.buckets]
+        r = g.index[rank]
+        out[name] = (sum(sent("allreduce", algo, n, g.size(), r, isz) for n in spans),
+                     f"Σ over {'parameters' if naive else 'buckets'} of one {algo} all-reduce each, its schedule's "
+                     f"bytes from this rank")
     return out
 
 

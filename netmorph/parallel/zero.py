@@ -24,8 +24,10 @@ from netmorph.parallel.flat import Adam
 
 
 class ZeRO:
-    def __init__(self, comm, group, flat, stage: int, lr: float, phase: str = "zero"):
+    def __init__(self, comm, group, flat, stage: int, lr: float, phase: str = "zero", algos=None):
+        from netmorph.parallel.algos import CollectiveAlgos
         self.comm, self.group, self.flat, self.stage, self.phase = comm, group, flat, stage, phase
+        self.algos = algos or CollectiveAlgos()
         self.d = group.size()
         self.r = group.index[comm.rank]
         n = flat.padded // self.d
@@ -50,7 +52,7 @@ class ZeRO:
             return
         self.flat.data.untyped_storage().resize_(self.full_bytes)
         with self.comm.phase(self.phase):
-            self.comm.all_gather_into_tensor(self.flat.data, self.shard, group=self.group, algo="ring")
+            self.comm.all_gather_into_tensor(self.flat.data, self.shard, group=self.group, algo=self.algos.allgather)
         self.gathered = True
 
     def release(self) -> None:
@@ -91,14 +93,15 @@ class ZeRO:
         self.flat.collect_grads()
         with self.comm.phase(self.phase):
             if self.d > 1:
-                self.comm.reduce_scatter_tensor(self.grad_shard, self.flat.grad, group=self.group, algo="ring")
+                self.comm.reduce_scatter_tensor(self.grad_shard, self.flat.grad, group=self.group,
+                                                algo=self.algos.reduce_scatter)
                 self.grad_shard.div_(self.d)
             else:
                 self.grad_shard.copy_(self.flat.grad)
             self.adam.step(self.shard, self.grad_shard)
             if self.stage < 3:
                 if self.d > 1:
-                    self.comm.all_gather_into_tensor(self.flat.data, self.shard, group=self.group, algo="ring")
+                    self.comm.all_gather_into_tensor(self.flat.data, self.shard, group=self.group, algo=self.algos.allgather)
                 else:
                     self.flat.data.copy_(self.shard)
         if self.stage >= 2:

@@ -13,15 +13,9 @@ import numpy as np
 from netmorph.files import save_figure
 from netmorph.report.html import Section
 from netmorph.report.table import size_bands
-from netmorph.tour.collectives import MAP_SIZES, SIZES, WORLDS, Collectives, winners
+from netmorph.tour.collectives import MAP_SIZES, color, SIZES, WORLDS, Collectives, winners
 from netmorph.units import fmt_bytes, fmt_time
 
-
-
-def color(name: str, op: str = "allreduce") -> str:
-    """The algorithm's colour (its registry record's)."""
-    from netmorph.collectives import REGISTRY
-    return REGISTRY[op][name].color
 
 
 def build_section(res: Collectives, out_dir) -> Section:

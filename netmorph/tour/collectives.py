@@ -15,6 +15,12 @@ from netmorph.cost.tuner import predict
 
 
 
+def color(name: str, op: str = "allreduce") -> str:
+    """The algorithm's colour in every figure (its registry record's)."""
+    from netmorph.collectives import REGISTRY
+    return REGISTRY[op][name].color
+
+
 def algos() -> list:
     """Every all-reduce the registry holds (one registered later is drawn too)."""
     return list(ALGORITHMS["allreduce"])
