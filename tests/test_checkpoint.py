@@ -38,8 +38,20 @@ def _cfg(steps, start=0, ck=Checkpointing(), model=MODEL, **lay):
 
 
 def _cli(*argv, env=None, timeout=200):
-    return subprocess.run([sys.executable, "-m", "netmorph", *argv], capture_output=True, text=True, timeout=timeout,
-                          env=env or ENV)
+    """``netmorph ARGV``: in this process (its ranks are processes of their own either way; the suite's time), or
+    in a fresh one where the run needs an environment of its own; (returncode, stdout, stderr)."""
+    if env is not None:
+        return subprocess.run([sys.executable, "-m", "netmorph", *argv], capture_output=True, text=True,
+                              timeout=timeout, env=env)
+    import contextlib
+    import io
+    from types import SimpleNamespace
+
+    from netmorph.cli import main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def test_range_boxes_cover_a_row_major_range_exactly():
