@@ -131,9 +131,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.worker:
         return worker(args.worker)
+    from netmorph.elastic.recovery import recovery_summary
     from netmorph.elastic.restart import restart_all
     from netmorph.elastic.train import train
-    from netmorph.elastic.recovery import recovery_summary
     rows = {"netmorph in place": [], "netmorph restart-all (forked)": [], "torchrun --max-restarts 3": []}
     diffs, starts, restarts = [], [], []
     for i in range(args.repeats):

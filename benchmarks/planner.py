@@ -17,9 +17,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from netmorph.planner.hardware import PRESETS as HARDWARE
 from netmorph.mesh.presets import PRESETS as MODELS
 from netmorph.planner import comm, timing
+from netmorph.planner.hardware import PRESETS as HARDWARE
 from netmorph.planner.search import search
 
 CASES = (("gpt3-175b", "a100-80g", 1024, 1536), ("ptdp-1t", "a100-80g", 3072, 3072),

@@ -21,11 +21,11 @@ import argparse
 import copy
 import math
 
-from netmorph.mesh.shape import ModelShape
-from netmorph.serving import workload
-from netmorph.planner.hardware import PRESETS as HARDWARE
-from netmorph.serving.engine import Engine, ServeConfig
 from netmorph.mesh.presets import PRESETS as MODELS
+from netmorph.mesh.shape import ModelShape
+from netmorph.planner.hardware import PRESETS as HARDWARE
+from netmorph.serving import workload
+from netmorph.serving.engine import Engine, ServeConfig
 from netmorph.serving.roofline import iteration_time
 
 

@@ -7,8 +7,8 @@ a 1T model at 3072 ranks < 60 s, on 2 cores).
 from __future__ import annotations
 
 from netmorph.mesh.layout import Layout
-from netmorph.planner.hardware import PRESETS as HARDWARE
 from netmorph.mesh.presets import PRESETS as MODELS
+from netmorph.planner.hardware import PRESETS as HARDWARE
 from netmorph.simulate import simulate_config
 
 CASES = [   # model, tp, pp, dp, microbatch, global batch, v, goal (s)

@@ -66,6 +66,7 @@ def _rows(path: str) -> list:
 # ---------------------------------------------------------------------------------------------- the workers
 def _model_and_batches():
     import torch
+
     from netmorph.elastic.gpt import MODEL
     from netmorph.models.gpt import GPTStage, synthetic_batch
     torch.set_num_threads(1)
@@ -82,6 +83,7 @@ def _model_and_batches():
 def ddp_worker(out: str, kill_step: int, victim: int, every: int) -> None:
     """A torchrun worker of the DDP job; with ``every`` > 0 it checkpoints and resumes (restart-all)."""
     import datetime
+
     import torch
     import torch.distributed as dist
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -122,6 +124,7 @@ def ddp_worker(out: str, kill_step: int, victim: int, every: int) -> None:
 def torchft_worker(out: str, kill_step: int, victim_group: int, victim_local: int, groups: int) -> None:
     """A torchrun worker of one torchft replica group."""
     import datetime
+
     import torch
     import torch.distributed as dist
     from torchft import Manager

@@ -9,14 +9,14 @@ function that returns a :class:`~netmorph.schedule.Schedule`, and that one
 object is validated, executed, counted and timed.
 """
 
-from netmorph.errors import UsageError
-from netmorph.schedule import Counts, Round, Schedule, count, execute
 from netmorph.collectives import ALGORITHMS, OPS, build
-from netmorph.cost.topology import Topology, load_topology
 from netmorph.cost.simulate import simulate
+from netmorph.cost.topology import Topology, load_topology
+from netmorph.errors import UsageError
 from netmorph.mesh import Mesh
 from netmorph.runtime import Fault, LaunchError, init_from_env, launch
 from netmorph.runtime.base import ReduceOp
+from netmorph.schedule import Counts, Round, Schedule, count, execute
 from netmorph.version import __version__
 
 __all__ = [

@@ -50,15 +50,14 @@ import itertools
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from dataclasses import replace
-
 from netmorph.mesh.layout import Layout
-from netmorph.planner.hardware import PRESETS as HARDWARE
-from netmorph.planner.memory import memory
 from netmorph.mesh.presets import PRESETS as MODELS
 from netmorph.mesh.shape import ModelShape
+from netmorph.planner.hardware import PRESETS as HARDWARE
+from netmorph.planner.memory import memory
 from netmorph.planner.search import check, estimate, search
 
 ZERO_TABLE1 = {   # (Psi, N_d): (P_os, P_os+g, P_os+g+p) in GB

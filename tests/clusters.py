@@ -10,7 +10,6 @@ import tempfile
 
 import pytest
 
-
 # the temporary folder of every launch these tests start (TMPDIR), this test process's own: what one test leaves
 # is not confused with what a test running beside it (pytest -n) has in flight
 ROOT = tempfile.mkdtemp(prefix="netmorph-cluster-tests-")

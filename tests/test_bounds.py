@@ -46,6 +46,7 @@ def test_the_footprint_is_a_fit_to_measurements_that_holds_at_a_larger_world():
     """Pilots at 128 and 256 ranks extrapolated to 1024 against the schedule built and timed there: two-shot's
     p² arrays within a factor of two of what tracemalloc sees, never under half."""
     import tracemalloc
+
     from netmorph.cost.tuner import predict
     topo = load_topology("flat")
     est, _ = footprint("allreduce", "two_shot", 1024, 4, topo)

@@ -14,8 +14,8 @@ from netmorph.calibrate.run import calibrate
 from netmorph.cli import main
 from netmorph.mesh.layout import Layout
 from netmorph.mesh.shape import ModelShape
-from netmorph.planner.hardware import PROFILE_FORMAT, load_hardware
 from netmorph.planner.hardware import PRESETS as HW
+from netmorph.planner.hardware import PROFILE_FORMAT, load_hardware
 from netmorph.planner.timing import step_time
 
 pytestmark = pytest.mark.timeout(120)

@@ -85,6 +85,7 @@ def test_the_device_script_writes_what_a_gpu_measured_into_the_presets(tmp_path)
     """scripts/device_check.py's report of a GPU run (its shape, as calibrate under torchrun --preset writes the
     profile) becomes measured.json's entry; a CPU run's report has nothing for the presets and is refused."""
     import importlib.util
+
     from netmorph.planner.hardware import MEASURED_FILE, with_measured
     spec = importlib.util.spec_from_file_location("device_check", MEASURED_FILE.parents[2] / "scripts" /
                                                   "device_check.py")
@@ -117,6 +118,7 @@ def test_the_gpu_measurement_bins_what_it_timed():
     """calibrate.gpu on the CPU, shrunk (what it measures on a GPU under torchrun --preset): every GEMM shape
     timed against the peak given, binned by GFLOP as the presets' gemm_table; the attention core beside it."""
     import torch
+
     from netmorph.calibrate import gpu
     shapes = gpu.shapes((64,), (8,))[:4]
     assert all(m == 64 for m, _, _ in shapes) and len(gpu.shapes()) > 50         # the published models' layers

@@ -15,9 +15,11 @@ import tempfile
 import time
 
 import pytest
-
-from clusters import (ENV, ROOT, launch_cli as _launch, leftovers as _leftovers,
-                      netmorph_processes as _netmorph_processes, temporaries as _tmp)
+from clusters import ENV, ROOT
+from clusters import launch_cli as _launch
+from clusters import leftovers as _leftovers
+from clusters import netmorph_processes as _netmorph_processes
+from clusters import temporaries as _tmp
 
 from netmorph.cli import main
 
@@ -125,8 +127,10 @@ def test_a_whole_node_killed_is_found_and_the_others_go_on(monkeypatch):
 
 def _cascade(rank, world, path, q):
     import datetime
+
     import torch
     import torch.distributed as dist
+
     from netmorph.runtime.transport.torchgroup import EpochGroup
     store = dist.FileStore(path, world)
     g = EpochGroup(store, 0, range(world), rank, 30.0)
@@ -186,10 +190,10 @@ def test_a_lighthouse_restarted_mid_run_is_re_derived_from_the_members(tmp_path)
     """A member's connection outlives its lighthouse: restarted on the same port, the next call reconnects and
     writes back what the member knows -- its process, the views it agreed -- so a view agreed before the restart
     is still there after it."""
+    from netmorph.elastic.heartbeat import publish_pid
     from netmorph.elastic.launcher import free_port
     from netmorph.elastic.lighthouse import LighthouseStore
     from netmorph.elastic.membership import Rendezvous
-    from netmorph.elastic.heartbeat import publish_pid
     port = free_port()
 
     def serve():

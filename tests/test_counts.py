@@ -2,12 +2,11 @@
 
 import numpy as np
 import pytest
+from cases import ALL
 
 from netmorph.collectives import ALGORITHMS, build
 from netmorph.collectives.formulas import closed_form
 from netmorph.schedule import count
-
-from cases import ALL
 
 MiB = 1 << 20
 

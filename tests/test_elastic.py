@@ -329,6 +329,7 @@ def _beat_as(path, rank, interval, stop_after):
     """A worker: say which process it is, beat every ``interval``, and after ``stop_after`` seconds either stop
     itself (SIGSTOP: hung) or, with a negative value, say it is done and idle on."""
     import torch.distributed as dist
+
     from netmorph.elastic import publish_pid
     store = dist.FileStore(path, -1)
     publish_pid(store, rank)
@@ -372,6 +373,7 @@ def test_the_watchdog_fences_a_hung_worker_and_leaves_a_finished_one(tmp_path):
 def _lose(comm, victim: int) -> None:
     """Slot ``victim`` SIGKILLs itself; the others' next all-reduce fails with PeerLost (the fabric marks it dead)."""
     import numpy as np
+
     from netmorph.runtime.transport import PeerLost
     if comm.slot == victim:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -467,6 +469,7 @@ def test_the_gpt_trainer_goes_on_when_rank_0_dies_and_a_joiner_grows_it_equal_to
     # the same kill recovered as Horovod Elastic (back to the commit of step 0, every 4) and as torchrun (every
     # worker restarted from the checkpoint of step 0 on disk): 4 steps redone each, the same model at the end
     import numpy as np
+
     from netmorph.elastic import gpt
     from netmorph.elastic.recovery import compare
     runs = compare(cfg, 4, inplace=out)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from netmorph.collectives import ALGORITHMS, build
-from netmorph.schedule import count
 from netmorph.runtime.launch import launch
+from netmorph.schedule import count
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -493,9 +493,11 @@ def test_a_restarted_torchrun_attempt_never_reads_the_dead_attempts_keys(monkeyp
     restarted worker's gloo cannot read the dead attempt's addresses (it did: connection refused, and the job
     restarted again until a race let it through)."""
     import datetime
+
     import torch.distributed as dist
-    from netmorph.runtime.torchrun import attempt_store
+
     from netmorph.elastic.launcher import free_port
+    from netmorph.runtime.torchrun import attempt_store
     port = free_port()
     host = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=10))
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "RANK": "1",

@@ -74,7 +74,7 @@ def test_exception_traceback_reaches_the_caller(no_leaks):
     with pytest.raises(LaunchError) as e:
         launch(_bad, 3, timeout=10)
     msg = str(e.value)
-    assert msg.splitlines()[0].endswith("rank 2 (pid %d): KeyError: 'missing'" % e.value.root.pid)
+    assert msg.splitlines()[0].endswith(f"rank 2 (pid {e.value.root.pid}): KeyError: 'missing'")
     assert "traceback of rank 2" in msg and "_bad" in msg
 
 
@@ -139,7 +139,8 @@ def test_ctrl_c_releases_every_rank(tmp_path):
 def test_root_cause_comes_from_the_blamed_field_not_the_message():
     """When every rank only timed out, the rank most of them blame is the root cause -- read from the
     PeerTimeout's rank, not from digits in its text (a 1 s timeout once blamed rank 1)."""
-    from netmorph.runtime.failure import RankFailure, root_cause_first as _order
+    from netmorph.runtime.failure import RankFailure
+    from netmorph.runtime.failure import root_cause_first as _order
     def timeout(rank, peer):
         return RankFailure(rank, 100 + rank, 1, "PeerTimeout", f"timed out after 1 s waiting for rank {peer} "
                            "(no data arrived)", when=float(rank), blames=peer)

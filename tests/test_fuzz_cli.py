@@ -9,11 +9,10 @@ deadlock; a stopped rank must be named as the root cause.
 
 import random
 
+import fuzz
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import fuzz
 
 FLAGS = [f for f in fuzz.flags() if f[0] not in fuzz.PROCESSES]
 # launch's and the lighthouse's flags: each a process tree of its own (seconds a case), so each once, below

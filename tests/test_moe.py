@@ -6,8 +6,16 @@ import pytest
 import torch
 
 from netmorph.cli import main
-from netmorph.moe import (MoEConfig, capacity, exact_drop_fraction, keep_mask, load_balancing_loss,
-                          simulated_drop_fraction, train, z_loss)
+from netmorph.moe import (
+    MoEConfig,
+    capacity,
+    exact_drop_fraction,
+    keep_mask,
+    load_balancing_loss,
+    simulated_drop_fraction,
+    train,
+    z_loss,
+)
 
 
 @pytest.mark.parametrize("experts,k", [(2, 1), (4, 1), (4, 2), (8, 2), (8, 3)])

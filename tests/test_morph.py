@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from netmorph.mesh.shape import ModelShape
-from netmorph.mesh.layout import Layout
 from netmorph.mesh.elements import element_map, global_ids
+from netmorph.mesh.layout import Layout
+from netmorph.mesh.shape import ModelShape
 from netmorph.morph.layouts import train_config
 from netmorph.morph.reshard import KINDS, execute, gather_reference, matches, plan
 from netmorph.parallel.hybrid import train_rank
@@ -175,6 +175,7 @@ def test_a_joining_node_is_sent_what_it_needs_and_the_run_continues():
 
 def test_a_longer_context_copies_the_position_rows_and_starts_their_moments_at_zero():
     from dataclasses import replace
+
     from netmorph.morph.layouts import grow_sources
     long = replace(MODEL, seq=3 * MODEL.seq)
     src, a, b = grow_sources(MODEL, long), global_ids(MODEL), global_ids(long)
@@ -192,6 +193,7 @@ def test_reshard_into_a_longer_context_equals_the_one_rank_run():
     bytes are the ledger's, every element is the gathered state's (copied rows, zero moments), and two more steps
     give the losses and weights of one rank doing the same (float64, 1e-9)."""
     from dataclasses import replace
+
     from netmorph.morph.reshard import matches, restore
     from netmorph.parallel.state import assemble
     long = replace(MODEL, seq=2 * MODEL.seq)
@@ -214,8 +216,9 @@ def test_reshard_into_a_longer_context_equals_the_one_rank_run():
 
 @pytest.mark.timeout(120)
 def test_cli_morph_reshard_json_and_bad_input(capsys):
-    from netmorph.cli import main
     import json
+
+    from netmorph.cli import main
     assert main(["morph", "reshard", "--world", "4", "--from", "pp2,dp2", "--to", "tp2,dp2,zero1", "--steps", "1",
                  "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -2,12 +2,12 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from cases import ALL
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from netmorph.collectives import ALGORITHMS, build
 from netmorph.schedule import execute
-
-from cases import ALL
 
 WORLDS = list(range(1, 18)) + [24, 32, 33]
 REDUCE = {"sum": np.sum, "max": np.max, "min": np.min}

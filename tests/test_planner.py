@@ -8,10 +8,10 @@ import pytest
 from netmorph.cli import main
 from netmorph.errors import UsageError
 from netmorph.mesh.layout import Layout
-from netmorph.planner.hardware import PRESETS as HW
-from netmorph.planner.memory import activation_bytes_per_layer, memory
 from netmorph.mesh.presets import PRESETS, from_args
 from netmorph.mesh.shape import ModelShape
+from netmorph.planner.hardware import PRESETS as HW
+from netmorph.planner.memory import activation_bytes_per_layer, memory
 from netmorph.planner.search import check, estimate, search
 
 A100 = HW["a100-80g"]

@@ -7,13 +7,13 @@ import pytest
 
 from netmorph.cli import main
 from netmorph.errors import UsageError
-from netmorph.planner import comm, timing
-from netmorph.mesh.layout import Layout
 from netmorph.mesh.configs import from_deepspeed_config, from_hf_config, from_megatron_args
-from netmorph.planner.hardware import PRESETS as HW
-from netmorph.planner.memory import activation_bytes_per_layer, memory, params_on_device, stage_activations
+from netmorph.mesh.layout import Layout
 from netmorph.mesh.presets import PRESETS
 from netmorph.mesh.shape import ModelShape
+from netmorph.planner import comm, timing
+from netmorph.planner.hardware import PRESETS as HW
+from netmorph.planner.memory import activation_bytes_per_layer, memory, params_on_device, stage_activations
 from netmorph.planner.search import check, estimate, search
 
 H100, A100 = HW["h100-80g"], HW["a100-80g"]

@@ -2,10 +2,10 @@
 
 import copy
 import json
-from pathlib import Path
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch

@@ -1,14 +1,13 @@
 """The event simulation: closed forms on a flat topology, the port model, two-level links, the tuner."""
 
 import pytest
+from cases import ALL
 
 from netmorph.collectives import build
 from netmorph.collectives.formulas import closed_form
 from netmorph.cost.simulate import simulate
 from netmorph.cost.topology import PRESETS, Topology
 from netmorph.cost.tuner import choose, predict
-
-from cases import ALL
 
 A, B, G = 2e-6, 1e-9, 0.25e-9
 FLAT = PRESETS["flat"].with_flat(A, B, G)

@@ -8,10 +8,10 @@ import pytest
 
 from netmorph.cli import main
 from netmorph.mesh.layout import Layout
-from netmorph.planner.hardware import PRESETS as HARDWARE
-from netmorph.planner.memory import memory
 from netmorph.mesh.presets import PRESETS as MODELS
 from netmorph.mesh.shape import ModelShape
+from netmorph.planner.hardware import PRESETS as HARDWARE
+from netmorph.planner.memory import memory
 from netmorph.planner.search import check, estimate
 from netmorph.simulate import Costs, lend_bubble, simulate_config, simulate_step
 

@@ -17,12 +17,12 @@ from netmorph.cli import json_text, main
 from netmorph.errors import UsageError
 from netmorph.mesh.shape import ModelShape
 from netmorph.models.gpt import TABLE_VOCAB, synthetic_batch
-from netmorph.parallel.hybrid import TrainConfig, train_rank
-from netmorph.parallel.pipeline import check, schedule
 from netmorph.parallel.baseline import compare
-from netmorph.planner.memory import stage_params, trainer_memory
+from netmorph.parallel.hybrid import TrainConfig, train_rank
 from netmorph.parallel.phases import PHASES, split_step
+from netmorph.parallel.pipeline import check, schedule
 from netmorph.parallel.run import reference, summarise, train
+from netmorph.planner.memory import stage_params, trainer_memory
 from netmorph.runtime import Fault, LaunchError, launch
 from netmorph.runtime.ledger import Record
 

@@ -1,7 +1,7 @@
 import pytest
 
-from netmorph.errors import UsageError
 from netmorph.collectives import bandwidths
+from netmorph.errors import UsageError
 from netmorph.units import parse_size, parse_size_range
 
 

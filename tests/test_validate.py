@@ -1,13 +1,12 @@
 """The validator catches broken schedules: each mutation of a correct one names its round."""
 
 import pytest
+from cases import ALL
 
 from netmorph.collectives import build
 from netmorph.collectives.base import layout
 from netmorph.schedule import COPY, REDUCE, Round
 from netmorph.schedule.validate import ScheduleError
-
-from cases import ALL
 
 
 @pytest.mark.parametrize("op,algo", ALL)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from netmorph.errors import UsageError
-from netmorph.mesh import Layout, Mesh, ModelShape, PRESETS
+from netmorph.mesh import PRESETS, Layout, Mesh, ModelShape
 from netmorph.mesh.placement import Replicate, Shard, parameters, rank_parameters, table
 
 ROOT = Path(__file__).resolve().parent.parent / "netmorph"

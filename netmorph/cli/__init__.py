@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
 import json
 import math
 import os
@@ -262,15 +263,16 @@ def _subparsers(p: argparse.ArgumentParser):
     return next((a for a in p._actions if isinstance(a, argparse._SubParsersAction)), None)
 
 
+COMMANDS = ("collective", "bench", "train", "moe", "elastic", "serve", "failures", "sgd", "plan", "simulate", "morph",
+            "calibrate", "validate", "tour", "mesh", "lighthouse", "launch")
+
+
 def build_parser() -> Parser:
-    from netmorph.cli import (bench, calibrate, collective, elastic, failures, launch, lighthouse, mesh, moe, morph,
-                              plan, serve, sgd, simulate, tour, train, validate)
     p = Parser(prog="netmorph", description="See, measure and run the distributed system under a large model.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
-    for mod in (collective, bench, train, moe, elastic, serve, failures, sgd, plan, simulate, morph, calibrate,
-                validate, tour, mesh, lighthouse, launch):
-        mod.add_parser(sub)
+    for name in COMMANDS:                      # each netmorph.cli.<name> adds its subcommand, in --help's order
+        importlib.import_module(f"netmorph.cli.{name}").add_parser(sub)
     for parser in sub.choices.values():        # every numeric flag: finite, bounded, one-line refusals
         for action in parser._actions:
             if action.type is float:

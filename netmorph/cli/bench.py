@@ -270,8 +270,8 @@ def _tables(args, op, sizes, algos, compare, no_torch, topo, copy_bw, measure_al
 
 def _finish(r, op, topo, copy_bw, world):
     """The prediction and the share of a memory copy beside one measured row."""
-    from netmorph.cost.tuner import auto_algo, predict
     from netmorph.cost.topology import PRESETS
+    from netmorph.cost.tuner import auto_algo, predict
     from netmorph.units import numpy_dtype
     itemsize = numpy_dtype(r["type"]).itemsize
     if r["algo"] == "auto":

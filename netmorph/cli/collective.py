@@ -11,12 +11,13 @@ import sys
 
 from netmorph.cli import int_in, print_json
 from netmorph.collectives import ROOTED, canonical_op, check_request
-from netmorph.cost.topology import PRESETS, load_topology
 from netmorph.cost.record import record
+from netmorph.cost.topology import PRESETS, load_topology
 from netmorph.cost.tuner import choose, predict
 from netmorph.errors import UsageError
 from netmorph.report.table import PREDICTED, format_formula, size_bands
-from netmorph.report.table import header as table_header, row as table_row
+from netmorph.report.table import header as table_header
+from netmorph.report.table import row as table_row
 from netmorph.units import DTYPES, parse_dtype, parse_size, parse_size_range
 
 # library parameters set by a flag of another name (the rest are --name)

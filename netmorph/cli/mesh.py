@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from netmorph.cli import int_in, print_json
 from netmorph.mesh import DIMS, Mesh
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 
-
 from netmorph.cli import action_only, add_timeout, check_action, float_in, int_in, job_split, plot_file, print_json
 from netmorph.cli.checkpoints import AlreadyTrained, add_checkpoint_arguments, checkpoint_start
 from netmorph.errors import require

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import sys
 from dataclasses import replace
-import statistics
 
-from netmorph.cli import (action_only, add_timeout, check_action, float_in, int_in, link_mbps, plot_file,
-                          print_json)
+from netmorph.cli import action_only, add_timeout, check_action, float_in, int_in, link_mbps, plot_file, print_json
 from netmorph.cli.cluster import add_cluster_flags, in_cluster
 from netmorph.errors import UsageError
 
@@ -151,8 +150,15 @@ def _control(args) -> int:
 
 
 def _control_on(args, cluster) -> int:
-    from netmorph.morph.controller import (Trainer, check_run, parse_scenario, relaunch_seconds, run_adaptive,
-                                           run_static, twin_of)
+    from netmorph.morph.controller import (
+        Trainer,
+        check_run,
+        parse_scenario,
+        relaunch_seconds,
+        run_adaptive,
+        run_static,
+        twin_of,
+    )
     from netmorph.morph.members import membership_changes
     from netmorph.morph.scenario import LOSSES
     world = 8 if args.world is None else args.world

@@ -126,9 +126,9 @@ def _common(args):
     """The model and the hardware the flags name; a config file's split settings are folded into ``args``
     (a flag given on the command line wins) and the settings the planner does not model are printed."""
     from netmorph.mesh.configs import from_deepspeed_config, from_hf_config, from_megatron_args
-    from netmorph.planner.hardware import load_hardware
     from netmorph.mesh.presets import MEGATRON_DEFAULTS, from_args
     from netmorph.mesh.shape import ModelShape
+    from netmorph.planner.hardware import load_hardware
     sources = [k for k in ("model", "model_config", "megatron_args") if getattr(args, k, None)]
     if len(sources) > 1:
         raise UsageError("give one of --model, --model-config and --megatron-args (flags override its fields)")

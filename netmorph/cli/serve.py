@@ -145,11 +145,11 @@ def _roofline(args) -> int:
 def _serve(args) -> int:
     from netmorph.errors import require
     require("torch", "netmorph serve")
+    from netmorph.mesh.layout import Layout
+    from netmorph.mesh.presets import check_shape
     from netmorph.mesh.shape import ModelShape
     from netmorph.serving import workload
     from netmorph.serving.engine import Engine, ServeConfig, check_deployment
-    from netmorph.mesh.layout import Layout
-    from netmorph.mesh.presets import check_shape
     # the model's shape and the tp split by the rules training and the planner use (one source of each)
     model = check_shape(ModelShape(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.context,
                                    vocab=args.vocab))
@@ -314,8 +314,8 @@ def _backend() -> str:
 
 
 def _tensor_parallel(args, model, cfg, reqs, bad) -> int:
-    from netmorph.serving.tp import serve_tensor_parallel
     from netmorph.cli.progress import Bar
+    from netmorph.serving.tp import serve_tensor_parallel
     with Bar("serve") as bar, bar.task(f"tensor parallel on {args.tp} ranks"):
         out = serve_tensor_parallel(model, cfg, reqs, args.tp, _time_model(args.time_model)[0], timeout=args.timeout,
                                     backend=_backend())
@@ -343,8 +343,8 @@ def _time_model(text: str):
     'measured'."""
     if text == "measured":
         return None, None, None
-    from netmorph.planner.hardware import PRESETS as HARDWARE
     from netmorph.mesh.presets import PRESETS as MODELS
+    from netmorph.planner.hardware import PRESETS as HARDWARE
     from netmorph.serving.roofline import iteration_time
     name, _, hw = text.partition("@")
     m, h = MODELS[name], HARDWARE[hw]

@@ -130,7 +130,6 @@ def format_rows(rows):
 
 def run(args) -> int:
     from netmorph.cli.progress import Bar
-
     from netmorph.consistency import MODES, compare
     from netmorph.consistency import run as run_mode
     cfg = config_from(args)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from netmorph.cli import print_json, trace_file
 from netmorph.errors import UsageError
 

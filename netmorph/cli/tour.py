@@ -16,7 +16,6 @@ from pathlib import Path
 from netmorph.errors import UsageError
 from netmorph.files import output_problem, printable, probe_writable
 
-
 # (section, what its progress bar says): netmorph.tour.<section> runs it, netmorph.report.<section> draws it
 PLAN = (("collectives", "collectives: simulating schedules"),
         ("fabric", "real ranks: measuring processes"),
@@ -43,9 +42,8 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from rich.console import Console
 
-    from netmorph.cli.progress import Bar
-
     from netmorph import report, tour
+    from netmorph.cli.progress import Bar
     from netmorph.report.html import Section, write_page
     from netmorph.version import __version__
 

@@ -13,8 +13,8 @@ import sys
 from netmorph.cli import add_timeout, float_in, int_in, job_split, pipeline_schedule, print_json, trace_file
 from netmorph.cli.checkpoints import AlreadyTrained, add_checkpoint_arguments, checkpoint_start
 from netmorph.errors import UsageError, require
-from netmorph.runtime.env import torchrun_rank, torchrun_world
 from netmorph.files import write_json
+from netmorph.runtime.env import torchrun_rank, torchrun_world
 
 # library parameters set by a flag of another name (the rest are --name)
 FLAGS = {"micro_batch_size": "--micro-batch-size", "dp_mode": "--dp-mode", "bucket_mb": "--bucket-mb",

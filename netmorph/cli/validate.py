@@ -3,7 +3,6 @@ for it from a profile of the same ranks measured first (``netmorph calibrate``).
 
 from __future__ import annotations
 
-
 from netmorph.cli import add_timeout, int_in, print_json
 from netmorph.errors import UsageError, require
 

@@ -17,6 +17,7 @@ from netmorph.collectives.formulas import builtin_form
 from netmorph.errors import UsageError
 from netmorph.schedule import Schedule
 
+
 @dataclass(frozen=True)
 class Algorithm:
     """One collective algorithm, the one record every part reads: ``collective`` and ``bench`` build and run

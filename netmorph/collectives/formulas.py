@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 from netmorph.collectives.base import ceil_log2, pof2_floor
 
-
 SIMULATED = "— (p not a power of two: ranks idle unevenly; the simulator is the reference)"
 
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from netmorph.errors import UsageError
 from netmorph.consistency.problems import MODELS
+from netmorph.errors import UsageError
 from netmorph.runtime.launch import TIMEOUT_RANGE
 
 MODES = ("bsp", "async", "ssp", "hogwild", "local")

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from netmorph.consistency.common import MODES, Config
-from netmorph.runtime.progress import ProgressCounter
 from netmorph.consistency.problems import make
+from netmorph.runtime.progress import ProgressCounter
 
 SYSTEMS = {
     "bsp": "PyTorch DDP / Horovod: all-reduce every step",

@@ -78,7 +78,7 @@ class Topology:
     def node_of(self, devices: np.ndarray) -> np.ndarray:
         return node_of(np.asarray(devices, dtype=np.int64), self.gpus_per_node)
 
-    def with_flat(self, alpha=None, beta=None, gamma=None) -> "Topology":
+    def with_flat(self, alpha=None, beta=None, gamma=None) -> Topology:
         """A copy with α, β, γ overridden (flat topologies only keep one link class)."""
         d = asdict(self)
         if alpha is not None:

@@ -52,7 +52,7 @@ class Placement:
         return self.nodes * self.local_world
 
     @classmethod
-    def from_env(cls, node: int, nodes: int) -> "Placement":
+    def from_env(cls, node: int, nodes: int) -> Placement:
         """From torchrun's environment (LOCAL_RANK, LOCAL_WORLD_SIZE, TORCHELASTIC_RESTART_COUNT)."""
         if not 1 <= nodes <= 1024:
             raise UsageError(f"{{nodes}} must be in 1..1024, got {nodes}", "nodes")

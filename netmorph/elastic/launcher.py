@@ -109,7 +109,7 @@ class Cluster:
         self.env = {**os.environ, "TMPDIR": self.tmp, "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL",
                                                                                               "ERROR")}
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -47,7 +47,7 @@ class View:
         return json.dumps([self.epoch, list(self.members), self.first_step])
 
     @classmethod
-    def from_json(cls, text) -> "View":
+    def from_json(cls, text) -> View:
         epoch, members, first = json.loads(text)
         return cls(int(epoch), tuple(int(m) for m in members), int(first))
 

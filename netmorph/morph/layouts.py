@@ -12,11 +12,10 @@ from dataclasses import replace
 import numpy as np
 
 from netmorph.errors import UsageError
-from netmorph.mesh.layout import Layout
 from netmorph.mesh.elements import global_ids
+from netmorph.mesh.layout import Layout
 from netmorph.mesh.shape import ModelShape
 from netmorph.parallel.hybrid import TrainConfig
-
 
 MAX_RANKS = 16          # processes on one machine
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from netmorph.cost.topology import node_of
-from netmorph.mesh.layout import Layout
 from netmorph.mesh.elements import element_map
+from netmorph.mesh.layout import Layout
 from netmorph.morph.layouts import grow_sources
 from netmorph.runtime.launch import launch
 

@@ -130,7 +130,7 @@ class Twin:
         """The busiest stage's compute in a step (forward and backward of its microbatches), as predicted."""
         return self.step(layout, None, seq)["compute_s"]
 
-    def measured(self, layout: Layout, busy_s: float, beta: float | None, seq: int | None = None) -> "Twin":
+    def measured(self, layout: Layout, busy_s: float, beta: float | None, seq: int | None = None) -> Twin:
         """The twin after a segment: the inter-node β the run measured (None: as before) and the per-operator
         cost that makes the busiest stage's predicted slots -- its compute and the TP collectives inside them --
         its measured ``busy_s`` a step (the emulated FLOPs are known; what is left over is the ranks' real work,

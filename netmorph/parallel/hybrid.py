@@ -31,13 +31,13 @@ from netmorph.mesh.shape import ModelShape
 from netmorph.models.capacity import POLICIES
 from netmorph.models.gpt import GPTStage, synthetic_batch
 from netmorph.models.moe import Router
+from netmorph.parallel.algos import CollectiveAlgos
 from netmorph.parallel.phases import split_step
 from netmorph.parallel.pipeline import Executor, check, schedule
 from netmorph.parallel.replica import Replica
 from netmorph.parallel.results import RankReport, RankState
-from netmorph.parallel.state import named_pieces
-from netmorph.parallel.algos import CollectiveAlgos
 from netmorph.parallel.slots import Hooks, device_ms
+from netmorph.parallel.state import named_pieces
 from netmorph.parallel.tensor_parallel import TensorParallel
 from netmorph.parallel.traffic import counted_reductions, expert_traffic, predicted
 

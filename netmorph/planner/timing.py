@@ -35,6 +35,7 @@ from netmorph.planner.comm import collective_time, p2p_time
 from netmorph.planner.hardware import Hardware
 from netmorph.planner.memory import activation_bytes_per_layer, params_on_device
 
+
 def linear_gemms(model: ModelShape, tokens: float, t: int) -> list:
     """[(FLOPs of one GEMM, how many run)] of one layer's forward on one rank for ``tokens`` tokens: QKV, the
     output projection, the MLP's up (and gate) and down projections -- per expert, on the tokens routed to

@@ -13,9 +13,8 @@ import numpy as np
 from netmorph.files import save_figure
 from netmorph.report.html import Section
 from netmorph.report.table import size_bands
-from netmorph.tour.collectives import MAP_SIZES, color, SIZES, WORLDS, Collectives, winners
+from netmorph.tour.collectives import MAP_SIZES, SIZES, WORLDS, Collectives, color, winners
 from netmorph.units import fmt_bytes, fmt_time
-
 
 
 def build_section(res: Collectives, out_dir) -> Section:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from netmorph.files import save_figure
-from netmorph.tour.collectives import color
 from netmorph.report.html import Section
+from netmorph.tour.collectives import color
 from netmorph.tour.fabric import EMU_ALGOS, EMU_SIZES, LAB, LOCAL, WORLDS, Fabric
 from netmorph.units import fmt_bytes
 

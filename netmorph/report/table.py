@@ -13,8 +13,8 @@ own table, character for character (:func:`nccl_header`, :func:`nccl_row`,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from netmorph.units import NCCL_TYPES, fmt_bytes
 

@@ -9,7 +9,7 @@ whether two buffers are one, and the flat numpy view.
 from __future__ import annotations
 
 import ctypes
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from netmorph.errors import UsageError
 from netmorph.units import numpy_dtype
 
 
-@lru_cache(maxsize=None)
+@cache
 def _numpy_dtype(torch_dtype):
     """numpy's dtype for a torch dtype (bfloat16: ml_dtypes'), or None where there is none."""
     import torch

@@ -48,7 +48,7 @@ class Ledger:
         self.records.append(Record(src, dst, int(nbytes), seq, rnd, phase, op, algo, t0, t1))
 
     @classmethod
-    def merge(cls, ledgers) -> "Ledger":
+    def merge(cls, ledgers) -> Ledger:
         recs = [r for led in ledgers if led is not None for r in led.records]
         recs.sort(key=lambda r: (r.t0, r.src))
         return cls(-1, recs, max((led.header_bytes for led in ledgers if led is not None), default=0))

@@ -154,7 +154,7 @@ class Schedule:
         if len(r):
             self.rounds.append(r)
 
-    def extend(self, other: "Schedule", rank_map=None, off_shift: int = 0) -> None:
+    def extend(self, other: Schedule, rank_map=None, off_shift: int = 0) -> None:
         """Append ``other``'s rounds, renaming its ranks through ``rank_map``."""
         for r in other.rounds:
             src, dst = r.src, r.dst
@@ -164,7 +164,7 @@ class Schedule:
             self.rounds.append(Round(src, dst, r.src_off + off_shift, r.dst_off + off_shift,
                                      r.length, r.reduce, r.msg, acc))
 
-    def validate(self) -> "Schedule":
+    def validate(self) -> Schedule:
         """Check the schedule symbolically and return it; raise ``ValueError`` naming the round.
 
         Checks: ranks and spans in bounds; rows of one message agree; no element is

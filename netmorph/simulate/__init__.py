@@ -8,8 +8,15 @@ import time
 from netmorph.errors import UsageError
 from netmorph.planner.memory import params_on_device
 from netmorph.planner.search import check, estimate
-from netmorph.planner.timing import (bucketed, collective_time, layer_costs, optimizer_time, shared_slots,
-                                     tp_head_bytes, tp_head_costs)
+from netmorph.planner.timing import (
+    bucketed,
+    collective_time,
+    layer_costs,
+    optimizer_time,
+    shared_slots,
+    tp_head_bytes,
+    tp_head_costs,
+)
 from netmorph.simulate.step import Costs, StepResult, simulate_step
 
 __all__ = ["Costs", "StepResult", "check_simulated", "costs_for", "lend_bubble", "simulate_config", "simulate_step"]

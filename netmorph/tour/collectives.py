@@ -14,7 +14,6 @@ from netmorph.cost.topology import PRESETS
 from netmorph.cost.tuner import predict
 
 
-
 def color(name: str, op: str = "allreduce") -> str:
     """The algorithm's colour in every figure (its registry record's)."""
     from netmorph.collectives import REGISTRY

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from netmorph.calibrate.run import measure_links
 from netmorph.mesh.layout import Layout
 from netmorph.mesh.shape import ModelShape
-from netmorph.calibrate.run import measure_links
 from netmorph.morph.controller import Run, Trainer, parse_scenario, run_adaptive, run_static, twin_of
 from netmorph.morph.reshard import Plan, plan
 from netmorph.morph.scenario import Scenario

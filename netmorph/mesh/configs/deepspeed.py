@@ -10,7 +10,6 @@ from netmorph.errors import UsageError
 from netmorph.files import printable, read_json_object
 from netmorph.mesh.configs.hf import _int
 
-
 # keys only a Hugging Face config.json has: such a file given as --deepspeed-config is a mistake
 _HF_KEYS = ("model_type", "architectures", "num_hidden_layers", "hidden_size", "vocab_size")
 AUTO = "auto"           # what Hugging Face's Trainer writes for a value it fills in from its own arguments

@@ -92,7 +92,7 @@ ACTIVATIONS = ("gelu", "gelu_10", "gelu_fast", "gelu_new", "gelu_python", "gelu_
 TORCH_DTYPES = ("float32", "float16", "bfloat16", "float64", "float8_e4m3fn", "float8_e5m2", "int8", "auto")
 
 
-def _check_common(r: "_Reader") -> None:
+def _check_common(r: _Reader) -> None:
     """Keys every config.json has that the planner does not model: still of the right type and range (and
     still listed as not modelled)."""
     arch = r.cfg.get("architectures")
@@ -118,7 +118,7 @@ GATED_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", 
                   "gemma3_text", "deepseek_v2", "deepseek_v3", "olmo", "olmo2", "phi3", "internlm2")
 
 
-def _layer_indices(r: "_Reader", key: str, layers: int) -> list:
+def _layer_indices(r: _Reader, key: str, layers: int) -> list:
     v = r.cfg.get(key)
     if v is None:
         return []
@@ -128,7 +128,7 @@ def _layer_indices(r: "_Reader", key: str, layers: int) -> list:
     return [int(i) for i in v]
 
 
-def _architecture(r: "_Reader", model_type: str, layers: int, hidden: int, heads: int, experts: int) -> dict:
+def _architecture(r: _Reader, model_type: str, layers: int, hidden: int, heads: int, experts: int) -> dict:
     """The fields of today's configs that change a count, as ModelShape's: multi-head latent attention and
     DeepSeek's shared experts and dense layers (transformers' ``DeepseekV2Attention`` / ``DeepseekV3MoE``),
     Qwen2-MoE's shared expert, gate and sparse step, Qwen3's and Gemma 3's Q/K norms,

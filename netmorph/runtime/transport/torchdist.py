@@ -31,11 +31,16 @@ import numpy as np
 
 from netmorph.runtime.transport import FabricError, PeerLost, PeerTimeout, blame, nbytes, settle
 from netmorph.runtime.transport import fingerprint as fpr
-from netmorph.runtime.transport.errors import gloo_text as _text, torch_mismatch_text as _torch_mismatch
-from netmorph.runtime.transport.tensors import (concat as _concat, contiguous as _contiguous, head_like as _head_like,
-                                                header_like as _header_like, host as _host, reduce_into as _reduce_into,
-                                                to_torch)
+from netmorph.runtime.transport.errors import gloo_text as _text
+from netmorph.runtime.transport.errors import torch_mismatch_text as _torch_mismatch
 from netmorph.runtime.transport.sendclock import SendClock
+from netmorph.runtime.transport.tensors import concat as _concat
+from netmorph.runtime.transport.tensors import contiguous as _contiguous
+from netmorph.runtime.transport.tensors import head_like as _head_like
+from netmorph.runtime.transport.tensors import header_like as _header_like
+from netmorph.runtime.transport.tensors import host as _host
+from netmorph.runtime.transport.tensors import reduce_into as _reduce_into
+from netmorph.runtime.transport.tensors import to_torch
 from netmorph.runtime.transport.torchgroup import DefaultGroup, EpochGroup
 
 HEADER_TAG, PAYLOAD_TAG = 1, 2

@@ -11,7 +11,6 @@ with the send buffer's block straight into the receive buffer.
 
 from __future__ import annotations
 
-
 from netmorph.runtime.transport.shm.mapping import address
 
 CHUNK = 256 << 10          # bytes of destination reduced against every source before moving on

@@ -24,7 +24,7 @@ class Futex:
         self.libc.syscall.restype = ctypes.c_long
 
     @classmethod
-    def make(cls) -> "Futex | None":
+    def make(cls) -> Futex | None:
         if not sys.platform.startswith("linux") or platform.machine() not in cls._NR:
             return None
         try:
