@@ -407,3 +407,25 @@ def test_a_collective_algorithm_the_trainer_cannot_use_is_one_line(capsys):
         assert main(["train", "--steps", "1", *argv]) == 2
         err = capsys.readouterr().err
         assert words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_every_phase_the_trainer_tags_is_one_registered_record():
+    """The ledger's tags, the closed forms' keys and the table's columns are the registry's (parallel/phases.py):
+    a run of every kind of traffic tags nothing the registry does not hold, and each tag's step part is the
+    record's."""
+    from netmorph.parallel.phases import LEDGER, group_of, shown_phases
+    seen, predicted = set(), set()
+    for kw in (dict(tp=2, pp=2, dp=2, zero=1, sequence_parallel=True),
+               dict(dp=4, ep=2, model=ModelShape(layers=2, hidden=32, heads=4, seq=16, vocab=64, experts=4,
+                                                 top_k=2))):
+        kw = dict(kw)
+        model = kw.pop("model", TINY)
+        out = train(TrainConfig.make(model=model, steps=1, **kw))
+        seen |= set(out.bytes_per_rank_by_phase)
+        predicted |= set(out.predicted_bytes_per_rank_by_phase)
+    assert seen <= set(LEDGER) and predicted <= set(LEDGER), (seen, predicted)
+    assert {p for p in seen if LEDGER[p].shown} == {p for p in predicted if LEDGER[p].shown}
+    assert {"zero", "tp", "tp.sp-grads", "pp", "pp.emb", "dp", "edp", "moe.dispatch", "moe.counts"} <= seen
+    assert [group_of(p) for p in ("tp.sp-grads", "zero.edp", "edp", "moe.combine.bwd", "pp.emb", "nope")] == \
+        ["tp", "zero", "dp", "ep", None, None]
+    assert "metrics" not in shown_phases() and set(shown_phases()) == {p for p in LEDGER if LEDGER[p].shown}

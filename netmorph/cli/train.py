@@ -139,8 +139,6 @@ def config_from(args):
 
 
 
-PHASES = ("dp", "zero", "tp", "tp.sp-grads", "pp", "pp.emb", "edp", "zero.edp", "moe.dispatch", "moe.combine",
-          "moe.dispatch.bwd", "moe.combine.bwd", "moe.counts")
 
 
 def run(args) -> int:
@@ -200,7 +198,8 @@ def print_run(cfg, out, plan: dict) -> None:
           f"({m.params():,} params, {cfg.dtype}); {_layout(cfg)}; {cfg.layout.microbatches} microbatches x "
           f"{cfg.layout.micro_batch_size} per DP rank, global batch {cfg.layout.global_batch}; "
           f"backend {out.backend}")
-    shown = [ph for ph in PHASES if ph in out.bytes_per_rank_by_phase]
+    from netmorph.parallel.phases import shown_phases
+    shown = [ph for ph in shown_phases() if ph in out.bytes_per_rank_by_phase]
     print(f"{'step':>4} {'loss':>9} {'time(ms)':>9} {'tokens/s':>9}  " + " ".join(f"{ph:>12}" for ph in shown)
           + "   (bytes sent per rank, max over ranks)")
     tokens = cfg.layout.global_batch * cfg.model.seq

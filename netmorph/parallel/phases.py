@@ -18,10 +18,64 @@ The six add up to the step.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 PHASES = ("compute", "tp", "ep", "dp", "optimizer", "rest")
-# ledger phase (its first word) -> the step's part; ``zero`` runs on the rank's own thread (ZeRO-3's gathers
-# inside the slots), ``dp`` / ``edp`` on DDP's communication thread where the trainer overlaps its buckets
-GROUPS = {"tp": "tp", "moe": "ep", "zero": "zero", "dp": "dp", "edp": "dp"}
+
+
+@dataclass(frozen=True)
+class LedgerPhase:
+    """One tag of the trainer's ledger (``with comm.phase(name)``), the one record traffic, the step split and
+    every printer read: ``group`` the step part its time counts to in :func:`split_step` (``"zero"``: ZeRO's,
+    run on the rank's own thread, counted to ``dp``; None: the step's rest), ``form`` the shape of the closed
+    form :mod:`netmorph.parallel.traffic` holds its bytes to, ``label`` what it is; ``shown``: a column of
+    ``train``'s table."""
+
+    name: str
+    group: str | None
+    form: str
+    label: str
+    shown: bool = True
+
+
+LEDGER: dict = {}
+
+
+def register_phase(ph: LedgerPhase) -> LedgerPhase:
+    LEDGER[ph.name] = ph
+    return ph
+
+
+for _ph in (
+        LedgerPhase("dp", "dp", "2(d-1)/d·Ψ·B", "the gradients' all-reduce over dp (DDP's buckets)"),
+        LedgerPhase("zero", "zero", "2(d-1)/d·Ψ·B; ZeRO-3 (2m+1)(d-1)/d·Ψ·B", "ZeRO's reduce-scatter and gathers"),
+        LedgerPhase("tp", "tp", "l·m·8(t-1)/t·bsh·B + embedding, LM head, loss", "tensor-parallel collectives"),
+        LedgerPhase("tp.sp-grads", "tp", "2(t-1)/t·n·B", "sequence parallelism's replicated gradients over tp"),
+        LedgerPhase("pp", None, "chunk boundaries·m·bsh/t'·B", "pipeline activations forward, gradients back"),
+        LedgerPhase("pp.tag", None, "32 B a send", "each pipeline send's header (kind, stage, microbatch, size)",
+                    shown=False),
+        LedgerPhase("pp.emb", None, "V/t·h·B", "the tied word embedding's gradient, first and last stage"),
+        LedgerPhase("edp", "dp", "2(e-1)/e·Ψ_E·B", "the experts' all-reduce over their expert data-parallel group"),
+        LedgerPhase("zero.edp", "zero", "2(e-1)/e·Ψ_E·B", "ZeRO over the experts' expert data-parallel group"),
+        LedgerPhase("moe.dispatch", "ep", "rows routed away·h·B", "tokens to their experts"),
+        LedgerPhase("moe.combine", "ep", "rows routed here·h·B", "expert outputs back to their tokens"),
+        LedgerPhase("moe.dispatch.bwd", "ep", "rows routed here·h·B", "the dispatch's gradient"),
+        LedgerPhase("moe.combine.bwd", "ep", "rows routed away·h·B", "the combine's gradient"),
+        LedgerPhase("moe.counts", "ep", "(ep-1)·E/ep·8 per layer forward", "tokens per expert, before a dispatch"),
+        LedgerPhase("metrics", None, "8 B over dp", "the step's loss, summed for the log", shown=False),
+        LedgerPhase("checkpoint", None, "the save plan's objects", "a checkpoint's plan exchange", shown=False)):
+    register_phase(_ph)
+
+
+def shown_phases() -> tuple:
+    """The ledger phases ``train`` prints a column for, in the registry's order."""
+    return tuple(name for name, ph in LEDGER.items() if ph.shown)
+
+
+def group_of(phase: str | None) -> str | None:
+    """The step part a ledger record's phase counts to (an unregistered one: the step's rest)."""
+    ph = LEDGER.get(phase) if phase else None
+    return ph.group if ph is not None else None
 
 
 def union(intervals) -> list:
@@ -58,9 +112,9 @@ def split_step(records, bounds, slots, optimizer) -> dict:
     optimizer step's (t0, t1)."""
     lo, hi = bounds
     busy = union(slots)
-    comm = {g: [] for g in set(GROUPS.values())}
+    comm = {g: [] for g in ("tp", "ep", "zero", "dp")}
     for r in records:
-        group = GROUPS.get(r.phase.split(".")[0]) if r.phase else None
+        group = group_of(r.phase)
         if group is not None and r.t1 > lo and r.t0 < hi:
             comm[group].append((max(r.t0, lo), min(r.t1, hi)))
     comm = {k: union(v) for k, v in comm.items()}
