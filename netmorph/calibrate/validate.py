@@ -28,7 +28,7 @@ from netmorph.calibrate.compute import DTYPES, ITEMSIZE, REFERENCE_MICROBATCH, R
 from netmorph.calibrate.run import calibrate
 from netmorph.mesh.layout import Layout
 from netmorph.mesh.shape import ModelShape
-from netmorph.parallel.hybrid import TrainConfig, overlaps_dp, train_rank
+from netmorph.parallel.hybrid import BUCKET_MB, TrainConfig, overlaps_dp, train_rank
 from netmorph.parallel.phases import PHASES, step_parts
 from netmorph.parallel.run import summarise
 from netmorph.planner.hardware import hardware_from
@@ -120,13 +120,13 @@ def layouts(model: ModelShape, world: int, microbatches: int = 4, micro_batch_si
 
 def planner_layout(layout: Layout, dtype: str, model: ModelShape | None = None) -> Layout:
     """The trainer's layout as the planner prices it: every byte width its dtype's (no mixed precision), the
-    gradient buckets of the trainer's size (TrainConfig.bucket_mb), overlapped with the backward where the
+    gradient buckets of the trainer's size (the layout's, or the trainer's default), overlapped with the backward where the
     trainer overlaps them (:func:`~netmorph.parallel.hybrid.overlaps_dp`; never when ``layout`` says not to), and
     under sequence parallelism the gathered inputs kept for the backward (autograd saves them; no second gather)."""
     b = ITEMSIZE[dtype]
     overlap = overlaps_dp(layout, model or ModelShape())
     return replace(layout, param_bytes=b, grad_bytes=b, optimizer_bytes=2 * b, activation_bytes=b,
-                   dp_overlap=overlap, dp_bucket_mb=TrainConfig.bucket_mb,
+                   dp_overlap=overlap, dp_bucket_mb=layout.dp_bucket_mb or BUCKET_MB,
                    sp_regather=False)
 
 

@@ -37,7 +37,8 @@ def add_parser(sub) -> None:
     g.add_argument("--zero", type=int, default=0, help="ZeRO stage over the DP group: 0 (plain DP), 1, 2, 3")
     g.add_argument("--dp-mode", default="bucket", choices=("bucket", "naive"),
                    help="DDP-style buckets with backward overlap (default), or one all-reduce per gradient")
-    g.add_argument("--bucket-mb", type=float, default=1.0, help="gradient bucket size, MiB (default 1)")
+    g.add_argument("--bucket-mb", type=float_in(0, 4096, open_low=True), default=1.0,
+                   help="gradient bucket size, MiB (default 1; the planner prices the same layout field)")
     from netmorph.collectives import REGISTRY
     names = ", ".join(REGISTRY["allreduce"])
     g.add_argument("--dp-algo", default="ring", metavar="ALGO",

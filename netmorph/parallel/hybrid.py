@@ -45,8 +45,9 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
 # the trainer's own defaults where a Layout's differ: two microbatches of two sequences, DDP's overlapped buckets
-TRAIN_LAYOUT = Layout(global_batch=4, micro_batch_size=2, dp_overlap=True)
-RUN_FIELDS = ("steps", "lr", "dtype", "dp_mode", "bucket_mb", "compute_ms", "device_flops", "trace", "start_step",
+BUCKET_MB = 1.0      # the trainer's gradient bucket where the layout names none (DDP's bucket_cap_mb is 25)
+TRAIN_LAYOUT = Layout(global_batch=4, micro_batch_size=2, dp_overlap=True, dp_bucket_mb=BUCKET_MB)
+RUN_FIELDS = ("steps", "lr", "dtype", "dp_mode", "compute_ms", "device_flops", "trace", "start_step",
               "router", "checkpoint", "algos")
 
 
@@ -61,7 +62,6 @@ class TrainConfig:
     lr: float = 3e-3
     dtype: str = "float64"
     dp_mode: str = "bucket"          # "bucket" (DDP's reducer) or "naive" (one all-reduce per gradient)
-    bucket_mb: float = 1.0
     compute_ms: float = 0.0          # emulated compute per microbatch forward on a stage, shared by its interleaved
                                      # chunks (backward: twice)
     device_flops: float = 0.0        # an emulated accelerator of this many FLOP/s: each microbatch's forward also
@@ -78,6 +78,9 @@ class TrainConfig:
         """Megatron's flat arguments: the run options by name, every other keyword a :class:`Layout` field
         (``microbatches`` per step and data-parallel rank gives the global batch)."""
         run = {k: kw.pop(k) for k in RUN_FIELDS if k in kw}
+        if "bucket_mb" in kw:                   # --bucket-mb: the layout's one field the planner prices too
+            kw["dp_bucket_mb"] = kw.pop("bucket_mb")
+        kw.setdefault("dp_bucket_mb", BUCKET_MB)
         dp = kw.get("dp", 1)
         kw.setdefault("expert_tp", 1)           # the trainer keeps each expert whole on every tp rank
         layout = Layout(global_batch=dp * microbatches * micro_batch_size, micro_batch_size=micro_batch_size,
@@ -88,11 +91,18 @@ class TrainConfig:
     def world(self) -> int:
         return self.layout.world
 
+    @property
+    def bucket_mb(self) -> float:
+        """The gradient bucket the trainer fills: the layout's ``dp_bucket_mb`` (0, the planner's "a bucket per
+        layer": :data:`BUCKET_MB`)."""
+        return self.layout.dp_bucket_mb or BUCKET_MB
+
     def check(self) -> None:
         if not 1 <= self.steps <= 1 << 24:
             raise UsageError(f"{{steps}} must be >= 1, got {self.steps}", "steps")
-        if not 0 < self.bucket_mb < 1 << 20:
-            raise UsageError(f"{{bucket_mb}} must be a size in MiB > 0, got {self.bucket_mb}", "bucket_mb")
+        b = self.layout.dp_bucket_mb
+        if not (0 <= b < 1 << 20 and math.isfinite(b)):             # 0: the trainer's default bucket
+            raise UsageError(f"{{bucket_mb}} must be a size in MiB > 0, got {b}", "bucket_mb")
         if not 0 <= self.compute_ms < 1e4:
             raise UsageError(f"{{compute_ms}} must be in [0, 10000), got {self.compute_ms}", "compute_ms")
         if not (0 <= self.device_flops < 1e20 and math.isfinite(self.device_flops)):
