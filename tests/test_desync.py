@@ -125,7 +125,8 @@ def _matched(comm):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("fingerprints", [True, False])
 def test_headers_are_counted_apart_from_the_payload(fingerprints):
-    results, led = launch(_matched, 3, ledger=True, fingerprints=fingerprints)
+    got = launch(_matched, 3, ledger=True, fingerprints=fingerprints)
+    results, led = list(got), got.ledger
     expect = (np.arange(8) * 6.0).tolist()
     assert all(r == expect for r in results)
     payload = sum(r[2] for r in led.records)

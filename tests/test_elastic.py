@@ -406,7 +406,8 @@ def _respawned(comm):
 @pytest.mark.timeout(60)
 def test_a_dead_ranks_slot_takes_a_new_process_that_joins_on_a_later_epoch():
     from netmorph.runtime.launch import launch
-    results, deaths = launch(_respawned, 2, timeout=20.0, elastic=True)
+    got = launch(_respawned, 2, timeout=20.0, elastic=True)
+    results, deaths = list(got), got.deaths
     assert results == [15.0, 15.0] and [r for r, _ in deaths] == [1]
 
 
@@ -442,7 +443,8 @@ def _shrunk(comm):
 @pytest.mark.timeout(60)
 def test_survivors_renumber_from_zero_and_a_new_process_grows_the_communicator_back():
     from netmorph.runtime.launch import launch
-    results, deaths = launch(_shrunk, 3, timeout=20.0, elastic=True)
+    got = launch(_shrunk, 3, timeout=20.0, elastic=True)
+    results, deaths = list(got), got.deaths
     assert [r for r, _ in deaths] == [0]
     assert results[0] == (0, 3, 102.0, None)
     (s1, x1, _, p1, r1, y1), (s2, x2, got2, p2, r2, y2) = results[1], results[2]

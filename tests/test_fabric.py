@@ -133,7 +133,7 @@ def _ring_with_ledger(comm, n):
 
 def test_ledger_counts_equal_schedule_counts():
     p, n = 4, 1000
-    _, led = launch(_ring_with_ledger, p, n, ledger=True, timeout=20)
+    led = launch(_ring_with_ledger, p, n, ledger=True, timeout=20).ledger
     want_ring = count(build("allreduce", "ring", p, n, 4))
     want_rd = count(build("allreduce", "recursive_doubling", p, n // 2, 4))
     phases = led.by_phase()
@@ -512,3 +512,18 @@ def test_a_restarted_torchrun_attempt_never_reads_the_dead_attempts_keys(monkeyp
     again.set("rank_1", "127.0.0.1:9000")
     assert again.get("rank_1") == b"127.0.0.1:9000"
     del host
+
+
+def _rank_number(comm):
+    comm.barrier()
+    return comm.rank
+
+
+def test_every_launch_returns_one_type_whatever_its_flags():
+    """One result type (LaunchResult: the results in rank order, with .ledger and .deaths), not three shapes
+    chosen by flags."""
+    from netmorph.runtime.launch import LaunchResult
+    plain, kept = launch(_rank_number, 3, timeout=20), launch(_rank_number, 3, timeout=20, ledger=True)
+    assert isinstance(plain, LaunchResult) and isinstance(kept, LaunchResult)
+    assert plain == kept == [0, 1, 2] and plain.ledger is None and plain.deaths == []
+    assert kept.ledger is not None and len(kept.ledger.records) > 0

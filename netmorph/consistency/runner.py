@@ -66,8 +66,7 @@ def run(cfg: Config, on_progress=None, backend: str = "local") -> RunResult | No
     elapsed = time.perf_counter() - t0
     if got is None:                     # a torchrun rank other than 0
         return None
-    results, ledger = got
-    return summarise(cfg, results, ledger, elapsed)
+    return summarise(cfg, list(got), got.ledger, elapsed)
 
 
 def _combine_shards(results, dim):

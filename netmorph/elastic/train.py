@@ -268,7 +268,8 @@ def train(cfg: ElasticConfig, check: bool = False) -> dict:
     t0 = time.monotonic()
     world = cfg.workers + sum(n for n, _ in cfg.joins)
     member = gpt.gpt_rank if cfg.job == "gpt" else rank_fn
-    results, deaths = launch(member, world, cfg, elastic=True, timeout=cfg.timeout)
+    got = launch(member, world, cfg, elastic=True, timeout=cfg.timeout)
+    results, deaths = list(got), got.deaths
     return summary(cfg, results, deaths, t0, time.monotonic() - t0, check)
 
 

@@ -332,8 +332,8 @@ def run_live(job: LiveJob, world: int, timeout: float, log=lambda line: None, co
         outs = [out]
     elif membership_changes(job.scenario):
         with tempfile.TemporaryDirectory(prefix=".netmorph-ckpt-") as d:
-            outs, _ = launch(live_rank, world, replace(job, checkpoints=d), topology=job.base, timeout=timeout,
-                             elastic=True)
+            outs = launch(live_rank, world, replace(job, checkpoints=d), topology=job.base, timeout=timeout,
+                          elastic=True)
     else:
         outs = launch(live_rank, world, job, topology=job.base, timeout=timeout)
     head = next(o for o in outs if o is not None and o["run"] is not None)    # rank 0 at the end

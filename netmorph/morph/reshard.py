@@ -223,7 +223,8 @@ def run_rank(comm, p: Plan, state: dict) -> dict:
 def execute(p: Plan, states: list, backend: str = "local", timeout: float = 30.0, topology=None) -> tuple[list, object]:
     """Run ``p`` on ``p.world`` processes from every rank's ``states`` (rank order; fewer than ``p.world``, or None,
     for ranks joining), on an emulated ``topology`` if given; (new states, Ledger)."""
-    return launch(_run, p.world, p, states, backend=backend, timeout=timeout, ledger=True, topology=topology)
+    got = launch(_run, p.world, p, states, backend=backend, timeout=timeout, ledger=True, topology=topology)
+    return list(got), got.ledger
 
 
 def _run(comm, p: Plan, states: list) -> dict:

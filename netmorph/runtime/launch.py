@@ -136,6 +136,16 @@ def _warm_imports() -> None:
         importlib.import_module("torch.fx.experimental.symbolic_shapes")
 
 
+class LaunchResult(list):
+    """What every launch returns: the ranks' results in rank order (a list), with ``ledger`` (every message,
+    with ``ledger=True``; else None) and ``deaths`` (``[(rank, monotonic time)]`` of the ranks an elastic launch
+    lost; else []) -- one type whatever the flags."""
+
+    def __init__(self, results, ledger=None, deaths=()):
+        super().__init__(results)
+        self.ledger, self.deaths = ledger, list(deaths)
+
+
 def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0, faults=(),
            topology=None, slow_links=None, ledger: bool = False, arena_bytes: int | None = None,
            fingerprints: bool = True, elastic: bool = False, torch_group: bool = False, **kwargs):
@@ -145,7 +155,8 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
     ``faults``: :class:`~netmorph.runtime.comm.Fault` list (kill / hang / raise / delay a rank at its k-th op).
     ``topology``: a two-level or flat :class:`~netmorph.cost.topology.Topology` (or preset name) to
     emulate per-link α and β on the local fabric; ``slow_links``: ``{(src, dst): (alpha_s, bytes_per_s)}``.
-    ``ledger=True`` returns ``(results, Ledger)`` with every message of the run.
+    Returns a :class:`LaunchResult`: the results in rank order, its ``ledger`` (with ``ledger=True``: every message
+    of the run) and ``deaths``.
     ``arena_bytes``: each rank's registered memory on the local fabric (``comm.alloc``; rank 0's also
     holds ``comm.shared`` arrays); default min(1 GiB, 8 GiB / world), reserved, not committed.
     ``fingerprints``: every message carries its call's 64-byte fingerprint, checked on receipt
@@ -155,8 +166,7 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
     call raises PeerLost once, and the survivors may agree on a new view (``comm.store``, a FileStore
     for :class:`netmorph.elastic.Rendezvous`) and ``comm.reform(members, epoch)``; ``comm.respawn(ranks)`` starts
     new processes in dead ranks' slots (their ``comm.joined`` is true: they hold nothing and re-form before they
-    communicate). Returns ``(results, deaths)``: the results of ranks dead at the end are None, ``deaths`` is
-    ``[(rank, monotonic time)]``.
+    communicate). The results of ranks dead at the end are None; ``deaths`` is ``[(rank, monotonic time)]``.
     ``backend="job"``: this process is one rank of a job torchrun started (WORLD_SIZE must be ``world``):
     ``fn`` runs here, rank 0 gets the results gathered, the others None
     (:func:`netmorph.runtime.torchrun.run_in_job`).
@@ -238,11 +248,7 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
             shutil.rmtree(store_dir, ignore_errors=True)
     if failures:
         raise LaunchError(root_cause_first(failures), world)
-    if elastic:
-        return results, deaths
-    if ledger:
-        return results, Ledger.merge(ledgers)
-    return results
+    return LaunchResult(results, Ledger.merge(ledgers) if ledger else None, deaths if elastic else ())
 
 
 def _monitor(procs, conns, fabric, timeout, elastic=False, start=None):

@@ -119,7 +119,7 @@ def run_in_job(fn, world: int, *args, timeout: float = 60.0, ledger: bool = Fals
     """``launch(fn, world, ..., backend="job")``: this process is one rank of the torchrun job; run ``fn(comm,
     *args, **kwargs)`` here and gather every rank's result (and ledger) to rank 0 (``all_gather_object``), as
     every torchrun script ends. Rank 0 gets what :func:`~netmorph.runtime.launch.launch` returns (results in rank
-    order; with ``ledger``, ``(results, Ledger)``); the other ranks get None. The job's WORLD_SIZE must be
+    order, a :class:`~netmorph.runtime.launch.LaunchResult`, its ledger with ``ledger``); the other ranks get None. The job's WORLD_SIZE must be
     ``world``: the command's ranks are the job's."""
     from netmorph.runtime.ledger import Ledger
     job = int(os.environ["WORLD_SIZE"])
@@ -135,5 +135,5 @@ def run_in_job(fn, world: int, *args, timeout: float = 60.0, ledger: bool = Fals
         comm.transport.close()
     if comm.rank != 0:
         return None
-    results = [r for r, _ in everyone]
-    return (results, Ledger.merge([led for _, led in everyone])) if ledger else results
+    from netmorph.runtime.launch import LaunchResult
+    return LaunchResult([r for r, _ in everyone], Ledger.merge([led for _, led in everyone]) if ledger else None)

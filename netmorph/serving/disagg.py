@@ -87,7 +87,7 @@ def serve_disaggregated(model_cfg, serve_cfg, requests, P: int, D: int, timeout:
                  timeout=timeout, backend=backend)
     if got is None:
         return None
-    results, ledger = got
+    results, ledger = list(got), got.ledger
     outputs, completed, tokens, ttft, tpot, ends = {}, 0, 0, [], [], []
     for res in results:
         if res["role"] == "decode":

@@ -45,7 +45,7 @@ def serve_tensor_parallel(model_cfg, serve_cfg, requests, tp: int, price, timeou
     got = launch(_rank, tp, model_cfg, serve_cfg, requests, tp, price, ledger=True, timeout=timeout, backend=backend)
     if got is None:
         return None
-    results, ledger = got
+    results, ledger = list(got), got.ledger
     out = results[0]
     assert all(r["outputs"] == out["outputs"] for r in results), "TP ranks sampled different tokens"
     tokens = sum(out.pop("tokens_per_iteration"))
