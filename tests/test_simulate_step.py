@@ -18,9 +18,14 @@ from netmorph.simulate import Costs, lend_bubble, simulate_config, simulate_step
 A100 = HARDWARE["a100-80g"]
 
 
+def _lay(tp, pp, dp, m, v=1, schedule=""):
+    """tp·pp·dp with m one-sequence microbatches per pipeline."""
+    return Layout(tp=tp, pp=pp, dp=dp, micro_batch_size=1, global_batch=m * dp, interleave=v, schedule=schedule)
+
+
 def test_a_step_without_communication_is_the_sum_of_its_compute():
     c = Costs(fwd_layer=0.3, bwd_layer=0.7, fwd_logits=0.1, bwd_logits=0.2, optimizer=0.05)
-    r = simulate_step(1, 1, 1, 6, 4, c)
+    r = simulate_step(_lay(1, 1, 1, 6), 4, c)
     assert r.step_time == pytest.approx(6 * (4 * (0.3 + 0.7) + 0.1 + 0.2) + 0.05, rel=1e-12)
     assert r.breakdown["bubble"] == pytest.approx(0.0, abs=1e-12)
 
@@ -40,14 +45,14 @@ def test_a_one_rank_step_equals_the_planners_compute_time(model, mb, gb, recompu
 def test_an_idealised_pipelines_bubble_is_the_closed_form(name, v, p, m):
     """Uniform stages, backward = 2 x forward, free transfers: idle / step = (p-1)/(v·m + p-1)."""
     layers = p * v * 2
-    r = simulate_step(1, p, 1, m, layers, Costs(fwd_layer=1.0, bwd_layer=2.0), name, v)
+    r = simulate_step(_lay(1, p, 1, m, v), layers, Costs(fwd_layer=1.0, bwd_layer=2.0), name)
     busy = m * (layers // p) * 3.0
     assert (r.step_time - busy) / r.step_time == pytest.approx((p - 1) / (v * m + p - 1), rel=1e-12)
 
 
 def test_tensor_parallel_all_reduces_wait_for_the_whole_group_and_count_their_bytes():
     c = Costs(fwd_layer=1.0, bwd_layer=2.0, tp_allreduce=0.25, tp_per_fwd=2, tp_per_bwd=2, tp_bytes_sent=100.0)
-    r = simulate_step(4, 1, 2, 3, 5, c)
+    r = simulate_step(_lay(4, 1, 2, 3), 5, c)
     assert r.step_time == pytest.approx(3 * 5 * (3.0 + 4 * 0.25))
     assert r.breakdown["tp"] == pytest.approx(3 * 5 * 4 * 0.25)
     assert r.bytes_by_link_class["nvlink"] == pytest.approx(3 * 5 * 4 * 100.0 * 8)     # 8 ranks, one node
@@ -73,8 +78,8 @@ def test_a_pipeline_send_that_meets_a_dp_bucket_on_the_nic_shares_its_bandwidth(
     """Two stages on two nodes: with the gradient buckets overlapped, stage 1's last backward send leaves while
     its buckets occupy the NIC, so it takes longer than alone -- what the analytic formula cannot see."""
     base = dict(fwd_layer=1.0, bwd_layer=2.0, p2p_bytes=1e9, bw_inter=1e9, gpus_per_node=1, dp_layer=3.0)
-    alone = simulate_step(1, 2, 1, 4, 4, Costs(**base, dp_overlap=False))
-    shared = simulate_step(1, 2, 2, 4, 4, Costs(**base, dp_overlap=True))
+    alone = simulate_step(_lay(1, 2, 1, 4), 4, Costs(**base, dp_overlap=False))
+    shared = simulate_step(_lay(1, 2, 2, 4), 4, Costs(**base, dp_overlap=True))
     assert shared.breakdown["pp"] > alone.breakdown["pp"]
 
 

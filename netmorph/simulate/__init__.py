@@ -106,8 +106,7 @@ def simulate_config(model, c, hw, schedule_name: str | None = None, trace_ranks=
         raise UsageError(f"{why}; change {why.flag}")
     name = schedule_name or c.pipeline_schedule
     t0 = time.perf_counter()
-    res = simulate_step(c.tp, c.pp, c.dp, c.microbatches, model.layers, costs_for(model, c, hw), name,
-                        c.interleave, trace_ranks)
+    res = simulate_step(c, model.layers, costs_for(model, c, hw), name, trace_ranks)
     wall = time.perf_counter() - t0
     plan = estimate(model, c, hw)
     step, breakdown = lend_bubble(res.step_time, res.breakdown, hw.core_sharing, c.microbatches, c.pp, c.interleave)

@@ -41,6 +41,7 @@ import numpy as np
 from netmorph.cost.topology import node_of
 from netmorph.errors import UsageError
 from netmorph.mesh.grid import Mesh
+from netmorph.mesh.layout import Layout
 from netmorph.parallel.pipeline import schedule
 
 
@@ -92,10 +93,12 @@ class StepResult:
     spans: list = field(default_factory=list)   # (rank, name, category, start, end) for the traced ranks
 
 
-def simulate_step(tp: int, pp: int, dp: int, microbatches: int, layers: int, costs: Costs,
-                  schedule_name: str = "1f1b", interleave: int = 1, trace_ranks=()) -> StepResult:
-    """Play one iteration on all tp·pp·dp ranks. ``trace_ranks``: global ranks whose spans to keep."""
-    v, m = interleave, microbatches
+def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str | None = None,
+                  trace_ranks=()) -> StepResult:
+    """Play one iteration of ``layout`` (its tp, pp, dp, microbatches and interleave; ``schedule_name``, or the
+    layout's pipeline schedule) on all tp·pp·dp ranks. ``trace_ranks``: global ranks whose spans to keep."""
+    tp, pp, dp, v, m = layout.tp, layout.pp, layout.dp, layout.interleave, layout.microbatches
+    schedule_name = schedule_name or layout.pipeline_schedule
     stages = pp * v
     if layers % stages:
         raise UsageError(f"the step simulator plays equal stages: pp x interleave = {stages} does not divide the "
