@@ -82,16 +82,17 @@ def run(args) -> int:
     if args.action == "drops":
         return _drops(args)
     require("torch", "netmorph moe")
-    from netmorph.moe.train import MoEConfig, view
+    from netmorph.moe.train import MoEConfig, moe_shape, view
     job = job_split(args, ("ep", "tp", "pp"), cap=32)        # under torchrun the job is the run
     dp = args.dp
-    cfg = MoEConfig.make(ep=args.ep, dp=dp, experts=args.experts, top_k=args.top_k,
-                         capacity_factor=None if args.dropless else args.capacity_factor, drop_policy=args.drop_policy,
-                         pre_softmax=args.pre_softmax, aux_loss_coeff=args.aux_loss_coeff,
-                         z_loss_coeff=args.z_loss_coeff, jitter_eps=args.jitter, layers=args.layers,
-                         hidden=args.hidden, heads=args.heads, ffn=args.ffn, vocab=args.vocab, seq=args.seq,
-                         batch=args.batch, steps=args.steps, lr=args.lr, seed=args.seed, dtype=args.dtype,
-                         tp=args.tp, pp=args.pp, backend=args.backend, timeout=args.timeout,
+    from netmorph.models.moe import Router
+    model = moe_shape(layers=args.layers, hidden=args.hidden, heads=args.heads, ffn=args.ffn, vocab=args.vocab,
+                      seq=args.seq, experts=args.experts, top_k=args.top_k, capacity_factor=args.capacity_factor,
+                      seed=args.seed)
+    router = Router(pre_softmax=args.pre_softmax, aux_loss_coeff=args.aux_loss_coeff, z_loss_coeff=args.z_loss_coeff,
+                    jitter_eps=args.jitter, drop_policy=args.drop_policy, dropless=args.dropless)
+    cfg = MoEConfig.make(model, router, ep=args.ep, dp=dp, tp=args.tp, pp=args.pp, batch=args.batch,
+                         steps=args.steps, lr=args.lr, dtype=args.dtype, backend=args.backend, timeout=args.timeout,
                          world=args.world)
     try:                                     # --load: the run goes on after the step its checkpoint saved
         ck, start = checkpoint_start(args, cfg.train.model, cfg.train.layout.global_batch)

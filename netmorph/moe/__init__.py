@@ -9,7 +9,7 @@ routing, the drops, the traffic matrix and the all-to-all bytes against it).
 from netmorph.models.capacity import capacity, exact_drop_fraction, keep_mask, simulated_drop_fraction
 from netmorph.models.moe import MoELayer, Router
 from netmorph.models.router import TopKRouter, load_balancing_loss, z_loss
-from netmorph.moe.train import MoEConfig, train, view
+from netmorph.moe.train import MoEConfig, moe_shape, train, view
 
-__all__ = ["MoEConfig", "MoELayer", "Router", "TopKRouter", "capacity", "exact_drop_fraction", "keep_mask",
+__all__ = ["MoEConfig", "moe_shape", "MoELayer", "Router", "TopKRouter", "capacity", "exact_drop_fraction", "keep_mask",
            "load_balancing_loss", "simulated_drop_fraction", "train", "view", "z_loss"]

@@ -27,6 +27,14 @@ from netmorph.parallel.run import train as run
 PHASES = ("moe.dispatch", "moe.combine", "moe.dispatch.bwd", "moe.combine.bwd")
 
 
+def moe_shape(layers: int = 2, hidden: int = 32, heads: int = 4, ffn: int = 64, vocab: int = 64, seq: int = 16,
+              experts: int = 8, top_k: int = 2, capacity_factor: float = 1.25, seed: int = 0) -> ModelShape:
+    """``netmorph moe``'s GPT: every layer's MLP ``experts`` GeLU experts ``ffn`` wide (the defaults its flags
+    have)."""
+    return ModelShape("moe", layers, hidden, heads, seq, vocab, experts=experts, top_k=top_k, expert_ffn=ffn,
+                      capacity_factor=capacity_factor, seed=seed)
+
+
 @dataclass(frozen=True)
 class MoEConfig:
     """A ``netmorph moe`` run: the trainer's configuration and where it runs."""
@@ -36,34 +44,31 @@ class MoEConfig:
     timeout: float = 60.0
 
     @classmethod
-    def make(cls, ep: int = 4, dp: int = 1, experts: int = 8, top_k: int = 2, capacity_factor: float | None = 1.25,
-             drop_policy: str = "position", pre_softmax: bool = False, aux_loss_coeff: float = 0.01,
-             z_loss_coeff: float = 0.0, jitter_eps: float = 0.0, layers: int = 2, hidden: int = 32,
-             heads: int = 4, ffn: int = 64, vocab: int = 64, seq: int = 16, batch: int = 4, steps: int = 20,
-             lr: float = 3e-3, seed: int = 0, dtype: str = "float32", tp: int = 1, pp: int = 1,
+    def make(cls, model: ModelShape | None = None, router: Router = Router(), *, ep: int = 4, dp: int = 1,
+             tp: int = 1, pp: int = 1, batch: int = 4, steps: int = 20, lr: float = 3e-3, dtype: str = "float32",
              backend: str = "local", timeout: float = 60.0, world: int | None = None) -> MoEConfig:
-        """Megatron's flags as ``netmorph moe`` takes them: ``dp`` replicas of the ep group (data-parallel size
-        ep x dp), ``batch`` sequences per rank per step in one microbatch, ``capacity_factor`` None: dropless;
-        ``world``, when given, must be the ranks that makes (ep x dp x tp x pp)."""
+        """The run on Megatron's layout: ``model`` a mixture of experts (:func:`moe_shape`; its experts, top-k,
+        capacity factor, expert width and seed), ``router`` its routing (``dropless``: no capacity); ``dp``
+        replicas of the ep group (data-parallel size ep x dp), ``batch`` sequences per rank per step in one
+        microbatch; ``world``, when given, must be the ranks that makes (ep x dp x tp x pp)."""
+        model = model or moe_shape()
         if world is not None and world != ep * dp * tp * pp:
             raise UsageError(f"{{world}} {world} != {{ep}} x {{dp}} x {{tp}} x {{pp}} = {ep * dp * tp * pp}; change "
                              "{ep}, {dp} or {world}", "world")
-        if not 0 <= seed < 1 << 32:
-            raise UsageError(f"{{seed}} must be in 0..2**32-1, got {seed}", "seed")
-        if capacity_factor is not None and not 0 < capacity_factor <= 64:
-            raise UsageError(f"{{capacity_factor}} must be in (0, 64], got {capacity_factor} (or --dropless for no "
-                             "capacity)", "capacity_factor")
-        if min(ep, dp, experts, top_k, layers, hidden, heads, ffn, vocab, seq, batch, steps) < 1:
+        if not 0 <= model.seed < 1 << 32:
+            raise UsageError(f"{{seed}} must be in 0..2**32-1, got {model.seed}", "seed")
+        if not router.dropless and not 0 < model.capacity_factor <= 64:
+            raise UsageError(f"{{capacity_factor}} must be in (0, 64], got {model.capacity_factor} (or --dropless "
+                             "for no capacity)", "capacity_factor")
+        if min(ep, dp, model.experts, model.top_k, model.layers, model.hidden, model.heads, model.ef, model.vocab,
+               model.seq, batch, steps) < 1:
             raise UsageError("ep, dp, experts, top-k, layers, hidden, heads, ffn, vocab, seq, batch and steps "
                              "must be >= 1", "experts")
-        if experts < 2:
-            raise UsageError(f"{{experts}} must be >= 2, got {experts}", "experts")
-        if experts % ep:
-            raise UsageError(f"{{experts}} {experts} is not divisible by {{ep}} {ep}: each expert-parallel rank "
-                             "holds the same number of experts", "experts")
-        model = ModelShape("moe", layers, hidden, heads, seq, vocab, experts=experts, top_k=top_k, expert_ffn=ffn,
-                           capacity_factor=capacity_factor or 1.0, seed=seed)
-        router = Router(pre_softmax, aux_loss_coeff, z_loss_coeff, jitter_eps, drop_policy, capacity_factor is None)
+        if model.experts < 2:
+            raise UsageError(f"{{experts}} must be >= 2, got {model.experts}", "experts")
+        if model.experts % ep:
+            raise UsageError(f"{{experts}} {model.experts} is not divisible by {{ep}} {ep}: each expert-parallel "
+                             "rank holds the same number of experts", "experts")
         cfg = TrainConfig.make(model=model, tp=tp, pp=pp, dp=ep * dp, ep=ep, microbatches=1, micro_batch_size=batch,
                                steps=steps, lr=lr, dtype=dtype, router=router)
         return cls(cfg, backend, timeout)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from netmorph.models.capacity import capacity
-from netmorph.moe import MoEConfig, exact_drop_fraction, simulated_drop_fraction, train
+from netmorph.moe import MoEConfig, Router, exact_drop_fraction, moe_shape, simulated_drop_fraction, train
 from netmorph.moe.train import drops_at
 
 STEPS = 2
@@ -29,12 +29,12 @@ class MoE:
 def run(tick=lambda: None, quick: bool = False) -> MoE:
     """α = 0.1 (ten times Megatron's default) so the effect shows within 60 steps of a tiny model; ``quick``:
     20 steps."""
-    base = dict(ep=4, experts=8, top_k=2, capacity_factor=None, steps=20 if quick else 60, batch=16, lr=1e-2)
+    model, base = moe_shape(experts=8, top_k=2), dict(ep=4, steps=20 if quick else 60, batch=16, lr=1e-2)
     runs = {}
     for alpha in (ALPHA, 0.0):
-        runs[alpha] = train(MoEConfig.make(aux_loss_coeff=alpha, **base))
+        runs[alpha] = train(MoEConfig.make(model, Router(aux_loss_coeff=alpha, dropless=True), **base))
         tick()
-    cfg = MoEConfig.make(aux_loss_coeff=ALPHA, **base)
+    cfg = MoEConfig.make(model, Router(aux_loss_coeff=ALPHA, dropless=True), **base)
     drops = {a: [drops_at(cfg, r["steps"][-1]["routed_per_rank"], f) for f in FACTORS] for a, r in runs.items()}
     T, E, k = cfg.tokens_per_rank, cfg.train.model.experts, cfg.train.model.top_k
     caps = [capacity(T, E, k, f) for f in FACTORS]
