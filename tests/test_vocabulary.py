@@ -86,10 +86,12 @@ def test_one_rule_told_the_same_way_to_the_planner_and_the_trainer():
     assert check(model, bad, HARDWARE["a100-80g"]).text == why.text
     with pytest.raises(UsageError, match="tp 4 does not divide the 6 heads"):
         TrainConfig(model=model, layout=bad).check()
-    # the trainer's own limits come with trainer=True only: the planner prices a SwiGLU model, the GPT cannot
+    # the trainer's own limits are the trainer's (parallel/limits.py), not the vocabulary's: the planner prices
+    # a SwiGLU model, the GPT cannot
+    from netmorph.parallel import limits
     llama = ModelShape(layers=4, hidden=32, heads=4, ffn=96, ffn_type="swiglu", tied=False, bias=False)
-    assert not Layout().check(llama) and [r.field for r in Layout().check(llama, trainer=True)] == \
-        ["ffn_type", "tied", "bias", "ffn"]
+    assert not Layout().check(llama) and not Layout().check(llama, trainer=True)
+    assert [r.field for r in limits.check(Layout(), llama)] == ["ffn_type", "tied", "bias", "ffn"]
     assert Layout.parse("tp2,pp2", 8) == Layout(tp=2, pp=2, dp=2)
 
 

@@ -28,6 +28,7 @@ from netmorph.calibrate.compute import DTYPES, ITEMSIZE, REFERENCE_MICROBATCH, R
 from netmorph.calibrate.run import calibrate
 from netmorph.mesh.layout import Layout
 from netmorph.mesh.shape import ModelShape
+from netmorph.parallel import limits
 from netmorph.parallel.hybrid import BUCKET_MB, TrainConfig, overlaps_dp, train_rank
 from netmorph.parallel.phases import PHASES, step_parts
 from netmorph.parallel.run import summarise
@@ -113,7 +114,7 @@ def layouts(model: ModelShape, world: int, microbatches: int = 4, micro_batch_si
             for v in variants:
                 cfg = TrainConfig.make(model=model, tp=tp, pp=pp, dp=dp, microbatches=microbatches,
                                        micro_batch_size=micro_batch_size, **v)
-                if not cfg.layout.check(model, trainer=True):
+                if not limits.check(cfg.layout, model):
                     out.append(cfg.layout)
     return out
 

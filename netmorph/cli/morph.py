@@ -308,6 +308,7 @@ def _reshard(args) -> int:
     from netmorph.mesh.elements import check
     from netmorph.morph.layouts import check_move, parse_layout, train_config
     from netmorph.morph.reshard import execute, gather_reference, matches, plan
+    from netmorph.parallel import limits
     from netmorph.parallel.hybrid import train_rank
     from netmorph.parallel.state import assemble
     from netmorph.runtime.launch import launch
@@ -318,6 +319,7 @@ def _reshard(args) -> int:
         try:
             lay = parse_layout(text, args.world)
             check(lay, model)
+            limits.require(lay, model, ignore=("batch",))     # and one the trainer runs
         except UsageError as e:
             raise UsageError(f"{flag} {e}") from None
         layouts.append(lay)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from netmorph.errors import UsageError
-from netmorph.mesh.layout import Layout
+from netmorph.mesh.layout import Layout, Rejection
 from netmorph.mesh.placement import flat_offsets, parameters, rank_parameters, shard_range
 from netmorph.mesh.shape import ModelShape
 
@@ -39,6 +39,11 @@ def check(layout: Layout, cfg: ModelShape) -> None:
     """The layout runs ``cfg`` on netmorph's trainer, or the one line that says why not (its first
     :class:`~netmorph.mesh.layout.Rejection`)."""
     bad = [r for r in layout.check(cfg, trainer=True) if r.key != "batch"]
+    if not bad and cfg.vocab % layout.tp:           # the map's own needs: the vocabulary-parallel embedding's
+        bad = [Rejection("map", "vocab", cfg.vocab, f"vocab {cfg.vocab} is not divisible by tp {layout.tp}")]
+    if not bad and cfg.layers % layout.stages:      # pieces, and even stages (chunk_layers)
+        bad = [Rejection("map", "layers", cfg.layers, f"layers {cfg.layers} is not divisible by pp x interleave = "
+                         f"{layout.stages}")]
     if bad:
         raise UsageError(f"layout {layout.tag()}: {bad[0].text}", "layout")
 

@@ -11,8 +11,8 @@ Megatron's order, ``tp-cp-ep-dp-pp`` (tp innermost).
 
 :meth:`Layout.check` returns every :class:`Rejection` of the layout for a model: the single source of the
 divisibility rules (heads over tp, layers over stages, the batch over dp x micro-batch, experts over ep, ...).
-A rule that only netmorph's own torch trainer has (it builds even stages, ZeRO-1 at most beside pp) comes with
-``trainer=True``.
+A rule that only netmorph's own torch trainer has (it builds even stages, ZeRO-1 at most beside pp) is the
+trainer's (:mod:`netmorph.parallel.limits`), not this vocabulary's.
 """
 
 from __future__ import annotations
@@ -233,7 +233,8 @@ class Layout:
     # -- rules ---------------------------------------------------------------------------------------
     def check(self, model: ModelShape | None = None, world: int | None = None, trainer: bool = False) -> list:
         """Every :class:`Rejection` of this layout for ``model`` on ``world`` ranks (empty: it runs), in the
-        order the planner reports them. ``trainer``: also the limits of netmorph's own torch trainer."""
+        order the planner reports them. ``trainer``: the flags named are ``netmorph train``'s (the trainer's own
+        limits are :func:`netmorph.parallel.limits.trainer_rules`')."""
         out = _ranges(self)
         if out:
             return out
@@ -254,21 +255,14 @@ class Layout:
                                  + (f"the microbatch group ({self.group})" if self.microbatch_group else
                                     f"pp ({self.pp})"),
                                  "--microbatches or --interleave" if trainer else "--interleave"))
-        if self.microbatch_group and (self.microbatch_group < self.pp or self.pipeline_schedule != "interleaved"
-                                      or trainer):
+        if self.microbatch_group and (self.microbatch_group < self.pp or self.pipeline_schedule != "interleaved"):
             out.append(Rejection("interleave", "microbatch_group", self.microbatch_group,
                                  f"a microbatch group ({self.microbatch_group}) goes with the interleaved schedule "
-                                 f"and at least pp ({self.pp}) microbatches (Megatron's dependency check)"
-                                 + ("; netmorph's trainer runs N = pp" if trainer else ""), "--microbatch-group"))
-        if trainer and self.pp > 1 and self.zero >= 2:
-            out.append(Rejection("zero-pp", "zero", self.zero, f"ZeRO-{self.zero} with pipeline parallelism: "
-                                 "netmorph's trainer, as DeepSpeed's pipeline engine, runs stage 1 only",
-                                 "--zero or --pp"))
+                                 f"and at least pp ({self.pp}) microbatches (Megatron's dependency check)",
+                                 "--microbatch-group"))
         if self.sequence_parallel and self.tp == 1:
             out.append(Rejection("sp-needs-tp", "sequence_parallel", True, "sequence parallelism needs tp > 1",
                                  "--sequence-parallel or --tp" if trainer else "--tp"))
-        if trainer:
-            out += _trainer_rules(self, model)
         return out
 
     def require(self, model: ModelShape | None = None, world: int | None = None, trainer: bool = False) -> Layout:
@@ -325,46 +319,6 @@ def _model_rules(c: Layout, model: ModelShape, trainer: bool) -> list:
     if c.ep > 1 and (not model.experts or model.experts % c.ep or c.dp % c.ep):
         out.append(Rejection("ep", "ep", c.ep, f"ep {c.ep} must divide the experts ({model.experts}) and dp "
                              f"({c.dp})", "--ep"))
-    return out
-
-
-def _trainer_rules(c: Layout, model: ModelShape | None) -> list:
-    out = []
-    if c.cp > 1:
-        out.append(Rejection("trainer", "cp", c.cp, f"netmorph's trainer runs tp, ep, pp, dp and ZeRO; cp {c.cp} "
-                             "is priced by the planner only"))
-    if c.interleave > 1 and c.pipeline_schedule != "interleaved":
-        out.append(Rejection("trainer", "interleave", c.interleave, f"interleave {c.interleave} needs the "
-                             "interleaved schedule"))
-    if model is None:
-        return out
-    gpt2 = (("ffn_type", "gelu"), ("position", "learned"), ("tied", True), ("bias", True), ("kv_heads", 0),
-            ("shared_experts", 0), ("extra_positions", 0), ("embedding_norm", False), ("head_width", 0),
-            ("attention_bias", ""), ("qk_norm", False), ("layer_norms", 2), ("kv_lora_rank", 0), ("dense_at", ()))
-    for k, want in gpt2 + (("ffn", 0),) * (model.ffn != 4 * model.hidden):
-        if getattr(model, k) != want and not (k == "kv_heads" and model.kv == model.heads):
-            out.append(Rejection("trainer", k, getattr(model, k), f"netmorph's torch GPT is GPT-2's shape (GeLU MLP "
-                                 f"of 4 x hidden, learned positions, tied embedding, biases, multi-head attention; "
-                                 f"routed experts without shared ones); {k} {getattr(model, k)!r} is priced by the "
-                                 f"planner only"))
-    if model.experts and c.sequence_parallel:
-        out.append(Rejection("trainer", "sequence_parallel", True, "experts with sequence parallelism: the router "
-                             "would see 1/tp of the tokens (Megatron gathers them first); not built"))
-    if model.experts and c.tp > 1 and c.expert_tp != 1:
-        out.append(Rejection("trainer", "expert_tp", c.expert_tp, "netmorph's trainer keeps each expert whole on "
-                             "every tp rank: expert_tp must be 1"))
-    if model.experts and c.zero >= 3:
-        out.append(Rejection("trainer", "zero", c.zero, "experts with ZeRO-3: the expert replicas' on-demand "
-                             "gathers are not built; use ZeRO 0-2"))
-    if model.vocab % c.tp:
-        out.append(Rejection("trainer", "vocab", model.vocab, f"vocab {model.vocab} is not divisible by tp {c.tp} "
-                             "(the vocabulary-parallel embedding)"))
-    if model.layers % c.stages:
-        out.append(Rejection("trainer", "layers", model.layers, f"layers {model.layers} is not divisible by pp x "
-                             f"interleave = {c.stages} (the trainer builds even stages)"))
-    if c.sequence_parallel and model.seq % c.tp:
-        out.append(Rejection("trainer", "seq", model.seq, f"seq {model.seq} is not divisible by tp {c.tp} "
-                             "(sequence parallelism)"))
     return out
 
 

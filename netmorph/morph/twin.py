@@ -25,6 +25,7 @@ from netmorph.cost.topology import Topology
 from netmorph.mesh.layout import Layout
 from netmorph.mesh.shape import ModelShape
 from netmorph.morph.layouts import train_config
+from netmorph.parallel import limits
 from netmorph.planner.hardware import Hardware
 from netmorph.planner.memory import memory
 from netmorph.planner.timing import step_time
@@ -54,7 +55,7 @@ def candidates(model: ModelShape, world: int, global_batch: int, max_tp: int = 8
             dp = world // (tp * pp)
             for z in ((0, 1, 2, 3) if dp > 1 and zero else (0,)):
                 lay = Layout(tp=tp, pp=pp, dp=dp, zero=z)
-                if any(r.key != "batch" for r in lay.check(model, trainer=True)):
+                if any(r.key != "batch" for r in limits.check(lay, model)):
                     continue
                 if global_batch % lay.dp or global_batch // lay.dp < lay.pp or model.seq % tp:
                     continue

@@ -31,10 +31,11 @@ from netmorph.mesh.shape import ModelShape
 from netmorph.models.capacity import POLICIES
 from netmorph.models.gpt import GPTStage, synthetic_batch
 from netmorph.models.moe import Router
+from netmorph.parallel import limits
 from netmorph.parallel.algos import CollectiveAlgos
 from netmorph.parallel.phases import split_step
 from netmorph.parallel.pipeline import Executor, check, schedule
-from netmorph.parallel.replica import Replica
+from netmorph.parallel.replica import Replica, rank_state
 from netmorph.parallel.results import RankReport, RankState
 from netmorph.parallel.slots import Hooks, device_ms
 from netmorph.parallel.state import named_pieces
@@ -112,7 +113,7 @@ class TrainConfig:
         if self.dp_mode not in ("bucket", "naive"):
             raise UsageError(f"{{dp_mode}} must be bucket or naive, got {self.dp_mode!r}", "dp_mode")
         check_shape(self.model)
-        lay = self.layout.require(self.model, trainer=True)
+        lay = limits.require(self.layout, self.model)
         r = self.router
         if r.drop_policy not in POLICIES:
             raise UsageError(f"{{drop_policy}} must be one of {', '.join(POLICIES)}, got {r.drop_policy!r}",
@@ -222,13 +223,6 @@ def _routing(moe: list, lay: RankGroups, records, a2a_s: float, world: int) -> d
             "kept": [sum(st.kept for st in b.stats).tolist() for b in moe],
             "send": send, "aux": sum(a for b in moe for a, _ in b.aux) / m,
             "z": sum(z for b in moe for _, z in b.aux) / m, "a2a_s": a2a_s, "links": links}
-
-
-def rank_state(reps) -> dict:
-    """The rank's flat state a checkpoint saves: the dense replica's, a mixture of experts' experts under
-    ``"experts"`` (:func:`netmorph.checkpoint.training.load_state`'s shape)."""
-    state = reps[0].state()
-    return {**state, "experts": reps[1].state()} if len(reps) > 1 else state
 
 
 def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -> RankReport:

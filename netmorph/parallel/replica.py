@@ -103,3 +103,10 @@ class Replica:
         """The buffer's real layout (:meth:`FlatParams.entries`) and the range the optimizer covers."""
         z = self.zero
         return {**self.flat.entries(), "optimizer_range": (z.lo, z.hi) if z else (0, self.flat.padded)}
+
+
+def rank_state(reps) -> dict:
+    """The rank's flat state a checkpoint saves: the dense replica's, a mixture of experts' experts under
+    ``"experts"`` (:func:`netmorph.checkpoint.training.load_state`'s shape)."""
+    state = reps[0].state()
+    return {**state, "experts": reps[1].state()} if len(reps) > 1 else state

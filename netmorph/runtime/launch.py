@@ -48,6 +48,7 @@ from netmorph.runtime import links
 from netmorph.runtime.failure import LaunchError, RankFailure, limit_error, root_cause_first
 from netmorph.runtime.heap import freeze_heap
 from netmorph.runtime.ledger import Ledger
+from netmorph.runtime.result import LaunchResult
 from netmorph.runtime.transport import CollectiveMismatch, FabricError, PeerLost, PeerTimeout, blame, fingerprint
 
 BACKENDS = ("local", "torch", "torch-native")
@@ -134,16 +135,6 @@ def _warm_imports() -> None:
     sympy, 0.6 s of one core in each rank that would otherwise pay it (forkserver's ``preload``, by hand)."""
     if sys.modules.get("torch") is not None:              # imported, and not blocked (None)
         importlib.import_module("torch.fx.experimental.symbolic_shapes")
-
-
-class LaunchResult(list):
-    """What every launch returns: the ranks' results in rank order (a list), with ``ledger`` (every message,
-    with ``ledger=True``; else None) and ``deaths`` (``[(rank, monotonic time)]`` of the ranks an elastic launch
-    lost; else []) -- one type whatever the flags."""
-
-    def __init__(self, results, ledger=None, deaths=()):
-        super().__init__(results)
-        self.ledger, self.deaths = ledger, list(deaths)
 
 
 def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0, faults=(),

@@ -18,6 +18,7 @@ from netmorph.errors import UsageError
 from netmorph.runtime.comm import Comm
 from netmorph.runtime.heap import freeze_heap
 from netmorph.runtime.native import NativeComm
+from netmorph.runtime.result import LaunchResult
 from netmorph.runtime.transport.tensors import dist_module
 from netmorph.runtime.transport.torchdist import TorchTransport
 
@@ -119,7 +120,7 @@ def run_in_job(fn, world: int, *args, timeout: float = 60.0, ledger: bool = Fals
     """``launch(fn, world, ..., backend="job")``: this process is one rank of the torchrun job; run ``fn(comm,
     *args, **kwargs)`` here and gather every rank's result (and ledger) to rank 0 (``all_gather_object``), as
     every torchrun script ends. Rank 0 gets what :func:`~netmorph.runtime.launch.launch` returns (results in rank
-    order, a :class:`~netmorph.runtime.launch.LaunchResult`, its ledger with ``ledger``); the other ranks get None. The job's WORLD_SIZE must be
+    order, a :class:`~netmorph.runtime.result.LaunchResult`, its ledger with ``ledger``); the other ranks get None. The job's WORLD_SIZE must be
     ``world``: the command's ranks are the job's."""
     from netmorph.runtime.ledger import Ledger
     job = int(os.environ["WORLD_SIZE"])
@@ -135,5 +136,4 @@ def run_in_job(fn, world: int, *args, timeout: float = 60.0, ledger: bool = Fals
         comm.transport.close()
     if comm.rank != 0:
         return None
-    from netmorph.runtime.launch import LaunchResult
     return LaunchResult([r for r, _ in everyone], Ledger.merge([led for _, led in everyone]) if ledger else None)
