@@ -4,6 +4,7 @@ An example that no test runs goes stale: the README's ``train`` example indexed 
 ``train`` had come to return a :class:`~netmorph.parallel.run.TrainSummary`, and raised ``TypeError``.
 """
 
+import os
 import re
 import subprocess
 import sys
@@ -37,3 +38,15 @@ def test_every_python_block_runs(code, tmp_path):
     """Each block in a fresh interpreter, in a folder of its own (an example may write a file)."""
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=150)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+@pytest.mark.timeout(120)
+def test_the_docs_site_builds_strictly(tmp_path):
+    """mkdocs.yml's pages (docs/, mkdocs-material from the dev extra) build with no warning: every nav entry
+    exists and every link between pages resolves."""
+    exe = Path(sys.executable).parent / "mkdocs"
+    assert exe.exists(), "mkdocs is not installed: pip install -e '.[dev]' (make test does)"
+    r = subprocess.run([str(exe), "build", "--strict", "-q", "-d", str(tmp_path / "site")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=100, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert (tmp_path / "site" / "extending" / "index.html").exists()
