@@ -214,3 +214,19 @@ def test_a_workload_line_names_the_field_it_lacks(tmp_path, line, words, capsys)
     assert main(["serve", "--workload", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0] and "KeyError" not in err[0] and '"arrival_s": seconds' in err[0], err
+
+
+def test_the_model_shape_flags_are_one_definition_across_commands(capsys):
+    """--layers/--num-layers and its siblings mean the same, with the same bounds, in every command that builds a
+    GPT (cli/shape.py); what does not fit this machine is the budget's one line, not a range of the command's."""
+    from netmorph.cli.shape import DEFAULTS
+    for command in ("train", "moe", "morph", "serve", "plan"):
+        argv = [command, "estimate"] if command == "plan" else [command]
+        assert main([*argv, "--num-layers", "0"]) == 2
+        err = capsys.readouterr().err
+        assert "--layers/--num-layers: must be in 1..2**24, got 0" in err, (command, err)
+        assert set(DEFAULTS[command]) <= {"layers", "hidden", "heads", "seq", "vocab"}
+    for command in ("morph", "serve", "moe"):
+        assert main([command, "--hidden", "100000"]) == 2
+        err = capsys.readouterr().err
+        assert "more than" in err and "lower" in err and len(err.strip().splitlines()) == 1, (command, err)

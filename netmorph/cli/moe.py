@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from netmorph.cli import action_only, add_timeout, check_action, float_in, int_in, job_split, plot_file, print_json
 from netmorph.cli.checkpoints import AlreadyTrained, add_checkpoint_arguments, checkpoint_start
+from netmorph.cli.shape import add_shape_flags
 from netmorph.errors import require
 from netmorph.runtime.env import torchrun_rank
 
@@ -46,12 +47,8 @@ def add_parser(sub) -> None:
     r.add_argument("--z-loss-coeff", type=float, default=0.0, help="router z-loss beta (default 0)")
     r.add_argument("--jitter", type=float, default=0.0, help="router input jitter epsilon (default 0)")
     m = p.add_argument_group("model and run")
-    m.add_argument("--layers", type=int, default=2, help="GPT layers, each with experts (default 2)")
-    m.add_argument("--hidden", type=int, default=32, help="hidden size h (default 32)")
-    m.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
+    add_shape_flags(m, "moe", {"layers": "each with experts"})
     m.add_argument("--ffn", type=int, default=64, help="expert MLP width (default 64)")
-    m.add_argument("--vocab", type=int, default=64, help="vocabulary (default 64)")
-    m.add_argument("--seq", type=int, default=16, help="sequence length (default 16)")
     m.add_argument("--batch", type=int, default=4, help="sequences per rank per step (default 4)")
     m.add_argument("--steps", type=int, default=20, help="optimizer steps (default 20)")
     m.add_argument("--lr", type=float_in(0, 100, open_low=True), default=3e-3,

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from netmorph.cli import action_only, add_timeout, check_action, float_in, int_in, link_mbps, plot_file, print_json
 from netmorph.cli.cluster import add_cluster_flags, in_cluster
+from netmorph.cli.shape import add_shape_flags
 from netmorph.errors import UsageError
 
 
@@ -63,11 +64,7 @@ def add_parser(sub) -> None:
     p.add_argument("--to", dest="after", default="dp4,zero3", help="reshard: layout after (default dp4,zero3)")
     p.add_argument("--steps", type=int, help="run: steps in all (default 100); reshard: before and after the move "
                                              "(default 2)")
-    p.add_argument("--layers", type=int_in(1, 4096), default=4, help="GPT layers (default 4)")
-    p.add_argument("--hidden", type=int_in(1, 4096), default=32, help="hidden size (default 32)")
-    p.add_argument("--heads", type=int_in(1, 4096), default=4, help="attention heads (default 4)")
-    p.add_argument("--seq", type=int_in(1, 4096), default=16, help="sequence length (default 16)")
-    p.add_argument("--vocab", type=int_in(1, 4096), default=64, help="vocabulary (default 64)")
+    add_shape_flags(p, "morph")
     p.add_argument("--global-batch", type=int_in(1, 4096), default=8,
                    help="sequences per step, both layouts (default 8)")
     add_timeout(p, 60)
@@ -83,9 +80,21 @@ def add_parser(sub) -> None:
 
 
 def _model(args):
-    """The GPT the flags describe (both actions); one line for a size out of range."""
+    """The GPT the flags describe (both actions); one line for a size out of range, or for a model this machine
+    cannot hold or train in time on the run's ranks (the budget ``train`` and ``moe`` are held to)."""
     from netmorph.mesh.shape import ModelShape
-    return ModelShape(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab)
+    from netmorph.models.gpt import synthetic_data_bytes
+    from netmorph.runtime import budget
+    m = ModelShape(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab)
+    world = args.world if isinstance(args.world, int) and args.world > 0 else 8
+    steps = args.steps if isinstance(args.steps, int) and args.steps > 0 else 100
+    memory, seconds = budget.training(params_per_rank=m.params(), active_params=m.params(), layers=m.layers,
+                                      hidden=m.hidden, heads=m.heads, seq=m.seq, vocab=m.vocab, micro_batch=1,
+                                      microbatches=1, steps=steps, world=world, itemsize=8,
+                                      data_bytes=synthetic_data_bytes(m.vocab))
+    budget.check(memory, seconds, f"training {m.params():,} parameters on {budget.ranks(world)}",
+                 "--layers, --hidden, --seq or --vocab", "--steps or the model (--layers, --hidden, --seq)")
+    return m
 
 
 def run(args) -> int:

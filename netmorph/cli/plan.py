@@ -13,6 +13,7 @@ import sys
 import time
 
 from netmorph.cli import int_in, pipeline_schedule, print_json
+from netmorph.cli.shape import add_shape_flags
 from netmorph.errors import UsageError
 from netmorph.units import fmt_memory, fmt_params
 
@@ -44,12 +45,8 @@ def add_split_args(p, bare: bool = True) -> None:
     g.add_argument("--model-config", help="a Hugging Face config.json: the model you train")
     g.add_argument("--megatron-args", help="a Megatron-LM pretrain command line (quoted): model and split")
     g.add_argument("--deepspeed-config", help="a DeepSpeed ds_config.json: batch sizes, ZeRO stage, precision")
-    g.add_argument("--layers", type=int, help="transformer layers l")
-    g.add_argument("--hidden", type=int, help="hidden size h")
-    g.add_argument("--heads", type=int, help="attention heads a")
+    add_shape_flags(g, "plan", {"seq": "default 2048", "vocab": "default 51200"})
     g.add_argument("--kv-heads", type=int, help="key/value heads (grouped-query attention; default: --heads)")
-    g.add_argument("--seq", type=int, help="sequence length (default 2048)")
-    g.add_argument("--vocab", type=int, help="vocabulary (default 51200)")
     g.add_argument("--ffn", type=int, help="MLP intermediate width (default 4 x hidden)")
     g.add_argument("--ffn-type", choices=("gelu", "swiglu"), help="two-matrix GeLU MLP or three-matrix SwiGLU")
     g.add_argument("--position", choices=("learned", "rope", "alibi"), help="position encoding (learned: s x h "

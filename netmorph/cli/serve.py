@@ -8,6 +8,7 @@ import math
 import sys
 
 from netmorph.cli import add_timeout, float_in, int_in, print_json
+from netmorph.cli.shape import add_shape_flags
 from netmorph.errors import UsageError
 from netmorph.runtime.env import torchrun_world
 
@@ -63,10 +64,7 @@ def add_parser(sub) -> None:
                         "blocks (default 1)")
     p.add_argument("--context", type=int_in(2, 1 << 16, "2..65536"), default=1024,
                    help="the model's context, at least a prompt token and an output token (default 1024)")
-    p.add_argument("--layers", type=int_in(1, 64), default=2, help="model layers (default 2)")
-    p.add_argument("--hidden", type=int_in(1, 4096), default=64, help="model width (default 64)")
-    p.add_argument("--heads", type=int_in(1, 256), default=4, help="attention heads (default 4)")
-    p.add_argument("--vocab", type=int_in(1, 1 << 20, "1..2**20"), default=512, help="vocabulary (default 512)")
+    add_shape_flags(p, "serve")
     p.add_argument("--time-model", type=time_model, default="llama-3-8b@a100-80g",
                    metavar="MODEL@HARDWARE|measured",
                    help="price each iteration as MODEL's roofline on HARDWARE (default llama-3-8b@a100-80g: a GPU, "

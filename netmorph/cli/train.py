@@ -12,6 +12,7 @@ import sys
 
 from netmorph.cli import add_timeout, float_in, int_in, job_split, pipeline_schedule, print_json, trace_file
 from netmorph.cli.checkpoints import AlreadyTrained, add_checkpoint_arguments, checkpoint_start
+from netmorph.cli.shape import add_shape_flags
 from netmorph.errors import UsageError, require
 from netmorph.files import write_json
 from netmorph.runtime.env import torchrun_rank, torchrun_world
@@ -55,12 +56,7 @@ def add_parser(sub) -> None:
     g.add_argument("--micro-batch-size", type=int, default=2, help="sequences per microbatch (default 2)")
     g.add_argument("--global-batch-size", type=int, help="sequences per step: sets --microbatches")
     m = p.add_argument_group("model")
-    size = int_in(1, 1 << 24, "1..2**24")
-    m.add_argument("--layers", "--num-layers", type=size, default=4, help="transformer layers (default 4)")
-    m.add_argument("--hidden", "--hidden-size", type=size, default=64, help="hidden size h (default 64)")
-    m.add_argument("--heads", "--num-attention-heads", type=size, default=4, help="attention heads (default 4)")
-    m.add_argument("--seq", "--seq-length", type=size, default=32, help="sequence length s (default 32)")
-    m.add_argument("--vocab", type=size, default=128, help="vocabulary V (default 128)")
+    add_shape_flags(m, "train")
     m.add_argument("--experts", "--num-experts", type=int, default=0,
                    help="a mixture of experts: E experts in every layer's MLP (default 0: dense)")
     m.add_argument("--top-k", "--moe-router-topk", type=int, default=2, help="experts per token (default 2)")
