@@ -27,12 +27,18 @@ class UsageError(ValueError):
     def render(self, flags: dict | None = None) -> str:
         """The message with each ``{name}`` spelled as a parameter (``flags`` None) or as a flag:
         ``flags.get(name)``, else ``--name`` with dashes."""
-        def spell(m):
-            name = m.group(1)
-            if flags is None:
-                return name
-            return flags.get(name, "--" + name.replace("_", "-"))
-        return _PLACEHOLDER.sub(spell, self.text)
+        return spell(self.text, flags)
+
+
+def spell(text: str, flags: dict | None = None) -> str:
+    """``text`` with each ``{name}`` placeholder as a parameter name (``flags`` None) or a command's flag:
+    ``flags.get(name)``, else ``--name`` with dashes (the one place a parameter becomes a flag)."""
+    def one(m):
+        name = m.group(1)
+        if flags is None:
+            return name
+        return flags.get(name, "--" + name.replace("_", "-"))
+    return _PLACEHOLDER.sub(one, text)
 
 
 class Terminated(KeyboardInterrupt):

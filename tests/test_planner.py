@@ -88,16 +88,20 @@ def test_search_1t_on_3072_gpus_is_ranked():
 
 def test_rules_reject_with_reasons():
     m = PRESETS["gpt3-175b"]
-    cases = [(Layout(tp=5), "heads", "--tp", "heads"),
-             (Layout(pp=97), "layers", "--pp or --first/last-stage-layers", "layers"),
+    from netmorph.cli.plan import FLAGS
+    from netmorph.errors import spell
+    cases = [(Layout(tp=5), "heads", "--tp or --heads", "heads"),
+             (Layout(pp=97), "layers", "--pp or --first-stage-layers/--last-stage-layers", "layers"),
              (Layout(pp=4, interleave=25, global_batch=4), "layers", "--pp or --interleave", "interleave"),
-             (Layout(cp=3), "cp", "--cp or --attention", "flash"),
+             (Layout(cp=3), "cp-flash", "--cp or --attention", "flash"),
              (Layout(tp=16), "inter-node-tp", "--tp", "inter-node"),
              (Layout(dp=3, global_batch=8), "batch", "--global-batch or --microbatch", "does not split"),
-             (Layout(tp=1, sequence_parallel=True), "sp-needs-tp", "--tp", "sequence parallelism")]
+             (Layout(tp=1, sequence_parallel=True), "sp-needs-tp", "--sequence-parallel or --tp",
+              "sequence parallelism")]
     for cfg, key, flag, words in cases:
         why = check(m, cfg, A100)
-        assert (why.key, why.flag) == (key, flag) and words in why.text
+        assert (why.key, spell(why.flag, FLAGS)) == (key, flag) and words in why.text
+        assert "--" not in why.flag                          # the library names parameters; the CLI spells them
         assert why.soft == (key == "inter-node-tp")
     assert check(m, Layout(tp=8, pp=8, dp=16, global_batch=1536), A100) is None
     # since Megatron-Core and DeepSpeed run them: uneven stages, ZeRO-3 (FSDP) with pp, interleave to 16
@@ -117,7 +121,7 @@ def test_fsdp_with_a_pipeline_is_zero1s_memory_and_traffic(capsys):
     assert three["memory_bytes"] == one["memory_bytes"] and three["step_time_s"] == one["step_time_s"]
     assert c.sharding == 1 and replace(c, pp=1).sharding == 3
     from netmorph.parallel import limits
-    assert not c.check(trainer=True) and [r.key for r in limits.check(c)] == ["zero-pp"]
+    assert not c.check() and [r.key for r in limits.check(c)] == ["zero-pp"]
     assert main(["plan", "estimate", "--model", "llama-3-70b", "--hardware", "h100-80g", "--tp", "8", "--pp", "4",
                  "--dp", "4", "--global-batch", "64", "--zero", "3"]) == 0
     assert "runs as FSDP2 under torch.distributed.pipelining" in capsys.readouterr().err

@@ -14,8 +14,11 @@ import time
 
 from netmorph.cli import int_in, pipeline_schedule, print_json
 from netmorph.cli.shape import add_shape_flags
-from netmorph.errors import UsageError
+from netmorph.errors import UsageError, spell
 from netmorph.units import fmt_memory, fmt_params
+
+# library parameters a layout's rejection names, as this command's flags (the rest are --name)
+FLAGS = {"micro_batch_size": "--microbatch", "microbatches": "--global-batch"}
 
 SIZE = int_in(1, 1 << 24, "1..16,777,216")     # a parallel degree, a device count, a batch
 BYTES = int_in(0, 64)                           # bytes per parameter, gradient or optimizer state
@@ -33,7 +36,7 @@ def add_parser(sub) -> None:
     add_split_args(p)
     p.add_argument("--top", type=int_in(1, 1000), default=5, help="how many plans to print (default 5)")
     p.add_argument("--json", action="store_true", help="print the plans (and for a search the rejections) as JSON")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, flags=FLAGS)
 
 
 def add_split_args(p, bare: bool = True) -> None:
@@ -340,7 +343,8 @@ def _search(args, model, hw) -> int:
     top = result.ranked
     print_notes(args)
     if args.json:
-        rejected = [dataclasses.asdict(r) for r in sorted(result.rejected.values(), key=lambda r: -r.count)]
+        rejected = [{**dataclasses.asdict(r), "flag": spell(r.flag, FLAGS)}
+                    for r in sorted(result.rejected.values(), key=lambda r: -r.count)]
         print_json({"plans": top, "searched": result.searched, "fits": result.fits, "rejected": rejected}, indent=1)
         return 0 if top else 1
     total, n_fit = result.searched, result.fits

@@ -5,7 +5,8 @@ from __future__ import annotations
 from netmorph.cli import print_json, trace_file
 from netmorph.errors import UsageError
 
-FLAGS = {"schedule": "--schedule", "layers": "--layers", "zero": "--zero"}
+FLAGS = {"schedule": "--schedule", "layers": "--layers", "zero": "--zero", "micro_batch_size": "--microbatch",
+         "microbatches": "--global-batch"}
 
 
 def add_parser(sub) -> None:

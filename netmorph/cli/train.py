@@ -20,6 +20,7 @@ from netmorph.runtime.env import torchrun_rank, torchrun_world
 # library parameters set by a flag of another name (the rest are --name)
 FLAGS = {"micro_batch_size": "--micro-batch-size", "dp_mode": "--dp-mode", "bucket_mb": "--bucket-mb",
          "dp_algo": "--dp-algo", "tp_algo": "--tp-algo", "sequence_parallel": "--sequence-parallel",
+         "global_batch": "--global-batch-size",
          "top_k": "--top-k", "capacity_factor": "--capacity-factor"}
 BACKENDS = ("local", "torch", "torch-native")
 

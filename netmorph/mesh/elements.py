@@ -38,7 +38,7 @@ from netmorph.mesh.shape import ModelShape
 def check(layout: Layout, cfg: ModelShape) -> None:
     """The layout runs ``cfg`` on netmorph's trainer, or the one line that says why not (its first
     :class:`~netmorph.mesh.layout.Rejection`)."""
-    bad = [r for r in layout.check(cfg, trainer=True) if r.key != "batch"]
+    bad = [r for r in layout.check(cfg) if r.key != "batch"]
     if not bad and cfg.vocab % layout.tp:           # the map's own needs: the vocabulary-parallel embedding's
         bad = [Rejection("map", "vocab", cfg.vocab, f"vocab {cfg.vocab} is not divisible by tp {layout.tp}")]
     if not bad and cfg.layers % layout.stages:      # pieces, and even stages (chunk_layers)

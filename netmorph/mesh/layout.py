@@ -33,7 +33,9 @@ CP_COMM = ("p2p", "all_gather")   # Megatron-Core's --cp-comm-type (its a2a vari
 @dataclass(frozen=True)
 class Rejection:
     """Why a layout cannot run a model: a stable ``key`` (the planner tallies by it), the ``field`` and
-    ``value`` at fault, the sentence, and the command-line ``flag`` that changes it.
+    ``value`` at fault, the sentence, and ``flag``: what to change, in the library's parameter names as
+    placeholders (``"{tp} or {heads}"``) that each command spells as its own flags
+    (:meth:`netmorph.errors.UsageError.render`, :func:`netmorph.errors.spell`).
 
     ``soft``: a rule of thumb rather than a rule (``plan estimate`` still prices it, with a warning)."""
 
@@ -231,43 +233,41 @@ class Layout:
         return cls(tp=tp, pp=pp, dp=dp, ep=fields.get("ep", 1), zero=fields.get("zero", 0), interleave=v)
 
     # -- rules ---------------------------------------------------------------------------------------
-    def check(self, model: ModelShape | None = None, world: int | None = None, trainer: bool = False) -> list:
+    def check(self, model: ModelShape | None = None, world: int | None = None) -> list:
         """Every :class:`Rejection` of this layout for ``model`` on ``world`` ranks (empty: it runs), in the
-        order the planner reports them. ``trainer``: the flags named are ``netmorph train``'s (the trainer's own
-        limits are :func:`netmorph.parallel.limits.trainer_rules`')."""
+        order the planner reports them (the trainer's own limits are :func:`netmorph.parallel.limits.check`'s)."""
         out = _ranges(self)
         if out:
             return out
         if world is not None and world != self.world:
             out.append(Rejection("world", "world", world, f"tp x cp x pp x dp = {self.tp}x{self.cp}x{self.pp}x"
-                                 f"{self.dp} = {self.world}, not the {world} ranks", "--tp/--pp/--dp"))
+                                 f"{self.dp} = {self.world}, not the {world} ranks", "{tp}/{pp}/{dp}"))
         if model is not None and not model.bare:
-            out += _model_rules(self, model, trainer)
-        # the flags named are the planner's (netmorph plan), or with ``trainer`` netmorph train's
+            out += _model_rules(self, model)
         if self.global_batch % (self.dp * self.micro_batch_size):
             out.append(Rejection("batch", "global_batch", self.global_batch,
                                  f"global batch {self.global_batch} does not split into dp {self.dp} x microbatch "
-                                 f"{self.micro_batch_size}", "--global-batch or --microbatch"))
+                                 f"{self.micro_batch_size}", "{global_batch} or {micro_batch_size}"))
         m = self.microbatches
         if self.interleave > 1 and (self.pp == 1 or m % self.group):
             out.append(Rejection("interleave", "interleave", self.interleave,
                                  f"interleaving needs pp > 1 and microbatches ({m}) a multiple of "
                                  + (f"the microbatch group ({self.group})" if self.microbatch_group else
                                     f"pp ({self.pp})"),
-                                 "--microbatches or --interleave" if trainer else "--interleave"))
+                                 "{microbatches} or {interleave}"))
         if self.microbatch_group and (self.microbatch_group < self.pp or self.pipeline_schedule != "interleaved"):
             out.append(Rejection("interleave", "microbatch_group", self.microbatch_group,
                                  f"a microbatch group ({self.microbatch_group}) goes with the interleaved schedule "
                                  f"and at least pp ({self.pp}) microbatches (Megatron's dependency check)",
-                                 "--microbatch-group"))
+                                 "{microbatch_group}"))
         if self.sequence_parallel and self.tp == 1:
             out.append(Rejection("sp-needs-tp", "sequence_parallel", True, "sequence parallelism needs tp > 1",
-                                 "--sequence-parallel or --tp" if trainer else "--tp"))
+                                 "{sequence_parallel} or {tp}"))
         return out
 
-    def require(self, model: ModelShape | None = None, world: int | None = None, trainer: bool = False) -> Layout:
+    def require(self, model: ModelShape | None = None, world: int | None = None) -> Layout:
         """This layout, or the :class:`~netmorph.errors.UsageError` of its first rejection."""
-        bad = self.check(model, world, trainer)
+        bad = self.check(model, world)
         if bad:
             raise bad[0].error()
         return self
@@ -294,31 +294,31 @@ def _ranges(c: Layout) -> list:
     return out
 
 
-def _model_rules(c: Layout, model: ModelShape, trainer: bool) -> list:
+def _model_rules(c: Layout, model: ModelShape) -> list:
     out = []
     if model.heads % c.tp or model.kv % c.tp:
         what = f"the {model.heads} heads" if model.heads % c.tp else f"the {model.kv} KV heads (query groups)"
         out.append(Rejection("heads", "tp", c.tp, f"tp {c.tp} does not divide {what}",
-                             "--tp or --heads" if trainer else "--tp"))
+                             "{tp} or {heads}"))
     stages = c.stage_layers(model.layers)
     if sum(stages) != model.layers or min(stages) < 1:
         out.append(Rejection("layers", "pp", c.pp, f"{model.layers} layers do not fill pp {c.pp} stages with at "
                              f"least one each (first {c.first_stage_layers or 'even'}, last "
-                             f"{c.last_stage_layers or 'even'})", "--pp or --first/last-stage-layers"))
+                             f"{c.last_stage_layers or 'even'})", "{pp} or {first_stage_layers}/{last_stage_layers}"))
     elif c.interleave > 1 and min(stages) < c.interleave:
         out.append(Rejection("layers", "interleave", c.interleave, f"interleave {c.interleave} needs at least "
                              f"{c.interleave} layers on every stage (the smallest of pp {c.pp} has {min(stages)})",
-                             "--pp or --interleave"))
-    if c.cp > 1 and model.attention != "flash" and not trainer:
-        out.append(Rejection("cp", "cp", c.cp, "context parallelism runs ring attention in a fused (flash) kernel, "
+                             "{pp} or {interleave}"))
+    if c.cp > 1 and model.attention != "flash":
+        out.append(Rejection("cp-flash", "cp", c.cp, "context parallelism runs ring attention in a fused (flash) kernel, "
                              "as Megatron-Core's Transformer Engine path does; this model's attention is standard",
-                             "--cp or --attention"))
+                             "{cp} or {attention}"))
     if c.cp > 1 and model.seq % (2 * c.cp):
         out.append(Rejection("cp", "cp", c.cp, f"cp {c.cp}: the sequence {model.seq} does not split into 2 x cp "
-                             "chunks", "--cp"))
+                             "chunks", "{cp}"))
     if c.ep > 1 and (not model.experts or model.experts % c.ep or c.dp % c.ep):
         out.append(Rejection("ep", "ep", c.ep, f"ep {c.ep} must divide the experts ({model.experts}) and dp "
-                             f"({c.dp})", "--ep"))
+                             f"({c.dp})", "{ep}"))
     return out
 
 

@@ -12,7 +12,7 @@ from netmorph.mesh.shape import ModelShape
 
 def check(layout: Layout, model: ModelShape | None = None, world: int | None = None) -> list:
     """Every rejection of ``layout`` for ``model`` on the trainer (empty: it runs), the flags named ``train``'s."""
-    out = layout.check(model, world, trainer=True)
+    out = [r for r in layout.check(model, world) if r.key != "cp-flash"]    # the trainer has no cp at all
     return out if any(r.key == "range" for r in out) else out + trainer_rules(layout, model)
 
 
@@ -31,10 +31,10 @@ def trainer_rules(c: Layout, model: ModelShape | None = None) -> list:
     if c.microbatch_group and c.microbatch_group >= c.pp and c.pipeline_schedule == "interleaved":
         out.append(Rejection("interleave", "microbatch_group", c.microbatch_group, "netmorph's trainer runs the "
                              "interleaved schedule with a microbatch group of pp (Megatron's default)",
-                             "--microbatch-group"))
+                             "{microbatch_group}"))
     if c.pp > 1 and c.zero >= 2:
         out.append(Rejection("zero-pp", "zero", c.zero, f"ZeRO-{c.zero} with pipeline parallelism: netmorph's "
-                             "trainer, as DeepSpeed's pipeline engine, runs stage 1 only", "--zero or --pp"))
+                             "trainer, as DeepSpeed's pipeline engine, runs stage 1 only", "{zero} or {pp}"))
     if c.cp > 1:
         out.append(Rejection("trainer", "cp", c.cp, f"netmorph's trainer runs tp, ep, pp, dp and ZeRO; cp {c.cp} "
                              "is priced by the planner only"))

@@ -49,7 +49,7 @@ def schedule(name: str, pp: int, m: int, v: int = 1) -> list[list[Slot]]:
     if name not in SCHEDULES:
         raise UsageError(f"{{schedule}} must be one of {', '.join(SCHEDULES)}, got {name!r}", "schedule")
     if name != "interleaved" and v != 1:
-        raise UsageError(f"{{interleave}} {v} needs --schedule interleaved", "interleave")
+        raise UsageError(f"{{interleave}} {v} needs {{schedule}} interleaved", "interleave")
     if name == "afab":
         return [[Slot("F", i) for i in range(m)] + [Slot("B", i) for i in range(m)] for _ in range(pp)]
     if name == "1f1b":

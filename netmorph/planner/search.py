@@ -69,10 +69,10 @@ def check(model: ModelShape, c: Layout, hw: Hardware) -> Rejection | None:
         return rules[0]
     if c.tp > hw.gpus_per_node:
         return Rejection("inter-node-tp", "tp", c.tp, f"inter-node tensor parallelism (tp {c.tp} > "
-                         f"{hw.gpus_per_node} devices per node)", "--tp", soft=True)
+                         f"{hw.gpus_per_node} devices per node)", "{tp}", soft=True)
     if c.precision == "fp8" and not hw.fp8_flops:
         return Rejection("fp8", "precision", c.precision, f"{hw.name} has no FP8 tensor cores",
-                         "--precision or --hardware")
+                         "{precision} or {hardware}")
     return rules[0] if rules else None
 
 
@@ -216,7 +216,7 @@ def search(model: ModelShape, gpus: int, hw: Hardware, global_batch: int, base: 
                                                 reject(Rejection(ZERO_PP, "zero", zero, "ZeRO-3 with a pipeline "
                                                                  "runs as FSDP2 with reshard_after_forward=False: "
                                                                  "ZeRO-1's memory and traffic, searched as ZeRO-1",
-                                                                 "--zero or --pp"),
+                                                                 "{zero} or {pp}"),
                                                        lambda: make(tp, cp, pp, dp, ep, mb, v, zero, rc, sp, prec))
                                                 continue
                                             total = memory_total(cz, parts, zero)
@@ -224,7 +224,7 @@ def search(model: ModelShape, gpus: int, hw: Hardware, global_batch: int, base: 
                                                 reject(Rejection("memory", "memory", total,
                                                                  f"out of memory ({total / 1e9:.1f} GB > "
                                                                  f"{hw.memory_bytes / 1e9:.1f} GB)",
-                                                                 "--gpus, --hardware or --recompute"),
+                                                                 "{gpus}, {hardware} or {recompute}"),
                                                        lambda: make(tp, cp, pp, dp, ep, mb, v, zero, rc, sp, prec))
                                                 continue
                                             fits.append(make(tp, cp, pp, dp, ep, mb, v, zero, rc, sp, prec))
