@@ -31,6 +31,18 @@ def star_form(p, n, alpha, beta, gamma):
     return Formula(2 * (p - 1), "2(p−1)", (p - 1) * n, "(p−1)·n", None, "— (port contention: simulated)")
 
 
+def test_a_registered_algorithm_takes_the_next_header_code_and_moves_no_other():
+    """The fabric's message header codes an algorithm by its index: registering one must not renumber the rest
+    (a header template cached before would then name another algorithm)."""
+    from netmorph.runtime.transport.fingerprint import algos
+    before = algos()
+    register(Algorithm("allreduce", "aaa_first_by_name", star))
+    try:
+        assert algos() == (*before, "aaa_first_by_name")
+    finally:
+        unregister("allreduce", "aaa_first_by_name")
+
+
 @pytest.fixture
 def registered():
     rec = register(Algorithm("allreduce", "star", star, color="#000000", form=star_form))

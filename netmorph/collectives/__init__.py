@@ -9,7 +9,7 @@ extrapolates it, label, colour); :func:`register` adds one that every command th
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache, partial
 
 from netmorph.collectives import allgather, allreduce, alltoall, broadcast, reduce, reduce_scatter
@@ -54,8 +54,7 @@ def register(alg: Algorithm) -> Algorithm:
         raise ValueError(f"{alg.op} already has an algorithm {alg.name!r}")
     if alg.growth not in ("linear", "log"):
         raise ValueError(f"growth must be linear or log, got {alg.growth!r}")
-    label = alg.label or alg.name.replace("_", " ")
-    rec = Algorithm(alg.op, alg.name, alg.build, label, alg.color, alg.growth, alg.planner, alg.form)
+    rec = replace(alg, label=alg.label or alg.name.replace("_", " "))
     REGISTRY.setdefault(alg.op, {})[alg.name] = rec
     ALGORITHMS.setdefault(alg.op, {})[alg.name] = alg.build
     check_algo.cache_clear()
@@ -66,12 +65,6 @@ def unregister(op: str, name: str) -> None:
     """Forget an algorithm (a test's own)."""
     del REGISTRY[op][name], ALGORITHMS[op][name]
     check_algo.cache_clear()
-
-
-def algorithm(op: str, name: str) -> Algorithm:
-    """The record of ``name`` for ``op`` (names checked by :func:`check_algo`)."""
-    op = canonical_op(op)
-    return REGISTRY[op][check_algo(op, name)]
 
 
 def planner_algorithms(op: str) -> tuple:

@@ -43,8 +43,9 @@ OPS = ("p2p", *ALGORITHMS)
 
 
 def algos() -> tuple:
-    """Every algorithm name, a stable order to index (the registry's now: one registered later is there too)."""
-    return ("p2p", *sorted({a for names in ALGORITHMS.values() for a in names}))
+    """Every algorithm name in the order the registry first saw it: an algorithm registered later takes the
+    next code and leaves every earlier one's as it was (a cached header template keeps meaning the same)."""
+    return ("p2p", *dict.fromkeys(a for names in ALGORITHMS.values() for a in names))
 
 
 REDOPS = ("sum", "prod", "max", "min", "none", "avg")
