@@ -46,6 +46,8 @@ class Algorithm:
 # {op: {name: Algorithm}}, and the builders alone by the same keys (the view most callers index)
 REGISTRY: dict = {}
 ALGORITHMS: dict = {}
+# every algorithm name, in the order first registered (never reordered: the fabric's message headers code by it)
+NAMES: list = []
 
 
 def register(alg: Algorithm) -> Algorithm:
@@ -57,12 +59,14 @@ def register(alg: Algorithm) -> Algorithm:
     rec = replace(alg, label=alg.label or alg.name.replace("_", " "))
     REGISTRY.setdefault(alg.op, {})[alg.name] = rec
     ALGORITHMS.setdefault(alg.op, {})[alg.name] = alg.build
+    if alg.name not in NAMES:
+        NAMES.append(alg.name)
     check_algo.cache_clear()
     return rec
 
 
 def unregister(op: str, name: str) -> None:
-    """Forget an algorithm (a test's own)."""
+    """Forget an algorithm (a test's own; its name keeps its header code)."""
     del REGISTRY[op][name], ALGORITHMS[op][name]
     check_algo.cache_clear()
 

@@ -33,7 +33,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from netmorph.collectives import ALGORITHMS
+from netmorph.collectives import ALGORITHMS, NAMES
 from netmorph.runtime.transport.errors import FabricError
 from netmorph.units import numpy_dtype
 
@@ -45,7 +45,7 @@ OPS = ("p2p", *ALGORITHMS)
 def algos() -> tuple:
     """Every algorithm name in the order the registry first saw it: an algorithm registered later takes the
     next code and leaves every earlier one's as it was (a cached header template keeps meaning the same)."""
-    return ("p2p", *dict.fromkeys(a for names in ALGORITHMS.values() for a in names))
+    return ("p2p", *NAMES)
 
 
 REDOPS = ("sum", "prod", "max", "min", "none", "avg")
