@@ -178,30 +178,32 @@ class Engine:
 
     def metrics(self, requests, finished, rejected) -> dict:
         samples, finished = finished, [r for r in finished if r.parent is None]     # requests; samples count tokens
-        ttft = np.array([r.first_token_at - r.arrival for r in finished])
-        tpot = np.array([(r.finished_at - r.first_token_at) / (r.generated - 1) for r in samples if r.generated > 1])
+
+        def pct(a):
+            return {f"p{q}": float(np.percentile(a, q)) if len(a) else None for q in (50, 90, 99)}
+
+        def ttft(reqs):
+            return pct(np.array([r.first_token_at - r.arrival for r in reqs]))
+
+        def tpot(sams):
+            return pct(np.array([(r.finished_at - r.first_token_at) / (r.generated - 1) for r in sams
+                                 if r.generated > 1]))
         tl = np.array(self.timeline) if self.timeline else np.zeros((0, 6))
         dts = tl[:, 5] if len(tl) else np.zeros(0)
         util = float((tl[:, 1] * dts).sum() / max((tl[:, 2] * dts).sum(), 1e-30)) if len(tl) else 0.0
         span = max((r.finished_at for r in finished), default=0.0) - min((r.arrival for r in finished), default=0.0)
         tokens_out = sum(r.generated for r in samples)
-
-        def pct(a):
-            return {f"p{q}": float(np.percentile(a, q)) if len(a) else None for q in (50, 90, 99)}
-
         by_priority = {}
         for prio in sorted({r.priority for r in finished}):
             mine = [r for r in finished if r.priority == prio]
-            ts = [r for r in samples if r.priority == prio and r.generated > 1]
-            by_priority[str(prio)] = {
-                "count": len(mine), "ttft_s": pct(np.array([r.first_token_at - r.arrival for r in mine])),
-                "tpot_s": pct(np.array([(r.finished_at - r.first_token_at) / (r.generated - 1) for r in ts]))}
+            by_priority[str(prio)] = {"count": len(mine), "ttft_s": ttft(mine),
+                                      "tpot_s": tpot([r for r in samples if r.priority == prio])}
         return {"requests": len(requests), "completed": len(finished), "rejected": len(rejected),
                 "rejections": [{"request": r.rid, "reason": r.reason} for r in rejected],
                 "tokens_out": tokens_out, "duration_s": span,
                 "throughput_tok_s": tokens_out / span if span > 0 else 0.0,
                 "throughput_req_s": len(finished) / span if span > 0 else 0.0,
-                "ttft_s": pct(ttft), "tpot_s": pct(tpot), "by_priority": by_priority, "kv_utilization": util,
+                "ttft_s": ttft(finished), "tpot_s": tpot(samples), "by_priority": by_priority, "kv_utilization": util,
                 "preemptions": dict(self.scheduler.preemptions), "swap_bytes": self.scheduler.swap_bytes,
                 "cow_copies": self.bm.cow_copies, "iterations": self.iterations,
                 "prefix_cached_tokens": self.scheduler.prefix_cached_tokens,

@@ -39,7 +39,7 @@ from typing import NamedTuple
 
 from netmorph.errors import UsageError
 from netmorph.serving.blocks import BlockManager
-from netmorph.serving.policy import POLICIES, policy
+from netmorph.serving.policy import policy
 from netmorph.serving.request import Request, RequestStatus, sample_id
 
 __all__ = ["Request", "RequestStatus", "ScheduledItem", "Scheduler", "SchedulerOutput", "ServeConfig", "sample_id"]
@@ -70,8 +70,7 @@ class ServeConfig:
             raise UsageError(f"{{kv}} must be paged or contiguous, got {self.kv!r}", "kv")
         if self.preemption not in ("recompute", "swap"):
             raise UsageError(f"{{preemption}} must be recompute or swap, got {self.preemption!r}", "preemption")
-        if self.scheduling_policy not in POLICIES:
-            policy(self.scheduling_policy)           # the one line naming the known policies
+        policy(self.scheduling_policy)               # a registered name, or the one line naming the known ones
         if self.chunked_prefill < 0 or self.chunked_prefill and self.scheduler == "static":
             raise UsageError("{chunked_prefill} needs a token count > 0 and --scheduler continuous",
                              "chunked_prefill")
@@ -144,10 +143,11 @@ class Scheduler:
         r.status = RequestStatus.RUNNING
         return True
 
-    def _admit_next(self, waiting: list, running: list):
-        """The request the policy tries next, admitted (moved to ``running``), or None."""
+    def _admit_next(self, waiting: list, running: list, budget: int | None = None):
+        """The request the policy tries next, admitted (moved to ``running``), or None (also when its tokens so
+        far are more than ``budget``)."""
         r = self.policy.next_to_admit(waiting)
-        if r is None or not self._admit(r):
+        if r is None or budget is not None and len(r.tokens) > budget or not self._admit(r):
             return None
         waiting.remove(r)
         running.append(r)
@@ -203,12 +203,12 @@ class Scheduler:
         if not cfg.chunked_prefill:
             if not swapped and not self.frozen:                # vLLM v0: admit and prefill before decoding
                 admitted = []
-                while waiting and len(running) < cfg.max_seqs:
-                    head = self.policy.next_to_admit(waiting)
-                    if admitted and len(head.tokens) > budget or not self._admit_next(waiting, running):
+                while len(running) < cfg.max_seqs:      # the first one whatever its length, as vLLM v0
+                    r = self._admit_next(waiting, running, budget if admitted else None)
+                    if r is None:
                         break
-                    admitted.append(head)
-                    budget -= len(head.tokens) - head.computed
+                    admitted.append(r)
+                    budget -= len(r.tokens) - r.computed
                 if admitted:
                     return [(r, len(r.tokens) - r.computed) for r in admitted]
             return [(r, 1) for r in decodes]
