@@ -78,6 +78,12 @@ def loads_own(args) -> bool:
 class AlreadyTrained(Exception):
     """The run that loads where it saves finds its last step saved: a job torchrun restarted after its end."""
 
+    def report(self) -> int:
+        """The note, once for the job (rank 0), and the command's exit status: 0, nothing left to do."""
+        if torchrun_rank() == 0:
+            print(self, file=sys.stderr)
+        return 0
+
 
 def resume_step(path: str, steps: int, batch: int, own: bool = False) -> int:
     """The step a checkpoint was saved after (the data position the run goes on from: its global batches of

@@ -3,14 +3,12 @@ arithmetic."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 
 from netmorph.cli import action_only, add_timeout, check_action, float_in, int_in, job_split, plot_file, print_json
 from netmorph.cli.checkpoints import AlreadyTrained, add_checkpoint_arguments, checkpoint_start
 from netmorph.cli.shape import add_shape_flags
 from netmorph.errors import require
-from netmorph.runtime.env import torchrun_rank
 
 # library parameters set by a flag of another name (the rest are --name)
 FLAGS = {"jitter_eps": "--jitter", "tokens": "--tokens", "expert_ffn": "--ffn", "top_k": "--top-k",
@@ -94,9 +92,7 @@ def run(args) -> int:
     try:                                     # --load: the run goes on after the step its checkpoint saved
         ck, start = checkpoint_start(args, cfg.train.model, cfg.train.layout.global_batch)
     except AlreadyTrained as done:
-        if torchrun_rank() == 0:
-            print(done, file=sys.stderr)
-        return 0
+        return done.report()
     cfg = replace(cfg, train=replace(cfg.train, steps=args.steps - start, start_step=start, checkpoint=ck))
     cfg.train.check()
     from netmorph.models.gpt import synthetic_data_bytes

@@ -8,14 +8,12 @@ pipeline's in-flight microbatches and bubble, model-state memory, and with
 
 from __future__ import annotations
 
-import sys
-
 from netmorph.cli import add_timeout, float_in, int_in, job_split, pipeline_schedule, print_json, trace_file
 from netmorph.cli.checkpoints import AlreadyTrained, add_checkpoint_arguments, checkpoint_start
 from netmorph.cli.shape import add_shape_flags
 from netmorph.errors import UsageError, require
 from netmorph.files import write_json
-from netmorph.runtime.env import torchrun_rank, torchrun_world
+from netmorph.runtime.env import torchrun_world
 
 # library parameters set by a flag of another name (the rest are --name)
 FLAGS = {"micro_batch_size": "--micro-batch-size", "dp_mode": "--dp-mode", "bucket_mb": "--bucket-mb",
@@ -135,10 +133,6 @@ def config_from(args):
     return cfg
 
 
-
-
-
-
 def run(args) -> int:
     from netmorph.cli.progress import Bar
     require("torch", "training")
@@ -146,9 +140,7 @@ def run(args) -> int:
     try:
         cfg = config_from(args)
     except AlreadyTrained as done:
-        if torchrun_rank() == 0:
-            print(done, file=sys.stderr)
-        return 0
+        return done.report()
     if torchrun_world() is not None:
         out = train_torchrun(cfg, args.backend, args.timeout, args.check)
         if out is None:                  # not rank 0: rank 0 prints for the job, as nccl-tests under mpirun

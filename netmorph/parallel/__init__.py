@@ -11,13 +11,13 @@ from netmorph.parallel.hybrid import TrainConfig, train_rank
 from netmorph.parallel.pipeline import SCHEDULES, Slot, schedule
 from netmorph.parallel.run import reference, train
 from netmorph.parallel.tensor_parallel import (
-                                               ColumnParallelLinear,
-                                               RowParallelLinear,
-                                               TensorParallel,
-                                               copy_to_tensor_model_parallel_region,
-                                               gather_from_sequence_parallel_region,
-                                               reduce_from_tensor_model_parallel_region,
-                                               reduce_scatter_to_sequence_parallel_region,
+    ColumnParallelLinear,
+    RowParallelLinear,
+    TensorParallel,
+    copy_to_tensor_model_parallel_region,
+    gather_from_sequence_parallel_region,
+    reduce_from_tensor_model_parallel_region,
+    reduce_scatter_to_sequence_parallel_region,
 )
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "SCHEDULES", "Slot", "TensorParallel", "TrainConfig",

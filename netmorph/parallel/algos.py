@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from netmorph.collectives import REGISTRY, build
 from netmorph.errors import UsageError
+from netmorph.schedule import count
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,6 @@ class CollectiveAlgos:
     def check(self, layout=None) -> None:
         """Every name one the registry holds for its op, and one the trainer can run on ``layout``, or the one
         line naming the field."""
-        from netmorph.collectives import REGISTRY
         for field, op in (("dp", "allreduce"), ("tp", "allreduce"), ("allgather", "allgather"),
                           ("reduce_scatter", "reduce_scatter"), ("pair", "allreduce")):
             name = getattr(self, field)
@@ -48,6 +49,4 @@ def sent(op: str, algo: str, n: int, g: int, r: int, isz: int) -> int:
     """Bytes member ``r`` of a group of ``g`` sends in ``algo``'s ``op`` of ``n`` elements of ``isz`` bytes."""
     if g <= 1 or n <= 0:
         return 0
-    from netmorph.collectives import build
-    from netmorph.schedule import count
     return int(count(build(op, algo, g, n, isz)).bytes_sent[r])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from netmorph.parallel.algos import CollectiveAlgos
 from netmorph.parallel.data_parallel import DataParallelBucket, DataParallelNaive
 from netmorph.parallel.flat import Adam, FlatParams
 from netmorph.parallel.zero import ZeRO
@@ -25,7 +26,6 @@ class Replica:
 
     def __init__(self, comm, group, params, names, *, zero: int, lr: float, dtype, device, dp_mode: str = "bucket",
                  bucket_mb: float = 1.0, overlap: bool = False, phase: str = "dp", scale: float = 1.0, algos=None):
-        from netmorph.parallel.algos import CollectiveAlgos
         algos = algos or CollectiveAlgos()
         self.flat = FlatParams(params, pad_to=group.size(), dtype=dtype, names=names)
         self.scale, self.phase = scale, phase

@@ -34,6 +34,7 @@ import torch
 from netmorph.errors import UsageError
 from netmorph.mesh.placement import shard
 from netmorph.models.gpt import LayerNorm, Linear, expert_layer
+from netmorph.parallel.algos import CollectiveAlgos
 from netmorph.runtime.base import Group
 
 
@@ -205,7 +206,6 @@ class TensorParallel:
     """
 
     def __init__(self, comm, group, sequence_parallel: bool = False, phase: str = "tp", ep_group=None, algos=None):
-        from netmorph.parallel.algos import CollectiveAlgos
         self.comm, self.group, self.phase = comm, group, phase
         self.algos = algos or CollectiveAlgos()    # which all-reduce, all-gather, reduce-scatter (default ring)
         self.ep_group = ep_group if ep_group is not None else Group([comm.rank])   # the experts' all-to-all group

@@ -30,7 +30,7 @@ parameter buffer (padded to a multiple of d):
 
 from __future__ import annotations
 
-from netmorph.parallel.algos import CollectiveAlgos
+from netmorph.parallel.algos import CollectiveAlgos, sent
 
 
 def ring_allreduce(n: int, g: int, isz: int) -> float:
@@ -91,7 +91,6 @@ def _tp_counted(cfg, bsh, bs, isz, m, layers, moe_layers, first, last, r) -> tup
     one an all-reduce): per microbatch 4 of bsh elements a dense layer, 2 a mixture-of-experts layer, one for
     the embedding and one for the LM head, 3 of bs for the vocab-parallel loss -- each its schedule's bytes
     from this rank."""
-    from netmorph.parallel.algos import sent
     t, algo = cfg.layout.tp, cfg.algos.tp
     big, small = sent("allreduce", algo, bsh, t, r, isz), sent("allreduce", algo, bs, t, r, isz)
     n_big = m * (4 * (layers - moe_layers) + 2 * moe_layers + int(first) + int(last))
@@ -105,7 +104,6 @@ def counted_reductions(cfg, reps, rank: int, isz: int) -> dict:
     """{phase: (bytes, formula)} of each replica's gradient all-reduces where no closed form above holds
     (``--dp-mode naive``: one per parameter; or another algorithm than ring: one per bucket), each its
     schedule's bytes from ``rank``'s place in the replica's group."""
-    from netmorph.parallel.algos import sent
     algo, naive, out = cfg.algos.dp, cfg.dp_mode == "naive", {}
     for rep, name in zip(reps, ("dp", "edp")):
         g = rep.dp.group if rep.dp is not None else None

@@ -20,12 +20,12 @@ from __future__ import annotations
 import torch
 
 from netmorph.mesh.placement import shard_range
+from netmorph.parallel.algos import CollectiveAlgos
 from netmorph.parallel.flat import Adam
 
 
 class ZeRO:
     def __init__(self, comm, group, flat, stage: int, lr: float, phase: str = "zero", algos=None):
-        from netmorph.parallel.algos import CollectiveAlgos
         self.comm, self.group, self.flat, self.stage, self.phase = comm, group, flat, stage, phase
         self.algos = algos or CollectiveAlgos()
         self.d = group.size()
@@ -101,7 +101,8 @@ class ZeRO:
             self.adam.step(self.shard, self.grad_shard)
             if self.stage < 3:
                 if self.d > 1:
-                    self.comm.all_gather_into_tensor(self.flat.data, self.shard, group=self.group, algo=self.algos.allgather)
+                    self.comm.all_gather_into_tensor(self.flat.data, self.shard, group=self.group,
+                                                     algo=self.algos.allgather)
                 else:
                     self.flat.data.copy_(self.shard)
         if self.stage >= 2:

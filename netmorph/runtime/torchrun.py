@@ -86,7 +86,8 @@ def init_from_env(backend: str = "torch", timeout: float = 60.0):
                              f"start at most that many processes per node (--nproc-per-node)")
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
-    comm = init_torch(rank, world, None, timeout, native=(backend == "torch-native"), store=attempt_store(rank, world, timeout))
+    comm = init_torch(rank, world, None, timeout, native=(backend == "torch-native"),
+                      store=attempt_store(rank, world, timeout))
     comm.local_rank, comm.device = local_rank, device
     freeze_heap()
     return comm
