@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
+from netmorph.mesh.layout import Layout
 from netmorph.moe import MoEConfig, moe_shape, train
 
 
@@ -24,7 +25,8 @@ def main() -> None:
     for ep in (int(x) for x in args.eps.split(",")):
         rows = {}
         for backend in ("local", "torch-native", "local", "torch-native"):      # alternated, best of two
-            out = train(MoEConfig.make(moe_shape(experts=2 * ep), ep=ep, steps=args.steps, backend=backend))
+            out = train(MoEConfig.make(moe_shape(experts=2 * ep), split=Layout(ep=ep, dp=ep), steps=args.steps,
+                                       backend=backend))
             steps = out["steps"][1:]
             step = statistics.median(s["step_s"] for s in steps)
             a2a = statistics.median(s["a2a_s"] for s in steps)

@@ -6,7 +6,7 @@ a 1T model at 3072 ranks < 60 s, on 2 cores).
 
 from __future__ import annotations
 
-from netmorph.mesh.layout import Layout
+from netmorph.mesh.layout import Batch, Knobs, Layout
 from netmorph.mesh.presets import PRESETS as MODELS
 from netmorph.planner.hardware import PRESETS as HARDWARE
 from netmorph.simulate import simulate_config
@@ -24,8 +24,8 @@ def main() -> None:
     print(f"{'model':<12} {'split':<28} {'ranks':>6} {'events':>12} {'sim wall (s)':>12} {'goal':>6} "
           f"{'step (s)':>9} {'planner (s)':>11} {'diff':>7}")
     for name, t, p, d, mb, gb, v, goal in CASES:
-        c = Layout(tp=t, pp=p, dp=d, micro_batch_size=mb, global_batch=gb, interleave=v, zero=0, recompute="full",
-                   dp_overlap=True)
+        c = Layout(tp=t, pp=p, dp=d, interleave=v, zero=0, batch=Batch(micro_batch_size=mb, global_batch=gb),
+                   knobs=Knobs(recompute="full", dp_overlap=True))
         out = simulate_config(MODELS[name], c, hw)
         diff = out["step_time_s"] / out["planner_step_time_s"] - 1
         print(f"{name:<12} {c.label():<28} {out['ranks']:>6,} {out['events']:>12,} {out['sim_wall_s']:>12.2f} "

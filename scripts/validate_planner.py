@@ -53,7 +53,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from netmorph.mesh.layout import Layout
+from netmorph.mesh.layout import Batch, Knobs, Layout, Precision
 from netmorph.mesh.presets import PRESETS as MODELS
 from netmorph.mesh.shape import ModelShape
 from netmorph.planner.hardware import PRESETS as HARDWARE
@@ -125,8 +125,8 @@ def best_fit(model, hw, c, free=("micro_batch_size", "interleave", "recompute"),
     choices = {"micro_batch_size": (1, 2, 4, 8), "interleave": range(1, max_interleave + 1),
                "recompute": ("none", "selective", "full")}
     best = None
-    for values in itertools.product(*(choices[k] if k in free else (getattr(c, k),) for k in choices)):
-        cand = replace(c, **dict(zip(choices, values)))
+    for values in itertools.product(*(choices[k] if k in free else (c.get(k),) for k in choices)):
+        cand = c.replace(**dict(zip(choices, values)))
         if check(model, cand, hw):                         # also: the batch splits into whole microbatches
             continue
         if memory(model, cand)["total"] > hw.memory_bytes:
@@ -140,9 +140,9 @@ def best_fit(model, hw, c, free=("micro_batch_size", "interleave", "recompute"),
 def mpt_config(hw_name, name, gpus, mbs, gbs, ckpt, overlap=True):
     """An llm-foundry run as the planner's split: FSDP FULL_SHARD is ZeRO-3 over every GPU; the table's MP Mode
     DEFAULT reduces gradients in fp32, PURE in bf16."""
-    return Layout(tp=1, pp=1, dp=gpus, micro_batch_size=mbs, global_batch=gbs, zero=3,
-                  recompute="full" if ckpt else "none", dp_overlap=overlap,
-                  grad_bytes=2 if (hw_name, name) in PURE else 4)
+    return Layout(tp=1, pp=1, dp=gpus, zero=3, batch=Batch(micro_batch_size=mbs, global_batch=gbs),
+                  knobs=Knobs(recompute="full" if ckpt else "none",
+                              dp_overlap=overlap), precision=Precision(grad_bytes=2 if (hw_name, name) in PURE else 4))
 
 
 def mpt_exposed_errors():
@@ -171,9 +171,10 @@ def llama3_run(row, **changes) -> tuple:
     in FP32 (grad_bytes 4); section 3.3.2 again: context parallelism all-gathers K and V ("all-gather based
     method"), not a ring; the first and last stages one layer short."""
     gpus, t, cp, p, d, seq, per_dp, pub = row
-    c = Layout(tp=t, pp=p, dp=d, micro_batch_size=1, global_batch=per_dp * d, zero=2, sequence_parallel=True,
-               dp_overlap=True, cp=cp, cp_comm_type="all_gather", first_stage_layers=7, last_stage_layers=7)
-    return replace(MODELS["llama-3-405b"], seq=seq), replace(c, **changes)
+    c = Layout(tp=t, pp=p, dp=d, zero=2, cp=cp, batch=Batch(micro_batch_size=1, global_batch=per_dp * d),
+               knobs=Knobs(sequence_parallel=True, dp_overlap=True, cp_comm_type="all_gather", first_stage_layers=7,
+                           last_stage_layers=7))
+    return replace(MODELS["llama-3-405b"], seq=seq), c.replace(**changes)
 
 
 def validation_rows():
@@ -193,8 +194,9 @@ def validation_rows():
         d = gpus // (t * p * cp)
         # NeMo's recipes run the distributed optimizer with overlap_grad_reduce and overlap_param_gather
         # (their DistributedDataParallelConfig)
-        c = Layout(tp=t, pp=p, dp=d, micro_batch_size=mbs, global_batch=gbs, interleave=vp, zero=1,
-                   sequence_parallel=t > 1, dp_overlap=True, param_gather_overlap=True, cp=cp, precision="fp8")
+        c = Layout(tp=t, pp=p, dp=d, interleave=vp, zero=1, cp=cp, batch=Batch(micro_batch_size=mbs, global_batch=gbs),
+                   knobs=Knobs(sequence_parallel=t > 1, dp_overlap=True,
+                               param_gather_overlap=True), precision=Precision(name="fp8"))
         rows.append(("NeMo 24.07 performance summary (FP8)", f"{name}, {gpus} GPUs, tp{t} pp{p} cp{cp} vp{vp}, "
                      f"s {seq}", hw.name, pub, "tokens/s/GPU", best_fit(model, hw, c, free=("recompute",))))
     for hw_name, name, gpus, mbs, gbs, ckpt, pub in MPT:
@@ -204,12 +206,14 @@ def validation_rows():
                      best_fit(MODELS[name], HARDWARE[hw_name], c, free=())))
     for name, seq, local, ckpt, pub in TORCHTITAN:
         model = replace(LLAMA2_13B if name == "llama-2-13b" else MODELS[name], seq=seq, dropout=False)
-        c = Layout(dp=64, micro_batch_size=local, global_batch=64 * local, zero=3, recompute=ckpt,
-                   dp_overlap=True)                 # FSDP2: bf16 weights gathered, fp32 gradients reduced
+        c = Layout(dp=64, zero=3, batch=Batch(micro_batch_size=local, global_batch=64 * local),
+                   knobs=Knobs(recompute=ckpt,
+                               dp_overlap=True))                 # FSDP2: bf16 weights gathered, fp32 gradients reduced
         rows.append(("torchtitan (FSDP2), docs/performance.md", f"{name}, 64 GPUs, s {seq}, local batch {local}"
                      + (", full AC" if ckpt == "full" else ""), "a100-80g", pub, "tokens/s/GPU",
                      best_fit(model, HARDWARE["a100-80g"], c, free=())))
-    c = Layout(tp=4, pp=12, dp=8, micro_batch_size=2, global_batch=2048, zero=1, recompute="full")
+    c = Layout(tp=4, pp=12, dp=8, zero=1, batch=Batch(micro_batch_size=2, global_batch=2048),
+               knobs=Knobs(recompute="full"))
     rows.append(("BLOOM-176B (BigScience 2022), training log", "176B, 384 GPUs, tp4 pp12 dp8, mb 2", JEAN_ZAY.name,
                  150, "TFLOP/s", best_fit(MODELS["bloom-176b"], JEAN_ZAY, c, free=("interleave",))))
     return rows
@@ -237,7 +241,8 @@ def zero_rows():
     rows = []
     for (psi, nd), pub in ZERO_TABLE1.items():
         model = ModelShape(f"{psi:.3g}", 0, 0, 0, params_only=psi)
-        preds = [memory(model, Layout(dp=nd, zero=z, grad_bytes=2))["total"] / 1e9 for z in (1, 2, 3)]
+        preds = [memory(model, Layout(dp=nd, zero=z,
+                                      precision=Precision(grad_bytes=2)))["total"] / 1e9 for z in (1, 2, 3)]
         rows.append((psi, nd, pub, preds))
     return rows
 
@@ -245,8 +250,8 @@ def zero_rows():
 def ptdp_rows(hw):
     rows = []
     for name, t, p, n, batch, pub in PTDP_TABLE1:
-        c = Layout(tp=t, pp=p, dp=n // (t * p), micro_batch_size=1, global_batch=batch, interleave=1, zero=0,
-                   recompute="full")
+        c = Layout(tp=t, pp=p, dp=n // (t * p), interleave=1, zero=0, batch=Batch(micro_batch_size=1,
+                   global_batch=batch), knobs=Knobs(recompute="full"))
         rows.append((name, t, p, n, batch, pub, best_fit(MODELS[name], hw, c, ("micro_batch_size", "interleave"),
                                                          max_interleave=8)))
     return rows
@@ -258,8 +263,8 @@ def korthikanti_rows(hw):
         model = MODELS[name]
         d = n // (t * p)
         for mode, pub in (("full", full), ("selective", sel)):
-            c = Layout(tp=t, pp=p, dp=d, micro_batch_size=mb, global_batch=batch, interleave=v, zero=0,
-                       recompute=mode, sequence_parallel=mode == "selective")
+            c = Layout(tp=t, pp=p, dp=d, interleave=v, zero=0, batch=Batch(micro_batch_size=mb, global_batch=batch),
+                       knobs=Knobs(recompute=mode, sequence_parallel=mode == "selective"))
             rows.append((name, mode, t, p, n, batch, mb, v, pub, estimate(model, c, hw)))
     return rows
 

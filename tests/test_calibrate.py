@@ -12,7 +12,7 @@ from netmorph.calibrate.links import fit
 from netmorph.calibrate.relay import hop_seconds
 from netmorph.calibrate.run import calibrate
 from netmorph.cli import main
-from netmorph.mesh.layout import Layout
+from netmorph.mesh.layout import Batch, Knobs, Layout, Precision
 from netmorph.mesh.shape import ModelShape
 from netmorph.planner.hardware import PRESETS as HW
 from netmorph.planner.hardware import PROFILE_FORMAT, load_hardware
@@ -79,16 +79,15 @@ def test_the_hop_is_what_makes_the_planners_pipeline_formula_give_the_relays_ste
     assert hop_seconds([{**r, "step_s": r["compute_s"]} for r in relays], link, cs) == 0.0    # never below 0
     model = ModelShape(layers=4, hidden=64, heads=4, seq=32, vocab=128)
     hw = dataclasses.replace(HW["a100-40g"], core_sharing=cs)
-    for lay, per_mb in ((Layout(pp=2, global_batch=8, micro_batch_size=2), 2),
-                        (Layout(pp=2, interleave=2, global_batch=8,
-                                micro_batch_size=2), 4),
-                        (Layout(dp=2, global_batch=8, micro_batch_size=2), 0)):
+    for lay, per_mb in ((Layout(pp=2, batch=Batch(global_batch=8, micro_batch_size=2)), 2),
+                        (Layout(pp=2, interleave=2, batch=Batch(global_batch=8, micro_batch_size=2)), 4),
+                        (Layout(dp=2, batch=Batch(global_batch=8, micro_batch_size=2)), 0)):
         assert not lay.check(model)
         plain, hopped = (step_time(model, lay, dataclasses.replace(hw, pipeline_hop_s=h)) for h in (0.0, hop))
         slots = shared_slots(lay.microbatches, lay.pp, lay.interleave, cs)
         assert hopped["step_time_s"] - plain["step_time_s"] == pytest.approx(slots * per_mb * hop, rel=1e-9)
     from netmorph.simulate import simulate_config
-    lay = Layout(pp=2, global_batch=8, micro_batch_size=2)
+    lay = Layout(pp=2, batch=Batch(global_batch=8, micro_batch_size=2))
     plain, hopped = (simulate_config(model, lay, dataclasses.replace(HW["a100-40g"], pipeline_hop_s=h))
                      for h in (0.0, hop))
     assert hopped["step_time_s"] > plain["step_time_s"] + hop
@@ -156,9 +155,10 @@ def test_a_slower_link_prices_the_dp_step_by_the_bytes_over_it(two_nodes):
     fast, slow = load_hardware(str(two_nodes[80.0])), load_hardware(str(two_nodes[20.0]))
     slow = dataclasses.replace(fast, alpha_inter=slow.alpha_inter, nic_bandwidth=slow.nic_bandwidth)
     model = ModelShape(layers=4, hidden=256, heads=4, seq=32, vocab=128)
-    lay = Layout(dp=2, global_batch=8, micro_batch_size=2, param_bytes=4, grad_bytes=4, optimizer_bytes=8)
+    lay = Layout(dp=2, batch=Batch(global_batch=8, micro_batch_size=2),
+                 precision=Precision(param_bytes=4, grad_bytes=4, optimizer_bytes=8))
     dp = {k: step_time(model, lay, hw)["comm_s"]["data_parallel"] for k, hw in (("fast", fast), ("slow", slow))}
-    n = model.params() * lay.grad_bytes
+    n = model.params() * lay.precision.grad_bytes
     closed = 2 * (slow.alpha_inter - fast.alpha_inter) + n * (1 / slow.nic_bandwidth - 1 / fast.nic_bandwidth)
     assert dp["slow"] > dp["fast"] and math.isclose(dp["slow"] - dp["fast"], closed, rel_tol=1e-6)
 
@@ -295,11 +295,11 @@ def test_measured_overlap_decides_how_much_of_the_dp_reduction_is_exposed(two_no
     assert 0 <= ov["overlap"] <= 1 and ov["both_s"] > 0 and prof["hardware"]["overlap"] == ov["overlap"]
     hw = load_hardware(str(two_nodes[80.0]))
     model = ModelShape(layers=4, hidden=256, heads=4, seq=32, vocab=128)
-    lay = Layout(dp=2, global_batch=8, micro_batch_size=2, param_bytes=4, grad_bytes=4, optimizer_bytes=8,
-                 dp_overlap=True)
+    lay = Layout(dp=2, batch=Batch(global_batch=8, micro_batch_size=2),
+                 precision=Precision(param_bytes=4, grad_bytes=4, optimizer_bytes=8), knobs=Knobs(dp_overlap=True))
     none = step_time(model, lay, dataclasses.replace(hw, overlap=0.0))
     full = step_time(model, lay, dataclasses.replace(hw, overlap=1.0))
-    plain = step_time(model, dataclasses.replace(lay, dp_overlap=False), hw)
+    plain = step_time(model, lay.replace(dp_overlap=False), hw)
     assert none["comm_hidden_s"] == 0 and plain["comm_hidden_s"] == 0                # nothing hidden
     assert none["comm_s"]["data_parallel"] >= plain["comm_s"]["data_parallel"]      # a bucket a layer: more α
     assert full["comm_s"]["data_parallel"] < none["comm_s"]["data_parallel"]
@@ -318,7 +318,7 @@ def test_the_planner_prices_the_tp_collectives_the_trainer_sends():
                   allreduce_algorithms=("ring",))
     for t in (2, 4):
         cfg = TrainConfig.make(model=small, tp=t, microbatches=4, micro_batch_size=2)
-        lay = dataclasses.replace(cfg.layout, param_bytes=8, grad_bytes=8, optimizer_bytes=16, activation_bytes=8)
+        lay = cfg.layout.replace(param_bytes=8, grad_bytes=8, optimizer_bytes=16, activation_bytes=8)
         seconds = step_time(small, lay, hw)["comm_s"]["tensor_parallel"]
         sent = predicted(cfg, 0, 0, 8, True, True, small.layers)["tp"][0]
         assert seconds * 1e9 == pytest.approx(sent, rel=1e-3)
@@ -333,7 +333,7 @@ def test_a_profile_says_its_allreduce_algorithm_and_its_optimizers_rate(tmp_path
     ring = dataclasses.replace(a100, allreduce_algorithms=("ring",))
     assert collective_time(ring, "allreduce", 8, 1, 1 << 10) > collective_time(a100, "allreduce", 8, 1, 1 << 10)
     assert collective_time(ring, "allreduce", 8, 1, 1 << 30) == collective_time(a100, "allreduce", 8, 1, 1 << 30)
-    lay = Layout(dp=8, global_batch=8, micro_batch_size=1)
+    lay = Layout(dp=8, batch=Batch(global_batch=8, micro_batch_size=1))
     slow = dataclasses.replace(a100, optimizer_bandwidth=a100.hbm_bandwidth / 5)
     assert optimizer_time(1e9, lay, slow) == pytest.approx(5 * optimizer_time(1e9, lay, a100))
     data = {k: v for k, v in dataclasses.asdict(a100).items() if not k.endswith("_table")}
@@ -355,7 +355,7 @@ def test_where_ranks_share_cores_the_pipelines_bubble_is_lent_to_the_others():
     from netmorph.planner.hardware import PRESETS
     a100 = PRESETS["a100-80g"]
     model = ModelShape(layers=8, hidden=1024, heads=16, seq=512, vocab=1024)
-    lay = Layout(pp=4, global_batch=4, micro_batch_size=1)                    # m = 4, 7 slots
+    lay = Layout(pp=4, batch=Batch(global_batch=4, micro_batch_size=1))                    # m = 4, 7 slots
     base = step_time(model, lay, a100)
     per_mb = base["bubble_s"] / 3
     for s, slots in ((1.0, 7), (1.4, (1 + 1 + 1.05 + 1.4 + 1.05 + 1 + 1) / 1.4),

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from netmorph.cli import main
-from netmorph.mesh.layout import Layout
+from netmorph.mesh.layout import Batch, Layout
 from netmorph.mesh.shape import ModelShape
 from netmorph.planner.hardware import PRESETS as HW
 from netmorph.planner.hardware import load_hardware
@@ -68,7 +68,7 @@ def test_measured_fields_lay_over_their_preset_and_say_where_they_come_from():
     assert "measured on NVIDIA H200 2026-12-03: attention_efficiency, gemm_table" in hw.description
     # the table now prices the GEMMs: a 7B layer's on one H200 are slower at 50% of peak than at the carried 66%
     llama = ModelShape(layers=32, hidden=4096, heads=32, seq=4096, vocab=32000)
-    lay = Layout(micro_batch_size=1, global_batch=1)
+    lay = Layout(batch=Batch(micro_batch_size=1, global_batch=1))
     assert step_time(llama, lay, hw)["matmul_s"] > step_time(llama, lay, HW["h200"])["matmul_s"]
     for preset, fields, src, words in (("h300", {}, source, "must be a preset"),
                                        ("h200", {"peak_flops": 1e15}, source, "peak_flops not measured here"),

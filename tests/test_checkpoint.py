@@ -74,8 +74,7 @@ def test_the_written_boxes_tile_every_tensor_once(tag, world, model):
     """Replicas write nothing twice: each tensor's owned boxes add up to its elements (DCP's global plan
     rejects an overlap, so together they tile it) -- a mixture of experts' expert buffer too, its experts
     split over ep and replicated over the expert data-parallel ranks."""
-    from dataclasses import replace
-    lay = replace(Layout.parse(tag, world), global_batch=8, micro_batch_size=1, expert_tp=1)
+    lay = Layout.parse(tag, world).replace(global_batch=8, micro_batch_size=1, expert_tp=1)
     who = owners(model, lay)
     elements = {}
     for r in range(world):

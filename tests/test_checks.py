@@ -5,6 +5,7 @@ import pytest
 
 from netmorph.consistency import Config
 from netmorph.errors import UsageError
+from netmorph.mesh.layout import Layout
 from netmorph.mesh.shape import ModelShape
 from netmorph.moe import MoEConfig
 from netmorph.morph.controller import check_run
@@ -74,9 +75,9 @@ def test_workload_with_no_readable_line_is_refused(tmp_path):
 
 
 def test_moe_world_is_the_product_of_its_split():
-    e = refused(MoEConfig.make, ep=2, dp=1, tp=2, world=8)
+    e = refused(MoEConfig.make, split=Layout(ep=2, dp=2, tp=2), world=8)
     assert e.argument == "world" and "= 4" in str(e)
-    assert MoEConfig.make(ep=2, dp=1, tp=2, world=4).world == 4
+    assert MoEConfig.make(split=Layout(ep=2, dp=2, tp=2), world=4).world == 4
 
 
 def test_a_collective_request():

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from netmorph.cli import main
+from netmorph.mesh.layout import Layout
 from netmorph.moe import (
     MoEConfig,
     Router,
@@ -70,7 +71,7 @@ def test_expected_drops_exact_and_simulated():
 def test_expert_parallel_training_equals_one_rank():
     """ep 2 x dp 2, top-2 with capacity (drops happen): losses, routing, drops and final parameters equal
     the 1-rank model on the same tokens; the ledger's all-to-all bytes equal the traffic matrix exactly."""
-    out = train(MoEConfig.make(moe_shape(experts=4, top_k=2, capacity_factor=1.0), ep=2, dp=2, steps=3,
+    out = train(MoEConfig.make(moe_shape(experts=4, top_k=2, capacity_factor=1.0), split=Layout(ep=2, dp=4), steps=3,
                                dtype="float64"),
                 check=True)
     assert out["max_rel_loss_diff"] <= 1e-9 and out["max_param_diff"] <= 1e-9 and out["same_routing"]
@@ -84,7 +85,7 @@ def test_expert_parallel_training_equals_one_rank():
 @pytest.mark.timeout(120)
 def test_dropless_pre_softmax_probs_policy_jitter_on_four_expert_ranks():
     out = train(MoEConfig.make(moe_shape(experts=8, top_k=1),
-                               Router(pre_softmax=True, jitter_eps=0.1, z_loss_coeff=1e-3, dropless=True), ep=4,
+                               Router(pre_softmax=True, jitter_eps=0.1, z_loss_coeff=1e-3, dropless=True), Layout(ep=4, dp=4),
                                steps=2, dtype="float64"), check=True)
     assert out["max_rel_loss_diff"] <= 1e-9 and out["same_routing"]
     assert all(s["drop_fraction"] == 0 and s["exact"] for s in out["steps"])

@@ -7,7 +7,7 @@ import pytest
 
 from netmorph.cli import main
 from netmorph.errors import UsageError
-from netmorph.mesh.layout import Layout
+from netmorph.mesh.layout import Batch, Knobs, Layout, Precision
 from netmorph.mesh.presets import PRESETS, from_args
 from netmorph.mesh.shape import ModelShape
 from netmorph.planner.hardware import PRESETS as HW
@@ -21,7 +21,7 @@ H100 = HW["h100-80g"]
 @pytest.mark.parametrize("zero,want_gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.88)])
 def test_zero_paper_table1_row(zero, want_gb):
     m = ModelShape("7.5B", 0, 0, 0, params_only=7.5e9)
-    got = memory(m, Layout(dp=64, zero=zero, grad_bytes=2))
+    got = memory(m, Layout(dp=64, zero=zero, precision=Precision(grad_bytes=2)))
     assert got["activations"] == 0
     assert round(got["total"] / 1e9, 2 if zero == 3 else 1) == want_gb
 
@@ -43,10 +43,11 @@ def test_params_eq2_for_every_table1_model():
 
 def test_bubble_p8_m8():
     m = PRESETS["gpt3-175b"]
-    e = estimate(m, Layout(tp=8, pp=8, dp=1, micro_batch_size=1, global_batch=8, recompute="full"), A100)
+    e = estimate(m, Layout(tp=8, pp=8, dp=1, batch=Batch(micro_batch_size=1, global_batch=8),
+                           knobs=Knobs(recompute="full")), A100)
     assert e["bubble_fraction"] == pytest.approx(0.875)
-    e2 = estimate(m, Layout(tp=8, pp=8, dp=1, micro_batch_size=1, global_batch=8, interleave=2,
-                                    recompute="full"), A100)
+    e2 = estimate(m, Layout(tp=8, pp=8, dp=1, interleave=2, batch=Batch(micro_batch_size=1, global_batch=8),
+                            knobs=Knobs(recompute="full")), A100)
     assert e2["bubble_fraction"] == pytest.approx(7 / 16)
     assert e2["step_time_s"] < e["step_time_s"]
 
@@ -55,10 +56,11 @@ def test_korthikanti_activation_table():
     m = ModelShape("x", 1, 12288, 96, 2048, 51200, dropout=True)
     s, b, h, a, t = 2048, 1, 12288, 96, 8
     sbh = s * b * h
-    c = Layout(tp=t, micro_batch_size=b)
-    assert activation_bytes_per_layer(m, Layout(micro_batch_size=b)) == pytest.approx(sbh * (34 + 5 * a * s / h))
+    c = Layout(tp=t, batch=Batch(micro_batch_size=b))
+    assert activation_bytes_per_layer(m,
+                                      Layout(batch=Batch(micro_batch_size=b))) == pytest.approx(sbh * (34 + 5 * a * s / h))
     assert activation_bytes_per_layer(m, c) == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))
-    sp = Layout(tp=t, micro_batch_size=b, sequence_parallel=True)
+    sp = Layout(tp=t, batch=Batch(micro_batch_size=b), knobs=Knobs(sequence_parallel=True))
     assert activation_bytes_per_layer(m, sp) == pytest.approx(sbh / t * (34 + 5 * a * s / h))
     assert activation_bytes_per_layer(m, sp, "selective") == pytest.approx(34 * sbh / t)
     assert activation_bytes_per_layer(m, c, "full") == pytest.approx(2 * sbh)
@@ -66,10 +68,10 @@ def test_korthikanti_activation_table():
 
 def test_memory_shrinks_the_way_the_splits_say():
     m = PRESETS["gpt3-175b"]
-    base = memory(m, Layout(tp=1, pp=1, dp=8, global_batch=8))
-    tp8 = memory(m, Layout(tp=8, pp=1, dp=1, global_batch=8))
+    base = memory(m, Layout(tp=1, pp=1, dp=8, batch=Batch(global_batch=8)))
+    tp8 = memory(m, Layout(tp=8, pp=1, dp=1, batch=Batch(global_batch=8)))
     assert tp8["params"] < base["params"] / 7 and tp8["activations"] < base["activations"]
-    full = memory(m, Layout(tp=8, pp=1, dp=1, global_batch=8, recompute="full"))
+    full = memory(m, Layout(tp=8, pp=1, dp=1, batch=Batch(global_batch=8), knobs=Knobs(recompute="full")))
     assert full["activations"] < tp8["activations"] / 10
 
 
@@ -92,22 +94,22 @@ def test_rules_reject_with_reasons():
     from netmorph.errors import spell
     cases = [(Layout(tp=5), "heads", "--tp or --heads", "heads"),
              (Layout(pp=97), "layers", "--pp or --first-stage-layers/--last-stage-layers", "layers"),
-             (Layout(pp=4, interleave=25, global_batch=4), "layers", "--pp or --interleave", "interleave"),
+             (Layout(pp=4, interleave=25, batch=Batch(global_batch=4)), "layers", "--pp or --interleave", "interleave"),
              (Layout(cp=3), "cp-flash", "--cp or --attention", "flash"),
              (Layout(tp=16), "inter-node-tp", "--tp", "inter-node"),
-             (Layout(dp=3, global_batch=8), "batch", "--global-batch or --microbatch", "does not split"),
-             (Layout(tp=1, sequence_parallel=True), "sp-needs-tp", "--sequence-parallel or --tp",
+             (Layout(dp=3, batch=Batch(global_batch=8)), "batch", "--global-batch or --microbatch", "does not split"),
+             (Layout(tp=1, knobs=Knobs(sequence_parallel=True)), "sp-needs-tp", "--sequence-parallel or --tp",
               "sequence parallelism")]
     for cfg, key, flag, words in cases:
         why = check(m, cfg, A100)
         assert (why.key, spell(why.flag, FLAGS)) == (key, flag) and words in why.text
         assert "--" not in why.flag                          # the library names parameters; the CLI spells them
         assert why.soft == (key == "inter-node-tp")
-    assert check(m, Layout(tp=8, pp=8, dp=16, global_batch=1536), A100) is None
+    assert check(m, Layout(tp=8, pp=8, dp=16, batch=Batch(global_batch=1536)), A100) is None
     # since Megatron-Core and DeepSpeed run them: uneven stages, ZeRO-3 (FSDP) with pp, interleave to 16
     assert check(m, Layout(pp=5), A100) is None and Layout(pp=5).stage_layers(96) == [19, 20, 19, 19, 19]
-    assert check(m, Layout(pp=2, zero=3, global_batch=8), A100) is None
-    assert check(m, Layout(pp=2, zero=2, global_batch=8), A100) is None
+    assert check(m, Layout(pp=2, zero=3, batch=Batch(global_batch=8)), A100) is None
+    assert check(m, Layout(pp=2, zero=2, batch=Batch(global_batch=8)), A100) is None
 
 
 def test_fsdp_with_a_pipeline_is_zero1s_memory_and_traffic(capsys):
@@ -115,7 +117,7 @@ def test_fsdp_with_a_pipeline_is_zero1s_memory_and_traffic(capsys):
     (reshard_after_forward=False) and accumulates gradients unsharded until the last microbatch -- priced as
     ZeRO-1, said so; netmorph's trainer (as DeepSpeed's pipeline engine) refuses it."""
     m = PRESETS["llama-3-70b"]
-    c = Layout(tp=8, pp=4, dp=4, global_batch=64, zero=3, dp_overlap=True)
+    c = Layout(tp=8, pp=4, dp=4, zero=3, batch=Batch(global_batch=64), knobs=Knobs(dp_overlap=True))
     one = estimate(m, replace(c, zero=1), H100)
     three = estimate(m, c, H100)
     assert three["memory_bytes"] == one["memory_bytes"] and three["step_time_s"] == one["step_time_s"]
@@ -133,14 +135,14 @@ def test_llama3s_fsdp_with_a_pipeline_shards_the_gradients_every_microbatch():
     from netmorph.planner import timing
     from netmorph.planner.memory import params_on_device
     m = PRESETS["llama-3-70b"]
-    c = Layout(tp=8, pp=4, dp=4, global_batch=64, zero=2)                # 16 microbatches
+    c = Layout(tp=8, pp=4, dp=4, zero=2, batch=Batch(global_batch=64))                # 16 microbatches
     two, one = estimate(m, c, H100), estimate(m, replace(c, zero=1), H100)
     n = params_on_device(m, c)
     assert one["memory_bytes"]["grads"] - two["memory_bytes"]["grads"] == pytest.approx(4 * n * (1 - 1 / 4), rel=1e-4)
     assert two["memory_bytes"]["params"] == one["memory_bytes"]["params"]
     rs = timing.collective_time(H100, "reduce_scatter", 4, 8, 4 * n)
     assert two["comm_s"]["data_parallel"] - one["comm_s"]["data_parallel"] == pytest.approx(15 * rs)
-    assert check(m, Layout(pp=2, interleave=16, global_batch=8), A100) is None
+    assert check(m, Layout(pp=2, interleave=16, batch=Batch(global_batch=8)), A100) is None
 
 
 def test_model_that_fits_nowhere():
@@ -229,16 +231,17 @@ def _grid():
     for zero in (0, 1, 2, 3):
         for dp_overlap in (False, True):
             for recompute in ("none", "selective", "full"):
-                yield "gpt3-175b", Layout(tp=8, pp=8, dp=16, zero=zero, dp_overlap=dp_overlap, recompute=recompute,
-                                          **base)
-                yield "gpt3-175b", Layout(tp=8, pp=8, dp=16, zero=min(zero, 1), dp_overlap=dp_overlap, interleave=2,
-                                          sequence_parallel=True, tp_overlap=True, pp_overlap=True,
-                                          param_gather_overlap=True, recompute=recompute, **base)
-                yield "gpt3-175b", Layout(tp=8, cp=2, pp=4, dp=16, zero=zero, dp_overlap=dp_overlap,
-                                          recompute=recompute, **base)
-                yield "gpt3-175b", Layout(tp=1, pp=1, dp=1024, zero=zero, dp_overlap=dp_overlap, recompute=recompute,
-                                          micro_batch_size=1, global_batch=2048)
-        yield "mixtral-8x7b", Layout(tp=2, pp=4, dp=128, ep=8, zero=zero, dp_overlap=True, **base)
+                yield "gpt3-175b", Layout.of(tp=8, pp=8, dp=16, zero=zero, dp_overlap=dp_overlap,
+                                             recompute=recompute, **base)
+                yield "gpt3-175b", Layout.of(tp=8, pp=8, dp=16, zero=min(zero, 1), dp_overlap=dp_overlap,
+                                             interleave=2, sequence_parallel=True, tp_overlap=True, pp_overlap=True,
+                                             param_gather_overlap=True, recompute=recompute, **base)
+                yield "gpt3-175b", Layout.of(tp=8, cp=2, pp=4, dp=16, zero=zero, dp_overlap=dp_overlap,
+                                             recompute=recompute, **base)
+                yield "gpt3-175b", Layout(tp=1, pp=1, dp=1024, zero=zero,
+                                          knobs=Knobs(dp_overlap=dp_overlap, recompute=recompute),
+                                          batch=Batch(micro_batch_size=1, global_batch=2048))
+        yield "mixtral-8x7b", Layout.of(tp=2, pp=4, dp=128, ep=8, zero=zero, dp_overlap=True, **base)
 
 
 def test_step_parts_sum_to_the_step_on_every_layout_overlap_on_or_off():
@@ -253,8 +256,8 @@ def test_step_parts_sum_to_the_step_on_every_layout_overlap_on_or_off():
         n += 1
     assert n == 100
     # a layout whose overlap slows compute has a non-zero part for it
-    e = estimate(PRESETS["gpt3-175b"], Layout(tp=8, pp=8, dp=16, global_batch=1536, recompute="full",
-                                              dp_overlap=True), A100)
+    e = estimate(PRESETS["gpt3-175b"], Layout(tp=8, pp=8, dp=16, batch=Batch(global_batch=1536),
+                                              knobs=Knobs(recompute="full", dp_overlap=True)), A100)
     assert e["step_parts_s"]["overlap_slowdown"] > 0
 
 

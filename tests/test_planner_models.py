@@ -8,7 +8,7 @@ import pytest
 from netmorph.cli import main
 from netmorph.errors import UsageError
 from netmorph.mesh.configs import from_deepspeed_config, from_hf_config, from_megatron_args
-from netmorph.mesh.layout import Layout
+from netmorph.mesh.layout import Batch, Knobs, Layout, Precision
 from netmorph.mesh.presets import PRESETS
 from netmorph.mesh.shape import ModelShape
 from netmorph.planner import comm, timing
@@ -83,7 +83,7 @@ def test_activation_terms_for_gqa_swiglu_flash():
     m = PRESETS["llama-3-8b"]
     assert not m.dropout
     s, h, kv, f, a = m.seq, 4096, 1024, 14336, 32
-    c = Layout(tp=4, micro_batch_size=1)
+    c = Layout(tp=4, batch=Batch(micro_batch_size=1))
     want = s * ((4 * h + 2 * h + 2 * h) + (2 * h + 4 * kv + 2 * h + 6 * f + 4 * a) / 4)
     assert activation_bytes_per_layer(m, c) == pytest.approx(want)
     assert activation_bytes_per_layer(replace(m, dropout=True), c) - activation_bytes_per_layer(m, c) == s * 2 * h
@@ -92,10 +92,10 @@ def test_activation_terms_for_gqa_swiglu_flash():
         pytest.approx(s * (5 * a * s - 4 * a) / 4)
     assert activation_bytes_per_layer(std, c) - activation_bytes_per_layer(replace(std, dropout=False), c) == \
         pytest.approx(s * (2 * h + a * s / 4))
-    sp = Layout(tp=4, micro_batch_size=1, sequence_parallel=True, cp=2)
+    sp = Layout(tp=4, cp=2, batch=Batch(micro_batch_size=1), knobs=Knobs(sequence_parallel=True))
     assert activation_bytes_per_layer(m, sp) == pytest.approx(s / 2 * (8 * h + 2 * h + 4 * kv + 2 * h
                                                                        + 6 * f + 4 * a) / 4)
-    fp8 = Layout(tp=4, micro_batch_size=1, precision="fp8")
+    fp8 = Layout(tp=4, batch=Batch(micro_batch_size=1), precision=Precision(name="fp8"))
     # the four linear inputs (QKV, output projection, fc1: h each; fc2: f) stored in 8 bits
     assert activation_bytes_per_layer(m, c) - activation_bytes_per_layer(m, fp8) == pytest.approx(
         s * (2 * h + (h + f) / 4))
@@ -106,8 +106,8 @@ def test_kv_heads_bound_tensor_parallelism_and_fp8_needs_hardware():
     assert check(m, Layout(tp=8), H100) is None
     why = check(replace_kv(m, 4), Layout(tp=8), H100)
     assert why.key == "heads" and "KV heads" in why.text
-    assert check(m, Layout(precision="fp8"), A100).key == "fp8"
-    assert check(m, Layout(precision="fp8"), H100) is None
+    assert check(m, Layout(precision=Precision(name="fp8")), A100).key == "fp8"
+    assert check(m, Layout(precision=Precision(name="fp8")), H100) is None
 
 
 def replace_kv(m, kv):
@@ -117,9 +117,9 @@ def replace_kv(m, kv):
 
 def test_fp8_is_faster_and_smaller_than_bf16_on_h100():
     m = PRESETS["llama-3-70b"]
-    base = Layout(tp=8, pp=4, dp=2, micro_batch_size=1, global_batch=64, zero=1, sequence_parallel=True)
-    from dataclasses import replace
-    bf, f8 = estimate(m, base, H100), estimate(m, replace(base, precision="fp8"), H100)
+    base = Layout(tp=8, pp=4, dp=2, zero=1, batch=Batch(micro_batch_size=1, global_batch=64),
+                  knobs=Knobs(sequence_parallel=True))
+    bf, f8 = estimate(m, base, H100), estimate(m, base.replace(precision="fp8"), H100)
     assert f8["matmul_s"] < 0.75 * bf["matmul_s"]
     assert f8["memory_bytes"]["activations"] < bf["memory_bytes"]["activations"]
     assert f8["memory_bytes"]["params"] == pytest.approx(1.5 * bf["memory_bytes"]["params"])   # + an FP8 copy
@@ -127,9 +127,10 @@ def test_fp8_is_faster_and_smaller_than_bf16_on_h100():
 
 def test_uneven_stages_largest_sets_memory_and_time():
     m = PRESETS["llama-3-405b"]
-    even = Layout(tp=8, pp=16, dp=4, micro_batch_size=1, global_batch=64, recompute="full", zero=1)
+    even = Layout(tp=8, pp=16, dp=4, zero=1, batch=Batch(micro_batch_size=1, global_batch=64),
+                  knobs=Knobs(recompute="full"))
     from dataclasses import replace
-    short = replace(even, first_stage_layers=7, last_stage_layers=7)
+    short = even.replace(first_stage_layers=7, last_stage_layers=7)
     assert even.stage_layers(126) == [7] + [8] * 14 + [7]              # the extra layers go to the middle stages
     assert short.stage_layers(126) == [7] + [8] * 14 + [7]
     assert check(m, even, H100) is None
@@ -141,7 +142,7 @@ def test_uneven_stages_largest_sets_memory_and_time():
     assert estimate(m, short, H100)["matmul_s"] == pytest.approx(short.microbatches * 8 * per_layer)
     assert estimate(replace(m, layers=128), even, H100)["matmul_s"] == pytest.approx(
         even.microbatches * (8 * per_layer + head))
-    lop = replace(even, first_stage_layers=2, last_stage_layers=2)     # the middle stages take 122/14 -> 9
+    lop = even.replace(first_stage_layers=2, last_stage_layers=2)     # the middle stages take 122/14 -> 9
     assert max(lop.stage_layers(126)) == 9
     assert estimate(m, lop, H100)["step_time_s"] > estimate(m, short, H100)["step_time_s"]
 
@@ -150,20 +151,21 @@ def test_context_parallel_splits_activations_and_exchanges_kv():
     m = PRESETS["llama-3-8b"]
     from dataclasses import replace
     long = replace(m, seq=131072)
-    c1 = Layout(tp=8, dp=1, micro_batch_size=1, global_batch=1, recompute="full", sequence_parallel=True)
+    c1 = Layout(tp=8, dp=1, batch=Batch(micro_batch_size=1, global_batch=1),
+                knobs=Knobs(recompute="full", sequence_parallel=True))
     c8 = replace(c1, cp=8)
     assert memory(long, c8)["activations"] < memory(long, c1)["activations"] / 7
-    e = estimate(long, replace(c8, global_batch=1), H100)
+    e = estimate(long, c8.replace(global_batch=1), H100)
     assert e["comm_s"]["context_parallel"] >= 0 and e["step_time_s"] < estimate(long, c1, H100)["step_time_s"]
     # across nodes the ring's KV exchange is exposed where the attention block does not cover it
     short = replace(m, seq=8192)
-    inter = estimate(short, Layout(tp=8, cp=4, micro_batch_size=1, global_batch=1), H100)
+    inter = estimate(short, Layout(tp=8, cp=4, batch=Batch(micro_batch_size=1, global_batch=1)), H100)
     assert inter["comm_s"]["context_parallel"] > 0
 
 
 def test_expert_parallel_shards_experts_and_prices_all_to_all():
     m = PRESETS["mixtral-8x7b"]
-    c1 = Layout(tp=1, pp=4, dp=8, micro_batch_size=1, global_batch=64, zero=1)
+    c1 = Layout(tp=1, pp=4, dp=8, zero=1, batch=Batch(micro_batch_size=1, global_batch=64))
     from dataclasses import replace
     c8 = replace(c1, ep=8)
     assert check(m, c8, H100) is None and check(m, replace(c1, ep=3), H100).key == "ep"
@@ -305,15 +307,15 @@ def test_capacity_factor_pads_experts_and_overlap_options_hide_comm():
     padded = replace(m, capacity_factor=1.25)
     mlp = 2 * m.seq * 2 * m.expert_weights()                       # top-2 experts, one sequence
     assert padded.layer_linear_flops_fwd(1) - m.layer_linear_flops_fwd(1) == pytest.approx(0.25 * mlp)
-    c = Layout(tp=1, pp=4, dp=8, ep=8, micro_batch_size=1, global_batch=64, zero=1)
+    c = Layout(tp=1, pp=4, dp=8, ep=8, zero=1, batch=Batch(micro_batch_size=1, global_batch=64))
     assert (estimate(padded, c, H100)["comm_s"]["expert_parallel"]
             > 1.2 * estimate(m, c, H100)["comm_s"]["expert_parallel"])
     with pytest.raises(UsageError, match="capacity_factor"):
         from netmorph.mesh.presets import check_shape
         check_shape(replace(m, capacity_factor=0.5))
     g = PRESETS["gpt3-175b"]
-    base = Layout(tp=8, pp=8, dp=16, micro_batch_size=1, global_batch=1536, recompute="full")
-    plain, over = estimate(g, base, A100), estimate(g, replace(base, tp_overlap=True, pp_overlap=True), A100)
+    base = Layout(tp=8, pp=8, dp=16, batch=Batch(micro_batch_size=1, global_batch=1536), knobs=Knobs(recompute="full"))
+    plain, over = estimate(g, base, A100), estimate(g, base.replace(tp_overlap=True, pp_overlap=True), A100)
     assert plain["comm_s"]["tensor_parallel"] > 0 and over["comm_s"]["tensor_parallel"] == 0
     assert over["step_time_s"] < plain["step_time_s"]
     model, split, _ = from_megatron_args("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --num-experts 4 "
@@ -325,7 +327,7 @@ def test_measured_gemm_table_prices_small_gemms_slower(tmp_path):
     """A hardware file's gemm_table (as benchmarks/gemm_efficiency.py prints it) bins each GEMM by its size; one
     bin at the default efficiency reproduces the constant; a slower small-GEMM bin slows the small model only."""
     small, big = PRESETS["llama-3-8b"], PRESETS["llama-3-405b"]
-    c = Layout(tp=8, micro_batch_size=1, global_batch=1)
+    c = Layout(tp=8, batch=Batch(micro_batch_size=1, global_batch=1))
     flat = replace(H100, gemm_table=((1e9, H100.gemm_efficiency),))
     for m in (small, big):
         assert timing.layer_costs(m, c, flat)["matmul_fwd"] == pytest.approx(timing.layer_costs(m, c, H100)["matmul_fwd"])
@@ -352,10 +354,11 @@ def test_zero3_moves_three_model_copies_per_microbatch():
     every backward (ZeRO's 3Ψ per microbatch, nothing after the step); ZeRO-1 reduce-scatters once per step and
     all-gathers the updated weights once."""
     hw, m = HW["a100-80g"], PRESETS["mpt-7b"]
-    c = Layout(dp=8, micro_batch_size=2, global_batch=64, zero=3, dp_overlap=False)          # 4 microbatches
+    c = Layout(dp=8, zero=3, batch=Batch(micro_batch_size=2, global_batch=64),
+               knobs=Knobs(dp_overlap=False))          # 4 microbatches
     n = params_on_device(m, c)
-    ag = timing.collective_time(hw, "allgather", 8, 1, c.param_bytes * n)
-    rs = timing.collective_time(hw, "reduce_scatter", 8, 1, c.grad_bytes * n)
+    ag = timing.collective_time(hw, "allgather", 8, 1, c.precision.param_bytes * n)
+    rs = timing.collective_time(hw, "reduce_scatter", 8, 1, c.precision.grad_bytes * n)
     st = timing.step_time(m, c, hw)
     assert st["comm_s"]["zero3_gather"] == pytest.approx(4 * 2 * ag)
     assert st["comm_s"]["data_parallel"] == pytest.approx(4 * rs)
@@ -363,7 +366,7 @@ def test_zero3_moves_three_model_copies_per_microbatch():
     assert (st1["comm_s"]["zero3_gather"], st1["comm_s"]["data_parallel"]) == (0.0, pytest.approx(rs + ag))
     # overlapped, layer by layer: per microbatch the first gather and the last reduce-scatter are exposed, and
     # a layer whose gather (and, in the backward, gather + reduce-scatter) outlasts its compute the difference
-    over = timing.step_time(m, replace(c, dp_overlap=True), hw)
+    over = timing.step_time(m, c.replace(dp_overlap=True), hw)
     lc = timing.layer_costs(m, c, hw)
     f, b = lc["matmul_fwd"] + lc["elementwise_fwd"], lc["matmul_bwd"] + lc["elementwise_bwd"]
     g, r, L = ag / m.layers, rs / m.layers, m.layers
@@ -383,9 +386,9 @@ def test_bucketed_overlap_exposes_the_last_bucket_and_what_outlasts_a_layer():
     assert timing.bucketed(1.0, 10, 2.0, overlap=0.25) == 1.0 + 9 * 0.5
     assert timing.bucketed(1.0, 0, 2.0) == 0.0
     hw, m = HW["h100-80g"], PRESETS["llama-3-8b"]
-    c = Layout(dp=64, micro_batch_size=1, global_batch=64, zero=1, dp_overlap=True)
+    c = Layout(dp=64, zero=1, batch=Batch(micro_batch_size=1, global_batch=64), knobs=Knobs(dp_overlap=True))
     one = timing.step_time(m, c, hw)
-    gathered = timing.step_time(m, replace(c, param_gather_overlap=True), hw)
+    gathered = timing.step_time(m, c.replace(param_gather_overlap=True), hw)
     # the distributed optimizer's all-gather follows the step unless --overlap-param-gather hides it
     assert gathered["comm_s"]["data_parallel"] < one["comm_s"]["data_parallel"]
     assert one["comm_s"]["data_parallel"] > timing.collective_time(hw, "allgather", 64, 1,
@@ -403,9 +406,9 @@ def test_matmul_efficiency_is_carried_by_the_measured_ceiling():
     assert h100.fp8_efficiency == pytest.approx(e * (1402.6 / 1979) / (271.2 / 312), abs=1e-4)
     assert HW["h200"].gemm_efficiency == h100.gemm_efficiency and HW["h200"].fp8_efficiency > h100.fp8_efficiency
     m = PRESETS["llama-3-8b"]
-    c = Layout(micro_batch_size=1, precision="fp8")
+    c = Layout(batch=Batch(micro_batch_size=1), precision=Precision(name="fp8"))
     lin = m.layer_linear_flops_fwd(1)
-    saved = (timing.layer_costs(m, replace(c, precision="bf16"), h100)["matmul_fwd"]
+    saved = (timing.layer_costs(m, c.replace(precision="bf16"), h100)["matmul_fwd"]
              - timing.layer_costs(m, c, h100)["matmul_fwd"])
     assert saved == pytest.approx(lin / (989e12 * h100.gemm_efficiency) - lin / (1979e12 * h100.fp8_efficiency))
     from netmorph.planner.hardware import load_hardware
@@ -420,7 +423,7 @@ def test_activations_in_flight_are_what_the_schedule_holds(name, p, v, m):
     backwarded) when it runs the trainer's own slot order for that schedule -- GPipe all m, 1F1B p - i, the
     interleaved schedule Megatron's warmup + 1 -- and the planner's activation memory scales with it."""
     from netmorph.parallel.pipeline import schedule
-    c = Layout(pp=p, interleave=v, schedule=name, global_batch=m)
+    c = Layout(pp=p, interleave=v, batch=Batch(schedule=name, global_batch=m))
     for i, slots in enumerate(schedule(name, p, m, v)):
         held = peak = 0
         for s in slots:
@@ -435,12 +438,12 @@ def test_activations_in_flight_are_what_the_schedule_holds(name, p, v, m):
 def test_a_larger_microbatch_group_holds_more_in_flight():
     """Llama 3's tunable N (Megatron's --microbatch-group-size-per-virtual-pipeline-stage): a group of N > p
     microbatches per chunk lets m be any multiple of N, and every rank holds (v - 1)(N - p) more chunks."""
-    base = Layout(pp=4, interleave=2, global_batch=10 * 1)
+    base = Layout(pp=4, interleave=2, batch=Batch(global_batch=10 * 1))
     assert base.check() and "multiple of pp" in base.check()[0].text
-    grouped = replace(base, microbatch_group=5)
+    grouped = base.replace(microbatch_group=5)
     assert not grouped.check()
     assert [grouped.in_flight(i) * 2 for i in range(4)] == [2 * (4 - i - 1) + 5 + 1 for i in range(4)]
-    assert "at least pp" in replace(base, microbatch_group=2, global_batch=8).check()[0].text
+    assert "at least pp" in base.replace(microbatch_group=2, global_batch=8).check()[0].text
 
 
 def test_buckets_of_a_size_and_the_trainers_overlap_rule():
@@ -449,19 +452,22 @@ def test_buckets_of_a_size_and_the_trainers_overlap_rule():
     overlaps them only where the trainer does (no tp, no pp)."""
     from netmorph.calibrate.validate import planner_layout
     hw, m = HW["a100-80g"], PRESETS["mpt-7b"]
-    c = Layout(dp=16, micro_batch_size=2, global_batch=64, zero=0, dp_overlap=True, dp_bucket_mb=25.0)
-    total = c.grad_bytes * params_on_device(m, c)
+    c = Layout(dp=16, zero=0, batch=Batch(micro_batch_size=2, global_batch=64),
+               knobs=Knobs(dp_overlap=True, dp_bucket_mb=25.0))
+    total = c.precision.grad_bytes * params_on_device(m, c)
     n = -(-int(total) // (25 * 2 ** 20))
     bucket = timing.collective_time(hw, "allreduce", 16, 1, total / n)
     lc = timing.layer_costs(m, c, hw)
     per = (lc["matmul_bwd"] + lc["elementwise_bwd"]) * m.layers / n
     assert timing.step_time(m, c, hw)["comm_s"]["data_parallel"] == pytest.approx(timing.bucketed(bucket, n, per))
     small = ModelShape(layers=2, hidden=96, heads=4, seq=48, vocab=128)
-    assert planner_layout(Layout(dp=4, global_batch=8, dp_overlap=True), "float32", small).dp_overlap
-    assert planner_layout(Layout(dp=4, global_batch=8), "float32", small).dp_bucket_mb == 1.0
-    assert not planner_layout(Layout(tp=2, dp=2, global_batch=8, dp_overlap=True), "float32", small).dp_overlap
+    assert planner_layout(Layout(dp=4, batch=Batch(global_batch=8), knobs=Knobs(dp_overlap=True)), "float32",
+                          small).knobs.dp_overlap
+    assert planner_layout(Layout(dp=4, batch=Batch(global_batch=8)), "float32", small).knobs.dp_bucket_mb == 1.0
+    assert not planner_layout(Layout(tp=2, dp=2, batch=Batch(global_batch=8), knobs=Knobs(dp_overlap=True)), "float32",
+                              small).knobs.dp_overlap
     # a run that does not overlap (morph's trainer) is priced as one that does not
-    assert not planner_layout(Layout(dp=4, global_batch=8), "float32", small).dp_overlap
+    assert not planner_layout(Layout(dp=4, batch=Batch(global_batch=8)), "float32", small).knobs.dp_overlap
 
 
 def test_deepspeed_memory_term_by_term():
@@ -472,12 +478,15 @@ def test_deepspeed_memory_term_by_term():
     psi, n = 7.5e9, 64
     bare = ModelShape("7.5B", 0, 0, 0, params_only=psi)
     for zero in (1, 2):
-        ds = memory(bare, Layout(dp=n, zero=zero, grad_bytes=4, zero_memory="deepspeed"))
+        ds = memory(bare, Layout(dp=n, zero=zero, precision=Precision(grad_bytes=4),
+                                 knobs=Knobs(zero_memory="deepspeed")))
         assert ds["params"] + ds["grads"] + ds["optimizer"] == pytest.approx(4 * psi + 16 * psi / n)
-    assert memory(bare, Layout(dp=n, zero=2, grad_bytes=2))["total"] == pytest.approx(2 * psi + 14 * psi / n)
+    assert memory(bare, Layout(dp=n, zero=2,
+                               precision=Precision(grad_bytes=2)))["total"] == pytest.approx(2 * psi + 14 * psi / n)
     m = PRESETS["llama-3-8b"]
-    c = Layout(dp=n, global_batch=n, zero=3, grad_bytes=4, zero_memory="deepspeed")
-    ds, paper = memory(m, c), memory(m, replace(c, zero_memory="paper"))
+    c = Layout(dp=n, zero=3, batch=Batch(global_batch=n), precision=Precision(grad_bytes=4),
+               knobs=Knobs(zero_memory="deepspeed"))
+    ds, paper = memory(m, c), memory(m, c.replace(zero_memory="paper"))
     largest = m.vocab * m.hidden
     assert ds["total"] - paper["total"] == pytest.approx(4 * largest)
     assert ds["params"] + ds["grads"] + ds["optimizer"] == pytest.approx(4 * largest + 18 * m.params() / n)
@@ -489,15 +498,15 @@ def test_sequence_parallel_gathers_again_in_the_backward_where_megatron_does():
     kept (netmorph's trainer) or the whole forward is recomputed; the simulator plays the same count."""
     from netmorph.simulate import costs_for
     m = PRESETS["mt-22b"]
-    base = Layout(tp=8, micro_batch_size=4, global_batch=4, recompute="selective")
-    sp = replace(base, sequence_parallel=True)
+    base = Layout(tp=8, batch=Batch(micro_batch_size=4, global_batch=4), knobs=Knobs(recompute="selective"))
+    sp = base.replace(sequence_parallel=True)
     assert timing.layer_costs(m, base, A100)["tp_per_bwd"] == 2
     assert timing.layer_costs(m, sp, A100)["tp_per_bwd"] == 3
-    assert timing.layer_costs(m, replace(sp, sp_regather=False), A100)["tp_per_bwd"] == 2
-    assert timing.layer_costs(m, replace(sp, recompute="full"), A100)["tp_per_bwd"] == 4
+    assert timing.layer_costs(m, sp.replace(sp_regather=False), A100)["tp_per_bwd"] == 2
+    assert timing.layer_costs(m, sp.replace(recompute="full"), A100)["tp_per_bwd"] == 4
     ar = timing.collective_time(A100, "allreduce", 8, 1, timing.layer_costs(m, sp, A100)["activation_bytes"])
     extra = (estimate(m, sp, A100)["comm_s"]["tensor_parallel"]
-             - estimate(m, replace(sp, sp_regather=False), A100)["comm_s"]["tensor_parallel"])
+             - estimate(m, sp.replace(sp_regather=False), A100)["comm_s"]["tensor_parallel"])
     assert extra == pytest.approx(m.layers * ar, rel=1e-9)
     assert costs_for(m, sp, A100).tp_per_bwd == 3
 
@@ -507,15 +516,15 @@ def test_llama3_all_gather_context_parallelism_is_exposed():
     attention core and their gradients reduce-scattered after it, nothing hidden; a ring (p2p) hides its blocks
     behind the core. A value Megatron does not take is a typed rejection."""
     m = replace(PRESETS["llama-3-70b"], seq=65536)
-    ring = Layout(tp=8, cp=8, micro_batch_size=1, global_batch=1, sequence_parallel=True)
-    ag = replace(ring, cp_comm_type="all_gather")
+    ring = Layout(tp=8, cp=8, batch=Batch(micro_batch_size=1, global_batch=1), knobs=Knobs(sequence_parallel=True))
+    ag = ring.replace(cp_comm_type="all_gather")
     kv = 2 * m.seq * m.h_kv / 8 * 2
     lc = timing.layer_costs(m, ag, H100)
     assert lc["cp_fwd"] == pytest.approx(timing.collective_time(H100, "allgather", 8, 8, kv), rel=1e-12)
     assert lc["cp_bwd"] == pytest.approx(timing.collective_time(H100, "reduce_scatter", 8, 8, kv), rel=1e-12)
-    full = timing.layer_costs(m, replace(ag, recompute="full"), H100)
+    full = timing.layer_costs(m, ag.replace(recompute="full"), H100)
     assert full["cp_bwd"] == pytest.approx(lc["cp_bwd"] + lc["cp_fwd"], rel=1e-12)
     assert timing.layer_costs(m, ring, H100)["cp_fwd"] < lc["cp_fwd"]
     assert estimate(m, ag, H100)["comm_s"]["context_parallel"] > estimate(m, ring, H100)["comm_s"]["context_parallel"]
-    (r,) = [r for r in replace(ring, cp_comm_type="a2a").check(m, 64) if r.field == "cp_comm_type"]
+    (r,) = [r for r in ring.replace(cp_comm_type="a2a").check(m, 64) if r.field == "cp_comm_type"]
     assert "p2p, all_gather" in r.text

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from netmorph.cli import main
-from netmorph.mesh.layout import Layout
+from netmorph.mesh.layout import Batch, Knobs, Layout
 from netmorph.mesh.presets import PRESETS as MODELS
 from netmorph.mesh.shape import ModelShape
 from netmorph.planner.hardware import PRESETS as HARDWARE
@@ -20,7 +20,8 @@ A100 = HARDWARE["a100-80g"]
 
 def _lay(tp, pp, dp, m, v=1, schedule=""):
     """tp·pp·dp with m one-sequence microbatches per pipeline."""
-    return Layout(tp=tp, pp=pp, dp=dp, micro_batch_size=1, global_batch=m * dp, interleave=v, schedule=schedule)
+    return Layout(tp=tp, pp=pp, dp=dp, interleave=v, batch=Batch(micro_batch_size=1, global_batch=m * dp,
+                                                                 schedule=schedule))
 
 
 def test_a_step_without_communication_is_the_sum_of_its_compute():
@@ -33,7 +34,7 @@ def test_a_step_without_communication_is_the_sum_of_its_compute():
 @pytest.mark.parametrize("model,mb,gb,recompute", [("ptdp-1.7b", 1, 4, "none"), ("ptdp-7.5b", 2, 8, "full"),
                                                     ("gpt3-175b", 1, 2, "selective")])
 def test_a_one_rank_step_equals_the_planners_compute_time(model, mb, gb, recompute):
-    c = Layout(micro_batch_size=mb, global_batch=gb, recompute=recompute)
+    c = Layout(batch=Batch(micro_batch_size=mb, global_batch=gb), knobs=Knobs(recompute=recompute))
     out = simulate_config(MODELS[model], c, A100)
     plan = estimate(MODELS[model], c, A100)
     assert out["step_time_s"] == pytest.approx(plan["compute_s"] + plan["optimizer_s"], rel=1e-9)
@@ -64,7 +65,8 @@ def test_tensor_parallel_all_reduces_wait_for_the_whole_group_and_count_their_by
 def test_an_untraced_stage_adds_its_layers_in_one_step_with_the_same_result(name, tp, pp, dp, v, recompute):
     """A stage nobody traces adds the layers after its first all-reduce at once; tracing every rank plays them
     one by one: the same step, events, bytes and breakdown."""
-    c = Layout(tp=tp, pp=pp, dp=dp, micro_batch_size=1, global_batch=8 * dp, interleave=v, recompute=recompute)
+    c = Layout(tp=tp, pp=pp, dp=dp, interleave=v, batch=Batch(micro_batch_size=1, global_batch=8 * dp),
+               knobs=Knobs(recompute=recompute))
     fast = simulate_config(MODELS[name], c, A100)
     every = simulate_config(MODELS[name], c, A100, trace_ranks=range(tp * pp * dp))
     assert fast["events"] == every["events"]
@@ -96,8 +98,8 @@ def test_table1_configurations_that_fit_agree_with_the_planner_within_five_perce
         model = MODELS[name]
         best = None
         for mb, v in itertools.product((1, 2, 4, 8), range(1, 9)):
-            c = Layout(tp=t, pp=p, dp=n // (t * p), micro_batch_size=mb, global_batch=batch, interleave=v,
-                       recompute="full")
+            c = Layout(tp=t, pp=p, dp=n // (t * p), interleave=v, batch=Batch(micro_batch_size=mb, global_batch=batch),
+                       knobs=Knobs(recompute="full"))
             if check(model, c, A100) or memory(model, c)["total"] > A100.memory_bytes:
                 continue
             if c.interleave > 1 and c.microbatches % p or model.layers % (p * v):   # the simulator's even chunks
@@ -162,7 +164,7 @@ def test_where_ranks_share_cores_the_simulated_bubble_is_lent_as_the_planner_len
     step, lent = lend_bubble(15.0, parts, 8.0, 4, 4)
     assert step == pytest.approx(15.0 - 14.0 + 8.0) and lent["bubble"] == pytest.approx(0.0, abs=1e-12)
     model = ModelShape(layers=8, hidden=1024, heads=16, seq=512, vocab=1024)
-    lay = Layout(pp=4, global_batch=4, micro_batch_size=1)
+    lay = Layout(pp=4, batch=Batch(global_batch=4, micro_batch_size=1))
     for s in (1.0, 1.4, 3.0):
         hw = dataclasses.replace(HARDWARE["a100-80g"], core_sharing=s)
         out = simulate_config(model, lay, hw, "1f1b")
@@ -181,8 +183,9 @@ def test_overlapped_buckets_agree_with_the_planners_closed_form_within_five_perc
     the hardware's comm_slowdown -- within 5% of the planner's closed form (timing.bucketed)."""
     hw = HARDWARE["h100-80g"]
     model = MODELS[name]
-    c = Layout(tp=t, pp=p, dp=gpus // (t * p), micro_batch_size=mbs, global_batch=gbs, interleave=vp, zero=1,
-               sequence_parallel=t > 1, dp_overlap=True, param_gather_overlap=True)
+    c = Layout(tp=t, pp=p, dp=gpus // (t * p), interleave=vp, zero=1,
+               batch=Batch(micro_batch_size=mbs, global_batch=gbs),
+               knobs=Knobs(sequence_parallel=t > 1, dp_overlap=True, param_gather_overlap=True))
     out = simulate_config(model, c, hw)
     assert abs(out["step_time_s"] / out["planner_step_time_s"] - 1) < 0.05, out["step_time_s"]
     assert out["breakdown_s"]["slowdown"] > 0 and out["planner_breakdown_s"]["slowdown"] > 0
@@ -192,7 +195,7 @@ def test_llama3s_sharded_gradients_queue_on_the_dp_stream_as_the_planner_says():
     """ZeRO-2 with a pipeline reduce-scatters every microbatch's gradients: played bucket by bucket the DP stream
     falls behind the compute, and the planner's closed form (the rounds beyond what the compute from the first
     backward to the last hides) agrees within 5%."""
-    c = Layout(tp=8, pp=8, dp=16, global_batch=128, recompute="full", dp_overlap=True, zero=2)
+    c = Layout(tp=8, pp=8, dp=16, zero=2, batch=Batch(global_batch=128), knobs=Knobs(recompute="full", dp_overlap=True))
     out = simulate_config(MODELS["gpt3-175b"], c, HARDWARE["a100-80g"], "1f1b")
     assert out["breakdown_s"]["dp"] > 0.5 * out["planner_breakdown_s"]["dp"] > 0
     assert abs(out["step_time_s"] / out["planner_step_time_s"] - 1) < 0.05, out["step_time_s"]

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from netmorph.errors import UsageError
-from netmorph.mesh import PRESETS, Layout, Mesh, ModelShape
+from netmorph.mesh import PRESETS, Batch, Layout, Mesh, ModelShape
 from netmorph.mesh.placement import Replicate, Shard, parameters, rank_parameters, table
 
 ROOT = Path(__file__).resolve().parent.parent / "netmorph"
@@ -50,6 +50,40 @@ def test_the_checker_finds_a_planted_second_layout(tmp_path, monkeypatch):
     assert [c for _, c, f in _typed_classes() if len(f & LAYOUT_WORDS) >= 3] == ["L"]
 
 
+DEGREES = {"tp", "pp", "dp", "cp", "ep"}
+VOCABULARY = {"errors", "units", "version", "files", "schedule", "collectives", "cost", "runtime", "mesh"}
+
+
+def _loose_degrees(root):
+    """(path:line name) of every public module-level function or method, in a package above the vocabulary's
+    floor, that takes two or more of tp/pp/dp/cp/ep as loose parameters."""
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if rel.parts[0].removesuffix(".py") in VOCABULARY:
+            continue
+        tree = ast.parse(path.read_text())
+        defs = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+        defs += [m for c in tree.body if isinstance(c, ast.ClassDef) for m in c.body if isinstance(m, ast.FunctionDef)]
+        for f in defs:
+            names = {a.arg for a in f.args.args + f.args.kwonlyargs + f.args.posonlyargs}
+            if not f.name.startswith("_") and len(names & DEGREES) >= 2:
+                yield f"{rel}:{f.lineno} {f.name}"
+
+
+def test_signatures_above_the_vocabulary_take_a_layout_not_loose_degrees():
+    """Across package boundaries a split travels as a Layout: a function above mesh/ that took tp, pp and dp
+    as ints would be a second, unchecked layout. (Below it -- the grid, the runtime's budget -- the ints are the
+    vocabulary itself.)"""
+    assert list(_loose_degrees(ROOT)) == []
+
+
+def test_the_signature_check_finds_a_planted_loose_split(tmp_path):
+    planted = tmp_path / "planner" / "x.py"
+    planted.parent.mkdir()
+    planted.write_text("def price(model, tp, pp, dp):\n    pass\n\ndef _inner(tp, pp):\n    pass\n")
+    assert list(_loose_degrees(tmp_path)) == ["planner/x.py:1 price"]
+
+
 def test_one_layout_flows_from_the_planner_to_the_trainer_to_morph():
     """The same Layout value is priced by the planner, played by the step simulator, trained by the trainer
     and mapped by morph; its mesh is Megatron's."""
@@ -60,7 +94,7 @@ def test_one_layout_flows_from_the_planner_to_the_trainer_to_morph():
     from netmorph.simulate import simulate_config
 
     model = ModelShape(layers=4, hidden=32, heads=4, seq=16, vocab=64)
-    lay = Layout(tp=2, pp=2, dp=2, global_batch=8, micro_batch_size=1)
+    lay = Layout(tp=2, pp=2, dp=2, batch=Batch(global_batch=8, micro_batch_size=1))
     assert check(model, lay, HARDWARE["a100-80g"]) is None
     e = estimate(model, lay, HARDWARE["a100-80g"])
     assert (e["tp"], e["pp"], e["dp"], e["microbatch"], e["global_batch"]) == (2, 2, 2, 1, 8)
@@ -80,7 +114,7 @@ def test_one_rule_told_the_same_way_to_the_planner_and_the_trainer():
     from netmorph.planner.hardware import PRESETS as HARDWARE
     from netmorph.planner.search import check
     model = ModelShape(layers=4, hidden=48, heads=6, seq=16, vocab=48)
-    bad = Layout(tp=4, global_batch=2)
+    bad = Layout(tp=4, batch=Batch(global_batch=2))
     (why,) = [r for r in bad.check(model) if r.key == "heads"]
     assert (why.field, why.value) == ("tp", 4) and "6 heads" in why.text
     assert check(model, bad, HARDWARE["a100-80g"]).text == why.text

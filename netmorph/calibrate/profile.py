@@ -47,7 +47,7 @@ import numpy as np
 
 from netmorph.calibrate.compute import ITEMSIZE, REFERENCE_MICROBATCH, REFERENCES
 from netmorph.calibrate.relay import hop_seconds
-from netmorph.mesh.layout import Layout
+from netmorph.mesh.layout import Batch, Layout, Precision
 from netmorph.mesh.shape import ModelShape
 from netmorph.planner.hardware import CALIBRATED_PASSES, PROFILE_FORMAT, Hardware
 from netmorph.planner.timing import step_time
@@ -74,8 +74,8 @@ def reference_compute(hw: Hardware, dtype: str, shape: ModelShape) -> float:
     """Seconds the planner gives one forward and backward of a reference GPT on ``hw`` (one rank, one
     microbatch of 2): what its measured time is held against."""
     b = ITEMSIZE[dtype]
-    lay = Layout(micro_batch_size=REFERENCE_MICROBATCH, global_batch=REFERENCE_MICROBATCH, param_bytes=b,
-                 grad_bytes=b, optimizer_bytes=2 * b, activation_bytes=b)
+    lay = Layout(batch=Batch(micro_batch_size=REFERENCE_MICROBATCH, global_batch=REFERENCE_MICROBATCH),
+                 precision=Precision(param_bytes=b, grad_bytes=b, optimizer_bytes=2 * b, activation_bytes=b))
     return step_time(shape, lay, hw)["compute_s"]
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -83,7 +83,7 @@ class Row:
         """The split, its pipeline schedule and sequence parallelism: ``tp2·pp2·dp1·1f1b·sp``."""
         lay = self.layout
         return lay.tag() + (f"·{lay.pipeline_schedule}" if lay.pp > 1 and lay.interleave == 1 else "") + \
-            ("·sp" if lay.sequence_parallel else "")
+            ("·sp" if lay.knobs.sequence_parallel else "")
 
     def to_json(self) -> dict:
         return {"model": self.model, "layout": self.name, "measured_s": self.measured_s,
@@ -126,8 +126,8 @@ def planner_layout(layout: Layout, dtype: str, model: ModelShape | None = None) 
     under sequence parallelism the gathered inputs kept for the backward (autograd saves them; no second gather)."""
     b = ITEMSIZE[dtype]
     overlap = overlaps_dp(layout, model or ModelShape())
-    return replace(layout, param_bytes=b, grad_bytes=b, optimizer_bytes=2 * b, activation_bytes=b,
-                   dp_overlap=overlap, dp_bucket_mb=layout.dp_bucket_mb or BUCKET_MB,
+    return layout.replace(param_bytes=b, grad_bytes=b, optimizer_bytes=2 * b, activation_bytes=b,
+                   dp_overlap=overlap, dp_bucket_mb=layout.knobs.dp_bucket_mb or BUCKET_MB,
                    sp_regather=False)
 
 

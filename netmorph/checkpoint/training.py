@@ -40,8 +40,8 @@ KILL = "NETMORPH_CHECKPOINT_KILL"
 
 def meta(model, layout, done: int, dtype: str = "float64", lr: float = 0.0) -> str:
     """What a checkpoint says about the run that wrote it."""
-    return json.dumps({"format": 1, "step": done, "consumed_samples": done * layout.global_batch,
-                       "global_batch": layout.global_batch, "model": asdict(model), "layout": layout.tag(),
+    return json.dumps({"format": 1, "step": done, "consumed_samples": done * layout.batch.global_batch,
+                       "global_batch": layout.batch.global_batch, "model": asdict(model), "layout": layout.tag(),
                        "world": layout.world, "dtype": dtype, "lr": lr})
 
 

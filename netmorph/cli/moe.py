@@ -9,6 +9,7 @@ from netmorph.cli import action_only, add_timeout, check_action, float_in, int_i
 from netmorph.cli.checkpoints import AlreadyTrained, add_checkpoint_arguments, checkpoint_start
 from netmorph.cli.shape import add_shape_flags
 from netmorph.errors import require
+from netmorph.mesh.layout import Layout
 
 # library parameters set by a flag of another name (the rest are --name)
 FLAGS = {"jitter_eps": "--jitter", "tokens": "--tokens", "expert_ffn": "--ffn", "top_k": "--top-k",
@@ -86,11 +87,11 @@ def run(args) -> int:
                       seed=args.seed)
     router = Router(pre_softmax=args.pre_softmax, aux_loss_coeff=args.aux_loss_coeff, z_loss_coeff=args.z_loss_coeff,
                     jitter_eps=args.jitter, drop_policy=args.drop_policy, dropless=args.dropless)
-    cfg = MoEConfig.make(model, router, ep=args.ep, dp=dp, tp=args.tp, pp=args.pp, batch=args.batch,
+    cfg = MoEConfig.make(model, router, Layout(tp=args.tp, pp=args.pp, dp=args.ep * dp, ep=args.ep), batch=args.batch,
                          steps=args.steps, lr=args.lr, dtype=args.dtype, backend=args.backend, timeout=args.timeout,
                          world=args.world)
     try:                                     # --load: the run goes on after the step its checkpoint saved
-        ck, start = checkpoint_start(args, cfg.train.model, cfg.train.layout.global_batch)
+        ck, start = checkpoint_start(args, cfg.train.model, cfg.train.layout.batch.global_batch)
     except AlreadyTrained as done:
         return done.report()
     cfg = replace(cfg, train=replace(cfg.train, steps=args.steps - start, start_step=start, checkpoint=ck))

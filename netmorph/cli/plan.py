@@ -211,8 +211,8 @@ def config_from(args):
                          f"--gpus/--tp/--cp/--pp/--dp")
     mb = args.microbatch or 1
     gb = args.global_batch or dp * mb
-    return Layout(tp=tp, cp=cp, ep=args.ep or 1, dp=dp, pp=pp, zero=args.zero or 0, interleave=args.interleave or 1,
-                  global_batch=gb, micro_batch_size=mb,
+    return Layout.of(tp=tp, cp=cp, ep=args.ep or 1, dp=dp, pp=pp, zero=args.zero or 0,
+                     interleave=args.interleave or 1, global_batch=gb, micro_batch_size=mb,
                   sequence_parallel=bool(args.sequence_parallel), recompute=args.recompute or "none",
                   dp_overlap=bool(args.dp_overlap), tp_overlap=bool(args.tp_overlap), pp_overlap=bool(args.pp_overlap),
                   param_gather_overlap=bool(args.param_gather_overlap),
@@ -226,7 +226,7 @@ def config_from(args):
 def _estimate(args, model, hw) -> int:
     from netmorph.planner.search import check, estimate
     c = config_from(args)
-    pp, gb = c.pp, c.global_batch
+    pp, gb = c.pp, c.batch.global_batch
     why = check(model, c, hw)
     if why and not why.soft:
         raise UsageError(f"{why}; change {why.flag}")
@@ -256,7 +256,7 @@ def _estimate(args, model, hw) -> int:
     if model.bare:
         return 0
     cm = e["comm_s"]
-    print(f"FLOPs / iteration  {e['flops_per_iteration']:.4g} (eq. 3 convention, recompute {c.recompute}); "
+    print(f"FLOPs / iteration  {e['flops_per_iteration']:.4g} (eq. 3 convention, recompute {c.knobs.recompute}); "
           f"model FLOPs {e['megatron_flops_per_iteration']:.4g} (Megatron: full s x s attention), "
           f"{e['model_flops_per_iteration']:.4g} causal")
     extra = "".join(f" + {name} {cm[key]:.3f}" for name, key in (("CP", "context_parallel"), ("EP", "expert_parallel"))
@@ -267,7 +267,7 @@ def _estimate(args, model, hw) -> int:
           f"{e['optimizer_s']:.3f}" + (f" + compute slowed beside comm {e['overlap_slowdown_s']:.3f}"
                                       if e["overlap_slowdown_s"] else ""))
     fp8 = (f" of the 16-bit peak ({100 * e['mfu'] * hw.peak_flops / hw.fp8_flops:.1f}% of FP8's)"
-           if c.precision == "fp8" else "")
+           if c.precision.name == "fp8" else "")
     print(f"throughput         {e['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU {100 * e['mfu']:.1f}%{fp8}, "
           f"{e['tokens_per_s']:,.0f} tokens/s ({e['tokens_per_s_per_gpu']:,.0f} per GPU), bubble "
           f"{100 * e['bubble_fraction']:.1f}% of ideal time ((p-1)/(v·m) = {pp - 1}/({c.interleave}·{c.microbatches}))")
@@ -330,7 +330,7 @@ def _search(args, model, hw) -> int:
         if v is not None and args.gpus % v:
             raise UsageError(f"--{k} {v} does not divide --gpus {args.gpus}")
     from netmorph.mesh.layout import Layout
-    base = Layout(dp_overlap=bool(args.dp_overlap), param_bytes=args.param_bytes, grad_bytes=args.grad_bytes,
+    base = Layout.of(dp_overlap=bool(args.dp_overlap), param_bytes=args.param_bytes, grad_bytes=args.grad_bytes,
                   optimizer_bytes=args.optimizer_bytes, first_stage_layers=args.first_stage_layers or 0,
                   last_stage_layers=args.last_stage_layers or 0, tp_overlap=bool(args.tp_overlap),
                   pp_overlap=bool(args.pp_overlap), param_gather_overlap=bool(args.param_gather_overlap),

@@ -78,7 +78,7 @@ def run(args) -> int:
         return 0
     b, pb = out["breakdown_s"], out["planner_breakdown_s"]
     print(f"# netmorph simulate step: {model.name} on {c.gpus:,} x {hw.name}, {c.label()}, global batch "
-          f"{c.global_batch} ({c.microbatches} microbatches per pipeline), schedule {out['schedule']}"
+          f"{c.batch.global_batch} ({c.microbatches} microbatches per pipeline), schedule {out['schedule']}"
           + ("" if out["fits"] else "; warning: does not fit in memory (the planner says)"))
     print(f"simulated {out['ranks']:,} ranks, {out['events']:,} events in {out['sim_wall_s']:.2f} s")
     diff = out["step_time_s"] / out["planner_step_time_s"] - 1

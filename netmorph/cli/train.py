@@ -120,7 +120,7 @@ def config_from(args):
     lay = cfg.layout
     memory, seconds = budget.training(params_per_rank=m.params() / (lay.tp * lay.pp), active_params=m.params(),
                                       layers=m.layers, hidden=m.hidden, heads=m.heads, seq=m.seq,
-                                      vocab=m.vocab, micro_batch=lay.micro_batch_size, microbatches=lay.microbatches,
+                                      vocab=m.vocab, micro_batch=lay.batch.micro_batch_size, microbatches=lay.microbatches,
                                       steps=cfg.steps, world=cfg.world, tp=lay.tp, pp=lay.pp,
                                       itemsize=8 if cfg.dtype == "float64" else 4,
                                       in_flight=lay.microbatches if lay.pipeline_schedule == "afab" else None,
@@ -173,7 +173,7 @@ def _layout(cfg) -> str:
         parts.append(f"ep{cfg.layout.ep}")
     if cfg.layout.zero:
         parts.append(f"ZeRO-{cfg.layout.zero}")
-    if cfg.layout.sequence_parallel:
+    if cfg.layout.knobs.sequence_parallel:
         parts.append("SP")
     sched = cfg.layout.pipeline_schedule + (f" v={cfg.layout.interleave}" if cfg.layout.interleave > 1 else "")
     return " ".join(parts) + (f", {sched}" if cfg.layout.pp > 1 else "")
@@ -186,13 +186,13 @@ def print_run(cfg, out, plan: dict) -> None:
     moe = f", {m.experts} experts top-{m.top_k}" if m.experts else ""
     print(f"# netmorph train: GPT l{m.layers} h{m.hidden} heads {m.heads} s{m.seq} V{m.vocab}{moe} "
           f"({m.params():,} params, {cfg.dtype}); {_layout(cfg)}; {cfg.layout.microbatches} microbatches x "
-          f"{cfg.layout.micro_batch_size} per DP rank, global batch {cfg.layout.global_batch}; "
+          f"{cfg.layout.batch.micro_batch_size} per DP rank, global batch {cfg.layout.batch.global_batch}; "
           f"backend {out.backend}")
     from netmorph.parallel.phases import shown_phases
     shown = [ph for ph in shown_phases() if ph in out.bytes_per_rank_by_phase]
     print(f"{'step':>4} {'loss':>9} {'time(ms)':>9} {'tokens/s':>9}  " + " ".join(f"{ph:>12}" for ph in shown)
           + "   (bytes sent per rank, max over ranks)")
-    tokens = cfg.layout.global_batch * cfg.model.seq
+    tokens = cfg.layout.batch.global_batch * cfg.model.seq
     if out.resumed_from:
         print(f"# resumed from {out.resumed_from} (saved after step {cfg.start_step}): the steps from "
               f"{cfg.start_step + 1} on, on the same global batches")

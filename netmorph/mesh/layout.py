@@ -2,9 +2,10 @@
 
 Stands in for Megatron-LM's parallel arguments (``--tensor-model-parallel-size``, ``--context-parallel-size``,
 ``--expert-model-parallel-size``, ``--pipeline-model-parallel-size``, ``--num-layers-per-virtual-pipeline-stage``,
-``--micro-batch-size``, ``--global-batch-size``, ``--sequence-parallel``, ``--recompute-granularity``,
-``--use-distributed-optimizer``) and DeepSpeed's ``zero_optimization.stage``: one frozen value that the planner
-prices, the step simulator plays, the trainer runs and morph moves between. Megatron's sizes: the data-parallel
+``--use-distributed-optimizer``) and DeepSpeed's ``zero_optimization.stage``, as torchtitan's ``ParallelDims``
+holds them: the degrees, with the batch, the precision and the knobs beside them as values of their own
+(:mod:`netmorph.mesh.settings`). One frozen value that the planner prices, the step simulator plays, the
+trainer runs and morph moves between. Megatron's sizes: the data-parallel
 size ``dp`` counts every model replica, ``ep`` folds the experts over ``ep`` of those ``dp`` ranks (its expert
 data-parallel size is dp / ep), and ``world = tp · cp · dp · pp``. :meth:`Layout.mesh` gives the rank grid in
 Megatron's order, ``tp-cp-ep-dp-pp`` (tp innermost).
@@ -17,52 +18,27 @@ trainer's (:mod:`netmorph.parallel.limits`), not this vocabulary's.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
 from netmorph.errors import UsageError
 from netmorph.mesh.grid import Mesh
+from netmorph.mesh.rejection import Rejection, in_range
+from netmorph.mesh.settings import CP_COMM, PRECISION, RECOMPUTE, SCHEDULES, Batch, Knobs, Precision
 from netmorph.mesh.shape import ModelShape
 
-RECOMPUTE = ("none", "selective", "full")
-PRECISION = ("bf16", "fp8")
-SCHEDULES = ("afab", "1f1b", "interleaved")
-CP_COMM = ("p2p", "all_gather")   # Megatron-Core's --cp-comm-type (its a2a variants are Ulysses, not priced here)
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """Why a layout cannot run a model: a stable ``key`` (the planner tallies by it), the ``field`` and
-    ``value`` at fault, the sentence, and ``flag``: what to change, in the library's parameter names as
-    placeholders (``"{tp} or {heads}"``) that each command spells as its own flags
-    (:meth:`netmorph.errors.UsageError.render`, :func:`netmorph.errors.spell`).
-
-    ``soft``: a rule of thumb rather than a rule (``plan estimate`` still prices it, with a warning)."""
-
-    key: str
-    field: str
-    value: object
-    text: str
-    flag: str = ""
-    soft: bool = False
-
-    def __str__(self) -> str:
-        return self.text
-
-    def error(self) -> UsageError:
-        """The one line a command prints: the reason and what to change."""
-        return UsageError(f"{self.text}; change {self.flag or '{' + self.field + '}'}", self.field)
+__all__ = ["CP_COMM", "PRECISION", "RECOMPUTE", "SCHEDULES", "Batch", "Knobs", "Layout", "Precision", "Rejection"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class Layout:
-    """One job's split. Defaults: one rank, one microbatch, no recomputation, Megatron's mixed precision."""
+    """One job's split: its degrees (torchtitan's ``ParallelDims``), and beside them the :class:`Batch`,
+    :class:`Precision` and :class:`Knobs` it runs with. Defaults: one rank, one microbatch, no recomputation,
+    Megatron's mixed precision."""
 
     tp: int = 1
     cp: int = 1                    # context parallel: the sequence split over cp ranks (ring attention)
-    cp_comm_type: str = "p2p"      # how cp ranks get each other's K and V (Megatron's --cp-comm-type): "p2p", ring
-                                   # attention passing blocks behind the attention core; "all_gather", Llama 3's
-                                   # all-gather before the core and reduce-scatter of their gradients after, exposed
     ep: int = 1                    # expert parallel: the experts split over ep of the dp ranks
     expert_tp: int = 0             # Megatron's --expert-tensor-parallel-size: experts split over this many tp ranks
                                    # (0: = tp, Megatron's default; netmorph's trainer keeps them whole: 1)
@@ -70,33 +46,36 @@ class Layout:
     pp: int = 1
     zero: int = 0                  # DeepSpeed ZeRO stage over the data-parallel group (3: FSDP)
     interleave: int = 1            # v: model chunks per pipeline stage (Megatron's interleaved 1F1B)
-    schedule: str = ""             # afab (GPipe) | 1f1b | interleaved; "": 1f1b, or interleaved when interleave > 1
-    microbatch_group: int = 0      # interleaved: microbatches a chunk runs before the next chunk (Megatron's
-                                   # --microbatch-group-size-per-virtual-pipeline-stage, Llama 3's N); 0: pp
-    global_batch: int = 1          # sequences per step over every replica
-    micro_batch_size: int = 1
-    sequence_parallel: bool = False
-    sp_regather: bool = True       # under SP each rank keeps its sequence shard of the QKV and fc1 inputs and
-                                   # all-gathers it again for the weight gradients (Megatron); False: the gathered
-                                   # input is kept (netmorph's trainer, whose autograd saves it)
-    recompute: str = "none"        # none | selective | full
-    # how it overlaps and in which precision (the planner prices them; the trainer runs dp_overlap)
-    dp_overlap: bool = False       # the gradient reduction overlaps the backward (DDP's buckets)
-    param_gather_overlap: bool = False     # Megatron's --overlap-param-gather: the distributed optimizer's
-                                           # parameter all-gather hides behind the next forward, bucket by bucket
-    zero_memory: str = "paper"     # ZeRO's model states as Rajbhandari et al.'s Table 1 counts them ("paper") or
-                                   # as DeepSpeed allocates them ("deepspeed": its estimate_zero2/3 functions)
-    dp_bucket_mb: float = 0.0      # gradient bucket size (DDP's bucket_cap_mb, netmorph train's --bucket-mb);
-                                   # 0: a bucket per layer (Megatron at scale: 40M-parameter buckets)
-    tp_overlap: bool = False       # Megatron --tp-comm-overlap: TP collectives pipelined with the GEMMs
-    pp_overlap: bool = False       # Megatron --overlap-p2p-communication
-    precision: str = "bf16"        # bf16 | fp8 (Transformer Engine: FP8 matmuls, fp32 master weights)
-    param_bytes: int = 2           # fp16/bf16 weights
-    grad_bytes: int = 4            # Megatron's fp32 main gradients (2 gives ZeRO's 16 B/parameter)
-    optimizer_bytes: int = 12      # mixed-precision Adam: fp32 master weights, momentum, variance
-    activation_bytes: int = 2      # an activation on the wire (pipeline sends, TP collectives): 16-bit
-    first_stage_layers: int = 0    # Megatron's --decoder-first/last-pipeline-num-layers (0: an even split)
-    last_stage_layers: int = 0
+    batch: Batch = Batch()
+    precision: Precision = Precision()
+    knobs: Knobs = Knobs()
+
+    @classmethod
+    def of(cls, **flat) -> Layout:
+        """A layout from Megatron's flat argument names, as a command line gives them
+        (``Layout.of(tp=2, dp=2, global_batch=8, recompute="full", precision="fp8")``): each name goes to the
+        degrees or to the :class:`Batch`, :class:`Precision` (``precision`` is its name) or :class:`Knobs` that
+        holds it; an unknown name is the constructor's TypeError."""
+        return cls().replace(**flat)
+
+    def replace(self, **flat) -> Layout:
+        """This layout with the fields ``flat`` names changed, by the names :meth:`of` takes."""
+        own, parts = {}, {}
+        for k, v in flat.items():
+            home = _HOME.get(k)
+            if home is None or isinstance(v, (Batch, Precision, Knobs)):
+                own[k] = v
+            else:
+                parts.setdefault(home, {})["name" if k == "precision" else k] = v
+        for home, kw in parts.items():
+            own[home] = dataclasses.replace(own.get(home, getattr(self, home)), **kw)
+        return dataclasses.replace(self, **own)
+
+    def get(self, name: str):
+        """A field by the flat name :meth:`of` takes (``"recompute"``, ``"global_batch"``, ``"tp"``)."""
+        home = _HOME.get(name)
+        return getattr(self, name) if home is None else getattr(getattr(self, home),
+                                                                 "name" if name == "precision" else name)
 
     # -- sizes ---------------------------------------------------------------------------------------
     @property
@@ -111,12 +90,12 @@ class Layout:
     @property
     def microbatches(self) -> int:
         """m: microbatches per pipeline per step."""
-        return self.global_batch // (self.dp * self.micro_batch_size)
+        return self.batch.global_batch // (self.dp * self.batch.micro_batch_size)
 
     @property
     def pipeline_schedule(self) -> str:
         """The schedule the pipeline runs: the one named, else 1F1B (interleaved with more than one chunk)."""
-        return self.schedule or ("interleaved" if self.interleave > 1 else "1f1b")
+        return self.batch.schedule or ("interleaved" if self.interleave > 1 else "1f1b")
 
     @property
     def sharding(self) -> int:
@@ -140,7 +119,7 @@ class Layout:
     @property
     def group(self) -> int:
         """The interleaved schedule's microbatch group N (pp unless set)."""
-        return self.microbatch_group or self.pp
+        return self.batch.microbatch_group or self.pp
 
     def in_flight(self, stage: int) -> float:
         """Microbatches whose activations pipeline rank ``stage`` holds at its peak, in units of the stage's whole
@@ -166,7 +145,7 @@ class Layout:
     def stage_layers(self, layers: int) -> list:
         """Layers on each pipeline stage: the fixed first/last counts, the rest as evenly as it goes (the
         extra layers on the middle stages, away from the embedding and the output layer)."""
-        return list(_stage_layers(layers, self.pp, self.first_stage_layers, self.last_stage_layers))
+        return list(_stage_layers(layers, self.pp, self.knobs.first_stage_layers, self.knobs.last_stage_layers))
 
     def chunk_layers(self, layers: int, pp_rank: int, chunk: int = 0) -> tuple[int, int]:
         """[first, last) layers of virtual stage ``chunk · pp + pp_rank`` when the layers split evenly
@@ -191,15 +170,15 @@ class Layout:
         extra = [f"cp{self.cp}"] if self.cp > 1 else []
         extra += [f"ep{self.ep}"] if self.ep > 1 else []
         extra += [f"v={self.interleave}"] if self.interleave > 1 else []
-        extra += [f"N={self.microbatch_group}"] if self.microbatch_group else []
+        extra += [f"N={self.batch.microbatch_group}"] if self.batch.microbatch_group else []
         extra += ["afab"] if self.pp > 1 and self.pipeline_schedule == "afab" else []
         extra += [f"zero{self.zero}"] if self.zero else []
-        extra += [f"rc={self.recompute}"] if self.recompute != "none" else []
-        extra += ["sp"] if self.sequence_parallel else []
-        extra += [self.precision] if self.precision != "bf16" else []
-        if self.first_stage_layers or self.last_stage_layers:
-            extra.append(f"stages {self.first_stage_layers or '-'}/{self.last_stage_layers or '-'}")
-        return f"tp{self.tp} pp{self.pp} dp{self.dp} mb{self.micro_batch_size}" + (" " + " ".join(extra)
+        extra += [f"rc={self.knobs.recompute}"] if self.knobs.recompute != "none" else []
+        extra += ["sp"] if self.knobs.sequence_parallel else []
+        extra += [self.precision.name] if self.precision.name != "bf16" else []
+        if self.knobs.first_stage_layers or self.knobs.last_stage_layers:
+            extra.append(f"stages {self.knobs.first_stage_layers or '-'}/{self.knobs.last_stage_layers or '-'}")
+        return f"tp{self.tp} pp{self.pp} dp{self.dp} mb{self.batch.micro_batch_size}" + (" " + " ".join(extra)
                                                                                    if extra else "")
 
     def tag(self) -> str:
@@ -244,23 +223,38 @@ class Layout:
                                  f"{self.dp} = {self.world}, not the {world} ranks", "{tp}/{pp}/{dp}"))
         if model is not None and not model.bare:
             out += _model_rules(self, model)
-        if self.global_batch % (self.dp * self.micro_batch_size):
-            out.append(Rejection("batch", "global_batch", self.global_batch,
-                                 f"global batch {self.global_batch} does not split into dp {self.dp} x microbatch "
-                                 f"{self.micro_batch_size}", "{global_batch} or {micro_batch_size}"))
+        if self.batch.global_batch % (self.dp * self.batch.micro_batch_size):
+            out.append(
+                Rejection(
+                    "batch",
+                    "global_batch",
+                    self.batch.global_batch,
+                    f"global batch {self.batch.global_batch} does not split into dp {self.dp} x microbatch "
+                    f"{self.batch.micro_batch_size}",
+                    "{global_batch} or {micro_batch_size}",
+                )
+            )
         m = self.microbatches
         if self.interleave > 1 and (self.pp == 1 or m % self.group):
             out.append(Rejection("interleave", "interleave", self.interleave,
                                  f"interleaving needs pp > 1 and microbatches ({m}) a multiple of "
-                                 + (f"the microbatch group ({self.group})" if self.microbatch_group else
+                                 + (f"the microbatch group ({self.group})" if self.batch.microbatch_group else
                                     f"pp ({self.pp})"),
                                  "{microbatches} or {interleave}"))
-        if self.microbatch_group and (self.microbatch_group < self.pp or self.pipeline_schedule != "interleaved"):
-            out.append(Rejection("interleave", "microbatch_group", self.microbatch_group,
-                                 f"a microbatch group ({self.microbatch_group}) goes with the interleaved schedule "
-                                 f"and at least pp ({self.pp}) microbatches (Megatron's dependency check)",
-                                 "{microbatch_group}"))
-        if self.sequence_parallel and self.tp == 1:
+        if self.batch.microbatch_group and (
+            self.batch.microbatch_group < self.pp or self.pipeline_schedule != "interleaved"
+        ):
+            out.append(
+                Rejection(
+                    "interleave",
+                    "microbatch_group",
+                    self.batch.microbatch_group,
+                    f"a microbatch group ({self.batch.microbatch_group}) goes with the interleaved schedule "
+                    f"and at least pp ({self.pp}) microbatches (Megatron's dependency check)",
+                    "{microbatch_group}",
+                )
+            )
+        if self.knobs.sequence_parallel and self.tp == 1:
             out.append(Rejection("sp-needs-tp", "sequence_parallel", True, "sequence parallelism needs tp > 1",
                                  "{sequence_parallel} or {tp}"))
         return out
@@ -274,24 +268,15 @@ class Layout:
 
 
 def _ranges(c: Layout) -> list:
+    """The fields' own ranges: the degrees', then the batch's, the precision's and the knobs'."""
     out = []
     if c.expert_tp and c.tp % c.expert_tp:
         out.append(Rejection("range", "expert_tp", c.expert_tp, f"expert_tp must divide tp {c.tp}, got "
                              f"{c.expert_tp}"))
-    if not 0 <= c.microbatch_group <= 1 << 24:
-        out.append(Rejection("range", "microbatch_group", c.microbatch_group, f"microbatch_group must be in "
-                             f"0..{1 << 24:,}, got {c.microbatch_group}"))
-    for k in ("tp", "cp", "ep", "dp", "pp", "interleave", "global_batch", "micro_batch_size"):
-        if not 1 <= getattr(c, k) <= 1 << 24:
-            out.append(Rejection("range", k, getattr(c, k), f"{k} must be in 1..{1 << 24:,}, got {getattr(c, k)}"))
+    out += in_range(c, ("tp", "cp", "ep", "dp", "pp", "interleave"))
     if c.zero not in (0, 1, 2, 3):
         out.append(Rejection("range", "zero", c.zero, f"zero must be 0, 1, 2 or 3, got {c.zero}"))
-    for k, allowed in (("recompute", RECOMPUTE), ("precision", PRECISION), ("schedule", ("",) + SCHEDULES),
-                       ("zero_memory", ("paper", "deepspeed")), ("cp_comm_type", CP_COMM)):
-        if getattr(c, k) not in allowed:
-            out.append(Rejection("range", k, getattr(c, k), f"{k} must be one of {', '.join(allowed)}, got "
-                                 f"{getattr(c, k)!r}"))
-    return out
+    return out + c.batch.check() + c.precision.check() + c.knobs.check()
 
 
 def _model_rules(c: Layout, model: ModelShape) -> list:
@@ -302,9 +287,17 @@ def _model_rules(c: Layout, model: ModelShape) -> list:
                              "{tp} or {heads}"))
     stages = c.stage_layers(model.layers)
     if sum(stages) != model.layers or min(stages) < 1:
-        out.append(Rejection("layers", "pp", c.pp, f"{model.layers} layers do not fill pp {c.pp} stages with at "
-                             f"least one each (first {c.first_stage_layers or 'even'}, last "
-                             f"{c.last_stage_layers or 'even'})", "{pp} or {first_stage_layers}/{last_stage_layers}"))
+        out.append(
+            Rejection(
+                "layers",
+                "pp",
+                c.pp,
+                f"{model.layers} layers do not fill pp {c.pp} stages with at "
+                f"least one each (first {c.knobs.first_stage_layers or 'even'}, last "
+                f"{c.knobs.last_stage_layers or 'even'})",
+                "{pp} or {first_stage_layers}/{last_stage_layers}",
+            )
+        )
     elif c.interleave > 1 and min(stages) < c.interleave:
         out.append(Rejection("layers", "interleave", c.interleave, f"interleave {c.interleave} needs at least "
                              f"{c.interleave} layers on every stage (the smallest of pp {c.pp} has {min(stages)})",
@@ -350,3 +343,7 @@ def _stage_layers(layers: int, p: int, first: int, last: int) -> tuple:
         counts[i] += 1
     return tuple(([first] if first else []) + counts + ([last] if last else []))
 
+
+_HOME = {**{f.name: "batch" for f in dataclasses.fields(Batch)}, "precision": "precision",
+         **{f.name: "precision" for f in dataclasses.fields(Precision) if f.name != "name"},
+         **{f.name: "knobs" for f in dataclasses.fields(Knobs)}}

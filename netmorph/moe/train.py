@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from netmorph.errors import UsageError
+from netmorph.mesh.layout import Layout
 from netmorph.mesh.shape import ModelShape
 from netmorph.models.capacity import capacity
 from netmorph.models.moe import Router
@@ -44,22 +45,25 @@ class MoEConfig:
     timeout: float = 60.0
 
     @classmethod
-    def make(cls, model: ModelShape | None = None, router: Router = Router(), *, ep: int = 4, dp: int = 1,
-             tp: int = 1, pp: int = 1, batch: int = 4, steps: int = 20, lr: float = 3e-3, dtype: str = "float32",
-             backend: str = "local", timeout: float = 60.0, world: int | None = None) -> MoEConfig:
+    def make(cls, model: ModelShape | None = None, router: Router = Router(), split: Layout = Layout(ep=4, dp=4), *,
+             batch: int = 4, steps: int = 20, lr: float = 3e-3, dtype: str = "float32", backend: str = "local",
+             timeout: float = 60.0, world: int | None = None) -> MoEConfig:
         """The run on Megatron's layout: ``model`` a mixture of experts (:func:`moe_shape`; its experts, top-k,
-        capacity factor, expert width and seed), ``router`` its routing (``dropless``: no capacity); ``dp``
-        replicas of the ep group (data-parallel size ep x dp), ``batch`` sequences per rank per step in one
-        microbatch; ``world``, when given, must be the ranks that makes (ep x dp x tp x pp)."""
+        capacity factor, expert width and seed), ``router`` its routing (``dropless``: no capacity); ``split``'s
+        degrees (its data-parallel size counts every replica, the ep ranks folded over it), ``batch`` sequences per
+        rank per step in one microbatch; ``world``, when given, must be the ranks that makes."""
         model = model or moe_shape()
-        if world is not None and world != ep * dp * tp * pp:
-            raise UsageError(f"{{world}} {world} != {{ep}} x {{dp}} x {{tp}} x {{pp}} = {ep * dp * tp * pp}; change "
-                             "{ep}, {dp} or {world}", "world")
+        tp, pp, dp, ep = split.tp, split.pp, split.dp, split.ep
+        if world is not None and world != split.world:
+            raise UsageError(f"{{world}} {world} != {{tp}} x {{pp}} x {{dp}} = {split.world}; change {{ep}}, {{dp}} or "
+                             "{world}", "world")
         if not 0 <= model.seed < 1 << 32:
             raise UsageError(f"{{seed}} must be in 0..2**32-1, got {model.seed}", "seed")
         if not router.dropless and not 0 < model.capacity_factor <= 64:
             raise UsageError(f"{{capacity_factor}} must be in (0, 64], got {model.capacity_factor} (or --dropless "
                              "for no capacity)", "capacity_factor")
+        if dp % ep:
+            raise UsageError(f"{{ep}} {ep} must divide the data-parallel size {dp}", "ep")
         if min(ep, dp, model.experts, model.top_k, model.layers, model.hidden, model.heads, model.ef, model.vocab,
                model.seq, batch, steps) < 1:
             raise UsageError("ep, dp, experts, top-k, layers, hidden, heads, ffn, vocab, seq, batch and steps "
@@ -69,7 +73,7 @@ class MoEConfig:
         if model.experts % ep:
             raise UsageError(f"{{experts}} {model.experts} is not divisible by {{ep}} {ep}: each expert-parallel "
                              "rank holds the same number of experts", "experts")
-        cfg = TrainConfig.make(model=model, tp=tp, pp=pp, dp=ep * dp, ep=ep, microbatches=1, micro_batch_size=batch,
+        cfg = TrainConfig.make(model=model, tp=tp, pp=pp, dp=dp, ep=ep, microbatches=1, micro_batch_size=batch,
                                steps=steps, lr=lr, dtype=dtype, router=router)
         return cls(cfg, backend, timeout)
 
@@ -80,7 +84,7 @@ class MoEConfig:
 
     @property
     def tokens_per_rank(self) -> int:
-        return self.train.model.seq * self.train.layout.micro_batch_size
+        return self.train.model.seq * self.train.layout.batch.micro_batch_size
 
     @property
     def capacity(self) -> int | None:
@@ -96,7 +100,7 @@ class MoEConfig:
                 "capacity": self.capacity, "drop_policy": r.drop_policy, "pre_softmax": r.pre_softmax,
                 "aux_loss_coeff": r.aux_loss_coeff, "z_loss_coeff": r.z_loss_coeff, "jitter_eps": r.jitter_eps,
                 "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "ffn": m.ef, "vocab": m.vocab,
-                "seq": m.seq, "batch": lay.micro_batch_size, "tokens_per_rank": self.tokens_per_rank,
+                "seq": m.seq, "batch": lay.batch.micro_batch_size, "tokens_per_rank": self.tokens_per_rank,
                 "steps": self.train.steps, "start_step": self.train.start_step, "dtype": self.train.dtype, "backend": self.backend,
                 "world": self.world}
 

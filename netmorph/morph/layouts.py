@@ -64,7 +64,7 @@ def train_config(model: ModelShape, layout: Layout, steps: int, global_batch: in
     if global_batch // layout.dp < layout.pp:
         raise UsageError(f"{{global_batch}} {global_batch}: {layout.tag()} needs at least pp x dp = "
                          f"{layout.pp * layout.dp} sequences per step", "global_batch")
-    cfg = TrainConfig(model=model, layout=replace(layout, global_batch=global_batch, micro_batch_size=1,
+    cfg = TrainConfig(model=model, layout=layout.replace(global_batch=global_batch, micro_batch_size=1,
                                                   dp_overlap=False),
                       steps=steps, start_step=start, compute_ms=compute_ms, device_flops=device_flops)
     cfg.check()

@@ -35,7 +35,7 @@ class CollectiveAlgos:
                                  f"{', '.join(REGISTRY[op])}", arg)
         if layout is None:
             return
-        if self.tp != CollectiveAlgos.tp and layout.sequence_parallel:
+        if self.tp != CollectiveAlgos.tp and layout.knobs.sequence_parallel:
             raise UsageError(f"{{tp_algo}} {self.tp} with sequence parallelism: its collectives are all-gathers "
                              "and reduce-scatters, not all-reduces; drop {sequence_parallel} or the algorithm",
                              "tp_algo")

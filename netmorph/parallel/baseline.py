@@ -45,10 +45,10 @@ class Baseline:
         lay, model = self.cfg.layout, self.model
         t0 = time.perf_counter()
         self.opt.zero_grad(set_to_none=False)
-        base = (step * lay.dp + self.dp_rank) * lay.microbatches * lay.micro_batch_size
+        base = (step * lay.dp + self.dp_rank) * lay.microbatches * lay.batch.micro_batch_size
         for i in range(lay.microbatches):
-            lo = base + i * lay.micro_batch_size
-            x, y = synthetic_batch(self.cfg.model, range(lo, lo + lay.micro_batch_size))
+            lo = base + i * lay.batch.micro_batch_size
+            x, y = synthetic_batch(self.cfg.model, range(lo, lo + lay.batch.micro_batch_size))
             if self.mode == "ddp" and i < lay.microbatches - 1:
                 with model.no_sync():
                     (model(x, y) / lay.microbatches).backward()

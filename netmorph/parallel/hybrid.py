@@ -24,7 +24,7 @@ import torch
 from netmorph.checkpoint import Checkpointing
 from netmorph.errors import UsageError
 from netmorph.mesh import DeviceMesh
-from netmorph.mesh.layout import Layout
+from netmorph.mesh.layout import Batch, Knobs, Layout
 from netmorph.mesh.placement import rank_parameters
 from netmorph.mesh.presets import check_shape
 from netmorph.mesh.shape import ModelShape
@@ -47,7 +47,8 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 # the trainer's own defaults where a Layout's differ: two microbatches of two sequences, DDP's overlapped buckets
 BUCKET_MB = 1.0      # the trainer's gradient bucket where the layout names none (DDP's bucket_cap_mb is 25)
-TRAIN_LAYOUT = Layout(global_batch=4, micro_batch_size=2, dp_overlap=True, dp_bucket_mb=BUCKET_MB)
+TRAIN_LAYOUT = Layout(batch=Batch(global_batch=4, micro_batch_size=2),
+                      knobs=Knobs(dp_overlap=True, dp_bucket_mb=BUCKET_MB))
 RUN_FIELDS = ("steps", "lr", "dtype", "dp_mode", "compute_ms", "device_flops", "trace", "start_step",
               "router", "checkpoint", "algos")
 
@@ -84,8 +85,8 @@ class TrainConfig:
         kw.setdefault("dp_bucket_mb", BUCKET_MB)
         dp = kw.get("dp", 1)
         kw.setdefault("expert_tp", 1)           # the trainer keeps each expert whole on every tp rank
-        layout = Layout(global_batch=dp * microbatches * micro_batch_size, micro_batch_size=micro_batch_size,
-                        dp_overlap=overlap, **kw)
+        layout = Layout.of(global_batch=dp * microbatches * micro_batch_size, micro_batch_size=micro_batch_size,
+                           dp_overlap=overlap, **kw)
         return cls(model=model or ModelShape(), layout=layout, **run)
 
     @property
@@ -96,12 +97,12 @@ class TrainConfig:
     def bucket_mb(self) -> float:
         """The gradient bucket the trainer fills: the layout's ``dp_bucket_mb`` (0, the planner's "a bucket per
         layer": :data:`BUCKET_MB`)."""
-        return self.layout.dp_bucket_mb or BUCKET_MB
+        return self.layout.knobs.dp_bucket_mb or BUCKET_MB
 
     def check(self) -> None:
         if not 1 <= self.steps <= 1 << 24:
             raise UsageError(f"{{steps}} must be >= 1, got {self.steps}", "steps")
-        b = self.layout.dp_bucket_mb
+        b = self.layout.knobs.dp_bucket_mb
         if not (0 <= b < 1 << 20 and math.isfinite(b)):             # 0: the trainer's default bucket
             raise UsageError(f"{{bucket_mb}} must be a size in MiB > 0, got {b}", "bucket_mb")
         if not 0 <= self.compute_ms < 1e4:
@@ -169,7 +170,7 @@ def rank_groups(comm, cfg: TrainConfig) -> RankGroups:
 
 def build_chunks(comm, cfg: TrainConfig, lay: RankGroups):
     """This rank's model chunks: chunk c is virtual stage c·pp + pp_rank."""
-    tp = TensorParallel(comm, lay.tp_group, cfg.layout.sequence_parallel, ep_group=lay.ep_group, algos=cfg.algos)
+    tp = TensorParallel(comm, lay.tp_group, cfg.layout.knobs.sequence_parallel, ep_group=lay.ep_group, algos=cfg.algos)
     dtype = DTYPES[cfg.dtype]
     chunks = [GPTStage(cfg.model, *cfg.layout.chunk_layers(cfg.model.layers, lay.pp_rank, c), tp, dtype,
                        cfg.router) for c in range(cfg.layout.interleave)]
@@ -179,7 +180,7 @@ def build_chunks(comm, cfg: TrainConfig, lay: RankGroups):
 def overlaps_dp(layout: Layout, model: ModelShape) -> bool:
     """The trainer overlaps its gradient buckets with the backward (DDP's hooks) only where nothing else runs
     on the rank's communicator meanwhile: no tp, no pp, no experts; elsewhere the buckets go after it."""
-    return layout.dp_overlap and layout.tp == 1 and layout.pp == 1 and not model.experts
+    return layout.knobs.dp_overlap and layout.tp == 1 and layout.pp == 1 and not model.experts
 
 
 def replicas(comm, cfg: TrainConfig, lay: RankGroups, chunks, device) -> list:
@@ -261,7 +262,8 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
         b.aux_scale = 1.0 / split.microbatches             # each microbatch's load-balancing loss, averaged
     slots = schedule(split.pipeline_schedule, split.pp, split.microbatches, split.interleave)[lay.pp_rank]
     T = cfg.model.seq // (split.tp if tp.sequence_parallel else 1)
-    ex = Executor(comm, lay.pp_group, chunks, split.interleave, (T, split.micro_batch_size, cfg.model.hidden), dtype)
+    ex = Executor(comm, lay.pp_group, chunks, split.interleave, (T, split.batch.micro_batch_size, cfg.model.hidden),
+                  dtype)
     last_backward = max(i for i, s in enumerate(slots) if s.kind == "B")
     is_last_stage = lay.pp_rank == split.pp - 1
     reads_data = any(c.is_first or c.is_last for c in chunks)
@@ -277,12 +279,12 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
                 b.stats.clear()
                 b.aux.clear()
             at, a2a = len(comm.ledger.records), sum(b.moe.clock[0] for b in moe)
-            base = ((cfg.start_step + step) * split.dp + lay.dp_rank) * split.microbatches * split.micro_batch_size
+            base = ((cfg.start_step + step) * split.dp + lay.dp_rank) * split.microbatches * split.batch.micro_batch_size
 
             # the step's samples, drawn once (a data loader's batch) and only where a stage reads them: tokens
             # on the first virtual stage, targets on the last -- Megatron's get_batch gives a middle stage none
             # (drawing a microbatch's walk costs more than a middle stage's layer here)
-            mbs = split.micro_batch_size
+            mbs = split.batch.micro_batch_size
             samples = range(base, base + mbs * split.microbatches)
             batch = tuple(t.to(device) for t in synthetic_batch(cfg.model, samples)) if reads_data else None
 

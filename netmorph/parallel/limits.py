@@ -28,8 +28,8 @@ def require(layout: Layout, model: ModelShape | None = None, ignore=()) -> Layou
 def trainer_rules(c: Layout, model: ModelShape | None = None) -> list:
     """The :class:`~netmorph.mesh.layout.Rejection` s of netmorph's own trainer on top of the vocabulary's rules."""
     out = []
-    if c.microbatch_group and c.microbatch_group >= c.pp and c.pipeline_schedule == "interleaved":
-        out.append(Rejection("interleave", "microbatch_group", c.microbatch_group, "netmorph's trainer runs the "
+    if c.batch.microbatch_group and c.batch.microbatch_group >= c.pp and c.pipeline_schedule == "interleaved":
+        out.append(Rejection("interleave", "microbatch_group", c.batch.microbatch_group, "netmorph's trainer runs the "
                              "interleaved schedule with a microbatch group of pp (Megatron's default)",
                              "{microbatch_group}"))
     if c.pp > 1 and c.zero >= 2:
@@ -52,7 +52,7 @@ def trainer_rules(c: Layout, model: ModelShape | None = None) -> list:
                                  f"of 4 x hidden, learned positions, tied embedding, biases, multi-head attention; "
                                  f"routed experts without shared ones); {k} {getattr(model, k)!r} is priced by the "
                                  f"planner only"))
-    if model.experts and c.sequence_parallel:
+    if model.experts and c.knobs.sequence_parallel:
         out.append(Rejection("trainer", "sequence_parallel", True, "experts with sequence parallelism: the router "
                              "would see 1/tp of the tokens (Megatron gathers them first); not built"))
     if model.experts and c.tp > 1 and c.expert_tp != 1:
@@ -67,7 +67,7 @@ def trainer_rules(c: Layout, model: ModelShape | None = None) -> list:
     if model.layers % c.stages:
         out.append(Rejection("trainer", "layers", model.layers, f"layers {model.layers} is not divisible by pp x "
                              f"interleave = {c.stages} (the trainer builds even stages)"))
-    if c.sequence_parallel and model.seq % c.tp:
+    if c.knobs.sequence_parallel and model.seq % c.tp:
         out.append(Rejection("trainer", "seq", model.seq, f"seq {model.seq} is not divisible by tp {c.tp} "
                              "(sequence parallelism)"))
     return out

@@ -63,8 +63,8 @@ class TrainSummary:
         cfg, lay = self.config, self.config.layout
         out = {"world": cfg.world, "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "zero": lay.zero,
                "schedule": lay.pipeline_schedule, "interleave": lay.interleave, "microbatches": lay.microbatches,
-               "micro_batch_size": lay.micro_batch_size, "global_batch": lay.global_batch, "steps": cfg.steps,
-               "backend": self.backend, "dtype": cfg.dtype, "sequence_parallel": lay.sequence_parallel,
+               "micro_batch_size": lay.batch.micro_batch_size, "global_batch": lay.batch.global_batch, "steps": cfg.steps,
+               "backend": self.backend, "dtype": cfg.dtype, "sequence_parallel": lay.knobs.sequence_parallel,
                "dp_mode": cfg.dp_mode, "model": {**asdict(cfg.model), "params": cfg.model.params()}}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -90,7 +90,7 @@ def train(cfg: TrainConfig, backend: str = "local", timeout: float = 60.0, check
     if baseline == "ddp":
         slowest = {m: [max(o[m][k] for o in others) for k in range(cfg.steps)] for m in others[0]}
         out.baseline = compare_baselines({"netmorph": out.step_times_s, **slowest},
-                                         cfg.layout.global_batch * cfg.model.seq, weights)
+                                         cfg.layout.batch.global_batch * cfg.model.seq, weights)
     return out
 
 
@@ -116,7 +116,7 @@ def train_torchrun(cfg: TrainConfig, backend: str = "torch", timeout: float = 60
 def summarise(cfg: TrainConfig, results: list, backend: str, ref=None) -> TrainSummary:
     losses = next(r.losses for r in results if r.losses is not None)
     times = [max(r.step_times[k] for r in results) for k in range(cfg.steps)]
-    tokens = cfg.layout.global_batch * cfg.model.seq
+    tokens = cfg.layout.batch.global_batch * cfg.model.seq
     phases = sorted({ph for r in results for s in r.bytes_by_step for ph in s} |
                     {ph for r in results for ph in r.predicted})
     # a phase whose closed form changes step by step (the routing's all-to-alls) is shown for the last step
@@ -188,7 +188,7 @@ def reference(cfg: TrainConfig) -> tuple[list, dict, list | None]:
     model = GPTStage(cfg.model, dtype=dtype, router=cfg.router)
     flat = FlatParams(list(model.parameters()), dtype=dtype)
     adam = Adam(0, flat.padded, lr=cfg.lr, dtype=dtype)
-    G, b = cfg.layout.global_batch, cfg.layout.micro_batch_size
+    G, b = cfg.layout.batch.global_batch, cfg.layout.batch.micro_batch_size
     losses, kept = [], []
     moe = [blk for blk in model.blocks if blk.moe is not None]
     # dense: the global batch at once; with experts microbatch by microbatch, as the ranks route them (capacity

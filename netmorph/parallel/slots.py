@@ -17,7 +17,7 @@ def device_ms(cfg, layers: int, last: bool) -> float:
     planner prices a layer at, so a twin of the run knows its compute exactly (the backward sleeps twice this)."""
     if not cfg.device_flops:
         return cfg.compute_ms
-    m, b = cfg.model, cfg.layout.micro_batch_size
+    m, b = cfg.model, cfg.layout.batch.micro_batch_size
     flops = layers * m.layer_flops_fwd(b, causal=m.attention == "flash") + (m.logit_flops_fwd(b) if last else 0.0)
     return cfg.compute_ms + 1e3 * flops / cfg.layout.tp / cfg.device_flops
 

@@ -45,7 +45,7 @@ def predicted(cfg, lay_pp_rank: int, padded: int, isz: int, first: bool, last: b
               sp_elems: int = 0, moe_layers: int = 0, tp_rank: int = 0) -> dict:
     """{phase: (bytes per rank per step, the formula as text)} for this rank (``tp_rank``: its place in its
     tensor-parallel group, which a non-ring all-reduce's bytes depend on)."""
-    m, mb, model = cfg.layout.microbatches, cfg.layout.micro_batch_size, cfg.model
+    m, mb, model = cfg.layout.microbatches, cfg.layout.batch.micro_batch_size, cfg.model
     t, d, p, v = cfg.layout.tp, cfg.layout.dp, cfg.layout.pp, cfg.layout.interleave
     bsh, bs = mb * model.seq * model.hidden, mb * model.seq
     out = {}
@@ -70,11 +70,11 @@ def predicted(cfg, lay_pp_rank: int, padded: int, isz: int, first: bool, last: b
             total += m * ring_allreduce(bsh, t, isz) + m * 3 * ring_allreduce(bs, t, isz)
             text += " + m·2(t-1)/t·bsh·B (LM head) + m·6(t-1)/t·bs·B (vocab-parallel loss)"
         out["tp"] = (total, text)
-        if cfg.layout.sequence_parallel and sp_elems:
+        if cfg.layout.knobs.sequence_parallel and sp_elems:
             out["tp.sp-grads"] = (ring_allreduce(sp_elems, t, isz),
                                   f"2(t-1)/t·{sp_elems}·B (LayerNorms, row biases, positions)")
     if p > 1:
-        tprime = t if cfg.layout.sequence_parallel else 1
+        tprime = t if cfg.layout.knobs.sequence_parallel else 1
         act = bsh // tprime * isz
         fwd = v - (1 if lay_pp_rank == p - 1 else 0)       # chunks whose output goes to another stage
         bwd = v - (1 if lay_pp_rank == 0 else 0)

@@ -41,8 +41,6 @@ also the embedding's dropout mask (if any) for p microbatches and the last stage
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from netmorph.mesh.layout import Layout, sharding_with
 from netmorph.mesh.placement import model_state_bytes
 from netmorph.mesh.shape import ModelShape
@@ -108,13 +106,13 @@ def params_on_device(model: ModelShape, c: Layout) -> float:
 
 def activation_bytes_per_layer(model: ModelShape, c: Layout, recompute: str | None = None) -> float:
     """One layer's stored activations for one microbatch on one device (the terms above)."""
-    rc = c.recompute if recompute is None else recompute
-    s, b, h, a, t = model.seq, c.micro_batch_size, model.hidden, model.heads, c.tp
+    rc = c.knobs.recompute if recompute is None else recompute
+    s, b, h, a, t = model.seq, c.batch.micro_batch_size, model.hidden, model.heads, c.tp
     sb = s * b / c.cp
-    sp = c.sequence_parallel and t > 1
+    sp = c.knobs.sequence_parallel and t > 1
     if rc == "full":
         return 2 * sb * h / (t if sp else 1)
-    lin = 1 if c.precision == "fp8" else 2                # bytes of a stored linear-layer input
+    lin = 1 if c.precision.name == "fp8" else 2                # bytes of a stored linear-layer input
     k = model.active_experts * (model.capacity_factor if model.experts else 1.0)     # MLP rows per token
     masks = 2 * h if model.dropout else 0
     replicated = 4 * h + lin * h + lin * h * k + masks
@@ -134,7 +132,7 @@ def stage_activations(model: ModelShape, c: Layout, which: list | None = None) -
         return [0.0]
     p = c.pp
     per_layer = activation_bytes_per_layer(model, c)
-    s, b, h = model.seq / c.cp, c.micro_batch_size, model.hidden
+    s, b, h = model.seq / c.cp, c.batch.micro_batch_size, model.hidden
     out = []
     stages = c.stage_layers(model.layers)
     for i in (range(len(stages)) if which is None else which):
@@ -179,16 +177,16 @@ def _state_bytes(c: Layout, zero: int) -> tuple[tuple, tuple, float]:
     ``estimate_zero3_model_states_mem_needs``: 4·largest layer + 18Ψ/N -- the 16-bit weights sharded, the
     largest module's 16-bit weights and gradients live)."""
     shard = c.dp * c.cp
-    wbytes = c.param_bytes + (1 if c.precision == "fp8" else 0)
-    deepspeed = c.zero_memory == "deepspeed"
+    wbytes = c.precision.param_bytes + (1 if c.precision.name == "fp8" else 0)
+    deepspeed = c.knobs.zero_memory == "deepspeed"
     zero = sharding_with(zero, c.pp)                          # FSDP2 with a pipeline: Layout.sharding
 
     def per(group):
-        grads = c.grad_bytes / (group if zero >= 2 else 1)
+        grads = c.precision.grad_bytes / (group if zero >= 2 else 1)
         if deepspeed and zero in (1, 2):
-            grads = c.param_bytes + c.grad_bytes / group        # 16-bit whole + the 32-bit partition
-        return (wbytes / (group if zero >= 3 else 1), grads, c.optimizer_bytes / (group if zero >= 1 else 1))
-    live = 2 * c.param_bytes if deepspeed and zero >= 3 else 0.0
+            grads = c.precision.param_bytes + c.precision.grad_bytes / group        # 16-bit whole + the 32-bit partition
+        return (wbytes / (group if zero >= 3 else 1), grads, c.precision.optimizer_bytes / (group if zero >= 1 else 1))
+    live = 2 * c.precision.param_bytes if deepspeed and zero >= 3 else 0.0
     return per(shard), per(max(shard // c.ep, 1)), live
 
 
@@ -219,6 +217,6 @@ def trainer_memory(model: ModelShape, layout: Layout, itemsize: int) -> dict:
     field's most loaded stage, the flat buffers' padding and ZeRO's shards included -- one count, the
     trainer's), and the activations of :func:`memory` with weights and gradients of ``itemsize`` bytes, Adam's
     two states and no master copy; no recomputation."""
-    est = memory(model, replace(layout, recompute="none", param_bytes=itemsize, grad_bytes=itemsize,
+    est = memory(model, layout.replace(recompute="none", param_bytes=itemsize, grad_bytes=itemsize,
                                 optimizer_bytes=2 * itemsize))
     return {**model_state_bytes(model, layout, itemsize), "activations": est["activations"]}

@@ -25,8 +25,8 @@ tensor cores; and the most loaded device must fit in memory.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from functools import lru_cache
+from dataclasses import dataclass, fields, replace
+from functools import cache, lru_cache
 
 from netmorph.errors import UsageError
 from netmorph.mesh.layout import RECOMPUTE, Layout, Rejection
@@ -70,8 +70,8 @@ def check(model: ModelShape, c: Layout, hw: Hardware) -> Rejection | None:
     if c.tp > hw.gpus_per_node:
         return Rejection("inter-node-tp", "tp", c.tp, f"inter-node tensor parallelism (tp {c.tp} > "
                          f"{hw.gpus_per_node} devices per node)", "{tp}", soft=True)
-    if c.precision == "fp8" and not hw.fp8_flops:
-        return Rejection("fp8", "precision", c.precision, f"{hw.name} has no FP8 tensor cores",
+    if c.precision.name == "fp8" and not hw.fp8_flops:
+        return Rejection("fp8", "precision", c.precision.name, f"{hw.name} has no FP8 tensor cores",
                          "{precision} or {hardware}")
     return rules[0] if rules else None
 
@@ -84,7 +84,7 @@ CONFIG_KEYS = ("tp", "cp", "pp", "dp", "ep", "microbatch", "global_batch", "inte
 def estimate(model: ModelShape, c: Layout, hw: Hardware, times: dict | None = None) -> dict:
     """Memory and time of one configuration, as the JSON the CLI prints."""
     mem = memory(model, c)
-    out = {**{k: getattr(c, "micro_batch_size" if k == "microbatch" else k) for k in CONFIG_KEYS},
+    out = {**{k: c.get("micro_batch_size" if k == "microbatch" else k) for k in CONFIG_KEYS},
            "gpus": c.gpus, "hardware": hw.name, "model": model.name,
            **({} if model.bare else {"kv_heads": model.kv, "ffn_type": model.ffn_type, "ffn": model.f,
                                      "position": model.position, "tied": model.tied, "attention": model.attention,
@@ -100,10 +100,10 @@ def estimate(model: ModelShape, c: Layout, hw: Hardware, times: dict | None = No
     t = times or step_time(model, c, hw)
     out.update(t)
     out.update({
-        "flops_per_iteration": model.flops_per_iteration(c.global_batch, c.recompute),
+        "flops_per_iteration": model.flops_per_iteration(c.batch.global_batch, c.knobs.recompute),
         # what the causal model needs, and Megatron's convention (the full s x s product; MFU divides it)
-        "model_flops_per_iteration": model.causal_model_flops(c.global_batch),
-        "megatron_flops_per_iteration": model.model_flops(c.global_batch),
+        "model_flops_per_iteration": model.causal_model_flops(c.batch.global_batch),
+        "megatron_flops_per_iteration": model.model_flops(c.batch.global_batch),
         **rates(model, c, hw, t["step_time_s"]),
     })
     return out
@@ -112,11 +112,11 @@ def estimate(model: ModelShape, c: Layout, hw: Hardware, times: dict | None = No
 def rates(model: ModelShape, c: Layout, hw: Hardware, step: float) -> dict:
     """Throughput of a step of ``step`` seconds: executed TFLOP/s per GPU (eq. 3), MFU (Megatron's model
     FLOPs over the 16-bit peak), tokens/s."""
-    executed, useful = _flops(model, c.global_batch, c.recompute)
+    executed, useful = _flops(model, c.batch.global_batch, c.knobs.recompute)
     return {"tflops_per_gpu": executed / step / c.gpus / 1e12,
             "mfu": useful / step / c.gpus / hw.peak_flops,
-            "tokens_per_s": c.global_batch * model.seq / step,
-            "tokens_per_s_per_gpu": c.global_batch * model.seq / step / c.gpus}
+            "tokens_per_s": c.batch.global_batch * model.seq / step,
+            "tokens_per_s_per_gpu": c.batch.global_batch * model.seq / step / c.gpus}
 
 
 @lru_cache(maxsize=1024)
@@ -162,11 +162,13 @@ def search(model: ModelShape, gpus: int, hw: Hardware, global_batch: int, base: 
         r.count += n
 
     fixed_fields = {f.name: getattr(base, f.name) for f in fields(base)}       # (faster than replace() per layout)
+    batch = cache(lambda mb: replace(base.batch, global_batch=global_batch, micro_batch_size=mb))
+    knobs = cache(lambda rc, sp: replace(base.knobs, recompute=rc, sequence_parallel=sp))
+    precision = cache(lambda name: replace(base.precision, name=name))
 
     def make(tp, cp, pp, dp, ep=1, mb=1, v=1, zero=0, rc="none", sp=False, prec="bf16"):
         return Layout(**{**fixed_fields, "tp": tp, "cp": cp, "ep": ep, "dp": dp, "pp": pp, "zero": zero,
-                         "interleave": v, "global_batch": global_batch, "micro_batch_size": mb,
-                         "sequence_parallel": sp, "recompute": rc, "precision": prec})
+                         "interleave": v, "batch": batch(mb), "knobs": knobs(rc, sp), "precision": precision(prec)})
 
     for tp in allowed("tp", _divisors(gpus, min(gpus, 64))):
         rest = gpus // tp

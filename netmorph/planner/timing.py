@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from netmorph.mesh.layout import Layout, _stage_layers
+from netmorph.mesh.layout import Batch, Knobs, Layout, Precision, _stage_layers
 from netmorph.mesh.shape import ModelShape
 from netmorph.planner.comm import collective_time, p2p_time
 from netmorph.planner.hardware import Hardware
@@ -68,41 +68,42 @@ def gemm_seconds(flops: float, peak: float, table: tuple, default: float) -> flo
 
 def layer_costs(model: ModelShape, c: Layout, hw: Hardware) -> dict:
     """What one layer costs under ``c``: :func:`_layer_costs` for the fields it depends on (cached, so a search
-    prices each (tp, cp, ep, microbatch, recompute, sp, precision) once)."""
-    return dict(_layer_costs(model, hw, c.tp, c.cp, c.ep, c.micro_batch_size, c.recompute, c.sequence_parallel,
-                             c.precision, c.activation_bytes, c.sp_regather, c.cp_comm_type))
+    prices each (tp, cp, ep, microbatch, knobs, precision) once)."""
+    return dict(_layer_costs(model, hw, c.tp, c.cp, c.ep, c.batch.micro_batch_size, c.knobs, c.precision))
 
 
 @lru_cache(maxsize=16384)
-def _layer_costs(model: ModelShape, hw: Hardware, tp, cp, ep, microbatch, recompute, sp, precision,
-                 act_bytes: int = 2, regather: bool = True, cp_comm: str = "p2p") -> dict:
+def _layer_costs(model: ModelShape, hw: Hardware, tp: int, cp: int, ep: int, microbatch: int, knobs: Knobs,
+                 precision: Precision) -> dict:
     """Seconds of one layer's work per microbatch on one rank, forward and backward apart (the backward
     carries the recomputed forward under full recomputation, the attention core again under selective, and
     FlashAttention's own recompute of the scores: its backward is 2.5x its forward), the LM head's forward,
     one activation's bytes, the TP all-reduces per layer, the exposed ring-attention KV exchange (context
     parallel) and the MoE dispatch/combine all-to-alls: what the analytic step time sums and what
     :mod:`netmorph.simulate` plays slot by slot."""
-    c = Layout(tp=tp, dp=ep, micro_batch_size=microbatch, global_batch=microbatch * ep, recompute=recompute,
-                       sequence_parallel=sp, cp=cp, ep=ep, precision=precision)
-    t, b, cp = c.tp, c.micro_batch_size, c.cp
+    c = Layout(tp=tp, dp=ep, cp=cp, ep=ep, batch=Batch(micro_batch_size=microbatch, global_batch=microbatch * ep),
+               knobs=knobs, precision=precision)
+    sp, regather, cp_comm, act_bytes = knobs.sequence_parallel, knobs.sp_regather, knobs.cp_comm_type, \
+        precision.activation_bytes
+    t, b, cp = c.tp, c.batch.micro_batch_size, c.cp
     s, h = model.seq, model.hidden
     # under FP8 Transformer Engine runs the linear layers' GEMMs in FP8; attention and the logits stay 16-bit
     r16 = hw.peak_flops * hw.gemm_efficiency
     flash = model.attention == "flash"
     r_core = hw.peak_flops * hw.attention_efficiency if flash else r16     # a fused kernel's own efficiency
     linear_flops = model.layer_linear_flops_fwd(b)
-    if c.precision == "fp8":
+    if c.precision.name == "fp8":
         peak_lin, table, eff = hw.fp8_flops, hw.fp8_gemm_table, hw.fp8_efficiency
     else:
         peak_lin, table, eff = hw.peak_flops, hw.gemm_table, hw.gemm_efficiency
     lin = (sum(n * gemm_seconds(f, peak_lin, table, eff) for f, n in linear_gemms(model, b * s / cp, t))
            if table else linear_flops / (t * cp) / (peak_lin * eff))
     core = (model.layer_flops_fwd(b, causal=flash) - linear_flops) / (t * cp) / r_core   # QKᵀ and attention·V
-    full = c.recompute == "full"
-    core_bwd = (2.5 if flash else 2.0) + (1.0 if full or (c.recompute == "selective" and not flash) else 0.0)
+    full = c.knobs.recompute == "full"
+    core_bwd = (2.5 if flash else 2.0) + (1.0 if full or (c.knobs.recompute == "selective" and not flash) else 0.0)
     elem = activation_bytes_per_layer(model, c, recompute="none") * hw.elementwise_passes / hw.hbm_bandwidth
     cast_fwd = cast_bwd = 0.0
-    if c.precision == "fp8":
+    if c.precision.name == "fp8":
         # Transformer Engine casts each linear layer's input to FP8 in the forward (read 2 B, write 1 B per
         # element: QKV, output projection, fc1, fc2 inputs) and each output gradient in the backward
         tokens = b * s / (t * cp)
@@ -194,8 +195,9 @@ def optimizer_time(n_params: float, c: Layout, hw: Hardware) -> float:
     """The optimizer step streams its shard's state once: at HBM speed (a fused Adam), or at the rate measured
     for the ranks' own optimizer (``optimizer_bandwidth``)."""
     shard = n_params / (c.dp * c.cp if c.sharding >= 1 else 1)
-    return shard * (2 * c.optimizer_bytes + c.grad_bytes + 2 * c.param_bytes) / (hw.optimizer_bandwidth or
-                                                                                   hw.hbm_bandwidth)
+    p = c.precision
+    return shard * (2 * p.optimizer_bytes + p.grad_bytes + 2 * p.param_bytes) / (hw.optimizer_bandwidth or
+                                                                                 hw.hbm_bandwidth)
 
 
 def shared_slots(m: int, p: int, v: int = 1, sharing: float = 1.0) -> float:
@@ -221,33 +223,30 @@ def step_time(model: ModelShape, c: Layout, hw: Hardware) -> dict:
     """Seconds per iteration and its parts."""
     p, v, m = c.pp, c.interleave, c.microbatches
     gemm, elementwise, tp_comm, cp_comm, moe_comm, pp_comm = _microbatch(
-        model, hw, c.tp, c.cp, c.pp, c.dp, c.ep, c.micro_batch_size, c.recompute, c.sequence_parallel, c.precision, v,
-        c.first_stage_layers, c.last_stage_layers, c.tp_overlap, c.pp_overlap, c.activation_bytes, c.sp_regather,
-        c.cp_comm_type)
+        model, hw, c.tp, c.cp, c.pp, c.dp, c.ep, v, c.batch.micro_batch_size, c.knobs, c.precision)
     per_mb = gemm + elementwise + tp_comm + cp_comm + moe_comm + pp_comm
     pipeline = shared_slots(m, p, v, hw.core_sharing) * per_mb
     bubble = (p - 1) / (v * m) if m else float("inf")
-    dp_comm, gather, optimizer = _after(model, hw, c.tp, c.cp, c.pp, c.dp, c.ep, c.sharding, c.first_stage_layers,
-                                        c.last_stage_layers, c.param_bytes, c.grad_bytes, c.optimizer_bytes,
-                                        c.reduce_rounds)
+    dp_comm, gather, optimizer = _after(model, hw, c.tp, c.cp, c.pp, c.dp, c.ep, c.sharding, c.reduce_rounds,
+                                        c.knobs, c.precision)
     if gather:
         # FSDP FULL_SHARD / DeepSpeed stage 3 keep no unsharded gradient to accumulate into, so every
         # microbatch's backward reduce-scatters its gradients
         dp_comm *= m
     hidden = 0.0
-    if c.dp_overlap and c.dp * c.cp > 1:
+    if c.knobs.dp_overlap and c.dp * c.cp > 1:
         dp_exposed, zero3, hidden = _overlapped(model, c, hw, dp_comm, gather)
     else:
         dp_exposed, zero3 = dp_comm, m * gather
     # what ran beside compute slowed it (NCCL's kernels take SMs and HBM bandwidth): Hardware.comm_slowdown
     slowdown = hw.comm_slowdown * hidden
     sp_grads = 0.0
-    if c.sequence_parallel and c.tp > 1:
+    if c.knobs.sequence_parallel and c.tp > 1:
         # Megatron's _allreduce_layernorm_grads: under SP every TP rank holds the norms (and the row-parallel
         # biases) whole but trains them on its own tokens; their gradients, coalesced, are all-reduced once a step
-        held = max(_stage_layers(model.layers, p, c.first_stage_layers, c.last_stage_layers))
+        held = max(_stage_layers(model.layers, p, c.knobs.first_stage_layers, c.knobs.last_stage_layers))
         n = held * (2 * model.norm_params() + (2 * model.hidden if model.bias else 0))
-        sp_grads = collective_time(hw, "allreduce", c.tp, 1, n * c.grad_bytes)
+        sp_grads = collective_time(hw, "allreduce", c.tp, 1, n * c.precision.grad_bytes)
     comm = {"tensor_parallel": m * tp_comm + sp_grads, "context_parallel": m * cp_comm, "expert_parallel": m * moe_comm,
             "pipeline_p2p": m * pp_comm, "data_parallel": dp_exposed, "zero3_gather": zero3}
     # the parts of the step, every second of it in exactly one: matmul + elementwise (m microbatches), the
@@ -290,9 +289,8 @@ def _overlapped(model: ModelShape, c: Layout, hw: Hardware, dp_comm: float, gath
       backward, and reduce-scatters each layer's gradients one layer behind its backward; per microbatch the
       first gather and the last reduce-scatter are exposed, and a layer whose gather (and reduce-scatter)
       outlasts its compute exposes the difference. With one microbatch there is one backward to hide behind."""
-    lc = _layer_costs(model, hw, c.tp, c.cp, c.ep, c.micro_batch_size, c.recompute, c.sequence_parallel,
-                      c.precision, c.activation_bytes, c.sp_regather, c.cp_comm_type)
-    layers = max(_stage_layers(model.layers, c.pp, c.first_stage_layers, c.last_stage_layers))
+    lc = _layer_costs(model, hw, c.tp, c.cp, c.ep, c.batch.micro_batch_size, c.knobs, c.precision)
+    layers = max(_stage_layers(model.layers, c.pp, c.knobs.first_stage_layers, c.knobs.last_stage_layers))
     tp_ar = collective_time(hw, "allreduce", c.tp, 1, lc["activation_bytes"]) if c.tp > 1 else 0.0
     fwd = lc["matmul_fwd"] + lc["elementwise_fwd"] + lc["tp_per_fwd"] * tp_ar
     bwd = lc["matmul_bwd"] + lc["elementwise_bwd"] + lc["tp_per_bwd"] * tp_ar
@@ -305,39 +303,40 @@ def _overlapped(model: ModelShape, c: Layout, hw: Hardware, dp_comm: float, gath
         return exposed - zero3, zero3, m * gather + dp_comm - exposed
     op = "allreduce" if c.sharding == 0 else "reduce_scatter"
     on_device = params_on_device(model, c)
-    if c.dp_bucket_mb:
+    if c.knobs.dp_bucket_mb:
         # buckets of a size over the flat buffer (DDP's bucket_cap_mb): as many as the gradients fill, each
         # launched once the backward has produced it -- its share of the stage's backward
-        total = c.grad_bytes * on_device
-        n = max(1, math.ceil(total / (c.dp_bucket_mb * 2 ** 20)))
+        total = c.precision.grad_bytes * on_device
+        n = max(1, math.ceil(total / (c.knobs.dp_bucket_mb * 2 ** 20)))
         bucket = collective_time(hw, op, group, t, total / n)
         grads = bucketed(bucket, n, bwd * layers / n, o)
         embedding = 0.0
     else:
-        bucket, n = collective_time(hw, op, group, t, c.grad_bytes * model.layer_params() / t), layers
-        embedding = collective_time(hw, op, group, t, c.grad_bytes * model.embedding_params() / t)
+        bucket, n = collective_time(hw, op, group, t, c.precision.grad_bytes * model.layer_params() / t), layers
+        embedding = collective_time(hw, op, group, t, c.precision.grad_bytes * model.embedding_params() / t)
         grads = bucketed(bucket, layers, bwd, o) + embedding
     params = 0.0
     if c.sharding:
-        params = collective_time(hw, "allgather", group, t, c.param_bytes * on_device)
+        params = collective_time(hw, "allgather", group, t, c.precision.param_bytes * on_device)
     total = rounds * (n * bucket + embedding)
     if rounds > 1:
         # the earlier rounds queue on the same stream behind the later microbatches' compute: what the stream
         # needs beyond the compute from the first backward to the last is exposed too
         grads = max(grads, total - o * layers * ((rounds - 1) * (fwd + bwd) + bwd))
-    shown = grads + (bucketed(params / layers, layers, fwd, o) if c.param_gather_overlap else params)
+    shown = grads + (bucketed(params / layers, layers, fwd, o) if c.knobs.param_gather_overlap else params)
     return shown, 0.0, max(0.0, total + params - shown)
 
 
 @lru_cache(maxsize=65536)
-def _microbatch(model, hw, t, cp, p, d, ep, mb, recompute, sp, precision, v, first, last, tp_overlap=False,
-                pp_overlap=False, act_bytes=2, regather=True, cp_comm="p2p") -> tuple:
+def _microbatch(model: ModelShape, hw: Hardware, t: int, cp: int, p: int, d: int, ep: int, v: int, mb: int,
+                knobs: Knobs, precision: Precision) -> tuple:
     """(matmul, elementwise, TP, CP, MoE, PP p2p) seconds of one microbatch on the slowest pipeline stage; with
     ``tp_overlap`` (Megatron's --tp-comm-overlap: the TP collectives split into chunks pipelined with the
     GEMMs that produce and consume them) only what the stage's linear-layer GEMMs do not cover is exposed,
     with ``pp_overlap`` (--overlap-p2p-communication) only what one layer's compute does not cover."""
-    stages = _stage_layers(model.layers, p, first, last)
-    lc = _layer_costs(model, hw, t, cp, ep, mb, recompute, sp, precision, act_bytes, regather, cp_comm)
+    stages = _stage_layers(model.layers, p, knobs.first_stage_layers, knobs.last_stage_layers)
+    lc = _layer_costs(model, hw, t, cp, ep, mb, knobs, precision)
+    sp, act_bytes = knobs.sequence_parallel, precision.activation_bytes
     per_layer_gemm = lc["matmul_fwd"] + lc["matmul_bwd"]
     # the slowest stage sets the pipeline's pace: the most layers, or the last stage's with the output layer
     head = 3 * lc["logits_fwd"]
@@ -357,20 +356,20 @@ def _microbatch(model, hw, t, cp, p, d, ep, mb, recompute, sp, precision, v, fir
     cp_comm = layers * (lc["cp_fwd"] + lc["cp_bwd"])
     moe_comm = layers * (lc["moe_fwd"] + lc["moe_bwd"])
     pp_comm = 2 * v * (p2p_time(hw, 0, t * cp * d, act / t) + hw.pipeline_hop_s) if p > 1 else 0.0
-    if tp_overlap:
+    if knobs.tp_overlap:
         tp_comm = max(0.0, tp_comm - gemm)
-    if pp_overlap:
+    if knobs.pp_overlap:
         pp_comm = max(0.0, pp_comm - 2 * v * per_layer_gemm)
     return gemm, elementwise, tp_comm, cp_comm, moe_comm, pp_comm
 
 
 @lru_cache(maxsize=65536)
-def _after(model, hw, t, cp, p, d, ep, zero, first, last, param_bytes, grad_bytes, optimizer_bytes,
-           rounds=1) -> tuple:
+def _after(model: ModelShape, hw: Hardware, t: int, cp: int, p: int, d: int, ep: int, zero: int, rounds: int,
+           knobs: Knobs, precision: Precision) -> tuple:
     """(data-parallel gradient reduction, one microbatch's ZeRO-3 weight gathers, optimizer) seconds; ``rounds``
     reduce-scatters a step where the gradients stay sharded under a pipeline (Layout.reduce_rounds)."""
-    c = Layout(tp=t, pp=p, dp=d, cp=cp, ep=ep, zero=zero, first_stage_layers=first, last_stage_layers=last,
-                       param_bytes=param_bytes, grad_bytes=grad_bytes, optimizer_bytes=optimizer_bytes)
+    c = Layout(tp=t, pp=p, dp=d, cp=cp, ep=ep, zero=zero, knobs=knobs, precision=precision)
+    param_bytes, grad_bytes = precision.param_bytes, precision.grad_bytes
     n = params_on_device(model, c)
     group = d * cp                                   # gradients reduce over data- and context-parallel ranks
     if zero == 0:

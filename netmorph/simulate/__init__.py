@@ -28,8 +28,8 @@ def costs_for(model, c, hw) -> Costs:
     t, d = c.tp, c.dp
     lc = layer_costs(model, c, hw)
     act = lc["activation_bytes"]
-    layer_grads = model.layer_params() / t * c.grad_bytes
-    emb_grads = model.embedding_params() / t * c.grad_bytes
+    layer_grads = model.layer_params() / t * c.precision.grad_bytes
+    emb_grads = model.embedding_params() / t * c.precision.grad_bytes
     n = params_on_device(model, c)
     after_exposed = -1.0
     if c.sharding == 0:
@@ -37,8 +37,8 @@ def costs_for(model, c, hw) -> Costs:
         ring = 2 * (d - 1) / d
     else:
         op, ring = "reduce_scatter", (d - 1) / d
-        after = collective_time(hw, "allgather", d, t, c.param_bytes * n)
-        if c.param_gather_overlap and c.dp_overlap:
+        after = collective_time(hw, "allgather", d, t, c.precision.param_bytes * n)
+        if c.knobs.param_gather_overlap and c.knobs.dp_overlap:
             layers = model.layers // c.pp
             after_exposed = bucketed(after / layers, layers, lc["matmul_fwd"] + lc["elementwise_fwd"], hw.overlap)
     return Costs(
@@ -47,18 +47,18 @@ def costs_for(model, c, hw) -> Costs:
         tp_allreduce=collective_time(hw, "allreduce", t, 1, act) if t > 1 else 0.0,
         tp_per_fwd=lc["tp_per_fwd"], tp_per_bwd=lc["tp_per_bwd"],
         **dict(zip(("tp_embedding", "tp_head_fwd", "tp_head_bwd"),
-                   tp_head_costs(model, hw, t, act, c.activation_bytes, c.sequence_parallel))),
-        tp_head_bytes=tp_head_bytes(model, t, act, c.activation_bytes, c.sequence_parallel),
+                   tp_head_costs(model, hw, t, act, c.precision.activation_bytes, c.knobs.sequence_parallel))),
+        tp_head_bytes=tp_head_bytes(model, t, act, c.precision.activation_bytes, c.knobs.sequence_parallel),
         p2p_bytes=act / t,
         dp_layer=collective_time(hw, op, d, t, layer_grads), dp_embedding=collective_time(hw, op, d, t, emb_grads),
-        dp_after=after, dp_after_exposed=after_exposed, dp_overlap=c.dp_overlap, optimizer=optimizer_time(n, c, hw),
-        comm_slowdown=hw.comm_slowdown if c.dp_overlap else 0.0,
+        dp_after=after, dp_after_exposed=after_exposed, dp_overlap=c.knobs.dp_overlap, optimizer=optimizer_time(n, c, hw),
+        comm_slowdown=hw.comm_slowdown if c.knobs.dp_overlap else 0.0,
         dp_rounds=c.reduce_rounds,
         alpha_intra=hw.alpha_intra, alpha_inter=hw.alpha_inter, pipeline_hop=hw.pipeline_hop_s,
         bw_intra=hw.nvlink_bandwidth,
         bw_inter=hw.nic_bandwidth, gpus_per_node=hw.gpus_per_node,
         tp_bytes_sent=2 * (t - 1) / t * act, dp_bytes_layer=ring * layer_grads, dp_bytes_embedding=ring * emb_grads,
-        dp_bytes_after=(d - 1) / d * c.param_bytes * n if c.sharding else 0.0)
+        dp_bytes_after=(d - 1) / d * c.precision.param_bytes * n if c.sharding else 0.0)
 
 
 def lend_bubble(step: float, breakdown: dict, sharing: float, m: int = 1, p: int = 1, v: int = 1) -> tuple:
@@ -92,7 +92,7 @@ def check_simulated(model, c, schedule_name: str | None = None) -> None:
                          "per rank to simulate; lower {global_batch} (or raise {microbatch})", "global_batch")
     if schedule_name and schedule_name != "interleaved" and c.interleave > 1:
         raise UsageError(f"{{interleave}} {c.interleave} needs {{schedule}} interleaved", "interleave")
-    if c.microbatch_group:
+    if c.batch.microbatch_group:
         raise UsageError("{microbatch_group}: the simulator plays the trainer's interleaved schedule, whose group "
                          "is pp (Megatron's default); the planner (plan estimate) prices other groups",
                          "microbatch_group")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from netmorph.mesh.layout import Layout
 from netmorph.models.capacity import capacity
 from netmorph.moe import MoEConfig, Router, exact_drop_fraction, moe_shape, simulated_drop_fraction, train
 from netmorph.moe.train import drops_at
@@ -29,7 +30,8 @@ class MoE:
 def run(tick=lambda: None, quick: bool = False) -> MoE:
     """α = 0.1 (ten times Megatron's default) so the effect shows within 60 steps of a tiny model; ``quick``:
     20 steps."""
-    model, base = moe_shape(experts=8, top_k=2), dict(ep=4, steps=20 if quick else 60, batch=16, lr=1e-2)
+    model, base = moe_shape(experts=8, top_k=2), dict(split=Layout(ep=4, dp=4), steps=20 if quick else 60, batch=16,
+                                               lr=1e-2)
     runs = {}
     for alpha in (ALPHA, 0.0):
         runs[alpha] = train(MoEConfig.make(model, Router(aux_loss_coeff=alpha, dropless=True), **base))

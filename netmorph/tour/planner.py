@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from netmorph.mesh.layout import Layout
+from netmorph.mesh.layout import Batch, Knobs, Layout
 from netmorph.mesh.presets import PRESETS
 from netmorph.planner.hardware import PRESETS as HW
 from netmorph.planner.memory import memory
@@ -39,14 +39,14 @@ def run(tick=lambda: None, quick: bool = False) -> Planning:
         for p in (1, 2, 4, 8, 16, 32):
             if model.layers % p:
                 continue
-            c = Layout(tp=t, pp=p, dp=GPUS // (t * p), global_batch=BATCH, zero=1, recompute="selective",
-                       sequence_parallel=t > 1)
+            c = Layout(tp=t, pp=p, dp=GPUS // (t * p), zero=1, batch=Batch(global_batch=BATCH),
+                       knobs=Knobs(recompute="selective", sequence_parallel=t > 1))
             here = [e for e in result.by_split if e["tp"] == t and e["pp"] == p]
             splits.append((t, p, memory(model, c), 100 * here[0]["mfu"] if here else 0.0))
     # today's model on today's cluster: GQA, SwiGLU, FlashAttention, uneven stages, cp and precision searched
     t0 = time.perf_counter()
     big = search(PRESETS["llama-3-405b"], 16384, HW["h100-80g"], 2048, top=1,
-                 base=Layout(first_stage_layers=7, last_stage_layers=7), fixed={"precision": "bf16"})
+                 base=Layout(knobs=Knobs(first_stage_layers=7, last_stage_layers=7)), fixed={"precision": "bf16"})
     t_big = time.perf_counter() - t0
     tick()
     return Planning(result, elapsed, hw.memory_bytes, splits, model.layers, big, t_big)

@@ -3,13 +3,13 @@ simulated, rank 0 of every pipeline stage traced."""
 
 from __future__ import annotations
 
-from netmorph.mesh.layout import Layout
+from netmorph.mesh.layout import Batch, Knobs, Layout
 from netmorph.mesh.presets import PRESETS as MODELS
 from netmorph.planner.hardware import PRESETS as HARDWARE
 from netmorph.simulate import simulate_config
 
 STEPS = 1
-LAYOUT = Layout(tp=8, pp=8, dp=16, global_batch=1536, recompute="full", dp_overlap=True)
+LAYOUT = Layout(tp=8, pp=8, dp=16, batch=Batch(global_batch=1536), knobs=Knobs(recompute="full", dp_overlap=True))
 
 
 def run(tick=lambda: None, quick: bool = False) -> dict:
