@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench docs transcripts clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,5 +26,13 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/scale.py
 
+# the documentation site (mkdocs-material, the dev extra) into site/; strict: a broken link or nav entry fails
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
+# every command transcript in README.md and docs/ rerun and rewritten (--slow adds the benchmarks')
+transcripts: $(STAMP)
+	$(BIN)/python scripts/transcripts.py
+
 clean:
-	rm -rf $(VENV) report build *.egg-info netmorph.egg-info
+	rm -rf $(VENV) report build site *.egg-info netmorph.egg-info
