@@ -5,6 +5,7 @@
     python scripts/transcripts.py --slow           # the benchmarks' transcripts too (tens of minutes)
     python scripts/transcripts.py --check          # rerun and compare: exit 1 where a deterministic field moved
     python scripts/transcripts.py --check --max-seconds 3 docs/commands/plan.md
+    python scripts/transcripts.py --slow --only benchmarks/scale.py docs/benchmarks.md
 
 A transcript is a fenced block whose first line starts with ``$ ``: each ``$ COMMAND`` line is followed by
 what the command printed (stdout and stderr as a terminal shows them, progress lines left out). The comment
@@ -173,7 +174,8 @@ def workdir() -> Path:
     return d
 
 
-def process(page: Path, check: bool, slow: bool, max_seconds: float, timeout: float, skip_timing: bool = False) -> list:
+def process(page: Path, check: bool, slow: bool, max_seconds: float, timeout: float, skip_timing: bool = False,
+            only: str = "") -> list:
     """Rerun ``page``'s transcripts: rewrite the page, or (``check``) return the differences."""
     lines = page.read_text().split("\n")
     found, problems = blocks(lines), []
@@ -181,7 +183,7 @@ def process(page: Path, check: bool, slow: bool, max_seconds: float, timeout: fl
     try:
         for b in found:
             if (b.manual or ("slow" in b.options and not slow) or b.options.get("seconds", 0) > max_seconds
-                    or "timing" in b.options and skip_timing):
+                    or "timing" in b.options and skip_timing or only not in b.runs[0][0]):
                 continue
             total, fresh = 0.0, []
             for command, old in b.runs:
@@ -225,13 +227,14 @@ def main(argv=None) -> int:
     p.add_argument("--slow", action="store_true", help="the transcripts marked slow too")
     p.add_argument("--max-seconds", type=float, default=float("inf"),
                    help="only the transcripts whose last run took at most this long")
+    p.add_argument("--only", default="", metavar="TEXT", help="only the transcripts whose first command holds TEXT")
     p.add_argument("--skip-timing", action="store_true", help="leave out the transcripts marked timing")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds one command may take")
     a = p.parse_args(argv)
     pages = [x.resolve() for x in a.pages] or [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
     problems = []
     for page in pages:
-        problems += process(page, a.check, a.slow, a.max_seconds, a.timeout, a.skip_timing)
+        problems += process(page, a.check, a.slow, a.max_seconds, a.timeout, a.skip_timing, a.only)
     for line in problems:
         print(line)
     return 1 if problems else 0
