@@ -49,7 +49,7 @@ DOCS = ROOT / "docs"
 LINKED = ("examples", "benchmarks", "scripts")
 MARK = re.compile(r"^<!-- transcript: (.*) -->$")
 NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
-TIMED = re.compile(r"\d(?:[\d,]*\.?\d*)(?:e[-+]?\d+)?\s*(?:ns|us|µs|ms|s|sec|min|h|GB/s|MB/s|Gb/s|Mb/s|MB/s|"
+TIMED = re.compile(r"\d(?:[\d,]*\.?\d*)(?:e[-+]?\d+)?\s*(?:ns|us|µs|ms|s|sec|min|h|GB/s|MB/s|Gb/s|Mb/s|"
                    r"tokens/s|tok/s|steps/s|samples/s|req/s|TFLOP/s)(?![\w/])")
 PROGRESS = re.compile(r"^netmorph [\w-]+: .*\(\d+ s\)$")
 VOLATILE = re.compile(r"(?<=--port )\d+|(?<=127\.0\.0\.1:)\d+|(?<=pid )\d+|^[WIEF]\d{4} [\d:.]+ +\d+")  # a free port, a
@@ -178,7 +178,7 @@ def process(page: Path, check: bool, slow: bool, max_seconds: float, timeout: fl
             only: str = "") -> list:
     """Rerun ``page``'s transcripts: rewrite the page, or (``check``) return the differences."""
     lines = page.read_text().split("\n")
-    found, problems = blocks(lines), []
+    found, problems, ran = blocks(lines), [], []
     d = workdir()
     try:
         for b in found:
@@ -203,13 +203,12 @@ def process(page: Path, check: bool, slow: bool, max_seconds: float, timeout: fl
                                         f"documented {old[diff] if diff < len(old) else '(nothing)'!r}, now "
                                         f"{out[diff] if diff < len(out) else '(nothing)'!r}")
             b.runs, b.options["seconds"] = fresh, total
+            ran.append(b)
             print(f"{shown(page)}:{b.start + 1}: {total:.1f} s", file=sys.stderr)
     finally:
         shutil.rmtree(d, ignore_errors=True)
-    if not check:
-        for b in reversed(found):                # later blocks first, so the earlier indexes stay right
-            if "seconds" not in b.options or b.manual:
-                continue
+    if ran and not check:
+        for b in reversed(ran):                  # later blocks first, so the earlier indexes stay right
             body = [x for command, out in b.runs for x in [f"$ {command}", *out]]
             lines[b.start + 1:b.end] = body
             if b.mark is not None:
@@ -222,7 +221,7 @@ def process(page: Path, check: bool, slow: bool, max_seconds: float, timeout: fl
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("pages", nargs="*", type=Path, help="markdown pages (default: every page under docs/)")
+    p.add_argument("pages", nargs="*", type=Path, help="markdown pages (default: README.md and every page under docs/)")
     p.add_argument("--check", action="store_true", help="compare instead of rewriting; exit 1 on a difference")
     p.add_argument("--slow", action="store_true", help="the transcripts marked slow too")
     p.add_argument("--max-seconds", type=float, default=float("inf"),

@@ -224,16 +224,9 @@ class Layout:
         if model is not None and not model.bare:
             out += _model_rules(self, model)
         if self.batch.global_batch % (self.dp * self.batch.micro_batch_size):
-            out.append(
-                Rejection(
-                    "batch",
-                    "global_batch",
-                    self.batch.global_batch,
-                    f"global batch {self.batch.global_batch} does not split into dp {self.dp} x microbatch "
-                    f"{self.batch.micro_batch_size}",
-                    "{global_batch} or {micro_batch_size}",
-                )
-            )
+            out.append(Rejection("batch", "global_batch", self.batch.global_batch,
+                                 f"global batch {self.batch.global_batch} does not split into dp {self.dp} x "
+                                 f"microbatch {self.batch.micro_batch_size}", "{global_batch} or {micro_batch_size}"))
         m = self.microbatches
         if self.interleave > 1 and (self.pp == 1 or m % self.group):
             out.append(Rejection("interleave", "interleave", self.interleave,
@@ -241,19 +234,11 @@ class Layout:
                                  + (f"the microbatch group ({self.group})" if self.batch.microbatch_group else
                                     f"pp ({self.pp})"),
                                  "{microbatches} or {interleave}"))
-        if self.batch.microbatch_group and (
-            self.batch.microbatch_group < self.pp or self.pipeline_schedule != "interleaved"
-        ):
-            out.append(
-                Rejection(
-                    "interleave",
-                    "microbatch_group",
-                    self.batch.microbatch_group,
-                    f"a microbatch group ({self.batch.microbatch_group}) goes with the interleaved schedule "
-                    f"and at least pp ({self.pp}) microbatches (Megatron's dependency check)",
-                    "{microbatch_group}",
-                )
-            )
+        group = self.batch.microbatch_group
+        if group and (group < self.pp or self.pipeline_schedule != "interleaved"):
+            out.append(Rejection("interleave", "microbatch_group", group, f"a microbatch group ({group}) goes with "
+                                 f"the interleaved schedule and at least pp ({self.pp}) microbatches (Megatron's "
+                                 "dependency check)", "{microbatch_group}"))
         if self.knobs.sequence_parallel and self.tp == 1:
             out.append(Rejection("sp-needs-tp", "sequence_parallel", True, "sequence parallelism needs tp > 1",
                                  "{sequence_parallel} or {tp}"))
@@ -287,17 +272,10 @@ def _model_rules(c: Layout, model: ModelShape) -> list:
                              "{tp} or {heads}"))
     stages = c.stage_layers(model.layers)
     if sum(stages) != model.layers or min(stages) < 1:
-        out.append(
-            Rejection(
-                "layers",
-                "pp",
-                c.pp,
-                f"{model.layers} layers do not fill pp {c.pp} stages with at "
-                f"least one each (first {c.knobs.first_stage_layers or 'even'}, last "
-                f"{c.knobs.last_stage_layers or 'even'})",
-                "{pp} or {first_stage_layers}/{last_stage_layers}",
-            )
-        )
+        out.append(Rejection("layers", "pp", c.pp, f"{model.layers} layers do not fill pp {c.pp} stages with at "
+                             f"least one each (first {c.knobs.first_stage_layers or 'even'}, last "
+                             f"{c.knobs.last_stage_layers or 'even'})",
+                             "{pp} or {first_stage_layers}/{last_stage_layers}"))
     elif c.interleave > 1 and min(stages) < c.interleave:
         out.append(Rejection("layers", "interleave", c.interleave, f"interleave {c.interleave} needs at least "
                              f"{c.interleave} layers on every stage (the smallest of pp {c.pp} has {min(stages)})",

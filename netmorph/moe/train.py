@@ -62,8 +62,6 @@ class MoEConfig:
         if not router.dropless and not 0 < model.capacity_factor <= 64:
             raise UsageError(f"{{capacity_factor}} must be in (0, 64], got {model.capacity_factor} (or --dropless "
                              "for no capacity)", "capacity_factor")
-        if dp % ep:
-            raise UsageError(f"{{ep}} {ep} must divide the data-parallel size {dp}", "ep")
         if min(ep, dp, model.experts, model.top_k, model.layers, model.hidden, model.heads, model.ef, model.vocab,
                model.seq, batch, steps) < 1:
             raise UsageError("ep, dp, experts, top-k, layers, hidden, heads, ffn, vocab, seq, batch and steps "
