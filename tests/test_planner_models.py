@@ -526,5 +526,21 @@ def test_llama3_all_gather_context_parallelism_is_exposed():
     assert full["cp_bwd"] == pytest.approx(lc["cp_bwd"] + lc["cp_fwd"], rel=1e-12)
     assert timing.layer_costs(m, ring, H100)["cp_fwd"] < lc["cp_fwd"]
     assert estimate(m, ag, H100)["comm_s"]["context_parallel"] > estimate(m, ring, H100)["comm_s"]["context_parallel"]
-    (r,) = [r for r in ring.replace(cp_comm_type="a2a").check(m, 64) if r.field == "cp_comm_type"]
-    assert "p2p, all_gather" in r.text
+    (r,) = [r for r in ring.replace(cp_comm_type="ring").check(m, 64) if r.field == "cp_comm_type"]
+    assert "p2p, all_gather, a2a" in r.text
+
+
+def test_ulysses_a2a_prices_four_all_to_alls_each_way_on_the_critical_path():
+    """--cp-comm-type a2a (DeepSpeed-Ulysses): q and the output (h wide), k and v (h_kv wide) each an all-to-all
+    of s/cp tokens over the cp group, forward and again backward, and the forward's again under full
+    recomputation -- the same four tensors whose bytes the trainer's ledger holds to 8(cp-1)/cp·n·B."""
+    m = replace(PRESETS["llama-3-70b"], seq=65536)
+    a2a = Layout(tp=8, cp=8, batch=Batch(micro_batch_size=1, global_batch=1),
+                 knobs=Knobs(sequence_parallel=True, cp_comm_type="a2a"))
+    one = [timing.collective_time(H100, "alltoall", 8, 8, m.seq / 8 * w / 8 * 2) for w in (m.hidden, m.h_kv)]
+    lc = timing.layer_costs(m, a2a, H100)
+    assert lc["cp_fwd"] == pytest.approx(2 * one[0] + 2 * one[1], rel=1e-12)
+    assert lc["cp_bwd"] == pytest.approx(lc["cp_fwd"], rel=1e-12)
+    full = timing.layer_costs(m, a2a.replace(recompute="full"), H100)
+    assert full["cp_bwd"] == pytest.approx(2 * lc["cp_fwd"], rel=1e-12)
+    assert estimate(m, a2a, H100)["comm_s"]["context_parallel"] > 0

@@ -125,14 +125,15 @@ def test_the_trainer_refuses_what_its_experts_do_not_run():
 def test_a_step_splits_into_what_the_rank_did():
     """split_step on a hand-made step of 40 s: slots 0-10 and 20-30; a TP all-reduce inside a slot (2-4) and one
     outside (12-13, SP's gradients); DDP's buckets on their thread, one hidden in a slot (5-8) and one exposed
-    (30-33); a ZeRO gather inside a slot (22-24, the rank's own thread) and one inside the optimizer (36-37)."""
+    (30-33); a ZeRO gather inside a slot (22-24, the rank's own thread) and one inside the optimizer (36-37); a ring
+    attention hop inside a slot (25-26)."""
     def rec(phase, t0, t1):
         return Record(0, 1, 8, 0, 0, phase, "allreduce", "ring", t0, t1)
     records = [rec("tp", 2, 4), rec("tp.sp-grads", 12, 13), rec("dp", 5, 8), rec("dp", 30, 33),
-               rec("zero", 22, 24), rec("zero", 36, 37), rec("pp", 31, 31), rec("dp", 50, 60)]
+               rec("zero", 22, 24), rec("zero", 36, 37), rec("pp", 31, 31), rec("dp", 50, 60), rec("cp", 25, 26)]
     out = split_step(records, (0, 40), [(0, 10), (20, 30)], (35, 38))
-    assert out == {"compute": 20 - 2 - 2, "tp": 3, "ep": 0, "dp": 3 + 2 + 1, "optimizer": 3 - 1,
-                   "rest": 40 - 16 - 3 - 6 - 2}
+    assert out == {"compute": 20 - 2 - 2 - 1, "tp": 3, "cp": 1, "ep": 0, "dp": 3 + 2 + 1, "optimizer": 3 - 1,
+                   "rest": 40 - 15 - 3 - 1 - 6 - 2}
     assert tuple(out) == PHASES
 
 

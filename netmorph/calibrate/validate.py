@@ -29,7 +29,8 @@ from netmorph.calibrate.run import calibrate
 from netmorph.mesh.layout import Layout
 from netmorph.mesh.shape import ModelShape
 from netmorph.parallel import limits
-from netmorph.parallel.hybrid import BUCKET_MB, TrainConfig, overlaps_dp, train_rank
+from netmorph.parallel.groups import overlaps_dp
+from netmorph.parallel.hybrid import BUCKET_MB, TrainConfig, train_rank
 from netmorph.parallel.phases import PHASES, step_parts
 from netmorph.parallel.run import summarise
 from netmorph.planner.hardware import hardware_from
@@ -122,7 +123,7 @@ def layouts(model: ModelShape, world: int, microbatches: int = 4, micro_batch_si
 def planner_layout(layout: Layout, dtype: str, model: ModelShape | None = None) -> Layout:
     """The trainer's layout as the planner prices it: every byte width its dtype's (no mixed precision), the
     gradient buckets of the trainer's size (the layout's, or the trainer's default), overlapped with the backward where the
-    trainer overlaps them (:func:`~netmorph.parallel.hybrid.overlaps_dp`; never when ``layout`` says not to), and
+    trainer overlaps them (:func:`~netmorph.parallel.groups.overlaps_dp`; never when ``layout`` says not to), and
     under sequence parallelism the gathered inputs kept for the backward (autograd saves them; no second gather)."""
     b = ITEMSIZE[dtype]
     overlap = overlaps_dp(layout, model or ModelShape())
@@ -170,7 +171,8 @@ def predicted_split(pred: dict) -> dict:
     (:data:`~netmorph.parallel.phases.PHASES`): ``rest`` is its bubble, pipeline sends and the slowdown of what
     ran beside compute."""
     comm = pred["comm_s"]
-    out = {"compute": pred["compute_s"], "tp": comm["tensor_parallel"], "ep": comm["expert_parallel"],
+    out = {"compute": pred["compute_s"], "tp": comm["tensor_parallel"], "cp": comm["context_parallel"],
+           "ep": comm["expert_parallel"],
            "dp": comm["data_parallel"] + comm["zero3_gather"], "optimizer": pred["optimizer_s"]}
     out["rest"] = max(0.0, pred["step_time_s"] - sum(out.values()))       # 0 less rounding without a pipeline
     return out

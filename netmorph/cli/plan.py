@@ -15,6 +15,7 @@ import time
 from netmorph.cli import int_in, pipeline_schedule, print_json
 from netmorph.cli.shape import add_shape_flags
 from netmorph.errors import UsageError, spell
+from netmorph.mesh.settings import CP_COMM
 from netmorph.units import fmt_memory, fmt_params
 
 # library parameters a layout's rejection names, as this command's flags (the rest are --name)
@@ -109,9 +110,10 @@ def add_split_args(p, bare: bool = True) -> None:
                         "forward (with --dp-overlap)")
     c.add_argument("--pp-overlap", action="store_true", default=None,
                    help="Megatron --overlap-p2p-communication: pipeline sends behind compute")
-    c.add_argument("--cp-comm-type", choices=("p2p", "all_gather"), default="p2p",
+    c.add_argument("--cp-comm-type", choices=CP_COMM, default="p2p",
                    help="Megatron --cp-comm-type: p2p (default; ring attention, K and V blocks passed behind the "
-                        "attention core) or all_gather (Llama 3: K and V all-gathered before it, exposed)")
+                        "attention core), all_gather (Llama 3: K and V all-gathered before it, exposed) or a2a "
+                        "(DeepSpeed-Ulysses: all-to-alls trade the sequence split for a head split, exposed)")
     c.add_argument("--param-bytes", type=BYTES, default=2, help="bytes per weight (default 2)")
     c.add_argument("--grad-bytes", type=BYTES, default=4, help="bytes per gradient (default 4, fp32 main grads; "
                                                              "2 gives ZeRO's 16 B/param)")

@@ -13,11 +13,13 @@ from netmorph.cli.checkpoints import AlreadyTrained, add_checkpoint_arguments, c
 from netmorph.cli.shape import add_shape_flags
 from netmorph.errors import UsageError, require
 from netmorph.files import write_json
+from netmorph.mesh.settings import CP_COMM
 from netmorph.runtime.env import torchrun_world
 
 # library parameters set by a flag of another name (the rest are --name)
 FLAGS = {"micro_batch_size": "--micro-batch-size", "dp_mode": "--dp-mode", "bucket_mb": "--bucket-mb",
          "dp_algo": "--dp-algo", "tp_algo": "--tp-algo", "sequence_parallel": "--sequence-parallel",
+         "cp_comm_type": "--cp-comm-type",
          "global_batch": "--global-batch-size",
          "top_k": "--top-k", "capacity_factor": "--capacity-factor"}
 BACKENDS = ("local", "torch", "torch-native")
@@ -30,8 +32,13 @@ def add_parser(sub) -> None:
     g = p.add_argument_group("layout (Megatron's flag names accepted too)")
     g.add_argument("--tp", "--tensor-model-parallel-size", type=int, default=1, help="tensor-parallel size")
     g.add_argument("--pp", "--pipeline-model-parallel-size", type=int, default=1, help="pipeline stages")
-    g.add_argument("--dp", type=int, help="data-parallel size (world = tp x pp x dp; default 1, or under "
-                                         "torchrun WORLD_SIZE / (tp x pp))")
+    g.add_argument("--cp", "--context-parallel-size", type=int, default=1,
+                   help="context-parallel size: each sequence split over cp ranks, head and tail chunks")
+    g.add_argument("--cp-comm-type", choices=CP_COMM, default="p2p",
+                   help="how cp ranks attend over each other's K and V: p2p (default; ring attention), all_gather "
+                        "(Llama 3's) or a2a (DeepSpeed-Ulysses: heads traded for sequence; heads %% (tp x cp) = 0)")
+    g.add_argument("--dp", type=int, help="data-parallel size (world = tp x cp x pp x dp; default 1, or under "
+                                         "torchrun WORLD_SIZE / (tp x cp x pp))")
     g.add_argument("--ep", "--expert-model-parallel-size", type=int, default=1,
                    help="expert-parallel size: the experts split over ep of the dp ranks (needs --experts)")
     g.add_argument("--zero", type=int, default=0, help="ZeRO stage over the DP group: 0 (plain DP), 1, 2, 3")
@@ -88,7 +95,7 @@ def config_from(args):
     from netmorph.mesh.shape import ModelShape
     from netmorph.parallel.algos import CollectiveAlgos
     from netmorph.parallel.hybrid import TrainConfig
-    job_split(args, ("tp", "pp"), cap=16)
+    job_split(args, ("tp", "cp", "pp"), cap=16)
     mbs = args.micro_batch_size
     micro = args.microbatches
     if args.global_batch_size is not None:
@@ -106,7 +113,7 @@ def config_from(args):
     ck, start = checkpoint_start(args, model, args.dp * (micro if micro is not None else 2) * mbs)
     steps = args.steps - start
     cfg = TrainConfig.make(model=model, tp=args.tp, pp=args.pp, dp=args.dp, ep=args.ep, zero=args.zero,
-                           dp_mode=args.dp_mode,
+                           cp=args.cp, cp_comm_type=args.cp_comm_type, dp_mode=args.dp_mode,
                       bucket_mb=args.bucket_mb, overlap=not args.no_overlap,
                       sequence_parallel=args.sequence_parallel, schedule=args.schedule, interleave=args.interleave,
                       microbatches=micro if micro is not None else 2, micro_batch_size=mbs, steps=steps,
@@ -168,7 +175,8 @@ def _print(args, cfg, out) -> int:
 
 
 def _layout(cfg) -> str:
-    parts = [f"tp{cfg.layout.tp}", f"pp{cfg.layout.pp}", f"dp{cfg.layout.dp}"]
+    parts = [f"tp{cfg.layout.tp}"] + [f"cp{cfg.layout.cp} {cfg.layout.knobs.cp_comm_type}"] * (cfg.layout.cp > 1) + \
+        [f"pp{cfg.layout.pp}", f"dp{cfg.layout.dp}"]
     if cfg.layout.ep > 1:
         parts.append(f"ep{cfg.layout.ep}")
     if cfg.layout.zero:

@@ -78,7 +78,7 @@ BUFFERS = ("dense", "experts")
 def element_map(cfg: ModelShape, layout: Layout, buffer: str = "dense") -> list:
     """A :class:`RankMap` for every rank of ``layout``: each rank's parameters as
     :func:`~netmorph.mesh.placement.rank_parameters` orders them, each its tensor-parallel piece. A mixture of
-    experts keeps two flat buffers, as the trainer's two replicas do (:func:`netmorph.parallel.hybrid.replicas`):
+    experts keeps two flat buffers, as the trainer's two replicas do (:func:`netmorph.parallel.groups.replicas`):
     ``buffer="dense"`` every other parameter, over the data-parallel group; ``"experts"`` the rank's experts
     (its ep piece, whole on every tp rank), padded and ZeRO-sharded over its expert data-parallel group (dp / ep
     ranks, index ``edp``). A rank whose stage has no experts gets None for that buffer."""

@@ -287,6 +287,9 @@ def _model_rules(c: Layout, model: ModelShape) -> list:
     if c.cp > 1 and model.seq % (2 * c.cp):
         out.append(Rejection("cp", "cp", c.cp, f"cp {c.cp}: the sequence {model.seq} does not split into 2 x cp "
                              "chunks", "{cp}"))
+    if c.cp > 1 and c.knobs.cp_comm_type == "a2a" and model.heads % (c.tp * c.cp):
+        out.append(Rejection("cp", "cp", c.cp, f"cp {c.cp} a2a (Ulysses) splits the heads of each tp rank over cp: "
+                             f"heads {model.heads} must divide by tp x cp = {c.tp * c.cp}", "{cp} or {cp_comm_type}"))
     if c.ep > 1 and (not model.experts or model.experts % c.ep or c.dp % c.ep):
         out.append(Rejection("ep", "ep", c.ep, f"ep {c.ep} must divide the experts ({model.experts}) and dp "
                              f"({c.dp})", "{ep}"))

@@ -246,8 +246,8 @@ def stage_elements(model: ModelShape, layout: Layout, pp_rank: int) -> tuple[int
 def model_state_bytes(model: ModelShape, layout: Layout, itemsize: int) -> dict:
     """``{"params", "grads", "optimizer"}``: the bytes netmorph's trainer holds between steps on its most
     loaded rank (each field's maximum over the pipeline stages; every tp, ep and dp rank of a stage holds the
-    same), counted from this table: per flat buffer (the dense parameters over the dp group, the experts over
-    the dp / ep ranks that share them) n elements padded to a multiple of the group, Adam's two moments over
+    same), counted from this table: per flat buffer (the dense parameters over the dp x cp group, the experts
+    over the dp x cp / ep ranks that share them) n elements padded to a multiple of the group, Adam's two moments over
     the padded buffer, and under ZeRO stage s the optimizer (s >= 1), the gradients (s >= 2) and the
     parameters (s >= 3) as the rank's 1/group shard of it. What the trainer measures from its buffers, and
     what ``netmorph train`` holds against ``plan estimate``."""
@@ -255,7 +255,8 @@ def model_state_bytes(model: ModelShape, layout: Layout, itemsize: int) -> dict:
     z = layout.zero
     for pp_rank in range(layout.pp):
         got = {"params": 0, "grads": 0, "optimizer": 0}
-        for n, group in zip(stage_elements(model, layout, pp_rank), (layout.dp, max(layout.dp // layout.ep, 1))):
+        dpc = layout.dp * layout.cp                   # the dense replicas: dp x cp (Megatron's group with cp)
+        for n, group in zip(stage_elements(model, layout, pp_rank), (dpc, max(dpc // layout.ep, 1))):
             if not n:
                 continue
             shard = flat_offsets([n], group)[1] // group

@@ -24,7 +24,7 @@ from netmorph.mesh.rejection import Rejection, in_range, one_of
 RECOMPUTE = ("none", "selective", "full")
 PRECISION = ("bf16", "fp8")
 SCHEDULES = ("afab", "1f1b", "interleaved")
-CP_COMM = ("p2p", "all_gather")   # Megatron-Core's --cp-comm-type (its a2a variants are Ulysses, not priced here)
+CP_COMM = ("p2p", "all_gather", "a2a")   # Megatron-Core's --cp-comm-type (a2a: DeepSpeed-Ulysses)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,7 +83,8 @@ class Knobs:
                                    # 0: a bucket per layer (Megatron at scale: 40M-parameter buckets)
     cp_comm_type: str = "p2p"      # how cp ranks get each other's K and V (Megatron's --cp-comm-type): "p2p", ring
                                    # attention passing blocks behind the attention core; "all_gather", Llama 3's
-                                   # all-gather before the core and reduce-scatter of their gradients after, exposed
+                                   # all-gather before the core and reduce-scatter of their gradients after, exposed;
+                                   # "a2a", Ulysses' all-to-alls trading the sequence split for a head split
     first_stage_layers: int = 0    # Megatron's --decoder-first/last-pipeline-num-layers (0: an even split)
     last_stage_layers: int = 0
 

@@ -99,6 +99,9 @@ class PlainLayers:
     def embed(self, table, tokens, wpe):                # tokens (T, B) -> (T, B, h)
         return F.embedding(tokens, table) + wpe[:tokens.shape[0]].unsqueeze(1)
 
+    def attention(self, q, k, v):                       # each (B, nh, T, hd): causal over the T positions
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
     def logits_loss(self, x, table, targets):           # x (T, B, h), targets (T, B) -> mean loss
         logits = x @ table.t()                          # (T, B, V)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
@@ -168,16 +171,14 @@ class Block(nn.Module):
         return y.view(T, B, h)
 
     def forward(self, x, attend=None):                                   # x (T', B, h); T' = T / t with SP
-        """``attend(q, k, v) -> y``, each (B, nh, T, hd): the attention itself, causal over the T positions
-        given unless an attention backend is passed (serving's paged KV cache: :mod:`netmorph.serving.model`)."""
+        """``attend(q, k, v) -> y``, each (B, nh, T, hd): the attention itself, the layers object's (causal over
+        the sequence, its context-parallel ring or all-to-all under cp) unless an attention backend is passed
+        (serving's paged KV cache: :mod:`netmorph.serving.model`)."""
         a = self.qkv(self.ln1(x))                                        # (T, B, 3h/t)
         T, B, _ = a.shape
         q, k, v = a.view(T, B, self.nh, 3, self.hd).unbind(3)            # each (T, B, nh, hd)
         q, k, v = (z.permute(1, 2, 0, 3) for z in (q, k, v))             # (B, nh, T, hd)
-        if attend is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hd)
-        else:
-            y = attend(q, k, v)                                          # (B, nh, T, hd)
+        y = (attend or self.L.attention)(q, k, v)                       # (B, nh, T, hd)
         y = y.permute(2, 0, 1, 3).reshape(T, B, self.nh * self.hd)       # (T, B, h/t)
         x = x + self.proj(y)                                             # (T', B, h)
         x = x + self.mlp(self.ln2(x))                                    # (T', B, h)

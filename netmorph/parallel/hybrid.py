@@ -23,23 +23,21 @@ import torch
 
 from netmorph.checkpoint import Checkpointing
 from netmorph.errors import UsageError
-from netmorph.mesh import DeviceMesh
 from netmorph.mesh.layout import Batch, Knobs, Layout
-from netmorph.mesh.placement import rank_parameters
 from netmorph.mesh.presets import check_shape
 from netmorph.mesh.shape import ModelShape
 from netmorph.models.capacity import POLICIES
-from netmorph.models.gpt import GPTStage, synthetic_batch
+from netmorph.models.gpt import synthetic_batch
 from netmorph.models.moe import Router
 from netmorph.parallel import limits
 from netmorph.parallel.algos import CollectiveAlgos
+from netmorph.parallel.groups import RankGroups, build_chunks, rank_groups, replicas, sync_replicated
 from netmorph.parallel.phases import split_step
 from netmorph.parallel.pipeline import Executor, check, schedule
-from netmorph.parallel.replica import Replica, rank_state
+from netmorph.parallel.replica import rank_state
 from netmorph.parallel.results import RankReport, RankState
 from netmorph.parallel.slots import Hooks, device_ms
 from netmorph.parallel.state import named_pieces
-from netmorph.parallel.tensor_parallel import TensorParallel
 from netmorph.parallel.traffic import counted_reductions, expert_traffic, predicted
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -130,77 +128,6 @@ class TrainConfig:
             raise UsageError(f"{{save_every}} and {{keep}} must be >= 0, got {ck.every} and {ck.keep}", "save_every")
 
 
-@dataclass
-class RankGroups:
-    """This rank's place in the mesh and its groups (objects, no globals). ``dp_group`` holds every replica of
-    the dense parameters; with experts, ``ep_group`` exchanges tokens and ``edp_group`` holds the replicas of
-    this rank's experts (Megatron's expert_data_parallel_group, dp / ep ranks)."""
-
-    tp_group: object
-    pp_group: object
-    dp_group: object
-    emb_group: object | None
-    tp_rank: int
-    pp_rank: int
-    dp_rank: int
-    ep_group: object = None
-    edp_group: object = None
-    ep_rank: int = 0
-
-
-def rank_groups(comm, cfg: TrainConfig) -> RankGroups:
-    lay = cfg.layout
-    dm = DeviceMesh(comm, tp=lay.tp, pp=lay.pp, dp=lay.dp // lay.ep, ep=lay.ep)
-    me = comm.rank
-    emb = None
-    if lay.pp > 1:                  # the tied embedding's group: each pipeline's first and last stage
-        for ranks in dm.mesh.groups("pp"):
-            g = comm.new_group([ranks[0], ranks[-1]])
-            if me in (ranks[0], ranks[-1]):
-                emb = g
-    dp = dm["dp"]
-    if lay.ep > 1:                  # every replica of the dense parameters: the ep x edp ranks of one (tp, pp)
-        for ranks in dm.mesh.groups_over(("ep", "dp")):
-            g = comm.new_group(ranks)
-            if me in ranks:
-                dp = g
-    c = lay.coords(me)
-    return RankGroups(dm["tp"], dm["pp"], dp, emb, c["tp"], c["pp"], c["dp"], dm["ep"], dm["dp"], c["ep"])
-
-
-def build_chunks(comm, cfg: TrainConfig, lay: RankGroups):
-    """This rank's model chunks: chunk c is virtual stage c·pp + pp_rank."""
-    tp = TensorParallel(comm, lay.tp_group, cfg.layout.knobs.sequence_parallel, ep_group=lay.ep_group, algos=cfg.algos)
-    dtype = DTYPES[cfg.dtype]
-    chunks = [GPTStage(cfg.model, *cfg.layout.chunk_layers(cfg.model.layers, lay.pp_rank, c), tp, dtype,
-                       cfg.router) for c in range(cfg.layout.interleave)]
-    return chunks, tp
-
-
-def overlaps_dp(layout: Layout, model: ModelShape) -> bool:
-    """The trainer overlaps its gradient buckets with the backward (DDP's hooks) only where nothing else runs
-    on the rank's communicator meanwhile: no tp, no pp, no experts; elsewhere the buckets go after it."""
-    return layout.knobs.dp_overlap and layout.tp == 1 and layout.pp == 1 and not model.experts
-
-
-def replicas(comm, cfg: TrainConfig, lay: RankGroups, chunks, device) -> list:
-    """The dense parameters' :class:`Replica` over dp, and with experts the experts' over the expert
-    data-parallel group, each in the placement table's order."""
-    split, dtype = cfg.layout, DTYPES[cfg.dtype]
-    rows = rank_parameters(cfg.model, split, lay.pp_rank)
-    params = [p for c in chunks for p in c.parameters()]
-    dense = [(r.name, p) for r, p in zip(rows, params) if not r.is_expert]
-    experts = [(r.name, p) for r, p in zip(rows, params) if r.is_expert]
-    overlap = overlaps_dp(split, cfg.model)
-    kw = dict(zero=split.zero, lr=cfg.lr, dtype=dtype, device=device, dp_mode=cfg.dp_mode,
-              bucket_mb=cfg.bucket_mb, algos=cfg.algos)
-    out = [Replica(comm, lay.dp_group, [p for _, p in dense], [n for n, _ in dense], overlap=overlap, **kw)]
-    if experts:
-        out.append(Replica(comm, lay.edp_group, [p for _, p in experts], [n for n, _ in experts], phase="edp",
-                           scale=lay.edp_group.size() / split.dp, **kw))
-    return out
-
-
 def _routing(moe: list, lay: RankGroups, records, a2a_s: float, world: int) -> dict:
     """What this rank's MoE layers did in one step: per layer, the assignments routed to and kept by each
     expert and the rows sent to each global rank (summed over microbatches); the mean over microbatches of the
@@ -236,12 +163,12 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
     torch.set_num_threads(1)            # torchrun's OMP_NUM_THREADS=1: one process per core, no spinning pools
     split = cfg.layout
     lay = rank_groups(comm, cfg)
-    chunks, tp = build_chunks(comm, cfg, lay)
+    dtype = DTYPES[cfg.dtype]
+    chunks, tp = build_chunks(comm, cfg, lay, dtype)
     device = torch.device(comm.device)     # cuda:LOCAL_RANK under torchrun with GPUs (NCCL), else the CPU
     for c in chunks:
         c.to(device)                       # the same initial weights on every device: drawn on the CPU
-    dtype = DTYPES[cfg.dtype]
-    reps = replicas(comm, cfg, lay, chunks, device)
+    reps = replicas(comm, cfg, lay, chunks, device, dtype)
     dense = reps[0]
     isz = dense.flat.data.element_size()
     ck = cfg.checkpoint
@@ -261,7 +188,9 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
     for b in moe:
         b.aux_scale = 1.0 / split.microbatches             # each microbatch's load-balancing loss, averaged
     slots = schedule(split.pipeline_schedule, split.pp, split.microbatches, split.interleave)[lay.pp_rank]
-    T = cfg.model.seq // (split.tp if tp.sequence_parallel else 1)
+    T = cfg.model.seq // split.cp // (split.tp if tp.sequence_parallel else 1)
+    # under cp this rank's positions of every sequence (a head and a tail chunk), its tokens and targets alike
+    mine = tp.cp.positions(cfg.model.seq) if tp.cp is not None else None
     ex = Executor(comm, lay.pp_group, chunks, split.interleave, (T, split.batch.micro_batch_size, cfg.model.hidden),
                   dtype)
     last_backward = max(i for i, s in enumerate(slots) if s.kind == "B")
@@ -286,7 +215,8 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
             # (drawing a microbatch's walk costs more than a middle stage's layer here)
             mbs = split.batch.micro_batch_size
             samples = range(base, base + mbs * split.microbatches)
-            batch = tuple(t.to(device) for t in synthetic_batch(cfg.model, samples)) if reads_data else None
+            batch = tuple((t if mine is None else t[mine]).to(device) for t in synthetic_batch(cfg.model, samples)) \
+                if reads_data else None
 
             def inputs(i, step=step, batch=batch):
                 for b in moe:                 # the global microbatch index: seeds the router's jitter
@@ -306,7 +236,7 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
             busy.append(hooks.busy)
             for r in reps:
                 r.finish()
-            _sync_replicated(comm, lay, tp, chunks, dense.flat)
+            sync_replicated(comm, lay, tp, chunks, dense.flat)
             t_opt = time.perf_counter()
             for r in reps:
                 r.step()
@@ -319,7 +249,7 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
             if is_last_stage and lay.tp_rank == 0:
                 with comm.phase("metrics"):
                     comm.all_reduce(loss, group=lay.dp_group)
-            losses.append(float(loss) / (split.dp * split.microbatches))
+            losses.append(float(loss) / (split.dp * split.cp * split.microbatches))   # every token's mean
             if saver is not None:           # a checkpoint when one is due, in the step's time (async: its staging)
                 saver.commit(cfg.start_step + step + 1, lambda: rank_state(reps))
             t1 = time.perf_counter()
@@ -374,25 +304,3 @@ def _bytes_by_step(ledger, bounds) -> list:
             ph = rec.phase or "(untagged)"
             out[k][ph] = out[k].get(ph, 0) + rec.bytes
     return out
-
-
-def _sync_replicated(comm, lay: RankGroups, tp, chunks, flat) -> None:
-    """SP's replicated parameters over TP; the tied word embedding between first and last stage."""
-    rep = tp.replicated()
-    if rep:
-        # coalesced into one all-reduce, as Megatron's _allreduce_layernorm_grads flattens them: one message
-        # round instead of one per LayerNorm weight and bias
-        spans = [flat.span(p) for p in rep]
-        both = torch.cat([flat.grad[lo:hi] for lo, hi in spans])
-        with comm.phase("tp.sp-grads"):
-            comm.all_reduce(both, group=lay.tp_group, algo=tp.algos.tp)
-        at = 0
-        for lo, hi in spans:
-            flat.grad[lo:hi].copy_(both[at:at + hi - lo])
-            at += hi - lo
-    if lay.emb_group is not None:
-        for c in chunks:
-            if hasattr(c, "wte") and (c.is_first or c.is_last):
-                lo, hi = flat.span(c.wte)
-                with comm.phase("pp.emb"):
-                    comm.all_reduce(flat.grad[lo:hi], group=lay.emb_group, algo=tp.algos.pair)

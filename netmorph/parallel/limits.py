@@ -1,6 +1,6 @@
 """What netmorph's own torch trainer cannot run, beside what no layout can (:meth:`Layout.check
 <netmorph.mesh.layout.Layout.check>`): its GPT is GPT-2's shape, it builds even stages, ZeRO-1 at most beside a
-pipeline (DeepSpeed's pipeline engine), no context parallelism yet, each expert whole on every tp rank. These are
+pipeline (DeepSpeed's pipeline engine), context parallelism on dense models, each expert whole on every tp rank. These are
 the trainer's limits, so they live with the trainer: the shared vocabulary holds only the rules every layout
 obeys. :func:`check` is both, the list the trainer, morph's twin and ``validate`` ask."""
 
@@ -12,7 +12,9 @@ from netmorph.mesh.shape import ModelShape
 
 def check(layout: Layout, model: ModelShape | None = None, world: int | None = None) -> list:
     """Every rejection of ``layout`` for ``model`` on the trainer (empty: it runs), the flags named ``train``'s."""
-    out = [r for r in layout.check(model, world) if r.key != "cp-flash"]    # the trainer has no cp at all
+    # Megatron runs cp only in Transformer Engine's fused attention; netmorph's trainer attends chunk pair by chunk
+    # pair itself (the online softmax), so the vocabulary's rule for Megatron's kernels is not the trainer's
+    out = [r for r in layout.check(model, world) if r.key != "cp-flash"]
     return out if any(r.key == "range" for r in out) else out + trainer_rules(layout, model)
 
 
@@ -35,9 +37,6 @@ def trainer_rules(c: Layout, model: ModelShape | None = None) -> list:
     if c.pp > 1 and c.zero >= 2:
         out.append(Rejection("zero-pp", "zero", c.zero, f"ZeRO-{c.zero} with pipeline parallelism: netmorph's "
                              "trainer, as DeepSpeed's pipeline engine, runs stage 1 only", "{zero} or {pp}"))
-    if c.cp > 1:
-        out.append(Rejection("trainer", "cp", c.cp, f"netmorph's trainer runs tp, ep, pp, dp and ZeRO; cp {c.cp} "
-                             "is priced by the planner only"))
     if c.interleave > 1 and c.pipeline_schedule != "interleaved":
         out.append(Rejection("trainer", "interleave", c.interleave, f"interleave {c.interleave} needs the "
                              "interleaved schedule"))
@@ -52,6 +51,13 @@ def trainer_rules(c: Layout, model: ModelShape | None = None) -> list:
                                  f"of 4 x hidden, learned positions, tied embedding, biases, multi-head attention; "
                                  f"routed experts without shared ones); {k} {getattr(model, k)!r} is priced by the "
                                  f"planner only"))
+    if model.experts and c.cp > 1:
+        out.append(Rejection("trainer", "cp", c.cp, "experts with context parallelism: the router's capacity and "
+                             "load-balancing loss are per microbatch over whole sequences (Megatron reduces them over "
+                             "tp x cp); not built"))
+    if c.cp > 1 and c.knobs.sequence_parallel and (model.seq // c.cp) % c.tp:
+        out.append(Rejection("trainer", "seq", model.seq, f"seq {model.seq} / cp {c.cp} is not divisible by tp "
+                             f"{c.tp} (sequence parallelism over each cp rank's positions)"))
     if model.experts and c.knobs.sequence_parallel:
         out.append(Rejection("trainer", "sequence_parallel", True, "experts with sequence parallelism: the router "
                              "would see 1/tp of the tokens (Megatron gathers them first); not built"))

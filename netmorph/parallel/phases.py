@@ -6,6 +6,7 @@ planner's :func:`~netmorph.planner.timing.step_time` parts, as Megatron's timers
 
 - ``compute``: the forward and backward slots less the collectives that ran inside them;
 - ``tp``: tensor-parallel collectives (``tp``, ``tp.sp-grads``), inside the slots or not;
+- ``cp``: context parallelism's K/V exchange inside the attention (ring hops, gathers or all-to-alls);
 - ``ep``: the mixture of experts' all-to-alls and their counts (``moe.*``);
 - ``dp``: gradient reduction and ZeRO's gathers (``dp``, ``zero``, ``edp``, ``zero.edp``): ZeRO's whole (the
   rank's own thread runs it), DDP's buckets outside the slots -- what the backward did not hide;
@@ -13,14 +14,14 @@ planner's :func:`~netmorph.planner.timing.step_time` parts, as Megatron's timers
 - ``rest``: the step's remainder -- the pipeline's bubble, waits for a neighbour stage and its sends, the tied
   embedding's reduction, the loss, the host's own work.
 
-The six add up to the step.
+The seven add up to the step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-PHASES = ("compute", "tp", "ep", "dp", "optimizer", "rest")
+PHASES = ("compute", "tp", "cp", "ep", "dp", "optimizer", "rest")
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ for _ph in (
         LedgerPhase("zero", "zero", "2(d-1)/d·Ψ·B; ZeRO-3 (2m+1)(d-1)/d·Ψ·B", "ZeRO's reduce-scatter and gathers"),
         LedgerPhase("tp", "tp", "l·m·8(t-1)/t·bsh·B + embedding, LM head, loss", "tensor-parallel collectives"),
         LedgerPhase("tp.sp-grads", "tp", "2(t-1)/t·n·B", "sequence parallelism's replicated gradients over tp"),
+        LedgerPhase("cp", "cp", "l·m·{6(cp-1), 4(cp-1), 8(cp-1)/cp}·bsh/(cp·t)·B (p2p, all_gather, a2a)",
+                    "context parallelism's K/V exchange (ring attention, all-gather, Ulysses' all-to-alls)"),
         LedgerPhase("pp", None, "chunk boundaries·m·bsh/t'·B", "pipeline activations forward, gradients back"),
         LedgerPhase("pp.tag", None, "32 B a send", "each pipeline send's header (kind, stage, microbatch, size)",
                     shown=False),
@@ -112,15 +115,16 @@ def split_step(records, bounds, slots, optimizer) -> dict:
     optimizer step's (t0, t1)."""
     lo, hi = bounds
     busy = union(slots)
-    comm = {g: [] for g in ("tp", "ep", "zero", "dp")}
+    comm = {g: [] for g in ("tp", "cp", "ep", "zero", "dp")}
     for r in records:
         group = group_of(r.phase)
         if group is not None and r.t1 > lo and r.t0 < hi:
             comm[group].append((max(r.t0, lo), min(r.t1, hi)))
     comm = {k: union(v) for k, v in comm.items()}
-    own = union(comm["tp"] + comm["ep"] + comm["zero"])      # what the rank's own thread waited on in its slots
+    own = union(comm["tp"] + comm["cp"] + comm["ep"] + comm["zero"])   # what the rank's own thread waited on
     reduce = union(comm["zero"] + comm["dp"])
-    out = {"compute": length(busy) - overlap(own, busy), "tp": length(comm["tp"]), "ep": length(comm["ep"]),
+    out = {"compute": length(busy) - overlap(own, busy), "tp": length(comm["tp"]), "cp": length(comm["cp"]),
+           "ep": length(comm["ep"]),
            "dp": length(comm["zero"]) + length(comm["dp"]) - overlap(comm["dp"], busy)}
     opt = union([(max(optimizer[0], lo), min(optimizer[1], hi))])
     out["optimizer"] = length(opt) - overlap(reduce, opt)

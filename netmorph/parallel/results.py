@@ -48,7 +48,7 @@ class RankReport:
     state: RankState
     busy_s: list = field(default_factory=list)   # per step: seconds in its forward and backward slots (compute
                                                  # and the TP collectives inside them): the rest is waiting
-    phases_s: list = field(default_factory=list)  # per step: {compute, tp, ep, dp, optimizer, rest: seconds}
+    phases_s: list = field(default_factory=list)  # per step: {compute, tp, cp, ep, dp, optimizer, rest: seconds}
                                                   # (netmorph.parallel.phases.split_step), adding up to the step
     ledger: list | None = None             # every message it sent (with trace)
     predicted_by_step: list | None = None  # the routing's closed forms, step by step (a mixture of experts)

@@ -61,7 +61,8 @@ class TrainSummary:
     def to_json(self) -> dict:
         """The ``--json`` object: the layout's fields first, then every result that was computed (no trace)."""
         cfg, lay = self.config, self.config.layout
-        out = {"world": cfg.world, "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "zero": lay.zero,
+        out = {"world": cfg.world, "tp": lay.tp, "cp": lay.cp, "cp_comm_type": lay.knobs.cp_comm_type, "pp": lay.pp,
+               "dp": lay.dp, "zero": lay.zero,
                "schedule": lay.pipeline_schedule, "interleave": lay.interleave, "microbatches": lay.microbatches,
                "micro_batch_size": lay.batch.micro_batch_size, "global_batch": lay.batch.global_batch, "steps": cfg.steps,
                "backend": self.backend, "dtype": cfg.dtype, "sequence_parallel": lay.knobs.sequence_parallel,

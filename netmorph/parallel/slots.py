@@ -13,13 +13,13 @@ def device_ms(cfg, layers: int, last: bool) -> float:
     """Milliseconds of one microbatch's forward on a rank holding ``layers`` transformer layers (and the LM head
     when ``last``): ``compute_ms``, plus on an emulated accelerator of ``device_flops`` the rank's share of their
     forward FLOPs -- :meth:`ModelShape.layer_flops_fwd <netmorph.mesh.shape.ModelShape.layer_flops_fwd>` per layer
-    (the causal half of the scores under flash attention) and the logits, split over tp -- the same FLOPs the
+    (the causal half of the scores under flash attention) and the logits, split over tp and cp -- the same FLOPs the
     planner prices a layer at, so a twin of the run knows its compute exactly (the backward sleeps twice this)."""
     if not cfg.device_flops:
         return cfg.compute_ms
     m, b = cfg.model, cfg.layout.batch.micro_batch_size
     flops = layers * m.layer_flops_fwd(b, causal=m.attention == "flash") + (m.logit_flops_fwd(b) if last else 0.0)
-    return cfg.compute_ms + 1e3 * flops / cfg.layout.tp / cfg.device_flops
+    return cfg.compute_ms + 1e3 * flops / (cfg.layout.tp * cfg.layout.cp) / cfg.device_flops
 
 
 def _sleep_ms(ms: float) -> None:

@@ -205,8 +205,10 @@ class TensorParallel:
     ``phase`` tags the ledger.
     """
 
-    def __init__(self, comm, group, sequence_parallel: bool = False, phase: str = "tp", ep_group=None, algos=None):
+    def __init__(self, comm, group, sequence_parallel: bool = False, phase: str = "tp", ep_group=None, algos=None,
+                 cp=None):
         self.comm, self.group, self.phase = comm, group, phase
+        self.cp = cp                          # a ContextParallel: this rank holds seq/cp positions, attends over all
         self.algos = algos or CollectiveAlgos()    # which all-reduce, all-gather, reduce-scatter (default ring)
         self.ep_group = ep_group if ep_group is not None else Group([comm.rank])   # the experts' all-to-all group
         self.tp = group.size()
@@ -238,18 +240,26 @@ class TensorParallel:
 
     def embed(self, table, tokens, wpe):                      # tokens (T, B) -> (T', B, h)
         """``VocabParallelEmbedding``: look up the tokens this rank owns, sum over ranks (g, or
-        reduce-scatter along the sequence with SP), then add the positions of this rank's tokens."""
-        T = tokens.shape[0]
+        reduce-scatter along the sequence with SP), then add the positions of this rank's tokens (under cp: the
+        sequence positions its context-parallel rank holds)."""
+        T, base = tokens.shape[0], wpe
+        if self.cp is not None:
+            wpe = wpe[self.cp.positions(T * self.cp.cp, wpe.device)]
         lo = self.rank * table.shape[0]
         mine = (tokens >= lo) & (tokens < lo + table.shape[0])
         x = torch.nn.functional.embedding((tokens - lo).clamp(0, table.shape[0] - 1), table)   # (T, B, h)
         x = tp_exit(x * mine.unsqueeze(-1).to(x.dtype), self)                                  # (T', B, h)
         if self.sequence_parallel:
             n = T // self.tp
-            if not any(q is wpe for q in self._replicated):
-                self._replicated.append(wpe)
+            if not any(q is base for q in self._replicated):
+                self._replicated.append(base)
             return x + wpe[self.rank * n:(self.rank + 1) * n].unsqueeze(1)
         return x + wpe[:T].unsqueeze(1)
+
+    def attention(self, q, k, v):                             # each (B, nh/t, T/cp, hd)
+        if self.cp is not None:
+            return self.cp.attend(q, k, v)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     def layer_norm(self, weight, bias):
         ln = LayerNorm(weight, bias)

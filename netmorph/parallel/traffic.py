@@ -4,7 +4,8 @@ Ring collectives on n elements of B bytes over g ranks send, per rank, 2(g-1)/g�
 (all-reduce) or (g-1)/g·n·B (all-gather, reduce-scatter) when g divides n (Patarasuk
 & Yuan 2009; nccl-tests' bus factor). With b = micro-batch size, s = sequence, h =
 hidden, V = vocabulary, m = microbatches, Ψ = the elements of this rank's flat
-parameter buffer (padded to a multiple of d):
+parameter buffer (padded to a multiple of d), and under context parallelism s the s/cp positions a rank holds
+and d the dp x cp ranks its gradients reduce over:
 
 - ``dp``   bucketed all-reduce of the gradients: 2(d-1)/d·Ψ·B
 - ``zero`` stages 1-2: reduce-scatter + all-gather, the same 2(d-1)/d·Ψ·B;
@@ -14,6 +15,8 @@ parameter buffer (padded to a multiple of d):
            experts being whole on every tp rank); the vocab-parallel
            embedding (first stage) and LM head (last) 2(t-1)/t·bsh·B each; the
            vocab-parallel loss 3 all-reduces of bs elements, 6(t-1)/t·bs·B
+- ``cp``   per layer per microbatch, n = bsh/t the rank's queries (K, V alike): ring attention 6(cp-1)·n·B
+           (K/V forward, K/V and their gradients back), all_gather 4(cp-1)·n·B, Ulysses' a2a 8(cp-1)/cp·n·B
 - ``pp``   per microbatch one activation forward (b·s·h/t' elements, t' = t with SP)
            per chunk that is not the last virtual stage and one gradient back per
            chunk that is not the first
@@ -46,9 +49,13 @@ def predicted(cfg, lay_pp_rank: int, padded: int, isz: int, first: bool, last: b
     """{phase: (bytes per rank per step, the formula as text)} for this rank (``tp_rank``: its place in its
     tensor-parallel group, which a non-ring all-reduce's bytes depend on)."""
     m, mb, model = cfg.layout.microbatches, cfg.layout.batch.micro_batch_size, cfg.model
-    t, d, p, v = cfg.layout.tp, cfg.layout.dp, cfg.layout.pp, cfg.layout.interleave
-    bsh, bs = mb * model.seq * model.hidden, mb * model.seq
+    t, p, v, cp = cfg.layout.tp, cfg.layout.pp, cfg.layout.interleave, cfg.layout.cp
+    d = cfg.layout.dp * cp                      # the gradients' group: dp x cp
+    s = model.seq // cp                         # the positions of a sequence this rank holds
+    bsh, bs = mb * s * model.hidden, mb * s
     out = {}
+    if cp > 1:
+        out["cp"] = cp_bytes(cfg.layout.knobs.cp_comm_type, cp, chunks_layers * m, mb * s * model.hidden // t, isz)
     if cfg.layout.zero:
         k = 2 * m + 1 if cfg.layout.zero >= 3 else 2
         out["zero"] = (k * ring_half(padded, d, isz), f"{k}(d-1)/d·Ψ·B = {k}·{d - 1}/{d}·{padded}·{isz}")
@@ -84,6 +91,17 @@ def predicted(cfg, lay_pp_rank: int, padded: int, isz: int, first: bool, last: b
             n = model.vocab // t * model.hidden
             out["pp.emb"] = (ring_allreduce(n, 2, isz), f"V/t·h·B = {n}·{isz}")
     return out
+
+
+def cp_bytes(comm_type: str, cp: int, passes: int, n: int, isz: int) -> tuple:
+    """(bytes, formula) of the context-parallel attention of ``passes`` layer-microbatches on one rank, ``n``
+    the elements of its queries (b·s/cp·h/t; K and V alike): ring attention passes K/V cp-1 hops forward and
+    K/V with their gradients' accumulator cp-1 hops back, 6(cp-1)·n·B; all_gather gathers K/V and
+    reduce-scatters their gradients, 4(cp-1)·n·B; Ulysses' four all-to-alls each way send (cp-1)/cp of q, k,
+    v and the output, 8(cp-1)/cp·n·B."""
+    k, text = {"p2p": (6 * (cp - 1), "6(cp-1)"), "all_gather": (4 * (cp - 1), "4(cp-1)"),
+               "a2a": (8 * (cp - 1) / cp, "8(cp-1)/cp")}[comm_type]
+    return (passes * k * n * isz, f"l_rank·m·{text}·bsh/(cp·t)·B = {passes}·{k:g}·{n}·{isz}")
 
 
 def _tp_counted(cfg, bsh, bs, isz, m, layers, moe_layers, first, last, r) -> tuple:

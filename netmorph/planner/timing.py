@@ -138,6 +138,14 @@ def _layer_costs(model: ModelShape, hw: Hardware, tp: int, cp: int, ep: int, mic
         gather = collective_time(hw, "allgather", cp, t, kv)
         out["cp_fwd"] = gather
         out["cp_bwd"] = collective_time(hw, "reduce_scatter", cp, t, kv) + (gather if full else 0.0)
+    elif cp > 1 and cp_comm == "a2a":
+        # DeepSpeed-Ulysses (Jacobs et al. 2023): all-to-alls of q, k and v (s/cp tokens, all heads -> s tokens,
+        # heads/cp) before the core and of its output after it, each on the critical path; the backward runs the
+        # same four on the gradients, and the forward's again when it is recomputed
+        one = [collective_time(hw, "alltoall", cp, t, b * s / cp * w / t * 2) for w in (h, model.h_kv)]
+        fwd = 2 * one[0] + 2 * one[1]                       # q and the output (h wide), k and v (h_kv)
+        out["cp_fwd"] = fwd
+        out["cp_bwd"] = fwd + (fwd if full else 0.0)
     elif cp > 1:
         # ring attention: cp - 1 steps, each passing one K and one V block of s/cp tokens (h_kv/t wide) to
         # the next rank while the attention core of the block in hand runs; the backward passes K, V and
