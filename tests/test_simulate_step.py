@@ -123,7 +123,7 @@ def test_simulate_step_cli_json_and_trace(tmp_path, capsys):
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["ranks"] == 512 and out["events"] > 0 and out["sim_wall_s"] > 0
-    assert set(out["breakdown_s"]) == {"compute", "tp", "pp", "dp", "bubble", "optimizer", "slowdown"}
+    assert set(out["breakdown_s"]) == {"compute", "tp", "cp", "pp", "dp", "bubble", "optimizer", "slowdown"}
     assert sum(out["breakdown_s"].values()) == pytest.approx(out["step_time_s"])
     assert out["bytes_by_link_class"]["nic"] > 0 and out["bytes_by_link_class"]["nvlink"] > 0
     events = json.loads(trace.read_text())["traceEvents"]
@@ -199,3 +199,24 @@ def test_llama3s_sharded_gradients_queue_on_the_dp_stream_as_the_planner_says():
     out = simulate_config(MODELS["gpt3-175b"], c, HARDWARE["a100-80g"], "1f1b")
     assert out["breakdown_s"]["dp"] > 0.5 * out["planner_breakdown_s"]["dp"] > 0
     assert abs(out["step_time_s"] / out["planner_step_time_s"] - 1) < 0.05, out["step_time_s"]
+
+
+def test_context_parallelism_is_played_as_the_planner_prices_it():
+    """Each of the three cp exchanges on every layer pass of every rank: the played step's cp part is the
+    planner's, the played ranks count tp x cp x pp x dp, and the bytes on the NICs (tp 8 fills a node, so
+    every cp hop leaves it) move by exactly the exchanges' difference: ring attention sends 3(cp-1) K/V blocks
+    per layer and microbatch, the all-gather 2(cp-1)."""
+    m = dataclasses.replace(MODELS["llama-3-70b"], seq=32768, attention="flash")
+    hw = HARDWARE["h100-80g"]
+    out = {}
+    for kind in ("p2p", "all_gather", "a2a"):
+        c = Layout(tp=8, cp=4, pp=4, dp=4, batch=Batch(micro_batch_size=1, global_batch=64),
+                   knobs=Knobs(sequence_parallel=True, cp_comm_type=kind))
+        out[kind] = res = simulate_config(m, c, hw)
+        assert res["ranks"] == 512
+        assert res["breakdown_s"]["cp"] == pytest.approx(res["planner_breakdown_s"]["cp"], rel=1e-9)
+    assert out["a2a"]["breakdown_s"]["cp"] > out["all_gather"]["breakdown_s"]["cp"] > 0
+    kv = 2 * (32768 / 4) / 8 * m.h_kv * 2                # one rank's K and V of s/cp tokens, h_kv/t wide, 16-bit
+    passes = 512 * 16 * m.layers // 4                  # every rank: 16 microbatches x its stage's layers
+    nic = {k: v["bytes_by_link_class"]["nic"] for k, v in out.items()}
+    assert nic["p2p"] - nic["all_gather"] == pytest.approx(passes * (4 - 1) * kv, rel=1e-9)

@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
 
 
 def _trace_ranks(text, c) -> list:
-    stage = c.tp * c.dp
+    stage = c.tp * c.cp * c.dp
     if text in (None, "stages"):
         return [r * stage for r in range(c.pp)]
     if text == "all":
@@ -48,13 +48,14 @@ def _trace_ranks(text, c) -> list:
 def write_trace(path, spans, c) -> None:
     """Chrome trace events: one process per pipeline stage, one thread per traced rank (µs)."""
     from netmorph.files import write_json
-    stage = c.tp * c.dp
+    stage = c.tp * c.cp * c.dp
     events = [{"name": name, "cat": cat, "ph": "X", "ts": 1e6 * t0, "dur": 1e6 * (t1 - t0),
                "pid": g // stage, "tid": g} for g, name, cat, t0, t1 in spans if cat != "slot"]
     events += [{"name": "process_name", "ph": "M", "pid": r, "args": {"name": f"pipeline stage {r}"}}
                for r in sorted({g // stage for g, *_ in spans})]
     events += [{"name": "thread_name", "ph": "M", "pid": g // stage, "tid": g,
-                "args": {"name": f"rank {g} (dp {(g // c.tp) % c.dp}, tp {g % c.tp})"}}
+                "args": {"name": f"rank {g} (dp {(g // (c.tp * c.cp)) % c.dp}, cp {(g // c.tp) % c.cp}, "
+                                 f"tp {g % c.tp})"}}
                for g in sorted({g for g, *_ in spans})]
     write_json(path, {"traceEvents": events, "displayTimeUnit": "ms"})
 
@@ -85,10 +86,10 @@ def run(args) -> int:
     print(f"{'':<22} {'simulated':>10} {'planner':>10}")
     print(f"{'step time (s)':<22} {out['step_time_s']:>10.3f} {out['planner_step_time_s']:>10.3f}   "
           f"({100 * diff:+.1f}%)")
-    for k, label in (("compute", "compute"), ("tp", "TP all-reduces"), ("pp", "PP transfers"),
+    for k, label in (("compute", "compute"), ("tp", "TP all-reduces"), ("cp", "CP exchanges"), ("pp", "PP transfers"),
                      ("dp", "DP exposed"), ("bubble", "bubble"), ("optimizer", "optimizer"),
                      ("slowdown", "slowed beside comm")):
-        if k != "slowdown" or b[k] or pb[k]:
+        if k not in ("slowdown", "cp") or b[k] or pb[k]:
             print(f"  {label:<20} {b[k]:>10.3f} {pb[k]:>10.3f}")
     print(f"bytes sent by link class: NVLink {out['bytes_by_link_class']['nvlink'] / 1e12:,.2f} TB, NIC "
           f"{out['bytes_by_link_class']['nic'] / 1e12:,.2f} TB (all ranks)")

@@ -25,7 +25,7 @@ __all__ = ["Costs", "StepResult", "check_simulated", "costs_for", "lend_bubble",
 def costs_for(model, c, hw) -> Costs:
     """Per-microbatch costs of one rank for configuration ``c``, from the same FLOP, memory-traffic and
     collective models the planner sums analytically (:func:`netmorph.planner.timing.step_time`)."""
-    t, d = c.tp, c.dp
+    t, d = c.tp, c.dp * c.cp                 # the gradients reduce over dp x cp (Megatron's group with cp)
     lc = layer_costs(model, c, hw)
     act = lc["activation_bytes"]
     layer_grads = model.layer_params() / t * c.precision.grad_bytes
@@ -45,7 +45,8 @@ def costs_for(model, c, hw) -> Costs:
         fwd_layer=lc["matmul_fwd"] + lc["elementwise_fwd"], bwd_layer=lc["matmul_bwd"] + lc["elementwise_bwd"],
         fwd_logits=lc["logits_fwd"], bwd_logits=2 * lc["logits_fwd"],
         tp_allreduce=collective_time(hw, "allreduce", t, 1, act) if t > 1 else 0.0,
-        tp_per_fwd=lc["tp_per_fwd"], tp_per_bwd=lc["tp_per_bwd"],
+        tp_per_fwd=lc["tp_per_fwd"], tp_per_bwd=lc["tp_per_bwd"], cp_fwd=lc["cp_fwd"], cp_bwd=lc["cp_bwd"],
+        cp_bytes=cp_layer_bytes(model, c),
         **dict(zip(("tp_embedding", "tp_head_fwd", "tp_head_bwd"),
                    tp_head_costs(model, hw, t, act, c.precision.activation_bytes, c.knobs.sequence_parallel))),
         tp_head_bytes=tp_head_bytes(model, t, act, c.precision.activation_bytes, c.knobs.sequence_parallel),
@@ -61,6 +62,24 @@ def costs_for(model, c, hw) -> Costs:
         dp_bytes_after=(d - 1) / d * c.precision.param_bytes * n if c.sharding else 0.0)
 
 
+def cp_layer_bytes(model, c) -> tuple:
+    """(forward, backward) bytes one rank sends in one layer's context-parallel exchange, 16-bit K and V of
+    ``h_kv`` per token (the planner's): ring attention passes cp - 1 K/V blocks forward and twice that back (K/V
+    and their gradients), all_gather gathers (cp-1)/cp of the whole K/V and reduce-scatters its gradient,
+    Ulysses sends (cp-1)/cp of q, k, v and the output each way."""
+    cp = c.cp
+    if cp == 1:
+        return 0.0, 0.0
+    tokens = c.batch.micro_batch_size * model.seq / cp / c.tp
+    kv = 2 * tokens * model.h_kv * 2
+    if c.knobs.cp_comm_type == "a2a":
+        one = (cp - 1) / cp * (kv + 2 * tokens * model.hidden * 2)
+        return one, one
+    if c.knobs.cp_comm_type == "all_gather":
+        return (cp - 1) * kv, (cp - 1) * kv
+    return (cp - 1) * kv, 2 * (cp - 1) * kv
+
+
 def lend_bubble(step: float, breakdown: dict, sharing: float, m: int = 1, p: int = 1, v: int = 1) -> tuple:
     """(step, breakdown) of the rank that finishes last once its pipeline's bubble is lent to the ranks not in
     it, as the planner lends it (:func:`netmorph.planner.timing.shared_slots`), where ranks share a node's cores
@@ -70,7 +89,7 @@ def lend_bubble(step: float, breakdown: dict, sharing: float, m: int = 1, p: int
     per rank; the spans of the trace stay so."""
     if sharing <= 1:
         return step, breakdown
-    busy = breakdown["compute"] + breakdown["tp"] + breakdown["pp"]
+    busy = breakdown["compute"] + breakdown["tp"] + breakdown.get("cp", 0.0) + breakdown["pp"]
     pipeline = busy + breakdown["bubble"]
     ideal = m + (p - 1) / v                   # the slots the played schedule's bubble stands for
     lent = max(busy, pipeline * shared_slots(m, p, v, sharing) / ideal)
@@ -113,6 +132,7 @@ def simulate_config(model, c, hw, schedule_name: str | None = None, trace_ranks=
     return {"ranks": res.ranks, "schedule": name, "step_time_s": step, "breakdown_s": breakdown,
             "bytes_by_link_class": res.bytes_by_link_class, "planner_step_time_s": plan["step_time_s"],
             "planner_breakdown_s": {"compute": plan["compute_s"], "tp": plan["comm_s"]["tensor_parallel"],
+                                    "cp": plan["comm_s"]["context_parallel"],
                                     "pp": plan["comm_s"]["pipeline_p2p"],
                                     "dp": plan["comm_s"]["data_parallel"], "bubble": plan["bubble_s"],
                                     "optimizer": plan["optimizer_s"], "slowdown": plan["overlap_slowdown_s"]},

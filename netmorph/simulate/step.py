@@ -56,6 +56,9 @@ class Costs:
     tp_allreduce: float = 0.0
     tp_per_fwd: int = 2              # TP all-reduces per layer forward (0 with tp = 1)
     tp_per_bwd: int = 2
+    cp_fwd: float = 0.0              # a layer's exposed context-parallel exchange, forward (ring hops past the core,
+    cp_bwd: float = 0.0              # an all-gather or Ulysses' all-to-alls) and backward
+    cp_bytes: tuple = (0.0, 0.0)     # what a rank sends for them per layer, forward and backward
     tp_head_fwd: float = 0.0         # the vocabulary-parallel cross-entropy's all-reduces (last stage, forward)
     tp_head_bwd: float = 0.0         # the logits' input gradient all-reduced (last stage, backward)
     tp_embedding: float = 0.0        # VocabParallelEmbedding's output all-reduced (first stage, forward)
@@ -86,7 +89,7 @@ class Costs:
 class StepResult:
     step_time: float
     finish: np.ndarray                       # (pp, dp, tp) seconds
-    breakdown: dict                          # of the rank that finishes last: compute, tp, pp, dp, bubble, optimizer
+    breakdown: dict                          # of the rank that finishes last: compute, tp, cp, pp, dp, bubble, optimizer
     bytes_by_link_class: dict
     events: int
     ranks: int
@@ -95,9 +98,11 @@ class StepResult:
 
 def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str | None = None,
                   trace_ranks=()) -> StepResult:
-    """Play one iteration of ``layout`` (its tp, pp, dp, microbatches and interleave; ``schedule_name``, or the
-    layout's pipeline schedule) on all tp·pp·dp ranks. ``trace_ranks``: global ranks whose spans to keep."""
-    tp, pp, dp, v, m = layout.tp, layout.pp, layout.dp, layout.interleave, layout.microbatches
+    """Play one iteration of ``layout`` (its tp, cp, pp, dp, microbatches and interleave; ``schedule_name``, or the
+    layout's pipeline schedule) on all tp·cp·pp·dp ranks. ``trace_ranks``: global ranks whose spans to keep. The cp
+    ranks of a (tp, pp, dp) coordinate run one program on the same clock (their exchanges are symmetric): the
+    ranks of cp coordinate 0 are played, and stand for the others."""
+    tp, pp, dp, v, m, cp = layout.tp, layout.pp, layout.dp, layout.interleave, layout.microbatches, layout.cp
     schedule_name = schedule_name or layout.pipeline_schedule
     stages = pp * v
     if layers % stages:
@@ -107,8 +112,9 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
     per_chunk = layers // stages
     slots = schedule(schedule_name, pp, m, v)
     shape = (dp, tp)
-    mesh = Mesh(tp * dp * pp, tp=tp, pp=pp, dp=dp)
-    device = list(mesh.grid.reshape(pp, dp, tp))                        # the mesh's order: tp innermost, dp, pp
+    mesh = Mesh(tp * cp * dp * pp, tp=tp, pp=pp, dp=dp, cp=cp)
+    grid = mesh.grid.reshape(pp, dp, cp, tp)                            # the mesh's order: tp innermost, cp, dp, pp
+    device = list(grid[:, :, 0, :])
     node = [node_of(d, costs.gpus_per_node) for d in device]
     traced = {int(g): tuple(mesh.coords(int(g))[k] for k in ("pp", "dp", "tp")) for g in trace_ranks}
     by_stage = {}
@@ -119,7 +125,7 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
     free = [np.zeros(shape) for _ in range(pp)]
     nic = [np.zeros(shape) for _ in range(pp)]           # the pipeline send port: free from then on
     dpq = [np.zeros(shape) for _ in range(pp)]           # the DP stream: when its last bucket finishes
-    acc = {k: [np.zeros(shape) for _ in range(pp)] for k in ("compute", "tp", "pp", "dp")}
+    acc = {k: [np.zeros(shape) for _ in range(pp)] for k in ("compute", "tp", "cp", "pp", "dp")}
     inbox: dict = {}
     nvlink = nic_bytes = 0.0
     events = 0
@@ -150,21 +156,36 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
         count_tp(nbytes * t.size)
         return t2
 
-    def layer_pass(r, t, compute, n_ar, name, count=1):
+    def cp_exchange(r, t, seconds, nbytes):
+        """One layer's context-parallel exchange: the same seconds on every cp rank, nothing to wait for."""
+        nonlocal nvlink, nic_bytes
+        if seconds > 0:                # ring hops wholly behind the attention core leave no span
+            record(r, "cp exchange", "cp", t, t + seconds)
+            acc["cp"][r] += seconds
+        nic_bytes += nbytes * t.size * cp_nic
+        nvlink += nbytes * t.size * (1 - cp_nic)
+        return t + seconds
+
+    def layer_pass(r, t, compute, n_ar, name, count=1, cp_s=0.0, cp_bytes=0.0):
         """``count`` layers' compute, each in ``n_ar`` parts ended by a TP all-reduce (none: one part, no
-        collective). On a stage nobody traces, the parts after the first are added in one step: the first
-        all-reduce leaves every lane of a TP group at the same time, so each later part adds exactly its
-        compute and its all-reduce (the same events, bytes and busy times as playing them one by one)."""
+        collective), and after its first part (the attention) ``cp_s`` of context-parallel exchange. On a stage
+        nobody traces, the parts after the first are added in one step: the first all-reduce leaves every lane
+        of a TP group at the same time, so each later part adds exactly its compute and its all-reduce (the
+        same events, bytes and busy times as playing them one by one)."""
         nonlocal events
         parts, part = max(n_ar, 1) * count, compute / max(n_ar, 1)
         if r in by_stage or parts == 1:
-            for _ in range(parts):
+            for i in range(parts):
                 t1 = t + part
                 record(r, name, "compute", t, t1)
                 acc["compute"][r] += part
                 events += t.size
+                if (cp_s or cp_bytes) and i % max(n_ar, 1) == 0:     # hidden or not, its bytes go
+                    t1 = cp_exchange(r, t1, cp_s, cp_bytes)
                 t = tp_collective(r, t1, costs.tp_allreduce, costs.tp_bytes_sent, "tp all-reduce") if n_ar else t1
             return t
+        if cp_s or cp_bytes:           # every lane the same: the exchanges shift the pass, waiting for no one
+            t = cp_exchange(r, t, cp_s * count, cp_bytes * count)
         acc["compute"][r] += part * parts
         events += t.size * parts
         if not n_ar:
@@ -206,7 +227,7 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
 
     def dp_bucket(r, t_ready, seconds, nbytes):
         nonlocal events
-        if dp == 1 or seconds <= 0:
+        if dp * cp == 1 or seconds <= 0:
             return
         events += t_ready.size
         start = np.maximum(t_ready, dpq[r])               # buckets in order, on their own communicator
@@ -215,7 +236,8 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
         _count_dp(nbytes * t_ready.size)
         record(r, "dp bucket", "dp", start, dpq[r])
 
-    dp_nic = _ring_inter_fraction(device[0][:, 0], costs.gpus_per_node) if dp > 1 else 0.0
+    dp_nic = _ring_inter_fraction(np.sort(grid[0, :, :, 0].reshape(-1)), costs.gpus_per_node) if dp * cp > 1 else 0.0
+    cp_nic = _ring_inter_fraction(grid[0, 0, :, 0], costs.gpus_per_node) if cp > 1 else 0.0
     tp_nic = _ring_inter_fraction(device[0][0, :], costs.gpus_per_node) if tp > 1 else 0.0
 
     def _count_dp(nbytes):
@@ -246,7 +268,7 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
                     if vs == 0 and costs.tp_embedding:
                         t = tp_collective(r, t, costs.tp_embedding, costs.tp_head_bytes[0], "tp embedding all-reduce")
                     t = layer_pass(r, t, costs.fwd_layer, costs.tp_per_fwd if tp > 1 else 0, f"F{s.microbatch}",
-                                   per_chunk)
+                                   per_chunk, costs.cp_fwd, costs.cp_bytes[0])
                     if vs == stages - 1 and costs.fwd_logits:
                         t = layer_pass(r, t, costs.fwd_logits, 0, f"F{s.microbatch} logits")
                         if costs.tp_head_fwd:
@@ -262,10 +284,12 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
                     n_bwd = costs.tp_per_bwd if tp > 1 else 0
                     if (last_b[r][s.chunk] == pos[r] or costs.dp_rounds > 1) and costs.dp_overlap:
                         for _ in range(per_chunk):                  # a bucket after each layer
-                            t = layer_pass(r, t, costs.bwd_layer, n_bwd, f"B{s.microbatch}")
+                            t = layer_pass(r, t, costs.bwd_layer, n_bwd, f"B{s.microbatch}", 1, costs.cp_bwd,
+                                           costs.cp_bytes[1])
                             dp_bucket(r, t, costs.dp_layer, costs.dp_bytes_layer)
                     else:
-                        t = layer_pass(r, t, costs.bwd_layer, n_bwd, f"B{s.microbatch}", per_chunk)
+                        t = layer_pass(r, t, costs.bwd_layer, n_bwd, f"B{s.microbatch}", per_chunk, costs.cp_bwd,
+                                       costs.cp_bytes[1])
                     if vs > 0:
                         inbox[("B", vs - 1, s.microbatch)] = send(r, t, (vs - 1) % pp)
                 record(r, f"{s.kind}{s.microbatch}" + (f".{s.chunk}" if v > 1 else ""), "slot", t_slot, t)
@@ -293,7 +317,7 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
         record(r, "optimizer", "compute", t, t_opt)
         events += t.size
         t = t_opt
-        if costs.dp_after > 0 and dp > 1:
+        if costs.dp_after > 0 and dp * cp > 1:
             events += t.size
             _count_dp(costs.dp_bytes_after * t.size)
             after = costs.dp_after if costs.dp_after_exposed < 0 else costs.dp_after_exposed
@@ -311,10 +335,12 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
     r, a, b = np.unravel_index(int(np.argmax(finish)), finish.shape)
     busy = {k: float(acc[k][r][a, b]) for k in acc}
     step = float(finish[r, a, b])
-    breakdown = {"compute": busy["compute"], "tp": busy["tp"], "pp": busy["pp"],
+    breakdown = {"compute": busy["compute"], "tp": busy["tp"], "cp": busy["cp"], "pp": busy["pp"],
                  "dp": float(parts[r][a, b]), "optimizer": costs.optimizer, "slowdown": float(slowdown[r][a, b])}
     breakdown["bubble"] = step - sum(breakdown.values())          # waiting for the pipeline: the rest
-    return StepResult(step, finish, breakdown, {"nvlink": nvlink, "nic": nic_bytes}, events, tp * pp * dp, spans)
+    # the bytes of the played ranks, cp coordinate 0, stand for each of the cp coordinates'
+    return StepResult(step, finish, breakdown, {"nvlink": nvlink * cp, "nic": nic_bytes * cp}, events,
+                      tp * cp * pp * dp, spans)
 
 
 def _ring_inter_fraction(devices, gpus_per_node: int) -> float:
