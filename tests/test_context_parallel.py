@@ -112,3 +112,53 @@ def test_cli_trains_cp_and_prints_its_closed_form(capsys):
     assert "tp2 cp2 p2p pp1 dp1" in out
     line = next(s for s in out.splitlines() if s.startswith("#   cp "))
     assert "✓" in line and "6(cp-1)" in line and "<= 1e-09 ✓" in out
+
+
+def test_a_checkpoint_of_a_cp_layout_resumes_under_another_layout_as_the_one_rank_run(tmp_path, capsys):
+    """torch.distributed.checkpoint's reshard across cp: ZeRO-1 shards over dp x cp saved, loaded into tp x dp and
+    into ZeRO-3 over another cp exchange, both continuing the 1-rank run's losses."""
+    ck = str(tmp_path / "ck")
+    common = ["--layers", "2", "--dtype", "float64", "--check"]
+    assert main(["train", "--cp", "2", "--dp", "2", "--zero", "1", "--steps", "2", "--save", ck, *common]) == 0
+    for argv in (["--tp", "2", "--dp", "2"], ["--cp", "2", "--dp", "2", "--zero", "3", "--cp-comm-type", "a2a"]):
+        capsys.readouterr()
+        assert main(["train", *argv, "--steps", "4", "--load", ck, *common]) == 0
+        out = capsys.readouterr().out
+        assert "resumed from" in out and "<= 1e-09 ✓" in out, out
+
+
+def _kernels_rank(comm, comm_type):
+    """(forward, backward) aten operators of one layer of the GPT on this rank: a 3-layer model's less a 1-layer's,
+    halved (as tests/test_calibrate.py counts ModelShape.LAYER_KERNELS)."""
+    from netmorph.calibrate.compute import _Count
+    from netmorph.models.gpt import GPTStage, synthetic_batch
+    from netmorph.parallel.tensor_parallel import TensorParallel
+    from netmorph.runtime.base import Group
+    cp = ContextParallel(comm, comm.new_group(list(range(comm.world))), comm_type) if comm.world > 1 else None
+    counts = []
+    for layers in (1, 1, 3):                # the first pass warms what dispatches only once in a process
+        cfg = ModelShape(layers=layers, hidden=16, heads=4, seq=16, vocab=32)
+        model = GPTStage(cfg, layers=TensorParallel(comm, Group([comm.rank]), cp=cp), dtype=torch.float32)
+        x, y = synthetic_batch(cfg, range(2))
+        if cp is not None:
+            x, y = x[cp.positions(16)], y[cp.positions(16)]
+        with _Count() as fwd:
+            loss = model(x, y)
+        with _Count() as bwd:
+            loss.backward()
+        counts.append((fwd.n, bwd.n))
+    return tuple((b - a) // 2 for a, b in zip(*counts[1:]))
+
+
+def test_the_operators_the_planner_charges_for_cp_are_the_attentions_own():
+    """ModelShape.cp_kernels -- what a calibrated profile's op_overhead_s is paid for under cp, so that the twin and
+    validate price the chunk-pair loop the trainer really dispatches -- are the aten operators one layer adds over
+    cp 1's, counted by a TorchDispatchMode on every rank."""
+    base = launch(_kernels_rank, 1, "p2p", timeout=60)[0]
+    for comm_type in COMM_TYPES:
+        for cp in (2, 4):
+            got = launch(_kernels_rank, cp, comm_type, timeout=60)
+            busiest = max(got)            # the load balance: within cp - 1 operators (all_gather's slices read)
+            assert all(b - g <= cp - 1 for r in got for g, b in zip(r, busiest)), got
+            extra = tuple(g - b for g, b in zip(busiest, base))
+            assert extra == ModelShape().cp_kernels(cp, comm_type), (comm_type, cp, extra)

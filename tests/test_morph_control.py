@@ -95,17 +95,18 @@ def test_the_loop_holds_still_when_nothing_changes_or_no_time_is_left():
 
 
 def test_a_move_is_made_only_when_its_gain_pays_for_its_cost():
-    """Nodes joined at 0.5 MB/s, 100 MB/s inside: from pp4·dp2 the twin prefers pp2·dp4 by a few ms a step, and
-    the move costs a few steps of that (half of each stage's state changes hands inside the nodes). With one look
+    """Nodes joined at 0.5 MB/s, 100 MB/s inside: from cp2·pp4 the twin prefers cp2·pp2·dp2 by a few ms a step
+    (ring attention's hops stay inside a node, the gradients cross it between 2 replicas), and the move costs a few
+    steps of that (half of each stage's state changes hands inside the nodes). With one look
     to confirm and no hysteresis, it moves exactly when the steps left times the gain exceed the reshard's predicted
     seconds."""
     from netmorph.morph.decide import Controller, Look, move_cost
     _, twin = _twin(inter_mbps=0.5, links={"intra": {"alpha": 1e-3, "beta": 1e-8}, "inter": LINKS["inter"]})
-    start = Layout(pp=4, dp=2)
+    start = Layout(cp=2, pp=4, dp=1)
     best = twin.best(None, 8)
     gain = twin.predict(start) - twin.predict(best)
     p, cost = move_cost(twin, start, best)
-    assert (best.tp, best.pp, best.dp) == (1, 2, 4) and p.bytes > 0 and cost > gain > 0
+    assert (best.tp, best.cp, best.pp, best.dp) == (1, 2, 2, 2) and p.bytes > 0 and cost > gain > 0
     need = math.floor(cost / gain) + 1                 # the fewest steps left that pay for it
     for left in (need - 1, need):
         ctl = Controller(twin, 100 + left, hysteresis=0.0, confirm=1)

@@ -26,7 +26,7 @@ import numpy as np
 
 from netmorph.calibrate.compute import DTYPES, ITEMSIZE, REFERENCE_MICROBATCH, REFERENCES, tiny_gpt
 from netmorph.calibrate.run import calibrate
-from netmorph.mesh.layout import Layout
+from netmorph.mesh.layout import CP_COMM, Layout
 from netmorph.mesh.shape import ModelShape
 from netmorph.parallel import limits
 from netmorph.parallel.groups import overlaps_dp
@@ -96,28 +96,32 @@ class Row:
 
 
 def layouts(model: ModelShape, world: int, microbatches: int = 4, micro_batch_size: int = 2) -> list:
-    """Every layout of ``world`` ranks the trainer runs for ``model``: each tp x pp x dp, ZeRO 0-3 on dp > 1,
-    GPipe, 1F1B and interleaved pipelines, tensor parallelism with and without sequence parallelism, and for a
-    mixture of experts each expert-parallel degree that divides dp and the experts."""
+    """Every layout of ``world`` ranks the trainer runs for ``model``: each tp x cp x pp x dp, ZeRO 0-3 on dp > 1,
+    GPipe, 1F1B and interleaved pipelines, tensor parallelism with and without sequence parallelism, context
+    parallelism's three exchanges, and for a mixture of experts each expert-parallel degree that divides dp and
+    the experts."""
     out = []
-    for tp in (t for t in range(1, world + 1) if world % t == 0):
-        for pp in (p for p in range(1, world // tp + 1) if (world // tp) % p == 0):
-            dp = world // (tp * pp)
-            variants = [{}]
-            if dp > 1:
-                variants += [{"zero": z} for z in (1, 2, 3)]
-            if pp > 1:
-                variants += [{"schedule": "afab"}, {"schedule": "interleaved", "interleave": 2}]
-            if tp > 1:
-                variants += [{"sequence_parallel": True}]
-            if model.experts:
-                variants += [{"ep": e} for e in range(2, dp + 1) if dp % e == 0 and model.experts % e == 0]
-            for v in variants:
-                cfg = TrainConfig.make(model=model, tp=tp, pp=pp, dp=dp, microbatches=microbatches,
-                                       micro_batch_size=micro_batch_size, **v)
-                if not limits.check(cfg.layout, model):
-                    out.append(cfg.layout)
+    for cp in (c for c in range(1, world + 1) if world % c == 0):          # cp 1 first: the layouts before cp
+        for tp in (t for t in range(1, world // cp + 1) if (world // cp) % t == 0):
+            for pp in (p for p in range(1, world // (cp * tp) + 1) if (world // (cp * tp)) % p == 0):
+                out += _variants(model, tp, cp, pp, world // (tp * cp * pp), microbatches, micro_batch_size)
     return out
+
+
+def _variants(model: ModelShape, tp: int, cp: int, pp: int, dp: int, microbatches: int, mbs: int) -> list:
+    variants = [{}] if cp == 1 else [{"cp": cp, "cp_comm_type": k} for k in CP_COMM]
+    base = variants[0]
+    if dp > 1:
+        variants += [{**base, "zero": z} for z in (1, 2, 3)]
+    if pp > 1:
+        variants += [{**base, "schedule": "afab"}, {**base, "schedule": "interleaved", "interleave": 2}]
+    if tp > 1:
+        variants += [{**base, "sequence_parallel": True}]
+    if model.experts and cp == 1:
+        variants += [{"ep": e} for e in range(2, dp + 1) if dp % e == 0 and model.experts % e == 0]
+    cfgs = (TrainConfig.make(model=model, tp=tp, pp=pp, dp=dp, microbatches=microbatches, micro_batch_size=mbs, **v)
+            for v in variants)
+    return [cfg.layout for cfg in cfgs if not limits.check(cfg.layout, model)]
 
 
 def planner_layout(layout: Layout, dtype: str, model: ModelShape | None = None) -> Layout:

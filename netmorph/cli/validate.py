@@ -12,8 +12,8 @@ FLAGS = {}
 def add_parser(sub) -> None:
     p = sub.add_parser("validate", help="hold the planner's predictions against netmorph's own training runs",
                        description="local: calibrate this machine's ranks, train every layout of the world "
-                                   "(tp x pp x dp, ZeRO 0-3, GPipe / 1F1B / interleaved, SP) for real and print "
-                                   "measured beside predicted step time, the mean and worst error, the rank "
+                                   "(tp x cp x pp x dp, ZeRO 0-3, GPipe / 1F1B / interleaved, SP, cp's p2p, "
+                                   "all_gather and a2a) for real and print measured beside predicted step time, the mean and worst error, the rank "
                                    "correlation, and whether the predicted best layout is the measured best.")
     p.add_argument("action", choices=("local",), help="local: netmorph's own ranks on this machine")
     p.add_argument("--world", type=int, default=4, choices=(2, 4, 8), help="ranks (default 4)")

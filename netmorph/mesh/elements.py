@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from netmorph.errors import UsageError
-from netmorph.mesh.layout import Layout, Rejection
+from netmorph.mesh.layout import KERNEL_RULES, Layout, Rejection
 from netmorph.mesh.placement import flat_offsets, parameters, rank_parameters, shard_range
 from netmorph.mesh.shape import ModelShape
 
@@ -38,7 +38,7 @@ from netmorph.mesh.shape import ModelShape
 def check(layout: Layout, cfg: ModelShape) -> None:
     """The layout runs ``cfg`` on netmorph's trainer, or the one line that says why not (its first
     :class:`~netmorph.mesh.layout.Rejection`)."""
-    bad = [r for r in layout.check(cfg) if r.key != "batch"]
+    bad = [r for r in layout.check(cfg) if r.key != "batch" and r.key not in KERNEL_RULES]
     if not bad and cfg.vocab % layout.tp:           # the map's own needs: the vocabulary-parallel embedding's
         bad = [Rejection("map", "vocab", cfg.vocab, f"vocab {cfg.vocab} is not divisible by tp {layout.tp}")]
     if not bad and cfg.layers % layout.stages:      # pieces, and even stages (chunk_layers)
@@ -79,9 +79,10 @@ def element_map(cfg: ModelShape, layout: Layout, buffer: str = "dense") -> list:
     """A :class:`RankMap` for every rank of ``layout``: each rank's parameters as
     :func:`~netmorph.mesh.placement.rank_parameters` orders them, each its tensor-parallel piece. A mixture of
     experts keeps two flat buffers, as the trainer's two replicas do (:func:`netmorph.parallel.groups.replicas`):
-    ``buffer="dense"`` every other parameter, over the data-parallel group; ``"experts"`` the rank's experts
-    (its ep piece, whole on every tp rank), padded and ZeRO-sharded over its expert data-parallel group (dp / ep
-    ranks, index ``edp``). A rank whose stage has no experts gets None for that buffer."""
+    ``buffer="dense"`` every other parameter, over the data-parallel group (with cp, the dp x cp ranks, in rank
+    order: cp varies fastest); ``"experts"`` the rank's experts (its ep piece, whole on every tp rank), padded and
+    ZeRO-sharded over its expert data-parallel group (dp x cp / ep ranks, index ``edp``). A rank whose stage has
+    no experts gets None for that buffer."""
     check(layout, cfg)
     gids = global_ids(cfg)
     experts = buffer == "experts"
@@ -94,6 +95,7 @@ def element_map(cfg: ModelShape, layout: Layout, buffer: str = "dense") -> list:
             continue
         pieces = [p.piece(gids[p.name], layout.tp, c["tp"], layout.ep, c["ep"]).ravel() for p in rows]
         ways, index = (layout.dp // layout.ep, c["edp"]) if experts else (layout.dp, c["dp"])
+        ways, index = ways * layout.cp, c["cp"] + layout.cp * index
         _, padded = flat_offsets([x.size for x in pieces], ways)
         flat = np.full(padded, -1, dtype=np.int64)
         flat[:sum(x.size for x in pieces)] = np.concatenate(pieces)

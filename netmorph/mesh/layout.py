@@ -167,7 +167,8 @@ class Layout:
     # -- words ---------------------------------------------------------------------------------------
     def label(self) -> str:
         """The planner's rendering: ``tp8 pp8 dp16 mb1 zero1 rc=full``."""
-        extra = [f"cp{self.cp}"] if self.cp > 1 else []
+        extra = [f"cp{self.cp}" + (f" {self.knobs.cp_comm_type}" if self.knobs.cp_comm_type != "p2p" else "")] \
+            if self.cp > 1 else []
         extra += [f"ep{self.ep}"] if self.ep > 1 else []
         extra += [f"v={self.interleave}"] if self.interleave > 1 else []
         extra += [f"N={self.batch.microbatch_group}"] if self.batch.microbatch_group else []
@@ -182,34 +183,41 @@ class Layout:
                                                                                    if extra else "")
 
     def tag(self) -> str:
-        """The compact split, as morph prints and :meth:`parse` reads it: ``tp2·pp2·dp2·ep2·zero1·v2``."""
-        out = f"tp{self.tp}·pp{self.pp}·dp{self.dp}" + (f"·ep{self.ep}" if self.ep > 1 else "")
+        """The compact split, as morph prints and :meth:`parse` reads it: ``tp2·pp2·dp2·ep2·zero1·v2``, and
+        under context parallelism ``tp2·cp2·pp1·dp1`` (its exchange named unless it is the ring: ``cp2·a2a``)."""
+        cp = f"·cp{self.cp}" + (f"·{self.knobs.cp_comm_type}" if self.knobs.cp_comm_type != "p2p" else "") \
+            if self.cp > 1 else ""
+        out = f"tp{self.tp}{cp}·pp{self.pp}·dp{self.dp}" + (f"·ep{self.ep}" if self.ep > 1 else "")
         return out + (f"·zero{self.zero}" if self.zero else "") + (f"·v{self.interleave}" if self.interleave > 1
                                                                     else "")
 
     @classmethod
     def parse(cls, text: str, world: int) -> Layout:
-        """``"tp2,pp2"``, ``"dp4,zero3"``, ``"tp2,pp2,v2"``, ``"dp4,ep2"``: a layout on ``world`` ranks (dp from the
-        rest)."""
-        fields = {}
+        """``"tp2,pp2"``, ``"dp4,zero3"``, ``"tp2,pp2,v2"``, ``"dp4,ep2"``, ``"cp2,a2a"``: a layout on ``world``
+        ranks (dp from the rest)."""
+        fields, comm = {}, "p2p"
         for part in text.replace(" ", "").replace("·", ",").split(","):
+            if part in CP_COMM:
+                comm = part
+                continue
             key = part.rstrip("0123456789")
             num = part[len(key):]
-            if key not in ("tp", "pp", "dp", "ep", "zero", "v") or not num:
-                raise UsageError(f"{text!r}: write it as tpN,ppN,dpN,epN,zeroN,vN (e.g. tp2,pp2 or dp4,zero3)",
-                                 "layout")
+            if key not in ("tp", "cp", "pp", "dp", "ep", "zero", "v") or not num:
+                raise UsageError(f"{text!r}: write it as tpN,cpN,ppN,dpN,epN,zeroN,vN (e.g. tp2,pp2 or dp4,zero3; "
+                                 f"a cp exchange by name: cp2,a2a)", "layout")
             name = "interleave" if key == "v" else key
             if name in fields:
                 raise UsageError(f"{text!r}: {key} is given twice", "layout")
             fields[name] = int(num)
-        tp, pp = fields.get("tp", 1), fields.get("pp", 1)
-        if tp < 1 or pp < 1 or world % (tp * pp):
-            raise UsageError(f"{text!r}: tp x pp must divide the {world} ranks", "layout")
-        dp = fields.get("dp", world // (tp * pp))
-        if tp * pp * dp != world:
-            raise UsageError(f"{text!r}: tp x pp x dp = {tp * pp * dp}, not the {world} ranks", "layout")
+        tp, pp, cp = fields.get("tp", 1), fields.get("pp", 1), fields.get("cp", 1)
+        if tp < 1 or pp < 1 or cp < 1 or world % (tp * cp * pp):
+            raise UsageError(f"{text!r}: tp x cp x pp must divide the {world} ranks", "layout")
+        dp = fields.get("dp", world // (tp * cp * pp))
+        if tp * cp * pp * dp != world:
+            raise UsageError(f"{text!r}: tp x cp x pp x dp = {tp * cp * pp * dp}, not the {world} ranks", "layout")
         v = fields.get("interleave", 1)
-        return cls(tp=tp, pp=pp, dp=dp, ep=fields.get("ep", 1), zero=fields.get("zero", 0), interleave=v)
+        return cls(tp=tp, cp=cp, pp=pp, dp=dp, ep=fields.get("ep", 1), zero=fields.get("zero", 0), interleave=v,
+                   knobs=Knobs(cp_comm_type=comm))
 
     # -- rules ---------------------------------------------------------------------------------------
     def check(self, model: ModelShape | None = None, world: int | None = None) -> list:
@@ -294,6 +302,11 @@ def _model_rules(c: Layout, model: ModelShape) -> list:
         out.append(Rejection("ep", "ep", c.ep, f"ep {c.ep} must divide the experts ({model.experts}) and dp "
                              f"({c.dp})", "{ep}"))
     return out
+
+
+# the rules of Megatron's kernels, not of every layout: netmorph's own trainer attends cp chunk pair by chunk pair
+# itself (the online softmax), so it and the maps of its buffers skip them
+KERNEL_RULES = ("cp-flash",)
 
 
 @lru_cache(maxsize=1 << 16)

@@ -16,6 +16,7 @@ planner prices a 1,024-GPU cluster's layouts (``benchmarks/morph.py --decide``).
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -45,21 +46,21 @@ def emulated_hardware(topo: Topology, device_flops: float, op_overhead_s: float 
 
 
 def candidates(model: ModelShape, world: int, global_batch: int, max_tp: int = 8, zero: bool = False) -> list:
-    """Every (tp, pp, dp) layout of ``world`` the trainer runs for this model and batch (tp up to ``max_tp``), and
-    with ``zero`` each with ZeRO 1-3 where dp > 1, as the trainer allows it beside a pipeline."""
+    """Every (tp, cp, pp, dp) layout of ``world`` the trainer runs for this model and batch (tp up to ``max_tp``;
+    cp as ring attention, the sequence in 2·cp chunks), and with ``zero`` each with ZeRO 1-3 where dp > 1, as the
+    trainer allows it beside a pipeline."""
     out = []
-    for tp in (t for t in (1, 2, 4, 8) if t <= max_tp):
-        for pp in (1, 2, 4, 8):
-            if world % (tp * pp):
+    for tp, cp, pp in itertools.product((t for t in (1, 2, 4, 8) if t <= max_tp), (1, 2, 4), (1, 2, 4, 8)):
+        if world % (tp * cp * pp) or model.seq % (2 * cp):
+            continue
+        dp = world // (tp * cp * pp)
+        for z in ((0, 1, 2, 3) if dp > 1 and zero else (0,)):
+            lay = Layout(tp=tp, cp=cp, pp=pp, dp=dp, zero=z)
+            if any(r.key != "batch" for r in limits.check(lay, model)):
                 continue
-            dp = world // (tp * pp)
-            for z in ((0, 1, 2, 3) if dp > 1 and zero else (0,)):
-                lay = Layout(tp=tp, pp=pp, dp=dp, zero=z)
-                if any(r.key != "batch" for r in limits.check(lay, model)):
-                    continue
-                if global_batch % lay.dp or global_batch // lay.dp < lay.pp or model.seq % tp:
-                    continue
-                out.append(lay)
+            if global_batch % lay.dp or global_batch // lay.dp < lay.pp or model.seq % tp:
+                continue
+            out.append(lay)
     return out
 
 

@@ -6,15 +6,13 @@ obeys. :func:`check` is both, the list the trainer, morph's twin and ``validate`
 
 from __future__ import annotations
 
-from netmorph.mesh.layout import Layout, Rejection
+from netmorph.mesh.layout import KERNEL_RULES, Layout, Rejection
 from netmorph.mesh.shape import ModelShape
 
 
 def check(layout: Layout, model: ModelShape | None = None, world: int | None = None) -> list:
     """Every rejection of ``layout`` for ``model`` on the trainer (empty: it runs), the flags named ``train``'s."""
-    # Megatron runs cp only in Transformer Engine's fused attention; netmorph's trainer attends chunk pair by chunk
-    # pair itself (the online softmax), so the vocabulary's rule for Megatron's kernels is not the trainer's
-    out = [r for r in layout.check(model, world) if r.key != "cp-flash"]
+    out = [r for r in layout.check(model, world) if r.key not in KERNEL_RULES]
     return out if any(r.key == "range" for r in out) else out + trainer_rules(layout, model)
 
 

@@ -112,7 +112,7 @@ def _layer_costs(model: ModelShape, hw: Hardware, tp: int, cp: int, ep: int, mic
         cast_bwd = 3 * tokens * (3 * h_ + 2 * model.h_kv + (model.mlp_mats - 1) * f_) / hw.hbm_bandwidth
     # what every operator costs whatever its size (a kernel launch; eager PyTorch's dispatch and autograd):
     # nothing on the presets, the measured cost in a profile of netmorph's own ranks
-    kf, kb = model.layer_kernels(c.ep)
+    kf, kb = (k + x for k, x in zip(model.layer_kernels(c.ep), model.cp_kernels(cp, cp_comm)))
     launch_fwd, launch_bwd = kf * hw.op_overhead_s, (kb + (kf if full else 0)) * hw.op_overhead_s
     k = hw.compute_scale              # 1 on a device per rank; measured where ranks share a machine's cores
     out = {"matmul_fwd": k * (lin + core) + launch_fwd,
