@@ -12,6 +12,7 @@ from netmorph.calibrate.links import fit
 from netmorph.calibrate.relay import hop_seconds
 from netmorph.calibrate.run import calibrate
 from netmorph.cli import main
+from netmorph.mesh.kernels import HEAD_KERNELS, LAYER_KERNELS, layer_kernels
 from netmorph.mesh.layout import Batch, Knobs, Layout, Precision
 from netmorph.mesh.shape import ModelShape
 from netmorph.planner.hardware import PRESETS as HW
@@ -213,7 +214,7 @@ def test_a_layers_operator_cost_is_never_below_one_dispatch():
     dispatch measured beside it; above the floor the difference is kept as measured."""
     from netmorph.calibrate.compute import DEEP, layer_seconds
 
-    kernels = sum(ModelShape.LAYER_KERNELS)
+    kernels = sum(LAYER_KERNELS)
     layer, op = layer_seconds(shallow_s=0.010, deep_s=0.009, dispatch_s=2e-6)
     assert layer == pytest.approx(kernels * 2e-6) and op == pytest.approx(2e-6)
     layer, op = layer_seconds(shallow_s=0.010, deep_s=0.010 + (DEEP - 1) * 0.004, dispatch_s=2e-6)
@@ -221,9 +222,9 @@ def test_a_layers_operator_cost_is_never_below_one_dispatch():
 
 
 def test_the_kernel_counts_the_planner_charges_are_the_gpts_own():
-    """ModelShape.LAYER_KERNELS and HEAD_KERNELS -- what a profile's op_overhead_s is paid for -- are the aten
-    operators netmorph's GPT dispatches, forward and backward, counted by a TorchDispatchMode; and an MoE layer's,
-    ModelShape.layer_kernels(), for 2, 4 and 8 experts."""
+    """LAYER_KERNELS and HEAD_KERNELS (netmorph.mesh.kernels) -- what a profile's op_overhead_s is paid for -- are
+    the aten operators netmorph's GPT dispatches, forward and backward, counted by a TorchDispatchMode; and an MoE
+    layer's, layer_kernels(), for 2, 4 and 8 experts."""
     import torch
 
     from netmorph.calibrate.compute import _Count
@@ -240,12 +241,12 @@ def test_the_kernel_counts_the_planner_charges_are_the_gpts_own():
         return fwd.n, bwd.n
     counts = {layers: count(ModelShape(layers=layers, hidden=16, heads=2, seq=8, vocab=32)) for layers in (1, 3)}
     per_layer = tuple((counts[3][i] - counts[1][i]) // 2 for i in (0, 1))
-    assert per_layer == ModelShape.LAYER_KERNELS
-    assert tuple(counts[1][i] - per_layer[i] for i in (0, 1)) == ModelShape.HEAD_KERNELS
+    assert per_layer == LAYER_KERNELS
+    assert tuple(counts[1][i] - per_layer[i] for i in (0, 1)) == HEAD_KERNELS
     # a mixture of experts' layer: a fixed part and a part per local expert (its loop runs every expert)
     for experts, top_k in ((2, 1), (4, 2), (8, 2)):
         cfg = ModelShape(layers=2, hidden=16, heads=2, seq=8, vocab=32, experts=experts, top_k=top_k)
-        assert cfg.layer_kernels() == tuple((n - h) / 2 for n, h in zip(count(cfg), ModelShape.HEAD_KERNELS))
+        assert layer_kernels(cfg) == tuple((n - h) / 2 for n, h in zip(count(cfg), HEAD_KERNELS))
 
 
 def test_validation_trains_layouts_and_predicts_them_from_the_profile():

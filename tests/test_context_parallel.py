@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from netmorph.cli import main
+from netmorph.mesh.kernels import cp_kernels
 from netmorph.mesh.shape import ModelShape
 from netmorph.parallel import limits
 from netmorph.parallel.context_parallel import COMM_TYPES, ContextParallel
@@ -129,7 +130,7 @@ def test_a_checkpoint_of_a_cp_layout_resumes_under_another_layout_as_the_one_ran
 
 def _kernels_rank(comm, comm_type):
     """(forward, backward) aten operators of one layer of the GPT on this rank: a 3-layer model's less a 1-layer's,
-    halved (as tests/test_calibrate.py counts ModelShape.LAYER_KERNELS)."""
+    halved (as tests/test_calibrate.py counts LAYER_KERNELS)."""
     from netmorph.calibrate.compute import _Count
     from netmorph.models.gpt import GPTStage, synthetic_batch
     from netmorph.parallel.tensor_parallel import TensorParallel
@@ -151,7 +152,7 @@ def _kernels_rank(comm, comm_type):
 
 
 def test_the_operators_the_planner_charges_for_cp_are_the_attentions_own():
-    """ModelShape.cp_kernels -- what a calibrated profile's op_overhead_s is paid for under cp, so that the twin and
+    """cp_kernels (netmorph.mesh.kernels) -- what a calibrated profile's op_overhead_s is paid for under cp, so that the twin and
     validate price the chunk-pair loop the trainer really dispatches -- are the aten operators one layer adds over
     cp 1's, counted by a TorchDispatchMode on every rank."""
     base = launch(_kernels_rank, 1, "p2p", timeout=60)[0]
@@ -161,4 +162,4 @@ def test_the_operators_the_planner_charges_for_cp_are_the_attentions_own():
             busiest = max(got)            # the load balance: within cp - 1 operators (all_gather's slices read)
             assert all(b - g <= cp - 1 for r in got for g, b in zip(r, busiest)), got
             extra = tuple(g - b for g, b in zip(busiest, base))
-            assert extra == ModelShape().cp_kernels(cp, comm_type), (comm_type, cp, extra)
+            assert extra == cp_kernels(cp, comm_type), (comm_type, cp, extra)

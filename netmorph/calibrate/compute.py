@@ -13,7 +13,7 @@ profile records that as measured, beside the single-rank rate.
 - **layer**: one layer of netmorph's GPT forward and backward at a shape too small for FLOPs to matter (3
   layers' time minus 1 layer's, over 4) -- eager PyTorch's dispatch, autograd and the operators' fixed costs,
   the CPU's kernel-launch latency, which a small model pays at every layer whatever its size; ``op_s`` is that
-  over the layer's aten operators (:attr:`ModelShape.LAYER_KERNELS`). Beside it, for the record, one bare
+  over the layer's aten operators (:data:`netmorph.mesh.kernels.LAYER_KERNELS`). Beside it, for the record, one bare
   ``torch.add`` (``dispatch_s``) and a generic autograd chain per operator (``chain_op_s``).
 """
 
@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from netmorph.calibrate.device import buffer, device_of, rate, synchronizer
+from netmorph.mesh.kernels import LAYER_KERNELS
 from netmorph.mesh.shape import ModelShape
 from netmorph.models.gpt import GPTStage, synthetic_batch
 from netmorph.parallel.flat import Adam
@@ -90,7 +91,7 @@ def layer_seconds(shallow_s: float, deep_s: float, dispatch_s: float) -> tuple[f
     timings is noise where the layers cost little: on a busy machine the deeper model can time faster. An
     operator costs at least one bare dispatch (``dispatch_s``, measured beside it), so that is the floor --
     a measured bound, never a negative cost the planner would refuse."""
-    kernels = sum(ModelShape.LAYER_KERNELS)
+    kernels = sum(LAYER_KERNELS)
     layer = max((deep_s - shallow_s) / (DEEP - 1), kernels * dispatch_s)
     return layer, layer / kernels
 

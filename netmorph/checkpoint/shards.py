@@ -100,9 +100,11 @@ def maps(model: ModelShape, layout: Layout) -> dict:
     return {b: element_map(model, layout, b) for b in (BUFFERS if model.experts else BUFFERS[:1])}
 
 
-def owners(model: ModelShape, layout: Layout) -> dict:
+def owners(model: ModelShape, layout: Layout, master: bool = False) -> dict:
     """{kind: for each global element id, the lowest rank that holds it}: who writes what (the buffers' ids
-    are disjoint: one array covers both)."""
+    are disjoint: one array covers both). ``master``: the parameters are a mixed-precision run's float32 master,
+    which under ZeRO only the shard's owner holds -- it writes them, as Megatron's distributed optimizer saves
+    its shards of the main parameters."""
     every = maps(model, layout)
     world = layout.world
     n = int(max(m.flat.max() for ms in every.values() for m in ms if m is not None)) + 1
@@ -113,7 +115,7 @@ def owners(model: ModelShape, layout: Layout) -> dict:
             for r, m in enumerate(ms):
                 if m is None:
                     continue
-                lo, hi = m.params if kind == "params" else m.optimizer
+                lo, hi = m.params if kind == "params" and not master else m.optimizer
                 g = m.flat[lo:hi]
                 g = g[g >= 0]
                 owner[g[owner[g] == world]] = r

@@ -52,7 +52,8 @@ class Saver:
         self.comm, self.cfg, self.ck = comm, cfg, cfg.checkpoint
         self.root = Path(self.ck.save)
         self.maps = rank_maps(cfg.model, cfg.layout, comm.rank)
-        self.boxes = rank_boxes(cfg.model, cfg.layout, comm.rank, owned=True, who=owners(cfg.model, cfg.layout))
+        self.boxes = rank_boxes(cfg.model, cfg.layout, comm.rank, owned=True,
+                                who=owners(cfg.model, cfg.layout, master=cfg.mixed))
         self.end = cfg.start_step + cfg.steps
         self.log: list = []
         self.thread: threading.Thread | None = None
@@ -191,7 +192,8 @@ def load_state(path, model, layout, rank: int, dtype: str = "float64") -> dict:
 
 def resume(cfg, rank: int) -> dict:
     """Rank ``rank``'s flat state under ``cfg.layout`` from the checkpoint ``cfg.checkpoint.load``."""
-    return load_state(cfg.checkpoint.load, cfg.model, cfg.layout, rank, cfg.dtype)
+    # a bf16 run's state on the host is its float32 master
+    return load_state(cfg.checkpoint.load, cfg.model, cfg.layout, rank, "float32" if cfg.mixed else cfg.dtype)
 
 
 class Resume:

@@ -72,8 +72,15 @@ def add_parser(sub) -> None:
     r = p.add_argument_group("run")
     r.add_argument("--steps", type=int_in(1, 1 << 24, "1..2**24"), default=10, help="optimizer steps (default 10)")
     r.add_argument("--lr", type=float_in(0, 100, open_low=True), default=3e-3, help="Adam learning rate (default 3e-3)")
-    r.add_argument("--dtype", default="float32", choices=("float32", "float64"),
+    r.add_argument("--dtype", choices=("float32", "float64"),
                    help="parameters and activations (default float32; float64 for exact checks)")
+    r.add_argument("--precision", "--bf16", dest="precision", nargs="?", const="bf16", choices=("fp32", "bf16"),
+                   help="bf16: mixed precision (Megatron's --bf16): bf16 weights, activations and matmuls, float32 "
+                        "main gradients, master weights and Adam state (2+4+4+4+4 B a parameter), the loss in "
+                        "float32; --check holds it against the float32 1-rank run (within 2%%)")
+    r.add_argument("--grad-reduce-dtype", choices=("bfloat16", "float32"),
+                   help="with bf16: the gradients' reduction on the wire, bfloat16 (default, half the bytes) or "
+                        "float32 (Megatron's accumulate-allreduce-grads-in-fp32)")
     r.add_argument("--compute-ms", type=float, default=0.0,
                    help="emulated extra compute per microbatch forward on each pipeline stage, shared by its "
                         "--interleave chunks (backward: twice)")
@@ -89,6 +96,17 @@ def add_parser(sub) -> None:
     r.add_argument("--json", action="store_true", help="print the run's summary as JSON")
     add_checkpoint_arguments(p)
     p.set_defaults(run=run, flags=FLAGS)
+
+
+def _dtype(args) -> str:
+    """The trainer's dtype from --dtype and --precision (bf16: "bfloat16", mixed precision)."""
+    if args.precision == "bf16":
+        if args.dtype is not None:
+            raise UsageError(f"--precision bf16 keeps float32 master state itself; drop --dtype {args.dtype}")
+        return "bfloat16"
+    if args.grad_reduce_dtype:
+        raise UsageError("--grad-reduce-dtype is the wire of bf16 mixed precision: add --precision bf16")
+    return args.dtype or "float32"
 
 
 def config_from(args):
@@ -117,7 +135,8 @@ def config_from(args):
                       bucket_mb=args.bucket_mb, overlap=not args.no_overlap,
                       sequence_parallel=args.sequence_parallel, schedule=args.schedule, interleave=args.interleave,
                       microbatches=micro if micro is not None else 2, micro_batch_size=mbs, steps=steps,
-                      lr=args.lr, dtype=args.dtype, compute_ms=args.compute_ms, trace=bool(args.trace),
+                      lr=args.lr, dtype=_dtype(args), grad_reduce_dtype=args.grad_reduce_dtype or "",
+                      compute_ms=args.compute_ms, trace=bool(args.trace),
                       start_step=start, checkpoint=ck,
                       algos=CollectiveAlgos(dp=args.dp_algo.replace("-", "_"), tp=args.tp_algo.replace("-", "_")))
     cfg.check()
@@ -162,7 +181,7 @@ def run(args) -> int:
 
 def _print(args, cfg, out) -> int:
     from netmorph.planner.memory import trainer_memory
-    plan = trainer_memory(cfg.model, cfg.layout, 8 if cfg.dtype == "float64" else 4)
+    plan = trainer_memory(cfg.model, cfg.layout, *cfg.state_sizes())
     if out.trace is not None:
         write_json(args.trace, out.trace)
     if args.json:
@@ -193,7 +212,8 @@ def print_run(cfg, out, plan: dict) -> None:
     m = cfg.model
     moe = f", {m.experts} experts top-{m.top_k}" if m.experts else ""
     print(f"# netmorph train: GPT l{m.layers} h{m.hidden} heads {m.heads} s{m.seq} V{m.vocab}{moe} "
-          f"({m.params():,} params, {cfg.dtype}); {_layout(cfg)}; {cfg.layout.microbatches} microbatches x "
+          f"({m.params():,} params, {'bf16 mixed precision' if cfg.mixed else cfg.dtype}); {_layout(cfg)}; "
+          f"{cfg.layout.microbatches} microbatches x "
           f"{cfg.layout.batch.micro_batch_size} per DP rank, global batch {cfg.layout.batch.global_batch}; "
           f"backend {out.backend}")
     from netmorph.parallel.phases import shown_phases
@@ -259,9 +279,10 @@ def print_run(cfg, out, plan: dict) -> None:
     if out.baseline is not None:
         print_baseline(out.baseline)
     if out.reference_losses is not None:
-        tol = 1e-9 if cfg.dtype == "float64" else 1e-4
+        tol = {"float64": 1e-9, "float32": 1e-4}.get(cfg.dtype, 2e-2)
         ok = "✓" if out.max_rel_loss_diff <= tol else "✗"
-        print(f"# check: the 1-rank run on the same global batches: max relative loss difference "
+        print(f"# check: the {'float32 ' if cfg.mixed else ''}1-rank run on the same global batches: max relative "
+              f"loss difference "
               f"{out.max_rel_loss_diff:.2e} (<= {tol:g} {ok}), max weight difference "
               f"{out.max_abs_weight_diff:.2e}")
 

@@ -6,7 +6,8 @@
 - :mod:`.presets`: the published models, and a model from a user's flags, checked;
 - :mod:`.layout`: ``Layout``, how a job is split over its ranks, and every rule it must obey (``Rejection``);
 - :mod:`.settings`: what a layout carries beside its degrees: ``Batch``, ``Precision``, ``Knobs``;
-- :mod:`.placement`: where each parameter of a model lives under a layout (DTensor's placements).
+- :mod:`.placement`: where each parameter of a model lives under a layout (DTensor's placements);
+- :mod:`.kernels`: the aten operators netmorph's own GPT dispatches, what a profile's per-operator cost is paid for.
 """
 
 from netmorph.mesh.grid import DIMS, PRINT_ORDER, DeviceMesh, Mesh

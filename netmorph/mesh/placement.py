@@ -243,14 +243,19 @@ def stage_elements(model: ModelShape, layout: Layout, pp_rank: int) -> tuple[int
     return dense, expert
 
 
-def model_state_bytes(model: ModelShape, layout: Layout, itemsize: int) -> dict:
+def model_state_bytes(model: ModelShape, layout: Layout, itemsize: int, grad_size: int | None = None,
+                      optimizer_size: int | None = None) -> dict:
     """``{"params", "grads", "optimizer"}``: the bytes netmorph's trainer holds between steps on its most
     loaded rank (each field's maximum over the pipeline stages; every tp, ep and dp rank of a stage holds the
     same), counted from this table: per flat buffer (the dense parameters over the dp x cp group, the experts
     over the dp x cp / ep ranks that share them) n elements padded to a multiple of the group, Adam's two moments over
     the padded buffer, and under ZeRO stage s the optimizer (s >= 1), the gradients (s >= 2) and the
-    parameters (s >= 3) as the rank's 1/group shard of it. What the trainer measures from its buffers, and
+    parameters (s >= 3) as the rank's 1/group shard of it. Elements of ``itemsize`` bytes, gradients of
+    ``grad_size`` and optimizer state of ``optimizer_size`` per element (bf16 mixed precision: 2, 4 and 12 --
+    master, Adam's moments; default ``itemsize`` and two of it). What the trainer measures from its buffers, and
     what ``netmorph train`` holds against ``plan estimate``."""
+    gsz = itemsize if grad_size is None else grad_size
+    osz = 2 * itemsize if optimizer_size is None else optimizer_size
     best = {"params": 0, "grads": 0, "optimizer": 0}
     z = layout.zero
     for pp_rank in range(layout.pp):
@@ -261,7 +266,7 @@ def model_state_bytes(model: ModelShape, layout: Layout, itemsize: int) -> dict:
                 continue
             shard = flat_offsets([n], group)[1] // group
             got["params"] += (shard if z >= 3 else n) * itemsize
-            got["grads"] += (shard if z >= 2 else n) * itemsize
-            got["optimizer"] += 2 * (shard if z >= 1 else shard * group) * itemsize
+            got["grads"] += (shard if z >= 2 else n) * gsz
+            got["optimizer"] += (shard if z >= 1 else shard * group) * osz
         best = {k: max(best[k], got[k]) for k in best}
     return best

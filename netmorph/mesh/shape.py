@@ -310,36 +310,6 @@ class ModelShape:
             mlp = self.mlp_mats * self.hidden * self.f
         return 2 * b * s * (self.attn_weights() + mlp)
 
-    # the aten operators one layer of netmorph's GPT dispatches in eager PyTorch, (forward, backward), and the
-    # embedding, LM head and loss's -- traced by a TorchDispatchMode (tests/test_calibrate.py holds them): what
-    # a profile's op_overhead_s (a kernel launch, eager dispatch and autograd) is paid for, whatever the sizes
-    LAYER_KERNELS = (30, 66)
-    HEAD_KERNELS = (14, 23)
-    # an MoE layer's (Megatron's alltoall dispatcher, netmorph.models.moe): the router, the permutation and the
-    # combine, then a loop over the rank's local experts -- (forward, backward) fixed, and per local expert
-    MOE_KERNELS = ((94, 81), (10, 24))
-    # a layer's attention under context parallelism (netmorph.parallel.context_parallel: chunk pairs of the online
-    # softmax, the ring's or all-to-all's reshapes) beyond cp 1's, (forward, backward) each a + b·cp aten operators
-    # on the busiest rank -- traced at cp 2 and 4 (tests/test_context_parallel.py holds them; p2p's also holds at
-    # cp 8; all_gather's backward differs by up to cp - 1 operators between ranks, as the gathered blocks' slices
-    # its pairs read do)
-    CP_KERNELS = {"p2p": ((27, 59), (67, 134)), "all_gather": ((31, 66), (27, 116)), "a2a": ((27, 3), (28, 0))}
-
-    def cp_kernels(self, cp: int, comm_type: str = "p2p") -> tuple:
-        """(forward, backward) aten operators one layer's context-parallel attention adds: :data:`CP_KERNELS`."""
-        if cp <= 1:
-            return 0, 0
-        return tuple(a + b * cp for a, b in self.CP_KERNELS[comm_type])
-
-    def layer_kernels(self, ep: int = 1) -> tuple:
-        """(forward, backward) aten operators of one of the model's layers, averaged over them: a dense layer's
-        :data:`LAYER_KERNELS`; a routed layer's :data:`MOE_KERNELS`, with ``experts / ep`` local experts."""
-        if not self.moe_layers:
-            return self.LAYER_KERNELS
-        local, share = self.experts / ep, self.moe_layers / self.layers
-        moe = [fixed + each * local for fixed, each in zip(*self.MOE_KERNELS)]
-        return tuple(share * m + (1 - share) * d for m, d in zip(moe, self.LAYER_KERNELS))
-
     def layer_flops_fwd(self, tokens_b: int, causal: bool = False) -> float:
         """Forward FLOPs of one transformer layer for b sequences (b = ``tokens_b``)."""
         return self.layer_linear_flops_fwd(tokens_b) + self._core(tokens_b, causal)

@@ -54,6 +54,12 @@ def full_weights(cfg: ModelShape, dtype=torch.float64) -> dict:
     return w
 
 
+def full_precision(logits: torch.Tensor) -> torch.Tensor:
+    """16-bit logits as float32 for the cross-entropy (Megatron's ``vocab_parallel_cross_entropy(output.float())``
+    unless ``--fp16-lm-cross-entropy``); wider ones as they are."""
+    return logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
+
+
 class Linear(nn.Module):
     """``y = x Wᵀ + b`` holding given weights (nn.Linear without its own init)."""
 
@@ -103,7 +109,7 @@ class PlainLayers:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     def logits_loss(self, x, table, targets):           # x (T, B, h), targets (T, B) -> mean loss
-        logits = x @ table.t()                          # (T, B, V)
+        logits = full_precision(x @ table.t())          # (T, B, V)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
     def replicated(self):

@@ -62,11 +62,11 @@ class ContextParallel:
         if self.comm_type == "all_gather":
             kv = _GatherKV.apply(torch.stack([k, v]).permute(3, 0, 1, 2, 4).contiguous(), self)
             n = kv.shape[0] // self.cp            # (cp·T/cp, 2, B, nh, hd) in rank order
-            state = _Online(q, self.chunks[self.rank])
+            state = _Online(_wide(q), self.chunks[self.rank])          # softmax in float32, as a flash kernel's
             for j in range(self.cp):
-                blk = kv[j * n:(j + 1) * n].permute(1, 2, 3, 0, 4)      # (2, B, nh, T/cp, hd)
+                blk = _wide(kv[j * n:(j + 1) * n].permute(1, 2, 3, 0, 4))   # (2, B, nh, T/cp, hd)
                 self.blocks += state.add(blk[0], blk[1], self.chunks[j])
-            return state.result()[0]
+            return state.result()[0].to(q.dtype)
         return _RingAttention.apply(q, k, v, self)
 
     def _ulysses(self, q, k, v):
@@ -96,6 +96,11 @@ class ContextParallel:
         if len(led) > at:                     # the hop's record spans its send to both ends' completion
             led[at] = led[at]._replace(t1=time.perf_counter())
         return out
+
+
+def _wide(z: torch.Tensor) -> torch.Tensor:
+    """A 16-bit tensor as float32 (the softmax and its sums, as a flash kernel keeps them); wider ones as they are."""
+    return z.float() if z.dtype in (torch.bfloat16, torch.float16) else z
 
 
 def _positions(chunks, n: int, device=None) -> torch.Tensor:
@@ -175,40 +180,42 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cp):
-        state = _Online(q, cp.chunks[cp.rank])
+        state = _Online(_wide(q), cp.chunks[cp.rank])         # float32 inside; the blocks pass in their dtype
         kv = torch.stack([k, v])
         for i in range(cp.cp):
             src = (cp.rank - i) % cp.cp                         # whose block is in hand
-            cp.blocks += state.add(kv[0], kv[1], cp.chunks[src])
+            cp.blocks += state.add(_wide(kv[0]), _wide(kv[1]), cp.chunks[src])
             if i < cp.cp - 1:
                 kv = cp.exchange(kv, kv)
         out, lse = state.result()
         ctx.cp = cp
         ctx.save_for_backward(q, k, v, out, lse)
-        return out
+        return out.to(q.dtype)
 
     @staticmethod
     def backward(ctx, do):
         cp = ctx.cp
         q, k, v, out, lse = ctx.saved_tensors
-        do = do.contiguous()
+        dtype = q.dtype
+        q, k, v, do = (_wide(z) for z in (q, k, v, do.contiguous()))
         delta = (do * out).sum(-1, keepdim=True)
         scale = 1.0 / math.sqrt(q.shape[-1])
         mine = cp.chunks[cp.rank]
         dq, dk, dv = _pair_grads(q, k, v, do, lse, delta, mine, mine, scale)
-        kv, acc = torch.stack([k, v]), None
+        kv, acc = torch.stack([k, v]).to(dtype), None         # K/V and their accumulator on the wire in the dtype
         for i in range(1, cp.cp):
             kv = cp.exchange(kv, kv)                            # the block of rank r - i
             if acc is not None:                                 # its accumulator, from the rank that held it last
-                acc = cp.exchange(acc, acc)
-            _, bk, bv = g = _pair_grads(q, kv[0], kv[1], do, lse, delta, mine, cp.chunks[(cp.rank - i) % cp.cp],
-                                        scale)
+                acc = _wide(cp.exchange(acc, acc))
+            _, bk, bv = g = _pair_grads(q, _wide(kv[0]), _wide(kv[1]), do, lse, delta, mine,
+                                        cp.chunks[(cp.rank - i) % cp.cp], scale)
             dq += g[0]
             acc = torch.stack([bk, bv]) if acc is None else acc + torch.stack([bk, bv])
+            acc = acc.to(dtype)
         if acc is not None:
-            acc = cp.exchange(acc, acc)                         # home: the accumulator of this rank's own block
+            acc = _wide(cp.exchange(acc, acc))                 # home: the accumulator of this rank's own block
             dk, dv = dk + acc[0], dv + acc[1]
-        return dq, dk, dv, None
+        return dq.to(dtype), dk.to(dtype), dv.to(dtype), None
 
 
 class _GatherKV(torch.autograd.Function):

@@ -26,9 +26,19 @@ from netmorph.errors import UsageError
 from netmorph.parallel.algos import CollectiveAlgos
 
 
+def mean_over(comm, g, group, algo: str, d: int, wire=None) -> None:
+    """``g`` averaged over ``group`` in place, on the wire in ``wire`` (a float32 main gradient reduced in bf16:
+    Megatron's ``--grad-reduce-in-bf16``, torch FSDP's ``reduce_dtype``) or in its own dtype."""
+    buf = g if wire is None or wire == g.dtype else g.to(wire)
+    comm.all_reduce(buf, group=group, algo=algo)
+    if buf is not g:
+        g.copy_(buf)
+    g.div_(d)
+
+
 class DataParallelNaive:
-    def __init__(self, comm, group, flat, phase: str = "dp", algo: str = CollectiveAlgos.dp):
-        self.comm, self.group, self.flat, self.phase, self.algo = comm, group, flat, phase, algo
+    def __init__(self, comm, group, flat, phase: str = "dp", algo: str = CollectiveAlgos.dp, wire=None):
+        self.comm, self.group, self.flat, self.phase, self.algo, self.wire = comm, group, flat, phase, algo, wire
         self.d = group.size()
 
     def arm(self) -> None:
@@ -42,9 +52,7 @@ class DataParallelNaive:
         with self.comm.phase(self.phase):
             for p in reversed(self.flat.params):
                 lo, hi = self.flat.span(p)
-                g = self.flat.grad[lo:hi]
-                self.comm.all_reduce(g, group=self.group, algo=self.algo)
-                g.div_(self.d)
+                mean_over(self.comm, self.flat.grad[lo:hi], self.group, self.algo, self.d, self.wire)
 
     def close(self) -> None:
         pass
@@ -52,10 +60,10 @@ class DataParallelNaive:
 
 class DataParallelBucket:
     def __init__(self, comm, group, flat, bucket_mb: float = 1.0, overlap: bool = True, phase: str = "dp",
-                 algo: str = CollectiveAlgos.dp):
+                 algo: str = CollectiveAlgos.dp, wire=None):
         if bucket_mb <= 0:
             raise UsageError(f"{{bucket_mb}} must be > 0, got {bucket_mb}", "bucket_mb")
-        self.comm, self.group, self.flat, self.phase, self.algo = comm, group, flat, phase, algo
+        self.comm, self.group, self.flat, self.phase, self.algo, self.wire = comm, group, flat, phase, algo, wire
         self.d = group.size()
         self.overlap = overlap and self.d > 1
         isz = flat.grad.element_size()
@@ -94,10 +102,8 @@ class DataParallelBucket:
         lo, hi, _ = self.buckets[b]
         if hi <= lo:
             return
-        g = self.flat.grad[lo:hi]
         with self.comm.phase(self.phase):
-            self.comm.all_reduce(g, group=self.group, algo=self.algo)
-        g.div_(self.d)
+            mean_over(self.comm, self.flat.grad[lo:hi], self.group, self.algo, self.d, self.wire)
 
     def _worker(self) -> None:
         while True:

@@ -7,6 +7,11 @@ gradients is then a slice that one collective reduces in place (PyTorch DDP's
 padded to a multiple of the data-parallel degree so every rank's shard is the
 same size.
 
+Under mixed precision (Megatron's ``--bf16``) the parameters are 16-bit and the gradient buffer is float32, the
+``main_grad`` Megatron's DDP accumulates into: autograd's 16-bit gradient of each microbatch is added to it and
+dropped (:meth:`FlatParams.collect_grads`), so that only 2 + 4 bytes per parameter persist here; the float32
+master copy lives with the optimizer.
+
 Adam here is plain elementwise Adam (Kingma & Ba, bias-corrected) on a slice of
 the flat buffer, so that the 1-rank run, DP and every ZeRO stage apply the very
 same arithmetic to every element -- the reason a ZeRO shard's update equals the
@@ -26,7 +31,7 @@ class FlatParams:
     """``params`` re-homed into one flat parameter buffer and one flat gradient buffer; ``names`` (the
     placement table's, in the same order) label :meth:`index`."""
 
-    def __init__(self, params, pad_to: int = 1, dtype=torch.float64, names=None):
+    def __init__(self, params, pad_to: int = 1, dtype=torch.float64, names=None, grad_dtype=None):
         self.params = list(params)
         self.names = list(names) if names is not None else [str(k) for k in range(len(self.params))]
         self.index = {id(p): k for k, p in enumerate(self.params)}
@@ -34,11 +39,12 @@ class FlatParams:
         self.numel = sum(p.numel() for p in self.params)
         device = self.params[0].device if self.params else None    # where the model lives (cuda:N under NCCL)
         self.data = torch.zeros(self.padded, dtype=dtype, device=device)
-        self.grad = torch.zeros(self.padded, dtype=dtype, device=device)
+        self.mixed = grad_dtype is not None and grad_dtype != dtype     # 16-bit parameters, float32 main grads
+        self.grad = torch.zeros(self.padded, dtype=grad_dtype if self.mixed else dtype, device=device)
         for p, off in zip(self.params, self.offsets):
             self.data[off:off + p.numel()].copy_(p.data.reshape(-1))
             p.data = self.data[off:off + p.numel()].view_as(p)
-            p.grad = self.grad[off:off + p.numel()].view_as(p)
+            p.grad = None if self.mixed else self.grad[off:off + p.numel()].view_as(p)
 
     def entries(self) -> dict:
         """The buffer's real layout: {name: (offset, length)}, and the padding after the last one."""
@@ -52,20 +58,28 @@ class FlatParams:
     def zero_grad(self) -> None:
         self.grad.zero_()
         for p, off in zip(self.params, self.offsets):         # autograd may have replaced a .grad
+            if self.mixed:
+                p.grad = None
+                continue
             if p.grad is None or p.grad.data_ptr() != self.grad[off:].data_ptr():
                 p.grad = self.grad[off:off + p.numel()].view_as(p)
 
     def collect_grads(self) -> None:
-        """Make sure every gradient is in the flat buffer (a no-op when autograd accumulated in place)."""
+        """Make sure every gradient is in the flat buffer (a no-op when autograd accumulated in place); mixed:
+        add each 16-bit gradient to the float32 main gradient and drop it (after every microbatch's backward)."""
         for p, off in zip(self.params, self.offsets):
+            if self.mixed:
+                if p.grad is not None:
+                    self.grad[off:off + p.numel()].add_(p.grad.reshape(-1))
+                    p.grad = None
+                continue
             if p.grad is not None and p.grad.data_ptr() != self.grad[off:].data_ptr():
                 self.grad[off:off + p.numel()].copy_(p.grad.reshape(-1))
                 p.grad = self.grad[off:off + p.numel()].view_as(p)
 
     def bytes(self) -> dict:
         """Measured model-state bytes of this rank (unpadded)."""
-        isz = self.data.element_size()
-        return {"params": self.numel * isz, "grads": self.numel * isz}
+        return {"params": self.numel * self.data.element_size(), "grads": self.numel * self.grad.element_size()}
 
 
 class Adam:

@@ -95,6 +95,8 @@ def replicas(comm, cfg, lay: RankGroups, chunks, device, dtype) -> list:
     overlap = overlaps_dp(split, cfg.model)
     kw = dict(zero=split.zero, lr=cfg.lr, dtype=dtype, device=device, dp_mode=cfg.dp_mode,
               bucket_mb=cfg.bucket_mb, algos=cfg.algos)
+    if cfg.mixed:                 # float32 main gradients and master state; the reduction's wire dtype
+        kw.update(master=torch.float32, wire=torch.float32 if cfg.grad_reduce_dtype == "float32" else torch.bfloat16)
     out = [Replica(comm, lay.dp_group, [p for _, p in dense], [n for n, _ in dense], overlap=overlap, **kw)]
     if experts:
         out.append(Replica(comm, lay.edp_group, [p for _, p in experts], [n for n, _ in experts], phase="edp",

@@ -40,14 +40,18 @@ from netmorph.parallel.slots import Hooks, device_ms
 from netmorph.parallel.state import named_pieces
 from netmorph.parallel.traffic import counted_reductions, expert_traffic, predicted
 
-DTYPES = {"float64": torch.float64, "float32": torch.float32}
+# bfloat16: mixed precision (Megatron's --bf16): bf16 parameters, activations and matmuls, float32 main gradients,
+# master weights and Adam moments, the loss in float32
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+REDUCE_DTYPES = ("bfloat16", "float32")
 
 
 # the trainer's own defaults where a Layout's differ: two microbatches of two sequences, DDP's overlapped buckets
 BUCKET_MB = 1.0      # the trainer's gradient bucket where the layout names none (DDP's bucket_cap_mb is 25)
 TRAIN_LAYOUT = Layout(batch=Batch(global_batch=4, micro_batch_size=2),
                       knobs=Knobs(dp_overlap=True, dp_bucket_mb=BUCKET_MB))
-RUN_FIELDS = ("steps", "lr", "dtype", "dp_mode", "compute_ms", "device_flops", "trace", "start_step",
+RUN_FIELDS = ("steps", "lr", "dtype", "grad_reduce_dtype", "dp_mode", "compute_ms", "device_flops", "trace",
+              "start_step",
               "router", "checkpoint", "algos")
 
 
@@ -61,6 +65,8 @@ class TrainConfig:
     steps: int = 4
     lr: float = 3e-3
     dtype: str = "float64"
+    grad_reduce_dtype: str = ""      # mixed precision: the gradients' reduction on the wire, bfloat16 (the default,
+                                     # Megatron's --grad-reduce-in-bf16) or float32 (its accumulate-allreduce in fp32)
     dp_mode: str = "bucket"          # "bucket" (DDP's reducer) or "naive" (one all-reduce per gradient)
     compute_ms: float = 0.0          # emulated compute per microbatch forward on a stage, shared by its interleaved
                                      # chunks (backward: twice)
@@ -92,6 +98,26 @@ class TrainConfig:
         return self.layout.world
 
     @property
+    def mixed(self) -> bool:
+        """bf16 mixed precision: 16-bit parameters and activations beside float32 master state."""
+        return self.dtype == "bfloat16"
+
+    def state_sizes(self) -> tuple:
+        """Bytes per element of (the parameters, their gradients, the optimizer's state) as the trainer holds them:
+        2, 4 and 4 + 4 + 4 (master, Adam's two moments) under mixed precision, else 2 x one element for Adam."""
+        isz = DTYPES[self.dtype].itemsize
+        return (2, 4, 12) if self.mixed else (isz, isz, 2 * isz)
+
+    def wire_sizes(self) -> tuple:
+        """Bytes per element on the wire of (activations, the gradients' data-parallel reduction, the replicated
+        and tied gradients' all-reduces, the vocab-parallel loss): mixed precision sends bf16 activations, its
+        reduction in ``grad_reduce_dtype``, the float32 main gradients and a float32 loss (Megatron's)."""
+        isz = DTYPES[self.dtype].itemsize
+        if not self.mixed:
+            return isz, isz, isz, isz
+        return 2, DTYPES[self.grad_reduce_dtype or "bfloat16"].itemsize, 4, 4
+
+    @property
     def bucket_mb(self) -> float:
         """The gradient bucket the trainer fills: the layout's ``dp_bucket_mb`` (0, the planner's "a bucket per
         layer": :data:`BUCKET_MB`)."""
@@ -108,7 +134,10 @@ class TrainConfig:
         if not (0 <= self.device_flops < 1e20 and math.isfinite(self.device_flops)):
             raise UsageError(f"{{device_flops}} must be in [0, 1e20), got {self.device_flops}", "device_flops")
         if self.dtype not in DTYPES:
-            raise UsageError(f"{{dtype}} must be float64 or float32, got {self.dtype!r}", "dtype")
+            raise UsageError(f"{{dtype}} must be float64, float32 or bfloat16, got {self.dtype!r}", "dtype")
+        if self.grad_reduce_dtype and (not self.mixed or self.grad_reduce_dtype not in REDUCE_DTYPES):
+            raise UsageError(f"{{grad_reduce_dtype}} {self.grad_reduce_dtype!r}: bfloat16 or float32, with bf16 mixed "
+                             "precision only", "grad_reduce_dtype")
         if self.dp_mode not in ("bucket", "naive"):
             raise UsageError(f"{{dp_mode}} must be bucket or naive, got {self.dp_mode!r}", "dp_mode")
         check_shape(self.model)
@@ -170,7 +199,7 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
         c.to(device)                       # the same initial weights on every device: drawn on the CPU
     reps = replicas(comm, cfg, lay, chunks, device, dtype)
     dense = reps[0]
-    isz = dense.flat.data.element_size()
+    isz, gsz = cfg.wire_sizes()[:2]
     ck = cfg.checkpoint
     if ck.load and inits is None:                       # a resumed run: this rank's boxes, read under its layout
         from netmorph.checkpoint.training import Resume
@@ -242,7 +271,7 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
                 r.step()
             t_opt = (t_opt, time.perf_counter())
             if moe:                         # what the router sent this step: the all-to-alls' closed form
-                routed.append({ph: v[0] for ph, v in expert_traffic(cfg, 0, 1, isz, moe, lay.ep_rank).items()})
+                routed.append({ph: v[0] for ph, v in expert_traffic(cfg, 0, 1, isz, moe, lay.ep_rank, gsz).items()})
                 experts_log.append(_routing(moe, lay, comm.ledger.records[at:],
                                             sum(b.moe.clock[0] for b in moe) - a2a, comm.world))
             loss = torch.tensor([sum(mb_losses)], dtype=torch.float64, device=device)
@@ -282,8 +311,8 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
                      any(c.is_last for c in chunks), sum(len(c.blocks) for c in chunks),
                      sum(p.numel() for p in tp.replicated()), moe_layers=len(moe), tp_rank=lay.tp_rank)
     if moe:
-        pred.update(expert_traffic(cfg, reps[1].flat.padded, lay.edp_group.size(), isz, moe, lay.ep_rank))
-    pred.update(counted_reductions(cfg, reps, comm.rank, isz))
+        pred.update(expert_traffic(cfg, reps[1].flat.padded, lay.edp_group.size(), isz, moe, lay.ep_rank, gsz))
+    pred.update(counted_reductions(cfg, reps, comm.rank, gsz))
     return RankReport(comm.rank, split.coords(comm.rank),
                       losses=losses if is_last_stage and lay.tp_rank == 0 else None, step_times=times,
                       step_bounds=bounds, idle_fraction=idle, in_flight_peak=max(peaks), memory_bytes=mem,

@@ -185,7 +185,7 @@ def reference(cfg: TrainConfig) -> tuple[list, dict, list | None]:
     (MoE layers, E) assignments kept, summed over the microbatches). A run that starts at ``cfg.start_step`` (one
     resumed from a checkpoint of this run) is held against the 1-rank run from step 0: its last ``cfg.steps``
     losses."""
-    dtype = DTYPES[cfg.dtype]
+    dtype = DTYPES["float32" if cfg.mixed else cfg.dtype]      # bf16 mixed precision is held against float32
     model = GPTStage(cfg.model, dtype=dtype, router=cfg.router)
     flat = FlatParams(list(model.parameters()), dtype=dtype)
     adam = Adam(0, flat.padded, lr=cfg.lr, dtype=dtype)

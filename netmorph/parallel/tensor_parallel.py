@@ -33,7 +33,7 @@ import torch
 
 from netmorph.errors import UsageError
 from netmorph.mesh.placement import shard
-from netmorph.models.gpt import LayerNorm, Linear, expert_layer
+from netmorph.models.gpt import LayerNorm, Linear, expert_layer, full_precision
 from netmorph.parallel.algos import CollectiveAlgos
 from netmorph.runtime.base import Group
 
@@ -269,7 +269,7 @@ class TensorParallel:
 
     def logits_loss(self, x, table, targets):                 # x (T', B, h)
         x = tp_enter(x, self)                                 # (T, B, h)
-        logits = x @ table.t()                                # (T, B, V/t)
+        logits = full_precision(x @ table.t())                # (T, B, V/t), float32 under bf16
         if self.tp == 1:
             return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
         return _VocabParallelCrossEntropy.apply(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), self)

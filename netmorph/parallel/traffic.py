@@ -49,6 +49,7 @@ def predicted(cfg, lay_pp_rank: int, padded: int, isz: int, first: bool, last: b
     """{phase: (bytes per rank per step, the formula as text)} for this rank (``tp_rank``: its place in its
     tensor-parallel group, which a non-ring all-reduce's bytes depend on)."""
     m, mb, model = cfg.layout.microbatches, cfg.layout.batch.micro_batch_size, cfg.model
+    _, gsz, msz, lsz = cfg.wire_sizes()         # the reduction's, the main gradients', the loss's element bytes
     t, p, v, cp = cfg.layout.tp, cfg.layout.pp, cfg.layout.interleave, cfg.layout.cp
     d = cfg.layout.dp * cp                      # the gradients' group: dp x cp
     s = model.seq // cp                         # the positions of a sequence this rank holds
@@ -57,11 +58,13 @@ def predicted(cfg, lay_pp_rank: int, padded: int, isz: int, first: bool, last: b
     if cp > 1:
         out["cp"] = cp_bytes(cfg.layout.knobs.cp_comm_type, cp, chunks_layers * m, mb * s * model.hidden // t, isz)
     if cfg.layout.zero:
-        k = 2 * m + 1 if cfg.layout.zero >= 3 else 2
-        out["zero"] = (k * ring_half(padded, d, isz), f"{k}(d-1)/d·Ψ·B = {k}·{d - 1}/{d}·{padded}·{isz}")
+        k = 2 * m if cfg.layout.zero >= 3 else 1           # parameter gathers (16-bit under mixed precision)
+        out["zero"] = (k * ring_half(padded, d, isz) + ring_half(padded, d, gsz),
+                       f"{k + 1}(d-1)/d·Ψ·B = {k + 1}·{d - 1}/{d}·{padded}·{isz}" if gsz == isz else
+                       f"(d-1)/d·Ψ·({k}·B_param + B_grad) = {d - 1}/{d}·{padded}·({k}·{isz} + {gsz})")
     elif d > 1:
         if cfg.dp_mode == "bucket":
-            out["dp"] = (ring_allreduce(padded, d, isz), f"2(d-1)/d·Ψ·B = 2·{d - 1}/{d}·{padded}·{isz}")
+            out["dp"] = (ring_allreduce(padded, d, gsz), f"2(d-1)/d·Ψ·B = 2·{d - 1}/{d}·{padded}·{gsz}")
     if t > 1 and cfg.algos.tp != CollectiveAlgos.tp:
         out["tp"] = _tp_counted(cfg, bsh, bs, isz, m, chunks_layers, moe_layers, first, last, tp_rank)
     elif t > 1:
@@ -74,12 +77,14 @@ def predicted(cfg, lay_pp_rank: int, padded: int, isz: int, first: bool, last: b
             total += m * ring_allreduce(bsh, t, isz)
             text += " + m·2(t-1)/t·bsh·B (embedding)"
         if last:
-            total += m * ring_allreduce(bsh, t, isz) + m * 3 * ring_allreduce(bs, t, isz)
-            text += " + m·2(t-1)/t·bsh·B (LM head) + m·6(t-1)/t·bs·B (vocab-parallel loss)"
+            total += m * ring_allreduce(bsh, t, isz) + m * 3 * ring_allreduce(bs, t, lsz)
+            text += " + m·2(t-1)/t·bsh·B (LM head) + m·6(t-1)/t·bs·B (vocab-parallel loss)" + \
+                (f", the loss's B {lsz}" if lsz != isz else "")
         out["tp"] = (total, text)
         if cfg.layout.knobs.sequence_parallel and sp_elems:
-            out["tp.sp-grads"] = (ring_allreduce(sp_elems, t, isz),
-                                  f"2(t-1)/t·{sp_elems}·B (LayerNorms, row biases, positions)")
+            out["tp.sp-grads"] = (ring_allreduce(sp_elems, t, msz),
+                                  f"2(t-1)/t·{sp_elems}·B (LayerNorms, row biases, positions) = 2·{t - 1}/{t}·"
+                                  f"{sp_elems}·{msz}")
     if p > 1:
         tprime = t if cfg.layout.knobs.sequence_parallel else 1
         act = bsh // tprime * isz
@@ -89,7 +94,7 @@ def predicted(cfg, lay_pp_rank: int, padded: int, isz: int, first: bool, last: b
                                             f"{fwd + bwd}·{m}·{bsh // tprime}·{isz}")
         if first or last:
             n = model.vocab // t * model.hidden
-            out["pp.emb"] = (ring_allreduce(n, 2, isz), f"V/t·h·B = {n}·{isz}")
+            out["pp.emb"] = (ring_allreduce(n, 2, msz), f"V/t·h·B = {n}·{msz}")
     return out
 
 
@@ -135,15 +140,18 @@ def counted_reductions(cfg, reps, rank: int, isz: int) -> dict:
     return out
 
 
-def expert_traffic(cfg, padded: int, e: int, isz: int, moe_blocks, ep_rank: int) -> dict:
+def expert_traffic(cfg, padded: int, e: int, isz: int, moe_blocks, ep_rank: int, gsz: int | None = None) -> dict:
     """{phase: (bytes, formula)} of the expert buffer's reduction and of the all-to-alls of ``moe_blocks`` in
     the last step (each block keeps its forwards' :class:`~netmorph.models.moe.LayerStats`)."""
     out = {}
     z = cfg.layout.zero
     if e > 1:
-        k = 2 * cfg.layout.microbatches + 1 if z >= 3 else 2
+        gsz = isz if gsz is None else gsz
+        k = 2 * cfg.layout.microbatches if z >= 3 else (1 if z else 0)      # parameter gathers
         name = "zero.edp" if z else "edp"
-        out[name] = (k * ring_half(padded, e, isz), f"{k}(e-1)/e·Ψ_E·B = {k}·{e - 1}/{e}·{padded}·{isz}")
+        total = k * ring_half(padded, e, isz) + (1 if z else 2) * ring_half(padded, e, gsz)
+        out[name] = (total, f"{k + (1 if z else 2)}(e-1)/e·Ψ_E·B = {k + (1 if z else 2)}·{e - 1}/{e}·{padded}·{gsz}"
+                     if gsz == isz else f"(e-1)/e·Ψ_E·({k}·B_param + {1 if z else 2}·B_grad)")
     h, E = cfg.model.hidden, cfg.model.experts
     sent = got = counts = 0
     for b in moe_blocks:

@@ -211,12 +211,15 @@ def memory(model: ModelShape, c: Layout) -> dict:
     return best
 
 
-def trainer_memory(model: ModelShape, layout: Layout, itemsize: int) -> dict:
+def trainer_memory(model: ModelShape, layout: Layout, itemsize: int, grad_size: int | None = None,
+                   optimizer_size: int | None = None) -> dict:
     """What the planner says the most loaded rank of netmorph's own trainer holds, in that run's element sizes:
     the model states counted from the placement table (:func:`~netmorph.mesh.placement.model_state_bytes`: each
     field's most loaded stage, the flat buffers' padding and ZeRO's shards included -- one count, the
-    trainer's), and the activations of :func:`memory` with weights and gradients of ``itemsize`` bytes, Adam's
-    two states and no master copy; no recomputation."""
-    est = memory(model, layout.replace(recompute="none", param_bytes=itemsize, grad_bytes=itemsize,
-                                optimizer_bytes=2 * itemsize))
-    return {**model_state_bytes(model, layout, itemsize), "activations": est["activations"]}
+    trainer's), and the activations of :func:`memory` with weights of ``itemsize`` bytes, gradients of
+    ``grad_size`` and ``optimizer_size`` of optimizer state per parameter (default: ``itemsize``, and Adam's two
+    states with no master copy; bf16 mixed precision 2, 4 and 12: TrainConfig.state_sizes); no recomputation."""
+    gsz = itemsize if grad_size is None else grad_size
+    osz = 2 * itemsize if optimizer_size is None else optimizer_size
+    est = memory(model, layout.replace(recompute="none", param_bytes=itemsize, grad_bytes=gsz, optimizer_bytes=osz))
+    return {**model_state_bytes(model, layout, itemsize, gsz, osz), "activations": est["activations"]}

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+from netmorph.mesh.kernels import HEAD_KERNELS, cp_kernels, layer_kernels
 from netmorph.mesh.layout import Batch, Knobs, Layout, Precision, _stage_layers
 from netmorph.mesh.shape import ModelShape
 from netmorph.planner.comm import collective_time, p2p_time
@@ -112,7 +113,7 @@ def _layer_costs(model: ModelShape, hw: Hardware, tp: int, cp: int, ep: int, mic
         cast_bwd = 3 * tokens * (3 * h_ + 2 * model.h_kv + (model.mlp_mats - 1) * f_) / hw.hbm_bandwidth
     # what every operator costs whatever its size (a kernel launch; eager PyTorch's dispatch and autograd):
     # nothing on the presets, the measured cost in a profile of netmorph's own ranks
-    kf, kb = (k + x for k, x in zip(model.layer_kernels(c.ep), model.cp_kernels(cp, cp_comm)))
+    kf, kb = (k + x for k, x in zip(layer_kernels(model, c.ep), cp_kernels(cp, cp_comm)))
     launch_fwd, launch_bwd = kf * hw.op_overhead_s, (kb + (kf if full else 0)) * hw.op_overhead_s
     k = hw.compute_scale              # 1 on a device per rank; measured where ranks share a machine's cores
     out = {"matmul_fwd": k * (lin + core) + launch_fwd,
@@ -120,7 +121,7 @@ def _layer_costs(model: ModelShape, hw: Hardware, tp: int, cp: int, ep: int, mic
            "elementwise_fwd": k * (elem / 3 + cast_fwd),
            "elementwise_bwd": k * (elem * (1 if full else 2 / 3) + cast_bwd + (cast_fwd if full else 0.0)),
            # the head runs 3x its forward (forward, two backward GEMMs): its operators' cost spread the same way
-           "logits_fwd": k * model.logit_flops_fwd(b) / (t * cp) / r16 + sum(model.HEAD_KERNELS) / 3 * hw.op_overhead_s,
+           "logits_fwd": k * model.logit_flops_fwd(b) / (t * cp) / r16 + sum(HEAD_KERNELS) / 3 * hw.op_overhead_s,
            "activation_bytes": b * s * h * act_bytes / cp,         # one activation (16-bit: 2 bytes)
            # backward: the column-parallel layers' input-gradient all-reduces (reduce-scatters under SP), after the
            # recomputed forward's two under full recomputation; under sequence parallelism without it Megatron keeps
