@@ -287,3 +287,13 @@ def test_controller_replans_when_the_context_grows():
     np.testing.assert_allclose(adaptive.losses, static.losses, rtol=1e-9, atol=0)
     moved = [d for d in adaptive.decisions if d.reason == "sequence grew to 64"]
     assert adaptive.layout_path[-1][1] == (moved[0].after if moved else "tp1·pp1·dp4")
+
+
+def test_a_longer_context_moves_to_ring_attention_on_a_slow_cluster():
+    """Nodes joined at 1 MB/s: on 16 positions data parallelism over pp2 is the twin's best; at 4x the context the
+    attention's share grows and ring attention (its hops inside a node) splits each sequence instead of the batch,
+    so the re-plan at the growth moves to a cp layout, predicted faster there than the split it leaves."""
+    twin, start, grown, static, _ = _rehearse("seq-grows@20x4", start=Layout(pp=2, dp=4), steps=60, inter_mbps=1.0)
+    after = Layout.parse(grown.layout_path[-1][1], 8)
+    assert grown.layout_path[-1][0] == 20 and after.cp > 1, grown.layout_path
+    assert after == twin.best(None, 8, 64) and twin.predict(after, seq=64) < twin.predict(start, seq=64)

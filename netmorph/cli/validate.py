@@ -60,8 +60,9 @@ def run(args) -> int:
         print(f"{r.model:<7} {r.name:<28} {1e3 * r.measured_s:>12.1f} {1e3 * r.predicted_s:>13.1f} "
               f"{r.error:>+8.1%} {r.drift_factor:>5.2f}x   " + split_cells(r, shown))
     print("# each step split by what the busiest stage's rank did, measured/predicted (ms): compute (its slots less "
-          "the collectives in them), tp, ep (all-to-alls), dp (reduction and ZeRO gathers not hidden by the "
-          "backward), optimizer, rest (bubble, pipeline waits and sends, the host's own work)")
+          "the collectives in them), tp, cp (ring hops, gathers, all-to-alls), ep (all-to-alls), dp (reduction and "
+          "ZeRO gathers not hidden by the backward), optimizer, rest (bubble, pipeline waits and sends, the host's own "
+          "work)")
     print("# " + phase_totals(s, shown))
     lo, hi = s["drift_range"]
     print(f"# drift: the machine's speed around each run (a reference GPT on every rank between its steps) over "
