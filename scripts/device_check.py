@@ -1,6 +1,6 @@
-"""The one prepared run for a lent GPU: what the planner needs from the hardware, measured, in under 5 minutes.
+"""The one prepared run for a lent GPU: what the planner needs from the hardware, measured, in under 6 minutes.
 
-    python scripts/device_check.py [--out DIR] [--budget 280]      # on the GPU machine
+    python scripts/device_check.py [--out DIR] [--budget 330]      # on the GPU machine
     python scripts/device_check.py --apply DIR/device.json          # here: into the presets
 
 1. ``netmorph calibrate`` under torchrun on every GPU (bf16, NCCL between them), against the datasheet peaks of
@@ -12,7 +12,10 @@
    CUDA stream -- on the one GPU a lease gives there is no peer for NCCL, so the copies stand in for the
    SM-driven copy kernels NCCL runs within a node, and the result says it is that proxy (kept in device.json,
    not written into the preset: the presets carry Lee et al. 2025's 0.189 until an NCCL collective beside the
-   GEMMs is measured on two GPUs or more).
+   GEMMs is measured on two GPUs or more);
+3. ``netmorph train --precision bf16`` under torchrun on the GPU (NCCL, one rank per GPU): mixed precision on
+   CUDA -- bf16 weights and activations on the device, float32 master state -- held by ``--check`` against the
+   float32 1-rank run, and its step time beside float32's (on CPUs bf16 is slower; on tensor cores it is not).
 
 Everything goes to ``DIR/device.json`` (default ``$OUT`` where the device tool sets it, else ``device-out``) with
 the date, the device's name, torch's and CUDA's versions and the command, and ``entry`` -- the fields for
@@ -78,14 +81,16 @@ def apply(report_path: Path, measured: Path = MEASURED) -> str:
 
 
 def _run(cmd: list, timeout: float) -> dict:
-    """A step as a subprocess: its exit code, seconds and the tail of its output (never raises)."""
+    """A step as a subprocess: its exit code, seconds, the tail of its output and its stdout (never raises)."""
     t0 = time.perf_counter()
+    stdout = ""
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-        rc, out = r.returncode, r.stdout + r.stderr
+        rc, out, stdout = r.returncode, r.stdout + r.stderr, r.stdout
     except subprocess.TimeoutExpired as e:
         rc, out = 124, f"timed out after {timeout:.0f} s\n{(e.stdout or b'')[-2000:]!r}"
-    return {"cmd": " ".join(cmd), "rc": rc, "seconds": round(time.perf_counter() - t0, 1), "tail": out[-3000:]}
+    return {"cmd": " ".join(cmd), "rc": rc, "seconds": round(time.perf_counter() - t0, 1), "tail": out[-3000:],
+            "stdout": stdout}
 
 
 def _gemm_loop(a, b, iters: int) -> None:
@@ -133,10 +138,29 @@ def interference(seconds: float = 20.0) -> dict:
             "comm_slowdown": round(with_comm / alone - 1, 3), "copies": busy}
 
 
+def mixed_precision(nproc: int, left) -> dict:
+    """bf16 and float32 training of one GPT under torchrun, 20 steps each: the largest loss gap to the float32
+    1-rank run and the median step times."""
+    out = {}
+    for name, flags in (("float32", []), ("bf16", ["--precision", "bf16"])):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m",
+               "netmorph", "train", "--steps", "20", "--hidden", "256", "--layers", "4", "--seq", "256", "--check",
+               "--json", *flags]
+        run = _run(cmd, timeout=min(40.0, left()))
+        try:
+            res = json.loads(run.pop("stdout") or "{}")
+        except ValueError:
+            res = {}
+        out[name] = {"rc": run["rc"], "seconds": run["seconds"], "tail": run["tail"][-500:] if run["rc"] else "",
+                     "step_time_s": res.get("step_time_s"),
+                     "max_rel_loss_diff": res.get("max_rel_loss_diff"), "memory_bytes": res.get("memory_bytes")}
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT") or "device-out", help="where device.json goes")
-    ap.add_argument("--budget", type=float, default=280.0, help="seconds for both steps (default 280)")
+    ap.add_argument("--budget", type=float, default=330.0, help="seconds for the three steps (default 330)")
     ap.add_argument("--apply", type=Path, metavar="DEVICE_JSON",
                     help="merge a device.json's measured fields into netmorph/planner/measured.json and stop")
     args = ap.parse_args()
@@ -167,12 +191,15 @@ def main() -> int:
     else:
         cmd += ["--dtype", "bfloat16"] + (["--preset", report["preset"]] if report["preset"] else [])
     report["calibrate"] = _run(cmd, timeout=min(200.0, left()))
+    report["calibrate"].pop("stdout")
     if profile.exists() and report["calibrate"]["rc"] == 0:
         report["profile"] = json.loads(profile.read_text())
     print(f"# 1 netmorph calibrate under torchrun: rc {report['calibrate']['rc']} in "
           f"{report['calibrate']['seconds']} s", flush=True)
     report["interference"] = interference(min(30.0, left()))
     print(f"# 2 interference: {json.dumps(report['interference'])}", flush=True)
+    report["mixed_precision"] = mixed_precision(nproc, left)
+    print(f"# 3 bf16 training: {json.dumps(report['mixed_precision'])}", flush=True)
     report["entry"] = entry(report)
     (out / "device.json").write_text(json.dumps(report, indent=1))
     print(f"# wrote {out / 'device.json'} in {time.perf_counter() - start:.0f} s; "

@@ -55,8 +55,9 @@ def add_parser(sub) -> None:
     g.add_argument("--no-overlap", action="store_true", help="all-reduce buckets after backward, not during it")
     g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (needs tp > 1)")
     g.add_argument("--schedule", default="1f1b", type=pipeline_schedule,
-                   choices=("afab", "1f1b", "interleaved"),
-                   help="pipeline schedule: afab (gpipe: GPipe's name for it), 1f1b (default), interleaved")
+                   choices=("afab", "1f1b", "interleaved", "zb-h1"),
+                   help="pipeline schedule: afab (gpipe: GPipe's name for it), 1f1b (default), interleaved, zb-h1 "
+                        "(zero bubble: each backward as B, the input gradient, and a later W, the weights')")
     g.add_argument("--interleave", type=int, default=1, help="virtual stages per rank (interleaved schedule)")
     g.add_argument("--microbatches", type=int, help="microbatches per step per DP rank (default 2)")
     g.add_argument("--micro-batch-size", type=int, default=2, help="sequences per microbatch (default 2)")
@@ -249,14 +250,16 @@ def print_run(cfg, out, plan: dict) -> None:
               f"{out.formulas.get(ph, '')}")
     if cfg.layout.pp > 1:
         fl = out.in_flight_peak
-        bound = {"afab": f"m = {cfg.layout.microbatches}", "1f1b": f"p = {cfg.layout.pp}"}.get(
+        bound = {"afab": f"m = {cfg.layout.microbatches}", "1f1b": f"p = {cfg.layout.pp}",
+                 "zb-h1": f"p = {cfg.layout.pp} between F and B, and p - 1 more owed their W"}.get(
             cfg.layout.pipeline_schedule, "(p-1)·2 + (v-1)·p + 1")
         print(f"# pipeline: microbatches in flight per stage {[fl[s] for s in sorted(fl)]} "
               f"({cfg.layout.pipeline_schedule}: at most {bound} on stage 0)")
         bub = out.bubble_fraction
         how = (f"emulated compute {cfg.compute_ms:g} ms per forward" if cfg.compute_ms else
                "no --compute-ms: with more ranks than cores this measures the scheduler, not the schedule")
-        print(f"# bubble: measured {bub['measured']:.1%} of the pipeline's time idle vs (p-1)/(v·m+p-1) = "
+        form = "(p-1)/(3m+p-1) (ZB-H1, F = B = W)" if cfg.layout.pipeline_schedule == "zb-h1" else "(p-1)/(v·m+p-1)"
+        print(f"# bubble: measured {bub['measured']:.1%} of the pipeline's time idle vs {form} = "
               f"{bub['theory']:.1%} ({how})")
     mem = out.memory_bytes
     parts = []

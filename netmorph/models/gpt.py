@@ -36,6 +36,7 @@ from netmorph.mesh.placement import BLOCK, Shard, is_moe_layer, parameters
 from netmorph.mesh.shape import ModelShape
 from netmorph.models.capacity import capacity
 from netmorph.models.moe import AuxLossScaler, MoELayer, Router
+from netmorph.models.weight_grad import WeightGradStore, linear
 from netmorph.runtime.base import Group
 
 
@@ -61,15 +62,17 @@ def full_precision(logits: torch.Tensor) -> torch.Tensor:
 
 
 class Linear(nn.Module):
-    """``y = x Wᵀ + b`` holding given weights (nn.Linear without its own init)."""
+    """``y = x Wᵀ + b`` holding given weights (nn.Linear without its own init); with a ``store``, its weight
+    gradient can wait for a zero-bubble schedule's W slot (:mod:`netmorph.models.weight_grad`)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, store: WeightGradStore | None = None):
         super().__init__()
         self.weight = nn.Parameter(weight.clone())
         self.bias = None if bias is None else nn.Parameter(bias.clone())
+        self.store = store
 
     def forward(self, x):
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.store)
 
 
 class LayerNorm(nn.Module):

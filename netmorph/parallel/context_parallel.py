@@ -81,11 +81,11 @@ class ContextParallel:
         y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         return _AllToAll.apply(y.index_select(2, order), self, 2, 1)   # back to (B, nh, T/cp, hd)
 
-    def exchange(self, send, recv_like, forward: bool = True):
-        """One ring hop: ``send`` to the next rank, a tensor like ``recv_like`` from the previous one (the reverse
-        way when not ``forward``)."""
+    def exchange(self, send, recv_like):
+        """One ring hop: ``send`` to the next rank, a tensor like ``recv_like`` from the previous one (K/V forward
+        and backward, the dK/dV accumulator behind them: both travel the same way round)."""
         g, r, p = self.group.ranks, self.rank, self.cp
-        to, frm = (g[(r + 1) % p], g[(r - 1) % p]) if forward else (g[(r - 1) % p], g[(r + 1) % p])
+        to, frm = g[(r + 1) % p], g[(r - 1) % p]
         out = torch.empty_like(recv_like)
         led = self.comm.ledger.records
         at = len(led)

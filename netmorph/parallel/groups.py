@@ -20,7 +20,9 @@ from netmorph.mesh.layout import Layout
 from netmorph.mesh.placement import rank_parameters
 from netmorph.mesh.shape import ModelShape
 from netmorph.models.gpt import GPTStage
+from netmorph.models.weight_grad import WeightGradStore
 from netmorph.parallel.context_parallel import ContextParallel
+from netmorph.parallel.pipeline import SPLIT_BACKWARD
 from netmorph.parallel.replica import Replica
 from netmorph.parallel.tensor_parallel import TensorParallel
 
@@ -72,7 +74,9 @@ def build_chunks(comm, cfg, lay: RankGroups, dtype):
     """This rank's model chunks: chunk c is virtual stage c·pp + pp_rank."""
     k = cfg.layout.knobs
     cp = ContextParallel(comm, lay.cp_group, k.cp_comm_type, algos=cfg.algos) if cfg.layout.cp > 1 else None
-    tp = TensorParallel(comm, lay.tp_group, k.sequence_parallel, ep_group=lay.ep_group, algos=cfg.algos, cp=cp)
+    store = WeightGradStore() if cfg.layout.pipeline_schedule in SPLIT_BACKWARD else None   # B and W apart
+    tp = TensorParallel(comm, lay.tp_group, k.sequence_parallel, ep_group=lay.ep_group, algos=cfg.algos, cp=cp,
+                        weight_store=store)
     chunks = [GPTStage(cfg.model, *cfg.layout.chunk_layers(cfg.model.layers, lay.pp_rank, c), tp, dtype,
                        cfg.router) for c in range(cfg.layout.interleave)]
     return chunks, tp

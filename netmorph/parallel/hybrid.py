@@ -221,7 +221,7 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
     # under cp this rank's positions of every sequence (a head and a tail chunk), its tokens and targets alike
     mine = tp.cp.positions(cfg.model.seq) if tp.cp is not None else None
     ex = Executor(comm, lay.pp_group, chunks, split.interleave, (T, split.batch.micro_batch_size, cfg.model.hidden),
-                  dtype)
+                  dtype, tp.weight_store)
     last_backward = max(i for i, s in enumerate(slots) if s.kind == "B")
     is_last_stage = lay.pp_rank == split.pp - 1
     reads_data = any(c.is_first or c.is_last for c in chunks)
@@ -257,7 +257,8 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
             # the emulated compute is a stage's per microbatch: its interleaved chunks share it
             # what autograd saves is measured on the first step (a router's varies: on every step with experts);
             # its hook costs a Python call per saved tensor, which the later steps' times are spared
-            hooks = Hooks(reps, last_backward, emulated / split.interleave, measure=step == 0 or bool(moe))
+            hooks = Hooks(reps, last_backward, emulated / split.interleave, measure=step == 0 or bool(moe),
+                          split=tp.weight_store is not None)
             t_pipe = time.perf_counter()
             mb_losses, peak = ex.run(slots, inputs, split.microbatches, hooks)
             t_pipe = time.perf_counter() - t_pipe

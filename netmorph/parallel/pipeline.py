@@ -30,13 +30,15 @@ from dataclasses import dataclass
 import torch
 
 from netmorph.errors import UsageError
+from netmorph.parallel.zero_bubble import zb_h1
 
-SCHEDULES = ("afab", "1f1b", "interleaved")
+SCHEDULES = ("afab", "1f1b", "interleaved", "zb-h1")
+SPLIT_BACKWARD = ("zb-h1",)      # schedules whose backward runs as B (input gradient) and a later W (weights)
 
 
 @dataclass(frozen=True)
 class Slot:
-    kind: str            # "F" or "B"
+    kind: str            # "F", "B" (with W: the input gradient alone) or "W" (the weight gradient)
     microbatch: int
     chunk: int = 0       # model chunk on this rank (interleaved: virtual stage chunk·p + rank)
 
@@ -50,6 +52,8 @@ def schedule(name: str, pp: int, m: int, v: int = 1) -> list[list[Slot]]:
         raise UsageError(f"{{schedule}} must be one of {', '.join(SCHEDULES)}, got {name!r}", "schedule")
     if name != "interleaved" and v != 1:
         raise UsageError(f"{{interleave}} {v} needs {{schedule}} interleaved", "interleave")
+    if name == "zb-h1":
+        return [[Slot(s.kind, s.microbatch) for s in row] for row in zb_h1(pp, m)]
     if name == "afab":
         return [[Slot("F", i) for i in range(m)] + [Slot("B", i) for i in range(m)] for _ in range(pp)]
     if name == "1f1b":
@@ -116,13 +120,15 @@ def check(slots: list[list[Slot]], v: int = 1) -> int:
                 vs = s.chunk * pp + r
                 if s.kind == "F":
                     ready = vs == 0 or ("F", vs - 1, s.microbatch) in done
+                elif s.kind == "W":
+                    ready = ("B", vs, s.microbatch) in done
                 else:
                     ready = ("F", vs, s.microbatch) in done and (vs == stages - 1 or
                                                                   ("B", vs + 1, s.microbatch) in done)
                 if not ready:
                     break
                 done.add((s.kind, vs, s.microbatch))
-                in_flight[r] += 1 if s.kind == "F" else -1
+                in_flight[r] += {"F": 1, "B": -1, "W": 0}[s.kind]
                 peak = max(peak, in_flight[r])
                 pos[r] += 1
                 moved = True
@@ -146,8 +152,9 @@ class Executor:
     (last stage) and the peak number in flight.
     """
 
-    def __init__(self, comm, group, chunks, v: int, hidden_shape, dtype):
+    def __init__(self, comm, group, chunks, v: int, hidden_shape, dtype, store=None):
         self.comm, self.group, self.chunks, self.v = comm, group, chunks, v
+        self.store = store                # a zero-bubble schedule's WeightGradStore: B defers, W runs
         self.pp = group.size()
         self.rank = group.index[comm.rank]
         self.stages = self.pp * v
@@ -206,21 +213,33 @@ class Executor:
                 saved[(s.chunk, s.microbatch)] = (x_in, out)
                 in_flight += 1
                 peak = max(peak, in_flight)
+            elif s.kind == "W":
+                t0 = time.perf_counter()
+                hooks.weight(lambda key=(s.chunk, s.microbatch): self.store.run(key))
+                self.spans.append(("W", s.microbatch, s.chunk, t0, time.perf_counter()))
             else:
                 x_in, out = saved.pop((s.chunk, s.microbatch))
                 if vs == self.stages - 1:
-                    t0 = time.perf_counter()
-                    hooks.backward(index, out.backward)
+                    grad = None
                 else:
-                    g = self._take(1, vs, s.microbatch, self._peer(1)).view(out.shape)
-                    t0 = time.perf_counter()
-                    hooks.backward(index, lambda: out.backward(g))
+                    grad = self._take(1, vs, s.microbatch, self._peer(1)).view(out.shape)
+                t0 = time.perf_counter()
+                hooks.backward(index, lambda out=out, grad=grad, key=(s.chunk, s.microbatch): self._backward(
+                    out, grad, key))
                 self.spans.append(("B", s.microbatch, s.chunk, t0, time.perf_counter()))
                 if vs > 0:
                     self._send(1, vs - 1, s.microbatch, x_in.grad, self._peer(-1))
                 in_flight -= 1
         self.flush()
         return [losses[i] for i in sorted(losses)], peak
+
+    def _backward(self, out, grad, key) -> None:
+        """B: the backward, its weight gradients queued for the W slot under a zero-bubble schedule."""
+        if self.store is None:
+            out.backward(grad)
+            return
+        with self.store.deferring(key):
+            out.backward(grad)
 
     def flush(self) -> None:
         for work, _ in self.pending:
@@ -233,4 +252,7 @@ class _NoHooks:
         return fn()
 
     def backward(self, index, fn):
+        fn()
+
+    def weight(self, fn):
         fn()

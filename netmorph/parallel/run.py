@@ -17,6 +17,7 @@ from netmorph.parallel.baseline import summarise as compare_baselines
 from netmorph.parallel.flat import Adam, FlatParams
 from netmorph.parallel.hybrid import DTYPES, TrainConfig, train_rank
 from netmorph.parallel.phases import step_parts
+from netmorph.parallel.pipeline import SPLIT_BACKWARD
 from netmorph.parallel.results import RankReport
 from netmorph.parallel.state import assemble, named_pieces
 from netmorph.runtime.launch import launch
@@ -143,7 +144,9 @@ def summarise(cfg: TrainConfig, results: list, backend: str, ref=None) -> TrainS
         in_flight_peak={r.pp: r.in_flight_peak for r in results},
         # measured: the share of the pipeline's time a rank waited, averaged over ranks and the steps after
         # the first (the first pays for warming up)
-        bubble_fraction={"theory": (p - 1) / (v * m + p - 1),
+        # zb-h1: the drain's W's fill the wait, (p-1)(F+B-W) of m(F+B+W) + that, at the paper's F = B = W
+        bubble_fraction={"theory": (p - 1) / (3 * m + p - 1) if cfg.layout.pipeline_schedule in SPLIT_BACKWARD
+                         else (p - 1) / (v * m + p - 1),
                          "measured": statistics.mean(statistics.mean(r.idle_fraction[1:] or r.idle_fraction)
                                                      for r in results)},
         memory_bytes={**{k: max(r.memory_bytes[k] for r in results) for k in ("params", "grads", "optimizer")},

@@ -32,8 +32,9 @@ class Hooks:
     (``compute_ms`` per forward, twice that per backward), and the time spent computing -- the
     rest of a pipeline rank's step is waiting: its bubble."""
 
-    def __init__(self, reps, last_backward: int, compute_ms: float, measure: bool = True):
+    def __init__(self, reps, last_backward: int, compute_ms: float, measure: bool = True, split: bool = False):
         self.reps, self.last, self.ms, self.measure = reps, last_backward, compute_ms, measure
+        self.split = split                    # a zero-bubble schedule: B sleeps one forward's worth, W the other
         self.zero = reps[0].zero              # ZeRO-3 gathers the dense parameters (experts refuse stage 3)
         self.busy = 0.0
         self.params_storage = {r.flat.data.untyped_storage()._cdata for r in reps}
@@ -62,11 +63,20 @@ class Hooks:
 
     def backward(self, index: int, fn):
         t0 = time.perf_counter()
-        _sleep_ms(2 * self.ms)
+        _sleep_ms((1 if self.split else 2) * self.ms)
         if index == self.last:
             for r in self.reps:
                 r.arm()
         fn()
         for r in self.reps:
             r.after_backward()
+        self.busy += time.perf_counter() - t0
+
+    def weight(self, fn):
+        """A zero-bubble schedule's W slot: the weight gradients its B queued (emulated: one forward's worth)."""
+        t0 = time.perf_counter()
+        _sleep_ms(self.ms)
+        fn()
+        for r in self.reps:
+            r.after_backward()                # mixed precision: these gradients into the float32 main ones
         self.busy += time.perf_counter() - t0

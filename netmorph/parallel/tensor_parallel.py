@@ -34,6 +34,7 @@ import torch
 from netmorph.errors import UsageError
 from netmorph.mesh.placement import shard
 from netmorph.models.gpt import LayerNorm, Linear, expert_layer, full_precision
+from netmorph.models.weight_grad import linear
 from netmorph.parallel.algos import CollectiveAlgos
 from netmorph.runtime.base import Group
 
@@ -131,7 +132,7 @@ class ColumnParallelLinear(Linear):
 
     def __init__(self, weight, bias, tp):
         r, t = tp.rank, tp.tp                                 # Shard(0): the placement table's split
-        super().__init__(shard(weight, 0, t, r), None if bias is None else shard(bias, 0, t, r))
+        super().__init__(shard(weight, 0, t, r), None if bias is None else shard(bias, 0, t, r), tp.weight_store)
         self.tp = tp
 
     def forward(self, x):                                     # x (T', B, h_in)
@@ -144,12 +145,12 @@ class RowParallelLinear(Linear):
 
     def __init__(self, weight, bias, tp):
         r, t = tp.rank, tp.tp                                 # Shard(1); the bias Replicate()
-        super().__init__(shard(weight, 1, t, r), None)
+        super().__init__(shard(weight, 1, t, r), None, tp.weight_store)
         self.bias = torch.nn.Parameter(bias.clone())           # whole on every rank, added after the sum
         self.tp = tp
 
     def forward(self, x):                                     # x (T, B, h_in / t)
-        y = torch.nn.functional.linear(x, self.weight)        # (T, B, h_out) partial sums
+        y = linear(x, self.weight, None, self.store)          # (T, B, h_out) partial sums
         y = tp_exit(y, self.tp)                               # (T', B, h_out)
         return y + self.bias
 
@@ -206,8 +207,9 @@ class TensorParallel:
     """
 
     def __init__(self, comm, group, sequence_parallel: bool = False, phase: str = "tp", ep_group=None, algos=None,
-                 cp=None):
+                 cp=None, weight_store=None):
         self.comm, self.group, self.phase = comm, group, phase
+        self.weight_store = weight_store      # a zero-bubble schedule's: the linears' weight gradients wait for W
         self.cp = cp                          # a ContextParallel: this rank holds seq/cp positions, attends over all
         self.algos = algos or CollectiveAlgos()    # which all-reduce, all-gather, reduce-scatter (default ring)
         self.ep_group = ep_group if ep_group is not None else Group([comm.rank])   # the experts' all-to-all group

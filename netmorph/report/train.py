@@ -9,7 +9,7 @@ from netmorph.files import save_figure
 from netmorph.report.html import Section
 from netmorph.tour.train import Training
 
-COLORS = {"F": "#1f77b4", "B": "#ff7f0e"}
+COLORS = {"F": "#1f77b4", "B": "#ff7f0e", "W": "#2ca02c"}
 
 
 def build_section(res: Training, out_dir) -> Section:
@@ -18,7 +18,7 @@ def build_section(res: Training, out_dir) -> Section:
     import matplotlib.pyplot as plt
 
     runs, out3 = res.schedules, res.three_d
-    fig, axes = plt.subplots(3, 1, figsize=(13, 7.5), sharex=False)
+    fig, axes = plt.subplots(len(runs), 1, figsize=(13, 2.5 * len(runs)), sharex=False)
     for ax, (name, v, out) in zip(axes, runs):
         spans = out.timeline
         t0 = min(s[3] for rank in spans.values() for s in rank)
@@ -31,14 +31,16 @@ def build_section(res: Training, out_dir) -> Section:
                         va="center", fontsize=6, color="white")
         b = out.bubble_fraction
         label = {"afab": "GPipe (all forward, all backward)", "1f1b": "1F1B (PipeDream-flush)",
-                 "interleaved": "interleaved 1F1B, 2 chunks per rank"}[name]
-        ax.set_title(f"{label}: bubble measured {b['measured']:.0%}, (p-1)/(v·m+p-1) = {b['theory']:.0%}; "
+                 "interleaved": "interleaved 1F1B, 2 chunks per rank",
+                 "zb-h1": "ZB-H1 (zero bubble: W, the weight gradients, fill the drain)"}[name]
+        form = "(p-1)/(3m+p-1)" if name == "zb-h1" else "(p-1)/(v·m+p-1)"
+        ax.set_title(f"{label}: bubble measured {b['measured']:.0%}, {form} = {b['theory']:.0%}; "
                      f"step {out.step_time_s * 1e3:.0f} ms", fontsize=9)
         ax.set_yticks(range(4), [f"stage {i}" for i in range(4)], fontsize=8)
         ax.invert_yaxis()
         ax.set_xlabel("ms", fontsize=8)
-    fig.suptitle("One training step on 4 pipeline ranks, 8 microbatches (blue forward, orange backward; "
-                 "' = second chunk)", fontsize=10)
+    fig.suptitle("One training step on 4 pipeline ranks, 8 microbatches (blue forward, orange backward -- "
+                 "ZB-H1's: the input gradient alone --, green the weight gradient; ' = second chunk)", fontsize=10)
     fig.tight_layout()
     save_figure(fig, out_dir / "train_pipeline.png")
     plt.close(fig)
@@ -79,8 +81,11 @@ batches (float64: to about 1e-15); here tp2 pp2 dp2 ZeRO-1 differs from it by {o
 in loss.</p>
 <p><b>The pipeline timeline</b> shows each schedule's bubble: GPipe runs all 8 forwards before any backward, so
 every stage holds 8 microbatches; 1F1B interleaves them after a warm-up, holding at most 4 on stage 0 for the same
-bubble; two model chunks per rank shrink the bubble to (p-1)/(v·m+p-1). Compute is emulated (15 ms per forward,
-30 ms per backward), so 4 processes on this machine's cores time the schedule, not the scheduler.</p>
+bubble; two model chunks per rank shrink the bubble to (p-1)/(v·m+p-1); ZB-H1 splits each backward into B, the
+input gradient the stage before waits for, and W, the weight gradient only the optimizer needs, and runs the W's
+in the drain's waits -- (p-1)/(3m+p-1) at F = B = W, a third of 1F1B's bubble at 1F1B's activations. Compute is
+emulated (15 ms per forward, 30 ms per backward, ZB-H1's as 15 for B and 15 for W), so 4 processes on this
+machine's cores time the schedule, not the scheduler.</p>
 <p><b>Traffic</b>: the ledger's bytes per phase {'equal' if exact else 'differ from'} the closed forms on every rank
 and step (ZeRO's reduce-scatter + all-gather 2(d-1)/d·Ψ, Megatron's 8(t-1)/t·bsh per layer per microbatch plus the
 embedding, LM head and vocab-parallel loss, one activation and one gradient per stage boundary per microbatch).
