@@ -83,9 +83,10 @@ def add_split_args(p, bare: bool = True) -> None:
     c.add_argument("--ep", type=SIZE, help="expert-parallel size, within dp (search: fix it)")
     c.add_argument("--microbatch", type=SIZE, help="sequences per microbatch b (search: fix it)")
     c.add_argument("--interleave", type=SIZE, help="model chunks per pipeline stage, v (default 1)")
-    c.add_argument("--schedule", type=pipeline_schedule, choices=("afab", "1f1b", "interleaved"),
+    c.add_argument("--schedule", type=pipeline_schedule, choices=("afab", "1f1b", "interleaved", "zb-h1"),
                    help="pipeline schedule: afab (or gpipe: every forward first), 1f1b (default), interleaved "
-                        "(default with --interleave > 1); sets the activations each stage holds")
+                        "(default with --interleave > 1), zb-h1 (zero bubble: the weight gradients fill the "
+                        "drain); sets the activations each stage holds and the bubble")
     c.add_argument("--microbatch-group", type=int, metavar="N",
                    help="interleaved: microbatches each chunk runs before the next (Megatron's "
                         "--microbatch-group-size-per-virtual-pipeline-stage, Llama 3's N; default pp)")

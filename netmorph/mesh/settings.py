@@ -23,7 +23,7 @@ from netmorph.mesh.rejection import Rejection, in_range, one_of
 
 RECOMPUTE = ("none", "selective", "full")
 PRECISION = ("bf16", "fp8")
-SCHEDULES = ("afab", "1f1b", "interleaved", "zb-h1")   # zb-h1: the trainer's; the planner prices it as 1f1b yet
+SCHEDULES = ("afab", "1f1b", "interleaved", "zb-h1")   # zb-h1: zero bubble (B and W apart)
 CP_COMM = ("p2p", "all_gather", "a2a")   # Megatron-Core's --cp-comm-type (a2a: DeepSpeed-Ulysses)
 
 

@@ -35,6 +35,7 @@ from netmorph.mesh.shape import ModelShape
 from netmorph.planner.comm import collective_time, p2p_time
 from netmorph.planner.hardware import Hardware
 from netmorph.planner.memory import activation_bytes_per_layer, params_on_device
+from netmorph.planner.slots import bucketed, shared_slots, zero_bubble_slots
 
 
 def linear_gemms(model: ModelShape, tokens: float, t: int) -> list:
@@ -117,6 +118,7 @@ def _layer_costs(model: ModelShape, hw: Hardware, tp: int, cp: int, ep: int, mic
     launch_fwd, launch_bwd = kf * hw.op_overhead_s, (kb + (kf if full else 0)) * hw.op_overhead_s
     k = hw.compute_scale              # 1 on a device per rank; measured where ranks share a machine's cores
     out = {"matmul_fwd": k * (lin + core) + launch_fwd,
+           "matmul_wgrad": k * lin,                 # of the backward, the weight gradients' GEMMs (ZB-H1's W)
            "matmul_bwd": k * ((3 if full else 2) * lin + core_bwd * core) + launch_bwd,
            "elementwise_fwd": k * (elem / 3 + cast_fwd),
            "elementwise_bwd": k * (elem * (1 if full else 2 / 3) + cast_bwd + (cast_fwd if full else 0.0)),
@@ -209,33 +211,23 @@ def optimizer_time(n_params: float, c: Layout, hw: Hardware) -> float:
                                                                                  hw.hbm_bandwidth)
 
 
-def shared_slots(m: int, p: int, v: int = 1, sharing: float = 1.0) -> float:
-    """How many microbatch slots at every-rank-busy speed a pipeline of ``p`` stages (``v`` chunks each) takes
-    for ``m`` microbatches: ``m + (p - 1) / v`` on a device per rank (``sharing`` 1). Where ranks share a node's
-    cores (``sharing``: how many times slower a rank computes with every rank busy than alone), a rank waiting
-    in the bubble gives its core to the others: the schedule's wave of ``m·v + p - 1`` chunk steps is played
-    with the ranks of the A stages active at each step sharing the cores -- a step at a rank's own speed times
-    max(1, sharing·A/p), processor sharing -- from one stage at the fill through all p to one at the drain. It
-    lies between the two bounds it meets at its ends: the critical path alone (``slots / sharing``) and the
-    m slots of every rank's own work (``m``)."""
-    slots = m + (p - 1) / v
-    if sharing <= 1 or not m:
-        return slots
-    if p <= 1:
-        return float(m)                       # every step has the one stage active: m slots, every rank busy
-    steps = m * v + p - 1
-    busy = sum(max(1.0, sharing * min(j + 1, p, m * v, steps - j) / p) for j in range(steps))
-    return busy / (sharing * v)
-
-
 def step_time(model: ModelShape, c: Layout, hw: Hardware) -> dict:
     """Seconds per iteration and its parts."""
     p, v, m = c.pp, c.interleave, c.microbatches
     gemm, elementwise, tp_comm, cp_comm, moe_comm, pp_comm = _microbatch(
         model, hw, c.tp, c.cp, c.pp, c.dp, c.ep, v, c.batch.micro_batch_size, c.knobs, c.precision)
     per_mb = gemm + elementwise + tp_comm + cp_comm + moe_comm + pp_comm
-    pipeline = shared_slots(m, p, v, hw.core_sharing) * per_mb
-    bubble = (p - 1) / (v * m) if m else float("inf")
+    if c.pipeline_schedule == "zb-h1" and p > 1 and m:
+        # the weight gradients of the slowest stage's layers move into the drain
+        held = max(_stage_layers(model.layers, p, c.knobs.first_stage_layers, c.knobs.last_stage_layers))
+        w = held * _layer_costs(model, hw, c.tp, c.cp, c.ep, c.batch.micro_batch_size, c.knobs,
+                                c.precision)["matmul_wgrad"]
+        slots = zero_bubble_slots(m, p, per_mb, w, hw.core_sharing)
+        bubble = zero_bubble_slots(m, p, per_mb, w) / m - 1
+    else:
+        slots = shared_slots(m, p, v, hw.core_sharing)
+        bubble = (p - 1) / (v * m) if m else float("inf")
+    pipeline = slots * per_mb
     dp_comm, gather, optimizer = _after(model, hw, c.tp, c.cp, c.pp, c.dp, c.ep, c.sharding, c.reduce_rounds,
                                         c.knobs, c.precision)
     if gather:
@@ -269,17 +261,6 @@ def step_time(model: ModelShape, c: Layout, hw: Hardware) -> dict:
         "compute_s": m * (gemm + elementwise), "matmul_s": m * gemm, "elementwise_s": m * elementwise,
         "bubble_s": parts["bubble"], "comm_s": comm, "optimizer_s": optimizer,
     }
-
-
-def bucketed(bucket: float, n: int, compute: float, overlap: float = 1.0) -> float:
-    """Seconds that ``n`` equal buckets of ``bucket`` seconds leave exposed when one is launched as each of ``n``
-    layers of ``compute`` seconds finishes and they run in order on their own stream (DDP's and Megatron's
-    ``overlap_grad_reduce`` buckets; FSDP's prefetched gathers): the stream ends one bucket after the compute
-    while a bucket is shorter than a layer (the last bucket is always exposed), else (n - 1)(bucket - compute)
-    later; ``overlap`` is the share of a layer a bucket can hide behind."""
-    if n <= 0 or bucket <= 0:
-        return 0.0
-    return bucket + (n - 1) * max(0.0, bucket - overlap * compute)
 
 
 def _overlapped(model: ModelShape, c: Layout, hw: Hardware, dp_comm: float, gather: float) -> tuple:

@@ -46,6 +46,7 @@ def costs_for(model, c, hw) -> Costs:
         fwd_logits=lc["logits_fwd"], bwd_logits=2 * lc["logits_fwd"],
         tp_allreduce=collective_time(hw, "allreduce", t, 1, act) if t > 1 else 0.0,
         tp_per_fwd=lc["tp_per_fwd"], tp_per_bwd=lc["tp_per_bwd"], cp_fwd=lc["cp_fwd"], cp_bwd=lc["cp_bwd"],
+        wgrad_layer=lc["matmul_wgrad"],
         cp_bytes=cp_layer_bytes(model, c),
         **dict(zip(("tp_embedding", "tp_head_fwd", "tp_head_bwd"),
                    tp_head_costs(model, hw, t, act, c.precision.activation_bytes, c.knobs.sequence_parallel))),

@@ -59,6 +59,7 @@ class Costs:
     cp_fwd: float = 0.0              # a layer's exposed context-parallel exchange, forward (ring hops past the core,
     cp_bwd: float = 0.0              # an all-gather or Ulysses' all-to-alls) and backward
     cp_bytes: tuple = (0.0, 0.0)     # what a rank sends for them per layer, forward and backward
+    wgrad_layer: float = 0.0         # of bwd_layer, the weight gradients' GEMMs: a zero-bubble schedule's W slot
     tp_head_fwd: float = 0.0         # the vocabulary-parallel cross-entropy's all-reduces (last stage, forward)
     tp_head_bwd: float = 0.0         # the logits' input gradient all-reduced (last stage, backward)
     tp_embedding: float = 0.0        # VocabParallelEmbedding's output all-reduced (first stage, forward)
@@ -130,10 +131,11 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
     nvlink = nic_bytes = 0.0
     events = 0
     pos = [0] * pp
-    last_b = [{} for _ in range(pp)]                      # chunk -> index of its last backward slot
+    split = any(s.kind == "W" for row in slots for s in row)     # zero bubble: B and W apart, buckets after W
+    last_b = [{} for _ in range(pp)]                      # chunk -> index of its last slot that ends a backward
     for r in range(pp):
         for k, s in enumerate(slots[r]):
-            if s.kind == "B":
+            if s.kind == ("W" if split else "B"):
                 last_b[r][s.chunk] = k
 
     def record(r, name, cat, t0, t1):
@@ -254,7 +256,7 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
                 s = slots[r][pos[r]]
                 vs = s.chunk * pp + r
                 key = (s.kind, vs, s.microbatch)
-                local = (s.kind == "F" and vs == 0) or (s.kind == "B" and vs == stages - 1)
+                local = (s.kind == "F" and vs == 0) or (s.kind == "B" and vs == stages - 1) or s.kind == "W"
                 if not local and key not in inbox:
                     break
                 t = free[r]
@@ -276,19 +278,26 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
                                               "tp cross-entropy all-reduces")
                     if vs < stages - 1:
                         inbox[("F", vs + 1, s.microbatch)] = send(r, t, (vs + 1) % pp)
+                elif s.kind == "W":                                 # the weight gradients: no collective
+                    if (last_b[r][s.chunk] == pos[r] or costs.dp_rounds > 1) and costs.dp_overlap:
+                        for _ in range(per_chunk):
+                            t = layer_pass(r, t, costs.wgrad_layer, 0, f"W{s.microbatch}")
+                            dp_bucket(r, t, costs.dp_layer, costs.dp_bytes_layer)
+                    else:
+                        t = layer_pass(r, t, costs.wgrad_layer, 0, f"W{s.microbatch}", per_chunk)
                 else:
                     if vs == stages - 1 and costs.bwd_logits:
                         t = layer_pass(r, t, costs.bwd_logits, 0, f"B{s.microbatch} logits")
                         if costs.tp_head_bwd:
                             t = tp_collective(r, t, costs.tp_head_bwd, costs.tp_head_bytes[2], "tp logits all-reduce")
                     n_bwd = costs.tp_per_bwd if tp > 1 else 0
-                    if (last_b[r][s.chunk] == pos[r] or costs.dp_rounds > 1) and costs.dp_overlap:
+                    bwd = costs.bwd_layer - (costs.wgrad_layer if split else 0.0)
+                    if not split and (last_b[r][s.chunk] == pos[r] or costs.dp_rounds > 1) and costs.dp_overlap:
                         for _ in range(per_chunk):                  # a bucket after each layer
-                            t = layer_pass(r, t, costs.bwd_layer, n_bwd, f"B{s.microbatch}", 1, costs.cp_bwd,
-                                           costs.cp_bytes[1])
+                            t = layer_pass(r, t, bwd, n_bwd, f"B{s.microbatch}", 1, costs.cp_bwd, costs.cp_bytes[1])
                             dp_bucket(r, t, costs.dp_layer, costs.dp_bytes_layer)
                     else:
-                        t = layer_pass(r, t, costs.bwd_layer, n_bwd, f"B{s.microbatch}", per_chunk, costs.cp_bwd,
+                        t = layer_pass(r, t, bwd, n_bwd, f"B{s.microbatch}", per_chunk, costs.cp_bwd,
                                        costs.cp_bytes[1])
                     if vs > 0:
                         inbox[("B", vs - 1, s.microbatch)] = send(r, t, (vs - 1) % pp)
