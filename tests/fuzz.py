@@ -381,7 +381,9 @@ def run_process(name: str, argv, limit: float = LIMIT):
     serve = SERVES.get(name)
     t0 = time.monotonic()
     p = subprocess.Popen([sys.executable, "-m", "netmorph", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env={**os.environ, "TMPDIR": scratch_dir()})
+                         text=True, env={**os.environ, "TMPDIR": scratch_dir()},
+                         # Ctrl-C's SIGINT reaches it even when the suite runs in the background (`&` ignores it)
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         _, err = p.communicate(timeout=serve or limit)
     except subprocess.TimeoutExpired:

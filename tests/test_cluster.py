@@ -22,6 +22,7 @@ from clusters import netmorph_processes as _netmorph_processes
 from clusters import temporaries as _tmp
 
 from netmorph.cli import main
+from netmorph.elastic.launcher import kill_tree
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -254,19 +255,22 @@ def test_elastic_under_torchrun_without_a_lighthouse_names_what_to_add(capsys):
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_ctrl_c_and_sigterm_reach_every_job_and_nothing_is_left(sig, code):
     before = _tmp()
+    # Ctrl-C reaches a foreground job: a suite started in the background (a shell's `&` ignores SIGINT, and the
+    # ignore is inherited) must not hand the launch that ignore
     p = subprocess.Popen([sys.executable, "-m", "netmorph", "launch", "--nodes", "2", "--nproc-per-node", "2", "--",
                           "elastic", "--steps", "100000", "--timeout", "20"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=ENV)
+                         stderr=subprocess.PIPE, text=True, env=ENV,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         while len(_netmorph_processes()) < 7:            # the lighthouse, two agents and four workers
             assert time.monotonic() < deadline and p.poll() is None
             time.sleep(0.1)
         p.send_signal(sig)
-        _, err = p.communicate(timeout=60)
+        _, err = p.communicate(timeout=120)
     finally:
-        if p.poll() is None:
-            p.kill()
+        if p.poll() is None:              # the whole tree, read before the launch dies (its jobs are sessions of
+            kill_tree(p.pid, signal.SIGKILL)   # their own: killing the launch alone would leave them running)
     assert p.returncode == code, err[-2000:]
     time.sleep(0.5)
     assert _netmorph_processes() == [] and _leftovers(before) == []
