@@ -97,7 +97,7 @@ class Row:
 
 def layouts(model: ModelShape, world: int, microbatches: int = 4, micro_batch_size: int = 2) -> list:
     """Every layout of ``world`` ranks the trainer runs for ``model``: each tp x cp x pp x dp, ZeRO 0-3 on dp > 1,
-    GPipe, 1F1B and interleaved pipelines, tensor parallelism with and without sequence parallelism, context
+    GPipe, 1F1B, interleaved and ZB-H1 pipelines, tensor parallelism with and without sequence parallelism, context
     parallelism's three exchanges, and for a mixture of experts each expert-parallel degree that divides dp and
     the experts."""
     out = []
@@ -114,7 +114,8 @@ def _variants(model: ModelShape, tp: int, cp: int, pp: int, dp: int, microbatche
     if dp > 1:
         variants += [{**base, "zero": z} for z in (1, 2, 3)]
     if pp > 1:
-        variants += [{**base, "schedule": "afab"}, {**base, "schedule": "interleaved", "interleave": 2}]
+        variants += [{**base, "schedule": "afab"}, {**base, "schedule": "interleaved", "interleave": 2},
+                     {**base, "schedule": "zb-h1"}]
     if tp > 1:
         variants += [{**base, "sequence_parallel": True}]
     if model.experts and cp == 1:
