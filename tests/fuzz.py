@@ -190,11 +190,36 @@ def run(argv, limit: float = LIMIT, cap: int = MEMORY_CAP, out: list | None = No
 
 
 # ---------------------------------------------------------------------------------------------- leftovers
-def _shm() -> set:
+def shm_names() -> set:
     try:
         return set(os.listdir("/dev/shm"))
     except OSError:
         return set()
+
+
+def _held_shm() -> set:
+    """The ``/dev/shm`` names some other live process maps or holds open (``/proc/PID/maps`` and ``fd``): a named
+    semaphore or segment another test worker is using right now, under ``pytest -n``. This process is not
+    counted: a name the test's own process still holds is the test's."""
+    held = set()
+    for pid in set(filter(str.isdigit, os.listdir("/proc"))) - {str(os.getpid())}:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                held.update(m.split("/dev/shm/", 1)[1].split()[0] for m in f if "/dev/shm/" in m)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("/dev/shm/"):
+                    held.add(target[len("/dev/shm/"):].split()[0])
+        except OSError:                    # the process ended while we read it, or is not ours to read
+            continue
+    return held
+
+
+def orphaned_shm(before: set) -> set:
+    """The ``/dev/shm`` names made since ``before`` that no live process holds: what a case leaked. A name a
+    process still maps belongs to that process (a test worker beside us, or a survivor the process check names)."""
+    new = shm_names() - before
+    return new - _held_shm() if new else new
 
 
 _SCRATCH = []
@@ -219,7 +244,7 @@ def _temporaries() -> set:
 
 
 def snapshot() -> tuple:
-    return _shm(), _temporaries(), set(descendants(os.getpid()))
+    return shm_names(), _temporaries(), set(descendants(os.getpid()))
 
 
 def leftovers(before: tuple, grace: float = 2.0) -> str:
@@ -227,8 +252,8 @@ def leftovers(before: tuple, grace: float = 2.0) -> str:
     when nothing."""
     deadline = time.monotonic() + grace
     while True:
-        shm, tmp, procs = snapshot()
-        new = (shm - before[0], tmp - before[1], procs - before[2])
+        _, tmp, procs = snapshot()
+        new = (orphaned_shm(before[0]), tmp - before[1], procs - before[2])
         if not any(new) or time.monotonic() > deadline:
             break
         time.sleep(0.05)

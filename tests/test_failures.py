@@ -8,6 +8,7 @@ import tempfile
 import textwrap
 import time
 
+import fuzz
 import numpy as np
 import pytest
 
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.timeout(90)
 
 @pytest.fixture
 def no_leaks(tmp_path, monkeypatch):
-    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    shm_before = fuzz.shm_names()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))     # this test's launches keep their stores here
     yield
     stores = [d for d in os.listdir(tmp_path) if d.startswith("netmorph-store-")]
@@ -29,13 +30,12 @@ def no_leaks(tmp_path, monkeypatch):
     while child_pids(os.getpid()) and time.time() < deadline:
         time.sleep(0.05)
     assert child_pids(os.getpid()) == [], "child processes outlived launch()"
-    if os.path.isdir("/dev/shm"):
-        # a name another test process holds for a moment (multiprocessing's semaphores, under pytest -n) is gone
-        # within the second; a leaked segment stays
-        deadline = time.time() + 2
-        while set(os.listdir("/dev/shm")) - shm_before and time.time() < deadline:
-            time.sleep(0.05)
-        assert set(os.listdir("/dev/shm")) - shm_before == set(), "shared memory segment left behind"
+    # a name another test worker holds (multiprocessing's semaphores, under pytest -n) is that worker's; a name
+    # nobody holds is a leak
+    deadline = time.time() + 2
+    while fuzz.orphaned_shm(shm_before) and time.time() < deadline:
+        time.sleep(0.05)
+    assert fuzz.orphaned_shm(shm_before) == set(), "shared memory segment left behind"
 
 
 def _loop(comm, n_ops):
