@@ -252,8 +252,7 @@ def leftovers(before: tuple, grace: float = 2.0) -> str:
     when nothing."""
     deadline = time.monotonic() + grace
     while True:
-        _, tmp, procs = snapshot()
-        new = (orphaned_shm(before[0]), tmp - before[1], procs - before[2])
+        new = (orphaned_shm(before[0]), _temporaries() - before[1], set(descendants(os.getpid())) - before[2])
         if not any(new) or time.monotonic() > deadline:
             break
         time.sleep(0.05)
