@@ -9,10 +9,9 @@ from netmorph.mesh.shape import ModelShape
 from netmorph.models.gpt import GPTStage, synthetic_batch
 from netmorph.models.weight_grad import WeightGradStore
 from netmorph.parallel.hybrid import TrainConfig, train_rank
-from netmorph.parallel.pipeline import Slot, check, schedule
+from netmorph.parallel.pipeline import Slot, bubble, check, peaks, schedule
 from netmorph.parallel.run import reference, summarise
 from netmorph.parallel.tensor_parallel import TensorParallel
-from netmorph.parallel.zero_bubble import bubble
 from netmorph.runtime import launch
 from netmorph.runtime.base import Group
 

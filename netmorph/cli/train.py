@@ -13,7 +13,7 @@ from netmorph.cli.checkpoints import AlreadyTrained, add_checkpoint_arguments, c
 from netmorph.cli.shape import add_shape_flags
 from netmorph.errors import UsageError, require
 from netmorph.files import write_json
-from netmorph.mesh.settings import CP_COMM
+from netmorph.mesh.settings import CP_COMM, SCHEDULES, SPLIT_BACKWARD
 from netmorph.runtime.env import torchrun_world
 
 # library parameters set by a flag of another name (the rest are --name)
@@ -55,9 +55,11 @@ def add_parser(sub) -> None:
     g.add_argument("--no-overlap", action="store_true", help="all-reduce buckets after backward, not during it")
     g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (needs tp > 1)")
     g.add_argument("--schedule", default="1f1b", type=pipeline_schedule,
-                   choices=("afab", "1f1b", "interleaved", "zb-h1"),
-                   help="pipeline schedule: afab (gpipe: GPipe's name for it), 1f1b (default), interleaved, zb-h1 "
-                        "(zero bubble: each backward as B, the input gradient, and a later W, the weights')")
+                   choices=SCHEDULES,
+                   help="pipeline schedule: afab (gpipe: GPipe's name for it), 1f1b (default), interleaved; the zero "
+                        "bubble ones, each backward as B (the input gradient) and a later W (the weights'): zb-h1 "
+                        "(1F1B's memory), zbv and dualpipev (two chunks a rank in a V; dualpipev needs "
+                        "2·pp microbatches)")
     g.add_argument("--interleave", type=int, default=1, help="virtual stages per rank (interleaved schedule)")
     g.add_argument("--microbatches", type=int, help="microbatches per step per DP rank (default 2)")
     g.add_argument("--micro-batch-size", type=int, default=2, help="sequences per microbatch (default 2)")
@@ -251,14 +253,16 @@ def print_run(cfg, out, plan: dict) -> None:
     if cfg.layout.pp > 1:
         fl = out.in_flight_peak
         bound = {"afab": f"m = {cfg.layout.microbatches}", "1f1b": f"p = {cfg.layout.pp}",
-                 "zb-h1": f"p = {cfg.layout.pp} between F and B, and p - 1 more owed their W"}.get(
+                 "zb-h1": f"p = {cfg.layout.pp} between F and B, and up to p owed their W",
+                 "zbv": f"2p = {2 * cfg.layout.pp} chunks (1F1B's p stages' worth), 2i+1 chunks owed their W",
+                 "dualpipev": f"2p+1 = {2 * cfg.layout.pp + 1} chunks, i+1 owed their W"}.get(
             cfg.layout.pipeline_schedule, "(p-1)·2 + (v-1)·p + 1")
         print(f"# pipeline: microbatches in flight per stage {[fl[s] for s in sorted(fl)]} "
               f"({cfg.layout.pipeline_schedule}: at most {bound} on stage 0)")
         bub = out.bubble_fraction
         how = (f"emulated compute {cfg.compute_ms:g} ms per forward" if cfg.compute_ms else
                "no --compute-ms: with more ranks than cores this measures the scheduler, not the schedule")
-        form = "(p-1)/(3m+p-1) (ZB-H1, F = B = W)" if cfg.layout.pipeline_schedule == "zb-h1" else "(p-1)/(v·m+p-1)"
+        form = bub["form"] + (" (F = B = W)" if cfg.layout.pipeline_schedule in SPLIT_BACKWARD else "")
         print(f"# bubble: measured {bub['measured']:.1%} of the pipeline's time idle vs {form} = "
               f"{bub['theory']:.1%} ({how})")
     mem = out.memory_bytes

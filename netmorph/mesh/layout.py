@@ -25,10 +25,12 @@ from functools import lru_cache
 from netmorph.errors import UsageError
 from netmorph.mesh.grid import Mesh
 from netmorph.mesh.rejection import Rejection, in_range
-from netmorph.mesh.settings import CP_COMM, PRECISION, RECOMPUTE, SCHEDULES, Batch, Knobs, Precision
+from netmorph.mesh.settings import (CP_COMM, PRECISION, RECOMPUTE, SCHEDULES, SPLIT_BACKWARD, V_SHAPED, Batch, Knobs,
+                                    Precision)
 from netmorph.mesh.shape import ModelShape
 
-__all__ = ["CP_COMM", "PRECISION", "RECOMPUTE", "SCHEDULES", "Batch", "Knobs", "Layout", "Precision", "Rejection"]
+__all__ = ["CP_COMM", "PRECISION", "RECOMPUTE", "SCHEDULES", "SPLIT_BACKWARD", "V_SHAPED", "Batch", "Knobs", "Layout",
+           "Precision", "Rejection"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +51,10 @@ class Layout:
     batch: Batch = Batch()
     precision: Precision = Precision()
     knobs: Knobs = Knobs()
+
+    def __post_init__(self):
+        if self.batch.schedule in V_SHAPED and self.interleave == 1:     # torchtitan: a V schedule's two stages
+            object.__setattr__(self, "interleave", 2)
 
     @classmethod
     def of(cls, **flat) -> Layout:
@@ -135,7 +141,26 @@ class Layout:
             return float(m)
         if kind == "interleaved":
             return min(2 * (p - i - 1) + (v - 1) * self.group + 1, m * v) / v
+        if kind == "zbv":               # torch's ScheduleZBVZeroBubble: 1F1B's p stages' worth once m >= 2p - 1
+            return min(2 * p, m + i + 1, 2 * m) / 2
+        if kind == "dualpipev":         # DualPipe's table: PP + 1 chunks (PP = 2p stages), m >= 2p
+            return (2 * p + 1) / 2
         return float(min(p - i, m))
+
+    def w_stash(self, stage: int) -> float:
+        """Microbatches whose weight gradients pipeline rank ``stage`` owes at its peak (B ran, W not yet), in
+        units of the stage's whole layers: each keeps its linear layers' inputs and output gradients for W.
+        ZB-H1 owes up to p (the B just run and p - 1 waiting for the drain) beside 1F1B's p in flight; ZB-V, in
+        torch's order, 2i + 1 chunks once m >= 2p - 1; DualPipeV i + 1 chunks (its ``WeightGradStore`` queue).
+        1F1B and the others owe none: their B runs W at once."""
+        p, m, i, kind = self.pp, max(self.microbatches, 1), stage, self.pipeline_schedule
+        if p == 1 or kind not in SPLIT_BACKWARD:
+            return 0.0
+        if kind == "zb-h1":             # the B just run and the p - 1 whose W's wait, once m - p + 1 + i reach it
+            return float(min(max(m - p + 1 + i, 1), p))
+        if kind == "zbv":               # below 2p - 1 microbatches fewer: an upper bound there
+            return (2 * i + 1) / 2
+        return (i + 1) / 2
 
     @property
     def stages(self) -> int:
@@ -147,11 +172,27 @@ class Layout:
         extra layers on the middle stages, away from the embedding and the output layer)."""
         return list(_stage_layers(layers, self.pp, self.knobs.first_stage_layers, self.knobs.last_stage_layers))
 
+    @property
+    def v_shaped(self) -> bool:
+        """Two chunks a rank in a V (ZB-V, DualPipeV): the model goes down ranks 0..p-1 and back up p-1..0, so
+        the first stage and the last (the loss) are both pipeline rank 0's."""
+        return self.pipeline_schedule in V_SHAPED
+
+    def virtual_stage(self, pp_rank: int, chunk: int = 0) -> int:
+        """The virtual stage of ``pp_rank``'s ``chunk``: ``chunk · pp + pp_rank`` (Megatron's interleaving, a
+        loop), or in a V chunk 1 is stage ``2p - 1 - pp_rank`` (torch's ``generate_stage_to_rank_mapping``
+        style "v")."""
+        return 2 * self.pp - 1 - pp_rank if self.v_shaped and chunk == 1 else chunk * self.pp + pp_rank
+
+    def stage_rank(self, vs: int) -> int:
+        """The pipeline rank that runs virtual stage ``vs``."""
+        return 2 * self.pp - 1 - vs if self.v_shaped and vs >= self.pp else vs % self.pp
+
     def chunk_layers(self, layers: int, pp_rank: int, chunk: int = 0) -> tuple[int, int]:
-        """[first, last) layers of virtual stage ``chunk · pp + pp_rank`` when the layers split evenly
+        """[first, last) layers of :meth:`virtual_stage` ``(pp_rank, chunk)`` when the layers split evenly
         over the virtual stages (netmorph's trainer)."""
         per = layers // self.stages
-        vs = chunk * self.pp + pp_rank
+        vs = self.virtual_stage(pp_rank, chunk)
         return vs * per, (vs + 1) * per
 
     # -- ranks ---------------------------------------------------------------------------------------
@@ -236,7 +277,16 @@ class Layout:
                                  f"global batch {self.batch.global_batch} does not split into dp {self.dp} x "
                                  f"microbatch {self.batch.micro_batch_size}", "{global_batch} or {micro_batch_size}"))
         m = self.microbatches
-        if self.interleave > 1 and (self.pp == 1 or m % self.group):
+        if self.v_shaped:
+            kind = self.pipeline_schedule
+            if self.pp == 1 or self.interleave != 2:
+                out.append(Rejection("v-shape", "schedule", kind, f"{kind} runs two model chunks on each of pp > 1 "
+                                     f"ranks (a V); got pp {self.pp}, interleave {self.interleave}",
+                                     "{pp} or {interleave}"))
+            elif kind == "dualpipev" and m < 2 * self.pp:
+                out.append(Rejection("v-shape", "schedule", kind, f"dualpipev needs at least 2·pp = {2 * self.pp} "
+                                     f"microbatches (one a stage), got {m}", "{microbatches} or {pp}"))
+        elif self.interleave > 1 and (self.pp == 1 or m % self.group):
             out.append(Rejection("interleave", "interleave", self.interleave,
                                  f"interleaving needs pp > 1 and microbatches ({m}) a multiple of "
                                  + (f"the microbatch group ({self.group})" if self.batch.microbatch_group else

@@ -23,7 +23,9 @@ from netmorph.mesh.rejection import Rejection, in_range, one_of
 
 RECOMPUTE = ("none", "selective", "full")
 PRECISION = ("bf16", "fp8")
-SCHEDULES = ("afab", "1f1b", "interleaved", "zb-h1")   # zb-h1: zero bubble (B and W apart)
+SCHEDULES = ("afab", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev")   # the last three: zero bubble (B, W apart)
+V_SHAPED = ("zbv", "dualpipev")   # two chunks a rank in a V: chunk 0 on ranks 0..p-1, chunk 1 back on p-1..0
+SPLIT_BACKWARD = ("zb-h1", "zbv", "dualpipev")   # the backward as B (input gradient) and a later W (weights)
 CP_COMM = ("p2p", "all_gather", "a2a")   # Megatron-Core's --cp-comm-type (a2a: DeepSpeed-Ulysses)
 
 
@@ -34,7 +36,7 @@ class Batch:
 
     global_batch: int = 1          # sequences per step over every replica
     micro_batch_size: int = 1
-    schedule: str = ""             # afab (GPipe) | 1f1b | interleaved; "": 1f1b, or interleaved when interleave > 1
+    schedule: str = ""             # one of SCHEDULES; "": 1f1b, or interleaved when interleave > 1
     microbatch_group: int = 0      # interleaved: microbatches a chunk runs before the next chunk (Megatron's
                                    # --microbatch-group-size-per-virtual-pipeline-stage, Llama 3's N); 0: pp
 

@@ -22,7 +22,7 @@ from netmorph.mesh.shape import ModelShape
 from netmorph.models.gpt import GPTStage
 from netmorph.models.weight_grad import WeightGradStore
 from netmorph.parallel.context_parallel import ContextParallel
-from netmorph.parallel.pipeline import SPLIT_BACKWARD
+from netmorph.mesh.settings import SPLIT_BACKWARD
 from netmorph.parallel.replica import Replica
 from netmorph.parallel.tensor_parallel import TensorParallel
 
@@ -53,7 +53,7 @@ def rank_groups(comm, cfg) -> RankGroups:
     dm = DeviceMesh(comm, tp=lay.tp, pp=lay.pp, dp=lay.dp // lay.ep, ep=lay.ep, cp=lay.cp)
     me = comm.rank
     emb = None
-    if lay.pp > 1:                  # the tied embedding's group: each pipeline's first and last stage
+    if lay.pp > 1 and not lay.v_shaped:     # the tied embedding's group: each pipeline's first and last stage
         for ranks in dm.mesh.groups("pp"):
             g = comm.new_group([ranks[0], ranks[-1]])
             if me in (ranks[0], ranks[-1]):
@@ -71,7 +71,7 @@ def rank_groups(comm, cfg) -> RankGroups:
 
 
 def build_chunks(comm, cfg, lay: RankGroups, dtype):
-    """This rank's model chunks: chunk c is virtual stage c·pp + pp_rank."""
+    """This rank's model chunks: chunk c is virtual stage c·pp + pp_rank (in a V chunk 1 is 2·pp - 1 - pp_rank)."""
     k = cfg.layout.knobs
     cp = ContextParallel(comm, lay.cp_group, k.cp_comm_type, algos=cfg.algos) if cfg.layout.cp > 1 else None
     store = WeightGradStore() if cfg.layout.pipeline_schedule in SPLIT_BACKWARD else None   # B and W apart
@@ -109,7 +109,8 @@ def replicas(comm, cfg, lay: RankGroups, chunks, device, dtype) -> list:
 
 
 def sync_replicated(comm, lay: RankGroups, tp, chunks, flat) -> None:
-    """SP's replicated parameters over TP; the tied word embedding between first and last stage."""
+    """SP's replicated parameters over TP; the tied word embedding between first and last stage (on one rank in a
+    V: its two copies summed)."""
     rep = tp.replicated()
     if rep:
         # coalesced into one all-reduce, as Megatron's _allreduce_layernorm_grads flattens them: one message
@@ -122,7 +123,12 @@ def sync_replicated(comm, lay: RankGroups, tp, chunks, flat) -> None:
         for lo, hi in spans:
             flat.grad[lo:hi].copy_(both[at:at + hi - lo])
             at += hi - lo
-    if lay.emb_group is not None:
+    tied = [c for c in chunks if hasattr(c, "wte") and (c.is_first or c.is_last)]
+    if len(tied) == 2:              # a V: the first stage and the last are this rank's two chunks, summed here
+        (a, b), (c, d) = flat.span(tied[0].wte), flat.span(tied[1].wte)
+        flat.grad[a:b].add_(flat.grad[c:d])
+        flat.grad[c:d].copy_(flat.grad[a:b])
+    elif lay.emb_group is not None:
         for c in chunks:
             if hasattr(c, "wte") and (c.is_first or c.is_last):
                 lo, hi = flat.span(c.wte)

@@ -150,7 +150,7 @@ class TrainConfig:
             v = getattr(r, k)
             if not (0 <= v <= 100 and math.isfinite(v)) or k == "jitter_eps" and v >= 1:
                 raise UsageError(f"{{{k}}} must be in [0, {1 if k == 'jitter_eps' else 100}), got {v}", k)
-        check(schedule(lay.pipeline_schedule, lay.pp, lay.microbatches, lay.interleave), lay.interleave)
+        check(schedule(lay.pipeline_schedule, lay.pp, lay.microbatches, lay.interleave), lay.interleave, lay.v_shaped)
         self.algos.check(self.layout)
         ck = self.checkpoint
         if not 0 <= ck.every <= 1 << 24 or not 0 <= ck.keep <= 1 << 20:
@@ -221,9 +221,9 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
     # under cp this rank's positions of every sequence (a head and a tail chunk), its tokens and targets alike
     mine = tp.cp.positions(cfg.model.seq) if tp.cp is not None else None
     ex = Executor(comm, lay.pp_group, chunks, split.interleave, (T, split.batch.micro_batch_size, cfg.model.hidden),
-                  dtype, tp.weight_store)
+                  dtype, tp.weight_store, split.v_shaped)
     last_backward = max(i for i, s in enumerate(slots) if s.kind == "B")
-    is_last_stage = lay.pp_rank == split.pp - 1
+    is_last_stage = any(c.is_last for c in chunks)          # pp rank p - 1, or 0 in a V (the loss)
     reads_data = any(c.is_first or c.is_last for c in chunks)
     emulated = device_ms(cfg, sum(len(c.blocks) for c in chunks), any(c.is_last for c in chunks))
     losses, times, peaks, bounds, idle, busy, routed, experts_log, phases = [], [], [], [], [], [], [], [], []

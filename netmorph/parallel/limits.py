@@ -35,7 +35,7 @@ def trainer_rules(c: Layout, model: ModelShape | None = None) -> list:
     if c.pp > 1 and c.zero >= 2:
         out.append(Rejection("zero-pp", "zero", c.zero, f"ZeRO-{c.zero} with pipeline parallelism: netmorph's "
                              "trainer, as DeepSpeed's pipeline engine, runs stage 1 only", "{zero} or {pp}"))
-    if c.interleave > 1 and c.pipeline_schedule != "interleaved":
+    if c.interleave > 1 and c.pipeline_schedule != "interleaved" and not c.v_shaped:
         out.append(Rejection("trainer", "interleave", c.interleave, f"interleave {c.interleave} needs the "
                              "interleaved schedule"))
     if model is None:

@@ -17,7 +17,7 @@ from netmorph.parallel.baseline import summarise as compare_baselines
 from netmorph.parallel.flat import Adam, FlatParams
 from netmorph.parallel.hybrid import DTYPES, TrainConfig, train_rank
 from netmorph.parallel.phases import step_parts
-from netmorph.parallel.pipeline import SPLIT_BACKWARD
+from netmorph.parallel.pipeline import theory
 from netmorph.parallel.results import RankReport
 from netmorph.parallel.state import assemble, named_pieces
 from netmorph.runtime.launch import launch
@@ -144,9 +144,8 @@ def summarise(cfg: TrainConfig, results: list, backend: str, ref=None) -> TrainS
         in_flight_peak={r.pp: r.in_flight_peak for r in results},
         # measured: the share of the pipeline's time a rank waited, averaged over ranks and the steps after
         # the first (the first pays for warming up)
-        # zb-h1: the drain's W's fill the wait, (p-1)(F+B-W) of m(F+B+W) + that, at the paper's F = B = W
-        bubble_fraction={"theory": (p - 1) / (3 * m + p - 1) if cfg.layout.pipeline_schedule in SPLIT_BACKWARD
-                         else (p - 1) / (v * m + p - 1),
+        # the zero-bubble ones: the W's fill the wait (pipeline.theory, at the paper's F = B = W)
+        bubble_fraction={**dict(zip(("theory", "form"), theory(cfg.layout.pipeline_schedule, p, m, v))),
                          "measured": statistics.mean(statistics.mean(r.idle_fraction[1:] or r.idle_fraction)
                                                      for r in results)},
         memory_bytes={**{k: max(r.memory_bytes[k] for r in results) for k in ("params", "grads", "optimizer")},

@@ -88,11 +88,14 @@ def predicted(cfg, lay_pp_rank: int, padded: int, isz: int, first: bool, last: b
     if p > 1:
         tprime = t if cfg.layout.knobs.sequence_parallel else 1
         act = bsh // tprime * isz
-        fwd = v - (1 if lay_pp_rank == p - 1 else 0)       # chunks whose output goes to another stage
-        bwd = v - (1 if lay_pp_rank == 0 else 0)
+        if cfg.layout.v_shaped:     # a V: rank 0 sends nothing past the loss, rank p-1's bottom hand-off is local
+            fwd = bwd = 1 if lay_pp_rank in (0, p - 1) else 2
+        else:
+            fwd = v - (1 if lay_pp_rank == p - 1 else 0)   # chunks whose output goes to another stage
+            bwd = v - (1 if lay_pp_rank == 0 else 0)
         out["pp"] = ((fwd + bwd) * m * act, f"({fwd} fwd + {bwd} bwd chunk boundaries)·m·bsh/t'·B = "
                                             f"{fwd + bwd}·{m}·{bsh // tprime}·{isz}")
-        if first or last:
+        if (first or last) and not cfg.layout.v_shaped:         # in a V both copies are rank 0's: no wire
             n = model.vocab // t * model.hidden
             out["pp.emb"] = (ring_allreduce(n, 2, msz), f"V/t·h·B = {n}·{msz}")
     return out

@@ -32,8 +32,10 @@ def build_section(res: Training, out_dir) -> Section:
         b = out.bubble_fraction
         label = {"afab": "GPipe (all forward, all backward)", "1f1b": "1F1B (PipeDream-flush)",
                  "interleaved": "interleaved 1F1B, 2 chunks per rank",
-                 "zb-h1": "ZB-H1 (zero bubble: W, the weight gradients, fill the drain)"}[name]
-        form = "(p-1)/(3m+p-1)" if name == "zb-h1" else "(p-1)/(v·m+p-1)"
+                 "zb-h1": "ZB-H1 (zero bubble: W, the weight gradients, fill the drain)",
+                 "zbv": "ZB-V (two chunks in a V, W's fill the bubble; 1F1B's memory)",
+                 "dualpipev": "DualPipeV (DeepSeek-V3's, cut in half; F&B pairs, one chunk more in flight)"}[name]
+        form = b["form"]
         ax.set_title(f"{label}: bubble measured {b['measured']:.0%}, {form} = {b['theory']:.0%}; "
                      f"step {out.step_time_s * 1e3:.0f} ms", fontsize=9)
         ax.set_yticks(range(4), [f"stage {i}" for i in range(4)], fontsize=8)

@@ -1,0 +1,187 @@
+"""Pipeline schedules as data: per pipeline rank, the ordered :class:`Slot` s ``(F|B|W, microbatch, chunk)`` it
+runs -- the one object that is printed, drawn, played for deadlock and peak memory, priced by the planner and the
+step simulator, and executed by :class:`netmorph.parallel.pipeline.Executor`.
+
+- ``afab`` -- GPipe (Huang et al. 2019): all forwards, then all backwards; m microbatches in flight on every
+  stage; bubble (p-1)/(m+p-1).
+- ``1f1b`` -- PipeDream-flush, Megatron's ``forward_backward_pipelining_without_interleaving``: p-r-1 warm-up
+  forwards, then one forward one backward, then the cool-down; at most p microbatches in flight; the same
+  bubble, less memory.
+- ``interleaved`` -- Megatron's ``forward_backward_pipelining_with_interleaving`` (Narayanan et al. 2021): each
+  rank holds V model chunks (virtual stage ``c·p + r``); bubble (p-1)/(V·m+p-1); needs m a multiple of p.
+- ``zb-h1``, ``zbv``, ``dualpipev`` -- the zero-bubble ones (:mod:`netmorph.mesh.zero_bubble`): each backward
+  as B, the input gradient, and a later W, the weight gradient that fills the bubble; the last two hold two
+  chunks a rank in a V (chunk 1 is virtual stage 2p - 1 - r).
+
+Torch-free, so the planner plays a schedule as the trainer runs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from netmorph.errors import UsageError
+from netmorph.mesh.settings import SCHEDULES, SPLIT_BACKWARD, V_SHAPED
+from netmorph.mesh.zero_bubble import dualpipev, zb_h1, zbv
+
+__all__ = ["SCHEDULES", "SPLIT_BACKWARD", "V_SHAPED", "Slot", "bubble", "check", "draw", "peaks", "schedule",
+           "stage_of", "theory"]
+_BUILT = {"zb-h1": zb_h1, "zbv": zbv, "dualpipev": dualpipev}
+
+
+@dataclass(frozen=True)
+class Slot:
+    kind: str            # "F", "B" (with W: the input gradient alone) or "W" (the weight gradient)
+    microbatch: int
+    chunk: int = 0       # model chunk on this rank (interleaved: virtual stage chunk·p + rank; a V: 2p-1-rank)
+
+    def __str__(self):
+        return f"{self.kind}{self.microbatch}" + (f".{self.chunk}" if self.chunk else "")
+
+
+def schedule(name: str, pp: int, m: int, v: int = 1) -> list[list[Slot]]:
+    """Every pipeline rank's slots, in order."""
+    if name not in SCHEDULES:
+        raise UsageError(f"{{schedule}} must be one of {', '.join(SCHEDULES)}, got {name!r}", "schedule")
+    if name in V_SHAPED:
+        if pp < 2 or v != 2 or (name == "dualpipev" and m < 2 * pp):
+            raise UsageError(f"{{schedule}} {name} runs two chunks on each of pp > 1 ranks"
+                             + (f" and at least 2·pp = {2 * pp} {{microbatches}}" if name == "dualpipev" else ""),
+                             "schedule")
+    elif name != "interleaved" and v != 1:
+        raise UsageError(f"{{interleave}} {v} needs {{schedule}} interleaved", "interleave")
+    if name in _BUILT:
+        return [[Slot(*s) for s in row] for row in _BUILT[name](pp, m)]
+    if name == "afab":
+        return [[Slot("F", i) for i in range(m)] + [Slot("B", i) for i in range(m)] for _ in range(pp)]
+    if name == "1f1b":
+        out = []
+        for r in range(pp):
+            warm = min(pp - r - 1, m)
+            slots = [Slot("F", i) for i in range(warm)]
+            f, b = warm, 0
+            while f < m:
+                slots += [Slot("F", f), Slot("B", b)]
+                f, b = f + 1, b + 1
+            slots += [Slot("B", i) for i in range(b, m)]
+            out.append(slots)
+        return out
+    if pp < 2 or m % pp:
+        raise UsageError(f"the interleaved schedule needs pp > 1 and {{microbatches}} ({m}) a multiple of pp ({pp})",
+                         "microbatches")
+    total = m * v
+
+    def virtual(k, forward):
+        """Megatron's ``get_model_chunk_id`` and microbatch of the k-th forward (or backward)."""
+        group = k % (pp * v)
+        chunk = group // pp
+        if not forward:
+            chunk = v - 1 - chunk
+        return chunk, (k // (pp * v)) * pp + group % pp
+
+    out = []
+    for r in range(pp):
+        warm = min((pp - r - 1) * 2 + (v - 1) * pp, total)
+        slots = []
+        for k in range(warm):
+            c, i = virtual(k, True)
+            slots.append(Slot("F", i, c))
+        f, b = warm, 0
+        while f < total:
+            c, i = virtual(f, True)
+            slots.append(Slot("F", i, c))
+            c, i = virtual(b, False)
+            slots.append(Slot("B", i, c))
+            f, b = f + 1, b + 1
+        while b < total:
+            c, i = virtual(b, False)
+            slots.append(Slot("B", i, c))
+            b += 1
+        out.append(slots)
+    return out
+
+
+def stage_of(rank: int, chunk: int, pp: int, v_shaped: bool = False) -> int:
+    """The virtual stage of ``rank``'s ``chunk``: chunk·p + rank (a loop), or in a V chunk 1 is 2p - 1 - rank."""
+    return 2 * pp - 1 - rank if v_shaped and chunk == 1 else chunk * pp + rank
+
+
+def _needs(s: Slot, vs: int, stages: int) -> list:
+    """What slot ``s`` of virtual stage ``vs`` waits for: F the previous stage's F, B its own F and the next
+    stage's B, W its B."""
+    if s.kind == "F":
+        return [] if vs == 0 else [("F", vs - 1, s.microbatch)]
+    if s.kind == "W":
+        return [("B", vs, s.microbatch)]
+    return [("F", vs, s.microbatch)] + ([] if vs == stages - 1 else [("B", vs + 1, s.microbatch)])
+
+
+def _play(slots: list[list[Slot]], v: int, v_shaped: bool, cost: dict) -> dict:
+    """Run every rank's slots in order, each when what it needs has ended and its rank is free (unbounded send
+    queues): the makespan, every rank's busy time, and its peaks of microbatches in flight (F run, B not) and of
+    weight gradients owed (B run, W not). Raises if the schedule deadlocks."""
+    pp = len(slots)
+    stages = pp * v
+    end, free, pos = {}, [0.0] * pp, [0] * pp
+    held, owed, peak, stash = [0] * pp, [0] * pp, [0] * pp, [0] * pp
+    while any(pos[r] < len(slots[r]) for r in range(pp)):
+        moved = False
+        for r in range(pp):
+            while pos[r] < len(slots[r]):
+                s = slots[r][pos[r]]
+                vs = stage_of(r, s.chunk, pp, v_shaped)
+                need = _needs(s, vs, stages)
+                if any(d not in end for d in need):
+                    break
+                free[r] = end[(s.kind, vs, s.microbatch)] = max([free[r]] + [end[d] for d in need]) + cost[s.kind]
+                held[r] += {"F": 1, "B": -1, "W": 0}[s.kind]
+                owed[r] += {"F": 0, "B": 1, "W": -1}[s.kind] if cost.get("split") else 0
+                peak[r], stash[r] = max(peak[r], held[r]), max(stash[r], owed[r])
+                pos[r] += 1
+                moved = True
+        if not moved:
+            stuck = {r: str(slots[r][pos[r]]) for r in range(pp) if pos[r] < len(slots[r])}
+            raise RuntimeError(f"pipeline schedule deadlocks: ranks wait at {stuck}")
+    busy = sum(cost[s.kind] for row in slots for s in row)
+    return {"makespan": max(free), "busy": busy, "peak": peak, "stash": stash}
+
+
+def _split(slots) -> bool:
+    return any(s.kind == "W" for row in slots for s in row)
+
+
+def check(slots: list[list[Slot]], v: int = 1, v_shaped: bool = False) -> int:
+    """Play the schedule with unbounded send queues: raise if it deadlocks; return the most
+    microbatches (chunks) any rank holds in flight (forwarded, not yet backwarded)."""
+    return max(_play(slots, v, v_shaped, {"F": 1, "B": 1, "W": 1})["peak"])
+
+
+def peaks(slots: list[list[Slot]], v: int = 1, v_shaped: bool = False) -> tuple[list, list]:
+    """Each rank's peak chunks in flight and peak weight gradients owed (B run, W not), as :func:`check` plays."""
+    out = _play(slots, v, v_shaped, {"F": 1, "B": 1, "W": 1, "split": _split(slots)})
+    return out["peak"], out["stash"]
+
+
+def bubble(slots: list[list[Slot]], v: int = 1, v_shaped: bool = False, cost=None) -> float:
+    """The idle share of the schedule played with ``cost`` seconds a slot kind (default the paper's unit F, B and
+    W; a joint backward "B" of a schedule with no W costs B + W), each slot starting when it is ready and its
+    rank free: 1 - (busy time) / (ranks x makespan)."""
+    cost = cost or {"F": 1.0, "B": 1.0 if _split(slots) else 2.0, "W": 1.0}
+    out = _play(slots, v, v_shaped, cost)
+    return 1 - out["busy"] / (len(slots) * out["makespan"])
+
+
+def theory(name: str, pp: int, m: int, v: int = 1) -> tuple[float, str]:
+    """(bubble fraction, its form) of schedule ``name`` with the paper's unit F, B and W (1F1B's B is both):
+    GPipe and 1F1B (p-1)/(m+p-1); interleaved (p-1)/(v·m+p-1); ZB-H1 (p-1)(F+B-W) idle of 3m busy slots,
+    (p-1)/(3m+p-1); ZB-V and DualPipeV p - 1 idle chunk slots of 6m, (p-1)/(6m+p-1) (ZB-V from m >= 2p - 1)."""
+    if name == "zb-h1":
+        return (pp - 1) / (3 * m + pp - 1), "(p-1)/(3m+p-1)"
+    if name in V_SHAPED:
+        return (pp - 1) / (6 * m + pp - 1), "(p-1)/(6m+p-1)"
+    return (pp - 1) / (v * m + pp - 1), "(p-1)/(v·m+p-1)"
+
+
+def draw(slots: list[list[Slot]]) -> str:
+    """One line per rank, one cell per slot: ``F0 F1 B0 ...``."""
+    return "\n".join(f"rank {r}: " + " ".join(str(s) for s in row) for r, row in enumerate(slots))
