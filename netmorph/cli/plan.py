@@ -15,7 +15,7 @@ import time
 from netmorph.cli import int_in, pipeline_schedule, print_json
 from netmorph.cli.shape import add_shape_flags
 from netmorph.errors import UsageError, spell
-from netmorph.mesh.settings import CP_COMM
+from netmorph.mesh.settings import CP_COMM, SCHEDULES
 from netmorph.units import fmt_memory, fmt_params
 
 # library parameters a layout's rejection names, as this command's flags (the rest are --name)
@@ -83,10 +83,11 @@ def add_split_args(p, bare: bool = True) -> None:
     c.add_argument("--ep", type=SIZE, help="expert-parallel size, within dp (search: fix it)")
     c.add_argument("--microbatch", type=SIZE, help="sequences per microbatch b (search: fix it)")
     c.add_argument("--interleave", type=SIZE, help="model chunks per pipeline stage, v (default 1)")
-    c.add_argument("--schedule", type=pipeline_schedule, choices=("afab", "1f1b", "interleaved", "zb-h1"),
+    c.add_argument("--schedule", type=pipeline_schedule, choices=SCHEDULES,
                    help="pipeline schedule: afab (or gpipe: every forward first), 1f1b (default), interleaved "
-                        "(default with --interleave > 1), zb-h1 (zero bubble: the weight gradients fill the "
-                        "drain); sets the activations each stage holds and the bubble")
+                        "(default with --interleave > 1), zb-h1, zbv, dualpipev (zero bubble: the weight gradients "
+                        "fill the bubble; zbv and dualpipev two chunks a rank in a V); sets the activations each "
+                        "stage holds, the weight gradients it owes and the bubble (search: fix it)")
     c.add_argument("--microbatch-group", type=int, metavar="N",
                    help="interleaved: microbatches each chunk runs before the next (Megatron's "
                         "--microbatch-group-size-per-virtual-pipeline-stage, Llama 3's N; default pp)")

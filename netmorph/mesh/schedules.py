@@ -24,8 +24,8 @@ from netmorph.errors import UsageError
 from netmorph.mesh.settings import SCHEDULES, SPLIT_BACKWARD, V_SHAPED
 from netmorph.mesh.zero_bubble import dualpipev, zb_h1, zbv
 
-__all__ = ["SCHEDULES", "SPLIT_BACKWARD", "V_SHAPED", "Slot", "bubble", "check", "draw", "peaks", "schedule",
-           "stage_of", "theory"]
+__all__ = ["SCHEDULES", "SPLIT_BACKWARD", "V_SHAPED", "Slot", "bubble", "check", "draw", "idle", "peaks",
+           "schedule", "stage_of", "theory"]
 _BUILT = {"zb-h1": zb_h1, "zbv": zbv, "dualpipev": dualpipev}
 
 
@@ -160,6 +160,13 @@ def peaks(slots: list[list[Slot]], v: int = 1, v_shaped: bool = False) -> tuple[
     """Each rank's peak chunks in flight and peak weight gradients owed (B run, W not), as :func:`check` plays."""
     out = _play(slots, v, v_shaped, {"F": 1, "B": 1, "W": 1, "split": _split(slots)})
     return out["peak"], out["stash"]
+
+
+def idle(slots: list[list[Slot]], v: int = 1, v_shaped: bool = False, cost=None) -> float:
+    """The longest rank's idle seconds, played with ``cost``: the makespan less that rank's busy time."""
+    cost = cost or {"F": 1.0, "B": 1.0 if _split(slots) else 2.0, "W": 1.0}
+    out = _play(slots, v, v_shaped, cost)
+    return out["makespan"] - min(sum(cost[s.kind] for s in row) for row in slots)
 
 
 def bubble(slots: list[list[Slot]], v: int = 1, v_shaped: bool = False, cost=None) -> float:

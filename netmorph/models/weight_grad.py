@@ -24,6 +24,8 @@ class WeightGradStore:
     def __init__(self):
         self.key = None                 # while a B slot runs: the key its weight gradients queue under
         self.queue: dict = {}
+        self.held: dict = {}            # storage -> [bytes, references]: what the queued GEMMs keep alive
+        self.peak_bytes = 0             # the most held at once: the W stash the memory model counts
 
     @contextmanager
     def deferring(self, key):
@@ -34,19 +36,33 @@ class WeightGradStore:
         finally:
             self.key = None
 
-    def push(self, fn) -> bool:
-        """Queue ``fn`` under the current key; False when nothing defers (run it now)."""
+    def push(self, fn, *operands: torch.Tensor) -> bool:
+        """Queue ``fn`` under the current key, ``operands`` the tensors it keeps alive; False when nothing
+        defers (run it now)."""
         if self.key is None:
             return False
-        self.queue.setdefault(self.key, []).append(fn)
+        self.queue.setdefault(self.key, []).append((fn, operands))
+        for t in operands:
+            box = self.held.setdefault(t.untyped_storage().data_ptr(), [t.untyped_storage().nbytes(), 0])
+            box[1] += 1
+        self.peak_bytes = max(self.peak_bytes, self.held_bytes())
         return True
+
+    def held_bytes(self) -> int:
+        """Bytes of the distinct storages the queued weight gradients hold (inputs and output gradients)."""
+        return sum(n for n, _ in self.held.values())
 
     def run(self, key) -> int:
         """The W slot: every weight gradient queued under ``key``, in the order the backward met them."""
         fns = self.queue.pop(key, [])
         with torch.no_grad():                 # outside autograd's backward: nothing here is differentiated
-            for fn in fns:
+            for fn, operands in fns:
                 fn()
+                for t in operands:
+                    ptr = t.untyped_storage().data_ptr()
+                    self.held[ptr][1] -= 1
+                    if not self.held[ptr][1]:
+                        del self.held[ptr]
         return len(fns)
 
     def __len__(self) -> int:
@@ -76,7 +92,7 @@ class _Linear(torch.autograd.Function):
 
         def w_grad(g=g, x=x, param=ctx.param):
             _accumulate(param, g.reshape(-1, g.shape[-1]).t() @ x.reshape(-1, x.shape[-1]))
-        if not ctx.store.push(w_grad):
+        if not ctx.store.push(w_grad, g, x):
             return gx, g.reshape(-1, g.shape[-1]).t() @ x.reshape(-1, x.shape[-1]), gb, None
         return gx, None, gb, None
 

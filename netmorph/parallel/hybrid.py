@@ -307,6 +307,8 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
     mem = {k: sum(r.bytes()[k] for r in reps) for k in ("params", "grads", "optimizer")}
     # activations: what autograd saved for one microbatch's backward, times the most microbatches held
     mem["activations_peak"] = None if split.zero >= 3 else saved * max(peaks)
+    # a zero-bubble schedule's weight-gradient stash: the most its store held at once (inputs, output gradients)
+    mem["wgrad_stash_peak"] = tp.weight_store.peak_bytes if tp.weight_store is not None else 0
     flat = dense.flat
     pred = predicted(cfg, lay.pp_rank, flat.padded, isz, any(c.is_first for c in chunks),
                      any(c.is_last for c in chunks), sum(len(c.blocks) for c in chunks),

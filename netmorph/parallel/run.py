@@ -148,7 +148,8 @@ def summarise(cfg: TrainConfig, results: list, backend: str, ref=None) -> TrainS
         bubble_fraction={**dict(zip(("theory", "form"), theory(cfg.layout.pipeline_schedule, p, m, v))),
                          "measured": statistics.mean(statistics.mean(r.idle_fraction[1:] or r.idle_fraction)
                                                      for r in results)},
-        memory_bytes={**{k: max(r.memory_bytes[k] for r in results) for k in ("params", "grads", "optimizer")},
+        memory_bytes={**{k: max(r.memory_bytes[k] for r in results) for k in ("params", "grads", "optimizer",
+                                                                              "wgrad_stash_peak")},
                       "activations_peak": None if any(r.memory_bytes["activations_peak"] is None
                                                       for r in results)
                       else max(r.memory_bytes["activations_peak"] for r in results)},

@@ -41,7 +41,7 @@ also the embedding's dropout mask (if any) for p microbatches and the last stage
 
 from __future__ import annotations
 
-from netmorph.mesh.layout import Layout, sharding_with
+from netmorph.mesh.layout import SPLIT_BACKWARD, Layout, sharding_with
 from netmorph.mesh.placement import model_state_bytes
 from netmorph.mesh.shape import ModelShape
 
@@ -61,13 +61,13 @@ def _per_layer_params(model: ModelShape, c: Layout) -> tuple[float, float]:
 
 
 def _candidates(stages: list) -> list:
-    """The stages that can be the most loaded: the first, the last, and the first of each layer count (a
-    later stage with as many layers holds fewer microbatches and no embedding)."""
-    seen, out = set(), {0, len(stages) - 1}
-    for i, n in enumerate(stages):
-        if n not in seen:
-            seen.add(n)
-            out.add(i)
+    """The stages that can be the most loaded: the first, the last, and the first and last of each run of equal
+    layer counts (along a run the microbatches in flight fall and a zero-bubble schedule's weight-gradient
+    stash grows, each linearly: the most is at one of its ends)."""
+    out = {0, len(stages) - 1}
+    for i in range(1, len(stages)):
+        if stages[i] != stages[i - 1]:
+            out |= {i - 1, i}
     return sorted(out)
 
 
@@ -85,9 +85,9 @@ def stage_params(model: ModelShape, c: Layout, which: list | None = None) -> lis
         d = n * dense
         if i == 0:
             d += model.vocab * h / t + ((model.seq + model.extra_positions) * h if model.position == "learned" else 0)
-        if i == len(stages) - 1:
+        if i == (0 if c.v_shaped else len(stages) - 1):
             d += model.norm_params()
-            if c.pp > 1 or not model.tied:
+            if c.pp > 1 and not c.v_shaped or not model.tied:      # a V's rank 0 holds both ends: one copy
                 d += model.vocab * h / t
         out.append((d, n * experts))
     return out
@@ -126,20 +126,47 @@ def activation_bytes_per_layer(model: ModelShape, c: Layout, recompute: str | No
     return sb * (replicated / t + split / t if sp else replicated + split / t)
 
 
+def wgrad_stash_elements(model: ModelShape, c: Layout) -> tuple[float, float]:
+    """(linear inputs, output gradients): the elements one layer's weight-gradient GEMMs keep for one microbatch
+    between its B and its W on one device, what a :class:`~netmorph.models.weight_grad.WeightGradStore` holds.
+    Column-parallel layers (QKV, the MLP's up-projections) keep their whole input (gathered under sequence
+    parallelism) and their output gradient split by t; row-parallel ones (the attention's output projection,
+    the MLP's down-projection) their input split by t and their whole output gradient. A gated MLP's two
+    up-projections share their input; a mixture of experts keeps the MLP part for each of the top_k experts a
+    token visits (times the capacity factor)."""
+    h, t = model.hidden, c.tp
+    tokens = model.seq * c.batch.micro_batch_size / c.cp
+    kw, vw = model.kv_widths
+    ups = 2 if model.ffn_type == "swiglu" else 1
+    k = model.active_experts * (model.capacity_factor if model.experts else 1.0)
+
+    def mlp(f, n=1.0):
+        return n * (h + f / t), n * (ups * f / t + h)
+    ins, grads = h + model.o_width / t, (model.q_width + kw + vw) / t + h
+    for i, g in (mlp(model.ef, k), mlp(model.shared_width, model.shared_experts if model.experts else 0)):
+        ins, grads = ins + i, grads + g
+    return tokens * ins, tokens * grads
+
+
 def stage_activations(model: ModelShape, c: Layout, which: list | None = None) -> list:
-    """Activation bytes of one device on each pipeline stage (or on the stages ``which``)."""
+    """Activation bytes of one device on each pipeline stage (or on the stages ``which``): the microbatches in
+    flight, and under a zero-bubble schedule the weight-gradient stash of those whose W waits
+    (:meth:`Layout.w_stash`, :func:`wgrad_stash_elements`: 16-bit, the inputs 8-bit under FP8)."""
     if model.bare:
         return [0.0]
     p = c.pp
     per_layer = activation_bytes_per_layer(model, c)
+    ins, grads = wgrad_stash_elements(model, c) if c.pipeline_schedule in SPLIT_BACKWARD else (0.0, 0.0)
+    stash = (1 if c.precision.name == "fp8" else 2) * ins + 2 * grads
     s, b, h = model.seq / c.cp, c.batch.micro_batch_size, model.hidden
     out = []
     stages = c.stage_layers(model.layers)
+    head = 0 if c.v_shaped else len(stages) - 1           # a V's loss is on the first rank
     for i in (range(len(stages)) if which is None else which):
-        act = per_layer * stages[i] * c.in_flight(i)
+        act = per_layer * stages[i] * c.in_flight(i) + stash * stages[i] * c.w_stash(i)
         if i == 0 and model.dropout:
             act += s * b * h * p / c.tp                  # embedding dropout mask, p microbatches
-        if i == len(stages) - 1:
+        if i == head:
             act += 4 * s * b * model.vocab / c.tp        # fp32 logits for the cross-entropy
         out.append(act)
     return out

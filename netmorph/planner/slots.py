@@ -6,6 +6,10 @@ its cost.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
+from netmorph.mesh.schedules import V_SHAPED, idle, schedule
+
 
 def shared_slots(m: int, p: int, v: int = 1, sharing: float = 1.0) -> float:
     """How many microbatch slots at every-rank-busy speed a pipeline of ``p`` stages (``v`` chunks each) takes
@@ -26,13 +30,28 @@ def shared_slots(m: int, p: int, v: int = 1, sharing: float = 1.0) -> float:
     return busy / (sharing * v)
 
 
-def zero_bubble_slots(m: int, p: int, per_mb: float, w: float, sharing: float = 1.0) -> float:
-    """:func:`shared_slots` of ZB-H1 (Qi et al. 2024): each microbatch's backward split into B and W (``w``
-    seconds of the ``per_mb``), the drain's waits filled with W -- (p - 1)(F + B - W) of bubble instead of 1F1B's
-    (p - 1)(F + B + W), at 1F1B's activations."""
+def zero_bubble_slots(m: int, p: int, per_mb: float, w: float, sharing: float = 1.0, name: str = "zb-h1") -> float:
+    """:func:`shared_slots` of a zero-bubble schedule (Qi et al. 2024; DeepSeek's DualPipeV): each microbatch's
+    backward split into B and W (``w`` seconds of the ``per_mb``), the bubble filled with W. The schedule
+    ``name`` is played as the trainer runs it (:func:`idle_share`), and 1F1B's bubble of p - 1 slots scaled by
+    the share of it left: ZB-H1 (p - 1)(F + B - W) instead of 1F1B's (p - 1)(F + B + W), at 1F1B's activations."""
     slots = shared_slots(m, p, 1, sharing)
-    fill = min(1.0, 2 * w / per_mb) if per_mb > 0 else 0.0
-    return m + (slots - m) * (1 - fill)
+    ratio = w / per_mb if per_mb > 0 else 0.0
+    return m + (slots - m) * idle_share(name, p, min(m, 3 * p), ratio)
+
+
+@lru_cache(maxsize=4096)
+def idle_share(name: str, p: int, m: int, w: float) -> float:
+    """A rank's idle time in schedule ``name`` over 1F1B's, (p - 1) microbatch slots, with a microbatch's
+    forward a third of the slot, its B the rest less ``w`` (the weight gradients' share, W) -- the paper's
+    T_F : T_B : T_W -- each of a V's two chunks half of each. The schedule is played slot by slot
+    (:func:`netmorph.mesh.schedules.idle`: the makespan less the rank with the least work's); its idle stops changing past 2p microbatches, so the caller plays at
+    most 3p (a few milliseconds at p 16)."""
+    if p < 2:
+        return 0.0
+    v = 2 if name in V_SHAPED else 1
+    cost = {"F": 1 / 3 / v, "B": (2 / 3 - w) / v, "W": w / v, "split": True}
+    return idle(schedule(name, p, m, v), v, v > 1, cost) / (p - 1)
 
 
 def bucketed(bucket: float, n: int, compute: float, overlap: float = 1.0) -> float:

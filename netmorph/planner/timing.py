@@ -30,7 +30,7 @@ import math
 from functools import lru_cache
 
 from netmorph.mesh.kernels import HEAD_KERNELS, cp_kernels, layer_kernels
-from netmorph.mesh.layout import Batch, Knobs, Layout, Precision, _stage_layers
+from netmorph.mesh.layout import SPLIT_BACKWARD, Batch, Knobs, Layout, Precision, _stage_layers
 from netmorph.mesh.shape import ModelShape
 from netmorph.planner.comm import collective_time, p2p_time
 from netmorph.planner.hardware import Hardware
@@ -217,13 +217,13 @@ def step_time(model: ModelShape, c: Layout, hw: Hardware) -> dict:
     gemm, elementwise, tp_comm, cp_comm, moe_comm, pp_comm = _microbatch(
         model, hw, c.tp, c.cp, c.pp, c.dp, c.ep, v, c.batch.micro_batch_size, c.knobs, c.precision)
     per_mb = gemm + elementwise + tp_comm + cp_comm + moe_comm + pp_comm
-    if c.pipeline_schedule == "zb-h1" and p > 1 and m:
-        # the weight gradients of the slowest stage's layers move into the drain
+    if c.pipeline_schedule in SPLIT_BACKWARD and p > 1 and m:
+        # the weight gradients of the slowest stage's layers fill the bubble, as the schedule played says
         held = max(_stage_layers(model.layers, p, c.knobs.first_stage_layers, c.knobs.last_stage_layers))
         w = held * _layer_costs(model, hw, c.tp, c.cp, c.ep, c.batch.micro_batch_size, c.knobs,
                                 c.precision)["matmul_wgrad"]
-        slots = zero_bubble_slots(m, p, per_mb, w, hw.core_sharing)
-        bubble = zero_bubble_slots(m, p, per_mb, w) / m - 1
+        slots = zero_bubble_slots(m, p, per_mb, w, hw.core_sharing, c.pipeline_schedule)
+        bubble = zero_bubble_slots(m, p, per_mb, w, 1.0, c.pipeline_schedule) / m - 1
     else:
         slots = shared_slots(m, p, v, hw.core_sharing)
         bubble = (p - 1) / (v * m) if m else float("inf")

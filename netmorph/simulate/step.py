@@ -42,7 +42,7 @@ from netmorph.cost.topology import node_of
 from netmorph.errors import UsageError
 from netmorph.mesh.grid import Mesh
 from netmorph.mesh.layout import Layout
-from netmorph.parallel.pipeline import schedule
+from netmorph.mesh.schedules import V_SHAPED, schedule, stage_of
 
 
 @dataclass
@@ -103,8 +103,10 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
     layout's pipeline schedule) on all tp·cp·pp·dp ranks. ``trace_ranks``: global ranks whose spans to keep. The cp
     ranks of a (tp, pp, dp) coordinate run one program on the same clock (their exchanges are symmetric): the
     ranks of cp coordinate 0 are played, and stand for the others."""
-    tp, pp, dp, v, m, cp = layout.tp, layout.pp, layout.dp, layout.interleave, layout.microbatches, layout.cp
     schedule_name = schedule_name or layout.pipeline_schedule
+    if schedule_name in V_SHAPED and not layout.v_shaped:         # the V's placement and its two chunks
+        layout = layout.replace(schedule=schedule_name)
+    tp, pp, dp, v, m, cp = layout.tp, layout.pp, layout.dp, layout.interleave, layout.microbatches, layout.cp
     stages = pp * v
     if layers % stages:
         raise UsageError(f"the step simulator plays equal stages: pp x interleave = {stages} does not divide the "
@@ -227,6 +229,12 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
         record(r, f"send to stage {dst_stage}", "pp", start, start + dur)
         return start + dur, dur
 
+    def hand(r, t_ready, vs):
+        """What virtual stage ``vs`` receives from stage r: a send, or in a V's bottom (vs on r itself) the
+        tensor at once, nothing on a wire."""
+        dst = layout.stage_rank(vs)
+        return send(r, t_ready, dst) if dst != r else (t_ready, np.zeros_like(t_ready))
+
     def dp_bucket(r, t_ready, seconds, nbytes):
         nonlocal events
         if dp * cp == 1 or seconds <= 0:
@@ -254,7 +262,7 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
         for r in range(pp):
             while pos[r] < len(slots[r]):
                 s = slots[r][pos[r]]
-                vs = s.chunk * pp + r
+                vs = stage_of(r, s.chunk, pp, layout.v_shaped)
                 key = (s.kind, vs, s.microbatch)
                 local = (s.kind == "F" and vs == 0) or (s.kind == "B" and vs == stages - 1) or s.kind == "W"
                 if not local and key not in inbox:
@@ -277,7 +285,7 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
                             t = tp_collective(r, t, costs.tp_head_fwd, costs.tp_head_bytes[1],
                                               "tp cross-entropy all-reduces")
                     if vs < stages - 1:
-                        inbox[("F", vs + 1, s.microbatch)] = send(r, t, (vs + 1) % pp)
+                        inbox[("F", vs + 1, s.microbatch)] = hand(r, t, vs + 1)
                 elif s.kind == "W":                                 # the weight gradients: no collective
                     if (last_b[r][s.chunk] == pos[r] or costs.dp_rounds > 1) and costs.dp_overlap:
                         for _ in range(per_chunk):
@@ -300,7 +308,7 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
                         t = layer_pass(r, t, bwd, n_bwd, f"B{s.microbatch}", per_chunk, costs.cp_bwd,
                                        costs.cp_bytes[1])
                     if vs > 0:
-                        inbox[("B", vs - 1, s.microbatch)] = send(r, t, (vs - 1) % pp)
+                        inbox[("B", vs - 1, s.microbatch)] = hand(r, t, vs - 1)
                 record(r, f"{s.kind}{s.microbatch}" + (f".{s.chunk}" if v > 1 else ""), "slot", t_slot, t)
                 free[r] = t
                 pos[r] += 1
@@ -316,7 +324,7 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
         if not costs.dp_overlap:
             for _ in range(per_chunk * v * costs.dp_rounds):
                 dp_bucket(r, end, costs.dp_layer, costs.dp_bytes_layer)
-        first_or_last = r == 0 or r == pp - 1
+        first_or_last = r == 0 or (r == pp - 1 and not layout.v_shaped)     # a V: both ends on rank 0
         if first_or_last:
             dp_bucket(r, np.maximum(end, dpq[r]), costs.dp_embedding, costs.dp_bytes_embedding)
         t = np.maximum(end, dpq[r])
