@@ -15,7 +15,7 @@ import time
 from netmorph.cli import int_in, pipeline_schedule, print_json
 from netmorph.cli.shape import add_shape_flags
 from netmorph.errors import UsageError, spell
-from netmorph.mesh.settings import CP_COMM, SCHEDULES
+from netmorph.mesh.settings import CP_COMM, SCHEDULES, SPLIT_BACKWARD
 from netmorph.units import fmt_memory, fmt_params
 
 # library parameters a layout's rejection names, as this command's flags (the rest are --name)
@@ -35,9 +35,23 @@ def add_parser(sub) -> None:
     p.add_argument("action", nargs="?", default="search", choices=("search", "estimate"),
                    help="search (default): rank every split that fits; estimate: break one split down")
     add_split_args(p)
+    p.add_argument("--schedules", type=schedule_list, metavar="LIST",
+                   help="search: the pipeline schedules to try on every pipeline, comma-separated, or all (1f1b "
+                        "and interleaved, zb-h1, zbv, dualpipev); default --schedule's alone (Megatron's 1F1B)")
     p.add_argument("--top", type=int_in(1, 1000), default=5, help="how many plans to print (default 5)")
     p.add_argument("--json", action="store_true", help="print the plans (and for a search the rejections) as JSON")
     p.set_defaults(run=run, flags=FLAGS)
+
+
+def schedule_list(text: str) -> tuple:
+    """``--schedules``: ``all``, or schedule names (``gpipe`` is afab); 1f1b stands for Megatron's default, 1F1B
+    and with v > 1 interleaved."""
+    names = ("1f1b", "zb-h1", "zbv", "dualpipev") if text.strip().lower() == "all" else \
+        tuple(pipeline_schedule(x.strip()) for x in text.split(",") if x.strip())
+    bad = [x for x in names if x not in SCHEDULES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"schedules are all or a list of {', '.join(SCHEDULES)}; got {text!r}")
+    return tuple(dict.fromkeys("" if x == "1f1b" else x for x in names))
 
 
 def add_split_args(p, bare: bool = True) -> None:
@@ -191,6 +205,8 @@ def _gb(x):
 
 
 def run(args) -> int:
+    if args.action == "estimate" and args.schedules:
+        raise UsageError("--schedules is for a search; `plan estimate` prices one --schedule")
     model, hw = _common(args)
     return _estimate(args, model, hw) if args.action == "estimate" else _search(args, model, hw)
 
@@ -274,7 +290,10 @@ def _estimate(args, model, hw) -> int:
            if c.precision.name == "fp8" else "")
     print(f"throughput         {e['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU {100 * e['mfu']:.1f}%{fp8}, "
           f"{e['tokens_per_s']:,.0f} tokens/s ({e['tokens_per_s_per_gpu']:,.0f} per GPU), bubble "
-          f"{100 * e['bubble_fraction']:.1f}% of ideal time ((p-1)/(v·m) = {pp - 1}/({c.interleave}·{c.microbatches}))")
+          f"{100 * e['bubble_fraction']:.1f}% of ideal time " + (
+              f"({c.pipeline_schedule}: the weight gradients fill it, its slots played)"
+              if c.pipeline_schedule in SPLIT_BACKWARD and pp > 1 else
+              f"((p-1)/(v·m) = {pp - 1}/({c.interleave}·{c.microbatches}))"))
     return 0
 
 
@@ -342,7 +361,10 @@ def _search(args, model, hw) -> int:
                   microbatch_group=args.microbatch_group or 0, cp_comm_type=args.cp_comm_type)
     fixed = {k: getattr(args, k) for k in FIXABLE if getattr(args, k) is not None}
     t0 = time.perf_counter()
-    result = search(model, args.gpus, hw, args.global_batch, base, top=args.top, fixed=fixed)
+    if args.schedules and args.schedule:
+        raise UsageError("--schedule fixes one pipeline schedule and --schedules tries several: give one of them")
+    result = search(model, args.gpus, hw, args.global_batch, base, top=args.top, fixed=fixed,
+                    schedules=args.schedules or ())
     elapsed = time.perf_counter() - t0
     top = result.ranked
     print_notes(args)
@@ -359,7 +381,7 @@ def _search(args, model, hw) -> int:
     if top:
         ep = model.experts > 0
         print(f"{'#':>2} {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>5} " + (f"{'ep':>3} " if ep else "")
-              + f"{'mb':>3} {'v':>2} {'zero':>4} {'recompute':>9} "
+              + f"{'mb':>3} {'v':>2} " + (f"{'schedule':>11} " if args.schedules else "") + f"{'zero':>4} {'recompute':>9} "
               f"{'sp':>2} {'prec':>4} {'step(s)':>9} {'TFLOP/s':>8} {'MFU':>6} {'bubble':>6}  "
               f"{'GB: params/grads/opt/act = total':<36} {'comm s: tp/cp/pp/dp':<20}")
         for i, e in enumerate(top, 1):
@@ -369,6 +391,7 @@ def _search(args, model, hw) -> int:
                     f"{cm['data_parallel'] + cm['zero3_gather']:.2f}")
             print(f"{i:>2} {e['tp']:>3} {e['cp']:>3} {e['pp']:>3} {e['dp']:>5} " + (f"{e['ep']:>3} " if ep else "")
                   + f"{e['microbatch']:>3} {e['interleave']:>2} "
+                  + (f"{e['schedule'] or '-':>11} " if args.schedules else "") +
                   f"{e['zero']:>4} {e['recompute']:>9} {'y' if e['sequence_parallel'] else '-':>2} {e['precision']:>4} "
                   f"{e['step_time_s']:>9.3f} {e['tflops_per_gpu']:>8.1f} {100 * e['mfu']:>5.1f}% "
                   f"{100 * e['bubble_fraction']:>5.1f}%  {mem:<36} {comm:<20}")

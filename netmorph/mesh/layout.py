@@ -25,8 +25,17 @@ from functools import lru_cache
 from netmorph.errors import UsageError
 from netmorph.mesh.grid import Mesh
 from netmorph.mesh.rejection import Rejection, in_range
-from netmorph.mesh.settings import (CP_COMM, PRECISION, RECOMPUTE, SCHEDULES, SPLIT_BACKWARD, V_SHAPED, Batch, Knobs,
-                                    Precision)
+from netmorph.mesh.settings import (
+    CP_COMM,
+    PRECISION,
+    RECOMPUTE,
+    SCHEDULES,
+    SPLIT_BACKWARD,
+    V_SHAPED,
+    Batch,
+    Knobs,
+    Precision,
+)
 from netmorph.mesh.shape import ModelShape
 
 __all__ = ["CP_COMM", "PRECISION", "RECOMPUTE", "SCHEDULES", "SPLIT_BACKWARD", "V_SHAPED", "Batch", "Knobs", "Layout",
@@ -213,7 +222,8 @@ class Layout:
         extra += [f"ep{self.ep}"] if self.ep > 1 else []
         extra += [f"v={self.interleave}"] if self.interleave > 1 else []
         extra += [f"N={self.batch.microbatch_group}"] if self.batch.microbatch_group else []
-        extra += ["afab"] if self.pp > 1 and self.pipeline_schedule == "afab" else []
+        extra += [self.pipeline_schedule] if self.pp > 1 and self.pipeline_schedule in ("afab",) + SPLIT_BACKWARD \
+            else []
         extra += [f"zero{self.zero}"] if self.zero else []
         extra += [f"rc={self.knobs.recompute}"] if self.knobs.recompute != "none" else []
         extra += ["sp"] if self.knobs.sequence_parallel else []

@@ -19,12 +19,13 @@ Torch-free, so the planner plays a schedule as the trainer runs it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from netmorph.errors import UsageError
 from netmorph.mesh.settings import SCHEDULES, SPLIT_BACKWARD, V_SHAPED
 from netmorph.mesh.zero_bubble import dualpipev, zb_h1, zbv
 
-__all__ = ["SCHEDULES", "SPLIT_BACKWARD", "V_SHAPED", "Slot", "bubble", "check", "draw", "idle", "peaks",
+__all__ = ["SCHEDULES", "SPLIT_BACKWARD", "V_SHAPED", "Slot", "bubble", "check", "draw", "idle", "idle_of", "peaks",
            "schedule", "stage_of", "theory"]
 _BUILT = {"zb-h1": zb_h1, "zbv": zbv, "dualpipev": dualpipev}
 
@@ -51,7 +52,7 @@ def schedule(name: str, pp: int, m: int, v: int = 1) -> list[list[Slot]]:
     elif name != "interleaved" and v != 1:
         raise UsageError(f"{{interleave}} {v} needs {{schedule}} interleaved", "interleave")
     if name in _BUILT:
-        return [[Slot(*s) for s in row] for row in _BUILT[name](pp, m)]
+        return [list(row) for row in _built(name, pp, m)]
     if name == "afab":
         return [[Slot("F", i) for i in range(m)] + [Slot("B", i) for i in range(m)] for _ in range(pp)]
     if name == "1f1b":
@@ -101,6 +102,12 @@ def schedule(name: str, pp: int, m: int, v: int = 1) -> list[list[Slot]]:
     return out
 
 
+@lru_cache(maxsize=256)
+def _built(name: str, pp: int, m: int) -> tuple:
+    """A zero-bubble schedule's slots, built once (a planner's search plays the same ones many times)."""
+    return tuple(tuple(Slot(*s) for s in row) for row in _BUILT[name](pp, m))
+
+
 def stage_of(rank: int, chunk: int, pp: int, v_shaped: bool = False) -> int:
     """The virtual stage of ``rank``'s ``chunk``: chunk·p + rank (a loop), or in a V chunk 1 is 2p - 1 - rank."""
     return 2 * pp - 1 - rank if v_shaped and chunk == 1 else chunk * pp + rank
@@ -116,34 +123,41 @@ def _needs(s: Slot, vs: int, stages: int) -> list:
     return [("F", vs, s.microbatch)] + ([] if vs == stages - 1 else [("B", vs + 1, s.microbatch)])
 
 
-def _play(slots: list[list[Slot]], v: int, v_shaped: bool, cost: dict) -> dict:
-    """Run every rank's slots in order, each when what it needs has ended and its rank is free (unbounded send
-    queues): the makespan, every rank's busy time, and its peaks of microbatches in flight (F run, B not) and of
-    weight gradients owed (B run, W not). Raises if the schedule deadlocks."""
+def _order(slots, v: int, v_shaped: bool) -> list:
+    """Every slot as (rank, kind, what it ends, what it needs) in an order it can run -- each rank's slots in
+    their order, each after what it needs (unbounded send queues). Raises if the schedule deadlocks."""
     pp = len(slots)
     stages = pp * v
-    end, free, pos = {}, [0.0] * pp, [0] * pp
-    held, owed, peak, stash = [0] * pp, [0] * pp, [0] * pp, [0] * pp
+    done, pos, out = set(), [0] * pp, []
     while any(pos[r] < len(slots[r]) for r in range(pp)):
         moved = False
         for r in range(pp):
             while pos[r] < len(slots[r]):
                 s = slots[r][pos[r]]
-                vs = stage_of(r, s.chunk, pp, v_shaped)
-                need = _needs(s, vs, stages)
-                if any(d not in end for d in need):
+                key = (s.kind, stage_of(r, s.chunk, pp, v_shaped), s.microbatch)
+                need = _needs(s, key[1], stages)
+                if any(d not in done for d in need):
                     break
-                free[r] = end[(s.kind, vs, s.microbatch)] = max([free[r]] + [end[d] for d in need]) + cost[s.kind]
-                held[r] += {"F": 1, "B": -1, "W": 0}[s.kind]
-                owed[r] += {"F": 0, "B": 1, "W": -1}[s.kind] if cost.get("split") else 0
-                peak[r], stash[r] = max(peak[r], held[r]), max(stash[r], owed[r])
+                done.add(key)
+                out.append((r, s.kind, key, need))
                 pos[r] += 1
                 moved = True
         if not moved:
             stuck = {r: str(slots[r][pos[r]]) for r in range(pp) if pos[r] < len(slots[r])}
             raise RuntimeError(f"pipeline schedule deadlocks: ranks wait at {stuck}")
-    busy = sum(cost[s.kind] for row in slots for s in row)
-    return {"makespan": max(free), "busy": busy, "peak": peak, "stash": stash}
+    return out
+
+
+def _makespan(order: list, pp: int, cost: dict) -> float:
+    """When the last slot ends, each starting once its rank is free and what it needs has ended."""
+    end, free = {}, [0.0] * pp
+    for r, kind, key, need in order:
+        t = free[r]
+        for d in need:
+            if end[d] > t:
+                t = end[d]
+        free[r] = end[key] = t + cost[kind]
+    return max(free)
 
 
 def _split(slots) -> bool:
@@ -153,29 +167,56 @@ def _split(slots) -> bool:
 def check(slots: list[list[Slot]], v: int = 1, v_shaped: bool = False) -> int:
     """Play the schedule with unbounded send queues: raise if it deadlocks; return the most
     microbatches (chunks) any rank holds in flight (forwarded, not yet backwarded)."""
-    return max(_play(slots, v, v_shaped, {"F": 1, "B": 1, "W": 1})["peak"])
+    return max(peaks(slots, v, v_shaped)[0])
 
 
 def peaks(slots: list[list[Slot]], v: int = 1, v_shaped: bool = False) -> tuple[list, list]:
-    """Each rank's peak chunks in flight and peak weight gradients owed (B run, W not), as :func:`check` plays."""
-    out = _play(slots, v, v_shaped, {"F": 1, "B": 1, "W": 1, "split": _split(slots)})
-    return out["peak"], out["stash"]
+    """Each rank's peak chunks in flight (F run, B not) and peak weight gradients owed (B run, W not), once the
+    schedule is known to run (:func:`check`)."""
+    _order(slots, v, v_shaped)
+    split = _split(slots)
+    held, owed = [], []
+    for row in slots:
+        a = b = pa = pb = 0
+        for s in row:
+            a += {"F": 1, "B": -1, "W": 0}[s.kind]
+            b += {"F": 0, "B": 1 if split else 0, "W": -1}[s.kind]
+            pa, pb = max(pa, a), max(pb, b)
+        held.append(pa)
+        owed.append(pb)
+    return held, owed
+
+
+def _cost(slots, cost):
+    return cost or {"F": 1.0, "B": 1.0 if _split(slots) else 2.0, "W": 1.0}
 
 
 def idle(slots: list[list[Slot]], v: int = 1, v_shaped: bool = False, cost=None) -> float:
-    """The longest rank's idle seconds, played with ``cost``: the makespan less that rank's busy time."""
-    cost = cost or {"F": 1.0, "B": 1.0 if _split(slots) else 2.0, "W": 1.0}
-    out = _play(slots, v, v_shaped, cost)
-    return out["makespan"] - min(sum(cost[s.kind] for s in row) for row in slots)
+    """The least loaded rank's idle seconds, played with ``cost``: the makespan less its busy time."""
+    cost = _cost(slots, cost)
+    return _makespan(_order(slots, v, v_shaped), len(slots), cost) - min(sum(cost[s.kind] for s in row)
+                                                                         for row in slots)
+
+
+@lru_cache(maxsize=256)
+def _order_of(name: str, pp: int, m: int, v: int) -> tuple:
+    return tuple(_order(schedule(name, pp, m, v), v, name in V_SHAPED))
+
+
+def idle_of(name: str, pp: int, m: int, v: int, f: float, b: float, w: float) -> float:
+    """:func:`idle` of schedule ``name`` with F, B and W of ``f``, ``b`` and ``w`` seconds, its order found once
+    (a planner's search plays the same schedule at many costs)."""
+    busy = m * v * (f + b + w)
+    return _makespan(_order_of(name, pp, m, v), pp, {"F": f, "B": b, "W": w}) - busy
 
 
 def bubble(slots: list[list[Slot]], v: int = 1, v_shaped: bool = False, cost=None) -> float:
     """The idle share of the schedule played with ``cost`` seconds a slot kind (default the paper's unit F, B and
     W; a joint backward "B" of a schedule with no W costs B + W), each slot starting when it is ready and its
     rank free: 1 - (busy time) / (ranks x makespan)."""
-    cost = cost or {"F": 1.0, "B": 1.0 if _split(slots) else 2.0, "W": 1.0}
-    out = _play(slots, v, v_shaped, cost)
-    return 1 - out["busy"] / (len(slots) * out["makespan"])
+    cost = _cost(slots, cost)
+    busy = sum(cost[s.kind] for row in slots for s in row)
+    return 1 - busy / (len(slots) * _makespan(_order(slots, v, v_shaped), len(slots), cost))
 
 
 def theory(name: str, pp: int, m: int, v: int = 1) -> tuple[float, str]:

@@ -18,11 +18,11 @@ import torch
 from netmorph.mesh import DeviceMesh
 from netmorph.mesh.layout import Layout
 from netmorph.mesh.placement import rank_parameters
+from netmorph.mesh.settings import SPLIT_BACKWARD
 from netmorph.mesh.shape import ModelShape
 from netmorph.models.gpt import GPTStage
 from netmorph.models.weight_grad import WeightGradStore
 from netmorph.parallel.context_parallel import ContextParallel
-from netmorph.mesh.settings import SPLIT_BACKWARD
 from netmorph.parallel.replica import Replica
 from netmorph.parallel.tensor_parallel import TensorParallel
 

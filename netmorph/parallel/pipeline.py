@@ -17,8 +17,19 @@ import time
 
 import torch
 
-from netmorph.mesh.schedules import (SCHEDULES, SPLIT_BACKWARD, V_SHAPED, Slot, bubble, check, draw, peaks,
-                                     schedule, stage_of, theory)
+from netmorph.mesh.schedules import (
+    SCHEDULES,
+    SPLIT_BACKWARD,
+    V_SHAPED,
+    Slot,
+    bubble,
+    check,
+    draw,
+    peaks,
+    schedule,
+    stage_of,
+    theory,
+)
 
 __all__ = ["SCHEDULES", "SPLIT_BACKWARD", "V_SHAPED", "Executor", "Slot", "bubble", "check", "draw", "peaks",
            "schedule", "stage_of", "theory"]

@@ -41,8 +41,11 @@ also the embedding's dropout mask (if any) for p microbatches and the last stage
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from netmorph.mesh.layout import SPLIT_BACKWARD, Layout, sharding_with
 from netmorph.mesh.placement import model_state_bytes
+from netmorph.mesh.schedules import schedule
 from netmorph.mesh.shape import ModelShape
 
 
@@ -148,10 +151,32 @@ def wgrad_stash_elements(model: ModelShape, c: Layout) -> tuple[float, float]:
     return tokens * ins, tokens * grads
 
 
+def _split_peak(name: str, p: int, m: int, v: int, i: int, act: float, stash: float) -> float:
+    """The most rank ``i`` of a zero-bubble schedule holds as its slots run: ``act`` for each stage's worth of
+    microbatches between F and B, ``stash`` for each owed its W -- the two peaks need not coincide (ZB-H1's
+    stash is fullest in the drain, when few microbatches are in flight), so the schedule is walked; past 3p
+    microbatches the peak no longer grows."""
+    return max(a * act + b * stash for a, b in _held_and_owed(name, p, m, v, i))
+
+
+@lru_cache(maxsize=4096)
+def _held_and_owed(name: str, p: int, m: int, v: int, i: int) -> tuple:
+    """The (in flight, owed W) pairs, in stage units, that rank ``i`` passes through and no other pair
+    dominates."""
+    held = owed = 0
+    seen = set()
+    for s in schedule(name, p, m, v)[i]:
+        held += {"F": 1, "B": -1, "W": 0}[s.kind]
+        owed += {"F": 0, "B": 1, "W": -1}[s.kind]
+        seen.add((held / v, owed / v))
+    return tuple(x for x in seen if not any(y != x and y[0] >= x[0] and y[1] >= x[1] for y in seen))
+
+
 def stage_activations(model: ModelShape, c: Layout, which: list | None = None) -> list:
     """Activation bytes of one device on each pipeline stage (or on the stages ``which``): the microbatches in
-    flight, and under a zero-bubble schedule the weight-gradient stash of those whose W waits
-    (:meth:`Layout.w_stash`, :func:`wgrad_stash_elements`: 16-bit, the inputs 8-bit under FP8)."""
+    flight, and under a zero-bubble schedule beside them the weight-gradient stash of those whose W waits
+    (:func:`wgrad_stash_elements`: 16-bit, the inputs 8-bit under FP8), the most of the two together as the
+    schedule runs (each alone: :meth:`Layout.in_flight`, :meth:`Layout.w_stash`)."""
     if model.bare:
         return [0.0]
     p = c.pp
@@ -163,7 +188,11 @@ def stage_activations(model: ModelShape, c: Layout, which: list | None = None) -
     stages = c.stage_layers(model.layers)
     head = 0 if c.v_shaped else len(stages) - 1           # a V's loss is on the first rank
     for i in (range(len(stages)) if which is None else which):
-        act = per_layer * stages[i] * c.in_flight(i) + stash * stages[i] * c.w_stash(i)
+        if stash:
+            act = _split_peak(c.pipeline_schedule, p, min(c.microbatches, 3 * p), c.interleave, i,
+                              per_layer * stages[i], stash * stages[i])
+        else:
+            act = per_layer * stages[i] * c.in_flight(i)
         if i == 0 and model.dropout:
             act += s * b * h * p / c.tp                  # embedding dropout mask, p microbatches
         if i == head:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields, replace
 from functools import cache, lru_cache
 
 from netmorph.errors import UsageError
-from netmorph.mesh.layout import RECOMPUTE, Layout, Rejection
+from netmorph.mesh.layout import RECOMPUTE, SPLIT_BACKWARD, V_SHAPED, Layout, Rejection
 from netmorph.mesh.shape import ModelShape
 from netmorph.planner.hardware import Hardware
 from netmorph.planner.memory import memory, memory_parts, memory_total
@@ -85,7 +85,8 @@ def estimate(model: ModelShape, c: Layout, hw: Hardware, times: dict | None = No
     """Memory and time of one configuration, as the JSON the CLI prints."""
     mem = memory(model, c)
     out = {**{k: c.get("micro_batch_size" if k == "microbatch" else k) for k in CONFIG_KEYS},
-           "gpus": c.gpus, "hardware": hw.name, "model": model.name,
+           "schedule": c.pipeline_schedule if c.pp > 1 else "", "gpus": c.gpus, "hardware": hw.name,
+           "model": model.name,
            **({} if model.bare else {"kv_heads": model.kv, "ffn_type": model.ffn_type, "ffn": model.f,
                                      "position": model.position, "tied": model.tied, "attention": model.attention,
                                      "dropout": model.dropout, "experts": model.experts,
@@ -130,9 +131,11 @@ def _divisors(n: int, cap: int | None = None):
 
 def search(model: ModelShape, gpus: int, hw: Hardware, global_batch: int, base: Layout | None = None,
            max_microbatch: int = 16, max_interleave: int = 16, top: int = 5, fixed: dict | None = None,
-           max_cp: int = 32) -> SearchResult:
+           max_cp: int = 32, schedules: tuple = ()) -> SearchResult:
     """Every configuration (those matching ``fixed``, {field: value}): the ``top`` that fit (0: all), ranked
-    by step time, the best of each (tp, pp) split, and the rest counted by the reason they were rejected."""
+    by step time, the best of each (tp, pp) split, and the rest counted by the reason they were rejected.
+    ``schedules``: the pipeline schedules to try on every pipeline (default ``base``'s alone: Megatron's 1F1B,
+    interleaved with v > 1); a zero-bubble one is tried with one chunk a stage (a V's two are its own)."""
     if gpus < 1:
         raise UsageError(f"{{gpus}} must be >= 1, got {gpus}", "gpus")
     if global_batch < 1:
@@ -152,7 +155,8 @@ def search(model: ModelShape, gpus: int, hw: Hardware, global_batch: int, base: 
     zeros = allowed("zero", [0, 1, 2, 3])
     rcs = allowed("recompute", list(RECOMPUTE))
     precisions = allowed("precision", ["bf16", "fp8"] if hw.fp8_flops else ["bf16"])
-    inner = len(zeros) * len(rcs) * 2 * len(precisions)
+    scheds = tuple(schedules) or (base.batch.schedule,)
+    inner = len(zeros) * len(rcs) * 2 * len(precisions) * len(scheds)
 
     def reject(why: Rejection, c, n=1):
         r = rejected.get(why.key)
@@ -162,13 +166,15 @@ def search(model: ModelShape, gpus: int, hw: Hardware, global_batch: int, base: 
         r.count += n
 
     fixed_fields = {f.name: getattr(base, f.name) for f in fields(base)}       # (faster than replace() per layout)
-    batch = cache(lambda mb: replace(base.batch, global_batch=global_batch, micro_batch_size=mb))
+    batch = cache(lambda mb, sched=base.batch.schedule: replace(base.batch, global_batch=global_batch,
+                                                               micro_batch_size=mb, schedule=sched))
     knobs = cache(lambda rc, sp: replace(base.knobs, recompute=rc, sequence_parallel=sp))
     precision = cache(lambda name: replace(base.precision, name=name))
 
-    def make(tp, cp, pp, dp, ep=1, mb=1, v=1, zero=0, rc="none", sp=False, prec="bf16"):
+    def make(tp, cp, pp, dp, ep=1, mb=1, v=1, zero=0, rc="none", sp=False, prec="bf16", sched=base.batch.schedule):
         return Layout(**{**fixed_fields, "tp": tp, "cp": cp, "ep": ep, "dp": dp, "pp": pp, "zero": zero,
-                         "interleave": v, "batch": batch(mb), "knobs": knobs(rc, sp), "precision": precision(prec)})
+                         "interleave": v, "batch": batch(mb, sched), "knobs": knobs(rc, sp),
+                         "precision": precision(prec)})
 
     for tp in allowed("tp", _divisors(gpus, min(gpus, 64))):
         rest = gpus // tp
@@ -206,10 +212,19 @@ def search(model: ModelShape, gpus: int, hw: Hardware, global_batch: int, base: 
                                 reject(check(model, make(tp, cp, pp, dp, ep, mb, v), hw),
                                        lambda: make(tp, cp, pp, dp, ep, mb, v), inner)
                                 continue
-                            for prec in precisions:
+                            for prec, sched in ((a, b) for a in precisions for b in scheds):
+                                if len(scheds) > 1 and sched in SPLIT_BACKWARD and (pp == 1 or v > 1):
+                                    continue        # not a layout of its own: no pipeline, or interleaved
+                                if sched in V_SHAPED and (smallest < 2 or m < (2 * pp if sched == "dualpipev" else 1)):
+                                    reject(check(model, make(tp, cp, pp, dp, ep, mb, v, sched=sched), hw) or
+                                           Rejection("v-shape", "layers", smallest, f"{sched}: a V splits each "
+                                                     f"stage's {smallest} layers in two", "{pp}"),
+                                           lambda: make(tp, cp, pp, dp, ep, mb, v, sched=sched),
+                                           inner // len(scheds) // len(precisions))
+                                    continue
                                 for rc in rcs:
                                     for sp in allowed("sequence_parallel", (False, True) if tp > 1 else (False,)):
-                                        cz = make(tp, cp, pp, dp, ep, mb, v, 0, rc, sp, prec)
+                                        cz = make(tp, cp, pp, dp, ep, mb, v, 0, rc, sp, prec, sched)
                                         parts = memory_parts(model, cz)
                                         for zero in zeros:
                                             if zero == 3 and pp > 1 and 1 in zeros:
@@ -219,7 +234,8 @@ def search(model: ModelShape, gpus: int, hw: Hardware, global_batch: int, base: 
                                                                  "runs as FSDP2 with reshard_after_forward=False: "
                                                                  "ZeRO-1's memory and traffic, searched as ZeRO-1",
                                                                  "{zero} or {pp}"),
-                                                       lambda: make(tp, cp, pp, dp, ep, mb, v, zero, rc, sp, prec))
+                                                       lambda: make(tp, cp, pp, dp, ep, mb, v, zero, rc, sp, prec,
+                                                                    sched))
                                                 continue
                                             total = memory_total(cz, parts, zero)
                                             if total > hw.memory_bytes:
@@ -227,9 +243,10 @@ def search(model: ModelShape, gpus: int, hw: Hardware, global_batch: int, base: 
                                                                  f"out of memory ({total / 1e9:.1f} GB > "
                                                                  f"{hw.memory_bytes / 1e9:.1f} GB)",
                                                                  "{gpus}, {hardware} or {recompute}"),
-                                                       lambda: make(tp, cp, pp, dp, ep, mb, v, zero, rc, sp, prec))
+                                                       lambda: make(tp, cp, pp, dp, ep, mb, v, zero, rc, sp, prec,
+                                                                    sched))
                                                 continue
-                                            fits.append(make(tp, cp, pp, dp, ep, mb, v, zero, rc, sp, prec))
+                                            fits.append(make(tp, cp, pp, dp, ep, mb, v, zero, rc, sp, prec, sched))
     timed = sorted(((step_time(model, c, hw)["step_time_s"], i) for i, c in enumerate(fits)))
     n = len(timed) if not top else min(top, len(timed))
     ranked = [estimate(model, fits[i], hw) for _, i in timed[:n]]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from netmorph.mesh.schedules import V_SHAPED, idle, schedule
+from netmorph.mesh.schedules import V_SHAPED, idle_of
 
 
 def shared_slots(m: int, p: int, v: int = 1, sharing: float = 1.0) -> float:
@@ -45,13 +45,12 @@ def idle_share(name: str, p: int, m: int, w: float) -> float:
     """A rank's idle time in schedule ``name`` over 1F1B's, (p - 1) microbatch slots, with a microbatch's
     forward a third of the slot, its B the rest less ``w`` (the weight gradients' share, W) -- the paper's
     T_F : T_B : T_W -- each of a V's two chunks half of each. The schedule is played slot by slot
-    (:func:`netmorph.mesh.schedules.idle`: the makespan less the rank with the least work's); its idle stops changing past 2p microbatches, so the caller plays at
-    most 3p (a few milliseconds at p 16)."""
+    (:func:`netmorph.mesh.schedules.idle_of`, its order found once): its idle stops changing past 2p
+    microbatches, so the caller plays at most 3p."""
     if p < 2:
         return 0.0
     v = 2 if name in V_SHAPED else 1
-    cost = {"F": 1 / 3 / v, "B": (2 / 3 - w) / v, "W": w / v, "split": True}
-    return idle(schedule(name, p, m, v), v, v > 1, cost) / (p - 1)
+    return idle_of(name, p, m, v, 1 / 3 / v, (2 / 3 - w) / v, w / v) / (p - 1)
 
 
 def bucketed(bucket: float, n: int, compute: float, overlap: float = 1.0) -> float:

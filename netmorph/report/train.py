@@ -18,7 +18,7 @@ def build_section(res: Training, out_dir) -> Section:
     import matplotlib.pyplot as plt
 
     runs, out3 = res.schedules, res.three_d
-    fig, axes = plt.subplots(len(runs), 1, figsize=(13, 2.5 * len(runs)), sharex=False)
+    fig, axes = plt.subplots(len(runs), 1, figsize=(13, 2.3 * len(runs)), sharex=True)     # one clock: compare
     for ax, (name, v, out) in zip(axes, runs):
         spans = out.timeline
         t0 = min(s[3] for rank in spans.values() for s in rank)
@@ -38,11 +38,12 @@ def build_section(res: Training, out_dir) -> Section:
         form = b["form"]
         ax.set_title(f"{label}: bubble measured {b['measured']:.0%}, {form} = {b['theory']:.0%}; "
                      f"step {out.step_time_s * 1e3:.0f} ms", fontsize=9)
-        ax.set_yticks(range(4), [f"stage {i}" for i in range(4)], fontsize=8)
+        ax.set_yticks(range(4), [f"rank {i}" for i in range(4)], fontsize=8)
         ax.invert_yaxis()
         ax.set_xlabel("ms", fontsize=8)
-    fig.suptitle("One training step on 4 pipeline ranks, 8 microbatches (blue forward, orange backward -- "
-                 "ZB-H1's: the input gradient alone --, green the weight gradient; ' = second chunk)", fontsize=10)
+    fig.suptitle("One training step on 4 pipeline ranks, 8 microbatches: blue forward, orange backward (in the "
+                 "zero-bubble ones the input gradient alone),\ngreen the weight gradient; ' the second chunk (in a V "
+                 "the one back up the ranks, rank 0 ending in the loss)", fontsize=10)
     fig.tight_layout()
     save_figure(fig, out_dir / "train_pipeline.png")
     plt.close(fig)

@@ -1,4 +1,4 @@
-"""A GPT trained split across real ranks: four pipeline schedules on 4 stages, tp2·pp2·dp2 ZeRO-1 against
+"""A GPT trained split across real ranks: six pipeline schedules on 4 stages, tp2·pp2·dp2 ZeRO-1 against
 the 1-rank run and its closed forms, and the model states each ZeRO stage keeps beside the planner's."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from netmorph.parallel.run import TrainSummary, train
 from netmorph.planner.memory import trainer_memory
 
 STEPS = 3
-SCHEDULES = (("afab", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1))
+SCHEDULES = (("afab", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1), ("zbv", 2), ("dualpipev", 2))
 
 
 @dataclass
