@@ -159,6 +159,18 @@ def pipeline_schedule(text: str) -> str:
     return {"gpipe": "afab"}.get(text.lower(), text.lower())
 
 
+def schedule_list(text: str) -> tuple:
+    """``--schedules``: ``all``, or schedule names (``gpipe`` is afab); 1f1b stands for Megatron's default, 1F1B
+    and with v > 1 interleaved."""
+    names = ("1f1b", "zb-h1", "zbv", "dualpipev") if text.strip().lower() == "all" else \
+        tuple(pipeline_schedule(x.strip()) for x in text.split(",") if x.strip())
+    from netmorph.mesh.settings import SCHEDULES
+    bad = [x for x in names if x not in SCHEDULES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"schedules are all or a list of {', '.join(SCHEDULES)}; got {text!r}")
+    return tuple(dict.fromkeys("" if x == "1f1b" else x for x in names))
+
+
 def timeout_seconds(text: str) -> float:
     """A ``--timeout``: seconds a rank waits on a silent peer, the same bounds on every command that
     starts ranks (:data:`netmorph.runtime.launch.TIMEOUT_RANGE`: 0.1 s .. one day)."""

@@ -12,7 +12,7 @@ import dataclasses
 import sys
 import time
 
-from netmorph.cli import int_in, pipeline_schedule, print_json
+from netmorph.cli import int_in, pipeline_schedule, print_json, schedule_list
 from netmorph.cli.shape import add_shape_flags
 from netmorph.errors import UsageError, spell
 from netmorph.mesh.settings import CP_COMM, SCHEDULES, SPLIT_BACKWARD
@@ -41,17 +41,6 @@ def add_parser(sub) -> None:
     p.add_argument("--top", type=int_in(1, 1000), default=5, help="how many plans to print (default 5)")
     p.add_argument("--json", action="store_true", help="print the plans (and for a search the rejections) as JSON")
     p.set_defaults(run=run, flags=FLAGS)
-
-
-def schedule_list(text: str) -> tuple:
-    """``--schedules``: ``all``, or schedule names (``gpipe`` is afab); 1f1b stands for Megatron's default, 1F1B
-    and with v > 1 interleaved."""
-    names = ("1f1b", "zb-h1", "zbv", "dualpipev") if text.strip().lower() == "all" else \
-        tuple(pipeline_schedule(x.strip()) for x in text.split(",") if x.strip())
-    bad = [x for x in names if x not in SCHEDULES]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"schedules are all or a list of {', '.join(SCHEDULES)}; got {text!r}")
-    return tuple(dict.fromkeys("" if x == "1f1b" else x for x in names))
 
 
 def add_split_args(p, bare: bool = True) -> None:

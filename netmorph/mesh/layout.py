@@ -25,6 +25,7 @@ from functools import lru_cache
 from netmorph.errors import UsageError
 from netmorph.mesh.grid import Mesh
 from netmorph.mesh.rejection import Rejection, in_range
+from netmorph.mesh.schedules import in_flight, w_stash
 from netmorph.mesh.settings import (
     CP_COMM,
     PRECISION,
@@ -138,38 +139,14 @@ class Layout:
 
     def in_flight(self, stage: int) -> float:
         """Microbatches whose activations pipeline rank ``stage`` holds at its peak, in units of the stage's whole
-        layers: GPipe (afab) runs every forward first, so all m; 1F1B holds the p - i its warmup starts
-        (Narayanan et al. 2021); Megatron's interleaved schedule runs 2(p - i - 1) + (v - 1)·N warmup forwards
-        of one chunk (1/v of the stage's layers) each, then one more before its first backward (schedules.py's
-        ``num_warmup_microbatches``; N = pp is Megatron's default, Llama 3 tunes it, section 3.3.2)."""
-        p, v, m, i = self.pp, self.interleave, max(self.microbatches, 1), stage
-        kind = self.pipeline_schedule
-        if p == 1:
-            return 1.0
-        if kind == "afab":
-            return float(m)
-        if kind == "interleaved":
-            return min(2 * (p - i - 1) + (v - 1) * self.group + 1, m * v) / v
-        if kind == "zbv":               # torch's ScheduleZBVZeroBubble: 1F1B's p stages' worth once m >= 2p - 1
-            return min(2 * p, m + i + 1, 2 * m) / 2
-        if kind == "dualpipev":         # DualPipe's table: PP + 1 chunks (PP = 2p stages), m >= 2p
-            return (2 * p + 1) / 2
-        return float(min(p - i, m))
+        layers (:func:`netmorph.mesh.schedules.in_flight`)."""
+        return in_flight(self.pipeline_schedule, self.pp, max(self.microbatches, 1), self.interleave, self.group,
+                         stage)
 
     def w_stash(self, stage: int) -> float:
         """Microbatches whose weight gradients pipeline rank ``stage`` owes at its peak (B ran, W not yet), in
-        units of the stage's whole layers: each keeps its linear layers' inputs and output gradients for W.
-        ZB-H1 owes up to p (the B just run and p - 1 waiting for the drain) beside 1F1B's p in flight; ZB-V, in
-        torch's order, 2i + 1 chunks once m >= 2p - 1; DualPipeV i + 1 chunks (its ``WeightGradStore`` queue).
-        1F1B and the others owe none: their B runs W at once."""
-        p, m, i, kind = self.pp, max(self.microbatches, 1), stage, self.pipeline_schedule
-        if p == 1 or kind not in SPLIT_BACKWARD:
-            return 0.0
-        if kind == "zb-h1":             # the B just run and the p - 1 whose W's wait, once m - p + 1 + i reach it
-            return float(min(max(m - p + 1 + i, 1), p))
-        if kind == "zbv":               # below 2p - 1 microbatches fewer: an upper bound there
-            return (2 * i + 1) / 2
-        return (i + 1) / 2
+        units of the stage's whole layers (:func:`netmorph.mesh.schedules.w_stash`)."""
+        return w_stash(self.pipeline_schedule, self.pp, max(self.microbatches, 1), stage)
 
     @property
     def stages(self) -> int:

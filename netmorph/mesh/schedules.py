@@ -25,8 +25,8 @@ from netmorph.errors import UsageError
 from netmorph.mesh.settings import SCHEDULES, SPLIT_BACKWARD, V_SHAPED
 from netmorph.mesh.zero_bubble import dualpipev, zb_h1, zbv
 
-__all__ = ["SCHEDULES", "SPLIT_BACKWARD", "V_SHAPED", "Slot", "bubble", "check", "draw", "idle", "idle_of", "peaks",
-           "schedule", "stage_of", "theory"]
+__all__ = ["SCHEDULES", "SPLIT_BACKWARD", "V_SHAPED", "Slot", "bubble", "check", "draw", "idle", "idle_of", "in_flight",
+           "peaks", "schedule", "stage_of", "theory", "w_stash"]
 _BUILT = {"zb-h1": zb_h1, "zbv": zbv, "dualpipev": dualpipev}
 
 
@@ -100,6 +100,42 @@ def schedule(name: str, pp: int, m: int, v: int = 1) -> list[list[Slot]]:
             b += 1
         out.append(slots)
     return out
+
+
+def in_flight(name: str, p: int, m: int, v: int, group: int, i: int) -> float:
+    """Microbatches whose activations pipeline rank ``i`` holds at its peak, in units of the stage's whole layers:
+    GPipe (afab) runs every forward first, so all m; 1F1B holds the p - i its warmup starts (Narayanan et al.
+    2021), as does ZB-H1; Megatron's interleaved schedule runs 2(p - i - 1) + (v - 1)·N warmup forwards of one
+    chunk (1/v of the stage's layers) each, then one more before its first backward (schedules.py's
+    ``num_warmup_microbatches``; N = pp is Megatron's default, Llama 3 tunes it, section 3.3.2); ZB-V, in
+    torch's order, min(2p, m + i + 1, 2m) chunks -- 1F1B's p stages' worth once m >= 2p - 1 --; DualPipeV
+    2p + 1 chunks (DualPipe's table: PP + 1, PP = 2p stages)."""
+    if p == 1:
+        return 1.0
+    if name == "afab":
+        return float(m)
+    if name == "interleaved":
+        return min(2 * (p - i - 1) + (v - 1) * group + 1, m * v) / v
+    if name == "zbv":
+        return min(2 * p, m + i + 1, 2 * m) / 2
+    if name == "dualpipev":
+        return (2 * p + 1) / 2
+    return float(min(p - i, m))
+
+
+def w_stash(name: str, p: int, m: int, i: int) -> float:
+    """Microbatches whose weight gradients pipeline rank ``i`` owes at its peak (B ran, W not yet), in units of
+    the stage's whole layers: each keeps its linear layers' inputs and output gradients for W. ZB-H1 owes up to
+    p (the B just run and p - 1 waiting for the drain, once m - p + 1 + i reach it); ZB-V, in torch's order,
+    2i + 1 chunks once m >= 2p - 1 (fewer below: an upper bound there); DualPipeV i + 1 chunks (its
+    ``WeightGradStore`` queue). 1F1B and the others owe none: their B runs W at once."""
+    if p == 1 or name not in SPLIT_BACKWARD:
+        return 0.0
+    if name == "zb-h1":
+        return float(min(max(m - p + 1 + i, 1), p))
+    if name == "zbv":
+        return (2 * i + 1) / 2
+    return (i + 1) / 2
 
 
 @lru_cache(maxsize=256)
