@@ -252,13 +252,22 @@ def print_run(cfg, out, plan: dict) -> None:
               f"{out.formulas.get(ph, '')}")
     if cfg.layout.pp > 1:
         fl = out.in_flight_peak
-        bound = {"afab": f"m = {cfg.layout.microbatches}", "1f1b": f"p = {cfg.layout.pp}",
-                 "zb-h1": f"p = {cfg.layout.pp} between F and B, and up to p owed their W",
-                 "zbv": f"2p = {2 * cfg.layout.pp} chunks (1F1B's p stages' worth), 2i+1 chunks owed their W",
-                 "dualpipev": f"2p+1 = {2 * cfg.layout.pp + 1} chunks, i+1 owed their W"}.get(
-            cfg.layout.pipeline_schedule, "(p-1)·2 + (v-1)·p + 1")
+        p = cfg.layout.pp
+        bound = {"afab": f"m = {cfg.layout.microbatches} on stage 0", "1f1b": f"p = {p} on stage 0",
+                 "zb-h1": f"p = {p} on stage 0",
+                 "zbv": f"2p = {2 * p} chunks of half a stage on every rank, 1F1B's p stages' worth",
+                 "dualpipev": f"2p+1 = {2 * p + 1} chunks of half a stage on every rank"}.get(
+            cfg.layout.pipeline_schedule, "(p-1)·2 + (v-1)·p + 1 on stage 0")
         print(f"# pipeline: microbatches in flight per stage {[fl[s] for s in sorted(fl)]} "
-              f"({cfg.layout.pipeline_schedule}: at most {bound} on stage 0)")
+              f"({cfg.layout.pipeline_schedule}: at most {bound})")
+        if cfg.layout.pipeline_schedule in SPLIT_BACKWARD:
+            from netmorph.planner.memory import wgrad_stash_elements
+            lay = cfg.layout
+            want = max(lay.w_stash(r) for r in range(p)) * m.layers / p * sum(wgrad_stash_elements(m, lay)) * \
+                cfg.wire_sizes()[0]
+            got = out.memory_bytes["wgrad_stash_peak"]
+            print(f"# weight-gradient stash (each owed W's linear inputs and output gradients, the most loaded "
+                  f"rank): {got:,} B vs the memory model's {want:,.0f} {'✓' if got == want else '✗'}")
         bub = out.bubble_fraction
         how = (f"emulated compute {cfg.compute_ms:g} ms per forward" if cfg.compute_ms else
                "no --compute-ms: with more ranks than cores this measures the scheduler, not the schedule")

@@ -267,9 +267,9 @@ class Layout:
         if self.v_shaped:
             kind = self.pipeline_schedule
             if self.pp == 1 or self.interleave != 2:
+                bad = f"pp {self.pp}" if self.pp == 1 else f"interleave {self.interleave}"
                 out.append(Rejection("v-shape", "schedule", kind, f"{kind} runs two model chunks on each of pp > 1 "
-                                     f"ranks (a V); got pp {self.pp}, interleave {self.interleave}",
-                                     "{pp} or {interleave}"))
+                                     f"ranks (a V); got {bad}", "{pp}" if self.pp == 1 else "{interleave}"))
             elif kind == "dualpipev" and m < 2 * self.pp:
                 out.append(Rejection("v-shape", "schedule", kind, f"dualpipev needs at least 2·pp = {2 * self.pp} "
                                      f"microbatches (one a stage), got {m}", "{microbatches} or {pp}"))
