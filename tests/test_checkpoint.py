@@ -66,15 +66,19 @@ def test_range_boxes_cover_a_row_major_range_exactly():
 
 @pytest.mark.parametrize("tag,world,model", [("tp2,pp2,dp2,zero1", 8, MODEL), ("dp4,zero3", 4, MODEL),
                                              ("tp2,dp2,zero2", 4, MODEL), ("pp2,v2", 2, MODEL),
+                                             ("pp2,dp2,zero1,zbv", 4, MODEL),
                                              ("tp2,dp4,ep2,zero1", 8, MOE), ("pp2,dp2,ep2,zero1", 4, MOE),
                                              ("tp2,pp2,dp2", 8, MOE)],
-                         ids=["tp2-pp2-dp2-zero1", "dp4-zero3", "tp2-dp2-zero2", "pp2-v2", "moe-tp2-dp4-ep2-zero1",
-                              "moe-pp2-dp2-ep2-zero1", "moe-tp2-pp2-dp2"])
+                         ids=["tp2-pp2-dp2-zero1", "dp4-zero3", "tp2-dp2-zero2", "pp2-v2", "pp2-dp2-zero1-zbv",
+                              "moe-tp2-dp4-ep2-zero1", "moe-pp2-dp2-ep2-zero1", "moe-tp2-pp2-dp2"])
 def test_the_written_boxes_tile_every_tensor_once(tag, world, model):
     """Replicas write nothing twice: each tensor's owned boxes add up to its elements (DCP's global plan
     rejects an overlap, so together they tile it) -- a mixture of experts' expert buffer too, its experts
-    split over ep and replicated over the expert data-parallel ranks."""
-    lay = Layout.parse(tag, world).replace(global_batch=8, micro_batch_size=1, expert_tp=1)
+    split over ep and replicated over the expert data-parallel ranks, and a V's rank 0, which holds the tied
+    embedding in both its chunks."""
+    tag, v, _ = tag.partition(",zbv")
+    lay = Layout.parse(tag, world).replace(global_batch=8, micro_batch_size=1, expert_tp=1,
+                                           schedule="zbv" if v else "")
     who = owners(model, lay)
     elements = {}
     for r in range(world):
@@ -126,8 +130,8 @@ def test_dcp_to_torch_save_gives_what_the_1_rank_gpt_loads_strictly(saved, tmp_p
 
 
 @pytest.mark.parametrize("layout", [dict(dp=4, zero=3), dict(tp=4), dict(pp=2, interleave=2, schedule="interleaved"),
-                                    dict(tp=2, dp=2, zero=2, sequence_parallel=True)],
-                         ids=["dp4-zero3", "tp4", "pp2-interleaved", "tp2-dp2-zero2-sp"])
+                                    dict(tp=2, dp=2, zero=2, sequence_parallel=True), dict(pp=2, schedule="zbv")],
+                         ids=["dp4-zero3", "tp4", "pp2-interleaved", "tp2-dp2-zero2-sp", "pp2-zbv"])
 def test_resumed_on_another_layout_the_run_goes_on_as_if_it_never_stopped(saved, layout):
     """Written on tp2·pp2·dp2 ZeRO-1 after step 3, read under another layout by DCP's resharding: steps 4-6
     lose exactly what the run that never stopped lost, and end on the 1-rank run's weights."""

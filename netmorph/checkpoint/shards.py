@@ -128,7 +128,7 @@ def rank_boxes(model: ModelShape, layout: Layout, rank: int, owned: bool = False
     :func:`owners`, computed when not given)."""
     c = layout.coords(rank)
     who = (who or owners(model, layout)) if owned else None
-    out = []
+    out, written = [], set()
     for buffer, ms in maps(model, layout).items():
         m = ms[rank]
         if m is None:
@@ -151,8 +151,12 @@ def rank_boxes(model: ModelShape, layout: Layout, rank: int, owned: bool = False
                     base[p.placement.dim] = (c["ep"] if experts else c["tp"]) * local[p.placement.dim]
                 for x, y in runs:
                     for off, size in range_boxes(local, x - s, y - s):
-                        out.append(Box(name.format(model_key(p)), kind, buffer, p.shape,
-                                       tuple(o + g for o, g in zip(off, base)), size, s, local, off))
+                        box = Box(name.format(model_key(p)), kind, buffer, p.shape,
+                                  tuple(o + g for o, g in zip(off, base)), size, s, local, off)
+                        if owned and (box.fqn, box.offsets) in written:
+                            continue        # a V's rank 0 holds the tied embedding twice: it writes it once
+                        written.add((box.fqn, box.offsets))
+                        out.append(box)
     return out
 
 

@@ -177,8 +177,16 @@ def load_state(path, model, layout, rank: int, dtype: str = "float64") -> dict:
     dense buffer's ``{"params", "m", "v", "t"}``, a mixture of experts' expert buffer under ``"experts"``."""
     maps = rank_maps(model, layout, rank)
     full = {(b, k): np.zeros(m.flat.size, dtype=np.dtype(dtype)) for b, m in maps.items() for k in NAMES}
-    dest = {(b.fqn, b.offsets): torch.from_numpy(b.view(full[b.key])) for b in rank_boxes(model, layout, rank)}
+    dest, twins = {}, []
+    for b in rank_boxes(model, layout, rank):
+        view = torch.from_numpy(b.view(full[b.key]))
+        if (b.fqn, b.offsets) in dest:           # a V's rank 0 holds the tied embedding twice: read once, copied
+            twins.append((dest[b.fqn, b.offsets], view))
+        else:
+            dest[b.fqn, b.offsets] = view
     got = dcp.load(Path(path), model, dest)
+    for src, dst in twins:
+        dst.copy_(src)
     if got.get("rng") is not None:
         torch.set_rng_state(got["rng"])
     out = {}
