@@ -25,7 +25,7 @@ from functools import lru_cache
 from netmorph.errors import UsageError
 from netmorph.mesh.grid import Mesh
 from netmorph.mesh.rejection import Rejection, in_range
-from netmorph.mesh.schedules import in_flight, w_stash
+from netmorph.mesh.schedules import in_flight, rank_of, stage_of, w_stash
 from netmorph.mesh.settings import (
     CP_COMM,
     PRECISION,
@@ -168,11 +168,11 @@ class Layout:
         """The virtual stage of ``pp_rank``'s ``chunk``: ``chunk · pp + pp_rank`` (Megatron's interleaving, a
         loop), or in a V chunk 1 is stage ``2p - 1 - pp_rank`` (torch's ``generate_stage_to_rank_mapping``
         style "v")."""
-        return 2 * self.pp - 1 - pp_rank if self.v_shaped and chunk == 1 else chunk * self.pp + pp_rank
+        return stage_of(pp_rank, chunk, self.pp, self.v_shaped)
 
     def stage_rank(self, vs: int) -> int:
         """The pipeline rank that runs virtual stage ``vs``."""
-        return 2 * self.pp - 1 - vs if self.v_shaped and vs >= self.pp else vs % self.pp
+        return rank_of(vs, self.pp, self.v_shaped)
 
     def chunk_layers(self, layers: int, pp_rank: int, chunk: int = 0) -> tuple[int, int]:
         """[first, last) layers of :meth:`virtual_stage` ``(pp_rank, chunk)`` when the layers split evenly

@@ -26,7 +26,7 @@ from netmorph.mesh.settings import SCHEDULES, SPLIT_BACKWARD, V_SHAPED
 from netmorph.mesh.zero_bubble import dualpipev, zb_h1, zbv
 
 __all__ = ["SCHEDULES", "SPLIT_BACKWARD", "V_SHAPED", "Slot", "bubble", "check", "draw", "idle", "idle_of", "in_flight",
-           "peaks", "schedule", "stage_of", "theory", "w_stash"]
+           "levels", "peaks", "rank_of", "schedule", "stage_of", "theory", "w_stash"]
 _BUILT = {"zb-h1": zb_h1, "zbv": zbv, "dualpipev": dualpipev}
 
 
@@ -149,6 +149,21 @@ def stage_of(rank: int, chunk: int, pp: int, v_shaped: bool = False) -> int:
     return 2 * pp - 1 - rank if v_shaped and chunk == 1 else chunk * pp + rank
 
 
+def rank_of(vs: int, pp: int, v_shaped: bool = False) -> int:
+    """The pipeline rank that runs virtual stage ``vs``: :func:`stage_of` turned round."""
+    return 2 * pp - 1 - vs if v_shaped and vs >= pp else vs % pp
+
+
+def levels(row: list[Slot], split: bool = True):
+    """(chunks in flight, weight gradients owed) after each of one rank's slots: an F holds a chunk until its B,
+    and under a split backward (``split``) a B owes its W until the W runs."""
+    held = owed = 0
+    for s in row:
+        held += {"F": 1, "B": -1, "W": 0}[s.kind]
+        owed += {"F": 0, "B": 1 if split else 0, "W": -1}[s.kind]
+        yield held, owed
+
+
 def _needs(s: Slot, vs: int, stages: int) -> list:
     """What slot ``s`` of virtual stage ``vs`` waits for: F the previous stage's F, B its own F and the next
     stage's B, W its B."""
@@ -211,16 +226,8 @@ def peaks(slots: list[list[Slot]], v: int = 1, v_shaped: bool = False) -> tuple[
     schedule is known to run (:func:`check`)."""
     _order(slots, v, v_shaped)
     split = _split(slots)
-    held, owed = [], []
-    for row in slots:
-        a = b = pa = pb = 0
-        for s in row:
-            a += {"F": 1, "B": -1, "W": 0}[s.kind]
-            b += {"F": 0, "B": 1 if split else 0, "W": -1}[s.kind]
-            pa, pb = max(pa, a), max(pb, b)
-        held.append(pa)
-        owed.append(pb)
-    return held, owed
+    walks = [list(levels(row, split)) for row in slots]
+    return [max(a for a, _ in w) for w in walks], [max(max(b for _, b in w), 0) for w in walks]
 
 
 def _cost(slots, cost):

@@ -71,43 +71,57 @@ def zb_h1(pp: int, m: int) -> list[list[Step]]:
     return out
 
 
+class _Rank:
+    """One rank's slots as a V schedule's source writes them: F and B of chunk c take each chunk's next
+    microbatch (counters per chunk, as torch's and DeepSeek's code keep them); a B's W runs at once ("now"), waits
+    in a first-in first-out queue ("queue", DualPipeV's ``WeightGradStore``) or is placed by the caller
+    ("later")."""
+
+    def __init__(self):
+        self.ops, self.nf, self.nb, self.queue = [], [0, 0], [0, 0], []
+
+    def f(self, c: int) -> None:
+        self.ops.append(Step("F", self.nf[c], c))
+        self.nf[c] += 1
+
+    def b(self, c: int, w: str = "now") -> None:
+        self.ops.append(Step("B", self.nb[c], c))
+        if w != "later":
+            (self.ops if w == "now" else self.queue).append(Step("W", self.nb[c], c))
+        self.nb[c] += 1
+
+    def w(self) -> None:
+        self.ops.append(self.queue.pop(0))
+
+
 def zbv(pp: int, m: int) -> list[list[Step]]:
     """Every rank's F, B, W slots of ZB-V (two chunks in a V), in torch's ``ScheduleZBVZeroBubble`` order: its
     microbatches past m (it plays at least 2p - 1) dropped."""
     n = max(2 * pp - 1, m)
     out = []
     for r in range(pp):
-        ops, nf, nb = [], [0, 0], [0, 0]
-
-        def f(c):
-            ops.append(Step("F", nf[c], c))
-            nf[c] += 1
-
-        def b(c, w=True):
-            ops.append(Step("B", nb[c], c))
-            if w:
-                ops.append(Step("W", nb[c], c))
-            nb[c] += 1
+        k = _Rank()
         for _ in range(2 * (pp - r) - 1):
-            f(0)
+            k.f(0)
         for _ in range(r):
-            f(1), f(0)
+            k.f(1), k.f(0)
         for _ in range(pp - r):
-            f(1), b(1)
-        while nf[1] < nf[0] or nf[0] < n:
-            if nf[0] < n:
-                f(0)
-            b(0)
-            f(1), b(1)
-        owed = list(nb)                                 # the cool-down: B's first, their W's after
+            k.f(1), k.b(1)
+        while k.nf[1] < k.nf[0] or k.nf[0] < n:
+            if k.nf[0] < n:
+                k.f(0)
+            k.b(0)
+            k.f(1), k.b(1)
+        owed = list(k.nb)                               # the cool-down: B's first, their W's after
         for _ in range(r):
-            b(0, False), b(1, False)
+            k.b(0, "later"), k.b(1, "later")
         for _ in range(pp - r):
-            b(0, False)
-            ops.append(Step("W", owed[0], 0))
+            k.b(0, "later")
+            k.ops.append(Step("W", owed[0], 0))
             owed[0] += 1
-        ops += [Step("W", i, 1) for i in range(owed[1], nb[1])] + [Step("W", i, 0) for i in range(owed[0], nb[0])]
-        out.append([s for s in ops if s.microbatch < m])
+        k.ops += [Step("W", i, 1) for i in range(owed[1], k.nb[1])] + \
+            [Step("W", i, 0) for i in range(owed[0], k.nb[0])]
+        out.append([s for s in k.ops if s.microbatch < m])
     return out
 
 
@@ -116,41 +130,26 @@ def dualpipev(pp: int, m: int) -> list[list[Step]]:
     (first in, first out, as its ``WeightGradStore``), the others run W at once. Needs m >= 2p."""
     out = []
     for r in range(pp):
-        ops, nf, nb, queue = [], [0, 0], [0, 0], []
-
-        def f(c):
-            ops.append(Step("F", nf[c], c))
-            nf[c] += 1
-
-        def b(c, zb=False):
-            ops.append(Step("B", nb[c], c))
-            if zb:
-                queue.append(Step("W", nb[c], c))
-            else:
-                ops.append(Step("W", nb[c], c))
-            nb[c] += 1
-
-        def w():
-            ops.append(queue.pop(0))
+        k = _Rank()
         for _ in range(2 * (pp - r - 1)):               # 1: nF0
-            f(0)
+            k.f(0)
         for _ in range(r + 1):                          # 2: nF0F1
-            f(0), f(1)
+            k.f(0), k.f(1)
         for _ in range(pp - r - 1):                     # 3: nB1W1F1, zero bubble
-            b(1, True), w(), f(1)
+            k.b(1, "queue"), k.w(), k.f(1)
         for _ in range(m - 2 * pp + r + 1):             # 4, the main step: nF0B1F1B0 (F&B pairs)
-            f(0), b(1), f(1), b(0)
+            k.f(0), k.b(1), k.f(1), k.b(0)
         for _ in range(pp - r - 1):                     # 5: nB1F1B0
-            b(1), f(1), b(0)
+            k.b(1), k.f(1), k.b(0)
         zb = False
         for i in range(r + 1):                          # 6: nB1B0, the second half's W deferred
             zb = zb or (i == (r + 1) // 2 and r % 2 == 1)
-            b(1, zb)
+            k.b(1, "queue" if zb else "now")
             zb = zb or (i == (r + 1) // 2 and r % 2 == 0)
-            b(0, zb)
+            k.b(0, "queue" if zb else "now")
         for _ in range(pp - r - 1):                     # 7: nWB0
-            w(), b(0, True)
-        while queue:                                    # 8: nW
-            w()
-        out.append(ops)
+            k.w(), k.b(0, "queue")
+        while k.queue:                                  # 8: nW
+            k.w()
+        out.append(k.ops)
     return out

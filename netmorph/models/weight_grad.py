@@ -25,6 +25,7 @@ class WeightGradStore:
         self.key = None                 # while a B slot runs: the key its weight gradients queue under
         self.queue: dict = {}
         self.held: dict = {}            # storage -> [bytes, references]: what the queued GEMMs keep alive
+        self.held_bytes = 0             # their bytes, the distinct storages counted once
         self.peak_bytes = 0             # the most held at once: the W stash the memory model counts
 
     @contextmanager
@@ -43,14 +44,13 @@ class WeightGradStore:
             return False
         self.queue.setdefault(self.key, []).append((fn, operands))
         for t in operands:
-            box = self.held.setdefault(t.untyped_storage().data_ptr(), [t.untyped_storage().nbytes(), 0])
+            box = self.held.get(t.untyped_storage().data_ptr())
+            if box is None:
+                box = self.held[t.untyped_storage().data_ptr()] = [t.untyped_storage().nbytes(), 0]
+                self.held_bytes += box[0]
             box[1] += 1
-        self.peak_bytes = max(self.peak_bytes, self.held_bytes())
+        self.peak_bytes = max(self.peak_bytes, self.held_bytes)
         return True
-
-    def held_bytes(self) -> int:
-        """Bytes of the distinct storages the queued weight gradients hold (inputs and output gradients)."""
-        return sum(n for n, _ in self.held.values())
 
     def run(self, key) -> int:
         """The W slot: every weight gradient queued under ``key``, in the order the backward met them."""
@@ -62,7 +62,7 @@ class WeightGradStore:
                     ptr = t.untyped_storage().data_ptr()
                     self.held[ptr][1] -= 1
                     if not self.held[ptr][1]:
-                        del self.held[ptr]
+                        self.held_bytes -= self.held.pop(ptr)[0]
         return len(fns)
 
     def __len__(self) -> int:

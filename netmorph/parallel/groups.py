@@ -129,8 +129,7 @@ def sync_replicated(comm, lay: RankGroups, tp, chunks, flat) -> None:
         flat.grad[a:b].add_(flat.grad[c:d])
         flat.grad[c:d].copy_(flat.grad[a:b])
     elif lay.emb_group is not None:
-        for c in chunks:
-            if hasattr(c, "wte") and (c.is_first or c.is_last):
-                lo, hi = flat.span(c.wte)
-                with comm.phase("pp.emb"):
-                    comm.all_reduce(flat.grad[lo:hi], group=lay.emb_group, algo=tp.algos.pair)
+        for c in tied:
+            lo, hi = flat.span(c.wte)
+            with comm.phase("pp.emb"):
+                comm.all_reduce(flat.grad[lo:hi], group=lay.emb_group, algo=tp.algos.pair)

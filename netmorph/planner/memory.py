@@ -45,7 +45,7 @@ from functools import lru_cache
 
 from netmorph.mesh.layout import SPLIT_BACKWARD, Layout, sharding_with
 from netmorph.mesh.placement import model_state_bytes
-from netmorph.mesh.schedules import schedule
+from netmorph.mesh.schedules import levels, schedule
 from netmorph.mesh.shape import ModelShape
 
 
@@ -163,12 +163,7 @@ def _split_peak(name: str, p: int, m: int, v: int, i: int, act: float, stash: fl
 def _held_and_owed(name: str, p: int, m: int, v: int, i: int) -> tuple:
     """The (in flight, owed W) pairs, in stage units, that rank ``i`` passes through and no other pair
     dominates."""
-    held = owed = 0
-    seen = set()
-    for s in schedule(name, p, m, v)[i]:
-        held += {"F": 1, "B": -1, "W": 0}[s.kind]
-        owed += {"F": 0, "B": 1, "W": -1}[s.kind]
-        seen.add((held / v, owed / v))
+    seen = {(held / v, owed / v) for held, owed in levels(schedule(name, p, m, v)[i])}
     return tuple(x for x in seen if not any(y != x and y[0] >= x[0] and y[1] >= x[1] for y in seen))
 
 

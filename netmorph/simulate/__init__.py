@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from netmorph.errors import UsageError
+from netmorph.mesh.settings import V_SHAPED
 from netmorph.planner.memory import params_on_device
 from netmorph.planner.search import check, estimate
 from netmorph.planner.timing import (
@@ -110,7 +111,7 @@ def check_simulated(model, c, schedule_name: str | None = None) -> None:
     if 2 * c.microbatches * model.layers > MAX_LAYER_PASSES:
         raise UsageError(f"{c.microbatches:,} microbatches x {model.layers} layers is more than a million layer passes "
                          "per rank to simulate; lower {global_batch} (or raise {microbatch})", "global_batch")
-    if schedule_name and schedule_name not in ("interleaved", "zbv", "dualpipev") and c.interleave > 1:
+    if schedule_name and schedule_name not in ("interleaved",) + V_SHAPED and c.interleave > 1:
         raise UsageError(f"{{interleave}} {c.interleave} needs {{schedule}} interleaved", "interleave")
     if c.batch.microbatch_group:
         raise UsageError("{microbatch_group}: the simulator plays the trainer's interleaved schedule, whose group "
