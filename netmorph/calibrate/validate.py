@@ -28,6 +28,7 @@ from netmorph.calibrate.compute import DTYPES, ITEMSIZE, REFERENCE_MICROBATCH, R
 from netmorph.calibrate.run import calibrate
 from netmorph.mesh.layout import CP_COMM, Layout
 from netmorph.mesh.shape import ModelShape
+from netmorph.models.moe import Router
 from netmorph.parallel import limits
 from netmorph.parallel.groups import overlaps_dp
 from netmorph.parallel.hybrid import BUCKET_MB, TrainConfig, train_rank
@@ -118,8 +119,8 @@ def _variants(model: ModelShape, tp: int, cp: int, pp: int, dp: int, microbatche
                      {**base, "schedule": "zb-h1"}]
     if tp > 1:
         variants += [{**base, "sequence_parallel": True}]
-    if model.experts and cp == 1:
-        variants += [{"ep": e} for e in range(2, dp + 1) if dp % e == 0 and model.experts % e == 0]
+    if model.experts:
+        variants += [{**base, "ep": e} for e in range(2, dp + 1) if dp % e == 0 and model.experts % e == 0]
     cfgs = (TrainConfig.make(model=model, tp=tp, pp=pp, dp=dp, microbatches=microbatches, micro_batch_size=mbs, **v)
             for v in variants)
     return [cfg.layout for cfg in cfgs if not limits.check(cfg.layout, model)]
@@ -162,7 +163,10 @@ def measure(model: ModelShape, layout: Layout, steps: int, dtype: str, timeout: 
     """(the median step time of ``layout`` trained for real after :data:`WARMUP` steps, the busiest stage's rank's
     steps split by what it did (:func:`~netmorph.parallel.phases.split_step`, the mean over the same steps), the
     speed probe's median over them -- each step's slowest rank, as the step times)."""
-    cfg = TrainConfig(model=model, layout=layout, steps=steps, dtype=dtype)
+    # experts under cp route dropless (the trainer's one way there, Megatron's default): the planner's
+    # capacity factor 1 is no padding either
+    router = Router(dropless=bool(model.experts) and layout.cp > 1)
+    cfg = TrainConfig(model=model, layout=layout, steps=steps, dtype=dtype, router=router)
     cfg.check()
     out = launch(_probed, cfg.world, cfg, timeout=timeout)
     run = summarise(cfg, [r for r, _ in out], "local")

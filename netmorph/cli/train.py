@@ -72,6 +72,8 @@ def add_parser(sub) -> None:
     m.add_argument("--capacity-factor", "--moe-expert-capacity-factor", type=float_in(0, 1e3, open_low=True),
                    default=1.0,
                    help="expert capacity over the even share, >= 1 (default 1.0; assignments over it drop)")
+    m.add_argument("--dropless", action="store_true",
+                   help="no capacity: every assignment is kept (Megatron with no capacity factor; needed with --cp)")
     r = p.add_argument_group("run")
     r.add_argument("--steps", type=int_in(1, 1 << 24, "1..2**24"), default=10, help="optimizer steps (default 10)")
     r.add_argument("--lr", type=float_in(0, 100, open_low=True), default=3e-3, help="Adam learning rate (default 3e-3)")
@@ -114,6 +116,7 @@ def _dtype(args) -> str:
 
 def config_from(args):
     from netmorph.mesh.shape import ModelShape
+    from netmorph.models.moe import Router
     from netmorph.parallel.algos import CollectiveAlgos
     from netmorph.parallel.hybrid import TrainConfig
     job_split(args, ("tp", "cp", "pp"), cap=16)
@@ -140,7 +143,7 @@ def config_from(args):
                       microbatches=micro if micro is not None else 2, micro_batch_size=mbs, steps=steps,
                       lr=args.lr, dtype=_dtype(args), grad_reduce_dtype=args.grad_reduce_dtype or "",
                       compute_ms=args.compute_ms, trace=bool(args.trace),
-                      start_step=start, checkpoint=ck,
+                      start_step=start, checkpoint=ck, router=Router(dropless=args.dropless),
                       algos=CollectiveAlgos(dp=args.dp_algo.replace("-", "_"), tp=args.tp_algo.replace("-", "_")))
     cfg.check()
     from netmorph.models.gpt import synthetic_data_bytes
@@ -221,7 +224,8 @@ def print_run(cfg, out, plan: dict) -> None:
           f"backend {out.backend}")
     from netmorph.parallel.phases import shown_phases
     shown = [ph for ph in shown_phases() if ph in out.bytes_per_rank_by_phase]
-    print(f"{'step':>4} {'loss':>9} {'time(ms)':>9} {'tokens/s':>9}  " + " ".join(f"{ph:>12}" for ph in shown)
+    wide = {ph: max(12, len(ph)) for ph in shown}                  # a column as wide as its phase's name
+    print(f"{'step':>4} {'loss':>9} {'time(ms)':>9} {'tokens/s':>9}  " + " ".join(f"{ph:>{wide[ph]}}" for ph in shown)
           + "   (bytes sent per rank, max over ranks)")
     tokens = cfg.layout.batch.global_batch * cfg.model.seq
     if out.resumed_from:
@@ -229,8 +233,8 @@ def print_run(cfg, out, plan: dict) -> None:
               f"{cfg.start_step + 1} on, on the same global batches")
     for k, (loss, t) in enumerate(zip(out.losses, out.step_times_s), cfg.start_step + 1):
         b = out.step_bytes_by_phase[k - 1 - cfg.start_step]
-        print(f"{k:>4} {loss:>9.5f} {t * 1e3:>9.1f} {tokens / t:>9,.0f}  " + " ".join(f"{b.get(ph, 0):>12,}"
-                                                                                        for ph in shown))
+        print(f"{k:>4} {loss:>9.5f} {t * 1e3:>9.1f} {tokens / t:>9,.0f}  "
+              + " ".join(f"{b.get(ph, 0):>{wide[ph]},}" for ph in shown))
     print(f"# median step {out.step_time_s * 1e3:.1f} ms, {out.tokens_per_s:,.0f} tokens/s")
     parts = out.step_parts
     whole = sum(parts.values()) or 1.0
@@ -244,11 +248,12 @@ def print_run(cfg, out, plan: dict) -> None:
         shown = []
     else:
         print("# traffic per rank per step: measured (max over ranks) vs the closed form, exact on every rank:")
+    name = max([12] + [len(ph) for ph in shown])
     for ph in shown:
         pred = out.predicted_bytes_per_rank_by_phase.get(ph, 0)
         ok = out.traffic_exact.get(ph, out.bytes_per_rank_by_phase[ph] == pred)   # 0 sent, 0 predicted
         mark = "✓" if ok else "✗"
-        print(f"#   {ph:<12} {out.bytes_per_rank_by_phase[ph]:>12,} {pred:>14,.0f} {mark}  "
+        print(f"#   {ph:<{name}} {out.bytes_per_rank_by_phase[ph]:>12,} {pred:>14,.0f} {mark}  "
               f"{out.formulas.get(ph, '')}")
     if cfg.layout.pp > 1:
         fl = out.in_flight_peak

@@ -124,12 +124,13 @@ class PlainLayers:
         return expert_layer(None, Group([0]), w, i, cfg, router)
 
 
-def expert_layer(comm, ep_group, w: dict, i: int, cfg: ModelShape, router: Router):
+def expert_layer(comm, ep_group, w: dict, i: int, cfg: ModelShape, router: Router, cp=None):
     """Layer ``i``'s :class:`~netmorph.models.moe.MoELayer` holding this ep rank's experts (a contiguous
-    1/ep of them, as :class:`~netmorph.mesh.placement.ExpertShard` places them) and the whole router."""
+    1/ep of them, as :class:`~netmorph.mesh.placement.ExpertShard` places them) and the whole router
+    (``cp``: the group of ranks that split its sequences and the all-reduce that sums its counts over them)."""
     dtype = w[f"{i}.router.w"].dtype
     layer = MoELayer(comm, ep_group, cfg.hidden, cfg.ef, cfg.experts, cfg.top_k, None, router.drop_policy,
-                     router.pre_softmax, router.aux_loss_coeff, router.z_loss_coeff, router.jitter_eps, dtype)
+                     router.pre_softmax, router.aux_loss_coeff, router.z_loss_coeff, router.jitter_eps, dtype, cp)
     lo, hi = layer.first, layer.first + layer.local
     with torch.no_grad():
         layer.router.weight.copy_(w[f"{i}.router.w"])

@@ -113,9 +113,12 @@ class MoELayer(nn.Module):
     def __init__(self, comm, ep_group, hidden: int, ffn: int, num_experts: int, top_k: int,
                  capacity_factor: float | None, drop_policy: str = "position", pre_softmax: bool = False,
                  aux_loss_coeff: float = 0.01, z_loss_coeff: float = 0.0, jitter_eps: float = 0.0,
-                 dtype=torch.float64):
+                 dtype=torch.float64, cp=None):
         super().__init__()
         self.comm, self.group = comm, ep_group
+        # under context parallelism the sequence's tokens are split over cp ranks: the load-balancing loss's
+        # expert fractions are the whole sequence's (Megatron reduces tokens_per_expert over tp x cp)
+        self.cp_group, self.cp_algo = cp if cp is not None and cp[0].size() > 1 else (None, None)
         self.ep = ep_group.size()
         self.ep_rank = ep_group.index[comm.rank] if comm is not None else 0
         self.num_experts, self.top_k = num_experts, top_k
@@ -136,7 +139,7 @@ class MoELayer(nn.Module):
     def forward(self, x: torch.Tensor, capacity: int | None, generator=None):
         """``x`` (T, h) -> (y (T, h), routing, stats)."""
         E, el = self.num_experts, self.local
-        r = self.router(x, generator)
+        r = self.router(x, generator, self._global_counts)
         keep = keep_mask(r.experts, r.gates, E, capacity, self.drop_policy)          # (T, k)
         tok, slot = keep.nonzero(as_tuple=True)                                       # kept, token-major
         exp = r.experts[tok, slot]                                                    # (n,)
@@ -153,6 +156,18 @@ class MoELayer(nn.Module):
         y = torch.zeros_like(x).index_add(0, tok, back * gate[:, None])               # (T, h)
         routed = torch.bincount(r.experts.reshape(-1), minlength=E).numpy()
         return y, r, LayerStats(routed, counts.numpy(), send, capacity, recv)
+
+    def _global_counts(self, experts: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """(E,) routing assignments per expert and the tokens they came from, over this rank's tokens -- or
+        under cp over the whole sequence's, summed over the cp group (E + 1 int64 in one all-reduce, phase moe.cp:
+        Megatron's all-reduce of ``tokens_per_expert`` over tp x cp)."""
+        counts = torch.bincount(experts.reshape(-1), minlength=self.num_experts)
+        if self.cp_group is None:
+            return counts, experts.shape[0]
+        both = torch.cat([counts, counts.new_tensor([experts.shape[0]])]).to(torch.int64)
+        with self.comm.phase("moe.cp"):
+            self.comm.all_reduce(both, group=self.cp_group, algo=self.cp_algo)
+        return both[:-1], int(both[-1])
 
     def _exchange_counts(self, counts: torch.Tensor) -> np.ndarray:
         """(ep, E_local): how many rows each EP rank sends to each of this rank's experts."""

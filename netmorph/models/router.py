@@ -19,7 +19,8 @@ with the conventions it documents:
 - router z-loss (ST-MoE, Zoph et al. 2022, eq. 5; Megatron ``z_loss_func``):
   β · mean_t (logsumexp_i logits_ti)².
 
-Everything is computed on this rank's tokens (Megatron's per-micro-batch aux loss).
+Everything is computed on this rank's tokens (Megatron's per-micro-batch aux loss), but for the expert
+fractions of a context-parallel rank, which are its whole sequence's.
 """
 
 from __future__ import annotations
@@ -40,14 +41,21 @@ class Routing:
     z_loss: torch.Tensor         # scalar, already times β
 
 
-def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor, num_experts: int, coeff: float) -> torch.Tensor:
+def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor, num_experts: int, coeff: float,
+                        counts=None) -> torch.Tensor:
     """α · E · Σ_i f_i · P_i (Switch eq. 4; Megatron's ``switch_load_balancing_loss_func``).
 
     ``probs`` (T, E) is the full softmax, ``experts`` (T, k) the routing assignments; f_i counts
-    assignments (not tokens), so top-k routing is normalised by T·k."""
+    assignments (not tokens), so top-k routing is normalised by T·k. ``counts(experts)``, when given, gives
+    the assignments per expert and the tokens behind them over the whole sequence (a context-parallel rank
+    holds part of it): f_i is then the sequence's and P_i this rank's mean, so the losses of the cp ranks,
+    averaged as their gradients are, are the whole sequence's loss."""
     t, k = experts.shape
-    counts = torch.bincount(experts.reshape(-1), minlength=num_experts).to(probs.dtype)   # (E,)
-    f = counts / (t * k)                                                                   # (E,)
+    if counts is None:
+        raw = torch.bincount(experts.reshape(-1), minlength=num_experts)                   # (E,)
+    else:
+        raw, t = counts(experts)                                                           # the sequence's
+    f = raw.to(probs.dtype) / (t * k)                                                      # (E,)
     p = probs.mean(dim=0)                                                                  # (E,)
     return coeff * num_experts * torch.sum(f * p)
 
@@ -66,8 +74,9 @@ class TopKRouter(nn.Module):
         self.aux_loss_coeff, self.z_loss_coeff, self.jitter_eps = aux_loss_coeff, z_loss_coeff, jitter_eps
         self.weight = nn.Parameter(torch.zeros(hidden, num_experts, dtype=dtype))      # (h, E)
 
-    def forward(self, x: torch.Tensor, generator: torch.Generator | None = None) -> Routing:
-        """``x`` (T, h) -> :class:`Routing`. ``generator`` seeds the jitter (same noise on every layout)."""
+    def forward(self, x: torch.Tensor, generator: torch.Generator | None = None, counts=None) -> Routing:
+        """``x`` (T, h) -> :class:`Routing`. ``generator`` seeds the jitter (same noise on every layout);
+        ``counts``: the whole sequence's assignments per expert (:func:`load_balancing_loss`)."""
         if self.training and self.jitter_eps > 0:
             noise = torch.empty(x.shape, dtype=torch.float64).uniform_(1 - self.jitter_eps, 1 + self.jitter_eps,
                                                                        generator=generator)
@@ -79,6 +88,6 @@ class TopKRouter(nn.Module):
         else:
             top, experts = torch.topk(logits, self.top_k, dim=-1)      # (T, k) each
             gates = torch.softmax(top, dim=-1)                         # (T, k)
-        aux = load_balancing_loss(probs, experts, self.num_experts, self.aux_loss_coeff)
+        aux = load_balancing_loss(probs, experts, self.num_experts, self.aux_loss_coeff, counts)
         zl = z_loss(logits, self.z_loss_coeff) if self.z_loss_coeff else logits.new_zeros(())
         return Routing(experts, gates, probs, logits, aux, zl)

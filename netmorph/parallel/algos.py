@@ -22,12 +22,14 @@ class CollectiveAlgos:
     allgather: str = "ring"         # ZeRO's parameter gathers, sequence parallelism's gathers
     reduce_scatter: str = "ring"    # ZeRO's gradient scatter, sequence parallelism's scatters
     pair: str = "ring"              # the tied word embedding's 2-rank all-reduce (first and last stage)
+    counts: str = "ring"            # the router's tokens per expert summed over cp (Megatron's tokens_per_expert)
 
     def check(self, layout=None) -> None:
         """Every name one the registry holds for its op, and one the trainer can run on ``layout``, or the one
         line naming the field."""
         for field, op in (("dp", "allreduce"), ("tp", "allreduce"), ("allgather", "allgather"),
-                          ("reduce_scatter", "reduce_scatter"), ("pair", "allreduce")):
+                          ("reduce_scatter", "reduce_scatter"), ("pair", "allreduce"),
+                          ("counts", "allreduce")):
             name = getattr(self, field)
             if name not in REGISTRY[op]:
                 arg = f"{field}_algo"

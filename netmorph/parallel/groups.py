@@ -32,7 +32,7 @@ class RankGroups:
     """This rank's place in the mesh and its groups (objects, no globals). ``dp_group`` holds every replica of
     the dense parameters (the dp x cp ranks of one tp and pp coordinate); with experts, ``ep_group`` exchanges
     tokens and ``edp_group`` holds the replicas of this rank's experts (Megatron's expert_data_parallel_group,
-    dp / ep ranks); ``cp_group`` splits each sequence."""
+    cp x dp / ep ranks); ``cp_group`` splits each sequence."""
 
     tp_group: object
     pp_group: object
@@ -65,8 +65,14 @@ def rank_groups(comm, cfg) -> RankGroups:
             g = comm.new_group(ranks)
             if me in ranks:
                 dp = g
+    edp = dm["dp"]
+    if lay.cp > 1:                  # an expert's replicas: the cp x dp/ep ranks of one (tp, ep, pp)
+        for ranks in dm.mesh.groups_over([d for d in ("cp", "dp") if dm.mesh.size(d) > 1]):
+            g = comm.new_group(ranks)
+            if me in ranks:
+                edp = g
     c = lay.coords(me)
-    return RankGroups(dm["tp"], dm["pp"], dp, emb, c["tp"], c["pp"], c["dp"], dm["ep"], dm["dp"], c["ep"],
+    return RankGroups(dm["tp"], dm["pp"], dp, emb, c["tp"], c["pp"], c["dp"], dm["ep"], edp, c["ep"],
                       dm["cp"], c["cp"])
 
 
@@ -104,7 +110,7 @@ def replicas(comm, cfg, lay: RankGroups, chunks, device, dtype) -> list:
     out = [Replica(comm, lay.dp_group, [p for _, p in dense], [n for n, _ in dense], overlap=overlap, **kw)]
     if experts:
         out.append(Replica(comm, lay.edp_group, [p for _, p in experts], [n for n, _ in experts], phase="edp",
-                           scale=lay.edp_group.size() / split.dp, **kw))
+                           scale=lay.edp_group.size() / (split.dp * split.cp), **kw))
     return out
 
 

@@ -150,6 +150,13 @@ class TrainConfig:
             v = getattr(r, k)
             if not (0 <= v <= 100 and math.isfinite(v)) or k == "jitter_eps" and v >= 1:
                 raise UsageError(f"{{{k}}} must be in [0, {1 if k == 'jitter_eps' else 100}), got {v}", k)
+        if self.model.experts and lay.cp > 1 and not r.dropless:
+            raise UsageError(f"{{cp}} {lay.cp} with experts and a capacity: each cp rank would drop assignments over "
+                             "its own part of each sequence (Megatron's per-rank capacity), which no 1-rank run "
+                             "equals; add {dropless} (Megatron's default, no capacity factor)", "dropless")
+        if self.model.experts and lay.cp > 1 and r.jitter_eps:
+            raise UsageError(f"{{jitter_eps}} with {{cp}} {lay.cp}: the router's noise is drawn per token of the "
+                             "whole sequence, which a cp rank holds part of; drop the jitter or cp", "jitter_eps")
         check(schedule(lay.pipeline_schedule, lay.pp, lay.microbatches, lay.interleave), lay.interleave, lay.v_shaped)
         self.algos.check(self.layout)
         ck = self.checkpoint
@@ -165,7 +172,7 @@ def _routing(moe: list, lay: RankGroups, records, a2a_s: float, world: int) -> d
     m = max(1, len(moe[0].stats))
     links = {}
     for rec in records:
-        if rec.phase and rec.phase.startswith("moe.") and rec.phase != "moe.counts":
+        if rec.phase and rec.phase.startswith("moe.") and rec.phase not in ("moe.counts", "moe.cp"):
             to = links.setdefault(rec.phase, {})
             to[rec.dst] = to.get(rec.dst, 0) + rec.bytes
     send = []
@@ -272,7 +279,8 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
                 r.step()
             t_opt = (t_opt, time.perf_counter())
             if moe:                         # what the router sent this step: the all-to-alls' closed form
-                routed.append({ph: v[0] for ph, v in expert_traffic(cfg, 0, 1, isz, moe, lay.ep_rank, gsz).items()})
+                routed.append({ph: v[0] for ph, v in expert_traffic(cfg, 0, 1, isz, moe, lay.ep_rank, gsz,
+                                                                           lay.cp_rank).items()})
                 experts_log.append(_routing(moe, lay, comm.ledger.records[at:],
                                             sum(b.moe.clock[0] for b in moe) - a2a, comm.world))
             loss = torch.tensor([sum(mb_losses)], dtype=torch.float64, device=device)
@@ -314,7 +322,8 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
                      any(c.is_last for c in chunks), sum(len(c.blocks) for c in chunks),
                      sum(p.numel() for p in tp.replicated()), moe_layers=len(moe), tp_rank=lay.tp_rank)
     if moe:
-        pred.update(expert_traffic(cfg, reps[1].flat.padded, lay.edp_group.size(), isz, moe, lay.ep_rank, gsz))
+        pred.update(expert_traffic(cfg, reps[1].flat.padded, lay.edp_group.size(), isz, moe, lay.ep_rank, gsz,
+                                   lay.cp_rank))
     pred.update(counted_reductions(cfg, reps, comm.rank, gsz))
     return RankReport(comm.rank, split.coords(comm.rank),
                       losses=losses if is_last_stage and lay.tp_rank == 0 else None, step_times=times,

@@ -1,6 +1,6 @@
 """What netmorph's own torch trainer cannot run, beside what no layout can (:meth:`Layout.check
 <netmorph.mesh.layout.Layout.check>`): its GPT is GPT-2's shape, it builds even stages, ZeRO-1 at most beside a
-pipeline (DeepSpeed's pipeline engine), context parallelism on dense models, each expert whole on every tp rank. These are
+pipeline (DeepSpeed's pipeline engine), each expert whole on every tp rank. These are
 the trainer's limits, so they live with the trainer: the shared vocabulary holds only the rules every layout
 obeys. :func:`check` is both, the list the trainer, morph's twin and ``validate`` ask."""
 
@@ -49,10 +49,6 @@ def trainer_rules(c: Layout, model: ModelShape | None = None) -> list:
                                  f"of 4 x hidden, learned positions, tied embedding, biases, multi-head attention; "
                                  f"routed experts without shared ones); {k} {getattr(model, k)!r} is priced by the "
                                  f"planner only"))
-    if model.experts and c.cp > 1:
-        out.append(Rejection("trainer", "cp", c.cp, "experts with context parallelism: the router's capacity and "
-                             "load-balancing loss are per microbatch over whole sequences (Megatron reduces them over "
-                             "tp x cp); not built"))
     if c.cp > 1 and c.knobs.sequence_parallel and (model.seq // c.cp) % c.tp:
         out.append(Rejection("trainer", "seq", model.seq, f"seq {model.seq} / cp {c.cp} is not divisible by tp "
                              f"{c.tp} (sequence parallelism over each cp rank's positions)"))

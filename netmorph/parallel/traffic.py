@@ -34,6 +34,7 @@ and d the dp x cp ranks its gradients reduce over:
 from __future__ import annotations
 
 from netmorph.parallel.algos import CollectiveAlgos, sent
+from netmorph.parallel.algos import sent as algo_sent
 
 
 def ring_allreduce(n: int, g: int, isz: int) -> float:
@@ -143,9 +144,11 @@ def counted_reductions(cfg, reps, rank: int, isz: int) -> dict:
     return out
 
 
-def expert_traffic(cfg, padded: int, e: int, isz: int, moe_blocks, ep_rank: int, gsz: int | None = None) -> dict:
+def expert_traffic(cfg, padded: int, e: int, isz: int, moe_blocks, ep_rank: int, gsz: int | None = None,
+                   cp_rank: int = 0) -> dict:
     """{phase: (bytes, formula)} of the expert buffer's reduction and of the all-to-alls of ``moe_blocks`` in
-    the last step (each block keeps its forwards' :class:`~netmorph.models.moe.LayerStats`)."""
+    the last step (each block keeps its forwards' :class:`~netmorph.models.moe.LayerStats`); under cp, of the
+    router's counts summed over the cp group (member ``cp_rank``) once a layer forward."""
     out = {}
     z = cfg.layout.zero
     if e > 1:
@@ -167,4 +170,9 @@ def expert_traffic(cfg, padded: int, e: int, isz: int, moe_blocks, ep_rank: int,
         out["moe.dispatch"] = out["moe.combine.bwd"] = (sent * h * isz, f"rows routed away·h·B = {sent}·{h}·{isz}")
         out["moe.combine"] = out["moe.dispatch.bwd"] = (got * h * isz, f"rows routed here·h·B = {got}·{h}·{isz}")
         out["moe.counts"] = (counts, f"(ep-1)·E/ep·8 per layer forward = {counts}")
+    cp = cfg.layout.cp
+    if moe_blocks and cp > 1:
+        forwards = sum(len(b.stats) for b in moe_blocks)
+        one = algo_sent("allreduce", cfg.algos.counts, E + 1, cp, cp_rank, 8)
+        out["moe.cp"] = (forwards * one, f"2(cp-1)/cp·(E+1)·8 per layer forward = {forwards}·{one}")
     return out

@@ -169,6 +169,10 @@ def _layer_costs(model: ModelShape, hw: Hardware, tp: int, cp: int, ep: int, mic
         counts = collective_time(hw, "alltoall", c.ep, t * cp, 8 * model.experts)
         out["moe_fwd"] = 2 * a2a + counts
         out["moe_bwd"] = 2 * a2a * (2 if full else 1)
+    if model.experts and cp > 1:
+        # the router's tokens per expert summed over cp for the load-balancing loss (Megatron's all-reduce of
+        # tokens_per_expert, the trainer's moe.cp): E + 1 int64, latency
+        out["moe_fwd"] += collective_time(hw, "allreduce", cp, t, 8 * (model.experts + 1))
     return out
 
 

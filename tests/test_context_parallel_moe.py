@@ -1,0 +1,93 @@
+"""A mixture of experts under context parallelism: each cp rank routes its part of every sequence, and the
+load-balancing loss's expert fractions are the whole sequence's, summed over the cp group (Megatron's all-reduce
+of ``tokens_per_expert``), so every cp x ep layout equals the 1-rank run in float64 and sends its closed form."""
+
+import pytest
+import torch
+
+from netmorph.cli import main
+from netmorph.errors import UsageError
+from netmorph.mesh.shape import ModelShape
+from netmorph.models.moe import Router
+from netmorph.models.router import load_balancing_loss
+from netmorph.parallel.hybrid import TrainConfig, train_rank
+from netmorph.parallel.run import reference, summarise
+from netmorph.planner.memory import trainer_memory
+from netmorph.runtime import launch
+
+pytestmark = pytest.mark.timeout(120)
+
+MOE = ModelShape(layers=2, hidden=16, heads=4, seq=16, vocab=32, experts=4, top_k=2)
+DROPLESS = Router(dropless=True)
+
+
+def test_the_cp_ranks_losses_with_the_sequences_fractions_average_to_the_sequences_loss():
+    """Split 32 tokens' routing into head-and-tail parts of 4 ranks: with f_i summed over the parts, the mean of
+    the parts' losses and its gradient are the whole's; with each part's own f_i they are not (the control)."""
+    torch.manual_seed(0)
+    T, E, k, cp = 32, 4, 2, 4
+    logits = torch.randn(T, E, dtype=torch.float64, requires_grad=True)
+    probs = torch.softmax(logits, -1)
+    experts = torch.topk(probs, k, -1).indices
+    whole = load_balancing_loss(probs, experts, E, 0.01)
+    (g_whole,) = torch.autograd.grad(whole, logits, retain_graph=True)
+    chunk = T // (2 * cp)
+    parts = [torch.cat([torch.arange(r * chunk, (r + 1) * chunk),
+                        torch.arange((2 * cp - 1 - r) * chunk, (2 * cp - r) * chunk)]) for r in range(cp)]
+    total = torch.bincount(experts.reshape(-1), minlength=E)
+
+    def sequence(_):
+        return total, T
+
+    mean = sum(load_balancing_loss(probs[p], experts[p], E, 0.01, sequence) for p in parts) / cp
+    (g_mean,) = torch.autograd.grad(mean, logits, retain_graph=True)
+    assert abs(float(mean.detach()) - float(whole.detach())) < 1e-15 and float((g_mean - g_whole).abs().max()) < 1e-15
+    local = sum(load_balancing_loss(probs[p], experts[p], E, 0.01) for p in parts) / cp
+    assert abs(float(local.detach()) - float(whole.detach())) > 1e-6
+
+
+LAYOUTS = [dict(cp=2), dict(cp=2, dp=2, ep=2), dict(cp=2, dp=2, ep=2, zero=1, cp_comm_type="a2a"),
+           dict(cp=2, dp=2, ep=2, tp=2, cp_comm_type="all_gather"), dict(cp=2, dp=2, ep=2, pp=2),
+           dict(cp=4, dp=2, ep=2, zero=2)]
+
+
+@pytest.mark.parametrize("kw", LAYOUTS, ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
+def test_cp_with_experts_equals_the_one_rank_run_and_sends_its_closed_forms(kw):
+    cfg = TrainConfig.make(model=MOE, steps=2, router=DROPLESS, dtype="float64", **kw)
+    cfg.check()
+    out = summarise(cfg, launch(train_rank, cfg.world, cfg, timeout=60), "local", reference(cfg))
+    assert out.max_rel_loss_diff < 1e-9 and out.max_abs_weight_diff < 1e-9, out.losses
+    want = {"cp", "moe.cp"} | ({"moe.dispatch", "moe.combine", "moe.counts"} if cfg.layout.ep > 1 else set())
+    assert want <= set(out.traffic_exact) and all(out.traffic_exact.values()), \
+        (out.bytes_per_rank_by_phase, out.predicted_bytes_per_rank_by_phase)
+    # the experts' replicas (and their ZeRO shards) span cp x dp / ep: the planner's count of the same buffers
+    assert {k: out.memory_bytes[k] for k in ("params", "grads", "optimizer")} == \
+        {k: v for k, v in trainer_memory(cfg.model, cfg.layout, 8).items() if k != "activations"}
+
+
+@pytest.mark.parametrize("router, field", [(Router(), "dropless"), (Router(dropless=True, jitter_eps=0.1),
+                                                                      "jitter_eps")])
+def test_what_no_cp_rank_can_decide_alone_is_refused_by_name(router, field):
+    """A capacity drops by position among a microbatch's tokens and the jitter draws noise per token: a cp rank
+    holds part of them, so the trainer refuses both (naming the setting), not a run that cannot equal 1 rank."""
+    with pytest.raises(UsageError) as e:
+        TrainConfig.make(model=MOE, cp=2, dp=2, ep=2, router=router).check()
+    assert e.value.argument == field
+
+
+def test_cli_trains_experts_under_cp_prints_the_counts_closed_form_and_resumes_without_cp(capsys, tmp_path):
+    """The one-line refusal of a capacity; the dropless run with ZeRO-1 over cp x dp, saved, resumed by
+    torch.distributed.checkpoint on tp 2 with no cp, both the 1-rank run's."""
+    ck = str(tmp_path / "ck")
+    common = ["--experts", "4", "--ep", "2", "--dp", "2", "--layers", "2", "--dtype", "float64", "--check"]
+    argv = ["train", *common, "--cp", "2", "--zero", "1", "--steps", "2"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--dropless" in err and len(err.strip().splitlines()) == 1, err
+    assert main([*argv, "--dropless", "--save", ck]) == 0
+    out = capsys.readouterr().out
+    line = next(s for s in out.splitlines() if s.startswith("#   moe.cp "))
+    assert "✓" in line and "(E+1)·8" in line and "<= 1e-09 ✓" in out
+    assert main(["train", *common, "--tp", "2", "--dropless", "--steps", "4", "--load", ck]) == 0
+    out = capsys.readouterr().out
+    assert "resumed from" in out and "<= 1e-09 ✓" in out, out
