@@ -82,6 +82,15 @@ def test_cp_layouts_equal_the_one_rank_run_and_send_their_closed_forms(kw):
         {k: v for k, v in trainer_memory(cfg.model, cfg.layout, 8).items() if k != "activations"}
 
 
+def test_ring_attention_over_gloo_trains_the_local_fabrics_losses():
+    """The ring's hops over torch.distributed: a gloo send completes only once its peer posts the receive, so a
+    hop that waited its send first deadlocked every rank (found running --backend torch)."""
+    cfg = TrainConfig.make(model=TINY, cp=4, steps=2)
+    local = summarise(cfg, launch(train_rank, 4, cfg, timeout=60), "local")
+    over = summarise(cfg, launch(train_rank, 4, cfg, backend="torch", timeout=60), "torch")
+    assert over.losses == local.losses and over.traffic_exact == {"cp": True, "dp": True}
+
+
 def test_the_trainer_refuses_only_the_cp_layouts_its_model_cannot_split():
     def rejected(**kw):
         cfg = TrainConfig.make(model=kw.pop("model", TINY), **kw)

@@ -90,9 +90,9 @@ class ContextParallel:
         led = self.comm.ledger.records
         at = len(led)
         with self.comm.phase(self.phase):
-            works = [self.comm.isend(send.contiguous(), to), self.comm.irecv(out, frm)]
-            for w in works:
-                w.wait()
+            sent = self.comm.isend(send.contiguous(), to)
+            self.comm.irecv(out, frm).wait()  # the receive first: over gloo a send completes only once its peer
+            sent.wait()                       # has posted the payload's receive, which its own receive's wait does
         if len(led) > at:                     # the hop's record spans its send to both ends' completion
             led[at] = led[at]._replace(t1=time.perf_counter())
         return out

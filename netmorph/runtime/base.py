@@ -260,6 +260,8 @@ class CommBase:
         self.irecv(tensor, src).wait()
 
     def isend(self, tensor, dst: int):
+        """A send in flight. On torch.distributed (gloo) it completes only once the peer has posted the payload's
+        receive, which the peer's receive ``wait()`` does: an exchange waits its receives before its sends."""
         seq = self._begin()
         a = self._buf(tensor)
         self._peer(dst)
