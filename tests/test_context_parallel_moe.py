@@ -1,12 +1,12 @@
-"""A mixture of experts under context parallelism: each cp rank routes its part of every sequence, and the
-load-balancing loss's expert fractions are the whole sequence's, summed over the cp group (Megatron's all-reduce
-of ``tokens_per_expert``), so every cp x ep layout equals the 1-rank run in float64 and sends its closed form."""
+"""A mixture of experts under context parallelism: each cp rank routes its part of every sequence, and what
+routing decides over the whole microbatch -- the load-balancing loss's expert fractions, a capacity's drops, the
+jitter's noise -- is decided over the cp group, so every cp x ep layout equals the 1-rank run in float64 and
+sends its closed form."""
 
 import pytest
 import torch
 
 from netmorph.cli import main
-from netmorph.errors import UsageError
 from netmorph.mesh.shape import ModelShape
 from netmorph.models.moe import Router
 from netmorph.models.router import load_balancing_loss
@@ -34,12 +34,8 @@ def test_the_cp_ranks_losses_with_the_sequences_fractions_average_to_the_sequenc
     chunk = T // (2 * cp)
     parts = [torch.cat([torch.arange(r * chunk, (r + 1) * chunk),
                         torch.arange((2 * cp - 1 - r) * chunk, (2 * cp - r) * chunk)]) for r in range(cp)]
-    total = torch.bincount(experts.reshape(-1), minlength=E)
-
-    def sequence(_):
-        return total, T
-
-    mean = sum(load_balancing_loss(probs[p], experts[p], E, 0.01, sequence) for p in parts) / cp
+    totals = (torch.bincount(experts.reshape(-1), minlength=E), T)
+    mean = sum(load_balancing_loss(probs[p], experts[p], E, 0.01, totals) for p in parts) / cp
     (g_mean,) = torch.autograd.grad(mean, logits, retain_graph=True)
     assert abs(float(mean.detach()) - float(whole.detach())) < 1e-15 and float((g_mean - g_whole).abs().max()) < 1e-15
     local = sum(load_balancing_loss(probs[p], experts[p], E, 0.01) for p in parts) / cp
@@ -65,29 +61,35 @@ def test_cp_with_experts_equals_the_one_rank_run_and_sends_its_closed_forms(kw):
         {k: v for k, v in trainer_memory(cfg.model, cfg.layout, 8).items() if k != "activations"}
 
 
-@pytest.mark.parametrize("router, field", [(Router(), "dropless"), (Router(dropless=True, jitter_eps=0.1),
-                                                                      "jitter_eps")])
-def test_what_no_cp_rank_can_decide_alone_is_refused_by_name(router, field):
-    """A capacity drops by position among a microbatch's tokens and the jitter draws noise per token: a cp rank
-    holds part of them, so the trainer refuses both (naming the setting), not a run that cannot equal 1 rank."""
-    with pytest.raises(UsageError) as e:
-        TrainConfig.make(model=MOE, cp=2, dp=2, ep=2, router=router).check()
-    assert e.value.argument == field
+ROUTERS = [(Router(), dict(cp=2, dp=2, ep=2)), (Router(drop_policy="probs"), dict(cp=4, dp=2, ep=2)),
+           (Router(jitter_eps=0.1), dict(cp=2, dp=2, ep=2, pp=2)),
+           (Router(dropless=True, jitter_eps=0.2), dict(cp=2, tp=2, cp_comm_type="a2a"))]
 
 
-def test_cli_trains_experts_under_cp_prints_the_counts_closed_form_and_resumes_without_cp(capsys, tmp_path):
-    """The one-line refusal of a capacity; the dropless run with ZeRO-1 over cp x dp, saved, resumed by
-    torch.distributed.checkpoint on tp 2 with no cp, both the 1-rank run's."""
+@pytest.mark.parametrize("router, kw", ROUTERS, ids=["capacity", "capacity-probs-cp4", "jitter-pp2", "jitter-a2a"])
+def test_a_capacity_and_the_jitter_under_cp_drop_and_draw_what_the_one_rank_run_does(router, kw):
+    """A capacity drops by position (or gate) among the whole microbatch's assignments, and the jitter's noise is
+    the whole microbatch's: each cp rank gathers the microbatch's routing (moe.cp) and takes its own rows, so the
+    run equals the 1-rank run with assignments really dropped, and the gather's bytes are its closed form."""
+    cfg = TrainConfig.make(model=MOE, steps=2, router=router, dtype="float64", **kw)
+    cfg.check()
+    res = launch(train_rank, cfg.world, cfg, timeout=60)
+    out = summarise(cfg, res, "local", reference(cfg))
+    assert out.max_rel_loss_diff < 1e-9 and out.max_abs_weight_diff < 1e-9, out.losses
+    assert out.traffic_exact["moe.cp"] and all(out.traffic_exact.values())
+    dropped = sum(sum(a) - sum(b) for r in res for e in r.experts for a, b in zip(e["routed"], e["kept"]))
+    assert (dropped > 0) == (not router.dropless), dropped
+
+
+def test_cli_trains_experts_under_cp_prints_the_gathers_closed_form_and_resumes_without_cp(capsys, tmp_path):
+    """ZeRO-1 over cp x dp with a capacity, saved, resumed by torch.distributed.checkpoint on tp 2 with no cp, both
+    the 1-rank run's."""
     ck = str(tmp_path / "ck")
     common = ["--experts", "4", "--ep", "2", "--dp", "2", "--layers", "2", "--dtype", "float64", "--check"]
-    argv = ["train", *common, "--cp", "2", "--zero", "1", "--steps", "2"]
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert "--dropless" in err and len(err.strip().splitlines()) == 1, err
-    assert main([*argv, "--dropless", "--save", ck]) == 0
+    assert main(["train", *common, "--cp", "2", "--zero", "1", "--steps", "2", "--save", ck]) == 0
     out = capsys.readouterr().out
     line = next(s for s in out.splitlines() if s.startswith("#   moe.cp "))
-    assert "✓" in line and "(E+1)·8" in line and "<= 1e-09 ✓" in out
-    assert main(["train", *common, "--tp", "2", "--dropless", "--steps", "4", "--load", ck]) == 0
+    assert "✓" in line and "(experts and gates)" in line and "<= 1e-09 ✓" in out
+    assert main(["train", *common, "--tp", "2", "--steps", "4", "--load", ck]) == 0
     out = capsys.readouterr().out
     assert "resumed from" in out and "<= 1e-09 ✓" in out, out

@@ -28,7 +28,6 @@ from netmorph.calibrate.compute import DTYPES, ITEMSIZE, REFERENCE_MICROBATCH, R
 from netmorph.calibrate.run import calibrate
 from netmorph.mesh.layout import CP_COMM, Layout
 from netmorph.mesh.shape import ModelShape
-from netmorph.models.moe import Router
 from netmorph.parallel import limits
 from netmorph.parallel.groups import overlaps_dp
 from netmorph.parallel.hybrid import BUCKET_MB, TrainConfig, train_rank
@@ -163,10 +162,7 @@ def measure(model: ModelShape, layout: Layout, steps: int, dtype: str, timeout: 
     """(the median step time of ``layout`` trained for real after :data:`WARMUP` steps, the busiest stage's rank's
     steps split by what it did (:func:`~netmorph.parallel.phases.split_step`, the mean over the same steps), the
     speed probe's median over them -- each step's slowest rank, as the step times)."""
-    # experts under cp route dropless (the trainer's one way there, Megatron's default): the planner's
-    # capacity factor 1 is no padding either
-    router = Router(dropless=bool(model.experts) and layout.cp > 1)
-    cfg = TrainConfig(model=model, layout=layout, steps=steps, dtype=dtype, router=router)
+    cfg = TrainConfig(model=model, layout=layout, steps=steps, dtype=dtype)
     cfg.check()
     out = launch(_probed, cfg.world, cfg, timeout=timeout)
     run = summarise(cfg, [r for r, _ in out], "local")

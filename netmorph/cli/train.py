@@ -73,7 +73,7 @@ def add_parser(sub) -> None:
                    default=1.0,
                    help="expert capacity over the even share, >= 1 (default 1.0; assignments over it drop)")
     m.add_argument("--dropless", action="store_true",
-                   help="no capacity: every assignment is kept (Megatron with no capacity factor; needed with --cp)")
+                   help="no capacity: every assignment is kept (Megatron with no --moe-expert-capacity-factor)")
     r = p.add_argument_group("run")
     r.add_argument("--steps", type=int_in(1, 1 << 24, "1..2**24"), default=10, help="optimizer steps (default 10)")
     r.add_argument("--lr", type=float_in(0, 100, open_low=True), default=3e-3, help="Adam learning rate (default 3e-3)")

@@ -127,7 +127,7 @@ class PlainLayers:
 def expert_layer(comm, ep_group, w: dict, i: int, cfg: ModelShape, router: Router, cp=None):
     """Layer ``i``'s :class:`~netmorph.models.moe.MoELayer` holding this ep rank's experts (a contiguous
     1/ep of them, as :class:`~netmorph.mesh.placement.ExpertShard` places them) and the whole router
-    (``cp``: the group of ranks that split its sequences and the all-reduce that sums its counts over them)."""
+    (``cp``: the :class:`~netmorph.parallel.context_parallel.ContextParallel` that splits its sequences)."""
     dtype = w[f"{i}.router.w"].dtype
     layer = MoELayer(comm, ep_group, cfg.hidden, cfg.ef, cfg.experts, cfg.top_k, None, router.drop_policy,
                      router.pre_softmax, router.aux_loss_coeff, router.z_loss_coeff, router.jitter_eps, dtype, cp)
@@ -170,11 +170,12 @@ class Block(nn.Module):
         if self.moe is None:
             return self.fc2(F.gelu(self.fc(z)))
         T, B, h = z.shape
-        cap = None if self.dropless else capacity(T * B, self.moe.num_experts, self.top_k, self.capacity_factor)
+        tokens = T * B * self.moe.cp_size                                # the microbatch's, on every cp rank
+        cap = None if self.dropless else capacity(tokens, self.moe.num_experts, self.top_k, self.capacity_factor)
         g = None
         if self.jitter:          # the same noise for the same microbatch and layer, whichever rank routes it
             g = torch.Generator().manual_seed(((self.seed * 1_000_003 + self.key) * 1009 + self.layer) & 0x7FFFFFFF)
-        y, r, stats = self.moe(z.reshape(T * B, h), cap, g)             # (T·B, h)
+        y, r, stats = self.moe(z.reshape(T * B, h), cap, g, B)          # (T·B, h)
         self.stats.append(stats)
         self.aux.append((float(r.aux_loss.detach()), float(r.z_loss.detach())))
         y = AuxLossScaler.apply(y, r.aux_loss + r.z_loss, self.aux_scale)

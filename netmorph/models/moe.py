@@ -116,9 +116,11 @@ class MoELayer(nn.Module):
                  dtype=torch.float64, cp=None):
         super().__init__()
         self.comm, self.group = comm, ep_group
-        # under context parallelism the sequence's tokens are split over cp ranks: the load-balancing loss's
-        # expert fractions are the whole sequence's (Megatron reduces tokens_per_expert over tp x cp)
-        self.cp_group, self.cp_algo = cp if cp is not None and cp[0].size() > 1 else (None, None)
+        # under context parallelism (a ContextParallel) each rank holds part of every sequence: what routing
+        # decides over the whole microbatch -- the load-balancing loss's fractions, a capacity's drops -- is
+        # decided over the cp group (_sequence)
+        self.cp = cp if cp is not None and cp.cp > 1 else None
+        self.cp_size = self.cp.cp if self.cp is not None else 1
         self.ep = ep_group.size()
         self.ep_rank = ep_group.index[comm.rank] if comm is not None else 0
         self.num_experts, self.top_k = num_experts, top_k
@@ -136,11 +138,21 @@ class MoELayer(nn.Module):
     def expert_parameters(self):
         return [self.w1, self.b1, self.w2, self.b2]
 
-    def forward(self, x: torch.Tensor, capacity: int | None, generator=None):
-        """``x`` (T, h) -> (y (T, h), routing, stats)."""
+    def forward(self, x: torch.Tensor, capacity: int | None, generator=None, batch: int = 1):
+        """``x`` (T, h) -> (y (T, h), routing, stats); ``x``'s rows are (position, sequence) token-major over
+        ``batch`` sequences, and under cp ``capacity`` is the whole microbatch's."""
         E, el = self.num_experts, self.local
-        r = self.router(x, generator, self._global_counts)
-        keep = keep_mask(r.experts, r.gates, E, capacity, self.drop_policy)          # (T, k)
+        if self.cp is None:
+            r = self.router(x, generator)
+            keep = keep_mask(r.experts, r.gates, E, capacity, self.drop_policy)      # (T, k)
+        else:
+            where = self._rows(x.shape[0] // batch, batch)                            # (cp, T)
+            mine = where[self.cp.rank]
+            seq = {}
+            r = self.router(x, generator, lambda e, g: self._sequence(e, g, capacity, where, seq), mine,
+                            where.numel())
+            keep = (keep_mask(r.experts, r.gates, E, None) if capacity is None else
+                    keep_mask(seq["experts"], seq["gates"], E, capacity, self.drop_policy)[mine])
         tok, slot = keep.nonzero(as_tuple=True)                                       # kept, token-major
         exp = r.experts[tok, slot]                                                    # (n,)
         order = torch.argsort(exp, stable=True)
@@ -157,17 +169,35 @@ class MoELayer(nn.Module):
         routed = torch.bincount(r.experts.reshape(-1), minlength=E).numpy()
         return y, r, LayerStats(routed, counts.numpy(), send, capacity, recv)
 
-    def _global_counts(self, experts: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """(E,) routing assignments per expert and the tokens they came from, over this rank's tokens -- or
-        under cp over the whole sequence's, summed over the cp group (E + 1 int64 in one all-reduce, phase moe.cp:
-        Megatron's all-reduce of ``tokens_per_expert`` over tp x cp)."""
-        counts = torch.bincount(experts.reshape(-1), minlength=self.num_experts)
-        if self.cp_group is None:
-            return counts, experts.shape[0]
-        both = torch.cat([counts, counts.new_tensor([experts.shape[0]])]).to(torch.int64)
+    def _rows(self, t: int, batch: int) -> torch.Tensor:
+        """(cp, t·batch): where each cp rank's tokens sit in the whole microbatch's token-major order (the
+        1-rank run's ``position·batch + sequence``), from the positions each rank holds."""
+        seq = t * self.cp_size
+        pos = torch.stack([self.cp.positions_of(j, seq) for j in range(self.cp_size)])       # (cp, t)
+        return (pos[:, :, None] * batch + torch.arange(batch)).reshape(self.cp_size, -1)
+
+    def _sequence(self, experts: torch.Tensor, gates: torch.Tensor, capacity, rows, seq: dict) -> tuple:
+        """(assignments per expert (E,), tokens) over the whole microbatch, from the cp group (phase moe.cp).
+        Dropless, one all-reduce of the counts and the token count (E + 1 int64; Megatron all-reduces
+        ``tokens_per_expert`` over tp x cp). With a capacity, whose drops depend on every token's routing, one
+        all-gather of each token's experts and gates (2k float64 a token): ``seq`` keeps them, in the whole
+        microbatch's order, for the keep mask every cp rank then computes as the 1-rank run does."""
+        E, g = self.num_experts, self.cp.group
+        if capacity is None:
+            both = torch.cat([torch.bincount(experts.reshape(-1), minlength=E),
+                              experts.new_tensor([experts.shape[0]])]).to(torch.int64)
+            with self.comm.phase("moe.cp"):
+                self.comm.all_reduce(both, group=g, algo=self.cp.algos.counts)
+            return both[:-1], int(both[-1])
+        mine = torch.cat([experts.double(), gates.detach().double()], dim=1)                 # (T, 2k)
+        every = mine.new_empty((self.cp_size,) + mine.shape)                                 # (cp, T, 2k)
         with self.comm.phase("moe.cp"):
-            self.comm.all_reduce(both, group=self.cp_group, algo=self.cp_algo)
-        return both[:-1], int(both[-1])
+            self.comm.all_gather_into_tensor(every, mine, group=g, algo=self.cp.algos.allgather)
+        whole = torch.empty((rows.numel(), mine.shape[1]), dtype=torch.float64)
+        whole[rows.reshape(-1)] = every.reshape(-1, mine.shape[1])                          # (cp·T, 2k)
+        k = experts.shape[1]
+        seq["experts"], seq["gates"] = whole[:, :k].long(), whole[:, k:]
+        return torch.bincount(seq["experts"].reshape(-1), minlength=E), whole.shape[0]
 
     def _exchange_counts(self, counts: torch.Tensor) -> np.ndarray:
         """(ep, E_local): how many rows each EP rank sends to each of this rank's experts."""

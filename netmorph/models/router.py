@@ -20,7 +20,7 @@ with the conventions it documents:
   β · mean_t (logsumexp_i logits_ti)².
 
 Everything is computed on this rank's tokens (Megatron's per-micro-batch aux loss), but for the expert
-fractions of a context-parallel rank, which are its whole sequence's.
+fractions of a context-parallel rank, which are its whole microbatch's.
 """
 
 from __future__ import annotations
@@ -42,19 +42,19 @@ class Routing:
 
 
 def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor, num_experts: int, coeff: float,
-                        counts=None) -> torch.Tensor:
+                        totals=None) -> torch.Tensor:
     """α · E · Σ_i f_i · P_i (Switch eq. 4; Megatron's ``switch_load_balancing_loss_func``).
 
     ``probs`` (T, E) is the full softmax, ``experts`` (T, k) the routing assignments; f_i counts
-    assignments (not tokens), so top-k routing is normalised by T·k. ``counts(experts)``, when given, gives
-    the assignments per expert and the tokens behind them over the whole sequence (a context-parallel rank
-    holds part of it): f_i is then the sequence's and P_i this rank's mean, so the losses of the cp ranks,
-    averaged as their gradients are, are the whole sequence's loss."""
+    assignments (not tokens), so top-k routing is normalised by T·k. ``totals`` = (assignments per expert (E,),
+    tokens) of the whole sequence, when this rank holds part of it (context parallelism): f_i is then the
+    sequence's and P_i this rank's mean, so the cp ranks' losses, averaged as their gradients are, are the whole
+    sequence's."""
     t, k = experts.shape
-    if counts is None:
+    if totals is None:
         raw = torch.bincount(experts.reshape(-1), minlength=num_experts)                   # (E,)
     else:
-        raw, t = counts(experts)                                                           # the sequence's
+        raw, t = totals
     f = raw.to(probs.dtype) / (t * k)                                                      # (E,)
     p = probs.mean(dim=0)                                                                  # (E,)
     return coeff * num_experts * torch.sum(f * p)
@@ -74,13 +74,17 @@ class TopKRouter(nn.Module):
         self.aux_loss_coeff, self.z_loss_coeff, self.jitter_eps = aux_loss_coeff, z_loss_coeff, jitter_eps
         self.weight = nn.Parameter(torch.zeros(hidden, num_experts, dtype=dtype))      # (h, E)
 
-    def forward(self, x: torch.Tensor, generator: torch.Generator | None = None, counts=None) -> Routing:
-        """``x`` (T, h) -> :class:`Routing`. ``generator`` seeds the jitter (same noise on every layout);
-        ``counts``: the whole sequence's assignments per expert (:func:`load_balancing_loss`)."""
+    def forward(self, x: torch.Tensor, generator: torch.Generator | None = None, sequence=None,
+                rows: torch.Tensor | None = None, total: int = 0) -> Routing:
+        """``x`` (T, h) -> :class:`Routing`. ``generator`` seeds the jitter (same noise on every layout). Under
+        context parallelism ``x`` is part of a microbatch of ``total`` tokens, ``rows`` its tokens' places in
+        it (the noise is the whole microbatch's, these rows of it), and ``sequence(experts, gates)`` gives the
+        whole microbatch's (assignments per expert, tokens) for :func:`load_balancing_loss`."""
         if self.training and self.jitter_eps > 0:
-            noise = torch.empty(x.shape, dtype=torch.float64).uniform_(1 - self.jitter_eps, 1 + self.jitter_eps,
-                                                                       generator=generator)
-            x = x * noise.to(x.dtype)                                  # (T, h)
+            shape = (total, x.shape[1]) if rows is not None else x.shape
+            noise = torch.empty(shape, dtype=torch.float64).uniform_(1 - self.jitter_eps, 1 + self.jitter_eps,
+                                                                     generator=generator)
+            x = x * (noise if rows is None else noise[rows]).to(x.dtype)   # (T, h)
         logits = x @ self.weight                                       # (T, E)
         probs = torch.softmax(logits, dim=-1)                          # (T, E)
         if self.pre_softmax:
@@ -88,6 +92,7 @@ class TopKRouter(nn.Module):
         else:
             top, experts = torch.topk(logits, self.top_k, dim=-1)      # (T, k) each
             gates = torch.softmax(top, dim=-1)                         # (T, k)
-        aux = load_balancing_loss(probs, experts, self.num_experts, self.aux_loss_coeff, counts)
+        totals = sequence(experts, gates) if sequence is not None else None
+        aux = load_balancing_loss(probs, experts, self.num_experts, self.aux_loss_coeff, totals)
         zl = z_loss(logits, self.z_loss_coeff) if self.z_loss_coeff else logits.new_zeros(())
         return Routing(experts, gates, probs, logits, aux, zl)

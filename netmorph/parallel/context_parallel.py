@@ -51,7 +51,11 @@ class ContextParallel:
 
     def positions(self, seq: int, device=None) -> torch.Tensor:
         """The sequence positions this rank holds, in the order it holds them (seq/cp of them)."""
-        return _positions(self.chunks[self.rank], seq // (2 * self.cp), device)
+        return self.positions_of(self.rank, seq, device)
+
+    def positions_of(self, rank: int, seq: int, device=None) -> torch.Tensor:
+        """The positions cp rank ``rank`` of the group holds."""
+        return _positions(self.chunks[rank], seq // (2 * self.cp), device)
 
     def attend(self, q, k, v):
         """Causal attention of this rank's queries over the whole sequence: each (B, nh, T/cp, hd)."""

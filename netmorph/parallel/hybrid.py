@@ -150,13 +150,6 @@ class TrainConfig:
             v = getattr(r, k)
             if not (0 <= v <= 100 and math.isfinite(v)) or k == "jitter_eps" and v >= 1:
                 raise UsageError(f"{{{k}}} must be in [0, {1 if k == 'jitter_eps' else 100}), got {v}", k)
-        if self.model.experts and lay.cp > 1 and not r.dropless:
-            raise UsageError(f"{{cp}} {lay.cp} with experts and a capacity: each cp rank would drop assignments over "
-                             "its own part of each sequence (Megatron's per-rank capacity), which no 1-rank run "
-                             "equals; add {dropless} (Megatron's default, no capacity factor)", "dropless")
-        if self.model.experts and lay.cp > 1 and r.jitter_eps:
-            raise UsageError(f"{{jitter_eps}} with {{cp}} {lay.cp}: the router's noise is drawn per token of the "
-                             "whole sequence, which a cp rank holds part of; drop the jitter or cp", "jitter_eps")
         check(schedule(lay.pipeline_schedule, lay.pp, lay.microbatches, lay.interleave), lay.interleave, lay.v_shaped)
         self.algos.check(self.layout)
         ck = self.checkpoint

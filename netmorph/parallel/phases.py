@@ -65,8 +65,9 @@ for _ph in (
         LedgerPhase("moe.dispatch.bwd", "ep", "rows routed here·h·B", "the dispatch's gradient"),
         LedgerPhase("moe.combine.bwd", "ep", "rows routed away·h·B", "the combine's gradient"),
         LedgerPhase("moe.counts", "ep", "(ep-1)·E/ep·8 per layer forward", "tokens per expert, before a dispatch"),
-        LedgerPhase("moe.cp", "ep", "2(cp-1)/cp·(E+1)·8 per layer forward",
-                    "the router's tokens per expert summed over cp (the load-balancing loss's fractions)"),
+        LedgerPhase("moe.cp", "ep", "dropless 2(cp-1)/cp·(E+1)·8, capacity (cp-1)·2k·T·8 per layer forward",
+                    "the microbatch's routing over cp: tokens per expert (dropless) or every token's experts "
+                    "and gates (a capacity)"),
         LedgerPhase("metrics", None, "8 B over dp", "the step's loss, summed for the log", shown=False),
         LedgerPhase("checkpoint", None, "the save plan's objects", "a checkpoint's plan exchange", shown=False)):
     register_phase(_ph)

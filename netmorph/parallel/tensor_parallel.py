@@ -279,9 +279,8 @@ class TensorParallel:
     def experts(self, w: dict, i: int, cfg, router):
         """Layer ``i``'s experts over this rank's expert-parallel group, whole on every tensor-parallel rank
         (Megatron's expert tensor parallelism 1): without SP every tp rank routes the same tokens the same way.
-        Under cp the router's expert fractions are the whole sequence's, summed over the cp group."""
-        cp = (self.cp.group, self.algos.counts) if self.cp is not None else None
-        return expert_layer(self.comm, self.ep_group, w, i, cfg, router, cp)
+        Under cp what the router decides over the whole microbatch it decides over the cp group."""
+        return expert_layer(self.comm, self.ep_group, w, i, cfg, router, self.cp)
 
     def replicated(self):
         """With SP, parameters every TP rank holds whole but trains on its own tokens: their

@@ -171,8 +171,15 @@ def expert_traffic(cfg, padded: int, e: int, isz: int, moe_blocks, ep_rank: int,
         out["moe.combine"] = out["moe.dispatch.bwd"] = (got * h * isz, f"rows routed here·h·B = {got}·{h}·{isz}")
         out["moe.counts"] = (counts, f"(ep-1)·E/ep·8 per layer forward = {counts}")
     cp = cfg.layout.cp
-    if moe_blocks and cp > 1:
-        forwards = sum(len(b.stats) for b in moe_blocks)
+    if moe_blocks and cp > 1:        # the microbatch's routing over the cp group, once a layer forward
+        stats = [st for b in moe_blocks for st in b.stats]
+        counts = [st for st in stats if st.capacity is None]           # dropless: the counts all-reduced
         one = algo_sent("allreduce", cfg.algos.counts, E + 1, cp, cp_rank, 8)
-        out["moe.cp"] = (forwards * one, f"2(cp-1)/cp·(E+1)·8 per layer forward = {forwards}·{one}")
+        # with a capacity: every token's k experts and k gates gathered (2k float64 a token; routed = T·k)
+        gathered = sum(algo_sent("allgather", cfg.algos.allgather, cp * 2 * int(st.routed.sum()), cp, cp_rank, 8)
+                       for st in stats if st.capacity is not None)
+        text = [f"2(cp-1)/cp·(E+1)·8 per layer forward = {len(counts)}·{one}"] if counts else []
+        if gathered:
+            text.append(f"(cp-1)·2k·T_rank·8 per layer forward (experts and gates) = {gathered}")
+        out["moe.cp"] = (len(counts) * one + gathered, " + ".join(text))
     return out

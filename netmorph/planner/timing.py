@@ -170,9 +170,12 @@ def _layer_costs(model: ModelShape, hw: Hardware, tp: int, cp: int, ep: int, mic
         out["moe_fwd"] = 2 * a2a + counts
         out["moe_bwd"] = 2 * a2a * (2 if full else 1)
     if model.experts and cp > 1:
-        # the router's tokens per expert summed over cp for the load-balancing loss (Megatron's all-reduce of
-        # tokens_per_expert, the trainer's moe.cp): E + 1 int64, latency
-        out["moe_fwd"] += collective_time(hw, "allreduce", cp, t, 8 * (model.experts + 1))
+        # the microbatch's routing over cp (the trainer's moe.cp): dropless (capacity factor 1 here), the tokens
+        # per expert all-reduced for the load-balancing loss (Megatron's tokens_per_expert, E + 1 int64);
+        # with a capacity every token's k experts and gates gathered, as the drops need the whole microbatch's
+        out["moe_fwd"] += (collective_time(hw, "allreduce", cp, t, 8 * (model.experts + 1))
+                           if model.capacity_factor == 1 else
+                           collective_time(hw, "allgather", cp, t, 2 * model.top_k * 8 * s * b))
     return out
 
 
