@@ -121,9 +121,9 @@ def main() -> int:
     print(f"# cores kept busy: {sum(r['cpu_s'] for r in out) / wall:.2f} (the ranks' CPU summed over the step's wall)")
     if hw is not None:
         pred = step_time(model, planner_layout(found[name], "float32", model), hw)
-        print(f"# the planner on {args.profile}: compute {1e3 * pred['compute_s'] / hw.core_sharing:.1f} ms one rank "
-              f"alone, {1e3 * pred['compute_s']:.1f} ms every rank busy (core_sharing {hw.core_sharing:.2f}); "
-              f"step {1e3 * pred['step_time_s']:.1f} ms against {1e3 * wall:.1f} ms measured")
+        print(f"# the planner on {args.profile}: compute {1e3 * pred.compute_s / hw.core_sharing:.1f} ms one rank "
+              f"alone, {1e3 * pred.compute_s:.1f} ms every rank busy (core_sharing {hw.core_sharing:.2f}); "
+              f"step {1e3 * pred.step_time_s:.1f} ms against {1e3 * wall:.1f} ms measured")
     return 0
 
 

@@ -49,10 +49,10 @@ def main() -> None:
             hw = hardware_from(calibrate(dp), "the profile measured here")
             pred = step_time(model, planner_layout(cfg.layout, "float32", model), hw)
             gap = b["netmorph"]["median_s"] - b["no_comm"]["median_s"]
-            print(f"    the planner on a profile of these {dp} ranks: step {1e3 * pred['step_time_s']:.1f} ms = "
-                  f"compute {1e3 * pred['compute_s']:.1f} + data-parallel exposed "
-                  f"{1e3 * pred['comm_s']['data_parallel']:.1f} ({1e3 * pred['comm_hidden_s']:.1f} more hidden "
-                  f"behind the backward) + optimizer {1e3 * pred['optimizer_s']:.1f}; "
+            print(f"    the planner on a profile of these {dp} ranks: step {1e3 * pred.step_time_s:.1f} ms = "
+                  f"compute {1e3 * pred.compute_s:.1f} + data-parallel exposed "
+                  f"{1e3 * pred.parts.data_parallel:.1f} ({1e3 * pred.comm_hidden_s:.1f} more hidden "
+                  f"behind the backward) + optimizer {1e3 * pred.optimizer_s:.1f}; "
                   f"measured netmorph - no-comm: {1e3 * gap:+.1f} ms", flush=True)
     print("\n# 8 ranks, the same global batch of 32: 3D against pure data parallelism (tokens/s, step ms)")
     for label, kw in (("dp8", dict(dp=8, microbatches=2)), ("tp2 pp2 dp2", dict(tp=2, pp=2, dp=2, microbatches=8)),

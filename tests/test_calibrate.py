@@ -86,7 +86,7 @@ def test_the_hop_is_what_makes_the_planners_pipeline_formula_give_the_relays_ste
         assert not lay.check(model)
         plain, hopped = (step_time(model, lay, dataclasses.replace(hw, pipeline_hop_s=h)) for h in (0.0, hop))
         slots = shared_slots(lay.microbatches, lay.pp, lay.interleave, cs)
-        assert hopped["step_time_s"] - plain["step_time_s"] == pytest.approx(slots * per_mb * hop, rel=1e-9)
+        assert hopped.step_time_s - plain.step_time_s == pytest.approx(slots * per_mb * hop, rel=1e-9)
     from netmorph.simulate import simulate_config
     lay = Layout(pp=2, batch=Batch(global_batch=8, micro_batch_size=2))
     plain, hopped = (simulate_config(model, lay, dataclasses.replace(HW["a100-40g"], pipeline_hop_s=h))
@@ -158,7 +158,7 @@ def test_a_slower_link_prices_the_dp_step_by_the_bytes_over_it(two_nodes):
     model = ModelShape(layers=4, hidden=256, heads=4, seq=32, vocab=128)
     lay = Layout(dp=2, batch=Batch(global_batch=8, micro_batch_size=2),
                  precision=Precision(param_bytes=4, grad_bytes=4, optimizer_bytes=8))
-    dp = {k: step_time(model, lay, hw)["comm_s"]["data_parallel"] for k, hw in (("fast", fast), ("slow", slow))}
+    dp = {k: step_time(model, lay, hw).parts.data_parallel for k, hw in (("fast", fast), ("slow", slow))}
     n = model.params() * lay.precision.grad_bytes
     closed = 2 * (slow.alpha_inter - fast.alpha_inter) + n * (1 / slow.nic_bandwidth - 1 / fast.nic_bandwidth)
     assert dp["slow"] > dp["fast"] and math.isclose(dp["slow"] - dp["fast"], closed, rel_tol=1e-6)
@@ -301,10 +301,10 @@ def test_measured_overlap_decides_how_much_of_the_dp_reduction_is_exposed(two_no
     none = step_time(model, lay, dataclasses.replace(hw, overlap=0.0))
     full = step_time(model, lay, dataclasses.replace(hw, overlap=1.0))
     plain = step_time(model, lay.replace(dp_overlap=False), hw)
-    assert none["comm_hidden_s"] == 0 and plain["comm_hidden_s"] == 0                # nothing hidden
-    assert none["comm_s"]["data_parallel"] >= plain["comm_s"]["data_parallel"]      # a bucket a layer: more α
-    assert full["comm_s"]["data_parallel"] < none["comm_s"]["data_parallel"]
-    assert hw.comm_slowdown == 0 and full["overlap_slowdown_s"] == 0       # the local fabric's collectives: threads
+    assert none.comm_hidden_s == 0 and plain.comm_hidden_s == 0                # nothing hidden
+    assert none.parts.data_parallel >= plain.parts.data_parallel      # a bucket a layer: more α
+    assert full.parts.data_parallel < none.parts.data_parallel
+    assert hw.comm_slowdown == 0 and full.overlap_slowdown_s == 0       # the local fabric's collectives: threads
 
 
 def test_the_planner_prices_the_tp_collectives_the_trainer_sends():
@@ -320,7 +320,7 @@ def test_the_planner_prices_the_tp_collectives_the_trainer_sends():
     for t in (2, 4):
         cfg = TrainConfig.make(model=small, tp=t, microbatches=4, micro_batch_size=2)
         lay = cfg.layout.replace(param_bytes=8, grad_bytes=8, optimizer_bytes=16, activation_bytes=8)
-        seconds = step_time(small, lay, hw)["comm_s"]["tensor_parallel"]
+        seconds = step_time(small, lay, hw).parts.tensor_parallel
         sent = predicted(cfg, 0, 0, 8, True, True, small.layers)["tp"][0]
         assert seconds * 1e9 == pytest.approx(sent, rel=1e-3)
 
@@ -358,12 +358,12 @@ def test_where_ranks_share_cores_the_pipelines_bubble_is_lent_to_the_others():
     model = ModelShape(layers=8, hidden=1024, heads=16, seq=512, vocab=1024)
     lay = Layout(pp=4, batch=Batch(global_batch=4, micro_batch_size=1))                    # m = 4, 7 slots
     base = step_time(model, lay, a100)
-    per_mb = base["bubble_s"] / 3
+    per_mb = base.bubble_s / 3
     for s, slots in ((1.0, 7), (1.4, (1 + 1 + 1.05 + 1.4 + 1.05 + 1 + 1) / 1.4),
                      (2.0, (1 + 1 + 1.5 + 2 + 1.5 + 1 + 1) / 2), (8.0, (2 + 4 + 6 + 8 + 6 + 4 + 2) / 8)):
         got = step_time(model, lay, dataclasses.replace(a100, core_sharing=s))
-        assert got["bubble_s"] == pytest.approx((slots - 4) * per_mb, abs=1e-12)
-        assert got["step_time_s"] == pytest.approx(base["step_time_s"] - (7 - slots) * per_mb)
+        assert got.bubble_s == pytest.approx((slots - 4) * per_mb, abs=1e-12)
+        assert got.step_time_s == pytest.approx(base.step_time_s - (7 - slots) * per_mb)
 
 
 def test_the_reference_gpts_scale_the_operators_and_the_flops_apart():

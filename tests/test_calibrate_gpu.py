@@ -69,7 +69,7 @@ def test_measured_fields_lay_over_their_preset_and_say_where_they_come_from():
     # the table now prices the GEMMs: a 7B layer's on one H200 are slower at 50% of peak than at the carried 66%
     llama = ModelShape(layers=32, hidden=4096, heads=32, seq=4096, vocab=32000)
     lay = Layout(batch=Batch(micro_batch_size=1, global_batch=1))
-    assert step_time(llama, lay, hw)["matmul_s"] > step_time(llama, lay, HW["h200"])["matmul_s"]
+    assert step_time(llama, lay, hw).matmul_s > step_time(llama, lay, HW["h200"]).matmul_s
     for preset, fields, src, words in (("h300", {}, source, "must be a preset"),
                                        ("h200", {"peak_flops": 1e15}, source, "peak_flops not measured here"),
                                        ("h200", {"attention_efficiency": 1.5}, source, "attention_efficiency must be"),

@@ -47,11 +47,11 @@ def test_the_twin_writes_what_a_run_measured_into_its_profile():
     _, twin = _twin()
     lay = Layout(tp=2, dp=4)
     t = twin.step(lay)
-    slots = t["compute_s"] + t["comm_s"]["tensor_parallel"]
+    slots = t.compute_s + t.parts.tensor_parallel
     after = twin.measured(lay, slots + 0.030, 1 / 5e6)
     assert after.beta0 == 1 / 5e6 and after.hardware.op_overhead_s > 0
     t2 = after.step(lay)
-    assert t2["compute_s"] + t2["comm_s"]["tensor_parallel"] == pytest.approx(slots + 0.030, rel=1e-9)
+    assert t2.compute_s + t2.parts.tensor_parallel == pytest.approx(slots + 0.030, rel=1e-9)
     assert twin.measured(lay, slots, None).hardware.op_overhead_s == pytest.approx(0.0, abs=1e-12)
 
 

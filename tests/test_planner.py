@@ -13,6 +13,7 @@ from netmorph.mesh.shape import ModelShape
 from netmorph.planner.hardware import PRESETS as HW
 from netmorph.planner.memory import activation_bytes_per_layer, memory
 from netmorph.planner.search import check, estimate, search
+from netmorph.planner.timing import step_time
 
 A100 = HW["a100-80g"]
 H100 = HW["h100-80g"]
@@ -253,6 +254,8 @@ def test_step_parts_sum_to_the_step_on_every_layout_overlap_on_or_off():
         parts = e["step_parts_s"]
         assert min(parts.values()) >= 0 and sum(parts.values()) == pytest.approx(e["step_time_s"], rel=1e-9), (name,
                                                                                                              lay)
+        t = step_time(PRESETS[name], lay, A100)          # the typed result the JSON is printed from
+        assert t.parts.total() == pytest.approx(t.step_time_s, rel=1e-12) and t.as_dict().items() <= e.items()
         n += 1
     assert n == 100
     # a layout whose overlap slows compute has a non-zero part for it

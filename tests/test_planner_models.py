@@ -360,10 +360,10 @@ def test_zero3_moves_three_model_copies_per_microbatch():
     ag = timing.collective_time(hw, "allgather", 8, 1, c.precision.param_bytes * n)
     rs = timing.collective_time(hw, "reduce_scatter", 8, 1, c.precision.grad_bytes * n)
     st = timing.step_time(m, c, hw)
-    assert st["comm_s"]["zero3_gather"] == pytest.approx(4 * 2 * ag)
-    assert st["comm_s"]["data_parallel"] == pytest.approx(4 * rs)
+    assert st.parts.zero3_gather == pytest.approx(4 * 2 * ag)
+    assert st.parts.data_parallel == pytest.approx(4 * rs)
     st1 = timing.step_time(m, replace(c, zero=1), hw)
-    assert (st1["comm_s"]["zero3_gather"], st1["comm_s"]["data_parallel"]) == (0.0, pytest.approx(rs + ag))
+    assert (st1.parts.zero3_gather, st1.parts.data_parallel) == (0.0, pytest.approx(rs + ag))
     # overlapped, layer by layer: per microbatch the first gather and the last reduce-scatter are exposed, and
     # a layer whose gather (and, in the backward, gather + reduce-scatter) outlasts its compute the difference
     over = timing.step_time(m, c.replace(dp_overlap=True), hw)
@@ -371,9 +371,9 @@ def test_zero3_moves_three_model_copies_per_microbatch():
     f, b = lc["matmul_fwd"] + lc["elementwise_fwd"], lc["matmul_bwd"] + lc["elementwise_bwd"]
     g, r, L = ag / m.layers, rs / m.layers, m.layers
     per_mb = g + r + (L - 1) * (max(0.0, g - f) + max(0.0, g + r - b))
-    assert over["comm_s"]["zero3_gather"] + over["comm_s"]["data_parallel"] == pytest.approx(4 * per_mb)
-    assert over["comm_hidden_s"] == pytest.approx(4 * (2 * ag + rs) - 4 * per_mb)
-    assert over["overlap_slowdown_s"] == pytest.approx(hw.comm_slowdown * over["comm_hidden_s"])
+    assert over.parts.zero3_gather + over.parts.data_parallel == pytest.approx(4 * per_mb)
+    assert over.comm_hidden_s == pytest.approx(4 * (2 * ag + rs) - 4 * per_mb)
+    assert over.overlap_slowdown_s == pytest.approx(hw.comm_slowdown * over.comm_hidden_s)
     assert hw.comm_slowdown == 0.189                       # Lee et al. 2025's mean GEMM slowdown beside NCCL
 
 
@@ -390,8 +390,8 @@ def test_bucketed_overlap_exposes_the_last_bucket_and_what_outlasts_a_layer():
     one = timing.step_time(m, c, hw)
     gathered = timing.step_time(m, c.replace(param_gather_overlap=True), hw)
     # the distributed optimizer's all-gather follows the step unless --overlap-param-gather hides it
-    assert gathered["comm_s"]["data_parallel"] < one["comm_s"]["data_parallel"]
-    assert one["comm_s"]["data_parallel"] > timing.collective_time(hw, "allgather", 64, 1,
+    assert gathered.parts.data_parallel < one.parts.data_parallel
+    assert one.parts.data_parallel > timing.collective_time(hw, "allgather", 64, 1,
                                                                    2 * params_on_device(m, c))
 
 
@@ -459,7 +459,7 @@ def test_buckets_of_a_size_and_the_trainers_overlap_rule():
     bucket = timing.collective_time(hw, "allreduce", 16, 1, total / n)
     lc = timing.layer_costs(m, c, hw)
     per = (lc["matmul_bwd"] + lc["elementwise_bwd"]) * m.layers / n
-    assert timing.step_time(m, c, hw)["comm_s"]["data_parallel"] == pytest.approx(timing.bucketed(bucket, n, per))
+    assert timing.step_time(m, c, hw).parts.data_parallel == pytest.approx(timing.bucketed(bucket, n, per))
     small = ModelShape(layers=2, hidden=96, heads=4, seq=48, vocab=128)
     assert planner_layout(Layout(dp=4, batch=Batch(global_batch=8), knobs=Knobs(dp_overlap=True)), "float32",
                           small).knobs.dp_overlap

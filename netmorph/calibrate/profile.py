@@ -76,7 +76,7 @@ def reference_compute(hw: Hardware, dtype: str, shape: ModelShape) -> float:
     b = ITEMSIZE[dtype]
     lay = Layout(batch=Batch(micro_batch_size=REFERENCE_MICROBATCH, global_batch=REFERENCE_MICROBATCH),
                  precision=Precision(param_bytes=b, grad_bytes=b, optimizer_bytes=2 * b, activation_bytes=b))
-    return step_time(shape, lay, hw)["compute_s"]
+    return step_time(shape, lay, hw).compute_s
 
 
 def scales(hw: Hardware, dtype: str, measured) -> tuple[float, float]:

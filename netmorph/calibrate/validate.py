@@ -175,11 +175,10 @@ def predicted_split(pred: dict) -> dict:
     """The planner's :func:`~netmorph.planner.timing.step_time` in the measured split's parts
     (:data:`~netmorph.parallel.phases.PHASES`): ``rest`` is its bubble, pipeline sends and the slowdown of what
     ran beside compute."""
-    comm = pred["comm_s"]
-    out = {"compute": pred["compute_s"], "tp": comm["tensor_parallel"], "cp": comm["context_parallel"],
-           "ep": comm["expert_parallel"],
-           "dp": comm["data_parallel"] + comm["zero3_gather"], "optimizer": pred["optimizer_s"]}
-    out["rest"] = max(0.0, pred["step_time_s"] - sum(out.values()))       # 0 less rounding without a pipeline
+    comm = pred.parts
+    out = {"compute": pred.compute_s, "tp": comm.tensor_parallel, "cp": comm.context_parallel,
+           "ep": comm.expert_parallel, "dp": comm.data_parallel + comm.zero3_gather, "optimizer": pred.optimizer_s}
+    out["rest"] = max(0.0, pred.step_time_s - sum(out.values()))       # 0 less rounding without a pipeline
     return out
 
 
@@ -211,11 +210,11 @@ def validate(world: int, models=("small", "medium"), steps: int = 8, dtype: str 
     for k, (name, lay) in enumerate(todo):
         pred = step_time(MODELS[name], planner_layout(lay, dtype, MODELS[name]), hw)
         d = statistics.median(drift[k])
-        parts = {"compute": pred["compute_s"], "bubble": pred["bubble_s"], "optimizer": pred["optimizer_s"],
-                 **{k: v for k, v in pred["comm_s"].items() if v}}
+        parts = {"compute": pred.compute_s, "bubble": pred.bubble_s, "optimizer": pred.optimizer_s,
+                 **{k: v for k, v in pred.comm_s.items() if v}}
         parts = {key: d * v for key, v in parts.items()}
-        rows.append(Row(name, lay, statistics.median(times[k]), d * pred["step_time_s"], parts,
-                        repeats_s=tuple(times[k]), drift=tuple(drift[k]), predicted_raw_s=pred["step_time_s"],
+        rows.append(Row(name, lay, statistics.median(times[k]), d * pred.step_time_s, parts,
+                        repeats_s=tuple(times[k]), drift=tuple(drift[k]), predicted_raw_s=pred.step_time_s,
                         measured_split=split[k],
                         predicted_split={key: d * v for key, v in predicted_split(pred).items()}))
     return {"profile": prof, "probe_s": base, "rows": rows}

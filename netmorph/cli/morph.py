@@ -202,9 +202,9 @@ def _control_on(args, cluster) -> int:
         for lay in ranked[:SHOWN]:
             t = twin.step(lay)
             comm = ", ".join(f"{k.replace('_parallel', '').replace('pipeline_p2p', 'pp')} {1e3 * v:.0f}"
-                             for k, v in t["comm_s"].items() if v >= 5e-4)
-            say(f"  {lay.tag():<14} {1e3 * t['step_time_s']:6.0f} ms/step  (compute {1e3 * t['compute_s']:.0f}, "
-                f"bubble {1e3 * t['bubble_s']:.0f}" + (f", {comm}" if comm else "") + ")")
+                             for k, v in t.comm_s.items() if v >= 5e-4)
+            say(f"  {lay.tag():<14} {1e3 * t.step_time_s:6.0f} ms/step  (compute {1e3 * t.compute_s:.0f}, "
+                f"bubble {1e3 * t.bubble_s:.0f}" + (f", {comm}" if comm else "") + ")")
         if len(ranked) > SHOWN:
             say(f"  ... and {len(ranked) - SHOWN} more")
         start = ranked[0]

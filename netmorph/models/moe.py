@@ -193,8 +193,8 @@ class MoELayer(nn.Module):
         every = mine.new_empty((self.cp_size,) + mine.shape)                                 # (cp, T, 2k)
         with self.comm.phase("moe.cp"):
             self.comm.all_gather_into_tensor(every, mine, group=g, algo=self.cp.algos.allgather)
-        whole = torch.empty((rows.numel(), mine.shape[1]), dtype=torch.float64)
-        whole[rows.reshape(-1)] = every.reshape(-1, mine.shape[1])                          # (cp·T, 2k)
+        whole = torch.empty((rows.numel(), mine.shape[1]), dtype=torch.float64, device=mine.device)
+        whole[rows.reshape(-1).to(mine.device)] = every.reshape(-1, mine.shape[1])          # (cp·T, 2k)
         k = experts.shape[1]
         seq["experts"], seq["gates"] = whole[:, :k].long(), whole[:, k:]
         return torch.bincount(seq["experts"].reshape(-1), minlength=E), whole.shape[0]

@@ -194,12 +194,11 @@ def rehearse(twin: Twin, scenario: Scenario, start: Layout, steps: int, segment:
             run.layout_path.append((step, layout.tag()))
         n = min(segment, steps - step)
         t = truth.step(layout, beta, seq)
-        run.step_s += [t["step_time_s"]] * n
+        run.step_s += [t.step_time_s] * n
         run.tokens += [twin.global_batch * seq] * n
         step += n
         t0 = time.perf_counter()
-        line, d = ctl.look(Look(step, layout, seq, t["step_time_s"],
-                                t["compute_s"] + t["comm_s"]["tensor_parallel"], beta))
+        line, d = ctl.look(Look(step, layout, seq, t.step_time_s, t.compute_s + t.parts.tensor_parallel, beta))
         run.decide_s.append(time.perf_counter() - t0)
         log(line)
         if d is not None:

@@ -29,6 +29,7 @@ from netmorph.morph.layouts import train_config
 from netmorph.parallel import limits
 from netmorph.planner.hardware import Hardware
 from netmorph.planner.memory import memory
+from netmorph.planner.results import StepTime
 from netmorph.planner.timing import step_time
 
 __all__ = ["Twin", "candidates", "emulated_hardware"]
@@ -93,7 +94,7 @@ class Twin:
         """``layout`` as the trainer runs it (its microbatches) and the planner prices it (byte widths, buckets)."""
         return _priced(layout, model, self.global_batch, self.dtype)
 
-    def step(self, layout: Layout, beta: float | None = None, seq: int | None = None) -> dict:
+    def step(self, layout: Layout, beta: float | None = None, seq: int | None = None) -> StepTime:
         """The planner's :func:`~netmorph.planner.timing.step_time` of ``layout`` as the trainer runs it (its
         microbatches, byte widths and buckets), the inter-node link at ``beta`` s/B."""
         model = self._model(seq)
@@ -113,7 +114,7 @@ class Twin:
         return self.memory_bytes(layout, seq) <= self.memory_share * self.memory_bytes(Layout(), seq)
 
     def predict(self, layout: Layout, beta: float | None = None, seq: int | None = None) -> float:
-        return self.step(layout, beta, seq)["step_time_s"]
+        return self.step(layout, beta, seq).step_time_s
 
     def layouts(self, world: int, seq: int | None = None, beta: float | None = None) -> list:
         """The candidate layouts of ``world`` ranks that fit the memory, fastest first as predicted."""
@@ -130,7 +131,7 @@ class Twin:
 
     def compute_s(self, layout: Layout, seq: int | None = None) -> float:
         """The busiest stage's compute in a step (forward and backward of its microbatches), as predicted."""
-        return self.step(layout, None, seq)["compute_s"]
+        return self.step(layout, None, seq).compute_s
 
     def measured(self, layout: Layout, busy_s: float, beta: float | None, seq: int | None = None) -> Twin:
         """The twin after a segment: the inter-node β the run measured (None: as before) and the per-operator
@@ -139,6 +140,6 @@ class Twin:
         paid per operator, as a profile's ``op_overhead_s``)."""
         hw = self.hardware if beta is None else replace(self.hardware, nic_bandwidth=1 / beta)
         bare = replace(self, hardware=replace(hw, op_overhead_s=0.0)).step(layout, None, seq)
-        per_op = replace(self, hardware=replace(hw, op_overhead_s=1.0)).compute_s(layout, seq) - bare["compute_s"]
-        left = busy_s - bare["compute_s"] - bare["comm_s"]["tensor_parallel"]
+        per_op = replace(self, hardware=replace(hw, op_overhead_s=1.0)).compute_s(layout, seq) - bare.compute_s
+        left = busy_s - bare.compute_s - bare.parts.tensor_parallel
         return replace(self, hardware=replace(hw, op_overhead_s=min(1.0, max(0.0, left / per_op))))

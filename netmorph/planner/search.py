@@ -33,6 +33,7 @@ from netmorph.mesh.layout import RECOMPUTE, SPLIT_BACKWARD, V_SHAPED, Layout, Re
 from netmorph.mesh.shape import ModelShape
 from netmorph.planner.hardware import Hardware
 from netmorph.planner.memory import memory, memory_parts, memory_total
+from netmorph.planner.results import StepTime
 from netmorph.planner.timing import step_time
 
 
@@ -81,7 +82,7 @@ CONFIG_KEYS = ("tp", "cp", "pp", "dp", "ep", "microbatch", "global_batch", "inte
                "pp_overlap")
 
 
-def estimate(model: ModelShape, c: Layout, hw: Hardware, times: dict | None = None) -> dict:
+def estimate(model: ModelShape, c: Layout, hw: Hardware, times: StepTime | None = None) -> dict:
     """Memory and time of one configuration, as the JSON the CLI prints."""
     mem = memory(model, c)
     out = {**{k: c.get("micro_batch_size" if k == "microbatch" else k) for k in CONFIG_KEYS},
@@ -99,13 +100,13 @@ def estimate(model: ModelShape, c: Layout, hw: Hardware, times: dict | None = No
         return out
     out["stage_layers"] = c.stage_layers(model.layers)
     t = times or step_time(model, c, hw)
-    out.update(t)
+    out.update(t.as_dict())
     out.update({
         "flops_per_iteration": model.flops_per_iteration(c.batch.global_batch, c.knobs.recompute),
         # what the causal model needs, and Megatron's convention (the full s x s product; MFU divides it)
         "model_flops_per_iteration": model.causal_model_flops(c.batch.global_batch),
         "megatron_flops_per_iteration": model.model_flops(c.batch.global_batch),
-        **rates(model, c, hw, t["step_time_s"]),
+        **rates(model, c, hw, t.step_time_s),
     })
     return out
 
@@ -247,7 +248,7 @@ def search(model: ModelShape, gpus: int, hw: Hardware, global_batch: int, base: 
                                                                     sched))
                                                 continue
                                             fits.append(make(tp, cp, pp, dp, ep, mb, v, zero, rc, sp, prec, sched))
-    timed = sorted(((step_time(model, c, hw)["step_time_s"], i) for i, c in enumerate(fits)))
+    timed = sorted(((step_time(model, c, hw).step_time_s, i) for i, c in enumerate(fits)))
     n = len(timed) if not top else min(top, len(timed))
     ranked = [estimate(model, fits[i], hw) for _, i in timed[:n]]
     seen, by_split = set(), []

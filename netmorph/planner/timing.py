@@ -35,6 +35,7 @@ from netmorph.mesh.shape import ModelShape
 from netmorph.planner.comm import collective_time, p2p_time
 from netmorph.planner.hardware import Hardware
 from netmorph.planner.memory import activation_bytes_per_layer, params_on_device
+from netmorph.planner.results import StepParts, StepTime
 from netmorph.planner.slots import bucketed, shared_slots, zero_bubble_slots
 
 
@@ -218,8 +219,8 @@ def optimizer_time(n_params: float, c: Layout, hw: Hardware) -> float:
                                                                                  hw.hbm_bandwidth)
 
 
-def step_time(model: ModelShape, c: Layout, hw: Hardware) -> dict:
-    """Seconds per iteration and its parts."""
+def step_time(model: ModelShape, c: Layout, hw: Hardware) -> StepTime:
+    """Seconds per iteration and its parts (they sum to it)."""
     p, v, m = c.pp, c.interleave, c.microbatches
     gemm, elementwise, tp_comm, cp_comm, moe_comm, pp_comm = _microbatch(
         model, hw, c.tp, c.cp, c.pp, c.dp, c.ep, v, c.batch.micro_batch_size, c.knobs, c.precision)
@@ -255,19 +256,12 @@ def step_time(model: ModelShape, c: Layout, hw: Hardware) -> dict:
         held = max(_stage_layers(model.layers, p, c.knobs.first_stage_layers, c.knobs.last_stage_layers))
         n = held * (2 * model.norm_params() + (2 * model.hidden if model.bias else 0))
         sp_grads = collective_time(hw, "allreduce", c.tp, 1, n * c.precision.grad_bytes)
-    comm = {"tensor_parallel": m * tp_comm + sp_grads, "context_parallel": m * cp_comm, "expert_parallel": m * moe_comm,
-            "pipeline_p2p": m * pp_comm, "data_parallel": dp_exposed, "zero3_gather": zero3}
-    # the parts of the step, every second of it in exactly one: matmul + elementwise (m microbatches), the
-    # bubble, each communication's exposed time, the optimizer, and the compute that ran slower beside overlapped
-    # communication -- they sum to the step
-    parts = {"matmul": m * gemm, "elementwise": m * elementwise, "bubble": pipeline - m * per_mb, **comm,
-             "optimizer": optimizer, "overlap_slowdown": slowdown}
-    return {
-        "step_time_s": pipeline + dp_exposed + zero3 + optimizer + sp_grads + slowdown, "step_parts_s": parts,
-        "bubble_fraction": bubble, "overlap_slowdown_s": slowdown, "comm_hidden_s": hidden,
-        "compute_s": m * (gemm + elementwise), "matmul_s": m * gemm, "elementwise_s": m * elementwise,
-        "bubble_s": parts["bubble"], "comm_s": comm, "optimizer_s": optimizer,
-    }
+    parts = StepParts(matmul=m * gemm, elementwise=m * elementwise, bubble=pipeline - m * per_mb,
+                      tensor_parallel=m * tp_comm + sp_grads, context_parallel=m * cp_comm,
+                      expert_parallel=m * moe_comm, pipeline_p2p=m * pp_comm, data_parallel=dp_exposed,
+                      zero3_gather=zero3, optimizer=optimizer, overlap_slowdown=slowdown)
+    return StepTime(pipeline + dp_exposed + zero3 + optimizer + sp_grads + slowdown, parts, bubble, hidden,
+                    m * (gemm + elementwise))
 
 
 def _overlapped(model: ModelShape, c: Layout, hw: Hardware, dp_comm: float, gather: float) -> tuple:
