@@ -411,6 +411,18 @@ def test_a_collective_algorithm_the_trainer_cannot_use_is_one_line(capsys):
         assert words in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_no_collective_algorithm_is_named_in_the_trainer_but_its_configuration():
+    """Every algo= of the trainer's collectives (netmorph/parallel, the models it builds) reads CollectiveAlgos; a
+    literal name would run whatever --dp-algo / --tp-algo say."""
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent / "netmorph"
+    files = [f for d in ("parallel", "models") for f in (root / d).glob("*.py") if f.name != "algos.py"]
+    named = [f"{f.name}:{k}" for f in files for k, line in enumerate(f.read_text().splitlines(), 1)
+             if re.search(r"\balgo=[\"']", line)]
+    assert len(files) > 20 and named == [], named
+
+
 def test_every_phase_the_trainer_tags_is_one_registered_record():
     """The ledger's tags, the closed forms' keys and the table's columns are the registry's (parallel/phases.py):
     a run of every kind of traffic tags nothing the registry does not hold, and each tag's step part is the

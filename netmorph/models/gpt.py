@@ -124,13 +124,15 @@ class PlainLayers:
         return expert_layer(None, Group([0]), w, i, cfg, router)
 
 
-def expert_layer(comm, ep_group, w: dict, i: int, cfg: ModelShape, router: Router, cp=None):
+def expert_layer(comm, ep_group, w: dict, i: int, cfg: ModelShape, router: Router, cp=None,
+                 alltoall: str = "pairwise"):
     """Layer ``i``'s :class:`~netmorph.models.moe.MoELayer` holding this ep rank's experts (a contiguous
     1/ep of them, as :class:`~netmorph.mesh.placement.ExpertShard` places them) and the whole router
     (``cp``: the :class:`~netmorph.parallel.context_parallel.ContextParallel` that splits its sequences)."""
     dtype = w[f"{i}.router.w"].dtype
     layer = MoELayer(comm, ep_group, cfg.hidden, cfg.ef, cfg.experts, cfg.top_k, None, router.drop_policy,
-                     router.pre_softmax, router.aux_loss_coeff, router.z_loss_coeff, router.jitter_eps, dtype, cp)
+                     router.pre_softmax, router.aux_loss_coeff, router.z_loss_coeff, router.jitter_eps, dtype, cp,
+                     alltoall)
     lo, hi = layer.first, layer.first + layer.local
     with torch.no_grad():
         layer.router.weight.copy_(w[f"{i}.router.w"])

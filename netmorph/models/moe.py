@@ -40,18 +40,19 @@ class _AllToAll(torch.autograd.Function):
     """Rows ``x`` (n, h): ``send[j]`` rows to group rank j, ``recv[j]`` rows from it; backward reversed."""
 
     @staticmethod
-    def forward(ctx, x, comm, group, send, recv, phase, bwd_phase, clock):
-        ctx.args = (comm, group, send, recv, bwd_phase, clock)
-        return _exchange(comm, group, x, send, recv, phase, clock)
+    def forward(ctx, x, comm, group, send, recv, phase, bwd_phase, clock, algo):
+        ctx.args = (comm, group, send, recv, bwd_phase, clock, algo)
+        return _exchange(comm, group, x, send, recv, phase, clock, algo)
 
     @staticmethod
     def backward(ctx, g):
-        comm, group, send, recv, bwd_phase, clock = ctx.args
-        return _exchange(comm, group, g, recv, send, bwd_phase, clock), None, None, None, None, None, None, None
+        comm, group, send, recv, bwd_phase, clock, algo = ctx.args
+        return (_exchange(comm, group, g, recv, send, bwd_phase, clock, algo),) + (None,) * 8
 
 
-def _exchange(comm, group, x, send, recv, phase, clock):
-    """One all-to-all of rows; ``clock[0]`` accumulates the seconds spent in it."""
+def _exchange(comm, group, x, send, recv, phase, clock, algo):
+    """One all-to-all of rows (``algo``: one with uneven splits; pairwise, NCCL's p2p pairs); ``clock[0]``
+    accumulates the seconds spent in it."""
     h = x.shape[1]
     x = x.contiguous()                                          # (sum send, h)
     out = x.new_empty((sum(recv), h))                           # (sum recv, h)
@@ -61,7 +62,7 @@ def _exchange(comm, group, x, send, recv, phase, clock):
     t0 = time.perf_counter()
     with comm.phase(phase):
         comm.all_to_all_single(out.view(-1), x.view(-1), [r * h for r in recv], [s * h for s in send],
-                               group=group, algo="pairwise")
+                               group=group, algo=algo)
     clock[0] += time.perf_counter() - t0
     return out
 
@@ -113,9 +114,9 @@ class MoELayer(nn.Module):
     def __init__(self, comm, ep_group, hidden: int, ffn: int, num_experts: int, top_k: int,
                  capacity_factor: float | None, drop_policy: str = "position", pre_softmax: bool = False,
                  aux_loss_coeff: float = 0.01, z_loss_coeff: float = 0.0, jitter_eps: float = 0.0,
-                 dtype=torch.float64, cp=None):
+                 dtype=torch.float64, cp=None, alltoall: str = "pairwise"):
         super().__init__()
-        self.comm, self.group = comm, ep_group
+        self.comm, self.group, self.alltoall = comm, ep_group, alltoall   # the all-to-alls' algorithm
         # under context parallelism (a ContextParallel) each rank holds part of every sequence: what routing
         # decides over the whole microbatch -- the load-balancing loss's fractions, a capacity's drops -- is
         # decided over the cp group (_sequence)
@@ -162,9 +163,11 @@ class MoELayer(nn.Module):
         recv_counts = self._exchange_counts(counts)                                   # (ep, E_local)
         recv = recv_counts.sum(1).tolist()
         rows = x[tok]                                                                 # (n, h) permuted
-        got = _AllToAll.apply(rows, self.comm, self.group, send, recv, "moe.dispatch", "moe.dispatch.bwd", self.clock)
+        got = _AllToAll.apply(rows, self.comm, self.group, send, recv, "moe.dispatch", "moe.dispatch.bwd", self.clock,
+                              self.alltoall)
         out = self._experts(got, recv_counts)                                         # (sum recv, h)
-        back = _AllToAll.apply(out, self.comm, self.group, recv, send, "moe.combine", "moe.combine.bwd", self.clock)
+        back = _AllToAll.apply(out, self.comm, self.group, recv, send, "moe.combine", "moe.combine.bwd", self.clock,
+                               self.alltoall)
         y = torch.zeros_like(x).index_add(0, tok, back * gate[:, None])               # (T, h)
         routed = torch.bincount(r.experts.reshape(-1), minlength=E).numpy()
         return y, r, LayerStats(routed, counts.numpy(), send, capacity, recv)
@@ -206,7 +209,7 @@ class MoELayer(nn.Module):
             return mine.reshape(1, -1)
         got = np.empty_like(mine)
         with self.comm.phase("moe.counts"):
-            self.comm.all_to_all_single(got, mine, group=self.group, algo="pairwise")
+            self.comm.all_to_all_single(got, mine, group=self.group, algo=self.alltoall)
         return got.reshape(self.ep, self.local)
 
     def _experts(self, rows: torch.Tensor, recv_counts: np.ndarray) -> torch.Tensor:

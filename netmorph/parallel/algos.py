@@ -23,13 +23,14 @@ class CollectiveAlgos:
     reduce_scatter: str = "ring"    # ZeRO's gradient scatter, sequence parallelism's scatters
     pair: str = "ring"              # the tied word embedding's 2-rank all-reduce (first and last stage)
     counts: str = "ring"            # the router's tokens per expert summed over cp (Megatron's tokens_per_expert)
+    alltoall: str = "pairwise"      # the experts' dispatch, combine and counts, Ulysses' exchanges (NCCL's p2p pairs)
 
     def check(self, layout=None) -> None:
         """Every name one the registry holds for its op, and one the trainer can run on ``layout``, or the one
         line naming the field."""
         for field, op in (("dp", "allreduce"), ("tp", "allreduce"), ("allgather", "allgather"),
                           ("reduce_scatter", "reduce_scatter"), ("pair", "allreduce"),
-                          ("counts", "allreduce")):
+                          ("counts", "allreduce"), ("alltoall", "alltoall")):
             name = getattr(self, field)
             if name not in REGISTRY[op]:
                 arg = f"{field}_algo"

@@ -262,5 +262,5 @@ def _all_to_all(cp, x, scatter: int, gather: int):
     inp = torch.stack(x.chunk(cp.cp, dim=scatter)).contiguous()         # (cp, ...): piece i for rank i
     out = torch.empty_like(inp)
     with cp.comm.phase(cp.phase):
-        cp.comm.all_to_all_single(out, inp, group=cp.group, algo="pairwise")     # NCCL's: p2p pairs
+        cp.comm.all_to_all_single(out, inp, group=cp.group, algo=cp.algos.alltoall)
     return torch.cat(out.unbind(0), dim=gather)

@@ -280,7 +280,7 @@ class TensorParallel:
         """Layer ``i``'s experts over this rank's expert-parallel group, whole on every tensor-parallel rank
         (Megatron's expert tensor parallelism 1): without SP every tp rank routes the same tokens the same way.
         Under cp what the router decides over the whole microbatch it decides over the cp group."""
-        return expert_layer(self.comm, self.ep_group, w, i, cfg, router, self.cp)
+        return expert_layer(self.comm, self.ep_group, w, i, cfg, router, self.cp, self.algos.alltoall)
 
     def replicated(self):
         """With SP, parameters every TP rank holds whole but trains on its own tokens: their
