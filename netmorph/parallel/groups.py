@@ -58,22 +58,26 @@ def rank_groups(comm, cfg) -> RankGroups:
             g = comm.new_group([ranks[0], ranks[-1]])
             if me in (ranks[0], ranks[-1]):
                 emb = g
-    dp = dm["dp"]
-    spans = [d for d in ("cp", "ep", "dp") if dm.mesh.size(d) > 1]
-    if spans and spans != ["dp"]:   # every replica of the dense parameters: the dp x cp x ep ranks of one (tp, pp)
-        for ranks in dm.mesh.groups_over(spans):
-            g = comm.new_group(ranks)
-            if me in ranks:
-                dp = g
-    edp = dm["dp"]
-    if lay.cp > 1:                  # an expert's replicas: the cp x dp/ep ranks of one (tp, ep, pp)
-        for ranks in dm.mesh.groups_over([d for d in ("cp", "dp") if dm.mesh.size(d) > 1]):
-            g = comm.new_group(ranks)
-            if me in ranks:
-                edp = g
+    dp = _replica_group(comm, dm, ("cp", "ep", "dp"))     # the dense parameters': dp x cp x ep of one (tp, pp)
+    edp = _replica_group(comm, dm, ("cp", "dp"))          # an expert's: cp x dp/ep of one (tp, ep, pp)
     c = lay.coords(me)
     return RankGroups(dm["tp"], dm["pp"], dp, emb, c["tp"], c["pp"], c["dp"], dm["ep"], edp, c["ep"],
                       dm["cp"], c["cp"])
+
+
+def _replica_group(comm, dm, dims) -> object:
+    """The group of this rank's replicas over ``dims``: the mesh's dp group where only dp is wider than 1, else
+    one group spanning every dimension of ``dims`` wider than 1 (Megatron's ``data_parallel_group_with_cp``), made
+    on every rank for every coordinate, as torch.distributed's ``new_group`` wants."""
+    spans = [d for d in dims if dm.mesh.size(d) > 1]
+    if spans in ([], ["dp"]):
+        return dm["dp"]
+    mine = None
+    for ranks in dm.mesh.groups_over(spans):
+        g = comm.new_group(ranks)
+        if comm.rank in ranks:
+            mine = g
+    return mine
 
 
 def build_chunks(comm, cfg, lay: RankGroups, dtype):

@@ -34,7 +34,6 @@ and d the dp x cp ranks its gradients reduce over:
 from __future__ import annotations
 
 from netmorph.parallel.algos import CollectiveAlgos, sent
-from netmorph.parallel.algos import sent as algo_sent
 
 
 def ring_allreduce(n: int, g: int, isz: int) -> float:
@@ -159,24 +158,24 @@ def expert_traffic(cfg, padded: int, e: int, isz: int, moe_blocks, ep_rank: int,
         out[name] = (total, f"{k + (1 if z else 2)}(e-1)/e·Ψ_E·B = {k + (1 if z else 2)}·{e - 1}/{e}·{padded}·{gsz}"
                      if gsz == isz else f"(e-1)/e·Ψ_E·({k}·B_param + {1 if z else 2}·B_grad)")
     h, E = cfg.model.hidden, cfg.model.experts
-    sent = got = counts = 0
+    away = got = counts = 0
     for b in moe_blocks:
         for st in b.stats:
             ep = len(st.send_rows)
-            sent += sum(r for j, r in enumerate(st.send_rows) if j != ep_rank)
+            away += sum(r for j, r in enumerate(st.send_rows) if j != ep_rank)
             got += sum(r for j, r in enumerate(st.recv_rows) if j != ep_rank)
             counts += (ep - 1) * (E // ep) * 8
     if moe_blocks and len(moe_blocks[0].stats[0].send_rows) > 1:
-        out["moe.dispatch"] = out["moe.combine.bwd"] = (sent * h * isz, f"rows routed away·h·B = {sent}·{h}·{isz}")
+        out["moe.dispatch"] = out["moe.combine.bwd"] = (away * h * isz, f"rows routed away·h·B = {away}·{h}·{isz}")
         out["moe.combine"] = out["moe.dispatch.bwd"] = (got * h * isz, f"rows routed here·h·B = {got}·{h}·{isz}")
         out["moe.counts"] = (counts, f"(ep-1)·E/ep·8 per layer forward = {counts}")
     cp = cfg.layout.cp
     if moe_blocks and cp > 1:        # the microbatch's routing over the cp group, once a layer forward
         stats = [st for b in moe_blocks for st in b.stats]
         counts = [st for st in stats if st.capacity is None]           # dropless: the counts all-reduced
-        one = algo_sent("allreduce", cfg.algos.counts, E + 1, cp, cp_rank, 8)
+        one = sent("allreduce", cfg.algos.counts, E + 1, cp, cp_rank, 8)
         # with a capacity: every token's k experts and k gates gathered (2k float64 a token; routed = T·k)
-        gathered = sum(algo_sent("allgather", cfg.algos.allgather, cp * 2 * int(st.routed.sum()), cp, cp_rank, 8)
+        gathered = sum(sent("allgather", cfg.algos.allgather, cp * 2 * int(st.routed.sum()), cp, cp_rank, 8)
                        for st in stats if st.capacity is not None)
         text = [f"2(cp-1)/cp·(E+1)·8 per layer forward = {len(counts)}·{one}"] if counts else []
         if gathered:
