@@ -104,10 +104,10 @@ def decide() -> int:
         t0 = time.perf_counter()
         res = search(model, 1024, h, 1536, top=1)
         took = time.perf_counter() - t0
-        b = res.ranked[0]
+        b, st = res.ranked[0].layout, res.ranked[0].step
         print(f"1,024 x a100-80g, gpt3-175b, {name}: {res.searched:,} layouts searched, the {res.fits:,} that fit "
-              f"priced, in {took:.1f} s; best tp{b['tp']} "
-              f"pp{b['pp']} dp{b['dp']} mb{b['microbatch']}: {b['step_time_s']:.2f} s/step")
+              f"priced, in {took:.1f} s; best tp{b.tp} "
+              f"pp{b.pp} dp{b.dp} mb{b.batch.micro_batch_size}: {st.step_time_s:.2f} s/step")
     print("# goal: a look under 1 s at 8 ranks and under 10 s for a 1,024-rank cluster")
     return 0
 

@@ -129,10 +129,10 @@ def best_fit(model, hw, c, free=("micro_batch_size", "interleave", "recompute"),
         cand = c.replace(**dict(zip(choices, values)))
         if check(model, cand, hw):                         # also: the batch splits into whole microbatches
             continue
-        if memory(model, cand)["total"] > hw.memory_bytes:
+        if memory(model, cand).total > hw.memory_bytes:
             continue
         e = estimate(model, cand, hw)
-        if best is None or e["step_time_s"] < best["step_time_s"]:
+        if best is None or e.step.step_time_s < best.step.step_time_s:
             best = e
     return best
 
@@ -156,11 +156,11 @@ def mpt_exposed_errors():
         over, bare = (estimate(MODELS[name], mpt_config(hw_name, name, gpus, mbs, gbs, ckpt, overlap),
                                HARDWARE[hw_name]) for overlap in (True, False))
         published_s = gbs * MODELS[name].seq / gpus / pub
-        hidden = bare["step_time_s"] - over["step_time_s"]
-        comm = bare["comm_s"]["zero3_gather"] + bare["comm_s"]["data_parallel"]
-        out.append((hw_name, mbs * MODELS[name].seq, ckpt, err(over["tokens_per_s_per_gpu"], pub),
-                    err(bare["tokens_per_s_per_gpu"], pub), (published_s - over["step_time_s"]) / hidden,
-                    comm / bare["compute_s"]))
+        hidden = bare.step.step_time_s - over.step.step_time_s
+        comm = bare.step.parts.zero3_gather + bare.step.parts.data_parallel
+        out.append((hw_name, mbs * MODELS[name].seq, ckpt, err(over.rates.tokens_per_s_per_gpu, pub),
+                    err(bare.rates.tokens_per_s_per_gpu, pub), (published_s - over.step.step_time_s) / hidden,
+                    comm / bare.step.compute_s))
     return out
 
 
@@ -223,10 +223,10 @@ def predicted(unit, e, source):
     if e is None:
         return None
     if unit == "tokens/s/GPU":
-        return e["tokens_per_s_per_gpu"]
+        return e.rates.tokens_per_s_per_gpu
     if source.startswith("BLOOM"):
-        return e["tflops_per_gpu"]                             # Megatron-DeepSpeed counts the recomputation
-    return e["megatron_flops_per_iteration"] / e["step_time_s"] / e["gpus"] / 1e12
+        return e.rates.tflops_per_gpu                             # Megatron-DeepSpeed counts the recomputation
+    return e.flops.megatron / e.step.step_time_s / e.layout.gpus / 1e12
 
 
 def _num(x):
@@ -242,7 +242,7 @@ def zero_rows():
     for (psi, nd), pub in ZERO_TABLE1.items():
         model = ModelShape(f"{psi:.3g}", 0, 0, 0, params_only=psi)
         preds = [memory(model, Layout(dp=nd, zero=z,
-                                      precision=Precision(grad_bytes=2)))["total"] / 1e9 for z in (1, 2, 3)]
+                                      precision=Precision(grad_bytes=2))).total / 1e9 for z in (1, 2, 3)]
         rows.append((psi, nd, pub, preds))
     return rows
 
@@ -281,8 +281,9 @@ def calibration_grid() -> dict:
     for e in FIT_EFFICIENCY:
         for passes in FIT_PASSES:
             hw = replace(HARDWARE["a100-80g"], gemm_efficiency=e, elementwise_passes=passes)
-            out[(e, passes)] = (statistics.mean(abs(err(x["tflops_per_gpu"], pub)) for *_, pub, x in ptdp_rows(hw)),
-                                statistics.mean(abs(err(x["step_time_s"], pub)) for *_, pub, x in korthikanti_rows(hw)))
+            out[(e, passes)] = (statistics.mean(abs(err(x.rates.tflops_per_gpu, pub)) for *_, pub, x in ptdp_rows(hw)),
+                                statistics.mean(abs(err(x.step.step_time_s, pub))
+                                                for *_, pub, x in korthikanti_rows(hw)))
     return out
 
 
@@ -341,25 +342,26 @@ def main() -> int:
     out += ["", f"Mean absolute error {100 * statistics.mean(ze):.2f}%, worst {100 * max(ze):.2f}% "
             "(the published table rounds to 3 significant figures).", ""]
 
-    ne = [err(e["tflops_per_gpu"], pub) for *_, pub, e in n]
+    ne = [err(e.rates.tflops_per_gpu, pub) for *_, pub, e in n]
     out += ["## Narayanan et al. 2021, Table 1: achieved TFLOP/s per GPU (A100, full recomputation)", "",
             "| model | params (eq. 2) | t | p | GPUs | batch | planner's mb, v | published | predicted | error |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (name, t, p, gpus, batch, pub, e), er in zip(n, ne):
-        out.append(f"| {name} | {e['params_count'] / 1e9:.1f}B | {t} | {p} | {gpus} | {batch} | "
-                   f"{e['microbatch']}, {e['interleave']} | {pub} | {e['tflops_per_gpu']:.1f} | {100 * er:+.1f}% |")
+        out.append(f"| {name} | {e.model.params() / 1e9:.1f}B | {t} | {p} | {gpus} | {batch} | "
+                   f"{e.layout.batch.micro_batch_size}, {e.layout.interleave} | {pub} | "
+                   f"{e.rates.tflops_per_gpu:.1f} | {100 * er:+.1f}% |")
     out += ["", f"Mean absolute error {100 * statistics.mean(map(abs, ne)):.1f}%, worst {100 * max(map(abs, ne)):.1f}%.",
             ""]
 
-    ke = [err(e["step_time_s"], pub) for *_, pub, e in k]
+    ke = [err(e.step.step_time_s, pub) for *_, pub, e in k]
     out += ["## Korthikanti et al. 2022: iteration time (s)", "",
             "| model | recompute | t | p | GPUs | batch | mb | v | published | predicted | error | memory/GPU predicted |",
             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (name, mode, t, p, gpus, batch, mb, v, pub, e), er in zip(k, ke):
         label = "full" if mode == "full" else "selective + SP"
-        mem = e["memory_bytes"]["total"]
+        mem = e.memory.total
         out.append(f"| {name} | {label} | {t} | {p} | {gpus} | {batch} | {mb} | {v} | {pub} | "
-                   f"{e['step_time_s']:.2f} | {100 * er:+.1f}% | {mem / 1e9:.1f} GB ({mem / 2**30:.1f} GiB) |")
+                   f"{e.step.step_time_s:.2f} | {100 * er:+.1f}% | {mem / 1e9:.1f} GB ({mem / 2**30:.1f} GiB) |")
     out += ["", f"Mean absolute error {100 * statistics.mean(map(abs, ke)):.1f}%, worst {100 * max(map(abs, ke)):.1f}% "
             "(Calculon reports 3.65% on these runs).", "",
             "The paper gives per-GPU memory as bar charts, not numbers; the last column is the planner's",
@@ -396,7 +398,7 @@ def main() -> int:
         er = err(pred, pub)
         verr.append(er)
         by_source.setdefault(source, []).append(er)
-        chosen = f"mb {e['microbatch']}, v {e['interleave']}, {e['recompute']}"
+        chosen = f"mb {e.layout.batch.micro_batch_size}, v {e.layout.interleave}, {e.layout.knobs.recompute}"
         out.append(f"| {source} | {run} | {hw_name} | {pub:,} {unit} | {pred:,.0f} | {100 * er:+.1f}% | {chosen} |")
     misfits = sum(er is None for ers in by_source.values() for er in ers)
     out += ["", "| source | runs | mean abs. error | worst |", "|---|---:|---:|---:|"]
@@ -427,13 +429,15 @@ def main() -> int:
     # Llama 3 405B at 8K as the paper ran it, without recomputation: plain 1F1B, and interleaved as the planner
     # picks for the row
     gpus, t, cp, p, d, seq, per_dp, pub = LLAMA3[0]
-    l3v = next(e["interleave"] for src, run, hwn, _, _, e in vrows if src.startswith("Llama") and e["gpus"] == gpus)
+    l3v = next(e.layout.interleave for src, run, hwn, _, _, e in vrows
+               if src.startswith("Llama") and e.layout.gpus == gpus)
     (l3, l3c1), (_, l3c) = (llama3_run(LLAMA3[0], interleave=v, recompute="none") for v in (1, l3v))
     l3e1, l3e = estimate(l3, l3c1, HARDWARE["h100-80g"]), estimate(l3, l3c, HARDWARE["h100-80g"])
     l128 = next(e for src, run, _, _, _, e in vrows if src.startswith("Llama") and run.endswith("s 131,072"))
     pub128 = LLAMA3[2][-1]
-    ring = estimate(*llama3_run(LLAMA3[2], cp_comm_type="p2p", micro_batch_size=l128["microbatch"],
-                                interleave=l128["interleave"], recompute=l128["recompute"]), HARDWARE["h100-80g"])
+    c128 = l128.layout
+    ring = estimate(*llama3_run(LLAMA3[2], cp_comm_type="p2p", micro_batch_size=c128.batch.micro_batch_size,
+                                interleave=c128.interleave, recompute=c128.knobs.recompute), HARDWARE["h100-80g"])
     h100_hw, a100_hw = HARDWARE["h100-80g"], HARDWARE["a100-80g"]
     mm = h100_hw.peak_flops * h100_hw.gemm_efficiency / (a100_hw.peak_flops * a100_hw.gemm_efficiency)
     nvlink = h100_hw.nvlink_bandwidth / a100_hw.nvlink_bandwidth
@@ -475,16 +479,16 @@ def main() -> int:
             "optimizer states and gradients sharded, the weights not resharded after the forward -- ZeRO-2 with "
             "the pipeline, a reduce-scatter after every microbatch's backward). Priced so, the split fits as Meta "
             f"ran it: interleaved (v = {l3v}) without recomputation, "
-            f"{l3e['memory_bytes']['total'] / 2**30:.0f} GiB on the most loaded rank "
-            + ("(fits" if l3e["fits"] else "(DOES NOT FIT")
-            + f"; plain 1F1B {l3e1['memory_bytes']['total'] / 2**30:.0f} "
+            f"{l3e.memory.total / 2**30:.0f} GiB on the most loaded rank "
+            + ("(fits" if l3e.fits else "(DOES NOT FIT")
+            + f"; plain 1F1B {l3e1.memory.total / 2**30:.0f} "
             f"GiB, {predicted('TFLOP/s', l3e1, 'Llama'):.0f} TFLOP/s with its (p-1)/m = {p - 1}/{l3c1.microbatches} "
             f"bubble), predicting {predicted('TFLOP/s', l3e, 'Llama'):.0f} TFLOP/s against {pub}. With the "
             "distributed optimizer's sharding instead (ZeRO-1: the FP32 gradients whole) the same split needs "
             "recomputation and the planner was 17% low. At 128K (cp 16) the planner's pick is also without "
             f"recomputation; context parallelism is priced as the paper runs it (section 3.3.2: K and V "
             f"all-gathered before the attention core, their gradients reduce-scattered after, exposed -- "
-            f"{l128['comm_s']['context_parallel']:.2f} s of a {l128['step_time_s']:.1f} s step; as a ring behind "
+            f"{l128.step.parts.context_parallel:.2f} s of a {l128.step.step_time_s:.1f} s step; as a ring behind "
             f"the core it would be {100 * err(predicted('TFLOP/s', ring, 'Llama'), pub128):+.0f}%). What is left is the attention core: 40% of a layer's FLOPs at 128K (causal), "
             f"priced at one FlashAttention efficiency ({HARDWARE['h100-80g'].attention_efficiency:g} "
             "of peak) for every sequence length and for Llama 3's document-masked attention alike.",

@@ -1,7 +1,7 @@
 """The planner: the papers' formulas, the search, and the CLI."""
 
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 
@@ -23,8 +23,8 @@ H100 = HW["h100-80g"]
 def test_zero_paper_table1_row(zero, want_gb):
     m = ModelShape("7.5B", 0, 0, 0, params_only=7.5e9)
     got = memory(m, Layout(dp=64, zero=zero, precision=Precision(grad_bytes=2)))
-    assert got["activations"] == 0
-    assert round(got["total"] / 1e9, 2 if zero == 3 else 1) == want_gb
+    assert got.activations == 0
+    assert round(got.total / 1e9, 2 if zero == 3 else 1) == want_gb
 
 
 def test_narayanan_1t_params_and_flops():
@@ -46,11 +46,11 @@ def test_bubble_p8_m8():
     m = PRESETS["gpt3-175b"]
     e = estimate(m, Layout(tp=8, pp=8, dp=1, batch=Batch(micro_batch_size=1, global_batch=8),
                            knobs=Knobs(recompute="full")), A100)
-    assert e["bubble_fraction"] == pytest.approx(0.875)
+    assert e.step.bubble_fraction == pytest.approx(0.875)
     e2 = estimate(m, Layout(tp=8, pp=8, dp=1, interleave=2, batch=Batch(micro_batch_size=1, global_batch=8),
                             knobs=Knobs(recompute="full")), A100)
-    assert e2["bubble_fraction"] == pytest.approx(7 / 16)
-    assert e2["step_time_s"] < e["step_time_s"]
+    assert e2.step.bubble_fraction == pytest.approx(7 / 16)
+    assert e2.step.step_time_s < e.step.step_time_s
 
 
 def test_korthikanti_activation_table():
@@ -71,9 +71,9 @@ def test_memory_shrinks_the_way_the_splits_say():
     m = PRESETS["gpt3-175b"]
     base = memory(m, Layout(tp=1, pp=1, dp=8, batch=Batch(global_batch=8)))
     tp8 = memory(m, Layout(tp=8, pp=1, dp=1, batch=Batch(global_batch=8)))
-    assert tp8["params"] < base["params"] / 7 and tp8["activations"] < base["activations"]
+    assert tp8.params < base.params / 7 and tp8.activations < base.activations
     full = memory(m, Layout(tp=8, pp=1, dp=1, batch=Batch(global_batch=8), knobs=Knobs(recompute="full")))
-    assert full["activations"] < tp8["activations"] / 10
+    assert full.activations < tp8.activations / 10
 
 
 def test_search_1t_on_3072_gpus_is_ranked():
@@ -81,12 +81,12 @@ def test_search_1t_on_3072_gpus_is_ranked():
     res = search(PRESETS["ptdp-1t"], 3072, A100, 3072)
     top = res.ranked
     assert res.fits > 0 and top
-    times = [e["step_time_s"] for e in top]
+    times = [e.step.step_time_s for e in top]
     assert times == sorted(times)
-    assert all(e["fits"] and e["tp"] <= 8 for e in top)
+    assert all(e.fits and e.layout.tp <= 8 for e in top)
     assert res.rejected["memory"].count > 0 and "inter-node-tp" in res.rejected
     assert res.searched == res.fits + sum(r.count for r in res.rejected.values())
-    assert all(e["gpus"] == 3072 for e in top)
+    assert all(e.layout.gpus == 3072 for e in top)
 
 
 def test_rules_reject_with_reasons():
@@ -121,7 +121,7 @@ def test_fsdp_with_a_pipeline_is_zero1s_memory_and_traffic(capsys):
     c = Layout(tp=8, pp=4, dp=4, zero=3, batch=Batch(global_batch=64), knobs=Knobs(dp_overlap=True))
     one = estimate(m, replace(c, zero=1), H100)
     three = estimate(m, c, H100)
-    assert three["memory_bytes"] == one["memory_bytes"] and three["step_time_s"] == one["step_time_s"]
+    assert three.memory == one.memory and three.step.step_time_s == one.step.step_time_s
     assert c.sharding == 1 and replace(c, pp=1).sharding == 3
     from netmorph.parallel import limits
     assert not c.check() and [r.key for r in limits.check(c)] == ["zero-pp"]
@@ -139,10 +139,10 @@ def test_llama3s_fsdp_with_a_pipeline_shards_the_gradients_every_microbatch():
     c = Layout(tp=8, pp=4, dp=4, zero=2, batch=Batch(global_batch=64))                # 16 microbatches
     two, one = estimate(m, c, H100), estimate(m, replace(c, zero=1), H100)
     n = params_on_device(m, c)
-    assert one["memory_bytes"]["grads"] - two["memory_bytes"]["grads"] == pytest.approx(4 * n * (1 - 1 / 4), rel=1e-4)
-    assert two["memory_bytes"]["params"] == one["memory_bytes"]["params"]
+    assert one.memory.grads - two.memory.grads == pytest.approx(4 * n * (1 - 1 / 4), rel=1e-4)
+    assert two.memory.params == one.memory.params
     rs = timing.collective_time(H100, "reduce_scatter", 4, 8, 4 * n)
-    assert two["comm_s"]["data_parallel"] - one["comm_s"]["data_parallel"] == pytest.approx(15 * rs)
+    assert two.step.parts.data_parallel - one.step.parts.data_parallel == pytest.approx(15 * rs)
     assert check(m, Layout(pp=2, interleave=16, batch=Batch(global_batch=8)), A100) is None
 
 
@@ -251,17 +251,17 @@ def test_step_parts_sum_to_the_step_on_every_layout_overlap_on_or_off():
     n = 0
     for name, lay in _grid():
         e = estimate(PRESETS[name], lay, A100)
-        parts = e["step_parts_s"]
-        assert min(parts.values()) >= 0 and sum(parts.values()) == pytest.approx(e["step_time_s"], rel=1e-9), (name,
-                                                                                                             lay)
-        t = step_time(PRESETS[name], lay, A100)          # the typed result the JSON is printed from
-        assert t.parts.total() == pytest.approx(t.step_time_s, rel=1e-12) and t.as_dict().items() <= e.items()
+        t = e.step
+        assert min(asdict(t.parts).values()) >= 0, (name, lay)
+        assert t.parts.total() == pytest.approx(t.step_time_s, rel=1e-12), (name, lay)
+        # the JSON is printed from the typed result: the step's keys and values, in the estimate's
+        assert t == step_time(PRESETS[name], lay, A100) and t.as_dict().items() <= e.as_dict().items()
         n += 1
     assert n == 100
     # a layout whose overlap slows compute has a non-zero part for it
     e = estimate(PRESETS["gpt3-175b"], Layout(tp=8, pp=8, dp=16, batch=Batch(global_batch=1536),
                                               knobs=Knobs(recompute="full", dp_overlap=True)), A100)
-    assert e["step_parts_s"]["overlap_slowdown"] > 0
+    assert e.step.parts.overlap_slowdown > 0
 
 
 def test_plan_json_carries_the_parts_of_the_step(capsys):

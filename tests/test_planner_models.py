@@ -120,9 +120,9 @@ def test_fp8_is_faster_and_smaller_than_bf16_on_h100():
     base = Layout(tp=8, pp=4, dp=2, zero=1, batch=Batch(micro_batch_size=1, global_batch=64),
                   knobs=Knobs(sequence_parallel=True))
     bf, f8 = estimate(m, base, H100), estimate(m, base.replace(precision="fp8"), H100)
-    assert f8["matmul_s"] < 0.75 * bf["matmul_s"]
-    assert f8["memory_bytes"]["activations"] < bf["memory_bytes"]["activations"]
-    assert f8["memory_bytes"]["params"] == pytest.approx(1.5 * bf["memory_bytes"]["params"])   # + an FP8 copy
+    assert f8.step.matmul_s < 0.75 * bf.step.matmul_s
+    assert f8.memory.activations < bf.memory.activations
+    assert f8.memory.params == pytest.approx(1.5 * bf.memory.params)   # + an FP8 copy
 
 
 def test_uneven_stages_largest_sets_memory_and_time():
@@ -139,12 +139,12 @@ def test_uneven_stages_largest_sets_memory_and_time():
     lc = timing.layer_costs(m, short, H100)
     per_layer, head = lc["matmul_fwd"] + lc["matmul_bwd"], 3 * lc["logits_fwd"]
     assert head < per_layer
-    assert estimate(m, short, H100)["matmul_s"] == pytest.approx(short.microbatches * 8 * per_layer)
-    assert estimate(replace(m, layers=128), even, H100)["matmul_s"] == pytest.approx(
+    assert estimate(m, short, H100).step.matmul_s == pytest.approx(short.microbatches * 8 * per_layer)
+    assert estimate(replace(m, layers=128), even, H100).step.matmul_s == pytest.approx(
         even.microbatches * (8 * per_layer + head))
     lop = even.replace(first_stage_layers=2, last_stage_layers=2)     # the middle stages take 122/14 -> 9
     assert max(lop.stage_layers(126)) == 9
-    assert estimate(m, lop, H100)["step_time_s"] > estimate(m, short, H100)["step_time_s"]
+    assert estimate(m, lop, H100).step.step_time_s > estimate(m, short, H100).step.step_time_s
 
 
 def test_context_parallel_splits_activations_and_exchanges_kv():
@@ -154,13 +154,13 @@ def test_context_parallel_splits_activations_and_exchanges_kv():
     c1 = Layout(tp=8, dp=1, batch=Batch(micro_batch_size=1, global_batch=1),
                 knobs=Knobs(recompute="full", sequence_parallel=True))
     c8 = replace(c1, cp=8)
-    assert memory(long, c8)["activations"] < memory(long, c1)["activations"] / 7
+    assert memory(long, c8).activations < memory(long, c1).activations / 7
     e = estimate(long, c8.replace(global_batch=1), H100)
-    assert e["comm_s"]["context_parallel"] >= 0 and e["step_time_s"] < estimate(long, c1, H100)["step_time_s"]
+    assert e.step.parts.context_parallel >= 0 and e.step.step_time_s < estimate(long, c1, H100).step.step_time_s
     # across nodes the ring's KV exchange is exposed where the attention block does not cover it
     short = replace(m, seq=8192)
     inter = estimate(short, Layout(tp=8, cp=4, batch=Batch(micro_batch_size=1, global_batch=1)), H100)
-    assert inter["comm_s"]["context_parallel"] > 0
+    assert inter.step.parts.context_parallel > 0
 
 
 def test_expert_parallel_shards_experts_and_prices_all_to_all():
@@ -171,7 +171,7 @@ def test_expert_parallel_shards_experts_and_prices_all_to_all():
     assert check(m, c8, H100) is None and check(m, replace(c1, ep=3), H100).key == "ep"
     assert params_on_device(m, c8) < params_on_device(m, c1) / 4
     e = estimate(m, c8, H100)
-    assert e["comm_s"]["expert_parallel"] > 0 and e["active_params_count"] < e["params_count"] / 3
+    assert e.step.parts.expert_parallel > 0 and e.model.active_params() < e.model.params() / 3
 
 
 def test_large_groups_extrapolate_to_what_the_simulation_gives():
@@ -295,9 +295,9 @@ def test_bad_planner_input_is_one_line(argv, words, capsys):
 def test_search_covers_cp_precision_and_interleave_16():
     m = PRESETS["llama-3-70b"]
     res = search(m, 64, H100, 128, top=0)
-    got = {(e["cp"], e["precision"]) for e in res.ranked}
+    got = {(e.layout.cp, e.layout.precision.name) for e in res.ranked}
     assert {(1, "bf16"), (2, "bf16"), (1, "fp8")} <= got
-    assert max(e["interleave"] for e in res.ranked) > 8
+    assert max(e.layout.interleave for e in res.ranked) > 8
     assert res.searched == res.fits + sum(r.count for r in res.rejected.values())
 
 
@@ -308,16 +308,16 @@ def test_capacity_factor_pads_experts_and_overlap_options_hide_comm():
     mlp = 2 * m.seq * 2 * m.expert_weights()                       # top-2 experts, one sequence
     assert padded.layer_linear_flops_fwd(1) - m.layer_linear_flops_fwd(1) == pytest.approx(0.25 * mlp)
     c = Layout(tp=1, pp=4, dp=8, ep=8, zero=1, batch=Batch(micro_batch_size=1, global_batch=64))
-    assert (estimate(padded, c, H100)["comm_s"]["expert_parallel"]
-            > 1.2 * estimate(m, c, H100)["comm_s"]["expert_parallel"])
+    assert (estimate(padded, c, H100).step.parts.expert_parallel
+            > 1.2 * estimate(m, c, H100).step.parts.expert_parallel)
     with pytest.raises(UsageError, match="capacity_factor"):
         from netmorph.mesh.presets import check_shape
         check_shape(replace(m, capacity_factor=0.5))
     g = PRESETS["gpt3-175b"]
     base = Layout(tp=8, pp=8, dp=16, batch=Batch(micro_batch_size=1, global_batch=1536), knobs=Knobs(recompute="full"))
     plain, over = estimate(g, base, A100), estimate(g, base.replace(tp_overlap=True, pp_overlap=True), A100)
-    assert plain["comm_s"]["tensor_parallel"] > 0 and over["comm_s"]["tensor_parallel"] == 0
-    assert over["step_time_s"] < plain["step_time_s"]
+    assert plain.step.parts.tensor_parallel > 0 and over.step.parts.tensor_parallel == 0
+    assert over.step.step_time_s < plain.step.step_time_s
     model, split, _ = from_megatron_args("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --num-experts 4 "
                                          "--moe-expert-capacity-factor 1.5 --tp-comm-overlap")
     assert model["capacity_factor"] == 1.5 and split["tp_overlap"] is True
@@ -480,16 +480,16 @@ def test_deepspeed_memory_term_by_term():
     for zero in (1, 2):
         ds = memory(bare, Layout(dp=n, zero=zero, precision=Precision(grad_bytes=4),
                                  knobs=Knobs(zero_memory="deepspeed")))
-        assert ds["params"] + ds["grads"] + ds["optimizer"] == pytest.approx(4 * psi + 16 * psi / n)
+        assert ds.params + ds.grads + ds.optimizer == pytest.approx(4 * psi + 16 * psi / n)
     assert memory(bare, Layout(dp=n, zero=2,
-                               precision=Precision(grad_bytes=2)))["total"] == pytest.approx(2 * psi + 14 * psi / n)
+                               precision=Precision(grad_bytes=2))).total == pytest.approx(2 * psi + 14 * psi / n)
     m = PRESETS["llama-3-8b"]
     c = Layout(dp=n, zero=3, batch=Batch(global_batch=n), precision=Precision(grad_bytes=4),
                knobs=Knobs(zero_memory="deepspeed"))
     ds, paper = memory(m, c), memory(m, c.replace(zero_memory="paper"))
     largest = m.vocab * m.hidden
-    assert ds["total"] - paper["total"] == pytest.approx(4 * largest)
-    assert ds["params"] + ds["grads"] + ds["optimizer"] == pytest.approx(4 * largest + 18 * m.params() / n)
+    assert ds.total - paper.total == pytest.approx(4 * largest)
+    assert ds.params + ds.grads + ds.optimizer == pytest.approx(4 * largest + 18 * m.params() / n)
 
 
 def test_sequence_parallel_gathers_again_in_the_backward_where_megatron_does():
@@ -505,8 +505,8 @@ def test_sequence_parallel_gathers_again_in_the_backward_where_megatron_does():
     assert timing.layer_costs(m, sp.replace(sp_regather=False), A100)["tp_per_bwd"] == 2
     assert timing.layer_costs(m, sp.replace(recompute="full"), A100)["tp_per_bwd"] == 4
     ar = timing.collective_time(A100, "allreduce", 8, 1, timing.layer_costs(m, sp, A100)["activation_bytes"])
-    extra = (estimate(m, sp, A100)["comm_s"]["tensor_parallel"]
-             - estimate(m, sp.replace(sp_regather=False), A100)["comm_s"]["tensor_parallel"])
+    extra = (estimate(m, sp, A100).step.parts.tensor_parallel
+             - estimate(m, sp.replace(sp_regather=False), A100).step.parts.tensor_parallel)
     assert extra == pytest.approx(m.layers * ar, rel=1e-9)
     assert costs_for(m, sp, A100).tp_per_bwd == 3
 
@@ -525,7 +525,7 @@ def test_llama3_all_gather_context_parallelism_is_exposed():
     full = timing.layer_costs(m, ag.replace(recompute="full"), H100)
     assert full["cp_bwd"] == pytest.approx(lc["cp_bwd"] + lc["cp_fwd"], rel=1e-12)
     assert timing.layer_costs(m, ring, H100)["cp_fwd"] < lc["cp_fwd"]
-    assert estimate(m, ag, H100)["comm_s"]["context_parallel"] > estimate(m, ring, H100)["comm_s"]["context_parallel"]
+    assert estimate(m, ag, H100).step.parts.context_parallel > estimate(m, ring, H100).step.parts.context_parallel
     (r,) = [r for r in ring.replace(cp_comm_type="ring").check(m, 64) if r.field == "cp_comm_type"]
     assert "p2p, all_gather, a2a" in r.text
 
@@ -543,4 +543,4 @@ def test_ulysses_a2a_prices_four_all_to_alls_each_way_on_the_critical_path():
     assert lc["cp_bwd"] == pytest.approx(lc["cp_fwd"], rel=1e-12)
     full = timing.layer_costs(m, a2a.replace(recompute="full"), H100)
     assert full["cp_bwd"] == pytest.approx(2 * lc["cp_fwd"], rel=1e-12)
-    assert estimate(m, a2a, H100)["comm_s"]["context_parallel"] > 0
+    assert estimate(m, a2a, H100).step.parts.context_parallel > 0

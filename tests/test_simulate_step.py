@@ -37,7 +37,7 @@ def test_a_one_rank_step_equals_the_planners_compute_time(model, mb, gb, recompu
     c = Layout(batch=Batch(micro_batch_size=mb, global_batch=gb), knobs=Knobs(recompute=recompute))
     out = simulate_config(MODELS[model], c, A100)
     plan = estimate(MODELS[model], c, A100)
-    assert out["step_time_s"] == pytest.approx(plan["compute_s"] + plan["optimizer_s"], rel=1e-9)
+    assert out["step_time_s"] == pytest.approx(plan.step.compute_s + plan.step.optimizer_s, rel=1e-9)
     assert out["ranks"] == 1 and out["bytes_by_link_class"] == {"nvlink": 0.0, "nic": 0.0}
 
 
@@ -100,11 +100,11 @@ def test_table1_configurations_that_fit_agree_with_the_planner_within_five_perce
         for mb, v in itertools.product((1, 2, 4, 8), range(1, 9)):
             c = Layout(tp=t, pp=p, dp=n // (t * p), interleave=v, batch=Batch(micro_batch_size=mb, global_batch=batch),
                        knobs=Knobs(recompute="full"))
-            if check(model, c, A100) or memory(model, c)["total"] > A100.memory_bytes:
+            if check(model, c, A100) or memory(model, c).total > A100.memory_bytes:
                 continue
             if c.interleave > 1 and c.microbatches % p or model.layers % (p * v):   # the simulator's even chunks
                 continue
-            e = estimate(model, c, A100)["step_time_s"]
+            e = estimate(model, c, A100).step.step_time_s
             if best is None or e < best[0]:
                 best = (e, c)
         if best is None:

@@ -97,7 +97,7 @@ def test_one_layout_flows_from_the_planner_to_the_trainer_to_morph():
     lay = Layout(tp=2, pp=2, dp=2, batch=Batch(global_batch=8, micro_batch_size=1))
     assert check(model, lay, HARDWARE["a100-80g"]) is None
     e = estimate(model, lay, HARDWARE["a100-80g"])
-    assert (e["tp"], e["pp"], e["dp"], e["microbatch"], e["global_batch"]) == (2, 2, 2, 1, 8)
+    assert (e.layout.tp, e.layout.pp, e.layout.dp, e.layout.batch.micro_batch_size, e.layout.batch.global_batch) == (2, 2, 2, 1, 8)
     assert simulate_config(model, lay, HARDWARE["a100-80g"])["step_time_s"] > 0
     cfg = TrainConfig(model=model, layout=lay, steps=1)
     cfg.check()

@@ -102,12 +102,12 @@ def test_the_planner_and_the_simulator_price_zb_h1_by_the_same_weight_gradients(
            for s in ("1f1b", "zb-h1")}
     plan = {s: estimate(m, c, hw) for s, c in lay.items()}
     w = 12 * layer_costs(m, lay["zb-h1"], hw)["matmul_wgrad"]              # 96 layers over 8 stages
-    per_mb = plan["1f1b"]["bubble_s"] / 7                                 # the bubble is (p - 1) slots of it
-    assert plan["zb-h1"]["bubble_s"] == pytest.approx(7 * (per_mb - 2 * w), rel=1e-9)
-    assert plan["zb-h1"]["bubble_fraction"] < plan["1f1b"]["bubble_fraction"] / 1.5
+    per_mb = plan["1f1b"].step.bubble_s / 7                                 # the bubble is (p - 1) slots of it
+    assert plan["zb-h1"].step.bubble_s == pytest.approx(7 * (per_mb - 2 * w), rel=1e-9)
+    assert plan["zb-h1"].step.bubble_fraction < plan["1f1b"].step.bubble_fraction / 1.5
     sim = {s: simulate_config(m, c, hw) for s, c in lay.items()}
     saved = sim["1f1b"]["step_time_s"] - sim["zb-h1"]["step_time_s"]
-    assert saved == pytest.approx(plan["1f1b"]["step_time_s"] - plan["zb-h1"]["step_time_s"], rel=0.02)
+    assert saved == pytest.approx(plan["1f1b"].step.step_time_s - plan["zb-h1"].step.step_time_s, rel=0.02)
 
 
 @pytest.mark.parametrize("name", ["zbv", "dualpipev"])
@@ -193,15 +193,15 @@ def test_the_planner_and_the_simulator_price_the_v_schedules_alike():
     for s in ("1f1b", "zb-h1", "zbv", "dualpipev"):
         c = Layout(tp=8, pp=8, dp=16, batch=Batch(global_batch=1536, micro_batch_size=1, schedule=s))
         out[s] = estimate(m, c, hw), simulate_config(m, c, hw)
-        assert out[s][1]["step_time_s"] == pytest.approx(out[s][0]["step_time_s"], rel=0.025), s
+        assert out[s][1]["step_time_s"] == pytest.approx(out[s][0].step.step_time_s, rel=0.025), s
     for s in ("zb-h1", "zbv", "dualpipev"):
-        assert out[s][0]["step_time_s"] < out["1f1b"][0]["step_time_s"]
+        assert out[s][0].step.step_time_s < out["1f1b"][0].step.step_time_s
         assert out[s][1]["step_time_s"] < out["1f1b"][1]["step_time_s"]
-    assert out["zbv"][0]["memory_bytes"]["activations"] == pytest.approx(     # rank 0 holds both ends' extras
-        out["1f1b"][0]["memory_bytes"]["activations"], rel=0.002)
-    assert out["zb-h1"][0]["memory_bytes"]["activations"] > out["1f1b"][0]["memory_bytes"]["activations"]
+    assert out["zbv"][0].memory.activations == pytest.approx(     # rank 0 holds both ends' extras
+        out["1f1b"][0].memory.activations, rel=0.002)
+    assert out["zb-h1"][0].memory.activations > out["1f1b"][0].memory.activations
     plain = search(m, 1024, hw, 1536, top=3)
     every = search(m, 1024, hw, 1536, top=3, schedules=("", "zb-h1", "zbv", "dualpipev"))
-    assert {e["schedule"] for e in plain.ranked} <= {"1f1b", "interleaved"}
-    assert every.ranked[0]["schedule"] in ("zb-h1", "zbv", "dualpipev")
-    assert every.ranked[0]["step_time_s"] < plain.ranked[0]["step_time_s"]
+    assert {e.layout.pipeline_schedule for e in plain.ranked} <= {"1f1b", "interleaved"}
+    assert every.ranked[0].layout.pipeline_schedule in ("zb-h1", "zbv", "dualpipev")
+    assert every.ranked[0].step.step_time_s < plain.ranked[0].step.step_time_s

@@ -10,7 +10,7 @@ FLAGS = {"schedule": "--schedule", "layers": "--layers", "zero": "--zero", "micr
 
 
 def add_parser(sub) -> None:
-    from netmorph.cli.plan import add_split_args
+    from netmorph.cli.split import add_split_args
     p = sub.add_parser("simulate", help="simulate one whole training step on every rank (thousands of them)",
                        description="Build every rank's program for one PTD-P iteration (the pipeline schedule's "
                                    "slots, the TP all-reduces inside each layer, the PP sends, the DP buckets), "
@@ -61,9 +61,9 @@ def write_trace(path, spans, c) -> None:
 
 
 def run(args) -> int:
-    from netmorph.cli.plan import _common, config_from, print_notes
+    from netmorph.cli.split import config_from, model_and_hardware, print_notes
     from netmorph.simulate import check_simulated, simulate_config
-    model, hw = _common(args)
+    model, hw = model_and_hardware(args)
     c = config_from(args)
     check_simulated(model, c, args.schedule)
     if args.trace_ranks is not None and not args.trace:

@@ -105,7 +105,7 @@ class Twin:
         """The most loaded rank's bytes under ``layout`` (the planner's memory model: weights, gradients, Adam's
         moments, activations in flight)."""
         model = self._model(seq)
-        return memory(model, self._priced(layout, model))["total"]
+        return memory(model, self._priced(layout, model)).total
 
     def fits(self, layout: Layout, seq: int | None = None) -> bool:
         """Whether ``layout`` fits :attr:`memory_share` of a whole replica (one rank holding everything)."""

@@ -47,6 +47,7 @@ from netmorph.mesh.layout import SPLIT_BACKWARD, Layout, sharding_with
 from netmorph.mesh.placement import model_state_bytes
 from netmorph.mesh.schedules import levels, schedule
 from netmorph.mesh.shape import ModelShape
+from netmorph.planner.results import Memory
 
 
 def _per_layer_params(model: ModelShape, c: Layout) -> tuple[float, float]:
@@ -249,16 +250,17 @@ def memory_total(c: Layout, parts: list, zero: int) -> float:
     return max(dn * dense + en * expert + act + live * big for dn, en, act, big in parts)
 
 
-def memory(model: ModelShape, c: Layout) -> dict:
-    """{"params", "grads", "optimizer", "activations", "total"} in bytes for the most loaded device."""
+def memory(model: ModelShape, c: Layout) -> Memory:
+    """The bytes of the most loaded device (``as_dict()``: {"params", "grads", "optimizer", "activations",
+    "total"})."""
     dense, expert, live = _state_bytes(c, c.zero)
     best = None
     for dn, en, act, big in memory_parts(model, c):
         params, grads, opt = (dn * d + en * e for d, e in zip(dense, expert))
         params, grads = params + live / 2 * big, grads + live / 2 * big       # the live layer's weights, grads
-        total = params + grads + opt + act
-        if best is None or total > best["total"]:
-            best = {"params": params, "grads": grads, "optimizer": opt, "activations": act, "total": total}
+        here = Memory(params, grads, opt, act)
+        if best is None or here.total > best.total:
+            best = here
     return best
 
 
@@ -273,4 +275,4 @@ def trainer_memory(model: ModelShape, layout: Layout, itemsize: int, grad_size: 
     gsz = itemsize if grad_size is None else grad_size
     osz = 2 * itemsize if optimizer_size is None else optimizer_size
     est = memory(model, layout.replace(recompute="none", param_bytes=itemsize, grad_bytes=gsz, optimizer_bytes=osz))
-    return {**model_state_bytes(model, layout, itemsize, gsz, osz), "activations": est["activations"]}
+    return {**model_state_bytes(model, layout, itemsize, gsz, osz), "activations": est.activations}

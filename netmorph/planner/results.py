@@ -1,11 +1,24 @@
-"""The planner's typed results: one iteration's predicted seconds split into parts that sum to it
-(:class:`StepTime`, what :func:`~netmorph.planner.timing.step_time` returns), as Megatron's timers split a
-measured one (``forward-backward``, ``all-grads-sync``, ``optimizer``) and ``plan --json`` prints it.
+"""The planner's typed results, each with the ``as_dict()`` that ``plan --json`` prints:
+
+- :class:`StepTime`: one iteration's predicted seconds split into parts that sum to it (what
+  :func:`~netmorph.planner.timing.step_time` returns), as Megatron's timers split a measured one
+  (``forward-backward``, ``all-grads-sync``, ``optimizer``);
+- :class:`Memory`: the most loaded device's bytes, four parts that sum to the total (what
+  :func:`~netmorph.planner.memory.memory` returns), as DeepSpeed's ``estimate_zero*_model_states_mem_needs``
+  and Megatron's ``report_theoretical_memory`` split them;
+- :class:`Estimate`: one configuration priced -- its layout, memory, step time, FLOPs and rates (what
+  :func:`~netmorph.planner.search.estimate` returns and the search ranks).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from netmorph.mesh.layout import Layout
+    from netmorph.mesh.shape import ModelShape
+    from netmorph.planner.hardware import Hardware
 
 # the communication parts, in the order plan's JSON names them (its "comm_s")
 COMM = ("tensor_parallel", "context_parallel", "expert_parallel", "pipeline_p2p", "data_parallel", "zero3_gather")
@@ -79,3 +92,90 @@ class StepTime:
                 "comm_hidden_s": self.comm_hidden_s, "compute_s": self.compute_s, "matmul_s": self.matmul_s,
                 "elementwise_s": self.elementwise_s, "bubble_s": self.bubble_s, "comm_s": self.comm_s,
                 "optimizer_s": self.optimizer_s}
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes on the most loaded device: weights, gradients, optimizer state and activations (``total``, their
+    sum, is what must fit)."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "total": self.total}
+
+
+@dataclass(frozen=True)
+class Flops:
+    """FLOPs of one iteration: ``executed`` (Narayanan et al.'s eq. 3, the recomputation included: what TFLOP/s
+    per GPU divides), ``causal`` (what the causal model needs) and ``megatron`` (Megatron's convention, the full
+    s x s attention product: what MFU divides)."""
+
+    executed: float
+    causal: float
+    megatron: float
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Throughput of one priced step: executed TFLOP/s per GPU, MFU (Megatron's model FLOPs over the 16-bit peak),
+    tokens/s in all and per GPU."""
+
+    tflops_per_gpu: float
+    mfu: float
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+
+
+# the layout's flags in plan's JSON, in its order (the flat names Layout.get reads; "microbatch" is its
+# micro_batch_size)
+CONFIG_KEYS = ("tp", "cp", "pp", "dp", "ep", "microbatch", "global_batch", "interleave", "zero", "recompute",
+               "sequence_parallel", "precision", "first_stage_layers", "last_stage_layers", "tp_overlap",
+               "pp_overlap")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One configuration as the planner prices it. ``step``, ``flops`` and ``rates`` are None for a bare
+    parameter count (a model with no layers has memory and nothing to time)."""
+
+    layout: Layout
+    model: ModelShape
+    hardware: Hardware
+    memory: Memory
+    step: StepTime | None = None
+    flops: Flops | None = None
+    rates: Rates | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total <= self.hardware.memory_bytes
+
+    def as_dict(self) -> dict:
+        """The JSON ``plan estimate --json`` prints, and each of ``plan --json``'s plans (its keys and order)."""
+        c, model = self.layout, self.model
+        out = {**{k: c.get("micro_batch_size" if k == "microbatch" else k) for k in CONFIG_KEYS},
+               "schedule": c.pipeline_schedule if c.pp > 1 else "", "gpus": c.gpus, "hardware": self.hardware.name,
+               "model": model.name,
+               **({} if model.bare else {"kv_heads": model.kv, "ffn_type": model.ffn_type, "ffn": model.f,
+                                         "position": model.position, "tied": model.tied,
+                                         "attention": model.attention, "dropout": model.dropout,
+                                         "experts": model.experts, "top_k": model.top_k if model.experts else 0}),
+               "memory_bytes": self.memory.as_dict(), "device_memory_bytes": self.hardware.memory_bytes,
+               "fits": self.fits, "params_count": model.params()}
+        if model.experts:
+            out["active_params_count"] = model.active_params()
+        if self.step is None:
+            return out
+        out["stage_layers"] = c.stage_layers(model.layers)
+        out.update(self.step.as_dict())
+        out.update({"flops_per_iteration": self.flops.executed, "model_flops_per_iteration": self.flops.causal,
+                    "megatron_flops_per_iteration": self.flops.megatron, **asdict(self.rates)})
+        return out

@@ -33,7 +33,7 @@ from netmorph.mesh.layout import RECOMPUTE, SPLIT_BACKWARD, V_SHAPED, Layout, Re
 from netmorph.mesh.shape import ModelShape
 from netmorph.planner.hardware import Hardware
 from netmorph.planner.memory import memory, memory_parts, memory_total
-from netmorph.planner.results import StepTime
+from netmorph.planner.results import Estimate, Flops, Rates
 from netmorph.planner.timing import step_time
 
 
@@ -49,10 +49,10 @@ class Rejected:
 
 @dataclass
 class SearchResult:
-    ranked: list                   # estimates that fit, fastest first (the first ``top``, or all)
+    ranked: list                   # Estimates that fit, fastest first (the first ``top``, or all)
     rejected: dict                 # key -> Rejected
     fits: int                      # how many configurations fit
-    by_split: list                 # the fastest estimate of each (tp, pp) split that fits, fastest first
+    by_split: list                 # the fastest Estimate of each (tp, pp) split that fits, fastest first
 
     @property
     def searched(self) -> int:
@@ -77,48 +77,23 @@ def check(model: ModelShape, c: Layout, hw: Hardware) -> Rejection | None:
     return rules[0] if rules else None
 
 
-CONFIG_KEYS = ("tp", "cp", "pp", "dp", "ep", "microbatch", "global_batch", "interleave", "zero", "recompute",
-               "sequence_parallel", "precision", "first_stage_layers", "last_stage_layers", "tp_overlap",
-               "pp_overlap")
-
-
-def estimate(model: ModelShape, c: Layout, hw: Hardware, times: StepTime | None = None) -> dict:
-    """Memory and time of one configuration, as the JSON the CLI prints."""
+def estimate(model: ModelShape, c: Layout, hw: Hardware) -> Estimate:
+    """Memory and time of one configuration (``as_dict()``: the JSON the CLI prints)."""
     mem = memory(model, c)
-    out = {**{k: c.get("micro_batch_size" if k == "microbatch" else k) for k in CONFIG_KEYS},
-           "schedule": c.pipeline_schedule if c.pp > 1 else "", "gpus": c.gpus, "hardware": hw.name,
-           "model": model.name,
-           **({} if model.bare else {"kv_heads": model.kv, "ffn_type": model.ffn_type, "ffn": model.f,
-                                     "position": model.position, "tied": model.tied, "attention": model.attention,
-                                     "dropout": model.dropout, "experts": model.experts,
-                                     "top_k": model.top_k if model.experts else 0}),
-           "memory_bytes": mem, "device_memory_bytes": hw.memory_bytes, "fits": mem["total"] <= hw.memory_bytes,
-           "params_count": model.params()}
-    if model.experts:
-        out["active_params_count"] = model.active_params()
     if model.bare:
-        return out
-    out["stage_layers"] = c.stage_layers(model.layers)
-    t = times or step_time(model, c, hw)
-    out.update(t.as_dict())
-    out.update({
-        "flops_per_iteration": model.flops_per_iteration(c.batch.global_batch, c.knobs.recompute),
-        # what the causal model needs, and Megatron's convention (the full s x s product; MFU divides it)
-        "model_flops_per_iteration": model.causal_model_flops(c.batch.global_batch),
-        "megatron_flops_per_iteration": model.model_flops(c.batch.global_batch),
-        **rates(model, c, hw, t.step_time_s),
-    })
-    return out
+        return Estimate(c, model, hw, mem)
+    t = step_time(model, c, hw)
+    flops = Flops(model.flops_per_iteration(c.batch.global_batch, c.knobs.recompute),
+                  model.causal_model_flops(c.batch.global_batch), model.model_flops(c.batch.global_batch))
+    return Estimate(c, model, hw, mem, t, flops, rates(model, c, hw, t.step_time_s))
 
 
-def rates(model: ModelShape, c: Layout, hw: Hardware, step: float) -> dict:
+def rates(model: ModelShape, c: Layout, hw: Hardware, step: float) -> Rates:
     """Throughput of a step of ``step`` seconds: executed TFLOP/s per GPU (eq. 3), MFU (Megatron's model
     FLOPs over the 16-bit peak), tokens/s."""
     executed, useful = _flops(model, c.batch.global_batch, c.knobs.recompute)
-    return {"tflops_per_gpu": executed / step / c.gpus / 1e12,
-            "mfu": useful / step / c.gpus / hw.peak_flops,
-            "tokens_per_s": c.batch.global_batch * model.seq / step,
-            "tokens_per_s_per_gpu": c.batch.global_batch * model.seq / step / c.gpus}
+    return Rates(executed / step / c.gpus / 1e12, useful / step / c.gpus / hw.peak_flops,
+                 c.batch.global_batch * model.seq / step, c.batch.global_batch * model.seq / step / c.gpus)
 
 
 @lru_cache(maxsize=1024)

@@ -130,12 +130,11 @@ def simulate_config(model, c, hw, schedule_name: str | None = None, trace_ranks=
     res = simulate_step(c, model.layers, costs_for(model, c, hw), name, trace_ranks)
     wall = time.perf_counter() - t0
     plan = estimate(model, c, hw)
+    st, part = plan.step, plan.step.parts
     step, breakdown = lend_bubble(res.step_time, res.breakdown, hw.core_sharing, c.microbatches, c.pp, c.interleave)
     return {"ranks": res.ranks, "schedule": name, "step_time_s": step, "breakdown_s": breakdown,
-            "bytes_by_link_class": res.bytes_by_link_class, "planner_step_time_s": plan["step_time_s"],
-            "planner_breakdown_s": {"compute": plan["compute_s"], "tp": plan["comm_s"]["tensor_parallel"],
-                                    "cp": plan["comm_s"]["context_parallel"],
-                                    "pp": plan["comm_s"]["pipeline_p2p"],
-                                    "dp": plan["comm_s"]["data_parallel"], "bubble": plan["bubble_s"],
-                                    "optimizer": plan["optimizer_s"], "slowdown": plan["overlap_slowdown_s"]},
-            "events": res.events, "sim_wall_s": wall, "fits": plan["fits"], "spans": res.spans}
+            "bytes_by_link_class": res.bytes_by_link_class, "planner_step_time_s": st.step_time_s,
+            "planner_breakdown_s": {"compute": st.compute_s, "tp": part.tensor_parallel, "cp": part.context_parallel,
+                                    "pp": part.pipeline_p2p, "dp": part.data_parallel, "bubble": part.bubble,
+                                    "optimizer": part.optimizer, "slowdown": part.overlap_slowdown},
+            "events": res.events, "sim_wall_s": wall, "fits": plan.fits, "spans": res.spans}

@@ -41,8 +41,8 @@ def run(tick=lambda: None, quick: bool = False) -> Planning:
                 continue
             c = Layout(tp=t, pp=p, dp=GPUS // (t * p), zero=1, batch=Batch(global_batch=BATCH),
                        knobs=Knobs(recompute="selective", sequence_parallel=t > 1))
-            here = [e for e in result.by_split if e["tp"] == t and e["pp"] == p]
-            splits.append((t, p, memory(model, c), 100 * here[0]["mfu"] if here else 0.0))
+            here = [e for e in result.by_split if (e.layout.tp, e.layout.pp) == (t, p)]
+            splits.append((t, p, memory(model, c), 100 * here[0].rates.mfu if here else 0.0))
     # today's model on today's cluster: GQA, SwiGLU, FlashAttention, uneven stages, cp and precision searched
     t0 = time.perf_counter()
     big = search(PRESETS["llama-3-405b"], 16384, HW["h100-80g"], 2048, top=1,
