@@ -56,7 +56,8 @@ def test_morph_on_two_torchrun_jobs_goes_on_when_node_1_is_lost_mid_step(kind):
     from netmorph.parallel.run import reference
     before = temporaries()
     r = launch_cli(["--nodes", "2", "--nproc-per-node", "2", "--max-restarts", "1", "--", "morph", "--steps", "24",
-                    "--segment", "5", "--scenario", f"{kind}@12", "--timeout", "20", "--json"])
+                    "--segment", "5", "--scenario", f"{kind}@12", "--timeout", "20", "--compute-ms", "10",
+                    "--json"])
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     lost = out["decisions"][0]
@@ -124,7 +125,7 @@ def test_morph_on_two_torchrun_jobs_takes_node_1_back_when_its_torchrun_restarts
     before = temporaries()
     r = launch_cli(["--nodes", "2", "--nproc-per-node", "2", "--max-restarts", "1", "--", "morph", "--steps", "30",
                     "--segment", "5", "--scenario", "node-lost@8,node-joins@15", "--timeout", "20",
-                    "--checkpoint-every", "5", "--checkpoint-dir", str(tmp_path), "--json"])
+                    "--compute-ms", "10", "--checkpoint-every", "5", "--checkpoint-dir", str(tmp_path), "--json"])
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     lost, joined = out["decisions"][:2]
