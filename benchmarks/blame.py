@@ -19,22 +19,45 @@ import time
 
 from netmorph.runtime.transport.blame import stop_rank
 
-LAYOUTS = [("tp2·pp2", ["--tp", "2", "--pp", "2"]), ("pp2·dp2", ["--pp", "2", "--dp", "2"]),
-           ("tp2·dp2", ["--tp", "2", "--dp", "2"]), ("pp4", ["--pp", "4"]), ("dp4", ["--dp", "4"]),
-           ("tp2·pp2·dp2", ["--tp", "2", "--pp", "2", "--dp", "2"])]
-MODEL = ["--layers", "4", "--hidden", "16", "--heads", "2", "--seq", "8", "--vocab", "32", "--steps", "100000",
-         "--compute-ms", "2"]
+LAYOUTS = [
+    ("tp2·pp2", ["--tp", "2", "--pp", "2"]),
+    ("pp2·dp2", ["--pp", "2", "--dp", "2"]),
+    ("tp2·dp2", ["--tp", "2", "--dp", "2"]),
+    ("pp4", ["--pp", "4"]),
+    ("dp4", ["--dp", "4"]),
+    ("tp2·pp2·dp2", ["--tp", "2", "--pp", "2", "--dp", "2"]),
+]
+MODEL = [
+    "--layers",
+    "4",
+    "--hidden",
+    "16",
+    "--heads",
+    "2",
+    "--seq",
+    "8",
+    "--vocab",
+    "32",
+    "--steps",
+    "100000",
+    "--compute-ms",
+    "2",
+]
 
 
 def one(flags, timeout: float, rng: random.Random):
     """(right, seconds from the stop to the exit) for one run."""
-    proc = subprocess.Popen([sys.executable, "-m", "netmorph", "train", *flags, *MODEL, "--timeout", str(timeout)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "netmorph", "train", *flags, *MODEL, "--timeout", str(timeout)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         world = 1
         for size in flags[1::2]:
             world *= int(size)
-        after = 0.5 + rng.random()                   # drawn in this order: --seed reproduces earlier runs
+        after = 0.5 + rng.random()  # drawn in this order: --seed reproduces earlier runs
         victim = rng.randrange(world)
         pid = stop_rank(proc.pid, world, victim, after=after)
         t0 = time.monotonic()
@@ -44,8 +67,12 @@ def one(flags, timeout: float, rng: random.Random):
         if proc.poll() is None:
             proc.kill()
     first = err.splitlines()[0] if err else ""
-    return pid is not None and f"root cause: rank {victim} (pid {pid}): stopped answering (its process is stopped" \
-        in first, took, first
+    return (
+        pid is not None
+        and f"root cause: rank {victim} (pid {pid}): stopped answering (its process is stopped" in first,
+        took,
+        first,
+    )
 
 
 def main() -> int:
@@ -55,8 +82,10 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     rng = random.Random(args.seed)
-    print(f"# netmorph train, one rank SIGSTOPped from outside mid-run, --timeout {args.timeout:g} s; "
-          f"{args.runs} runs per layout; seconds from the stop to the command's exit")
+    print(
+        f"# netmorph train, one rank SIGSTOPped from outside mid-run, --timeout {args.timeout:g} s; "
+        f"{args.runs} runs per layout; seconds from the stop to the command's exit"
+    )
     print(f"{'layout':<12} {'right':>7} {'median s':>9} {'max s':>7}  within T + 1 s")
     wrong = 0
     for name, flags in LAYOUTS:
@@ -65,8 +94,11 @@ def main() -> int:
         wrong += args.runs - right
         times = [t for _, t, _ in results]
         inside = sum(t <= args.timeout + 1 for t in times)
-        print(f"{name:<12} {right:>3}/{args.runs:<3} {statistics.median(times):>9.2f} {max(times):>7.2f}  "
-              f"{inside}/{args.runs}", flush=True)
+        print(
+            f"{name:<12} {right:>3}/{args.runs:<3} {statistics.median(times):>9.2f} {max(times):>7.2f}  "
+            f"{inside}/{args.runs}",
+            flush=True,
+        )
         for r, _, first in results:
             if not r:
                 print(f"  wrong: {first}", file=sys.stderr)

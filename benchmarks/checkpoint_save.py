@@ -28,18 +28,31 @@ from netmorph.parallel.run import train
 
 def run(args, ck: Checkpointing) -> dict:
     model = ModelShape(layers=args.layers, hidden=args.hidden, heads=8, seq=64, vocab=512)
-    cfg = TrainConfig.make(model, dp=args.world, zero=1, microbatches=2, micro_batch_size=1, steps=args.steps,
-                           dtype=args.dtype, compute_ms=args.compute_ms, checkpoint=ck)
+    cfg = TrainConfig.make(
+        model,
+        dp=args.world,
+        zero=1,
+        microbatches=2,
+        micro_batch_size=1,
+        steps=args.steps,
+        dtype=args.dtype,
+        compute_ms=args.compute_ms,
+        checkpoint=ck,
+    )
     t0 = time.perf_counter()
     out = train(cfg, timeout=120)
     wall = time.perf_counter() - t0
     saves = out.checkpoints or []
     saving = {c["step"] for c in saves}
-    steps = out.step_times_s[1:]                   # the first step builds the modules
+    steps = out.step_times_s[1:]  # the first step builds the modules
     with_save = [t for k, t in enumerate(out.step_times_s, 1) if k in saving and k > 1]
-    return {"params": model.params(), "median_step_s": statistics.median(steps),
-            "median_save_step_s": statistics.median(with_save) if with_save else None, "wall_s": wall,
-            "saves": [{k: c[k] for k in ("step", "bytes", "save_s", "staged_s", "blocked_s")} for c in saves]}
+    return {
+        "params": model.params(),
+        "median_step_s": statistics.median(steps),
+        "median_save_step_s": statistics.median(with_save) if with_save else None,
+        "wall_s": wall,
+        "saves": [{k: c[k] for k in ("step", "bytes", "save_s", "staged_s", "blocked_s")} for c in saves],
+    }
 
 
 def main() -> int:
@@ -64,22 +77,28 @@ def main() -> int:
         print(json.dumps(out, indent=1))
         return 0
     size = out["sync"]["saves"][0]["bytes"]
-    print(f"# GPT l{args.layers} h{args.hidden} ({out['none']['params']:,} params, {args.dtype}), dp{args.world} "
-          f"ZeRO-1, {args.steps} steps, --compute-ms {args.compute_ms:g}; a checkpoint every {args.every} steps: "
-          f"{size / 1e6:.1f} MB (parameters and Adam's two moments, DCP's format)")
-    print(f"{'mode':<6} {'median step (ms)':>16} {'step with a save (ms)':>22} {'wall (s)':>9} "
-          f"{'save (ms)':>10} {'MB/s':>7} {'step waited (ms)':>17}")
+    print(
+        f"# GPT l{args.layers} h{args.hidden} ({out['none']['params']:,} params, {args.dtype}), dp{args.world} "
+        f"ZeRO-1, {args.steps} steps, --compute-ms {args.compute_ms:g}; a checkpoint every {args.every} steps: "
+        f"{size / 1e6:.1f} MB (parameters and Adam's two moments, DCP's format)"
+    )
+    print(
+        f"{'mode':<6} {'median step (ms)':>16} {'step with a save (ms)':>22} {'wall (s)':>9} "
+        f"{'save (ms)':>10} {'MB/s':>7} {'step waited (ms)':>17}"
+    )
     for mode, r in out.items():
         saves = r["saves"]
         save_s = statistics.median(c["save_s"] for c in saves) if saves else None
         waited = statistics.median(c["staged_s"] + c["blocked_s"] for c in saves) if saves else None
         if mode == "sync" and saves:
             waited = save_s
-        print(f"{mode:<6} {1e3 * r['median_step_s']:>16.1f} "
-              f"{'-' if r['median_save_step_s'] is None else format(1e3 * r['median_save_step_s'], '.1f'):>22} "
-              f"{r['wall_s']:>9.2f} {'-' if save_s is None else format(1e3 * save_s, '.0f'):>10} "
-              f"{'-' if save_s is None else format(size / save_s / 1e6, '.0f'):>7} "
-              f"{'-' if waited is None else format(1e3 * waited, '.0f'):>17}")
+        print(
+            f"{mode:<6} {1e3 * r['median_step_s']:>16.1f} "
+            f"{'-' if r['median_save_step_s'] is None else format(1e3 * r['median_save_step_s'], '.1f'):>22} "
+            f"{r['wall_s']:>9.2f} {'-' if save_s is None else format(1e3 * save_s, '.0f'):>10} "
+            f"{'-' if save_s is None else format(size / save_s / 1e6, '.0f'):>7} "
+            f"{'-' if waited is None else format(1e3 * waited, '.0f'):>17}"
+        )
     base = out["none"]["median_step_s"]
     for mode in ("sync", "async"):
         s = out[mode]["median_save_step_s"]

@@ -43,14 +43,17 @@ from netmorph.runtime.comm import Comm
 from netmorph.runtime.launch import launch
 
 WARMUP = 2
-CALLS = ((Comm, ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")),
-         (CommBase, ("send", "recv", "isend")))
+CALLS = (
+    (Comm, ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")),
+    (CommBase, ("send", "recv", "isend")),
+)
 
 
 def _timed(acc: dict, method):
     """``method`` with its CPU and wall time added to ``acc`` -- only a thread's outermost call (a collective's
     own sends are inside it; the trainer's gradient buckets are all-reduced from a thread of their own, beside
     the main thread's calls)."""
+
     def call(self, *args, **kwargs):
         if getattr(acc["inside"], "depth", 0):
             return method(self, *args, **kwargs)
@@ -64,6 +67,7 @@ def _timed(acc: dict, method):
                 acc["wall"] += time.perf_counter() - w0
                 acc["calls"] += 1
             acc["inside"].depth = 0
+
     return call
 
 
@@ -73,16 +77,18 @@ def rank_split(comm, cfg: TrainConfig) -> dict:
     acc = {"cpu": 0.0, "wall": 0.0, "calls": 0, "inside": threading.local(), "lock": threading.Lock()}
     for cls, names in CALLS:
         for name in names:
-            setattr(cls, name, _timed(acc, getattr(cls, name)))   # this rank's process only
+            setattr(cls, name, _timed(acc, getattr(cls, name)))  # this rank's process only
     marks = []
 
     def after(done, state, loss):
         marks.append((time.perf_counter(), time.process_time(), acc["cpu"], acc["wall"], acc["calls"]))
+
     train_rank(comm, cfg, commit=after)
     first, last = marks[WARMUP - 1], marks[-1]
     n = len(marks) - WARMUP
-    return dict(zip(("wall_s", "cpu_s", "comm_cpu_s", "comm_wall_s", "calls"),
-                    ((b - a) / n for a, b in zip(first, last))))
+    return dict(
+        zip(("wall_s", "cpu_s", "comm_cpu_s", "comm_wall_s", "calls"), ((b - a) / n for a, b in zip(first, last)))
+    )
 
 
 def main() -> int:
@@ -97,8 +103,10 @@ def main() -> int:
     name = args.layout.replace(".", "·")
     found = {Row(args.model, lay, 1, 1, {}).name: lay for lay in layouts(model, args.world)}
     if name not in found or args.steps <= WARMUP:
-        print(f"cpu_split: --layout must be one of {', '.join(found)} (dots for '·') and --steps over {WARMUP}",
-              file=sys.stderr)
+        print(
+            f"cpu_split: --layout must be one of {', '.join(found)} (dots for '·') and --steps over {WARMUP}",
+            file=sys.stderr,
+        )
         return 2
     hw = None
     if args.profile:
@@ -111,19 +119,25 @@ def main() -> int:
     out = launch(rank_split, cfg.world, cfg, timeout=300)
     wall = statistics.median(r["wall_s"] for r in out)
     print(f"# {args.model} {name} on {args.world} local ranks: per rank per step, the mean over {args.steps - WARMUP}")
-    print(f"{'rank':>4} {'wall ms':>9} {'cpu ms':>8} {'in comm: cpu ms':>16} {'wall ms':>8} {'calls':>6} "
-          f"{'cpu/call ms':>12} {'cpu outside':>12}")
+    print(
+        f"{'rank':>4} {'wall ms':>9} {'cpu ms':>8} {'in comm: cpu ms':>16} {'wall ms':>8} {'calls':>6} "
+        f"{'cpu/call ms':>12} {'cpu outside':>12}"
+    )
     for k, r in enumerate(out):
         per = r["comm_cpu_s"] / r["calls"] if r["calls"] else 0.0
-        print(f"{k:>4} {1e3 * r['wall_s']:>9.1f} {1e3 * r['cpu_s']:>8.1f} {1e3 * r['comm_cpu_s']:>16.1f} "
-              f"{1e3 * r['comm_wall_s']:>8.1f} {r['calls']:>6.0f} {1e3 * per:>12.3f} "
-              f"{1e3 * (r['cpu_s'] - r['comm_cpu_s']):>12.1f}")
+        print(
+            f"{k:>4} {1e3 * r['wall_s']:>9.1f} {1e3 * r['cpu_s']:>8.1f} {1e3 * r['comm_cpu_s']:>16.1f} "
+            f"{1e3 * r['comm_wall_s']:>8.1f} {r['calls']:>6.0f} {1e3 * per:>12.3f} "
+            f"{1e3 * (r['cpu_s'] - r['comm_cpu_s']):>12.1f}"
+        )
     print(f"# cores kept busy: {sum(r['cpu_s'] for r in out) / wall:.2f} (the ranks' CPU summed over the step's wall)")
     if hw is not None:
         pred = step_time(model, planner_layout(found[name], "float32", model), hw)
-        print(f"# the planner on {args.profile}: compute {1e3 * pred.compute_s / hw.core_sharing:.1f} ms one rank "
-              f"alone, {1e3 * pred.compute_s:.1f} ms every rank busy (core_sharing {hw.core_sharing:.2f}); "
-              f"step {1e3 * pred.step_time_s:.1f} ms against {1e3 * wall:.1f} ms measured")
+        print(
+            f"# the planner on {args.profile}: compute {1e3 * pred.compute_s / hw.core_sharing:.1f} ms one rank "
+            f"alone, {1e3 * pred.compute_s:.1f} ms every rank busy (core_sharing {hw.core_sharing:.2f}); "
+            f"step {1e3 * pred.step_time_s:.1f} ms against {1e3 * wall:.1f} ms measured"
+        )
     return 0
 
 

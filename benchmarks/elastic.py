@@ -28,16 +28,21 @@ def main() -> None:
     runs = {"in place": [], "rollback": [], "restart": []}
     for _ in range(args.repeats):
         ip = train(cfg)
-        runs["in place"].append((sum(e["resumed_after_s"] for e in ip["events"]),
-                                 sum(e["steps_redone"] for e in ip["events"])))
+        runs["in place"].append(
+            (sum(e["resumed_after_s"] for e in ip["events"]), sum(e["steps_redone"] for e in ip["events"]))
+        )
         rb = train(replace(cfg, commit_every=args.checkpoint_every))
-        runs["rollback"].append((sum(e["resumed_after_s"] for e in rb["events"]),
-                                 sum(e["steps_redone"] for e in rb["events"])))
+        runs["rollback"].append(
+            (sum(e["resumed_after_s"] for e in rb["events"]), sum(e["steps_redone"] for e in rb["events"]))
+        )
         rs = restart_all(replace(cfg, commit_every=args.checkpoint_every))
-        runs["restart"].append((sum(e["recovery_s"] for e in rs["events"]),
-                                sum(e["steps_redone"] for e in rs["events"])))
-    print(f"# 4 workers, kills in steps 25 and 47, checkpoint/commit every {args.checkpoint_every} steps; "
-          f"medians of {args.repeats}")
+        runs["restart"].append(
+            (sum(e["recovery_s"] for e in rs["events"]), sum(e["steps_redone"] for e in rs["events"]))
+        )
+    print(
+        f"# 4 workers, kills in steps 25 and 47, checkpoint/commit every {args.checkpoint_every} steps; "
+        f"medians of {args.repeats}"
+    )
     print(f"{'recovery':<10} {'recovery (ms, 2 kills)':>22} {'steps redone':>12}")
     med = {k: (statistics.median(t for t, _ in v), statistics.median(s for _, s in v)) for k, v in runs.items()}
     for k, (t, s) in med.items():

@@ -24,8 +24,20 @@ from netmorph.runtime.transport.blame import stop_rank
 def elastic(*flags, stop_after: float | None = None, victim: int = 1):
     """Run ``netmorph elastic`` (4 workers, --check); with ``stop_after``, SIGSTOP worker ``victim`` that
     many seconds after every worker is up. (exit code, stdout, stderr, seconds)."""
-    cmd = [sys.executable, "-m", "netmorph", "elastic", "--job", "lsq", "--workers", "4", "--timeout", "1", "--check",
-           *flags]
+    cmd = [
+        sys.executable,
+        "-m",
+        "netmorph",
+        "elastic",
+        "--job",
+        "lsq",
+        "--workers",
+        "4",
+        "--timeout",
+        "1",
+        "--check",
+        *flags,
+    ]
     t0 = time.monotonic()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if stop_after is not None:
@@ -35,17 +47,35 @@ def elastic(*flags, stop_after: float | None = None, victim: int = 1):
 
 
 SCENARIOS = {
-    "stop": lambda i: (elastic("--steps", "3000", stop_after=0.3 + 0.05 * (i % 10), victim=1 + i % 3),
-                       lambda code, out, err: code == 0 and "hang rank" in out and "✓" in out),
-    "kill-2": lambda i: (elastic("--steps", "40", "--kill", f"1@{5 + i}", "--kill", f"2@{5 + i}"),
-                         lambda code, out, err: code == 0 and "kill ranks 1,2" in out and "✓" in out),
-    "kill-3": lambda i: (elastic("--steps", "40", "--min-workers", "1", "--kill", f"1@{5 + i}", "--kill", f"2@{5 + i}",
-                                 "--kill", f"3@{5 + i}"),
-                         lambda code, out, err: code == 0 and "kill ranks 1,2,3" in out and "✓" in out),
-    "below-min": lambda i: (elastic("--steps", "40", "--min-workers", "3", "--kill", f"1@{5 + i}", "--kill",
-                                    f"2@{5 + i}"),
-                            lambda code, out, err: code == 1 and "root cause" in err and "MembershipError" in
-                            err.splitlines()[0] and "TimeoutError" not in err),
+    "stop": lambda i: (
+        elastic("--steps", "3000", stop_after=0.3 + 0.05 * (i % 10), victim=1 + i % 3),
+        lambda code, out, err: code == 0 and "hang rank" in out and "✓" in out,
+    ),
+    "kill-2": lambda i: (
+        elastic("--steps", "40", "--kill", f"1@{5 + i}", "--kill", f"2@{5 + i}"),
+        lambda code, out, err: code == 0 and "kill ranks 1,2" in out and "✓" in out,
+    ),
+    "kill-3": lambda i: (
+        elastic(
+            "--steps",
+            "40",
+            "--min-workers",
+            "1",
+            "--kill",
+            f"1@{5 + i}",
+            "--kill",
+            f"2@{5 + i}",
+            "--kill",
+            f"3@{5 + i}",
+        ),
+        lambda code, out, err: code == 0 and "kill ranks 1,2,3" in out and "✓" in out,
+    ),
+    "below-min": lambda i: (
+        elastic("--steps", "40", "--min-workers", "3", "--kill", f"1@{5 + i}", "--kill", f"2@{5 + i}"),
+        lambda code, out, err: (
+            code == 1 and "root cause" in err and "MembershipError" in err.splitlines()[0] and "TimeoutError" not in err
+        ),
+    ),
 }
 
 
@@ -67,8 +97,11 @@ def main() -> None:
                 failed += 1
                 print(f"  {name} run {i}: exit {code}\n{out[-600:]}\n{err[-1200:]}", file=sys.stderr)
         times.sort()
-        print(f"{name:<10} {good:>4}/{args.runs:<4} {times[len(times) // 2]:>9.2f}  "
-              f"{'all' if good == args.runs else 'NOT ALL'}", flush=True)
+        print(
+            f"{name:<10} {good:>4}/{args.runs:<4} {times[len(times) // 2]:>9.2f}  "
+            f"{'all' if good == args.runs else 'NOT ALL'}",
+            flush=True,
+        )
     sys.exit(1 if failed else 0)
 
 

@@ -48,15 +48,41 @@ from netmorph.runtime.transport.blame import child_pids
 
 
 def _job(k: int, folder: str, steps: int, every: int, model: list, tmp: str) -> subprocess.Popen:
-    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node",
-            str(k), "--max-restarts", "10000", "--monitor-interval", "0.1", "-m", "netmorph", "train",
-            "--dp", str(k), "--steps", str(steps), "--json", *model]
+    args = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(k),
+        "--max-restarts",
+        "10000",
+        "--monitor-interval",
+        "0.1",
+        "-m",
+        "netmorph",
+        "train",
+        "--dp",
+        str(k),
+        "--steps",
+        str(steps),
+        "--json",
+        *model,
+    ]
     if every:
         args += ["--save", folder, "--save-every", str(every), "--load", folder]
-    env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=tmp, PYTHONUNBUFFERED="1",
-               GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        TMPDIR=tmp,
+        PYTHONUNBUFFERED="1",
+        GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+    )
+    return subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
 
 
 def _finish(p: subprocess.Popen, timeout: float) -> dict:
@@ -69,7 +95,7 @@ def _finish(p: subprocess.Popen, timeout: float) -> dict:
     if p.returncode:
         raise RuntimeError(f"the job failed (exit {p.returncode}):\n{err[-1500:]}")
     # a worker killed after the last step leaves the restarted job nothing to do: it exits 0 with no JSON
-    return json.loads(out[out.index("{"):]) if "{" in out else {}
+    return json.loads(out[out.index("{") :]) if "{" in out else {}
 
 
 def run(k, steps, every, model, tmp, kills=None, after_publish=False, timeout=1800.0) -> dict:
@@ -80,11 +106,11 @@ def run(k, steps, every, model, tmp, kills=None, after_publish=False, timeout=18
     shutil.rmtree(folder)
     t0 = time.monotonic()
     p = _job(k, folder, steps, every, model, tmp)
-    since, struck, published = None, [], []           # struck: (when, the step latest named) per kill
+    since, struck, published = None, [], []  # struck: (when, the step latest named) per kill
     stop = threading.Event()
     latest = os.path.join(folder, "latest")
 
-    def watch():                                       # every publish: (when, its step)
+    def watch():  # every publish: (when, its step)
         last = None
         while not stop.is_set():
             if (now := _latest_step(latest)) != last and now is not None:
@@ -97,7 +123,7 @@ def run(k, steps, every, model, tmp, kills=None, after_publish=False, timeout=18
         for at in kills or []:
             while not stop.is_set() and time.monotonic() - t0 < at:
                 time.sleep(0.01)
-            if after_publish:                          # wait for the next publish, then strike at once
+            if after_publish:  # wait for the next publish, then strike at once
                 seen = len(published)
                 while not stop.is_set() and len(published) == seen:
                     time.sleep(0.002)
@@ -112,6 +138,7 @@ def run(k, steps, every, model, tmp, kills=None, after_publish=False, timeout=18
             struck.append((time.monotonic(), _latest_step(latest)))
             if after_publish:
                 since = struck[-1][0] - published[-1][0]
+
     th = threading.Thread(target=strike, daemon=True)
     th.start()
     tw = threading.Thread(target=watch, daemon=True)
@@ -126,8 +153,15 @@ def run(k, steps, every, model, tmp, kills=None, after_publish=False, timeout=18
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
         shutil.rmtree(folder, ignore_errors=True)
-    return {"wall_s": time.monotonic() - t0, "doc": doc, "failures": len(struck), "since_publish_s": since,
-            "struck": struck, "published": published, "struck_s": [w - t0 for w, _ in struck]}
+    return {
+        "wall_s": time.monotonic() - t0,
+        "doc": doc,
+        "failures": len(struck),
+        "since_publish_s": since,
+        "struck": struck,
+        "published": published,
+        "struck_s": [w - t0 for w, _ in struck],
+    }
 
 
 def _latest_step(latest: str) -> int | None:
@@ -165,7 +199,7 @@ def trace_goodput(work: float, tau: float, C: float, R: float, failures: list) -
         end = t + seg + C
         if pending and pending[0] < end:
             t = max(t, pending.pop(0)) + R
-            while pending and pending[0] < t:          # failed again while restarting
+            while pending and pending[0] < t:  # failed again while restarting
                 t = pending.pop(0) + R
             continue
         t, saved = end, saved + seg
@@ -180,11 +214,18 @@ def poisson(mtbf: float, horizon: float, seed: int) -> list[float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mtbf", type=float, default=20.0, help="the job's MTBF, in seconds of wall time (default 20)")
-    ap.add_argument("--work", type=float, default=90.0,
-                    help="the failure-free compute each interval's run does, seconds (default 90)")
+    ap.add_argument(
+        "--work",
+        type=float,
+        default=90.0,
+        help="the failure-free compute each interval's run does, seconds (default 90)",
+    )
     ap.add_argument("--nproc-per-node", type=int, default=2)
-    ap.add_argument("--model", default="--layers 4 --hidden 512 --heads 8 --seq 64 --vocab 512",
-                    help="train's model flags (default: a 4-layer GPT whose save takes a good part of a step)")
+    ap.add_argument(
+        "--model",
+        default="--layers 4 --hidden 512 --heads 8 --seq 64 --vocab 512",
+        help="train's model flags (default: a 4-layer GPT whose save takes a good part of a step)",
+    )
     ap.add_argument("--probes", type=int, default=3, help="restart measurements, the median taken (default 3)")
     ap.add_argument("--seed", type=int, default=0, help="the failure times' seed (the same for every interval)")
     ap.add_argument("--trials", type=int, default=400, help="Monte-Carlo runs (default 400)")
@@ -194,12 +235,14 @@ def main() -> int:
         ap.error("--mtbf, --work: more than 0; --nproc-per-node, --probes: at least 1")
     k, model = args.nproc_per_node, args.model.split()
 
-    def term(*_):                                      # SIGTERM as Ctrl-C: every job's process group goes with us
+    def term(*_):  # SIGTERM as Ctrl-C: every job's process group goes with us
         raise KeyboardInterrupt
+
     signal.signal(signal.SIGTERM, term)
 
     def say(text):
         print(f"failures_replay: {text}", file=sys.stderr, flush=True)
+
     tmp = tempfile.mkdtemp(prefix="netmorph-replay-")
     try:
         say("measuring the step (a run that saves nothing)")
@@ -215,7 +258,7 @@ def main() -> int:
         n_probe = max(int(2.0 / step), 5)
         probe_steps = 4 * n_probe
         probes = []
-        for i in range(args.probes):                   # pairs, so a slow start-up counts on both sides
+        for i in range(args.probes):  # pairs, so a slow start-up counts on both sides
             base = run(k, probe_steps, n_probe, model, tmp)
             hit = run(k, probe_steps, n_probe, model, tmp, kills=[startup + 1.0], after_publish=True)
             probes.append(hit["wall_s"] - base["wall_s"] - hit["since_publish_s"])
@@ -229,48 +272,81 @@ def main() -> int:
             tau = every * step
             model_g = goodput(tau, C, R, args.mtbf)
             horizon = startup + steps * step / max(model_g, 0.05)
-            say(f"{name}: a checkpoint every {every} steps ({tau:.2f} s), {steps} steps, failures every "
-                f"{args.mtbf:g} s on average")
+            say(
+                f"{name}: a checkpoint every {every} steps ({tau:.2f} s), {steps} steps, failures every "
+                f"{args.mtbf:g} s on average"
+            )
             r = run(k, steps, every, model, tmp, kills=poisson(args.mtbf, horizon, args.seed))
             measured = steps * step / (r["wall_s"] - startup)
-            mc = monte_carlo(tau, C, R, args.mtbf, hours=(r["wall_s"] - startup) / 3600, trials=args.trials,
-                             seed=args.seed)
+            mc = monte_carlo(
+                tau, C, R, args.mtbf, hours=(r["wall_s"] - startup) / 3600, trials=args.trials, seed=args.seed
+            )
             seen = observed_restarts(r, step, C)
             traced = trace_goodput(steps * step, tau, C, R, [f - startup for f in r["struck_s"]])
-            rows.append({"interval": name, "every_steps": every, "interval_s": tau, "failures": r["failures"],
-                         "restart_observed_s": statistics.median(seen) if seen else None,
-                         "wall_s": r["wall_s"], "goodput_measured": measured, "goodput_model": model_g,
-                         "goodput_monte_carlo": float(mc.mean()),
-                         "goodput_monte_carlo_std": float(mc.std(ddof=1)),
-                         "rel_diff_to_model": measured / model_g - 1,
-                         "goodput_same_failures": traced, "rel_diff_to_same_failures": measured / traced - 1,
-                         "within_10pct": abs(measured / model_g - 1) <= 0.10})
+            rows.append(
+                {
+                    "interval": name,
+                    "every_steps": every,
+                    "interval_s": tau,
+                    "failures": r["failures"],
+                    "restart_observed_s": statistics.median(seen) if seen else None,
+                    "wall_s": r["wall_s"],
+                    "goodput_measured": measured,
+                    "goodput_model": model_g,
+                    "goodput_monte_carlo": float(mc.mean()),
+                    "goodput_monte_carlo_std": float(mc.std(ddof=1)),
+                    "rel_diff_to_model": measured / model_g - 1,
+                    "goodput_same_failures": traced,
+                    "rel_diff_to_same_failures": measured / traced - 1,
+                    "within_10pct": abs(measured / model_g - 1) <= 0.10,
+                }
+            )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     best = max(rows, key=lambda r: r["goodput_measured"])["interval"]
-    out = {"nproc_per_node": k, "model": args.model, "job_mtbf_s": args.mtbf, "step_time_s": step,
-           "checkpoint_write_s": C, "checkpoint_bytes": size, "restart_s": R, "restart_probes_s": probes,
-           "startup_s": startup,
-           "interval_daly_s": tau_daly, "steps": steps, "seed": args.seed, "intervals": rows,
-           "best_measured": best, "daly_best_measured": best == "daly"}
+    out = {
+        "nproc_per_node": k,
+        "model": args.model,
+        "job_mtbf_s": args.mtbf,
+        "step_time_s": step,
+        "checkpoint_write_s": C,
+        "checkpoint_bytes": size,
+        "restart_s": R,
+        "restart_probes_s": probes,
+        "startup_s": startup,
+        "interval_daly_s": tau_daly,
+        "steps": steps,
+        "seed": args.seed,
+        "intervals": rows,
+        "best_measured": best,
+        "daly_best_measured": best == "daly",
+    }
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
-    print(f"# train --dp {k} {args.model} under torchrun --max-restarts, {steps} steps; failures: Poisson, MTBF "
-          f"{args.mtbf:g} s (seed {args.seed}); measured: step {step * 1e3:.1f} ms, checkpoint "
-          f"{size / 1e6:.1f} MB in {C * 1e3:.0f} ms, restart {R:.2f} s; Daly's interval {tau_daly:.2f} s")
-    print(f"{'interval':<8} {'every':>6} {'tau (s)':>8} {'failures':>8} {'wall (s)':>9} {'measured':>9} "
-          f"{'model':>7} {'Monte-Carlo':>14} {'vs model':>9} {'same failures':>13} {'vs them':>8} "
-          f"{'restart seen (s)':>16}")
+    print(
+        f"# train --dp {k} {args.model} under torchrun --max-restarts, {steps} steps; failures: Poisson, MTBF "
+        f"{args.mtbf:g} s (seed {args.seed}); measured: step {step * 1e3:.1f} ms, checkpoint "
+        f"{size / 1e6:.1f} MB in {C * 1e3:.0f} ms, restart {R:.2f} s; Daly's interval {tau_daly:.2f} s"
+    )
+    print(
+        f"{'interval':<8} {'every':>6} {'tau (s)':>8} {'failures':>8} {'wall (s)':>9} {'measured':>9} "
+        f"{'model':>7} {'Monte-Carlo':>14} {'vs model':>9} {'same failures':>13} {'vs them':>8} "
+        f"{'restart seen (s)':>16}"
+    )
     for r in rows:
-        print(f"{r['interval']:<8} {r['every_steps']:>6} {r['interval_s']:>8.2f} {r['failures']:>8} "
-              f"{r['wall_s']:>9.1f} {100 * r['goodput_measured']:>8.1f}% {100 * r['goodput_model']:>6.1f}% "
-              f"{100 * r['goodput_monte_carlo']:>7.1f}% ± {100 * r['goodput_monte_carlo_std']:.1f} "
-              f"{100 * r['rel_diff_to_model']:>+8.1f}% {100 * r['goodput_same_failures']:>12.1f}% "
-              f"{100 * r['rel_diff_to_same_failures']:>+7.1f}% {r['restart_observed_s'] or float('nan'):>16.2f}")
-    print(f"# goal: each within 10% of the model ({sum(r['within_10pct'] for r in rows)} of 3), Daly's interval "
-          f"the best measured ({best} was); Monte-Carlo ± is one run's spread at this length, the noise a single "
-          f"replay carries; 'same failures' is the model's accounting on this run's own failure times")
+        print(
+            f"{r['interval']:<8} {r['every_steps']:>6} {r['interval_s']:>8.2f} {r['failures']:>8} "
+            f"{r['wall_s']:>9.1f} {100 * r['goodput_measured']:>8.1f}% {100 * r['goodput_model']:>6.1f}% "
+            f"{100 * r['goodput_monte_carlo']:>7.1f}% ± {100 * r['goodput_monte_carlo_std']:.1f} "
+            f"{100 * r['rel_diff_to_model']:>+8.1f}% {100 * r['goodput_same_failures']:>12.1f}% "
+            f"{100 * r['rel_diff_to_same_failures']:>+7.1f}% {r['restart_observed_s'] or float('nan'):>16.2f}"
+        )
+    print(
+        f"# goal: each within 10% of the model ({sum(r['within_10pct'] for r in rows)} of 3), Daly's interval "
+        f"the best measured ({best} was); Monte-Carlo ± is one run's spread at this length, the noise a single "
+        f"replay carries; 'same failures' is the model's accounting on this run's own failure times"
+    )
     return 0
 
 

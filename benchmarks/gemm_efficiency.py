@@ -32,8 +32,10 @@ def main() -> None:
     cuda = torch.cuda.is_available()
     if cuda:
         device, kw = torch.device("cuda"), {}
-        print(f"# {torch.cuda.get_device_name()}: peak {args.peak / 1e12:.0f} TFLOP/s bf16, "
-              f"{args.fp8_peak / 1e12:.0f} FP8")
+        print(
+            f"# {torch.cuda.get_device_name()}: peak {args.peak / 1e12:.0f} TFLOP/s bf16, "
+            f"{args.fp8_peak / 1e12:.0f} FP8"
+        )
     else:
         device, args.fp8_peak = torch.device("cpu"), 0
         kw = {"gemms": gpu.shapes((64,), (8,))[:6], "seqs": (128,), "head_dim": 32, "dtype": torch.float32}
@@ -43,6 +45,7 @@ def main() -> None:
     def row(label, m, k, n, sec, eff):
         flops = 2 * m * k * n
         print(f"{label:>8} {m:>6} {k:>6} {n:>6} {flops / 1e9:>9.1f} {flops / sec / 1e12:>9.1f} {eff:>10.3f}")
+
     out = gpu.measure(device, args.peak, args.fp8_peak, args.repeats, on_row=row, **kw)
     for r in out.pop("rows"):
         if r["dtype"] == "attention":

@@ -24,9 +24,10 @@ def main() -> None:
     print(f"{'ep':>3} {'backend':>13} {'step(ms)':>9} {'a2a(ms)':>8} {'a2a share':>9} {'a2a B/rank/step':>15}")
     for ep in (int(x) for x in args.eps.split(",")):
         rows = {}
-        for backend in ("local", "torch-native", "local", "torch-native"):      # alternated, best of two
-            out = train(MoEConfig.make(moe_shape(experts=2 * ep), split=Layout(ep=ep, dp=ep), steps=args.steps,
-                                       backend=backend))
+        for backend in ("local", "torch-native", "local", "torch-native"):  # alternated, best of two
+            out = train(
+                MoEConfig.make(moe_shape(experts=2 * ep), split=Layout(ep=ep, dp=ep), steps=args.steps, backend=backend)
+            )
             steps = out["steps"][1:]
             step = statistics.median(s["step_s"] for s in steps)
             a2a = statistics.median(s["a2a_s"] for s in steps)
@@ -34,10 +35,15 @@ def main() -> None:
             if backend not in rows or step < rows[backend][0]:
                 rows[backend] = (step, a2a, nbytes)
         for backend, (step, a2a, nbytes) in rows.items():
-            print(f"{ep:>3} {backend:>13} {1e3 * step:>9.1f} {1e3 * a2a:>8.1f} {a2a / step:>9.0%} {nbytes:>15,.0f}",
-                  flush=True)
-        print(f"# ep {ep}: local step {rows['torch-native'][0] / rows['local'][0]:.2f}x faster than gloo's "
-              f"all_to_all_single; all-to-all {rows['torch-native'][1] / max(rows['local'][1], 1e-9):.1f}x", flush=True)
+            print(
+                f"{ep:>3} {backend:>13} {1e3 * step:>9.1f} {1e3 * a2a:>8.1f} {a2a / step:>9.0%} {nbytes:>15,.0f}",
+                flush=True,
+            )
+        print(
+            f"# ep {ep}: local step {rows['torch-native'][0] / rows['local'][0]:.2f}x faster than gloo's "
+            f"all_to_all_single; all-to-all {rows['torch-native'][1] / max(rows['local'][1], 1e-9):.1f}x",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -22,8 +22,11 @@ from netmorph.planner import comm, timing
 from netmorph.planner.hardware import PRESETS as HARDWARE
 from netmorph.planner.search import search
 
-CASES = (("gpt3-175b", "a100-80g", 1024, 1536), ("ptdp-1t", "a100-80g", 3072, 3072),
-         ("llama-3-405b", "h100-80g", 16384, 2048))
+CASES = (
+    ("gpt3-175b", "a100-80g", 1024, 1536),
+    ("ptdp-1t", "a100-80g", 3072, 3072),
+    ("llama-3-405b", "h100-80g", 16384, 2048),
+)
 PER_SEARCH = (timing._layer_costs, timing._microbatch, timing._after)
 
 
@@ -31,10 +34,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    print(f"# planner search; warm = best of {args.repeats} with the collective fits cached (the per-search caches "
-          f"cleared)")
-    print(f"{'model':<13} {'hardware':<9} {'gpus':>6} {'batch':>6} {'searched':>10} {'fit':>6} {'cold':>8} {'warm':>8} "
-          f"{'configs/s':>11}")
+    print(
+        f"# planner search; warm = best of {args.repeats} with the collective fits cached (the per-search caches "
+        f"cleared)"
+    )
+    print(
+        f"{'model':<13} {'hardware':<9} {'gpus':>6} {'batch':>6} {'searched':>10} {'fit':>6} {'cold':>8} {'warm':>8} "
+        f"{'configs/s':>11}"
+    )
     for name, hw_name, gpus, batch in CASES:
         hw = HARDWARE[hw_name]
         for cache in (comm._fit, comm._fit_links, *PER_SEARCH):
@@ -49,8 +56,10 @@ def main() -> None:
             t0 = time.perf_counter()
             search(MODELS[name], gpus, hw, batch)
             warm = min(warm, time.perf_counter() - t0)
-        print(f"{name:<13} {hw_name:<9} {gpus:>6} {batch:>6} {res.searched:>10,} {res.fits:>6,} {cold:>7.2f}s "
-              f"{warm:>7.2f}s {res.searched / warm:>11,.0f}")
+        print(
+            f"{name:<13} {hw_name:<9} {gpus:>6} {batch:>6} {res.searched:>10,} {res.fits:>6,} {cold:>7.2f}s "
+            f"{warm:>7.2f}s {res.searched / warm:>11,.0f}"
+        )
 
 
 if __name__ == "__main__":

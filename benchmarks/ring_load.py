@@ -34,8 +34,12 @@ def main() -> None:
     print(f"# ring all-reduce of {args.bytes:,} B on {args.world} local ranks, every group at once: ms per call")
     print(f"{'load (ms alone)':>16} " + " ".join(f"{'ring of ' + str(g):>11}" for g in groups))
     for load in loads:
-        row = [launch(ring_rank, args.world, g, sizes=(args.bytes,), iters=args.iters, load_s=load / 1e3,
-                      timeout=120)[0][0] for g in groups]
+        row = [
+            launch(ring_rank, args.world, g, sizes=(args.bytes,), iters=args.iters, load_s=load / 1e3, timeout=120)[0][
+                0
+            ]
+            for g in groups
+        ]
         print(f"{load:>16g} " + " ".join(f"{1e3 * t:>11.2f}" for t in row), flush=True)
 
 

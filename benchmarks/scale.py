@@ -29,8 +29,10 @@ def main() -> None:
     nbytes = parse_size(args.bytes)
     topo = load_topology(args.topology)
     print(f"# {args.algo} all-reduce of {args.bytes} per rank on topology {topo.name}")
-    print(f"{'ranks':>7} {'rounds':>7} {'transfers':>12} {'build':>10} {'count':>10} {'simulate':>10} "
-          f"{'count+sim':>10} {'total':>10} {'predicted':>12}")
+    print(
+        f"{'ranks':>7} {'rounds':>7} {'transfers':>12} {'build':>10} {'count':>10} {'simulate':>10} "
+        f"{'count+sim':>10} {'total':>10} {'predicted':>12}"
+    )
     for p in (int(x) for x in args.worlds.split(",")):
         t0 = time.perf_counter()
         s = build("allreduce", args.algo, p, nbytes // 4, 4)
@@ -39,8 +41,11 @@ def main() -> None:
         t2 = time.perf_counter()
         r = simulate(s, topo)
         t3 = time.perf_counter()
-        print(f"{p:>7} {c.rounds:>7} {c.messages:>12,} {t1 - t0:>9.3f}s {t2 - t1:>9.3f}s {t3 - t2:>9.3f}s "
-              f"{t3 - t1:>9.3f}s {t3 - t0:>9.3f}s {fmt_time(r.time):>12}", flush=True)
+        print(
+            f"{p:>7} {c.rounds:>7} {c.messages:>12,} {t1 - t0:>9.3f}s {t2 - t1:>9.3f}s {t3 - t2:>9.3f}s "
+            f"{t3 - t1:>9.3f}s {t3 - t0:>9.3f}s {fmt_time(r.time):>12}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

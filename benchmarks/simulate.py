@@ -11,7 +11,7 @@ from netmorph.mesh.presets import PRESETS as MODELS
 from netmorph.planner.hardware import PRESETS as HARDWARE
 from netmorph.simulate import simulate_config
 
-CASES = [   # model, tp, pp, dp, microbatch, global batch, v, goal (s)
+CASES = [  # model, tp, pp, dp, microbatch, global batch, v, goal (s)
     ("gpt3-175b", 8, 8, 16, 1, 1536, 1, 10),
     ("gpt3-175b", 8, 8, 16, 1, 1536, 2, 10),
     ("ptdp-529.6b", 8, 35, 9, 1, 2520, 1, 60),
@@ -21,15 +21,26 @@ CASES = [   # model, tp, pp, dp, microbatch, global batch, v, goal (s)
 
 def main() -> None:
     hw = HARDWARE["a100-80g"]
-    print(f"{'model':<12} {'split':<28} {'ranks':>6} {'events':>12} {'sim wall (s)':>12} {'goal':>6} "
-          f"{'step (s)':>9} {'planner (s)':>11} {'diff':>7}")
+    print(
+        f"{'model':<12} {'split':<28} {'ranks':>6} {'events':>12} {'sim wall (s)':>12} {'goal':>6} "
+        f"{'step (s)':>9} {'planner (s)':>11} {'diff':>7}"
+    )
     for name, t, p, d, mb, gb, v, goal in CASES:
-        c = Layout(tp=t, pp=p, dp=d, interleave=v, zero=0, batch=Batch(micro_batch_size=mb, global_batch=gb),
-                   knobs=Knobs(recompute="full", dp_overlap=True))
+        c = Layout(
+            tp=t,
+            pp=p,
+            dp=d,
+            interleave=v,
+            zero=0,
+            batch=Batch(micro_batch_size=mb, global_batch=gb),
+            knobs=Knobs(recompute="full", dp_overlap=True),
+        )
         out = simulate_config(MODELS[name], c, hw)
         diff = out["step_time_s"] / out["planner_step_time_s"] - 1
-        print(f"{name:<12} {c.label():<28} {out['ranks']:>6,} {out['events']:>12,} {out['sim_wall_s']:>12.2f} "
-              f"{'<' + str(goal):>6} {out['step_time_s']:>9.2f} {out['planner_step_time_s']:>11.2f} {100 * diff:>+6.1f}%")
+        print(
+            f"{name:<12} {c.label():<28} {out['ranks']:>6,} {out['events']:>12,} {out['sim_wall_s']:>12.2f} "
+            f"{'<' + str(goal):>6} {out['step_time_s']:>9.2f} {out['planner_step_time_s']:>11.2f} {100 * diff:>+6.1f}%"
+        )
 
 
 if __name__ == "__main__":

@@ -69,6 +69,7 @@ def _model_and_batches():
 
     from netmorph.elastic.gpt import MODEL
     from netmorph.models.gpt import GPTStage, synthetic_batch
+
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = GPTStage(MODEL, dtype=torch.float64)
@@ -77,6 +78,7 @@ def _model_and_batches():
         per = GLOBAL_BATCH // parts
         lo = step * GLOBAL_BATCH + part * per
         return synthetic_batch(MODEL, range(lo, lo + per))
+
     return model, batch
 
 
@@ -86,10 +88,17 @@ def ddp_worker(out: str, kill_step: int, victim: int, every: int) -> None:
 
     import torch
     import torch.distributed as dist
+
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    store = dist.PrefixStore(f"attempt{attempt}", dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                                                is_master=False,
-                                                                timeout=datetime.timedelta(seconds=60)))
+    store = dist.PrefixStore(
+        f"attempt{attempt}",
+        dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=datetime.timedelta(seconds=60),
+        ),
+    )
     dist.init_process_group("gloo", store=store, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
     rank, world = dist.get_rank(), dist.get_world_size()
     model, batch = _model_and_batches()
@@ -131,13 +140,20 @@ def torchft_worker(out: str, kill_step: int, victim_group: int, victim_local: in
     from torchft.ddp import DistributedDataParallel
     from torchft.optim import OptimizerWrapper
     from torchft.process_group import ProcessGroupGloo
+
     gid = int(os.environ["REPLICA_GROUP_ID"])
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     local, k = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    store = dist.PrefixStore(f"intra{attempt}", dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                                              is_master=False,
-                                                              timeout=datetime.timedelta(seconds=60)))
-    dist.init_process_group("gloo", store=store, rank=local, world_size=k)    # the group's own, torchrun's
+    store = dist.PrefixStore(
+        f"intra{attempt}",
+        dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=datetime.timedelta(seconds=60),
+        ),
+    )
+    dist.init_process_group("gloo", store=store, rank=local, world_size=k)  # the group's own, torchrun's
     model, batch = _model_and_batches()
     opt = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.95))
 
@@ -147,8 +163,15 @@ def torchft_worker(out: str, kill_step: int, victim_group: int, victim_local: in
     def load_state_dict(sd):
         model.load_state_dict(sd["model"])
         opt.load_state_dict(sd["opt"])
-    manager = Manager(pg=ProcessGroupGloo(), min_replica_size=1, load_state_dict=load_state_dict,
-                      state_dict=state_dict, replica_id=f"group{gid}", timeout=datetime.timedelta(seconds=30))
+
+    manager = Manager(
+        pg=ProcessGroupGloo(),
+        min_replica_size=1,
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        replica_id=f"group{gid}",
+        timeout=datetime.timedelta(seconds=30),
+    )
     ddp = DistributedDataParallel(manager, model)
     optim = OptimizerWrapper(manager, opt)
     log = os.path.join(out, f"group{gid}")
@@ -162,7 +185,7 @@ def torchft_worker(out: str, kill_step: int, victim_group: int, victim_local: in
         optim.zero_grad()
         x, y = batch(step, gid * k + local, groups * k)
         ddp(x, y).backward()
-        for p in model.parameters():                   # inside the group: average over its workers
+        for p in model.parameters():  # inside the group: average over its workers
             dist.all_reduce(p.grad)
             p.grad /= k
         optim.step()
@@ -177,16 +200,39 @@ STEPS = 300
 
 # ---------------------------------------------------------------------------------------------- the runs
 def _env(tmp):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TMPDIR=tmp, TORCH_CPP_LOG_LEVEL="ERROR",
-               GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        TMPDIR=tmp,
+        TORCH_CPP_LOG_LEVEL="ERROR",
+        GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+    )
     return env
 
 
 def _torchrun(k, restarts, args, env, port=None):
     rdzv = ["--standalone"] if port is None else ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *rdzv, "--nnodes", "1",
-                             "--nproc-per-node", str(k), "--max-restarts", str(restarts), __file__, *args],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            *rdzv,
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            str(k),
+            "--max-restarts",
+            str(restarts),
+            __file__,
+            *args,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _figures(steps, deaths, kill_step: int, restarted_at: float | None = None) -> dict:
@@ -226,25 +272,45 @@ def run_ddp(nodes, k, tmp, kill_step, every=0, restart=False) -> dict:
     fig = _figures(steps, deaths, kill_step, later[0] if later else None)
     if restart:
         first = [t for t, _ in steps if later and t > later[0]]
-        fig["heal_s"] = first[0] - later[0] if first else None   # everything restarts: the new job's start to a step
+        fig["heal_s"] = first[0] - later[0] if first else None  # everything restarts: the new job's start to a step
     return fig
 
 
 def run_torchft(nodes, k, tmp, kill_step) -> dict:
     out = tempfile.mkdtemp(dir=tmp)
     port = _free_port()
-    lighthouse = shutil.which("torchft_lighthouse") or os.path.join(os.path.dirname(sys.executable),
-                                                                     "torchft_lighthouse")
-    lh = subprocess.Popen([lighthouse, "--min_replicas", "1", "--bind", f"127.0.0.1:{port}",
-                           "--join_timeout_ms", "100", "--heartbeat_timeout_ms", "1000"],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    lighthouse = shutil.which("torchft_lighthouse") or os.path.join(
+        os.path.dirname(sys.executable), "torchft_lighthouse"
+    )
+    lh = subprocess.Popen(
+        [
+            lighthouse,
+            "--min_replicas",
+            "1",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--join_timeout_ms",
+            "100",
+            "--heartbeat_timeout_ms",
+            "1000",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     jobs = []
     try:
         time.sleep(1.0)
         for g in range(nodes):
             env = dict(_env(tmp), REPLICA_GROUP_ID=str(g), TORCHFT_LIGHTHOUSE=f"http://127.0.0.1:{port}")
-            jobs.append(_torchrun(k, 3, ["--worker", "torchft", out, str(kill_step), str(nodes - 1), str(k - 1),
-                                         str(nodes)], env, port=_free_port()))
+            jobs.append(
+                _torchrun(
+                    k,
+                    3,
+                    ["--worker", "torchft", out, str(kill_step), str(nodes - 1), str(k - 1), str(nodes)],
+                    env,
+                    port=_free_port(),
+                )
+            )
         for j in jobs:
             _, err = j.communicate(timeout=600)
             if j.returncode:
@@ -268,10 +334,33 @@ def run_torchft(nodes, k, tmp, kill_step) -> dict:
 
 def run_netmorph(nodes, k, tmp, kill_step) -> dict:
     victim = nodes * k - 1
-    r = subprocess.run([sys.executable, "-m", "netmorph", "launch", "--nodes", str(nodes), "--nproc-per-node", str(k),
-                        "--max-restarts", "3", "--", "elastic", "--steps", str(STEPS), "--kill",
-                        f"{victim}@{kill_step}", "--json", "--timeout", "30"], capture_output=True, text=True,
-                       timeout=600, env=_env(tmp))
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "netmorph",
+            "launch",
+            "--nodes",
+            str(nodes),
+            "--nproc-per-node",
+            str(k),
+            "--max-restarts",
+            "3",
+            "--",
+            "elastic",
+            "--steps",
+            str(STEPS),
+            "--kill",
+            f"{victim}@{kill_step}",
+            "--json",
+            "--timeout",
+            "30",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(tmp),
+    )
     if r.returncode:
         raise RuntimeError(f"netmorph launch failed:\n{r.stderr[-20000:]}")
     doc = json.loads(r.stdout)
@@ -280,8 +369,13 @@ def run_netmorph(nodes, k, tmp, kill_step) -> dict:
     at = kill["at_s"]
     clear = [b[0] - a[0] for a, b in zip(tl, tl[1:]) if b[0] < at - 0.5 or a[0] > at + 10]
     gaps = [b[0] - a[0] for a, b in zip(tl, tl[1:])]
-    return {"steady_step_s": statistics.median(clear or gaps), "recovery_s": kill["resumed_after_s"],
-            "steps_redone": kill["steps_redone"], "heal_s": doc.get("heal_s"), "steps_done": STEPS}
+    return {
+        "steady_step_s": statistics.median(clear or gaps),
+        "recovery_s": kill["resumed_after_s"],
+        "steps_redone": kill["steps_redone"],
+        "heal_s": doc.get("heal_s"),
+        "steps_done": STEPS,
+    }
 
 
 SYSTEMS = ("ddp", "torchft", "netmorph", "torchrun_restart")
@@ -321,8 +415,10 @@ def main() -> int:
         try:
             import torchft  # noqa: F401
         except ImportError:
-            print("torchft_peer: torchft is not installed (pip install -e '.[peers]'); the comparison needs it",
-                  file=sys.stderr)
+            print(
+                "torchft_peer: torchft is not installed (pip install -e '.[peers]'); the comparison needs it",
+                file=sys.stderr,
+            )
             return 1
     os.environ["STEPS"] = str(STEPS)
     tmp = tempfile.mkdtemp(prefix="netmorph-peer-")
@@ -331,7 +427,11 @@ def main() -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
-        doc = by_nodes[node_counts[0]] if len(node_counts) == 1 else {"by_nodes": {str(n): v for n, v in by_nodes.items()}}
+        doc = (
+            by_nodes[node_counts[0]]
+            if len(node_counts) == 1
+            else {"by_nodes": {str(n): v for n, v in by_nodes.items()}}
+        )
         print(json.dumps(doc, indent=1))
     else:
         for n in node_counts:
@@ -364,12 +464,18 @@ def measure(nodes: int, args, systems, tmp) -> dict:
                 reason = _reason(str(e))
                 print(f"torchft_peer: {nodes} nodes, {s} failed: {reason}", file=sys.stderr, flush=True)
                 results[s].append({"failed": reason})
-    out = {"nodes": nodes, "nproc_per_node": args.nproc_per_node, "steps": STEPS, "kill_step": args.kill_step,
-           "repeats": args.repeats}
+    out = {
+        "nodes": nodes,
+        "nproc_per_node": args.nproc_per_node,
+        "steps": STEPS,
+        "kill_step": args.kill_step,
+        "repeats": args.repeats,
+    }
     for s, runs in results.items():
         ok = [r for r in runs if "failed" not in r]
-        out[s] = {k: (statistics.median(v) if (v := [r[k] for r in ok if r.get(k) is not None]) else None)
-                  for k in FIGURES}
+        out[s] = {
+            k: (statistics.median(v) if (v := [r[k] for r in ok if r.get(k) is not None]) else None) for k in FIGURES
+        }
         out[s]["failed_runs"] = len(runs) - len(ok)
         if len(ok) < len(runs):
             out[s]["failure"] = next(r["failed"] for r in runs if "failed" in r)
@@ -380,43 +486,63 @@ def _reason(err: str) -> str:
     """The worker's own exception out of a failed run's stderr: the last line naming one that is not torchrun's
     summary of it (ChildFailedError) nor a frame of the traceback."""
     import re
+
     lines = [ln.strip() for ln in err.splitlines() if ln.strip()]
-    named = [ln for ln in lines if re.search(r"\w+(Error|Exception|Timeout)\b|^\S*\s*assert ", ln)
-             and not re.match(r"(\[\w+\]:\s*)?File ", ln) and "ChildFailedError" not in ln
-             and "elastic" not in ln]
+    named = [
+        ln
+        for ln in lines
+        if re.search(r"\w+(Error|Exception|Timeout)\b|^\S*\s*assert ", ln)
+        and not re.match(r"(\[\w+\]:\s*)?File ", ln)
+        and "ChildFailedError" not in ln
+        and "elastic" not in ln
+    ]
     return (named[-1] if named else lines[-1] if lines else "no output")[:300]
 
 
 def table(out: dict, systems) -> None:
     nodes, k = out["nodes"], out["nproc_per_node"]
-    print(f"# the GPT job, data-parallel over {nodes} nodes x {k} workers (gloo, 127.0.0.1), "
-          f"{STEPS} steps, one worker of the last node SIGKILLed in step {out['kill_step']}; medians of "
-          f"{out['repeats']} runs")
-    print(f"{'system':<18} {'steady step (ms)':>16} {'x DDP':>6} {'recovery (s)':>12} {'steps redone':>12} "
-          f"{'heal (s)':>9} {'failed':>6}")
+    print(
+        f"# the GPT job, data-parallel over {nodes} nodes x {k} workers (gloo, 127.0.0.1), "
+        f"{STEPS} steps, one worker of the last node SIGKILLed in step {out['kill_step']}; medians of "
+        f"{out['repeats']} runs"
+    )
+    print(
+        f"{'system':<18} {'steady step (ms)':>16} {'x DDP':>6} {'recovery (s)':>12} {'steps redone':>12} "
+        f"{'heal (s)':>9} {'failed':>6}"
+    )
     base = out.get("ddp", {}).get("steady_step_s")
 
     def f(v, fmt, width):
         return format("-" if v is None else format(v, fmt), f">{width}")
+
     for s in systems:
         r = out[s]
         step = r["steady_step_s"]
-        print(f"{s:<18} {f(step and step * 1e3, '.1f', 16)} {f(step / base if base and step else None, '.2f', 6)} "
-              f"{f(r['recovery_s'], '.2f', 12)} {f(r['steps_redone'], '.0f', 12)} {f(r['heal_s'], '.2f', 9)} "
-              f"{r['failed_runs']:>6}")
+        print(
+            f"{s:<18} {f(step and step * 1e3, '.1f', 16)} {f(step / base if base and step else None, '.2f', 6)} "
+            f"{f(r['recovery_s'], '.2f', 12)} {f(r['steps_redone'], '.0f', 12)} {f(r['heal_s'], '.2f', 9)} "
+            f"{r['failed_runs']:>6}"
+        )
     for s in systems:
         if out[s].get("failure"):
             print(f"# {s} failed {out[s]['failed_runs']} of {out['repeats']} runs: {out[s]['failure']}")
-    print("# heal '-': the restarted node was not back before the last step (raise --steps), or the system has "
-          "no restarted node")
+    print(
+        "# heal '-': the restarted node was not back before the last step (raise --steps), or the system has "
+        "no restarted node"
+    )
     nm, ft, rs = (out.get(s, {}) for s in ("netmorph", "torchft", "torchrun_restart"))
     if nm.get("steady_step_s") and ft.get("steady_step_s"):
-        print(f"# netmorph's steady step {nm['steady_step_s'] / ft['steady_step_s']:.2f}x torchft's (goal <= 1); "
-              f"recovery {nm['recovery_s'] / ft['recovery_s']:.2f}x torchft's (goal <= 1)")
+        print(
+            f"# netmorph's steady step {nm['steady_step_s'] / ft['steady_step_s']:.2f}x torchft's (goal <= 1); "
+            f"recovery {nm['recovery_s'] / ft['recovery_s']:.2f}x torchft's (goal <= 1)"
+        )
     if nm.get("recovery_s") and rs.get("recovery_s"):
-        print(f"# netmorph recovers {rs['recovery_s'] / nm['recovery_s']:.1f}x faster than torchrun's restart "
-              f"(goal >= 5x) and redoes {nm['steps_redone']:.0f} step(s) to its {rs['steps_redone']:.0f}")
+        print(
+            f"# netmorph recovers {rs['recovery_s'] / nm['recovery_s']:.1f}x faster than torchrun's restart "
+            f"(goal >= 5x) and redoes {nm['steps_redone']:.0f} step(s) to its {rs['steps_redone']:.0f}"
+        )
     print()
+
 
 if __name__ == "__main__":
     STEPS = int(os.environ.get("STEPS", STEPS))

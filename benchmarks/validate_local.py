@@ -31,26 +31,35 @@ def main() -> int:
         rows = validate(world, tuple(args.models), steps=args.steps, repeats=args.repeats)["rows"]
         every += rows
         s = summary(rows)
-        print(f"# world {world}: {s['layouts']} layouts, mean |error| {s['mean_abs_error']:.1%}, worst "
-              f"{s['worst_abs_error']:.1%}; the same layout's runs apart by {s['mean_spread']:.1%} on average, "
-              f"{s['worst_spread']:.1%} at worst; the machine's drift "
-              f"{s['drift_range'][0]:.2f}x..{s['drift_range'][1]:.2f}x "
-              f"(without it: mean {s['raw_mean_abs_error']:.1%}, worst {s['raw_worst_abs_error']:.1%})")
+        print(
+            f"# world {world}: {s['layouts']} layouts, mean |error| {s['mean_abs_error']:.1%}, worst "
+            f"{s['worst_abs_error']:.1%}; the same layout's runs apart by {s['mean_spread']:.1%} on average, "
+            f"{s['worst_spread']:.1%} at worst; the machine's drift "
+            f"{s['drift_range'][0]:.2f}x..{s['drift_range'][1]:.2f}x "
+            f"(without it: mean {s['raw_mean_abs_error']:.1%}, worst {s['raw_worst_abs_error']:.1%})"
+        )
         shown = parts_shown(rows)
         print(f"  {'':<38}{'':<38}{'':<39}" + " ".join(f"{k + ' m/p':>13}" for k in shown))
         for r in rows:
-            print(f"  {r.model:<7} {r.name:<30} measured {1e3 * r.measured_s:8.1f} ms (runs apart {r.spread:5.1%})  "
-                  f"predicted {1e3 * r.predicted_s:8.1f} ms  {r.error:+7.1%} (drift {r.drift_factor:.2f}x)   "
-                  + split_cells(r, shown))
+            print(
+                f"  {r.model:<7} {r.name:<30} measured {1e3 * r.measured_s:8.1f} ms (runs apart {r.spread:5.1%})  "
+                f"predicted {1e3 * r.predicted_s:8.1f} ms  {r.error:+7.1%} (drift {r.drift_factor:.2f}x)   "
+                + split_cells(r, shown)
+            )
         print("  " + phase_totals(s, shown))
         for name, m in s["by_model"].items():
-            print(f"  {name}: rank correlation {m['spearman']:.2f}, predicted best {m['predicted_best']} "
-                  f"{'within' if m['predicted_best_within_5pct'] else 'NOT within'} 5% of the measured best "
-                  f"{m['measured_best']}", flush=True)
+            print(
+                f"  {name}: rank correlation {m['spearman']:.2f}, predicted best {m['predicted_best']} "
+                f"{'within' if m['predicted_best_within_5pct'] else 'NOT within'} 5% of the measured best "
+                f"{m['measured_best']}",
+                flush=True,
+            )
     s = summary(every)
-    print(f"# all {s['layouts']} layouts: mean |error| {s['mean_abs_error']:.1%} (goal 10%), worst "
-          f"{s['worst_abs_error']:.1%} (goal 20%); runs of one layout apart by {s['mean_spread']:.1%} on average; "
-          f"without the drift {s['raw_mean_abs_error']:.1%} / {s['raw_worst_abs_error']:.1%}")
+    print(
+        f"# all {s['layouts']} layouts: mean |error| {s['mean_abs_error']:.1%} (goal 10%), worst "
+        f"{s['worst_abs_error']:.1%} (goal 20%); runs of one layout apart by {s['mean_spread']:.1%} on average; "
+        f"without the drift {s['raw_mean_abs_error']:.1%} / {s['raw_worst_abs_error']:.1%}"
+    )
     print("# " + phase_totals(s, parts_shown(every)))
     return 0
 

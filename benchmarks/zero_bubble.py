@@ -38,14 +38,22 @@ def main() -> int:
     model = ModelShape(layers=2 * args.pp, hidden=32, heads=4, seq=16, vocab=64)
     best, cfgs = {}, {}
     for name in SCHEDULES * 2:
-        cfg = cfgs[name] = TrainConfig.make(model=model, pp=args.pp, schedule=name, microbatches=args.microbatches,
-                                            steps=args.steps, compute_ms=args.compute_ms)
+        cfg = cfgs[name] = TrainConfig.make(
+            model=model,
+            pp=args.pp,
+            schedule=name,
+            microbatches=args.microbatches,
+            steps=args.steps,
+            compute_ms=args.compute_ms,
+        )
         out = train(cfg)
         if name not in best or out.bubble_fraction["measured"] < best[name].bubble_fraction["measured"]:
             best[name] = out
     base = best["1f1b"].bubble_fraction["measured"]
-    print(f"{'schedule':<10} {'bubble measured':>15} {'theory':>7} {'vs 1f1b':>7} {'step(ms)':>9} "
-          f"{'in flight, chunks: measured = model':>36} {'W stash B (worst rank): measured = model':>41}")
+    print(
+        f"{'schedule':<10} {'bubble measured':>15} {'theory':>7} {'vs 1f1b':>7} {'step(ms)':>9} "
+        f"{'in flight, chunks: measured = model':>36} {'W stash B (worst rank): measured = model':>41}"
+    )
     ok = True
     for name, out in best.items():
         b, lay = out.bubble_fraction, cfgs[name].layout
@@ -53,17 +61,28 @@ def main() -> int:
         flight = [out.in_flight_peak[r] for r in sorted(out.in_flight_peak)]
         model_flight = [int(lay.in_flight(r) * lay.interleave) for r in range(lay.pp)]
         ins, grads = wgrad_stash_elements(model, lay)
-        model_stash = max(lay.w_stash(r) for r in range(lay.pp)) * model.layers / lay.pp * (ins + grads) * \
-            cfgs[name].wire_sizes()[0]
+        model_stash = (
+            max(lay.w_stash(r) for r in range(lay.pp))
+            * model.layers
+            / lay.pp
+            * (ins + grads)
+            * cfgs[name].wire_sizes()[0]
+        )
         stash = out.memory_bytes["wgrad_stash_peak"]
-        print(f"{name:<10} {b['measured']:>15.1%} {b['theory']:>7.1%} {ratio:>6.2f}x {1e3 * out.step_time_s:>9.1f} "
-              f"{str(flight) + ' = ' + str(model_flight):>36} {f'{stash:,} = {model_stash:,.0f}':>41}")
+        print(
+            f"{name:<10} {b['measured']:>15.1%} {b['theory']:>7.1%} {ratio:>6.2f}x {1e3 * out.step_time_s:>9.1f} "
+            f"{str(flight) + ' = ' + str(model_flight):>36} {f'{stash:,} = {model_stash:,.0f}':>41}"
+        )
         if name in TARGETS and ratio > TARGETS[name]:
             ok = False
-    print(f"# pp {args.pp}, {args.microbatches} microbatches, {args.compute_ms:g} ms emulated per stage forward; "
-          "targets: " + ", ".join(f"{n} <= {t}x 1F1B's bubble "
-                                  f"({'met' if best[n].bubble_fraction['measured'] / base <= t else 'NOT met'})"
-                                  for n, t in TARGETS.items()))
+    print(
+        f"# pp {args.pp}, {args.microbatches} microbatches, {args.compute_ms:g} ms emulated per stage forward; "
+        "targets: "
+        + ", ".join(
+            f"{n} <= {t}x 1F1B's bubble ({'met' if best[n].bubble_fraction['measured'] / base <= t else 'NOT met'})"
+            for n, t in TARGETS.items()
+        )
+    )
     return 0 if ok else 1
 
 

@@ -20,7 +20,23 @@ from netmorph.schedule import Counts, Round, Schedule, count, execute
 from netmorph.version import __version__
 
 __all__ = [
-    "ALGORITHMS", "OPS", "Counts", "Fault", "LaunchError", "Mesh", "ReduceOp", "Round", "Schedule", "Topology",
-    "UsageError", "__version__", "build", "count", "execute", "init_from_env", "launch", "load_topology",
+    "ALGORITHMS",
+    "OPS",
+    "Counts",
+    "Fault",
+    "LaunchError",
+    "Mesh",
+    "ReduceOp",
+    "Round",
+    "Schedule",
+    "Topology",
+    "UsageError",
+    "__version__",
+    "build",
+    "count",
+    "execute",
+    "init_from_env",
+    "launch",
+    "load_topology",
     "simulate",
 ]

@@ -33,11 +33,13 @@ class UsageError(ValueError):
 def spell(text: str, flags: dict | None = None) -> str:
     """``text`` with each ``{name}`` placeholder as a parameter name (``flags`` None) or a command's flag:
     ``flags.get(name)``, else ``--name`` with dashes (the one place a parameter becomes a flag)."""
+
     def one(m):
         name = m.group(1)
         if flags is None:
             return name
         return flags.get(name, "--" + name.replace("_", "-"))
+
     return _PLACEHOLDER.sub(one, text)
 
 
@@ -49,7 +51,7 @@ class Terminated(KeyboardInterrupt):
 
 # what to install for each package an optional part of netmorph imports
 INSTALL = {
-    "torch": "pip install torch (the CPU build: pip install torch --index-url https://download.pytorch.org/whl/cpu)",
+    "torch": "pip install torch (the CPU build: pip install torch --index-url https://download.pytorch.org/whl/cpu)"
 }
 
 
@@ -59,13 +61,15 @@ class MissingPackage(ImportError):
 
     def __init__(self, package: str, what: str):
         self.package, self.what = package, what
-        super().__init__(f"{what} needs {package}, which is not installed: {INSTALL.get(package, 'pip install ' + package)}")
+        super().__init__(
+            f"{what} needs {package}, which is not installed: {INSTALL.get(package, 'pip install ' + package)}"
+        )
 
 
 def require(package: str, what: str) -> None:
     """Raise :class:`MissingPackage` unless ``package`` can be imported (without importing it)."""
     if package in sys.modules:
-        if sys.modules[package] is None:          # import blocked (python -X importtime tests, sys.modules poke)
+        if sys.modules[package] is None:  # import blocked (python -X importtime tests, sys.modules poke)
             raise MissingPackage(package, what)
         return
     try:

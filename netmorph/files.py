@@ -53,7 +53,7 @@ def read_text_limited(path, argument: str, max_bytes: int = MAX_BYTES) -> str:
     where = f"{{{argument}}}: {printable(path)}"
     try:
         regular = path.is_file()
-    except OSError as e:                     # a name too long for the file system, say
+    except OSError as e:  # a name too long for the file system, say
         raise UsageError(f"{where}: cannot open it ({type(e).__name__}: {e})", argument) from None
     if not regular:
         raise UsageError(f"{where} is not a regular file", argument)
@@ -61,7 +61,7 @@ def read_text_limited(path, argument: str, max_bytes: int = MAX_BYTES) -> str:
         size = path.stat().st_size
         if size > max_bytes:
             raise UsageError(f"{where} is {size:,} B; at most {max_bytes:,} B", argument)
-        return path.read_bytes()[:max_bytes + 1].decode("utf-8")
+        return path.read_bytes()[: max_bytes + 1].decode("utf-8")
     except UnicodeDecodeError:
         raise UsageError(f"{where} is not UTF-8 text", argument) from None
     except OSError as e:
@@ -118,8 +118,13 @@ def read_json_object(path: Path, argument: str) -> dict:
     return data
 
 
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+)
 TRACE_SUFFIXES = ("json",)
 
 
@@ -149,6 +154,7 @@ def plot_suffixes() -> tuple[str, ...]:
     """The extensions matplotlib can save here (``pgf`` only where its TeX is installed)."""
     import matplotlib
     from matplotlib.backend_bases import FigureCanvasBase
+
     kinds = ["png", "pdf", "svg"] + sorted(set(FigureCanvasBase.get_supported_filetypes()) - {"png", "pdf", "svg"})
     if shutil.which(matplotlib.rcParams.get("pgf.texsystem", "xelatex")) is None:
         kinds.remove("pgf")
@@ -173,16 +179,18 @@ def output_problem(path, suffixes=None) -> str | None:
     except (OSError, ValueError):
         name_max = 255
     if len(os.fsencode(name)) > name_max:
-        return (f"the file name in {shown[:60]}... is {len(os.fsencode(name))} bytes; the file system takes "
-                f"at most {name_max}")
+        return (
+            f"the file name in {shown[:60]}... is {len(os.fsencode(name))} bytes; the file system takes "
+            f"at most {name_max}"
+        )
     if len(os.fsencode(os.path.abspath(text))) >= 4096:
         return f"{shown[:60]}... is longer than the file system's 4096-byte path limit"
     try:
         exists, link, kind = _standing(text)
     except OSError as e:
         return f"{shown}: cannot look it up ({e.strerror or e})"
-    if kind and link:                             # a link is replaced, never followed -- unless it stands
-        return f"{shown} is a link to {kind}, not to a regular file; name a file to write"   # for /dev/stdout
+    if kind and link:  # a link is replaced, never followed -- unless it stands
+        return f"{shown} is a link to {kind}, not to a regular file; name a file to write"  # for /dev/stdout
     if kind:
         return f"{shown} is {kind}, not a regular file; name a file to write"
     if exists and not link and not os.access(text, os.W_OK):
@@ -191,7 +199,8 @@ def output_problem(path, suffixes=None) -> str | None:
         ext = os.path.splitext(name)[1][1:].lower()
         if not ext:
             return f"{shown} has no extension; end it in .{suffixes[0]}" + (
-                f" (or {', '.join('.' + s for s in suffixes[1:])})" if len(suffixes) > 1 else "")
+                f" (or {', '.join('.' + s for s in suffixes[1:])})" if len(suffixes) > 1 else ""
+            )
         if ext not in suffixes:
             return f"cannot write a .{ext} file ({shown}); use one of {', '.join('.' + s for s in suffixes)}"
     if not os.path.isdir(directory):
@@ -226,13 +235,14 @@ def atomic_path(path):
     nothing is written through a name planted in advance (``mkstemp`` creates a fresh file)."""
     path = os.fspath(path)
     ext = os.path.splitext(path)[1]
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".netmorph-",
-                               suffix=ext if len(ext) <= 16 else "")
+    fd, tmp = tempfile.mkstemp(
+        dir=os.path.dirname(os.path.abspath(path)), prefix=".netmorph-", suffix=ext if len(ext) <= 16 else ""
+    )
     os.close(fd)
     try:
         mask = os.umask(0)
         os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)              # what open(path, "w") would have made
+        os.chmod(tmp, 0o666 & ~mask)  # what open(path, "w") would have made
         yield tmp
         _refuse_non_regular(path)
         os.replace(tmp, path)

@@ -15,17 +15,37 @@ import numpy as np
 from netmorph.errors import UsageError
 
 _UNITS = {
-    "": 1, "B": 1,
-    "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4,          # nccl-tests' -b 8 -e 128M: binary
-    "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4,
-    "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3, "TIB": 1024**4,
+    "": 1,
+    "B": 1,
+    "K": 1024,
+    "M": 1024**2,
+    "G": 1024**3,
+    "T": 1024**4,  # nccl-tests' -b 8 -e 128M: binary
+    "KB": 1000,
+    "MB": 1000**2,
+    "GB": 1000**3,
+    "TB": 1000**4,
+    "KIB": 1024,
+    "MIB": 1024**2,
+    "GIB": 1024**3,
+    "TIB": 1024**4,
 }
 # element types by nccl-tests' names and numpy's: name -> (numpy name, bytes per element).
 # bfloat16 is ml_dtypes' numpy type (numpy has none of its own): see numpy_dtype.
-DTYPES = {"float": ("float32", 4), "float32": ("float32", 4), "half": ("float16", 2), "float16": ("float16", 2),
-          "bfloat16": ("bfloat16", 2), "double": ("float64", 8), "float64": ("float64", 8),
-          "int32": ("int32", 4), "int64": ("int64", 8), "int8": ("int8", 1), "uint8": ("uint8", 1)}
-MAX_SIZE = 1 << 50          # 1 PiB: past it counts overflow int64 element arithmetic
+DTYPES = {
+    "float": ("float32", 4),
+    "float32": ("float32", 4),
+    "half": ("float16", 2),
+    "float16": ("float16", 2),
+    "bfloat16": ("bfloat16", 2),
+    "double": ("float64", 8),
+    "float64": ("float64", 8),
+    "int32": ("int32", 4),
+    "int64": ("int64", 8),
+    "int8": ("int8", 1),
+    "uint8": ("uint8", 1),
+}
+MAX_SIZE = 1 << 50  # 1 PiB: past it counts overflow int64 element arithmetic
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -36,8 +56,10 @@ def parse_size(text: str, argument: str = "nbytes") -> int:
         raise UsageError(f"{{{argument}}}: cannot parse size {text!r} (use e.g. 1024, 64KiB, 8MiB, 1GB)", argument)
     value, unit = float(m.group(1)), m.group(2).upper()
     if unit not in _UNITS:
-        raise UsageError(f"{{{argument}}}: unknown unit {m.group(2)!r} in {text!r} (use B, K, M, G (binary), KiB, MiB, GiB, or KB, MB, GB (decimal))",
-                         argument)
+        raise UsageError(
+            f"{{{argument}}}: unknown unit {m.group(2)!r} in {text!r} (use B, K, M, G (binary), KiB, MiB, GiB, or KB, MB, GB (decimal))",
+            argument,
+        )
     nbytes = value * _UNITS[unit]
     if nbytes > MAX_SIZE:
         raise UsageError(f"{{{argument}}}: {text!r} is more than 1 PiB", argument)
@@ -47,7 +69,7 @@ def parse_size(text: str, argument: str = "nbytes") -> int:
 
 
 _NCCL_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(\S?)")
-_NCCL_UNITS = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
+_NCCL_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 
 
 def parse_nccl_size(text: str, argument: str = "nbytes") -> int:
@@ -57,8 +79,11 @@ def parse_nccl_size(text: str, argument: str = "nbytes") -> int:
     m = _NCCL_SIZE.match(str(text))
     unit = m.group(2).upper() if m else None
     if not m or unit not in _NCCL_UNITS:
-        raise UsageError(f"{{{argument}}}: cannot read {text!r} as nccl-tests does: a number of bytes, or with K, M "
-                         f"or G (binary: 1K = 1024)", argument)
+        raise UsageError(
+            f"{{{argument}}}: cannot read {text!r} as nccl-tests does: a number of bytes, or with K, M "
+            f"or G (binary: 1K = 1024)",
+            argument,
+        )
     nbytes = float(m.group(1)) * _NCCL_UNITS[unit]
     if nbytes > MAX_SIZE:
         raise UsageError(f"{{{argument}}}: {text!r} is more than 1 PiB", argument)
@@ -82,8 +107,18 @@ def parse_size_range(text: str, argument: str = "sizes") -> list[int]:
 
 
 # nccl-tests' -d names (src/common.cu: test_typenames) -> numpy's, for every type both have
-NCCL_TYPES = {"int8": "int8", "uint8": "uint8", "int32": "int32", "uint32": "uint32", "int64": "int64",
-              "uint64": "uint64", "half": "float16", "float": "float32", "double": "float64", "bfloat16": "bfloat16"}
+NCCL_TYPES = {
+    "int8": "int8",
+    "uint8": "uint8",
+    "int32": "int32",
+    "uint32": "uint32",
+    "int64": "int64",
+    "uint64": "uint64",
+    "half": "float16",
+    "float": "float32",
+    "double": "float64",
+    "bfloat16": "bfloat16",
+}
 
 
 def numpy_dtype(name) -> np.dtype:
@@ -91,6 +126,7 @@ def numpy_dtype(name) -> np.dtype:
     TensorFlow hand numpy), whose arithmetic is float32's rounded once to bfloat16, as NCCL's adds."""
     if str(name) == "bfloat16":
         import ml_dtypes
+
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(name)
 
@@ -109,12 +145,13 @@ _SECONDS = {"s": 1, "sec": 1, "min": 60, "m": 60, "h": 3600, "hr": 3600, "d": 86
 def parse_duration(text: str, argument: str = "duration") -> float:
     """``"3.1h"`` -> 11160.0 s; ``"1min"``, ``"30s"``, ``"2d"``. The unit is required (a bare number is
     ambiguous between seconds and hours, the two units these flags are quoted in) -- except for 0."""
-    if str(text).strip() in ("0", "0.0"):                 # no time needs no unit
+    if str(text).strip() in ("0", "0.0"):  # no time needs no unit
         return 0.0
     m = _DURATION.match(str(text))
     if not m or m.group(2).lower() not in _SECONDS:
-        raise UsageError(f"{{{argument}}}: cannot parse duration {text!r} (use a number and a unit: 30s, 10min, "
-                         f"3.1h, 2d)", argument)
+        raise UsageError(
+            f"{{{argument}}}: cannot parse duration {text!r} (use a number and a unit: 30s, 10min, 3.1h, 2d)", argument
+        )
     return float(m.group(1)) * _SECONDS[m.group(2).lower()]
 
 

@@ -40,7 +40,7 @@ def main() -> int:
         flags = fuzz.flags()
         configs = fuzz.config_cases()
         for i in range(args.cases):
-            if i % 3 == 2:                                        # a third of the cases: a config file's field
+            if i % 3 == 2:  # a third of the cases: a config file's field
                 kind, path = rng.choice(configs)
                 value = rng.choice(fuzz.BAD_JSON + fuzz.EITHER_JSON)
                 cls, detail = fuzz.run_config(kind, path, value, tmp)
@@ -54,7 +54,7 @@ def main() -> int:
                 bad.append((cls, detail))
             if (i + 1) % 250 == 0:
                 print(f"# {i + 1}/{args.cases} cases, {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
-        for name, switches in fuzz.switch_cases():               # every output switch of every subcommand
+        for name, switches in fuzz.switch_cases():  # every output switch of every subcommand
             cls, detail = fuzz.run_switches(name, switches, tmp)
             counts["output switches"][cls] += 1
             if cls != "clean":
@@ -72,9 +72,11 @@ def main() -> int:
             if cls != "clean":
                 bad.append((cls, detail))
     total = collections.Counter()
-    print(f"# netmorph fuzz: {args.cases} flag and config cases (seed {args.seed}), "
-          f"{sum(counts['mismatched programs'].values())} mismatched programs, {args.blames} stopped ranks; "
-          f"{time.monotonic() - t0:.0f} s")
+    print(
+        f"# netmorph fuzz: {args.cases} flag and config cases (seed {args.seed}), "
+        f"{sum(counts['mismatched programs'].values())} mismatched programs, {args.blames} stopped ranks; "
+        f"{time.monotonic() - t0:.0f} s"
+    )
     print(f"{'kind':<24} {'cases':>6}  " + "  ".join(f"{c:>9}" for c in fuzz.CLASSES) + "  other")
     for kind in sorted(counts):
         c = counts[kind]
@@ -82,8 +84,7 @@ def main() -> int:
         other = ", ".join(f"{k} {v}" for k, v in c.items() if k not in fuzz.CLASSES)
         print(f"{kind:<24} {sum(c.values()):>6}  " + "  ".join(f"{c[k]:>9}" for k in fuzz.CLASSES) + f"  {other}")
     other = ", ".join(f"{k} {v}" for k, v in total.items() if k not in fuzz.CLASSES)
-    print(f"{'all':<24} {sum(total.values()):>6}  " + "  ".join(f"{total[k]:>9}" for k in fuzz.CLASSES)
-          + f"  {other}")
+    print(f"{'all':<24} {sum(total.values()):>6}  " + "  ".join(f"{total[k]:>9}" for k in fuzz.CLASSES) + f"  {other}")
     for cls, detail in bad:
         print(f"{cls}: {detail}")
     return 1 if bad else 0

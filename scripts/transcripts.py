@@ -49,12 +49,14 @@ DOCS = ROOT / "docs"
 LINKED = ("examples", "benchmarks", "scripts")
 MARK = re.compile(r"^<!-- transcript: (.*) -->$")
 NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
-TIMED = re.compile(r"\d(?:[\d,]*\.?\d*)(?:e[-+]?\d+)?\s*(?:ns|us|µs|ms|s|sec|min|h|GB/s|MB/s|Gb/s|Mb/s|"
-                   r"tokens/s|tok/s|steps/s|samples/s|req/s|TFLOP/s)(?![\w/])")
+TIMED = re.compile(
+    r"\d(?:[\d,]*\.?\d*)(?:e[-+]?\d+)?\s*(?:ns|us|µs|ms|s|sec|min|h|GB/s|MB/s|Gb/s|Mb/s|"
+    r"tokens/s|tok/s|steps/s|samples/s|req/s|TFLOP/s)(?![\w/])"
+)
 PROGRESS = re.compile(r"^netmorph [\w-]+: .*\(\d+ s\)$")
 VOLATILE = re.compile(r"(?<=--port )\d+|(?<=127\.0\.0\.1:)\d+|(?<=pid )\d+|^[WIEF]\d{4} [\d:.]+ +\d+")  # a free port, a
-                                                                                               # pid, a log's clock
-MEASURED = re.compile(r"\bmeasured \d")                # "bubble: measured 17.5% ..."
+# pid, a log's clock
+MEASURED = re.compile(r"\bmeasured \d")  # "bubble: measured 17.5% ..."
 HEADER_VOLATILE = re.compile(r"time|wall|\((?:ms|us|s)\)|/s\b|busbw|algbw|^(?:ms|us)$")
 
 
@@ -62,11 +64,11 @@ HEADER_VOLATILE = re.compile(r"time|wall|\((?:ms|us|s)\)|/s\b|busbw|algbw|^(?:ms
 class Block:
     """One transcript: where it sits in its page, its directive and its commands with their outputs."""
 
-    start: int                      # index of the opening fence's line
-    end: int                        # index of the closing fence's line
-    mark: int | None                # index of the directive line, if any
+    start: int  # index of the opening fence's line
+    end: int  # index of the closing fence's line
+    mark: int | None  # index of the directive line, if any
     options: dict = field(default_factory=dict)
-    runs: list = field(default_factory=list)     # [(command, [output lines])]
+    runs: list = field(default_factory=list)  # [(command, [output lines])]
 
     @property
     def manual(self) -> str:
@@ -104,7 +106,7 @@ def blocks(lines: list) -> list:
             j = i + 1
             while j < len(lines) and not lines[j].startswith("```"):
                 j += 1
-            body = lines[i + 1:j]
+            body = lines[i + 1 : j]
             if body and body[0].startswith("$ "):
                 k = i - 1
                 mark = k if k >= 0 and MARK.match(lines[k]) else None
@@ -124,11 +126,22 @@ def blocks(lines: list) -> list:
 def run(command: str, cwd: Path, timeout: float) -> tuple[list, float]:
     """What ``command`` prints at a terminal (stdout and stderr in order, progress lines left out), and its
     seconds."""
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-               COLUMNS="120", PYTHONHASHSEED="0")
+    env = dict(
+        os.environ,
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        COLUMNS="120",
+        PYTHONHASHSEED="0",
+    )
     t0 = time.monotonic()
-    p = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    p = subprocess.run(
+        ["bash", "-c", command],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
     seconds = time.monotonic() - t0
     text = p.stdout.replace(str(cwd) + os.sep, "").replace(str(cwd), ".")
     return [line.rstrip() for line in text.splitlines() if not PROGRESS.match(line)], seconds
@@ -147,7 +160,7 @@ def masked(lines: list, compare: str) -> list:
             header = line
         elif header is not None and not line.lstrip().startswith("#"):
             line = _mask_columns(line, header)
-        out.append(" ".join(VOLATILE.sub("#", line).split()))      # a masked number's width moves the columns
+        out.append(" ".join(VOLATILE.sub("#", line).split()))  # a masked number's width moves the columns
     return out
 
 
@@ -158,7 +171,7 @@ def _mask_columns(row: str, header: str) -> str:
     out, last = [], 0
     for m in NUMBER.finditer(row):
         end, name = min(cells, key=lambda c: abs(c[0] - m.end()))
-        out.append(row[last:m.start()] + ("#" if HEADER_VOLATILE.search(name) else m.group()))
+        out.append(row[last : m.start()] + ("#" if HEADER_VOLATILE.search(name) else m.group()))
         last = m.end()
     return "".join(out) + row[last:]
 
@@ -174,16 +187,23 @@ def workdir() -> Path:
     return d
 
 
-def process(page: Path, check: bool, slow: bool, max_seconds: float, timeout: float, skip_timing: bool = False,
-            only: str = "") -> list:
+def process(
+    page: Path, check: bool, slow: bool, max_seconds: float, timeout: float, skip_timing: bool = False, only: str = ""
+) -> list:
     """Rerun ``page``'s transcripts: rewrite the page, or (``check``) return the differences."""
     lines = page.read_text().split("\n")
     found, problems, ran = blocks(lines), [], []
     d = workdir()
     try:
         for b in found:
-            if (b.manual or ("slow" in b.options and not slow) or b.options.get("seconds", 0) > max_seconds
-                    or "timing" in b.options and skip_timing or only not in b.runs[0][0]):
+            if (
+                b.manual
+                or ("slow" in b.options and not slow)
+                or b.options.get("seconds", 0) > max_seconds
+                or "timing" in b.options
+                and skip_timing
+                or only not in b.runs[0][0]
+            ):
                 continue
             total, fresh = 0.0, []
             for command, old in b.runs:
@@ -197,20 +217,21 @@ def process(page: Path, check: bool, slow: bool, max_seconds: float, timeout: fl
                     compare = b.options.get("compare", "lines")
                     want, got = masked(old, compare), masked(out, compare)
                     if want != got:
-                        diff = next((i for i, (w, g) in enumerate(zip(want, got)) if w != g), min(len(want),
-                                                                                                  len(got)))
-                        problems.append(f"{shown(page)}:{b.start + 1}: `{command}` line {diff + 1}: "
-                                        f"documented {old[diff] if diff < len(old) else '(nothing)'!r}, now "
-                                        f"{out[diff] if diff < len(out) else '(nothing)'!r}")
+                        diff = next((i for i, (w, g) in enumerate(zip(want, got)) if w != g), min(len(want), len(got)))
+                        problems.append(
+                            f"{shown(page)}:{b.start + 1}: `{command}` line {diff + 1}: "
+                            f"documented {old[diff] if diff < len(old) else '(nothing)'!r}, now "
+                            f"{out[diff] if diff < len(out) else '(nothing)'!r}"
+                        )
             b.runs, b.options["seconds"] = fresh, total
             ran.append(b)
             print(f"{shown(page)}:{b.start + 1}: {total:.1f} s", file=sys.stderr)
     finally:
         shutil.rmtree(d, ignore_errors=True)
     if ran and not check:
-        for b in reversed(ran):                  # later blocks first, so the earlier indexes stay right
+        for b in reversed(ran):  # later blocks first, so the earlier indexes stay right
             body = [x for command, out in b.runs for x in [f"$ {command}", *out]]
-            lines[b.start + 1:b.end] = body
+            lines[b.start + 1 : b.end] = body
             if b.mark is not None:
                 lines[b.mark] = b.directive(b.options["seconds"])
             else:
@@ -224,8 +245,12 @@ def main(argv=None) -> int:
     p.add_argument("pages", nargs="*", type=Path, help="markdown pages (default: README.md and every page under docs/)")
     p.add_argument("--check", action="store_true", help="compare instead of rewriting; exit 1 on a difference")
     p.add_argument("--slow", action="store_true", help="the transcripts marked slow too")
-    p.add_argument("--max-seconds", type=float, default=float("inf"),
-                   help="only the transcripts whose last run took at most this long")
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        default=float("inf"),
+        help="only the transcripts whose last run took at most this long",
+    )
     p.add_argument("--only", default="", metavar="TEXT", help="only the transcripts whose first command holds TEXT")
     p.add_argument("--skip-timing", action="store_true", help="leave out the transcripts marked timing")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds one command may take")

@@ -47,8 +47,13 @@ def netmorph_processes():
 def launch_cli(argv, timeout=200):
     """``netmorph launch ARGV`` as a user runs it; past ``timeout`` it gets SIGTERM (which stops every job it
     started) before the test fails, so a hung run leaves nothing behind."""
-    p = subprocess.Popen([sys.executable, "-m", "netmorph", "launch", *argv], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=ENV)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "netmorph", "launch", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -47,59 +47,184 @@ import time
 from netmorph.cli import _subparsers, build_parser, exact_int, finite_float, main, seed_int, timeout_seconds
 from netmorph.elastic.launcher import descendants
 
-LIMIT = 60.0                   # seconds a case may run before it counts as unbounded
+LIMIT = 60.0  # seconds a case may run before it counts as unbounded
 # the machine's budget for a run (an hour: runtime.budget.MAX_SECONDS) is this much of LIMIT during a case, so a
 # run the estimate lets through must finish within the limit: the estimate itself is under test
 BUDGET_SHARE = 0.25
-MEMORY_CAP = 6 << 30           # bytes resident (this process and its children) before a case counts as unbounded
+MEMORY_CAP = 6 << 30  # bytes resident (this process and its children) before a case counts as unbounded
 CLASSES = ("clean", "traceback", "unbounded", "nonsense", "destroyed", "leftover", "bad output")
 
 # a small run of each subcommand: if a fuzzed value is valid, the run is still quick
 BASE = {
     "collective": ["collective", "allreduce", "--world", "4", "--bytes", "1KiB"],
-    "bench": ["bench", "allreduce", "--world", "2", "-b", "64", "-e", "64", "-n", "1", "-w", "0", "--algo", "ring",
-              "--no-compare", "--timeout", "5"],
-    "train": ["train", "--steps", "1", "--layers", "1", "--hidden", "8", "--heads", "2", "--seq", "4", "--vocab",
-              "16", "--timeout", "5"],
+    "bench": [
+        "bench",
+        "allreduce",
+        "--world",
+        "2",
+        "-b",
+        "64",
+        "-e",
+        "64",
+        "-n",
+        "1",
+        "-w",
+        "0",
+        "--algo",
+        "ring",
+        "--no-compare",
+        "--timeout",
+        "5",
+    ],
+    "train": [
+        "train",
+        "--steps",
+        "1",
+        "--layers",
+        "1",
+        "--hidden",
+        "8",
+        "--heads",
+        "2",
+        "--seq",
+        "4",
+        "--vocab",
+        "16",
+        "--timeout",
+        "5",
+    ],
     "sgd": ["sgd", "--steps", "3", "--workers", "2", "--compute-ms", "0"],
     "plan": ["plan", "--model", "gpt3-175b", "--gpus", "64", "--global-batch", "64"],
     "mesh": ["mesh", "--world", "8", "--tp", "2"],
     "elastic": ["elastic", "--workers", "2", "--min-workers", "1", "--steps", "2", "--timeout", "5"],
     "simulate": ["simulate", "step", "--model", "ptdp-1.7b", "--dp", "2", "--global-batch", "4"],
-    "serve": ["serve", "--requests", "3", "--context", "64", "--kv-blocks", "16", "--block-size", "4", "--layers", "1",
-              "--hidden", "16", "--heads", "2", "--vocab", "32"],
+    "serve": [
+        "serve",
+        "--requests",
+        "3",
+        "--context",
+        "64",
+        "--kv-blocks",
+        "16",
+        "--block-size",
+        "4",
+        "--layers",
+        "1",
+        "--hidden",
+        "16",
+        "--heads",
+        "2",
+        "--vocab",
+        "32",
+    ],
     "failures": ["failures", "--gpus", "1024", "--trials", "5", "--days", "5"],
-    "moe": ["moe", "--steps", "1", "--ep", "2", "--experts", "2", "--layers", "1", "--seq", "4", "--batch", "1",
-            "--timeout", "5"],
+    "moe": [
+        "moe",
+        "--steps",
+        "1",
+        "--ep",
+        "2",
+        "--experts",
+        "2",
+        "--layers",
+        "1",
+        "--seq",
+        "4",
+        "--batch",
+        "1",
+        "--timeout",
+        "5",
+    ],
     # a cluster of one torchrun job of one worker (the flags go before the --), and the lighthouse on a free port
     "launch": ["launch", "--nodes", "1", "--nproc-per-node", "1", "--", "elastic", "--steps", "2", "--timeout", "5"],
     "lighthouse": ["lighthouse", "--host", "127.0.0.1", "--port", "{port}"],
-    "morph": ["morph", "reshard", "--world", "2", "--from", "dp2", "--to", "tp2", "--steps", "1", "--layers", "2",
-              "--hidden", "8", "--heads", "2", "--seq", "4", "--vocab", "16", "--global-batch", "2", "--timeout", "5"],
+    "morph": [
+        "morph",
+        "reshard",
+        "--world",
+        "2",
+        "--from",
+        "dp2",
+        "--to",
+        "tp2",
+        "--steps",
+        "1",
+        "--layers",
+        "2",
+        "--hidden",
+        "8",
+        "--heads",
+        "2",
+        "--seq",
+        "4",
+        "--vocab",
+        "16",
+        "--global-batch",
+        "2",
+        "--timeout",
+        "5",
+    ],
 }
 # run as a user runs them, each in its own process: they start process trees and own SIGINT and SIGTERM
 PROCESSES = {"launch", "lighthouse"}
-SERVES = {"lighthouse": 3.0}     # runs until stopped: SIGINT after this long must end it, exit 0, nothing left
-OUTPUTS = {"--plot", "--trace", "--out"}                     # flags whose values are paths to write
+SERVES = {"lighthouse": 3.0}  # runs until stopped: SIGINT after this long must end it, exit 0, nothing left
+OUTPUTS = {"--plot", "--trace", "--out"}  # flags whose values are paths to write
 INPUTS = {"--topology", "--hardware", "-t", "--workload", "--model-config", "--deepspeed-config"}
-SKIP = {"--megatron-args"}                                   # fuzzed through its own cases (config kind)
+SKIP = {"--megatron-args"}  # fuzzed through its own cases (config kind)
 
 # values no flag takes: a run that exits 0 with one of these accepted nonsense
-INVALID = ["nan", "NaN", "inf", "-inf", "1e400", "-1", "-5", "-0.5", "-1e30", str(-2 ** 63), str(2 ** 70), "",
-           " ", "abc", "1e", "--", "1:2:3", "0x10"]
+INVALID = [
+    "nan",
+    "NaN",
+    "inf",
+    "-inf",
+    "1e400",
+    "-1",
+    "-5",
+    "-0.5",
+    "-1e30",
+    str(-(2**63)),
+    str(2**70),
+    "",
+    " ",
+    "abc",
+    "1e",
+    "--",
+    "1:2:3",
+    "0x10",
+]
 MAYBE = ["0", "1", "2", "1e9", "1e30", "1_0", "٣", "all", "x" * 300, "3.5", "64", "1K", "8MiB"]
 SIZES = ["1e30", "-1", "1 PiB", "2PiB", "abc", "1KiBB", "nan", "inf", "", "1e400", "-1KiB", "8ZB", "64B"]
 # valid values whose memory or time the command must hold against this machine (dest -> values)
-IMPLIED = {"world": ["16384", "10000", "4096", "1024", "512", "65", "64"], "bytes": ["1GiB", "16GiB", "1TiB", "512MiB"],
-           "sizes": ["1KiB:1GiB", "1:1TiB", "1KiB:16GiB"], "minbytes": ["1G", "16G"], "maxbytes": ["1G", "16G"],
-           "workers": ["64", "512"], "requests": ["100000"], "steps": ["100000", "1000000"],
-           "gpus": ["1048576", "16384"], "trials": ["1000000"], "tokens": ["1000000000"]}
+IMPLIED = {
+    "world": ["16384", "10000", "4096", "1024", "512", "65", "64"],
+    "bytes": ["1GiB", "16GiB", "1TiB", "512MiB"],
+    "sizes": ["1KiB:1GiB", "1:1TiB", "1KiB:16GiB"],
+    "minbytes": ["1G", "16G"],
+    "maxbytes": ["1G", "16G"],
+    "workers": ["64", "512"],
+    "requests": ["100000"],
+    "steps": ["100000", "1000000"],
+    "gpus": ["1048576", "16384"],
+    "trials": ["1000000"],
+    "tokens": ["1000000000"],
+}
 
 # output switches per subcommand: a run with them that exits 0 must give what they promise
-SWITCHES = {"collective": ("--json",), "bench": ("--json",), "train": ("--json", "--trace"), "sgd": ("--json", "--plot"),
-            "plan": ("--json",), "mesh": ("--json",), "elastic": ("--json", "--plot"),
-            "simulate": ("--json", "--trace"), "serve": ("--json",), "failures": ("--json", "--plot"),
-            "moe": ("--json", "--plot"), "morph": ("--json", "--plot")}
+SWITCHES = {
+    "collective": ("--json",),
+    "bench": ("--json",),
+    "train": ("--json", "--trace"),
+    "sgd": ("--json", "--plot"),
+    "plan": ("--json",),
+    "mesh": ("--json",),
+    "elastic": ("--json", "--plot"),
+    "simulate": ("--json", "--trace"),
+    "serve": ("--json",),
+    "failures": ("--json", "--plot"),
+    "moe": ("--json", "--plot"),
+    "morph": ("--json", "--plot"),
+}
 
 
 def flags():
@@ -110,8 +235,12 @@ def flags():
         if name not in BASE:
             continue
         for action in parser._actions:
-            if action.option_strings and action.nargs != 0 and action.dest != "help" \
-                    and action.option_strings[0] not in SKIP:
+            if (
+                action.option_strings
+                and action.nargs != 0
+                and action.dest != "help"
+                and action.option_strings[0] not in SKIP
+            ):
                 out.append((name, action.option_strings[0], action))
     return out
 
@@ -151,9 +280,11 @@ def run(argv, limit: float = LIMIT, cap: int = MEMORY_CAP, out: list | None = No
 
     def alarm(signum, frame):
         raise Unbounded("memory" if hit else "time")
+
     from netmorph.runtime import budget
+
     private = scratch_dir()
-    tmp_before, tempfile.tempdir = tempfile.tempdir, private      # what a case leaves is seen in a folder of its own
+    tmp_before, tempfile.tempdir = tempfile.tempdir, private  # what a case leaves is seen in a folder of its own
     env_before = os.environ.get("TMPDIR")
     os.environ["TMPDIR"] = private
     old = signal.signal(signal.SIGALRM, alarm)
@@ -171,7 +302,7 @@ def run(argv, limit: float = LIMIT, cap: int = MEMORY_CAP, out: list | None = No
         code = e.code
     except Unbounded:
         code = "unbounded"
-    except BaseException as e:             # noqa: BLE001 - an exception out of main is the finding
+    except BaseException as e:  # noqa: BLE001 - an exception out of main is the finding
         escaped = e
     finally:
         tempfile.tempdir = tmp_before
@@ -209,8 +340,8 @@ def _held_shm() -> set:
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 target = os.readlink(f"/proc/{pid}/fd/{fd}")
                 if target.startswith("/dev/shm/"):
-                    held.add(target[len("/dev/shm/"):].split()[0])
-        except OSError:                    # the process ended while we read it, or is not ours to read
+                    held.add(target[len("/dev/shm/") :].split()[0])
+        except OSError:  # the process ended while we read it, or is not ours to read
             continue
     return held
 
@@ -256,8 +387,11 @@ def leftovers(before: tuple, grace: float = 2.0) -> str:
         if not any(new) or time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    return "; ".join(f"{what}: {sorted(map(str, n))[:5]}" for what, n in
-                     zip(("shared memory", "temporary files", "processes"), new) if n)
+    return "; ".join(
+        f"{what}: {sorted(map(str, n))[:5]}"
+        for what, n in zip(("shared memory", "temporary files", "processes"), new)
+        if n
+    )
 
 
 def classify(name: str, code, err: str, escaped, invalid: bool) -> str:
@@ -267,14 +401,14 @@ def classify(name: str, code, err: str, escaped, invalid: bool) -> str:
         return "traceback"
     if code == 0:
         return "nonsense" if invalid else "clean"
-    if code == 2:                          # one line (launch's banner, the commands a cluster runs, before it)
+    if code == 2:  # one line (launch's banner, the commands a cluster runs, before it)
         lines = [ln for ln in err.splitlines() if ln.strip() and not (name == "launch" and ln.startswith("#"))]
         return "clean" if len(lines) == 1 else "traceback"
     if name == "plan" and code == 1:
-        return "clean"                     # "nothing fits": plan's documented answer
+        return "clean"  # "nothing fits": plan's documented answer
     if name == "serve" and code == 1 and "check" in err:
         return "clean"
-    return "traceback"                     # exit 1 from a rank failure, 3, ... on hostile input: a crash path
+    return "traceback"  # exit 1 from a rank failure, 3, ... on hostile input: a crash path
 
 
 # ---------------------------------------------------------------------------------------------- special paths
@@ -308,38 +442,127 @@ def _modes(paths) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- config files
-LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512, "intermediate_size": 1536,
-         "num_attention_heads": 8, "num_hidden_layers": 4, "num_key_value_heads": 2, "vocab_size": 32000,
-         "max_position_embeddings": 2048, "rope_theta": 10000.0, "tie_word_embeddings": False, "hidden_act": "silu",
-         "attention_dropout": 0.0, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}
-DEEPSPEED = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4, "train_batch_size": 64,
-             "zero_optimization": {"stage": 2, "overlap_comm": True}, "bf16": {"enabled": True}}
-HARDWARE = {"name": "lab", "peak_flops": 312e12, "memory_bytes": 80e9, "hbm_bandwidth": 2e12, "gpus_per_node": 8,
-            "nvlink_bandwidth": 300e9, "nic_bandwidth": 25e9, "alpha_intra": 2e-6, "alpha_inter": 5e-6,
-            "gemm_efficiency": 0.7, "attention_efficiency": 0.6}
-TOPOLOGY = {"name": "lab", "alpha": 2e-6, "beta": 1e-9, "gamma": 1e-10, "gpus_per_node": 4, "alpha_inter": 5e-6,
-            "beta_inter": 4e-8}
+LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 512,
+    "intermediate_size": 1536,
+    "num_attention_heads": 8,
+    "num_hidden_layers": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 32000,
+    "max_position_embeddings": 2048,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "attention_dropout": 0.0,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "bfloat16",
+}
+DEEPSPEED = {
+    "train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": 4,
+    "train_batch_size": 64,
+    "zero_optimization": {"stage": 2, "overlap_comm": True},
+    "bf16": {"enabled": True},
+}
+HARDWARE = {
+    "name": "lab",
+    "peak_flops": 312e12,
+    "memory_bytes": 80e9,
+    "hbm_bandwidth": 2e12,
+    "gpus_per_node": 8,
+    "nvlink_bandwidth": 300e9,
+    "nic_bandwidth": 25e9,
+    "alpha_intra": 2e-6,
+    "alpha_inter": 5e-6,
+    "gemm_efficiency": 0.7,
+    "attention_efficiency": 0.6,
+}
+TOPOLOGY = {
+    "name": "lab",
+    "alpha": 2e-6,
+    "beta": 1e-9,
+    "gamma": 1e-10,
+    "gpus_per_node": 4,
+    "alpha_inter": 5e-6,
+    "beta_inter": 4e-8,
+}
 WORKLOAD = [{"prompt_len": 5, "output_len": 4, "arrival_s": 0.0}, {"prompt_len": 3, "output_len": 2, "arrival_s": 0.1}]
-MEGATRON = ["--num-layers", "4", "--hidden-size", "512", "--num-attention-heads", "8", "--seq-length", "1024",
-            "--tensor-model-parallel-size", "2", "--micro-batch-size", "1", "--global-batch-size", "16"]
+MEGATRON = [
+    "--num-layers",
+    "4",
+    "--hidden-size",
+    "512",
+    "--num-attention-heads",
+    "8",
+    "--seq-length",
+    "1024",
+    "--tensor-model-parallel-size",
+    "2",
+    "--micro-batch-size",
+    "1",
+    "--global-batch-size",
+    "16",
+]
 
-CONFIGS = {   # kind -> (base, the command that reads it, the flag)
+CONFIGS = {  # kind -> (base, the command that reads it, the flag)
     "hf": (LLAMA, ["plan", "estimate", "--gpus", "8", "--tp", "2", "--global-batch", "16"], "--model-config"),
     "deepspeed": (DEEPSPEED, ["plan", "estimate", "--model", "llama-3-8b", "--gpus", "8"], "--deepspeed-config"),
-    "hardware": (HARDWARE, ["plan", "estimate", "--model", "llama-3-8b", "--gpus", "8", "--tp", "8",
-                            "--global-batch", "8"], "--hardware"),
+    "hardware": (
+        HARDWARE,
+        ["plan", "estimate", "--model", "llama-3-8b", "--gpus", "8", "--tp", "8", "--global-batch", "8"],
+        "--hardware",
+    ),
     "topology": (TOPOLOGY, ["collective", "allreduce", "--world", "8", "--bytes", "1KiB"], "--topology"),
-    "workload": (WORKLOAD, ["serve", "--context", "64", "--kv-blocks", "16", "--block-size", "4", "--layers", "1",
-                            "--hidden", "16", "--heads", "2", "--vocab", "32"], "--workload"),
+    "workload": (
+        WORKLOAD,
+        [
+            "serve",
+            "--context",
+            "64",
+            "--kv-blocks",
+            "16",
+            "--block-size",
+            "4",
+            "--layers",
+            "1",
+            "--hidden",
+            "16",
+            "--heads",
+            "2",
+            "--vocab",
+            "32",
+        ],
+        "--workload",
+    ),
 }
 # JSON texts no numeric or typed field takes (what a file's field must refuse), and texts that may be valid
-BAD_JSON = ["NaN", "Infinity", "-Infinity", "1e400", "-1", "-0.5", "true", "false", '"x"', "[]", "{}", str(2 ** 70),
-            '"12"', "1e30"]
+BAD_JSON = [
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    "1e400",
+    "-1",
+    "-0.5",
+    "true",
+    "false",
+    '"x"',
+    "[]",
+    "{}",
+    str(2**70),
+    '"12"',
+    "1e30",
+]
 EITHER_JSON = ["null", "0", "1", "2.5", "7"]
-NOT_NONSENSE = {                     # fields where a value from BAD_JSON is still a valid setting
-    "tie_word_embeddings": {"true", "false"}, "model_type": {'"x"', '"12"'},
-    "architectures": {"[]"}, "overlap_comm": {"true", "false"}, "enabled": {"true", "false"},
-    "rope_theta": {"1e30", str(2 ** 70)}, "name": {'"x"', '"12"'},
+NOT_NONSENSE = {  # fields where a value from BAD_JSON is still a valid setting
+    "tie_word_embeddings": {"true", "false"},
+    "model_type": {'"x"', '"12"'},
+    "architectures": {"[]"},
+    "overlap_comm": {"true", "false"},
+    "enabled": {"true", "false"},
+    "rope_theta": {"1e30", str(2**70)},
+    "name": {'"x"', '"12"'},
 }
 
 
@@ -375,13 +598,29 @@ def run_config(kind, path, value: str, tmp) -> tuple[str, str]:
         words = list(MEGATRON)
         words[path[0]] = value.strip('"')
         argv = ["plan", "estimate", "--gpus", "8", f"--megatron-args={' '.join(words)}"]
-        invalid = value in ("NaN", "Infinity", "-Infinity", "1e400", "-1", "-0.5", "true", "false", '"x"', "[]",
-                            "{}", str(2 ** 70), "1e30")
+        invalid = value in (
+            "NaN",
+            "Infinity",
+            "-Infinity",
+            "1e400",
+            "-1",
+            "-0.5",
+            "true",
+            "false",
+            '"x"',
+            "[]",
+            "{}",
+            str(2**70),
+            "1e30",
+        )
     else:
         base, argv, flag = CONFIGS[kind]
         marker = "__FUZZ__"
-        text = (json.dumps(_put(base, path, marker)) if kind != "workload" else
-                "\n".join(json.dumps(_put(WORKLOAD, path, marker)[i]) for i in range(len(WORKLOAD))))
+        text = (
+            json.dumps(_put(base, path, marker))
+            if kind != "workload"
+            else "\n".join(json.dumps(_put(WORKLOAD, path, marker)[i]) for i in range(len(WORKLOAD)))
+        )
         f = os.path.join(tmp, f"{kind}.json{'l' if kind == 'workload' else ''}")
         with open(f, "w") as fh:
             fh.write(text.replace(f'"{marker}"', value))
@@ -392,7 +631,7 @@ def run_config(kind, path, value: str, tmp) -> tuple[str, str]:
     if left and code != "unbounded":
         return "leftover", f"{kind} {'.'.join(map(str, path))}={value}: exit {code}, left {left}"
     if kind == "workload" and code == 0 and invalid and "request rejected" in err:
-        return "clean", ""                 # the bad line was rejected with a reason; the others were served
+        return "clean", ""  # the bad line was rejected with a reason; the others were served
     if kind == "workload" and code == 2 and "no request could be read" in err:
         return "clean", ""
     cls = classify("plan" if kind != "workload" else "serve", code, err, escaped, invalid)
@@ -404,10 +643,15 @@ def run_process(name: str, argv, limit: float = LIMIT):
     the cases'; a server (:data:`SERVES`) gets SIGINT once it has served its seconds, as Ctrl-C stops it."""
     serve = SERVES.get(name)
     t0 = time.monotonic()
-    p = subprocess.Popen([sys.executable, "-m", "netmorph", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env={**os.environ, "TMPDIR": scratch_dir()},
-                         # Ctrl-C's SIGINT reaches it even when the suite runs in the background (`&` ignores it)
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    p = subprocess.Popen(
+        [sys.executable, "-m", "netmorph", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": scratch_dir()},
+        # Ctrl-C's SIGINT reaches it even when the suite runs in the background (`&` ignores it)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         _, err = p.communicate(timeout=serve or limit)
     except subprocess.TimeoutExpired:
@@ -426,7 +670,7 @@ def run_process(name: str, argv, limit: float = LIMIT):
 def run_flag(name, flag, action, value: str, tmp, paths) -> tuple[str, str]:
     """One flag case: (class, detail)."""
     base = [a.replace("{port}", str(_free_port())) for a in BASE[name]]
-    cut = base.index("--") if "--" in base else len(base)          # launch's own flags before its subcommand
+    cut = base.index("--") if "--" in base else len(base)  # launch's own flags before its subcommand
     argv = base[:cut] + ([f"{flag}={value}"] if value.startswith("-") else [flag, value]) + base[cut:]
     before = _modes(paths) if flag in OUTPUTS else {}
     state = snapshot()
@@ -508,9 +752,15 @@ def run_switches(name: str, switches, tmp) -> tuple[str, str]:
 
 def bad_files(tmp) -> list:
     out = []
-    for stem, data in {"list": b"[1, 2]", "binary": b"\xff\xfe\x00", "deep": b"[" * 50000,
-                       "nan": b'{"alpha": NaN, "beta": 1}', "strings": b'{"alpha": "x", "beta": "y"}',
-                       "empty": b"", "negative": b'{"alpha": -1, "beta": -1e-9, "gpus_per_node": -8}'}.items():
+    for stem, data in {
+        "list": b"[1, 2]",
+        "binary": b"\xff\xfe\x00",
+        "deep": b"[" * 50000,
+        "nan": b'{"alpha": NaN, "beta": 1}',
+        "strings": b'{"alpha": "x", "beta": "y"}',
+        "empty": b"",
+        "negative": b'{"alpha": -1, "beta": -1e-9, "gpus_per_node": -8}',
+    }.items():
         p = os.path.join(tmp, f"{stem}.json")
         with open(p, "wb") as fh:
             fh.write(data)
@@ -521,12 +771,13 @@ def bad_files(tmp) -> list:
 # ---------------------------------------------------------------------------------------------- ranks
 def _mismatched(comm, case: int):
     import numpy as np
+
     r, p = comm.rank, comm.world
     x = np.ones(8, np.float32)
     if case == 0:
-        comm.broadcast(x, src=r)                                          # each its own root
+        comm.broadcast(x, src=r)  # each its own root
     elif case == 1:
-        comm.all_reduce(np.ones(8 + (r == p - 1), np.float32), algo="ring")   # one count differs
+        comm.all_reduce(np.ones(8 + (r == p - 1), np.float32), algo="ring")  # one count differs
     elif case == 2:
         comm.all_reduce(x, op="max" if r else "sum")
     elif case == 3:
@@ -535,13 +786,13 @@ def _mismatched(comm, case: int):
         comm.all_reduce(x, algo="ring" if r else "recursive_doubling")
     elif case == 5:
         if r == 0:
-            comm.all_reduce(x)                                            # one rank calls one collective more
+            comm.all_reduce(x)  # one rank calls one collective more
         comm.all_gather_into_tensor(np.ones(8 * p, np.float32), x)
     elif case == 6:
         comm.reduce(x, dst=r % 2)
     elif case == 7:
         comm.all_reduce(x, op="avg" if r else "sum")
-    elif case == 8:                                                       # each sends to the next, none receives
+    elif case == 8:  # each sends to the next, none receives
         comm.send(np.ones(1 << 20, np.float32), (r + 1) % p)
     return 0
 
@@ -552,6 +803,7 @@ MISMATCHES = 9
 def run_mismatch(case: int, world: int, backend: str, timeout: float = 2.0) -> tuple[str, str]:
     """A program whose ranks disagree: 'clean' when it fails with a named mismatch or deadlock."""
     from netmorph.runtime.launch import LaunchError, launch
+
     try:
         launch(_mismatched, world, case, timeout=timeout, backend=backend)
     except LaunchError as e:
@@ -568,10 +820,17 @@ def run_blame(rng: random.Random) -> tuple[str, str]:
     from netmorph.parallel.hybrid import TrainConfig, train_rank
     from netmorph.runtime import Fault
     from netmorph.runtime.launch import LaunchError, launch
+
     tp, pp, dp = rng.choice([(2, 2, 1), (1, 2, 2), (2, 1, 2), (1, 4, 1), (4, 1, 1), (1, 1, 4), (2, 2, 2)])
-    cfg = TrainConfig.make(model=ModelShape(layers=4, hidden=16, heads=4, seq=8, vocab=32), tp=tp, pp=pp, dp=dp,
-                           steps=3, dtype="float32",
-                      microbatches=4)
+    cfg = TrainConfig.make(
+        model=ModelShape(layers=4, hidden=16, heads=4, seq=8, vocab=32),
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        steps=3,
+        dtype="float32",
+        microbatches=4,
+    )
     cfg.check()
     victim, at = rng.randrange(cfg.world), rng.randint(2, 20)
     t0 = time.monotonic()

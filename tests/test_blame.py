@@ -23,9 +23,15 @@ T = 2.0
 
 
 def _train(tp, pp, dp, faults, backend="local"):
-    cfg = TrainConfig.make(model=ModelShape(layers=2, hidden=16, heads=2, seq=8, vocab=32), tp=tp, pp=pp, dp=dp,
-                           steps=3, dtype="float32",
-                      microbatches=4)
+    cfg = TrainConfig.make(
+        model=ModelShape(layers=2, hidden=16, heads=2, seq=8, vocab=32),
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        steps=3,
+        dtype="float32",
+        microbatches=4,
+    )
     cfg.check()
     t0 = time.monotonic()
     with pytest.raises(LaunchError) as ei:
@@ -33,10 +39,14 @@ def _train(tp, pp, dp, faults, backend="local"):
     return ei.value, time.monotonic() - t0
 
 
-@pytest.mark.parametrize("tp, pp, dp, victim, at", [
-    (2, 2, 1, 0, 3), (2, 2, 1, 3, 30),                          # tp2·pp2: the layout that blamed the wrong rank
-    (1, 2, 2, 2, 7),
-])
+@pytest.mark.parametrize(
+    "tp, pp, dp, victim, at",
+    [
+        (2, 2, 1, 0, 3),
+        (2, 2, 1, 3, 30),  # tp2·pp2: the layout that blamed the wrong rank
+        (1, 2, 2, 2, 7),
+    ],
+)
 def test_a_stopped_rank_is_the_root_cause_found_by_its_peers_first_timeout(tp, pp, dp, victim, at):
     """The peer whose timeout fired walked the wait-for chain to the stopped rank (``detected_by``): found at
     the first timeout, not after a second one or the launcher's grace. How many seconds that takes is
@@ -55,14 +65,41 @@ def test_a_hung_rank_on_the_torch_backend_is_named_through_the_store():
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads Linux's /proc")
 def test_kill_stop_from_outside_names_the_stopped_rank_from_the_command_line():
-    proc = subprocess.Popen([sys.executable, "-m", "netmorph", "train", "--tp", "2", "--pp", "2", "--steps",
-                             "100000", "--timeout", str(T), "--compute-ms", "2", "--layers", "2", "--hidden", "16",
-                             "--heads", "2", "--seq", "8", "--vocab", "32"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "netmorph",
+            "train",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "--steps",
+            "100000",
+            "--timeout",
+            str(T),
+            "--compute-ms",
+            "2",
+            "--layers",
+            "2",
+            "--hidden",
+            "16",
+            "--heads",
+            "2",
+            "--seq",
+            "8",
+            "--vocab",
+            "32",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        victim = blame.stop_rank(proc.pid, 4, 2, after=1.0)   # mid-run: in a collective, a send or a compute slot
+        victim = blame.stop_rank(proc.pid, 4, 2, after=1.0)  # mid-run: in a collective, a send or a compute slot
         assert victim is not None, "the four ranks never came up"
-        _, err = proc.communicate(timeout=60)          # how soon: benchmarks/blame.py (the T + 1 s goal)
+        _, err = proc.communicate(timeout=60)  # how soon: benchmarks/blame.py (the T + 1 s goal)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -90,7 +127,7 @@ def test_every_rank_broadcasting_from_itself_is_a_mismatch_not_silence(world, ti
 
 def _send_send(comm):
     peer = 1 - comm.rank
-    comm.send(np.ones(1 << 20, np.float32), peer)          # larger than the channel: waits for a receive
+    comm.send(np.ones(1 << 20, np.float32), peer)  # larger than the channel: waits for a receive
     comm.recv(np.ones(1 << 20, np.float32), peer)
 
 
@@ -115,6 +152,7 @@ def test_avg_and_sum_are_different_calls():
 
 def _native_sizes(comm):
     import torch
+
     comm.all_reduce(torch.ones(10 + 990 * (comm.rank == 1)))
 
 
@@ -139,17 +177,17 @@ def test_a_send_nobody_received_fails_the_launch():
 
 def test_a_mismatch_needs_one_group_and_one_call_index():
     a = stamp("allreduce", "ring", 3, 256, np.float32, 0, "sum", (0, 1))
-    assert conflict(a, stamp("allreduce", "ring", 3, 16, np.float32, 0, "sum", (0, 1)))       # same slot, differ
-    assert not conflict(a, stamp("allreduce", "ring", 4, 16, np.float32, 0, "sum", (0, 1)))   # a later call
-    assert not conflict(a, stamp("allreduce", "ring", 3, 16, np.float32, 0, "sum", (0, 2)))   # another group
-    assert not conflict(a, stamp("p2p", "p2p", 3, 16, np.float32, 0, "none", (0, 1)))        # messages of a pair
+    assert conflict(a, stamp("allreduce", "ring", 3, 16, np.float32, 0, "sum", (0, 1)))  # same slot, differ
+    assert not conflict(a, stamp("allreduce", "ring", 4, 16, np.float32, 0, "sum", (0, 1)))  # a later call
+    assert not conflict(a, stamp("allreduce", "ring", 3, 16, np.float32, 0, "sum", (0, 2)))  # another group
+    assert not conflict(a, stamp("p2p", "p2p", 3, 16, np.float32, 0, "none", (0, 1)))  # messages of a pair
     assert not conflict(a, a)
 
 
 def test_the_chain_ends_at_the_rank_in_no_call():
     W = blame.Waiting
     fp = {r: stamp("p2p", "p2p", 1, 4, np.float32, 0, "none", (r, r + 1)) for r in range(4)}
-    board = {1: W(fp[1], 2, 0), 2: W(fp[2], 3, 0)}                   # 0 -> 1 -> 2 -> 3, and 3 is silent
+    board = {1: W(fp[1], 2, 0), 2: W(fp[2], 3, 0)}  # 0 -> 1 -> 2 -> 3, and 3 is silent
     err = blame.walk(0, W(fp[0], 1, 0), 2.0, board.get)
     assert type(err).__name__ == "PeerTimeout" and err.rank == 3 and err.waited_for == 1
     cycle = {1: W(fp[1], 2, 1), 2: W(fp[2], 0, 1)}

@@ -33,21 +33,30 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 def _cfg(steps, start=0, ck=Checkpointing(), model=MODEL, **lay):
     """A global batch of 4 one-sequence microbatches on every layout (the same data step by step)."""
-    return TrainConfig.make(model, microbatches=4 // lay.get("dp", 1), micro_batch_size=1, steps=steps,
-                            start_step=start, checkpoint=ck, **lay)
+    return TrainConfig.make(
+        model,
+        microbatches=4 // lay.get("dp", 1),
+        micro_batch_size=1,
+        steps=steps,
+        start_step=start,
+        checkpoint=ck,
+        **lay,
+    )
 
 
 def _cli(*argv, env=None, timeout=200):
     """``netmorph ARGV``: in this process (its ranks are processes of their own either way; the suite's time), or
     in a fresh one where the run needs an environment of its own; (returncode, stdout, stderr)."""
     if env is not None:
-        return subprocess.run([sys.executable, "-m", "netmorph", *argv], capture_output=True, text=True,
-                              timeout=timeout, env=env)
+        return subprocess.run(
+            [sys.executable, "-m", "netmorph", *argv], capture_output=True, text=True, timeout=timeout, env=env
+        )
     import contextlib
     import io
     from types import SimpleNamespace
 
     from netmorph.cli import main
+
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(list(argv))
@@ -64,21 +73,36 @@ def test_range_boxes_cover_a_row_major_range_exactly():
         assert seen[a:b].tolist() == [1] * (b - a) and seen.sum() == b - a, (a, b)
 
 
-@pytest.mark.parametrize("tag,world,model", [("tp2,pp2,dp2,zero1", 8, MODEL), ("dp4,zero3", 4, MODEL),
-                                             ("tp2,dp2,zero2", 4, MODEL), ("pp2,v2", 2, MODEL),
-                                             ("pp2,dp2,zero1,zbv", 4, MODEL),
-                                             ("tp2,dp4,ep2,zero1", 8, MOE), ("pp2,dp2,ep2,zero1", 4, MOE),
-                                             ("tp2,pp2,dp2", 8, MOE)],
-                         ids=["tp2-pp2-dp2-zero1", "dp4-zero3", "tp2-dp2-zero2", "pp2-v2", "pp2-dp2-zero1-zbv",
-                              "moe-tp2-dp4-ep2-zero1", "moe-pp2-dp2-ep2-zero1", "moe-tp2-pp2-dp2"])
+@pytest.mark.parametrize(
+    "tag,world,model",
+    [
+        ("tp2,pp2,dp2,zero1", 8, MODEL),
+        ("dp4,zero3", 4, MODEL),
+        ("tp2,dp2,zero2", 4, MODEL),
+        ("pp2,v2", 2, MODEL),
+        ("pp2,dp2,zero1,zbv", 4, MODEL),
+        ("tp2,dp4,ep2,zero1", 8, MOE),
+        ("pp2,dp2,ep2,zero1", 4, MOE),
+        ("tp2,pp2,dp2", 8, MOE),
+    ],
+    ids=[
+        "tp2-pp2-dp2-zero1",
+        "dp4-zero3",
+        "tp2-dp2-zero2",
+        "pp2-v2",
+        "pp2-dp2-zero1-zbv",
+        "moe-tp2-dp4-ep2-zero1",
+        "moe-pp2-dp2-ep2-zero1",
+        "moe-tp2-pp2-dp2",
+    ],
+)
 def test_the_written_boxes_tile_every_tensor_once(tag, world, model):
     """Replicas write nothing twice: each tensor's owned boxes add up to its elements (DCP's global plan
     rejects an overlap, so together they tile it) -- a mixture of experts' expert buffer too, its experts
     split over ep and replicated over the expert data-parallel ranks, and a V's rank 0, which holds the tied
     embedding in both its chunks."""
     tag, v, _ = tag.partition(",zbv")
-    lay = Layout.parse(tag, world).replace(global_batch=8, micro_batch_size=1, expert_tp=1,
-                                           schedule="zbv" if v else "")
+    lay = Layout.parse(tag, world).replace(global_batch=8, micro_batch_size=1, expert_tp=1, schedule="zbv" if v else "")
     who = owners(model, lay)
     elements = {}
     for r in range(world):
@@ -114,6 +138,7 @@ def test_dcp_to_torch_save_gives_what_the_1_rank_gpt_loads_strictly(saved, tmp_p
 
     from netmorph.checkpoint.shards import model_key
     from netmorph.models.gpt import GPTStage
+
     d, _, _ = saved
     dcp_to_torch_save(d / "step-6", tmp_path / "out.pt")
     sd = torch.load(tmp_path / "out.pt", weights_only=False)
@@ -129,9 +154,17 @@ def test_dcp_to_torch_save_gives_what_the_1_rank_gpt_loads_strictly(saved, tmp_p
     assert sd["train"]["step"] == 6 and meta["layout"] == "tp2·pp2·dp2·zero1" and meta["consumed_samples"] == 24
 
 
-@pytest.mark.parametrize("layout", [dict(dp=4, zero=3), dict(tp=4), dict(pp=2, interleave=2, schedule="interleaved"),
-                                    dict(tp=2, dp=2, zero=2, sequence_parallel=True), dict(pp=2, schedule="zbv")],
-                         ids=["dp4-zero3", "tp4", "pp2-interleaved", "tp2-dp2-zero2-sp", "pp2-zbv"])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        dict(dp=4, zero=3),
+        dict(tp=4),
+        dict(pp=2, interleave=2, schedule="interleaved"),
+        dict(tp=2, dp=2, zero=2, sequence_parallel=True),
+        dict(pp=2, schedule="zbv"),
+    ],
+    ids=["dp4-zero3", "tp4", "pp2-interleaved", "tp2-dp2-zero2-sp", "pp2-zbv"],
+)
 def test_resumed_on_another_layout_the_run_goes_on_as_if_it_never_stopped(saved, layout):
     """Written on tp2·pp2·dp2 ZeRO-1 after step 3, read under another layout by DCP's resharding: steps 4-6
     lose exactly what the run that never stopped lost, and end on the 1-rank run's weights."""
@@ -153,17 +186,23 @@ def saved_moe(tmp_path_factory):
     return out, train(_cfg(6, model=MOE))
 
 
-@pytest.mark.parametrize("written,layout", [("tp2-pp2-dp2-zero1", dict(tp=2, dp=2, ep=2)),
-                                            ("tp2-dp2-ep2", dict(tp=2, pp=2, dp=2, zero=1)),
-                                            ("tp2-dp2-ep2", dict(dp=4, ep=4, zero=2))],
-                         ids=["to-tp2-dp2-ep2", "and-back", "to-dp4-ep4-zero2"])
+@pytest.mark.parametrize(
+    "written,layout",
+    [
+        ("tp2-pp2-dp2-zero1", dict(tp=2, dp=2, ep=2)),
+        ("tp2-dp2-ep2", dict(tp=2, pp=2, dp=2, zero=1)),
+        ("tp2-dp2-ep2", dict(dp=4, ep=4, zero=2)),
+    ],
+    ids=["to-tp2-dp2-ep2", "and-back", "to-dp4-ep4-zero2"],
+)
 def test_a_mixture_of_experts_resumes_on_another_expert_split_as_if_it_never_stopped(saved_moe, written, layout):
     """The experts' own buffer (Megatron's expert data-parallel replica) is written and resharded as the dense
     one is: written on tp2·pp2·dp2 ZeRO-1 and read as tp2·dp2·ep2, and back; steps 4-6 lose what the run that
     never stopped lost and end on the 1-rank run's weights, with its routing."""
     folders, whole = saved_moe
-    out = train(_cfg(3, start=3, ck=Checkpointing(load=str(folders[written] / "step-3")), model=MOE, **layout),
-                check=True)
+    out = train(
+        _cfg(3, start=3, ck=Checkpointing(load=str(folders[written] / "step-3")), model=MOE, **layout), check=True
+    )
     assert max(abs(a - b) / abs(b) for a, b in zip(out.losses, whole.losses[3:])) <= 1e-12
     assert out.max_abs_weight_diff <= 1e-12
 
@@ -173,6 +212,7 @@ def test_a_mixture_of_experts_checkpoint_is_what_the_1_rank_moe_gpt_loads_strict
 
     from netmorph.checkpoint.shards import model_key
     from netmorph.models.gpt import GPTStage
+
     folders, _ = saved_moe
     dcp_to_torch_save(folders["tp2-dp2-ep2"] / "step-6", tmp_path / "out.pt")
     sd = torch.load(tmp_path / "out.pt", weights_only=False)
@@ -191,8 +231,9 @@ def test_moe_saves_and_resumes_on_another_expert_split(tmp_path):
     d = tmp_path / "ck"
     whole = _cli("moe", "--steps", "4", "--dtype", "float64", "--save", str(d), "--save-every", "2", "--json")
     assert whole.returncode == 0, whole.stderr
-    r = _cli("moe", "--steps", "4", "--dtype", "float64", "--ep", "2", "--dp", "2", "--load", str(d / "step-2"),
-             "--json")
+    r = _cli(
+        "moe", "--steps", "4", "--dtype", "float64", "--ep", "2", "--dp", "2", "--load", str(d / "step-2"), "--json"
+    )
     assert r.returncode == 0, r.stderr
     a, b = json.loads(whole.stdout), json.loads(r.stdout)
     assert len(b["losses"]) == 2
@@ -203,6 +244,7 @@ def test_moe_saves_and_resumes_on_another_expert_split(tmp_path):
 
 def test_a_corrupt_or_truncated_shard_is_refused_naming_the_file(saved, tmp_path):
     import shutil
+
     d, _, _ = saved
     copy = tmp_path / "ck"
     shutil.copytree(d, copy)
@@ -221,9 +263,11 @@ def test_a_corrupt_or_truncated_shard_is_refused_naming_the_file(saved, tmp_path
 def test_a_checkpoint_of_another_model_or_batch_is_one_line(tmp_path):
     d = tmp_path / "ck"
     assert _cli("train", "--steps", "2", "--save", str(d)).returncode == 0
-    for argv, words in ((["--hidden", "32"], "its model has hidden 64, this run 32: pass --hidden 64"),
-                        (["--microbatches", "4"], "--global-batch-size 4"),
-                        (["--steps", "2"], "raise --steps past 2")):
+    for argv, words in (
+        (["--hidden", "32"], "its model has hidden 64, this run 32: pass --hidden 64"),
+        (["--microbatches", "4"], "--global-batch-size 4"),
+        (["--steps", "2"], "raise --steps past 2"),
+    ):
         r = _cli("train", "--load", str(d), *(["--steps", "4"] if "--steps" not in argv else []), *argv)
         assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, (argv, r.stderr)
     r = _cli("train", "--keep", "2")
@@ -247,15 +291,31 @@ def test_a_rank_killed_mid_save_leaves_the_last_checkpoint_and_the_next_run_goes
     assert not any(p.name.endswith(".partial") for p in d.iterdir()) and folder.steps(d) == [2, 4, 6]
     whole = json.loads(_cli(*common).stdout)
     assert json.loads(r.stdout)["losses"] == pytest.approx(whole["losses"][2:], rel=1e-12)
-    again = _cli(*common, "--load", str(d), "--save", str(d), "--save-every", "2")     # a job restarted at its end
+    again = _cli(*common, "--load", str(d), "--save", str(d), "--save-every", "2")  # a job restarted at its end
     assert again.returncode == 0 and "trained already" in again.stderr and folder.steps(d) == [2, 4, 6]
 
 
 def _torchrun(flags: list, argv: list, env: dict, timeout: float = 150):
     """``torchrun --standalone --nproc-per-node 2 FLAGS -m netmorph ARGV``, bounded; (process, stdout, stderr)."""
-    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          *flags, "-m", "netmorph", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=env, start_new_session=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            *flags,
+            "-m",
+            "netmorph",
+            *argv,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -272,14 +332,16 @@ def test_torchrun_max_restarts_resumes_a_job_killed_mid_save_from_its_own_checkp
     attempt's gloo addresses."""
     d = tmp_path / "ck"
     common = ["train", "--dp", "2", "--steps", "6", "--dtype", "float64", "--json"]
-    p, out, err = _torchrun(["--max-restarts", "2", "--monitor-interval", "0.1"],
-                            [*common, "--save", str(d), "--save-every", "2", "--load", str(d)],
-                            {**ENV, "NETMORPH_CHECKPOINT_KILL": "1@4"})
+    p, out, err = _torchrun(
+        ["--max-restarts", "2", "--monitor-interval", "0.1"],
+        [*common, "--save", str(d), "--save-every", "2", "--load", str(d)],
+        {**ENV, "NETMORPH_CHECKPOINT_KILL": "1@4"},
+    )
     assert p.returncode == 0, err[-3000:]
-    assert "exitcode: -9" in err                                   # rank 1 did die, and torchrun restarted
+    assert "exitcode: -9" in err  # rank 1 did die, and torchrun restarted
     assert folder.steps(d) == [2, 4, 6] and not any(q.name.endswith(".partial") for q in d.iterdir())
     whole = json.loads(_cli(*common).stdout)
-    assert json.loads(out[out.index("{"):])["losses"] == pytest.approx(whole["losses"][2:], rel=1e-12)
+    assert json.loads(out[out.index("{") :])["losses"] == pytest.approx(whole["losses"][2:], rel=1e-12)
 
 
 def test_async_save_keeps_the_newest_and_the_run_unchanged(tmp_path):
@@ -298,8 +360,21 @@ def test_a_checkpoint_saved_under_torchrun_resumes_on_the_local_fabric(tmp_path)
     p, _, err = _torchrun([], ["train", "--dp", "2", "--steps", "3", "--dtype", "float64", "--save", str(d)], ENV)
     assert p.returncode == 0, err[-2000:]
     assert folder.steps(d) == [3]
-    r = _cli("train", "--tp", "2", "--microbatches", "4", "--steps", "5", "--dtype", "float64", "--load", str(d),
-             "--check", "--json")
+    r = _cli(
+        "train",
+        "--tp",
+        "2",
+        "--microbatches",
+        "4",
+        "--steps",
+        "5",
+        "--dtype",
+        "float64",
+        "--load",
+        str(d),
+        "--check",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
     assert out["max_rel_loss_diff"] <= 1e-12 and out["max_abs_weight_diff"] <= 1e-12

@@ -23,24 +23,38 @@ def refused(fn, *a, **kw) -> UsageError:
     return e.value
 
 
-@pytest.mark.parametrize("fields, argument", [
-    ({"mode": "gossip"}, "mode"), ({"model": "resnet"}, "model"), ({"workers": 33}, "workers"),
-    ({"workers": 2, "servers": 1, "slow_link": (0, 3, 1e-4, 1e8)}, "slow_link")])
+@pytest.mark.parametrize(
+    "fields, argument",
+    [
+        ({"mode": "gossip"}, "mode"),
+        ({"model": "resnet"}, "model"),
+        ({"workers": 33}, "workers"),
+        ({"workers": 2, "servers": 1, "slow_link": (0, 3, 1e-4, 1e8)}, "slow_link"),
+    ],
+)
 def test_consistency_config_owns_its_rules(fields, argument):
     assert refused(Config(**fields).check).argument == argument
-    Config(workers=2, servers=1, slow_link=(0, 2, 1e-4, 1e8)).check()       # rank 2 is the server: a rank of the run
+    Config(workers=2, servers=1, slow_link=(0, 2, 1e-4, 1e8)).check()  # rank 2 is the server: a rank of the run
 
 
-@pytest.mark.parametrize("world, steps, segment, scenario, argument", [
-    (3, 100, 10, "none", "world"), (8, 1, 10, "none", "steps"), (8, 100, 101, "none", "segment"),
-    (2, 100, 10, "node-lost@40", "scenario"), (8, 100, 10, "seq-grows@10x8", "scenario")])
+@pytest.mark.parametrize(
+    "world, steps, segment, scenario, argument",
+    [
+        (3, 100, 10, "none", "world"),
+        (8, 1, 10, "none", "steps"),
+        (8, 100, 101, "none", "segment"),
+        (2, 100, 10, "node-lost@40", "scenario"),
+        (8, 100, 10, "seq-grows@10x8", "scenario"),
+    ],
+)
 def test_morph_run_rules(world, steps, segment, scenario, argument):
-    model = SMALL if argument != "scenario" or world == 2 else ModelShape(layers=4, hidden=32, heads=4, seq=1024,
-                                                                          vocab=64)
+    model = (
+        SMALL if argument != "scenario" or world == 2 else ModelShape(layers=4, hidden=32, heads=4, seq=1024, vocab=64)
+    )
     e = refused(check_run, model, world, 8, steps, segment, parse_scenario(scenario))
     assert e.argument == argument
     assert "--" + argument in e.render({}) and "{" not in e.render({})
-    check_run(SMALL, 8, 8, 100, 10, parse_scenario("link-degrades@40"))          # the default runs
+    check_run(SMALL, 8, 8, 100, 10, parse_scenario("link-degrades@40"))  # the default runs
 
 
 def test_morph_run_needs_a_layout_for_every_regime():
@@ -57,7 +71,7 @@ def test_reshard_world_and_steps():
 
 
 def test_serving_deployment_rules():
-    assert refused(check_deployment, 2, None, 1, False).argument == "tp"           # timed on each rank's clock
+    assert refused(check_deployment, 2, None, 1, False).argument == "tp"  # timed on each rank's clock
     assert refused(check_deployment, 2, (1, 1), 1, True).argument == "tp"
     assert refused(check_deployment, 1, (1, 1), 2, True).argument == "n"
     check_deployment(2, None, 4, True)
@@ -82,9 +96,10 @@ def test_moe_world_is_the_product_of_its_split():
 
 def test_a_collective_request():
     from netmorph.collectives import ALGORITHMS, check_request
+
     assert refused(check_request, "allreduce", "ring", 4, [1024, 6], 4).argument == "nbytes"
     assert refused(check_request, "broadcast", "binomial", 4, [1024], 4, root=4).argument == "root"
     assert refused(check_request, "allreduce", "ring", 4, [1024], 4, segments=2).argument == "segments"
     assert refused(check_request, "allreduce", "tree", 4, [1024], 4).argument == "algo"
     assert check_request("all_reduce", "all", 4, [1024], 4, segments=2) == list(ALGORITHMS["allreduce"])
-    assert check_request("allgather", "bruck", 4, [1024], 4, root=5) == ["bruck"]     # a rank, though unused
+    assert check_request("allgather", "bruck", 4, [1024], 4, root=5) == ["bruck"]  # a rank, though unused

@@ -36,8 +36,30 @@ def test_tensor_parallel_within_each_node_survives_a_worker_killed_and_the_node_
     must-hold: 2 nodes x 2 workers under launch, a worker SIGKILLed in step 5's first gradient bucket, its torchrun
     tearing the node down and starting it again as incarnation 1, the node back; nothing left behind.)"""
     before = _tmp()
-    r = _launch(["--nodes", "2", "--nproc-per-node", "2", "--max-restarts", "2", "--", "elastic", "--tp", "2",
-                 "--global-batch", "4", "--steps", "80", "--kill", "3@5", "--check", "--json", "--timeout", "20"])
+    r = _launch(
+        [
+            "--nodes",
+            "2",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "2",
+            "--",
+            "elastic",
+            "--tp",
+            "2",
+            "--global-batch",
+            "4",
+            "--steps",
+            "80",
+            "--kill",
+            "3@5",
+            "--check",
+            "--json",
+            "--timeout",
+            "20",
+        ]
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     # incarnation 1 of node 1 is slots 6 and 7: (1·2 + 1)·2 + local rank
@@ -50,10 +72,13 @@ def test_tensor_parallel_within_each_node_survives_a_worker_killed_and_the_node_
     assert _leftovers(before) == [] and _netmorph_processes() == []
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--tp", "3"], "must divide the workers of a node (2"),
-    (["--tp", "2", "--global-batch", "3"], "must split evenly over every membership"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--tp", "3"], "must divide the workers of a node (2"),
+        (["--tp", "2", "--global-batch", "3"], "must split evenly over every membership"),
+    ],
+)
 def test_bad_tensor_parallel_input_is_one_line(argv, words, capsys):
     assert main(["launch", "--nodes", "2", "--nproc-per-node", "2", "--", "elastic", *argv]) == 2
     err = capsys.readouterr().err.strip()
@@ -71,11 +96,29 @@ def test_a_node_started_late_joins_and_is_healed():
     lighthouse); its worker asks to join, is admitted whole at a step's end (ncclCommGrow's numbering: after the
     members) and handed the state; the run equals the 1-rank run and says how long the heal took."""
     before = _tmp()
-    r = _launch(["--nodes", "2", "--nproc-per-node", "1", "--join", "1@5", "--", "elastic", "--steps", "400",
-                 "--min-workers", "1", "--check", "--json", "--timeout", "20"])
+    r = _launch(
+        [
+            "--nodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--join",
+            "1@5",
+            "--",
+            "elastic",
+            "--steps",
+            "400",
+            "--min-workers",
+            "1",
+            "--check",
+            "--json",
+            "--timeout",
+            "20",
+        ]
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
-    assert out["epochs"][0]["members"] == [0]                 # node 1 is not in the first view
+    assert out["epochs"][0]["members"] == [0]  # node 1 is not in the first view
     joins = [e for e in out["events"] if e["kind"] == "join"]
     assert len(joins) == 1 and joins[0]["rank"] == [1] and joins[0]["step"] > 5, out["events"]
     assert out["epochs"][-1]["members"] == [0, 1]
@@ -93,7 +136,8 @@ def test_a_whole_node_killed_is_found_and_the_others_go_on(monkeypatch):
     from netmorph.elastic.gpt import PROGRESS
     from netmorph.elastic.launcher import Cluster, Plan, free_port
     from netmorph.elastic.lighthouse import LighthouseStore
-    monkeypatch.setattr(tempfile, "tempdir", ROOT)          # the launch's folder where the leftover check looks
+
+    monkeypatch.setattr(tempfile, "tempdir", ROOT)  # the launch's folder where the leftover check looks
     before = _tmp()
     plan = Plan(2, 2, ["elastic", "--steps", "60", "--check", "--json", "--timeout", "20"], 0, {}, free_port())
     with tempfile.TemporaryFile("w+") as out:
@@ -120,6 +164,7 @@ def _cascade(rank, world, path, q):
     import torch.distributed as dist
 
     from netmorph.runtime.transport.torchgroup import EpochGroup
+
     store = dist.FileStore(path, world)
     g = EpochGroup(store, 0, range(world), rank, 30.0)
     t = torch.zeros(4)
@@ -128,7 +173,7 @@ def _cascade(rank, world, path, q):
         if rank == 0:
             time.sleep(0.5)
             os.kill(os.getpid(), signal.SIGKILL)
-        g.irecv(t, rank - 1).wait()                     # 1 waits on 0, 2 on 1: only 1 talks to the dead
+        g.irecv(t, rank - 1).wait()  # 1 waits on 0, 2 on 1: only 1 talks to the dead
     except RuntimeError:
         g.abort()
         q.put((rank, time.monotonic() - t0))
@@ -145,6 +190,7 @@ def test_an_aborted_epoch_group_fails_every_peer_at_once_and_the_survivors_form_
     second, and ranks 1 and 2 build epoch 1's group and all-reduce in it."""
     import multiprocessing as mp
     from multiprocessing import resource_tracker
+
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = []
@@ -182,11 +228,16 @@ def test_a_lighthouse_restarted_mid_run_is_re_derived_from_the_members(tmp_path)
     from netmorph.elastic.launcher import free_port
     from netmorph.elastic.lighthouse import LighthouseStore
     from netmorph.elastic.membership import Rendezvous
+
     port = free_port()
 
     def serve():
-        return subprocess.Popen([sys.executable, "-m", "netmorph", "lighthouse", "--port", str(port), "--host",
-                                 "127.0.0.1"], stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "netmorph", "lighthouse", "--port", str(port), "--host", "127.0.0.1"],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
     lh = serve()
     try:
         assert "listening" in lh.stderr.readline()
@@ -204,16 +255,19 @@ def test_a_lighthouse_restarted_mid_run_is_re_derived_from_the_members(tmp_path)
         lh.wait(10)
 
 
-@pytest.mark.parametrize("argv,words", [
-    (["--nodes", "0", "--nproc-per-node", "2", "--", "elastic"], "--nodes"),
-    (["--nodes", "2", "--nproc-per-node", "5", "--", "elastic"], "--global-batch 12 sequences must split"),
-    (["--nodes", "2", "--nproc-per-node", "2", "--", "train"], "launch runs elastic"),
-    (["--nodes", "2", "--nproc-per-node", "2"], "give the subcommand after --"),
-    (["--nodes", "2", "--nproc-per-node", "2", "--join", "0@5", "--", "elastic"], "node 0 starts the job"),
-    (["--nodes", "2", "--nproc-per-node", "2", "--", "elastic", "--lighthouse", "x:1"], "launch's to set"),
-    (["--nodes", "2", "--nproc-per-node", "2", "--", "elastic", "--compare"], "--compare"),
-    (["--nodes", "2", "--nproc-per-node", "1", "--join", "1@5", "--", "elastic"], "fewer than --min-workers 2"),
-])
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["--nodes", "0", "--nproc-per-node", "2", "--", "elastic"], "--nodes"),
+        (["--nodes", "2", "--nproc-per-node", "5", "--", "elastic"], "--global-batch 12 sequences must split"),
+        (["--nodes", "2", "--nproc-per-node", "2", "--", "train"], "launch runs elastic"),
+        (["--nodes", "2", "--nproc-per-node", "2"], "give the subcommand after --"),
+        (["--nodes", "2", "--nproc-per-node", "2", "--join", "0@5", "--", "elastic"], "node 0 starts the job"),
+        (["--nodes", "2", "--nproc-per-node", "2", "--", "elastic", "--lighthouse", "x:1"], "launch's to set"),
+        (["--nodes", "2", "--nproc-per-node", "2", "--", "elastic", "--compare"], "--compare"),
+        (["--nodes", "2", "--nproc-per-node", "1", "--join", "1@5", "--", "elastic"], "fewer than --min-workers 2"),
+    ],
+)
 def test_bad_launch_input_is_one_line(argv, words, capsys):
     assert main(["launch", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -222,12 +276,17 @@ def test_bad_launch_input_is_one_line(argv, words, capsys):
 
 def test_a_port_in_use_is_one_line(capsys):
     import socket
+
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     s.listen()
     try:
-        assert main(["launch", "--nodes", "1", "--nproc-per-node", "1", "--port", str(s.getsockname()[1]), "--",
-                     "elastic"]) == 2
+        assert (
+            main(
+                ["launch", "--nodes", "1", "--nproc-per-node", "1", "--port", str(s.getsockname()[1]), "--", "elastic"]
+            )
+            == 2
+        )
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "--port" in err[0] and "in use" in err[0], err
     finally:
@@ -244,20 +303,39 @@ def test_ctrl_c_and_sigterm_reach_every_job_and_nothing_is_left(sig, code):
     before = _tmp()
     # Ctrl-C reaches a foreground job: a suite started in the background (a shell's `&` ignores SIGINT, and the
     # ignore is inherited) must not hand the launch that ignore
-    p = subprocess.Popen([sys.executable, "-m", "netmorph", "launch", "--nodes", "2", "--nproc-per-node", "2", "--",
-                          "elastic", "--steps", "100000", "--timeout", "20"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=ENV,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "netmorph",
+            "launch",
+            "--nodes",
+            "2",
+            "--nproc-per-node",
+            "2",
+            "--",
+            "elastic",
+            "--steps",
+            "100000",
+            "--timeout",
+            "20",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.monotonic() + 60
-        while len(_netmorph_processes()) < 7:            # the lighthouse, two agents and four workers
+        while len(_netmorph_processes()) < 7:  # the lighthouse, two agents and four workers
             assert time.monotonic() < deadline and p.poll() is None
             time.sleep(0.1)
         p.send_signal(sig)
         _, err = p.communicate(timeout=120)
     finally:
-        if p.poll() is None:              # the whole tree, read before the launch dies (its jobs are sessions of
-            kill_tree(p.pid, signal.SIGKILL)   # their own: killing the launch alone would leave them running)
+        if p.poll() is None:  # the whole tree, read before the launch dies (its jobs are sessions of
+            kill_tree(p.pid, signal.SIGKILL)  # their own: killing the launch alone would leave them running)
     assert p.returncode == code, err[-2000:]
     time.sleep(0.5)
     assert _netmorph_processes() == [] and _leftovers(before) == []

@@ -18,9 +18,29 @@ pytestmark = pytest.mark.timeout(240)
 
 def test_morph_on_two_torchrun_jobs_moves_when_the_link_between_them_degrades():
     before = temporaries()
-    r = launch_cli(["--nodes", "2", "--nproc-per-node", "2", "--max-restarts", "0", "--", "morph", "--steps", "40",
-                    "--segment", "5", "--compute-ms", "10", "--scenario", "link-degrades@5x30,link-recovers@20",
-                    "--static", "1", "--json"])
+    r = launch_cli(
+        [
+            "--nodes",
+            "2",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "0",
+            "--",
+            "morph",
+            "--steps",
+            "40",
+            "--segment",
+            "5",
+            "--compute-ms",
+            "10",
+            "--scenario",
+            "link-degrades@5x30,link-recovers@20",
+            "--static",
+            "1",
+            "--json",
+        ]
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     assert out["world"] == 4 and out["start"] == "tp1·pp1·dp4"
@@ -54,15 +74,39 @@ def test_morph_on_two_torchrun_jobs_goes_on_when_node_1_is_lost_mid_step(kind):
     from netmorph.mesh.shape import ModelShape
     from netmorph.morph.layouts import train_config
     from netmorph.parallel.run import reference
+
     before = temporaries()
-    r = launch_cli(["--nodes", "2", "--nproc-per-node", "2", "--max-restarts", "1", "--", "morph", "--steps", "24",
-                    "--segment", "5", "--scenario", f"{kind}@12", "--timeout", "20", "--compute-ms", "10",
-                    "--json"])
+    r = launch_cli(
+        [
+            "--nodes",
+            "2",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+            "--",
+            "morph",
+            "--steps",
+            "24",
+            "--segment",
+            "5",
+            "--scenario",
+            f"{kind}@12",
+            "--timeout",
+            "20",
+            "--compute-ms",
+            "10",
+            "--json",
+        ]
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     lost = out["decisions"][0]
-    assert lost["from"] == "tp1·pp1·dp4" and lost["to"].endswith("dp2") and lost["reason"].startswith(
-        "node lost" if kind == "node-lost" else "node hung"), lost
+    assert (
+        lost["from"] == "tp1·pp1·dp4"
+        and lost["to"].endswith("dp2")
+        and lost["reason"].startswith("node lost" if kind == "node-lost" else "node hung")
+    ), lost
     assert out["redone_steps"] == 1 and out["static_runs"] == {}
     losses, _, _ = reference(train_config(ModelShape(layers=4, hidden=32, heads=4, seq=16, vocab=64), Layout(), 24, 8))
     assert out["final_loss"]["adaptive"] == pytest.approx(losses[-1], rel=1e-5)
@@ -72,8 +116,9 @@ def test_morph_on_two_torchrun_jobs_goes_on_when_node_1_is_lost_mid_step(kind):
 
 def _pingpong(comm, topo):
     import numpy as np
+
     comm.emulate(topo)
-    buf = np.zeros(1 << 17)                      # 1 MiB
+    buf = np.zeros(1 << 17)  # 1 MiB
     comm.barrier()
     t0 = time.perf_counter()
     for _ in range(3):
@@ -92,20 +137,24 @@ def test_send_clock_holds_a_torch_message_to_its_emulated_link_as_the_fabric_doe
     send clock) as on the local fabric (its link clock): 21 ms at 50 MB/s, 210 ms at 5."""
     from netmorph.cost.topology import two_nodes
     from netmorph.runtime.launch import launch
+
     want = 50e-6 + (1 << 20) / (mbps * 1e6)
     local, torch = (launch(_pingpong, 2, two_nodes(2, mbps), backend=b, timeout=60)[0] for b in ("local", "torch"))
     assert want <= local < 1.5 * want and want <= torch < 1.5 * want, (local, torch, want)
 
 
-@pytest.mark.parametrize("argv,words", [
-    (["--nodes", "3", "--nproc-per-node", "2", "--", "morph"], "--nodes 2"),
-    (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "--world", "8"], "--world 8"),
-    (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "--scenario", "node-lost@5:0"], "one box"),
-    (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "reshard"], "morph reshard runs on one box"),
-    (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "--compare"], "--compare"),
-    (["--nodes", "2", "--nproc-per-node", "2", "--join", "1@5", "--", "morph"], "--join"),
-    (["--nodes", "2", "--nproc-per-node", "3", "--", "morph"], "--nproc-per-node 3"),
-])
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["--nodes", "3", "--nproc-per-node", "2", "--", "morph"], "--nodes 2"),
+        (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "--world", "8"], "--world 8"),
+        (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "--scenario", "node-lost@5:0"], "one box"),
+        (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "reshard"], "morph reshard runs on one box"),
+        (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "--compare"], "--compare"),
+        (["--nodes", "2", "--nproc-per-node", "2", "--join", "1@5", "--", "morph"], "--join"),
+        (["--nodes", "2", "--nproc-per-node", "3", "--", "morph"], "--nproc-per-node 3"),
+    ],
+)
 def test_bad_cluster_morph_input_is_one_line(argv, words, capsys):
     assert main(["launch", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -122,10 +171,35 @@ def test_morph_on_two_torchrun_jobs_takes_node_1_back_when_its_torchrun_restarts
     from netmorph.mesh.shape import ModelShape
     from netmorph.morph.layouts import train_config
     from netmorph.parallel.run import reference
+
     before = temporaries()
-    r = launch_cli(["--nodes", "2", "--nproc-per-node", "2", "--max-restarts", "1", "--", "morph", "--steps", "30",
-                    "--segment", "5", "--scenario", "node-lost@8,node-joins@15", "--timeout", "20",
-                    "--compute-ms", "10", "--checkpoint-every", "5", "--checkpoint-dir", str(tmp_path), "--json"])
+    r = launch_cli(
+        [
+            "--nodes",
+            "2",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+            "--",
+            "morph",
+            "--steps",
+            "30",
+            "--segment",
+            "5",
+            "--scenario",
+            "node-lost@8,node-joins@15",
+            "--timeout",
+            "20",
+            "--compute-ms",
+            "10",
+            "--checkpoint-every",
+            "5",
+            "--checkpoint-dir",
+            str(tmp_path),
+            "--json",
+        ]
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     lost, joined = out["decisions"][:2]
@@ -143,6 +217,19 @@ def test_morph_on_two_torchrun_jobs_takes_node_1_back_when_its_torchrun_restarts
 
 
 def test_morph_across_torchrun_jobs_refuses_a_node_back_that_torchrun_will_not_restart():
-    r = launch_cli(["--nodes", "2", "--nproc-per-node", "2", "--max-restarts", "0", "--", "morph", "--scenario",
-                    "node-lost@8,node-joins@15"], timeout=60)
+    r = launch_cli(
+        [
+            "--nodes",
+            "2",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "0",
+            "--",
+            "morph",
+            "--scenario",
+            "node-lost@8,node-joins@15",
+        ],
+        timeout=60,
+    )
     assert r.returncode == 2 and "--max-restarts 1 or more, got 0" in r.stderr and "Traceback" not in r.stderr

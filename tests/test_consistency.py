@@ -20,7 +20,7 @@ def test_bsp_equals_single_process_sgd_on_the_combined_batch():
     prob = make("convex")
     w = prob.init(0)
     for t in range(cfg.steps):
-        idx = np.concatenate([prob.batch(i, t) for i in range(cfg.workers)])     # (3 * B,)
+        idx = np.concatenate([prob.batch(i, t) for i in range(cfg.workers)])  # (3 * B,)
         w = w - cfg.lr * prob.grad(w, idx)[1]
     np.testing.assert_allclose(got, w, rtol=1e-10, atol=1e-12)
 
@@ -34,24 +34,46 @@ def test_ssp_with_zero_staleness_is_bsp():
 
 @pytest.mark.parametrize("s", [1, 3])
 def test_ssp_gate_blocks_and_bounds_every_read(s):
-    r = run(Config(mode="ssp", workers=3, steps=25, staleness=s, straggler=(2, 6), compute_ms=1.0,
-                   shared_budget=False, model="convex", lr=40.0, snapshots=5))
-    assert r.summary["max_staleness"] <= s                       # no read older than the bound, ever
-    assert r.summary["max_clock_gap"] == s                       # fast workers ran exactly s clocks ahead, no further
-    assert r.summary["held_pulls"] > 0                           # ... because the server held their reads
+    r = run(
+        Config(
+            mode="ssp",
+            workers=3,
+            steps=25,
+            staleness=s,
+            straggler=(2, 6),
+            compute_ms=1.0,
+            shared_budget=False,
+            model="convex",
+            lr=40.0,
+            snapshots=5,
+        )
+    )
+    assert r.summary["max_staleness"] <= s  # no read older than the bound, ever
+    assert r.summary["max_clock_gap"] == s  # fast workers ran exactly s clocks ahead, no further
+    assert r.summary["held_pulls"] > 0  # ... because the server held their reads
     assert sum(r.summary["staleness_histogram"].values()) == 3 * 25
 
 
 def test_parameter_server_applies_every_push_exactly_once():
-    cfg = Config(mode="async", workers=3, servers=2, steps=20, n_push=3, straggler=(0, 3), compute_ms=0.5,
-                 model="convex", lr=40.0, snapshots=5)
+    cfg = Config(
+        mode="async",
+        workers=3,
+        servers=2,
+        steps=20,
+        n_push=3,
+        straggler=(0, 3),
+        compute_ms=0.5,
+        model="convex",
+        lr=40.0,
+        snapshots=5,
+    )
     r = run(cfg)
     res = r.ranks
     workers = [x for x in res if x["role"] == "worker"]
     servers = [x for x in res if x["role"] == "server"]
     pushes = np.array([x["pushes"] for x in workers])
     for srv in servers:
-        np.testing.assert_array_equal(srv["applied"], pushes)      # counted per worker, on every shard
+        np.testing.assert_array_equal(srv["applied"], pushes)  # counted per worker, on every shard
     want = make("convex").init(0) - cfg.lr / cfg.workers * np.sum([x["pushed_sum"] for x in workers], axis=0)
     np.testing.assert_allclose(r.final, want, rtol=1e-9, atol=1e-12)
     assert r.summary["updates"] == sum(x["updates"] for x in workers) >= cfg.steps * cfg.workers
@@ -67,8 +89,11 @@ def test_hogwild_collides_rarely_on_sparse_and_always_on_dense():
     sparse = run(Config(mode="hogwild", workers=4, steps=150, model="sparse", lr=0.5, compute_ms=0.3, snapshots=5))
     dense = run(Config(mode="hogwild", workers=4, steps=150, model="convex", lr=40.0, compute_ms=0.3, snapshots=5))
     assert sparse.summary["conflict_rate"] < 0.2 < 0.6 < dense.summary["conflict_rate"]
-    assert sparse.summary["final_loss"] < sparse.summary["initial_loss"] and dense.summary["final_loss"] < dense.summary["initial_loss"]
-    assert sparse.summary["bytes_on_wire"] < 1000                          # shared memory, not messages
+    assert (
+        sparse.summary["final_loss"] < sparse.summary["initial_loss"]
+        and dense.summary["final_loss"] < dense.summary["initial_loss"]
+    )
+    assert sparse.summary["bytes_on_wire"] < 1000  # shared memory, not messages
 
 
 def test_straggler_holds_bsp_in_lockstep_not_async():
@@ -94,20 +119,33 @@ def test_cli_json(capsys):
     code = main(["sgd", "--mode", "ssp", "--workers", "2", "--steps", "10", "--compute-ms", "0", "--json"])
     rows = json.loads(capsys.readouterr().out)
     assert code == 0 and len(rows) == 1
-    for k in ("mode", "workers", "updates", "wall_s", "updates_per_s", "final_loss", "loss_curve",
-              "max_staleness", "staleness_histogram", "bytes_on_wire"):
+    for k in (
+        "mode",
+        "workers",
+        "updates",
+        "wall_s",
+        "updates_per_s",
+        "final_loss",
+        "loss_curve",
+        "max_staleness",
+        "staleness_histogram",
+        "bytes_on_wire",
+    ):
         assert k in rows[0]
     assert all(len(x) == 3 for x in rows[0]["loss_curve"])
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["sgd", "--mode", "gossip"], "--mode"),
-    (["sgd", "--straggler", "7:2", "--workers", "4"], "--straggler"),
-    (["sgd", "--straggler", "one"], "--straggler"),
-    (["sgd", "--model", "resnet"], "--model"),
-    (["sgd", "--staleness", "-1"], "--staleness"),
-    (["sgd", "--slow-link", "0:9:10:100"], "--slow-link"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["sgd", "--mode", "gossip"], "--mode"),
+        (["sgd", "--straggler", "7:2", "--workers", "4"], "--straggler"),
+        (["sgd", "--straggler", "one"], "--straggler"),
+        (["sgd", "--model", "resnet"], "--model"),
+        (["sgd", "--staleness", "-1"], "--staleness"),
+        (["sgd", "--slow-link", "0:9:10:100"], "--slow-link"),
+    ],
+)
 def test_cli_bad_input(argv, needle, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err

@@ -35,8 +35,10 @@ def _attention_rank(comm, comm_type, balanced):
     mine = [z.detach()[:, :, pos].clone().requires_grad_() for z in (q, k, v)]
     out = cp.attend(*mine)
     (out * dy[:, :, pos]).sum().backward()
-    err = max(float((out - y[:, :, pos]).abs().max().detach()),
-              *(float((a.grad - b.grad[:, :, pos]).abs().max()) for a, b in zip(mine, (q, k, v))))
+    err = max(
+        float((out - y[:, :, pos]).abs().max().detach()),
+        *(float((a.grad - b.grad[:, :, pos]).abs().max()) for a, b in zip(mine, (q, k, v))),
+    )
     return err, cp.blocks, sum(r.bytes for r in comm.ledger.records if r.phase == "cp"), pos.tolist()
 
 
@@ -44,11 +46,11 @@ def _attention_rank(comm, comm_type, balanced):
 @pytest.mark.parametrize("comm_type", COMM_TYPES)
 def test_each_comm_type_attends_as_the_whole_sequence_does_and_sends_its_closed_form(comm_type, cp):
     res = launch(_attention_rank, cp, comm_type, True, timeout=60)
-    n = 2 * 4 * (16 // cp) * 8                           # one rank's queries: B · nh · T/cp · hd
+    n = 2 * 4 * (16 // cp) * 8  # one rank's queries: B · nh · T/cp · hd
     assert all(err < 1e-12 for err, *_ in res), [r[0] for r in res]
     assert {b for *_, b, _ in res} == {cp_bytes(comm_type, cp, 1, n, 8)[0]}
-    assert sorted(p for *_, pos in res for p in pos) == list(range(16))      # every position on exactly one rank
-    if comm_type != "a2a":                # each rank attends 2·cp + 1 chunk pairs: equal, not merely close
+    assert sorted(p for *_, pos in res for p in pos) == list(range(16))  # every position on exactly one rank
+    if comm_type != "a2a":  # each rank attends 2·cp + 1 chunk pairs: equal, not merely close
         assert [blocks for _, blocks, *_ in res] == [2 * cp + 1] * cp
 
 
@@ -60,12 +62,22 @@ def test_a_contiguous_split_would_load_rank_r_with_4r_plus_3_chunk_pairs():
     assert [blocks for _, blocks, *_ in res] == [3, 7, 11, 15]
 
 
-LAYOUTS = [dict(cp=2), dict(cp=2, cp_comm_type="all_gather"), dict(cp=2, cp_comm_type="a2a"), dict(cp=4),
-           dict(cp=4, cp_comm_type="all_gather"), dict(cp=4, cp_comm_type="a2a"),
-           dict(cp=2, tp=2), dict(cp=2, tp=2, sequence_parallel=True, cp_comm_type="all_gather"),
-           dict(cp=2, tp=2, cp_comm_type="a2a"), dict(cp=2, pp=2), dict(cp=2, pp=2, cp_comm_type="a2a"),
-           dict(cp=2, dp=2, zero=1), dict(cp=2, dp=2, zero=3, microbatches=1),
-           dict(cp=2, tp=2, pp=2, schedule="interleaved", interleave=2)]
+LAYOUTS = [
+    dict(cp=2),
+    dict(cp=2, cp_comm_type="all_gather"),
+    dict(cp=2, cp_comm_type="a2a"),
+    dict(cp=4),
+    dict(cp=4, cp_comm_type="all_gather"),
+    dict(cp=4, cp_comm_type="a2a"),
+    dict(cp=2, tp=2),
+    dict(cp=2, tp=2, sequence_parallel=True, cp_comm_type="all_gather"),
+    dict(cp=2, tp=2, cp_comm_type="a2a"),
+    dict(cp=2, pp=2),
+    dict(cp=2, pp=2, cp_comm_type="a2a"),
+    dict(cp=2, dp=2, zero=1),
+    dict(cp=2, dp=2, zero=3, microbatches=1),
+    dict(cp=2, tp=2, pp=2, schedule="interleaved", interleave=2),
+]
 
 
 @pytest.mark.parametrize("kw", LAYOUTS, ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
@@ -75,11 +87,14 @@ def test_cp_layouts_equal_the_one_rank_run_and_send_their_closed_forms(kw):
     out = summarise(cfg, launch(train_rank, cfg.world, cfg, timeout=60), "local", reference(cfg))
     assert out.max_rel_loss_diff < 1e-9 and out.max_abs_weight_diff < 1e-9, out.losses
     want = {"cp", "zero" if cfg.layout.zero else "dp"} | {k for k in ("tp", "pp") if cfg.layout.get(k) > 1}
-    assert want <= set(out.traffic_exact) and all(out.traffic_exact.values()), \
-        (out.bytes_per_rank_by_phase, out.predicted_bytes_per_rank_by_phase)
+    assert want <= set(out.traffic_exact) and all(out.traffic_exact.values()), (
+        out.bytes_per_rank_by_phase,
+        out.predicted_bytes_per_rank_by_phase,
+    )
     # ZeRO shards and the gradients' reduction span dp x cp: the planner's count of the same buffers
-    assert {k: out.memory_bytes[k] for k in ("params", "grads", "optimizer")} == \
-        {k: v for k, v in trainer_memory(cfg.model, cfg.layout, 8).items() if k != "activations"}
+    assert {k: out.memory_bytes[k] for k in ("params", "grads", "optimizer")} == {
+        k: v for k, v in trainer_memory(cfg.model, cfg.layout, 8).items() if k != "activations"
+    }
 
 
 def test_ring_attention_over_gloo_trains_the_local_fabrics_losses():
@@ -95,29 +110,38 @@ def test_the_trainer_refuses_only_the_cp_layouts_its_model_cannot_split():
     def rejected(**kw):
         cfg = TrainConfig.make(model=kw.pop("model", TINY), **kw)
         return [r.field for r in limits.check(cfg.layout, cfg.model)]
-    assert rejected(cp=2) == [] and rejected(cp=8, cp_comm_type="p2p") == []     # 16 positions, 16 chunks
-    assert "cp" in rejected(cp=3)                                               # 16 is not 6 chunks
-    assert "cp" in rejected(cp=2, tp=4, cp_comm_type="a2a")                     # 1 head per tp rank over cp 2
+
+    assert rejected(cp=2) == [] and rejected(cp=8, cp_comm_type="p2p") == []  # 16 positions, 16 chunks
+    assert "cp" in rejected(cp=3)  # 16 is not 6 chunks
+    assert "cp" in rejected(cp=2, tp=4, cp_comm_type="a2a")  # 1 head per tp rank over cp 2
     assert rejected(cp=4, cp_comm_type="a2a") == []
-    assert rejected(cp=2, dp=2, ep=2, model=ModelShape(layers=4, hidden=16, heads=4, seq=8, vocab=32, experts=4,
-                                                       top_k=2)) == []     # experts: tests/test_context_parallel_moe.py
+    assert (
+        rejected(cp=2, dp=2, ep=2, model=ModelShape(layers=4, hidden=16, heads=4, seq=8, vocab=32, experts=4, top_k=2))
+        == []
+    )  # experts: tests/test_context_parallel_moe.py
 
 
-@pytest.mark.parametrize("argv, words", [(["--cp", "3"], "2 x cp chunks"),
-                                         (["--cp", "2", "--tp", "4", "--cp-comm-type", "a2a"], "heads 4"),
-                                         (["--cp", "2", "--cp-comm-type", "ring"], "--cp-comm-type")])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--cp", "3"], "2 x cp chunks"),
+        (["--cp", "2", "--tp", "4", "--cp-comm-type", "a2a"], "heads 4"),
+        (["--cp", "2", "--cp-comm-type", "ring"], "--cp-comm-type"),
+    ],
+)
 def test_a_cp_the_model_cannot_split_is_one_line(argv, words, capsys):
     try:
         code = main(["train", *argv])
-    except SystemExit as e:                  # argparse's own refusal of a choice
+    except SystemExit as e:  # argparse's own refusal of a choice
         code = e.code
     err = capsys.readouterr().err
     assert code == 2 and words in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2, err
 
 
 def test_cli_trains_cp_and_prints_its_closed_form(capsys):
-    assert main(["train", "--cp", "2", "--tp", "2", "--steps", "2", "--layers", "2", "--check",
-                 "--dtype", "float64"]) == 0
+    assert (
+        main(["train", "--cp", "2", "--tp", "2", "--steps", "2", "--layers", "2", "--check", "--dtype", "float64"]) == 0
+    )
     out = capsys.readouterr().out
     assert "tp2 cp2 p2p pp1 dp1" in out
     line = next(s for s in out.splitlines() if s.startswith("#   cp "))
@@ -144,9 +168,10 @@ def _kernels_rank(comm, comm_type):
     from netmorph.models.gpt import GPTStage, synthetic_batch
     from netmorph.parallel.tensor_parallel import TensorParallel
     from netmorph.runtime.base import Group
+
     cp = ContextParallel(comm, comm.new_group(list(range(comm.world))), comm_type) if comm.world > 1 else None
     counts = []
-    for layers in (1, 1, 3):                # the first pass warms what dispatches only once in a process
+    for layers in (1, 1, 3):  # the first pass warms what dispatches only once in a process
         cfg = ModelShape(layers=layers, hidden=16, heads=4, seq=16, vocab=32)
         model = GPTStage(cfg, layers=TensorParallel(comm, Group([comm.rank]), cp=cp), dtype=torch.float32)
         x, y = synthetic_batch(cfg, range(2))
@@ -168,7 +193,7 @@ def test_the_operators_the_planner_charges_for_cp_are_the_attentions_own():
     for comm_type in COMM_TYPES:
         for cp in (2, 4):
             got = launch(_kernels_rank, cp, comm_type, timeout=60)
-            busiest = max(got)            # the load balance: within cp - 1 operators (all_gather's slices read)
+            busiest = max(got)  # the load balance: within cp - 1 operators (all_gather's slices read)
             assert all(b - g <= cp - 1 for r in got for g, b in zip(r, busiest)), got
             extra = tuple(g - b for g, b in zip(busiest, base))
             assert extra == cp_kernels(cp, comm_type), (comm_type, cp, extra)

@@ -32,8 +32,12 @@ def test_the_cp_ranks_losses_with_the_sequences_fractions_average_to_the_sequenc
     whole = load_balancing_loss(probs, experts, E, 0.01)
     (g_whole,) = torch.autograd.grad(whole, logits, retain_graph=True)
     chunk = T // (2 * cp)
-    parts = [torch.cat([torch.arange(r * chunk, (r + 1) * chunk),
-                        torch.arange((2 * cp - 1 - r) * chunk, (2 * cp - r) * chunk)]) for r in range(cp)]
+    parts = [
+        torch.cat(
+            [torch.arange(r * chunk, (r + 1) * chunk), torch.arange((2 * cp - 1 - r) * chunk, (2 * cp - r) * chunk)]
+        )
+        for r in range(cp)
+    ]
     totals = (torch.bincount(experts.reshape(-1), minlength=E), T)
     mean = sum(load_balancing_loss(probs[p], experts[p], E, 0.01, totals) for p in parts) / cp
     (g_mean,) = torch.autograd.grad(mean, logits, retain_graph=True)
@@ -42,9 +46,14 @@ def test_the_cp_ranks_losses_with_the_sequences_fractions_average_to_the_sequenc
     assert abs(float(local.detach()) - float(whole.detach())) > 1e-6
 
 
-LAYOUTS = [dict(cp=2), dict(cp=2, dp=2, ep=2), dict(cp=2, dp=2, ep=2, zero=1, cp_comm_type="a2a"),
-           dict(cp=2, dp=2, ep=2, tp=2, cp_comm_type="all_gather"), dict(cp=2, dp=2, ep=2, pp=2),
-           dict(cp=4, dp=2, ep=2, zero=2)]
+LAYOUTS = [
+    dict(cp=2),
+    dict(cp=2, dp=2, ep=2),
+    dict(cp=2, dp=2, ep=2, zero=1, cp_comm_type="a2a"),
+    dict(cp=2, dp=2, ep=2, tp=2, cp_comm_type="all_gather"),
+    dict(cp=2, dp=2, ep=2, pp=2),
+    dict(cp=4, dp=2, ep=2, zero=2),
+]
 
 
 @pytest.mark.parametrize("kw", LAYOUTS, ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
@@ -54,16 +63,22 @@ def test_cp_with_experts_equals_the_one_rank_run_and_sends_its_closed_forms(kw):
     out = summarise(cfg, launch(train_rank, cfg.world, cfg, timeout=60), "local", reference(cfg))
     assert out.max_rel_loss_diff < 1e-9 and out.max_abs_weight_diff < 1e-9, out.losses
     want = {"cp", "moe.cp"} | ({"moe.dispatch", "moe.combine", "moe.counts"} if cfg.layout.ep > 1 else set())
-    assert want <= set(out.traffic_exact) and all(out.traffic_exact.values()), \
-        (out.bytes_per_rank_by_phase, out.predicted_bytes_per_rank_by_phase)
+    assert want <= set(out.traffic_exact) and all(out.traffic_exact.values()), (
+        out.bytes_per_rank_by_phase,
+        out.predicted_bytes_per_rank_by_phase,
+    )
     # the experts' replicas (and their ZeRO shards) span cp x dp / ep: the planner's count of the same buffers
-    assert {k: out.memory_bytes[k] for k in ("params", "grads", "optimizer")} == \
-        {k: v for k, v in trainer_memory(cfg.model, cfg.layout, 8).items() if k != "activations"}
+    assert {k: out.memory_bytes[k] for k in ("params", "grads", "optimizer")} == {
+        k: v for k, v in trainer_memory(cfg.model, cfg.layout, 8).items() if k != "activations"
+    }
 
 
-ROUTERS = [(Router(), dict(cp=2, dp=2, ep=2)), (Router(drop_policy="probs"), dict(cp=4, dp=2, ep=2)),
-           (Router(jitter_eps=0.1), dict(cp=2, dp=2, ep=2, pp=2)),
-           (Router(dropless=True, jitter_eps=0.2), dict(cp=2, tp=2, cp_comm_type="a2a"))]
+ROUTERS = [
+    (Router(), dict(cp=2, dp=2, ep=2)),
+    (Router(drop_policy="probs"), dict(cp=4, dp=2, ep=2)),
+    (Router(jitter_eps=0.1), dict(cp=2, dp=2, ep=2, pp=2)),
+    (Router(dropless=True, jitter_eps=0.2), dict(cp=2, tp=2, cp_comm_type="a2a")),
+]
 
 
 @pytest.mark.parametrize("router, kw", ROUTERS, ids=["capacity", "capacity-probs-cp4", "jitter-pp2", "jitter-a2a"])

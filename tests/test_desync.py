@@ -2,7 +2,6 @@
 calls, on every backend that carries netmorph messages -- never a wrong result, never a bare
 IndexError. (Each case below returned wrong sums, hung or raised IndexError before.)"""
 
-
 import numpy as np
 import pytest
 
@@ -15,9 +14,9 @@ BACKENDS = ["local", "torch"]
 
 def _root_disagrees(comm):
     x = np.full(4, float(comm.rank + 1), dtype=np.float32)
-    comm.broadcast(x, src=0 if comm.rank == 0 else 1)         # the others think the root is 1
+    comm.broadcast(x, src=0 if comm.rank == 0 else 1)  # the others think the root is 1
     y = np.ones(4, dtype=np.float32)
-    comm.all_reduce(y)                                         # correctly matched: must not eat the leftovers
+    comm.all_reduce(y)  # correctly matched: must not eat the leftovers
     return y.tolist()
 
 
@@ -82,7 +81,7 @@ def test_mismatched_calls_raise_collective_mismatch(case, backend):
     err = ei.value
     assert err.root.exc_type == "CollectiveMismatch", str(err)
     assert "collective mismatch" in err.root.message and words in err.root.message, err.root.message
-    if backend == "local":       # the local fabric publishes the mismatch: every blocked rank names it
+    if backend == "local":  # the local fabric publishes the mismatch: every blocked rank names it
         blocked = [f for f in err.failures if f.exc_type]
         assert all(f.exc_type == "CollectiveMismatch" for f in blocked), str(err)
 
@@ -112,7 +111,7 @@ def _matched(comm):
     x = np.arange(8, dtype=np.float64) * (comm.rank + 1)
     comm.all_reduce(x)
     g = comm.new_group([0, 1]) if comm.rank < 2 else None
-    if g is not None:                      # a subgroup's calls are counted on the subgroup
+    if g is not None:  # a subgroup's calls are counted on the subgroup
         comm.all_reduce(np.ones(3), group=g)
     comm.all_reduce(np.ones(2))
     if comm.rank == 0:

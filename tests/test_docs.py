@@ -21,7 +21,7 @@ def _blocks():
     for page in PAGES:
         text = page.read_text()
         for m in BLOCK.finditer(text):
-            line = text[:m.start()].count("\n") + 1
+            line = text[: m.start()].count("\n") + 1
             yield pytest.param(m.group(1), id=f"{page.relative_to(ROOT)}:{line}")
 
 
@@ -46,7 +46,13 @@ def test_the_docs_site_builds_strictly(tmp_path):
     exists and every link between pages resolves."""
     exe = Path(sys.executable).parent / "mkdocs"
     assert exe.exists(), "mkdocs is not installed: pip install -e '.[dev]' (make test does)"
-    r = subprocess.run([str(exe), "build", "--strict", "-q", "-d", str(tmp_path / "site")], cwd=ROOT,
-                       capture_output=True, text=True, timeout=100, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    r = subprocess.run(
+        [str(exe), "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert (tmp_path / "site" / "extending" / "index.html").exists()

@@ -28,22 +28,22 @@ def _regular(det, mean, spread, n, t0=0.0):
 @pytest.mark.parametrize("k", [0.0, 1.0, 2.0, 3.5])
 def test_phi_is_the_normal_models_tail_on_a_log_scale(mean, spread, k):
     det = PhiAccrual(max_sample_size=200, min_std_deviation=1e-6)
-    last = _regular(det, mean, spread, 400)            # the prior's two samples are long evicted
+    last = _regular(det, mean, spread, 400)  # the prior's two samples are long evicted
     mu, sigma = det.mean_std()
     assert mu == pytest.approx(mean, rel=1e-9) and sigma == pytest.approx(spread, rel=1e-9)
     delta = mean + k * spread
     want = -math.log10(1 - NormalDist(mean, spread).cdf(delta))
     assert det.phi(last + delta) == pytest.approx(want, rel=1e-9, abs=1e-12)
     if k == 0.0:
-        assert det.phi(last + delta) == pytest.approx(math.log10(2))      # half the beats come later than the mean
+        assert det.phi(last + delta) == pytest.approx(math.log10(2))  # half the beats come later than the mean
 
 
 def test_phi_floors_sigma_and_adds_the_acceptable_pause():
     det = PhiAccrual(max_sample_size=50, min_std_deviation=0.1, acceptable_heartbeat_pause=0.5)
-    last = _regular(det, 1.0, 0.0, 100)                 # perfectly regular: σ = 0, floored to 0.1
+    last = _regular(det, 1.0, 0.0, 100)  # perfectly regular: σ = 0, floored to 0.1
     want = -math.log10(1 - NormalDist(1.5, 0.1).cdf(1.7))
     assert det.phi(last + 1.7) == pytest.approx(want, rel=1e-9)
-    assert det.phi(last + 60.0) > 1e4 and math.isfinite(det.phi(last + 1e6))   # beyond the double-precision tail
+    assert det.phi(last + 60.0) > 1e4 and math.isfinite(det.phi(last + 1e6))  # beyond the double-precision tail
 
 
 def test_fixed_timeout_fires_between_timeout_and_one_interval_later():
@@ -52,13 +52,14 @@ def test_fixed_timeout_fires_between_timeout_and_one_interval_later():
         det = FixedTimeout(timeout)
         det.heartbeat(10.0)
         t = 10.0 + phase
-        while not det.suspect(t):                      # a monitor checking every interval
+        while not det.suspect(t):  # a monitor checking every interval
             t += interval
         assert timeout < t - 10.0 <= timeout + interval
 
 
 def _beater(path, rank, interval, jitter, seed):
     import torch.distributed as dist
+
     store = dist.FileStore(path, -1)
     rng = random.Random(seed)
     hb = Heartbeat(store, rank, interval)
@@ -70,6 +71,7 @@ def _beater(path, rank, interval, jitter, seed):
 
 def _store(tmp_path):
     import torch.distributed as dist
+
     return dist.FileStore(str(tmp_path / "store"), -1)
 
 
@@ -82,9 +84,10 @@ def test_a_dead_or_hung_peer_is_suspected(tmp_path, how):
     p = mp.get_context("fork").Process(target=_beater, args=(str(tmp_path / "store"), 1, 0.05, 0.0, 0), daemon=True)
     p.start()
     try:
-        mon = Monitor(store, [1], lambda: PhiAccrual(min_std_deviation=0.02, first_heartbeat_estimate=0.05),
-                      interval=0.02)
-        assert mon.watch(1.0)[1] is None                  # beating: not suspected
+        mon = Monitor(
+            store, [1], lambda: PhiAccrual(min_std_deviation=0.02, first_heartbeat_estimate=0.05), interval=0.02
+        )
+        assert mon.watch(1.0)[1] is None  # beating: not suspected
         os.kill(p.pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
         t0 = time.monotonic()
         while not mon.suspects():
@@ -105,8 +108,9 @@ def test_a_slow_but_alive_peer_is_not_ejected_at_the_default_threshold(tmp_path)
     p = mp.get_context("fork").Process(target=_beater, args=(str(tmp_path / "store"), 1, 0.05, 0.1, 7), daemon=True)
     p.start()
     try:
-        mon = Monitor(store, [1], lambda: PhiAccrual(min_std_deviation=0.05, first_heartbeat_estimate=0.1),
-                      interval=0.02)
+        mon = Monitor(
+            store, [1], lambda: PhiAccrual(min_std_deviation=0.05, first_heartbeat_estimate=0.1), interval=0.02
+        )
         assert mon.watch(3.0)[1] is None
     finally:
         p.kill()
@@ -119,16 +123,17 @@ def test_heartbeat_thread_publishes_and_stops(tmp_path):
     time.sleep(0.2)
     assert int(store.get("netmorph/hb/3")) >= 3
     hb.stop()
-    assert store.get("netmorph/hb/3") == b"done"          # its last word: finished, not silent
+    assert store.get("netmorph/hb/3") == b"done"  # its last word: finished, not silent
     n = hb.count
     time.sleep(0.1)
-    assert hb.count == n and store.get("netmorph/hb/3") == b"done"     # stopped: no more beats
+    assert hb.count == n and store.get("netmorph/hb/3") == b"done"  # stopped: no more beats
 
 
 def _suspect_each_other(path, me, other, go, out):
     import torch.distributed as dist
 
     from netmorph.elastic import Rendezvous, View
+
     rdzv = Rendezvous(dist.FileStore(path, -1), min_workers=1)
     go.wait()
     view = rdzv.propose(View(0, (0, 1, 2), 5), suspects={other})
@@ -151,20 +156,21 @@ def test_two_peers_suspecting_each_other_adopt_one_view(tmp_path):
             p.join(10)
         assert views[0] == views[1]
         members = View.from_json(views[0]).members
-        assert members in ((0, 2), (1, 2))                # exactly one proposal landed
+        assert members in ((0, 2), (1, 2))  # exactly one proposal landed
 
 
 def test_views_advance_joiners_enter_and_too_few_members_is_an_error(tmp_path):
     from netmorph.elastic import MembershipError, Rendezvous, View
+
     rdzv = Rendezvous(_store(tmp_path), min_workers=2)
     v0 = rdzv.start([0, 1, 2, 3])
-    assert v0 == View(0, (0, 1, 2, 3), 0) and rdzv.start([0, 1]) == v0          # first write wins
+    assert v0 == View(0, (0, 1, 2, 3), 0) and rdzv.start([0, 1]) == v0  # first write wins
     v1 = rdzv.propose(v0, suspects={2}, first_step=60)
     assert v1 == View(1, (0, 1, 3), 60) and rdzv.current() == v1
     rdzv.announce(4, v1.epoch)
     v2 = rdzv.propose(v1, candidates=[4, 5], first_step=120)
     assert v2 == View(2, (0, 1, 3, 4), 120)
-    assert rdzv.propose(v1, suspects={0}) == v2                                  # epoch 2 is agreed already
+    assert rdzv.propose(v1, suspects={0}) == v2  # epoch 2 is agreed already
     with pytest.raises(MembershipError, match="fewer than min_workers 2"):
         rdzv.propose(v2, suspects={0, 1, 3})
 
@@ -176,13 +182,16 @@ def test_chaos_kills_and_joins_change_nothing_but_the_members(seed):
     on the same global batches (float64), each death costs at most the one step in flight, and nothing is
     left running."""
     from netmorph.elastic.train import ElasticConfig, train
+
     rng = random.Random(seed)
     workers = 5
     victims = rng.sample(range(workers), rng.randint(1, 3))
     kills = tuple((r, s) for r, s in zip(victims, sorted(rng.sample(range(1, 40), len(victims)))))
     joins = ((1, rng.randrange(1, 40)),)
-    out = train(ElasticConfig(workers=workers, min_workers=workers - len(kills), steps=40, kills=kills, joins=joins,
-                              seed=seed), check=True)
+    out = train(
+        ElasticConfig(workers=workers, min_workers=workers - len(kills), steps=40, kills=kills, joins=joins, seed=seed),
+        check=True,
+    )
     assert out["max_rel_loss_diff"] <= 1e-9 and out["max_rel_param_diff"] <= 1e-9
     assert out["dead"] == sorted(r for r, _ in kills)
     assert out["epochs"][-1]["members"] == sorted(set(range(workers + 1)) - set(victims))
@@ -195,24 +204,29 @@ def test_chaos_kills_and_joins_change_nothing_but_the_members(seed):
 def test_falling_below_min_workers_ends_the_run_naming_why():
     from netmorph.elastic.train import ElasticConfig, train
     from netmorph.runtime import LaunchError
+
     with pytest.raises(LaunchError) as e:
         train(ElasticConfig(workers=3, min_workers=2, steps=20, kills=((2, 3), (1, 8))))
     assert e.value.root.exc_type == "MembershipError" and "fewer than min_workers 2" in e.value.root.message
 
 
-@pytest.mark.parametrize("argv,flag", [
-    (["elastic", "--steps", "10", "--kill", "2@10"], "--kill"),
-    (["elastic", "--workers", "4", "--kill", "7@3"], "--kill"),
-    (["elastic", "--workers", "4", "--min-workers", "5"], "--min-workers"),
-    (["elastic", "--kill", "two@3"], "--kill"),
-    (["elastic", "--kill", "1@3", "--kill", "1@5"], "--kill"),
-    (["elastic", "--seed", "-1"], "--seed"),
-    (["elastic", "--steps", "10", "--join", "1@10"], "--join"),
-    (["elastic", "--join", "one@3"], "--join"),
-    (["elastic", "--job", "gpt", "--kill", "1@5", "--global-batch", "10"], "--global-batch"),
-])
+@pytest.mark.parametrize(
+    "argv,flag",
+    [
+        (["elastic", "--steps", "10", "--kill", "2@10"], "--kill"),
+        (["elastic", "--workers", "4", "--kill", "7@3"], "--kill"),
+        (["elastic", "--workers", "4", "--min-workers", "5"], "--min-workers"),
+        (["elastic", "--kill", "two@3"], "--kill"),
+        (["elastic", "--kill", "1@3", "--kill", "1@5"], "--kill"),
+        (["elastic", "--seed", "-1"], "--seed"),
+        (["elastic", "--steps", "10", "--join", "1@10"], "--join"),
+        (["elastic", "--join", "one@3"], "--join"),
+        (["elastic", "--job", "gpt", "--kill", "1@5", "--global-batch", "10"], "--global-batch"),
+    ],
+)
 def test_bad_elastic_flags_are_one_line_exit_2(argv, flag, capsys):
     from netmorph.cli import main
+
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert flag in err and len(err.strip().splitlines()) == 1
@@ -228,6 +242,7 @@ def test_the_baselines_recover_the_same_job_redoing_every_step_since_the_checkpo
 
     from netmorph.elastic.restart import restart_all
     from netmorph.elastic.train import ElasticConfig, reference, train
+
     cfg = ElasticConfig(workers=4, steps=60, kills=((2, 25), (1, 47)), commit_every=10)
     _, w_ref = reference(cfg)
     restart = restart_all(cfg)
@@ -240,6 +255,7 @@ def test_the_baselines_recover_the_same_job_redoing_every_step_since_the_checkpo
     # the timelines the figure draws: the restart's progress falls back to the checkpoint, nobody trains
     # between a death and the restart; in place it never falls back by more than the step in flight
     from netmorph.elastic.recovery import caught_up
+
     done = [s for _, s, n in restart["timeline"] if n > 0]
     falls = [(a, b) for a, b in zip(done, done[1:]) if b <= a]
     assert falls == [(25, 21), (47, 41)]
@@ -257,6 +273,7 @@ def test_a_hung_worker_is_found_by_its_heartbeats_fenced_and_left_behind(detecto
     """SIGSTOPped, not dead: the survivors time out, the phi-accrual detector over the store heartbeats names
     it (the slow-but-beating members are not), it is SIGKILLed and the run equals the failure-free one."""
     from netmorph.elastic.train import ElasticConfig, train
+
     out = train(ElasticConfig(workers=4, steps=30, hangs=((2, 10),), timeout=1.5, detector=detector), check=True)
     assert out["max_rel_loss_diff"] <= 1e-9 and out["max_rel_param_diff"] <= 1e-9
     assert out["dead"] == [2] and out["epochs"][-1]["members"] == [0, 1, 3]
@@ -270,9 +287,28 @@ def test_compare_plots_the_three_recoveries_and_reports_them_in_json(tmp_path, c
     import json
 
     from netmorph.cli import main
+
     png = tmp_path / "rec.png"
-    assert main(["elastic", "--job", "lsq", "--steps", "30", "--kill", "2@12", "--compare", "--checkpoint-every", "5",
-                 "--plot", str(png), "--json"]) == 0
+    assert (
+        main(
+            [
+                "elastic",
+                "--job",
+                "lsq",
+                "--steps",
+                "30",
+                "--kill",
+                "2@12",
+                "--compare",
+                "--checkpoint-every",
+                "5",
+                "--plot",
+                str(png),
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     c = out["compare"]
@@ -288,8 +324,11 @@ def test_workers_killed_in_the_same_step_leave_the_survivors_training(killed, mi
     """They die milliseconds apart; the survivors' agreement used to wait for the second one's progress
     and end in a TimeoutError naming it."""
     from netmorph.elastic.train import ElasticConfig, train
-    out = train(ElasticConfig(workers=4, min_workers=min_workers, steps=20, kills=tuple((r, 7) for r in killed),
-                              timeout=2), check=True)
+
+    out = train(
+        ElasticConfig(workers=4, min_workers=min_workers, steps=20, kills=tuple((r, 7) for r in killed), timeout=2),
+        check=True,
+    )
     assert out["max_rel_loss_diff"] <= 1e-9 and out["dead"] == list(killed)
     assert out["epochs"][-1]["members"] == sorted(set(range(4)) - set(killed))
     assert sorted(r for e in out["events"] for r in e["ranks"]) == list(killed)
@@ -299,6 +338,7 @@ def test_workers_killed_in_the_same_step_leave_the_survivors_training(killed, mi
 def test_two_killed_in_one_step_below_the_minimum_is_a_membership_error():
     from netmorph.elastic.train import ElasticConfig, train
     from netmorph.runtime import LaunchError
+
     with pytest.raises(LaunchError) as e:
         train(ElasticConfig(workers=4, min_workers=3, steps=20, kills=((1, 7), (2, 7)), timeout=2))
     assert e.value.root.exc_type == "MembershipError", str(e.value)
@@ -311,18 +351,35 @@ def test_a_worker_stopped_from_outside_is_ejected_and_the_run_finishes():
     import sys
 
     from netmorph.runtime.transport.blame import stop_rank
+
     # --timeout 3, not 1: on two cores shared with another test worker a survivor can go a second without progress
     # and every such stall is a round of fencing and agreement (2 of 7 CI runs once failed under load with every
     # survivor waiting in one all-reduce; never reproduced alone)
-    proc = subprocess.Popen([sys.executable, "-m", "netmorph", "elastic", "--job", "lsq", "--workers", "4", "--steps",
-                             "1500", "--timeout", "3", "--check"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "netmorph",
+            "elastic",
+            "--job",
+            "lsq",
+            "--workers",
+            "4",
+            "--steps",
+            "1500",
+            "--timeout",
+            "3",
+            "--check",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     # frozen wherever it is: not the --hang flag's own SIGSTOP
     assert stop_rank(proc.pid, 4, 2, after=0.3) is not None, "the four workers never came up"
     out, err = proc.communicate(timeout=80)
     assert proc.returncode == 0, err[-2000:]
     assert "hang rank 2" in out and "✓" in out, out
-
 
 
 def _beat_as(path, rank, interval, stop_after):
@@ -331,6 +388,7 @@ def _beat_as(path, rank, interval, stop_after):
     import torch.distributed as dist
 
     from netmorph.elastic import publish_pid
+
     store = dist.FileStore(path, -1)
     publish_pid(store, rank)
     hb = Heartbeat(store, rank, interval).start()
@@ -347,19 +405,24 @@ def test_the_watchdog_fences_a_hung_worker_and_leaves_a_finished_one(tmp_path):
     and SIGKILLs it (the fabric then sees it exit); a worker that said it is done stays alive, however long it is
     silent. A survivor whose own watchdog did not fence it learns the silence from the store (morph's reason)."""
     from netmorph.elastic import Watchdog
+
     store, path = _store(tmp_path), str(tmp_path / "store")
     ctx = mp.get_context("fork")
     hung = ctx.Process(target=_beat_as, args=(path, 1, 0.05, 0.3), daemon=True)
     done = ctx.Process(target=_beat_as, args=(path, 2, 0.05, -0.3), daemon=True)
     hung.start(), done.start()
-    dog = Watchdog(store, [1, 2], lambda: PhiAccrual(first_heartbeat_estimate=0.05, min_std_deviation=0.025,
-                                                     acceptable_heartbeat_pause=0.3), interval=0.02).start()
+    dog = Watchdog(
+        store,
+        [1, 2],
+        lambda: PhiAccrual(first_heartbeat_estimate=0.05, min_std_deviation=0.025, acceptable_heartbeat_pause=0.3),
+        interval=0.02,
+    ).start()
     try:
         hung.join(20)
         assert hung.exitcode == -signal.SIGKILL, "the hung worker was never fenced"
-        time.sleep(0.6)                                    # twice the pause: a silent beater would be fenced by now
+        time.sleep(0.6)  # twice the pause: a silent beater would be fenced by now
         assert done.is_alive() and list(dog.fenced) == [1] and 0.3 < dog.fenced[1] < 10
-        other = Watchdog(store, [1, 2], lambda: PhiAccrual())                  # never started: fenced nothing
+        other = Watchdog(store, [1, 2], lambda: PhiAccrual())  # never started: fenced nothing
         assert other.fenced == {} and other.silence([1, 2]) == {1: dog.fenced[1]}
     finally:
         dog.stop()
@@ -375,6 +438,7 @@ def _lose(comm, victim: int) -> None:
     import numpy as np
 
     from netmorph.runtime.transport import PeerLost
+
     if comm.slot == victim:
         os.kill(os.getpid(), signal.SIGKILL)
     try:
@@ -387,13 +451,14 @@ def _respawned(comm):
     """Rank 1 dies; rank 0 re-forms alone, asks for rank 1 back; the new rank 1 (it holds nothing) re-forms with
     it on the next epoch and the two all-reduce: the revived slot carries messages as the first one did."""
     import numpy as np
+
     if comm.joined:
         comm.reform([0, 1], 2)
         x = np.array([10.0])
         comm.all_reduce(x)
         return float(x[0])
     x = np.array([1.0 + comm.rank])
-    comm.all_reduce(x)                            # epoch 0: both
+    comm.all_reduce(x)  # epoch 0: both
     _lose(comm, 1)
     comm.reform([0], 1)
     comm.respawn([1])
@@ -406,6 +471,7 @@ def _respawned(comm):
 @pytest.mark.timeout(60)
 def test_a_dead_ranks_slot_takes_a_new_process_that_joins_on_a_later_epoch():
     from netmorph.runtime.launch import launch
+
     got = launch(_respawned, 2, timeout=20.0, elastic=True)
     results, deaths = list(got), got.deaths
     assert results == [15.0, 15.0] and [r for r, _ in deaths] == [1]
@@ -415,22 +481,23 @@ def _shrunk(comm):
     """Slot 0 dies; slots 1 and 2 shrink to a communicator of 2 numbered 0 and 1 (ncclCommShrink) and talk by
     the new numbers -- a collective, a send and a receive from any -- then slot 0's new process grows it back."""
     import numpy as np
+
     if comm.joined:
         comm.reform([0, 1, 2], 2, renumber=True)
         x = np.array([100.0])
         comm.all_reduce(x)
         return comm.rank, comm.world, float(x[0]), None
-    comm.all_reduce(np.zeros(1))                  # epoch 0: all three
+    comm.all_reduce(np.zeros(1))  # epoch 0: all three
     _lose(comm, 0)
     comm.reform([1, 2], 1, renumber=True)
     shrunk = (comm.rank, comm.world, comm.slot)
     x = np.array([float(comm.slot)])
-    comm.all_reduce(x)                            # 1 + 2
+    comm.all_reduce(x)  # 1 + 2
     got = np.zeros(1)
     if comm.rank == 0:
         comm.send(np.array([7.0]), 1)
     else:
-        assert comm.recv_any(got) == 0            # the sender by its new number
+        assert comm.recv_any(got) == 0  # the sender by its new number
     peers = sorted({(r.src, r.dst) for r in comm.ledger.records if r.op == "send"})
     if comm.rank == 0:
         comm.respawn([0])
@@ -443,14 +510,15 @@ def _shrunk(comm):
 @pytest.mark.timeout(60)
 def test_survivors_renumber_from_zero_and_a_new_process_grows_the_communicator_back():
     from netmorph.runtime.launch import launch
+
     got = launch(_shrunk, 3, timeout=20.0, elastic=True)
     results, deaths = list(got), got.deaths
     assert [r for r, _ in deaths] == [0]
     assert results[0] == (0, 3, 102.0, None)
     (s1, x1, _, p1, r1, y1), (s2, x2, got2, p2, r2, y2) = results[1], results[2]
-    assert s1 == (0, 2, 1) and s2 == (1, 2, 2)          # (rank, world, slot) after the shrink
+    assert s1 == (0, 2, 1) and s2 == (1, 2, 2)  # (rank, world, slot) after the shrink
     assert x1 == x2 == 3.0 and got2 == 7.0
-    assert p1 == [(0, 1)] and p2 == []                  # the ledger speaks the new numbers
+    assert p1 == [(0, 1)] and p2 == []  # the ledger speaks the new numbers
     assert (r1, r2) == (1, 2) and y1 == y2 == 102.0
 
 
@@ -461,8 +529,10 @@ def test_the_gpt_trainer_goes_on_when_rank_0_dies_and_a_joiner_grows_it_equal_to
     state by broadcast -- and every loss and the final parameters equal the failure-free run on one process; so
     do the rollback and restart baselines of the same job."""
     from netmorph.elastic.train import ElasticConfig, train
-    cfg = ElasticConfig(workers=4, steps=10, global_batch=12, lr=3e-3, job="gpt", kills=((0, 3),), joins=((1, 6),),
-                        timeout=10.0)
+
+    cfg = ElasticConfig(
+        workers=4, steps=10, global_batch=12, lr=3e-3, job="gpt", kills=((0, 3),), joins=((1, 6),), timeout=10.0
+    )
     out = train(cfg, check=True)
     assert [e["members"] for e in out["epochs"]] == [[0, 1, 2, 3], [1, 2, 3], [1, 2, 3, 4]]
     assert [(e["kind"], e["step"], e["steps_redone"]) for e in out["events"]] == [("kill", 3, 1), ("join", 6, 0)]
@@ -474,6 +544,7 @@ def test_the_gpt_trainer_goes_on_when_rank_0_dies_and_a_joiner_grows_it_equal_to
 
     from netmorph.elastic import gpt
     from netmorph.elastic.recovery import compare
+
     runs = compare(cfg, 4, inplace=out)
     assert runs["rollback"]["steps_redone"] == runs["restart"]["steps_redone"] == 4
     np.testing.assert_allclose(runs["rollback"]["losses"], out["reference_losses"], rtol=1e-12, atol=0)

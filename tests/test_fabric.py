@@ -23,7 +23,7 @@ def _expected(op, p, rank, n):
         return base[rank], np.concatenate(base)
     if op == "reduce_scatter":
         full = np.sum([np.tile(b, p) for b in base], axis=0)
-        return np.tile(base[rank], p), full[rank * n:(rank + 1) * n]
+        return np.tile(base[rank], p), full[rank * n : (rank + 1) * n]
     if op == "alltoall":
         x = (rank * 1000 + np.arange(n * p)).astype(np.float64)
         return x, np.concatenate([s * 1000 + np.arange(rank * n, (rank + 1) * n) for s in range(p)]).astype(float)
@@ -74,6 +74,7 @@ def test_every_algorithm_on_real_ranks(world, registered):
 
 def _torch_tensors(comm):
     import torch
+
     t = torch.full((1000,), float(comm.rank + 1))
     comm.all_reduce(t, algo="ring")
     out = torch.empty(3 * 1000)
@@ -107,11 +108,12 @@ def test_torch_native_mode():
 def _uneven(comm, algo, seed):
     rng = np.random.default_rng(seed)
     p, r = comm.world, comm.rank
-    splits = rng.integers(0, 5, (p, p))            # same matrix on every rank (same seed)
+    splits = rng.integers(0, 5, (p, p))  # same matrix on every rank (same seed)
     x = (r * 100 + np.arange(splits[r].sum())).astype(np.int64)
     out = np.empty(splits[:, r].sum(), np.int64)
-    comm.all_to_all_single(out, x, output_split_sizes=splits[:, r].tolist(),
-                           input_split_sizes=splits[r].tolist(), algo=algo)
+    comm.all_to_all_single(
+        out, x, output_split_sizes=splits[:, r].tolist(), input_split_sizes=splits[r].tolist(), algo=algo
+    )
     offs = np.cumsum(splits, axis=1) - splits
     want = np.concatenate([s * 100 + np.arange(offs[s, r], offs[s, r] + splits[s, r]) for s in range(p)])
     return bool(np.array_equal(out, want.astype(np.int64)))
@@ -162,7 +164,7 @@ def _p2p(comm, n):
 
 
 def test_point_to_point_large_messages():
-    n = 3 << 20        # 24 MiB: many slots' worth
+    n = 3 << 20  # 24 MiB: many slots' worth
     assert launch(_p2p, 2, n, timeout=20) == [(2.0, 2.0), (0.0, 0.0)]
 
 
@@ -187,21 +189,40 @@ def _two_agents(*extra):
     import socket
     import subprocess
     import sys
+
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     import shutil
     import tempfile
-    scratch = tempfile.mkdtemp(prefix="netmorph-agents-")      # torchrun's own temp folders: a killed agent
-    env = {**os.environ, "TMPDIR": scratch}                     # leaves its torchelastic_* folder behind
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "netmorph-test",
-           os.path.join(root, "examples", "torchrun_allreduce.py"), "--bytes", "64KiB", *extra]
+
+    scratch = tempfile.mkdtemp(prefix="netmorph-agents-")  # torchrun's own temp folders: a killed agent
+    env = {**os.environ, "TMPDIR": scratch}  # leaves its torchelastic_* folder behind
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "netmorph-test",
+        os.path.join(root, "examples", "torchrun_allreduce.py"),
+        "--bytes",
+        "64KiB",
+        *extra,
+    ]
     agents = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)]
     # the first agent hosts the rendezvous store (as node 0's does in the docstring's two-node run);
     # the second joins once it listens, so a node that dies never takes the job's store with it
     import time
+
     deadline = time.time() + 60
     while time.time() < deadline and agents[0].poll() is None:
         try:
@@ -225,7 +246,7 @@ def test_two_node_command_from_the_example_docstring():
     all-reduce algorithm and torch's own on 4 ranks, each result checked."""
     runs = _two_agents()
     assert all(code == 0 for _, _, code in runs), [err[-1500:] for _, err, _ in runs]
-    (out,) = [o for o, _, _ in runs if o.strip()]                      # global rank 0 prints
+    (out,) = [o for o, _, _ in runs if o.strip()]  # global rank 0 prints
     assert out.startswith("# world 4 on cpu") and "WRONG" not in out
     rows = [line.split() for line in out.splitlines()[2:]]
     assert [row[0] for row in rows] == [*ALGORITHMS["allreduce"], "torch"] and all(row[-1] == "ok" for row in rows)
@@ -236,6 +257,7 @@ def test_a_dead_node_is_named_by_the_survivors():
     """Rank 2 dies; its agent takes rank 3 down with it. The other node's ranks must name 2 or 3 (the
     dead node), never each other -- even the one whose ring neighbour on its own node gave up first."""
     import re
+
     runs = _two_agents("--die-rank", "2")
     assert any(code != 0 for _, _, code in runs)
     named = {}
@@ -249,6 +271,7 @@ def test_a_dead_node_is_named_by_the_survivors():
 def test_init_from_env_outside_torchrun_is_a_clear_error(monkeypatch):
     from netmorph.errors import UsageError
     from netmorph.runtime import init_from_env
+
     for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)
     with pytest.raises(UsageError, match="torchrun"):
@@ -257,9 +280,10 @@ def test_init_from_env_outside_torchrun_is_a_clear_error(monkeypatch):
 
 def _emulated(comm, n, algo):
     import time
+
     x = np.ones(n, np.float32)
     best = float("inf")
-    for _ in range(3):          # the best of three: the emulated links set a floor, a busy machine only adds
+    for _ in range(3):  # the best of three: the emulated links set a floor, a busy machine only adds
         comm.barrier()
         t0 = time.perf_counter()
         comm.all_reduce(x, algo=algo)
@@ -273,6 +297,7 @@ SLOW = dict(alpha=2e-3, beta=1 / 1e9, gpus_per_node=2, alpha_inter=8e-3, beta_in
 def _measure_emulated():
     from netmorph.cost.topology import Topology
     from netmorph.cost.tuner import predict
+
     topo = Topology("slow", **SLOW)
     got = {}
     for algo in ("ring", "recursive_doubling"):
@@ -302,6 +327,7 @@ def test_link_emulation_follows_the_cost_model():
 
 def _arena(comm, n_shared, n_alloc):
     from netmorph.errors import UsageError
+
     out = []
     try:
         comm.alloc(-10, np.uint8)
@@ -349,9 +375,16 @@ def _surface(comm):
     import torch.distributed as dist
 
     import netmorph
+
     out = {}
-    for name, op in (("str", "sum"), ("upper", "SUM"), ("enum", netmorph.ReduceOp.MAX), ("torch", dist.ReduceOp.MIN),
-                     ("avg", netmorph.ReduceOp.AVG), ("product", "product")):
+    for name, op in (
+        ("str", "sum"),
+        ("upper", "SUM"),
+        ("enum", netmorph.ReduceOp.MAX),
+        ("torch", dist.ReduceOp.MIN),
+        ("avg", netmorph.ReduceOp.AVG),
+        ("product", "product"),
+    ):
         x = torch.full((4,), float(comm.rank + 1), dtype=torch.float64)
         work = comm.all_reduce(x, op=op, async_op=True)
         out[name] = (work.wait(), work.is_completed(), float(x[0]))
@@ -375,7 +408,7 @@ def test_torch_distributed_surface_reduce_ops_and_async(backend):
 def _closing(comm):
     with comm as c:
         c.barrier()
-    comm.close()                                    # idempotent
+    comm.close()  # idempotent
     return comm.transport is None
 
 
@@ -385,6 +418,7 @@ def test_comm_closes_as_a_context_manager():
 
 def test_the_runtime_is_reachable_from_the_top():
     import netmorph
+
     assert netmorph.launch(lambda comm: comm.rank, 2) == [0, 1]
     assert callable(netmorph.init_from_env) and netmorph.Fault("kill", 0).kind == "kill"
     with pytest.raises(netmorph.LaunchError, match="AVG needs a floating-point tensor, got int32"):
@@ -394,6 +428,7 @@ def test_the_runtime_is_reachable_from_the_top():
 def _tensor_path(comm, dtype_name):
     """Every collective and p2p on torch tensors that stay torch tensors (the path CUDA tensors take)."""
     import torch
+
     comm.keep_tensors = True
     dt = getattr(torch, dtype_name)
     p, r = comm.world, comm.rank
@@ -449,6 +484,7 @@ def test_torch_transport_keeps_tensors_as_tensors(dtype):
 
 def _bf16_local(comm):
     import torch
+
     x = torch.ones(4, dtype=torch.bfloat16)
     comm.all_reduce(x)
     return x.float().tolist()
@@ -456,11 +492,13 @@ def _bf16_local(comm):
 
 def _complex_local(comm):
     import torch
+
     comm.all_reduce(torch.ones(4, dtype=torch.complex32))
 
 
 def test_bfloat16_runs_on_the_local_fabric_and_a_type_numpy_lacks_is_one_clear_error():
     from netmorph.runtime.launch import LaunchError
+
     assert launch(_bf16_local, 2, timeout=10) == [[2.0] * 4] * 2
     with pytest.raises(LaunchError, match="has no numpy type"):
         launch(_complex_local, 2, timeout=10)
@@ -468,6 +506,7 @@ def test_bfloat16_runs_on_the_local_fabric_and_a_type_numpy_lacks_is_one_clear_e
 
 def _poll_irecv(comm):
     import time
+
     x = np.zeros(4)
     if comm.rank == 1:
         w = comm.irecv(x, 0)
@@ -498,10 +537,16 @@ def test_a_restarted_torchrun_attempt_never_reads_the_dead_attempts_keys(monkeyp
 
     from netmorph.elastic.launcher import free_port
     from netmorph.runtime.torchrun import attempt_store
+
     port = free_port()
     host = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=10))
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "RANK": "1",
-           "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    env = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": "2",
+        "RANK": "1",
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+    }
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
@@ -523,6 +568,7 @@ def test_every_launch_returns_one_type_whatever_its_flags():
     """One result type (LaunchResult: the results in rank order, with .ledger and .deaths), not three shapes
     chosen by flags."""
     from netmorph.runtime.launch import LaunchResult
+
     plain, kept = launch(_rank_number, 3, timeout=20), launch(_rank_number, 3, timeout=20, ledger=True)
     assert isinstance(plain, LaunchResult) and isinstance(kept, LaunchResult)
     assert plain == kept == [0, 1, 2] and plain.ledger is None and plain.deaths == []

@@ -24,7 +24,7 @@ def test_dalys_estimate_is_close_to_the_exact_optimum_of_the_complete_model(C, M
     t = optimum(C, 600, M)
     assert daly(C, M) == pytest.approx(t, rel=0.02)
     assert goodput(daly(C, M), C, 600, M) == pytest.approx(goodput(t, C, 600, M), rel=1e-4)
-    assert daly(C, M) < young(C, M)              # the higher-order terms and -C pull the interval in
+    assert daly(C, M) < young(C, M)  # the higher-order terms and -C pull the interval in
 
 
 def test_daly_caps_the_interval_at_the_mtbf_when_checkpoints_are_that_slow():
@@ -35,7 +35,7 @@ def test_goodput_limits():
     """Without failures only the checkpoint overhead remains; in place with M >> step loses almost nothing."""
     assert goodput(600, 60, 600, 1e15) == pytest.approx(600 / 660, rel=1e-9)
     assert inplace_goodput(10, 30, 1e15) == pytest.approx(1.0, abs=1e-9)
-    assert goodput(600, 60, 1e9, 1.0) == 0.0     # restarts longer than hundreds of MTBFs: nothing completes
+    assert goodput(600, 60, 1e9, 1.0) == 0.0  # restarts longer than hundreds of MTBFs: nothing completes
 
 
 @pytest.mark.parametrize("tau,C,R", [(daly(60, 3.1 * H), 60, 600), (2 * H, 300, 1200), (10, 0, 60)])
@@ -53,12 +53,31 @@ def test_weibull_uptimes_keep_the_mean_and_cluster_for_shape_below_one():
     rng = np.random.default_rng(0)
     x = uptimes(rng, 400_000, 3 * H, "weibull", 0.7)
     assert x.mean() == pytest.approx(3 * H, rel=0.01)
-    assert np.mean(x < 0.1 * 3 * H) > 1 - math.exp(-0.1)   # more short gaps than the exponential's
+    assert np.mean(x < 0.1 * 3 * H) > 1 - math.exp(-0.1)  # more short gaps than the exponential's
 
 
 def test_the_issues_command_prints_the_closed_forms_beside_the_simulation(capsys):
-    assert main(["failures", "--gpus", "16384", "--job-mtbf", "3.1h", "--checkpoint-write", "1min",
-                 "--restart", "10min", "--days", "54", "--trials", "50", "--json"]) == 0
+    assert (
+        main(
+            [
+                "failures",
+                "--gpus",
+                "16384",
+                "--job-mtbf",
+                "3.1h",
+                "--checkpoint-write",
+                "1min",
+                "--restart",
+                "10min",
+                "--days",
+                "54",
+                "--trials",
+                "50",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     M = 3.1 * H
     assert out["expected_interruptions"] == pytest.approx(54 * 24 / 3.1)
@@ -88,17 +107,20 @@ def test_plot_draws_the_goodput_curve(tmp_path, capsys):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.parametrize("argv,flag", [
-    (["--job-mtbf", "0h"], "--job-mtbf"),
-    (["--job-mtbf", "-3h"], "--job-mtbf"),
-    (["--job-mtbf", "3.1"], "--job-mtbf"),
-    (["--job-mtbf", "30s"], "--checkpoint-write"),
-    (["--job-mtbf", "1h", "--per-gpu-mtbf", "1000h"], "--per-gpu-mtbf"),
-    (["--restart", "ten minutes"], "--restart"),
-    (["--gpus", "0"], "--gpus"),
-    (["--days", "0"], "--days"),
-    (["--job-mtbf", "61s", "--days", "3650"], "--trials"),
-])
+@pytest.mark.parametrize(
+    "argv,flag",
+    [
+        (["--job-mtbf", "0h"], "--job-mtbf"),
+        (["--job-mtbf", "-3h"], "--job-mtbf"),
+        (["--job-mtbf", "3.1"], "--job-mtbf"),
+        (["--job-mtbf", "30s"], "--checkpoint-write"),
+        (["--job-mtbf", "1h", "--per-gpu-mtbf", "1000h"], "--per-gpu-mtbf"),
+        (["--restart", "ten minutes"], "--restart"),
+        (["--gpus", "0"], "--gpus"),
+        (["--days", "0"], "--days"),
+        (["--job-mtbf", "61s", "--days", "3650"], "--trials"),
+    ],
+)
 def test_bad_failures_input_is_one_line_exit_2(argv, flag, capsys):
     assert main(["failures", *argv]) == 2
     err = capsys.readouterr().err
@@ -110,9 +132,13 @@ def test_the_jobs_own_rules_live_in_the_model_and_name_the_field():
     the message names the parameter (the CLI spells it as its flag)."""
     from netmorph.errors import UsageError
     from netmorph.failures.model import check_job
-    check_job(3600.0, 60.0, 5.0, 1.0, 10)                     # a job that fits: no error
-    for args, field in (((30.0, 60.0, 5.0, 1.0, 10), "checkpoint_write"), ((30.0, 1.0, 40.0, 1.0, 10), "step_time"),
-                        ((61.0, 1.0, 1.0, 3650.0, 200), "trials")):
+
+    check_job(3600.0, 60.0, 5.0, 1.0, 10)  # a job that fits: no error
+    for args, field in (
+        ((30.0, 60.0, 5.0, 1.0, 10), "checkpoint_write"),
+        ((30.0, 1.0, 40.0, 1.0, 10), "step_time"),
+        ((61.0, 1.0, 1.0, 3650.0, 200), "trials"),
+    ):
         with pytest.raises(UsageError) as e:
             check_job(*args)
         assert e.value.render(None).startswith(field) or f" {field} " in e.value.render(None)
@@ -122,27 +148,57 @@ def test_from_run_takes_the_measured_costs_as_the_typed_flags_would(tmp_path, ca
     """A replay's --json (benchmarks/failures_replay.py) sets MTBF, checkpoint write, restart and step time: the
     same figures as typing them in."""
     run = tmp_path / "run.json"
-    run.write_text(json.dumps({"job_mtbf_s": 20.0, "checkpoint_write_s": 0.3, "restart_s": 4.2,
-                               "step_time_s": 0.05, "intervals": []}))
+    run.write_text(
+        json.dumps(
+            {"job_mtbf_s": 20.0, "checkpoint_write_s": 0.3, "restart_s": 4.2, "step_time_s": 0.05, "intervals": []}
+        )
+    )
     common = ["--gpus", "2", "--days", "0.01", "--trials", "20", "--json"]
     assert main(["failures", "--from-run", str(run), *common]) == 0
     measured = json.loads(capsys.readouterr().out)
-    assert main(["failures", "--job-mtbf", "20s", "--checkpoint-write", "0.3s", "--restart", "4.2s",
-                 "--step-time", "0.05s", *common]) == 0
+    assert (
+        main(
+            [
+                "failures",
+                "--job-mtbf",
+                "20s",
+                "--checkpoint-write",
+                "0.3s",
+                "--restart",
+                "4.2s",
+                "--step-time",
+                "0.05s",
+                *common,
+            ]
+        )
+        == 0
+    )
     typed = json.loads(capsys.readouterr().out)
     assert measured == typed
-    assert measured["restart_s"] == 4.2 and measured["interval_daly_min"] == pytest.approx(
-        daly(0.3, 20.0) / 60)
+    assert measured["restart_s"] == 4.2 and measured["interval_daly_min"] == pytest.approx(daly(0.3, 20.0) / 60)
 
 
-@pytest.mark.parametrize("doc, argv, flag", [
-    ({"job_mtbf_s": 20, "checkpoint_write_s": 0.3, "restart_s": 4, "step_time_s": 0.1}, ["--restart", "1min"],
-     "--restart"),
-    ({"job_mtbf_s": 20, "checkpoint_write_s": 0.3, "restart_s": 4, "step_time_s": 0.1}, ["--per-gpu-mtbf", "1h"],
-     "--per-gpu-mtbf"),
-    ({"job_mtbf_s": 20, "checkpoint_write_s": "fast", "restart_s": 4, "step_time_s": 0.1}, [], "checkpoint_write_s"),
-    ([1, 2], [], "--from-run"),
-])
+@pytest.mark.parametrize(
+    "doc, argv, flag",
+    [
+        (
+            {"job_mtbf_s": 20, "checkpoint_write_s": 0.3, "restart_s": 4, "step_time_s": 0.1},
+            ["--restart", "1min"],
+            "--restart",
+        ),
+        (
+            {"job_mtbf_s": 20, "checkpoint_write_s": 0.3, "restart_s": 4, "step_time_s": 0.1},
+            ["--per-gpu-mtbf", "1h"],
+            "--per-gpu-mtbf",
+        ),
+        (
+            {"job_mtbf_s": 20, "checkpoint_write_s": "fast", "restart_s": 4, "step_time_s": 0.1},
+            [],
+            "checkpoint_write_s",
+        ),
+        ([1, 2], [], "--from-run"),
+    ],
+)
 def test_from_run_refuses_a_bad_file_or_a_flag_beside_it_in_one_line(tmp_path, capsys, doc, argv, flag):
     run = tmp_path / "run.json"
     run.write_text(json.dumps(doc))

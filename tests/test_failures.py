@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(90)
 @pytest.fixture
 def no_leaks(tmp_path, monkeypatch):
     shm_before = fuzz.shm_names()
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))     # this test's launches keep their stores here
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this test's launches keep their stores here
     yield
     stores = [d for d in os.listdir(tmp_path) if d.startswith("netmorph-store-")]
     assert stores == [], "the torch backend's rendezvous directory was left behind"
@@ -54,7 +54,7 @@ def test_killed_rank_is_named_and_peers_fail_fast(no_leaks):
     assert err.rank == 1 and "SIGKILL" in str(err).splitlines()[0]
     assert {f.rank for f in err.failures} == {0, 1, 2, 3}
     assert all(f.exc_type == "PeerLost" and "rank 1" in f.message for f in err.failures[1:])
-    assert all(f.blames == 1 for f in err.failures[1:])           # the culprit travels as a field
+    assert all(f.blames == 1 for f in err.failures[1:])  # the culprit travels as a field
 
 
 def test_silent_rank_times_out_naming_it(no_leaks):
@@ -94,6 +94,7 @@ def test_torch_backend_dead_peer(no_leaks):
 
 def test_bad_arguments():
     from netmorph.errors import UsageError
+
     with pytest.raises(UsageError, match="world"):
         launch(_loop, 0, 1)
     with pytest.raises(UsageError, match="backend"):
@@ -117,8 +118,12 @@ def test_ctrl_c_releases_every_rank(tmp_path):
     """)
     # a shell that starts a job in the background (``make test &``) hands it SIGINT ignored, and an ignored
     # signal survives exec: give the launcher Ctrl-C as a terminal would
-    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.time() + 30
     while time.time() < deadline and (not pids.exists() or len(pids.read_text().split()) < 3):
         time.sleep(0.05)
@@ -130,8 +135,11 @@ def test_ctrl_c_releases_every_rank(tmp_path):
     deadline = time.time() + 5
     alive = ranks
     while alive and time.time() < deadline:
-        alive = [p for p in ranks if os.path.exists(f"/proc/{p}") and
-                 open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
+        alive = [
+            p
+            for p in ranks
+            if os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+        ]
         time.sleep(0.05)
     assert alive == [], f"ranks {alive} survived Ctrl-C"
 
@@ -141,9 +149,18 @@ def test_root_cause_comes_from_the_blamed_field_not_the_message():
     PeerTimeout's rank, not from digits in its text (a 1 s timeout once blamed rank 1)."""
     from netmorph.runtime.failure import RankFailure
     from netmorph.runtime.failure import root_cause_first as _order
+
     def timeout(rank, peer):
-        return RankFailure(rank, 100 + rank, 1, "PeerTimeout", f"timed out after 1 s waiting for rank {peer} "
-                           "(no data arrived)", when=float(rank), blames=peer)
+        return RankFailure(
+            rank,
+            100 + rank,
+            1,
+            "PeerTimeout",
+            f"timed out after 1 s waiting for rank {peer} (no data arrived)",
+            when=float(rank),
+            blames=peer,
+        )
+
     fs = [timeout(0, 2), timeout(1, 2), timeout(2, 3), timeout(3, 2)]
     assert [f.rank for f in _order(fs)] == [2, 0, 1, 3]
 
@@ -180,8 +197,9 @@ def test_a_survivor_that_retries_gets_the_same_error(no_leaks, backend):
     survivors = [f for f in e.value.failures if f.rank != 2]
     assert len(survivors) == 2
     for f in survivors:
-        assert f.message.startswith("kinds=['ok', 'PeerLost', 'PeerLost']") or \
-            f.message.startswith("kinds=['PeerLost', 'PeerLost', 'PeerLost']"), f.message
+        assert f.message.startswith("kinds=['ok', 'PeerLost', 'PeerLost']") or f.message.startswith(
+            "kinds=['PeerLost', 'PeerLost', 'PeerLost']"
+        ), f.message
 
 
 def _listening_addresses(comm):
@@ -200,7 +218,7 @@ def _listening_addresses(comm):
         with open(table) as fh:
             for line in fh.readlines()[1:]:
                 cols = line.split()
-                if cols[3] == "0A" and cols[9] in inodes:          # 0A: LISTEN
+                if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
                     found.append(cols[1].split(":")[0])
     comm.barrier()
     return found
@@ -233,6 +251,7 @@ def test_recv_any_timeout_names_the_ranks_it_waited_for(no_leaks):
 
 def _matmul_and_backward(comm):
     import torch
+
     x = torch.randn(128, 128, dtype=torch.float64, requires_grad=True)
     (x @ x).sum().backward()
     return float(x.grad.sum())
@@ -243,16 +262,18 @@ def test_launch_after_the_parent_ran_torch_does_not_hang(no_leaks):
     """OpenMP's pool is not fork-safe: a parent's matmul used to leave every forked rank waiting forever
     in its first parallel region, and timeout= could not help (the ranks were computing, not waiting)."""
     import torch
+
     torch.set_num_threads(2)
     a = torch.randn(256, 256, requires_grad=True)
-    (a @ a).sum().backward()                       # the parent's pool is running now
-    out = launch(_matmul_and_backward, 2, timeout=5)         # a hang would be a LaunchError at 5 s
+    (a @ a).sum().backward()  # the parent's pool is running now
+    out = launch(_matmul_and_backward, 2, timeout=5)  # a hang would be a LaunchError at 5 s
     assert len(out) == 2 and all(np.isfinite(out))
 
 
 def _heap_and_collection(comm):
     import gc
-    return gc.get_freeze_count(), len(gc.get_objects())        # frozen; what a full collection walks
+
+    return gc.get_freeze_count(), len(gc.get_objects())  # frozen; what a full collection walks
 
 
 @pytest.mark.timeout(60)
@@ -262,9 +283,9 @@ def test_a_forked_rank_never_walks_the_heap_it_inherited(no_leaks):
     all."""
     import gc
 
-    __import__("torch")                        # the heap of a launcher that trains
+    __import__("torch")  # the heap of a launcher that trains
     here = len(gc.get_objects())
-    (frozen, walked), = launch(_heap_and_collection, 1, timeout=30)
+    ((frozen, walked),) = launch(_heap_and_collection, 1, timeout=30)
     assert frozen > here // 2, (frozen, here)
     assert walked < here // 10, (walked, here)
 
@@ -272,13 +293,41 @@ def test_a_forked_rank_never_walks_the_heap_it_inherited(no_leaks):
 @pytest.mark.timeout(60)
 def test_sigterm_stops_every_rank_removes_the_store_and_exits_143(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-m", "netmorph", "train", "--backend", "torch", "--dp", "2",
-                             "--steps", "500", "--compute-ms", "20", "--layers", "1", "--hidden", "16",
-                             "--heads", "2", "--seq", "8", "--vocab", "32"], env=env, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "netmorph",
+            "train",
+            "--backend",
+            "torch",
+            "--dp",
+            "2",
+            "--steps",
+            "500",
+            "--compute-ms",
+            "20",
+            "--layers",
+            "1",
+            "--hidden",
+            "16",
+            "--heads",
+            "2",
+            "--seq",
+            "8",
+            "--vocab",
+            "32",
+        ],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 30
-    while time.time() < deadline and not (any(n.startswith("netmorph-store-") for n in os.listdir(tmp_path))
-                                          and len(child_pids(proc.pid)) == 2):
+    while time.time() < deadline and not (
+        any(n.startswith("netmorph-store-") for n in os.listdir(tmp_path)) and len(child_pids(proc.pid)) == 2
+    ):
         time.sleep(0.05)
     ranks = child_pids(proc.pid)
     assert len(ranks) == 2

@@ -60,19 +60,24 @@ def test_an_output_that_is_not_a_regular_file_is_refused_and_left_as_it_is(flag,
         code = main(WRITERS[flag] + [path])
         err = capsys.readouterr().err
         assert code == 2, (kind, err)
-        assert len(err.strip().splitlines()) == 1 and flag in err and "not" in err and "regular file" in err, \
-            (kind, err)
+        assert len(err.strip().splitlines()) == 1 and flag in err and "not" in err and "regular file" in err, (
+            kind,
+            err,
+        )
         assert os.lstat(path).st_mode == before, f"the {kind} at {path} was replaced"
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".netmorph-")]
 
 
-@pytest.mark.parametrize("value, words", [
-    ("", "is empty"),
-    ("x" * 300 + ".json", "at most"),
-    ("trace", "no extension"),
-    ("trace.png", "use one of .json"),
-    ("missing-dir/t.json", "does not exist"),
-])
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        ("", "is empty"),
+        ("x" * 300 + ".json", "at most"),
+        ("trace", "no extension"),
+        ("trace.png", "use one of .json"),
+        ("missing-dir/t.json", "does not exist"),
+    ],
+)
 def test_a_trace_path_the_writer_cannot_produce_is_refused_before_the_run(value, words, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(WRITERS["--trace"] + [value]) == 2
@@ -83,11 +88,14 @@ def test_a_trace_path_the_writer_cannot_produce_is_refused_before_the_run(value,
 
 def test_a_plot_path_needs_an_extension_matplotlib_saves(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    for value, words in (("goodput", "no extension; end it in .png"), ("goodput.docx", "cannot write a .docx"),
-                         ("goodput.pgf" if output_problem("x.pgf", ("png",)) else "goodput.xyz", "cannot write")):
+    for value, words in (
+        ("goodput", "no extension; end it in .png"),
+        ("goodput.docx", "cannot write a .docx"),
+        ("goodput.pgf" if output_problem("x.pgf", ("png",)) else "goodput.xyz", "cannot write"),
+    ):
         assert main(WRITERS["--plot"] + [value]) == 2
         assert words in capsys.readouterr().err
-    assert os.listdir(tmp_path) == []                  # never an empty file
+    assert os.listdir(tmp_path) == []  # never an empty file
     assert main(WRITERS["--plot"] + ["goodput.svg"]) == 0
     assert (tmp_path / "goodput.svg").read_text().lstrip().startswith("<?xml")
     assert sorted(os.listdir(tmp_path)) == ["goodput.svg"]
@@ -96,6 +104,7 @@ def test_a_plot_path_needs_an_extension_matplotlib_saves(tmp_path, monkeypatch, 
 def test_the_last_look_before_replace_never_turns_a_special_file_into_a_file(tmp_path):
     """The parse-time check can be raced: atomic_path looks again just before os.replace."""
     from netmorph.errors import UsageError
+
     fifo = tmp_path / "t.json"
     os.mkfifo(fifo)
     with pytest.raises(UsageError, match="FIFO"):

@@ -27,14 +27,19 @@ def scratch(tmp_path_factory):
 
 
 @pytest.mark.timeout(600)
-@settings(max_examples=300, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(data=st.data())
 def test_every_flag_ends_clean_on_hostile_values(data, scratch, monkeypatch):
     tmp, paths, files = scratch
     monkeypatch.chdir(tmp)
     name, flag, action = data.draw(st.sampled_from(FLAGS), label="flag")
-    rng = random.Random(data.draw(st.integers(0, 2 ** 32 - 1), label="seed"))
+    rng = random.Random(data.draw(st.integers(0, 2**32 - 1), label="seed"))
     value = fuzz.flag_value(rng, flag, action, tmp, paths, files)
     cls, detail = fuzz.run_flag(name, flag, action, value, tmp, paths)
     assert cls == "clean", (cls, detail)
@@ -53,14 +58,25 @@ def test_launch_and_lighthouse_flags_end_clean_on_hostile_values(case, scratch, 
 
 
 def test_the_cluster_flags_are_fuzzed():
-    assert {f"{n} {f}" for n, f, _ in CLUSTER_FLAGS} >= {"launch --nodes", "launch --nproc-per-node",
-                                                           "launch --max-restarts", "launch --join", "launch --port",
-                                                           "lighthouse --port", "lighthouse --host"}
+    assert {f"{n} {f}" for n, f, _ in CLUSTER_FLAGS} >= {
+        "launch --nodes",
+        "launch --nproc-per-node",
+        "launch --max-restarts",
+        "launch --join",
+        "launch --port",
+        "lighthouse --port",
+        "lighthouse --host",
+    }
 
 
 @pytest.mark.timeout(600)
-@settings(max_examples=150, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(case=st.sampled_from(CONFIGS), value=st.sampled_from(fuzz.BAD_JSON + fuzz.EITHER_JSON))
 def test_every_config_field_ends_clean_on_hostile_values(case, value, scratch, monkeypatch):
     tmp, _, _ = scratch
@@ -71,8 +87,13 @@ def test_every_config_field_ends_clean_on_hostile_values(case, value, scratch, m
 
 
 @pytest.mark.timeout(300)
-@settings(max_examples=8, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=8,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(case=st.sampled_from(fuzz.switch_cases()))
 def test_output_switches_give_what_they_promise(case, scratch, monkeypatch):
     """--json is one document, --trace a JSON trace, --plot a PNG, alone or together, and nothing is left."""
@@ -83,10 +104,16 @@ def test_output_switches_give_what_they_promise(case, scratch, monkeypatch):
 
 
 @pytest.mark.timeout(300)
-@settings(max_examples=12, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(case=st.sampled_from([(n, f, a, v) for n, f, a in FLAGS if a.dest in fuzz.IMPLIED
-                             for v in fuzz.IMPLIED[a.dest]]))
+@settings(
+    max_examples=12,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    case=st.sampled_from([(n, f, a, v) for n, f, a in FLAGS if a.dest in fuzz.IMPLIED for v in fuzz.IMPLIED[a.dest]])
+)
 def test_size_flags_whose_cost_is_implied_are_held_against_the_machine(case, scratch, monkeypatch):
     """A valid but huge world, size or count: refused in one line, or done within the time and memory caps."""
     tmp, paths, _ = scratch
@@ -100,6 +127,7 @@ def test_a_leftover_is_seen():
     import multiprocessing as mp
     import os
     import time
+
     state = fuzz.snapshot()
     p = mp.get_context("fork").Process(target=time.sleep, args=(5,))
     p.start()
@@ -116,7 +144,7 @@ def test_a_leftover_is_seen():
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("case", [0, 5, 6, 8])        # the rest are test_desync's and test_blame's cases
+@pytest.mark.parametrize("case", [0, 5, 6, 8])  # the rest are test_desync's and test_blame's cases
 def test_ranks_that_disagree_never_pass_silently(case):
     cls, detail = fuzz.run_mismatch(case, 3, "local", timeout=1.0)
     assert cls == "clean", detail

@@ -18,7 +18,7 @@ def _every_collective(comm, dtype: str, exact: bool):
     g = torch.Generator().manual_seed(1000 + me)
 
     def data(n):
-        if exact:                                    # small integers: every partial sum is exact in the type
+        if exact:  # small integers: every partial sum is exact in the type
             return torch.randint(-8, 9, (n,), generator=g).to(dt)
         return (torch.randn(n, generator=g) * 3).to(dt)
 
@@ -74,7 +74,7 @@ def _two_ranks_sum(comm, dtype):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_each_hop_adds_in_float32_and_rounds_once(dtype):
     (a, got), (b, _) = launch(_two_ranks_sum, 2, dtype, timeout=30)
-    want = (torch.tensor(a) + torch.tensor(b)).to(getattr(torch, dtype)).float().numpy()   # f32 add, one rounding
+    want = (torch.tensor(a) + torch.tensor(b)).to(getattr(torch, dtype)).float().numpy()  # f32 add, one rounding
     assert np.array_equal(got, want)
     # and not the float32 sum: the wire carries the half type, as NCCL's does
     assert not np.array_equal(got, a + b)
@@ -82,6 +82,7 @@ def test_each_hop_adds_in_float32_and_rounds_once(dtype):
 
 def _numpy_bfloat16(comm):
     from netmorph.units import numpy_dtype
+
     x = np.full(8, 1.5, dtype=numpy_dtype("bfloat16"))
     comm.all_reduce(x, op="avg")
     return x.astype(np.float32).tolist()

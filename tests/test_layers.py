@@ -15,22 +15,32 @@ ROOT = Path(__file__).resolve().parent.parent / "netmorph"
 
 # floors from the ground up (../shared/DESIGN.md); a room on floor k imports floors <= k only
 FLOORS = {
-    "errors": 0, "units": 0, "version": 0, "files": 0,
+    "errors": 0,
+    "units": 0,
+    "version": 0,
+    "files": 0,
     "schedule": 1,
     "collectives": 2,
     "cost": 3,
     "runtime": 4,
     "mesh": 5,
-    "models": 6, "checkpoint": 6,
+    "models": 6,
+    "checkpoint": 6,
     "parallel": 7,
-    "moe": 8, "elastic": 8, "serving": 8, "consistency": 8, "planner": 8, "failures": 8, "calibrate": 8,
+    "moe": 8,
+    "elastic": 8,
+    "serving": 8,
+    "consistency": 8,
+    "planner": 8,
+    "failures": 8,
+    "calibrate": 8,
     "simulate": 9,
     "morph": 10,
     "tour": 11,
     "report": 12,
     "cli": 13,
 }
-FACADE = ("__init__", "__main__")          # netmorph/__init__.py re-exports; nothing inside imports it
+FACADE = ("__init__", "__main__")  # netmorph/__init__.py re-exports; nothing inside imports it
 
 
 def _modules():
@@ -60,7 +70,7 @@ def _imports(module: str, path: Path):
             base = node.module or ""
             if node.level:
                 pkg = module.split(".") if is_pkg else module.split(".")[:-1]
-                pkg = pkg[:len(pkg) - node.level + 1]
+                pkg = pkg[: len(pkg) - node.level + 1]
                 base = ".".join(pkg + ([base] if base else []))
             if base.split(".")[0] != "netmorph":
                 continue
@@ -92,7 +102,7 @@ def test_every_room_has_a_floor():
 
 def test_the_reader_sees_lazy_imports_and_packages():
     """The checker itself: it finds an import inside a function and resolves ``from pkg import sub``."""
-    assert "netmorph.runtime.launch" in GRAPH["netmorph.consistency.runner"]      # imported inside run()
+    assert "netmorph.runtime.launch" in GRAPH["netmorph.consistency.runner"]  # imported inside run()
     assert "netmorph.collectives.base" in GRAPH["netmorph.collectives.allgather"]
     assert "netmorph.schedule" in GRAPH["netmorph.collectives"]
 
@@ -100,8 +110,7 @@ def test_the_reader_sees_lazy_imports_and_packages():
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_imports_only_its_floor_or_below(module):
     me = _floor(module)
-    up = [dep for dep in GRAPH[module]
-          if dep == "netmorph" or _floor(dep) > me]
+    up = [dep for dep in GRAPH[module] if dep == "netmorph" or _floor(dep) > me]
     assert not up, f"{module} (floor {me}) imports from above: {sorted(up)}"
 
 
@@ -120,7 +129,7 @@ def _cycle(graph):
                 color[node] = 2
                 stack.pop()
             elif color.get(nxt) == 1:
-                cyc = [nxt] + [n for n, _ in stack[[n for n, _ in stack].index(nxt) + 1:]]
+                cyc = [nxt] + [n for n, _ in stack[[n for n, _ in stack].index(nxt) + 1 :]]
                 return cyc + [nxt]
             elif nxt not in color and nxt in graph:
                 color[nxt] = 1
@@ -153,16 +162,24 @@ def test_schedule_imports_only_numpy_and_itself():
         if _room(m) != "schedule":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module] if isinstance(node, ast.ImportFrom) and not node.level else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
             third_party |= {n.split(".")[0] for n in names}
     assert third_party - set(sys.stdlib_module_names) <= {"numpy", "netmorph"}, third_party
 
 
 def test_every_package_is_a_regular_package():
     """setuptools' find_packages skips a folder without __init__.py: a wheel would ship without it."""
-    missing = [str(d.relative_to(ROOT.parent)) for d in sorted(ROOT.rglob("*")) if d.is_dir()
-               and d.name != "__pycache__" and any(d.glob("*.py")) and not (d / "__init__.py").exists()]
+    missing = [
+        str(d.relative_to(ROOT.parent))
+        for d in sorted(ROOT.rglob("*"))
+        if d.is_dir() and d.name != "__pycache__" and any(d.glob("*.py")) and not (d / "__init__.py").exists()
+    ]
     assert missing == []
 
 
@@ -201,6 +218,9 @@ def test_library_imports_are_at_the_top_of_the_file():
 
 def test_no_module_is_over_400_lines():
     """A file that grows past 400 lines is doing two jobs: split it (the vocabulary issue's rule)."""
-    long = {str(p.relative_to(ROOT.parent)): n for p in sorted(ROOT.rglob("*.py"))
-            if (n := len(p.read_text().splitlines())) > 400}
+    long = {
+        str(p.relative_to(ROOT.parent)): n
+        for p in sorted(ROOT.rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > 400
+    }
     assert not long, long

@@ -29,11 +29,15 @@ def test_other_order():
     assert m.groups("dp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
 
 
-@pytest.mark.parametrize("kw,arg,text", [
-    ({"world": 15, "tp": 2}, "world", "world 15 is not divisible by tp*cp*ep*pp = 2; change world or tp/pp/cp/ep"),
-    ({"world": 16, "tp": 2, "dp": 3}, "world", "world 16 != tp*cp*ep*dp*pp"),
-    ({"world": 8, "tp": 0}, "tp", "tp must be >= 1, got 0"),
-    ({"world": 8, "order": "tp-dp"}, "order", "order must name each of")])
+@pytest.mark.parametrize(
+    "kw,arg,text",
+    [
+        ({"world": 15, "tp": 2}, "world", "world 15 is not divisible by tp*cp*ep*pp = 2; change world or tp/pp/cp/ep"),
+        ({"world": 16, "tp": 2, "dp": 3}, "world", "world 16 != tp*cp*ep*dp*pp"),
+        ({"world": 8, "tp": 0}, "tp", "tp must be >= 1, got 0"),
+        ({"world": 8, "order": "tp-dp"}, "order", "order must name each of"),
+    ],
+)
 def test_bad_factorisation_names_the_argument(kw, arg, text):
     """The library names its parameter; the CLI spells the same error with its flags."""
     with pytest.raises(UsageError) as e:
@@ -48,21 +52,22 @@ def _device_mesh(comm):
     import numpy as np
 
     from netmorph.mesh import DeviceMesh
+
     dm = DeviceMesh(comm, tp=2, pp=2)
     x = np.array([float(comm.rank)])
     comm.all_reduce(x, group=dm["tp"])
     y = np.array([float(comm.rank)])
     comm.all_reduce(y, group=dm.get_group("dp"))
     z = np.array([float(comm.rank)])
-    comm.all_reduce(z, group=dm["cp"])                 # a dimension of size 1: this rank alone
-    return (list(dm["tp"].ranks), list(dm["pp"].ranks), list(dm["dp"].ranks), dm.get_local_rank("pp"),
-            x[0], y[0], z[0])
+    comm.all_reduce(z, group=dm["cp"])  # a dimension of size 1: this rank alone
+    return (list(dm["tp"].ranks), list(dm["pp"].ranks), list(dm["dp"].ranks), dm.get_local_rank("pp"), x[0], y[0], z[0])
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("backend", ["local", "torch-native"])
 def test_device_mesh_groups_follow_megatron_order(backend):
     from netmorph.runtime import launch
+
     out = launch(_device_mesh, 8, backend=backend)
     # tp innermost: [0, 1]; dp next: [0, 2]; pp outermost: [0, 4]
     assert out[0] == ([0, 1], [0, 4], [0, 2], 0, 1.0, 2.0, 0.0)

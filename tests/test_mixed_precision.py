@@ -24,19 +24,31 @@ def _run(**kw):
     return cfg, summarise(cfg, launch(train_rank, cfg.world, cfg, timeout=60), "local", reference(cfg))
 
 
-LAYOUTS = [dict(dp=2), dict(dp=2, grad_reduce_dtype="float32"), dict(dp=2, zero=1), dict(dp=2, zero=3),
-           dict(dp=2, zero=2, grad_reduce_dtype="float32"), dict(tp=2, sequence_parallel=True), dict(pp=2),
-           dict(cp=2), dict(tp=2, pp=2, dp=2, zero=1), dict(cp=2, tp=2, cp_comm_type="a2a")]
+LAYOUTS = [
+    dict(dp=2),
+    dict(dp=2, grad_reduce_dtype="float32"),
+    dict(dp=2, zero=1),
+    dict(dp=2, zero=3),
+    dict(dp=2, zero=2, grad_reduce_dtype="float32"),
+    dict(tp=2, sequence_parallel=True),
+    dict(pp=2),
+    dict(cp=2),
+    dict(tp=2, pp=2, dp=2, zero=1),
+    dict(cp=2, tp=2, cp_comm_type="a2a"),
+]
 
 
 @pytest.mark.parametrize("kw", LAYOUTS, ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
 def test_bf16_sends_its_closed_forms_holds_the_planners_states_and_follows_float32(kw):
     cfg, out = _run(dtype="bfloat16", **kw)
-    assert all(out.traffic_exact.values()) and out.traffic_exact, \
-        (out.bytes_per_rank_by_phase, out.predicted_bytes_per_rank_by_phase)
-    assert {k: out.memory_bytes[k] for k in ("params", "grads", "optimizer")} == \
-        {k: v for k, v in trainer_memory(cfg.model, cfg.layout, 2, 4, 12).items() if k != "activations"}
-    assert out.max_rel_loss_diff < 2e-3, (out.losses, out.reference_losses)   # 3 steps; 2% is the bar at 50
+    assert all(out.traffic_exact.values()) and out.traffic_exact, (
+        out.bytes_per_rank_by_phase,
+        out.predicted_bytes_per_rank_by_phase,
+    )
+    assert {k: out.memory_bytes[k] for k in ("params", "grads", "optimizer")} == {
+        k: v for k, v in trainer_memory(cfg.model, cfg.layout, 2, 4, 12).items() if k != "activations"
+    }
+    assert out.max_rel_loss_diff < 2e-3, (out.losses, out.reference_losses)  # 3 steps; 2% is the bar at 50
 
 
 def test_bf16_halves_the_bytes_of_every_tensor_it_makes_16_bit():
@@ -50,8 +62,8 @@ def test_bf16_halves_the_bytes_of_every_tensor_it_makes_16_bit():
     assert b["pp"] * 2 == a["pp"] and b["cp"] * 2 == a["cp"] and b["dp"] * 2 == a["dp"]
     assert b["pp.emb"] == a["pp.emb"]
     mb, s, t = 2, TINY.seq // 2, 2
-    loss = cfg.layout.microbatches * 3 * 2 * (t - 1) / t * mb * s * 4       # float32 either way
-    assert b["tp"] - loss == (a["tp"] - loss) / 2                             # the last stage's, the busiest
+    loss = cfg.layout.microbatches * 3 * 2 * (t - 1) / t * mb * s * 4  # float32 either way
+    assert b["tp"] - loss == (a["tp"] - loss) / 2  # the last stage's, the busiest
 
 
 def test_bf16_states_are_2_4_and_12_bytes_a_parameter():
@@ -61,8 +73,13 @@ def test_bf16_states_are_2_4_and_12_bytes_a_parameter():
     assert out.memory_bytes["optimizer"] == 12 * n
 
 
-@pytest.mark.parametrize("argv, words", [(["--precision", "bf16", "--dtype", "float64"], "--dtype"),
-                                         (["--grad-reduce-dtype", "float32"], "--precision bf16")])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--precision", "bf16", "--dtype", "float64"], "--dtype"),
+        (["--grad-reduce-dtype", "float32"], "--precision bf16"),
+    ],
+)
 def test_mixed_precision_flags_that_contradict_are_one_line(argv, words, capsys):
     assert main(["train", *argv]) == 2
     err = capsys.readouterr().err
@@ -87,4 +104,5 @@ def test_a_bf16_checkpoint_resumes_with_its_float32_master(tmp_path, capsys):
     capsys.readouterr()
     assert main([*base, "--steps", "4", "--load", ck]) == 0
     import json
+
     assert json.loads(capsys.readouterr().out)["losses"] == json.loads(whole)["losses"][2:]

@@ -36,7 +36,7 @@ def test_element_maps_are_the_trainers_layout():
             assert (out.tp, out.pp, out.dp) == tuple(layout.coords(r)[k] for k in ("tp", "pp", "dp"))
             index = out.state.index
             for name, (off, n) in index["params"].items():
-                piece = m.flat[off:off + n]
+                piece = m.flat[off : off + n]
                 assert np.isin(piece, gids[name]).all() and len(np.unique(piece)) == n, name
             assert index["padding"] == (m.flat < 0).sum() and index["optimizer_range"] == m.optimizer
             flat = out.state.flat["params"]
@@ -46,12 +46,18 @@ def test_element_maps_are_the_trainers_layout():
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("before,after", [
-    (Layout(dp=4, zero=3), Layout(tp=2, pp=2)), (Layout(tp=2, pp=2), Layout(dp=4, zero=3)),
-    (Layout(pp=2, dp=2), Layout(dp=4)), (Layout(dp=4, zero=1), Layout(pp=2, dp=2)),
-    (Layout(tp=2, dp=2, zero=1), Layout(pp=4)), (Layout(tp=2, pp=2, dp=2), Layout(dp=8, zero=3)),
-    (Layout(dp=8, zero=2), Layout(tp=4, pp=2)),
-])
+@pytest.mark.parametrize(
+    "before,after",
+    [
+        (Layout(dp=4, zero=3), Layout(tp=2, pp=2)),
+        (Layout(tp=2, pp=2), Layout(dp=4, zero=3)),
+        (Layout(pp=2, dp=2), Layout(dp=4)),
+        (Layout(dp=4, zero=1), Layout(pp=2, dp=2)),
+        (Layout(tp=2, dp=2, zero=1), Layout(pp=4)),
+        (Layout(tp=2, pp=2, dp=2), Layout(dp=8, zero=3)),
+        (Layout(dp=8, zero=2), Layout(tp=4, pp=2)),
+    ],
+)
 def test_reshard_equals_an_unmorphed_run(before, after):
     """Train 2 steps on ``before``, reshard parameters and Adam state over the fabric, train 2 more on ``after``:
     every state element equals the gathered reference, the ledger's bytes equal the plan's, and the losses and
@@ -65,7 +71,7 @@ def test_reshard_equals_an_unmorphed_run(before, after):
             lo, hi = m.params if kind == "params" else m.optimizer
             g = m.flat[lo:hi]
             have = st["params"][lo:hi] if kind == "params" else st[kind]
-            assert np.array_equal(have[g >= 0], ref[kind][g[g >= 0]])         # copies: bit for bit
+            assert np.array_equal(have[g >= 0], ref[kind][g[g >= 0]])  # copies: bit for bit
         assert st["t"] == 2
     assert ledger.by_phase()["morph"] == {"messages": p.messages, "bytes": p.bytes} and p.bytes > 0
     b = run(after, 2, start=2, inits=states)
@@ -74,6 +80,7 @@ def test_reshard_equals_an_unmorphed_run(before, after):
     morphed = next(r.losses for r in a if r.losses) + next(r.losses for r in b if r.losses)
     np.testing.assert_allclose(morphed, losses, rtol=1e-9, atol=0)
     from netmorph.parallel.state import assemble
+
     final_b, final_whole = assemble(b), assemble(whole)
     for name, t in final_whole.items():
         np.testing.assert_allclose(final_b[name].numpy(), t.numpy(), rtol=0, atol=1e-9)
@@ -96,6 +103,7 @@ def test_plan_onto_the_survivors_of_a_lost_node():
     """Ranks 2 and 3 gone: replicas on 0 and 1 still hold everything (nothing to send for dp, one tp shard each way
     for tp2·dp2 -> pp2); a stage, a ZeRO shard or a tensor shard held only on the lost ranks is state lost."""
     from netmorph.morph.reshard import StateLost
+
     assert plan(MODEL, Layout(dp=4), Layout(dp=2), alive=[0, 1]).bytes == 0
     p = plan(MODEL, Layout(tp=2, dp=2), Layout(pp=2), alive=[0, 1])
     assert p.world == 2 and p.messages == 2 and p.bytes > 0
@@ -129,6 +137,7 @@ def test_survivors_and_checkpoints_continue_the_unmorphed_run():
     steps on 2 ranks give the losses and weights of 4 steps on 4 ranks (float64, 1e-9)."""
     from netmorph.morph.reshard import restore
     from netmorph.parallel.state import assemble
+
     whole = run(Layout(dp=4), 4)
     losses = next(r.losses for r in whole if r.losses)
     final = assemble(whole)
@@ -143,8 +152,12 @@ def test_survivors_and_checkpoints_continue_the_unmorphed_run():
     for name, t in assemble(b).items():
         np.testing.assert_allclose(t.numpy(), final[name].numpy(), rtol=0, atol=1e-9)
     checkpoint = run(Layout(pp=2, dp=2), 1)
-    c = run(Layout(dp=2), 3, start=1, inits=restore(MODEL, Layout(pp=2, dp=2), [r.state.flat for r in checkpoint],
-                                                   Layout(dp=2)))
+    c = run(
+        Layout(dp=2),
+        3,
+        start=1,
+        inits=restore(MODEL, Layout(pp=2, dp=2), [r.state.flat for r in checkpoint], Layout(dp=2)),
+    )
     got = next(r.losses for r in checkpoint if r.losses) + next(r.losses for r in c if r.losses)
     np.testing.assert_allclose(got, losses, rtol=1e-9, atol=0)
     for name, t in assemble(c).items():
@@ -157,6 +170,7 @@ def test_a_joining_node_is_sent_what_it_needs_and_the_run_continues():
     (pp2·dp2, ZeRO-1), every element equals the gathered reference, the ledger's bytes are the plan's, and two
     more steps give the losses and weights of 4 steps on the 2 ranks (float64, 1e-9)."""
     from netmorph.parallel.state import assemble
+
     before, after = Layout(pp=2), Layout(pp=2, dp=2, zero=1)
     a = run(before, 2)
     p = plan(MODEL, before, after)
@@ -177,10 +191,11 @@ def test_a_longer_context_copies_the_position_rows_and_starts_their_moments_at_z
     from dataclasses import replace
 
     from netmorph.morph.layouts import grow_sources
+
     long = replace(MODEL, seq=3 * MODEL.seq)
     src, a, b = grow_sources(MODEL, long), global_ids(MODEL), global_ids(long)
     assert np.array_equal(src["params"][b["wpe"]], a["wpe"][np.arange(long.seq) % MODEL.seq])
-    assert np.all(src["m"][b["wpe"][MODEL.seq:]] == -1) and np.array_equal(src["m"][b["wpe"][:MODEL.seq]], a["wpe"])
+    assert np.all(src["m"][b["wpe"][MODEL.seq :]] == -1) and np.array_equal(src["m"][b["wpe"][: MODEL.seq]], a["wpe"])
     for name in ("wte", "0.qkv.w", "3.fc2.b", "ln_f.b"):
         assert np.array_equal(src["params"][b[name]], a[name]) and np.array_equal(src["v"][b[name]], a[name])
     with pytest.raises(ValueError, match="only the sequence"):
@@ -196,6 +211,7 @@ def test_reshard_into_a_longer_context_equals_the_one_rank_run():
 
     from netmorph.morph.reshard import matches, restore
     from netmorph.parallel.state import assemble
+
     long = replace(MODEL, seq=2 * MODEL.seq)
     a = run(Layout(tp=2, pp=2), 2)
     p = plan(MODEL, Layout(tp=2, pp=2), Layout(dp=4), grown=long)
@@ -204,8 +220,7 @@ def test_reshard_into_a_longer_context_equals_the_one_rank_run():
     assert ledger.by_phase()["morph"] == {"messages": p.messages, "bytes": p.bytes} and p.bytes > 0
     b = run(Layout(dp=4), 2, start=2, inits=states, model=long)
     one = run(Layout(), 2)
-    one_b = run(Layout(), 2, start=2, inits=restore(MODEL, Layout(), [one[0].state.flat], Layout(), long),
-                model=long)
+    one_b = run(Layout(), 2, start=2, inits=restore(MODEL, Layout(), [one[0].state.flat], Layout(), long), model=long)
     got = next(r.losses for r in a if r.losses) + next(r.losses for r in b if r.losses)
     np.testing.assert_allclose(got, one[0].losses + one_b[0].losses, rtol=1e-9, atol=0)
     final = assemble(one_b)
@@ -219,13 +234,22 @@ def test_cli_morph_reshard_json_and_bad_input(capsys):
     import json
 
     from netmorph.cli import main
-    assert main(["morph", "reshard", "--world", "4", "--from", "pp2,dp2", "--to", "tp2,dp2,zero1", "--steps", "1",
-                 "--json"]) == 0
+
+    assert (
+        main(
+            ["morph", "reshard", "--world", "4", "--from", "pp2,dp2", "--to", "tp2,dp2,zero1", "--steps", "1", "--json"]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] and out["exact"] and out["ledger"] == {"messages": out["messages"], "bytes": out["bytes"]}
     assert sum(map(sum, out["matrix"])) == out["bytes"] > 0 and out["max_loss_diff"] <= 1e-9
-    for argv, words in ((["--from", "tp3"], "--from"), (["--to", "pp2,zero3"], "--to"), (["--world", "0"], "--world"),
-                        (["--global-batch", "3"], "--global-batch")):
+    for argv, words in (
+        (["--from", "tp3"], "--from"),
+        (["--to", "pp2,zero3"], "--to"),
+        (["--world", "0"], "--world"),
+        (["--global-batch", "3"], "--global-batch"),
+    ):
         assert main(["morph", "reshard", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0]
@@ -233,12 +257,19 @@ def test_cli_morph_reshard_json_and_bad_input(capsys):
 
 def test_bad_morph_run_input_is_one_line(capsys):
     from netmorph.cli import main
-    for argv, words in ((["--scenario", "seq-grows@3x3"], "--scenario"), (["--scenario", "shrinks@3"], "--scenario"), (["--scenario", "node-lost@3x2"], "--scenario"),
-                        (["--scenario", "node-lost@3", "--world", "2"], "--world"),
-                        (["--inter-node-mbps", "0"], "--inter-node-mbps"),
-                        (["--checkpoint-every", "0"], "--checkpoint-every"), (["--scenario", "link-degrades@x"], "--scenario"),
-                        (["--world", "6"], "--world"), (["--segment", "1"], "--segment"),
-                        (["--steps", "5", "--segment", "9"], "--segment")):
+
+    for argv, words in (
+        (["--scenario", "seq-grows@3x3"], "--scenario"),
+        (["--scenario", "shrinks@3"], "--scenario"),
+        (["--scenario", "node-lost@3x2"], "--scenario"),
+        (["--scenario", "node-lost@3", "--world", "2"], "--world"),
+        (["--inter-node-mbps", "0"], "--inter-node-mbps"),
+        (["--checkpoint-every", "0"], "--checkpoint-every"),
+        (["--scenario", "link-degrades@x"], "--scenario"),
+        (["--world", "6"], "--world"),
+        (["--segment", "1"], "--segment"),
+        (["--steps", "5", "--segment", "9"], "--segment"),
+    ):
         assert main(["morph", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0]

@@ -21,6 +21,7 @@ LINKS = {"intra": {"alpha": 1e-3, "beta": 1 / 1e9}, "inter": {"alpha": 3e-4, "be
 
 def _twin(world=8, inter_mbps=50.0, links=LINKS, compute_ms=40.0):
     from netmorph.morph.controller import Trainer, twin_of
+
     trainer = Trainer(MORPH_GPT, 8, world, 60.0, compute_ms, inter_mbps)
     return trainer, twin_of(trainer, links and {**links, "inter": {**links["inter"], "beta": 1 / (inter_mbps * 1e6)}})
 
@@ -30,6 +31,7 @@ def test_the_twin_prices_the_emulated_accelerator_exactly():
     is what the planner's compute gives on the twin, for every layout: the stage with the head is the slowest."""
     from netmorph.morph.layouts import train_config
     from netmorph.parallel.slots import device_ms
+
     trainer, twin = _twin()
     for seq in (16, 64):
         model = replace(MORPH_GPT, seq=seq)
@@ -38,8 +40,9 @@ def test_the_twin_prices_the_emulated_accelerator_exactly():
             per = max(device_ms(cfg, model.layers // lay.pp, s == lay.pp - 1) for s in range(lay.pp))
             assert twin.compute_s(lay, seq) == pytest.approx(3 * cfg.layout.microbatches * per / 1e3, rel=1e-12)
     # the base model's forward of one sequence takes compute_ms on one rank
-    assert device_ms(train_config(MORPH_GPT, Layout(dp=1), 1, 1, device_flops=trainer.device_flops), 4, True) \
-        == pytest.approx(40.0, rel=1e-12)
+    assert device_ms(
+        train_config(MORPH_GPT, Layout(dp=1), 1, 1, device_flops=trainer.device_flops), 4, True
+    ) == pytest.approx(40.0, rel=1e-12)
 
 
 def test_the_twin_writes_what_a_run_measured_into_its_profile():
@@ -57,12 +60,18 @@ def test_the_twin_writes_what_a_run_measured_into_its_profile():
 
 def _rehearse(scenario, start=None, steps=120, segment=10, **kw):
     from netmorph.morph.decide import rehearse
+
     _, twin = _twin(**kw)
     sc = parse_scenario(scenario)
     start = start or twin.best(None, 8)
     lines = []
-    return twin, start, rehearse(twin, sc, start, steps, segment, log=lines.append), \
-        rehearse(twin, sc, start, steps, segment, hysteresis=math.inf), lines
+    return (
+        twin,
+        start,
+        rehearse(twin, sc, start, steps, segment, log=lines.append),
+        rehearse(twin, sc, start, steps, segment, hysteresis=math.inf),
+        lines,
+    )
 
 
 def test_the_loop_moves_off_a_degraded_link_on_the_twin():
@@ -70,7 +79,7 @@ def test_the_loop_moves_off_a_degraded_link_on_the_twin():
     step 40; the first look after (step 50) wants the twin's best at the new price, the second confirms it and
     moves (step 60); the run beats staying, and every look printed its line."""
     twin, start, adaptive, static, lines = _rehearse("link-degrades@40")
-    assert (start.tp, start.pp, start.dp) == (1, 1, 8)          # data parallelism (with or without ZeRO-1)
+    assert (start.tp, start.pp, start.dp) == (1, 1, 8)  # data parallelism (with or without ZeRO-1)
     best = twin.best(twin.beta0 * 10, 8)
     assert best != start and adaptive.layout_path == [(0, start.tag()), (60, best.tag())]
     (d,) = adaptive.decisions
@@ -87,6 +96,7 @@ def test_the_loop_holds_still_when_nothing_changes_or_no_time_is_left():
     _, _, late, _, lines = _rehearse("link-degrades@40", steps=60)
     assert not late.decisions and "wait (1 of 2 looks)" in lines[4]
     from netmorph.morph.decide import Controller, Look
+
     _, twin = _twin()
     worse = twin.layouts(8)[1]
     gain = twin.predict(worse) - twin.predict(twin.layouts(8)[0])
@@ -101,13 +111,14 @@ def test_a_move_is_made_only_when_its_gain_pays_for_its_cost():
     to confirm and no hysteresis, it moves exactly when the steps left times the gain exceed the reshard's predicted
     seconds."""
     from netmorph.morph.decide import Controller, Look, move_cost
+
     _, twin = _twin(inter_mbps=0.5, links={"intra": {"alpha": 1e-3, "beta": 1e-8}, "inter": LINKS["inter"]})
     start = Layout(cp=2, pp=4, dp=1)
     best = twin.best(None, 8)
     gain = twin.predict(start) - twin.predict(best)
     p, cost = move_cost(twin, start, best)
     assert (best.tp, best.cp, best.pp, best.dp) == (1, 2, 2, 2) and p.bytes > 0 and cost > gain > 0
-    need = math.floor(cost / gain) + 1                 # the fewest steps left that pay for it
+    need = math.floor(cost / gain) + 1  # the fewest steps left that pay for it
     for left in (need - 1, need):
         ctl = Controller(twin, 100 + left, hysteresis=0.0, confirm=1)
         line, d = ctl.look(Look(100, start, 16, twin.predict(start), None, None))
@@ -127,18 +138,25 @@ def test_the_loop_replans_for_the_survivors_and_the_longer_context():
 
 def test_scenarios_compose_as_events():
     """Events in step order, each from its step on: the link's factor, the ranks, the sequence and the memory."""
-    sc = parse_scenario("link-degrades@10x4,node-lost@20,link-recovers@30,node-joins@40,seq-grows@50x2,"
-                        "memory-shrinks@60x4")
+    sc = parse_scenario(
+        "link-degrades@10x4,node-lost@20,link-recovers@30,node-joins@40,seq-grows@50x2,memory-shrinks@60x4"
+    )
     assert [sc.link_factor(s) for s in (9, 10, 29, 30)] == [1, 4, 4, 1]
     assert [sc.world(8, s) for s in (19, 20, 39, 40)] == [8, 4, 4, 8]
     assert [sc.model(MORPH_GPT, s).seq for s in (49, 50)] == [16, 32]
     assert [sc.memory(s) for s in (59, 60)] == [math.inf, 0.25] and sc.at == 10
     assert sc.label().startswith("link-degrades@10x4,node-lost@20,link-recovers@30")
     from netmorph.errors import UsageError
+
     assert [parse_scenario("node-hangs@20,node-joins@40").world(8, s) for s in (19, 20, 40)] == [8, 4, 8]
-    for bad, words in (("node-joins@5", "needs a node-lost"), ("node-lost@5,node-hangs@9", "already lost"),
-                       ("link-degrades@9,link-recovers@5", "step order"), ("link-recovers@5x2", "no FACTOR"),
-                       ("seq-grows@5x3", "2, 4 or 8"), ("shrinks@3", "KIND@STEP")):
+    for bad, words in (
+        ("node-joins@5", "needs a node-lost"),
+        ("node-lost@5,node-hangs@9", "already lost"),
+        ("link-degrades@9,link-recovers@5", "step order"),
+        ("link-recovers@5x2", "no FACTOR"),
+        ("seq-grows@5x3", "2, 4 or 8"),
+        ("shrinks@3", "KIND@STEP"),
+    ):
         with pytest.raises(UsageError, match=words):
             parse_scenario(bad)
 
@@ -168,6 +186,7 @@ def test_memory_pressure_moves_to_a_layout_that_fits():
 def _controller(world, steps, segment, scenario, inter_mbps=50.0, checkpoint_every=20, start=None):
     """The adaptive and the static run from ``start`` for real, the loop deciding on the twin (nominal links)."""
     from netmorph.morph.controller import Trainer, run_adaptive, run_static, twin_of
+
     trainer = Trainer(MORPH_GPT, 8, world, 60.0, 10.0, inter_mbps, checkpoint_every)
     sc = parse_scenario(scenario)
     twin = twin_of(trainer, LINKS)
@@ -183,12 +202,14 @@ def test_controller_moves_off_a_degraded_link_and_keeps_the_model(monkeypatch):
     the move wins in wall time is a measurement on a shared machine, not a unit test: benchmarks/morph.py holds
     it."""
     import sys
-    launcher = sys.modules["netmorph.runtime.launch"]            # the module (the package exports its function)
+
+    launcher = sys.modules["netmorph.runtime.launch"]  # the module (the package exports its function)
     launches = []
     real = launcher.launch
     monkeypatch.setattr(launcher, "launch", lambda fn, *a, **k: launches.append(fn.__name__) or real(fn, *a, **k))
     start = Layout(dp=4)
     from netmorph.morph.controller import Trainer, run_adaptive, run_static, twin_of
+
     trainer = Trainer(MORPH_GPT, 8, 4, 60.0, 10.0, 50.0, 20)
     sc = parse_scenario("link-degrades@4x20")
     adaptive = run_adaptive(trainer, twin_of(trainer, LINKS), start, 16, 4, sc, log=lambda *a, **k: None)
@@ -211,8 +232,10 @@ def test_a_node_killed_mid_step_is_detected_and_the_survivors_go_on():
     the same checkpoint. Same losses either way, and the same as the run no node left; a split whose
     model-parallel group needs 4 ranks stops there."""
     from netmorph.morph.controller import Trainer, run_static
-    twin, adaptive, static = _controller(4, 16, 4, "node-lost@12", inter_mbps=5.0, checkpoint_every=8,
-                                         start=Layout(pp=2, dp=2))
+
+    twin, adaptive, static = _controller(
+        4, 16, 4, "node-lost@12", inter_mbps=5.0, checkpoint_every=8, start=Layout(pp=2, dp=2)
+    )
     (d,) = adaptive.decisions
     assert d.step == 8 and d.reason.startswith("node lost (2 ranks left, ranks [2, 3] killed mid-step")
     assert d.after == d.top[0][0] and adaptive.layout_path == [(0, "tp1·pp2·dp2"), (8, d.after)]
@@ -220,8 +243,9 @@ def test_a_node_killed_mid_step_is_detected_and_the_survivors_go_on():
     assert static.layout_path == [(0, "tp1·pp2·dp2"), (8, "tp1·pp2·dp1")] and not static.failed
     assert len(adaptive.losses) == len(static.losses) == 16
     np.testing.assert_allclose(adaptive.losses, static.losses, rtol=1e-9, atol=0)
-    calm = run_static(Trainer(MORPH_GPT, 8, 4, 60.0, 10.0, 5.0, 8), Layout(pp=2, dp=2), 16, 16,
-                      parse_scenario("none"))                                   # one segment: one launch
+    calm = run_static(
+        Trainer(MORPH_GPT, 8, 4, 60.0, 10.0, 5.0, 8), Layout(pp=2, dp=2), 16, 16, parse_scenario("none")
+    )  # one segment: one launch
     np.testing.assert_allclose(adaptive.losses, calm.losses, rtol=1e-9, atol=0)
     trainer = Trainer(MORPH_GPT, 8, 4, 60.0, 30.0, 5.0, 4)
     stopped = run_static(trainer, Layout(pp=4), 12, 4, parse_scenario("node-lost@4"))
@@ -236,7 +260,8 @@ def test_a_node_that_hangs_is_found_by_its_heartbeats_and_fenced():
     survivors hold every data-parallel replica, so only the step in flight is redone, in the same processes, and
     the losses are the ones no node left gives. No stopped process outlives the run."""
     from netmorph.runtime.transport.blame import child_pids
-    before = set(child_pids(os.getpid()))          # under pytest -n a worker may hold children of its own
+
+    before = set(child_pids(os.getpid()))  # under pytest -n a worker may hold children of its own
     twin, adaptive, static = _controller(4, 12, 4, "node-hangs@6", inter_mbps=5.0, start=Layout(dp=4))
     (d,) = adaptive.decisions
     assert d.reason.startswith("node hung (2 ranks left, ranks [2, 3] stopped mid-step: ")
@@ -244,7 +269,7 @@ def test_a_node_that_hangs_is_found_by_its_heartbeats_and_fenced():
     assert adaptive.redone == 1 and adaptive.layout_path[-1] == (d.step, d.after) and not static.failed
     # the static split loses the node by script, on fewer replicas of the same global batch: the run no node left
     np.testing.assert_allclose(adaptive.losses, static.losses, rtol=1e-9, atol=0)
-    deadline = time.time() + 5                     # a process SIGKILLed a moment ago may still be tearing down
+    deadline = time.time() + 5  # a process SIGKILLed a moment ago may still be tearing down
     while set(child_pids(os.getpid())) - before and time.time() < deadline:
         time.sleep(0.05)
     assert sorted(set(child_pids(os.getpid())) - before) == [], "a rank outlived the run"
@@ -259,22 +284,25 @@ def test_a_node_back_joins_the_same_launch_and_receives_its_state(monkeypatch):
     twin picks the 4-rank layout and the plan sends the joiners everything they hold -- one launch from start to
     end, and the losses are the ones no node left gives."""
     import sys
+
     launcher = sys.modules["netmorph.runtime.launch"]
     launches = []
     real = launcher.launch
     monkeypatch.setattr(launcher, "launch", lambda fn, *a, **k: launches.append(fn.__name__) or real(fn, *a, **k))
     from netmorph.morph.controller import Trainer, run_adaptive, run_static, twin_of
+
     trainer = Trainer(MORPH_GPT, 8, 4, 60.0, 10.0, 5.0, 20)
     twin = twin_of(trainer, LINKS)
-    adaptive = run_adaptive(trainer, twin, Layout(dp=4), 12, 4, parse_scenario("node-lost@4:0,node-joins@8"),
-                            log=lambda *a, **k: None)
+    adaptive = run_adaptive(
+        trainer, twin, Layout(dp=4), 12, 4, parse_scenario("node-lost@4:0,node-joins@8"), log=lambda *a, **k: None
+    )
     assert launches == ["live_rank"]
     lost, back = adaptive.decisions
     assert lost.reason.startswith("node lost (2 ranks left, ranks [0, 1] killed mid-step") and back.step == 8
     assert back.reason.startswith("a node joined (4 ranks: [0, 1] started in the lost ranks' slots")
     assert back.before == lost.after and back.after == twin.best(None, 4).tag() and back.reshard_bytes > 0
     assert adaptive.layout_path[-1] == (8, back.after) and len(adaptive.losses) == 12
-    calm = run_static(trainer, Layout(dp=4), 12, 12, parse_scenario("none"))      # one segment: one launch
+    calm = run_static(trainer, Layout(dp=4), 12, 12, parse_scenario("none"))  # one segment: one launch
     np.testing.assert_allclose(adaptive.losses, calm.losses, rtol=1e-9, atol=0)
 
 

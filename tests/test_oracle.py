@@ -17,7 +17,7 @@ def expected(op, p, inputs, redop, root, s):
     """What numpy says each rank must end with."""
     if op in ("allreduce", "reduce", "reduce_scatter"):
         total = REDUCE[redop](np.stack(inputs), axis=0) if len(inputs[0]) else inputs[0]
-        return [total[s.out_off[r]:s.out_off[r] + s.out_len[r]] for r in range(p)]
+        return [total[s.out_off[r] : s.out_off[r] + s.out_len[r]] for r in range(p)]
     if op == "allgather":
         return [np.concatenate(inputs)] * p
     if op == "broadcast":
@@ -41,16 +41,20 @@ def run_case(op, algo, p, n, dtype, redop, rng, root=0, splits=None):
     for r in range(p):
         if np.issubdtype(dtype, np.integer) or redop != "sum":
             np.testing.assert_array_equal(out[r], want[r], err_msg=f"{op}/{algo} p={p} n={n} rank {r}")
-        else:   # the schedule sums in a different order than numpy: float rounding only
-            np.testing.assert_allclose(out[r], want[r], rtol=1e-4 if dtype == np.float32 else 1e-12,
-                                       atol=1e-4 if dtype == np.float32 else 1e-12)
+        else:  # the schedule sums in a different order than numpy: float rounding only
+            np.testing.assert_allclose(
+                out[r],
+                want[r],
+                rtol=1e-4 if dtype == np.float32 else 1e-12,
+                atol=1e-4 if dtype == np.float32 else 1e-12,
+            )
 
 
 @pytest.mark.parametrize("op,algo", ALL)
 @pytest.mark.parametrize("p", WORLDS)
 def test_every_world_size(op, algo, p, rng):
     root = p - 1 if op in ("broadcast", "reduce") else 0
-    for n in (0, 1, p - 1 if p > 1 else 2, 3 * p + 1, 64):     # zero, tiny, uneven, even
+    for n in (0, 1, p - 1 if p > 1 else 2, 3 * p + 1, 64):  # zero, tiny, uneven, even
         run_case(op, algo, p, n, np.int64, "sum", rng, root=root)
 
 
@@ -66,10 +70,12 @@ def test_dtypes_and_reductions(op, algo, dtype, redop, rng):
 @settings(max_examples=25, deadline=None)
 @given(p=st.integers(1, 9), data=st.data())
 def test_alltoall_uneven_splits(algo, p, data):
-    splits = np.array(data.draw(st.lists(st.lists(st.integers(0, 6), min_size=p, max_size=p),
-                                         min_size=p, max_size=p)), dtype=np.int64)
-    run_case("alltoall", algo, p, int(splits.sum(axis=1).max()), np.int64, "sum",
-             np.random.default_rng(p), splits=splits)
+    splits = np.array(
+        data.draw(st.lists(st.lists(st.integers(0, 6), min_size=p, max_size=p), min_size=p, max_size=p)), dtype=np.int64
+    )
+    run_case(
+        "alltoall", algo, p, int(splits.sum(axis=1).max()), np.int64, "sum", np.random.default_rng(p), splits=splits
+    )
 
 
 @settings(max_examples=40, deadline=None)

@@ -56,17 +56,31 @@ def test_the_first_round_of_an_out_of_place_ring_reads_the_send_buffer():
     (recv,) = first.recvs
     assert recv.acc is not None and (recv.acc >= n).all() and (recv.offs < n).all()
     later = [o for rr in prog[1:] for m in rr.sends for o in m.offs.tolist()]
-    assert later and all(o < n for o in later)          # from then on everything is in the receive buffer
-    assert not any(rr.local for rr in prog)             # and not one local copy
+    assert later and all(o < n for o in later)  # from then on everything is in the receive buffer
+    assert not any(rr.local for rr in prog)  # and not one local copy
 
 
 def test_an_accumulator_that_is_wrong_is_refused():
     s = out_of_place(build("allreduce", "ring", 3, 9, 8))
-    bad = Schedule(s.op, s.algo, s.world, s.count, s.itemsize, s.buf_len, s.in_off, s.in_len, s.out_off,
-                   s.out_len, s.reduces, list(s.rounds), in_key=s.in_key)
+    bad = Schedule(
+        s.op,
+        s.algo,
+        s.world,
+        s.count,
+        s.itemsize,
+        s.buf_len,
+        s.in_off,
+        s.in_len,
+        s.out_off,
+        s.out_len,
+        s.reduces,
+        list(s.rounds),
+        in_key=s.in_key,
+    )
     r0 = bad.rounds[0]
-    bad.rounds[0] = type(r0)(r0.src, r0.dst, r0.src_off, r0.dst_off, r0.length, r0.reduce, r0.msg,
-                             np.full(len(r0), -1))          # forget the accumulators: the send buffer is lost
+    bad.rounds[0] = type(r0)(
+        r0.src, r0.dst, r0.src_off, r0.dst_off, r0.length, r0.reduce, r0.msg, np.full(len(r0), -1)
+    )  # forget the accumulators: the send buffer is lost
     with pytest.raises(ScheduleError, match="empty slot|wrong or partial"):
         bad.validate()
     with pytest.raises(ValueError, match="not an in-place op"):
@@ -76,6 +90,7 @@ def test_an_accumulator_that_is_wrong_is_refused():
 def _ops(comm, n, registered, tensors):
     """Every algorithm of the three ops, out of place; the cases that came out wrong or touched the input."""
     import torch
+
     p, rank = comm.world, comm.rank
     bad = []
     i = np.arange(n)
@@ -94,7 +109,7 @@ def _ops(comm, n, registered, tensors):
                 want = total
             elif op == "reduce":
                 comm.reduce_into_tensor(outs, xs, dst=1 % p, algo=algo)
-                want = total if rank == 1 % p else np.full(n, -1.0)     # a non-root's output untouched
+                want = total if rank == 1 % p else np.full(n, -1.0)  # a non-root's output untouched
             else:
                 root = p - 1
                 comm.broadcast_into_tensor(outs, xs if rank == root else None, src=root, algo=algo)
@@ -117,10 +132,12 @@ def test_every_algorithm_out_of_place_on_the_local_fabric(world, registered):
 def test_out_of_place_on_torch_distributed(backend):
     """The same schedules over gloo point-to-point, on numpy buffers and on torch tensors the transport
     keeps as tensors (the device path); torch's own collectives take the copy-then-in-place default."""
+
     def run(comm, n):
         bad = _ops(comm, n, False, False)
         comm.keep_tensors = True
         return bad + _ops(comm, n, False, True)
+
     assert [b for r in launch(run, 3, 11, backend=backend, timeout=60) for b in r] == []
 
 
@@ -130,5 +147,6 @@ def _mismatch(comm):
 
 def test_an_input_of_another_length_names_the_argument():
     from netmorph.runtime.launch import LaunchError
+
     with pytest.raises(LaunchError, match=r"all_reduce_into_tensor: input must match the output's 4 elements"):
         launch(_mismatch, 2, timeout=10)

@@ -17,7 +17,7 @@ def test_a_quick_task_prints_nothing(capsys):
 def test_a_long_task_prints_its_progress_then_done(capsys):
     with Bar("train", unit="steps", tty=False, every=0.2) as bar, bar.task("training on 4 ranks", 10) as t:
         bar.update(t, completed=3)
-        time.sleep(0.5)                   # the ticker looks every min(1 s, every)
+        time.sleep(0.5)  # the ticker looks every min(1 s, every)
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].startswith("netmorph train: training on 4 ranks: 3/10 steps ("), lines
     assert lines[-1].startswith("netmorph train: training on 4 ranks: 10/10 steps (") and lines[-1].endswith(" done")

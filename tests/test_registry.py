@@ -35,13 +35,14 @@ def test_a_registered_algorithm_takes_the_next_header_code_and_moves_no_other():
     """The fabric's message header codes an algorithm by its index: registering one must not renumber the rest
     (a header template cached before would then name another algorithm)."""
     from netmorph.runtime.transport.fingerprint import algos
+
     before = algos()
     register(Algorithm("allreduce", "aaa_first_by_name", star))
     try:
         assert algos() == (*before, "aaa_first_by_name")
     finally:
         unregister("allreduce", "aaa_first_by_name")
-    assert algos()[:len(before)] == before
+    assert algos()[: len(before)] == before
 
 
 @pytest.fixture
@@ -53,8 +54,10 @@ def registered():
 
 def test_collective_runs_a_registered_algorithm_and_holds_it_to_its_closed_form(registered, capsys):
     assert registered.label == "star" and closed_form("allreduce", "star", 8, 1.0, 0, 0, 0).rounds == 14
-    assert main(["collective", "allreduce", "--algo", "star", "--world", "8", "--bytes", "1MiB", "--formula",
-                 "--json"]) == 0
+    assert (
+        main(["collective", "allreduce", "--algo", "star", "--world", "8", "--bytes", "1MiB", "--formula", "--json"])
+        == 0
+    )
     row = json.loads(capsys.readouterr().out)[0]
     assert row["algo"] == "star" and row["rounds"] == 14 and row["max_bytes_sent"] == 7 << 20
     assert row["closed_form"]["rounds"] == 14 and row["closed_form"]["max_bytes_sent"] == 7 << 20
@@ -64,11 +67,11 @@ def test_collective_runs_a_registered_algorithm_and_holds_it_to_its_closed_form(
         register(Algorithm("allreduce", "ring", star))
 
 
-def test_the_planner_and_simulate_step_price_a_registered_algorithm_a_hardware_file_names(registered, tmp_path,
-                                                                                          capsys):
+def test_the_planner_and_simulate_step_price_a_registered_algorithm_a_hardware_file_names(registered, tmp_path, capsys):
     """Star all-reduces are slower than ring for large gradients: the planner's data-parallel time grows
     when the hardware file allows star alone, and ``simulate step`` plays the same."""
     from netmorph.planner.hardware import PRESETS
+
     hw = dataclasses.asdict(PRESETS["a100-80g"])
     hw.update(name="star-only", allreduce_algorithms=["star"])
     path = tmp_path / "star.json"
@@ -90,8 +93,8 @@ def test_the_planner_and_simulate_step_price_a_registered_algorithm_a_hardware_f
 def test_the_tours_collectives_section_draws_a_registered_algorithm(registered, tmp_path):
     from netmorph.report.collectives import build_section
     from netmorph.tour import collectives
+
     res = collectives.run()
     assert "star" in res.algos and set(res.curves[next(iter(res.curves))]) == set(res.algos)
     section = build_section(res, tmp_path)
     assert "star" in json.dumps(dataclasses.asdict(section), default=str)
-

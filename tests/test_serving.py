@@ -52,20 +52,20 @@ def test_every_request_equals_itself_decoded_alone(mode):
     assert len(done) == out["completed"] >= len(reqs) - 1
     for r in done:
         assert out["outputs"][r.rid] == generate_alone(CFG, r.prompt, r.output_len, 1.0, r.rid * 1_000_003), r.rid
-    assert out["free_blocks_at_end"] == kw["num_blocks"]                  # no block leaked
+    assert out["free_blocks_at_end"] == kw["num_blocks"]  # no block leaked
     if "preemption" in mode:
         assert sum(out["preemptions"].values()) > 0
     if mode == "swap preemption":
         assert out["swap_bytes"] > 0 and out["swap_bytes"] % engine.runner.bytes_per_block() == 0
     if mode == "continuous":
-        assert out["prefix_cached_tokens"] > 0                             # the common 20-token prompt was shared
+        assert out["prefix_cached_tokens"] > 0  # the common 20-token prompt was shared
 
 
 def test_paged_attention_equals_contiguous_attention_for_random_block_tables():
     torch.manual_seed(0)
     m = PagedGPT(CFG, num_blocks=32, block_size=4)
     n = 23
-    table = torch.randperm(32)[:6].tolist()                              # any blocks, any order
+    table = torch.randperm(32)[:6].tolist()  # any blocks, any order
     k = torch.randn(n, 4, 8, dtype=torch.float64)
     v = torch.randn(n, 4, 8, dtype=torch.float64)
     for p in range(n):
@@ -73,10 +73,12 @@ def test_paged_attention_equals_contiguous_attention_for_random_block_tables():
         m.v[0][table[p // 4], p % 4] = v[p]
     kk, vv = m.gather(0, table, n)
     assert torch.equal(kk, k) and torch.equal(vv, v)
-    q = torch.randn(4, 5, 8, dtype=torch.float64)                          # 5 queries at positions 18..22
+    q = torch.randn(4, 5, 8, dtype=torch.float64)  # 5 queries at positions 18..22
     mask = torch.arange(n)[None, :] <= (18 + torch.arange(5))[:, None]
     paged = torch.nn.functional.scaled_dot_product_attention(q, kk.transpose(0, 1), vv.transpose(0, 1), attn_mask=mask)
-    dense = torch.softmax((q @ k.permute(1, 2, 0)) / 8 ** 0.5 + torch.where(mask, 0.0, float("-inf")), -1) @ v.transpose(0, 1)
+    dense = torch.softmax((q @ k.permute(1, 2, 0)) / 8**0.5 + torch.where(mask, 0.0, float("-inf")), -1) @ v.transpose(
+        0, 1
+    )
     assert torch.allclose(paged, dense, rtol=1e-12, atol=1e-12)
 
 
@@ -85,16 +87,16 @@ def test_fork_shares_blocks_and_the_first_divergent_write_copies_exactly_one():
     prompt = [1, 2, 3, 4, 5, 6]
     bm.allocate(0, prompt)
     for j in range(len(prompt)):
-        bm.slot(0, prompt[:j + 1])
-    bm.fork(0, 1)                                                        # parallel sampling: n = 2
+        bm.slot(0, prompt[: j + 1])
+    bm.fork(0, 1)  # parallel sampling: n = 2
     assert bm.tables[1].blocks == bm.tables[0].blocks and bm.ref[bm.tables[0].blocks[1]] == 2
     free = bm.num_free()
     assert bm.blocks_to_grow(1, 1) == 1
-    bm.slot(1, prompt + [9])                                             # the child's first own token
+    bm.slot(1, prompt + [9])  # the child's first own token
     assert bm.cow_copies == 1 and len(bm.copies) == 1 and bm.num_free() == free - 1
-    assert bm.tables[1].blocks[0] == bm.tables[0].blocks[0]              # the full first block stays shared
+    assert bm.tables[1].blocks[0] == bm.tables[0].blocks[0]  # the full first block stays shared
     assert bm.tables[1].blocks[1] != bm.tables[0].blocks[1]
-    bm.slot(0, prompt + [7])                                             # the parent now owns its block alone
+    bm.slot(0, prompt + [7])  # the parent now owns its block alone
     assert bm.cow_copies == 1
     bm.free_seq(0)
     bm.free_seq(1)
@@ -106,14 +108,21 @@ def test_prefix_caching_shares_full_blocks_but_never_the_last_token():
     a = list(range(10))
     bm.allocate(0, a)
     for j in range(len(a)):
-        bm.slot(0, a[:j + 1])
-    assert bm.allocate(1, a[:8] + [99, 98]) == 8                          # two full blocks found
-    assert bm.allocate(2, a[:8]) == 4                                    # the last token's block is computed
+        bm.slot(0, a[: j + 1])
+    assert bm.allocate(1, a[:8] + [99, 98]) == 8  # two full blocks found
+    assert bm.allocate(2, a[:8]) == 4  # the last token's block is computed
     assert bm.tables[1].blocks[:2] == bm.tables[0].blocks[:2]
 
 
-@pytest.mark.parametrize("name,per_token", [("opt-13b", 2 * 40 * 40 * 128 * 2), ("llama-2-7b", 2 * 32 * 32 * 128 * 2),
-                                            ("llama-3-8b", 2 * 32 * 8 * 128 * 2), ("llama-3-70b", 2 * 80 * 8 * 128 * 2)])
+@pytest.mark.parametrize(
+    "name,per_token",
+    [
+        ("opt-13b", 2 * 40 * 40 * 128 * 2),
+        ("llama-2-7b", 2 * 32 * 32 * 128 * 2),
+        ("llama-3-8b", 2 * 32 * 8 * 128 * 2),
+        ("llama-3-70b", 2 * 80 * 8 * 128 * 2),
+    ],
+)
 def test_kv_bytes_per_token_follow_from_the_architecture(name, per_token):
     m = PRESETS[name]
     assert m.kv_bytes_per_token(2) == 2 * m.layers * m.kv * (m.hidden // m.heads) * 2 == per_token
@@ -122,7 +131,7 @@ def test_kv_bytes_per_token_follow_from_the_architecture(name, per_token):
 def test_serve_kv_and_roofline_cli(capsys):
     assert main(["serve", "kv", "--model", "opt-13b", "--tokens", "1000", "--block-size", "16", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["bytes_per_token"] == 819_200 and out["bytes_per_block"] == 16 * 819_200        # vLLM's 800 KB
+    assert out["bytes_per_token"] == 819_200 and out["bytes_per_block"] == 16 * 819_200  # vLLM's 800 KB
     assert out["bytes_total"] == 1000 * 819_200
     assert main(["serve", "roofline", "--model", "llama-3-8b", "--hardware", "a100-80g", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
@@ -138,24 +147,49 @@ def test_serve_kv_reads_a_config_file_and_caches_mlas_latent(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["attention"] == "mla" and out["bytes_per_token"] == 61 * (512 + 64) * 2
     from netmorph.serving.roofline import flops_and_bytes
+
     m = PRESETS["deepseek-v3"]
     _, one = flops_and_bytes(m, [(1, 0)])
     _, many = flops_and_bytes(m, [(1, 0)] * 4096)
     outside = m.embedding_params() + m.norm_params()
-    assert one == pytest.approx(2 * (m.active_params() - outside + m.vocab * m.hidden) + 2 * m.kv_bytes_per_token(2)
-                                / 2, rel=1e-12)
-    assert many - 4096 * m.kv_bytes_per_token(2) == pytest.approx(2 * (m.params() - outside + m.vocab * m.hidden),
-                                                                 rel=1e-3)
+    assert one == pytest.approx(
+        2 * (m.active_params() - outside + m.vocab * m.hidden) + 2 * m.kv_bytes_per_token(2) / 2, rel=1e-12
+    )
+    assert many - 4096 * m.kv_bytes_per_token(2) == pytest.approx(
+        2 * (m.params() - outside + m.vocab * m.hidden), rel=1e-3
+    )
 
 
 def test_serve_run_json_and_a_malformed_workload_line_is_rejected_not_fatal(tmp_path, capsys):
     wl = tmp_path / "w.jsonl"
-    wl.write_text('{"prompt_len": 5, "output_len": 3, "arrival_s": 0}\n'
-                  'not json\n'
-                  '{"prompt_len": 900, "output_len": 3, "arrival_s": 0.1}\n'
-                  '{"prompt_len": 7, "output_len": 2, "arrival_s": 0.2}\n')
-    argv = ["serve", "--workload", str(wl), "--context", "64", "--kv-blocks", "32", "--block-size", "4",
-            "--layers", "1", "--hidden", "16", "--heads", "2", "--vocab", "32", "--check", "2", "--json"]
+    wl.write_text(
+        '{"prompt_len": 5, "output_len": 3, "arrival_s": 0}\n'
+        "not json\n"
+        '{"prompt_len": 900, "output_len": 3, "arrival_s": 0.1}\n'
+        '{"prompt_len": 7, "output_len": 2, "arrival_s": 0.2}\n'
+    )
+    argv = [
+        "serve",
+        "--workload",
+        str(wl),
+        "--context",
+        "64",
+        "--kv-blocks",
+        "32",
+        "--block-size",
+        "4",
+        "--layers",
+        "1",
+        "--hidden",
+        "16",
+        "--heads",
+        "2",
+        "--vocab",
+        "32",
+        "--check",
+        "2",
+        "--json",
+    ]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["completed"] == 2 and out["rejected"] == 2 and out["check"] == {"requests": 2, "identical": 2}
@@ -165,14 +199,17 @@ def test_serve_run_json_and_a_malformed_workload_line_is_rejected_not_fatal(tmp_
         assert k in out
 
 
-@pytest.mark.parametrize("argv,flag", [
-    (["--block-size", "0"], "--block-size"),
-    (["--kv-blocks", "0"], "--kv-blocks"),
-    (["kv", "--model", "gpt-5"], "--model"),
-    (["--arrival", "uniform:3"], "--arrival"),
-    (["--chunked-prefill", "8", "--scheduler", "static"], "--chunked-prefill"),
-    (["--workload", "/nonexistent.jsonl"], "--workload"),
-])
+@pytest.mark.parametrize(
+    "argv,flag",
+    [
+        (["--block-size", "0"], "--block-size"),
+        (["--kv-blocks", "0"], "--kv-blocks"),
+        (["kv", "--model", "gpt-5"], "--model"),
+        (["--arrival", "uniform:3"], "--arrival"),
+        (["--chunked-prefill", "8", "--scheduler", "static"], "--chunked-prefill"),
+        (["--workload", "/nonexistent.jsonl"], "--workload"),
+    ],
+)
 def test_bad_serve_flags_are_one_line_exit_2(argv, flag, capsys):
     assert main(["serve", *argv]) == 2
     err = capsys.readouterr().err
@@ -187,6 +224,7 @@ def test_disaggregated_requests_equal_themselves_and_the_kv_bytes_are_the_formul
     import multiprocessing as mp
 
     from netmorph.serving.disagg import serve_disaggregated
+
     reqs = _requests(seed=P * 10 + D, n=8, shared=False)
     out = serve_disaggregated(CFG, ServeConfig(num_blocks=32, block_size=4, temperature=1.0), copy.deepcopy(reqs), P, D)
     assert out["completed"] == len(reqs)
@@ -203,10 +241,11 @@ def test_parallel_samples_share_the_prompt_and_each_equals_itself_decoded_alone(
     """n = 3: after the prefill each request forks two samples sharing every block (copy-on-write at the first
     divergent write); each sample equals the request decoded alone with that sample's seed, nothing leaks."""
     from netmorph.serving.engine import sample_id
+
     reqs = _requests(seed=5, n=6, shared=False)
     for r in reqs:
         r.n = 3
-    blocks = 40                                          # small enough that samples get preempted
+    blocks = 40  # small enough that samples get preempted
     engine = Engine(CFG, ServeConfig(num_blocks=blocks, block_size=4, temperature=1.0, preemption=preemption))
     out = engine.run(copy.deepcopy(reqs))
     done = [r for r in reqs if r.rid in out["outputs"]]
@@ -231,20 +270,23 @@ def test_tensor_parallel_decode_equals_alone_and_its_all_reduces_are_the_formula
     from netmorph.planner.hardware import PRESETS as HARDWARE
     from netmorph.serving.roofline import iteration_time
     from netmorph.serving.tp import serve_tensor_parallel
+
     reqs = _requests(seed=7, n=8, shared=False)
-    price = (lambda items: iteration_time(PRESETS["llama-3-8b"], HARDWARE["a100-80g"], items))   # noqa: E731
-    out = serve_tensor_parallel(CFG, ServeConfig(num_blocks=96, block_size=4, temperature=1.0), copy.deepcopy(reqs),
-                                tp, price)
+    price = lambda items: iteration_time(PRESETS["llama-3-8b"], HARDWARE["a100-80g"], items)  # noqa: E731
+    out = serve_tensor_parallel(
+        CFG, ServeConfig(num_blocks=96, block_size=4, temperature=1.0), copy.deepcopy(reqs), tp, price
+    )
     for r in reqs:
         assert out["outputs"][r.rid] == generate_alone(CFG, r.prompt, r.output_len, 1.0, r.rid * 1_000_003)
     assert out["tp_allreduce_bytes"] == 2 * CFG.layers * 2 * (tp - 1) * out["tokens_computed"] * CFG.hidden * 8
-    assert sum(out["preemptions"].values()) == 0                        # so every token was computed once:
+    assert sum(out["preemptions"].values()) == 0  # so every token was computed once:
     assert out["tokens_computed"] == sum(len(r.prompt) + r.output_len - 1 for r in reqs)
     assert out["free_blocks_at_end"] == 96 and mp.active_children() == []
 
 
-@pytest.mark.parametrize("argv", [["--tp", "3"], ["--tp", "2", "--time-model", "measured"],
-                                  ["--time-model", "gpt-9@a100-80g"]])
+@pytest.mark.parametrize(
+    "argv", [["--tp", "3"], ["--tp", "2", "--time-model", "measured"], ["--time-model", "gpt-9@a100-80g"]]
+)
 def test_bad_tp_and_time_model_flags_exit_2(argv, capsys):
     assert main(["serve", "--requests", "2", *argv]) == 2
     err = capsys.readouterr().err
@@ -258,16 +300,47 @@ def test_disaggregated_latencies_are_priced_from_the_prefill_rank_and_the_kv_tra
     from netmorph.planner.hardware import PRESETS as HARDWARE
     from netmorph.serving.disagg import serve_disaggregated
     from netmorph.serving.roofline import iteration_time
+
     m, hw = PRESETS["llama-3-8b"], HARDWARE["a100-80g"]
     reqs = _requests(seed=3, n=6, shared=False)
-    out = serve_disaggregated(CFG, ServeConfig(num_blocks=64, block_size=4), copy.deepcopy(reqs), 1, 1,
-                              price=lambda items: iteration_time(m, hw, items),
-                              kv_seconds_per_token=m.kv_bytes_per_token() / hw.nic_bandwidth)
+    out = serve_disaggregated(
+        CFG,
+        ServeConfig(num_blocks=64, block_size=4),
+        copy.deepcopy(reqs),
+        1,
+        1,
+        price=lambda items: iteration_time(m, hw, items),
+        kv_seconds_per_token=m.kv_bytes_per_token() / hw.nic_bandwidth,
+    )
     alone_prefill = min(iteration_time(m, hw, [(len(r.prompt), 0)]) for r in reqs)
     assert out["ttft_s"]["p50"] >= alone_prefill > 0 and out["tpot_s"]["p50"] > 0
-    assert main(["serve", "--requests", "6", "--context", "128", "--kv-blocks", "64", "--block-size", "4",
-                 "--layers", "1", "--hidden", "16", "--heads", "2", "--vocab", "32", "--disaggregate", "1:1",
-                 "--json"]) == 0
+    assert (
+        main(
+            [
+                "serve",
+                "--requests",
+                "6",
+                "--context",
+                "128",
+                "--kv-blocks",
+                "64",
+                "--block-size",
+                "4",
+                "--layers",
+                "1",
+                "--hidden",
+                "16",
+                "--heads",
+                "2",
+                "--vocab",
+                "32",
+                "--disaggregate",
+                "1:1",
+                "--json",
+            ]
+        )
+        == 0
+    )
     j = json.loads(capsys.readouterr().out)
     assert j["colocated"]["ttft_s"]["p50"] > 0 and j["ttft_s"]["p50"] > 0 and j["completed"] == 6
 
@@ -277,15 +350,18 @@ def test_a_static_batch_keeps_finished_rows_as_padding_until_it_ends():
     longest one finishes; only then does the pool empty and the next batch start."""
     priced = []
     reqs = [Request(0, [1, 2, 3], 2, 0.0), Request(1, [4, 5, 6], 9, 0.0), Request(2, [7, 8], 3, 0.0)]
-    e = Engine(CFG, ServeConfig(num_blocks=64, block_size=4, scheduler="static", max_seqs=2),
-               lambda items: priced.append(len(items)) or 1e-3)
+    e = Engine(
+        CFG,
+        ServeConfig(num_blocks=64, block_size=4, scheduler="static", max_seqs=2),
+        lambda items: priced.append(len(items)) or 1e-3,
+    )
     out = e.run(copy.deepcopy(reqs))
     assert out["completed"] == 3 and out["free_blocks_at_end"] == 64
-    used = [t[1] for t in e.timeline]                      # slots holding a token after each iteration
+    used = [t[1] for t in e.timeline]  # slots holding a token after each iteration
     # requests 0 and 1 form the first batch: 9 iterations (the prefill, then 8 decodes); the batch's pool is released
     # only after its last one (0 slots), request 0's blocks are held from its finish (iteration 2) until then
     assert all(b > a for a, b in zip(used[:8], used[1:8])) and used[8] == 0, used
-    assert priced[:9] == [2] * 9 and priced[9] == 1         # the finished row is paid for, as padding, to the end
+    assert priced[:9] == [2] * 9 and priced[9] == 1  # the finished row is paid for, as padding, to the end
 
 
 def test_a_freed_prefix_is_reused_by_a_later_request_and_evicted_last():
@@ -294,20 +370,21 @@ def test_a_freed_prefix_is_reused_by_a_later_request_and_evicted_last():
     evicts a cached one only when nothing else is left (then the prefix is gone)."""
     bs = 4
     bm = BlockManager(6, bs, 64)
-    prompt = list(range(10))                                   # two full blocks and a partial one
+    prompt = list(range(10))  # two full blocks and a partial one
     assert bm.allocate(1, prompt) == 0
     for j in range(len(prompt)):
-        bm.slot(1, prompt[:j + 1])
+        bm.slot(1, prompt[: j + 1])
     cached = list(bm.tables[1].blocks[:2])
-    bm.free_seq(1)                                             # request 1 is over; its full blocks stay cached
+    bm.free_seq(1)  # request 1 is over; its full blocks stay cached
     assert bm.num_free() == 6 and bm.cached_prefix(prompt) == cached
-    assert bm.allocate(2, prompt[:9] + [99]) == 8              # a later request: 8 tokens not computed again
+    assert bm.allocate(2, prompt[:9] + [99]) == 8  # a later request: 8 tokens not computed again
     assert bm.tables[2].blocks[:2] == cached and bm.num_free() == 3
     bm.free_seq(2)
-    assert bm.allocate(3, [50 + i for i in range(4 * 4 + 1)]) == 0   # 5 blocks: the 4 plain ones, then one evicted
-    assert len(bm.cached_prefix(prompt)) < 2                   # the evicted block's prefix is gone
-    assert BlockManager.chained_hash(None, [1, 2]) != BlockManager.chained_hash(BlockManager.chained_hash(None, [0]),
-                                                                                [1, 2])
+    assert bm.allocate(3, [50 + i for i in range(4 * 4 + 1)]) == 0  # 5 blocks: the 4 plain ones, then one evicted
+    assert len(bm.cached_prefix(prompt)) < 2  # the evicted block's prefix is gone
+    assert BlockManager.chained_hash(None, [1, 2]) != BlockManager.chained_hash(
+        BlockManager.chained_hash(None, [0]), [1, 2]
+    )
 
 
 SCHEDULER_WITHOUT_TORCH = r"""
@@ -355,6 +432,7 @@ def test_a_mixture_of_experts_serves_through_the_training_models_own_blocks():
     other layer, top-2 of 4, dropless) serves with no code of its own, and every request equals itself decoded
     alone by the training model; the served model's weights are the training model's, tensor by tensor."""
     from netmorph.models.gpt import GPTStage
+
     moe = ModelShape(layers=2, hidden=32, heads=4, seq=128, vocab=64, seed=3, experts=4, top_k=2, dense_layers=1)
     reqs = _requests(seed=5, n=6, shared=False)
     out = Engine(moe, ServeConfig(num_blocks=64, block_size=4, temperature=1.0)).run(copy.deepcopy(reqs))
@@ -370,17 +448,25 @@ def test_a_mixture_of_experts_serves_through_the_training_models_own_blocks():
 
 # ---------------------------------------------------------------- scheduling policies (vLLM v1's SchedulingPolicy)
 
+
 def _two_classes(n=24):
     """A burst in which every fourth request is urgent (priority 0), the rest priority 1, all at once."""
     rng = random.Random(3)
-    return [Request(i, [rng.randrange(64) for _ in range(rng.randrange(8, 30))], rng.randrange(4, 20),
-                    arrival=i * 1e-4, priority=0 if i % 4 == 0 else 1) for i in range(n)]
+    return [
+        Request(
+            i,
+            [rng.randrange(64) for _ in range(rng.randrange(8, 30))],
+            rng.randrange(4, 20),
+            arrival=i * 1e-4,
+            priority=0 if i % 4 == 0 else 1,
+        )
+        for i in range(n)
+    ]
 
 
 def _serve(policy, reqs, **kw):
     cfg = ServeConfig(num_blocks=24, block_size=4, max_seqs=4, scheduling_policy=policy, **kw)
-    return Engine(CFG, cfg, time_model=lambda rows: 1e-3 * (1 + sum(n for n, _ in rows) / 16)).run(
-        copy.deepcopy(reqs))
+    return Engine(CFG, cfg, time_model=lambda rows: 1e-3 * (1 + sum(n for n, _ in rows) / 16)).run(copy.deepcopy(reqs))
 
 
 @pytest.mark.parametrize("preemption", ["recompute", "swap"])
@@ -403,11 +489,18 @@ def test_the_priority_policy_serves_the_urgent_first_and_every_output_is_unchang
 def test_the_priority_policy_preempts_the_least_urgent_latest_arrival():
     from netmorph.serving.policy import policy
     from netmorph.serving.request import RequestStatus
-    running = [Request(0, [1], 1, 0.0, priority=2), Request(1, [1], 1, 1.0, priority=0),
-               Request(2, [1], 1, 2.0, priority=2), Request(3, [1], 1, 3.0, priority=1)]
+
+    running = [
+        Request(0, [1], 1, 0.0, priority=2),
+        Request(1, [1], 1, 1.0, priority=0),
+        Request(2, [1], 1, 2.0, priority=2),
+        Request(3, [1], 1, 3.0, priority=1),
+    ]
     assert policy("priority").victim(running).rid == 2 and policy("fcfs").victim(running).rid == 3
-    waiting = [Request(5, [1], 1, 5.0, priority=1), Request(4, [1, 2], 1, 4.0, tokens=[1, 2, 7], computed=0,
-                                                              priority=1)]
+    waiting = [
+        Request(5, [1], 1, 5.0, priority=1),
+        Request(4, [1, 2], 1, 4.0, tokens=[1, 2, 7], computed=0, priority=1),
+    ]
     waiting[1].status = RequestStatus.WAITING
     policy("priority").requeue(waiting, Request(6, [1], 1, 6.0, priority=0))
     assert [r.rid for r in waiting] == [6, 4, 5]
@@ -442,12 +535,35 @@ def test_a_policy_is_one_class_and_one_registration():
 
 def test_serve_scheduling_policy_priority_reads_priorities_from_the_workload(tmp_path, capsys):
     wl = tmp_path / "w.jsonl"
-    lines = [json.dumps({"prompt_len": 6 + i % 5, "output_len": 6, "arrival_s": 0, "priority": 0 if i % 3 else 5})
-             for i in range(12)] + ['{"prompt_len": 4, "output_len": 2, "arrival_s": 0, "priority": "high"}']
+    lines = [
+        json.dumps({"prompt_len": 6 + i % 5, "output_len": 6, "arrival_s": 0, "priority": 0 if i % 3 else 5})
+        for i in range(12)
+    ] + ['{"prompt_len": 4, "output_len": 2, "arrival_s": 0, "priority": "high"}']
     wl.write_text("\n".join(lines) + "\n")
-    argv = ["serve", "--workload", str(wl), "--context", "64", "--kv-blocks", "16", "--block-size", "4",
-            "--layers", "1", "--hidden", "16", "--heads", "2", "--vocab", "32", "--max-seqs", "2",
-            "--scheduling-policy", "priority", "--json"]
+    argv = [
+        "serve",
+        "--workload",
+        str(wl),
+        "--context",
+        "64",
+        "--kv-blocks",
+        "16",
+        "--block-size",
+        "4",
+        "--layers",
+        "1",
+        "--hidden",
+        "16",
+        "--heads",
+        "2",
+        "--vocab",
+        "32",
+        "--max-seqs",
+        "2",
+        "--scheduling-policy",
+        "priority",
+        "--json",
+    ]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["by_priority"]["0"]["count"] == 8 and out["by_priority"]["5"]["count"] == 4

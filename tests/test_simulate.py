@@ -19,7 +19,7 @@ def test_simulated_time_equals_closed_form(op, algo, p):
     n = p * (1 << p.bit_length()) * 64 * 4
     f = closed_form(op, algo, p, n, A, B, G)
     t = simulate(build(op, algo, p, n // 4, 4), FLAT).time
-    if f.time is None:     # only where the docstring says no simple form exists
+    if f.time is None:  # only where the docstring says no simple form exists
         assert (p & (p - 1)) or (op, algo) == ("alltoall", "naive")
         return
     assert t == pytest.approx(f.time, rel=1e-12), f.time_expr
@@ -58,8 +58,9 @@ def test_placement_tp_vs_dp():
 
 def test_shared_node_nic():
     """8 flows leaving a node through one 12.5 GB/s NIC each get an eighth of it."""
-    topo = Topology("t", alpha=0.0, beta=1e-12, gpus_per_node=8, alpha_inter=0.0, beta_inter=1 / 12.5e9,
-                    node_bandwidth=12.5e9)
+    topo = Topology(
+        "t", alpha=0.0, beta=1e-12, gpus_per_node=8, alpha_inter=0.0, beta_inter=1 / 12.5e9, node_bandwidth=12.5e9
+    )
     s = build("allreduce", "recursive_doubling", 16, (8 << 20) // 4, 4)
     # rounds 1-3 stay inside a node (distance 1, 2, 4): ~free; round 4 (distance 8): 8 flows of 8 MiB share the NIC
     n = 8 << 20
@@ -73,8 +74,8 @@ def test_auto_choice_moves_with_size_and_world():
     flat = PRESETS["flat"]
     small = choose("allreduce", 8, 64, flat)
     large = choose("allreduce", 8, 256 << 20, flat)
-    assert small.best.algo == "recursive_doubling"          # fewest rounds when α dominates
-    assert large.best.algo in ("rabenseifner", "ring")       # fewest bytes when β dominates
+    assert small.best.algo == "recursive_doubling"  # fewest rounds when α dominates
+    assert large.best.algo in ("rabenseifner", "ring")  # fewest bytes when β dominates
     assert large.best.counts.max_bytes_sent < small.ranking[0].counts.max_bytes_sent * (256 << 20) / 64
     assert "latency-bound" in small.reason and "bandwidth-bound" in large.reason
     # non-power-of-two world: Rabenseifner pays the fold's 2n bytes and the ring takes large messages
@@ -85,6 +86,7 @@ def test_auto_choice_moves_with_size_and_world():
         for e in range(10, 31):
             if choose("allreduce", p, 1 << e, flat).best.algo != "recursive_doubling":
                 return 1 << e
+
     # the α-β model: RD costs log p(α + nβ), Rabenseifner 2 log p α + 2n(p-1)/p β -> crossover n ≈ α/β · log p / (log p - 2 + 2/p)
     assert crossover(4) > crossover(64)
 
@@ -110,11 +112,13 @@ def test_direct_algorithms_against_the_textbook_limits(p):
     T, Tb = a + n * b, a + n / p * b
     free = Topology("free-reduce", alpha=a, beta=b, gamma=0.0)
     slow = Topology("slow-reduce", alpha=a, beta=b, gamma=10 * b)
-    t = {key: simulate(build(*key, p, n // 4, 4), free).time
-         for key in (("reduce", "naive"), ("allreduce", "naive"), ("allreduce", "one_shot"), ("allreduce", "two_shot"))}
+    t = {
+        key: simulate(build(*key, p, n // 4, 4), free).time
+        for key in (("reduce", "naive"), ("allreduce", "naive"), ("allreduce", "one_shot"), ("allreduce", "two_shot"))
+    }
     assert t["reduce", "naive"] == pytest.approx((p - 1) * T, rel=1e-12)
-    assert t["allreduce", "naive"] == pytest.approx(2 * (p - 1) * T, rel=1e-12)     # to a root, then back out
-    assert t["allreduce", "one_shot"] == pytest.approx((p - 1) * T, rel=1e-12)      # every rank gathers every vector
+    assert t["allreduce", "naive"] == pytest.approx(2 * (p - 1) * T, rel=1e-12)  # to a root, then back out
+    assert t["allreduce", "one_shot"] == pytest.approx((p - 1) * T, rel=1e-12)  # every rank gathers every vector
     assert t["allreduce", "two_shot"] == pytest.approx(2 * (p - 1) * Tb, rel=1e-12)  # reduce-scatter + all-gather
     if p > 2:
         g = 10 * b * n
@@ -129,6 +133,7 @@ def test_a_round_of_matchings_timed_run_by_run_is_the_message_by_message_time(al
     import numpy as np
 
     import netmorph.cost.simulate as sim
+
     s = build("allreduce", algo, 24, 3 << 20, 4)
     fast = simulate(s, PRESETS[topo])
     monkeypatch.setattr(sim, "_matching_rows", lambda src, dst: None)

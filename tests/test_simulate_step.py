@@ -20,8 +20,9 @@ A100 = HARDWARE["a100-80g"]
 
 def _lay(tp, pp, dp, m, v=1, schedule=""):
     """tp·pp·dp with m one-sequence microbatches per pipeline."""
-    return Layout(tp=tp, pp=pp, dp=dp, interleave=v, batch=Batch(micro_batch_size=1, global_batch=m * dp,
-                                                                 schedule=schedule))
+    return Layout(
+        tp=tp, pp=pp, dp=dp, interleave=v, batch=Batch(micro_batch_size=1, global_batch=m * dp, schedule=schedule)
+    )
 
 
 def test_a_step_without_communication_is_the_sum_of_its_compute():
@@ -31,8 +32,10 @@ def test_a_step_without_communication_is_the_sum_of_its_compute():
     assert r.breakdown["bubble"] == pytest.approx(0.0, abs=1e-12)
 
 
-@pytest.mark.parametrize("model,mb,gb,recompute", [("ptdp-1.7b", 1, 4, "none"), ("ptdp-7.5b", 2, 8, "full"),
-                                                    ("gpt3-175b", 1, 2, "selective")])
+@pytest.mark.parametrize(
+    "model,mb,gb,recompute",
+    [("ptdp-1.7b", 1, 4, "none"), ("ptdp-7.5b", 2, 8, "full"), ("gpt3-175b", 1, 2, "selective")],
+)
 def test_a_one_rank_step_equals_the_planners_compute_time(model, mb, gb, recompute):
     c = Layout(batch=Batch(micro_batch_size=mb, global_batch=gb), knobs=Knobs(recompute=recompute))
     out = simulate_config(MODELS[model], c, A100)
@@ -56,17 +59,24 @@ def test_tensor_parallel_all_reduces_wait_for_the_whole_group_and_count_their_by
     r = simulate_step(_lay(4, 1, 2, 3), 5, c)
     assert r.step_time == pytest.approx(3 * 5 * (3.0 + 4 * 0.25))
     assert r.breakdown["tp"] == pytest.approx(3 * 5 * 4 * 0.25)
-    assert r.bytes_by_link_class["nvlink"] == pytest.approx(3 * 5 * 4 * 100.0 * 8)     # 8 ranks, one node
-    assert r.events == 3 * 5 * (2 * 2 + 2 * 2) * 8 + 8          # halves and all-reduces, one optimizer step each
+    assert r.bytes_by_link_class["nvlink"] == pytest.approx(3 * 5 * 4 * 100.0 * 8)  # 8 ranks, one node
+    assert r.events == 3 * 5 * (2 * 2 + 2 * 2) * 8 + 8  # halves and all-reduces, one optimizer step each
 
 
-@pytest.mark.parametrize("name,tp,pp,dp,v,recompute", [("ptdp-18.4b", 8, 4, 2, 1, "full"),
-                                                      ("ptdp-39.1b", 8, 4, 4, 2, "selective")])
+@pytest.mark.parametrize(
+    "name,tp,pp,dp,v,recompute", [("ptdp-18.4b", 8, 4, 2, 1, "full"), ("ptdp-39.1b", 8, 4, 4, 2, "selective")]
+)
 def test_an_untraced_stage_adds_its_layers_in_one_step_with_the_same_result(name, tp, pp, dp, v, recompute):
     """A stage nobody traces adds the layers after its first all-reduce at once; tracing every rank plays them
     one by one: the same step, events, bytes and breakdown."""
-    c = Layout(tp=tp, pp=pp, dp=dp, interleave=v, batch=Batch(micro_batch_size=1, global_batch=8 * dp),
-               knobs=Knobs(recompute=recompute))
+    c = Layout(
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        interleave=v,
+        batch=Batch(micro_batch_size=1, global_batch=8 * dp),
+        knobs=Knobs(recompute=recompute),
+    )
     fast = simulate_config(MODELS[name], c, A100)
     every = simulate_config(MODELS[name], c, A100, trace_ranks=range(tp * pp * dp))
     assert fast["events"] == every["events"]
@@ -89,20 +99,34 @@ def test_table1_configurations_that_fit_agree_with_the_planner_within_five_perce
     """Narayanan et al. 2021 Table 1 (ten GPT models, 32 to 3072 A100s, full recomputation): for each the
     planner's fastest fitting (microbatch, v), simulated on every rank, within 5% of its analytic estimate (issue
     29's bound; they are within 1.6% today)."""
-    rows = [("ptdp-1.7b", 1, 1, 32, 512), ("ptdp-3.6b", 2, 1, 64, 512), ("ptdp-7.5b", 4, 1, 128, 512),
-            ("ptdp-18.4b", 8, 1, 256, 1024), ("ptdp-39.1b", 8, 2, 512, 1536), ("ptdp-76.1b", 8, 4, 1024, 1792),
-            ("ptdp-145.6b", 8, 8, 1536, 2304), ("ptdp-310.1b", 8, 16, 1920, 2160),
-            ("ptdp-529.6b", 8, 35, 2520, 2520), ("ptdp-1t", 8, 64, 3072, 3072)]
+    rows = [
+        ("ptdp-1.7b", 1, 1, 32, 512),
+        ("ptdp-3.6b", 2, 1, 64, 512),
+        ("ptdp-7.5b", 4, 1, 128, 512),
+        ("ptdp-18.4b", 8, 1, 256, 1024),
+        ("ptdp-39.1b", 8, 2, 512, 1536),
+        ("ptdp-76.1b", 8, 4, 1024, 1792),
+        ("ptdp-145.6b", 8, 8, 1536, 2304),
+        ("ptdp-310.1b", 8, 16, 1920, 2160),
+        ("ptdp-529.6b", 8, 35, 2520, 2520),
+        ("ptdp-1t", 8, 64, 3072, 3072),
+    ]
     checked = 0
     for name, t, p, n, batch in rows:
         model = MODELS[name]
         best = None
         for mb, v in itertools.product((1, 2, 4, 8), range(1, 9)):
-            c = Layout(tp=t, pp=p, dp=n // (t * p), interleave=v, batch=Batch(micro_batch_size=mb, global_batch=batch),
-                       knobs=Knobs(recompute="full"))
+            c = Layout(
+                tp=t,
+                pp=p,
+                dp=n // (t * p),
+                interleave=v,
+                batch=Batch(micro_batch_size=mb, global_batch=batch),
+                knobs=Knobs(recompute="full"),
+            )
             if check(model, c, A100) or memory(model, c).total > A100.memory_bytes:
                 continue
-            if c.interleave > 1 and c.microbatches % p or model.layers % (p * v):   # the simulator's even chunks
+            if c.interleave > 1 and c.microbatches % p or model.layers % (p * v):  # the simulator's even chunks
                 continue
             e = estimate(model, c, A100).step.step_time_s
             if best is None or e < best[0]:
@@ -118,8 +142,25 @@ def test_table1_configurations_that_fit_agree_with_the_planner_within_five_perce
 
 def test_simulate_step_cli_json_and_trace(tmp_path, capsys):
     trace = tmp_path / "step.json"
-    argv = ["simulate", "step", "--model", "ptdp-39.1b", "--tp", "8", "--pp", "2", "--dp", "32", "--global-batch",
-            "1536", "--recompute", "full", "--trace", str(trace), "--json"]
+    argv = [
+        "simulate",
+        "step",
+        "--model",
+        "ptdp-39.1b",
+        "--tp",
+        "8",
+        "--pp",
+        "2",
+        "--dp",
+        "32",
+        "--global-batch",
+        "1536",
+        "--recompute",
+        "full",
+        "--trace",
+        str(trace),
+        "--json",
+    ]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["ranks"] == 512 and out["events"] > 0 and out["sim_wall_s"] > 0
@@ -127,23 +168,45 @@ def test_simulate_step_cli_json_and_trace(tmp_path, capsys):
     assert sum(out["breakdown_s"].values()) == pytest.approx(out["step_time_s"])
     assert out["bytes_by_link_class"]["nic"] > 0 and out["bytes_by_link_class"]["nvlink"] > 0
     events = json.loads(trace.read_text())["traceEvents"]
-    assert {e["tid"] for e in events if e["ph"] == "X"} == {0, 256}          # rank 0 of each stage
+    assert {e["tid"] for e in events if e["ph"] == "X"} == {0, 256}  # rank 0 of each stage
     assert {e["cat"] for e in events if e["ph"] == "X"} >= {"compute", "tp", "pp", "dp"}
 
 
-@pytest.mark.parametrize("argv,flag", [
-    (["--model", "gpt3-175b", "--tp", "8", "--pp", "7", "--dp", "1"], "--pp"),
-    (["--model", "nope", "--tp", "1"], "--model"),
-    (["--model", "gpt3-175b", "--tp", "8", "--pp", "1", "--dp", "2", "--zero", "3"], "--zero"),
-    (["--model", "gpt3-175b", "--tp", "8", "--pp", "8", "--dp", "2", "--trace", "/x", "--trace-ranks", "999"],
-     "--trace"),
-    (["--model", "gpt3-175b", "--tp", "8", "--pp", "8", "--interleave", "2", "--schedule", "1f1b"], "--interleave"),
-    (["--model", "gpt3-175b", "--tp", "8", "--pp", "1", "--dp", "10000"], "--dp"),
-    (["--model", "gpt3-175b", "--tp", "8", "--pp", "8", "--dp", "4", "--global-batch", "1000000", "--microbatch", "1"],
-     "--global-batch"),
-    (["--model", "gpt3-175b", "--tp", "8", "--pp", "8", "--interleave", "2", "--microbatch-group", "2"],
-     "--microbatch-group"),
-])
+@pytest.mark.parametrize(
+    "argv,flag",
+    [
+        (["--model", "gpt3-175b", "--tp", "8", "--pp", "7", "--dp", "1"], "--pp"),
+        (["--model", "nope", "--tp", "1"], "--model"),
+        (["--model", "gpt3-175b", "--tp", "8", "--pp", "1", "--dp", "2", "--zero", "3"], "--zero"),
+        (
+            ["--model", "gpt3-175b", "--tp", "8", "--pp", "8", "--dp", "2", "--trace", "/x", "--trace-ranks", "999"],
+            "--trace",
+        ),
+        (["--model", "gpt3-175b", "--tp", "8", "--pp", "8", "--interleave", "2", "--schedule", "1f1b"], "--interleave"),
+        (["--model", "gpt3-175b", "--tp", "8", "--pp", "1", "--dp", "10000"], "--dp"),
+        (
+            [
+                "--model",
+                "gpt3-175b",
+                "--tp",
+                "8",
+                "--pp",
+                "8",
+                "--dp",
+                "4",
+                "--global-batch",
+                "1000000",
+                "--microbatch",
+                "1",
+            ],
+            "--global-batch",
+        ),
+        (
+            ["--model", "gpt3-175b", "--tp", "8", "--pp", "8", "--interleave", "2", "--microbatch-group", "2"],
+            "--microbatch-group",
+        ),
+    ],
+)
 def test_bad_simulate_input_is_one_line_exit_2(argv, flag, capsys, tmp_path):
     argv = [a if a != "/x" else str(tmp_path / "t.json") for a in argv]
     assert main(["simulate", "step", *argv]) == 2
@@ -155,7 +218,7 @@ def test_where_ranks_share_cores_the_simulated_bubble_is_lent_as_the_planner_len
     """The schedule is played on a device per rank; with core_sharing s the finishing rank's pipeline is
     stretched from its ideal m + p - 1 slots to the planner's (timing.shared_slots: the wave with the active
     ranks sharing the cores) -- so on a pipeline of 4 stages the two agree as they do without sharing."""
-    parts = {"compute": 6.0, "tp": 1.0, "pp": 1.0, "dp": 0.5, "optimizer": 0.5, "bubble": 6.0}   # 4 x 2 s busy
+    parts = {"compute": 6.0, "tp": 1.0, "pp": 1.0, "dp": 0.5, "optimizer": 0.5, "bubble": 6.0}  # 4 x 2 s busy
     assert lend_bubble(15.0, parts, 1.0, 4, 4) == (15.0, parts)
     # s = 2: the wave's 7 steps at 1, 1, 1.5, 2, 1.5, 1, 1 of a rank alone = 9 -> 4.5 busy slots of 2 s
     step, lent = lend_bubble(15.0, parts, 2.0, 4, 4)
@@ -169,13 +232,16 @@ def test_where_ranks_share_cores_the_simulated_bubble_is_lent_as_the_planner_len
         hw = dataclasses.replace(HARDWARE["a100-80g"], core_sharing=s)
         out = simulate_config(model, lay, hw, "1f1b")
         assert out["step_time_s"] == pytest.approx(out["planner_step_time_s"], rel=0.1)
-        assert out["breakdown_s"]["bubble"] <= simulate_config(model, lay, HARDWARE["a100-80g"], "1f1b")[
-            "breakdown_s"]["bubble"] + 1e-12
+        assert (
+            out["breakdown_s"]["bubble"]
+            <= simulate_config(model, lay, HARDWARE["a100-80g"], "1f1b")["breakdown_s"]["bubble"] + 1e-12
+        )
 
 
-@pytest.mark.parametrize("name,t,p,gpus,gbs,mbs,vp", [("gpt3-175b", 4, 8, 128, 256, 1, 6),
-                                                      ("llama-2-7b", 1, 1, 8, 128, 1, 1),
-                                                      ("llama-2-70b", 4, 4, 64, 128, 1, 20)])
+@pytest.mark.parametrize(
+    "name,t,p,gpus,gbs,mbs,vp",
+    [("gpt3-175b", 4, 8, 128, 256, 1, 6), ("llama-2-7b", 1, 1, 8, 128, 1, 1), ("llama-2-70b", 4, 4, 64, 128, 1, 20)],
+)
 def test_overlapped_buckets_agree_with_the_planners_closed_form_within_five_percent(name, t, p, gpus, gbs, mbs, vp):
     """NeMo's published layouts (the validation set's; distributed optimizer, overlap_grad_reduce and
     overlap_param_gather): the simulator plays a gradient bucket per layer behind the last backward, the
@@ -183,9 +249,15 @@ def test_overlapped_buckets_agree_with_the_planners_closed_form_within_five_perc
     the hardware's comm_slowdown -- within 5% of the planner's closed form (timing.bucketed)."""
     hw = HARDWARE["h100-80g"]
     model = MODELS[name]
-    c = Layout(tp=t, pp=p, dp=gpus // (t * p), interleave=vp, zero=1,
-               batch=Batch(micro_batch_size=mbs, global_batch=gbs),
-               knobs=Knobs(sequence_parallel=t > 1, dp_overlap=True, param_gather_overlap=True))
+    c = Layout(
+        tp=t,
+        pp=p,
+        dp=gpus // (t * p),
+        interleave=vp,
+        zero=1,
+        batch=Batch(micro_batch_size=mbs, global_batch=gbs),
+        knobs=Knobs(sequence_parallel=t > 1, dp_overlap=True, param_gather_overlap=True),
+    )
     out = simulate_config(model, c, hw)
     assert abs(out["step_time_s"] / out["planner_step_time_s"] - 1) < 0.05, out["step_time_s"]
     assert out["breakdown_s"]["slowdown"] > 0 and out["planner_breakdown_s"]["slowdown"] > 0
@@ -210,13 +282,19 @@ def test_context_parallelism_is_played_as_the_planner_prices_it():
     hw = HARDWARE["h100-80g"]
     out = {}
     for kind in ("p2p", "all_gather", "a2a"):
-        c = Layout(tp=8, cp=4, pp=4, dp=4, batch=Batch(micro_batch_size=1, global_batch=64),
-                   knobs=Knobs(sequence_parallel=True, cp_comm_type=kind))
+        c = Layout(
+            tp=8,
+            cp=4,
+            pp=4,
+            dp=4,
+            batch=Batch(micro_batch_size=1, global_batch=64),
+            knobs=Knobs(sequence_parallel=True, cp_comm_type=kind),
+        )
         out[kind] = res = simulate_config(m, c, hw)
         assert res["ranks"] == 512
         assert res["breakdown_s"]["cp"] == pytest.approx(res["planner_breakdown_s"]["cp"], rel=1e-9)
     assert out["a2a"]["breakdown_s"]["cp"] > out["all_gather"]["breakdown_s"]["cp"] > 0
-    kv = 2 * (32768 / 4) / 8 * m.h_kv * 2                # one rank's K and V of s/cp tokens, h_kv/t wide, 16-bit
-    passes = 512 * 16 * m.layers // 4                  # every rank: 16 microbatches x its stage's layers
+    kv = 2 * (32768 / 4) / 8 * m.h_kv * 2  # one rank's K and V of s/cp tokens, h_kv/t wide, 16-bit
+    passes = 512 * 16 * m.layers // 4  # every rank: 16 microbatches x its stage's layers
     nic = {k: v["bytes_by_link_class"]["nic"] for k, v in out.items()}
     assert nic["p2p"] - nic["all_gather"] == pytest.approx(passes * (4 - 1) * kv, rel=1e-9)

@@ -14,9 +14,24 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def _torchrun(tmp_path, n, *args):
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
-                        "-m", "netmorph", *args], capture_output=True, text=True, timeout=170, cwd=tmp_path,
-                       env={**os.environ, "TMPDIR": str(tmp_path)})     # torchrun's torchelastic_* log folder
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(n),
+            "-m",
+            "netmorph",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )  # torchrun's torchelastic_* log folder
     return r
 
 
@@ -30,7 +45,7 @@ def test_sgd_bsp_under_torchrun_equals_the_local_run(tmp_path):
     args = ["sgd", "--mode", "bsp", "--workers", "4", "--steps", "30", "--json"]
     r = _torchrun(tmp_path, 4, *args)
     assert r.returncode == 0, r.stderr[-2000:]
-    (job,) = json.loads(r.stdout)                    # one document: rank 0's
+    (job,) = json.loads(r.stdout)  # one document: rank 0's
     (local,) = _local(*args)
     assert job["final_loss"] == local["final_loss"] and job["updates"] == local["updates"] == 120
     assert job["bytes_on_wire"] == local["bytes_on_wire"] > 0
@@ -60,19 +75,28 @@ def test_a_job_of_the_wrong_size_is_one_line(tmp_path):
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("netmorph sgd: error:")]
     assert lines and "torchrun's WORLD_SIZE is 3" in lines[0] and "--nproc-per-node 4" in lines[0]
     # torchrun's agent prints its own ChildFailedError; no frame of netmorph's is in it (the worker said one line)
-    assert not [ln for ln in r.stderr.splitlines() if 'File "' in ln and "/torch/" not in ln and "/netmorph/" in ln], \
+    assert not [ln for ln in r.stderr.splitlines() if 'File "' in ln and "/torch/" not in ln and "/netmorph/" in ln], (
         r.stderr[-2000:]
+    )
 
 
-@pytest.mark.parametrize("argv,words", [
-    (["sgd", "--compare"], "one --mode per job"),
-    (["sgd", "--mode", "hogwild"], "shares one address space"),
-    (["sgd", "--slow-link", "0:1:1e-3:1e8"], "--slow-link"),
-    (["serve", "--requests", "5"], "give --tp N or --disaggregate P:D"),
-])
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["sgd", "--compare"], "one --mode per job"),
+        (["sgd", "--mode", "hogwild"], "shares one address space"),
+        (["sgd", "--slow-link", "0:1:1e-3:1e8"], "--slow-link"),
+        (["serve", "--requests", "5"], "give --tp N or --disaggregate P:D"),
+    ],
+)
 def test_what_cannot_run_under_torchrun_is_refused_before_joining(argv, words, monkeypatch, capsys):
-    for k, v in {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                 "MASTER_PORT": "1"}.items():
+    for k, v in {
+        "RANK": "0",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "1",
+    }.items():
         monkeypatch.setenv(k, v)
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -40,35 +40,57 @@ def _run(steps=2, **kw):
 
 
 LAYOUTS = [
-    dict(dp=2), dict(dp=2, dp_mode="naive"), dict(dp=2, overlap=False), dict(dp=3, microbatches=1),
-    dict(dp=2, zero=1), dict(dp=2, zero=2), dict(dp=2, zero=3), dict(dp=2, zero=3, microbatches=1),
-    dict(tp=2), dict(tp=2, sequence_parallel=True), dict(tp=4, microbatches=1),
-    dict(pp=2, schedule="afab"), dict(pp=2, schedule="1f1b"), dict(pp=2, schedule="interleaved", interleave=2),
-    dict(tp=2, pp=2, dp=2, schedule="afab"), dict(tp=2, pp=2, dp=2, schedule="1f1b", zero=1),
+    dict(dp=2),
+    dict(dp=2, dp_mode="naive"),
+    dict(dp=2, overlap=False),
+    dict(dp=3, microbatches=1),
+    dict(dp=2, zero=1),
+    dict(dp=2, zero=2),
+    dict(dp=2, zero=3),
+    dict(dp=2, zero=3, microbatches=1),
+    dict(tp=2),
+    dict(tp=2, sequence_parallel=True),
+    dict(tp=4, microbatches=1),
+    dict(pp=2, schedule="afab"),
+    dict(pp=2, schedule="1f1b"),
+    dict(pp=2, schedule="interleaved", interleave=2),
+    dict(tp=2, pp=2, dp=2, schedule="afab"),
+    dict(tp=2, pp=2, dp=2, schedule="1f1b", zero=1),
     dict(tp=2, pp=2, dp=2, schedule="interleaved", interleave=2, sequence_parallel=True),
-    dict(pp=4, schedule="1f1b", microbatches=4), dict(dp=3, zero=2, microbatches=1),
+    dict(pp=4, schedule="1f1b", microbatches=4),
+    dict(dp=3, zero=2, microbatches=1),
 ]
 
 
 @pytest.mark.parametrize("kw", LAYOUTS, ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
 def test_layout_equals_the_one_rank_run_and_sends_the_closed_form(kw):
     cfg, out = _run(**kw)
-    assert json.loads(json_text(out.to_json()))["world"] == cfg.world      # what --json prints on this layout
+    assert json.loads(json_text(out.to_json()))["world"] == cfg.world  # what --json prints on this layout
     # model states: the trainer's buffers, byte for byte what the planner counts from the placement table
-    assert {k: out.memory_bytes[k] for k in ("params", "grads", "optimizer")} == \
-        {k: v for k, v in trainer_memory(cfg.model, cfg.layout, 8).items() if k != "activations"}
+    assert {k: out.memory_bytes[k] for k in ("params", "grads", "optimizer")} == {
+        k: v for k, v in trainer_memory(cfg.model, cfg.layout, 8).items() if k != "activations"
+    }
     assert out.max_rel_loss_diff < 1e-9, out.losses
     assert out.max_abs_weight_diff < 1e-9
-    want = {"dp" if cfg.layout.dp > 1 and not cfg.layout.zero else None, "zero" if cfg.layout.zero else None,
-            "tp" if cfg.layout.tp > 1 else None, "pp" if cfg.layout.pp > 1 else None} - {None}
+    want = {
+        "dp" if cfg.layout.dp > 1 and not cfg.layout.zero else None,
+        "zero" if cfg.layout.zero else None,
+        "tp" if cfg.layout.tp > 1 else None,
+        "pp" if cfg.layout.pp > 1 else None,
+    } - {None}
     assert want <= set(out.traffic_exact), out.traffic_exact
-    assert all(out.traffic_exact.values()), (out.bytes_per_rank_by_phase,
-                                                out.predicted_bytes_per_rank_by_phase)
+    assert all(out.traffic_exact.values()), (out.bytes_per_rank_by_phase, out.predicted_bytes_per_rank_by_phase)
 
 
-@pytest.mark.parametrize("model", [TINY, ModelShape(layers=8, hidden=32, heads=4, seq=16, vocab=64),
-                                   ModelShape(layers=4, hidden=16, heads=4, seq=8, vocab=32, experts=4, top_k=2)],
-                         ids=["dense", "8-layers", "experts"])
+@pytest.mark.parametrize(
+    "model",
+    [
+        TINY,
+        ModelShape(layers=8, hidden=32, heads=4, seq=16, vocab=64),
+        ModelShape(layers=4, hidden=16, heads=4, seq=8, vocab=32, experts=4, top_k=2),
+    ],
+    ids=["dense", "8-layers", "experts"],
+)
 def test_the_planner_counts_every_stage_as_the_placement_table_places_it(model):
     """Every pipeline stage, pp 1/2/4, tp 1/2/4, interleaved or not, with and without experts: the planner's
     closed form per stage (Megatron's count) equals the elements the placement table puts on that stage's ranks,
@@ -76,11 +98,12 @@ def test_the_planner_counts_every_stage_as_the_placement_table_places_it(model):
     the positions, the last the LM head's copy and the final norm)."""
     from netmorph.mesh.layout import Layout
     from netmorph.mesh.placement import stage_elements
+
     checked = 0
     for tp in (1, 2, 4):
         for pp in (1, 2, 4):
-            for v in ((1, 2) if pp > 1 else (1,)):
-                for ep in ((1, 2) if model.experts else (1,)):
+            for v in (1, 2) if pp > 1 else (1,):
+                for ep in (1, 2) if model.experts else (1,):
                     lay = Layout(tp=tp, pp=pp, dp=2 * ep if ep > 1 else 1, ep=ep, interleave=v, expert_tp=1)
                     if limits.check(lay, model):
                         continue
@@ -91,8 +114,12 @@ def test_the_planner_counts_every_stage_as_the_placement_table_places_it(model):
 
 
 MOE = ModelShape(layers=4, hidden=16, heads=4, seq=8, vocab=32, experts=4, top_k=2)
-MOE_LAYOUTS = [dict(tp=2, ep=2, dp=2), dict(pp=2, ep=2, dp=2), dict(ep=2, dp=4, zero=1),
-               dict(pp=2, ep=2, dp=2, schedule="interleaved", interleave=2, zero=1)]
+MOE_LAYOUTS = [
+    dict(tp=2, ep=2, dp=2),
+    dict(pp=2, ep=2, dp=2),
+    dict(ep=2, dp=4, zero=1),
+    dict(pp=2, ep=2, dp=2, schedule="interleaved", interleave=2, zero=1),
+]
 
 
 @pytest.mark.parametrize("kw", MOE_LAYOUTS, ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
@@ -104,20 +131,23 @@ def test_experts_compose_with_tp_pp_dp_and_zero_and_equal_one_rank(kw):
     cfg.check()
     out = summarise(cfg, launch(train_rank, cfg.world, cfg, timeout=60), "local", reference(cfg))
     assert out.max_rel_loss_diff < 1e-9 and out.max_abs_weight_diff < 1e-9, out.losses
-    assert {k: out.memory_bytes[k] for k in ("params", "grads", "optimizer")} == \
-        {k: v for k, v in trainer_memory(cfg.model, cfg.layout, 8).items() if k != "activations"}
-    routing = json.loads(json_text(out.to_json()))["experts_by_rank"]["0"][3][0]      # what --json prints
+    assert {k: out.memory_bytes[k] for k in ("params", "grads", "optimizer")} == {
+        k: v for k, v in trainer_memory(cfg.model, cfg.layout, 8).items() if k != "activations"
+    }
+    routing = json.loads(json_text(out.to_json()))["experts_by_rank"]["0"][3][0]  # what --json prints
     assert set(routing["links"]) <= {"moe.dispatch", "moe.combine", "moe.dispatch.bwd", "moe.combine.bwd"}
     moe = {"moe.dispatch", "moe.combine", "moe.dispatch.bwd", "moe.combine.bwd", "moe.counts"}
     edp = {"edp" if not cfg.layout.zero else "zero.edp"} if cfg.layout.dp > cfg.layout.ep else set()
     assert moe | edp <= set(out.traffic_exact)
-    assert all(out.traffic_exact.values()), (out.bytes_per_rank_by_phase,
-                                                out.predicted_bytes_per_rank_by_phase)
+    assert all(out.traffic_exact.values()), (out.bytes_per_rank_by_phase, out.predicted_bytes_per_rank_by_phase)
 
 
 def test_the_trainer_refuses_what_its_experts_do_not_run():
-    for kw, words in ((dict(ep=2, dp=2, zero=3), "ZeRO-3"), (dict(tp=2, ep=2, dp=2, sequence_parallel=True),
-                                                              "sequence parallelism"), (dict(ep=3, dp=3), "ep 3")):
+    for kw, words in (
+        (dict(ep=2, dp=2, zero=3), "ZeRO-3"),
+        (dict(tp=2, ep=2, dp=2, sequence_parallel=True), "sequence parallelism"),
+        (dict(ep=3, dp=3), "ep 3"),
+    ):
         with pytest.raises(UsageError, match=words):
             TrainConfig.make(model=MOE, **kw).check()
 
@@ -127,13 +157,31 @@ def test_a_step_splits_into_what_the_rank_did():
     outside (12-13, SP's gradients); DDP's buckets on their thread, one hidden in a slot (5-8) and one exposed
     (30-33); a ZeRO gather inside a slot (22-24, the rank's own thread) and one inside the optimizer (36-37); a ring
     attention hop inside a slot (25-26)."""
+
     def rec(phase, t0, t1):
         return Record(0, 1, 8, 0, 0, phase, "allreduce", "ring", t0, t1)
-    records = [rec("tp", 2, 4), rec("tp.sp-grads", 12, 13), rec("dp", 5, 8), rec("dp", 30, 33),
-               rec("zero", 22, 24), rec("zero", 36, 37), rec("pp", 31, 31), rec("dp", 50, 60), rec("cp", 25, 26)]
+
+    records = [
+        rec("tp", 2, 4),
+        rec("tp.sp-grads", 12, 13),
+        rec("dp", 5, 8),
+        rec("dp", 30, 33),
+        rec("zero", 22, 24),
+        rec("zero", 36, 37),
+        rec("pp", 31, 31),
+        rec("dp", 50, 60),
+        rec("cp", 25, 26),
+    ]
     out = split_step(records, (0, 40), [(0, 10), (20, 30)], (35, 38))
-    assert out == {"compute": 20 - 2 - 2 - 1, "tp": 3, "cp": 1, "ep": 0, "dp": 3 + 2 + 1, "optimizer": 3 - 1,
-                   "rest": 40 - 15 - 3 - 1 - 6 - 2}
+    assert out == {
+        "compute": 20 - 2 - 2 - 1,
+        "tp": 3,
+        "cp": 1,
+        "ep": 0,
+        "dp": 3 + 2 + 1,
+        "optimizer": 3 - 1,
+        "rest": 40 - 15 - 3 - 1 - 6 - 2,
+    }
     assert tuple(out) == PHASES
 
 
@@ -164,7 +212,7 @@ def test_pipeline_schedules_are_data_and_bound_in_flight_microbatches():
     assert check(schedule("1f1b", 4, 8)) == 4
     assert [str(s) for s in schedule("1f1b", 4, 6)[0]] == "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5".split()
     assert 4 < check(schedule("interleaved", 4, 8, 2), v=2) < 16
-    with pytest.raises(RuntimeError, match="deadlocks"):          # stage 0 backwards before it forwards
+    with pytest.raises(RuntimeError, match="deadlocks"):  # stage 0 backwards before it forwards
         check([list(reversed(schedule("afab", 2, 2)[0])), schedule("afab", 2, 2)[1]])
     _, out = _run(pp=2, schedule="afab", microbatches=4)
     assert out.in_flight_peak[0] == 4
@@ -180,8 +228,28 @@ def test_a_dead_rank_ends_the_run_with_its_name():
 
 
 def test_cli_prints_steps_and_closed_forms(capsys):
-    code = main(["train", "--tp", "2", "--pp", "2", "--steps", "2", "--layers", "4", "--hidden", "32",
-                 "--seq", "16", "--vocab", "64", "--check", "--dtype", "float64"])
+    code = main(
+        [
+            "train",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "--steps",
+            "2",
+            "--layers",
+            "4",
+            "--hidden",
+            "32",
+            "--seq",
+            "16",
+            "--vocab",
+            "64",
+            "--check",
+            "--dtype",
+            "float64",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     rows = [l for l in out.splitlines() if l and not l.startswith("#") and l.split()[0].isdigit()]
@@ -192,15 +260,52 @@ def test_cli_prints_steps_and_closed_forms(capsys):
 
 
 def test_cli_json_keys(capsys):
-    assert main(["train", "--dp", "2", "--steps", "2", "--layers", "2", "--hidden", "32", "--seq", "16",
-                 "--vocab", "64", "--json"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--dp",
+                "2",
+                "--steps",
+                "2",
+                "--layers",
+                "2",
+                "--hidden",
+                "32",
+                "--seq",
+                "16",
+                "--vocab",
+                "64",
+                "--json",
+            ]
+        )
+        == 0
+    )
     d = json.loads(capsys.readouterr().out)
-    for k in ("world", "tp", "pp", "dp", "zero", "schedule", "interleave", "microbatches", "steps", "backend",
-              "model", "losses", "step_time_s", "tokens_per_s", "bubble_fraction",
-              "bytes_per_rank_by_phase", "predicted_bytes_per_rank_by_phase", "memory_bytes", "step_parts"):
+    for k in (
+        "world",
+        "tp",
+        "pp",
+        "dp",
+        "zero",
+        "schedule",
+        "interleave",
+        "microbatches",
+        "steps",
+        "backend",
+        "model",
+        "losses",
+        "step_time_s",
+        "tokens_per_s",
+        "bubble_fraction",
+        "bytes_per_rank_by_phase",
+        "predicted_bytes_per_rank_by_phase",
+        "memory_bytes",
+        "step_parts",
+    ):
         assert k in d
     assert len(d["losses"]) == 2 and d["world"] == 2
-    assert d["step_parts"]["compute"] > 0 and d["step_parts"]["tp"] == 0      # no TP: none measured
+    assert d["step_parts"]["compute"] > 0 and d["step_parts"]["tp"] == 0  # no TP: none measured
 
 
 def test_baseline_alternates_netmorph_ddp_and_no_comm_in_one_launch_without_touching_netmorphs_run(capsys):
@@ -215,36 +320,59 @@ def test_baseline_alternates_netmorph_ddp_and_no_comm_in_one_launch_without_touc
     for mode in ("netmorph", "ddp", "no_comm"):
         assert 0 < b[mode]["q1_s"] <= b[mode]["median_s"] <= b[mode]["q3_s"]
     assert b["of_bound"] == pytest.approx(b["no_comm"]["median_s"] / b["netmorph"]["median_s"])
-    assert b["vs_ddp"] == b["vs_bound"] == "too few steps"                  # 3 counted: no ratio is called
-    assert main(["train", "--dp", "2", "--steps", "6", "--layers", "2", "--hidden", "32", "--seq", "16",
-                 "--vocab", "64", "--baseline", "ddp"]) == 0
+    assert b["vs_ddp"] == b["vs_bound"] == "too few steps"  # 3 counted: no ratio is called
+    assert (
+        main(
+            [
+                "train",
+                "--dp",
+                "2",
+                "--steps",
+                "6",
+                "--layers",
+                "2",
+                "--hidden",
+                "32",
+                "--seq",
+                "16",
+                "--vocab",
+                "64",
+                "--baseline",
+                "ddp",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "alternated A/B/C in one launch" in out and "PyTorch DDP (gloo)" in out and "netmorph against DDP: " in out
 
 
 def test_a_ratio_is_called_only_when_the_interquartile_ranges_are_apart():
-    q = lambda lo, hi: {"q1_s": lo, "median_s": (lo + hi) / 2, "q3_s": hi}   # noqa: E731
+    q = lambda lo, hi: {"q1_s": lo, "median_s": (lo + hi) / 2, "q3_s": hi}  # noqa: E731
     assert compare(q(1.0, 2.0), q(2.5, 3.0)) == "faster"
     assert compare(q(2.5, 3.0), q(1.0, 2.0)) == "slower"
     assert compare(q(1.0, 2.6), q(2.5, 3.0)) == "within noise"
     assert compare(q(2.5, 3.0), q(1.0, 2.5)) == "within noise"
 
 
-@pytest.mark.parametrize("argv,flag", [
-    (["--tp", "3"], "--heads"),
-    (["--tp", "2", "--vocab", "65", "--heads", "2"], "--vocab"),
-    (["--pp", "3"], "--layers"),
-    (["--pp", "2", "--schedule", "interleaved", "--interleave", "2", "--microbatches", "3"], "--microbatches"),
-    (["--sequence-parallel"], "--sequence-parallel"),
-    (["--dp", "2", "--global-batch-size", "5"], "--global-batch-size"),
-    (["--pp", "2", "--zero", "2"], "--zero"),
-    (["--tp", "4", "--pp", "4", "--dp", "4"], "--tp"),
-    (["--dp", "2", "--bucket-mb", "0"], "--bucket-mb"),
-    (["--dp", "2", "--bucket-mb", "inf"], "--bucket-mb"),
-    (["--timeout", "nan"], "--timeout"),
-    (["--global-batch-size", "0"], "--global-batch-size"),
-    (["--compute-ms", "-1"], "--compute-ms"),
-])
+@pytest.mark.parametrize(
+    "argv,flag",
+    [
+        (["--tp", "3"], "--heads"),
+        (["--tp", "2", "--vocab", "65", "--heads", "2"], "--vocab"),
+        (["--pp", "3"], "--layers"),
+        (["--pp", "2", "--schedule", "interleaved", "--interleave", "2", "--microbatches", "3"], "--microbatches"),
+        (["--sequence-parallel"], "--sequence-parallel"),
+        (["--dp", "2", "--global-batch-size", "5"], "--global-batch-size"),
+        (["--pp", "2", "--zero", "2"], "--zero"),
+        (["--tp", "4", "--pp", "4", "--dp", "4"], "--tp"),
+        (["--dp", "2", "--bucket-mb", "0"], "--bucket-mb"),
+        (["--dp", "2", "--bucket-mb", "inf"], "--bucket-mb"),
+        (["--timeout", "nan"], "--timeout"),
+        (["--global-batch-size", "0"], "--global-batch-size"),
+        (["--compute-ms", "-1"], "--compute-ms"),
+    ],
+)
 def test_bad_layouts_are_one_line_naming_the_flag(argv, flag, capsys):
     assert main(["train", *argv]) == 2
     err = capsys.readouterr().err
@@ -261,13 +389,44 @@ def test_torch_backend_trains_the_same_losses():
 
 @pytest.mark.timeout(180)
 def test_torchrun_trains_the_same_losses_as_the_local_fabric(tmp_path):
-    args = ["train", "--tp", "2", "--steps", "2", "--layers", "4", "--hidden", "32", "--seq", "16", "--vocab", "64",
-            "--dtype", "float64", "--json"]
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "-m",
-                        "netmorph", *args], capture_output=True, text=True, timeout=170, cwd=tmp_path,
-                       env={**os.environ, "TMPDIR": str(tmp_path)})      # torchrun's torchelastic_* log folder
+    args = [
+        "train",
+        "--tp",
+        "2",
+        "--steps",
+        "2",
+        "--layers",
+        "4",
+        "--hidden",
+        "32",
+        "--seq",
+        "16",
+        "--vocab",
+        "64",
+        "--dtype",
+        "float64",
+        "--json",
+    ]
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "4",
+            "-m",
+            "netmorph",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )  # torchrun's torchelastic_* log folder
     assert r.returncode == 0, r.stderr[-2000:]
-    job = json.loads(r.stdout)                       # rank 0 alone prints, for the whole job
+    job = json.loads(r.stdout)  # rank 0 alone prints, for the whole job
     assert job["world"] == 4 and job["dp"] == 2 and job["backend"] == "torch"
     cfg = TrainConfig.make(model=TINY, tp=2, dp=2, steps=2)
     local = summarise(cfg, launch(train_rank, 4, cfg, timeout=60), "local")
@@ -275,14 +434,22 @@ def test_torchrun_trains_the_same_losses_as_the_local_fabric(tmp_path):
     assert job["traffic_exact"] == {"dp": True, "tp": True}
 
 
-@pytest.mark.parametrize("kw", [dict(tp=2, pp=2, dp=2, zero=1), dict(dp=2, zero=2), dict(dp=2, zero=3),
-                                dict(tp=2, dp=2, sequence_parallel=True), dict(pp=2, schedule="interleaved",
-                                                                               interleave=2)],
-                         ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(tp=2, pp=2, dp=2, zero=1),
+        dict(dp=2, zero=2),
+        dict(dp=2, zero=3),
+        dict(tp=2, dp=2, sequence_parallel=True),
+        dict(pp=2, schedule="interleaved", interleave=2),
+    ],
+    ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()),
+)
 def test_model_state_memory_equals_the_planners_formula(kw):
     """Parameters, gradients and Adam states of the most loaded rank, in bytes, equal what
     `netmorph plan estimate` computes for the same model and layout (fp64, two Adam states)."""
     from netmorph.planner.memory import trainer_memory
+
     cfg = TrainConfig.make(model=TINY, steps=1, **kw)
     out = summarise(cfg, launch(train_rank, cfg.world, cfg, timeout=60), "local")
     want = trainer_memory(cfg.model, cfg.layout, 8)
@@ -301,6 +468,7 @@ def test_a_bucket_waits_for_every_parameter_it_holds_elements_of(d):
     from netmorph.parallel.data_parallel import DataParallelBucket
     from netmorph.parallel.flat import FlatParams
     from netmorph.runtime.base import Group
+
     flat = FlatParams(GPTStage(TINY).parameters(), pad_to=d)
     dp = DataParallelBucket(None, Group(range(d)), flat, bucket_mb=0.01, overlap=False)
     assert len(dp.buckets) > 3
@@ -309,7 +477,7 @@ def test_a_bucket_waits_for_every_parameter_it_holds_elements_of(d):
         assert (hi - lo) % d == 0 and lo < hi
         spans = sorted(flat.span(p) for p in members)
         assert spans[0][0] <= lo and all(a < hi and lo < b for a, b in spans)
-        assert all(b == a2 for (_, b), (a2, _) in zip(spans, spans[1:]))      # contiguous members
+        assert all(b == a2 for (_, b), (a2, _) in zip(spans, spans[1:]))  # contiguous members
         assert min(hi, flat.numel) <= spans[-1][1] or hi == flat.padded
         covered.append((lo, hi))
     covered.sort()
@@ -325,13 +493,19 @@ def test_every_trainer_allocation_names_its_device():
     import pathlib
 
     import netmorph.parallel
+
     factories = {"zeros", "empty", "ones", "full", "arange", "tensor", "randn", "rand"}
     bare = []
     for path in pathlib.Path(netmorph.parallel.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"
-                    and node.func.attr in factories and "device" not in {k.arg for k in node.keywords}):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "torch"
+                and node.func.attr in factories
+                and "device" not in {k.arg for k in node.keywords}
+            ):
                 bare.append(f"{path.name}:{node.lineno} torch.{node.func.attr}")
     assert bare == []
 
@@ -345,15 +519,24 @@ def test_emulated_compute_is_per_stage_whatever_the_interleaving(v, monkeypatch)
     import multiprocessing
 
     from netmorph.parallel import slots
+
     asked = multiprocessing.get_context("fork").Value("d", 0.0)
 
     def count(ms):
         with asked.get_lock():
             asked.value += ms
+
     monkeypatch.setattr(slots, "_sleep_ms", count)
     m, ms = 4, 25.0
-    cfg = TrainConfig.make(model=TINY, steps=1, pp=2, microbatches=m, interleave=v, compute_ms=ms,
-                      schedule="interleaved" if v > 1 else "1f1b")
+    cfg = TrainConfig.make(
+        model=TINY,
+        steps=1,
+        pp=2,
+        microbatches=m,
+        interleave=v,
+        compute_ms=ms,
+        schedule="interleaved" if v > 1 else "1f1b",
+    )
     cfg.check()
     launch(train_rank, cfg.world, cfg, timeout=60)
     assert asked.value == pytest.approx(cfg.world * 3 * m * ms)
@@ -361,6 +544,7 @@ def test_emulated_compute_is_per_stage_whatever_the_interleaving(v, monkeypatch)
 
 def test_trace_has_a_track_per_rank_with_its_slots_and_messages():
     from netmorph.parallel.run import train
+
     out = train(TrainConfig.make(model=TINY, dp=2, steps=1, trace=True))
     events = out.trace["traceEvents"]
     names = {e["args"]["name"] for e in events if e["ph"] == "M"}
@@ -381,20 +565,28 @@ def test_a_sample_is_the_same_whichever_batch_draws_it_at_any_vocabulary():
 
 # ---------------------------------------------------------------- the trainer's collectives from config
 
-@pytest.mark.parametrize("kw", [
-    dict(dp=4, algos=dict(dp="binomial")),
-    dict(dp=2, tp=2, algos=dict(dp="rabenseifner", tp="double_binary_tree")),
-    dict(dp=3, dp_mode="naive", algos=dict(dp="two_shot")),
-    dict(dp=2, pp=2, tp=2, algos=dict(tp="recursive_doubling")),
-], ids=["dp4-binomial", "tp2-double-binary-tree-dp2-rabenseifner", "dp3-naive-two-shot", "pp2-tp2-recursive"])
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(dp=4, algos=dict(dp="binomial")),
+        dict(dp=2, tp=2, algos=dict(dp="rabenseifner", tp="double_binary_tree")),
+        dict(dp=3, dp_mode="naive", algos=dict(dp="two_shot")),
+        dict(dp=2, pp=2, tp=2, algos=dict(tp="recursive_doubling")),
+    ],
+    ids=["dp4-binomial", "tp2-double-binary-tree-dp2-rabenseifner", "dp3-naive-two-shot", "pp2-tp2-recursive"],
+)
 def test_the_trainers_all_reduces_run_any_registered_algorithm_and_send_its_schedules_bytes(kw):
     """--dp-algo / --tp-algo: the run equals the 1-rank run (float64), and every rank's dp and tp bytes equal
     what the algorithm's own schedule sends from that rank (a binomial tree's root sends more than its leaves)."""
     from netmorph.parallel.algos import CollectiveAlgos
+
     kw = dict(kw)
     algos = CollectiveAlgos(**kw.pop("algos"))
-    out = train(TrainConfig.make(ModelShape(layers=2, hidden=32, heads=4, seq=16, vocab=64), steps=2,
-                                 algos=algos, **kw), check=True)
+    out = train(
+        TrainConfig.make(ModelShape(layers=2, hidden=32, heads=4, seq=16, vocab=64), steps=2, algos=algos, **kw),
+        check=True,
+    )
     assert out.max_rel_loss_diff <= 1e-12 and out.max_abs_weight_diff <= 1e-12
     phases = [ph for ph in ("dp", "tp") if ph in out.traffic_exact]
     assert phases and all(out.traffic_exact[ph] for ph in phases), out.traffic_exact
@@ -403,9 +595,11 @@ def test_the_trainers_all_reduces_run_any_registered_algorithm_and_send_its_sche
 
 
 def test_a_collective_algorithm_the_trainer_cannot_use_is_one_line(capsys):
-    for argv, words in ((["--tp", "2", "--tp-algo", "nope"], "--tp-algo: allreduce has no algorithm 'nope'"),
-                        (["--tp", "2", "--sequence-parallel", "--tp-algo", "binomial"], "drop --sequence-parallel"),
-                        (["--dp", "2", "--zero", "1", "--dp-algo", "binomial"], "drop --zero")):
+    for argv, words in (
+        (["--tp", "2", "--tp-algo", "nope"], "--tp-algo: allreduce has no algorithm 'nope'"),
+        (["--tp", "2", "--sequence-parallel", "--tp-algo", "binomial"], "drop --sequence-parallel"),
+        (["--dp", "2", "--zero", "1", "--dp-algo", "binomial"], "drop --zero"),
+    ):
         assert main(["train", "--steps", "1", *argv]) == 2
         err = capsys.readouterr().err
         assert words in err and len(err.strip().splitlines()) == 1, err
@@ -416,10 +610,15 @@ def test_no_collective_algorithm_is_named_in_the_trainer_but_its_configuration()
     literal name would run whatever --dp-algo / --tp-algo say."""
     import re
     from pathlib import Path
+
     root = Path(__file__).resolve().parent.parent / "netmorph"
     files = [f for d in ("parallel", "models") for f in (root / d).glob("*.py") if f.name != "algos.py"]
-    named = [f"{f.name}:{k}" for f in files for k, line in enumerate(f.read_text().splitlines(), 1)
-             if re.search(r"\balgo=[\"']", line)]
+    named = [
+        f"{f.name}:{k}"
+        for f in files
+        for k, line in enumerate(f.read_text().splitlines(), 1)
+        if re.search(r"\balgo=[\"']", line)
+    ]
     assert len(files) > 20 and named == [], named
 
 
@@ -428,10 +627,12 @@ def test_every_phase_the_trainer_tags_is_one_registered_record():
     a run of every kind of traffic tags nothing the registry does not hold, and each tag's step part is the
     record's."""
     from netmorph.parallel.phases import LEDGER, group_of, shown_phases
+
     seen, predicted = set(), set()
-    for kw in (dict(tp=2, pp=2, dp=2, zero=1, sequence_parallel=True),
-               dict(dp=4, ep=2, model=ModelShape(layers=2, hidden=32, heads=4, seq=16, vocab=64, experts=4,
-                                                 top_k=2))):
+    for kw in (
+        dict(tp=2, pp=2, dp=2, zero=1, sequence_parallel=True),
+        dict(dp=4, ep=2, model=ModelShape(layers=2, hidden=32, heads=4, seq=16, vocab=64, experts=4, top_k=2)),
+    ):
         kw = dict(kw)
         model = kw.pop("model", TINY)
         out = train(TrainConfig.make(model=model, steps=1, **kw))
@@ -440,6 +641,12 @@ def test_every_phase_the_trainer_tags_is_one_registered_record():
     assert seen <= set(LEDGER) and predicted <= set(LEDGER), (seen, predicted)
     assert {p for p in seen if LEDGER[p].shown} == {p for p in predicted if LEDGER[p].shown}
     assert {"zero", "tp", "tp.sp-grads", "pp", "pp.emb", "dp", "edp", "moe.dispatch", "moe.counts"} <= seen
-    assert [group_of(p) for p in ("tp.sp-grads", "zero.edp", "edp", "moe.combine.bwd", "pp.emb", "nope")] == \
-        ["tp", "zero", "dp", "ep", None, None]
+    assert [group_of(p) for p in ("tp.sp-grads", "zero.edp", "edp", "moe.combine.bwd", "pp.emb", "nope")] == [
+        "tp",
+        "zero",
+        "dp",
+        "ep",
+        None,
+        None,
+    ]
     assert "metrics" not in shown_phases() and set(shown_phases()) == {p for p in LEDGER if LEDGER[p].shown}

@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import transcripts  # noqa: E402
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-QUICK = 1.5          # seconds: a transcript whose last run took at most this long reruns in the suite
+QUICK = 1.5  # seconds: a transcript whose last run took at most this long reruns in the suite
 
 
 def _all():
@@ -47,8 +47,20 @@ def test_the_readme_is_short_and_its_example_is_a_transcript():
 
 @pytest.mark.timeout(300)
 def test_the_quick_transcripts_rerun_to_the_same_deterministic_fields():
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "transcripts.py"), "--check", "--skip-timing",
-                        "--max-seconds", str(QUICK), *map(str, PAGES)], capture_output=True, text=True, timeout=280)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "transcripts.py"),
+            "--check",
+            "--skip-timing",
+            "--max-seconds",
+            str(QUICK),
+            *map(str, PAGES),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     ran = [line for line in r.stderr.splitlines() if line.endswith(" s")]
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert len(ran) >= 12, r.stderr
@@ -71,8 +83,11 @@ def test_a_moved_field_is_found_and_a_moved_time_is_not(tmp_path):
 
 
 def test_the_directive_reads_back():
-    assert transcripts.parse_options("1.4 s, slow, compare numbers") == {"seconds": 1.4, "slow": True,
-                                                                          "compare": "numbers"}
+    assert transcripts.parse_options("1.4 s, slow, compare numbers") == {
+        "seconds": 1.4,
+        "slow": True,
+        "compare": "numbers",
+    }
     assert transcripts.parse_options("3 s, timing") == {"seconds": 3.0, "timing": True}
     assert transcripts.parse_options("manual: needs a second shell") == {"manual": "needs a second shell"}
     with pytest.raises(ValueError, match="unknown"):

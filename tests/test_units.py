@@ -5,8 +5,19 @@ from netmorph.errors import UsageError
 from netmorph.units import parse_size, parse_size_range
 
 
-@pytest.mark.parametrize("text,want", [("8MiB", 8 << 20), ("1GB", 10**9), ("1.5KB", 1500), ("4096", 4096),
-                                       ("64 KiB", 65536), ("2gib", 2 << 30), ("0", 0), ("1e3", 1000)])
+@pytest.mark.parametrize(
+    "text,want",
+    [
+        ("8MiB", 8 << 20),
+        ("1GB", 10**9),
+        ("1.5KB", 1500),
+        ("4096", 4096),
+        ("64 KiB", 65536),
+        ("2gib", 2 << 30),
+        ("0", 0),
+        ("1e3", 1000),
+    ],
+)
 def test_parse(text, want):
     assert parse_size(text) == want
 
@@ -34,5 +45,6 @@ def test_nccl_tests_bus_bandwidth():
 def test_parameter_counts_and_memory_read_at_the_models_scale():
     """A published model prints as papers do; netmorph's own models (a local profile's) whole, not as 0.00."""
     from netmorph.units import fmt_memory, fmt_params
+
     assert fmt_params(174.62e9) == "174.62 x 1e9" and fmt_params(210_304) == "210,304"
     assert fmt_memory(5.6e9) == "5.6 GB (5.2 GiB)" and fmt_memory(2.5 * 2**20) == "2.50 MiB"

@@ -20,7 +20,7 @@ from netmorph.runtime.base import Group
 pytestmark = pytest.mark.timeout(120)
 
 TINY = ModelShape(layers=4, hidden=32, heads=4, seq=16, vocab=64)
-TINY8 = ModelShape(layers=8, hidden=32, heads=4, seq=16, vocab=64)      # pp 4 in a V: 8 chunks
+TINY8 = ModelShape(layers=8, hidden=32, heads=4, seq=16, vocab=64)  # pp 4 in a V: 8 chunks
 
 
 def _split_rank(comm):
@@ -33,7 +33,7 @@ def _split_rank(comm):
     loss = split(x, y)
     with store.deferring("mb0"):
         loss.backward()
-    held = {n for n, p in split.named_parameters() if p.grad is None}      # what B left for W
+    held = {n for n, p in split.named_parameters() if p.grad is None}  # what B left for W
     queued = len(store)
     store.run("mb0")
     diff = max(float((p.grad - q.grad).abs().max()) for p, q in zip(joint.parameters(), split.parameters()))
@@ -53,10 +53,10 @@ def test_zb_h1_is_a_valid_schedule_with_1f1b_activations_and_a_third_of_its_bubb
     for row in zb:
         assert sorted((s.kind, s.microbatch) for s in row) == sorted((k, i) for k in "FBW" for i in range(m))
         assert all(row.index(Slot("W", i)) > row.index(Slot("B", i)) for i in range(m))
-    assert check(zb) == check(ofob) == min(p, m)        # microbatches between F and B: 1F1B's peak
-    ratio = bubble(zb) / bubble(ofob)                   # the paper's unit F, B, W; 1F1B's B runs both
+    assert check(zb) == check(ofob) == min(p, m)  # microbatches between F and B: 1F1B's peak
+    ratio = bubble(zb) / bubble(ofob)  # the paper's unit F, B, W; 1F1B's B runs both
     assert ratio <= 0.45, ratio
-    theory = (p - 1) / (3 * m + p - 1)                  # (p-1)(F+B-W) over the makespan
+    theory = (p - 1) / (3 * m + p - 1)  # (p-1)(F+B-W) over the makespan
     assert bubble(zb) == pytest.approx(theory, abs=0.02)
 
 
@@ -64,15 +64,21 @@ def test_a_broken_zero_bubble_order_is_refused_before_it_runs():
     good = schedule("zb-h1", 2, 2)
     w_first = [list(row) for row in good]
     i, j = w_first[1].index(Slot("W", 0)), w_first[1].index(Slot("B", 0))
-    w_first[1][i], w_first[1][j] = w_first[1][j], w_first[1][i]            # W0 before its B0 on the last stage
+    w_first[1][i], w_first[1][j] = w_first[1][j], w_first[1][i]  # W0 before its B0 on the last stage
     with pytest.raises(RuntimeError, match="deadlocks"):
         check(w_first)
     with pytest.raises(RuntimeError, match="deadlocks"):
         bubble(w_first)
 
 
-LAYOUTS = [dict(pp=2), dict(pp=4, microbatches=8), dict(pp=2, tp=2, sequence_parallel=True),
-           dict(pp=2, dp=2, zero=1), dict(pp=2, cp=2), dict(pp=2, tp=2, dp=2)]
+LAYOUTS = [
+    dict(pp=2),
+    dict(pp=4, microbatches=8),
+    dict(pp=2, tp=2, sequence_parallel=True),
+    dict(pp=2, dp=2, zero=1),
+    dict(pp=2, cp=2),
+    dict(pp=2, tp=2, dp=2),
+]
 
 
 @pytest.mark.parametrize("kw", LAYOUTS, ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
@@ -97,12 +103,15 @@ def test_the_planner_and_the_simulator_price_zb_h1_by_the_same_weight_gradients(
     from netmorph.planner.search import estimate
     from netmorph.planner.timing import layer_costs
     from netmorph.simulate import simulate_config
+
     m, hw = PRESETS["gpt3-175b"], HW["a100-80g"]
-    lay = {s: Layout(tp=8, pp=8, dp=16, batch=Batch(global_batch=1536, micro_batch_size=1, schedule=s))
-           for s in ("1f1b", "zb-h1")}
+    lay = {
+        s: Layout(tp=8, pp=8, dp=16, batch=Batch(global_batch=1536, micro_batch_size=1, schedule=s))
+        for s in ("1f1b", "zb-h1")
+    }
     plan = {s: estimate(m, c, hw) for s, c in lay.items()}
-    w = 12 * layer_costs(m, lay["zb-h1"], hw)["matmul_wgrad"]              # 96 layers over 8 stages
-    per_mb = plan["1f1b"].step.bubble_s / 7                                 # the bubble is (p - 1) slots of it
+    w = 12 * layer_costs(m, lay["zb-h1"], hw)["matmul_wgrad"]  # 96 layers over 8 stages
+    per_mb = plan["1f1b"].step.bubble_s / 7  # the bubble is (p - 1) slots of it
     assert plan["zb-h1"].step.bubble_s == pytest.approx(7 * (per_mb - 2 * w), rel=1e-9)
     assert plan["zb-h1"].step.bubble_fraction < plan["1f1b"].step.bubble_fraction / 1.5
     sim = {s: simulate_config(m, c, hw) for s, c in lay.items()}
@@ -118,14 +127,17 @@ def test_v_schedules_run_every_chunk_once_with_1f1b_memory_and_a_fifth_of_its_bu
     bubble (p-1)/(6m+p-1), at most 0.4x 1F1B's."""
     from netmorph.mesh.layout import Batch, Layout
     from netmorph.parallel.pipeline import theory
+
     slots = schedule(name, p, m, 2)
     for row in slots:
-        assert sorted(row, key=str) == sorted((Slot(k, i, c) for k in "FBW" for i in range(m) for c in (0, 1)),
-                                              key=str)
+        assert sorted(row, key=str) == sorted((Slot(k, i, c) for k in "FBW" for i in range(m) for c in (0, 1)), key=str)
         assert all(row.index(Slot("W", i, c)) > row.index(Slot("B", i, c)) for i in range(m) for c in (0, 1))
     lay = Layout(pp=p, batch=Batch(global_batch=m, schedule=name))
-    assert lay.interleave == 2 and lay.v_shaped and [lay.virtual_stage(r, 1) for r in range(p)] == \
-        list(range(2 * p - 1, p - 1, -1))
+    assert (
+        lay.interleave == 2
+        and lay.v_shaped
+        and [lay.virtual_stage(r, 1) for r in range(p)] == list(range(2 * p - 1, p - 1, -1))
+    )
     held, owed = peaks(slots, 2, True)
     assert held == [2 * lay.in_flight(r) for r in range(p)]
     assert owed == [2 * lay.w_stash(r) for r in range(p)]
@@ -148,19 +160,28 @@ def test_a_broken_v_order_is_refused_before_it_runs():
         bubble(bad, 2, True)
 
 
-V_LAYOUTS = [("zbv", dict(pp=2)), ("zbv", dict(pp=4, microbatches=8)), ("zbv", dict(pp=2, tp=2)),
-             ("zbv", dict(pp=2, dp=2, zero=1)), ("dualpipev", dict(pp=2)), ("dualpipev", dict(pp=4, microbatches=8)),
-             ("dualpipev", dict(pp=2, tp=2, sequence_parallel=True)), ("dualpipev", dict(pp=2, dp=2)),
-             ("zb-h1", dict(pp=2, tp=2, sequence_parallel=True))]
+V_LAYOUTS = [
+    ("zbv", dict(pp=2)),
+    ("zbv", dict(pp=4, microbatches=8)),
+    ("zbv", dict(pp=2, tp=2)),
+    ("zbv", dict(pp=2, dp=2, zero=1)),
+    ("dualpipev", dict(pp=2)),
+    ("dualpipev", dict(pp=4, microbatches=8)),
+    ("dualpipev", dict(pp=2, tp=2, sequence_parallel=True)),
+    ("dualpipev", dict(pp=2, dp=2)),
+    ("zb-h1", dict(pp=2, tp=2, sequence_parallel=True)),
+]
 
 
-@pytest.mark.parametrize("name, kw", V_LAYOUTS, ids=lambda x: x if isinstance(x, str) else
-                         "-".join(f"{k}{v}" for k, v in x.items()))
+@pytest.mark.parametrize(
+    "name, kw", V_LAYOUTS, ids=lambda x: x if isinstance(x, str) else "-".join(f"{k}{v}" for k, v in x.items())
+)
 def test_v_schedules_equal_the_one_rank_run_and_hold_the_stash_the_planner_counts(name, kw):
     """float64 losses and weights equal the 1-rank run's; the bytes equal their closed forms (a V's bottom
     sends nothing, the tied embedding's two copies are both rank 0's); every rank's WeightGradStore held at most
     exactly what the memory model says: Layout.w_stash stage-layers' worth of wgrad_stash_elements."""
     from netmorph.planner.memory import wgrad_stash_elements
+
     kw.setdefault("microbatches", 4)
     model = TINY8 if kw["pp"] == 4 else TINY
     cfg = TrainConfig.make(model=model, steps=2, schedule=name, **kw)
@@ -188,6 +209,7 @@ def test_the_planner_and_the_simulator_price_the_v_schedules_alike():
     from netmorph.planner.hardware import PRESETS as HW
     from netmorph.planner.search import estimate, search
     from netmorph.simulate import simulate_config
+
     m, hw = PRESETS["gpt3-175b"], HW["a100-80g"]
     out = {}
     for s in ("1f1b", "zb-h1", "zbv", "dualpipev"):
@@ -197,8 +219,9 @@ def test_the_planner_and_the_simulator_price_the_v_schedules_alike():
     for s in ("zb-h1", "zbv", "dualpipev"):
         assert out[s][0].step.step_time_s < out["1f1b"][0].step.step_time_s
         assert out[s][1]["step_time_s"] < out["1f1b"][1]["step_time_s"]
-    assert out["zbv"][0].memory.activations == pytest.approx(     # rank 0 holds both ends' extras
-        out["1f1b"][0].memory.activations, rel=0.002)
+    assert out["zbv"][0].memory.activations == pytest.approx(  # rank 0 holds both ends' extras
+        out["1f1b"][0].memory.activations, rel=0.002
+    )
     assert out["zb-h1"][0].memory.activations > out["1f1b"][0].memory.activations
     plain = search(m, 1024, hw, 1536, top=3)
     every = search(m, 1024, hw, 1536, top=3, schedules=("", "zb-h1", "zbv", "dualpipev"))

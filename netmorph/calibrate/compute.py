@@ -39,9 +39,9 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2}
 HIDDEN = (32, 64, 128, 256)
 TOKENS = (64, 256, 1024)
-ELEMENTWISE_BYTES = 48 << 20          # per array: out of every cache level
-WINDOW = 0.03                         # seconds each measurement runs, on every rank at once
-DEEP = 5                              # layers of the tiny GPT whose time over one layer's gives a layer's
+ELEMENTWISE_BYTES = 48 << 20  # per array: out of every cache level
+WINDOW = 0.03  # seconds each measurement runs, on every rank at once
+DEEP = 5  # layers of the tiny GPT whose time over one layer's gives a layer's
 
 
 def gemm_shapes(hidden=HIDDEN, tokens=TOKENS) -> list:
@@ -59,6 +59,7 @@ def compute_rank(comm, shapes, dtype: str, window: float = WINDOW, group=None) -
 
     def per_s(fn, w=window):
         return rate(comm, fn, w, group=group, device=dev)
+
     g = torch.Generator(device=dev).manual_seed(comm.rank)
     out = {"gemm": []}
     for m, n, k in shapes:
@@ -77,9 +78,9 @@ def compute_rank(comm, shapes, dtype: str, window: float = WINDOW, group=None) -
     for layers in (1, DEEP):
         seconds[layers] = 1 / per_s(tiny_gpt(layers, dt, device=dev), 3 * window)
     out["layer_s"], out["op_s"] = layer_seconds(seconds[1], seconds[DEEP], out["dispatch_s"])
-    out["head_s"] = seconds[1] - out["layer_s"]                # the embedding, LM head and loss
+    out["head_s"] = seconds[1] - out["layer_s"]  # the embedding, LM head and loss
     out["optimizer_bytes_per_s"] = optimizer_rate(comm, dt, window, group=group)
-    calls, repeats = (2, 1) if window < WINDOW else (6, 5)       # a rough profile: one short repeat
+    calls, repeats = (2, 1) if window < WINDOW else (6, 5)  # a rough profile: one short repeat
     out["reference_s"] = [reference_seconds(comm, dt, shape, calls, repeats, group) for shape in REFERENCES]
     comm.barrier(group)
     return out
@@ -97,8 +98,10 @@ def layer_seconds(shallow_s: float, deep_s: float, dispatch_s: float) -> tuple[f
 
 
 # two GPTs no validate local trains: one where the operators' fixed costs weigh most, one where the FLOPs do
-REFERENCES = (ModelShape(layers=2, hidden=96, heads=4, seq=48, vocab=64),
-              ModelShape(layers=2, hidden=192, heads=4, seq=96, vocab=64))
+REFERENCES = (
+    ModelShape(layers=2, hidden=96, heads=4, seq=48, vocab=64),
+    ModelShape(layers=2, hidden=192, heads=4, seq=96, vocab=64),
+)
 REFERENCE_MICROBATCH = 2
 
 
@@ -149,8 +152,11 @@ def sharing_rank(comm, dtype: str, calls: int = 6, repeats: int = 5) -> dict | N
     for _ in range(repeats):
         alone.append(_slowest_mean(comm, run, calls, sync, active=comm.rank == 0))
         busy.append(_slowest_mean(comm, run, calls, sync))
-    return ({"alone_s": statistics.median(alone), "busy_s": statistics.median(busy), "repeats": repeats}
-            if comm.rank == 0 else None)
+    return (
+        {"alone_s": statistics.median(alone), "busy_s": statistics.median(busy), "repeats": repeats}
+        if comm.rank == 0
+        else None
+    )
 
 
 def optimizer_rate(comm, dt, window: float = WINDOW, n: int = 1 << 20, group=None) -> float:
@@ -160,8 +166,9 @@ def optimizer_rate(comm, dt, window: float = WINDOW, n: int = 1 << 20, group=Non
     dev = device_of(comm)
     param, grad = torch.zeros(n, dtype=dt, device=dev), torch.full((n,), 1e-3, dtype=dt, device=dev)
     adam = Adam(0, n, dtype=dt, device=dev)
-    return 7 * param.element_size() * n * rate(comm, lambda: adam.step(param, grad), 3 * window, group=group,
-                                               device=dev)
+    return (
+        7 * param.element_size() * n * rate(comm, lambda: adam.step(param, grad), 3 * window, group=group, device=dev)
+    )
 
 
 def tiny_gpt(layers: int, dt, shape: ModelShape | None = None, batch: int = 1, device=None):
@@ -177,6 +184,7 @@ def tiny_gpt(layers: int, dt, shape: ModelShape | None = None, batch: int = 1, d
     def run():
         model.zero_grad(set_to_none=True)
         model(x, y).backward()
+
     return run
 
 
@@ -205,6 +213,7 @@ def autograd_chain(dt, depth: int = 8, device=None):
         for _ in range(depth):
             y = F.layer_norm(F.gelu(F.linear(y, w)) + y, (16,))
         y.sum().backward()
+
     with _Count() as c:
         run()
     return run, c.n
@@ -233,6 +242,7 @@ def overlap_rank(comm, nbytes: int = 1 << 20, reps: int = 5) -> dict:
             sync()
             out.append(time.perf_counter() - t0)
         return statistics.median(out)
+
     reduce()
     t_comm = timed(reduce)
     a = torch.randn(256, 256, device=dev)
@@ -242,6 +252,7 @@ def overlap_rank(comm, nbytes: int = 1 << 20, reps: int = 5) -> dict:
     def compute():
         for _ in range(calls):
             torch.mm(a, a)
+
     t_comp = timed(compute)
 
     def both():
@@ -249,7 +260,13 @@ def overlap_rank(comm, nbytes: int = 1 << 20, reps: int = 5) -> dict:
         th.start()
         compute()
         th.join()
+
     t_both = timed(both)
     comm.free_all()
-    return {"bytes": nbytes, "comm_s": t_comm, "compute_s": t_comp, "both_s": t_both,
-            "overlap": min(1.0, max(0.0, (t_comm + t_comp - t_both) / min(t_comm, t_comp)))}
+    return {
+        "bytes": nbytes,
+        "comm_s": t_comm,
+        "compute_s": t_comp,
+        "both_s": t_both,
+        "overlap": min(1.0, max(0.0, (t_comm + t_comp - t_both) / min(t_comm, t_comp))),
+    }

@@ -43,7 +43,7 @@ def rate(comm, fn, window: float, windows: int = 3, group=None, device: torch.de
     which would pick a moment when its neighbours happened to wait. The median of ``windows`` such windows. On
     a GPU each call is waited for before the clock is read."""
     sync = synchronizer(device or device_of(comm))
-    fn()                                                    # warm: allocation, the kernel's first call
+    fn()  # warm: allocation, the kernel's first call
     sync()
     rates = []
     for _ in range(windows):

@@ -23,7 +23,7 @@ from netmorph.mesh.presets import PRESETS
 
 MODELS = ("llama-3-8b", "llama-3-70b", "llama-3-405b", "mpt-7b", "mpt-30b", "mpt-70b", "gpt3-175b")
 TOKENS, TPS = (2048, 4096, 8192, 16384), (1, 2, 4, 8)
-EDGES = tuple(2 ** k for k in range(-4, 14))          # GFLOP per GEMM: 1/16 .. 8192
+EDGES = tuple(2**k for k in range(-4, 14))  # GFLOP per GEMM: 1/16 .. 8192
 
 
 def shapes(tokens_list=TOKENS, tps=TPS) -> list:
@@ -36,8 +36,12 @@ def shapes(tokens_list=TOKENS, tps=TPS) -> list:
             for t in tps:
                 if m.heads % t or m.kv % t:
                     continue
-                out |= {(tokens, h, (h + 2 * kv) // t), (tokens, h // t, h), (tokens, h, (m.mlp_mats - 1) * f // t),
-                        (tokens, f // t, h)}
+                out |= {
+                    (tokens, h, (h + 2 * kv) // t),
+                    (tokens, h // t, h),
+                    (tokens, h, (m.mlp_mats - 1) * f // t),
+                    (tokens, f // t, h),
+                }
     return sorted(out)
 
 
@@ -74,20 +78,24 @@ def gemm_seconds(m: int, k: int, n: int, device: torch.device, dtype, fp8: bool,
     if fp8:
         a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
         one = torch.ones((), device=device)
-        return timed(lambda: torch._scaled_mm(a8, b8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
-                     device, repeats)
+        return timed(
+            lambda: torch._scaled_mm(a8, b8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16), device, repeats
+        )
     return timed(lambda: a @ b.t(), device, repeats)
 
 
-def attention_seconds(batch: int, heads: int, seq: int, head_dim: int, device: torch.device, dtype,
-                      repeats: int) -> tuple[float, float]:
+def attention_seconds(
+    batch: int, heads: int, seq: int, head_dim: int, device: torch.device, dtype, repeats: int
+) -> tuple[float, float]:
     """(seconds of one causal SDPA forward + backward, its FLOPs: 4·b·s²·h/2 forward, 2.5x that backward)."""
-    q, k, v = (torch.randn(batch, heads, seq, head_dim, device=device, dtype=dtype, requires_grad=True)
-               for _ in range(3))
+    q, k, v = (
+        torch.randn(batch, heads, seq, head_dim, device=device, dtype=dtype, requires_grad=True) for _ in range(3)
+    )
 
     def step():
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         out.backward(torch.ones_like(out))
+
     flops = 4 * batch * seq * seq * heads * head_dim * 0.5 * 3.5
     return timed(step, device, repeats), flops
 
@@ -103,8 +111,17 @@ def bins(rows, edges=EDGES) -> list:
     return out
 
 
-def measure(device: torch.device, peak: float, fp8_peak: float = 0.0, repeats: int = 5, gemms=None,
-            seqs=(2048, 4096, 8192), head_dim: int = 128, dtype=torch.bfloat16, on_row=None) -> dict:
+def measure(
+    device: torch.device,
+    peak: float,
+    fp8_peak: float = 0.0,
+    repeats: int = 5,
+    gemms=None,
+    seqs=(2048, 4096, 8192),
+    head_dim: int = 128,
+    dtype=torch.bfloat16,
+    on_row=None,
+) -> dict:
     """{"gemm_table", "fp8_gemm_table" (when ``fp8_peak`` and FP8 runs), "attention_efficiency", "rows"}: each
     shape of ``gemms`` (default :func:`shapes`) timed on ``device``, its efficiency against ``peak`` (FP8's
     against ``fp8_peak``), binned; ``on_row(label, m, k, n, seconds, efficiency)`` after each."""

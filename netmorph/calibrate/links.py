@@ -22,8 +22,8 @@ import torch
 from netmorph.calibrate.device import buffer, device_of, rate, synchronizer
 from netmorph.runtime.base import Group
 
-SIZES = tuple(8 << (2 * i) for i in range(10))     # 8 B .. 2 MiB, x4
-BUDGET = 0.15                                       # seconds of round trips per size at most (3 at least)
+SIZES = tuple(8 << (2 * i) for i in range(10))  # 8 B .. 2 MiB, x4
+BUDGET = 0.15  # seconds of round trips per size at most (3 at least)
 
 
 def partner(rank: int, distance: int, world: int) -> int | None:
@@ -51,7 +51,7 @@ def pingpong_rank(comm, peers, sizes=SIZES, reps: int = 9) -> dict:
                 buf = buffer(comm, n // 4, dev)
                 rtts = []
                 k, want = 0, reps + 2
-                while k < want:                                 # two warm-ups, then the timed round trips
+                while k < want:  # two warm-ups, then the timed round trips
                     t0 = time.perf_counter()
                     if lead:
                         comm.send(buf, other)
@@ -80,10 +80,10 @@ def pingpong_rank(comm, peers, sizes=SIZES, reps: int = 9) -> dict:
     return out if comm.rank == 0 else None
 
 
-RING_SIZES = tuple(1 << e for e in range(10, 23, 2))     # 1 KiB .. 4 MiB
+RING_SIZES = tuple(1 << e for e in range(10, 23, 2))  # 1 KiB .. 4 MiB
 
 
-LOAD_S = 1e-3      # the compute between two loaded collectives, on one rank alone: about a small layer's
+LOAD_S = 1e-3  # the compute between two loaded collectives, on one rank alone: about a small layer's
 
 
 def ring_rank(comm, group_size: int, sizes=RING_SIZES, iters: int = 6, load_s: float = LOAD_S) -> list | None:
@@ -102,7 +102,7 @@ def ring_rank(comm, group_size: int, sizes=RING_SIZES, iters: int = 6, load_s: f
     group = Group(range(first, first + group_size))
     a = torch.randn(128, 128, device=dev)
     per = np.array([1 / rate(comm, lambda: torch.mm(a, a), 0.01, 1, device=dev)])
-    comm.all_reduce(per, op="max")                               # every rank the same number of GEMMs
+    comm.all_reduce(per, op="max")  # every rank the same number of GEMMs
     calls = int(load_s / per[0]) if load_s > 0 else 0
 
     def work():
@@ -112,7 +112,7 @@ def ring_rank(comm, group_size: int, sizes=RING_SIZES, iters: int = 6, load_s: f
     out = []
     for n in sizes:
         buf = buffer(comm, n // 4, dev)
-        comm.all_reduce(buf, group=group, algo="ring")            # warm-up
+        comm.all_reduce(buf, group=group, algo="ring")  # warm-up
         sync()
         comm.barrier()
         inside = 0.0
@@ -149,7 +149,7 @@ def fit_ring(p, sizes, seconds) -> tuple[float, float, float, list]:
     base, alpha = 0.0, -1.0
     if len(set(p)) > 1:
         (base, alpha, beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
-    if base <= 0 or alpha < 0:                  # one size, or no cost per call in the data: the steps alone
+    if base <= 0 or alpha < 0:  # one size, or no cost per call in the data: the steps alone
         base = 0.0
         (alpha, beta), *_ = np.linalg.lstsq(a[:, 1:], np.ones_like(t), rcond=None)
     alpha, beta = max(float(alpha), 0.0), max(float(beta), 1e-15)
@@ -160,7 +160,7 @@ def fit(sizes, seconds) -> tuple[float, float, list]:
     """(α, β, residuals): ``t = α + β·n`` minimising the relative error; residuals = fit / measured - 1."""
     n = np.asarray(sizes, dtype=np.float64)
     t = np.asarray(seconds, dtype=np.float64)
-    a = np.stack([1 / t, n / t], axis=1)                    # (α + β n) / t ≈ 1 for every size
+    a = np.stack([1 / t, n / t], axis=1)  # (α + β n) / t ≈ 1 for every size
     (alpha, beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
     alpha, beta = max(float(alpha), 0.0), max(float(beta), 1e-15)
     return alpha, beta, [float(x) for x in (alpha + beta * n) / t - 1]

@@ -74,8 +74,10 @@ def reference_compute(hw: Hardware, dtype: str, shape: ModelShape) -> float:
     """Seconds the planner gives one forward and backward of a reference GPT on ``hw`` (one rank, one
     microbatch of 2): what its measured time is held against."""
     b = ITEMSIZE[dtype]
-    lay = Layout(batch=Batch(micro_batch_size=REFERENCE_MICROBATCH, global_batch=REFERENCE_MICROBATCH),
-                 precision=Precision(param_bytes=b, grad_bytes=b, optimizer_bytes=2 * b, activation_bytes=b))
+    lay = Layout(
+        batch=Batch(micro_batch_size=REFERENCE_MICROBATCH, global_batch=REFERENCE_MICROBATCH),
+        precision=Precision(param_bytes=b, grad_bytes=b, optimizer_bytes=2 * b, activation_bytes=b),
+    )
     return step_time(shape, lay, hw).compute_s
 
 
@@ -98,8 +100,18 @@ def scales(hw: Hardware, dtype: str, measured) -> tuple[float, float]:
     return float(k_ops), float(k_flops)
 
 
-def build(world: int, dtype: str, backend: str, gpn: int, alone: dict, busy: dict, links: dict,
-          inter_mbps: float | None, device=None, preset: Hardware | None = None) -> dict:
+def build(
+    world: int,
+    dtype: str,
+    backend: str,
+    gpn: int,
+    alone: dict,
+    busy: dict,
+    links: dict,
+    inter_mbps: float | None,
+    device=None,
+    preset: Hardware | None = None,
+) -> dict:
     """The profile object: ``hardware`` (the planner's fields), ``machine``, ``compute`` (alone and busy, raw),
     ``links`` (per class: sizes, one-way seconds, α, β, residuals) and ``assumed``. ``device``: the ranks' (a
     GPU's memory is the device's own; the CPU's is the machine's over its ranks). With no link measured (one
@@ -107,7 +119,7 @@ def build(world: int, dtype: str, backend: str, gpn: int, alone: dict, busy: dic
     peak, table = gemm_table(busy["gemm"])
     alone_peak = max(r for *_, r in alone["gemm"])
     assumed = {}
-    if not links:                         # one rank: the links a preset gives, said so
+    if not links:  # one rank: the links a preset gives, said so
         intra = {"alpha": preset.alpha_intra, "beta": 1 / preset.nvlink_bandwidth}
         inter = {"alpha": preset.alpha_inter, "beta": 1 / preset.nic_bandwidth}
         gpn = preset.gpus_per_node
@@ -120,6 +132,7 @@ def build(world: int, dtype: str, backend: str, gpn: int, alone: dict, busy: dic
     where = f"{os.cpu_count()} cores"
     if device is not None and device.type == "cuda":
         import torch
+
         props = torch.cuda.get_device_properties(device)
         memory, where = float(props.total_memory) * world, f"{props.name} GPUs"
     else:
@@ -127,42 +140,80 @@ def build(world: int, dtype: str, backend: str, gpn: int, alone: dict, busy: dic
             memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         except (ValueError, OSError, AttributeError):
             memory = 8 << 30
-    hw = Hardware(name=f"local-{world}x-{dtype}", peak_flops=peak, memory_bytes=float(memory) / world,
-                  hbm_bandwidth=busy["elementwise_bytes_per_s"], gpus_per_node=gpn,
-                  nvlink_bandwidth=1 / intra["beta"], nic_bandwidth=1 / inter["beta"],
-                  alpha_intra=intra["alpha"], alpha_inter=inter["alpha"], collective_base_s=intra.get("base", 0.0),
-                  gemm_efficiency=table[-1][1],
-                  attention_efficiency=table[-1][1], gemm_table=table, op_overhead_s=busy["op_s"],
-                  overlap=busy["overlap"]["overlap"], allreduce_algorithms=("ring",), multi_rail=False,
-                  optimizer_bandwidth=busy["optimizer_bytes_per_s"],
-                  description=f"measured by netmorph calibrate: {world} {backend} ranks on {where}, {dtype}"
-                              + (f", two nodes at {inter_mbps:g} MB/s" if inter_mbps else ""))
+    hw = Hardware(
+        name=f"local-{world}x-{dtype}",
+        peak_flops=peak,
+        memory_bytes=float(memory) / world,
+        hbm_bandwidth=busy["elementwise_bytes_per_s"],
+        gpus_per_node=gpn,
+        nvlink_bandwidth=1 / intra["beta"],
+        nic_bandwidth=1 / inter["beta"],
+        alpha_intra=intra["alpha"],
+        alpha_inter=inter["alpha"],
+        collective_base_s=intra.get("base", 0.0),
+        gemm_efficiency=table[-1][1],
+        attention_efficiency=table[-1][1],
+        gemm_table=table,
+        op_overhead_s=busy["op_s"],
+        overlap=busy["overlap"]["overlap"],
+        allreduce_algorithms=("ring",),
+        multi_rail=False,
+        optimizer_bandwidth=busy["optimizer_bytes_per_s"],
+        description=f"measured by netmorph calibrate: {world} {backend} ranks on {where}, {dtype}"
+        + (f", two nodes at {inter_mbps:g} MB/s" if inter_mbps else ""),
+    )
     k_ops, k_flops = scales(hw, dtype, busy["reference_s"])
     side = busy.get("sharing")
     sharing = side["busy_s"] / side["alone_s"] if side else busy["reference_s"][0] / alone["reference_s"][0]
-    hw = replace(hw, op_overhead_s=hw.op_overhead_s * k_ops, compute_scale=k_flops,
-                 core_sharing=min(1e4, max(1.0, sharing)))
+    hw = replace(
+        hw, op_overhead_s=hw.op_overhead_s * k_ops, compute_scale=k_flops, core_sharing=min(1e4, max(1.0, sharing))
+    )
     if busy.get("relay"):
         link = hw.alpha_intra + busy["relay"][0]["nbytes"] / hw.nvlink_bandwidth
         hw = replace(hw, pipeline_hop_s=min(1.0, hop_seconds(busy["relay"], link, hw.core_sharing)))
     return {
         "format": PROFILE_FORMAT,
-        "hardware": {k: (list(map(list, v)) if k.endswith("_table") else list(v) if isinstance(v, tuple) else v)
-                     for k, v in asdict(hw).items()
-                     if v != ()},                         # no FP8 table: absent, as in a hand-written file
-        "machine": {"cores": os.cpu_count(), "ranks": world, "ranks_per_node": gpn, "dtype": dtype,
-                    "device": "cpu" if device is None else str(device.type),
-                    "backend": backend, "threads_per_rank": 1, "inter_node_mbps": inter_mbps},
-        "compute": {"alone": alone, "busy": busy,
-                    # what sharing the cores costs one rank: its best GEMM rate alone over with everyone busy
-                    "sharing_slowdown": alone_peak / peak,
-                    "elementwise_slowdown": alone["elementwise_bytes_per_s"] / busy["elementwise_bytes_per_s"],
-                    # the reference GPTs timed (reference_s) and what their times made of the rates measured
-                    "references": [{"layers": r.layers, "hidden": r.hidden, "heads": r.heads, "seq": r.seq,
-                                    "vocab": r.vocab, "micro_batch": REFERENCE_MICROBATCH} for r in REFERENCES],
-                    "operator_scale": k_ops, "op_s_measured": busy["op_s"]},
+        "hardware": {
+            k: (list(map(list, v)) if k.endswith("_table") else list(v) if isinstance(v, tuple) else v)
+            for k, v in asdict(hw).items()
+            if v != ()
+        },  # no FP8 table: absent, as in a hand-written file
+        "machine": {
+            "cores": os.cpu_count(),
+            "ranks": world,
+            "ranks_per_node": gpn,
+            "dtype": dtype,
+            "device": "cpu" if device is None else str(device.type),
+            "backend": backend,
+            "threads_per_rank": 1,
+            "inter_node_mbps": inter_mbps,
+        },
+        "compute": {
+            "alone": alone,
+            "busy": busy,
+            # what sharing the cores costs one rank: its best GEMM rate alone over with everyone busy
+            "sharing_slowdown": alone_peak / peak,
+            "elementwise_slowdown": alone["elementwise_bytes_per_s"] / busy["elementwise_bytes_per_s"],
+            # the reference GPTs timed (reference_s) and what their times made of the rates measured
+            "references": [
+                {
+                    "layers": r.layers,
+                    "hidden": r.hidden,
+                    "heads": r.heads,
+                    "seq": r.seq,
+                    "vocab": r.vocab,
+                    "micro_batch": REFERENCE_MICROBATCH,
+                }
+                for r in REFERENCES
+            ],
+            "operator_scale": k_ops,
+            "op_s_measured": busy["op_s"],
+        },
         "links": links,
-        "assumed": {"elementwise_passes": f"the planner's {CALIBRATED_PASSES:g} (fitted on the calibration "
-                                          "papers' A100 runs), not measured",
-                    "attention_efficiency": "gemm_efficiency, not measured", **assumed},
+        "assumed": {
+            "elementwise_passes": f"the planner's {CALIBRATED_PASSES:g} (fitted on the calibration "
+            "papers' A100 runs), not measured",
+            "attention_efficiency": "gemm_efficiency, not measured",
+            **assumed,
+        },
     }

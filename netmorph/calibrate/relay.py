@@ -23,13 +23,14 @@ import torch
 from netmorph.calibrate.device import buffer, device_of, rate, synchronizer
 from netmorph.planner.timing import shared_slots
 
-SLOT_S = 0.004          # a forward slot's GEMMs, every rank busy: about a validated GPT's forward slot here
+SLOT_S = 0.004  # a forward slot's GEMMs, every rank busy: about a validated GPT's forward slot here
 MICROBATCHES = 4
-NBYTES = 1 << 14        # one activation of the validated GPTs: micro-batch 2 x 32 tokens x h 64, fp32
+NBYTES = 1 << 14  # one activation of the validated GPTs: micro-batch 2 x 32 tokens x h 64, fp32
 
 
-def relay_rank(comm, p: int, m: int = MICROBATCHES, slot_s: float = SLOT_S, nbytes: int = NBYTES,
-               repeats: int = 5) -> dict | None:
+def relay_rank(
+    comm, p: int, m: int = MICROBATCHES, slot_s: float = SLOT_S, nbytes: int = NBYTES, repeats: int = 5
+) -> dict | None:
     """{"p", "m", "nbytes", "step_s", "compute_s"} on rank 0 (the slowest rank's median step, with the relay's
     messages and without, the two alternated), else None; ranks past the last whole chain compute without
     messages."""
@@ -41,7 +42,7 @@ def relay_rank(comm, p: int, m: int = MICROBATCHES, slot_s: float = SLOT_S, nbyt
     sync = synchronizer(dev)
     a = torch.randn(128, 128, device=dev)
     per = np.array([1 / rate(comm, lambda: torch.mm(a, a), 0.02, 3, device=dev)])
-    comm.all_reduce(per)                                  # every rank the same number of GEMMs: the mean rank's
+    comm.all_reduce(per)  # every rank the same number of GEMMs: the mean rank's
     calls = max(1, int(slot_s * comm.world / per[0]))
     # the executor's header and activation, where its activations live (the GPU's: NCCL's point-to-point)
     hdr = np.zeros(4, np.int64) if dev.type == "cpu" else torch.zeros(4, dtype=torch.int64, device=dev)
@@ -60,7 +61,7 @@ def relay_rank(comm, p: int, m: int = MICROBATCHES, slot_s: float = SLOT_S, nbyt
 
     def step(relay: bool):
         pending = []
-        for _ in range(m):                                  # GPipe: every forward, then every backward
+        for _ in range(m):  # GPipe: every forward, then every backward
             if relay and stage > 0:
                 take(first + stage - 1)
             work(1)
@@ -76,10 +77,10 @@ def relay_rank(comm, p: int, m: int = MICROBATCHES, slot_s: float = SLOT_S, nbyt
             req.wait()
         sync()
 
-    step(False)                                              # warm
+    step(False)  # warm
     step(chained)
     times = {"compute_s": [], "step_s": []}
-    for _ in range(repeats):                                 # alternated, so a slow moment falls on both
+    for _ in range(repeats):  # alternated, so a slow moment falls on both
         for name, relay in (("compute_s", False), ("step_s", chained)):
             comm.barrier()
             t0 = time.perf_counter()

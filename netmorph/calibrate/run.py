@@ -27,11 +27,19 @@ from netmorph.runtime.launch import launch
 
 PHASES = ("compute, one rank alone", "compute, every rank at once", "links, overlap and pipeline hops")
 BACKENDS = ("local", "torch")
-RING_LAUNCHES = 3   # launches of each group size's ring all-reduces (measure_links)
+RING_LAUNCHES = 3  # launches of each group size's ring all-reduces (measure_links)
 
 
-def calibrate(world: int = 4, backend: str = "local", dtype: str = "float32", inter_mbps: float | None = None,
-              hidden=None, timeout: float = 60.0, on_phase=lambda name: None, window: float = WINDOW) -> dict:
+def calibrate(
+    world: int = 4,
+    backend: str = "local",
+    dtype: str = "float32",
+    inter_mbps: float | None = None,
+    hidden=None,
+    timeout: float = 60.0,
+    on_phase=lambda name: None,
+    window: float = WINDOW,
+) -> dict:
     """Measure ``world`` ranks of this machine (``backend`` local: the shared-memory fabric; torch: gloo) and
     return the profile; ``on_phase(name)`` after each of :data:`PHASES`; ``window``: seconds each compute
     measurement runs (shorter: a rougher profile, sooner)."""
@@ -42,8 +50,7 @@ def calibrate(world: int = 4, backend: str = "local", dtype: str = "float32", in
     if inter_mbps is not None and (world < 2 or world % 2):
         raise UsageError(f"{{inter_mbps}}: two emulated nodes need an even world >= 2, got {world}", "inter_mbps")
     if inter_mbps is not None and backend != "local":
-        raise UsageError("{inter_mbps}: links are emulated on the local fabric only; use --backend local",
-                         "inter_mbps")
+        raise UsageError("{inter_mbps}: links are emulated on the local fabric only; use --backend local", "inter_mbps")
     shapes = gemm_shapes(**({"hidden": tuple(hidden)} if hidden else {}))
     # counting an autograd chain's operators enters a TorchDispatchMode, which imports torch._dynamo (1.4 s of
     # a core): once here, inherited by every rank forked below, instead of once in each of them
@@ -61,9 +68,20 @@ def calibrate(world: int = 4, backend: str = "local", dtype: str = "float32", in
     busy["sharing"] = launch(sharing_rank, world, dtype, timeout=timeout)[0]
     # a pipeline's hop: GEMMs relayed along chains of 2 (and 4) consecutive ranks, every chain at once
     # (a quick profile, with a shorter window: shorter slots, two repeats)
-    busy["relay"] = [launch(relay_rank, world, p, slot_s=SLOT_S * min(1.0, window / WINDOW),
-                            repeats=2 if quick else 5, topology=topo, backend=backend, timeout=timeout)[0]
-                     for p in (2, 4) if p <= gpn and world % p == 0]
+    busy["relay"] = [
+        launch(
+            relay_rank,
+            world,
+            p,
+            slot_s=SLOT_S * min(1.0, window / WINDOW),
+            repeats=2 if quick else 5,
+            topology=topo,
+            backend=backend,
+            timeout=timeout,
+        )[0]
+        for p in (2, 4)
+        if p <= gpn and world % p == 0
+    ]
     on_phase(PHASES[2])
     return build(world, dtype, backend, gpn, alone, busy, links, inter_mbps)
 
@@ -86,14 +104,15 @@ def measure_links(world: int, topo=None, backend: str = "local", timeout: float 
     (:data:`RING_LAUNCHES` of them), which morph's twin also runs on its own (one: it ranks layouts)."""
     gpn = topo.gpus_per_node if topo else world
     peers = link_peers(world, gpn)
-    measured = launch(pingpong_rank, world, list(peers.values()), topology=topo, backend=backend,
-                      timeout=timeout)[0]
+    measured = launch(pingpong_rank, world, list(peers.values()), topology=topo, backend=backend, timeout=timeout)[0]
     groups = ring_groups(gpn)
     # each group size's rings in `launches` launches, the median per size: where ranks share cores, how the
     # scheduler lays a launch's processes on them holds for the launch -- rings of 2 at world 4 here took
     # 1.3-2.1 ms in one launch and 0.2-0.9 ms in the next -- so one launch is one draw of that
-    runs = [[launch(ring_rank, world, g, topology=topo, backend=backend, timeout=timeout)[0]
-             for _ in range(launches)] for g in groups]
+    runs = [
+        [launch(ring_rank, world, g, topology=topo, backend=backend, timeout=timeout)[0] for _ in range(launches)]
+        for g in groups
+    ]
     links = fit_links(peers, gpn, measured, groups, [np.median(r, axis=0).tolist() for r in runs])
     if groups:
         links["intra"]["ring_launches_s"] = dict(zip(map(str, groups), runs))
@@ -106,7 +125,7 @@ def links_in_job(comm, gpn: int) -> dict | None:
     peers = link_peers(comm.world, gpn)
     measured = pingpong_rank(comm, list(peers.values()))
     groups = ring_groups(gpn)
-    rings = [ring_rank(comm, g) for g in groups]                    # rank 0's: the others' are None
+    rings = [ring_rank(comm, g) for g in groups]  # rank 0's: the others' are None
     return fit_links(peers, gpn, measured, groups, rings) if comm.rank == 0 else None
 
 
@@ -134,23 +153,40 @@ def fit_links(peers: dict, gpn: int, measured: dict, groups: list, rings: list) 
     links = {}
     for name, peer in peers.items():
         alpha, beta, residuals = fit(SIZES, measured[peer])
-        links[name] = {"peer": peer, "same_node": node_of(peer, gpn) == 0, "sizes": list(SIZES),
-                       "one_way_s": measured[peer], "alpha": alpha, "beta": beta, "residuals": residuals,
-                       "fitted_from": "ping-pong, every pair at once"}
+        links[name] = {
+            "peer": peer,
+            "same_node": node_of(peer, gpn) == 0,
+            "sizes": list(SIZES),
+            "one_way_s": measured[peer],
+            "alpha": alpha,
+            "beta": beta,
+            "residuals": residuals,
+            "fitted_from": "ping-pong, every pair at once",
+        }
     if groups:
         base, alpha, beta, residuals = fit_ring(groups, [RING_SIZES] * len(groups), rings)
-        links["intra"] = {**links["intra"], "base": base, "alpha": alpha, "beta": beta, "residuals": residuals,
-                          "ring_sizes": list(RING_SIZES), "ring_groups": groups,
-                          "ring_s": dict(zip(map(str, groups), rings)), "ring_load_s": LOAD_S,
-                          "pingpong_alpha": links["intra"]["alpha"], "pingpong_beta": links["intra"]["beta"],
-                          "pingpong_residuals": links["intra"]["residuals"],
-                          "fitted_from": f"ring all-reduces on groups of {', '.join(map(str, groups))} ranks, "
-                                         "every group at once, every rank computing between two of them"}
+        links["intra"] = {
+            **links["intra"],
+            "base": base,
+            "alpha": alpha,
+            "beta": beta,
+            "residuals": residuals,
+            "ring_sizes": list(RING_SIZES),
+            "ring_groups": groups,
+            "ring_s": dict(zip(map(str, groups), rings)),
+            "ring_load_s": LOAD_S,
+            "pingpong_alpha": links["intra"]["alpha"],
+            "pingpong_beta": links["intra"]["beta"],
+            "pingpong_residuals": links["intra"]["residuals"],
+            "fitted_from": f"ring all-reduces on groups of {', '.join(map(str, groups))} ranks, "
+            "every group at once, every rank computing between two of them",
+        }
     return links
 
 
-def calibrate_in_job(comm, dtype: str = "float32", hidden=None, window: float = WINDOW, preset=None,
-                     on_phase=lambda name: None) -> dict | None:
+def calibrate_in_job(
+    comm, dtype: str = "float32", hidden=None, window: float = WINDOW, preset=None, on_phase=lambda name: None
+) -> dict | None:
     """This process's part of a calibration ``torchrun`` started: the phases of :func:`calibrate` on the job's
     ranks (rank 0 alone first, the others waiting; then every rank; then the links, the overlap and the
     pipeline hops), on each rank's device -- its GPU under NCCL, where the GEMMs are the published models'
@@ -159,19 +195,22 @@ def calibrate_in_job(comm, dtype: str = "float32", hidden=None, window: float = 
     the profile, the others None. A node is ``LOCAL_WORLD_SIZE`` ranks (torchrun's), the world its nodes; a
     job of one rank (one GPU) measures no link and takes the preset's."""
     from netmorph.runtime.transport.tensors import dist_module
+
     world, dev = comm.world, device_of(comm)
     gpn = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if world % gpn:
         raise UsageError(f"torchrun's WORLD_SIZE {world} is not whole nodes of LOCAL_WORLD_SIZE {gpn}", "world")
     if world == 1 and preset is None:
-        raise UsageError("one rank has no link to measure: run two or more, or give {preset} for the links",
-                         "preset")
+        raise UsageError("one rank has no link to measure: run two or more, or give {preset} for the links", "preset")
     peak, fp8_peak = (preset.peak_flops, preset.fp8_flops) if preset is not None else (0.0, 0.0)
     cuda = dev.type == "cuda"
     # on GPUs every rank at once times 104 of the published shapes (2k and 8k tokens, tp 1 and 8: the profile's
     # own table, six bins), and rank 0 alone all 340 against the datasheet (gpu.measure, the presets' table)
-    shapes = ([(m, n, k) for m, k, n in gpu.shapes((2048, 8192), (1, 8))] if cuda else
-              gemm_shapes(**({"hidden": tuple(hidden)} if hidden else {})))
+    shapes = (
+        [(m, n, k) for m, k, n in gpu.shapes((2048, 8192), (1, 8))]
+        if cuda
+        else gemm_shapes(**({"hidden": tuple(hidden)} if hidden else {}))
+    )
     alone = compute_rank(comm, shapes, dtype, window, group=Group([0])) if comm.rank == 0 else None
     comm.barrier()
     on_phase(PHASES[0])
@@ -186,9 +225,10 @@ def calibrate_in_job(comm, dtype: str = "float32", hidden=None, window: float = 
         overlap = [None] * world
         dist_module().all_gather_object(overlap, overlap_rank(comm))
         busy["overlap"] = {**overlap[0], "overlap": min(r["overlap"] for r in overlap)}
-        busy["sharing"] = sharing_rank(comm, dtype)                  # rank 0's: the others' are None
-        busy["relay"] = [relay_rank(comm, p, repeats=2 if window < WINDOW else 5)
-                         for p in (2, 4) if p <= gpn and world % p == 0]
+        busy["sharing"] = sharing_rank(comm, dtype)  # rank 0's: the others' are None
+        busy["relay"] = [
+            relay_rank(comm, p, repeats=2 if window < WINDOW else 5) for p in (2, 4) if p <= gpn and world % p == 0
+        ]
     measured_gpu = gpu.measure(dev, peak, fp8_peak) if cuda and peak and comm.rank == 0 else None
     comm.barrier()
     on_phase(PHASES[2])

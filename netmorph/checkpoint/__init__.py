@@ -19,8 +19,8 @@ class Checkpointing:
     """A run's checkpoints (Megatron's ``--save``, ``--save-interval``, ``--load``; torchtitan's ``checkpoint``
     section: ``interval``, ``keep_latest_k``, ``async_mode``)."""
 
-    save: str = ""              # the folder checkpoints go to, or "" for none
-    every: int = 0              # every N steps, and at the end (0: at the end only)
-    keep: int = 0               # keep the newest K (0: all)
-    async_save: bool = False    # write in the background, at most one in flight
-    load: str = ""              # the checkpoint (a step-N folder) to start from, resolved and verified already
+    save: str = ""  # the folder checkpoints go to, or "" for none
+    every: int = 0  # every N steps, and at the end (0: at the end only)
+    keep: int = 0  # keep the newest K (0: all)
+    async_save: bool = False  # write in the background, at most one in flight
+    load: str = ""  # the checkpoint (a step-N folder) to start from, resolved and verified already

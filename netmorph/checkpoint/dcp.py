@@ -45,16 +45,18 @@ from torch.distributed.checkpoint.planner_helpers import create_read_items_for_c
 from netmorph.checkpoint.shards import NAMES, STEP, model_key
 from netmorph.mesh.placement import parameters
 
-TRAIN = ("step", "meta", "rng")                    # train.*: the data position, the run's shape, the RNG
+TRAIN = ("step", "meta", "rng")  # train.*: the data position, the run's shape, the RNG
 
 
 def tree(model) -> dict:
     """The checkpoint's nested state dict, its leaves ``None``: every name, for DCP's flattening map (the
     ``planner_data`` that lets ``dcp_to_torch_save`` nest the names again)."""
     keys = [model_key(p) for p in parameters(model)]
-    return {"model": {k: None for k in keys},
-            "optim": {"state": {k: {"exp_avg": None, "exp_avg_sq": None, "step": None} for k in keys}},
-            "train": {k: None for k in TRAIN}}
+    return {
+        "model": {k: None for k in keys},
+        "optim": {"state": {k: {"exp_avg": None, "exp_avg_sq": None, "step": None} for k in keys}},
+        "train": {k: None for k in TRAIN},
+    }
 
 
 class _Leaf:
@@ -75,15 +77,31 @@ class BoxSavePlanner(DefaultSavePlanner):
         self.tensors, self.scalars, self.objects = tensors, scalars, objects
 
     def create_local_plan(self) -> SavePlan:
-        items = [WriteItem(index=MetadataIndex(fqn, torch.Size(off)), type=WriteItemType.SHARD,
-                           tensor_data=TensorWriteData(ChunkStorageMetadata(torch.Size(off), torch.Size(t.shape)),
-                                                       TensorProperties.create_from_tensor(t), torch.Size(shape)))
-                 for (fqn, off), (t, shape) in self.tensors.items()]
+        items = [
+            WriteItem(
+                index=MetadataIndex(fqn, torch.Size(off)),
+                type=WriteItemType.SHARD,
+                tensor_data=TensorWriteData(
+                    ChunkStorageMetadata(torch.Size(off), torch.Size(t.shape)),
+                    TensorProperties.create_from_tensor(t),
+                    torch.Size(shape),
+                ),
+            )
+            for (fqn, off), (t, shape) in self.tensors.items()
+        ]
         if self.is_coordinator:
-            items += [WriteItem(index=MetadataIndex(fqn, torch.Size([])), type=WriteItemType.TENSOR,
-                                tensor_data=TensorWriteData(ChunkStorageMetadata(torch.Size([]), torch.Size([])),
-                                                            TensorProperties.create_from_tensor(t), torch.Size([])))
-                      for fqn, t in self.scalars.items()]
+            items += [
+                WriteItem(
+                    index=MetadataIndex(fqn, torch.Size([])),
+                    type=WriteItemType.TENSOR,
+                    tensor_data=TensorWriteData(
+                        ChunkStorageMetadata(torch.Size([]), torch.Size([])),
+                        TensorProperties.create_from_tensor(t),
+                        torch.Size([]),
+                    ),
+                )
+                for fqn, t in self.scalars.items()
+            ]
             items += [WriteItem(index=MetadataIndex(fqn), type=WriteItemType.BYTE_IO) for fqn in self.objects]
         self.plan = SavePlan(items, planner_data=self.mappings)
         return self.plan
@@ -141,8 +159,7 @@ def sha256(path: Path) -> str:
 def host_copy(boxes, flats: dict) -> dict:
     """{(fqn, offsets): (a contiguous host tensor of the box, the whole shape)} from the rank's flat buffers
     ``flats`` {(buffer, kind): numpy}: the copy a save writes from while training goes on (torchtitan's staging)."""
-    return {(b.fqn, b.offsets): (torch.from_numpy(np.ascontiguousarray(b.view(flats[b.key]))), b.shape)
-            for b in boxes}
+    return {(b.fqn, b.offsets): (torch.from_numpy(np.ascontiguousarray(b.view(flats[b.key]))), b.shape) for b in boxes}
 
 
 class Planned:
@@ -209,14 +226,22 @@ class BoxLoadPlanner(DefaultLoadPlanner):
         for fqn, cs in chunks.items():
             items += create_read_items_for_chunk_list(fqn, md[fqn], cs)
         self.found[self.step_key] = torch.zeros((), dtype=torch.float64)
-        items += create_read_items_for_chunk_list(self.step_key, md[self.step_key],
-                                                  [ChunkStorageMetadata(torch.Size([]), torch.Size([]))])
+        items += create_read_items_for_chunk_list(
+            self.step_key, md[self.step_key], [ChunkStorageMetadata(torch.Size([]), torch.Size([]))]
+        )
         for k in TRAIN:
             fqn = f"train.{k}"
             if isinstance(md.get(fqn), BytesStorageMetadata):
-                items.append(ReadItem(type=LoadItemType.BYTE_IO, dest_index=MetadataIndex(fqn),
-                                      dest_offsets=torch.Size([0]), storage_index=MetadataIndex(fqn),
-                                      storage_offsets=torch.Size([0]), lengths=torch.Size([0])))
+                items.append(
+                    ReadItem(
+                        type=LoadItemType.BYTE_IO,
+                        dest_index=MetadataIndex(fqn),
+                        dest_offsets=torch.Size([0]),
+                        storage_index=MetadataIndex(fqn),
+                        storage_offsets=torch.Size([0]),
+                        lengths=torch.Size([0]),
+                    )
+                )
         return LoadPlan(items)
 
     def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
@@ -260,14 +285,34 @@ class _TrainOnly(DefaultLoadPlanner):
     def create_local_plan(self) -> LoadPlan:
         self.found = {}
         md = self.metadata.state_dict_metadata
-        return LoadPlan([ReadItem(type=LoadItemType.BYTE_IO, dest_index=MetadataIndex(f"train.{k}"),
-                                  dest_offsets=torch.Size([0]), storage_index=MetadataIndex(f"train.{k}"),
-                                  storage_offsets=torch.Size([0]), lengths=torch.Size([0]))
-                         for k in TRAIN if isinstance(md.get(f"train.{k}"), BytesStorageMetadata)])
+        return LoadPlan(
+            [
+                ReadItem(
+                    type=LoadItemType.BYTE_IO,
+                    dest_index=MetadataIndex(f"train.{k}"),
+                    dest_offsets=torch.Size([0]),
+                    storage_index=MetadataIndex(f"train.{k}"),
+                    storage_offsets=torch.Size([0]),
+                    lengths=torch.Size([0]),
+                )
+                for k in TRAIN
+                if isinstance(md.get(f"train.{k}"), BytesStorageMetadata)
+            ]
+        )
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        self.found[read_item.dest_index.fqn[len("train."):]] = torch.load(value, weights_only=False)
+        self.found[read_item.dest_index.fqn[len("train.") :]] = torch.load(value, weights_only=False)
 
 
-__all__ = ["NAMES", "finish", "gather_object", "host_copy", "load", "plan_save", "read_train", "scatter_object", "tree",
-           "write"]
+__all__ = [
+    "NAMES",
+    "finish",
+    "gather_object",
+    "host_copy",
+    "load",
+    "plan_save",
+    "read_train",
+    "scatter_object",
+    "tree",
+    "write",
+]

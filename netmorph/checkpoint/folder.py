@@ -69,7 +69,7 @@ def publish(root: Path, step: int, sums: dict) -> Path:
     root, tmp, final = Path(root), partial_dir(root, step), step_dir(root, step)
     _write_synced(tmp / SUMS, json.dumps(sums, indent=1, sort_keys=True))
     _fsync_dir(tmp)
-    if final.exists():                            # a run resumed before this step saves it again
+    if final.exists():  # a run resumed before this step saves it again
         shutil.rmtree(final)
     os.rename(tmp, final)
     _fsync_dir(root)
@@ -125,5 +125,8 @@ def verify(path: Path) -> None:
         if not f.is_file():
             raise UsageError(f"--load {path}: {f} is missing: the checkpoint is incomplete", "load")
         if sha256(f) != want:
-            raise UsageError(f"--load {path}: {f} is corrupt (its sha256 is not the one written with it): "
-                             f"load an older step-N folder, or start without --load", "load")
+            raise UsageError(
+                f"--load {path}: {f} is corrupt (its sha256 is not the one written with it): "
+                f"load an older step-N folder, or start without --load",
+                "load",
+            )

@@ -43,15 +43,15 @@ def model_key(p: Param) -> str:
 class Box:
     """One box of one tensor a rank holds: where it sits in the whole tensor and in the rank's flat buffer."""
 
-    fqn: str                # the checkpoint's name of the tensor
-    kind: str               # "params", "m" or "v"
-    buffer: str             # the flat buffer it sits in: "dense" or (a mixture of experts') "experts"
-    shape: tuple            # the whole tensor's
-    offsets: tuple          # the box in the whole tensor
+    fqn: str  # the checkpoint's name of the tensor
+    kind: str  # "params", "m" or "v"
+    buffer: str  # the flat buffer it sits in: "dense" or (a mixture of experts') "experts"
+    shape: tuple  # the whole tensor's
+    offsets: tuple  # the box in the whole tensor
     sizes: tuple
-    start: int              # where the rank's piece of this tensor starts in its flat buffer
-    local_shape: tuple      # the piece's shape
-    local_offsets: tuple    # the box in the piece
+    start: int  # where the rank's piece of this tensor starts in its flat buffer
+    local_shape: tuple  # the piece's shape
+    local_offsets: tuple  # the box in the piece
 
     @property
     def key(self) -> tuple:
@@ -61,7 +61,7 @@ class Box:
     def view(self, flat: np.ndarray) -> np.ndarray:
         """The box's elements in ``flat`` (the rank's whole flat buffer of this buffer and kind), as a view."""
         n = math.prod(self.local_shape)
-        piece = flat[self.start:self.start + n].reshape(self.local_shape)
+        piece = flat[self.start : self.start + n].reshape(self.local_shape)
         return piece[tuple(slice(o, o + s) for o, s in zip(self.local_offsets, self.sizes))]
 
 
@@ -74,16 +74,16 @@ def range_boxes(shape: tuple, a: int, b: int) -> list:
         return [((a,), (b - a,))] if shape else [((), ())]
     inner = math.prod(shape[1:])
     out = []
-    if a % inner:                                  # a partial first row
+    if a % inner:  # a partial first row
         row, end = a // inner, min(b, (a // inner + 1) * inner)
         out += [((row, *o), (1, *s)) for o, s in range_boxes(shape[1:], a - row * inner, end - row * inner)]
         a = end
     if a >= b:
         return out
-    first, last = a // inner, b // inner           # whole rows [first, last)
+    first, last = a // inner, b // inner  # whole rows [first, last)
     if last > first:
         out.append(((first,) + (0,) * (len(shape) - 1), (last - first, *shape[1:])))
-    if b % inner:                                  # a partial last row
+    if b % inner:  # a partial last row
         out += [((last, *o), (1, *s)) for o, s in range_boxes(shape[1:], 0, b - last * inner)]
     return out
 
@@ -97,6 +97,7 @@ def _runs(mask: np.ndarray) -> list:
 def maps(model: ModelShape, layout: Layout) -> dict:
     """{buffer: every rank's :class:`~netmorph.mesh.elements.RankMap` of it} (a dense model: the dense one)."""
     from netmorph.mesh.elements import BUFFERS, element_map
+
     return {b: element_map(model, layout, b) for b in (BUFFERS if model.experts else BUFFERS[:1])}
 
 
@@ -143,18 +144,26 @@ def rank_boxes(model: ModelShape, layout: Layout, rank: int, owned: bool = False
                 a, b = max(s, lo), min(s + n, hi)
                 if a >= b:
                     continue
-                runs = [(a, b)] if who is None else [(a + x, a + y)
-                                                     for x, y in _runs(who[kind][m.flat[a:b]] == rank)]
+                runs = [(a, b)] if who is None else [(a + x, a + y) for x, y in _runs(who[kind][m.flat[a:b]] == rank)]
                 local = p.local_shape(layout.tp, layout.ep)
                 base = [0] * len(p.shape)
-                if local != p.shape:               # its tp piece (Megatron's shard), or its ep piece of the experts
+                if local != p.shape:  # its tp piece (Megatron's shard), or its ep piece of the experts
                     base[p.placement.dim] = (c["ep"] if experts else c["tp"]) * local[p.placement.dim]
                 for x, y in runs:
                     for off, size in range_boxes(local, x - s, y - s):
-                        box = Box(name.format(model_key(p)), kind, buffer, p.shape,
-                                  tuple(o + g for o, g in zip(off, base)), size, s, local, off)
+                        box = Box(
+                            name.format(model_key(p)),
+                            kind,
+                            buffer,
+                            p.shape,
+                            tuple(o + g for o, g in zip(off, base)),
+                            size,
+                            s,
+                            local,
+                            off,
+                        )
                         if owned and (box.fqn, box.offsets) in written:
-                            continue        # a V's rank 0 holds the tied embedding twice: it writes it once
+                            continue  # a V's rank 0 holds the tied embedding twice: it writes it once
                         written.add((box.fqn, box.offsets))
                         out.append(box)
     return out

@@ -40,9 +40,19 @@ KILL = "NETMORPH_CHECKPOINT_KILL"
 
 def meta(model, layout, done: int, dtype: str = "float64", lr: float = 0.0) -> str:
     """What a checkpoint says about the run that wrote it."""
-    return json.dumps({"format": 1, "step": done, "consumed_samples": done * layout.batch.global_batch,
-                       "global_batch": layout.batch.global_batch, "model": asdict(model), "layout": layout.tag(),
-                       "world": layout.world, "dtype": dtype, "lr": lr})
+    return json.dumps(
+        {
+            "format": 1,
+            "step": done,
+            "consumed_samples": done * layout.batch.global_batch,
+            "global_batch": layout.batch.global_batch,
+            "model": asdict(model),
+            "layout": layout.tag(),
+            "world": layout.world,
+            "dtype": dtype,
+            "lr": lr,
+        }
+    )
 
 
 class Saver:
@@ -52,14 +62,15 @@ class Saver:
         self.comm, self.cfg, self.ck = comm, cfg, cfg.checkpoint
         self.root = Path(self.ck.save)
         self.maps = rank_maps(cfg.model, cfg.layout, comm.rank)
-        self.boxes = rank_boxes(cfg.model, cfg.layout, comm.rank, owned=True,
-                                who=owners(cfg.model, cfg.layout, master=cfg.mixed))
+        self.boxes = rank_boxes(
+            cfg.model, cfg.layout, comm.rank, owned=True, who=owners(cfg.model, cfg.layout, master=cfg.mixed)
+        )
         self.end = cfg.start_step + cfg.steps
         self.log: list = []
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
         kill = os.environ.get(KILL, "")
-        first = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"     # a job torchrun restarts dies once
+        first = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"  # a job torchrun restarts dies once
         self.kill = tuple(int(x) for x in kill.split("@")) if "@" in kill and first else None
         if comm.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -73,15 +84,24 @@ class Saver:
 
     def save(self, done: int, state: dict) -> None:
         t0 = time.perf_counter()
-        self.wait()                                   # at most one save in flight
+        self.wait()  # at most one save in flight
         blocked = time.perf_counter() - t0
         cfg = self.cfg
-        staged = stage(self.comm, self.root, done, cfg.model, self.boxes, self.maps, state,
-                       meta(cfg.model, cfg.layout, done, cfg.dtype, cfg.lr))
+        staged = stage(
+            self.comm,
+            self.root,
+            done,
+            cfg.model,
+            self.boxes,
+            self.maps,
+            state,
+            meta(cfg.model, cfg.layout, done, cfg.dtype, cfg.lr),
+        )
         took = time.perf_counter() - t0
         if self.ck.async_save:
-            self.thread = threading.Thread(target=self._guarded, args=(staged, t0, took, blocked),
-                                           name="netmorph-checkpoint", daemon=True)
+            self.thread = threading.Thread(
+                target=self._guarded, args=(staged, t0, took, blocked), name="netmorph-checkpoint", daemon=True
+            )
             self.thread.start()
         else:
             self._write(staged, t0, took, blocked)
@@ -89,16 +109,23 @@ class Saver:
     def _guarded(self, *args) -> None:
         try:
             self._write(*args)
-        except BaseException as e:                    # noqa: BLE001 - raised in the rank's thread by wait()
+        except BaseException as e:  # noqa: BLE001 - raised in the rank's thread by wait()
             self.error = e
 
     def _write(self, staged, t0: float, took: float, blocked: float) -> None:
         final, sums, removed = complete(self.comm, staged, self.root, self.ck.keep, self.kill)
         if final is not None:
-            self.log.append({"step": staged.step, "path": str(final), "bytes": sum((final / f).stat().st_size
-                                                                                   for f in sums),
-                             "staged_s": took, "blocked_s": blocked, "save_s": time.perf_counter() - t0,
-                             "removed": removed})
+            self.log.append(
+                {
+                    "step": staged.step,
+                    "path": str(final),
+                    "bytes": sum((final / f).stat().st_size for f in sums),
+                    "staged_s": took,
+                    "blocked_s": blocked,
+                    "save_s": time.perf_counter() - t0,
+                    "removed": removed,
+                }
+            )
 
     def wait(self) -> None:
         """The save in flight done (its error raised here)."""
@@ -149,8 +176,10 @@ def complete(comm, staged: Staged, root: Path, keep: int = 0, kill=None) -> tupl
     deadline = time.monotonic() + comm.transport.timeout
     while not all(mk.exists() for mk in marks):
         if time.monotonic() > deadline:
-            raise TimeoutError(f"checkpoint of step {staged.step}: ranks {[r for r, mk in enumerate(marks) if not mk.exists()]}"
-                               f" did not finish their shards within {comm.transport.timeout:g} s")
+            raise TimeoutError(
+                f"checkpoint of step {staged.step}: ranks {[r for r, mk in enumerate(marks) if not mk.exists()]}"
+                f" did not finish their shards within {comm.transport.timeout:g} s"
+            )
         time.sleep(0.002)
     everyone = []
     for mk in marks:
@@ -169,7 +198,7 @@ def save_state(comm, root, done: int, model, layout, state: dict, keep: int = 0)
     boxes = rank_boxes(model, layout, comm.rank, owned=True)
     maps = rank_maps(model, layout, comm.rank)
     complete(comm, stage(comm, root, done, model, boxes, maps, state, meta(model, layout, done)), root, keep)
-    comm.barrier()                                   # the checkpoint is published before anyone goes on
+    comm.barrier()  # the checkpoint is published before anyone goes on
 
 
 def load_state(path, model, layout, rank: int, dtype: str = "float64") -> dict:
@@ -180,7 +209,7 @@ def load_state(path, model, layout, rank: int, dtype: str = "float64") -> dict:
     dest, twins = {}, []
     for b in rank_boxes(model, layout, rank):
         view = torch.from_numpy(b.view(full[b.key]))
-        if (b.fqn, b.offsets) in dest:           # a V's rank 0 holds the tied embedding twice: read once, copied
+        if (b.fqn, b.offsets) in dest:  # a V's rank 0 holds the tied embedding twice: read once, copied
             twins.append((dest[b.fqn, b.offsets], view))
         else:
             dest[b.fqn, b.offsets] = view
@@ -192,8 +221,12 @@ def load_state(path, model, layout, rank: int, dtype: str = "float64") -> dict:
     out = {}
     for b, m in maps.items():
         lo, hi = m.optimizer
-        out[b] = {"params": full[b, "params"], "m": full[b, "m"][lo:hi].copy(), "v": full[b, "v"][lo:hi].copy(),
-                  "t": got["t"]}
+        out[b] = {
+            "params": full[b, "params"],
+            "m": full[b, "m"][lo:hi].copy(),
+            "v": full[b, "v"][lo:hi].copy(),
+            "t": got["t"],
+        }
     state = out.pop("dense")
     return {**state, **out}
 

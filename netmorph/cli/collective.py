@@ -26,25 +26,34 @@ FLAGS = {"count": "--bytes", "nbytes": "--bytes"}
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "collective", help="count and time a collective, every algorithm side by side",
+        "collective",
+        help="count and time a collective, every algorithm side by side",
         description="Realise one collective with each algorithm and print nccl-tests' table: predicted time, "
-                    "algbw, busbw, plus rounds, messages, bytes on the wire and bytes sent per rank.")
+        "algbw, busbw, plus rounds, messages, bytes on the wire and bytes sent per rank.",
+    )
     p.add_argument("op", help="allreduce, allgather, reduce_scatter, broadcast, reduce or alltoall")
     p.add_argument("--algo", default="all", help="algorithm name, auto (the tuner's pick) or all (default)")
-    p.add_argument("--world", "-p", type=int_in(1, 16384), required=True,
-                   help="number of ranks (1..16384; benchmarks/scale.py times larger rings)")
+    p.add_argument(
+        "--world",
+        "-p",
+        type=int_in(1, 16384),
+        required=True,
+        help="number of ranks (1..16384; benchmarks/scale.py times larger rings)",
+    )
     size = p.add_mutually_exclusive_group(required=True)
     size.add_argument("--bytes", "-b", help="message size, e.g. 8MiB, 1GB, 4096 (nccl-tests' convention per op)")
     size.add_argument("--sizes", help="sweep MIN:MAX in powers of two, e.g. 1KiB:1GiB")
-    p.add_argument("--topology", "-t", default="flat",
-                   help=f"preset ({', '.join(PRESETS)}) or a JSON file (default: flat)")
+    p.add_argument(
+        "--topology", "-t", default="flat", help=f"preset ({', '.join(PRESETS)}) or a JSON file (default: flat)"
+    )
     p.add_argument("--alpha", type=float, help="flat topology: latency per message, seconds (default 1e-6)")
     p.add_argument("--beta", type=float, help="flat topology: seconds per byte (default 1e-9, i.e. 1 GB/s)")
     p.add_argument("--gamma", type=float, help="flat topology: reduction seconds per byte (default 0)")
     p.add_argument("--dtype", default="float", help=f"element type ({', '.join(DTYPES)}; default float)")
     p.add_argument("--root", type=int, default=0, help="root rank for broadcast and reduce (default 0)")
-    p.add_argument("--segments", type=int_in(1, 1024),
-                   help="double_binary_tree: pipeline each half in N segments (default 1)")
+    p.add_argument(
+        "--segments", type=int_in(1, 1024), help="double_binary_tree: pipeline each half in N segments (default 1)"
+    )
     p.add_argument("--formula", action="store_true", help="print the closed form under each row, evaluated")
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per (algorithm, size)")
     p.set_defaults(run=run, flags=FLAGS)
@@ -58,8 +67,9 @@ def _topology(args):
             raise UsageError(f"--{k} must be a number >= 0 (seconds), got {v}")
     if over:
         if not topo.flat:
-            raise UsageError("--alpha/--beta/--gamma set the flat topology; for a two-level one write a JSON "
-                             "file (see --topology)")
+            raise UsageError(
+                "--alpha/--beta/--gamma set the flat topology; for a two-level one write a JSON file (see --topology)"
+            )
         topo = topo.with_flat(**over)
     topo.check_world(args.world)
     return topo
@@ -86,16 +96,18 @@ def run(args) -> int:
     with _progress(len(sizes) * len(algos), args.world) as tick:
         for n in sizes:
             if mode == "auto":
-                ch = choose(op, args.world, n, topo, itemsize, algos=algos,
-                            **({"root": args.root} if op in ROOTED else {}))
+                ch = choose(
+                    op, args.world, n, topo, itemsize, algos=algos, **({"root": args.root} if op in ROOTED else {})
+                )
                 records.append([record(ch.best, topo, args.dtype, redop, auto=True, reason=ch.reason)])
                 reasons.append((n, ch.reason))
                 tick(len(algos))
                 continue
             row = []
             for a in algos:
-                row.append(record(predict(op, a, args.world, n, topo, itemsize, **build_kw(a)), topo,
-                                  args.dtype, redop))
+                row.append(
+                    record(predict(op, a, args.world, n, topo, itemsize, **build_kw(a)), topo, args.dtype, redop)
+                )
                 tick(1)
             records.append(row)
 
@@ -104,8 +116,10 @@ def run(args) -> int:
         print_json(flat_records, indent=1)
         return 0
     print(f"# netmorph collective {op}: world {args.world}, {dtype}, topology {topo.describe()}")
-    print(f"# predicted by event simulation of each schedule; busbw = algbw x "
-          f"{_factor_text(op)} (nccl-tests); * = fastest at that size")
+    print(
+        f"# predicted by event simulation of each schedule; busbw = algbw x "
+        f"{_factor_text(op)} (nccl-tests); * = fastest at that size"
+    )
     print(table_header(PREDICTED))
     for same_size in records:
         best = min(same_size, key=lambda r: r["predicted_time_s"])
@@ -136,13 +150,19 @@ def _within_budget(op, algos, world, sizes, itemsize, topo, build_kw) -> None:
     extrapolated): the p² algorithms at 16384 ranks need tens of GB."""
     from netmorph.cost.footprint import footprint
     from netmorph.runtime import budget
+
     memory = seconds = 0.0
     for a in algos:
         m, t = footprint(op, a, world, itemsize, topo, **build_kw(a))
         memory, seconds = max(memory, m), seconds + t * sizes
-    budget.check(memory, seconds, f"counting and timing {op} on {world} ranks ({len(algos)} algorithm"
-                 f"{'s' if len(algos) != 1 else ''} x {sizes} size{'s' if sizes != 1 else ''})",
-                 "--world or choose one --algo", "--world, --sizes or --algo")
+    budget.check(
+        memory,
+        seconds,
+        f"counting and timing {op} on {world} ranks ({len(algos)} algorithm"
+        f"{'s' if len(algos) != 1 else ''} x {sizes} size{'s' if sizes != 1 else ''})",
+        "--world or choose one --algo",
+        "--world, --sizes or --algo",
+    )
 
 
 class _progress:
@@ -151,9 +171,11 @@ class _progress:
 
     def __init__(self, total, world):
         from netmorph.cli import progress
+
         self.total = total
-        self.bar = progress.Bar("collective", unit="schedules", every=progress.EVERY,
-                                tty=total * world > 20000 and sys.stderr.isatty())
+        self.bar = progress.Bar(
+            "collective", unit="schedules", every=progress.EVERY, tty=total * world > 20000 and sys.stderr.isatty()
+        )
 
     def __enter__(self):
         self.bar.__enter__()

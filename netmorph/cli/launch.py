@@ -8,27 +8,43 @@ import sys
 from netmorph.cli import int_in, timeout_seconds
 from netmorph.errors import Terminated, UsageError, require
 
-RUNS = ("elastic", "morph")      # the subcommands that run as a cluster of torchrun jobs
+RUNS = ("elastic", "morph")  # the subcommands that run as a cluster of torchrun jobs
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("launch", help="run a subcommand as N torchrun jobs (emulated nodes) and a lighthouse",
-                       description="Start the lighthouse and N torchrun jobs on 127.0.0.1, each an emulated node of "
-                                   "K workers, running SUBCOMMAND as one cluster (netmorph elastic --lighthouse ...). "
-                                   "Prints the per-node commands a cluster would run; node 0's output is the job's "
-                                   "(--json included); Ctrl-C and SIGTERM reach every job.",
-                       usage="netmorph launch --nodes N --nproc-per-node K [--max-restarts R] [--join NODE@STEP] "
-                             "[--port P] -- SUBCOMMAND ARGS")
+    p = sub.add_parser(
+        "launch",
+        help="run a subcommand as N torchrun jobs (emulated nodes) and a lighthouse",
+        description="Start the lighthouse and N torchrun jobs on 127.0.0.1, each an emulated node of "
+        "K workers, running SUBCOMMAND as one cluster (netmorph elastic --lighthouse ...). "
+        "Prints the per-node commands a cluster would run; node 0's output is the job's "
+        "(--json included); Ctrl-C and SIGTERM reach every job.",
+        usage="netmorph launch --nodes N --nproc-per-node K [--max-restarts R] [--join NODE@STEP] "
+        "[--port P] -- SUBCOMMAND ARGS",
+    )
     p.add_argument("--nodes", type=int_in(1, 64), required=True, help="nodes: torchrun jobs (1..64)")
     p.add_argument("--nproc-per-node", type=int_in(1, 64), required=True, help="workers per node (torchrun's)")
-    p.add_argument("--max-restarts", type=int_in(0, 100), default=3,
-                   help="torchrun --max-restarts: how often a node that lost a worker is started again (default 3)")
-    p.add_argument("--join", action="append", default=[], metavar="NODE@STEP",
-                   help="start NODE only once the job has done STEP steps (a node added later; repeatable)")
+    p.add_argument(
+        "--max-restarts",
+        type=int_in(0, 100),
+        default=3,
+        help="torchrun --max-restarts: how often a node that lost a worker is started again (default 3)",
+    )
+    p.add_argument(
+        "--join",
+        action="append",
+        default=[],
+        metavar="NODE@STEP",
+        help="start NODE only once the job has done STEP steps (a node added later; repeatable)",
+    )
     p.add_argument("--port", type=int_in(0, 65535), default=0, help="the lighthouse's port (default: a free one)")
     p.add_argument("--wait", type=timeout_seconds, default=3600.0, help="seconds to wait for node 0 (default 3600)")
-    p.add_argument("subcommand", nargs=argparse.REMAINDER, metavar="-- SUBCOMMAND ARGS",
-                   help="the subcommand each node runs, and its arguments")
+    p.add_argument(
+        "subcommand",
+        nargs=argparse.REMAINDER,
+        metavar="-- SUBCOMMAND ARGS",
+        help="the subcommand each node runs, and its arguments",
+    )
     p.set_defaults(run=run)
 
 
@@ -50,6 +66,7 @@ def _joins(specs, nodes: int) -> dict:
 def _preflight(sub: str, argv: list, nodes: int, nproc: int, late: list, max_restarts: int) -> None:
     """The subcommand's own checks of its flags for this cluster, here, before any process starts."""
     from netmorph.cli import build_parser
+
     for flag in ("--lighthouse", "--node-index", "--nodes", "--late-node"):
         if any(a == flag or a.startswith(flag + "=") for a in argv):
             raise UsageError(f"{flag} is launch's to set for each node; leave it out")
@@ -62,19 +79,24 @@ def _preflight(sub: str, argv: list, nodes: int, nproc: int, late: list, max_res
         raise
     if sub == "elastic":
         from netmorph.cli.elastic import cluster_config
+
         args.late_nodes = late
         cluster_config(args, nodes, nproc).check()
     if sub == "morph":
         from netmorph.cli.morph import cluster_check
+
         if late:
-            raise UsageError("--join: a cluster's morph starts every node at once; node 1 comes back by its "
-                             "scenario (--scenario node-lost@S,node-joins@T: the workers its torchrun restarts)")
+            raise UsageError(
+                "--join: a cluster's morph starts every node at once; node 1 comes back by its "
+                "scenario (--scenario node-lost@S,node-joins@T: the workers its torchrun restarts)"
+            )
         cluster_check(args, nodes, nproc, max_restarts)
 
 
 def run(args) -> int:
     require("torch", "netmorph launch")
     from netmorph.elastic.launcher import Cluster, Plan, free_port
+
     command = args.subcommand[1:] if args.subcommand[:1] == ["--"] else args.subcommand
     if not command:
         raise UsageError("give the subcommand after --, e.g. netmorph launch --nodes 2 --nproc-per-node 2 -- elastic")
@@ -84,8 +106,10 @@ def run(args) -> int:
     joins = _joins(args.join, args.nodes)
     _preflight(sub, argv, args.nodes, args.nproc_per_node, sorted(joins), args.max_restarts)
     plan = Plan(args.nodes, args.nproc_per_node, [sub, *argv], args.max_restarts, joins, free_port(args.port))
-    print(f"# netmorph launch: {args.nodes} node(s) x {args.nproc_per_node} worker(s) on 127.0.0.1; a cluster runs:",
-          file=sys.stderr)
+    print(
+        f"# netmorph launch: {args.nodes} node(s) x {args.nproc_per_node} worker(s) on 127.0.0.1; a cluster runs:",
+        file=sys.stderr,
+    )
     for line in plan.commands():
         print(f"#   {line}", file=sys.stderr)
     sys.stderr.flush()
@@ -101,6 +125,8 @@ def run(args) -> int:
             raise UsageError(f"{e}; raise --wait") from None
         if code:
             tail = cluster.tail(0)
-            print(f"netmorph launch: node 0 exited with {code}" + (f"; its last lines:\n{tail}" if tail else ""),
-                  file=sys.stderr)
+            print(
+                f"netmorph launch: node 0 exited with {code}" + (f"; its last lines:\n{tail}" if tail else ""),
+                file=sys.stderr,
+            )
     return code

@@ -7,9 +7,12 @@ from netmorph.mesh import DIMS, Mesh
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("mesh", help="print the tp/cp/ep/dp/pp groups of a rank grid",
-                       description="Lay out --world ranks on a named grid (tp innermost, Megatron's "
-                                   "tp-cp-ep-dp-pp order) and print the groups along each dimension.")
+    p = sub.add_parser(
+        "mesh",
+        help="print the tp/cp/ep/dp/pp groups of a rank grid",
+        description="Lay out --world ranks on a named grid (tp innermost, Megatron's "
+        "tp-cp-ep-dp-pp order) and print the groups along each dimension.",
+    )
     p.add_argument("--world", "-p", type=int_in(1, 1 << 20, "1..2**20"), required=True, help="ranks in the grid")
     for d in ("tp", "pp", "cp", "ep"):
         p.add_argument(f"--{d}", type=int, default=1, help=f"{d.upper()} size (default 1)")
@@ -22,10 +25,9 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     m = Mesh(args.world, tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, ep=args.ep, order=args.order)
-    coords = m.coords(args.rank) if args.rank is not None else None       # a rank outside the mesh: one line
+    coords = m.coords(args.rank) if args.rank is not None else None  # a rank outside the mesh: one line
     if args.json:
-        out = {"world": m.world, "order": "-".join(m.order), "sizes": m.sizes,
-               "groups": {d: m.groups(d) for d in DIMS}}
+        out = {"world": m.world, "order": "-".join(m.order), "sizes": m.sizes, "groups": {d: m.groups(d) for d in DIMS}}
         if coords is not None:
             out["coords"] = coords
         print_json(out)

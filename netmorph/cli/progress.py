@@ -16,19 +16,26 @@ import threading
 import time
 from contextlib import contextmanager
 
-EVERY = 10.0          # seconds between plain progress lines at most
+EVERY = 10.0  # seconds between plain progress lines at most
 
 
 class Bar:
     """``with Bar("train", unit="steps") as bar, bar.task("training", 10) as t: bar.update(t, completed=3)``.
     ``total`` None: a task of unknown length (a spinner at a terminal, elapsed time in the lines)."""
 
-    def __init__(self, command: str, unit: str = "", transient: bool = True, every: float = EVERY,
-                 tty: bool | None = None, width: int = 0):
+    def __init__(
+        self,
+        command: str,
+        unit: str = "",
+        transient: bool = True,
+        every: float = EVERY,
+        tty: bool | None = None,
+        width: int = 0,
+    ):
         self.command, self.unit, self.transient, self.every = command, unit, transient, every
         self.tty = sys.stderr.isatty() if tty is None else tty
         self.width = width
-        self.tasks: dict[int, list] = {}          # id -> [label, done, total, started, finished, reported]
+        self.tasks: dict[int, list] = {}  # id -> [label, done, total, started, finished, reported]
         self.lock = threading.Lock()
         self.last_line = time.monotonic()
         self.rich = None
@@ -40,10 +47,17 @@ class Bar:
         if self.tty:
             from rich.console import Console
             from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
             unit = f" {self.unit}" if self.unit else ""
-            self.rich = Progress(SpinnerColumn(), TextColumn(f"{{task.description:<{self.width}}}"), BarColumn(),
-                                 TextColumn(f"{{task.completed}}/{{task.total}}{unit}"), TimeElapsedColumn(),
-                                 console=Console(stderr=True), transient=self.transient)
+            self.rich = Progress(
+                SpinnerColumn(),
+                TextColumn(f"{{task.description:<{self.width}}}"),
+                BarColumn(),
+                TextColumn(f"{{task.completed}}/{{task.total}}{unit}"),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+                transient=self.transient,
+            )
             self.rich.__enter__()
         else:
             self.thread = threading.Thread(target=self._tick, daemon=True, name="netmorph-progress")

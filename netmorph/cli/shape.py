@@ -15,14 +15,14 @@ SHAPE = {
     "seq": (("--seq", "--seq-length"), "sequence length s"),
     "vocab": (("--vocab", "--vocab-size"), "vocabulary V"),
 }
-RANGE = (1, 1 << 24)             # every shape flag's bounds; what fits is the budget's to say
+RANGE = (1, 1 << 24)  # every shape flag's bounds; what fits is the budget's to say
 
 # each command's default model (None: the planner's preset or its own defaults decide)
 DEFAULTS = {
     "train": {"layers": 4, "hidden": 64, "heads": 4, "seq": 32, "vocab": 128},
     "moe": {"layers": 2, "hidden": 32, "heads": 4, "seq": 16, "vocab": 64},
     "morph": {"layers": 4, "hidden": 32, "heads": 4, "seq": 16, "vocab": 64},
-    "serve": {"layers": 2, "hidden": 64, "heads": 4, "vocab": 512},     # its sequence is --context
+    "serve": {"layers": 2, "hidden": 64, "heads": 4, "vocab": 512},  # its sequence is --context
     "plan": {"layers": None, "hidden": None, "heads": None, "seq": None, "vocab": None},
 }
 
@@ -35,5 +35,10 @@ def add_shape_flags(group, command: str, notes: dict | None = None) -> None:
         flags, what = SHAPE[field]
         note = (notes or {}).get(field, "")
         shown = f" (default {default})" if default is not None else ""
-        group.add_argument(*flags, dest=field, type=int_in(lo, hi, "1..2**24"), default=default,
-                           help=f"{what}{', ' + note if note else ''}{shown}")
+        group.add_argument(
+            *flags,
+            dest=field,
+            type=int_in(lo, hi, "1..2**24"),
+            default=default,
+            help=f"{what}{', ' + note if note else ''}{shown}",
+        )

@@ -17,25 +17,33 @@ from netmorph.errors import UsageError
 from netmorph.files import output_problem, printable, probe_writable
 
 # (section, what its progress bar says): netmorph.tour.<section> runs it, netmorph.report.<section> draws it
-PLAN = (("collectives", "collectives: simulating schedules"),
-        ("fabric", "real ranks: measuring processes"),
-        ("train", "train: DP, ZeRO, TP and PP on real ranks"),
-        ("moe", "moe: routing tokens to 4 expert ranks"),
-        ("elastic", "elastic: killing workers mid-run"),
-        ("serving", "serve: paged KV cache, batching"),
-        ("failures", "failures: goodput at 1k-100k GPUs"),
-        ("consistency", "sgd: training under 5 consistency models"),
-        ("planner", "planner: searching DP/TP/PP splits"),
-        ("simulate", "simulate: one step on 1024 ranks"),
-        ("morph", "morph: the split follows the link"))
+PLAN = (
+    ("collectives", "collectives: simulating schedules"),
+    ("fabric", "real ranks: measuring processes"),
+    ("train", "train: DP, ZeRO, TP and PP on real ranks"),
+    ("moe", "moe: routing tokens to 4 expert ranks"),
+    ("elastic", "elastic: killing workers mid-run"),
+    ("serving", "serve: paged KV cache, batching"),
+    ("failures", "failures: goodput at 1k-100k GPUs"),
+    ("consistency", "sgd: training under 5 consistency models"),
+    ("planner", "planner: searching DP/TP/PP splits"),
+    ("simulate", "simulate: one step on 1024 ranks"),
+    ("morph", "morph: the split follows the link"),
+)
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("tour", help="write the report (figures + index.html) and print its summary",
-                       description="Run every section of the tour and write DIR/index.html with PNG figures.")
+    p = sub.add_parser(
+        "tour",
+        help="write the report (figures + index.html) and print its summary",
+        description="Run every section of the tour and write DIR/index.html with PNG figures.",
+    )
     p.add_argument("--out", default="report", help="output folder (default: report/)")
-    p.add_argument("--quick", action="store_true",
-                   help="fewer steps and requests per run: the same sections and figures in about half the time")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer steps and requests per run: the same sections and figures in about half the time",
+    )
     p.set_defaults(run=run)
 
 
@@ -64,10 +72,13 @@ def run(args) -> int:
                     result = experiment.run(lambda t=task: bar.update(t, advance=1), quick=args.quick)
                     drawing = importlib.import_module(f"{report.__name__}.{name}")
                     sections.append(drawing.build_section(result, out))
-                except Exception as e:     # one broken section must not cost the reader the others
+                except Exception as e:  # one broken section must not cost the reader the others
                     console.print(f"[yellow]section {name} could not run: {type(e).__name__}: {e}[/yellow]")
-                    sections.append(Section(f"{name} (did not run)", f"<p>This section failed: "
-                                            f"<code>{type(e).__name__}: {e}</code></p>"))
+                    sections.append(
+                        Section(
+                            f"{name} (did not run)", f"<p>This section failed: <code>{type(e).__name__}: {e}</code></p>"
+                        )
+                    )
     write_page(out / "index.html", sections, __version__)
 
     for sec in sections:

@@ -77,8 +77,7 @@ def planner_algorithms(op: str) -> tuple:
 
 
 def _builtin(op, name, fn, color, growth="linear", planner=False):
-    register(Algorithm(op, name, fn, color=color, growth=growth, planner=planner,
-                       form=partial(builtin_form, op, name)))
+    register(Algorithm(op, name, fn, color=color, growth=growth, planner=planner, form=partial(builtin_form, op, name)))
 
 
 ROOTED = ("broadcast", "reduce")
@@ -94,7 +93,6 @@ BUSBW_FACTOR = {
 }
 
 
-
 def bandwidths(op: str, nbytes: int, seconds: float, world: int) -> tuple[float, float]:
     """(algbw, busbw) in GB/s, nccl-tests' definitions: algbw = size / time, busbw = algbw x factor."""
     if seconds <= 0:
@@ -103,8 +101,14 @@ def bandwidths(op: str, nbytes: int, seconds: float, world: int) -> tuple[float,
     return algbw, algbw * BUSBW_FACTOR[op](world)
 
 
-_ALIASES = {"all_reduce": "allreduce", "all_gather": "allgather", "reducescatter": "reduce_scatter",
-            "bcast": "broadcast", "all_to_all": "alltoall", "alltoallv": "alltoall"}
+_ALIASES = {
+    "all_reduce": "allreduce",
+    "all_gather": "allgather",
+    "reducescatter": "reduce_scatter",
+    "bcast": "broadcast",
+    "all_to_all": "alltoall",
+    "alltoallv": "alltoall",
+}
 
 
 def canonical_op(op: str) -> str:
@@ -123,13 +127,15 @@ def check_algo(op: str, algo: str, also=("auto", "all")) -> str:
     name = algo.lower().replace("-", "_")
     if name not in ALGORITHMS[op]:
         extra = f", {' or '.join(also)}" if also else ""
-        raise UsageError(f"{{algo}}: {op} has no algorithm {algo!r}; choose one of "
-                         f"{', '.join(ALGORITHMS[op])}{extra}", "algo")
+        raise UsageError(
+            f"{{algo}}: {op} has no algorithm {algo!r}; choose one of {', '.join(ALGORITHMS[op])}{extra}", "algo"
+        )
     return name
 
 
-def check_request(op: str, mode: str, world: int, sizes, itemsize: int, root: int = 0,
-                  segments: int | None = None, dtype: str = "") -> list:
+def check_request(
+    op: str, mode: str, world: int, sizes, itemsize: int, root: int = 0, segments: int | None = None, dtype: str = ""
+) -> list:
     """The algorithms a request names (``mode``: one of ``op``'s, or ``all``/``auto``: every one) for buffers of
     ``sizes`` bytes, or the one line that says which argument to change: each size a whole number of
     ``itemsize``-byte elements (of ``dtype``, named in the line), ``root`` a rank (of ``world`` for broadcast and reduce), ``segments`` only for
@@ -138,17 +144,20 @@ def check_request(op: str, mode: str, world: int, sizes, itemsize: int, root: in
     algos = list(ALGORITHMS[op]) if mode.lower() in ("all", "auto") else [check_algo(op, mode)]
     for n in sizes:
         if n % itemsize:
-            raise UsageError(f"{{nbytes}} {n} is not a whole number of {dtype + ' ' if dtype else ''}elements "
-                             f"({itemsize} B each)", "nbytes")
-    if not 0 <= root < (world if op in ROOTED else 1 << 20):          # a rank, whatever the op
+            raise UsageError(
+                f"{{nbytes}} {n} is not a whole number of {dtype + ' ' if dtype else ''}elements ({itemsize} B each)",
+                "nbytes",
+            )
+    if not 0 <= root < (world if op in ROOTED else 1 << 20):  # a rank, whatever the op
         raise UsageError(f"{{root}} must be in 0..{world - 1}, got {root}", "root")
     if segments is not None and (op != "allreduce" or "double_binary_tree" not in algos):
         raise UsageError("{segments} applies only to allreduce {algo} double_binary_tree (or all/auto)", "segments")
     return algos
 
 
-def build(op: str, algo: str, world: int, count: int, itemsize: int = 4, root: int = 0,
-          splits=None, **options) -> Schedule:
+def build(
+    op: str, algo: str, world: int, count: int, itemsize: int = 4, root: int = 0, splits=None, **options
+) -> Schedule:
     """The schedule of ``algo`` for ``op`` on ``world`` ranks and ``count`` elements."""
     op = canonical_op(op)
     algo = check_algo(op, algo)
@@ -169,28 +178,29 @@ def build(op: str, algo: str, world: int, count: int, itemsize: int = 4, root: i
 
 # the colours are matplotlib's tab10, one per all-reduce (the tour's figures put them side by side)
 for _op, _name, _fn, _color, _kw in (
-        ("allreduce", "naive", allreduce.naive, "#999999", {}),
-        ("allreduce", "ring", allreduce.ring, "#1f77b4", {"planner": True}),
-        ("allreduce", "recursive_doubling", allreduce.recursive_doubling, "#ff7f0e", {"growth": "log"}),
-        ("allreduce", "rabenseifner", allreduce.rabenseifner, "#2ca02c", {"growth": "log"}),
-        ("allreduce", "binomial", allreduce.binomial, "#9467bd", {"growth": "log"}),
-        ("allreduce", "double_binary_tree", allreduce.double_binary_tree, "#d62728", {"growth": "log", "planner": True}),
-        ("allreduce", "one_shot", allreduce.one_shot, "#8c564b", {}),
-        ("allreduce", "two_shot", allreduce.two_shot, "#17becf", {}),
-        ("allgather", "ring", allgather.ring, "#1f77b4", {"planner": True}),
-        ("allgather", "recursive_doubling", allgather.recursive_doubling, "#ff7f0e", {"growth": "log"}),
-        ("allgather", "bruck", allgather.bruck, "#2ca02c", {"growth": "log"}),
-        ("reduce_scatter", "ring", reduce_scatter.ring, "#1f77b4", {"planner": True}),
-        ("reduce_scatter", "pairwise", reduce_scatter.pairwise, "#ff7f0e", {}),
-        ("reduce_scatter", "recursive_halving", reduce_scatter.recursive_halving, "#2ca02c", {"growth": "log"}),
-        ("broadcast", "naive", broadcast.naive, "#999999", {}),
-        ("broadcast", "binomial", broadcast.binomial, "#9467bd", {"growth": "log"}),
-        ("broadcast", "scatter_ring", broadcast.scatter_ring, "#1f77b4", {}),
-        ("broadcast", "scatter_recursive_doubling", broadcast.scatter_recursive_doubling, "#ff7f0e", {"growth": "log"}),
-        ("reduce", "naive", reduce.naive, "#999999", {}),
-        ("reduce", "binomial", reduce.binomial, "#9467bd", {"growth": "log"}),
-        ("alltoall", "naive", alltoall.naive, "#999999", {}),
-        ("alltoall", "pairwise", alltoall.pairwise, "#1f77b4", {"planner": True}),
-        ("alltoall", "bruck", alltoall.bruck, "#2ca02c", {"growth": "log"})):
+    ("allreduce", "naive", allreduce.naive, "#999999", {}),
+    ("allreduce", "ring", allreduce.ring, "#1f77b4", {"planner": True}),
+    ("allreduce", "recursive_doubling", allreduce.recursive_doubling, "#ff7f0e", {"growth": "log"}),
+    ("allreduce", "rabenseifner", allreduce.rabenseifner, "#2ca02c", {"growth": "log"}),
+    ("allreduce", "binomial", allreduce.binomial, "#9467bd", {"growth": "log"}),
+    ("allreduce", "double_binary_tree", allreduce.double_binary_tree, "#d62728", {"growth": "log", "planner": True}),
+    ("allreduce", "one_shot", allreduce.one_shot, "#8c564b", {}),
+    ("allreduce", "two_shot", allreduce.two_shot, "#17becf", {}),
+    ("allgather", "ring", allgather.ring, "#1f77b4", {"planner": True}),
+    ("allgather", "recursive_doubling", allgather.recursive_doubling, "#ff7f0e", {"growth": "log"}),
+    ("allgather", "bruck", allgather.bruck, "#2ca02c", {"growth": "log"}),
+    ("reduce_scatter", "ring", reduce_scatter.ring, "#1f77b4", {"planner": True}),
+    ("reduce_scatter", "pairwise", reduce_scatter.pairwise, "#ff7f0e", {}),
+    ("reduce_scatter", "recursive_halving", reduce_scatter.recursive_halving, "#2ca02c", {"growth": "log"}),
+    ("broadcast", "naive", broadcast.naive, "#999999", {}),
+    ("broadcast", "binomial", broadcast.binomial, "#9467bd", {"growth": "log"}),
+    ("broadcast", "scatter_ring", broadcast.scatter_ring, "#1f77b4", {}),
+    ("broadcast", "scatter_recursive_doubling", broadcast.scatter_recursive_doubling, "#ff7f0e", {"growth": "log"}),
+    ("reduce", "naive", reduce.naive, "#999999", {}),
+    ("reduce", "binomial", reduce.binomial, "#9467bd", {"growth": "log"}),
+    ("alltoall", "naive", alltoall.naive, "#999999", {}),
+    ("alltoall", "pairwise", alltoall.pairwise, "#1f77b4", {"planner": True}),
+    ("alltoall", "bruck", alltoall.bruck, "#2ca02c", {"growth": "log"}),
+):
     _builtin(_op, _name, _fn, _color, **_kw)
 OPS = tuple(ALGORITHMS)

@@ -32,7 +32,7 @@ def recursive_doubling_rounds(s: Schedule, real: np.ndarray, b: np.ndarray) -> N
     """Member i holds block i of bounds ``b``; after this every member holds all of ``[b[0], b[-1])``."""
     q = len(real)
     f = base.Fold(q)
-    if f.rem:   # even member hands its block to the odd one, whose virtual block is now both
+    if f.rem:  # even member hands its block to the odd one, whose virtual block is now both
         e = f.evens
         s.add(real[e], real[e + 1], b[e], b[e], b[e + 1] - b[e], COPY)
     base.doubling_allgather_from_own(s, real[f.real], f.vbounds(b))
@@ -57,9 +57,9 @@ def bruck(p: int, count: int, itemsize: int = 4) -> Schedule:
     r = np.arange(p, dtype=np.int64)
     dist = 1
     while dist < p:
-        cnt = min(dist, p - dist)                      # rank r holds blocks r .. r+dist-1 (mod p)
+        cnt = min(dist, p - dist)  # rank r holds blocks r .. r+dist-1 (mod p)
         first = r
-        last = r + cnt                                 # exclusive, may wrap past p
+        last = r + cnt  # exclusive, may wrap past p
         # segment 1: blocks first .. min(last, p); segment 2: wrapped blocks 0 .. last - p
         end1 = np.minimum(last, p)
         wrap = np.maximum(last - p, 0)

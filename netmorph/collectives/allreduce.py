@@ -45,8 +45,8 @@ def naive(p: int, count: int, itemsize: int = 4) -> Schedule:
     if p > 1 and count:
         peers = _ranks(p)[1:]
         z = np.zeros(p - 1, dtype=np.int64)
-        s.add(peers, z, z, z, np.full(p - 1, count), REDUCE)        # all send to the root
-        s.add(z, peers, z, z, np.full(p - 1, count), COPY)          # root sends to all
+        s.add(peers, z, z, z, np.full(p - 1, count), REDUCE)  # all send to the root
+        s.add(z, peers, z, z, np.full(p - 1, count), COPY)  # root sends to all
     return s
 
 
@@ -104,8 +104,8 @@ def two_shot(p: int, count: int, itemsize: int = 4) -> Schedule:
     if p > 1 and count:
         b = base.bounds(count, p)
         src, dst = _rotated_pairs(p)
-        s.add(src, dst, b[dst], b[dst], b[dst + 1] - b[dst], REDUCE)     # block d to its owner d
-        s.add(dst, src, b[dst], b[dst], b[dst + 1] - b[dst], COPY)       # owner d hands block d out
+        s.add(src, dst, b[dst], b[dst], b[dst + 1] - b[dst], REDUCE)  # block d to its owner d
+        s.add(dst, src, b[dst], b[dst], b[dst + 1] - b[dst], COPY)  # owner d hands block d out
     return s
 
 
@@ -118,6 +118,7 @@ def _rotated_pairs(p):
 
 
 # ---------------------------------------------------------------- NCCL's double binary tree
+
 
 def btree_parent(p: int) -> np.ndarray:
     """Parent of each rank in NCCL's in-order binary tree rooted at 0 (-1 for the root).
@@ -138,10 +139,10 @@ def dtree_parents(p: int) -> tuple[np.ndarray, np.ndarray]:
     """Both trees of NCCL's ``ncclGetDtree``: the btree and its mirror (even p) or shift (odd p)."""
     t0 = btree_parent(p)
     r = np.arange(p)
-    if p % 2:        # shift by one: rank r plays btree position (r - 1) mod p
+    if p % 2:  # shift by one: rank r plays btree position (r - 1) mod p
         pos = (r - 1) % p
         back = (np.arange(p) + 1) % p
-    else:            # mirror: rank r plays position p - 1 - r
+    else:  # mirror: rank r plays position p - 1 - r
         pos = p - 1 - r
         back = p - 1 - np.arange(p)
     t1 = np.where(t0[pos] < 0, -1, back[np.maximum(t0[pos], 0)])
@@ -174,9 +175,9 @@ def double_binary_tree(p: int, count: int, itemsize: int = 4, segments: int = 1)
         kids = np.nonzero(parent >= 0)[0]
         for j in range(segments):
             lo, ln = int(seg[j]), int(seg[j + 1] - seg[j])
-            for c in kids:   # reduce up: a node at depth d sends segment j in round (D - d) + j
+            for c in kids:  # reduce up: a node at depth d sends segment j in round (D - d) + j
                 rows.setdefault(D - depth[c] + j, []).append((c, parent[c], lo, ln, True))
-            for c in kids:   # broadcast down: parent at depth d sends in round D + j + d
+            for c in kids:  # broadcast down: parent at depth d sends in round D + j + d
                 rows.setdefault(D + j + depth[parent[c]], []).append((parent[c], c, lo, ln, False))
     for k in sorted(rows):
         rr = rows[k]

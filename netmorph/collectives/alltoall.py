@@ -41,9 +41,9 @@ def even_splits(p: int, count: int) -> np.ndarray:
 
 
 def _offsets(splits):
-    send_off = np.cumsum(splits, axis=1) - splits                 # [s, d]
-    recv_base = splits.sum(axis=1)                                # recv region starts after send
-    recv_off = recv_base[None, :] + np.cumsum(splits, axis=0) - splits   # [s, d]: where d keeps s's block
+    send_off = np.cumsum(splits, axis=1) - splits  # [s, d]
+    recv_base = splits.sum(axis=1)  # recv region starts after send
+    recv_off = recv_base[None, :] + np.cumsum(splits, axis=0) - splits  # [s, d]: where d keeps s's block
     return send_off, recv_off
 
 
@@ -65,7 +65,7 @@ def naive(p: int, count: int, itemsize: int = 4, splits=None) -> Schedule:
     send_off, recv_off = _offsets(splits)
     r = np.arange(p)
     cols = [list(x) for x in _self_copies(splits, send_off, recv_off)]
-    for i in range(p - 1):                     # i-th post of every rank: destinations in order 0,1,.. (skip self)
+    for i in range(p - 1):  # i-th post of every rank: destinations in order 0,1,.. (skip self)
         d = np.where(i < r, i, i + 1)
         for c, v in zip(cols, (r, d, send_off[r, d], recv_off[r, d], splits[r, d])):
             c.extend(v)
@@ -80,7 +80,7 @@ def pairwise(p: int, count: int, itemsize: int = 4, splits=None) -> Schedule:
     for k in range(1, p):
         d = (r + k) % p
         src, dst, so, do, ln = r, d, send_off[r, d], recv_off[r, d], splits[r, d]
-        if k == 1:      # the local self-copy rides along with the first round
+        if k == 1:  # the local self-copy rides along with the first round
             sr, sd, sso, sdo, sln = _self_copies(splits, send_off, recv_off)
             src, dst, so, do, ln = (np.concatenate(x) for x in ((src, sr), (dst, sd), (so, sso), (do, sdo), (ln, sln)))
         _add(s, src, dst, so, do, ln)
@@ -95,11 +95,11 @@ def bruck(p: int, count: int, itemsize: int = 4, splits=None) -> Schedule:
     if p == 1:
         _add(s, *_self_copies(splits, send_off, recv_off))
         return s
-    src_r, dst_r = np.nonzero(~np.eye(p, dtype=bool))            # every block (s, d), s != d
+    src_r, dst_r = np.nonzero(~np.eye(p, dtype=bool))  # every block (s, d), s != d
     size = splits[src_r, dst_r]
-    j = (dst_r - src_r) % p                                      # how far the block must travel
-    where = send_off[src_r, dst_r].astype(np.int64)              # offset of the block at its holder
-    scratch_used = s.buf_len.copy()                              # scratch grows past send|recv
+    j = (dst_r - src_r) % p  # how far the block must travel
+    where = send_off[src_r, dst_r].astype(np.int64)  # offset of the block at its holder
+    scratch_used = s.buf_len.copy()  # scratch grows past send|recv
     first = True
     k = 0
     while (1 << k) < p:
@@ -112,7 +112,7 @@ def bruck(p: int, count: int, itemsize: int = 4, splits=None) -> Schedule:
         dst_off = np.empty(len(m), dtype=np.int64)
         fin = final[m]
         dst_off[fin] = recv_off[src_r[m[fin]], dst_r[m[fin]]]
-        park = m[~fin]                                           # blocks that rest at nxt until a later hop
+        park = m[~fin]  # blocks that rest at nxt until a later hop
         if len(park):
             order = np.argsort(nxt[park], kind="stable")
             ps, pz = park[order], size[park[order]]

@@ -32,6 +32,7 @@ def ceil_log2(p: int) -> int:
 
 # ---------------------------------------------------------------- layouts
 
+
 def _spans(p, n):
     return np.full(p, n, dtype=np.int64)
 
@@ -45,28 +46,36 @@ def layout(op: str, algo: str, p: int, count: int, itemsize: int, root: int = 0,
     if op == "reduce":
         out_len = zeros.copy()
         out_len[root] = n
-        return Schedule(op, algo, p, n, itemsize, _spans(p, n), zeros, _spans(p, n), zeros.copy(), out_len, True, root=root)
+        return Schedule(
+            op, algo, p, n, itemsize, _spans(p, n), zeros, _spans(p, n), zeros.copy(), out_len, True, root=root
+        )
     if op == "reduce_scatter":
         b = bounds(n, p)
         return Schedule(op, algo, p, n, itemsize, _spans(p, n), zeros, _spans(p, n), b[:-1].copy(), np.diff(b), True)
     if op == "allgather":
         b = bounds(n, p)
-        return Schedule(op, algo, p, n, itemsize, _spans(p, n), b[:-1].copy(), np.diff(b), zeros.copy(), _spans(p, n), False)
+        return Schedule(
+            op, algo, p, n, itemsize, _spans(p, n), b[:-1].copy(), np.diff(b), zeros.copy(), _spans(p, n), False
+        )
     if op == "broadcast":
         in_len = zeros.copy()
         in_len[root] = n
-        return Schedule(op, algo, p, n, itemsize, _spans(p, n), zeros, in_len, zeros.copy(), _spans(p, n), False, root=root)
+        return Schedule(
+            op, algo, p, n, itemsize, _spans(p, n), zeros, in_len, zeros.copy(), _spans(p, n), False, root=root
+        )
     if op == "alltoall":
         splits = np.asarray(splits, dtype=np.int64)
         send = splits.sum(axis=1)
         recv = splits.sum(axis=0)
-        s = Schedule(op, algo, p, n, itemsize, send + recv, zeros, send, send.copy(), recv, False,
-                     meta={"splits": splits})
+        s = Schedule(
+            op, algo, p, n, itemsize, send + recv, zeros, send, send.copy(), recv, False, meta={"splits": splits}
+        )
         return s
     raise ValueError(f"unknown op {op!r}")
 
 
 # ---------------------------------------------------------------- ring phases
+
 
 def _rotations(b: np.ndarray):
     """Block offsets and lengths laid twice, so rotation ``shift`` is the view ``[shift, shift + q)``.
@@ -89,7 +98,7 @@ def ring_reduce_scatter(s: Schedule, real: np.ndarray, b: np.ndarray, final_shif
     off2, len2 = _rotations(b)
     for k in range(q - 1):
         sh = (final_shift - k - 1) % q
-        s.add(src, dst, off2[sh:sh + q], off2[sh:sh + q], len2[sh:sh + q], REDUCE)
+        s.add(src, dst, off2[sh : sh + q], off2[sh : sh + q], len2[sh : sh + q], REDUCE)
 
 
 def ring_allgather(s: Schedule, real: np.ndarray, b: np.ndarray, start_shift: int = 0) -> None:
@@ -99,10 +108,11 @@ def ring_allgather(s: Schedule, real: np.ndarray, b: np.ndarray, start_shift: in
     off2, len2 = _rotations(b)
     for k in range(q - 1):
         sh = (start_shift - k) % q
-        s.add(src, dst, off2[sh:sh + q], off2[sh:sh + q], len2[sh:sh + q], COPY)
+        s.add(src, dst, off2[sh : sh + q], off2[sh : sh + q], len2[sh : sh + q], COPY)
 
 
 # ---------------------------------------------------------------- power-of-two folding
+
 
 class Fold:
     """MPICH's non-power-of-two fold: ``p`` real ranks -> ``pof2`` virtual ranks.
@@ -121,7 +131,7 @@ class Fold:
         self.real = np.where(v < self.rem, 2 * v + 1, v + self.rem).astype(np.int64)
         first = np.where(v < self.rem, 2 * v, v + self.rem)
         self.first = np.append(first, p).astype(np.int64)
-        self.evens = np.arange(0, 2 * self.rem, 2, dtype=np.int64)   # ranks that sit out
+        self.evens = np.arange(0, 2 * self.rem, 2, dtype=np.int64)  # ranks that sit out
 
     def vbounds(self, b: np.ndarray) -> np.ndarray:
         """Element bounds of the virtual blocks, from real-block bounds ``b``."""
@@ -141,6 +151,7 @@ class Fold:
 
 
 # ---------------------------------------------------------------- halving / doubling
+
 
 def halving_steps(pof2: int, masks) -> list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
     """Recursive vector halving over ``pof2`` virtual ranks, block units.
@@ -196,6 +207,7 @@ def full_exchange_doubling(s: Schedule, real: np.ndarray, n: int) -> None:
 
 
 # ---------------------------------------------------------------- binomial trees
+
 
 def binomial_bcast(s: Schedule, real: np.ndarray, lo: int, hi: int) -> None:
     """Binomial broadcast of elements [lo, hi) from member 0: round j, member v < 2^j sends to v + 2^j."""

@@ -21,7 +21,7 @@ from netmorph.errors import UsageError
 from netmorph.runtime.launch import TIMEOUT_RANGE
 
 MODES = ("bsp", "async", "ssp", "hogwild", "local")
-MAX_WORKERS = 32             # one process per worker on one machine
+MAX_WORKERS = 32  # one process per worker on one machine
 
 
 @dataclass
@@ -29,22 +29,22 @@ class Config:
     mode: str = "bsp"
     workers: int = 4
     servers: int = 1
-    steps: int = 200                 # updates per worker
-    lr: float = 1.0                  # the synchronous (BSP) learning rate; per-gradient steps use lr/p
+    steps: int = 200  # updates per worker
+    lr: float = 1.0  # the synchronous (BSP) learning rate; per-gradient steps use lr/p
     model: str = "convex"
     batch: int | None = None
     seed: int = 0
-    staleness: int = 2               # SSP's bound s
-    local_steps: int = 8             # local SGD's H
-    outer_lr: float = 1.0            # DiLoCo-style outer step on the averaged delta (1.0 = plain averaging)
-    outer_momentum: float = 0.0      # Nesterov momentum of the outer step (DiLoCo uses 0.9)
-    n_push: int = 1                  # Downpour: push accumulated gradients every n_push steps
-    n_fetch: int = 1                 # Downpour: fetch parameters every n_fetch steps
+    staleness: int = 2  # SSP's bound s
+    local_steps: int = 8  # local SGD's H
+    outer_lr: float = 1.0  # DiLoCo-style outer step on the averaged delta (1.0 = plain averaging)
+    outer_momentum: float = 0.0  # Nesterov momentum of the outer step (DiLoCo uses 0.9)
+    n_push: int = 1  # Downpour: push accumulated gradients every n_push steps
+    n_fetch: int = 1  # Downpour: fetch parameters every n_fetch steps
     compute_ms: float = 2.0
-    straggler: tuple | None = None   # (worker, factor)
-    jitter: float = 0.0              # mean extra delay, as a fraction of compute_ms (exponential)
-    slow_link: tuple | None = None   # (src, dst, alpha_s, bytes_per_s), emulated on the fabric
-    shared_budget: bool = True      # async/ssp/hogwild: workers draw from one pool of steps*workers updates
+    straggler: tuple | None = None  # (worker, factor)
+    jitter: float = 0.0  # mean extra delay, as a fraction of compute_ms (exponential)
+    slow_link: tuple | None = None  # (src, dst, alpha_s, bytes_per_s), emulated on the fabric
+    shared_budget: bool = True  # async/ssp/hogwild: workers draw from one pool of steps*workers updates
     snapshots: int = 40
     timeout: float = 60.0
     extra: dict = field(default_factory=dict)
@@ -57,8 +57,10 @@ class Config:
         if self.workers < 1:
             raise UsageError(f"{{workers}} must be >= 1, got {self.workers}", "workers")
         if self.workers > MAX_WORKERS:
-            raise UsageError(f"{{workers}} {self.workers}: one process per worker; keep it <= {MAX_WORKERS} on one "
-                             "machine", "workers")
+            raise UsageError(
+                f"{{workers}} {self.workers}: one process per worker; keep it <= {MAX_WORKERS} on one machine",
+                "workers",
+            )
         if self.servers < 1 or self.servers > 8:
             raise UsageError(f"{{servers}} must be in 1..8, got {self.servers}", "servers")
         if self.steps < 1:
@@ -78,7 +80,7 @@ class Config:
             raise UsageError(f"{{timeout}} must be {lo:g}..{hi:g} seconds, got {self.timeout}", "timeout")
         if self.batch is not None and not 1 <= self.batch <= 1 << 16:
             raise UsageError(f"{{batch}} must be in 1..65536, got {self.batch}", "batch")
-        if not 0 <= self.seed < 2 ** 63:
+        if not 0 <= self.seed < 2**63:
             raise UsageError(f"{{seed}} must be a non-negative integer, got {self.seed}", "seed")
         if self.steps > 1_000_000:
             raise UsageError(f"{{steps}} must be at most 1,000,000, got {self.steps}", "steps")
@@ -89,11 +91,14 @@ class Config:
         if self.straggler is not None:
             r, f = self.straggler
             if not 0 <= r < self.workers or not 1 <= f <= 1000:
-                raise UsageError(f"{{straggler}} RANK:FACTOR needs 0 <= RANK < {self.workers} and 1 <= FACTOR <= 1000, "
-                                 f"got {r}:{f}", "straggler")
+                raise UsageError(
+                    f"{{straggler}} RANK:FACTOR needs 0 <= RANK < {self.workers} and 1 <= FACTOR <= 1000, got {r}:{f}",
+                    "straggler",
+                )
         if self.slow_link and not all(0 <= r < self.workers + self.servers for r in self.slow_link[:2]):
-            raise UsageError("{slow_link}: SRC and DST must be ranks of the run (workers first, then servers)",
-                             "slow_link")
+            raise UsageError(
+                "{slow_link}: SRC and DST must be ranks of the run (workers first, then servers)", "slow_link"
+            )
 
 
 class Pacer:

@@ -22,9 +22,9 @@ from netmorph.consistency.problems import make
 def hogwild(comm, cfg, progress):
     prob = make(cfg.model, cfg.batch, cfg.seed)
     p, rank = comm.world, comm.rank
-    w = comm.shared(prob.dim, np.float64)           # (dim,) the one parameter vector, every rank maps it
-    counts = comm.shared(p, np.int64)               # per-worker update counters: no lost counts
-    last = comm.shared(prob.dim, np.int64)          # which update last wrote each coordinate
+    w = comm.shared(prob.dim, np.float64)  # (dim,) the one parameter vector, every rank maps it
+    counts = comm.shared(p, np.int64)  # per-worker update counters: no lost counts
+    last = comm.shared(prob.dim, np.int64)  # which update last wrote each coordinate
     if rank == 0:
         w[:] = prob.init(cfg.seed)
         counts[:] = 0
@@ -41,7 +41,7 @@ def hogwild(comm, cfg, progress):
     snaps = Snapshots(cfg.steps * p, cfg.snapshots, t0) if rank == 0 else None
     if snaps:
         snaps.maybe(0, first)
-    budget = cfg.steps * p              # a shared update budget: fast workers take more of it
+    budget = cfg.steps * p  # a shared update budget: fast workers take more of it
     step = -1
     while (int(counts.sum()) < budget) if cfg.shared_budget else (step + 1 < cfg.steps):
         step += 1
@@ -49,20 +49,20 @@ def hogwild(comm, cfg, progress):
         seen = int(counts.sum())
         idx = prob.batch(rank, step)
         if sparse:
-            _, cols, g = prob.sparse_grad(w, idx)   # reads w[cols] in place, no lock
+            _, cols, g = prob.sparse_grad(w, idx)  # reads w[cols] in place, no lock
         else:
-            _, g = prob.grad(np.array(w), idx)      # a racy snapshot of the whole vector
-        pace.finish()                               # the forward/backward time between read and write
+            _, g = prob.grad(np.array(w), idx)  # a racy snapshot of the whole vector
+        pace.finish()  # the forward/backward time between read and write
         now = int(counts.sum())
         k = max(0, (now - seen) // p)
         # a collision: someone wrote a coordinate this update read, between its read and its write
         touched = cols if sparse else slice(None)
         conflicts += bool((last[touched] >= seen).any())
         if sparse:
-            np.subtract.at(w, cols, lr * g)         # write back, no lock
+            np.subtract.at(w, cols, lr * g)  # write back, no lock
             written += len(cols) * 8
         else:
-            w -= lr * g                             # read-modify-write of every coordinate
+            w -= lr * g  # read-modify-write of every coordinate
             written += g.nbytes
         stale[k] = stale.get(k, 0) + 1
         last[touched] = now
@@ -74,6 +74,12 @@ def hogwild(comm, cfg, progress):
     comm.barrier()
     if snaps:
         snaps.maybe(int(counts.sum()), w, force=True)
-    return {"wall": wall, "updates": step + 1, "staleness": stale, "shared_bytes_written": written,
-            "conflicts": conflicts,
-            "snapshots": snaps.items if snaps else None, "w": np.array(w) if rank == 0 else None}
+    return {
+        "wall": wall,
+        "updates": step + 1,
+        "staleness": stale,
+        "shared_bytes_written": written,
+        "conflicts": conflicts,
+        "snapshots": snaps.items if snaps else None,
+        "w": np.array(w) if rank == 0 else None,
+    }

@@ -27,7 +27,7 @@ class LeastSquares:
 
     def __init__(self, n=4096, d=64, batch=32, seed=0, noise=0.1):
         rng = np.random.default_rng(seed)
-        self.X = rng.standard_normal((n, d)) / np.sqrt(d)            # (n, d)
+        self.X = rng.standard_normal((n, d)) / np.sqrt(d)  # (n, d)
         self.w_star = rng.standard_normal(d)
         self.y = self.X @ self.w_star + noise * rng.standard_normal(n)  # (n,)
         self.w_opt = np.linalg.lstsq(self.X, self.y, rcond=None)[0]
@@ -40,7 +40,7 @@ class LeastSquares:
         return np.random.default_rng((self.seed, worker, step)).integers(0, self.n, self.bs)
 
     def grad(self, w, idx):
-        Xb, yb = self.X[idx], self.y[idx]                            # (B, d), (B,)
+        Xb, yb = self.X[idx], self.y[idx]  # (B, d), (B,)
         r = Xb @ w - yb
         return 0.5 * float(r @ r) / len(idx), Xb.T @ r / len(idx)
 
@@ -49,8 +49,7 @@ class LeastSquares:
         return 0.5 * float(r @ r) / self.n
 
     def metrics(self, w):
-        return {"distance_to_optimum": float(np.linalg.norm(w - self.w_opt)),
-                "optimal_loss": self.loss(self.w_opt)}
+        return {"distance_to_optimum": float(np.linalg.norm(w - self.w_opt)), "optimal_loss": self.loss(self.w_opt)}
 
 
 class SparseLeastSquares(LeastSquares):
@@ -60,8 +59,8 @@ class SparseLeastSquares(LeastSquares):
 
     def __init__(self, n=8192, d=4096, k=8, batch=1, seed=0, noise=0.1):
         rng = np.random.default_rng(seed)
-        self.cols = np.stack([rng.choice(d, k, replace=False) for _ in range(n)])     # (n, k)
-        self.vals = rng.standard_normal((n, k)) / np.sqrt(k)                          # (n, k)
+        self.cols = np.stack([rng.choice(d, k, replace=False) for _ in range(n)])  # (n, k)
+        self.vals = rng.standard_normal((n, k)) / np.sqrt(k)  # (n, k)
         self.w_star = rng.standard_normal(d)
         self.y = (self.vals * self.w_star[self.cols]).sum(1) + noise * rng.standard_normal(n)
         self.n, self.dim, self.bs, self.k, self.seed = n, d, batch, k, seed
@@ -74,9 +73,9 @@ class SparseLeastSquares(LeastSquares):
 
     def sparse_grad(self, w, idx):
         """(loss, coordinates, values): the gradient restricted to the coordinates it touches."""
-        c, v = self.cols[idx], self.vals[idx]                        # (B, k)
-        r = (v * w[c]).sum(1) - self.y[idx]                          # (B,)
-        g = v * r[:, None] / len(idx)                                # (B, k)
+        c, v = self.cols[idx], self.vals[idx]  # (B, k)
+        r = (v * w[c]).sum(1) - self.y[idx]  # (B,)
+        g = v * r[:, None] / len(idx)  # (B, k)
         return 0.5 * float(r @ r) / len(idx), c.reshape(-1), g.reshape(-1)
 
     def grad(self, w, idx):
@@ -101,9 +100,10 @@ class DigitsMLP:
     def __init__(self, batch=32, seed=0, hidden=64):
         import torch
         from sklearn.datasets import load_digits
-        torch.set_num_threads(1)        # one rank, one core: intra-op threads would fight the other ranks
+
+        torch.set_num_threads(1)  # one rank, one core: intra-op threads would fight the other ranks
         d = load_digits()
-        X = (d.data / 16.0).astype(np.float32)                          # (1797, 64)
+        X = (d.data / 16.0).astype(np.float32)  # (1797, 64)
         y = d.target.astype(np.int64)
         rng = np.random.default_rng(1234)
         perm = rng.permutation(len(X))
@@ -119,22 +119,26 @@ class DigitsMLP:
 
     def init(self, seed=0):
         rng = np.random.default_rng(seed)
-        parts = [rng.standard_normal(self.shapes[0]) / np.sqrt(64), np.zeros(self.hidden),
-                 rng.standard_normal(self.shapes[2]) / np.sqrt(self.hidden), np.zeros(10)]
+        parts = [
+            rng.standard_normal(self.shapes[0]) / np.sqrt(64),
+            np.zeros(self.hidden),
+            rng.standard_normal(self.shapes[2]) / np.sqrt(self.hidden),
+            np.zeros(10),
+        ]
         return np.concatenate([p.reshape(-1) for p in parts])
 
     def _unflat(self, w):
         t = self.torch.from_numpy(np.asarray(w, dtype=np.float32).copy()).requires_grad_(True)
         out, at = [], 0
         for shp, n in zip(self.shapes, self.sizes):
-            out.append(t[at:at + n].view(shp))
+            out.append(t[at : at + n].view(shp))
             at += n
         return t, out
 
     def _forward(self, parts, X):
         W1, b1, W2, b2 = parts
-        h = self.torch.relu(X @ W1.T + b1)                           # (B, hidden)
-        return h @ W2.T + b2                                         # (B, 10)
+        h = self.torch.relu(X @ W1.T + b1)  # (B, hidden)
+        return h @ W2.T + b2  # (B, 10)
 
     def batch(self, worker, step):
         return np.random.default_rng((self.seed, worker, step)).integers(0, self.n, self.bs)

@@ -45,7 +45,7 @@ class _Servers:
 
     def push(self, clock, version, g):
         for j, srv in enumerate(self.ranks):
-            shard = g[self.b[j]:self.b[j + 1]]
+            shard = g[self.b[j] : self.b[j + 1]]
             self.comm.send(np.array([PUSH, clock, version, len(shard)], np.int64), srv)
             self.comm.send(np.ascontiguousarray(shard), srv)
 
@@ -57,7 +57,7 @@ class _Servers:
         hdr = np.zeros(4, np.int64)
         for j, srv in enumerate(self.ranks):
             self.comm.recv(hdr, srv)
-            self.comm.recv(w[self.b[j]:self.b[j + 1]], srv)
+            self.comm.recv(w[self.b[j] : self.b[j + 1]], srv)
             if meta is None:
                 meta = (int(hdr[1]), int(hdr[2]))
         return meta
@@ -74,15 +74,15 @@ def worker(comm, cfg, progress):
     pace = Pacer(cfg, rank)
     w = prob.init(cfg.seed)
     ssp = cfg.mode == "ssp"
-    pushed_sum = np.zeros(prob.dim)          # every gradient this worker pushed, for the no-lost-update check
+    pushed_sum = np.zeros(prob.dim)  # every gradient this worker pushed, for the no-lost-update check
     pushes = 0
-    own = {}                                  # ssp: clock -> own update not yet committed (read-my-writes)
+    own = {}  # ssp: clock -> own update not yet committed (read-my-writes)
     acc = np.zeros(prob.dim)
-    cached = None                             # (committed clock, server updates, server params)
+    cached = None  # (committed clock, server updates, server params)
     comm.barrier()
     t0 = time.perf_counter()
     version = 0
-    budget = cfg.steps * W               # a shared update budget: fast workers may take more of it
+    budget = cfg.steps * W  # a shared update budget: fast workers may take more of it
     c = -1
     while (progress.total() < budget) if cfg.shared_budget else (c + 1 < cfg.steps):
         c += 1
@@ -106,7 +106,7 @@ def worker(comm, cfg, progress):
             pushed_sum += g
             pushes += 1
         else:
-            w -= cfg.lr / W * g                   # Downpour: the replica applies its own update locally
+            w -= cfg.lr / W * g  # Downpour: the replica applies its own update locally
             acc += g
             if (c + 1) % cfg.n_push == 0:
                 srv.push(c, version, acc)
@@ -133,13 +133,13 @@ def server(comm, cfg, progress):
     ssp = cfg.mode == "ssp"
     hdr = np.zeros(4, np.int64)
     buf = np.empty(hi - lo)
-    applied = np.zeros(W, np.int64)          # pushes applied, per worker
-    clocks = np.zeros(W, np.int64)           # ssp: clocks pushed, per worker
+    applied = np.zeros(W, np.int64)  # pushes applied, per worker
+    clocks = np.zeros(W, np.int64)  # ssp: clocks pushed, per worker
     pending: dict[int, dict[int, np.ndarray]] = {}
     read_version: dict[int, dict[int, int]] = {}
     committed = -1
-    updates = 0                              # gradients applied to this shard
-    deferred = []                            # ssp: (worker, clock) pulls waiting for a commit
+    updates = 0  # gradients applied to this shard
+    deferred = []  # ssp: (worker, clock) pulls waiting for a commit
     stale = {}
     done = 0
     comm.barrier()
@@ -147,7 +147,7 @@ def server(comm, cfg, progress):
     snaps = Snapshots(cfg.steps * W, cfg.snapshots, t0)
     snaps.maybe(0, w)
     BIG = np.iinfo(np.int64).max // 2
-    gap = [0, 0]                             # ssp: max (pushed clock - slowest live clock), pulls held back
+    gap = [0, 0]  # ssp: max (pushed clock - slowest live clock), pulls held back
 
     def reply(dst, committed, updates):
         comm.send(np.array([0, committed, updates, hi - lo], np.int64), dst)
@@ -159,14 +159,14 @@ def server(comm, cfg, progress):
         while clocks.min() > committed + 1 and (committed + 1) in pending:
             k = committed + 1
             grads, vers = pending.pop(k), read_version.pop(k)
-            for wk in sorted(grads):                       # worker order: deterministic sums
+            for wk in sorted(grads):  # worker order: deterministic sums
                 record(vers[wk], updates)
                 applied[wk] += 1
             w[:] -= cfg.lr / W * np.sum([grads[wk] for wk in sorted(grads)], axis=0)
             updates += len(grads)
             committed = k
             snaps.maybe(updates, w)
-        if clocks.min() >= BIG:                            # everyone finished: release any waiter
+        if clocks.min() >= BIG:  # everyone finished: release any waiter
             committed = max(committed, max(pending, default=committed))
         still = []
         for wk, c in deferred:
@@ -201,19 +201,28 @@ def server(comm, cfg, progress):
                 committed, updates = commit(committed, updates)
         elif kind == PULL:
             if ssp and committed < clock - cfg.staleness - 1:
-                deferred.append((src, clock))            # the SSP gate: too far ahead of the slowest
+                deferred.append((src, clock))  # the SSP gate: too far ahead of the slowest
                 gap[1] += 1
             else:
                 reply(src, committed, updates)
         elif kind == DONE:
             done += 1
-            if ssp:          # a finished worker pushes no more clocks: commits stop waiting for it
+            if ssp:  # a finished worker pushes no more clocks: commits stop waiting for it
                 clocks[src] = BIG
                 committed, updates = commit(committed, updates)
     snaps.maybe(updates, w, force=True)
-    return {"role": "server", "shard": (lo, hi), "wall": time.perf_counter() - t0, "updates": updates,
-            "applied": applied, "staleness": stale, "snapshots": snaps.items, "w": w,
-            "max_clock_gap": gap[0], "held_pulls": gap[1]}
+    return {
+        "role": "server",
+        "shard": (lo, hi),
+        "wall": time.perf_counter() - t0,
+        "updates": updates,
+        "applied": applied,
+        "staleness": stale,
+        "snapshots": snaps.items,
+        "w": w,
+        "max_clock_gap": gap[0],
+        "held_pulls": gap[1],
+    }
 
 
 def ps_rank(comm, cfg, progress):

@@ -37,8 +37,14 @@ class RunResult:
 
 def _entry(mode):
     from netmorph.consistency import hogwild, ps, sync
-    return {"bsp": sync.bsp, "local": sync.local_sgd, "async": ps.ps_rank, "ssp": ps.ps_rank,
-            "hogwild": hogwild.hogwild}[mode]
+
+    return {
+        "bsp": sync.bsp,
+        "local": sync.local_sgd,
+        "async": ps.ps_rank,
+        "ssp": ps.ps_rank,
+        "hogwild": hogwild.hogwild,
+    }[mode]
 
 
 def _rank_fn(comm, cfg, progress):
@@ -50,8 +56,9 @@ def run(cfg: Config, on_progress=None, backend: str = "local") -> RunResult | No
     rank of a torchrun job of that many ranks (torch.distributed point-to-point); rank 0 gets the result, the
     others None."""
     from netmorph.runtime.launch import launch
+
     cfg.check()
-    make(cfg.model, cfg.batch, cfg.seed)       # build before the fork: the ranks inherit it
+    make(cfg.model, cfg.batch, cfg.seed)  # build before the fork: the ranks inherit it
     ps_mode = cfg.mode in ("async", "ssp")
     world = cfg.workers + (cfg.servers if ps_mode else 0)
     progress = ProgressCounter(world)
@@ -61,10 +68,9 @@ def run(cfg: Config, on_progress=None, backend: str = "local") -> RunResult | No
         slow = {(s, d): (a, bw), (d, s): (a, bw)}
     t0 = time.perf_counter()
     with progress.watch(on_progress, ProgressCounter.total, cfg.steps * cfg.workers):
-        got = launch(_rank_fn, world, cfg, progress, ledger=True, timeout=cfg.timeout, slow_links=slow,
-                     backend=backend)
+        got = launch(_rank_fn, world, cfg, progress, ledger=True, timeout=cfg.timeout, slow_links=slow, backend=backend)
     elapsed = time.perf_counter() - t0
-    if got is None:                     # a torchrun rank other than 0
+    if got is None:  # a torchrun rank other than 0
         return None
     return summarise(cfg, list(got), got.ledger, elapsed)
 
@@ -95,7 +101,7 @@ def summarise(cfg: Config, results, ledger, elapsed) -> RunResult:
         stale = {}
         for r in results:
             if r.get("role") == "server":
-                for k, v in r["staleness"].items():       # each gradient is recorded once per shard
+                for k, v in r["staleness"].items():  # each gradient is recorded once per shard
                     stale[k] = stale.get(k, 0) + v
         stale = {k: v // cfg.servers for k, v in stale.items()}
         wall = max(r["wall"] for r in workers)
@@ -110,14 +116,22 @@ def summarise(cfg: Config, results, ledger, elapsed) -> RunResult:
         updates = sum(r["updates"] for r in results)
     curve = [[round(t, 6), int(u), prob.loss(w)] for t, u, w in snaps]
     out = {
-        "mode": cfg.mode, "system": SYSTEMS[cfg.mode], "model": cfg.model, "workers": cfg.workers,
+        "mode": cfg.mode,
+        "system": SYSTEMS[cfg.mode],
+        "model": cfg.model,
+        "workers": cfg.workers,
         "servers": cfg.servers if cfg.mode in ("async", "ssp") else 0,
-        "updates": updates, "wall_s": wall, "updates_per_s": updates / wall if wall > 0 else 0.0,
-        "launch_s": elapsed, "initial_loss": curve[0][2] if curve else None,
-        "final_loss": prob.loss(final), "loss_curve": curve,
+        "updates": updates,
+        "wall_s": wall,
+        "updates_per_s": updates / wall if wall > 0 else 0.0,
+        "launch_s": elapsed,
+        "initial_loss": curve[0][2] if curve else None,
+        "final_loss": prob.loss(final),
+        "loss_curve": curve,
         "max_staleness": max(stale) if stale else 0,
         "staleness_histogram": {int(k): int(v) for k, v in sorted(stale.items())},
-        "bytes_on_wire": ledger.bytes, "messages": len(ledger),
+        "bytes_on_wire": ledger.bytes,
+        "messages": len(ledger),
         "staleness_bound": cfg.staleness if cfg.mode == "ssp" else None,
         "local_steps": cfg.local_steps if cfg.mode == "local" else None,
         "straggler": list(cfg.straggler) if cfg.straggler else None,
@@ -151,7 +165,7 @@ def compare(base: Config, modes=MODES, on_mode=None, on_progress=None) -> list[R
         out.append(run(cfg, on_progress))
     init = max(r.summary["initial_loss"] for r in out)
     best = min(r.summary["final_loss"] for r in out)
-    target = best + 0.1 * (init - best)       # 90% of the best reduction any mode achieved
+    target = best + 0.1 * (init - best)  # 90% of the best reduction any mode achieved
     for r in out:
         r.summary["target_loss"] = target
         r.summary["time_to_target_s"] = time_to(r.summary["loss_curve"], target)

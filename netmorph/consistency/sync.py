@@ -39,7 +39,7 @@ def bsp(comm, cfg, progress):
         _, g = prob.grad(w, prob.batch(rank, step))
         pace.finish()
         with comm.phase("dp.grad"):
-            comm.all_reduce(g)                        # (dim,) sum over workers
+            comm.all_reduce(g)  # (dim,) sum over workers
         w -= cfg.lr * g / p
         progress.bump(rank)
         if snaps:
@@ -47,8 +47,13 @@ def bsp(comm, cfg, progress):
     wall = time.perf_counter() - t0
     if snaps:
         snaps.maybe(cfg.steps * p, w, force=True)
-    return {"wall": wall, "updates": cfg.steps, "staleness": {0: cfg.steps},
-            "snapshots": snaps.items if snaps else None, "w": w if rank == 0 else None}
+    return {
+        "wall": wall,
+        "updates": cfg.steps,
+        "staleness": {0: cfg.steps},
+        "snapshots": snaps.items if snaps else None,
+        "w": w if rank == 0 else None,
+    }
 
 
 def local_sgd(comm, cfg, progress):
@@ -62,17 +67,17 @@ def local_sgd(comm, cfg, progress):
         _, g = prob.grad(w, prob.batch(rank, step))
         pace.finish()
         w -= cfg.lr * g
-        since = step % H                               # local steps since the copies last agreed
+        since = step % H  # local steps since the copies last agreed
         stale[since] = stale.get(since, 0) + 1
         progress.bump(rank)
         if (step + 1) % H == 0 or step + 1 == cfg.steps:
             with comm.phase("dp.params"):
-                comm.all_reduce(w)                     # (dim,) sum of the copies
+                comm.all_reduce(w)  # (dim,) sum of the copies
             avg = w / p
-            delta = w_global - avg                     # DiLoCo's outer gradient
+            delta = w_global - avg  # DiLoCo's outer gradient
             if cfg.outer_momentum:
                 momentum = cfg.outer_momentum * momentum + delta
-                step_dir = delta + cfg.outer_momentum * momentum      # Nesterov
+                step_dir = delta + cfg.outer_momentum * momentum  # Nesterov
             else:
                 step_dir = delta
             w_global = w_global - cfg.outer_lr * step_dir
@@ -82,5 +87,10 @@ def local_sgd(comm, cfg, progress):
     wall = time.perf_counter() - t0
     if snaps:
         snaps.maybe(cfg.steps * p, w_global, force=True)
-    return {"wall": wall, "updates": cfg.steps, "staleness": stale,
-            "snapshots": snaps.items if snaps else None, "w": w_global if rank == 0 else None}
+    return {
+        "wall": wall,
+        "updates": cfg.steps,
+        "staleness": stale,
+        "snapshots": snaps.items if snaps else None,
+        "w": w_global if rank == 0 else None,
+    }

@@ -27,6 +27,7 @@ def _pilot(op: str, algo: str, world: int, itemsize: int, build_kw: tuple, topo)
     """(peak traced bytes, seconds) of building, counting and timing one schedule (its latency and bandwidth
     parts too, as the tuner's reason does)."""
     from netmorph.cost.tuner import predict
+
     kw = dict(build_kw)
     if op == "alltoall":
         kw["splits"] = np.full((world, world), 1, dtype=np.int64)
@@ -34,7 +35,7 @@ def _pilot(op: str, algo: str, world: int, itemsize: int, build_kw: tuple, topo)
     t0 = time.perf_counter()
     predict(op, algo, world, nbytes, topo, itemsize, parts=True, **kw)
     seconds = time.perf_counter() - t0
-    tracemalloc.start()                                   # a second run, traced (tracing slows it)
+    tracemalloc.start()  # a second run, traced (tracing slows it)
     try:
         predict(op, algo, world, nbytes, topo, itemsize, parts=True, **kw)
         _, peak = tracemalloc.get_traced_memory()

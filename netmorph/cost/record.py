@@ -13,12 +13,23 @@ def record(pred, topo: Topology, dtype: str, redop: str, auto: bool = False, rea
     c = pred.counts
     algbw, busbw = bandwidths(pred.op, pred.nbytes, pred.time, pred.world)
     rec = {
-        "op": pred.op, "algo": pred.algo, "world": pred.world, "bytes": pred.nbytes,
-        "count": pred.nbytes // pred.itemsize, "type": dtype, "redop": redop,
-        "rounds": c.rounds, "messages": c.messages, "bytes_on_wire": c.bytes_on_wire,
+        "op": pred.op,
+        "algo": pred.algo,
+        "world": pred.world,
+        "bytes": pred.nbytes,
+        "count": pred.nbytes // pred.itemsize,
+        "type": dtype,
+        "redop": redop,
+        "rounds": c.rounds,
+        "messages": c.messages,
+        "bytes_on_wire": c.bytes_on_wire,
         "max_bytes_sent": c.max_bytes_sent,
-        "bytes_sent_per_rank": c.bytes_sent.tolist(), "bytes_reduced_per_rank": c.bytes_reduced.tolist(),
-        "predicted_time_s": pred.time, "algbw_gbps": algbw, "busbw_gbps": busbw, "topology": topo.name,
+        "bytes_sent_per_rank": c.bytes_sent.tolist(),
+        "bytes_reduced_per_rank": c.bytes_reduced.tolist(),
+        "predicted_time_s": pred.time,
+        "algbw_gbps": algbw,
+        "busbw_gbps": busbw,
+        "topology": topo.name,
         "topology_kind": "flat" if topo.flat else "two-level",
     }
     if auto:
@@ -27,7 +38,12 @@ def record(pred, topo: Topology, dtype: str, redop: str, auto: bool = False, rea
     if topo.flat:
         f = closed_form(pred.op, pred.algo, pred.world, pred.nbytes, topo.alpha, topo.beta, topo.gamma)
         if f is not None:
-            rec["closed_form"] = {"rounds": f.rounds, "rounds_expr": f.rounds_expr,
-                                  "max_bytes_sent": f.sent, "sent_expr": f.sent_expr,
-                                  "time_s": f.time, "time_expr": f.time_expr}
+            rec["closed_form"] = {
+                "rounds": f.rounds,
+                "rounds_expr": f.rounds_expr,
+                "max_bytes_sent": f.sent,
+                "sent_expr": f.sent_expr,
+                "time_s": f.time,
+                "time_expr": f.time_expr,
+            }
     return rec

@@ -37,8 +37,8 @@ from netmorph.schedule import Schedule
 
 @dataclass
 class SimResult:
-    time: float                 # seconds until the last rank finishes
-    finish: np.ndarray          # per rank
+    time: float  # seconds until the last rank finishes
+    finish: np.ndarray  # per rank
 
 
 class _Links:
@@ -47,9 +47,10 @@ class _Links:
     __slots__ = ("alpha", "beta", "matching", "rows", "src", "dst")
 
     def __init__(self, src, dst, topo: Topology, device: np.ndarray, p: int):
-        self.src, self.dst = src, dst      # keep the arrays alive: the cache is keyed by their ids
-        self.matching = bool(len(src) == 0 or (np.bincount(src, minlength=p).max() <= 1
-                                               and np.bincount(dst, minlength=p).max() <= 1))
+        self.src, self.dst = src, dst  # keep the arrays alive: the cache is keyed by their ids
+        self.matching = bool(
+            len(src) == 0 or (np.bincount(src, minlength=p).max() <= 1 and np.bincount(dst, minlength=p).max() <= 1)
+        )
         self.rows = None if self.matching else _matching_rows(src, dst)
         if topo.flat:
             self.alpha = np.full(len(src), topo.alpha)
@@ -81,7 +82,7 @@ def simulate(s: Schedule, topo: Topology, placement=None) -> SimResult:
     device = np.arange(p, dtype=np.int64) if placement is None else np.asarray(placement, dtype=np.int64)
     if len(device) != p:
         raise ValueError(f"placement names {len(device)} devices for {p} ranks")
-    hold = np.zeros(p)          # when a rank holds everything it received in earlier rounds
+    hold = np.zeros(p)  # when a rank holds everything it received in earlier rounds
     send_free = np.zeros(p)
     recv_free = np.zeros(p)
     comp_free = np.zeros(p)
@@ -137,14 +138,14 @@ def _rows_round(width, src, dst, nbytes, red, links, hold, send_free, recv_free,
     wire = nbytes * links.beta
     new_hold = hold.copy()
     for a in range(0, len(src), width):
-        s, d = src[a:a + width], dst[a:a + width]
-        end = np.maximum(np.maximum(hold[s], send_free[s]), recv_free[d]) + links.alpha[a:a + width]
-        end += wire[a:a + width]
+        s, d = src[a : a + width], dst[a : a + width]
+        end = np.maximum(np.maximum(hold[s], send_free[s]), recv_free[d]) + links.alpha[a : a + width]
+        end += wire[a : a + width]
         send_free[s] = end
         recv_free[d] = end
-        r = reds[a:a + width]
+        r = reds[a : a + width]
         if r.any():
-            end = np.where(r, np.maximum(end, comp_free[d]) + nbytes[a:a + width] * gamma, end)
+            end = np.where(r, np.maximum(end, comp_free[d]) + nbytes[a : a + width] * gamma, end)
             comp_free[d] = np.where(r, end, comp_free[d])
         new_hold[d] = np.maximum(new_hold[d], end)
     hold[:] = new_hold

@@ -55,14 +55,14 @@ class Topology:
     """α in seconds, β and γ in seconds per byte, bandwidths in bytes per second."""
 
     name: str
-    alpha: float                    # intra-node (or every link, when flat)
+    alpha: float  # intra-node (or every link, when flat)
     beta: float
     gamma: float = 0.0
-    gpus_per_node: int = 0          # 0: flat
+    gpus_per_node: int = 0  # 0: flat
     alpha_inter: float = 0.0
-    beta_inter: float = 0.0         # one device's own NIC
-    node_bandwidth: float = 0.0     # shared by a node's devices, each way; 0: no extra limit
-    nodes: int = 0                  # 0: as many as the world needs
+    beta_inter: float = 0.0  # one device's own NIC
+    node_bandwidth: float = 0.0  # shared by a node's devices, each way; 0: no extra limit
+    nodes: int = 0  # 0: as many as the world needs
     description: str = ""
 
     @property
@@ -71,9 +71,11 @@ class Topology:
 
     def check_world(self, world: int) -> None:
         if self.nodes and not self.flat and world > self.nodes * self.gpus_per_node:
-            raise UsageError(f"{{world}} {world} exceeds the {self.nodes * self.gpus_per_node} devices of topology "
-                             f"{self.name!r}; pick a cluster preset (e.g. {self.name}-cluster) or a smaller world",
-                             "world")
+            raise UsageError(
+                f"{{world}} {world} exceeds the {self.nodes * self.gpus_per_node} devices of topology "
+                f"{self.name!r}; pick a cluster preset (e.g. {self.name}-cluster) or a smaller world",
+                "world",
+            )
 
     def node_of(self, devices: np.ndarray) -> np.ndarray:
         return node_of(np.asarray(devices, dtype=np.int64), self.gpus_per_node)
@@ -92,49 +94,98 @@ class Topology:
     def describe(self) -> str:
         def bw(beta):
             return f"{1 / beta / 1e9:.3g} GB/s" if beta > 0 else "inf"
+
         if self.flat:
-            return (f"{self.name if self.name == 'flat' else self.name + ' (flat)'}: α={self.alpha * 1e6:.3g} us, β={self.beta * 1e9:.3g} ns/B "
-                    f"({bw(self.beta)}), γ={self.gamma * 1e12:.3g} ps/B")
+            return (
+                f"{self.name if self.name == 'flat' else self.name + ' (flat)'}: α={self.alpha * 1e6:.3g} us, β={self.beta * 1e9:.3g} ns/B "
+                f"({bw(self.beta)}), γ={self.gamma * 1e12:.3g} ps/B"
+            )
         node = f", node NIC total {self.node_bandwidth / 1e9:.3g} GB/s" if self.node_bandwidth else ""
-        return (f"{self.name} (two-level): {self.gpus_per_node} devices/node, intra α={self.alpha * 1e6:.3g} us "
-                f"{bw(self.beta)}, inter α={self.alpha_inter * 1e6:.3g} us {bw(self.beta_inter)}/device{node}, "
-                f"γ={self.gamma * 1e12:.3g} ps/B")
+        return (
+            f"{self.name} (two-level): {self.gpus_per_node} devices/node, intra α={self.alpha * 1e6:.3g} us "
+            f"{bw(self.beta)}, inter α={self.alpha_inter * 1e6:.3g} us {bw(self.beta_inter)}/device{node}, "
+            f"γ={self.gamma * 1e12:.3g} ps/B"
+        )
 
 
 _A100_GAMMA = 3 / 2039e9
 _H100_GAMMA = 3 / 3350e9
 
 PRESETS = {
-    "flat": Topology("flat", alpha=1e-6, beta=1e-9, gamma=0.0,
-                     description="one α, β for every link: α = 1 us, β = 1 ns/B"),
-    "local-shm": Topology("local-shm", alpha=10e-6, beta=1 / 8e9, gamma=1 / 8e9,
-                          description="this machine's shared-memory fabric, roughly: ~10 us per message, "
-                                      "~8 GB/s copy and reduce per core (used by algo='auto' on real ranks)"),
-    "dgx-a100": Topology("dgx-a100", alpha=2e-6, beta=1 / 300e9, gamma=_A100_GAMMA, gpus_per_node=8,
-                         alpha_inter=5e-6, beta_inter=1 / 25e9, node_bandwidth=200e9, nodes=1,
-                         description="one DGX A100: 8 GPUs on NVSwitch, NVLink 3 300 GB/s each way"),
-    "dgx-a100-cluster": Topology("dgx-a100-cluster", alpha=2e-6, beta=1 / 300e9, gamma=_A100_GAMMA,
-                                 gpus_per_node=8, alpha_inter=5e-6, beta_inter=1 / 25e9, node_bandwidth=200e9,
-                                 description="DGX A100 nodes (Selene-like): NVLink 3 inside, 8x HDR 200 Gb/s IB between"),
-    "dgx-h100-cluster": Topology("dgx-h100-cluster", alpha=2e-6, beta=1 / 450e9, gamma=_H100_GAMMA,
-                                 gpus_per_node=8, alpha_inter=5e-6, beta_inter=1 / 50e9, node_bandwidth=400e9,
-                                 description="DGX H100 nodes: NVLink 4 450 GB/s inside, 8x NDR 400 Gb/s IB between"),
-    "pcie-ethernet-cluster": Topology("pcie-ethernet-cluster", alpha=5e-6, beta=1 / 25e9, gamma=_A100_GAMMA,
-                                      gpus_per_node=8, alpha_inter=10e-6, beta_inter=1 / 12.5e9,
-                                      node_bandwidth=12.5e9,
-                                      description="8 GPUs on PCIe per node, one 100 GbE NIC shared per node"),
+    "flat": Topology(
+        "flat", alpha=1e-6, beta=1e-9, gamma=0.0, description="one α, β for every link: α = 1 us, β = 1 ns/B"
+    ),
+    "local-shm": Topology(
+        "local-shm",
+        alpha=10e-6,
+        beta=1 / 8e9,
+        gamma=1 / 8e9,
+        description="this machine's shared-memory fabric, roughly: ~10 us per message, "
+        "~8 GB/s copy and reduce per core (used by algo='auto' on real ranks)",
+    ),
+    "dgx-a100": Topology(
+        "dgx-a100",
+        alpha=2e-6,
+        beta=1 / 300e9,
+        gamma=_A100_GAMMA,
+        gpus_per_node=8,
+        alpha_inter=5e-6,
+        beta_inter=1 / 25e9,
+        node_bandwidth=200e9,
+        nodes=1,
+        description="one DGX A100: 8 GPUs on NVSwitch, NVLink 3 300 GB/s each way",
+    ),
+    "dgx-a100-cluster": Topology(
+        "dgx-a100-cluster",
+        alpha=2e-6,
+        beta=1 / 300e9,
+        gamma=_A100_GAMMA,
+        gpus_per_node=8,
+        alpha_inter=5e-6,
+        beta_inter=1 / 25e9,
+        node_bandwidth=200e9,
+        description="DGX A100 nodes (Selene-like): NVLink 3 inside, 8x HDR 200 Gb/s IB between",
+    ),
+    "dgx-h100-cluster": Topology(
+        "dgx-h100-cluster",
+        alpha=2e-6,
+        beta=1 / 450e9,
+        gamma=_H100_GAMMA,
+        gpus_per_node=8,
+        alpha_inter=5e-6,
+        beta_inter=1 / 50e9,
+        node_bandwidth=400e9,
+        description="DGX H100 nodes: NVLink 4 450 GB/s inside, 8x NDR 400 Gb/s IB between",
+    ),
+    "pcie-ethernet-cluster": Topology(
+        "pcie-ethernet-cluster",
+        alpha=5e-6,
+        beta=1 / 25e9,
+        gamma=_A100_GAMMA,
+        gpus_per_node=8,
+        alpha_inter=10e-6,
+        beta_inter=1 / 12.5e9,
+        node_bandwidth=12.5e9,
+        description="8 GPUs on PCIe per node, one 100 GbE NIC shared per node",
+    ),
 }
 
 
-INTER_MBPS_RANGE = (0.01, 100_000.0)      # MB/s an emulated inter-node link may be set to (10 kB/s .. 100 GB/s)
+INTER_MBPS_RANGE = (0.01, 100_000.0)  # MB/s an emulated inter-node link may be set to (10 kB/s .. 100 GB/s)
 
 
 def two_nodes(world: int, inter_mbps: float = 50.0) -> Topology:
     """The emulated cluster morph's scenarios happen on and calibrate measures: two nodes of world/2 ranks, fast
     links inside a node (10 µs, 2 GB/s), a slower one between (50 µs, ``inter_mbps`` MB/s), imposed per link
     by the local fabric (:mod:`netmorph.runtime.links`)."""
-    return Topology("two-node", alpha=10e-6, beta=1 / 2e9, gpus_per_node=world // 2, alpha_inter=50e-6,
-                    beta_inter=1 / (inter_mbps * 1e6))
+    return Topology(
+        "two-node",
+        alpha=10e-6,
+        beta=1 / 2e9,
+        gpus_per_node=world // 2,
+        alpha_inter=50e-6,
+        beta_inter=1 / (inter_mbps * 1e6),
+    )
 
 
 def load_topology(name_or_file: str) -> Topology:
@@ -143,36 +194,43 @@ def load_topology(name_or_file: str) -> Topology:
         return PRESETS[name_or_file]
     path = Path(name_or_file)
     if not path_exists(path):
-        raise UsageError(f"{{topology}}: {name_or_file!r} is neither a preset ({', '.join(PRESETS)}) nor a file",
-                         "topology")
+        raise UsageError(
+            f"{{topology}}: {name_or_file!r} is neither a preset ({', '.join(PRESETS)}) nor a file", "topology"
+        )
     data = read_json_object(path, "topology")
     fields = set(Topology.__dataclass_fields__)
     unknown = set(data) - fields
     if unknown:
-        raise UsageError(f"{{topology}}: {name_or_file} has unknown keys {sorted(unknown)}; allowed: {sorted(fields)}",
-                         "topology")
+        raise UsageError(
+            f"{{topology}}: {name_or_file} has unknown keys {sorted(unknown)}; allowed: {sorted(fields)}", "topology"
+        )
     data.setdefault("name", path.stem)
     try:
         topo = Topology(**data)
     except TypeError as e:
-        raise UsageError(f"{{topology}}: {name_or_file}: {e}",
-                         "topology") from None
-    for k, hi, what in (("alpha", 1, "seconds"), ("alpha_inter", 1, "seconds"), ("beta", 1, "seconds per byte"),
-                        ("gamma", 1, "seconds per byte"), ("beta_inter", 1, "seconds per byte"),
-                        ("node_bandwidth", 1e15, "bytes per second")):
+        raise UsageError(f"{{topology}}: {name_or_file}: {e}", "topology") from None
+    for k, hi, what in (
+        ("alpha", 1, "seconds"),
+        ("alpha_inter", 1, "seconds"),
+        ("beta", 1, "seconds per byte"),
+        ("gamma", 1, "seconds per byte"),
+        ("beta_inter", 1, "seconds per byte"),
+        ("node_bandwidth", 1e15, "bytes per second"),
+    ):
         v = getattr(topo, k)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= hi:
-            raise UsageError(f"{{topology}}: {name_or_file}: {k} must be {what} in 0..{hi:g}, got {v!r}",
-                             "topology")
+            raise UsageError(f"{{topology}}: {name_or_file}: {k} must be {what} in 0..{hi:g}, got {v!r}", "topology")
     for k in ("name", "description"):
         if not isinstance(getattr(topo, k), str):
-            raise UsageError(f"{{topology}}: {name_or_file}: {k} must be a string, got {getattr(topo, k)!r}",
-                             "topology")
+            raise UsageError(
+                f"{{topology}}: {name_or_file}: {k} must be a string, got {getattr(topo, k)!r}", "topology"
+            )
     for k in ("gpus_per_node", "nodes"):
         v = getattr(topo, k)
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 1 << 20:
             raise UsageError(f"{{topology}}: {name_or_file}: {k} must be a whole number >= 0, got {v!r}", "topology")
     if not topo.flat and (topo.beta_inter <= 0 and topo.node_bandwidth <= 0):
-        raise UsageError(f"{{topology}}: {name_or_file}: a two-level topology needs beta_inter or node_bandwidth",
-                         "topology")
+        raise UsageError(
+            f"{{topology}}: {name_or_file}: a two-level topology needs beta_inter or node_bandwidth", "topology"
+        )
     return topo

@@ -29,14 +29,14 @@ class Prediction:
     itemsize: int
     counts: Counts
     time: float
-    latency_part: float = 0.0      # the same schedule with β = γ = 0
-    bandwidth_part: float = 0.0    # the same schedule with α = 0
+    latency_part: float = 0.0  # the same schedule with β = γ = 0
+    bandwidth_part: float = 0.0  # the same schedule with α = 0
 
 
 @dataclass
 class Choice:
     best: Prediction
-    ranking: list = field(default_factory=list)    # every candidate, fastest first
+    ranking: list = field(default_factory=list)  # every candidate, fastest first
     reason: str = ""
 
 
@@ -48,8 +48,17 @@ def _bandwidth_only(t: Topology) -> Topology:
     return replace(t, alpha=0.0, alpha_inter=0.0)
 
 
-def predict(op: str, algo: str, world: int, nbytes: int, topo: Topology, itemsize: int = 4,
-            placement=None, parts: bool = False, **build_kw) -> Prediction:
+def predict(
+    op: str,
+    algo: str,
+    world: int,
+    nbytes: int,
+    topo: Topology,
+    itemsize: int = 4,
+    placement=None,
+    parts: bool = False,
+    **build_kw,
+) -> Prediction:
     """Build, count and time one algorithm for one size."""
     s = build(op, algo, world, nbytes // itemsize, itemsize, **build_kw)
     pred = Prediction(s.op, s.algo, world, nbytes, itemsize, count(s), simulate(s, topo, placement).time)
@@ -59,13 +68,16 @@ def predict(op: str, algo: str, world: int, nbytes: int, topo: Topology, itemsiz
     return pred
 
 
-def choose(op: str, world: int, nbytes: int, topo: Topology, itemsize: int = 4, placement=None,
-           algos=None, **build_kw) -> Choice:
+def choose(
+    op: str, world: int, nbytes: int, topo: Topology, itemsize: int = 4, placement=None, algos=None, **build_kw
+) -> Choice:
     """The fastest algorithm for ``op`` at this size, world and topology, and why."""
     op = canonical_op(op)
     names = list(algos or ALGORITHMS[op])
-    preds = sorted((predict(op, a, world, nbytes, topo, itemsize, placement, **build_kw) for a in names),
-                   key=lambda x: (x.time, x.counts.rounds))
+    preds = sorted(
+        (predict(op, a, world, nbytes, topo, itemsize, placement, **build_kw) for a in names),
+        key=lambda x: (x.time, x.counts.rounds),
+    )
     best = preds[0]
     s = build(op, best.algo, world, nbytes // itemsize, itemsize, **build_kw)
     best.latency_part = simulate(s, _latency_only(topo), placement).time
@@ -83,12 +95,16 @@ def auto_algo(op: str, world: int, nbytes: int, itemsize: int, topo: Topology) -
 def _reason(best: Prediction, preds: list) -> str:
     c = best.counts
     bound = "latency-bound" if best.latency_part >= best.bandwidth_part else "bandwidth-bound"
-    text = (f"{best.algo}: {fmt_time(best.time)} predicted, {bound} "
-            f"({c.rounds} rounds -> {fmt_time(best.latency_part)} of latency; "
-            f"{c.max_bytes_sent:,} B sent per rank -> {fmt_time(best.bandwidth_part)} of transfer)")
+    text = (
+        f"{best.algo}: {fmt_time(best.time)} predicted, {bound} "
+        f"({c.rounds} rounds -> {fmt_time(best.latency_part)} of latency; "
+        f"{c.max_bytes_sent:,} B sent per rank -> {fmt_time(best.bandwidth_part)} of transfer)"
+    )
     if len(preds) > 1:
         nxt = preds[1]
         if nxt.time > 0:
-            text += (f"; beats {nxt.algo} ({fmt_time(nxt.time)}, {nxt.counts.rounds} rounds, "
-                     f"{nxt.counts.max_bytes_sent:,} B/rank) by {100 * (1 - best.time / nxt.time):.2g}%")
+            text += (
+                f"; beats {nxt.algo} ({fmt_time(nxt.time)}, {nxt.counts.rounds} rounds, "
+                f"{nxt.counts.max_bytes_sent:,} B/rank) by {100 * (1 - best.time / nxt.time):.2g}%"
+            )
     return text

@@ -14,5 +14,15 @@ from netmorph.elastic.detector import FixedTimeout, PhiAccrual
 from netmorph.elastic.heartbeat import Heartbeat, Monitor, Watchdog, fence, publish_pid
 from netmorph.elastic.membership import MembershipError, Rendezvous, View
 
-__all__ = ["FixedTimeout", "Heartbeat", "MembershipError", "Monitor", "PhiAccrual", "Rendezvous", "View", "Watchdog",
-           "fence", "publish_pid"]
+__all__ = [
+    "FixedTimeout",
+    "Heartbeat",
+    "MembershipError",
+    "Monitor",
+    "PhiAccrual",
+    "Rendezvous",
+    "View",
+    "Watchdog",
+    "fence",
+    "publish_pid",
+]

@@ -11,8 +11,8 @@ from netmorph.elastic.heartbeat import Monitor, fence
 from netmorph.elastic.membership import agree_after_loss, fabric_dead
 from netmorph.runtime.faults import Fault
 
-HEARTBEAT = 0.05                 # seconds between a worker's heartbeats
-FINISHED = "netmorph/finished"   # the members trained every step: a worker still asking to join goes home
+HEARTBEAT = 0.05  # seconds between a worker's heartbeats
+FINISHED = "netmorph/finished"  # the members trained every step: a worker still asking to join goes home
 
 
 def arm_faults(comm, kill_at=None, hang_at=None):
@@ -30,6 +30,7 @@ def arm_faults(comm, kill_at=None, hang_at=None):
         if done == hang_at:
             comm.store.set(f"netmorph/hung/{comm.slot}", repr(clock()))
             comm.faults.append(Fault("stop", comm.rank, comm.ops + 1, before=stamp("hung")))
+
     return arm
 
 
@@ -45,6 +46,7 @@ def dead_of(comm):
     def dead(slot):
         first = slot - slot % k
         return any(liveness.dead(s) for s in range(first, first + k))
+
     return dead
 
 
@@ -56,21 +58,24 @@ def fence_hung(comm, view, cfg, among=None):
     dead = dead_of(comm)
     peers = [m for m in (view.members if among is None else among) if m != comm.slot and not dead(m)]
     if cfg.detector == "phi":
+
         def make():
             return PhiAccrual(first_heartbeat_estimate=HEARTBEAT, min_std_deviation=HEARTBEAT / 2)
     else:
+
         def make():
             return FixedTimeout(4 * HEARTBEAT)
+
     mon = Monitor(comm.store, peers, make, interval=HEARTBEAT / 5)
     seen = mon.watch(10 * HEARTBEAT)
-    mon.poll()                                  # hung: suspected in the window and still at its end -- a member
-    still = set(mon.suspects())                 # starved of the CPU for a moment beats again and is left alone
+    mon.poll()  # hung: suspected in the window and still at its end -- a member
+    still = set(mon.suspects())  # starved of the CPU for a moment beats again and is left alone
     hung = [p for p, t in seen.items() if t is not None and p in still]
     hung_at = [float(comm.store.get(f"netmorph/hung/{p}")) for p in hung if comm.store.check([f"netmorph/hung/{p}"])]
     fence(comm.store, hung)
     liveness = getattr(comm, "liveness", None)
     for p in hung if liveness is not None else ():
-        liveness.mark(p)                        # a cluster: the view fences whoever this host cannot kill
+        liveness.mark(p)  # a cluster: the view fences whoever this host cannot kill
     deadline = time.monotonic() + cfg.timeout
     while not all(dead(p) for p in hung) and time.monotonic() < deadline:
         time.sleep(0.002)
@@ -117,7 +122,7 @@ def requested(comm, rdzv, cfg, view):
     deadline = time.monotonic() + cfg.timeout * (2 + cfg.steps)
     while comm.slot not in view.members:
         if comm.store.check([FINISHED]):
-            return None                           # the members finished before they could admit it
+            return None  # the members finished before they could admit it
         if view.epoch != asked:
             rdzv.request(comm.slot, view.epoch)
             asked = view.epoch
@@ -139,5 +144,6 @@ def agree(comm, rdzv, view, step, cfg):
     def fence(silent):
         fence_hung(comm, view, cfg, among=silent)
         return [m for m in silent if dead(m)]
+
     agreed = agree_after_loss(comm, rdzv, view, step, cfg.timeout, fence, dead)
     return agreed, step > agreed.first_step

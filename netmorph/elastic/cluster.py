@@ -60,10 +60,18 @@ class Placement:
             raise UsageError(f"{{node}} must be in 0..{nodes - 1} (--nodes {nodes}), got {node}", "node")
         missing = [k for k in ("LOCAL_RANK", "LOCAL_WORLD_SIZE") if k not in os.environ]
         if missing:
-            raise UsageError(f"--lighthouse joins a cluster from a torchrun job: {', '.join(missing)} unset (run it "
-                             f"under torchrun, or use netmorph launch)", "lighthouse")
-        return cls(node, nodes, int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"]),
-                   int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+            raise UsageError(
+                f"--lighthouse joins a cluster from a torchrun job: {', '.join(missing)} unset (run it "
+                f"under torchrun, or use netmorph launch)",
+                "lighthouse",
+            )
+        return cls(
+            node,
+            nodes,
+            int(os.environ["LOCAL_RANK"]),
+            int(os.environ["LOCAL_WORLD_SIZE"]),
+            int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        )
 
 
 def node_of(slot: int, nodes: int, local_world: int) -> int:
@@ -97,10 +105,11 @@ def join(lighthouse: str, node: int, nodes: int, timeout: float, fingerprints: b
     from netmorph.runtime.torchrun import gloo_on_loopback
     from netmorph.runtime.transport.torchdist import TorchTransport
     from netmorph.runtime.transport.torchgroup import StoreOnly
+
     host, port = parse_address(lighthouse)
     place = Placement.from_env(node, nodes)
     if host in ("127.0.0.1", "localhost", "::1"):
-        gloo_on_loopback()                          # an emulated cluster: nothing beyond this host
+        gloo_on_loopback()  # an emulated cluster: nothing beyond this host
     store = LighthouseStore(host, port, timeout)
     world = max(place.launched, place.slot + 1)
     transport = TorchTransport(place.slot, world, timeout, group=StoreOnly(store))
@@ -120,15 +129,20 @@ def on_suspect(comm):
     def suspected(slot):
         comm.liveness.mark(slot)
         comm.transport.group.abort()
+
     return suspected
 
 
 def watch_members(comm, members, interval: float) -> Watchdog:
     """A watchdog over ``members``' heartbeats (all but this worker): a member φ accrual suspects is fenced, marked
     dead, and the current epoch's group aborted -- every pending collective fails now (``comm.watchdog``)."""
+
     def make():
-        return PhiAccrual(first_heartbeat_estimate=interval, min_std_deviation=interval / 2,
-                          acceptable_heartbeat_pause=4 * interval)
-    dog = Watchdog(comm.store, [m for m in members if m != comm.slot], make, interval=interval / 2,
-                   on_suspect=on_suspect(comm))
+        return PhiAccrual(
+            first_heartbeat_estimate=interval, min_std_deviation=interval / 2, acceptable_heartbeat_pause=4 * interval
+        )
+
+    dog = Watchdog(
+        comm.store, [m for m in members if m != comm.slot], make, interval=interval / 2, on_suspect=on_suspect(comm)
+    )
     return dog.start()

@@ -49,12 +49,25 @@ class FixedTimeout:
 
 
 class PhiAccrual:
-    def __init__(self, threshold: float = 8.0, max_sample_size: int = 1000, min_std_deviation: float = 0.1,
-                 acceptable_heartbeat_pause: float = 0.0, first_heartbeat_estimate: float = 1.0):
-        if not (threshold > 0 and max_sample_size >= 2 and min_std_deviation > 0 and acceptable_heartbeat_pause >= 0
-                and first_heartbeat_estimate > 0):
-            raise ValueError("threshold, min_std_deviation and first_heartbeat_estimate must be > 0, "
-                             "max_sample_size >= 2, acceptable_heartbeat_pause >= 0")
+    def __init__(
+        self,
+        threshold: float = 8.0,
+        max_sample_size: int = 1000,
+        min_std_deviation: float = 0.1,
+        acceptable_heartbeat_pause: float = 0.0,
+        first_heartbeat_estimate: float = 1.0,
+    ):
+        if not (
+            threshold > 0
+            and max_sample_size >= 2
+            and min_std_deviation > 0
+            and acceptable_heartbeat_pause >= 0
+            and first_heartbeat_estimate > 0
+        ):
+            raise ValueError(
+                "threshold, min_std_deviation and first_heartbeat_estimate must be > 0, "
+                "max_sample_size >= 2, acceptable_heartbeat_pause >= 0"
+            )
         self.threshold, self.min_std = threshold, min_std_deviation
         self.pause = acceptable_heartbeat_pause
         self.intervals: deque = deque(maxlen=max_sample_size)
@@ -84,7 +97,7 @@ class PhiAccrual:
         std = max(std, self.min_std)
         y = (t - self.last - mean) / std
         tail = 0.5 * math.erfc(y / math.sqrt(2))
-        if tail <= 0.0:                                   # beyond double precision: ~ y²/2 / ln 10
+        if tail <= 0.0:  # beyond double precision: ~ y²/2 / ln 10
             return (y * y / 2 + math.log(y * math.sqrt(2 * math.pi))) / math.log(10)
         return -math.log10(tail)
 

@@ -37,8 +37,8 @@ from netmorph.parallel.hybrid import TrainConfig, train_rank
 from netmorph.parallel.run import reference as one_rank
 from netmorph.runtime.transport import PeerLost, PeerTimeout
 
-PROGRESS = "netmorph/done-steps"          # a cluster's view rank 0 writes the steps done after each one
-MODEL = ModelShape(layers=2, hidden=32, heads=2, seq=16, vocab=64)     # small: a step is tens of milliseconds
+PROGRESS = "netmorph/done-steps"  # a cluster's view rank 0 writes the steps done after each one
+MODEL = ModelShape(layers=2, hidden=32, heads=2, seq=16, vocab=64)  # small: a step is tens of milliseconds
 
 
 def train_config(cfg, world: int, steps: int, start: int) -> TrainConfig:
@@ -47,16 +47,27 @@ def train_config(cfg, world: int, steps: int, start: int) -> TrainConfig:
     one sequence per microbatch, the global batch re-split over the replicas."""
     tp = getattr(cfg, "tp", 1)
     dp = world // tp
-    return TrainConfig.make(cfg.model or MODEL, tp=tp, dp=dp, microbatches=cfg.global_batch // dp,
-                            micro_batch_size=1, steps=steps, start_step=start, lr=cfg.lr, dtype="float64")
+    return TrainConfig.make(
+        cfg.model or MODEL,
+        tp=tp,
+        dp=dp,
+        microbatches=cfg.global_batch // dp,
+        micro_batch_size=1,
+        steps=steps,
+        start_step=start,
+        lr=cfg.lr,
+        dtype="float64",
+    )
 
 
 def repad(state: dict, padded: int) -> dict:
     """A whole replica's state (every flat array as long as the buffer) for a buffer ``padded`` long: the padding
     after the last parameter is zeros in the parameters and in both moments, so cut or extend it."""
+
     def fit(a):
         a = np.asarray(a)
         return a[:padded] if len(a) >= padded else np.concatenate([a, np.zeros(padded - len(a), a.dtype)])
+
     return {"params": fit(state["params"]), "m": fit(state["m"]), "v": fit(state["v"]), "t": state["t"]}
 
 
@@ -86,16 +97,15 @@ def gpt_rank(comm, cfg):
     view = (rdzv.current() if cluster else None) or rdzv.start(cfg.initial_members())
     dies_at, hangs_at = dict(cfg.kills).get(me), dict(cfg.hangs).get(me)
     if cluster and comm.placement.incarnation:
-        dies_at = hangs_at = None                     # a restarted worker: the faults were its predecessor's
+        dies_at = hangs_at = None  # a restarted worker: the faults were its predecessor's
     spares = {} if cluster else cfg.spares()
     n_params = numel(cfg)
-    pieces = None                  # this rank's pieces of the model by name, after the last segment (for the whole)
+    pieces = None  # this rank's pieces of the model by name, after the last segment (for the whole)
     losses, events, timeline = {}, [], []
     state, step = None, 0
-    if me in spares or (cluster and me not in view.members):     # a joiner: admitted, then handed the state
-        view = (admitted(comm, rdzv, cfg, spares[me], renumber=True) if not cluster else
-                requested(comm, rdzv, cfg, view))
-        if view is None:                              # the job finished before it was admitted
+    if me in spares or (cluster and me not in view.members):  # a joiner: admitted, then handed the state
+        view = admitted(comm, rdzv, cfg, spares[me], renumber=True) if not cluster else requested(comm, rdzv, cfg, view)
+        if view is None:  # the job finished before it was admitted
             heart.stop()
             return None
         state, step = _handed(comm, None, len(view.members), n_params, cfg_tp(cfg)), view.first_step
@@ -105,7 +115,7 @@ def gpt_rank(comm, cfg):
     dog = watch_members(comm, view.members, HEARTBEAT) if cluster else None
     joining = sorted({s for s in spares.values() if s > step})
     commits = {}
-    saved = {step: state}          # Horovod Elastic's state.commit() every commit_every steps (and at a join)
+    saved = {step: state}  # Horovod Elastic's state.commit() every commit_every steps (and at a join)
 
     arm = arm_faults(comm, dies_at, hangs_at)
 
@@ -123,7 +133,7 @@ def gpt_rank(comm, cfg):
             events[-1]["resumed_at"] = clock()
         timeline.append((clock(), done, len(view.members)))
         if cluster and comm.rank == 0:
-            comm.store.set(PROGRESS, str(done))        # how far the job is (netmorph launch starts a late node by it)
+            comm.store.set(PROGRESS, str(done))  # how far the job is (netmorph launch starts a late node by it)
         if cluster and done < cfg.steps:
             asked = np.array([len(rdzv.requests(view.epoch))], dtype=np.int64)
             with comm.phase("elastic.quorum"):
@@ -133,7 +143,7 @@ def gpt_rank(comm, cfg):
         arm(done)
 
     def reformed(new_view):
-        if dog is not None:                           # watch the new members, forget the gone
+        if dog is not None:  # watch the new members, forget the gone
             dog.forget([m for m in view.members if m not in new_view.members])
             dog.add([m for m in new_view.members if m not in view.members and m != me])
         return new_view
@@ -145,8 +155,17 @@ def gpt_rank(comm, cfg):
         saved.clear()
         saved[step] = state
         epochs.append((new_view.epoch, list(new_view.members), new_view.first_step))
-        events.append({"kind": "join", "ranks": new, "epoch": new_view.epoch, "detected_at": t_start,
-                       "agreed_at": clock(), "step": step, "steps_redone": 0})
+        events.append(
+            {
+                "kind": "join",
+                "ranks": new,
+                "epoch": new_view.epoch,
+                "detected_at": t_start,
+                "agreed_at": clock(),
+                "step": step,
+                "steps_redone": 0,
+            }
+        )
         return new_view, state
 
     while step < cfg.steps:
@@ -159,10 +178,14 @@ def gpt_rank(comm, cfg):
         commits = {step: state}
         arm(step)
         try:
-            init = None if state is None else {comm.rank: repad(state, _padded(n_params, len(view.members) // cfg_tp(cfg)))}
+            init = (
+                None
+                if state is None
+                else {comm.rank: repad(state, _padded(n_params, len(view.members) // cfg_tp(cfg)))}
+            )
             out = train_rank(comm, tc, None, init, commit=commit)
             state, step, pieces = out.state.flat, end, out.state.pieces
-        except _Join as j:                            # asked to join: admit them after the step all finished
+        except _Join as j:  # asked to join: admit them after the step all finished
             t_start = clock()
             step = j.done
             new = whole_nodes(rdzv.requests(view.epoch, j.count), comm.placement.local_world)
@@ -178,25 +201,40 @@ def gpt_rank(comm, cfg):
                 return None
             view = reformed(new_view)
             agreed = first = view.first_step
-            state = commits[agreed]               # the agreed step's commit (the last two are kept)
-            if cfg.commit_every > 1:              # Horovod: back to the last commit at or before it (all members
-                first = max(k for k in saved if k <= agreed)      # hold the same: every K steps, at each join)
+            state = commits[agreed]  # the agreed step's commit (the last two are kept)
+            if cfg.commit_every > 1:  # Horovod: back to the last commit at or before it (all members
+                first = max(k for k in saved if k <= agreed)  # hold the same: every K steps, at each join)
                 state = saved[first]
             comm.reform(view.members, view.epoch, renumber=True)
             epochs.append((view.epoch, list(view.members), agreed))
             lost = sorted(before - set(view.members))
-            events.append({"kind": _kind(comm, e, lost), "epoch": view.epoch, "lost": lost, "failed_at": hung_at,
-                           "detected_at": t_detect, "agreed_at": clock(), "step": agreed,
-                           "steps_redone": agreed - first + 1})
+            events.append(
+                {
+                    "kind": _kind(comm, e, lost),
+                    "epoch": view.epoch,
+                    "lost": lost,
+                    "failed_at": hung_at,
+                    "detected_at": t_detect,
+                    "agreed_at": clock(),
+                    "step": agreed,
+                    "steps_redone": agreed - first + 1,
+                }
+            )
             step = first
     if dog is not None:
         dog.stop()
     if cluster:
         comm.store.set(FINISHED, "1")
     heart.stop()
-    w = None if state is None else whole(comm, cfg, pieces) if cfg_tp(cfg) > 1 else np.asarray(state["params"])[:n_params]
+    w = (
+        None
+        if state is None
+        else whole(comm, cfg, pieces)
+        if cfg_tp(cfg) > 1
+        else np.asarray(state["params"])[:n_params]
+    )
     rec = {"w": w, "losses": losses, "events": events, "epochs": epochs, "timeline": timeline}
-    if getattr(comm, "asked_at", None) is not None and timeline:      # a joiner: from asking to its first step
+    if getattr(comm, "asked_at", None) is not None and timeline:  # a joiner: from asking to its first step
         rec["healed"] = {"asked_at": comm.asked_at, "first_step_at": timeline[0][0]}
     return rec
 
@@ -248,7 +286,7 @@ def whole(comm, cfg, pieces: dict) -> np.ndarray:
     flat, at = [], 0
     for p, dim in pieces.values():
         n = p.numel()
-        shards = [torch.from_numpy(parts[k, at:at + n].reshape(tuple(p.shape))) for k in range(t)]
+        shards = [torch.from_numpy(parts[k, at : at + n].reshape(tuple(p.shape))) for k in range(t)]
         flat.append((shards[0] if dim is None else torch.cat(shards, dim=dim)).reshape(-1).numpy())
         at += n
     return np.concatenate(flat)
@@ -273,7 +311,7 @@ def _handed(comm, state, world: int, numel: int, tp: int = 1) -> dict:
         comm.broadcast(buf, root, comm.new_group(range(root, world, tp)) if tp > 1 else None)
     if state is not None and comm.rank != root:
         return state
-    return {"params": buf[:n], "m": buf[n:2 * n], "v": buf[2 * n:3 * n], "t": int(buf[-1])}
+    return {"params": buf[:n], "m": buf[n : 2 * n], "v": buf[2 * n : 3 * n], "t": int(buf[-1])}
 
 
 def reference(cfg) -> tuple[list, np.ndarray]:

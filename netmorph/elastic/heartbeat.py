@@ -26,10 +26,10 @@ import threading
 import time
 
 KEY = "netmorph/hb/{}"
-DONE = "done"                     # a worker's last word: it finished, it is not silent
+DONE = "done"  # a worker's last word: it finished, it is not silent
 PID = "netmorph/pid/{}"
 HOST = "netmorph/host/{}"
-FENCED = "netmorph/fenced/{}"    # seconds the rank had been silent when a watchdog fenced it
+FENCED = "netmorph/fenced/{}"  # seconds the rank had been silent when a watchdog fenced it
 
 
 def publish_pid(store, rank: int) -> None:
@@ -77,7 +77,7 @@ class Heartbeat:
         while not self._stop.wait(self.interval):
             try:
                 self._beat()
-            except RuntimeError:          # the store is gone: the job is ending
+            except RuntimeError:  # the store is gone: the job is ending
                 return
 
     def stop(self) -> None:
@@ -116,7 +116,7 @@ class Monitor:
             if not self.store.check([key]):
                 continue
             value = self.store.get(key)
-            if value == DONE.encode():        # it finished: nothing more to watch
+            if value == DONE.encode():  # it finished: nothing more to watch
                 self.forget([p])
                 continue
             if value != self.seen[p]:
@@ -150,9 +150,9 @@ class Watchdog:
     def __init__(self, store, peers, detector, interval: float = 0.1, on_suspect=None):
         self.monitor = Monitor(store, peers, detector, interval)
         self.store, self.interval = store, interval
-        self.on_suspect = on_suspect          # after the fence: what else a suspicion does (abort a group)
+        self.on_suspect = on_suspect  # after the fence: what else a suspicion does (abort a group)
         self.fenced: dict = {}
-        self._lock = threading.Lock()             # forget() comes from the rank's own thread
+        self._lock = threading.Lock()  # forget() comes from the rank's own thread
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="netmorph-watchdog", daemon=True)
 
@@ -173,7 +173,7 @@ class Watchdog:
                             fence(self.store, [p])
                             if self.on_suspect is not None:
                                 self.on_suspect(p)
-            except RuntimeError:          # the store is gone: the job is ending
+            except RuntimeError:  # the store is gone: the job is ending
                 return
 
     def silence(self, ranks) -> dict:

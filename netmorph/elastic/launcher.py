@@ -31,8 +31,9 @@ def free_port(port: int = 0, host: str = "127.0.0.1") -> int:
         s.bind((host, port))
         return s.getsockname()[1]
     except OSError as e:
-        raise UsageError(f"{{port}} {port} is in use on {host} ({e.strerror}); pick another or leave it out",
-                         "port") from None
+        raise UsageError(
+            f"{{port}} {port} is in use on {host} ({e.strerror}); pick another or leave it out", "port"
+        ) from None
     finally:
         s.close()
 
@@ -70,7 +71,7 @@ class Plan:
     nproc: int
     argv: list
     max_restarts: int = 0
-    joins: dict = field(default_factory=dict)      # node -> the step it starts at
+    joins: dict = field(default_factory=dict)  # node -> the step it starts at
     port: int = 0
     host: str = "127.0.0.1"
 
@@ -79,12 +80,30 @@ class Plan:
 
     def node_argv(self, node: int) -> list:
         late = [a for n in sorted(self.joins) for a in ("--late-node", str(n))]
-        return [*self.argv, "--lighthouse", self.address(), "--node-index", str(node), "--nodes", str(self.nodes),
-                *late]
+        return [
+            *self.argv,
+            "--lighthouse",
+            self.address(),
+            "--node-index",
+            str(node),
+            "--nodes",
+            str(self.nodes),
+            *late,
+        ]
 
     def torchrun(self, node: int) -> list:
-        return ["torchrun", "--nnodes", "1", "--nproc-per-node", str(self.nproc), "--max-restarts",
-                str(self.max_restarts), "-m", "netmorph", *self.node_argv(node)]
+        return [
+            "torchrun",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            str(self.nproc),
+            "--max-restarts",
+            str(self.max_restarts),
+            "-m",
+            "netmorph",
+            *self.node_argv(node),
+        ]
 
     def commands(self) -> list:
         """The per-node command lines a cluster would run (the lighthouse's first)."""
@@ -106,8 +125,11 @@ class Cluster:
         self.logs: dict[int, str] = {}
         self.lock = threading.Lock()
         self.stopping = threading.Event()
-        self.env = {**os.environ, "TMPDIR": self.tmp, "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL",
-                                                                                              "ERROR")}
+        self.env = {
+            **os.environ,
+            "TMPDIR": self.tmp,
+            "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
+        }
 
     def __enter__(self) -> Cluster:
         return self
@@ -117,11 +139,15 @@ class Cluster:
 
     def start(self, timeout: float = 60.0) -> None:
         p = self.plan
-        self.lighthouse = subprocess.Popen([sys.executable, "-m", "netmorph", "lighthouse", "--port", str(p.port),
-                                            "--host", p.host], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                           env=self.env, start_new_session=True)
+        self.lighthouse = subprocess.Popen(
+            [sys.executable, "-m", "netmorph", "lighthouse", "--port", str(p.port), "--host", p.host],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=self.env,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + timeout
-        while True:                                # until it listens
+        while True:  # until it listens
             try:
                 socket.create_connection((p.host, p.port), timeout=1).close()
                 break
@@ -141,16 +167,27 @@ class Cluster:
                 return
             log = os.path.join(self.tmp, f"node{node}.err")
             self.logs[node] = log
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   *self.plan.torchrun(node)[3:]]  # torchrun's own flags and the command, without "torchrun --nnodes 1"
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                *self.plan.torchrun(node)[3:],
+            ]  # torchrun's own flags and the command, without "torchrun --nnodes 1"
             with open(log, "w") as err:
-                self.jobs[node] = subprocess.Popen(cmd, stdout=self.stdout if node == 0 else subprocess.DEVNULL,
-                                                   stderr=err, env=self.env, start_new_session=True)
+                self.jobs[node] = subprocess.Popen(
+                    cmd,
+                    stdout=self.stdout if node == 0 else subprocess.DEVNULL,
+                    stderr=err,
+                    env=self.env,
+                    start_new_session=True,
+                )
 
     def _late_nodes(self) -> None:
         """Start each late node once the job has done its join step (or at once if the job is already past it)."""
         from netmorph.elastic.gpt import PROGRESS
         from netmorph.elastic.lighthouse import LighthouseStore
+
         store = LighthouseStore(self.plan.host, self.plan.port, 30.0)
         waiting = dict(self.plan.joins)
         while waiting and not self.stopping.is_set():
@@ -196,7 +233,7 @@ class Cluster:
             return ""
         agent = [i for i in range(len(text) - 1) if text[i].startswith("Traceback") and "torchrun" in text[i + 1]]
         if agent and agent[-1] > 0:
-            text = text[:agent[-1]]
+            text = text[: agent[-1]]
         return "\n".join(text[-lines:])
 
     def stop(self) -> None:

@@ -21,8 +21,16 @@ import time
 from netmorph.errors import UsageError
 
 # what a member writes back after a reconnection: its own records, and the views every member agreed
-OWNED = ("netmorph/pid/", "netmorph/host/", "netmorph/hb/", "netmorph/join/", "netmorph/progress/",
-         "netmorph/result/", "netmorph/killed/", "netmorph/hung/")
+OWNED = (
+    "netmorph/pid/",
+    "netmorph/host/",
+    "netmorph/hb/",
+    "netmorph/join/",
+    "netmorph/progress/",
+    "netmorph/result/",
+    "netmorph/killed/",
+    "netmorph/hung/",
+)
 SHARED = ("netmorph/view/",)
 _NETWORK_ERRORS = ("Connection", "connect", "recv", "send", "Broken pipe", "closed", "reset", "refused")
 
@@ -39,9 +47,10 @@ def serve(port: int, host: str = "0.0.0.0", ready=None, stop: threading.Event | 
     """Run the lighthouse's store on ``port`` until SIGTERM or SIGINT (or ``stop``): torch's TCPStore server.
     ``ready()`` is called once it listens."""
     import torch.distributed as dist
+
     try:
         server = dist.TCPStore(host, port, None, True, datetime.timedelta(seconds=30), False)
-    except RuntimeError as e:                      # the port is taken: one line, exit 2
+    except RuntimeError as e:  # the port is taken: one line, exit 2
         raise UsageError(f"{{port}} {port} cannot be listened on: {str(e).splitlines()[0][:160]}", "port") from None
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
@@ -65,21 +74,24 @@ class LighthouseStore:
     def __init__(self, host: str, port: int, timeout: float = 60.0):
         self.host, self.port, self.timeout = host, port, timeout
         self.lock = threading.RLock()
-        self.owned: dict[str, str] = {}            # what this member re-publishes: key -> value (set)
-        self.shared: dict[str, str] = {}           # what every member agrees on: key -> value (compare_set)
+        self.owned: dict[str, str] = {}  # what this member re-publishes: key -> value (set)
+        self.shared: dict[str, str] = {}  # what every member agrees on: key -> value (compare_set)
         self.reconnects = 0
         self.raw = self._connect()
 
     def _connect(self):
         import torch.distributed as dist
+
         deadline = time.monotonic() + self.timeout
         while True:
             try:
                 return dist.TCPStore(self.host, self.port, None, False, datetime.timedelta(seconds=self.timeout))
             except RuntimeError as e:
                 if time.monotonic() > deadline:
-                    raise ConnectionError(f"no lighthouse at {self.host}:{self.port} within {self.timeout:g} s: "
-                                          f"{str(e).splitlines()[0][:120]}") from None
+                    raise ConnectionError(
+                        f"no lighthouse at {self.host}:{self.port} within {self.timeout:g} s: "
+                        f"{str(e).splitlines()[0][:120]}"
+                    ) from None
                 time.sleep(0.1)
 
     def _call(self, name: str, *args):
@@ -87,7 +99,7 @@ class LighthouseStore:
             for attempt in range(2):
                 try:
                     return getattr(self.raw, name)(*args)
-                except RuntimeError as e:          # DistNetworkError is a RuntimeError
+                except RuntimeError as e:  # DistNetworkError is a RuntimeError
                     if attempt or not any(w in str(e) for w in _NETWORK_ERRORS):
                         raise
                     self.raw = self._connect()
@@ -122,7 +134,7 @@ class LighthouseStore:
 
     def compare_set(self, key, expected, desired):
         got = self._call("compare_set", key, expected, desired)
-        if str(key).startswith(SHARED):                      # an agreed view: the stored one, whoever wrote it
+        if str(key).startswith(SHARED):  # an agreed view: the stored one, whoever wrote it
             self.republish(key, got.decode() if isinstance(got, bytes) else got, shared=True)
         return got
 

@@ -30,7 +30,7 @@ VIEW = "netmorph/view/{}"
 JOIN = "netmorph/join/{}"
 REQUESTS = "netmorph/join/{}/requests"
 LATEST = "netmorph/view/latest"
-PROGRESS = "netmorph/progress/{}/{}"       # epoch, rank: the steps that member completed before the loss
+PROGRESS = "netmorph/progress/{}/{}"  # epoch, rank: the steps that member completed before the loss
 
 
 class MembershipError(RuntimeError):
@@ -100,8 +100,9 @@ class Rendezvous:
             time.sleep(self.last_call)
         joined = self.joiners(after.epoch, candidates)
         # the survivors in their order, the joiners after them (a renumbered communicator's ranks: ncclCommGrow)
-        members = (tuple(m for m in after.members if m not in set(suspects)) +
-                   tuple(sorted(set(joined) - set(after.members))))[:self.max_workers]
+        members = (
+            tuple(m for m in after.members if m not in set(suspects)) + tuple(sorted(set(joined) - set(after.members)))
+        )[: self.max_workers]
         step = after.first_step if first_step is None else first_step
         return self._agree(View(after.epoch + 1, members, step))
 
@@ -111,8 +112,10 @@ class Rendezvous:
         view = View.from_json(stored.decode() if isinstance(stored, bytes) else stored)
         self._advance_latest(view.epoch)
         if len(view.members) < self.min_workers:
-            raise MembershipError(f"epoch {view.epoch}: {len(view.members)} member(s) {list(view.members)}, "
-                                  f"fewer than min_workers {self.min_workers}")
+            raise MembershipError(
+                f"epoch {view.epoch}: {len(view.members)} member(s) {list(view.members)}, "
+                f"fewer than min_workers {self.min_workers}"
+            )
         return view
 
     def _stored(self, epoch: int) -> View:

@@ -71,8 +71,8 @@ def _deaths(store, slots) -> list:
 def run(cfg: ElasticConfig, lighthouse: str, node: int, check: bool = False) -> dict | None:
     """This worker's part of the job; the summary on node 0's local rank 0, None elsewhere."""
     comm = join(lighthouse, node, cfg.nodes, cfg.timeout)
-    comm.clock = time.time                          # events timed across hosts (the wall clock)
-    comm.started_at = process_start()               # a joiner's heal is timed from its process's start
+    comm.clock = time.time  # events timed across hosts (the wall clock)
+    comm.started_at = process_start()  # a joiner's heal is timed from its process's start
     store, place = comm.store, comm.placement
     store.compare_set(STARTED, "", repr(time.time()))
     t0 = float(store.get(STARTED))
@@ -81,7 +81,7 @@ def run(cfg: ElasticConfig, lighthouse: str, node: int, check: bool = False) -> 
         if rec is not None:
             _publish(store, comm.slot, rec)
             final = Rendezvous(store, cfg.min_workers).current()
-            if comm.slot == final.members[0]:        # the final view's rank 0 writes the job's summary
+            if comm.slot == final.members[0]:  # the final view's rank 0 writes the job's summary
                 deadline = time.monotonic() + cfg.timeout
                 while not all(store.check([RESULT.format(m)]) for m in final.members):
                     if time.monotonic() > deadline:
@@ -92,7 +92,7 @@ def run(cfg: ElasticConfig, lighthouse: str, node: int, check: bool = False) -> 
                 out = summary(cfg, results, _deaths(store, launched), t0, time.time() - t0, check)
                 out["nodes"], out["nproc_per_node"] = cfg.nodes, place.local_world
                 healed = [r["healed"] for r in results if "healed" in r]
-                if healed:                           # a node back: from its workers' asking to their first step
+                if healed:  # a node back: from its workers' asking to their first step
                     out["heal_s"] = max(h["first_step_at"] for h in healed) - min(h["asked_at"] for h in healed)
                 out["lighthouse_reconnects"] = store.reconnects
                 store.set(SUMMARY, json.dumps(out))

@@ -27,9 +27,12 @@ def recovery_summary(run) -> dict:
     """One recovery's figures over its deaths (joins are not recoveries): wall time, recovery (death to the next
     completed step: ``resumed_after_s`` in place, ``recovery_s`` for a restart), steps redone, caught up."""
     kills = [e for e in run["events"] if e.get("kind") != "join"]
-    return {"wall_s": run["wall_s"], "steps_redone": sum(e["steps_redone"] for e in kills),
-            "recovery_s": sum(e["resumed_after_s"] if "resumed_after_s" in e else e["recovery_s"] for e in kills),
-            "caught_up_s": caught_up(run)}
+    return {
+        "wall_s": run["wall_s"],
+        "steps_redone": sum(e["steps_redone"] for e in kills),
+        "recovery_s": sum(e["resumed_after_s"] if "resumed_after_s" in e else e["recovery_s"] for e in kills),
+        "caught_up_s": caught_up(run),
+    }
 
 
 def compare(cfg: ElasticConfig, every: int, inplace: dict | None = None, tick=lambda: None) -> dict:
@@ -41,5 +44,4 @@ def compare(cfg: ElasticConfig, every: int, inplace: dict | None = None, tick=la
     tick()
     restart = restart_all(replace(cfg, commit_every=every))
     tick()
-    return {name: {**run, **recovery_summary(run)}
-            for name, run in zip(RECOVERIES, (inplace, rollback, restart))}
+    return {name: {**run, **recovery_summary(run)} for name, run in zip(RECOVERIES, (inplace, rollback, restart))}

@@ -42,7 +42,7 @@ def _restart_rank(comm, cfg: ElasticConfig, start: int, w0, ckpt_dir: str, attem
         step += 1
         if me == 0:
             _stamp(ckpt_dir, step, start, attempt)
-            if step % cfg.commit_every == 0:                     # torch.save(state) every K steps, atomically
+            if step % cfg.commit_every == 0:  # torch.save(state) every K steps, atomically
                 np.save(os.path.join(ckpt_dir, "w.tmp.npy"), w)
                 os.replace(os.path.join(ckpt_dir, "w.tmp.npy"), os.path.join(ckpt_dir, "w.npy"))
                 write_text(os.path.join(ckpt_dir, "step"), str(step))
@@ -53,6 +53,7 @@ def _restart_gpt_rank(comm, cfg: ElasticConfig, start: int, saved, ckpt_dir: str
     """One attempt on the GPT trainer: every worker from the last checkpoint on disk (the trainer's, DCP's
     format: ``saved`` its folder; None: step 0's weights)."""
     from netmorph.checkpoint.training import load_state, save_state
+
     me = comm.rank
     tc = gpt.train_config(cfg, comm.world, cfg.steps - start, start)
     dies_at = {r: s for r, s in cfg.kills if s >= start}.get(me)
@@ -63,15 +64,16 @@ def _restart_gpt_rank(comm, cfg: ElasticConfig, start: int, saved, ckpt_dir: str
     def commit(done, snapshot, loss):
         if me == 0:
             _stamp(ckpt_dir, done, start, attempt)
-        if done % cfg.commit_every == 0:            # every rank its shards, published whole (torch.save's place)
+        if done % cfg.commit_every == 0:  # every rank its shards, published whole (torch.save's place)
             save_state(comm, os.path.join(ckpt_dir, "dcp"), done, tc.model, tc.layout, snapshot(), keep=1)
             if me == 0:
                 write_text(os.path.join(ckpt_dir, "step"), str(done))
         arm(done)
+
     arm(start)
     init = None if saved is None else {me: load_state(saved, tc.model, tc.layout, me)}
     out = train_rank(comm, tc, None, init, commit=commit)
-    return np.asarray(out.state.flat["params"])[:gpt.numel(cfg)]
+    return np.asarray(out.state.flat["params"])[: gpt.numel(cfg)]
 
 
 def _stamp(ckpt_dir: str, step: int, start: int, attempt: int) -> None:
@@ -116,13 +118,21 @@ def restart_all(cfg: ElasticConfig) -> dict:
         for e in events:
             first = float(open(os.path.join(ckpt, f"first_step_{e['attempt']}")).read())
             kill_step = dict(cfg.kills)[e["rank"]]
-            e.update(recovery_s=first - e["dead_at"], steps_redone=kill_step - e["restart_step"] + 1,
-                     at_s=e["dead_at"] - t0, step=kill_step)
+            e.update(
+                recovery_s=first - e["dead_at"],
+                steps_redone=kill_step - e["restart_step"] + 1,
+                at_s=e["dead_at"] - t0,
+                step=kill_step,
+            )
         with open(os.path.join(ckpt, "timeline")) as f:
             timeline = [(float(t) - t0, int(step), cfg.workers) for t, step in (line.split() for line in f)]
     finally:
         shutil.rmtree(ckpt, ignore_errors=True)
-    for e in events:                                             # nobody trains from the death to the restart
+    for e in events:  # nobody trains from the death to the restart
         timeline.append((e["at_s"], e["step"], 0))
-    return {"wall_s": time.monotonic() - t0, "w": final, "timeline": sorted(timeline),
-            "events": [{k: e[k] for k in ("rank", "step", "at_s", "recovery_s", "steps_redone")} for e in events]}
+    return {
+        "wall_s": time.monotonic() - t0,
+        "w": final,
+        "timeline": sorted(timeline),
+        "events": [{k: e[k] for k in ("rank", "step", "at_s", "recovery_s", "steps_redone")} for e in events],
+    }

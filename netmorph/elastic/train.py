@@ -52,24 +52,25 @@ class ElasticConfig:
     samples: int = 2048
     lr: float = 0.5
     seed: int = 0
-    kills: tuple = ()            # ((rank, step), ...): that rank is SIGKILLed in that step's all-reduce
-    joins: tuple = ()            # ((count, step), ...): that many new workers join at that step
-    hangs: tuple = ()            # ((rank, step), ...): that rank SIGSTOPs itself in that step (hung, not dead)
-    detector: str = "phi"        # who is hung after a timeout: "phi" (accrual) or "fixed" (torchelastic's timeout)
+    kills: tuple = ()  # ((rank, step), ...): that rank is SIGKILLed in that step's all-reduce
+    joins: tuple = ()  # ((count, step), ...): that many new workers join at that step
+    hangs: tuple = ()  # ((rank, step), ...): that rank SIGSTOPs itself in that step (hung, not dead)
+    detector: str = "phi"  # who is hung after a timeout: "phi" (accrual) or "fixed" (torchelastic's timeout)
     timeout: float = 10.0
-    commit_every: int = 1        # in-memory commits; > 1 is Horovod Elastic's rollback to the last commit
-    job: str = "lsq"             # "lsq": least squares on a ring; "gpt": netmorph train's GPT (elastic/gpt.py)
-    model: object = None         # the GPT's ModelShape (None: elastic.gpt.MODEL)
-    nodes: int = 0               # a cluster of torchrun jobs (elastic/cluster.py): its nodes; 0: the one-box launch
-    late_nodes: tuple = ()       # nodes that start after the launch (launch --join NODE@STEP): not in the first view
-    tp: int = 1                  # tensor parallel inside each node (a cluster's): the node is the group's failure domain
+    commit_every: int = 1  # in-memory commits; > 1 is Horovod Elastic's rollback to the last commit
+    job: str = "lsq"  # "lsq": least squares on a ring; "gpt": netmorph train's GPT (elastic/gpt.py)
+    model: object = None  # the GPT's ModelShape (None: elastic.gpt.MODEL)
+    nodes: int = 0  # a cluster of torchrun jobs (elastic/cluster.py): its nodes; 0: the one-box launch
+    late_nodes: tuple = ()  # nodes that start after the launch (launch --join NODE@STEP): not in the first view
+    tp: int = 1  # tensor parallel inside each node (a cluster's): the node is the group's failure domain
 
     def check(self) -> None:
         if not 1 <= self.workers <= 32:
             raise UsageError(f"{{workers}} must be in 1..32, got {self.workers}", "workers")
         if not 1 <= self.min_workers <= self.workers:
-            raise UsageError(f"{{min_workers}} must be in 1..{{workers}} = {self.workers}, got {self.min_workers}",
-                             "min_workers")
+            raise UsageError(
+                f"{{min_workers}} must be in 1..{{workers}} = {self.workers}, got {self.min_workers}", "min_workers"
+            )
         if not 1 <= self.steps <= 100_000:
             raise UsageError(f"{{steps}} must be in 1..100000, got {self.steps}", "steps")
         if not 0 <= self.seed < 1 << 32:
@@ -95,34 +96,54 @@ class ElasticConfig:
         if self.job not in ("lsq", "gpt"):
             raise UsageError(f"{{job}} must be lsq or gpt, got {self.job!r}", "job")
         if self.job == "gpt" and self.seed:
-            raise UsageError("{seed} draws the least-squares problem (--job lsq); the GPT's weights and data are "
-                             "the trainer's own", "seed")
+            raise UsageError(
+                "{seed} draws the least-squares problem (--job lsq); the GPT's weights and data are the trainer's own",
+                "seed",
+            )
         if self.nodes and (self.workers % self.nodes or self.job != "gpt"):
-            raise UsageError(f"{{workers}} {self.workers} must be nodes x processes per node ({self.nodes} nodes), "
-                             f"training the GPT", "workers")
+            raise UsageError(
+                f"{{workers}} {self.workers} must be nodes x processes per node ({self.nodes} nodes), training the GPT",
+                "workers",
+            )
         if self.nodes and len(self.initial_members()) < self.min_workers:
-            raise UsageError(f"the nodes started at launch give {len(self.initial_members())} worker(s), fewer than "
-                             f"{{min_workers}} {self.min_workers}: lower it or start fewer nodes late", "min_workers")
+            raise UsageError(
+                f"the nodes started at launch give {len(self.initial_members())} worker(s), fewer than "
+                f"{{min_workers}} {self.min_workers}: lower it or start fewer nodes late",
+                "min_workers",
+            )
         if not 1 <= self.tp <= 32:
             raise UsageError(f"{{tp}} must be in 1..32, got {self.tp}", "tp")
         if self.tp > 1 and not self.nodes:
-            raise UsageError("{tp} splits each node's layers over its workers, and a node goes and comes back whole "
-                             "(its torchrun job): run it as a cluster, netmorph launch --nodes N --nproc-per-node K "
-                             "-- elastic --tp T", "tp")
+            raise UsageError(
+                "{tp} splits each node's layers over its workers, and a node goes and comes back whole "
+                "(its torchrun job): run it as a cluster, netmorph launch --nodes N --nproc-per-node K "
+                "-- elastic --tp T",
+                "tp",
+            )
         if self.tp > 1 and (self.workers // self.nodes) % self.tp:
-            raise UsageError(f"{{tp}} {self.tp} must divide the workers of a node ({self.workers // self.nodes}, "
-                             f"--nproc-per-node): a tensor-parallel group never crosses nodes", "tp")
+            raise UsageError(
+                f"{{tp}} {self.tp} must divide the workers of a node ({self.workers // self.nodes}, "
+                f"--nproc-per-node): a tensor-parallel group never crosses nodes",
+                "tp",
+            )
         if self.tp > 1:
             from netmorph.elastic.gpt import train_config
-            train_config(self, self.tp, 1, 0)         # the trainer's own limits (heads, hidden, vocab over tp)
+
+            train_config(self, self.tp, 1, 0)  # the trainer's own limits (heads, hidden, vocab over tp)
         if self.job == "gpt":
             bad = sorted({n for n in self.sizes() if self.global_batch % (n // self.tp)})
             if bad:
-                dp = f" ({self.tp} ways tensor parallel: {', '.join(str(n // self.tp) for n in bad)} replicas)" \
-                    if self.tp > 1 else ""
-                raise UsageError(f"{{global_batch}} {self.global_batch} sequences must split evenly over every "
-                                 f"membership the run reaches ({', '.join(map(str, self.sizes()))} members; not "
-                                 f"{', '.join(map(str, bad))}{dp})", "global_batch")
+                dp = (
+                    f" ({self.tp} ways tensor parallel: {', '.join(str(n // self.tp) for n in bad)} replicas)"
+                    if self.tp > 1
+                    else ""
+                )
+                raise UsageError(
+                    f"{{global_batch}} {self.global_batch} sequences must split evenly over every "
+                    f"membership the run reaches ({', '.join(map(str, self.sizes()))} members; not "
+                    f"{', '.join(map(str, bad))}{dp})",
+                    "global_batch",
+                )
 
     def sizes(self) -> list:
         """The member counts the run goes through, in order (a kill or a hang one fewer, a join more); on a cluster
@@ -157,9 +178,9 @@ class ElasticConfig:
 def problem(cfg: ElasticConfig):
     """X (N, d), y (N,): a least-squares problem drawn from ``cfg.seed``."""
     rng = np.random.default_rng(cfg.seed)
-    x = rng.standard_normal((cfg.samples, cfg.dim)) / np.sqrt(cfg.dim)      # (N, d)
-    w_true = rng.standard_normal(cfg.dim)                                   # (d,)
-    y = x @ w_true + 0.1 * rng.standard_normal(cfg.samples)                # (N,)
+    x = rng.standard_normal((cfg.samples, cfg.dim)) / np.sqrt(cfg.dim)  # (N, d)
+    w_true = rng.standard_normal(cfg.dim)  # (d,)
+    y = x @ w_true + 0.1 * rng.standard_normal(cfg.samples)  # (N,)
     return x, y
 
 
@@ -169,8 +190,8 @@ def global_batch(cfg: ElasticConfig, step: int) -> np.ndarray:
 
 def _grad_loss(x, y, w, idx):
     """The gradient and the loss summed over samples ``idx`` (not yet divided by the batch)."""
-    r = x[idx] @ w - y[idx]                                                 # (n,)
-    return np.concatenate([x[idx].T @ r, [0.5 * float(r @ r)]])             # (d + 1,)
+    r = x[idx] @ w - y[idx]  # (n,)
+    return np.concatenate([x[idx].T @ r, [0.5 * float(r @ r)]])  # (d + 1,)
 
 
 def reference(cfg: ElasticConfig):
@@ -187,7 +208,7 @@ def reference(cfg: ElasticConfig):
 
 def rank_fn(comm, cfg: ElasticConfig):
     me = comm.rank
-    publish_pid(comm.store, me)                                  # for fencing a hung rank
+    publish_pid(comm.store, me)  # for fencing a hung rank
     heart = Heartbeat(comm.store, me, HEARTBEAT).start()
     x, y = problem(cfg)
     rdzv = Rendezvous(comm.store, cfg.min_workers)
@@ -196,17 +217,17 @@ def rank_fn(comm, cfg: ElasticConfig):
     arm = arm_faults(comm, dict(cfg.kills).get(me), dict(cfg.hangs).get(me))
     spares = cfg.spares()
     w, prev = np.zeros(cfg.dim), np.zeros(cfg.dim)
-    losses, events, timeline = {}, [], []                        # timeline: (monotonic s, steps done, members)
+    losses, events, timeline = {}, [], []  # timeline: (monotonic s, steps done, members)
     step = 0
-    if me in spares:                                             # a joiner: wait to be admitted, then catch up
+    if me in spares:  # a joiner: wait to be admitted, then catch up
         view = admitted(comm, rdzv, cfg, spares[me])
         w, step = np.empty(cfg.dim), view.first_step
-        comm.broadcast(w, src=min(view.members))          # the parameters: what it would load from a checkpoint
+        comm.broadcast(w, src=min(view.members))  # the parameters: what it would load from a checkpoint
         epochs.append((view.epoch, list(view.members), view.first_step))
         prev = w
     else:
-        comm.reform(view.members, view.epoch)                    # the spares are not in the first view
-    committed = (step, w)                                        # Horovod Elastic's state.commit()
+        comm.reform(view.members, view.epoch)  # the spares are not in the first view
+    committed = (step, w)  # Horovod Elastic's state.commit()
     joining = sorted({s for s in spares.values() if s > step})
     while step < cfg.steps:
         if joining and step == joining[0]:
@@ -214,28 +235,37 @@ def rank_fn(comm, cfg: ElasticConfig):
             t_start = time.monotonic()
             new = [r for r, s in spares.items() if s == step]
             view = admit(comm, rdzv, view, new, step, cfg)
-            comm.broadcast(w, src=min(view.members))           # the joiners receive the parameters
+            comm.broadcast(w, src=min(view.members))  # the joiners receive the parameters
             epochs.append((view.epoch, list(view.members), view.first_step))
-            events.append({"kind": "join", "ranks": new, "epoch": view.epoch, "detected_at": t_start,
-                           "agreed_at": time.monotonic(), "step": step, "steps_redone": 0})
+            events.append(
+                {
+                    "kind": "join",
+                    "ranks": new,
+                    "epoch": view.epoch,
+                    "detected_at": t_start,
+                    "agreed_at": time.monotonic(),
+                    "step": step,
+                    "steps_redone": 0,
+                }
+            )
             continue
         mine = np.array_split(global_batch(cfg, step), len(view.members))[view.members.index(me)]
         buf = _grad_loss(x, y, w, mine)
-        arm(step)                       # a kill or hang set for this step fires as its all-reduce starts
+        arm(step)  # a kill or hang set for this step fires as its all-reduce starts
         try:
             comm.all_reduce(buf, algo="ring")
         except (PeerLost, PeerTimeout) as e:
             t_detect = time.monotonic()
             hung_at = None
-            if isinstance(e, PeerTimeout):                       # silent, not dead: find who is hung, fence it
+            if isinstance(e, PeerTimeout):  # silent, not dead: find who is hung, fence it
                 hung_at = fence_hung(comm, view, cfg)
             before = set(view.members)
             view, ahead = agree(comm, rdzv, view, step, cfg)
             if me not in view.members:
-                return None                                      # excluded (only a hang could do this here)
+                return None  # excluded (only a hang could do this here)
             if ahead:
-                w, step = prev, step - 1                         # roll back the step we had finished
-            if cfg.commit_every > 1:                             # rollback: to the last commit, not the last step
+                w, step = prev, step - 1  # roll back the step we had finished
+            if cfg.commit_every > 1:  # rollback: to the last commit, not the last step
                 first = committed[0] if committed[0] <= view.first_step else view.first_step
                 w = committed[1] if committed[0] <= view.first_step else w
             else:
@@ -244,9 +274,18 @@ def rank_fn(comm, cfg: ElasticConfig):
             step = first
             comm.reform(view.members, view.epoch)
             epochs.append((view.epoch, list(view.members), view.first_step))
-            events.append({"kind": "hang" if isinstance(e, PeerTimeout) else "kill", "epoch": view.epoch,
-                           "lost": sorted(before - set(view.members)), "failed_at": hung_at, "detected_at": t_detect,
-                           "agreed_at": time.monotonic(), "step": step, "steps_redone": redone})
+            events.append(
+                {
+                    "kind": "hang" if isinstance(e, PeerTimeout) else "kill",
+                    "epoch": view.epoch,
+                    "lost": sorted(before - set(view.members)),
+                    "failed_at": hung_at,
+                    "detected_at": t_detect,
+                    "agreed_at": time.monotonic(),
+                    "step": step,
+                    "steps_redone": redone,
+                }
+            )
             continue
         prev = w
         w = w - cfg.lr * buf[:-1] / cfg.global_batch
@@ -263,7 +302,7 @@ def rank_fn(comm, cfg: ElasticConfig):
 
 def train(cfg: ElasticConfig, check: bool = False) -> dict:
     """Launch the job with its kills; the recovery record (and, with ``check``, the failure-free run)."""
-    importlib.import_module("torch.distributed")                # the store's module, before the clock starts
+    importlib.import_module("torch.distributed")  # the store's module, before the clock starts
     cfg.check()
     t0 = time.monotonic()
     world = cfg.workers + sum(n for n, _ in cfg.joins)
@@ -278,40 +317,64 @@ def summary(cfg: ElasticConfig, results: list, deaths: list, t0: float, wall: fl
     (rank, when)), the epochs, the losses, and with ``check`` the failure-free run beside it."""
     one_rank = gpt.reference if cfg.job == "gpt" else reference
     survivors = [r for r in results if r is not None]
-    first = max(survivors, key=lambda r: len(r["losses"]))        # a member since step 0
+    first = max(survivors, key=lambda r: len(r["losses"]))  # a member since step 0
     died = dict(deaths)
     kill_steps = dict(cfg.kills + cfg.hangs)
     events = []
-    kills = iter(sorted(deaths, key=lambda d: d[1]))         # for an event that names no rank
+    kills = iter(sorted(deaths, key=lambda d: d[1]))  # for an event that names no rank
     for e in first["events"]:
         if e["kind"] == "join":
-            events.append({"kind": "join", "rank": e["ranks"], "step": e["step"], "detected_after_s": 0.0,
-                           "agreed_after_s": e["agreed_at"] - e["detected_at"],
-                           "resumed_after_s": e.get("resumed_at", e["agreed_at"]) - e["detected_at"],
-                           "steps_redone": 0, "at_s": e["detected_at"] - t0})
+            events.append(
+                {
+                    "kind": "join",
+                    "rank": e["ranks"],
+                    "step": e["step"],
+                    "detected_after_s": 0.0,
+                    "agreed_after_s": e["agreed_at"] - e["detected_at"],
+                    "resumed_after_s": e.get("resumed_at", e["agreed_at"]) - e["detected_at"],
+                    "steps_redone": 0,
+                    "at_s": e["detected_at"] - t0,
+                }
+            )
             continue
         lost = [r for r in e["lost"] if r in died]
-        if not lost:                                             # the event names no rank: the next death
+        if not lost:  # the event names no rank: the next death
             r, _ = next(kills, (None, None))
             lost = [] if r is None else [r]
         rank = lost[0] if lost else None
-        t_dead = min((died[r] for r in lost), default=e["detected_at"])      # several can die in one step
-        if e.get("failed_at") is not None:                       # a hang: from when it stopped, not when fenced
+        t_dead = min((died[r] for r in lost), default=e["detected_at"])  # several can die in one step
+        if e.get("failed_at") is not None:  # a hang: from when it stopped, not when fenced
             t_dead = e["failed_at"]
-        events.append({"kind": e["kind"], "rank": rank, "ranks": lost, "step": kill_steps.get(rank, e["step"]),
-                       "detected_after_s": max(0.0, e["detected_at"] - t_dead),
-                       "agreed_after_s": e["agreed_at"] - t_dead,
-                       "resumed_after_s": e.get("resumed_at", e["agreed_at"]) - t_dead,
-                       "steps_redone": e["steps_redone"], "at_s": t_dead - t0})
+        events.append(
+            {
+                "kind": e["kind"],
+                "rank": rank,
+                "ranks": lost,
+                "step": kill_steps.get(rank, e["step"]),
+                "detected_after_s": max(0.0, e["detected_at"] - t_dead),
+                "agreed_after_s": e["agreed_at"] - t_dead,
+                "resumed_after_s": e.get("resumed_at", e["agreed_at"]) - t_dead,
+                "steps_redone": e["steps_redone"],
+                "at_s": t_dead - t0,
+            }
+        )
     losses = [first["losses"][s] for s in range(cfg.steps)]
-    out = {"workers": cfg.workers, "min_workers": cfg.min_workers, "steps": cfg.steps, "events": events,
-           "epochs": [{"epoch": ep, "members": m, "first_step": s} for ep, m, s in first["epochs"]],
-           "losses": losses, "wall_s": wall, "dead": sorted(died),
-           "timeline": [(t - t0, step, n) for t, step, n in first["timeline"]]}
+    out = {
+        "workers": cfg.workers,
+        "min_workers": cfg.min_workers,
+        "steps": cfg.steps,
+        "events": events,
+        "epochs": [{"epoch": ep, "members": m, "first_step": s} for ep, m, s in first["epochs"]],
+        "losses": losses,
+        "wall_s": wall,
+        "dead": sorted(died),
+        "timeline": [(t - t0, step, n) for t, step, n in first["timeline"]],
+    }
     if check:
         ref_losses, ref_w = one_rank(cfg)
         out["reference_losses"] = ref_losses
         out["max_rel_loss_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
-        out["max_rel_param_diff"] = max(float(np.max(np.abs(r["w"] - ref_w)) / np.max(np.abs(ref_w)))
-                                        for r in survivors)
+        out["max_rel_param_diff"] = max(
+            float(np.max(np.abs(r["w"] - ref_w)) / np.max(np.abs(ref_w))) for r in survivors
+        )
     return out

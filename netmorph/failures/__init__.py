@@ -13,8 +13,19 @@ from pathlib import Path
 from netmorph.failures.model import Curve, curve, daly, goodput, inplace_goodput, lost_per_failure, optimum, young
 from netmorph.failures.montecarlo import run as monte_carlo
 
-__all__ = ["Curve", "curve", "daly", "fleet", "goodput", "inplace_goodput", "job_mtbf", "lost_per_failure", "monte_carlo", "optimum",
-           "young"]
+__all__ = [
+    "Curve",
+    "curve",
+    "daly",
+    "fleet",
+    "goodput",
+    "inplace_goodput",
+    "job_mtbf",
+    "lost_per_failure",
+    "monte_carlo",
+    "optimum",
+    "young",
+]
 
 
 def fleet() -> dict:

@@ -36,7 +36,7 @@ import numpy as np
 
 from netmorph.errors import UsageError
 
-MAX_FAILURES = 5e7        # failures a Monte Carlo run may simulate (all trials)
+MAX_FAILURES = 5e7  # failures a Monte Carlo run may simulate (all trials)
 
 
 def human_time(seconds: float) -> str:
@@ -57,15 +57,19 @@ def check_job(M: float, C: float, s: float, days: float, trials: int) -> None:
     shorter than the job MTBF ``M`` (it would fail before either completes), or more than
     :data:`MAX_FAILURES` failures for ``trials`` runs of ``days`` to simulate."""
     if C >= M:
-        raise UsageError(f"{{checkpoint_write}} {human_time(C)} is not shorter than the job MTBF {human_time(M)}: "
-                         "the job would fail before a checkpoint completes", "checkpoint_write")
+        raise UsageError(
+            f"{{checkpoint_write}} {human_time(C)} is not shorter than the job MTBF {human_time(M)}: "
+            "the job would fail before a checkpoint completes",
+            "checkpoint_write",
+        )
     if s >= M:
-        raise UsageError(f"{{step_time}} {human_time(s)} is not shorter than the job MTBF {human_time(M)}",
-                         "step_time")
+        raise UsageError(f"{{step_time}} {human_time(s)} is not shorter than the job MTBF {human_time(M)}", "step_time")
     if days * 86400 / M * trials > MAX_FAILURES:
-        raise UsageError(f"{{days}} {days:g} x {{trials}} {trials} at a job MTBF of {human_time(M)} is more than "
-                         f"{MAX_FAILURES / 1e6:g} million failures to simulate; lower {{trials}} or {{days}}",
-                         "trials")
+        raise UsageError(
+            f"{{days}} {days:g} x {{trials}} {trials} at a job MTBF of {human_time(M)} is more than "
+            f"{MAX_FAILURES / 1e6:g} million failures to simulate; lower {{trials}} or {{days}}",
+            "trials",
+        )
 
 
 def young(C: float, M: float) -> float:
@@ -84,7 +88,7 @@ def daly(C: float, M: float) -> float:
 def goodput(tau: float, C: float, R: float, M: float) -> float:
     """Useful fraction of wall time for interval ``tau``, checkpoint ``C``, restart ``R``, job MTBF ``M``
     (Daly's complete model, exponential failures)."""
-    if (R + tau + C) / M > 700:                                  # e^700: the job (almost) never completes a segment
+    if (R + tau + C) / M > 700:  # e^700: the job (almost) never completes a segment
         return 0.0
     return tau / (M * math.exp(R / M) * math.expm1((tau + C) / M))
 
@@ -131,11 +135,11 @@ class Curve:
     daly_goodput: float
 
 
-def curve(gpus: int, M: float, C: float, R: float, r: float, s: float,
-          taus: np.ndarray | None = None) -> Curve:
+def curve(gpus: int, M: float, C: float, R: float, r: float, s: float, taus: np.ndarray | None = None) -> Curve:
     """:class:`Curve` of ``gpus`` GPUs whose job MTBF is ``M``: checkpoint ``C``, restart ``R``; in place
     recovery ``r`` and step ``s`` (default intervals: 1 min to 48 h)."""
     taus = np.geomspace(60, 48 * 3600, 300) if taus is None else taus
     t = daly(C, M)
-    return Curve(gpus, M, taus, np.array([goodput(x, C, R, M) for x in taus]), inplace_goodput(s, r, M), t,
-                 goodput(t, C, R, M))
+    return Curve(
+        gpus, M, taus, np.array([goodput(x, C, R, M) for x in taus]), inplace_goodput(s, r, M), t, goodput(t, C, R, M)
+    )

@@ -16,5 +16,16 @@ from netmorph.mesh.presets import PRESETS
 from netmorph.mesh.settings import Batch, Knobs, Precision
 from netmorph.mesh.shape import ModelShape
 
-__all__ = ["DIMS", "PRINT_ORDER", "Batch", "DeviceMesh", "Knobs", "Layout", "Mesh", "ModelShape", "PRESETS", "Precision",
-           "Rejection"]
+__all__ = [
+    "DIMS",
+    "PRINT_ORDER",
+    "Batch",
+    "DeviceMesh",
+    "Knobs",
+    "Layout",
+    "Mesh",
+    "ModelShape",
+    "PRESETS",
+    "Precision",
+    "Rejection",
+]

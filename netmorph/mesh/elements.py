@@ -39,11 +39,17 @@ def check(layout: Layout, cfg: ModelShape) -> None:
     """The layout runs ``cfg`` on netmorph's trainer, or the one line that says why not (its first
     :class:`~netmorph.mesh.layout.Rejection`)."""
     bad = [r for r in layout.check(cfg) if r.key != "batch" and r.key not in KERNEL_RULES]
-    if not bad and cfg.vocab % layout.tp:           # the map's own needs: the vocabulary-parallel embedding's
+    if not bad and cfg.vocab % layout.tp:  # the map's own needs: the vocabulary-parallel embedding's
         bad = [Rejection("map", "vocab", cfg.vocab, f"vocab {cfg.vocab} is not divisible by tp {layout.tp}")]
-    if not bad and cfg.layers % layout.stages:      # pieces, and even stages (chunk_layers)
-        bad = [Rejection("map", "layers", cfg.layers, f"layers {cfg.layers} is not divisible by pp x interleave = "
-                         f"{layout.stages}")]
+    if not bad and cfg.layers % layout.stages:  # pieces, and even stages (chunk_layers)
+        bad = [
+            Rejection(
+                "map",
+                "layers",
+                cfg.layers,
+                f"layers {cfg.layers} is not divisible by pp x interleave = {layout.stages}",
+            )
+        ]
     if bad:
         raise UsageError(f"layout {layout.tag()}: {bad[0].text}", "layout")
 
@@ -67,9 +73,9 @@ def global_ids(cfg: ModelShape) -> dict:
 class RankMap:
     """One rank's state under a layout, in global ids."""
 
-    flat: np.ndarray        # global id of each element of the padded flat buffer (-1: padding)
-    params: tuple           # [lo, hi) of the flat buffer whose parameters persist between steps
-    optimizer: tuple        # [lo, hi) of the flat buffer Adam's moments cover
+    flat: np.ndarray  # global id of each element of the padded flat buffer (-1: padding)
+    params: tuple  # [lo, hi) of the flat buffer whose parameters persist between steps
+    optimizer: tuple  # [lo, hi) of the flat buffer Adam's moments cover
 
 
 BUFFERS = ("dense", "experts")
@@ -98,7 +104,7 @@ def element_map(cfg: ModelShape, layout: Layout, buffer: str = "dense") -> list:
         ways, index = ways * layout.cp, c["cp"] + layout.cp * index
         _, padded = flat_offsets([x.size for x in pieces], ways)
         flat = np.full(padded, -1, dtype=np.int64)
-        flat[:sum(x.size for x in pieces)] = np.concatenate(pieces)
+        flat[: sum(x.size for x in pieces)] = np.concatenate(pieces)
         shard = shard_range(padded, ways, index)
         out.append(RankMap(flat, shard if layout.zero >= 3 else (0, padded), shard if layout.zero else (0, padded)))
     return out

@@ -32,8 +32,16 @@ PRINT_ORDER = ("tp", "cp", "ep", "pp", "dp")
 class Mesh:
     """``Mesh(16, tp=2, pp=4)``; dp defaults to whatever the world leaves."""
 
-    def __init__(self, world: int, tp: int = 1, pp: int = 1, dp: int | None = None, cp: int = 1, ep: int = 1,
-                 order: str = "tp-cp-ep-dp-pp"):
+    def __init__(
+        self,
+        world: int,
+        tp: int = 1,
+        pp: int = 1,
+        dp: int | None = None,
+        cp: int = 1,
+        ep: int = 1,
+        order: str = "tp-cp-ep-dp-pp",
+    ):
         sizes = {"tp": tp, "pp": pp, "cp": cp, "ep": ep}
         if world < 1:
             raise UsageError(f"{{world}} must be >= 1, got {world}", "world")
@@ -43,16 +51,24 @@ class Mesh:
         rest = tp * pp * cp * ep
         if dp is None:
             if world % rest:
-                raise UsageError(f"{{world}} {world} is not divisible by tp*cp*ep*pp = {rest}; "
-                                 f"change {{world}} or {{tp}}/{{pp}}/{{cp}}/{{ep}}", "world")
+                raise UsageError(
+                    f"{{world}} {world} is not divisible by tp*cp*ep*pp = {rest}; "
+                    f"change {{world}} or {{tp}}/{{pp}}/{{cp}}/{{ep}}",
+                    "world",
+                )
             dp = world // rest
         if dp < 1 or rest * dp != world:
-            raise UsageError(f"{{world}} {world} != tp*cp*ep*dp*pp = {tp}*{cp}*{ep}*{dp}*{pp} = {rest * dp}; "
-                             f"change {{world}} or {{tp}}/{{pp}}/{{dp}}/{{cp}}/{{ep}}", "world")
+            raise UsageError(
+                f"{{world}} {world} != tp*cp*ep*dp*pp = {tp}*{cp}*{ep}*{dp}*{pp} = {rest * dp}; "
+                f"change {{world}} or {{tp}}/{{pp}}/{{dp}}/{{cp}}/{{ep}}",
+                "world",
+            )
         sizes["dp"] = dp
         names = order.split("-")
         if sorted(names) != sorted(DIMS):
-            raise UsageError(f"{{order}} must name each of {', '.join(DIMS)} once, joined by '-', got {order!r}", "order")
+            raise UsageError(
+                f"{{order}} must name each of {', '.join(DIMS)} once, joined by '-', got {order!r}", "order"
+            )
         self.world, self.order, self.sizes = world, names, sizes
         # first name varies fastest: reshape with the last name as the slowest axis
         self.grid = np.arange(world).reshape([sizes[n] for n in reversed(names)])

@@ -75,12 +75,12 @@ def shard(tensor, dim: int, ways: int, rank: int):
 
 @dataclass(frozen=True)
 class Param:
-    name: str                      # the 1-rank model's name: "wte", "wpe", "ln_f.w", "3.qkv.w"
-    shape: tuple                   # the whole parameter's shape
-    placement: Shard | Replicate | ExpertShard   # over tp (ExpertShard: over ep)
-    layer: int | None              # its transformer layer (None: embeddings, final norm)
-    module: str                    # the name inside its module: "qkv.weight", "wte", "ln_f.weight"
-    init: str                      # "normal" N(0, 0.02), "residual" N(0, 0.02/sqrt(2 layers)), "ones", "zeros"
+    name: str  # the 1-rank model's name: "wte", "wpe", "ln_f.w", "3.qkv.w"
+    shape: tuple  # the whole parameter's shape
+    placement: Shard | Replicate | ExpertShard  # over tp (ExpertShard: over ep)
+    layer: int | None  # its transformer layer (None: embeddings, final norm)
+    module: str  # the name inside its module: "qkv.weight", "wte", "ln_f.weight"
+    init: str  # "normal" N(0, 0.02), "residual" N(0, 0.02/sqrt(2 layers)), "ones", "zeros"
 
     @property
     def is_expert(self) -> bool:
@@ -97,7 +97,7 @@ class Param:
         if ways == 1:
             return self.shape
         d = self.placement.dim
-        return self.shape[:d] + (self.shape[d] // ways,) + self.shape[d + 1:]
+        return self.shape[:d] + (self.shape[d] // ways,) + self.shape[d + 1 :]
 
     def piece(self, tensor, tp: int, rank: int, ep: int = 1, ep_rank: int = 0):
         """The piece of the whole ``tensor`` that tensor-parallel rank ``rank`` (expert-parallel rank
@@ -147,13 +147,16 @@ def is_moe_layer(model: ModelShape, i: int) -> bool:
 
 def _block(model: ModelShape, i: int) -> list:
     h, f = model.hidden, model.f
-    rows = [Param(f"{i}.{suffix}", shape(h, f), place, i, f"{m}.{p}", init)
-            for m, p, suffix, place, shape, init in _BLOCK]
+    rows = [
+        Param(f"{i}.{suffix}", shape(h, f), place, i, f"{m}.{p}", init) for m, p, suffix, place, shape, init in _BLOCK
+    ]
     if not is_moe_layer(model, i):
         return rows
-    moe = [Param(f"{i}.{suffix}", shape(h, model.ef, model.experts), place, i, f"{m}.{p}", init)
-           for m, p, suffix, place, shape, init in _MOE]
-    return rows[:8] + moe                  # ln1, qkv, proj, ln2; the experts instead of fc and fc2
+    moe = [
+        Param(f"{i}.{suffix}", shape(h, model.ef, model.experts), place, i, f"{m}.{p}", init)
+        for m, p, suffix, place, shape, init in _MOE
+    ]
+    return rows[:8] + moe  # ln1, qkv, proj, ln2; the experts instead of fc and fc2
 
 
 def _wte(model: ModelShape) -> Param:
@@ -166,8 +169,10 @@ def _wpe(model: ModelShape) -> Param:
 
 def _ln_f(model: ModelShape) -> list:
     h = model.hidden
-    return [Param("ln_f.w", (h,), REPLICATE, None, "ln_f.weight", "ones"),
-            Param("ln_f.b", (h,), REPLICATE, None, "ln_f.bias", "zeros")]
+    return [
+        Param("ln_f.w", (h,), REPLICATE, None, "ln_f.weight", "ones"),
+        Param("ln_f.b", (h,), REPLICATE, None, "ln_f.bias", "zeros"),
+    ]
 
 
 def parameters(model: ModelShape) -> list:
@@ -206,11 +211,14 @@ def stage_of(name: str, model: ModelShape, layout: Layout) -> list:
 def table(model: ModelShape, layout: Layout) -> list:
     """[(name, shape, pipeline ranks, placement, shape on one rank)]: the whole plan, as ``netmorph`` prints
     it and a test reads it."""
-    return [(p.name, p.shape, stage_of(p.name, model, layout), str(p.placement),
-             p.local_shape(layout.tp, layout.ep)) for p in parameters(model)]
+    return [
+        (p.name, p.shape, stage_of(p.name, model, layout), str(p.placement), p.local_shape(layout.tp, layout.ep))
+        for p in parameters(model)
+    ]
 
 
 # ---------------------------------------------------------------- flat buffers and their model-state bytes
+
 
 def flat_offsets(sizes, pad_to: int = 1) -> tuple[list, int]:
     """(offset of each of ``sizes`` elements in the buffer, the padded length): back to back in order, the
@@ -243,8 +251,9 @@ def stage_elements(model: ModelShape, layout: Layout, pp_rank: int) -> tuple[int
     return dense, expert
 
 
-def model_state_bytes(model: ModelShape, layout: Layout, itemsize: int, grad_size: int | None = None,
-                      optimizer_size: int | None = None) -> dict:
+def model_state_bytes(
+    model: ModelShape, layout: Layout, itemsize: int, grad_size: int | None = None, optimizer_size: int | None = None
+) -> dict:
     """``{"params", "grads", "optimizer"}``: the bytes netmorph's trainer holds between steps on its most
     loaded rank (each field's maximum over the pipeline stages; every tp, ep and dp rank of a stage holds the
     same), counted from this table: per flat buffer (the dense parameters over the dp x cp group, the experts
@@ -260,7 +269,7 @@ def model_state_bytes(model: ModelShape, layout: Layout, itemsize: int, grad_siz
     z = layout.zero
     for pp_rank in range(layout.pp):
         got = {"params": 0, "grads": 0, "optimizer": 0}
-        dpc = layout.dp * layout.cp                   # the dense replicas: dp x cp (Megatron's group with cp)
+        dpc = layout.dp * layout.cp  # the dense replicas: dp x cp (Megatron's group with cp)
         for n, group in zip(stage_elements(model, layout, pp_rank), (dpc, max(dpc // layout.ep, 1))):
             if not n:
                 continue

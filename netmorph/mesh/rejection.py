@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from netmorph.errors import UsageError
 
-LIMIT = 1 << 24          # the largest degree, batch or count a layout takes
+LIMIT = 1 << 24  # the largest degree, batch or count a layout takes
 
 
 @dataclass(frozen=True)
@@ -35,11 +35,17 @@ class Rejection:
 
 def in_range(owner, names, low: int = 1) -> list:
     """A range :class:`Rejection` for each of ``owner``'s integer fields ``names`` outside low..LIMIT."""
-    return [Rejection("range", k, getattr(owner, k), f"{k} must be in {low}..{LIMIT:,}, got {getattr(owner, k)}")
-            for k in names if not low <= getattr(owner, k) <= LIMIT]
+    return [
+        Rejection("range", k, getattr(owner, k), f"{k} must be in {low}..{LIMIT:,}, got {getattr(owner, k)}")
+        for k in names
+        if not low <= getattr(owner, k) <= LIMIT
+    ]
 
 
 def one_of(owner, choices: dict) -> list:
     """A range :class:`Rejection` for each of ``owner``'s fields whose value is not among its choices."""
-    return [Rejection("range", k, getattr(owner, k), f"{k} must be one of {', '.join(allowed)}, got "
-                      f"{getattr(owner, k)!r}") for k, allowed in choices.items() if getattr(owner, k) not in allowed]
+    return [
+        Rejection("range", k, getattr(owner, k), f"{k} must be one of {', '.join(allowed)}, got {getattr(owner, k)!r}")
+        for k, allowed in choices.items()
+        if getattr(owner, k) not in allowed
+    ]

@@ -25,16 +25,33 @@ from netmorph.errors import UsageError
 from netmorph.mesh.settings import SCHEDULES, SPLIT_BACKWARD, V_SHAPED
 from netmorph.mesh.zero_bubble import dualpipev, zb_h1, zbv
 
-__all__ = ["SCHEDULES", "SPLIT_BACKWARD", "V_SHAPED", "Slot", "bubble", "check", "draw", "idle", "idle_of", "in_flight",
-           "levels", "peaks", "rank_of", "schedule", "stage_of", "theory", "w_stash"]
+__all__ = [
+    "SCHEDULES",
+    "SPLIT_BACKWARD",
+    "V_SHAPED",
+    "Slot",
+    "bubble",
+    "check",
+    "draw",
+    "idle",
+    "idle_of",
+    "in_flight",
+    "levels",
+    "peaks",
+    "rank_of",
+    "schedule",
+    "stage_of",
+    "theory",
+    "w_stash",
+]
 _BUILT = {"zb-h1": zb_h1, "zbv": zbv, "dualpipev": dualpipev}
 
 
 @dataclass(frozen=True)
 class Slot:
-    kind: str            # "F", "B" (with W: the input gradient alone) or "W" (the weight gradient)
+    kind: str  # "F", "B" (with W: the input gradient alone) or "W" (the weight gradient)
     microbatch: int
-    chunk: int = 0       # model chunk on this rank (interleaved: virtual stage chunk·p + rank; a V: 2p-1-rank)
+    chunk: int = 0  # model chunk on this rank (interleaved: virtual stage chunk·p + rank; a V: 2p-1-rank)
 
     def __str__(self):
         return f"{self.kind}{self.microbatch}" + (f".{self.chunk}" if self.chunk else "")
@@ -46,9 +63,11 @@ def schedule(name: str, pp: int, m: int, v: int = 1) -> list[list[Slot]]:
         raise UsageError(f"{{schedule}} must be one of {', '.join(SCHEDULES)}, got {name!r}", "schedule")
     if name in V_SHAPED:
         if pp < 2 or v != 2 or (name == "dualpipev" and m < 2 * pp):
-            raise UsageError(f"{{schedule}} {name} runs two chunks on each of pp > 1 ranks"
-                             + (f" and at least 2·pp = {2 * pp} {{microbatches}}" if name == "dualpipev" else ""),
-                             "schedule")
+            raise UsageError(
+                f"{{schedule}} {name} runs two chunks on each of pp > 1 ranks"
+                + (f" and at least 2·pp = {2 * pp} {{microbatches}}" if name == "dualpipev" else ""),
+                "schedule",
+            )
     elif name != "interleaved" and v != 1:
         raise UsageError(f"{{interleave}} {v} needs {{schedule}} interleaved", "interleave")
     if name in _BUILT:
@@ -68,8 +87,9 @@ def schedule(name: str, pp: int, m: int, v: int = 1) -> list[list[Slot]]:
             out.append(slots)
         return out
     if pp < 2 or m % pp:
-        raise UsageError(f"the interleaved schedule needs pp > 1 and {{microbatches}} ({m}) a multiple of pp ({pp})",
-                         "microbatches")
+        raise UsageError(
+            f"the interleaved schedule needs pp > 1 and {{microbatches}} ({m}) a multiple of pp ({pp})", "microbatches"
+        )
     total = m * v
 
     def virtual(k, forward):
@@ -237,8 +257,9 @@ def _cost(slots, cost):
 def idle(slots: list[list[Slot]], v: int = 1, v_shaped: bool = False, cost=None) -> float:
     """The least loaded rank's idle seconds, played with ``cost``: the makespan less its busy time."""
     cost = _cost(slots, cost)
-    return _makespan(_order(slots, v, v_shaped), len(slots), cost) - min(sum(cost[s.kind] for s in row)
-                                                                         for row in slots)
+    return _makespan(_order(slots, v, v_shaped), len(slots), cost) - min(
+        sum(cost[s.kind] for s in row) for row in slots
+    )
 
 
 @lru_cache(maxsize=256)

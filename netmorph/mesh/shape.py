@@ -79,41 +79,41 @@ class ModelShape:
     heads: int = 4
     seq: int = 32
     vocab: int = 128
-    ffn: int = 0                   # 0: 4 x hidden
-    params_only: float = 0.0       # a bare parameter count (--params): model-state memory only
-    kv_heads: int = 0              # 0: = heads (multi-head attention)
-    ffn_type: str = "gelu"         # gelu | swiglu
-    position: str = "learned"      # learned | rope | alibi
-    tied: bool = True              # output layer shares the word embedding
-    bias: bool = True              # linear biases and LayerNorm (False: no biases, RMSNorm)
-    attention: str = "standard"    # standard | flash
-    dropout: bool = False          # dropout layers (True: their masks are stored for the backward)
-    experts: int = 0               # 0: dense MLP
-    top_k: int = 1                 # experts per token
-    capacity_factor: float = 1.0   # expert capacity / (tokens x top_k / experts): padding computed and sent
-    expert_ffn: int = 0            # 0: = ffn (each expert as wide as the dense MLP)
-    shared_experts: int = 0        # experts every token passes through (DeepSeek, Qwen2-MoE), each expert_ffn wide
-    embedding_norm: bool = False   # a norm right after the word embedding (BLOOM's word_embeddings_layernorm)
-    extra_positions: int = 0       # learned position rows beyond seq (OPT keeps 2 for its padding offset)
-    dense_layers: int = 0          # the first k layers keep a dense MLP (DeepSeek's first_k_dense_replace)
-    dense_at: tuple = ()           # further dense layers by index (moe_layer_freq, decoder_sparse_step,
-                                   # mlp_only_layers)
-    shared_ffn: int = 0            # 0: each shared expert is expert_ffn wide (Qwen2-MoE's
-                                   # shared_expert_intermediate_size)
-    shared_gate: bool = False      # a sigmoid gate of h x 1 on the shared expert's output (Qwen2-MoE)
-    head_width: int = 0            # 0: hidden / heads (config.json's head_dim where it differs: Gemma, Qwen3, Mistral)
-    attention_bias: str = ""       # with bias=False: "qkv" (Qwen2) or "all" of attention's projections (config.json's
-                                   # attention_bias in Llama, Qwen3, DeepSeek), RMSNorm and a bias-free MLP kept
-    qk_norm: bool = False          # an RMSNorm of head_dim on each Q and K head (Qwen3, Gemma 3)
-    layer_norms: int = 2           # norms per layer (Gemma 2/3: 4, before and after attention and MLP)
+    ffn: int = 0  # 0: 4 x hidden
+    params_only: float = 0.0  # a bare parameter count (--params): model-state memory only
+    kv_heads: int = 0  # 0: = heads (multi-head attention)
+    ffn_type: str = "gelu"  # gelu | swiglu
+    position: str = "learned"  # learned | rope | alibi
+    tied: bool = True  # output layer shares the word embedding
+    bias: bool = True  # linear biases and LayerNorm (False: no biases, RMSNorm)
+    attention: str = "standard"  # standard | flash
+    dropout: bool = False  # dropout layers (True: their masks are stored for the backward)
+    experts: int = 0  # 0: dense MLP
+    top_k: int = 1  # experts per token
+    capacity_factor: float = 1.0  # expert capacity / (tokens x top_k / experts): padding computed and sent
+    expert_ffn: int = 0  # 0: = ffn (each expert as wide as the dense MLP)
+    shared_experts: int = 0  # experts every token passes through (DeepSeek, Qwen2-MoE), each expert_ffn wide
+    embedding_norm: bool = False  # a norm right after the word embedding (BLOOM's word_embeddings_layernorm)
+    extra_positions: int = 0  # learned position rows beyond seq (OPT keeps 2 for its padding offset)
+    dense_layers: int = 0  # the first k layers keep a dense MLP (DeepSeek's first_k_dense_replace)
+    dense_at: tuple = ()  # further dense layers by index (moe_layer_freq, decoder_sparse_step,
+    # mlp_only_layers)
+    shared_ffn: int = 0  # 0: each shared expert is expert_ffn wide (Qwen2-MoE's
+    # shared_expert_intermediate_size)
+    shared_gate: bool = False  # a sigmoid gate of h x 1 on the shared expert's output (Qwen2-MoE)
+    head_width: int = 0  # 0: hidden / heads (config.json's head_dim where it differs: Gemma, Qwen3, Mistral)
+    attention_bias: str = ""  # with bias=False: "qkv" (Qwen2) or "all" of attention's projections (config.json's
+    # attention_bias in Llama, Qwen3, DeepSeek), RMSNorm and a bias-free MLP kept
+    qk_norm: bool = False  # an RMSNorm of head_dim on each Q and K head (Qwen3, Gemma 3)
+    layer_norms: int = 2  # norms per layer (Gemma 2/3: 4, before and after attention and MLP)
     # multi-head latent attention (DeepSeek-V2/V3; kv_lora_rank > 0): K and V come from one compressed latent
-    q_lora_rank: int = 0           # 0: Q projected directly from h
-    kv_lora_rank: int = 0          # the latent's width (what the KV cache stores, with the rotary key)
+    q_lora_rank: int = 0  # 0: Q projected directly from h
+    kv_lora_rank: int = 0  # the latent's width (what the KV cache stores, with the rotary key)
     qk_nope_head_dim: int = 0
-    qk_rope_head_dim: int = 0      # the decoupled rotary part of each Q and K head (K's shared by all heads)
+    qk_rope_head_dim: int = 0  # the decoupled rotary part of each Q and K head (K's shared by all heads)
     v_head_dim: int = 0
-    seed: int = 0                  # the initial weights' and the synthetic data's seed (netmorph's GPT)
-    source: str = field(default="", compare=False)     # where a preset's numbers come from
+    seed: int = 0  # the initial weights' and the synthetic data's seed (netmorph's GPT)
+    source: str = field(default="", compare=False)  # where a preset's numbers come from
 
     @property
     def f(self) -> int:
@@ -200,7 +200,8 @@ class ModelShape:
             return h * (self.q_width + 2 * self.h_kv)
         q = (h * self.q_lora_rank + self.q_lora_rank * self.q_width) if self.q_lora_rank else h * self.q_width
         kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank * self.heads * (
-            self.qk_nope_head_dim + self.v_head_dim)
+            self.qk_nope_head_dim + self.v_head_dim
+        )
         return q + kv
 
     def out_weights(self) -> int:
@@ -258,17 +259,23 @@ class ModelShape:
         the dense MLP. (The planner prices every layer as this one.)"""
         if not self.experts:
             return self.dense_layer_params()
-        return (self._layer_common() + self.n_experts * (self.expert_weights() + self.expert_biases())
-                + self.shared_params() + self.router_params())
+        return (
+            self._layer_common()
+            + self.n_experts * (self.expert_weights() + self.expert_biases())
+            + self.shared_params()
+            + self.router_params()
+        )
 
     def dense_layer_params(self) -> int:
         return self._layer_common() + self.mlp_params(self.f)
 
     def embedding_params(self) -> int:
         """Word embedding (and the untied output layer) and learned positions."""
-        return (self.vocab * self.hidden * (1 if self.tied else 2) + ((self.seq + self.extra_positions) * self.hidden
-                                                                       if self.position == "learned" else 0)
-                + (self.norm_params() if self.embedding_norm else 0))
+        return (
+            self.vocab * self.hidden * (1 if self.tied else 2)
+            + ((self.seq + self.extra_positions) * self.hidden if self.position == "learned" else 0)
+            + (self.norm_params() if self.embedding_norm else 0)
+        )
 
     def params(self) -> float:
         """Every parameter, each counted once (a tied embedding once): Hugging Face's
@@ -276,8 +283,12 @@ class ModelShape:
         if self.bare:
             return self.params_only
         moe = self.moe_layers
-        return (moe * self.layer_params() + (self.layers - moe) * self.dense_layer_params()
-                + self.embedding_params() + self.norm_params())
+        return (
+            moe * self.layer_params()
+            + (self.layers - moe) * self.dense_layer_params()
+            + self.embedding_params()
+            + self.norm_params()
+        )
 
     def active_params(self) -> float:
         """Parameters one token passes through (a mixture of experts uses top_k of E, and every shared expert)."""
@@ -303,9 +314,11 @@ class ModelShape:
         capacity, and the shared ones), the router -- or with ``moe=False`` (or a dense model) the dense MLP."""
         b, s = tokens_b, self.seq
         if self.experts and moe:
-            mlp = (self.active_experts * self.expert_weights() * self.capacity_factor
-                   + self.shared_experts * self.mlp_mats * self.hidden * self.shared_width
-                   + self.router_params())
+            mlp = (
+                self.active_experts * self.expert_weights() * self.capacity_factor
+                + self.shared_experts * self.mlp_mats * self.hidden * self.shared_width
+                + self.router_params()
+            )
         else:
             mlp = self.mlp_mats * self.hidden * self.f
         return 2 * b * s * (self.attn_weights() + mlp)
@@ -336,8 +349,9 @@ class ModelShape:
     def _layers_flops_fwd(self, batch: int, causal: bool) -> float:
         """Every layer's forward: the MoE layers' and the dense ones' (the first k of DeepSeek, ...)."""
         dense = self.layers - self.moe_layers
-        return (self.moe_layers * self.layer_flops_fwd(batch, causal)
-                + dense * (self.layer_linear_flops_fwd(batch, moe=False) + self._core(batch, causal)))
+        return self.moe_layers * self.layer_flops_fwd(batch, causal) + dense * (
+            self.layer_linear_flops_fwd(batch, moe=False) + self._core(batch, causal)
+        )
 
     def model_flops(self, batch: int) -> float:
         """FLOPs of the model itself (no recomputation), Megatron's full-attention convention: MFU's numerator."""
@@ -350,8 +364,9 @@ class ModelShape:
 
     def _need_shape(self) -> None:
         if self.bare:
-            raise UsageError("{params} gives model-state memory only; FLOPs need {layers}/{hidden}/{heads} or "
-                             "{model}", "params")
+            raise UsageError(
+                "{params} gives model-state memory only; FLOPs need {layers}/{hidden}/{heads} or {model}", "params"
+            )
 
     def describe(self) -> str:
         """The architecture in one phrase: what differs from the 2021 GPT default."""
@@ -364,10 +379,12 @@ class ModelShape:
             parts.append(f"head dim {self.head_width}")
         parts.append(f"{self.ffn_type} f {self.f}")
         if self.experts:
-            parts.append(f"{self.experts} experts top-{self.top_k}" + (f" f {self.ef}" if self.ef != self.f else "")
-                         + (f" + {self.shared_experts} shared" if self.shared_experts else "")
-                         + (f" ({self.layers - self.moe_layers} dense)" if self.moe_layers < self.layers
-                            else ""))
+            parts.append(
+                f"{self.experts} experts top-{self.top_k}"
+                + (f" f {self.ef}" if self.ef != self.f else "")
+                + (f" + {self.shared_experts} shared" if self.shared_experts else "")
+                + (f" ({self.layers - self.moe_layers} dense)" if self.moe_layers < self.layers else "")
+            )
         parts.append(self.position)
         if not self.tied:
             parts.append("untied")

@@ -40,9 +40,9 @@ Step = namedtuple("Step", "kind microbatch chunk", defaults=(0,))
 
 def zb_h1(pp: int, m: int) -> list[list[Step]]:
     """Every pipeline rank's (kind, microbatch) F, B and W slots of ZB-H1 (one chunk per rank), in order."""
-    nxt = [0] * pp                          # each rank's next forward
+    nxt = [0] * pp  # each rank's next forward
     f_done, b_done = [set() for _ in range(pp)], [set() for _ in range(pp)]
-    owed = [[] for _ in range(pp)]          # microbatches whose B ran and W did not, oldest first
+    owed = [[] for _ in range(pp)]  # microbatches whose B ran and W did not, oldest first
     out = [[] for _ in range(pp)]
     while any(len(o) < 3 * m for o in out):
         step = []
@@ -50,15 +50,15 @@ def zb_h1(pp: int, m: int) -> list[list[Step]]:
             ready_b = [i for i in sorted(f_done[r] - b_done[r]) if r == pp - 1 or i in b_done[r + 1]]
             if ready_b:
                 step.append((r, Step("B", ready_b[0])))
-            elif len(owed[r]) >= pp:                # the stash bound: at most p - 1 W's owed past a step
+            elif len(owed[r]) >= pp:  # the stash bound: at most p - 1 W's owed past a step
                 step.append((r, Step("W", owed[r][0])))
             elif nxt[r] < m and (r == 0 or nxt[r] in f_done[r - 1]) and len(f_done[r]) - len(b_done[r]) < pp - r:
                 step.append((r, Step("F", nxt[r])))
             elif owed[r]:
                 step.append((r, Step("W", owed[r][0])))
         if not step:
-            raise RuntimeError("zb-h1: no rank can move")          # cannot happen: the play is deadlock-free
-        for r, s in step:                   # every slot of the step ends at once: its results visible next step
+            raise RuntimeError("zb-h1: no rank can move")  # cannot happen: the play is deadlock-free
+        for r, s in step:  # every slot of the step ends at once: its results visible next step
             out[r].append(s)
             if s.kind == "F":
                 f_done[r].add(s.microbatch)
@@ -112,15 +112,14 @@ def zbv(pp: int, m: int) -> list[list[Step]]:
                 k.f(0)
             k.b(0)
             k.f(1), k.b(1)
-        owed = list(k.nb)                               # the cool-down: B's first, their W's after
+        owed = list(k.nb)  # the cool-down: B's first, their W's after
         for _ in range(r):
             k.b(0, "later"), k.b(1, "later")
         for _ in range(pp - r):
             k.b(0, "later")
             k.ops.append(Step("W", owed[0], 0))
             owed[0] += 1
-        k.ops += [Step("W", i, 1) for i in range(owed[1], k.nb[1])] + \
-            [Step("W", i, 0) for i in range(owed[0], k.nb[0])]
+        k.ops += [Step("W", i, 1) for i in range(owed[1], k.nb[1])] + [Step("W", i, 0) for i in range(owed[0], k.nb[0])]
         out.append([s for s in k.ops if s.microbatch < m])
     return out
 
@@ -131,25 +130,25 @@ def dualpipev(pp: int, m: int) -> list[list[Step]]:
     out = []
     for r in range(pp):
         k = _Rank()
-        for _ in range(2 * (pp - r - 1)):               # 1: nF0
+        for _ in range(2 * (pp - r - 1)):  # 1: nF0
             k.f(0)
-        for _ in range(r + 1):                          # 2: nF0F1
+        for _ in range(r + 1):  # 2: nF0F1
             k.f(0), k.f(1)
-        for _ in range(pp - r - 1):                     # 3: nB1W1F1, zero bubble
+        for _ in range(pp - r - 1):  # 3: nB1W1F1, zero bubble
             k.b(1, "queue"), k.w(), k.f(1)
-        for _ in range(m - 2 * pp + r + 1):             # 4, the main step: nF0B1F1B0 (F&B pairs)
+        for _ in range(m - 2 * pp + r + 1):  # 4, the main step: nF0B1F1B0 (F&B pairs)
             k.f(0), k.b(1), k.f(1), k.b(0)
-        for _ in range(pp - r - 1):                     # 5: nB1F1B0
+        for _ in range(pp - r - 1):  # 5: nB1F1B0
             k.b(1), k.f(1), k.b(0)
         zb = False
-        for i in range(r + 1):                          # 6: nB1B0, the second half's W deferred
+        for i in range(r + 1):  # 6: nB1B0, the second half's W deferred
             zb = zb or (i == (r + 1) // 2 and r % 2 == 1)
             k.b(1, "queue" if zb else "now")
             zb = zb or (i == (r + 1) // 2 and r % 2 == 0)
             k.b(0, "queue" if zb else "now")
-        for _ in range(pp - r - 1):                     # 7: nWB0
+        for _ in range(pp - r - 1):  # 7: nWB0
             k.w(), k.b(0, "queue")
-        while k.queue:                                  # 8: nW
+        while k.queue:  # 8: nW
             k.w()
         out.append(k.ops)
     return out

@@ -26,7 +26,7 @@ from netmorph.errors import UsageError
 POLICIES = ("position", "probs")
 
 
-MAX_DRAWS = 4e9           # tokens x experts x trials a drop simulation may draw
+MAX_DRAWS = 4e9  # tokens x experts x trials a drop simulation may draw
 
 
 def check_routing(tokens: int, experts: int, top_k: int, trials: int = 1) -> None:
@@ -38,8 +38,9 @@ def check_routing(tokens: int, experts: int, top_k: int, trials: int = 1) -> Non
     if top_k > experts:
         raise UsageError(f"{{top_k}} {top_k} > {{experts}} {experts}", "top_k")
     if tokens * experts * trials > MAX_DRAWS:
-        raise UsageError(f"{{tokens}} x {{experts}} x {{trials}} is more than {MAX_DRAWS:g} draws; lower {{trials}}",
-                         "trials")
+        raise UsageError(
+            f"{{tokens}} x {{experts}} x {{trials}} is more than {MAX_DRAWS:g} draws; lower {{trials}}", "trials"
+        )
 
 
 def capacity(tokens: int, experts: int, top_k: int, capacity_factor: float) -> int:
@@ -47,25 +48,26 @@ def capacity(tokens: int, experts: int, top_k: int, capacity_factor: float) -> i
     return math.ceil(top_k * tokens / experts * capacity_factor)
 
 
-def keep_mask(experts: torch.Tensor, gates: torch.Tensor, num_experts: int, cap: int | None,
-              policy: str = "position") -> torch.Tensor:
+def keep_mask(
+    experts: torch.Tensor, gates: torch.Tensor, num_experts: int, cap: int | None, policy: str = "position"
+) -> torch.Tensor:
     """(T, k) bool: which routing assignments their expert takes (all of them when ``cap`` is None)."""
     t, k = experts.shape
     if cap is None:
         return torch.ones(t, k, dtype=torch.bool)
-    flat = experts.reshape(-1)                                       # (T·k,) token-major
+    flat = experts.reshape(-1)  # (T·k,) token-major
     n = flat.numel()
     if policy == "position":
-        order = torch.arange(n)                                      # earliest token first
+        order = torch.arange(n)  # earliest token first
     elif policy == "probs":
         # highest gate first within each expert; ties by position
         order = torch.from_numpy(np.lexsort((np.arange(n), -gates.detach().reshape(-1).double().numpy())))
     else:
         raise ValueError(f"drop policy must be one of {', '.join(POLICIES)}, got {policy!r}")
-    e_sorted = flat[order]                                           # (T·k,)
+    e_sorted = flat[order]  # (T·k,)
     # rank of each assignment within its expert, in the policy's order
-    onehot = torch.nn.functional.one_hot(e_sorted, num_experts)     # (T·k, E)
-    rank_in_expert = (onehot.cumsum(0) * onehot).sum(1) - 1          # (T·k,)
+    onehot = torch.nn.functional.one_hot(e_sorted, num_experts)  # (T·k, E)
+    rank_in_expert = (onehot.cumsum(0) * onehot).sum(1) - 1  # (T·k,)
     keep = torch.empty(n, dtype=torch.bool)
     keep[order] = rank_in_expert < cap
     return keep.reshape(t, k)
@@ -75,8 +77,11 @@ def exact_drop_fraction(tokens: int, experts: int, top_k: int, cap: int) -> floa
     """E · E[max(0, X − C)] / (T·k) with X ~ Binomial(T, k/E): uniform routing's expected drops."""
     p = top_k / experts
     x = np.arange(tokens + 1)
-    logpmf = (np.array([math.lgamma(tokens + 1) - math.lgamma(i + 1) - math.lgamma(tokens - i + 1) for i in x])
-              + x * math.log(p) + (tokens - x) * (math.log1p(-p) if p < 1 else 0.0))
+    logpmf = (
+        np.array([math.lgamma(tokens + 1) - math.lgamma(i + 1) - math.lgamma(tokens - i + 1) for i in x])
+        + x * math.log(p)
+        + (tokens - x) * (math.log1p(-p) if p < 1 else 0.0)
+    )
     if p == 1:
         logpmf = np.where(x == tokens, 0.0, -np.inf)
     excess = np.maximum(0, x - cap)
@@ -89,7 +94,7 @@ def simulated_drop_fraction(tokens: int, experts: int, top_k: int, cap: int, tri
     rng = np.random.default_rng(seed)
     dropped = 0
     for _ in range(trials):
-        picks = np.argsort(rng.random((tokens, experts)), axis=1)[:, :top_k]     # (T, k) distinct experts
-        load = np.bincount(picks.reshape(-1), minlength=experts)                 # (E,)
+        picks = np.argsort(rng.random((tokens, experts)), axis=1)[:, :top_k]  # (T, k) distinct experts
+        load = np.bincount(picks.reshape(-1), minlength=experts)  # (E,)
         dropped += int(np.maximum(0, load - cap).sum())
     return dropped / (trials * tokens * top_k)

@@ -105,14 +105,14 @@ class PlainLayers:
     def layer_norm(self, weight, bias):
         return LayerNorm(weight, bias)
 
-    def embed(self, table, tokens, wpe):                # tokens (T, B) -> (T, B, h)
-        return F.embedding(tokens, table) + wpe[:tokens.shape[0]].unsqueeze(1)
+    def embed(self, table, tokens, wpe):  # tokens (T, B) -> (T, B, h)
+        return F.embedding(tokens, table) + wpe[: tokens.shape[0]].unsqueeze(1)
 
-    def attention(self, q, k, v):                       # each (B, nh, T, hd): causal over the T positions
+    def attention(self, q, k, v):  # each (B, nh, T, hd): causal over the T positions
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-    def logits_loss(self, x, table, targets):           # x (T, B, h), targets (T, B) -> mean loss
-        logits = full_precision(x @ table.t())          # (T, B, V)
+    def logits_loss(self, x, table, targets):  # x (T, B, h), targets (T, B) -> mean loss
+        logits = full_precision(x @ table.t())  # (T, B, V)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
     def replicated(self):
@@ -124,15 +124,28 @@ class PlainLayers:
         return expert_layer(None, Group([0]), w, i, cfg, router)
 
 
-def expert_layer(comm, ep_group, w: dict, i: int, cfg: ModelShape, router: Router, cp=None,
-                 alltoall: str = "pairwise"):
+def expert_layer(comm, ep_group, w: dict, i: int, cfg: ModelShape, router: Router, cp=None, alltoall: str = "pairwise"):
     """Layer ``i``'s :class:`~netmorph.models.moe.MoELayer` holding this ep rank's experts (a contiguous
     1/ep of them, as :class:`~netmorph.mesh.placement.ExpertShard` places them) and the whole router
     (``cp``: the :class:`~netmorph.parallel.context_parallel.ContextParallel` that splits its sequences)."""
     dtype = w[f"{i}.router.w"].dtype
-    layer = MoELayer(comm, ep_group, cfg.hidden, cfg.ef, cfg.experts, cfg.top_k, None, router.drop_policy,
-                     router.pre_softmax, router.aux_loss_coeff, router.z_loss_coeff, router.jitter_eps, dtype, cp,
-                     alltoall)
+    layer = MoELayer(
+        comm,
+        ep_group,
+        cfg.hidden,
+        cfg.ef,
+        cfg.experts,
+        cfg.top_k,
+        None,
+        router.drop_policy,
+        router.pre_softmax,
+        router.aux_loss_coeff,
+        router.z_loss_coeff,
+        router.jitter_eps,
+        dtype,
+        cp,
+        alltoall,
+    )
     lo, hi = layer.first, layer.first + layer.local
     with torch.no_grad():
         layer.router.weight.copy_(w[f"{i}.router.w"])
@@ -151,50 +164,50 @@ class Block(nn.Module):
         self.L = L
         h, nh = cfg.hidden, cfg.heads
         self.hd = h // nh
-        self.nh = L.heads(nh)                                            # heads on this rank
+        self.nh = L.heads(nh)  # heads on this rank
         self.ln1 = L.layer_norm(w[f"{i}.ln1.w"], w[f"{i}.ln1.b"])
-        self.qkv = _linear(L, w, i, "qkv")                               # h -> 3h / t
-        self.proj = _linear(L, w, i, "proj")                             # h / t -> h
+        self.qkv = _linear(L, w, i, "qkv")  # h -> 3h / t
+        self.proj = _linear(L, w, i, "proj")  # h / t -> h
         self.ln2 = L.layer_norm(w[f"{i}.ln2.w"], w[f"{i}.ln2.b"])
         self.moe = None
         if is_moe_layer(cfg, i):
-            self.moe = L.experts(w, i, cfg, router)                      # E_local experts of this ep rank
+            self.moe = L.experts(w, i, cfg, router)  # E_local experts of this ep rank
             self.capacity_factor, self.top_k, self.dropless = cfg.capacity_factor, cfg.top_k, router.dropless
             self.layer, self.seed, self.jitter = i, cfg.seed, router.jitter_eps
-            self.aux_scale = 1.0                                         # 1/m under a pipeline of m microbatches
-            self.key = 0                                                 # the global microbatch: seeds the jitter
-            self.stats, self.aux = [], []                                # every forward's LayerStats, (aux, z)
+            self.aux_scale = 1.0  # 1/m under a pipeline of m microbatches
+            self.key = 0  # the global microbatch: seeds the jitter
+            self.stats, self.aux = [], []  # every forward's LayerStats, (aux, z)
         else:
-            self.fc = _linear(L, w, i, "fc")                             # h -> 4h / t
-            self.fc2 = _linear(L, w, i, "fc2")                           # 4h / t -> h
+            self.fc = _linear(L, w, i, "fc")  # h -> 4h / t
+            self.fc2 = _linear(L, w, i, "fc2")  # 4h / t -> h
 
-    def mlp(self, z):                                                    # z (T', B, h) -> (T', B, h)
+    def mlp(self, z):  # z (T', B, h) -> (T', B, h)
         if self.moe is None:
             return self.fc2(F.gelu(self.fc(z)))
         T, B, h = z.shape
-        tokens = T * B * self.moe.cp_size                                # the microbatch's, on every cp rank
+        tokens = T * B * self.moe.cp_size  # the microbatch's, on every cp rank
         cap = None if self.dropless else capacity(tokens, self.moe.num_experts, self.top_k, self.capacity_factor)
         g = None
-        if self.jitter:          # the same noise for the same microbatch and layer, whichever rank routes it
+        if self.jitter:  # the same noise for the same microbatch and layer, whichever rank routes it
             g = torch.Generator().manual_seed(((self.seed * 1_000_003 + self.key) * 1009 + self.layer) & 0x7FFFFFFF)
-        y, r, stats = self.moe(z.reshape(T * B, h), cap, g, B)          # (T·B, h)
+        y, r, stats = self.moe(z.reshape(T * B, h), cap, g, B)  # (T·B, h)
         self.stats.append(stats)
         self.aux.append((float(r.aux_loss.detach()), float(r.z_loss.detach())))
         y = AuxLossScaler.apply(y, r.aux_loss + r.z_loss, self.aux_scale)
         return y.view(T, B, h)
 
-    def forward(self, x, attend=None):                                   # x (T', B, h); T' = T / t with SP
+    def forward(self, x, attend=None):  # x (T', B, h); T' = T / t with SP
         """``attend(q, k, v) -> y``, each (B, nh, T, hd): the attention itself, the layers object's (causal over
         the sequence, its context-parallel ring or all-to-all under cp) unless an attention backend is passed
         (serving's paged KV cache: :mod:`netmorph.serving.model`)."""
-        a = self.qkv(self.ln1(x))                                        # (T, B, 3h/t)
+        a = self.qkv(self.ln1(x))  # (T, B, 3h/t)
         T, B, _ = a.shape
-        q, k, v = a.view(T, B, self.nh, 3, self.hd).unbind(3)            # each (T, B, nh, hd)
-        q, k, v = (z.permute(1, 2, 0, 3) for z in (q, k, v))             # (B, nh, T, hd)
-        y = (attend or self.L.attention)(q, k, v)                       # (B, nh, T, hd)
-        y = y.permute(2, 0, 1, 3).reshape(T, B, self.nh * self.hd)       # (T, B, h/t)
-        x = x + self.proj(y)                                             # (T', B, h)
-        x = x + self.mlp(self.ln2(x))                                    # (T', B, h)
+        q, k, v = a.view(T, B, self.nh, 3, self.hd).unbind(3)  # each (T, B, nh, hd)
+        q, k, v = (z.permute(1, 2, 0, 3) for z in (q, k, v))  # (B, nh, T, hd)
+        y = (attend or self.L.attention)(q, k, v)  # (B, nh, T, hd)
+        y = y.permute(2, 0, 1, 3).reshape(T, B, self.nh * self.hd)  # (T, B, h/t)
+        x = x + self.proj(y)  # (T', B, h)
+        x = x + self.mlp(self.ln2(x))  # (T', B, h)
         return x
 
 
@@ -214,15 +227,22 @@ class GPTStage(nn.Module):
     the loss (:class:`PlainLayers` or Megatron's tensor-parallel ones).
     """
 
-    def __init__(self, cfg: ModelShape, first: int = 0, last: int | None = None, layers=None,
-                 dtype=torch.float64, router: Router = Router()):
+    def __init__(
+        self,
+        cfg: ModelShape,
+        first: int = 0,
+        last: int | None = None,
+        layers=None,
+        dtype=torch.float64,
+        router: Router = Router(),
+    ):
         super().__init__()
         last = cfg.layers if last is None else last
         L = layers or PlainLayers()
         self.cfg, self.L, self.first, self.last = cfg, L, first, last
         self.is_first, self.is_last = first == 0, last == cfg.layers
         w = full_weights(cfg, dtype)
-        if self.is_first or self.is_last:            # the tied word embedding lives on both ends
+        if self.is_first or self.is_last:  # the tied word embedding lives on both ends
             self.wte = L.embedding(w["wte"])
         if self.is_first:
             self.wpe = nn.Parameter(w["wpe"].clone())
@@ -234,12 +254,12 @@ class GPTStage(nn.Module):
         """First stage: ``x`` are tokens (T, B); else the residual stream (T', B, h). Last stage
         returns the mean cross-entropy against ``targets`` (T, B); others the stream."""
         if self.is_first:
-            x = self.L.embed(self.wte, x, self.wpe)                      # (T', B, h)
+            x = self.L.embed(self.wte, x, self.wpe)  # (T', B, h)
         for blk in self.blocks:
-            x = blk(x)                                                   # (T', B, h)
+            x = blk(x)  # (T', B, h)
         if not self.is_last:
             return x
-        return self.L.logits_loss(self.ln_f(x), self.wte, targets)       # () mean over T x B tokens
+        return self.L.logits_loss(self.ln_f(x), self.wte, targets)  # () mean over T x B tokens
 
 
 def bigram_table(vocab: int, seed: int = 1234) -> np.ndarray:
@@ -250,7 +270,7 @@ def bigram_table(vocab: int, seed: int = 1234) -> np.ndarray:
     return p / p.sum(1, keepdims=True)
 
 
-TABLE_VOCAB = 4096          # up to this vocabulary the language is one V x V table; past it, rows drawn as met
+TABLE_VOCAB = 4096  # up to this vocabulary the language is one V x V table; past it, rows drawn as met
 ROWS_CACHED = 1024
 
 
@@ -298,8 +318,8 @@ def synthetic_batch(cfg: ModelShape, indices) -> tuple[torch.Tensor, torch.Tenso
         rng = np.random.default_rng((cfg.seed, int(i)))
         u[j] = rng.random(cfg.seq)
         out[j, 0] = rng.integers(cfg.vocab)
-    for k in range(cfg.seq):          # every sample's walk one step on: the successor is where u falls in its CDF
-        nxt = (_successors(cfg.vocab, out[:, k]) < u[:, k, None]).sum(axis=1)   # np.searchsorted, row by row
+    for k in range(cfg.seq):  # every sample's walk one step on: the successor is where u falls in its CDF
+        nxt = (_successors(cfg.vocab, out[:, k]) < u[:, k, None]).sum(axis=1)  # np.searchsorted, row by row
         out[:, k + 1] = np.minimum(nxt, cfg.vocab - 1)
-    seqs = torch.from_numpy(out).t().contiguous()                        # (T + 1, B)
+    seqs = torch.from_numpy(out).t().contiguous()  # (T + 1, B)
     return seqs[:-1], seqs[1:]

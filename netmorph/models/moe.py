@@ -54,15 +54,16 @@ def _exchange(comm, group, x, send, recv, phase, clock, algo):
     """One all-to-all of rows (``algo``: one with uneven splits; pairwise, NCCL's p2p pairs); ``clock[0]``
     accumulates the seconds spent in it."""
     h = x.shape[1]
-    x = x.contiguous()                                          # (sum send, h)
-    out = x.new_empty((sum(recv), h))                           # (sum recv, h)
+    x = x.contiguous()  # (sum send, h)
+    out = x.new_empty((sum(recv), h))  # (sum recv, h)
     if group.size() == 1:
         out.copy_(x)
         return out
     t0 = time.perf_counter()
     with comm.phase(phase):
-        comm.all_to_all_single(out.view(-1), x.view(-1), [r * h for r in recv], [s * h for s in send],
-                               group=group, algo=algo)
+        comm.all_to_all_single(
+            out.view(-1), x.view(-1), [r * h for r in recv], [s * h for s in send], group=group, algo=algo
+        )
     clock[0] += time.perf_counter() - t0
     return out
 
@@ -101,22 +102,36 @@ class AuxLossScaler(torch.autograd.Function):
 
 @dataclass
 class LayerStats:
-    routed: np.ndarray        # (E,) assignments routed to each expert, before capacity
-    kept: np.ndarray          # (E,) assignments each expert took
-    send_rows: list           # rows sent to each EP rank (index in the EP group)
+    routed: np.ndarray  # (E,) assignments routed to each expert, before capacity
+    kept: np.ndarray  # (E,) assignments each expert took
+    send_rows: list  # rows sent to each EP rank (index in the EP group)
     capacity: int | None
-    recv_rows: list | None = None     # rows received from each EP rank
+    recv_rows: list | None = None  # rows received from each EP rank
 
 
 class MoELayer(nn.Module):
     """E experts over the EP group ``ep_group`` (this rank holds E/ep of them, contiguous)."""
 
-    def __init__(self, comm, ep_group, hidden: int, ffn: int, num_experts: int, top_k: int,
-                 capacity_factor: float | None, drop_policy: str = "position", pre_softmax: bool = False,
-                 aux_loss_coeff: float = 0.01, z_loss_coeff: float = 0.0, jitter_eps: float = 0.0,
-                 dtype=torch.float64, cp=None, alltoall: str = "pairwise"):
+    def __init__(
+        self,
+        comm,
+        ep_group,
+        hidden: int,
+        ffn: int,
+        num_experts: int,
+        top_k: int,
+        capacity_factor: float | None,
+        drop_policy: str = "position",
+        pre_softmax: bool = False,
+        aux_loss_coeff: float = 0.01,
+        z_loss_coeff: float = 0.0,
+        jitter_eps: float = 0.0,
+        dtype=torch.float64,
+        cp=None,
+        alltoall: str = "pairwise",
+    ):
         super().__init__()
-        self.comm, self.group, self.alltoall = comm, ep_group, alltoall   # the all-to-alls' algorithm
+        self.comm, self.group, self.alltoall = comm, ep_group, alltoall  # the all-to-alls' algorithm
         # under context parallelism (a ContextParallel) each rank holds part of every sequence: what routing
         # decides over the whole microbatch -- the load-balancing loss's fractions, a capacity's drops -- is
         # decided over the cp group (_sequence)
@@ -126,15 +141,16 @@ class MoELayer(nn.Module):
         self.ep_rank = ep_group.index[comm.rank] if comm is not None else 0
         self.num_experts, self.top_k = num_experts, top_k
         self.local = num_experts // self.ep
-        self.first = self.ep_rank * self.local                 # global id of this rank's first expert
+        self.first = self.ep_rank * self.local  # global id of this rank's first expert
         self.capacity_factor, self.drop_policy = capacity_factor, drop_policy
-        self.clock = [0.0]                                     # seconds in this layer's all-to-alls (fwd + bwd)
-        self.router = TopKRouter(hidden, num_experts, top_k, pre_softmax, aux_loss_coeff, z_loss_coeff,
-                                 jitter_eps, dtype)
-        self.w1 = nn.Parameter(torch.zeros(self.local, hidden, ffn, dtype=dtype))     # (E_local, h, f)
-        self.b1 = nn.Parameter(torch.zeros(self.local, ffn, dtype=dtype))             # (E_local, f)
-        self.w2 = nn.Parameter(torch.zeros(self.local, ffn, hidden, dtype=dtype))     # (E_local, f, h)
-        self.b2 = nn.Parameter(torch.zeros(self.local, hidden, dtype=dtype))          # (E_local, h)
+        self.clock = [0.0]  # seconds in this layer's all-to-alls (fwd + bwd)
+        self.router = TopKRouter(
+            hidden, num_experts, top_k, pre_softmax, aux_loss_coeff, z_loss_coeff, jitter_eps, dtype
+        )
+        self.w1 = nn.Parameter(torch.zeros(self.local, hidden, ffn, dtype=dtype))  # (E_local, h, f)
+        self.b1 = nn.Parameter(torch.zeros(self.local, ffn, dtype=dtype))  # (E_local, f)
+        self.w2 = nn.Parameter(torch.zeros(self.local, ffn, hidden, dtype=dtype))  # (E_local, f, h)
+        self.b2 = nn.Parameter(torch.zeros(self.local, hidden, dtype=dtype))  # (E_local, h)
 
     def expert_parameters(self):
         return [self.w1, self.b1, self.w2, self.b2]
@@ -145,30 +161,34 @@ class MoELayer(nn.Module):
         E, el = self.num_experts, self.local
         if self.cp is None:
             r = self.router(x, generator)
-            keep = keep_mask(r.experts, r.gates, E, capacity, self.drop_policy)      # (T, k)
+            keep = keep_mask(r.experts, r.gates, E, capacity, self.drop_policy)  # (T, k)
         else:
-            where = self._rows(x.shape[0] // batch, batch)                            # (cp, T)
+            where = self._rows(x.shape[0] // batch, batch)  # (cp, T)
             mine = where[self.cp.rank]
             seq = {}
-            r = self.router(x, generator, lambda e, g: self._sequence(e, g, capacity, where, seq), mine,
-                            where.numel())
-            keep = (keep_mask(r.experts, r.gates, E, None) if capacity is None else
-                    keep_mask(seq["experts"], seq["gates"], E, capacity, self.drop_policy)[mine])
-        tok, slot = keep.nonzero(as_tuple=True)                                       # kept, token-major
-        exp = r.experts[tok, slot]                                                    # (n,)
+            r = self.router(x, generator, lambda e, g: self._sequence(e, g, capacity, where, seq), mine, where.numel())
+            keep = (
+                keep_mask(r.experts, r.gates, E, None)
+                if capacity is None
+                else keep_mask(seq["experts"], seq["gates"], E, capacity, self.drop_policy)[mine]
+            )
+        tok, slot = keep.nonzero(as_tuple=True)  # kept, token-major
+        exp = r.experts[tok, slot]  # (n,)
         order = torch.argsort(exp, stable=True)
-        tok, exp, gate = tok[order], exp[order], r.gates[tok[order], slot[order]]     # (n,) each, by expert
-        counts = torch.bincount(exp, minlength=E)                                     # (E,)
-        send = counts.view(self.ep, el).sum(1).tolist()                               # rows per EP rank
-        recv_counts = self._exchange_counts(counts)                                   # (ep, E_local)
+        tok, exp, gate = tok[order], exp[order], r.gates[tok[order], slot[order]]  # (n,) each, by expert
+        counts = torch.bincount(exp, minlength=E)  # (E,)
+        send = counts.view(self.ep, el).sum(1).tolist()  # rows per EP rank
+        recv_counts = self._exchange_counts(counts)  # (ep, E_local)
         recv = recv_counts.sum(1).tolist()
-        rows = x[tok]                                                                 # (n, h) permuted
-        got = _AllToAll.apply(rows, self.comm, self.group, send, recv, "moe.dispatch", "moe.dispatch.bwd", self.clock,
-                              self.alltoall)
-        out = self._experts(got, recv_counts)                                         # (sum recv, h)
-        back = _AllToAll.apply(out, self.comm, self.group, recv, send, "moe.combine", "moe.combine.bwd", self.clock,
-                               self.alltoall)
-        y = torch.zeros_like(x).index_add(0, tok, back * gate[:, None])               # (T, h)
+        rows = x[tok]  # (n, h) permuted
+        got = _AllToAll.apply(
+            rows, self.comm, self.group, send, recv, "moe.dispatch", "moe.dispatch.bwd", self.clock, self.alltoall
+        )
+        out = self._experts(got, recv_counts)  # (sum recv, h)
+        back = _AllToAll.apply(
+            out, self.comm, self.group, recv, send, "moe.combine", "moe.combine.bwd", self.clock, self.alltoall
+        )
+        y = torch.zeros_like(x).index_add(0, tok, back * gate[:, None])  # (T, h)
         routed = torch.bincount(r.experts.reshape(-1), minlength=E).numpy()
         return y, r, LayerStats(routed, counts.numpy(), send, capacity, recv)
 
@@ -176,7 +196,7 @@ class MoELayer(nn.Module):
         """(cp, t·batch): where each cp rank's tokens sit in the whole microbatch's token-major order (the
         1-rank run's ``position·batch + sequence``), from the positions each rank holds."""
         seq = t * self.cp_size
-        pos = torch.stack([self.cp.positions_of(j, seq) for j in range(self.cp_size)])       # (cp, t)
+        pos = torch.stack([self.cp.positions_of(j, seq) for j in range(self.cp_size)])  # (cp, t)
         return (pos[:, :, None] * batch + torch.arange(batch)).reshape(self.cp_size, -1)
 
     def _sequence(self, experts: torch.Tensor, gates: torch.Tensor, capacity, rows, seq: dict) -> tuple:
@@ -187,24 +207,25 @@ class MoELayer(nn.Module):
         microbatch's order, for the keep mask every cp rank then computes as the 1-rank run does."""
         E, g = self.num_experts, self.cp.group
         if capacity is None:
-            both = torch.cat([torch.bincount(experts.reshape(-1), minlength=E),
-                              experts.new_tensor([experts.shape[0]])]).to(torch.int64)
+            both = torch.cat(
+                [torch.bincount(experts.reshape(-1), minlength=E), experts.new_tensor([experts.shape[0]])]
+            ).to(torch.int64)
             with self.comm.phase("moe.cp"):
                 self.comm.all_reduce(both, group=g, algo=self.cp.algos.counts)
             return both[:-1], int(both[-1])
-        mine = torch.cat([experts.double(), gates.detach().double()], dim=1)                 # (T, 2k)
-        every = mine.new_empty((self.cp_size,) + mine.shape)                                 # (cp, T, 2k)
+        mine = torch.cat([experts.double(), gates.detach().double()], dim=1)  # (T, 2k)
+        every = mine.new_empty((self.cp_size,) + mine.shape)  # (cp, T, 2k)
         with self.comm.phase("moe.cp"):
             self.comm.all_gather_into_tensor(every, mine, group=g, algo=self.cp.algos.allgather)
         whole = torch.empty((rows.numel(), mine.shape[1]), dtype=torch.float64, device=mine.device)
-        whole[rows.reshape(-1).to(mine.device)] = every.reshape(-1, mine.shape[1])          # (cp·T, 2k)
+        whole[rows.reshape(-1).to(mine.device)] = every.reshape(-1, mine.shape[1])  # (cp·T, 2k)
         k = experts.shape[1]
         seq["experts"], seq["gates"] = whole[:, :k].long(), whole[:, k:]
         return torch.bincount(seq["experts"].reshape(-1), minlength=E), whole.shape[0]
 
     def _exchange_counts(self, counts: torch.Tensor) -> np.ndarray:
         """(ep, E_local): how many rows each EP rank sends to each of this rank's experts."""
-        mine = counts.numpy().astype(np.int64)                                       # (E,)
+        mine = counts.numpy().astype(np.int64)  # (E,)
         if self.ep == 1:
             return mine.reshape(1, -1)
         got = np.empty_like(mine)
@@ -216,18 +237,20 @@ class MoELayer(nn.Module):
         """Run each local expert on its rows: received grouped by source, then by expert."""
         ep, el = recv_counts.shape
         starts = np.concatenate([[0], np.cumsum(recv_counts.reshape(-1))])[:-1].reshape(ep, el)
-        idx = [np.concatenate([np.arange(starts[s, e], starts[s, e] + recv_counts[s, e]) for s in range(ep)])
-               for e in range(el)]
+        idx = [
+            np.concatenate([np.arange(starts[s, e], starts[s, e] + recv_counts[s, e]) for s in range(ep)])
+            for e in range(el)
+        ]
         perm = torch.from_numpy(np.concatenate(idx).astype(np.int64)) if idx else torch.zeros(0, dtype=torch.long)
-        grouped = rows[perm]                                                         # (m, h) by expert
+        grouped = rows[perm]  # (m, h) by expert
         outs, at = [], 0
         for e in range(el):
             n = len(idx[e])
-            z = grouped[at:at + n]                                                   # (n_e, h)
-            hdn = F.gelu(z @ self.w1[e] + self.b1[e])                                # (n_e, f)
-            outs.append(hdn @ self.w2[e] + self.b2[e])                               # (n_e, h)
+            z = grouped[at : at + n]  # (n_e, h)
+            hdn = F.gelu(z @ self.w1[e] + self.b1[e])  # (n_e, f)
+            outs.append(hdn @ self.w2[e] + self.b2[e])  # (n_e, h)
             at += n
-        done = torch.cat(outs) if outs else rows.new_zeros((0, rows.shape[1]))       # (m, h)
+        done = torch.cat(outs) if outs else rows.new_zeros((0, rows.shape[1]))  # (m, h)
         inv = torch.empty_like(perm)
         inv[perm] = torch.arange(len(perm))
-        return done[inv]                                                             # (m, h) back in received order
+        return done[inv]  # (m, h) back in received order

@@ -33,16 +33,17 @@ from torch import nn
 
 @dataclass
 class Routing:
-    experts: torch.Tensor        # (T, k) int64: the chosen experts, best first
-    gates: torch.Tensor          # (T, k): their weights in the combine
-    probs: torch.Tensor          # (T, E): softmax over every expert (what the aux loss averages)
-    logits: torch.Tensor         # (T, E)
-    aux_loss: torch.Tensor       # scalar, already times α
-    z_loss: torch.Tensor         # scalar, already times β
+    experts: torch.Tensor  # (T, k) int64: the chosen experts, best first
+    gates: torch.Tensor  # (T, k): their weights in the combine
+    probs: torch.Tensor  # (T, E): softmax over every expert (what the aux loss averages)
+    logits: torch.Tensor  # (T, E)
+    aux_loss: torch.Tensor  # scalar, already times α
+    z_loss: torch.Tensor  # scalar, already times β
 
 
-def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor, num_experts: int, coeff: float,
-                        totals=None) -> torch.Tensor:
+def load_balancing_loss(
+    probs: torch.Tensor, experts: torch.Tensor, num_experts: int, coeff: float, totals=None
+) -> torch.Tensor:
     """α · E · Σ_i f_i · P_i (Switch eq. 4; Megatron's ``switch_load_balancing_loss_func``).
 
     ``probs`` (T, E) is the full softmax, ``experts`` (T, k) the routing assignments; f_i counts
@@ -52,11 +53,11 @@ def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor, num_experts:
     sequence's."""
     t, k = experts.shape
     if totals is None:
-        raw = torch.bincount(experts.reshape(-1), minlength=num_experts)                   # (E,)
+        raw = torch.bincount(experts.reshape(-1), minlength=num_experts)  # (E,)
     else:
         raw, t = totals
-    f = raw.to(probs.dtype) / (t * k)                                                      # (E,)
-    p = probs.mean(dim=0)                                                                  # (E,)
+    f = raw.to(probs.dtype) / (t * k)  # (E,)
+    p = probs.mean(dim=0)  # (E,)
     return coeff * num_experts * torch.sum(f * p)
 
 
@@ -66,32 +67,47 @@ def z_loss(logits: torch.Tensor, coeff: float) -> torch.Tensor:
 
 
 class TopKRouter(nn.Module):
-    def __init__(self, hidden: int, num_experts: int, top_k: int = 2, pre_softmax: bool = False,
-                 aux_loss_coeff: float = 0.01, z_loss_coeff: float = 0.0, jitter_eps: float = 0.0,
-                 dtype=torch.float32):
+    def __init__(
+        self,
+        hidden: int,
+        num_experts: int,
+        top_k: int = 2,
+        pre_softmax: bool = False,
+        aux_loss_coeff: float = 0.01,
+        z_loss_coeff: float = 0.0,
+        jitter_eps: float = 0.0,
+        dtype=torch.float32,
+    ):
         super().__init__()
         self.num_experts, self.top_k, self.pre_softmax = num_experts, top_k, pre_softmax
         self.aux_loss_coeff, self.z_loss_coeff, self.jitter_eps = aux_loss_coeff, z_loss_coeff, jitter_eps
-        self.weight = nn.Parameter(torch.zeros(hidden, num_experts, dtype=dtype))      # (h, E)
+        self.weight = nn.Parameter(torch.zeros(hidden, num_experts, dtype=dtype))  # (h, E)
 
-    def forward(self, x: torch.Tensor, generator: torch.Generator | None = None, sequence=None,
-                rows: torch.Tensor | None = None, total: int = 0) -> Routing:
+    def forward(
+        self,
+        x: torch.Tensor,
+        generator: torch.Generator | None = None,
+        sequence=None,
+        rows: torch.Tensor | None = None,
+        total: int = 0,
+    ) -> Routing:
         """``x`` (T, h) -> :class:`Routing`. ``generator`` seeds the jitter (same noise on every layout). Under
         context parallelism ``x`` is part of a microbatch of ``total`` tokens, ``rows`` its tokens' places in
         it (the noise is the whole microbatch's, these rows of it), and ``sequence(experts, gates)`` gives the
         whole microbatch's (assignments per expert, tokens) for :func:`load_balancing_loss`."""
         if self.training and self.jitter_eps > 0:
             shape = (total, x.shape[1]) if rows is not None else x.shape
-            noise = torch.empty(shape, dtype=torch.float64).uniform_(1 - self.jitter_eps, 1 + self.jitter_eps,
-                                                                     generator=generator)
-            x = x * (noise if rows is None else noise[rows]).to(x.dtype)   # (T, h)
-        logits = x @ self.weight                                       # (T, E)
-        probs = torch.softmax(logits, dim=-1)                          # (T, E)
+            noise = torch.empty(shape, dtype=torch.float64).uniform_(
+                1 - self.jitter_eps, 1 + self.jitter_eps, generator=generator
+            )
+            x = x * (noise if rows is None else noise[rows]).to(x.dtype)  # (T, h)
+        logits = x @ self.weight  # (T, E)
+        probs = torch.softmax(logits, dim=-1)  # (T, E)
         if self.pre_softmax:
-            gates, experts = torch.topk(probs, self.top_k, dim=-1)     # (T, k) each
+            gates, experts = torch.topk(probs, self.top_k, dim=-1)  # (T, k) each
         else:
-            top, experts = torch.topk(logits, self.top_k, dim=-1)      # (T, k) each
-            gates = torch.softmax(top, dim=-1)                         # (T, k)
+            top, experts = torch.topk(logits, self.top_k, dim=-1)  # (T, k) each
+            gates = torch.softmax(top, dim=-1)  # (T, k)
         totals = sequence(experts, gates) if sequence is not None else None
         aux = load_balancing_loss(probs, experts, self.num_experts, self.aux_loss_coeff, totals)
         zl = z_loss(logits, self.z_loss_coeff) if self.z_loss_coeff else logits.new_zeros(())

@@ -22,11 +22,11 @@ class WeightGradStore:
     """Queued weight-gradient GEMMs, by key (the pipeline's (chunk, microbatch))."""
 
     def __init__(self):
-        self.key = None                 # while a B slot runs: the key its weight gradients queue under
+        self.key = None  # while a B slot runs: the key its weight gradients queue under
         self.queue: dict = {}
-        self.held: dict = {}            # storage -> [bytes, references]: what the queued GEMMs keep alive
-        self.held_bytes = 0             # their bytes, the distinct storages counted once
-        self.peak_bytes = 0             # the most held at once: the W stash the memory model counts
+        self.held: dict = {}  # storage -> [bytes, references]: what the queued GEMMs keep alive
+        self.held_bytes = 0  # their bytes, the distinct storages counted once
+        self.peak_bytes = 0  # the most held at once: the W stash the memory model counts
 
     @contextmanager
     def deferring(self, key):
@@ -55,7 +55,7 @@ class WeightGradStore:
     def run(self, key) -> int:
         """The W slot: every weight gradient queued under ``key``, in the order the backward met them."""
         fns = self.queue.pop(key, [])
-        with torch.no_grad():                 # outside autograd's backward: nothing here is differentiated
+        with torch.no_grad():  # outside autograd's backward: nothing here is differentiated
             for fn, operands in fns:
                 fn()
                 for t in operands:
@@ -79,7 +79,7 @@ def _accumulate(weight: torch.Tensor, dw: torch.Tensor) -> None:
 class _Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, store):
-        ctx.save_for_backward(x, weight)      # through saved-tensor hooks (ZeRO-3 gathers the weight on unpack)
+        ctx.save_for_backward(x, weight)  # through saved-tensor hooks (ZeRO-3 gathers the weight on unpack)
         # the Parameter itself, whose .grad W accumulates into: a hook's unpacked tensor may be another object
         ctx.param, ctx.store, ctx.has_bias = weight, store, bias is not None
         return F.linear(x, weight, bias)
@@ -92,6 +92,7 @@ class _Linear(torch.autograd.Function):
 
         def w_grad(g=g, x=x, param=ctx.param):
             _accumulate(param, g.reshape(-1, g.shape[-1]).t() @ x.reshape(-1, x.shape[-1]))
+
         if not ctx.store.push(w_grad, g, x):
             return gx, g.reshape(-1, g.shape[-1]).t() @ x.reshape(-1, x.shape[-1]), gb, None
         return gx, None, gb, None

@@ -11,5 +11,18 @@ from netmorph.models.moe import MoELayer, Router
 from netmorph.models.router import TopKRouter, load_balancing_loss, z_loss
 from netmorph.moe.train import MoEConfig, moe_shape, train, view
 
-__all__ = ["MoEConfig", "moe_shape", "MoELayer", "Router", "TopKRouter", "capacity", "exact_drop_fraction", "keep_mask",
-           "load_balancing_loss", "simulated_drop_fraction", "train", "view", "z_loss"]
+__all__ = [
+    "MoEConfig",
+    "moe_shape",
+    "MoELayer",
+    "Router",
+    "TopKRouter",
+    "capacity",
+    "exact_drop_fraction",
+    "keep_mask",
+    "load_balancing_loss",
+    "simulated_drop_fraction",
+    "train",
+    "view",
+    "z_loss",
+]

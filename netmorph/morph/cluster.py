@@ -25,9 +25,9 @@ import tempfile
 from netmorph.errors import UsageError
 from netmorph.morph.scenario import Scenario
 
-LINKS = "netmorph/morph/links"            # rank 0's fitted links, for every worker's twin
-SCRATCH = "netmorph/morph/checkpoints"    # the folder the live loop's checkpoints go to
-NODES = 2                                  # morph's scenarios happen on two nodes
+LINKS = "netmorph/morph/links"  # rank 0's fitted links, for every worker's twin
+SCRATCH = "netmorph/morph/checkpoints"  # the folder the live loop's checkpoints go to
+NODES = 2  # morph's scenarios happen on two nodes
 
 
 def check_cluster(nodes: int, k: int, world, scenario: Scenario, max_restarts: int) -> int:
@@ -37,20 +37,33 @@ def check_cluster(nodes: int, k: int, world, scenario: Scenario, max_restarts: i
     if nodes != NODES:
         raise UsageError(f"morph's scenarios happen on two nodes: --nodes 2, got {nodes}", "nodes")
     from netmorph.morph.controller import WORLDS
+
     if nodes * k not in WORLDS:
-        raise UsageError(f"--nproc-per-node {k}: morph's two nodes hold "
-                         f"{', '.join(str(w // 2) for w in WORLDS)} workers each", "nproc_per_node")
+        raise UsageError(
+            f"--nproc-per-node {k}: morph's two nodes hold {', '.join(str(w // 2) for w in WORLDS)} workers each",
+            "nproc_per_node",
+        )
     if world is not None and world != nodes * k:
-        raise UsageError(f"--world {world} is the cluster's nodes x workers ({nodes} x {k} = {nodes * k}) under "
-                         f"torchrun; leave it out", "world")
+        raise UsageError(
+            f"--world {world} is the cluster's nodes x workers ({nodes} x {k} = {nodes * k}) under "
+            f"torchrun; leave it out",
+            "world",
+        )
     from netmorph.morph.scenario import LOSSES
+
     if any(e.kind in LOSSES and e.node != 1 for e in scenario.events):
-        raise UsageError(f"{{scenario}} {scenario.label()}: across torchrun jobs morph loses (or hangs) node 1, whose "
-                         f"torchrun job can restart it; node 0's loss runs on one box (netmorph morph without "
-                         f"launch)", "scenario")
+        raise UsageError(
+            f"{{scenario}} {scenario.label()}: across torchrun jobs morph loses (or hangs) node 1, whose "
+            f"torchrun job can restart it; node 0's loss runs on one box (netmorph morph without "
+            f"launch)",
+            "scenario",
+        )
     if rejoins(scenario) and max_restarts < 1:
-        raise UsageError(f"{{scenario}} {scenario.label()}: node 1 comes back as the workers its torchrun job "
-                         f"restarts: --max-restarts 1 or more, got {max_restarts}", "max_restarts")
+        raise UsageError(
+            f"{{scenario}} {scenario.label()}: node 1 comes back as the workers its torchrun job "
+            f"restarts: --max-restarts 1 or more, got {max_restarts}",
+            "max_restarts",
+        )
     return nodes * k
 
 
@@ -66,12 +79,20 @@ class Cluster:
     brings the node back (``joins``) it is a joiner (``comm.joined``) that forms no group until the members admit
     it at the scenario's step (:meth:`netmorph.morph.members.Members.join`); otherwise it says so and leaves."""
 
-    def __init__(self, lighthouse: str, node: int, nodes: int, timeout: float, joins: bool = False,
-                 checkpoint_dir: str | None = None):
+    def __init__(
+        self,
+        lighthouse: str,
+        node: int,
+        nodes: int,
+        timeout: float,
+        joins: bool = False,
+        checkpoint_dir: str | None = None,
+    ):
         from netmorph.elastic.cluster import join
+
         self.comm = join(lighthouse, node, nodes, timeout)
         place = self.comm.placement
-        self.restarted = place.incarnation > 0    # torchrun restarted this node after the scenario lost it
+        self.restarted = place.incarnation > 0  # torchrun restarted this node after the scenario lost it
         self.joiner = self.restarted and joins
         self.world = place.launched
         self.scratch = None
@@ -105,6 +126,7 @@ class Cluster:
         ring all-reduces, fitted on rank 0, the same dict on every worker. A joiner reads what the launch's workers
         measured (they are training by then), so that its twin is theirs."""
         from netmorph.calibrate.run import links_in_job
+
         comm = self.comm
         comm.emulate(base)
         if self.joiner:
@@ -117,7 +139,7 @@ class Cluster:
 
     def close(self) -> None:
         if not self.leaves:
-            self.comm.barrier()               # nobody leaves while a peer still talks to it
+            self.comm.barrier()  # nobody leaves while a peer still talks to it
         self.comm.close()
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)

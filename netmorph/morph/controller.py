@@ -45,8 +45,22 @@ from netmorph.morph.twin import Twin, candidates, emulated_hardware
 from netmorph.parallel.hybrid import train_rank
 from netmorph.runtime.launch import launch
 
-__all__ = ["Decision", "Run", "Scenario", "Trainer", "Twin", "candidates", "check_run", "parse_scenario", "regimes",
-           "relaunch_seconds", "resized", "run_adaptive", "run_static", "twin_of"]
+__all__ = [
+    "Decision",
+    "Run",
+    "Scenario",
+    "Trainer",
+    "Twin",
+    "candidates",
+    "check_run",
+    "parse_scenario",
+    "regimes",
+    "relaunch_seconds",
+    "resized",
+    "run_adaptive",
+    "run_static",
+    "twin_of",
+]
 
 
 class Trainer:
@@ -60,8 +74,16 @@ class Trainer:
     a checkpoint of the whole state (its writing is not timed), to go back to when a node's loss takes state no
     survivor holds."""
 
-    def __init__(self, model, global_batch: int, world: int, timeout: float = 60.0, compute_ms: float = 40.0,
-                 inter_mbps: float = 50.0, checkpoint_every: int = 20):
+    def __init__(
+        self,
+        model,
+        global_batch: int,
+        world: int,
+        timeout: float = 60.0,
+        compute_ms: float = 40.0,
+        inter_mbps: float = 50.0,
+        checkpoint_every: int = 20,
+    ):
         self.model, self.global_batch, self.world, self.timeout = model, global_batch, world, timeout
         self.compute_ms, self.checkpoint_every = compute_ms, checkpoint_every
         self.base = two_nodes(world, inter_mbps)
@@ -92,7 +114,7 @@ def regimes(world: int, model, scenario: Scenario, steps: int) -> list:
     return out if after == out[0] else out + [after]
 
 
-WORLDS = (2, 4, 8, 16)      # two emulated nodes of world/2 ranks
+WORLDS = (2, 4, 8, 16)  # two emulated nodes of world/2 ranks
 MAX_SEQ = 4096
 
 
@@ -106,14 +128,18 @@ def check_run(model, world: int, global_batch: int, steps: int, segment: int, sc
     if not 2 <= segment <= steps:
         raise UsageError(f"{{segment}} must be in 2..{{steps}} ({steps}), got {segment}", "segment")
     if any(e.kind in LOSSES for e in scenario.events) and world < 4:
-        raise UsageError(f"{{scenario}} {scenario.label()} needs {{world}} 4 or more (a node of world/2 ranks "
-                         "survives)", "scenario")
+        raise UsageError(
+            f"{{scenario}} {scenario.label()} needs {{world}} 4 or more (a node of world/2 ranks survives)", "scenario"
+        )
     if scenario.model(model, steps).seq > MAX_SEQ:
         raise UsageError(f"{{scenario}} {scenario.label()}: {{seq}} {model.seq} grows past {MAX_SEQ}", "scenario")
     for w, m in regimes(world, model, scenario, steps):
         if not candidates(m, w, global_batch):
-            raise UsageError(f"no layout of {w} ranks fits a {m.layers}-layer GPT of {m.heads} heads "
-                             f"and sequence {m.seq} with {{global_batch}} {global_batch}", "global_batch")
+            raise UsageError(
+                f"no layout of {w} ranks fits a {m.layers}-layer GPT of {m.heads} heads "
+                f"and sequence {m.seq} with {{global_batch}} {global_batch}",
+                "global_batch",
+            )
 
 
 def twin_of(trainer: Trainer, links: dict | None = None) -> Twin:
@@ -124,9 +150,15 @@ def twin_of(trainer: Trainer, links: dict | None = None) -> Twin:
     hw = emulated_hardware(trainer.base, trainer.device_flops)
     if links:
         intra, inter = links.get("intra") or links["inter"], links.get("inter") or links["intra"]
-        hw = replace(hw, alpha_intra=intra["alpha"], nvlink_bandwidth=1 / intra["beta"], alpha_inter=inter["alpha"],
-                     nic_bandwidth=1 / inter["beta"], collective_base_s=intra.get("base", 0.0),
-                     description=f"{hw.description}, links measured")
+        hw = replace(
+            hw,
+            alpha_intra=intra["alpha"],
+            nvlink_bandwidth=1 / intra["beta"],
+            alpha_inter=inter["alpha"],
+            nic_bandwidth=1 / inter["beta"],
+            collective_base_s=intra.get("base", 0.0),
+            description=f"{hw.description}, links measured",
+        )
     return Twin(trainer.model, trainer.global_batch, hw)
 
 
@@ -135,8 +167,8 @@ class _Job:
 
     def __init__(self, trainer: Trainer, layout: Layout):
         self.trainer, self.layout, self.model, self.states, self.step = trainer, layout, trainer.model, None, 0
-        self.share = math.inf                                # memory as a share of a whole replica
-        self.checkpoint = (0, layout, trainer.model, None)   # step 0: the initial weights, which any run rebuilds
+        self.share = math.inf  # memory as a share of a whole replica
+        self.checkpoint = (0, layout, trainer.model, None)  # step 0: the initial weights, which any run rebuilds
         self.run = Run([(0, layout.tag())], [])
 
     def train(self, n: int, topo: Topology) -> None:
@@ -144,7 +176,7 @@ class _Job:
         self.states = st
         self.run.step_s += times
         self.run.tokens += [self.trainer.global_batch * self.model.seq] * n
-        del self.run.losses[self.step:]               # steps redone after going back to a checkpoint
+        del self.run.losses[self.step :]  # steps redone after going back to a checkpoint
         self.run.losses += losses
         self.step += n
         if self.step - self.checkpoint[0] >= self.trainer.checkpoint_every:
@@ -186,13 +218,15 @@ class _Job:
             try:
                 if restart:
                     raise StateLost("every rank restarted")
-                p = p or plan(self.model, self.layout, target, gpus_per_node=topo.gpus_per_node, alive=alive,
-                              grown=grown)
+                p = p or plan(
+                    self.model, self.layout, target, gpus_per_node=topo.gpus_per_node, alive=alive, grown=grown
+                )
             except StateLost as e:
                 step, layout, old, states = self.checkpoint
                 t0 = time.perf_counter()
-                self.states = None if states is None else restore(old, layout, states, target,
-                                                                  model if model != old else None)
+                self.states = (
+                    None if states is None else restore(old, layout, states, target, model if model != old else None)
+                )
                 spent = time.perf_counter() - t0
                 how = f"{e}: back to the checkpoint of step {step}, {self.step - step} steps to redo"
                 self.run.redone += self.step - step
@@ -200,7 +234,7 @@ class _Job:
             else:
                 alive = range(min(self.layout.world, target.world)) if alive is None else alive
                 new, _ = execute(p, [self.states[r] for r in sorted(alive)], topology=topo, timeout=t.timeout)
-                self.states = new               # the trainer reads params, m, v and t; "seconds" rides along
+                self.states = new  # the trainer reads params, m, v and t; "seconds" rides along
                 spent = max(st["seconds"] for st in new)
                 how = f"{p.bytes:,} B over the fabric in {1e3 * spent:.1f} ms"
         self.run.reshard_s += spent
@@ -229,9 +263,17 @@ def _nothing(comm) -> None:
     comm.barrier()
 
 
-def run_static(trainer: Trainer, layout: Layout, steps: int, segment: int, scenario: Scenario,
-               log=lambda *a, **k: None, twin: Twin | None = None, restart_s: float | None = None,
-               comm=None) -> Run | None:
+def run_static(
+    trainer: Trainer,
+    layout: Layout,
+    steps: int,
+    segment: int,
+    scenario: Scenario,
+    log=lambda *a, **k: None,
+    twin: Twin | None = None,
+    restart_s: float | None = None,
+    comm=None,
+) -> Run | None:
     """``layout`` throughout, as torchelastic and Megatron would run it: after a node's loss with fewer
     data-parallel replicas (:func:`resized`), after a node joins with as many as it started with, on longer
     sequences as it is; the end of the run when its model-parallel group no longer fits the ranks, or (priced by
@@ -242,11 +284,26 @@ def run_static(trainer: Trainer, layout: Layout, steps: int, segment: int, scena
     torchrun's restart: a node lost or joining restarts every rank (``restart_s``
     seconds, :func:`relaunch_seconds`) from the last checkpoint, redoing the steps since."""
     if restart_s is None:
-        live = LiveJob(trainer.model, trainer.global_batch, trainer.device_flops, trainer.base,
-                       twin or twin_of(trainer), layout, steps, segment, scenario,
-                       checkpoint_every=trainer.checkpoint_every, static=True)
-        return run_live(live, trainer.world, trainer.timeout,
-                        lambda line: log(f"  static {layout.tag()}: {line.strip().removeprefix('-> ')}"), comm)
+        live = LiveJob(
+            trainer.model,
+            trainer.global_batch,
+            trainer.device_flops,
+            trainer.base,
+            twin or twin_of(trainer),
+            layout,
+            steps,
+            segment,
+            scenario,
+            checkpoint_every=trainer.checkpoint_every,
+            static=True,
+        )
+        return run_live(
+            live,
+            trainer.world,
+            trainer.timeout,
+            lambda line: log(f"  static {layout.tag()}: {line.strip().removeprefix('-> ')}"),
+            comm,
+        )
     job = _Job(trainer, layout)
     while job.step < steps:
         topo = scenario.topology(trainer.base, job.clock)
@@ -266,8 +323,9 @@ def run_static(trainer: Trainer, layout: Layout, steps: int, segment: int, scena
                 job.train(min(segment, steps - job.step), topo)
                 continue
             restart = target.world != job.layout.world
-            _, _, how = job.move(target, topo, alive=range(world) if world < job.layout.world else None, model=model,
-                                 restart=restart)
+            _, _, how = job.move(
+                target, topo, alive=range(world) if world < job.layout.world else None, model=model, restart=restart
+            )
             if restart:
                 job.run.reshard_s += restart_s
                 how += f", after restarting every rank ({restart_s:.2f} s)"
@@ -276,12 +334,34 @@ def run_static(trainer: Trainer, layout: Layout, steps: int, segment: int, scena
     return job.run
 
 
-def run_adaptive(trainer: Trainer, twin: Twin, start: Layout, steps: int, segment: int, scenario: Scenario,
-                 hysteresis: float = 0.10, confirm: int = 2, log=print, comm=None) -> Run | None:
+def run_adaptive(
+    trainer: Trainer,
+    twin: Twin,
+    start: Layout,
+    steps: int,
+    segment: int,
+    scenario: Scenario,
+    hysteresis: float = 0.10,
+    confirm: int = 2,
+    log=print,
+    comm=None,
+) -> Run | None:
     """The control loop (module docstring) deciding on ``twin``; ``log`` gets one line per segment and per
     decision. The whole run is one launch whose ranks stay alive across moves, losses and joins
     (:mod:`netmorph.morph.live`); with ``comm``, this process is one of a cluster's ranks (None off rank 0)."""
-    live = LiveJob(trainer.model, trainer.global_batch, trainer.device_flops, trainer.base, twin, start, steps,
-                   segment, scenario, hysteresis, confirm, verbose=log is print,
-                   checkpoint_every=trainer.checkpoint_every)
+    live = LiveJob(
+        trainer.model,
+        trainer.global_batch,
+        trainer.device_flops,
+        trainer.base,
+        twin,
+        start,
+        steps,
+        segment,
+        scenario,
+        hysteresis,
+        confirm,
+        verbose=log is print,
+        checkpoint_every=trainer.checkpoint_every,
+    )
     return run_live(live, trainer.world, trainer.timeout, log, comm)

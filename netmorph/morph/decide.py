@@ -39,29 +39,29 @@ class Decision:
     before: str
     after: str
     measured_step_s: float
-    predicted_current_s: float                  # the current split (after a node loss or join: resized)
+    predicted_current_s: float  # the current split (after a node loss or join: resized)
     predicted_best_s: float
     reshard_bytes: int
-    reshard_s: float                            # predicted by move_cost; the real run replaces it by the measured
+    reshard_s: float  # predicted by move_cost; the real run replaces it by the measured
     payback_steps: float
     reason: str = "bottleneck moved"
-    top: tuple = ()                             # ((layout tag, predicted s), ...) the twin's best few
-    target: Layout | None = None                # the layout moved to (``after`` is its tag)
+    top: tuple = ()  # ((layout tag, predicted s), ...) the twin's best few
+    target: Layout | None = None  # the layout moved to (``after`` is its tag)
 
 
 @dataclass
 class Run:
-    layout_path: list                           # (first step, layout label)
-    step_s: list                                # every step run's time (the slowest rank's), redone steps included
-    reshard_s: float = 0.0                      # moving state: reshards, and reading a checkpoint back
+    layout_path: list  # (first step, layout label)
+    step_s: list  # every step run's time (the slowest rank's), redone steps included
+    reshard_s: float = 0.0  # moving state: reshards, and reading a checkpoint back
     decisions: list = field(default_factory=list)
     losses: list = field(default_factory=list)  # one per step of the run's data, as the surviving run saw it
     events: list = field(default_factory=list)  # (steps run so far, seconds spent, step, what): every move
     tokens: list = field(default_factory=list)  # every step run's tokens (the sequence may grow)
-    redone: int = 0                             # steps trained again after going back to a checkpoint
-    failed: str = ""                            # why the run could not go on ("" if it finished)
+    redone: int = 0  # steps trained again after going back to a checkpoint
+    failed: str = ""  # why the run could not go on ("" if it finished)
     decide_s: list = field(default_factory=list)  # seconds each of the controller's looks took (pricing included)
-    twin: Twin | None = None                    # the adaptive run's twin as it ended, what the run measured written in
+    twin: Twin | None = None  # the adaptive run's twin as it ended, what the run measured written in
 
     @property
     def total_s(self) -> float:
@@ -76,12 +76,12 @@ class Run:
 class Look:
     """What one segment measured."""
 
-    step: int                    # steps done
+    step: int  # steps done
     layout: Layout
     seq: int
-    step_s: float                # the median step (the slowest rank's)
-    busy_s: float | None         # the busiest stage's forward and backward slots a step (None: not measured)
-    beta: float | None           # the inter-node link's s/B as the run saw it (None: one node)
+    step_s: float  # the median step (the slowest rank's)
+    busy_s: float | None  # the busiest stage's forward and backward slots a step (None: not measured)
+    beta: float | None  # the inter-node link's s/B as the run saw it (None: one node)
 
 
 def resized(layout: Layout, world: int):
@@ -126,7 +126,7 @@ class Controller:
         and what it decided; the :class:`Decision` to move now, or None)."""
         if m.beta is not None:
             self.beta = m.beta
-        if m.busy_s is not None and m.layout.zero < 3:     # ZeRO-3's gathers run inside the slots: not compute
+        if m.busy_s is not None and m.layout.zero < 3:  # ZeRO-3's gathers run inside the slots: not compute
             self.twin = self.twin.measured(m.layout, m.busy_s, self.beta, m.seq)
         ranked = self._ranked(m.layout.world, m.seq)
         best, best_s = ranked[0]
@@ -134,14 +134,21 @@ class Controller:
         left = self.steps - m.step
         link = "" if m.beta is None else f", link {1 / m.beta / 1e6:.3g} MB/s"
         busy = "" if m.busy_s is None else f", compute {1e3 * m.busy_s:.0f} ms"
-        top = ", ".join(f"{lay.tag()} {1e3 * s:.0f}" for lay, s in ranked[:self.top])
-        line = (f"  step {m.step:>4}: {m.layout.tag()} measured {1e3 * m.step_s:.0f} ms/step{busy}{link}; "
-                f"model {1e3 * current:.0f} ms; best {top} ms")
+        top = ", ".join(f"{lay.tag()} {1e3 * s:.0f}" for lay, s in ranked[: self.top])
+        line = (
+            f"  step {m.step:>4}: {m.layout.tag()} measured {1e3 * m.step_s:.0f} ms/step{busy}{link}; "
+            f"model {1e3 * current:.0f} ms; best {top} ms"
+        )
         gain = current - best_s
         if best == m.layout or gain <= self.hysteresis * current or left <= 0:
             self.streak, self.wanted = 0, None
-            why = ("the best" if best == m.layout else "no steps left" if left <= 0 else
-                   f"gain {1e3 * gain:.0f} ms/step under {100 * self.hysteresis:.0f}%")
+            why = (
+                "the best"
+                if best == m.layout
+                else "no steps left"
+                if left <= 0
+                else f"gain {1e3 * gain:.0f} ms/step under {100 * self.hysteresis:.0f}%"
+            )
             return line + f"; stay ({why})", None
         self.streak = self.streak + 1 if best == self.wanted else 1
         self.wanted = best
@@ -152,8 +159,19 @@ class Controller:
         if gain * left <= cost:
             return line + f"; {gains}: stay (does not pay)", None
         self.streak, self.wanted = 0, None
-        d = Decision(m.step, m.layout.tag(), best.tag(), m.step_s, current, best_s, p.bytes, cost, cost / gain,
-                     top=tuple((lay.tag(), s) for lay, s in ranked[:self.top]), target=best)
+        d = Decision(
+            m.step,
+            m.layout.tag(),
+            best.tag(),
+            m.step_s,
+            current,
+            best_s,
+            p.bytes,
+            cost,
+            cost / gain,
+            top=tuple((lay.tag(), s) for lay, s in ranked[: self.top]),
+            target=best,
+        )
         return line + f"; {gains}: move to {best.tag()}", d
 
     def replan(self, layout: Layout, world: int, seq: int, share: float = math.inf) -> tuple:
@@ -168,11 +186,20 @@ class Controller:
         same = resized(layout, world)
         fits = same is not None and same in [lay for lay, _ in ranked]
         current = self.twin.predict(same, self.beta, seq) if fits else math.inf
-        return ranked[0][0], ranked[0][1], current, tuple((lay.tag(), s) for lay, s in ranked[:self.top])
+        return ranked[0][0], ranked[0][1], current, tuple((lay.tag(), s) for lay, s in ranked[: self.top])
 
 
-def rehearse(twin: Twin, scenario: Scenario, start: Layout, steps: int, segment: int, truth: Twin | None = None,
-             hysteresis: float = 0.10, confirm: int = 2, log=lambda line: None) -> Run:
+def rehearse(
+    twin: Twin,
+    scenario: Scenario,
+    start: Layout,
+    steps: int,
+    segment: int,
+    truth: Twin | None = None,
+    hysteresis: float = 0.10,
+    confirm: int = 2,
+    log=lambda line: None,
+) -> Run:
     """The control loop on a simulated clock: the machine is ``truth`` (default: the twin itself) with the
     scenario applied -- its inter-node link ``scenario.link_factor(step)`` times slower, its world and sequence
     as :meth:`Scenario.world` and :meth:`Scenario.model` say -- each segment's steps take what ``truth``
@@ -187,8 +214,11 @@ def rehearse(twin: Twin, scenario: Scenario, start: Layout, steps: int, segment:
         if (w, s, share) != (world, seq, ctl.twin.memory_share):
             best, best_s, current, top = ctl.replan(layout, w, s, share)
             if best != resized(layout, w):
-                run.decisions.append(Decision(step, layout.tag(), best.tag(), math.nan, current, best_s, 0, 0.0,
-                                              0.0, "the job changed", top))
+                run.decisions.append(
+                    Decision(
+                        step, layout.tag(), best.tag(), math.nan, current, best_s, 0, 0.0, 0.0, "the job changed", top
+                    )
+                )
             log(f"  -> at step {step}: {layout.tag()} -> {best.tag()}")
             layout, world, seq = best, w, s
             run.layout_path.append((step, layout.tag()))

@@ -17,7 +17,7 @@ from netmorph.mesh.layout import Layout
 from netmorph.mesh.shape import ModelShape
 from netmorph.parallel.hybrid import TrainConfig
 
-MAX_RANKS = 16          # processes on one machine
+MAX_RANKS = 16  # processes on one machine
 
 
 def check_move(world: int, steps: int) -> None:
@@ -43,7 +43,7 @@ def grow_sources(old: ModelShape, new: ModelShape) -> dict:
         src = a[name][np.arange(new.seq) % old.seq] if name == "wpe" else a[name]
         params[g.ravel()] = src.ravel()
     moments = params.copy()
-    moments[b["wpe"][old.seq:].ravel()] = -1
+    moments[b["wpe"][old.seq :].ravel()] = -1
     return {"params": params, "m": moments, "v": moments}
 
 
@@ -52,20 +52,36 @@ def parse_layout(text: str, world: int) -> Layout:
     return Layout.parse(text, world)
 
 
-def train_config(model: ModelShape, layout: Layout, steps: int, global_batch: int, start: int = 0,
-                 compute_ms: float = 0.0, device_flops: float = 0.0):
+def train_config(
+    model: ModelShape,
+    layout: Layout,
+    steps: int,
+    global_batch: int,
+    start: int = 0,
+    compute_ms: float = 0.0,
+    device_flops: float = 0.0,
+):
     """The trainer's :class:`~netmorph.parallel.hybrid.TrainConfig` for ``layout``: ``global_batch`` sequences a
     step as one-sequence microbatches over its dp ranks, from step ``start`` (a resumed or resharded run), on
     accelerators emulated as ``compute_ms`` a forward plus ``device_flops`` FLOP/s
     (:func:`~netmorph.parallel.slots.device_ms`)."""
     if global_batch % layout.dp:
-        raise UsageError(f"{{global_batch}} {global_batch} does not split over dp {layout.dp} ({layout.tag()})",
-                         "global_batch")
+        raise UsageError(
+            f"{{global_batch}} {global_batch} does not split over dp {layout.dp} ({layout.tag()})", "global_batch"
+        )
     if global_batch // layout.dp < layout.pp:
-        raise UsageError(f"{{global_batch}} {global_batch}: {layout.tag()} needs at least pp x dp = "
-                         f"{layout.pp * layout.dp} sequences per step", "global_batch")
-    cfg = TrainConfig(model=model, layout=layout.replace(global_batch=global_batch, micro_batch_size=1,
-                                                  dp_overlap=False),
-                      steps=steps, start_step=start, compute_ms=compute_ms, device_flops=device_flops)
+        raise UsageError(
+            f"{{global_batch}} {global_batch}: {layout.tag()} needs at least pp x dp = "
+            f"{layout.pp * layout.dp} sequences per step",
+            "global_batch",
+        )
+    cfg = TrainConfig(
+        model=model,
+        layout=layout.replace(global_batch=global_batch, micro_batch_size=1, dp_overlap=False),
+        steps=steps,
+        start_step=start,
+        compute_ms=compute_ms,
+        device_flops=device_flops,
+    )
     cfg.check()
     return cfg

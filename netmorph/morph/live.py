@@ -55,7 +55,7 @@ class LiveJob:
     model: ModelShape
     global_batch: int
     device_flops: float
-    base: Topology                  # the healthy emulated cluster
+    base: Topology  # the healthy emulated cluster
     twin: Twin
     start: Layout
     steps: int
@@ -63,17 +63,17 @@ class LiveJob:
     scenario: Scenario
     hysteresis: float = 0.10
     confirm: int = 2
-    verbose: bool = False           # rank 0 prints each look's line as it goes
+    verbose: bool = False  # rank 0 prints each look's line as it goes
     checkpoint_every: int = 20
-    checkpoints: str = ""           # a folder every rank writes its checkpoints to (a node may be lost), or ""
-    static: bool = False            # hold the start split as torchelastic would: fewer (more) data-parallel replicas
-                                    # after a loss (join), no look; the run ends when the split no longer fits
+    checkpoints: str = ""  # a folder every rank writes its checkpoints to (a node may be lost), or ""
+    static: bool = False  # hold the start split as torchelastic would: fewer (more) data-parallel replicas
+    # after a loss (join), no look; the run ends when the split no longer fits
 
 
 def probe(comm, gpn: int) -> float | None:
     """Seconds per byte one way across the node boundary (rank 0 to rank ``gpn`` and back, the fastest of
     :data:`PROBES`), known on every rank (broadcast from rank 0); None on one node."""
-    if comm.WORLD.size() <= gpn:                # one node (the survivors of a lost one too)
+    if comm.WORLD.size() <= gpn:  # one node (the survivors of a lost one too)
         return None
     buf, best = np.zeros(PROBE_BYTES // 8), math.inf
     with comm.phase("morph.probe"):
@@ -102,24 +102,24 @@ class _Rank(Members):
         standby = bool(job.checkpoints) and comm.rank == self.gpn
         self.ctl = Controller(job.twin, job.steps, job.hysteresis, job.confirm) if comm.rank == 0 or standby else None
         self.run = Run([(0, job.start.tag())], [])
-        self.losses: dict = {}                  # step -> loss, where this rank computes it (redone steps overwrite)
-        self.lines: list = []                   # rank 0's log, returned when it is not printed as it goes
-        self.clock = 0                          # steps run, redone ones included: the scenario's clock
-        self.commits: list = []                 # the last two (steps done, state): a loss redoes one step at most
-        self.ends: list = []                    # when each step of the segment in hand ended (perf_counter)
-        self.accounted = False                  # the segment's step times are in the run
+        self.losses: dict = {}  # step -> loss, where this rank computes it (redone steps overwrite)
+        self.lines: list = []  # rank 0's log, returned when it is not printed as it goes
+        self.clock = 0  # steps run, redone ones included: the scenario's clock
+        self.commits: list = []  # the last two (steps done, state): a loss redoes one step at most
+        self.ends: list = []  # when each step of the segment in hand ended (perf_counter)
+        self.accounted = False  # the segment's step times are in the run
         lost = [e for e in job.scenario.events if e.kind in LOSSES]
         mine = lost and comm.slot // self.gpn == lost[0].node
-        self.dies_at = lost[0].at if mine else None        # (a loss comes with checkpoints)
+        self.dies_at = lost[0].at if mine else None  # (a loss comes with checkpoints)
         self.how = signal.SIGSTOP if lost and lost[0].kind == "node-hangs" else signal.SIGKILL
-        self.doomed = False                     # armed to go with its node
+        self.doomed = False  # armed to go with its node
         self.rdzv = self.view = self.heart = self.dog = None
-        self.joined = getattr(comm, "joined", False)     # started in a lost rank's slot: a node back
+        self.joined = getattr(comm, "joined", False)  # started in a lost rank's slot: a node back
         if job.checkpoints:
             self.watch()
 
     def say(self, line: str) -> None:
-        if self.ctl is not None:                # rank 0 and its standby keep the log; rank 0 prints it
+        if self.ctl is not None:  # rank 0 and its standby keep the log; rank 0 prints it
             self.lines.append(line)
             if self.job.verbose and self.comm.rank == 0:
                 print(line, flush=True)
@@ -133,11 +133,12 @@ class _Rank(Members):
         self.ends.append(time.perf_counter())
         if loss is not None:
             self.losses[done - 1] = loss
-        if not self.job.checkpoints:              # no node can be lost (nor dies): nothing to keep
+        if not self.job.checkpoints:  # no node can be lost (nor dies): nothing to keep
             return
         self.commits = (self.commits + [(done, state())])[-2:]
-        if done % self.job.checkpoint_every == 0:      # the trainer's checkpoint (DCP), under the layout in hand
+        if done % self.job.checkpoint_every == 0:  # the trainer's checkpoint (DCP), under the layout in hand
             from netmorph.checkpoint.training import save_state
+
             save_state(self.comm, self.job.checkpoints, done, self.model, self.layout, self.commits[-1][1])
         if self.dies_at is not None and self.clock == self.dies_at:
             took = self.run.step_s[-1] if self.run.step_s else 0.1
@@ -172,16 +173,20 @@ class _Rank(Members):
 
         def choose():
             out["best"] = best = self.ctl.replan(self.layout, world, model.seq, share)
-            if self.job.static:                 # its prediction is the resized split's
+            if self.job.static:  # its prediction is the resized split's
                 same = resized(self.layout, world) if math.isfinite(best[2]) else None
                 out["best"] = (same, best[2], best[2], best[3])
                 return same
             return best[0]
+
         target = self.pick(choose, model, world)
-        if target is None:                      # only a static run picks nothing here
+        if target is None:  # only a static run picks nothing here
             same = resized(self.layout, world)
-            raise Stopped(f"tp x pp = {self.layout.tp * self.layout.pp} does not fit the {world} surviving ranks"
-                          if same is None else f"{same.tag()} does not fit {100 * share:.0f}% of a replica's memory")
+            raise Stopped(
+                f"tp x pp = {self.layout.tp * self.layout.pp} does not fit the {world} surviving ranks"
+                if same is None
+                else f"{same.tag()} does not fit {100 * share:.0f}% of a replica's memory"
+            )
         return target, out.get("best")
 
     def stop(self, stop: Stopped) -> None:
@@ -207,20 +212,41 @@ class _Rank(Members):
         model, share = job.scenario.model(job.model, self.clock), job.scenario.memory(self.clock)
         if model == self.model and share == self.share:
             return
-        what = "; ".join(w for w, c in ((f"sequence grew to {model.seq}", model != self.model),
-                                        (f"memory down to {100 * share:.0f}% of a replica", share != self.share)) if c)
+        what = "; ".join(
+            w
+            for w, c in (
+                (f"sequence grew to {model.seq}", model != self.model),
+                (f"memory down to {100 * share:.0f}% of a replica", share != self.share),
+            )
+            if c
+        )
         target, best = self.replanned(layout.world, model, share)
         p, spent = self.move(target, model if model != self.model else None)
         self.moved(self.step, layout, target, spent)
         if self.ctl is not None:
             _, predicted, current, top = best
-            self.say(f"  -> at step {self.step}, {what}: {layout.tag()} -> {target.tag()} (model "
-                     f"{1e3 * predicted:.0f} ms/step; staying "
-                     f"{'does not fit' if math.isinf(current) else f'{1e3 * current:.0f} ms'}); {p.bytes:,} B between "
-                     f"live ranks in {1e3 * spent:.0f} ms")
+            self.say(
+                f"  -> at step {self.step}, {what}: {layout.tag()} -> {target.tag()} (model "
+                f"{1e3 * predicted:.0f} ms/step; staying "
+                f"{'does not fit' if math.isinf(current) else f'{1e3 * current:.0f} ms'}); {p.bytes:,} B between "
+                f"live ranks in {1e3 * spent:.0f} ms"
+            )
             if target != layout:
-                self.record(Decision(self.step, layout.tag(), target.tag(), math.nan, current, predicted, p.bytes,
-                                     spent, spent / max(current - predicted, 1e-12), what, top))
+                self.record(
+                    Decision(
+                        self.step,
+                        layout.tag(),
+                        target.tag(),
+                        math.nan,
+                        current,
+                        predicted,
+                        p.bytes,
+                        spent,
+                        spent / max(current - predicted, 1e-12),
+                        what,
+                        top,
+                    )
+                )
         self.layout, self.model, self.share = target, model, share
 
     def segment(self) -> None:
@@ -229,8 +255,7 @@ class _Rank(Members):
         n = min(job.segment, job.steps - self.step)
         cfg = train_config(self.model, self.layout, n, job.global_batch, self.step, device_flops=job.device_flops)
         self.commits, self.ends, self.accounted = [(self.step, self.state)], [time.perf_counter()], False
-        out = train_rank(comm, cfg, None, None if self.state is None else {comm.rank: self.state},
-                         commit=self.commit)
+        out = train_rank(comm, cfg, None, None if self.state is None else {comm.rank: self.state}, commit=self.commit)
         self.state = out.state.flat
         # every rank learns the segment's losses (the ranks that compute them may be the ones a loss takes)
         first = self.step
@@ -242,12 +267,12 @@ class _Rank(Members):
         self.losses.update({first + k: float(v) / total[-1] for k, v in enumerate(total[:-1])})
         times = agreed_max(comm, out.step_times)
         if n > 1:
-            times[0] = statistics.median(times[1:])       # the segment's first step builds the layout's modules
+            times[0] = statistics.median(times[1:])  # the segment's first step builds the layout's modules
         self.run.step_s += times.tolist()
         self.run.tokens += [job.global_batch * self.model.seq] * n
         self.accounted = True
         self.step += n
-        if job.static:                            # held: nothing to look at
+        if job.static:  # held: nothing to look at
             return
         busy = float(agreed_max(comm, [statistics.median(out.busy_s[1:] or out.busy_s)])[0])
         beta = probe(comm, self.gpn)
@@ -256,11 +281,11 @@ class _Rank(Members):
         def choose():
             nonlocal line, d
             t0 = time.perf_counter()
-            line, d = self.ctl.look(Look(self.step, self.layout, self.model.seq, statistics.median(times), busy,
-                                         beta))
+            line, d = self.ctl.look(Look(self.step, self.layout, self.model.seq, statistics.median(times), busy, beta))
             self.run.decide_s.append(time.perf_counter() - t0)
             self.say(line)
             return None if d is None else d.target
+
         target = self.pick(choose, self.model, self.layout.world)
         if target is None:
             return
@@ -270,28 +295,32 @@ class _Rank(Members):
             predicted_cost, d.reshard_s = d.reshard_s, spent
             d.payback_steps = spent / (d.predicted_current_s - d.predicted_best_s)
             self.run.decisions.append(d)
-            self.say(f"  -> reshard {d.before} to {d.after} at step {d.step} between live ranks: {p.bytes:,} B in "
-                     f"{1e3 * spent:.0f} ms (model {1e3 * predicted_cost:.0f} ms), pays back in "
-                     f"{d.payback_steps:.1f} steps")
+            self.say(
+                f"  -> reshard {d.before} to {d.after} at step {d.step} between live ranks: {p.bytes:,} B in "
+                f"{1e3 * spent:.0f} ms (model {1e3 * predicted_cost:.0f} ms), pays back in "
+                f"{d.payback_steps:.1f} steps"
+            )
         self.layout = target
 
     def main(self) -> dict:
         from netmorph.runtime.transport import PeerLost
+
         if self.joined:
             self.join()
         while self.step < self.job.steps:
             self.comm.emulate(self.job.scenario.topology(self.job.base, self.clock))
             try:
-                if self.view is not None and self.job.scenario.world(self.launched, self.clock) > \
-                        len(self.view.members):
+                if self.view is not None and self.job.scenario.world(self.launched, self.clock) > len(
+                    self.view.members
+                ):
                     self.grow()
                 self.replan()
                 self.segment()
             except PeerLost as e:
                 if not self.job.checkpoints:
                     raise
-                if self.doomed:                   # the node goes as one: a rank whose peer went first goes now,
-                    os.kill(os.getpid(), self.how)     # never into the survivors' agreement
+                if self.doomed:  # the node goes as one: a rank whose peer went first goes now,
+                    os.kill(os.getpid(), self.how)  # never into the survivors' agreement
                 try:
                     self.recover(e)
                 except Stopped as stop:
@@ -323,8 +352,9 @@ def run_live(job: LiveJob, world: int, timeout: float, log=lambda line: None, co
     this process is one of the ranks, launched already: the Run on rank 0 (every rank learns every loss), None
     elsewhere."""
     from netmorph.runtime.launch import launch
+
     if comm is not None:
-        if membership_changes(job.scenario):   # a cluster's folder every rank writes to (Cluster.scratch)
+        if membership_changes(job.scenario):  # a cluster's folder every rank writes to (Cluster.scratch)
             job = replace(job, checkpoints=comm.checkpoints)
         out = live_rank(comm, job)
         if out["run"] is None:
@@ -332,11 +362,12 @@ def run_live(job: LiveJob, world: int, timeout: float, log=lambda line: None, co
         outs = [out]
     elif membership_changes(job.scenario):
         with tempfile.TemporaryDirectory(prefix=".netmorph-ckpt-") as d:
-            outs = launch(live_rank, world, replace(job, checkpoints=d), topology=job.base, timeout=timeout,
-                          elastic=True)
+            outs = launch(
+                live_rank, world, replace(job, checkpoints=d), topology=job.base, timeout=timeout, elastic=True
+            )
     else:
         outs = launch(live_rank, world, job, topology=job.base, timeout=timeout)
-    head = next(o for o in outs if o is not None and o["run"] is not None)    # rank 0 at the end
+    head = next(o for o in outs if o is not None and o["run"] is not None)  # rank 0 at the end
     if not job.verbose:
         for line in head["lines"]:
             log(line)

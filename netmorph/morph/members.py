@@ -77,9 +77,15 @@ class Members:
         self.heart = Heartbeat(comm.store, comm.slot, HEARTBEAT).start()
         # a joiner watches the members once they admit it (:meth:`_welcome`): until then it holds nothing to lose
         peers = [] if self.joined else [r for r in range(self.launched) if r != comm.slot]
-        self.dog = Watchdog(comm.store, peers, lambda: PhiAccrual(
-            first_heartbeat_estimate=HEARTBEAT, min_std_deviation=HEARTBEAT / 2,
-            acceptable_heartbeat_pause=PAUSE), interval=HEARTBEAT / 2, on_suspect=on_suspect(comm)).start()
+        self.dog = Watchdog(
+            comm.store,
+            peers,
+            lambda: PhiAccrual(
+                first_heartbeat_estimate=HEARTBEAT, min_std_deviation=HEARTBEAT / 2, acceptable_heartbeat_pause=PAUSE
+            ),
+            interval=HEARTBEAT / 2,
+            on_suspect=on_suspect(comm),
+        ).start()
 
     @property
     def launched(self) -> int:
@@ -101,20 +107,21 @@ class Members:
         comm, job, t0 = self.comm, self.job, time.perf_counter()
         done = max(d for d, _ in self.commits)
 
-        def silent(ranks):                        # neither posted nor died nor fenced by the watchdog in time
+        def silent(ranks):  # neither posted nor died nor fenced by the watchdog in time
             raise err
-        before = list(self.view.members)         # old rank i is before[i] (the numbering the layout in hand uses)
+
+        before = list(self.view.members)  # old rank i is before[i] (the numbering the layout in hand uses)
         view = agree_after_loss(comm, self.rdzv, self.view, done, comm.transport.timeout, silent, dead_of(comm))
         dead = sorted(set(self.view.members) - set(view.members))
         if self.dog is not None:
             self.dog.forget(dead)
-        comm.reform(view.members, view.epoch, renumber=True)      # the survivors are ranks 0..world-1 from here
+        comm.reform(view.members, view.epoch, renumber=True)  # the survivors are ranks 0..world-1 from here
         self.view, world, first = view, len(view.members), view.first_step
-        if not self.accounted:                    # the segment's steps done before the loss, as this rank timed them
-            kept = first - self.step              # (the segment started at self.step)
-            self.run.step_s += np.diff(self.ends[:kept + 1]).tolist()
+        if not self.accounted:  # the segment's steps done before the loss, as this rank timed them
+            kept = first - self.step  # (the segment started at self.step)
+            self.run.step_s += np.diff(self.ends[: kept + 1]).tolist()
             self.run.tokens += [job.global_batch * self.model.seq] * kept
-            t0 = self.ends[kept]                  # from here on the time is the loss's: the step in flight too
+            t0 = self.ends[kept]  # from here on the time is the loss's: the step in flight too
         state = dict(self.commits).get(first, self.state)
         layout, agreed = self.layout, first
         target, best = self.replanned(world, self.model, self.share)
@@ -130,22 +137,33 @@ class Members:
             how = f"{e}: from the checkpoint of step {at}, {first - at} steps to redo"
             first = at
         spent = float(agreed_max(comm, [time.perf_counter() - t0])[0])
-        self.run.redone += agreed - first + 1     # the step in flight, and the steps since the checkpoint
+        self.run.redone += agreed - first + 1  # the step in flight, and the steps since the checkpoint
         self.moved(first, layout, target, spent)
         if self.ctl is not None:
             _, predicted, current, top = best
             silent = list(self.dog.silence(dead).values())
-            found = "the fabric" if getattr(comm, "liveness", None) is None else "their closed connections and heartbeats"
-            what = (f"node lost ({world} ranks left, ranks {dead} killed mid-step, detected by {found})"
-                    if self.how == signal.SIGKILL else
-                    f"node hung ({world} ranks left, ranks {dead} stopped mid-step: " +
-                    (f"{max(silent):.1f} s without a heartbeat when φ accrual suspected them" if silent else
-                     "suspected by a watchdog") + ", fenced with SIGKILL)")
-            self.say(f"  -> {what}: agreed to resume at step {agreed} (the step in flight redone); {layout.tag()} -> "
-                     f"{target.tag()} (model {1e3 * predicted:.0f} ms/step); {how}; {1e3 * spent:.0f} ms from the last "
-                     f"step done to going on")
-            self.record(Decision(first, layout.tag(), target.tag(), math.nan, current, predicted, 0, spent,
-                                 math.inf, what, top))
+            found = (
+                "the fabric" if getattr(comm, "liveness", None) is None else "their closed connections and heartbeats"
+            )
+            what = (
+                f"node lost ({world} ranks left, ranks {dead} killed mid-step, detected by {found})"
+                if self.how == signal.SIGKILL
+                else f"node hung ({world} ranks left, ranks {dead} stopped mid-step: "
+                + (
+                    f"{max(silent):.1f} s without a heartbeat when φ accrual suspected them"
+                    if silent
+                    else "suspected by a watchdog"
+                )
+                + ", fenced with SIGKILL)"
+            )
+            self.say(
+                f"  -> {what}: agreed to resume at step {agreed} (the step in flight redone); {layout.tag()} -> "
+                f"{target.tag()} (model {1e3 * predicted:.0f} ms/step); {how}; {1e3 * spent:.0f} ms from the last "
+                f"step done to going on"
+            )
+            self.record(
+                Decision(first, layout.tag(), target.tag(), math.nan, current, predicted, 0, spent, math.inf, what, top)
+            )
         self.layout, self.step, self.accounted = target, first, True
 
     def grow(self) -> None:
@@ -164,13 +182,18 @@ class Members:
         while True:
             if place is not None:
                 from netmorph.elastic.gpt import whole_nodes
-                new = whole_nodes(self.rdzv.requests(self.view.epoch), place.local_world)[:world - len(self.view.members)]
+
+                new = whole_nodes(self.rdzv.requests(self.view.epoch), place.local_world)[
+                    : world - len(self.view.members)
+                ]
             if self.rdzv.joiners(self.view.epoch, new) == new and len(self.view.members) + len(new) == world:
                 break
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the node back (ranks {new or 'none yet'}) did not come up within "
-                                   f"{comm.transport.timeout:g} s" + ("" if place is None else
-                                   " (is its torchrun job restarting it? --max-restarts)"))
+                raise TimeoutError(
+                    f"the node back (ranks {new or 'none yet'}) did not come up within "
+                    f"{comm.transport.timeout:g} s"
+                    + ("" if place is None else " (is its torchrun job restarting it? --max-restarts)")
+                )
             time.sleep(0.005)
         self._welcome(self.rdzv.propose(self.view, candidates=new, first_step=self.step), t0)
 
@@ -193,7 +216,7 @@ class Members:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"rank {comm.slot} was not admitted within {comm.transport.timeout:g} s")
             time.sleep(0.005)
-        self._welcome(view, time.perf_counter())    # the members time the join from asking for it
+        self._welcome(view, time.perf_counter())  # the members time the join from asking for it
 
     def _welcome(self, view, t0: float) -> None:
         """Every member of ``view`` (the ranks not in the view before it joined it): re-form, agree on where the run is (rank 0 says: step,
@@ -201,9 +224,9 @@ class Members:
         grown world, and send the joiners their state by the reshard plan -- they hold nothing."""
         comm, job = self.comm, self.job
         new = [r for r in view.members if r not in self.rdzv.view(view.epoch - 1).members]
-        comm.reform(view.members, view.epoch, renumber=True)        # the joiners after the members (ncclCommGrow)
+        comm.reform(view.members, view.epoch, renumber=True)  # the joiners after the members (ncclCommGrow)
         self.view = view
-        if self.dog is not None:                  # a joiner watches every member, a member the joiners
+        if self.dog is not None:  # a joiner watches every member, a member the joiners
             self.dog.add([r for r in (view.members if comm.slot in new else new) if r != comm.slot])
         if len(view.members) > self.gpn and view.members[self.gpn] in new:
             self._hand_standby()
@@ -211,8 +234,14 @@ class Members:
         where = np.zeros(6)
         if comm.rank == 0:
             options = [lay.tag() for lay in candidates(self.model, before, job.global_batch, zero=True)]
-            where[:] = (self.step, self.clock, self.model.seq, -1 if math.isinf(self.share) else self.share,
-                        self.state["t"] if self.state is not None else 0, options.index(self.layout.tag()))
+            where[:] = (
+                self.step,
+                self.clock,
+                self.model.seq,
+                -1 if math.isinf(self.share) else self.share,
+                self.state["t"] if self.state is not None else 0,
+                options.index(self.layout.tag()),
+            )
         with comm.phase("morph.agree"):
             comm.broadcast(where, 0)
         if self.joined and comm.slot in new:
@@ -231,15 +260,32 @@ class Members:
         self.moved(self.step, layout, target, spent)
         if self.ctl is not None:
             _, predicted, current, top = best
-            what = (f"a node joined ({len(view.members)} ranks: {new} started in the lost ranks' slots, one launch)"
-                    if getattr(comm, "placement", None) is None else
-                    f"a node joined ({len(view.members)} ranks: {new}, the workers node 1's torchrun job restarted)")
-            self.say(f"  -> at step {self.step}, {what}: {layout.tag()} -> {target.tag()} (model "
-                     f"{1e3 * predicted:.0f} ms/step); {p.bytes:,} B to the ranks that joined; {1e3 * spent:.0f} ms "
-                     f"from {'asking for the ranks' if getattr(comm, 'placement', None) is None else 'the boundary'} "
-                     f"to going on")
-            self.record(Decision(self.step, layout.tag(), target.tag(), math.nan, current, predicted, p.bytes,
-                                 spent, math.inf, what, top))
+            what = (
+                f"a node joined ({len(view.members)} ranks: {new} started in the lost ranks' slots, one launch)"
+                if getattr(comm, "placement", None) is None
+                else f"a node joined ({len(view.members)} ranks: {new}, the workers node 1's torchrun job restarted)"
+            )
+            self.say(
+                f"  -> at step {self.step}, {what}: {layout.tag()} -> {target.tag()} (model "
+                f"{1e3 * predicted:.0f} ms/step); {p.bytes:,} B to the ranks that joined; {1e3 * spent:.0f} ms "
+                f"from {'asking for the ranks' if getattr(comm, 'placement', None) is None else 'the boundary'} "
+                f"to going on"
+            )
+            self.record(
+                Decision(
+                    self.step,
+                    layout.tag(),
+                    target.tag(),
+                    math.nan,
+                    current,
+                    predicted,
+                    p.bytes,
+                    spent,
+                    math.inf,
+                    what,
+                    top,
+                )
+            )
         self.layout = target
 
     def _hand_standby(self) -> None:
@@ -263,6 +309,7 @@ class Members:
         holds under ``target``, from whichever old ranks wrote them)."""
         from netmorph.checkpoint.dcp import read_train
         from netmorph.checkpoint.training import load_state
+
         d = folder.step_dir(self.job.checkpoints, at)
         seq = json.loads(read_train(d)["meta"])["model"]["seq"]
         model = self.job.model if seq == self.job.model.seq else replace(self.job.model, seq=seq)

@@ -41,7 +41,7 @@ class Transfer:
 
     src: int
     dst: int
-    parts: dict = field(default_factory=dict)          # kind -> (source offsets, destination offsets)
+    parts: dict = field(default_factory=dict)  # kind -> (source offsets, destination offsets)
 
     @property
     def elements(self) -> int:
@@ -54,11 +54,11 @@ class Plan:
     after: Layout
     world: int
     itemsize: int
-    transfers: list            # Transfer, src != dst
-    local: dict                # rank -> {kind: (offsets in A, offsets in B)} kept in place
+    transfers: list  # Transfer, src != dst
+    local: dict  # rank -> {kind: (offsets in A, offsets in B)} kept in place
     maps_before: list
     maps_after: list
-    sources: dict = None       # when the context grew: kind -> the id in A each id of B starts from (-1: zero)
+    sources: dict = None  # when the context grew: kind -> the id in A each id of B starts from (-1: zero)
 
     def bytes_matrix(self) -> np.ndarray:
         """[src, dst] bytes on the wire."""
@@ -91,8 +91,14 @@ class Plan:
         return sum(len(a) for kinds in self.local.values() for a, _ in kinds.values()) * self.itemsize
 
     def summary(self) -> dict:
-        return {"before": self.before.tag(), "after": self.after.tag(), "bytes": self.bytes,
-                "messages": self.messages, "rounds": self.rounds, "kept_bytes": self.kept_bytes()}
+        return {
+            "before": self.before.tag(),
+            "after": self.after.tag(),
+            "bytes": self.bytes,
+            "messages": self.messages,
+            "rounds": self.rounds,
+            "kept_bytes": self.kept_bytes(),
+        }
 
 
 def _holders(maps, kind: str):
@@ -110,8 +116,7 @@ def _holders(maps, kind: str):
     return ids[order], ranks[order], offs[order]
 
 
-def plan(cfg, before: Layout, after: Layout, itemsize: int = 8, gpus_per_node: int = 8, alive=None,
-         grown=None) -> Plan:
+def plan(cfg, before: Layout, after: Layout, itemsize: int = 8, gpus_per_node: int = 8, alive=None, grown=None) -> Plan:
     """The transfer plan from ``before`` to ``after`` for model ``cfg``: on the same ranks, or on ``before``'s
     surviving ranks ``alive`` (``after.world`` of them, in order; the plan numbers them 0.. as ``after`` does),
     or on ``before``'s ranks and ranks joining after them (``after.world`` larger: the joiners hold nothing and
@@ -120,8 +125,10 @@ def plan(cfg, before: Layout, after: Layout, itemsize: int = 8, gpus_per_node: i
     alive = list(range(before.world)) if alive is None else sorted(alive)
     joining = after.world > len(alive) and alive == list(range(before.world))
     if (after.world != len(alive) and not joining) or not set(alive) <= set(range(before.world)):
-        raise ValueError(f"{after.tag()} must span the {len(alive)} surviving ranks of {before.tag()}'s "
-                         f"{before.world} ({after.world} != {len(alive)})")
+        raise ValueError(
+            f"{after.tag()} must span the {len(alive)} surviving ranks of {before.tag()}'s "
+            f"{before.world} ({after.world} != {len(alive)})"
+        )
     before_maps = element_map(cfg, before)
     A = [before_maps[r] for r in alive]
     B = element_map(grown or cfg, after)
@@ -138,12 +145,13 @@ def plan(cfg, before: Layout, after: Layout, itemsize: int = 8, gpus_per_node: i
             need, at = need[keep], np.arange(lo, hi, dtype=np.int64)[keep]
             if sources:
                 need = sources[kind][need]
-                need, at = need[need >= 0], at[need >= 0]       # the rest start at zero: nothing to send
+                need, at = need[need >= 0], at[need >= 0]  # the rest start at zero: nothing to send
             first = np.searchsorted(h_ids, need, side="left")
             last = np.searchsorted(h_ids, need, side="right")
             if np.any(first == last):
-                raise StateLost(f"{kind}: {int((first == last).sum()):,} elements held by no surviving rank of "
-                                f"{before.tag()}")
+                raise StateLost(
+                    f"{kind}: {int((first == last).sum()):,} elements held by no surviving rank of {before.tag()}"
+                )
             # the source: dst itself when it holds the element, else the first holder on dst's node, else the first
             src = h_rank[first].copy()
             off = h_off[first].copy()
@@ -179,7 +187,7 @@ def run_rank(comm, p: Plan, state: dict) -> dict:
     here. Messages go in the ``morph`` ledger phase: a rank posts all
     its receives, then all its sends, then waits for them all."""
     me = comm.rank
-    A, B = (p.maps_before[me] if me < len(p.maps_before) else None), p.maps_after[me]   # None: a rank joining
+    A, B = (p.maps_before[me] if me < len(p.maps_before) else None), p.maps_after[me]  # None: a rank joining
     dtype = state["params"].dtype
     out = {"params": np.zeros(B.flat.size, dtype=dtype), "t": state["t"]}
     olo, ohi = B.optimizer
@@ -214,7 +222,7 @@ def run_rank(comm, p: Plan, state: dict) -> dict:
             for k in KINDS:
                 if k in t.parts:
                     n = len(t.parts[k][1])
-                    dst_put(k, t.parts[k][1], buf[pos:pos + n])
+                    dst_put(k, t.parts[k][1], buf[pos : pos + n])
                     pos += n
     out["seconds"] = time.perf_counter() - t0
     return out

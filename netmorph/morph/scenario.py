@@ -23,12 +23,21 @@ from netmorph.cost.topology import Topology
 from netmorph.errors import UsageError
 
 # kind -> its FACTOR's default (None: takes no FACTOR)
-KINDS = {"link-degrades": 10.0, "link-recovers": None, "node-lost": None, "node-hangs": None, "node-joins": None,
-         "seq-grows": 2.0, "memory-shrinks": 2.0}
-LOSSES = ("node-lost", "node-hangs")      # a node out of the job: killed, or stopped
-USAGE = ("none, or events KIND@STEP[xFACTOR] joined by commas: link-degrades@STEP[xF], link-recovers@STEP, "
-         "node-lost@STEP[:NODE], node-hangs@STEP[:NODE] (NODE 0 or 1, default 1), node-joins@STEP, "
-         "seq-grows@STEP[xF] (F 2, 4 or 8), memory-shrinks@STEP[xF]")
+KINDS = {
+    "link-degrades": 10.0,
+    "link-recovers": None,
+    "node-lost": None,
+    "node-hangs": None,
+    "node-joins": None,
+    "seq-grows": 2.0,
+    "memory-shrinks": 2.0,
+}
+LOSSES = ("node-lost", "node-hangs")  # a node out of the job: killed, or stopped
+USAGE = (
+    "none, or events KIND@STEP[xFACTOR] joined by commas: link-degrades@STEP[xF], link-recovers@STEP, "
+    "node-lost@STEP[:NODE], node-hangs@STEP[:NODE] (NODE 0 or 1, default 1), node-joins@STEP, "
+    "seq-grows@STEP[xF] (F 2, 4 or 8), memory-shrinks@STEP[xF]"
+)
 
 
 @dataclass(frozen=True)
@@ -36,7 +45,7 @@ class Event:
     kind: str
     at: int
     factor: float = 1.0
-    node: int = 1                 # a loss: which of the two nodes
+    node: int = 1  # a loss: which of the two nodes
 
     @property
     def loss(self) -> bool:
@@ -44,8 +53,11 @@ class Event:
         return self.kind in LOSSES
 
     def label(self) -> str:
-        return (f"{self.kind}@{self.at}" + (f"x{self.factor:g}" if KINDS[self.kind] is not None else "") +
-                (f":{self.node}" if self.kind in LOSSES and self.node != 1 else ""))
+        return (
+            f"{self.kind}@{self.at}"
+            + (f"x{self.factor:g}" if KINDS[self.kind] is not None else "")
+            + (f":{self.node}" if self.kind in LOSSES and self.node != 1 else "")
+        )
 
 
 @dataclass(frozen=True)
@@ -70,8 +82,12 @@ class Scenario:
         f = self.link_factor(step)
         if f == 1:
             return base
-        return replace(base, name=f"{base.name} (inter-node x{f:g} slower)", beta_inter=base.beta_inter * f,
-                       alpha_inter=base.alpha_inter * f)
+        return replace(
+            base,
+            name=f"{base.name} (inter-node x{f:g} slower)",
+            beta_inter=base.beta_inter * f,
+            alpha_inter=base.alpha_inter * f,
+        )
 
     def world(self, world: int, step: int) -> int:
         """Ranks alive at ``step``: one node's while the other is lost."""
@@ -121,19 +137,23 @@ def parse_scenario(text: str) -> Scenario:
         try:
             e = Event(kind, int(at), float(factor) if factor else KINDS[kind] or 1.0, int(node) if colon else 1)
         except ValueError:
-            raise UsageError(f"{{scenario}} {part!r}: STEP must be a whole number and FACTOR a number",
-                             "scenario") from None
+            raise UsageError(
+                f"{{scenario}} {part!r}: STEP must be a whole number and FACTOR a number", "scenario"
+            ) from None
         if e.at < 0 or not 1 <= e.factor <= 1e4:
             raise UsageError(f"{{scenario}} {part!r}: STEP >= 0 and FACTOR in 1..10000", "scenario")
         if kind == "seq-grows" and e.factor not in (2, 4, 8):
             raise UsageError(f"{{scenario}} {part!r}: the sequence grows 2, 4 or 8 times", "scenario")
         if events and e.at < events[-1].at:
-            raise UsageError(f"{{scenario}} {text!r}: events in step order ({part} after {events[-1].label()})",
-                             "scenario")
+            raise UsageError(
+                f"{{scenario}} {text!r}: events in step order ({part} after {events[-1].label()})", "scenario"
+            )
         if (kind in LOSSES or kind == "node-joins") and lost == (kind in LOSSES):
-            raise UsageError(f"{{scenario}} {part!r}: " + ("a node is already lost" if lost else
-                                                           "node-joins needs a node-lost (or node-hangs) before it"),
-                             "scenario")
+            raise UsageError(
+                f"{{scenario}} {part!r}: "
+                + ("a node is already lost" if lost else "node-joins needs a node-lost (or node-hangs) before it"),
+                "scenario",
+            )
         lost = True if kind in LOSSES else False if kind == "node-joins" else lost
         events.append(e)
     return Scenario(tuple(events))

@@ -37,13 +37,24 @@ __all__ = ["Twin", "candidates", "emulated_hardware"]
 
 def emulated_hardware(topo: Topology, device_flops: float, op_overhead_s: float = 0.0) -> Hardware:
     """The planner's view of ranks that sleep ``device_flops`` FLOP/s on the fabric ``topo`` (two nodes)."""
-    return Hardware(name="emulated", peak_flops=device_flops, memory_bytes=float(1 << 40), hbm_bandwidth=1e15,
-                    gpus_per_node=topo.gpus_per_node, nvlink_bandwidth=1 / topo.beta,
-                    nic_bandwidth=1 / (topo.beta_inter or topo.beta), alpha_intra=topo.alpha,
-                    alpha_inter=topo.alpha_inter or topo.alpha, gemm_efficiency=1.0, attention_efficiency=1.0,
-                    elementwise_passes=0.0, op_overhead_s=op_overhead_s, allreduce_algorithms=("ring",),
-                    multi_rail=False,
-                    description=f"{topo.name}: emulated accelerators of {device_flops / 1e9:g} GFLOP/s")
+    return Hardware(
+        name="emulated",
+        peak_flops=device_flops,
+        memory_bytes=float(1 << 40),
+        hbm_bandwidth=1e15,
+        gpus_per_node=topo.gpus_per_node,
+        nvlink_bandwidth=1 / topo.beta,
+        nic_bandwidth=1 / (topo.beta_inter or topo.beta),
+        alpha_intra=topo.alpha,
+        alpha_inter=topo.alpha_inter or topo.alpha,
+        gemm_efficiency=1.0,
+        attention_efficiency=1.0,
+        elementwise_passes=0.0,
+        op_overhead_s=op_overhead_s,
+        allreduce_algorithms=("ring",),
+        multi_rail=False,
+        description=f"{topo.name}: emulated accelerators of {device_flops / 1e9:g} GFLOP/s",
+    )
 
 
 def candidates(model: ModelShape, world: int, global_batch: int, max_tp: int = 8, zero: bool = False) -> list:
@@ -55,7 +66,7 @@ def candidates(model: ModelShape, world: int, global_batch: int, max_tp: int = 8
         if world % (tp * cp * pp) or model.seq % (2 * cp):
             continue
         dp = world // (tp * cp * pp)
-        for z in ((0, 1, 2, 3) if dp > 1 and zero else (0,)):
+        for z in (0, 1, 2, 3) if dp > 1 and zero else (0,):
             lay = Layout(tp=tp, cp=cp, pp=pp, dp=dp, zero=z)
             if any(r.key != "batch" for r in limits.check(lay, model)):
                 continue
@@ -80,7 +91,7 @@ class Twin:
     hardware: Hardware
     dtype: str = "float64"
     max_tp: int = 8
-    memory_share: float = math.inf      # each rank's memory, as a share of a whole replica of the training state
+    memory_share: float = math.inf  # each rank's memory, as a share of a whole replica of the training state
 
     @property
     def beta0(self) -> float:
@@ -123,8 +134,14 @@ class Twin:
         # millisecond here), and a node's loss takes its shards with it -- a rollback to the last checkpoint that
         # replicated state never needs
         zero = not math.isinf(self.memory_share)
-        return sorted((lay for lay in candidates(model, world, self.global_batch, self.max_tp, zero)
-                       if self.fits(lay, model.seq)), key=lambda lay: self.predict(lay, beta, model.seq))
+        return sorted(
+            (
+                lay
+                for lay in candidates(model, world, self.global_batch, self.max_tp, zero)
+                if self.fits(lay, model.seq)
+            ),
+            key=lambda lay: self.predict(lay, beta, model.seq),
+        )
 
     def best(self, beta: float | None, world: int, seq: int | None = None) -> Layout:
         return self.layouts(world, seq, beta)[0]

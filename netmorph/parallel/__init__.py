@@ -20,7 +20,19 @@ from netmorph.parallel.tensor_parallel import (
     reduce_scatter_to_sequence_parallel_region,
 )
 
-__all__ = ["ColumnParallelLinear", "RowParallelLinear", "SCHEDULES", "Slot", "TensorParallel", "TrainConfig",
-           "copy_to_tensor_model_parallel_region", "gather_from_sequence_parallel_region",
-           "reduce_from_tensor_model_parallel_region", "reduce_scatter_to_sequence_parallel_region",
-           "reference", "schedule", "train", "train_rank"]
+__all__ = [
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "SCHEDULES",
+    "Slot",
+    "TensorParallel",
+    "TrainConfig",
+    "copy_to_tensor_model_parallel_region",
+    "gather_from_sequence_parallel_region",
+    "reduce_from_tensor_model_parallel_region",
+    "reduce_scatter_to_sequence_parallel_region",
+    "reference",
+    "schedule",
+    "train",
+    "train_rank",
+]

@@ -17,34 +17,46 @@ from netmorph.schedule import count
 
 @dataclass(frozen=True)
 class CollectiveAlgos:
-    dp: str = "ring"                # the gradient all-reduce over dp (an expert replica's over its edp group)
-    tp: str = "ring"                # the tensor-parallel all-reduces (Megatron's f and g, the vocab-parallel loss)
-    allgather: str = "ring"         # ZeRO's parameter gathers, sequence parallelism's gathers
-    reduce_scatter: str = "ring"    # ZeRO's gradient scatter, sequence parallelism's scatters
-    pair: str = "ring"              # the tied word embedding's 2-rank all-reduce (first and last stage)
-    counts: str = "ring"            # the router's tokens per expert summed over cp (Megatron's tokens_per_expert)
-    alltoall: str = "pairwise"      # the experts' dispatch, combine and counts, Ulysses' exchanges (NCCL's p2p pairs)
+    dp: str = "ring"  # the gradient all-reduce over dp (an expert replica's over its edp group)
+    tp: str = "ring"  # the tensor-parallel all-reduces (Megatron's f and g, the vocab-parallel loss)
+    allgather: str = "ring"  # ZeRO's parameter gathers, sequence parallelism's gathers
+    reduce_scatter: str = "ring"  # ZeRO's gradient scatter, sequence parallelism's scatters
+    pair: str = "ring"  # the tied word embedding's 2-rank all-reduce (first and last stage)
+    counts: str = "ring"  # the router's tokens per expert summed over cp (Megatron's tokens_per_expert)
+    alltoall: str = "pairwise"  # the experts' dispatch, combine and counts, Ulysses' exchanges (NCCL's p2p pairs)
 
     def check(self, layout=None) -> None:
         """Every name one the registry holds for its op, and one the trainer can run on ``layout``, or the one
         line naming the field."""
-        for field, op in (("dp", "allreduce"), ("tp", "allreduce"), ("allgather", "allgather"),
-                          ("reduce_scatter", "reduce_scatter"), ("pair", "allreduce"),
-                          ("counts", "allreduce"), ("alltoall", "alltoall")):
+        for field, op in (
+            ("dp", "allreduce"),
+            ("tp", "allreduce"),
+            ("allgather", "allgather"),
+            ("reduce_scatter", "reduce_scatter"),
+            ("pair", "allreduce"),
+            ("counts", "allreduce"),
+            ("alltoall", "alltoall"),
+        ):
             name = getattr(self, field)
             if name not in REGISTRY[op]:
                 arg = f"{field}_algo"
-                raise UsageError(f"{{{arg}}}: {op} has no algorithm {name!r}; choose one of "
-                                 f"{', '.join(REGISTRY[op])}", arg)
+                raise UsageError(
+                    f"{{{arg}}}: {op} has no algorithm {name!r}; choose one of {', '.join(REGISTRY[op])}", arg
+                )
         if layout is None:
             return
         if self.tp != CollectiveAlgos.tp and layout.knobs.sequence_parallel:
-            raise UsageError(f"{{tp_algo}} {self.tp} with sequence parallelism: its collectives are all-gathers "
-                             "and reduce-scatters, not all-reduces; drop {sequence_parallel} or the algorithm",
-                             "tp_algo")
+            raise UsageError(
+                f"{{tp_algo}} {self.tp} with sequence parallelism: its collectives are all-gathers "
+                "and reduce-scatters, not all-reduces; drop {sequence_parallel} or the algorithm",
+                "tp_algo",
+            )
         if self.dp != CollectiveAlgos.dp and layout.zero:
-            raise UsageError(f"{{dp_algo}} {self.dp} with ZeRO-{layout.zero}: ZeRO reduces by reduce-scatter and "
-                             "all-gather, not an all-reduce; drop {zero} or the algorithm", "dp_algo")
+            raise UsageError(
+                f"{{dp_algo}} {self.dp} with ZeRO-{layout.zero}: ZeRO reduces by reduce-scatter and "
+                "all-gather, not an all-reduce; drop {zero} or the algorithm",
+                "dp_algo",
+            )
 
 
 @lru_cache(maxsize=4096)

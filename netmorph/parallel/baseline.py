@@ -24,7 +24,7 @@ from netmorph.models.gpt import GPTStage, synthetic_batch
 from netmorph.parallel.hybrid import DTYPES, train_rank
 
 MODES = ("netmorph", "ddp", "no_comm")
-MIN_STEPS = 4             # counted steps below which no ratio is called: a quartile of fewer is one step
+MIN_STEPS = 4  # counted steps below which no ratio is called: a quartile of fewer is one step
 
 
 class Baseline:
@@ -37,6 +37,7 @@ class Baseline:
         model = GPTStage(cfg.model, dtype=DTYPES[cfg.dtype])
         if mode == "ddp":
             from torch.nn.parallel import DistributedDataParallel
+
             model = DistributedDataParallel(model)
         self.model = model
         self.opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95))
@@ -72,7 +73,7 @@ def abc_rank(comm, cfg, progress=None) -> tuple:
         for mode, b in others.items():
             comm.barrier()
             times[mode].append(b.step(cfg.start_step + done - 1))
-        comm.barrier()                 # netmorph's next step starts on every rank together too
+        comm.barrier()  # netmorph's next step starts on every rank together too
 
     comm.barrier()
     report = train_rank(comm, cfg, progress, commit=after)
@@ -89,7 +90,7 @@ def quartiles(seconds) -> dict:
 
 
 def compare(a: dict, b: dict) -> str:
-    """"faster" / "slower" when ``a``'s steps' interquartile range lies wholly below / above ``b``'s, "within
+    """ "faster" / "slower" when ``a``'s steps' interquartile range lies wholly below / above ``b``'s, "within
     noise" when the two overlap: a ratio of medians is called only when the spread of the steps cannot make it."""
     if a["q3_s"] < b["q1_s"]:
         return "faster"
@@ -104,8 +105,11 @@ def summarise(step_times: dict, tokens: int, weights: list, warmup: int = 1) -> 
     fewer than :data:`MIN_STEPS` counted steps, "too few steps");
     ``replicas_agree``: whether each baseline's ranks ended with the same weights (``weights``: every rank's
     {mode: sum of its weights}) -- DDP's must, the unsynchronised bound's must not."""
-    out = {"steps": len(step_times["netmorph"]) - warmup, "order": "A/B/C per step: " + ", ".join(MODES),
-           "replicas_agree": {mode: len({w[mode] for w in weights}) == 1 for mode in MODES[1:]}}
+    out = {
+        "steps": len(step_times["netmorph"]) - warmup,
+        "order": "A/B/C per step: " + ", ".join(MODES),
+        "replicas_agree": {mode: len({w[mode] for w in weights}) == 1 for mode in MODES[1:]},
+    }
     for mode in MODES:
         q = quartiles(step_times[mode][warmup:] or step_times[mode])
         out[mode] = {**q, "tokens_per_s": tokens / q["median_s"]}

@@ -41,13 +41,14 @@ class ContextParallel:
 
     def __init__(self, comm, group, comm_type: str = "p2p", balanced: bool = True, phase: str = "cp", algos=None):
         if comm_type not in COMM_TYPES:
-            raise UsageError(f"{{cp_comm_type}} must be one of {', '.join(COMM_TYPES)}, got {comm_type!r}",
-                             "cp_comm_type")
+            raise UsageError(
+                f"{{cp_comm_type}} must be one of {', '.join(COMM_TYPES)}, got {comm_type!r}", "cp_comm_type"
+            )
         self.comm, self.group, self.comm_type, self.phase = comm, group, comm_type, phase
         self.cp, self.rank = group.size(), group.index[comm.rank]
-        self.algos = algos or CollectiveAlgos()   # all_gather's gather and scatter (ring by default)
+        self.algos = algos or CollectiveAlgos()  # all_gather's gather and scatter (ring by default)
         self.chunks = chunk_order(self.cp, balanced)
-        self.blocks = 0          # chunk pairs attended by this rank's forwards (p2p, all_gather: the causal work)
+        self.blocks = 0  # chunk pairs attended by this rank's forwards (p2p, all_gather: the causal work)
 
     def positions(self, seq: int, device=None) -> torch.Tensor:
         """The sequence positions this rank holds, in the order it holds them (seq/cp of them)."""
@@ -65,10 +66,10 @@ class ContextParallel:
             return self._ulysses(q, k, v)
         if self.comm_type == "all_gather":
             kv = _GatherKV.apply(torch.stack([k, v]).permute(3, 0, 1, 2, 4).contiguous(), self)
-            n = kv.shape[0] // self.cp            # (cp·T/cp, 2, B, nh, hd) in rank order
-            state = _Online(_wide(q), self.chunks[self.rank])          # softmax in float32, as a flash kernel's
+            n = kv.shape[0] // self.cp  # (cp·T/cp, 2, B, nh, hd) in rank order
+            state = _Online(_wide(q), self.chunks[self.rank])  # softmax in float32, as a flash kernel's
             for j in range(self.cp):
-                blk = _wide(kv[j * n:(j + 1) * n].permute(1, 2, 3, 0, 4))   # (2, B, nh, T/cp, hd)
+                blk = _wide(kv[j * n : (j + 1) * n].permute(1, 2, 3, 0, 4))  # (2, B, nh, T/cp, hd)
                 self.blocks += state.add(blk[0], blk[1], self.chunks[j])
             return state.result()[0].to(q.dtype)
         return _RingAttention.apply(q, k, v, self)
@@ -77,13 +78,13 @@ class ContextParallel:
         nh = q.shape[1]
         if nh % self.cp:
             raise UsageError(f"cp a2a needs the heads per tp rank ({nh}) divisible by cp {self.cp}", "cp")
-        n = q.shape[2] // 2                                             # a chunk's tokens
-        order = torch.cat([_positions(c, n, q.device) for c in self.chunks])   # the gathered sequence's positions
+        n = q.shape[2] // 2  # a chunk's tokens
+        order = torch.cat([_positions(c, n, q.device) for c in self.chunks])  # the gathered sequence's positions
         inv = torch.argsort(order)
         # (B, nh, T/cp, hd) -> (B, nh/cp, T, hd): heads scattered, sequence gathered in rank order, then sorted
         q, k, v = (_AllToAll.apply(z, self, 1, 2).index_select(2, inv) for z in (q, k, v))
         y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return _AllToAll.apply(y.index_select(2, order), self, 2, 1)   # back to (B, nh, T/cp, hd)
+        return _AllToAll.apply(y.index_select(2, order), self, 2, 1)  # back to (B, nh, T/cp, hd)
 
     def exchange(self, send, recv_like):
         """One ring hop: ``send`` to the next rank, a tensor like ``recv_like`` from the previous one (K/V forward
@@ -96,8 +97,8 @@ class ContextParallel:
         with self.comm.phase(self.phase):
             sent = self.comm.isend(send.contiguous(), to)
             self.comm.irecv(out, frm).wait()  # the receive first: over gloo a send completes only once its peer
-            sent.wait()                       # has posted the payload's receive, which its own receive's wait does
-        if len(led) > at:                     # the hop's record spans its send to both ends' completion
+            sent.wait()  # has posted the payload's receive, which its own receive's wait does
+        if len(led) > at:  # the hop's record spans its send to both ends' completion
             led[at] = led[at]._replace(t1=time.perf_counter())
         return out
 
@@ -119,21 +120,21 @@ class _Online:
         self.q, self.chunks = q, chunks
         self.n = q.shape[2] // 2
         self.scale = 1.0 / math.sqrt(q.shape[-1])
-        self.m = [None, None]                 # per query chunk: running max, sum of exponentials, weighted sum
+        self.m = [None, None]  # per query chunk: running max, sum of exponentials, weighted sum
         self.l, self.acc = [None, None], [None, None]
 
     def add(self, k, v, kchunks) -> int:
         """Attend the key/value block holding chunks ``kchunks``; the chunk pairs computed."""
         done = 0
         for u, qc in enumerate(self.chunks):
-            qu = self.q[:, :, u * self.n:(u + 1) * self.n]
+            qu = self.q[:, :, u * self.n : (u + 1) * self.n]
             for w, kc in enumerate(kchunks):
                 if kc > qc:
                     continue
-                s = qu @ k[:, :, w * self.n:(w + 1) * self.n].transpose(-1, -2) * self.scale
+                s = qu @ k[:, :, w * self.n : (w + 1) * self.n].transpose(-1, -2) * self.scale
                 if kc == qc:
                     s = s.masked_fill(_upper(self.n, s.device), float("-inf"))
-                vw = v[:, :, w * self.n:(w + 1) * self.n]
+                vw = v[:, :, w * self.n : (w + 1) * self.n]
                 m_new = s.amax(-1, keepdim=True) if self.m[u] is None else torch.maximum(self.m[u], s.amax(-1, True))
                 p = torch.exp(s - m_new)
                 if self.m[u] is None:
@@ -171,7 +172,7 @@ def _pair_grads(q, k, v, do, lse, delta, qchunks, kchunks, scale):
             s = q[:, :, qs] @ k[:, :, ks].transpose(-1, -2) * scale
             if kc == qc:
                 s = s.masked_fill(_upper(n, s.device), float("-inf"))
-            p = torch.exp(s - lse[:, :, qs])                                   # the softmax's entries
+            p = torch.exp(s - lse[:, :, qs])  # the softmax's entries
             dv[:, :, ks] += p.transpose(-1, -2) @ do[:, :, qs]
             ds = p * (do[:, :, qs] @ v[:, :, ks].transpose(-1, -2) - delta[:, :, qs])
             dq[:, :, qs] += ds @ k[:, :, ks] * scale
@@ -184,10 +185,10 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cp):
-        state = _Online(_wide(q), cp.chunks[cp.rank])         # float32 inside; the blocks pass in their dtype
+        state = _Online(_wide(q), cp.chunks[cp.rank])  # float32 inside; the blocks pass in their dtype
         kv = torch.stack([k, v])
         for i in range(cp.cp):
-            src = (cp.rank - i) % cp.cp                         # whose block is in hand
+            src = (cp.rank - i) % cp.cp  # whose block is in hand
             cp.blocks += state.add(_wide(kv[0]), _wide(kv[1]), cp.chunks[src])
             if i < cp.cp - 1:
                 kv = cp.exchange(kv, kv)
@@ -206,18 +207,19 @@ class _RingAttention(torch.autograd.Function):
         scale = 1.0 / math.sqrt(q.shape[-1])
         mine = cp.chunks[cp.rank]
         dq, dk, dv = _pair_grads(q, k, v, do, lse, delta, mine, mine, scale)
-        kv, acc = torch.stack([k, v]).to(dtype), None         # K/V and their accumulator on the wire in the dtype
+        kv, acc = torch.stack([k, v]).to(dtype), None  # K/V and their accumulator on the wire in the dtype
         for i in range(1, cp.cp):
-            kv = cp.exchange(kv, kv)                            # the block of rank r - i
-            if acc is not None:                                 # its accumulator, from the rank that held it last
+            kv = cp.exchange(kv, kv)  # the block of rank r - i
+            if acc is not None:  # its accumulator, from the rank that held it last
                 acc = _wide(cp.exchange(acc, acc))
-            _, bk, bv = g = _pair_grads(q, _wide(kv[0]), _wide(kv[1]), do, lse, delta, mine,
-                                        cp.chunks[(cp.rank - i) % cp.cp], scale)
+            _, bk, bv = g = _pair_grads(
+                q, _wide(kv[0]), _wide(kv[1]), do, lse, delta, mine, cp.chunks[(cp.rank - i) % cp.cp], scale
+            )
             dq += g[0]
             acc = torch.stack([bk, bv]) if acc is None else acc + torch.stack([bk, bv])
             acc = acc.to(dtype)
         if acc is not None:
-            acc = _wide(cp.exchange(acc, acc))                 # home: the accumulator of this rank's own block
+            acc = _wide(cp.exchange(acc, acc))  # home: the accumulator of this rank's own block
             dk, dv = dk + acc[0], dv + acc[1]
         return dq.to(dtype), dk.to(dtype), dv.to(dtype), None
 
@@ -259,7 +261,7 @@ class _AllToAll(torch.autograd.Function):
 
 
 def _all_to_all(cp, x, scatter: int, gather: int):
-    inp = torch.stack(x.chunk(cp.cp, dim=scatter)).contiguous()         # (cp, ...): piece i for rank i
+    inp = torch.stack(x.chunk(cp.cp, dim=scatter)).contiguous()  # (cp, ...): piece i for rank i
     out = torch.empty_like(inp)
     with cp.comm.phase(cp.phase):
         cp.comm.all_to_all_single(out, inp, group=cp.group, algo=cp.algos.alltoall)

@@ -59,8 +59,17 @@ class DataParallelNaive:
 
 
 class DataParallelBucket:
-    def __init__(self, comm, group, flat, bucket_mb: float = 1.0, overlap: bool = True, phase: str = "dp",
-                 algo: str = CollectiveAlgos.dp, wire=None):
+    def __init__(
+        self,
+        comm,
+        group,
+        flat,
+        bucket_mb: float = 1.0,
+        overlap: bool = True,
+        phase: str = "dp",
+        algo: str = CollectiveAlgos.dp,
+        wire=None,
+    ):
         if bucket_mb <= 0:
             raise UsageError(f"{{bucket_mb}} must be > 0, got {bucket_mb}", "bucket_mb")
         self.comm, self.group, self.flat, self.phase, self.algo, self.wire = comm, group, flat, phase, algo, wire
@@ -81,7 +90,7 @@ class DataParallelBucket:
         if hi > 0 or not ranges:
             ranges.append((0, hi))
         self.buckets = [(lo, hi, [p for p in flat.params if _overlaps(flat.span(p), lo, hi)]) for lo, hi in ranges]
-        self.bucket_of = {}                   # id(param) -> the buckets it has elements in
+        self.bucket_of = {}  # id(param) -> the buckets it has elements in
         for b, (_, _, ps) in enumerate(self.buckets):
             for p in ps:
                 self.bucket_of.setdefault(id(p), []).append(b)
@@ -113,7 +122,7 @@ class DataParallelBucket:
                     return
                 if not self.errors:
                     self._reduce(b)
-            except BaseException as e:       # noqa: BLE001 - handed to the main thread in finish()
+            except BaseException as e:  # noqa: BLE001 - handed to the main thread in finish()
                 self.errors.append(e)
             finally:
                 self.q.task_done()
@@ -136,7 +145,7 @@ class DataParallelBucket:
             return
         if self.overlap:
             for b, n in enumerate(self.pending):
-                if n != 0:                   # a parameter got no gradient this step: reduce its bucket now
+                if n != 0:  # a parameter got no gradient this step: reduce its bucket now
                     self.q.put(b)
             self.q.join()
             self.armed = False

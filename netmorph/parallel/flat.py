@@ -37,19 +37,21 @@ class FlatParams:
         self.index = {id(p): k for k, p in enumerate(self.params)}
         self.offsets, self.padded = flat_offsets([p.numel() for p in self.params], pad_to)
         self.numel = sum(p.numel() for p in self.params)
-        device = self.params[0].device if self.params else None    # where the model lives (cuda:N under NCCL)
+        device = self.params[0].device if self.params else None  # where the model lives (cuda:N under NCCL)
         self.data = torch.zeros(self.padded, dtype=dtype, device=device)
-        self.mixed = grad_dtype is not None and grad_dtype != dtype     # 16-bit parameters, float32 main grads
+        self.mixed = grad_dtype is not None and grad_dtype != dtype  # 16-bit parameters, float32 main grads
         self.grad = torch.zeros(self.padded, dtype=grad_dtype if self.mixed else dtype, device=device)
         for p, off in zip(self.params, self.offsets):
-            self.data[off:off + p.numel()].copy_(p.data.reshape(-1))
-            p.data = self.data[off:off + p.numel()].view_as(p)
-            p.grad = None if self.mixed else self.grad[off:off + p.numel()].view_as(p)
+            self.data[off : off + p.numel()].copy_(p.data.reshape(-1))
+            p.data = self.data[off : off + p.numel()].view_as(p)
+            p.grad = None if self.mixed else self.grad[off : off + p.numel()].view_as(p)
 
     def entries(self) -> dict:
         """The buffer's real layout: {name: (offset, length)}, and the padding after the last one."""
-        return {"params": {n: (off, p.numel()) for n, p, off in zip(self.names, self.params, self.offsets)},
-                "padding": self.padded - self.numel}
+        return {
+            "params": {n: (off, p.numel()) for n, p, off in zip(self.names, self.params, self.offsets)},
+            "padding": self.padded - self.numel,
+        }
 
     def span(self, p) -> tuple[int, int]:
         i = self.index[id(p)]
@@ -57,12 +59,12 @@ class FlatParams:
 
     def zero_grad(self) -> None:
         self.grad.zero_()
-        for p, off in zip(self.params, self.offsets):         # autograd may have replaced a .grad
+        for p, off in zip(self.params, self.offsets):  # autograd may have replaced a .grad
             if self.mixed:
                 p.grad = None
                 continue
             if p.grad is None or p.grad.data_ptr() != self.grad[off:].data_ptr():
-                p.grad = self.grad[off:off + p.numel()].view_as(p)
+                p.grad = self.grad[off : off + p.numel()].view_as(p)
 
     def collect_grads(self) -> None:
         """Make sure every gradient is in the flat buffer (a no-op when autograd accumulated in place); mixed:
@@ -70,12 +72,12 @@ class FlatParams:
         for p, off in zip(self.params, self.offsets):
             if self.mixed:
                 if p.grad is not None:
-                    self.grad[off:off + p.numel()].add_(p.grad.reshape(-1))
+                    self.grad[off : off + p.numel()].add_(p.grad.reshape(-1))
                     p.grad = None
                 continue
             if p.grad is not None and p.grad.data_ptr() != self.grad[off:].data_ptr():
-                self.grad[off:off + p.numel()].copy_(p.grad.reshape(-1))
-                p.grad = self.grad[off:off + p.numel()].view_as(p)
+                self.grad[off : off + p.numel()].copy_(p.grad.reshape(-1))
+                p.grad = self.grad[off : off + p.numel()].view_as(p)
 
     def bytes(self) -> dict:
         """Measured model-state bytes of this rank (unpadded)."""
@@ -85,8 +87,9 @@ class FlatParams:
 class Adam:
     """Adam on a slice ``[lo, hi)`` of a flat buffer; its state is two buffers of that slice's size."""
 
-    def __init__(self, lo: int, hi: int, lr: float = 3e-3, betas=(0.9, 0.95), eps: float = 1e-8,
-                 dtype=torch.float64, device=None):
+    def __init__(
+        self, lo: int, hi: int, lr: float = 3e-3, betas=(0.9, 0.95), eps: float = 1e-8, dtype=torch.float64, device=None
+    ):
         self.lo, self.hi = lo, hi
         self.lr, (self.b1, self.b2), self.eps = lr, betas, eps
         self.m = torch.zeros(hi - lo, dtype=dtype, device=device)
@@ -100,8 +103,8 @@ class Adam:
         self.v.mul_(self.b2).addcmul_(grad, grad, value=1 - self.b2)
         # torch.optim.Adam's single-tensor update: lr·m̂ / (√v̂ + eps) with the bias corrections folded into
         # scalars, so one temporary (the denominator) instead of five
-        denom = self.v.sqrt().div_(math.sqrt(1 - self.b2 ** self.t)).add_(self.eps)
-        param.addcdiv_(self.m, denom, value=-self.lr / (1 - self.b1 ** self.t))
+        denom = self.v.sqrt().div_(math.sqrt(1 - self.b2**self.t)).add_(self.eps)
+        param.addcdiv_(self.m, denom, value=-self.lr / (1 - self.b1**self.t))
 
     def bytes(self) -> int:
         return (self.m.numel() + self.v.numel()) * self.m.element_size()

@@ -53,16 +53,15 @@ def rank_groups(comm, cfg) -> RankGroups:
     dm = DeviceMesh(comm, tp=lay.tp, pp=lay.pp, dp=lay.dp // lay.ep, ep=lay.ep, cp=lay.cp)
     me = comm.rank
     emb = None
-    if lay.pp > 1 and not lay.v_shaped:     # the tied embedding's group: each pipeline's first and last stage
+    if lay.pp > 1 and not lay.v_shaped:  # the tied embedding's group: each pipeline's first and last stage
         for ranks in dm.mesh.groups("pp"):
             g = comm.new_group([ranks[0], ranks[-1]])
             if me in (ranks[0], ranks[-1]):
                 emb = g
-    dp = _replica_group(comm, dm, ("cp", "ep", "dp"))     # the dense parameters': dp x cp x ep of one (tp, pp)
-    edp = _replica_group(comm, dm, ("cp", "dp"))          # an expert's: cp x dp/ep of one (tp, ep, pp)
+    dp = _replica_group(comm, dm, ("cp", "ep", "dp"))  # the dense parameters': dp x cp x ep of one (tp, pp)
+    edp = _replica_group(comm, dm, ("cp", "dp"))  # an expert's: cp x dp/ep of one (tp, ep, pp)
     c = lay.coords(me)
-    return RankGroups(dm["tp"], dm["pp"], dp, emb, c["tp"], c["pp"], c["dp"], dm["ep"], edp, c["ep"],
-                      dm["cp"], c["cp"])
+    return RankGroups(dm["tp"], dm["pp"], dp, emb, c["tp"], c["pp"], c["dp"], dm["ep"], edp, c["ep"], dm["cp"], c["cp"])
 
 
 def _replica_group(comm, dm, dims) -> object:
@@ -84,11 +83,14 @@ def build_chunks(comm, cfg, lay: RankGroups, dtype):
     """This rank's model chunks: chunk c is virtual stage c·pp + pp_rank (in a V chunk 1 is 2·pp - 1 - pp_rank)."""
     k = cfg.layout.knobs
     cp = ContextParallel(comm, lay.cp_group, k.cp_comm_type, algos=cfg.algos) if cfg.layout.cp > 1 else None
-    store = WeightGradStore() if cfg.layout.pipeline_schedule in SPLIT_BACKWARD else None   # B and W apart
-    tp = TensorParallel(comm, lay.tp_group, k.sequence_parallel, ep_group=lay.ep_group, algos=cfg.algos, cp=cp,
-                        weight_store=store)
-    chunks = [GPTStage(cfg.model, *cfg.layout.chunk_layers(cfg.model.layers, lay.pp_rank, c), tp, dtype,
-                       cfg.router) for c in range(cfg.layout.interleave)]
+    store = WeightGradStore() if cfg.layout.pipeline_schedule in SPLIT_BACKWARD else None  # B and W apart
+    tp = TensorParallel(
+        comm, lay.tp_group, k.sequence_parallel, ep_group=lay.ep_group, algos=cfg.algos, cp=cp, weight_store=store
+    )
+    chunks = [
+        GPTStage(cfg.model, *cfg.layout.chunk_layers(cfg.model.layers, lay.pp_rank, c), tp, dtype, cfg.router)
+        for c in range(cfg.layout.interleave)
+    ]
     return chunks, tp
 
 
@@ -107,14 +109,30 @@ def replicas(comm, cfg, lay: RankGroups, chunks, device, dtype) -> list:
     dense = [(r.name, p) for r, p in zip(rows, params) if not r.is_expert]
     experts = [(r.name, p) for r, p in zip(rows, params) if r.is_expert]
     overlap = overlaps_dp(split, cfg.model)
-    kw = dict(zero=split.zero, lr=cfg.lr, dtype=dtype, device=device, dp_mode=cfg.dp_mode,
-              bucket_mb=cfg.bucket_mb, algos=cfg.algos)
-    if cfg.mixed:                 # float32 main gradients and master state; the reduction's wire dtype
+    kw = dict(
+        zero=split.zero,
+        lr=cfg.lr,
+        dtype=dtype,
+        device=device,
+        dp_mode=cfg.dp_mode,
+        bucket_mb=cfg.bucket_mb,
+        algos=cfg.algos,
+    )
+    if cfg.mixed:  # float32 main gradients and master state; the reduction's wire dtype
         kw.update(master=torch.float32, wire=torch.float32 if cfg.grad_reduce_dtype == "float32" else torch.bfloat16)
     out = [Replica(comm, lay.dp_group, [p for _, p in dense], [n for n, _ in dense], overlap=overlap, **kw)]
     if experts:
-        out.append(Replica(comm, lay.edp_group, [p for _, p in experts], [n for n, _ in experts], phase="edp",
-                           scale=lay.edp_group.size() / (split.dp * split.cp), **kw))
+        out.append(
+            Replica(
+                comm,
+                lay.edp_group,
+                [p for _, p in experts],
+                [n for n, _ in experts],
+                phase="edp",
+                scale=lay.edp_group.size() / (split.dp * split.cp),
+                **kw,
+            )
+        )
     return out
 
 
@@ -131,10 +149,10 @@ def sync_replicated(comm, lay: RankGroups, tp, chunks, flat) -> None:
             comm.all_reduce(both, group=lay.tp_group, algo=tp.algos.tp)
         at = 0
         for lo, hi in spans:
-            flat.grad[lo:hi].copy_(both[at:at + hi - lo])
+            flat.grad[lo:hi].copy_(both[at : at + hi - lo])
             at += hi - lo
     tied = [c for c in chunks if hasattr(c, "wte") and (c.is_first or c.is_last)]
-    if len(tied) == 2:              # a V: the first stage and the last are this rank's two chunks, summed here
+    if len(tied) == 2:  # a V: the first stage and the last are this rank's two chunks, summed here
         (a, b), (c, d) = flat.span(tied[0].wte), flat.span(tied[1].wte)
         flat.grad[a:b].add_(flat.grad[c:d])
         flat.grad[c:d].copy_(flat.grad[a:b])

@@ -48,28 +48,38 @@ def register_phase(ph: LedgerPhase) -> LedgerPhase:
 
 
 for _ph in (
-        LedgerPhase("dp", "dp", "2(d-1)/d·Ψ·B", "the gradients' all-reduce over dp (DDP's buckets)"),
-        LedgerPhase("zero", "zero", "2(d-1)/d·Ψ·B; ZeRO-3 (2m+1)(d-1)/d·Ψ·B", "ZeRO's reduce-scatter and gathers"),
-        LedgerPhase("tp", "tp", "l·m·8(t-1)/t·bsh·B + embedding, LM head, loss", "tensor-parallel collectives"),
-        LedgerPhase("tp.sp-grads", "tp", "2(t-1)/t·n·B", "sequence parallelism's replicated gradients over tp"),
-        LedgerPhase("cp", "cp", "l·m·{6(cp-1), 4(cp-1), 8(cp-1)/cp}·bsh/(cp·t)·B (p2p, all_gather, a2a)",
-                    "context parallelism's K/V exchange (ring attention, all-gather, Ulysses' all-to-alls)"),
-        LedgerPhase("pp", None, "chunk boundaries·m·bsh/t'·B", "pipeline activations forward, gradients back"),
-        LedgerPhase("pp.tag", None, "32 B a send", "each pipeline send's header (kind, stage, microbatch, size)",
-                    shown=False),
-        LedgerPhase("pp.emb", None, "V/t·h·B", "the tied word embedding's gradient, first and last stage"),
-        LedgerPhase("edp", "dp", "2(e-1)/e·Ψ_E·B", "the experts' all-reduce over their expert data-parallel group"),
-        LedgerPhase("zero.edp", "zero", "2(e-1)/e·Ψ_E·B", "ZeRO over the experts' expert data-parallel group"),
-        LedgerPhase("moe.dispatch", "ep", "rows routed away·h·B", "tokens to their experts"),
-        LedgerPhase("moe.combine", "ep", "rows routed here·h·B", "expert outputs back to their tokens"),
-        LedgerPhase("moe.dispatch.bwd", "ep", "rows routed here·h·B", "the dispatch's gradient"),
-        LedgerPhase("moe.combine.bwd", "ep", "rows routed away·h·B", "the combine's gradient"),
-        LedgerPhase("moe.counts", "ep", "(ep-1)·E/ep·8 per layer forward", "tokens per expert, before a dispatch"),
-        LedgerPhase("moe.cp", "ep", "dropless 2(cp-1)/cp·(E+1)·8, capacity (cp-1)·2k·T·8 per layer forward",
-                    "the microbatch's routing over cp: tokens per expert (dropless) or every token's experts "
-                    "and gates (a capacity)"),
-        LedgerPhase("metrics", None, "8 B over dp", "the step's loss, summed for the log", shown=False),
-        LedgerPhase("checkpoint", None, "the save plan's objects", "a checkpoint's plan exchange", shown=False)):
+    LedgerPhase("dp", "dp", "2(d-1)/d·Ψ·B", "the gradients' all-reduce over dp (DDP's buckets)"),
+    LedgerPhase("zero", "zero", "2(d-1)/d·Ψ·B; ZeRO-3 (2m+1)(d-1)/d·Ψ·B", "ZeRO's reduce-scatter and gathers"),
+    LedgerPhase("tp", "tp", "l·m·8(t-1)/t·bsh·B + embedding, LM head, loss", "tensor-parallel collectives"),
+    LedgerPhase("tp.sp-grads", "tp", "2(t-1)/t·n·B", "sequence parallelism's replicated gradients over tp"),
+    LedgerPhase(
+        "cp",
+        "cp",
+        "l·m·{6(cp-1), 4(cp-1), 8(cp-1)/cp}·bsh/(cp·t)·B (p2p, all_gather, a2a)",
+        "context parallelism's K/V exchange (ring attention, all-gather, Ulysses' all-to-alls)",
+    ),
+    LedgerPhase("pp", None, "chunk boundaries·m·bsh/t'·B", "pipeline activations forward, gradients back"),
+    LedgerPhase(
+        "pp.tag", None, "32 B a send", "each pipeline send's header (kind, stage, microbatch, size)", shown=False
+    ),
+    LedgerPhase("pp.emb", None, "V/t·h·B", "the tied word embedding's gradient, first and last stage"),
+    LedgerPhase("edp", "dp", "2(e-1)/e·Ψ_E·B", "the experts' all-reduce over their expert data-parallel group"),
+    LedgerPhase("zero.edp", "zero", "2(e-1)/e·Ψ_E·B", "ZeRO over the experts' expert data-parallel group"),
+    LedgerPhase("moe.dispatch", "ep", "rows routed away·h·B", "tokens to their experts"),
+    LedgerPhase("moe.combine", "ep", "rows routed here·h·B", "expert outputs back to their tokens"),
+    LedgerPhase("moe.dispatch.bwd", "ep", "rows routed here·h·B", "the dispatch's gradient"),
+    LedgerPhase("moe.combine.bwd", "ep", "rows routed away·h·B", "the combine's gradient"),
+    LedgerPhase("moe.counts", "ep", "(ep-1)·E/ep·8 per layer forward", "tokens per expert, before a dispatch"),
+    LedgerPhase(
+        "moe.cp",
+        "ep",
+        "dropless 2(cp-1)/cp·(E+1)·8, capacity (cp-1)·2k·T·8 per layer forward",
+        "the microbatch's routing over cp: tokens per expert (dropless) or every token's experts "
+        "and gates (a capacity)",
+    ),
+    LedgerPhase("metrics", None, "8 B over dp", "the step's loss, summed for the log", shown=False),
+    LedgerPhase("checkpoint", None, "the save plan's objects", "a checkpoint's plan exchange", shown=False),
+):
     register_phase(_ph)
 
 
@@ -124,11 +134,15 @@ def split_step(records, bounds, slots, optimizer) -> dict:
         if group is not None and r.t1 > lo and r.t0 < hi:
             comm[group].append((max(r.t0, lo), min(r.t1, hi)))
     comm = {k: union(v) for k, v in comm.items()}
-    own = union(comm["tp"] + comm["cp"] + comm["ep"] + comm["zero"])   # what the rank's own thread waited on
+    own = union(comm["tp"] + comm["cp"] + comm["ep"] + comm["zero"])  # what the rank's own thread waited on
     reduce = union(comm["zero"] + comm["dp"])
-    out = {"compute": length(busy) - overlap(own, busy), "tp": length(comm["tp"]), "cp": length(comm["cp"]),
-           "ep": length(comm["ep"]),
-           "dp": length(comm["zero"]) + length(comm["dp"]) - overlap(comm["dp"], busy)}
+    out = {
+        "compute": length(busy) - overlap(own, busy),
+        "tp": length(comm["tp"]),
+        "cp": length(comm["cp"]),
+        "ep": length(comm["ep"]),
+        "dp": length(comm["zero"]) + length(comm["dp"]) - overlap(comm["dp"], busy),
+    }
     opt = union([(max(optimizer[0], lo), min(optimizer[1], hi))])
     out["optimizer"] = length(opt) - overlap(reduce, opt)
     out["rest"] = max(0.0, (hi - lo) - sum(out.values()))

@@ -31,8 +31,20 @@ from netmorph.mesh.schedules import (
     theory,
 )
 
-__all__ = ["SCHEDULES", "SPLIT_BACKWARD", "V_SHAPED", "Executor", "Slot", "bubble", "check", "draw", "peaks",
-           "schedule", "stage_of", "theory"]
+__all__ = [
+    "SCHEDULES",
+    "SPLIT_BACKWARD",
+    "V_SHAPED",
+    "Executor",
+    "Slot",
+    "bubble",
+    "check",
+    "draw",
+    "peaks",
+    "schedule",
+    "stage_of",
+    "theory",
+]
 
 
 class Executor:
@@ -46,14 +58,14 @@ class Executor:
 
     def __init__(self, comm, group, chunks, v: int, hidden_shape, dtype, store=None, v_shaped: bool = False):
         self.comm, self.group, self.chunks, self.v, self.v_shaped = comm, group, chunks, v, v_shaped
-        self.store = store                # a zero-bubble schedule's WeightGradStore: B defers, W runs
+        self.store = store  # a zero-bubble schedule's WeightGradStore: B defers, W runs
         self.pp = group.size()
         self.rank = group.index[comm.rank]
         self.stages = self.pp * v
         self.hidden_shape, self.dtype = hidden_shape, dtype
-        self.device = next(chunks[0].parameters()).device         # p2p buffers where the activations live
+        self.device = next(chunks[0].parameters()).device  # p2p buffers where the activations live
         self.mailbox: dict[int, dict] = {}
-        self.pending = []                 # (work, tensor) of sends still in flight
+        self.pending = []  # (work, tensor) of sends still in flight
         self.spans = []
 
     def _owner(self, vs: int) -> int:
@@ -62,7 +74,7 @@ class Executor:
         return self.group.ranks[r]
 
     def _send(self, kind: int, vstage: int, mb: int, t: torch.Tensor, dst: int) -> None:
-        if dst == self.comm.rank:         # a V's bottom: the next stage is this rank's other chunk, no wire
+        if dst == self.comm.rank:  # a V's bottom: the next stage is this rank's other chunk, no wire
             self.mailbox.setdefault(dst, {})[(kind, vstage, mb)] = t.detach().clone()
             return
         t = t.detach().contiguous()
@@ -85,8 +97,8 @@ class Executor:
 
     def run(self, slots, inputs, m: int, hooks=None):
         hooks = hooks or _NoHooks()
-        self.spans = []                   # (kind, microbatch, chunk, t0, t1): the step's timeline
-        saved = {}                        # (chunk, mb) -> (input needing grad or None, output)
+        self.spans = []  # (kind, microbatch, chunk, t0, t1): the step's timeline
+        saved = {}  # (chunk, mb) -> (input needing grad or None, output)
         losses, in_flight, peak = {}, 0, 0
         for index, s in enumerate(slots):
             vs = stage_of(self.rank, s.chunk, self.pp, self.v_shaped)
@@ -121,8 +133,9 @@ class Executor:
                 else:
                     grad = self._take(1, vs, s.microbatch, self._owner(vs + 1)).view(out.shape)
                 t0 = time.perf_counter()
-                hooks.backward(index, lambda out=out, grad=grad, key=(s.chunk, s.microbatch): self._backward(
-                    out, grad, key))
+                hooks.backward(
+                    index, lambda out=out, grad=grad, key=(s.chunk, s.microbatch): self._backward(out, grad, key)
+                )
                 self.spans.append(("B", s.microbatch, s.chunk, t0, time.perf_counter()))
                 if vs > 0:
                     self._send(1, vs - 1, s.microbatch, x_in.grad, self._owner(vs - 1))

@@ -28,23 +28,56 @@ class Replica:
     """``params`` (named ``names``) replicated over ``group``: reduced by DDP's buckets (or naively, or by
     ZeRO stage ``zero``), stepped by Adam; ``phase`` tags its traffic in the ledger."""
 
-    def __init__(self, comm, group, params, names, *, zero: int, lr: float, dtype, device, dp_mode: str = "bucket",
-                 bucket_mb: float = 1.0, overlap: bool = False, phase: str = "dp", scale: float = 1.0, algos=None,
-                 master=None, wire=None):
+    def __init__(
+        self,
+        comm,
+        group,
+        params,
+        names,
+        *,
+        zero: int,
+        lr: float,
+        dtype,
+        device,
+        dp_mode: str = "bucket",
+        bucket_mb: float = 1.0,
+        overlap: bool = False,
+        phase: str = "dp",
+        scale: float = 1.0,
+        algos=None,
+        master=None,
+        wire=None,
+    ):
         algos = algos or CollectiveAlgos()
         self.flat = FlatParams(params, pad_to=group.size(), dtype=dtype, names=names, grad_dtype=master)
         self.scale, self.phase = scale, phase
-        self.zero = ZeRO(comm, group, self.flat, zero, lr, phase="zero" if phase == "dp" else f"zero.{phase}",
-                         algos=algos, wire=wire) if zero else None
+        self.zero = (
+            ZeRO(
+                comm,
+                group,
+                self.flat,
+                zero,
+                lr,
+                phase="zero" if phase == "dp" else f"zero.{phase}",
+                algos=algos,
+                wire=wire,
+            )
+            if zero
+            else None
+        )
         opt_dtype = self.flat.grad.dtype
         self.adam = None if self.zero else Adam(0, self.flat.padded, lr=lr, dtype=opt_dtype, device=device)
         # mixed precision without ZeRO: the float32 master weights the optimizer steps (ZeRO keeps its shard's)
         self.master = self.flat.data.to(opt_dtype, copy=True) if self.flat.mixed and not self.zero else None
         self.dp = None
         if not self.zero:
-            self.dp = (DataParallelNaive(comm, group, self.flat, phase, algos.dp, wire) if dp_mode == "naive"
-                       else DataParallelBucket(comm, group, self.flat, bucket_mb, overlap and not self.flat.mixed,
-                                               phase, algos.dp, wire))
+            self.dp = (
+                DataParallelNaive(comm, group, self.flat, phase, algos.dp, wire)
+                if dp_mode == "naive"
+                else DataParallelBucket(
+                    comm, group, self.flat, bucket_mb, overlap and not self.flat.mixed, phase, algos.dp, wire
+                )
+            )
 
     @property
     def optimizer(self) -> Adam:
@@ -58,7 +91,7 @@ class Replica:
             self.dp.arm()
 
     def after_backward(self) -> None:
-        if self.flat.mixed:                   # each microbatch's bf16 gradient into the float32 main gradient
+        if self.flat.mixed:  # each microbatch's bf16 gradient into the float32 main gradient
             self.flat.collect_grads()
         if self.zero:
             self.zero.after_backward()
@@ -91,12 +124,16 @@ class Replica:
     def state(self) -> dict:
         """{"params": the flat buffer, "m", "v": Adam's moments over its range, "t": its step}, on the host."""
         opt = self.optimizer
-        params = self.flat.data if self.master is None else self.master         # mixed: the float32 master
-        if self.flat.mixed and self.zero:       # the 16-bit parameters, this rank's shard its float32 master
+        params = self.flat.data if self.master is None else self.master  # mixed: the float32 master
+        if self.flat.mixed and self.zero:  # the 16-bit parameters, this rank's shard its float32 master
             params = self.flat.data.to(self.flat.grad.dtype)
-            params[self.zero.lo:self.zero.hi] = self.zero.shard
-        return {"params": params.cpu().numpy().copy(), "m": opt.m.cpu().numpy().copy(),
-                "v": opt.v.cpu().numpy().copy(), "t": opt.t}
+            params[self.zero.lo : self.zero.hi] = self.zero.shard
+        return {
+            "params": params.cpu().numpy().copy(),
+            "m": opt.m.cpu().numpy().copy(),
+            "v": opt.v.cpu().numpy().copy(),
+            "t": opt.t,
+        }
 
     def load(self, init: dict) -> None:
         """Start from a given state: the flat parameters (under ZeRO the shard too; under ZeRO-3 only the shard
@@ -104,7 +141,7 @@ class Replica:
         flat, zero = self.flat, self.zero
         params = torch.as_tensor(init["params"], dtype=flat.grad.dtype, device=flat.data.device)
         if zero:
-            zero.shard.copy_(params[zero.lo:zero.hi])
+            zero.shard.copy_(params[zero.lo : zero.hi])
             if zero.shard16 is not None:
                 zero.shard16.copy_(zero.shard)
             if zero.gathered:

@@ -34,17 +34,17 @@ class Hooks:
 
     def __init__(self, reps, last_backward: int, compute_ms: float, measure: bool = True, split: bool = False):
         self.reps, self.last, self.ms, self.measure = reps, last_backward, compute_ms, measure
-        self.split = split                    # a zero-bubble schedule: B sleeps one forward's worth, W the other
-        self.zero = reps[0].zero              # ZeRO-3 gathers the dense parameters (experts refuse stage 3)
+        self.split = split  # a zero-bubble schedule: B sleeps one forward's worth, W the other
+        self.zero = reps[0].zero  # ZeRO-3 gathers the dense parameters (experts refuse stage 3)
         self.busy = 0.0
         self.params_storage = {r.flat.data.untyped_storage()._cdata for r in reps}
-        self.saved_per_microbatch = 0         # bytes autograd saves for one microbatch's backward (max)
+        self.saved_per_microbatch = 0  # bytes autograd saves for one microbatch's backward (max)
 
     def forward(self, fn):
         t0 = time.perf_counter()
         _sleep_ms(self.ms)
         if self.zero and self.zero.stage >= 3:
-            out = self.zero.forward(fn)       # ZeRO-3's own hooks see the saved tensors (not measured)
+            out = self.zero.forward(fn)  # ZeRO-3's own hooks see the saved tensors (not measured)
         elif not self.measure:
             out = fn()
         else:
@@ -78,5 +78,5 @@ class Hooks:
         _sleep_ms(self.ms)
         fn()
         for r in self.reps:
-            r.after_backward()                # mixed precision: these gradients into the float32 main ones
+            r.after_backward()  # mixed precision: these gradients into the float32 main ones
         self.busy += time.perf_counter() - t0

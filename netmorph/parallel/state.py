@@ -29,7 +29,7 @@ def named_pieces(chunks) -> dict:
             raise RuntimeError("the GPT's modules and netmorph.mesh.placement's table disagree")
         for row, (_, p) in zip(rows, params):
             dim = "ep" if row.is_expert else row.placement.dim if isinstance(row.placement, Shard) else None
-            out[row.name] = (p.detach().cpu().clone(), dim)       # results travel to the launcher: host memory
+            out[row.name] = (p.detach().cpu().clone(), dim)  # results travel to the launcher: host memory
     return out
 
 

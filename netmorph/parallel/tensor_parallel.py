@@ -131,27 +131,27 @@ class ColumnParallelLinear(Linear):
     """``Y = X Aᵀ`` with A's output rows split over the TP ranks (``gather_output=False``)."""
 
     def __init__(self, weight, bias, tp):
-        r, t = tp.rank, tp.tp                                 # Shard(0): the placement table's split
+        r, t = tp.rank, tp.tp  # Shard(0): the placement table's split
         super().__init__(shard(weight, 0, t, r), None if bias is None else shard(bias, 0, t, r), tp.weight_store)
         self.tp = tp
 
-    def forward(self, x):                                     # x (T', B, h_in)
-        x = tp_enter(x, self.tp)                              # (T, B, h_in), whole on every rank
-        return super().forward(x)                             # (T, B, h_out / t)
+    def forward(self, x):  # x (T', B, h_in)
+        x = tp_enter(x, self.tp)  # (T, B, h_in), whole on every rank
+        return super().forward(x)  # (T, B, h_out / t)
 
 
 class RowParallelLinear(Linear):
     """``Y = X Aᵀ`` with A's input columns split; partial products summed by ``g`` (or reduce-scattered)."""
 
     def __init__(self, weight, bias, tp):
-        r, t = tp.rank, tp.tp                                 # Shard(1); the bias Replicate()
+        r, t = tp.rank, tp.tp  # Shard(1); the bias Replicate()
         super().__init__(shard(weight, 1, t, r), None, tp.weight_store)
-        self.bias = torch.nn.Parameter(bias.clone())           # whole on every rank, added after the sum
+        self.bias = torch.nn.Parameter(bias.clone())  # whole on every rank, added after the sum
         self.tp = tp
 
-    def forward(self, x):                                     # x (T, B, h_in / t)
-        y = linear(x, self.weight, None, self.store)          # (T, B, h_out) partial sums
-        y = tp_exit(y, self.tp)                               # (T', B, h_out)
+    def forward(self, x):  # x (T, B, h_in / t)
+        y = linear(x, self.weight, None, self.store)  # (T, B, h_out) partial sums
+        y = tp_exit(y, self.tp)  # (T', B, h_out)
         return y + self.bias
 
 
@@ -159,40 +159,46 @@ def tp_enter(x, tp):
     """Into a column-parallel layer: f (or SP's all-gather)."""
     if tp.tp == 1:
         return x
-    return gather_from_sequence_parallel_region(x, tp) if tp.sequence_parallel else \
-        copy_to_tensor_model_parallel_region(x, tp)
+    return (
+        gather_from_sequence_parallel_region(x, tp)
+        if tp.sequence_parallel
+        else copy_to_tensor_model_parallel_region(x, tp)
+    )
 
 
 def tp_exit(y, tp):
     """Out of a row-parallel layer: g (or SP's reduce-scatter)."""
     if tp.tp == 1:
         return y
-    return reduce_scatter_to_sequence_parallel_region(y, tp) if tp.sequence_parallel else \
-        reduce_from_tensor_model_parallel_region(y, tp)
+    return (
+        reduce_scatter_to_sequence_parallel_region(y, tp)
+        if tp.sequence_parallel
+        else reduce_from_tensor_model_parallel_region(y, tp)
+    )
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     """Megatron's cross-entropy over logits split by vocabulary: three all-reduces, no gather."""
 
     @staticmethod
-    def forward(ctx, logits, targets, tp):                    # logits (N, V/t), targets (N,)
+    def forward(ctx, logits, targets, tp):  # logits (N, V/t), targets (N,)
         lo = tp.rank * logits.shape[1]
         hi = lo + logits.shape[1]
         m = _all_reduce(tp, logits.max(dim=1).values, "max")  # (N,) the global max, for stability
-        z = logits - m.unsqueeze(1)                           # (N, V/t)
+        z = logits - m.unsqueeze(1)  # (N, V/t)
         e = z.exp()
-        sum_e = _all_reduce(tp, e.sum(dim=1))                 # (N,)
+        sum_e = _all_reduce(tp, e.sum(dim=1))  # (N,)
         mine = (targets >= lo) & (targets < hi)
         local = (targets - lo).clamp(0, logits.shape[1] - 1)
         tz = torch.where(mine, z.gather(1, local.unsqueeze(1)).squeeze(1), torch.zeros_like(m))
-        tz = _all_reduce(tp, tz)                              # (N,) the target's shifted logit
-        loss = sum_e.log() - tz                               # (N,)
+        tz = _all_reduce(tp, tz)  # (N,) the target's shifted logit
+        loss = sum_e.log() - tz  # (N,)
         ctx.save_for_backward(e / sum_e.unsqueeze(1), mine, local)
         return loss.mean()
 
     @staticmethod
     def backward(ctx, grad):
-        softmax, mine, local = ctx.saved_tensors               # (N, V/t)
+        softmax, mine, local = ctx.saved_tensors  # (N, V/t)
         g = softmax.clone()
         rows = torch.arange(g.shape[0], device=g.device)
         g[rows[mine], local[mine]] -= 1.0
@@ -206,17 +212,26 @@ class TensorParallel:
     ``phase`` tags the ledger.
     """
 
-    def __init__(self, comm, group, sequence_parallel: bool = False, phase: str = "tp", ep_group=None, algos=None,
-                 cp=None, weight_store=None):
+    def __init__(
+        self,
+        comm,
+        group,
+        sequence_parallel: bool = False,
+        phase: str = "tp",
+        ep_group=None,
+        algos=None,
+        cp=None,
+        weight_store=None,
+    ):
         self.comm, self.group, self.phase = comm, group, phase
-        self.weight_store = weight_store      # a zero-bubble schedule's: the linears' weight gradients wait for W
-        self.cp = cp                          # a ContextParallel: this rank holds seq/cp positions, attends over all
-        self.algos = algos or CollectiveAlgos()    # which all-reduce, all-gather, reduce-scatter (default ring)
-        self.ep_group = ep_group if ep_group is not None else Group([comm.rank])   # the experts' all-to-all group
+        self.weight_store = weight_store  # a zero-bubble schedule's: the linears' weight gradients wait for W
+        self.cp = cp  # a ContextParallel: this rank holds seq/cp positions, attends over all
+        self.algos = algos or CollectiveAlgos()  # which all-reduce, all-gather, reduce-scatter (default ring)
+        self.ep_group = ep_group if ep_group is not None else Group([comm.rank])  # the experts' all-to-all group
         self.tp = group.size()
         self.rank = group.index[comm.rank]
         self.sequence_parallel = sequence_parallel and self.tp > 1
-        self._replicated = []                 # nn.Parameters; compared by identity
+        self._replicated = []  # nn.Parameters; compared by identity
 
     def heads(self, heads: int) -> int:
         if heads % self.tp:
@@ -225,8 +240,9 @@ class TensorParallel:
 
     def column(self, weight, bias):
         if weight.shape[0] % self.tp:
-            raise UsageError(f"a column-parallel weight of {weight.shape[0]} rows does not split over tp {self.tp}",
-                             "hidden")
+            raise UsageError(
+                f"a column-parallel weight of {weight.shape[0]} rows does not split over tp {self.tp}", "hidden"
+            )
         return ColumnParallelLinear(weight, bias, self)
 
     def row(self, weight, bias):
@@ -238,9 +254,9 @@ class TensorParallel:
     def embedding(self, weight):
         if weight.shape[0] % self.tp:
             raise UsageError(f"{{vocab}} {weight.shape[0]} is not divisible by tp {self.tp}", "vocab")
-        return torch.nn.Parameter(shard(weight, 0, self.tp, self.rank).clone())      # Shard(0) over the vocabulary
+        return torch.nn.Parameter(shard(weight, 0, self.tp, self.rank).clone())  # Shard(0) over the vocabulary
 
-    def embed(self, table, tokens, wpe):                      # tokens (T, B) -> (T', B, h)
+    def embed(self, table, tokens, wpe):  # tokens (T, B) -> (T', B, h)
         """``VocabParallelEmbedding``: look up the tokens this rank owns, sum over ranks (g, or
         reduce-scatter along the sequence with SP), then add the positions of this rank's tokens (under cp: the
         sequence positions its context-parallel rank holds)."""
@@ -249,16 +265,16 @@ class TensorParallel:
             wpe = wpe[self.cp.positions(T * self.cp.cp, wpe.device)]
         lo = self.rank * table.shape[0]
         mine = (tokens >= lo) & (tokens < lo + table.shape[0])
-        x = torch.nn.functional.embedding((tokens - lo).clamp(0, table.shape[0] - 1), table)   # (T, B, h)
-        x = tp_exit(x * mine.unsqueeze(-1).to(x.dtype), self)                                  # (T', B, h)
+        x = torch.nn.functional.embedding((tokens - lo).clamp(0, table.shape[0] - 1), table)  # (T, B, h)
+        x = tp_exit(x * mine.unsqueeze(-1).to(x.dtype), self)  # (T', B, h)
         if self.sequence_parallel:
             n = T // self.tp
             if not any(q is base for q in self._replicated):
                 self._replicated.append(base)
-            return x + wpe[self.rank * n:(self.rank + 1) * n].unsqueeze(1)
+            return x + wpe[self.rank * n : (self.rank + 1) * n].unsqueeze(1)
         return x + wpe[:T].unsqueeze(1)
 
-    def attention(self, q, k, v):                             # each (B, nh/t, T/cp, hd)
+    def attention(self, q, k, v):  # each (B, nh/t, T/cp, hd)
         if self.cp is not None:
             return self.cp.attend(q, k, v)
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -269,9 +285,9 @@ class TensorParallel:
             self._replicated += [ln.weight, ln.bias]
         return ln
 
-    def logits_loss(self, x, table, targets):                 # x (T', B, h)
-        x = tp_enter(x, self)                                 # (T, B, h)
-        logits = full_precision(x @ table.t())                # (T, B, V/t), float32 under bf16
+    def logits_loss(self, x, table, targets):  # x (T', B, h)
+        x = tp_enter(x, self)  # (T, B, h)
+        logits = full_precision(x @ table.t())  # (T, B, V/t), float32 under bf16
         if self.tp == 1:
             return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
         return _VocabParallelCrossEntropy.apply(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), self)

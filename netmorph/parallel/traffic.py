@@ -44,24 +44,37 @@ def ring_half(n: int, g: int, isz: int) -> float:
     return (g - 1) / g * n * isz if g > 1 else 0.0
 
 
-def predicted(cfg, lay_pp_rank: int, padded: int, isz: int, first: bool, last: bool, chunks_layers: int,
-              sp_elems: int = 0, moe_layers: int = 0, tp_rank: int = 0) -> dict:
+def predicted(
+    cfg,
+    lay_pp_rank: int,
+    padded: int,
+    isz: int,
+    first: bool,
+    last: bool,
+    chunks_layers: int,
+    sp_elems: int = 0,
+    moe_layers: int = 0,
+    tp_rank: int = 0,
+) -> dict:
     """{phase: (bytes per rank per step, the formula as text)} for this rank (``tp_rank``: its place in its
     tensor-parallel group, which a non-ring all-reduce's bytes depend on)."""
     m, mb, model = cfg.layout.microbatches, cfg.layout.batch.micro_batch_size, cfg.model
-    _, gsz, msz, lsz = cfg.wire_sizes()         # the reduction's, the main gradients', the loss's element bytes
+    _, gsz, msz, lsz = cfg.wire_sizes()  # the reduction's, the main gradients', the loss's element bytes
     t, p, v, cp = cfg.layout.tp, cfg.layout.pp, cfg.layout.interleave, cfg.layout.cp
-    d = cfg.layout.dp * cp                      # the gradients' group: dp x cp
-    s = model.seq // cp                         # the positions of a sequence this rank holds
+    d = cfg.layout.dp * cp  # the gradients' group: dp x cp
+    s = model.seq // cp  # the positions of a sequence this rank holds
     bsh, bs = mb * s * model.hidden, mb * s
     out = {}
     if cp > 1:
         out["cp"] = cp_bytes(cfg.layout.knobs.cp_comm_type, cp, chunks_layers * m, mb * s * model.hidden // t, isz)
     if cfg.layout.zero:
-        k = 2 * m if cfg.layout.zero >= 3 else 1           # parameter gathers (16-bit under mixed precision)
-        out["zero"] = (k * ring_half(padded, d, isz) + ring_half(padded, d, gsz),
-                       f"{k + 1}(d-1)/d·Ψ·B = {k + 1}·{d - 1}/{d}·{padded}·{isz}" if gsz == isz else
-                       f"(d-1)/d·Ψ·({k}·B_param + B_grad) = {d - 1}/{d}·{padded}·({k}·{isz} + {gsz})")
+        k = 2 * m if cfg.layout.zero >= 3 else 1  # parameter gathers (16-bit under mixed precision)
+        out["zero"] = (
+            k * ring_half(padded, d, isz) + ring_half(padded, d, gsz),
+            f"{k + 1}(d-1)/d·Ψ·B = {k + 1}·{d - 1}/{d}·{padded}·{isz}"
+            if gsz == isz
+            else f"(d-1)/d·Ψ·({k}·B_param + B_grad) = {d - 1}/{d}·{padded}·({k}·{isz} + {gsz})",
+        )
     elif d > 1:
         if cfg.dp_mode == "bucket":
             out["dp"] = (ring_allreduce(padded, d, gsz), f"2(d-1)/d·Ψ·B = 2·{d - 1}/{d}·{padded}·{gsz}")
@@ -69,33 +82,40 @@ def predicted(cfg, lay_pp_rank: int, padded: int, isz: int, first: bool, last: b
         out["tp"] = _tp_counted(cfg, bsh, bs, isz, m, chunks_layers, moe_layers, first, last, tp_rank)
     elif t > 1:
         per = 8 * (t - 1) / t * bsh * isz
-        dense = chunks_layers - moe_layers            # an MoE layer's experts are whole on every tp rank: only
-        total = dense * m * per + moe_layers * m * per / 2          # its attention's 2 all-reduces remain
-        text = f"l_rank·m·8(t-1)/t·bsh·B = {chunks_layers}·{m}·8·{t - 1}/{t}·{bsh}·{isz}" if not moe_layers else \
-            f"(l_dense·8 + l_moe·4)·m·(t-1)/t·bsh·B = ({dense}·8 + {moe_layers}·4)·{m}·{t - 1}/{t}·{bsh}·{isz}"
+        dense = chunks_layers - moe_layers  # an MoE layer's experts are whole on every tp rank: only
+        total = dense * m * per + moe_layers * m * per / 2  # its attention's 2 all-reduces remain
+        text = (
+            f"l_rank·m·8(t-1)/t·bsh·B = {chunks_layers}·{m}·8·{t - 1}/{t}·{bsh}·{isz}"
+            if not moe_layers
+            else f"(l_dense·8 + l_moe·4)·m·(t-1)/t·bsh·B = ({dense}·8 + {moe_layers}·4)·{m}·{t - 1}/{t}·{bsh}·{isz}"
+        )
         if first:
             total += m * ring_allreduce(bsh, t, isz)
             text += " + m·2(t-1)/t·bsh·B (embedding)"
         if last:
             total += m * ring_allreduce(bsh, t, isz) + m * 3 * ring_allreduce(bs, t, lsz)
-            text += " + m·2(t-1)/t·bsh·B (LM head) + m·6(t-1)/t·bs·B (vocab-parallel loss)" + \
-                (f", the loss's B {lsz}" if lsz != isz else "")
+            text += " + m·2(t-1)/t·bsh·B (LM head) + m·6(t-1)/t·bs·B (vocab-parallel loss)" + (
+                f", the loss's B {lsz}" if lsz != isz else ""
+            )
         out["tp"] = (total, text)
         if cfg.layout.knobs.sequence_parallel and sp_elems:
-            out["tp.sp-grads"] = (ring_allreduce(sp_elems, t, msz),
-                                  f"2(t-1)/t·{sp_elems}·B (LayerNorms, row biases, positions) = 2·{t - 1}/{t}·"
-                                  f"{sp_elems}·{msz}")
+            out["tp.sp-grads"] = (
+                ring_allreduce(sp_elems, t, msz),
+                f"2(t-1)/t·{sp_elems}·B (LayerNorms, row biases, positions) = 2·{t - 1}/{t}·{sp_elems}·{msz}",
+            )
     if p > 1:
         tprime = t if cfg.layout.knobs.sequence_parallel else 1
         act = bsh // tprime * isz
-        if cfg.layout.v_shaped:     # a V: rank 0 sends nothing past the loss, rank p-1's bottom hand-off is local
+        if cfg.layout.v_shaped:  # a V: rank 0 sends nothing past the loss, rank p-1's bottom hand-off is local
             fwd = bwd = 1 if lay_pp_rank in (0, p - 1) else 2
         else:
-            fwd = v - (1 if lay_pp_rank == p - 1 else 0)   # chunks whose output goes to another stage
+            fwd = v - (1 if lay_pp_rank == p - 1 else 0)  # chunks whose output goes to another stage
             bwd = v - (1 if lay_pp_rank == 0 else 0)
-        out["pp"] = ((fwd + bwd) * m * act, f"({fwd} fwd + {bwd} bwd chunk boundaries)·m·bsh/t'·B = "
-                                            f"{fwd + bwd}·{m}·{bsh // tprime}·{isz}")
-        if (first or last) and not cfg.layout.v_shaped:         # in a V both copies are rank 0's: no wire
+        out["pp"] = (
+            (fwd + bwd) * m * act,
+            f"({fwd} fwd + {bwd} bwd chunk boundaries)·m·bsh/t'·B = {fwd + bwd}·{m}·{bsh // tprime}·{isz}",
+        )
+        if (first or last) and not cfg.layout.v_shaped:  # in a V both copies are rank 0's: no wire
             n = model.vocab // t * model.hidden
             out["pp.emb"] = (ring_allreduce(n, 2, msz), f"V/t·h·B = {n}·{msz}")
     return out
@@ -107,8 +127,11 @@ def cp_bytes(comm_type: str, cp: int, passes: int, n: int, isz: int) -> tuple:
     K/V with their gradients' accumulator cp-1 hops back, 6(cp-1)·n·B; all_gather gathers K/V and
     reduce-scatters their gradients, 4(cp-1)·n·B; Ulysses' four all-to-alls each way send (cp-1)/cp of q, k,
     v and the output, 8(cp-1)/cp·n·B."""
-    k, text = {"p2p": (6 * (cp - 1), "6(cp-1)"), "all_gather": (4 * (cp - 1), "4(cp-1)"),
-               "a2a": (8 * (cp - 1) / cp, "8(cp-1)/cp")}[comm_type]
+    k, text = {
+        "p2p": (6 * (cp - 1), "6(cp-1)"),
+        "all_gather": (4 * (cp - 1), "4(cp-1)"),
+        "a2a": (8 * (cp - 1) / cp, "8(cp-1)/cp"),
+    }[comm_type]
     return (passes * k * n * isz, f"l_rank·m·{text}·bsh/(cp·t)·B = {passes}·{k:g}·{n}·{isz}")
 
 
@@ -121,9 +144,11 @@ def _tp_counted(cfg, bsh, bs, isz, m, layers, moe_layers, first, last, r) -> tup
     big, small = sent("allreduce", algo, bsh, t, r, isz), sent("allreduce", algo, bs, t, r, isz)
     n_big = m * (4 * (layers - moe_layers) + 2 * moe_layers + int(first) + int(last))
     n_small = m * 3 * int(last)
-    return (n_big * big + n_small * small,
-            f"{n_big} {algo} all-reduces of bsh + {n_small} of bs, each its schedule's bytes from this rank "
-            f"= {n_big}·{big} + {n_small}·{small}")
+    return (
+        n_big * big + n_small * small,
+        f"{n_big} {algo} all-reduces of bsh + {n_small} of bs, each its schedule's bytes from this rank "
+        f"= {n_big}·{big} + {n_small}·{small}",
+    )
 
 
 def counted_reductions(cfg, reps, rank: int, isz: int) -> dict:
@@ -137,14 +162,17 @@ def counted_reductions(cfg, reps, rank: int, isz: int) -> dict:
             continue
         spans = [p.numel() for p in rep.flat.params] if naive else [hi - lo for lo, hi, _ in rep.dp.buckets]
         r = g.index[rank]
-        out[name] = (sum(sent("allreduce", algo, n, g.size(), r, isz) for n in spans),
-                     f"Σ over {'parameters' if naive else 'buckets'} of one {algo} all-reduce each, its schedule's "
-                     f"bytes from this rank")
+        out[name] = (
+            sum(sent("allreduce", algo, n, g.size(), r, isz) for n in spans),
+            f"Σ over {'parameters' if naive else 'buckets'} of one {algo} all-reduce each, its schedule's "
+            f"bytes from this rank",
+        )
     return out
 
 
-def expert_traffic(cfg, padded: int, e: int, isz: int, moe_blocks, ep_rank: int, gsz: int | None = None,
-                   cp_rank: int = 0) -> dict:
+def expert_traffic(
+    cfg, padded: int, e: int, isz: int, moe_blocks, ep_rank: int, gsz: int | None = None, cp_rank: int = 0
+) -> dict:
     """{phase: (bytes, formula)} of the expert buffer's reduction and of the all-to-alls of ``moe_blocks`` in
     the last step (each block keeps its forwards' :class:`~netmorph.models.moe.LayerStats`); under cp, of the
     router's counts summed over the cp group (member ``cp_rank``) once a layer forward."""
@@ -152,11 +180,15 @@ def expert_traffic(cfg, padded: int, e: int, isz: int, moe_blocks, ep_rank: int,
     z = cfg.layout.zero
     if e > 1:
         gsz = isz if gsz is None else gsz
-        k = 2 * cfg.layout.microbatches if z >= 3 else (1 if z else 0)      # parameter gathers
+        k = 2 * cfg.layout.microbatches if z >= 3 else (1 if z else 0)  # parameter gathers
         name = "zero.edp" if z else "edp"
         total = k * ring_half(padded, e, isz) + (1 if z else 2) * ring_half(padded, e, gsz)
-        out[name] = (total, f"{k + (1 if z else 2)}(e-1)/e·Ψ_E·B = {k + (1 if z else 2)}·{e - 1}/{e}·{padded}·{gsz}"
-                     if gsz == isz else f"(e-1)/e·Ψ_E·({k}·B_param + {1 if z else 2}·B_grad)")
+        out[name] = (
+            total,
+            f"{k + (1 if z else 2)}(e-1)/e·Ψ_E·B = {k + (1 if z else 2)}·{e - 1}/{e}·{padded}·{gsz}"
+            if gsz == isz
+            else f"(e-1)/e·Ψ_E·({k}·B_param + {1 if z else 2}·B_grad)",
+        )
     h, E = cfg.model.hidden, cfg.model.experts
     away = got = counts = 0
     for b in moe_blocks:
@@ -170,13 +202,16 @@ def expert_traffic(cfg, padded: int, e: int, isz: int, moe_blocks, ep_rank: int,
         out["moe.combine"] = out["moe.dispatch.bwd"] = (got * h * isz, f"rows routed here·h·B = {got}·{h}·{isz}")
         out["moe.counts"] = (counts, f"(ep-1)·E/ep·8 per layer forward = {counts}")
     cp = cfg.layout.cp
-    if moe_blocks and cp > 1:        # the microbatch's routing over the cp group, once a layer forward
+    if moe_blocks and cp > 1:  # the microbatch's routing over the cp group, once a layer forward
         stats = [st for b in moe_blocks for st in b.stats]
-        counts = [st for st in stats if st.capacity is None]           # dropless: the counts all-reduced
+        counts = [st for st in stats if st.capacity is None]  # dropless: the counts all-reduced
         one = sent("allreduce", cfg.algos.counts, E + 1, cp, cp_rank, 8)
         # with a capacity: every token's k experts and k gates gathered (2k float64 a token; routed = T·k)
-        gathered = sum(sent("allgather", cfg.algos.allgather, cp * 2 * int(st.routed.sum()), cp, cp_rank, 8)
-                       for st in stats if st.capacity is not None)
+        gathered = sum(
+            sent("allgather", cfg.algos.allgather, cp * 2 * int(st.routed.sum()), cp, cp_rank, 8)
+            for st in stats
+            if st.capacity is not None
+        )
         text = [f"2(cp-1)/cp·(E+1)·8 per layer forward = {len(counts)}·{one}"] if counts else []
         if gathered:
             text.append(f"(cp-1)·2k·T_rank·8 per layer forward (experts and gates) = {gathered}")

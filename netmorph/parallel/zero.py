@@ -37,10 +37,10 @@ class ZeRO:
         self.r = group.index[comm.rank]
         n = flat.padded // self.d
         self.lo, self.hi = shard_range(flat.padded, self.d, self.r)
-        master = flat.grad.dtype                                  # float32 under mixed precision, else the params'
-        self.wire = wire if wire is not None else master          # the gradients' dtype on the wire
+        master = flat.grad.dtype  # float32 under mixed precision, else the params'
+        self.wire = wire if wire is not None else master  # the gradients' dtype on the wire
         self.adam = Adam(self.lo, self.hi, lr=lr, dtype=master, device=flat.data.device)
-        self.shard = flat.data[self.lo:self.hi].to(master, copy=True)   # this rank's parameters, always held
+        self.shard = flat.data[self.lo : self.hi].to(master, copy=True)  # this rank's parameters, always held
         # mixed ZeRO-3: the 16-bit shard the gathers send, held beside the master
         self.shard16 = self.shard.to(flat.data.dtype) if flat.mixed and stage >= 3 else None
         self.grad_shard = torch.zeros(n, dtype=master, device=flat.data.device)
@@ -51,7 +51,7 @@ class ZeRO:
             self.release()
 
     def zero_grad(self) -> None:
-        if self.flat.grad.untyped_storage().nbytes() == 0:      # stage 2+: the full buffer comes back for backward
+        if self.flat.grad.untyped_storage().nbytes() == 0:  # stage 2+: the full buffer comes back for backward
             self.flat.grad.untyped_storage().resize_(self.grad_bytes)
         self.flat.zero_grad()
 
@@ -61,8 +61,12 @@ class ZeRO:
             return
         self.flat.data.untyped_storage().resize_(self.full_bytes)
         with self.comm.phase(self.phase):
-            self.comm.all_gather_into_tensor(self.flat.data, self.shard if self.shard16 is None else self.shard16,
-                                             group=self.group, algo=self.algos.allgather)
+            self.comm.all_gather_into_tensor(
+                self.flat.data,
+                self.shard if self.shard16 is None else self.shard16,
+                group=self.group,
+                algo=self.algos.allgather,
+            )
         self.gathered = True
 
     def release(self) -> None:
@@ -104,8 +108,9 @@ class ZeRO:
         with self.comm.phase(self.phase):
             if self.d > 1:
                 out = self.grad_shard if self.wire == self.grad_shard.dtype else self.grad_shard.to(self.wire)
-                self.comm.reduce_scatter_tensor(out, self.flat.grad.to(self.wire), group=self.group,
-                                                algo=self.algos.reduce_scatter)
+                self.comm.reduce_scatter_tensor(
+                    out, self.flat.grad.to(self.wire), group=self.group, algo=self.algos.reduce_scatter
+                )
                 self.grad_shard.copy_(out)
                 self.grad_shard.div_(self.d)
             else:
@@ -115,18 +120,21 @@ class ZeRO:
                 self.shard16.copy_(self.shard)
             if self.stage < 3:
                 if self.d > 1:
-                    self.comm.all_gather_into_tensor(self.flat.data, self.shard.to(self.flat.data.dtype),
-                                                     group=self.group, algo=self.algos.allgather)
+                    self.comm.all_gather_into_tensor(
+                        self.flat.data, self.shard.to(self.flat.data.dtype), group=self.group, algo=self.algos.allgather
+                    )
                 else:
                     self.flat.data.copy_(self.shard)
         if self.stage >= 2:
-            self.flat.grad.untyped_storage().resize_(0)          # only the shard persists
+            self.flat.grad.untyped_storage().resize_(0)  # only the shard persists
 
     def bytes(self) -> dict:
         """Model-state bytes this rank holds between steps."""
         isz, gsz = self.flat.data.element_size(), self.flat.grad.element_size()
         n, k = self.flat.numel, self.hi - self.lo
-        master = k * gsz if self.flat.mixed else 0            # the float32 master shard, the optimizer's
-        return {"params": k * isz if self.stage >= 3 else n * isz,
-                "grads": k * gsz if self.stage >= 2 else n * gsz,
-                "optimizer": self.adam.bytes() + master}
+        master = k * gsz if self.flat.mixed else 0  # the float32 master shard, the optimizer's
+        return {
+            "params": k * isz if self.stage >= 3 else n * isz,
+            "grads": k * gsz if self.stage >= 2 else n * gsz,
+            "optimizer": self.adam.bytes() + master,
+        }

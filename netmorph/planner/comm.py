@@ -20,7 +20,7 @@ from netmorph.cost.simulate import simulate
 from netmorph.cost.topology import node_of
 from netmorph.planner.hardware import Hardware
 
-SIMULATED = 64            # the largest group the event simulation runs; larger ones are extrapolated from it
+SIMULATED = 64  # the largest group the event simulation runs; larger ones are extrapolated from it
 
 
 @lru_cache(maxsize=4096)
@@ -46,7 +46,7 @@ def _fit_links(topo, gpus_per_node: int, multi_rail: bool, op: str, algo: str, p
         a1, b1 = _fit_links(topo, gpus_per_node, multi_rail, op, algo, SIMULATED // 2, stride)
         a2, b2 = _fit_links(topo, gpus_per_node, multi_rail, op, algo, SIMULATED, stride)
         if REGISTRY[op][algo].growth == "log":
-            steps = math.log2(p) - math.log2(SIMULATED)          # tree depth added (the two sizes differ by 1)
+            steps = math.log2(p) - math.log2(SIMULATED)  # tree depth added (the two sizes differ by 1)
             return a2 + (a2 - a1) * steps, b2 + (b2 - b1) * steps
         per = (a2 - a1) / (SIMULATED - SIMULATED // 2)
         return a2 + per * (p - SIMULATED), b2 * ((p - 1) / p) / ((SIMULATED - 1) / SIMULATED)

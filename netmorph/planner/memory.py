@@ -53,13 +53,17 @@ from netmorph.planner.results import Memory
 def _per_layer_params(model: ModelShape, c: Layout) -> tuple[float, float]:
     """(dense, expert) parameters of one layer on one device."""
     h, t = model.hidden, c.tp
-    row_bias = h if model.bias else 0           # the output projection's and the MLP's down-projection's: whole
+    row_bias = h if model.bias else 0  # the output projection's and the MLP's down-projection's: whole
     attn_row = h if model.bias or model.attention_bias == "all" else 0
-    dense = ((model.attn_weights() + model.attn_biases() - attn_row) / t + attn_row + model.attn_norms()
-             + model.layer_norms * model.norm_params())
-    te = (c.expert_tp or t) if model.experts else t    # experts split over expert_tp ranks (Megatron: tp)
+    dense = (
+        (model.attn_weights() + model.attn_biases() - attn_row) / t
+        + attn_row
+        + model.attn_norms()
+        + model.layer_norms * model.norm_params()
+    )
+    te = (c.expert_tp or t) if model.experts else t  # experts split over expert_tp ranks (Megatron: tp)
     expert = model.expert_weights() / te + ((model.expert_biases() - row_bias) / te + row_bias if model.bias else 0)
-    if model.experts:          # shared experts are tp-split MLPs beside the router (Megatron's SharedExpertMLP)
+    if model.experts:  # shared experts are tp-split MLPs beside the router (Megatron's SharedExpertMLP)
         return dense + model.router_params() + model.shared_params() / t, model.experts / c.ep * expert
     return dense + expert, 0.0
 
@@ -84,14 +88,14 @@ def stage_params(model: ModelShape, c: Layout, which: list | None = None) -> lis
     dense, experts = _per_layer_params(model, c)
     stages = c.stage_layers(model.layers)
     out = []
-    for i in (range(len(stages)) if which is None else which):
+    for i in range(len(stages)) if which is None else which:
         n = stages[i]
         d = n * dense
         if i == 0:
             d += model.vocab * h / t + ((model.seq + model.extra_positions) * h if model.position == "learned" else 0)
         if i == (0 if c.v_shaped else len(stages) - 1):
             d += model.norm_params()
-            if c.pp > 1 and not c.v_shaped or not model.tied:      # a V's rank 0 holds both ends: one copy
+            if c.pp > 1 and not c.v_shaped or not model.tied:  # a V's rank 0 holds both ends: one copy
                 d += model.vocab * h / t
         out.append((d, n * experts))
     return out
@@ -116,12 +120,14 @@ def activation_bytes_per_layer(model: ModelShape, c: Layout, recompute: str | No
     sp = c.knobs.sequence_parallel and t > 1
     if rc == "full":
         return 2 * sb * h / (t if sp else 1)
-    lin = 1 if c.precision.name == "fp8" else 2                # bytes of a stored linear-layer input
-    k = model.active_experts * (model.capacity_factor if model.experts else 1.0)     # MLP rows per token
+    lin = 1 if c.precision.name == "fp8" else 2  # bytes of a stored linear-layer input
+    k = model.active_experts * (model.capacity_factor if model.experts else 1.0)  # MLP rows per token
     masks = 2 * h if model.dropout else 0
     replicated = 4 * h + lin * h + lin * h * k + masks
+
     def mlp_bytes(f):
         return (2 * 2 if model.ffn_type == "swiglu" else 2) * f + lin * f
+
     kw, vw = model.kv_widths
     shared = model.shared_experts * mlp_bytes(model.shared_width) if model.experts else 0
     split = 2 * model.q_width + 2 * (kw + vw) + lin * model.o_width + k * mlp_bytes(model.ef) + shared
@@ -146,6 +152,7 @@ def wgrad_stash_elements(model: ModelShape, c: Layout) -> tuple[float, float]:
 
     def mlp(f, n=1.0):
         return n * (h + f / t), n * (ups * f / t + h)
+
     ins, grads = h + model.o_width / t, (model.q_width + kw + vw) / t + h
     for i, g in (mlp(model.ef, k), mlp(model.shared_width, model.shared_experts if model.experts else 0)):
         ins, grads = ins + i, grads + g
@@ -182,17 +189,24 @@ def stage_activations(model: ModelShape, c: Layout, which: list | None = None) -
     s, b, h = model.seq / c.cp, c.batch.micro_batch_size, model.hidden
     out = []
     stages = c.stage_layers(model.layers)
-    head = 0 if c.v_shaped else len(stages) - 1           # a V's loss is on the first rank
-    for i in (range(len(stages)) if which is None else which):
+    head = 0 if c.v_shaped else len(stages) - 1  # a V's loss is on the first rank
+    for i in range(len(stages)) if which is None else which:
         if stash:
-            act = _split_peak(c.pipeline_schedule, p, min(c.microbatches, 3 * p), c.interleave, i,
-                              per_layer * stages[i], stash * stages[i])
+            act = _split_peak(
+                c.pipeline_schedule,
+                p,
+                min(c.microbatches, 3 * p),
+                c.interleave,
+                i,
+                per_layer * stages[i],
+                stash * stages[i],
+            )
         else:
             act = per_layer * stages[i] * c.in_flight(i)
         if i == 0 and model.dropout:
-            act += s * b * h * p / c.tp                  # embedding dropout mask, p microbatches
+            act += s * b * h * p / c.tp  # embedding dropout mask, p microbatches
         if i == head:
-            act += 4 * s * b * model.vocab / c.tp        # fp32 logits for the cross-entropy
+            act += 4 * s * b * model.vocab / c.tp  # fp32 logits for the cross-entropy
         out.append(act)
     return out
 
@@ -231,13 +245,14 @@ def _state_bytes(c: Layout, zero: int) -> tuple[tuple, tuple, float]:
     shard = c.dp * c.cp
     wbytes = c.precision.param_bytes + (1 if c.precision.name == "fp8" else 0)
     deepspeed = c.knobs.zero_memory == "deepspeed"
-    zero = sharding_with(zero, c.pp)                          # FSDP2 with a pipeline: Layout.sharding
+    zero = sharding_with(zero, c.pp)  # FSDP2 with a pipeline: Layout.sharding
 
     def per(group):
         grads = c.precision.grad_bytes / (group if zero >= 2 else 1)
         if deepspeed and zero in (1, 2):
-            grads = c.precision.param_bytes + c.precision.grad_bytes / group        # 16-bit whole + the 32-bit partition
+            grads = c.precision.param_bytes + c.precision.grad_bytes / group  # 16-bit whole + the 32-bit partition
         return (wbytes / (group if zero >= 3 else 1), grads, c.precision.optimizer_bytes / (group if zero >= 1 else 1))
+
     live = 2 * c.precision.param_bytes if deepspeed and zero >= 3 else 0.0
     return per(shard), per(max(shard // c.ep, 1)), live
 
@@ -257,15 +272,16 @@ def memory(model: ModelShape, c: Layout) -> Memory:
     best = None
     for dn, en, act, big in memory_parts(model, c):
         params, grads, opt = (dn * d + en * e for d, e in zip(dense, expert))
-        params, grads = params + live / 2 * big, grads + live / 2 * big       # the live layer's weights, grads
+        params, grads = params + live / 2 * big, grads + live / 2 * big  # the live layer's weights, grads
         here = Memory(params, grads, opt, act)
         if best is None or here.total > best.total:
             best = here
     return best
 
 
-def trainer_memory(model: ModelShape, layout: Layout, itemsize: int, grad_size: int | None = None,
-                   optimizer_size: int | None = None) -> dict:
+def trainer_memory(
+    model: ModelShape, layout: Layout, itemsize: int, grad_size: int | None = None, optimizer_size: int | None = None
+) -> dict:
     """What the planner says the most loaded rank of netmorph's own trainer holds, in that run's element sizes:
     the model states counted from the placement table (:func:`~netmorph.mesh.placement.model_state_bytes`: each
     field's most loaded stage, the flat buffers' padding and ZeRO's shards included -- one count, the

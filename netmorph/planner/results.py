@@ -87,11 +87,19 @@ class StepTime:
 
     def as_dict(self) -> dict:
         """The JSON ``plan estimate --json`` prints (its keys and their order)."""
-        return {"step_time_s": self.step_time_s, "step_parts_s": asdict(self.parts),
-                "bubble_fraction": self.bubble_fraction, "overlap_slowdown_s": self.overlap_slowdown_s,
-                "comm_hidden_s": self.comm_hidden_s, "compute_s": self.compute_s, "matmul_s": self.matmul_s,
-                "elementwise_s": self.elementwise_s, "bubble_s": self.bubble_s, "comm_s": self.comm_s,
-                "optimizer_s": self.optimizer_s}
+        return {
+            "step_time_s": self.step_time_s,
+            "step_parts_s": asdict(self.parts),
+            "bubble_fraction": self.bubble_fraction,
+            "overlap_slowdown_s": self.overlap_slowdown_s,
+            "comm_hidden_s": self.comm_hidden_s,
+            "compute_s": self.compute_s,
+            "matmul_s": self.matmul_s,
+            "elementwise_s": self.elementwise_s,
+            "bubble_s": self.bubble_s,
+            "comm_s": self.comm_s,
+            "optimizer_s": self.optimizer_s,
+        }
 
 
 @dataclass(frozen=True)
@@ -136,9 +144,24 @@ class Rates:
 
 # the layout's flags in plan's JSON, in its order (the flat names Layout.get reads; "microbatch" is its
 # micro_batch_size)
-CONFIG_KEYS = ("tp", "cp", "pp", "dp", "ep", "microbatch", "global_batch", "interleave", "zero", "recompute",
-               "sequence_parallel", "precision", "first_stage_layers", "last_stage_layers", "tp_overlap",
-               "pp_overlap")
+CONFIG_KEYS = (
+    "tp",
+    "cp",
+    "pp",
+    "dp",
+    "ep",
+    "microbatch",
+    "global_batch",
+    "interleave",
+    "zero",
+    "recompute",
+    "sequence_parallel",
+    "precision",
+    "first_stage_layers",
+    "last_stage_layers",
+    "tp_overlap",
+    "pp_overlap",
+)
 
 
 @dataclass(frozen=True)
@@ -161,21 +184,44 @@ class Estimate:
     def as_dict(self) -> dict:
         """The JSON ``plan estimate --json`` prints, and each of ``plan --json``'s plans (its keys and order)."""
         c, model = self.layout, self.model
-        out = {**{k: c.get("micro_batch_size" if k == "microbatch" else k) for k in CONFIG_KEYS},
-               "schedule": c.pipeline_schedule if c.pp > 1 else "", "gpus": c.gpus, "hardware": self.hardware.name,
-               "model": model.name,
-               **({} if model.bare else {"kv_heads": model.kv, "ffn_type": model.ffn_type, "ffn": model.f,
-                                         "position": model.position, "tied": model.tied,
-                                         "attention": model.attention, "dropout": model.dropout,
-                                         "experts": model.experts, "top_k": model.top_k if model.experts else 0}),
-               "memory_bytes": self.memory.as_dict(), "device_memory_bytes": self.hardware.memory_bytes,
-               "fits": self.fits, "params_count": model.params()}
+        out = {
+            **{k: c.get("micro_batch_size" if k == "microbatch" else k) for k in CONFIG_KEYS},
+            "schedule": c.pipeline_schedule if c.pp > 1 else "",
+            "gpus": c.gpus,
+            "hardware": self.hardware.name,
+            "model": model.name,
+            **(
+                {}
+                if model.bare
+                else {
+                    "kv_heads": model.kv,
+                    "ffn_type": model.ffn_type,
+                    "ffn": model.f,
+                    "position": model.position,
+                    "tied": model.tied,
+                    "attention": model.attention,
+                    "dropout": model.dropout,
+                    "experts": model.experts,
+                    "top_k": model.top_k if model.experts else 0,
+                }
+            ),
+            "memory_bytes": self.memory.as_dict(),
+            "device_memory_bytes": self.hardware.memory_bytes,
+            "fits": self.fits,
+            "params_count": model.params(),
+        }
         if model.experts:
             out["active_params_count"] = model.active_params()
         if self.step is None:
             return out
         out["stage_layers"] = c.stage_layers(model.layers)
         out.update(self.step.as_dict())
-        out.update({"flops_per_iteration": self.flops.executed, "model_flops_per_iteration": self.flops.causal,
-                    "megatron_flops_per_iteration": self.flops.megatron, **asdict(self.rates)})
+        out.update(
+            {
+                "flops_per_iteration": self.flops.executed,
+                "model_flops_per_iteration": self.flops.causal,
+                "megatron_flops_per_iteration": self.flops.megatron,
+                **asdict(self.rates),
+            }
+        )
         return out

@@ -49,10 +49,10 @@ class Rejected:
 
 @dataclass
 class SearchResult:
-    ranked: list                   # Estimates that fit, fastest first (the first ``top``, or all)
-    rejected: dict                 # key -> Rejected
-    fits: int                      # how many configurations fit
-    by_split: list                 # the fastest Estimate of each (tp, pp) split that fits, fastest first
+    ranked: list  # Estimates that fit, fastest first (the first ``top``, or all)
+    rejected: dict  # key -> Rejected
+    fits: int  # how many configurations fit
+    by_split: list  # the fastest Estimate of each (tp, pp) split that fits, fastest first
 
     @property
     def searched(self) -> int:
@@ -69,11 +69,18 @@ def check(model: ModelShape, c: Layout, hw: Hardware) -> Rejection | None:
     if rules and rules[0].key in ("heads", "range"):
         return rules[0]
     if c.tp > hw.gpus_per_node:
-        return Rejection("inter-node-tp", "tp", c.tp, f"inter-node tensor parallelism (tp {c.tp} > "
-                         f"{hw.gpus_per_node} devices per node)", "{tp}", soft=True)
+        return Rejection(
+            "inter-node-tp",
+            "tp",
+            c.tp,
+            f"inter-node tensor parallelism (tp {c.tp} > {hw.gpus_per_node} devices per node)",
+            "{tp}",
+            soft=True,
+        )
     if c.precision.name == "fp8" and not hw.fp8_flops:
-        return Rejection("fp8", "precision", c.precision.name, f"{hw.name} has no FP8 tensor cores",
-                         "{precision} or {hardware}")
+        return Rejection(
+            "fp8", "precision", c.precision.name, f"{hw.name} has no FP8 tensor cores", "{precision} or {hardware}"
+        )
     return rules[0] if rules else None
 
 
@@ -83,8 +90,11 @@ def estimate(model: ModelShape, c: Layout, hw: Hardware) -> Estimate:
     if model.bare:
         return Estimate(c, model, hw, mem)
     t = step_time(model, c, hw)
-    flops = Flops(model.flops_per_iteration(c.batch.global_batch, c.knobs.recompute),
-                  model.causal_model_flops(c.batch.global_batch), model.model_flops(c.batch.global_batch))
+    flops = Flops(
+        model.flops_per_iteration(c.batch.global_batch, c.knobs.recompute),
+        model.causal_model_flops(c.batch.global_batch),
+        model.model_flops(c.batch.global_batch),
+    )
     return Estimate(c, model, hw, mem, t, flops, rates(model, c, hw, t.step_time_s))
 
 
@@ -92,8 +102,12 @@ def rates(model: ModelShape, c: Layout, hw: Hardware, step: float) -> Rates:
     """Throughput of a step of ``step`` seconds: executed TFLOP/s per GPU (eq. 3), MFU (Megatron's model
     FLOPs over the 16-bit peak), tokens/s."""
     executed, useful = _flops(model, c.batch.global_batch, c.knobs.recompute)
-    return Rates(executed / step / c.gpus / 1e12, useful / step / c.gpus / hw.peak_flops,
-                 c.batch.global_batch * model.seq / step, c.batch.global_batch * model.seq / step / c.gpus)
+    return Rates(
+        executed / step / c.gpus / 1e12,
+        useful / step / c.gpus / hw.peak_flops,
+        c.batch.global_batch * model.seq / step,
+        c.batch.global_batch * model.seq / step / c.gpus,
+    )
 
 
 @lru_cache(maxsize=1024)
@@ -105,9 +119,19 @@ def _divisors(n: int, cap: int | None = None):
     return [k for k in range(1, (cap or n) + 1) if n % k == 0]
 
 
-def search(model: ModelShape, gpus: int, hw: Hardware, global_batch: int, base: Layout | None = None,
-           max_microbatch: int = 16, max_interleave: int = 16, top: int = 5, fixed: dict | None = None,
-           max_cp: int = 32, schedules: tuple = ()) -> SearchResult:
+def search(
+    model: ModelShape,
+    gpus: int,
+    hw: Hardware,
+    global_batch: int,
+    base: Layout | None = None,
+    max_microbatch: int = 16,
+    max_interleave: int = 16,
+    top: int = 5,
+    fixed: dict | None = None,
+    max_cp: int = 32,
+    schedules: tuple = (),
+) -> SearchResult:
     """Every configuration (those matching ``fixed``, {field: value}): the ``top`` that fit (0: all), ranked
     by step time, the best of each (tp, pp) split, and the rest counted by the reason they were rejected.
     ``schedules``: the pipeline schedules to try on every pipeline (default ``base``'s alone: Megatron's 1F1B,
@@ -117,8 +141,9 @@ def search(model: ModelShape, gpus: int, hw: Hardware, global_batch: int, base: 
     if global_batch < 1:
         raise UsageError(f"{{global_batch}} must be >= 1, got {global_batch}", "global_batch")
     if model.bare:
-        raise UsageError("a bare parameter count has no layers to split; use `netmorph plan estimate` for its "
-                         "memory", "params")
+        raise UsageError(
+            "a bare parameter count has no layers to split; use `netmorph plan estimate` for its memory", "params"
+        )
     base = base or Layout()
     fixed = dict(fixed or {})
     fits, rejected = [], {}
@@ -141,16 +166,31 @@ def search(model: ModelShape, gpus: int, hw: Hardware, global_batch: int, base: 
             r = rejected[why.key] = Rejected(why.key, why.flag, 0, f"{c.label()}: {why.text}")
         r.count += n
 
-    fixed_fields = {f.name: getattr(base, f.name) for f in fields(base)}       # (faster than replace() per layout)
-    batch = cache(lambda mb, sched=base.batch.schedule: replace(base.batch, global_batch=global_batch,
-                                                               micro_batch_size=mb, schedule=sched))
+    fixed_fields = {f.name: getattr(base, f.name) for f in fields(base)}  # (faster than replace() per layout)
+    batch = cache(
+        lambda mb, sched=base.batch.schedule: replace(
+            base.batch, global_batch=global_batch, micro_batch_size=mb, schedule=sched
+        )
+    )
     knobs = cache(lambda rc, sp: replace(base.knobs, recompute=rc, sequence_parallel=sp))
     precision = cache(lambda name: replace(base.precision, name=name))
 
     def make(tp, cp, pp, dp, ep=1, mb=1, v=1, zero=0, rc="none", sp=False, prec="bf16", sched=base.batch.schedule):
-        return Layout(**{**fixed_fields, "tp": tp, "cp": cp, "ep": ep, "dp": dp, "pp": pp, "zero": zero,
-                         "interleave": v, "batch": batch(mb, sched), "knobs": knobs(rc, sp),
-                         "precision": precision(prec)})
+        return Layout(
+            **{
+                **fixed_fields,
+                "tp": tp,
+                "cp": cp,
+                "ep": ep,
+                "dp": dp,
+                "pp": pp,
+                "zero": zero,
+                "interleave": v,
+                "batch": batch(mb, sched),
+                "knobs": knobs(rc, sp),
+                "precision": precision(prec),
+            }
+        )
 
     for tp in allowed("tp", _divisors(gpus, min(gpus, 64))):
         rest = gpus // tp
@@ -159,8 +199,14 @@ def search(model: ModelShape, gpus: int, hw: Hardware, global_batch: int, base: 
         if why and why.key in ("heads", "inter-node-tp"):
             reject(why, c0, len(_divisors(rest)) * len(mbs) * len(vs) * inner)
             continue
-        cps = allowed("cp", [k for k in _divisors(rest, min(rest, max_cp))
-                             if k == 1 or model.seq % (2 * k) == 0 and model.attention == "flash"])
+        cps = allowed(
+            "cp",
+            [
+                k
+                for k in _divisors(rest, min(rest, max_cp))
+                if k == 1 or model.seq % (2 * k) == 0 and model.attention == "flash"
+            ],
+        )
         for cp in cps:
             for pp in allowed("pp", _divisors(rest // cp)):
                 dp = rest // (cp * pp)
@@ -185,18 +231,28 @@ def search(model: ModelShape, gpus: int, hw: Hardware, global_batch: int, base: 
                         m = global_batch // (dp * mb)
                         for v in vs:
                             if v > 1 and (pp == 1 or m % pp or smallest < v):
-                                reject(check(model, make(tp, cp, pp, dp, ep, mb, v), hw),
-                                       lambda: make(tp, cp, pp, dp, ep, mb, v), inner)
+                                reject(
+                                    check(model, make(tp, cp, pp, dp, ep, mb, v), hw),
+                                    lambda: make(tp, cp, pp, dp, ep, mb, v),
+                                    inner,
+                                )
                                 continue
                             for prec, sched in ((a, b) for a in precisions for b in scheds):
                                 if len(scheds) > 1 and sched in SPLIT_BACKWARD and (pp == 1 or v > 1):
-                                    continue        # not a layout of its own: no pipeline, or interleaved
+                                    continue  # not a layout of its own: no pipeline, or interleaved
                                 if sched in V_SHAPED and (smallest < 2 or m < (2 * pp if sched == "dualpipev" else 1)):
-                                    reject(check(model, make(tp, cp, pp, dp, ep, mb, v, sched=sched), hw) or
-                                           Rejection("v-shape", "layers", smallest, f"{sched}: a V splits each "
-                                                     f"stage's {smallest} layers in two", "{pp}"),
-                                           lambda: make(tp, cp, pp, dp, ep, mb, v, sched=sched),
-                                           inner // len(scheds) // len(precisions))
+                                    reject(
+                                        check(model, make(tp, cp, pp, dp, ep, mb, v, sched=sched), hw)
+                                        or Rejection(
+                                            "v-shape",
+                                            "layers",
+                                            smallest,
+                                            f"{sched}: a V splits each stage's {smallest} layers in two",
+                                            "{pp}",
+                                        ),
+                                        lambda: make(tp, cp, pp, dp, ep, mb, v, sched=sched),
+                                        inner // len(scheds) // len(precisions),
+                                    )
                                     continue
                                 for rc in rcs:
                                     for sp in allowed("sequence_parallel", (False, True) if tp > 1 else (False,)):
@@ -206,21 +262,32 @@ def search(model: ModelShape, gpus: int, hw: Hardware, global_batch: int, base: 
                                             if zero == 3 and pp > 1 and 1 in zeros:
                                                 # FSDP2 with a pipeline is ZeRO-1's memory and traffic
                                                 # (Layout.sharding): the same plan, searched once as ZeRO-1
-                                                reject(Rejection(ZERO_PP, "zero", zero, "ZeRO-3 with a pipeline "
-                                                                 "runs as FSDP2 with reshard_after_forward=False: "
-                                                                 "ZeRO-1's memory and traffic, searched as ZeRO-1",
-                                                                 "{zero} or {pp}"),
-                                                       lambda: make(tp, cp, pp, dp, ep, mb, v, zero, rc, sp, prec,
-                                                                    sched))
+                                                reject(
+                                                    Rejection(
+                                                        ZERO_PP,
+                                                        "zero",
+                                                        zero,
+                                                        "ZeRO-3 with a pipeline "
+                                                        "runs as FSDP2 with reshard_after_forward=False: "
+                                                        "ZeRO-1's memory and traffic, searched as ZeRO-1",
+                                                        "{zero} or {pp}",
+                                                    ),
+                                                    lambda: make(tp, cp, pp, dp, ep, mb, v, zero, rc, sp, prec, sched),
+                                                )
                                                 continue
                                             total = memory_total(cz, parts, zero)
                                             if total > hw.memory_bytes:
-                                                reject(Rejection("memory", "memory", total,
-                                                                 f"out of memory ({total / 1e9:.1f} GB > "
-                                                                 f"{hw.memory_bytes / 1e9:.1f} GB)",
-                                                                 "{gpus}, {hardware} or {recompute}"),
-                                                       lambda: make(tp, cp, pp, dp, ep, mb, v, zero, rc, sp, prec,
-                                                                    sched))
+                                                reject(
+                                                    Rejection(
+                                                        "memory",
+                                                        "memory",
+                                                        total,
+                                                        f"out of memory ({total / 1e9:.1f} GB > "
+                                                        f"{hw.memory_bytes / 1e9:.1f} GB)",
+                                                        "{gpus}, {hardware} or {recompute}",
+                                                    ),
+                                                    lambda: make(tp, cp, pp, dp, ep, mb, v, zero, rc, sp, prec, sched),
+                                                )
                                                 continue
                                             fits.append(make(tp, cp, pp, dp, ep, mb, v, zero, rc, sp, prec, sched))
     timed = sorted(((step_time(model, c, hw).step_time_s, i) for i, c in enumerate(fits)))

@@ -24,7 +24,7 @@ def shared_slots(m: int, p: int, v: int = 1, sharing: float = 1.0) -> float:
     if sharing <= 1 or not m:
         return slots
     if p <= 1:
-        return float(m)                       # every step has the one stage active: m slots, every rank busy
+        return float(m)  # every step has the one stage active: m slots, every rank busy
     steps = m * v + p - 1
     busy = sum(max(1.0, sharing * min(j + 1, p, m * v, steps - j) / p) for j in range(steps))
     return busy / (sharing * v)

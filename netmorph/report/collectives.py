@@ -19,6 +19,7 @@ from netmorph.units import fmt_bytes, fmt_time
 
 def build_section(res: Collectives, out_dir) -> Section:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -47,6 +48,7 @@ def build_section(res: Collectives, out_dir) -> Section:
     plt.close(fig)
 
     from matplotlib.colors import ListedColormap
+
     cmap = ListedColormap([color(a) for a in names])
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     for ax, (name, grid) in zip(axes, maps.items()):
@@ -83,7 +85,8 @@ def build_section(res: Collectives, out_dir) -> Section:
     rows = "".join(
         f"<tr><td>{a}</td><td>{p.counts.rounds}</td><td>{p.counts.messages}</td>"
         f"<td>{p.counts.max_bytes_sent:,}</td><td>{p.counts.bytes_on_wire:,}</td><td>{fmt_time(p.time)}</td></tr>"
-        for a, p in zip(names, preds))
+        for a, p in zip(names, preds)
+    )
     map_lines = []
     for name, grid in maps.items():
         p64 = WORLDS.index(64)
@@ -106,7 +109,7 @@ reduction behind its next receive, which is why it edges ahead once γ matters).
 with the world size too: where p is not a power of two, Rabenseifner must fold (2n extra bytes) and the ring
 wins large messages; on a cluster whose nodes share one NIC, the ring's single inter-node flow per node beats
 Rabenseifner's eight.</p>
-<ul>{''.join(f'<li>{x}</li>' for x in map_lines)}</ul>
+<ul>{"".join(f"<li>{x}</li>" for x in map_lines)}</ul>
 <table><tr><th>algorithm (p = 8, 8 MiB, flat α = 1 µs, β = 1 ns/B)</th><th>rounds</th><th>messages</th>
 <th>max bytes sent by a rank</th><th>bytes on the wire</th><th>predicted time</th></tr>{rows}</table>
 <p>Reproduce any row: <code>netmorph collective allreduce --world 8 --bytes 8MiB --algo all --formula</code>;
@@ -119,9 +122,12 @@ any placement or sweep: <code>netmorph collective allreduce --world 64 --sizes 1
         f"cross-node penalty: {one_kib_ratio:.1f}x at 1 KiB (latency), {big_ratio:.1f}x at 1 GiB (bandwidth)",
     ] + map_lines
     return Section(
-        "Collectives: one all-reduce, eight schedules, and the cheapest one morphs", html,
-        [("allreduce_tp_vs_dp.png", "Predicted time vs size at p = 8: TP placement (left) vs DP placement (right)."),
-         ("allreduce_winner_map.png", "Fastest all-reduce by world size and message size, on two clusters."),
-         ("allreduce_rounds_bytes.png", "The two hardware-independent quantities: rounds and bytes.")],
-        summary)
-
+        "Collectives: one all-reduce, eight schedules, and the cheapest one morphs",
+        html,
+        [
+            ("allreduce_tp_vs_dp.png", "Predicted time vs size at p = 8: TP placement (left) vs DP placement (right)."),
+            ("allreduce_winner_map.png", "Fastest all-reduce by world size and message size, on two clusters."),
+            ("allreduce_rounds_bytes.png", "The two hardware-independent quantities: rounds and bytes."),
+        ],
+        summary,
+    )

@@ -20,6 +20,7 @@ from netmorph.units import fmt_bytes
 
 def build_section(res: Fabric, out_dir) -> Section:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -66,9 +67,14 @@ def build_section(res: Fabric, out_dir) -> Section:
     plt.close(fig)
 
     err = [abs(m / q - 1) for _, _, m, q in pts]
-    rows_html = "".join(f"<tr><td>{a}</td><td>{fmt_bytes(n)}</td><td>{q * 1e3:.2f}</td><td>{m * 1e3:.2f}</td>"
-                        f"<td>{100 * (m / q - 1):+.0f}%</td></tr>" for a, n, m, q in pts)
-    ratio_txt = "; ".join(f"world {p}: {b:.2f} GB/s vs gloo {g:.2f} GB/s ({b / g:.1f}x)" for p, (b, g) in ratios.items())
+    rows_html = "".join(
+        f"<tr><td>{a}</td><td>{fmt_bytes(n)}</td><td>{q * 1e3:.2f}</td><td>{m * 1e3:.2f}</td>"
+        f"<td>{100 * (m / q - 1):+.0f}%</td></tr>"
+        for a, n, m, q in pts
+    )
+    ratio_txt = "; ".join(
+        f"world {p}: {b:.2f} GB/s vs gloo {g:.2f} GB/s ({b / g:.1f}x)" for p, (b, g) in ratios.items()
+    )
     html = f"""
 <p>The schedules of the previous section run here on real OS processes. The local fabric moves messages through
 shared memory: per pair of ranks a ring of slots (NCCL's SHM transport FIFO); buffers allocated with
@@ -82,18 +88,27 @@ and the measured time of each schedule is set against the event simulation's pre
 {rows_html}</table>
 <p>Reproduce: <code>netmorph bench allreduce --world 4 -b 16M -e 16M</code>; <code>python benchmarks/fabric.py</code>.</p>
 """
-    summary = [f"{fmt_bytes(sizes[-1])} all-reduce busbw, " + ratio_txt,
-               f"emulated {LAB.name}: measured vs predicted, mean |error| {100 * float(np.mean(err)):.0f}% "
-               f"over {len(pts)} (algorithm, size) pairs"]
-    return Section("Real ranks: the shared-memory fabric, gloo, and the model", html,
-                   [("fabric_busbw.png", "Measured bus bandwidth vs size: local fabric, gloo, memcpy bound."),
-                    ("fabric_measured_vs_predicted.png", "Measured vs predicted on an emulated two-level topology.")],
-                   summary)
+    summary = [
+        f"{fmt_bytes(sizes[-1])} all-reduce busbw, " + ratio_txt,
+        f"emulated {LAB.name}: measured vs predicted, mean |error| {100 * float(np.mean(err)):.0f}% "
+        f"over {len(pts)} (algorithm, size) pairs",
+    ]
+    return Section(
+        "Real ranks: the shared-memory fabric, gloo, and the model",
+        html,
+        [
+            ("fabric_busbw.png", "Measured bus bandwidth vs size: local fabric, gloo, memcpy bound."),
+            ("fabric_measured_vs_predicted.png", "Measured vs predicted on an emulated two-level topology."),
+        ],
+        summary,
+    )
 
 
 def _cores_note(world: int, cores: int) -> str:
     """What the core count of the machine that ran the tour means for the busbw above."""
     if world > cores:
-        return (f"This machine has {cores} core{'s' if cores > 1 else ''}, so world {world} runs more than one rank "
-                f"per core and memory bandwidth, not the fabric, sets the ceiling.")
+        return (
+            f"This machine has {cores} core{'s' if cores > 1 else ''}, so world {world} runs more than one rank "
+            f"per core and memory bandwidth, not the fabric, sets the ceiling."
+        )
     return f"This machine has {cores} cores: every rank has a core of its own."

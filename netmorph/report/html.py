@@ -15,8 +15,9 @@ class Section:
 
     title: str
     html: str
-    figures: list = field(default_factory=list)      # (file name, caption)
-    summary: list = field(default_factory=list)      # terminal lines
+    figures: list = field(default_factory=list)  # (file name, caption)
+    summary: list = field(default_factory=list)  # terminal lines
+
 
 CSS = """
 body { font-family: -apple-system, Segoe UI, Helvetica, Arial, sans-serif; max-width: 1100px; margin: 2em auto;
@@ -33,18 +34,22 @@ code { background: #f3f3f3; padding: 0.1em 0.3em; border-radius: 3px; }
 
 
 def write_page(path, sections, version: str) -> None:
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>netmorph tour</title>"
-             f"<style>{CSS}</style></head><body>",
-             "<h1>netmorph tour</h1>",
-             "<p>The distributed system under a large neural network, measured in the two quantities NCCL and "
-             "Megatron-LM trade against each other: <b>bytes on the wire</b> and <b>message rounds</b>.</p>",
-             f"<p class='meta'>netmorph {version}, generated "
-             f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}</p>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>netmorph tour</title>"
+        f"<style>{CSS}</style></head><body>",
+        "<h1>netmorph tour</h1>",
+        "<p>The distributed system under a large neural network, measured in the two quantities NCCL and "
+        "Megatron-LM trade against each other: <b>bytes on the wire</b> and <b>message rounds</b>.</p>",
+        f"<p class='meta'>netmorph {version}, generated "
+        f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}</p>",
+    ]
     for sec in sections:
         parts.append(f"<h2>{_html.escape(sec.title)}</h2>")
         parts.append(sec.html)
         for name, caption in sec.figures:
-            parts.append(f"<figure><img src='{name}' alt='{_html.escape(caption)}'>"
-                         f"<figcaption>{_html.escape(caption)}</figcaption></figure>")
+            parts.append(
+                f"<figure><img src='{name}' alt='{_html.escape(caption)}'>"
+                f"<figcaption>{_html.escape(caption)}</figcaption></figure>"
+            )
     parts.append("</body></html>")
     write_text(path, "\n".join(parts))

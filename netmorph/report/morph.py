@@ -22,15 +22,18 @@ def plot_throughput(path, adaptive, statics, scenario) -> None:
     its moves marked. Steps redone after going back to a checkpoint are drawn as run, so a rollback shows as
     time spent without progress."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(10, 4.5))
     for name, r in statics.items():
         if not r.step_s:
             continue
         t = _clock(r)
-        line, = ax.plot(t, r.throughput(), lw=1, alpha=0.7,
-                        label=f"static {name}" + (" (stopped)" if r.failed else ""))
+        (line,) = ax.plot(
+            t, r.throughput(), lw=1, alpha=0.7, label=f"static {name}" + (" (stopped)" if r.failed else "")
+        )
         if r.failed:
             ax.plot(t[-1], r.throughput()[-1], "x", color=line.get_color(), ms=9, mew=2)
     t = _clock(adaptive)
@@ -43,8 +46,15 @@ def plot_throughput(path, adaptive, statics, scenario) -> None:
     for e in scenario.events:
         if e.kind.startswith("link-") and 0 < e.at <= len(t):
             ax.axvline(t[e.at - 1], color="gray", ls=":", lw=1)
-            ax.annotate(e.kind, (t[e.at - 1], top * 0.95), fontsize=8, color="gray", xytext=(3, 0),
-                        textcoords="offset points", bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8})
+            ax.annotate(
+                e.kind,
+                (t[e.at - 1], top * 0.95),
+                fontsize=8,
+                color="gray",
+                xytext=(3, 0),
+                textcoords="offset points",
+                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8},
+            )
     others = [e.label() for e in scenario.events if not e.kind.startswith("link-")]
     if others:
         lost = any(e.loss for e in scenario.events)
@@ -62,8 +72,10 @@ def plot_throughput(path, adaptive, statics, scenario) -> None:
 def plot_plan(path, p) -> None:
     """The reshard plan's bytes, source rank by destination rank, with what each rank keeps on the diagonal."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     m = p.bytes_matrix().astype(float)
     kept = np.zeros(p.world)
     for r, kinds in p.local.items():
@@ -82,8 +94,11 @@ def plot_plan(path, p) -> None:
     ax.set_yticks(range(p.world))
     ax.set_xlabel("destination rank")
     ax.set_ylabel("source rank")
-    ax.set_title(f"{p.before.tag()} -> {p.after.tag()}: KiB moved\n{p.messages} messages, {p.rounds} rounds, "
-                 f"{p.bytes / 1024:,.0f} KiB on the wire", fontsize=9)
+    ax.set_title(
+        f"{p.before.tag()} -> {p.after.tag()}: KiB moved\n{p.messages} messages, {p.rounds} rounds, "
+        f"{p.bytes / 1024:,.0f} KiB on the wire",
+        fontsize=9,
+    )
     fig.colorbar(im, ax=ax, label="KiB")
     fig.tight_layout()
     save_figure(fig, path)
@@ -92,19 +107,27 @@ def plot_plan(path, p) -> None:
 
 def build_section(res: Morph, out_dir) -> Section:
     """:func:`netmorph.tour.morph.run`'s runs over wall time and its reshard plan."""
-    scenario, segment, start, adaptive, statics, moved = (res.scenario, res.segment, res.start, res.adaptive,
-                                                           res.statics, res.moved)
+    scenario, segment, start, adaptive, statics, moved = (
+        res.scenario,
+        res.segment,
+        res.start,
+        res.adaptive,
+        res.statics,
+        res.moved,
+    )
     plot_throughput(out_dir / "morph_throughput.png", adaptive, statics, scenario)
     plot_plan(out_dir / "morph_plan.png", moved)
     best = min(statics, key=lambda k: statics[k].total_s)
     ranked = ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in list(res.predicted.items())[:4]) + " a step"
     first = statics[start.tag()].total_s
     moves = "; ".join(f"step {d.step}: {d.before} -> {d.after}" for d in adaptive.decisions) or "no move"
-    summary = [f"8 ranks on two emulated nodes, the inter-node link 10x slower from step {scenario.at}: {moves}",
-               f"adaptive {adaptive.total_s:.2f} s, static {start.tag()} (the start) {first:.2f} s, best static "
-               f"{best} {statics[best].total_s:.2f} s",
-               f"reshard tp2·pp2·dp2 -> dp8·zero3: {moved.messages} messages in {moved.rounds} rounds, "
-               f"{moved.bytes:,} B on the wire, {moved.kept_bytes():,} B kept in place"]
+    summary = [
+        f"8 ranks on two emulated nodes, the inter-node link 10x slower from step {scenario.at}: {moves}",
+        f"adaptive {adaptive.total_s:.2f} s, static {start.tag()} (the start) {first:.2f} s, best static "
+        f"{best} {statics[best].total_s:.2f} s",
+        f"reshard tp2·pp2·dp2 -> dp8·zero3: {moved.messages} messages in {moved.rounds} rounds, "
+        f"{moved.bytes:,} B on the wire, {moved.kept_bytes():,} B kept in place",
+    ]
     html = f"""
 <p>A small GPT trains for real on 8 ranks laid out as two emulated nodes (the fabric's per-link α/β), each rank's
 accelerator emulated as a FLOP rate (a sleep of its share of the compute). No layout is trial-run: the planner
@@ -126,7 +149,12 @@ moves with the compute).</p>
 <code>netmorph morph --scenario node-lost@50 --inter-node-mbps 5</code>;
 <code>netmorph morph reshard --world 8 --from tp2,pp2,dp2 --to dp8,zero3</code>.</p>
 """
-    return Section("Adaptive parallelism: the split follows the bottleneck", html,
-                   [("morph_throughput.png", "Tokens/s over wall-clock time: the control loop against static splits."),
-                    ("morph_plan.png", "A reshard's transfer plan: KiB from each source rank to each destination.")],
-                   summary)
+    return Section(
+        "Adaptive parallelism: the split follows the bottleneck",
+        html,
+        [
+            ("morph_throughput.png", "Tokens/s over wall-clock time: the control loop against static splits."),
+            ("morph_plan.png", "A reshard's transfer plan: KiB from each source rank to each destination."),
+        ],
+        summary,
+    )

@@ -48,21 +48,25 @@ def row(columns, rec: dict) -> str:
 
 # netmorph collective: predicted time and the schedule's counts; rec["mark"] flags the fastest
 PREDICTED = (
-    Column("size", 12, lambda r: r["bytes"]), Column("count", 11, lambda r: r["count"]),
-    Column("type", 8, lambda r: r["type"]), Column("redop", 5, lambda r: r["redop"]),
-    Column(" algorithm", 28, lambda r: r.get("mark", " ") + r["algo"] + (" (auto)" if r.get("auto") else ""),
-           align="<"),
+    Column("size", 12, lambda r: r["bytes"]),
+    Column("count", 11, lambda r: r["count"]),
+    Column("type", 8, lambda r: r["type"]),
+    Column("redop", 5, lambda r: r["redop"]),
+    Column(
+        " algorithm", 28, lambda r: r.get("mark", " ") + r["algo"] + (" (auto)" if r.get("auto") else ""), align="<"
+    ),
     Column("time(us)", 11, lambda r: r["predicted_time_s"] * 1e6, ".2f", sep=""),
     Column("algbw(GB/s)", 11, lambda r: r["algbw_gbps"], ".3f"),
     Column("busbw(GB/s)", 11, lambda r: r["busbw_gbps"], ".3f"),
-    Column("rounds", 7, lambda r: r["rounds"]), Column("msgs", 9, lambda r: r["messages"]),
+    Column("rounds", 7, lambda r: r["rounds"]),
+    Column("msgs", 9, lambda r: r["messages"]),
     Column("bytes_on_wire", 15, lambda r: r["bytes_on_wire"], ","),
     Column("max_sent/rank", 14, lambda r: r["max_bytes_sent"], ","),
 )
 
 # nccl-tests' own table (src/util.cu: writeResultHeader, writeBenchmarkLinePreamble, writeBenchmarkLineBody,
 # writeResultFooter), character for character: netmorph bench prints it
-_NCCL_NAME = {numpy: nccl for nccl, numpy in NCCL_TYPES.items()}      # numpy's type name -> nccl-tests'
+_NCCL_NAME = {numpy: nccl for nccl, numpy in NCCL_TYPES.items()}  # numpy's type name -> nccl-tests'
 
 
 def nccl_float(value: float, width: int) -> str:
@@ -76,12 +80,14 @@ def nccl_float(value: float, width: int) -> str:
 
 def nccl_header(time_title: str = "time") -> list[str]:
     """The lines nccl-tests prints above the rows (its trailing spaces included)."""
-    return ["#",
-            f"# {'':>10}  {'':>12}  {'':>8}  {'':>6}  {'':>6}           out-of-place                       in-place          ",
-            f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}  {time_title:>7}  {'algbw':>6}  "
-            f"{'busbw':>6}  {'#wrong':>6}  {time_title:>7}  {'algbw':>6}  {'busbw':>6}  {'#wrong':>6} ",
-            f"# {'(B)':>10}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}  {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  "
-            f"{'':>6}  {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  {'':>6} "]
+    return [
+        "#",
+        f"# {'':>10}  {'':>12}  {'':>8}  {'':>6}  {'':>6}           out-of-place                       in-place          ",
+        f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}  {time_title:>7}  {'algbw':>6}  "
+        f"{'busbw':>6}  {'#wrong':>6}  {time_title:>7}  {'algbw':>6}  {'busbw':>6}  {'#wrong':>6} ",
+        f"# {'(B)':>10}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}  {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  "
+        f"{'':>6}  {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  {'':>6} ",
+    ]
 
 
 def _body(time_s: float, algbw: float, busbw: float, wrong: int) -> str:
@@ -93,9 +99,11 @@ def nccl_row(r: dict) -> str:
     """One row: size, count, type, redop, root (-1 where the op has none), then out of place and in place."""
     root = r["root"] if r["op"] in ("broadcast", "reduce") else -1
     redop = r["redop"] if r["op"] in ("allreduce", "reduce", "reduce_scatter") else "none"
-    return (f"{r['bytes']:12d}  {r['count']:12d}  {_NCCL_NAME.get(r['type'], r['type']):>8}  {redop:>6}  {root:6d}"
-            + _body(r["time_s"], r["algbw_gbps"], r["busbw_gbps"], r["wrong"])
-            + _body(r["in_place_time_s"], r["in_place_algbw_gbps"], r["in_place_busbw_gbps"], r["in_place_wrong"]))
+    return (
+        f"{r['bytes']:12d}  {r['count']:12d}  {_NCCL_NAME.get(r['type'], r['type']):>8}  {redop:>6}  {root:6d}"
+        + _body(r["time_s"], r["algbw_gbps"], r["busbw_gbps"], r["wrong"])
+        + _body(r["in_place_time_s"], r["in_place_algbw_gbps"], r["in_place_busbw_gbps"], r["in_place_wrong"])
+    )
 
 
 def wrong_elements(rows: list) -> int:
@@ -109,14 +117,22 @@ def nccl_footer(rows: list, program: str) -> list[str]:
     bad = wrong_elements(rows)
     bws = [r[k] for r in rows for k in ("busbw_gbps", "in_place_busbw_gbps")]
     avg = sum(bws) / len(bws) if bws else 0.0
-    return [f"# {'Out of bounds values':<20} : {bad} {'FAILED' if bad else 'OK'}",
-            f"# {'Avg bus bandwidth':<20} : {avg:g} ",
-            "#",
-            f"# Collective test concluded: {program}"]
+    return [
+        f"# {'Out of bounds values':<20} : {bad} {'FAILED' if bad else 'OK'}",
+        f"# {'Avg bus bandwidth':<20} : {avg:g} ",
+        "#",
+        f"# Collective test concluded: {program}",
+    ]
 
 
-PROGRAMS = {"allreduce": "all_reduce_perf", "allgather": "all_gather_perf", "reduce_scatter": "reduce_scatter_perf",
-            "broadcast": "broadcast_perf", "reduce": "reduce_perf", "alltoall": "alltoall_perf"}
+PROGRAMS = {
+    "allreduce": "all_reduce_perf",
+    "allgather": "all_gather_perf",
+    "reduce_scatter": "reduce_scatter_perf",
+    "broadcast": "broadcast_perf",
+    "reduce": "reduce_perf",
+    "alltoall": "alltoall_perf",
+}
 
 
 def size_bands(winners, sizes, sep: str = "–") -> str:
@@ -138,16 +154,19 @@ def format_formula(rec: dict) -> str:
     """The closed forms under a row, evaluated, with ✓ where the measured number equals them."""
     f = rec.get("closed_form")
     if f is None:
-        why = ("a two-level topology has no single α, β" if rec["topology_kind"] == "two-level"
-               else "tree nodes with two children queue on one receive port")
+        why = (
+            "a two-level topology has no single α, β"
+            if rec["topology_kind"] == "two-level"
+            else "tree nodes with two children queue on one receive port"
+        )
         return f"#   closed form: none ({why}); the event simulation is the reference"
     parts = [f"rounds {f['rounds_expr']} = {f['rounds']} {_ok(f['rounds'], rec['rounds'])}"]
     if f["max_bytes_sent"] is not None:
-        parts.append(f"sent/rank {f['sent_expr']} = {f['max_bytes_sent']:,.0f} "
-                     f"{_ok(f['max_bytes_sent'], rec['max_bytes_sent'])}")
+        parts.append(
+            f"sent/rank {f['sent_expr']} = {f['max_bytes_sent']:,.0f} {_ok(f['max_bytes_sent'], rec['max_bytes_sent'])}"
+        )
     if f["time_s"] is not None:
-        parts.append(f"time {f['time_expr']} = {f['time_s'] * 1e6:.2f} us "
-                     f"{_ok(f['time_s'], rec['predicted_time_s'])}")
+        parts.append(f"time {f['time_expr']} = {f['time_s'] * 1e6:.2f} us {_ok(f['time_s'], rec['predicted_time_s'])}")
     else:
         parts.append(f"time {f['time_expr']}")
     return "#   closed form: " + " | ".join(parts)

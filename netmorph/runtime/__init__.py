@@ -24,8 +24,21 @@ from netmorph.runtime.transport import CollectiveMismatch, FabricError, PeerLost
 def init_from_env(backend: str = "torch", timeout: float = 60.0):
     """Join a job started by ``torchrun`` (see :func:`netmorph.runtime.torchrun.init_from_env`)."""
     from netmorph.runtime.torchrun import init_from_env as join
+
     return join(backend, timeout)
 
 
-__all__ = ["CollectiveMismatch", "FabricError", "Fault", "Group", "ReduceOp", "LaunchError", "Ledger", "PeerLost", "PeerTimeout", "RankFailure",
-           "init_from_env", "launch"]
+__all__ = [
+    "CollectiveMismatch",
+    "FabricError",
+    "Fault",
+    "Group",
+    "ReduceOp",
+    "LaunchError",
+    "Ledger",
+    "PeerLost",
+    "PeerTimeout",
+    "RankFailure",
+    "init_from_env",
+    "launch",
+]

@@ -41,11 +41,12 @@ def canonical_redop(op) -> str:
     """``"sum" | "avg" | "prod" | "min" | "max"`` for a string, a :class:`ReduceOp` or torch's ``ReduceOp``."""
     if isinstance(op, ReduceOp):
         return op.value
-    name = getattr(op, "name", op)               # torch.distributed.ReduceOp.SUM has .name == "SUM"
+    name = getattr(op, "name", op)  # torch.distributed.ReduceOp.SUM has .name == "SUM"
     key = str(name).lower()
     if key not in _REDOP_NAMES:
-        raise UsageError(f"{{op}} must be one of SUM, AVG, PRODUCT, MIN, MAX (or their lower-case names), "
-                         f"got {op!r}", "op")
+        raise UsageError(
+            f"{{op}} must be one of SUM, AVG, PRODUCT, MIN, MAX (or their lower-case names), got {op!r}", "op"
+        )
     return _REDOP_NAMES[key]
 
 
@@ -68,7 +69,7 @@ class Group:
     def __init__(self, ranks):
         self.ranks = tuple(int(r) for r in ranks)
         self.index = {r: i for i, r in enumerate(self.ranks)}
-        self.pg = None                        # torch.distributed's ProcessGroup, for the torch-native backend
+        self.pg = None  # torch.distributed's ProcessGroup, for the torch-native backend
 
     def size(self) -> int:
         return len(self.ranks)
@@ -83,22 +84,22 @@ class CommBase:
     def __init__(self, transport, rank: int, world: int, faults=(), fingerprints: bool = True):
         self.transport = transport
         self.rank, self.world = rank, world
-        self.slot, self.launched = rank, world        # what the launch, the store and the fabric call this process
-        self.peers: tuple | None = None               # rank -> slot once a reform renumbered (None: the same)
+        self.slot, self.launched = rank, world  # what the launch, the store and the fabric call this process
+        self.peers: tuple | None = None  # rank -> slot once a reform renumbered (None: the same)
         self.WORLD = Group(range(world))
-        self.fingerprints = fingerprints              # a checked header on every message (fingerprint.py)
+        self.fingerprints = fingerprints  # a checked header on every message (fingerprint.py)
         # the transport moves torch tensors where they live (CUDA over NCCL): no numpy round trip
         self.devices = bool(getattr(transport, "devices", False))
-        self.keep_tensors = False                     # CPU torch tensors take that path too (to test it on CPU)
-        self.local_rank = 0                           # torchrun's LOCAL_RANK: which GPU of the node is this rank's
-        self.device = "cpu"                           # where this rank's tensors live (init_from_env sets cuda:N)
-        self.store = None                             # elastic launches: the job's store (membership views)
+        self.keep_tensors = False  # CPU torch tensors take that path too (to test it on CPU)
+        self.local_rank = 0  # torchrun's LOCAL_RANK: which GPU of the node is this rank's
+        self.device = "cpu"  # where this rank's tensors live (init_from_env sets cuda:N)
+        self.store = None  # elastic launches: the job's store (membership views)
         self.ledger = Ledger(rank, header_bytes=fingerprint.HEADER_BYTES if fingerprints else 0)
         self.current_phase = ""
-        self.ops = 0                                   # communication calls started so far
-        self.calls: dict[tuple, int] = {}             # group ranks -> collectives on it so far
-        self.sent: dict[int, int] = {}                # peer -> point-to-point messages sent to it
-        self.received: dict[int, int] = {}            # peer -> point-to-point messages received from it
+        self.ops = 0  # communication calls started so far
+        self.calls: dict[tuple, int] = {}  # group ranks -> collectives on it so far
+        self.sent: dict[int, int] = {}  # peer -> point-to-point messages sent to it
+        self.received: dict[int, int] = {}  # peer -> point-to-point messages received from it
         self.faults = [f for f in faults if f.rank == rank]
 
     def reform(self, members, epoch: int, renumber: bool = False) -> None:
@@ -111,7 +112,7 @@ class CommBase:
         so that a mesh of ``world`` ranks can be built on any survivors, while ``slot`` stays what the launch, the
         store and the fabric call this process; every peer is addressed by its new number."""
         members = tuple(members)
-        self.transport.reform(epoch, members, self.slot)      # torch: a fresh group among them; fabric: its channels
+        self.transport.reform(epoch, members, self.slot)  # torch: a fresh group among them; fabric: its channels
         if renumber:
             if self.slot not in members:
                 raise UsageError(f"reform: slot {self.slot} is not among the members {list(members)}", "members")
@@ -133,6 +134,7 @@ class CommBase:
         start (the local fabric's link clock): a link that degrades or recovers mid-run. A real network (the torch
         backend) is what it is: nothing changes there."""
         from netmorph.runtime.links import link_cost
+
         clock = getattr(self.transport, "clock", None)
         if clock is not None:
             clock.cost = link_cost(topology)
@@ -160,8 +162,9 @@ class CommBase:
         ranks = list(ranks)
         bad = [r for r in ranks if not 0 <= r < self.world]
         if bad or len(set(ranks)) != len(ranks):
-            raise UsageError(f"new_group: {{ranks}} must be distinct members of 0..{self.world - 1}, got {ranks}",
-                             "ranks")
+            raise UsageError(
+                f"new_group: {{ranks}} must be distinct members of 0..{self.world - 1}, got {ranks}", "ranks"
+            )
         return Group(ranks)
 
     @contextmanager
@@ -209,16 +212,18 @@ class CommBase:
     # torch.distributed's all_reduce, reduce and broadcast work in one tensor; NCCL's take a send and a receive
     # buffer, and nccl-tests' first column times that form. Here a torch user's way: copy, then in place.
     # Comm runs each as its schedule's out-of-place case instead (no copy in front).
-    def all_reduce_into_tensor(self, output, input, op="sum", group: Group | None = None, algo: str = "auto",
-                               async_op: bool = False):
+    def all_reduce_into_tensor(
+        self, output, input, op="sum", group: Group | None = None, algo: str = "auto", async_op: bool = False
+    ):
         """``ncclAllReduce(sendbuff=input, recvbuff=output, ...)``: ``output`` gets the reduction of every
         rank's ``input``, which is only read."""
         out, _ = self._pair(output, input, "all_reduce_into_tensor")
         self._fill(out, input)
         return self.all_reduce(output, op, group, algo, async_op)
 
-    def reduce_into_tensor(self, output, input, dst: int, op="sum", group: Group | None = None,
-                           algo: str = "auto", async_op: bool = False):
+    def reduce_into_tensor(
+        self, output, input, dst: int, op="sum", group: Group | None = None, algo: str = "auto", async_op: bool = False
+    ):
         """``ncclReduce(sendbuff=input, recvbuff=output, ..., root=dst)``: ``dst``'s ``output`` gets the
         reduction; every other rank's ``output`` is left as it was (NCCL uses recvbuff only on the root)."""
         out, inp = self._pair(output, input, "reduce_into_tensor")
@@ -227,8 +232,9 @@ class CommBase:
         self.reduce(work, dst, op, group, algo)
         return CompletedWork() if async_op else output
 
-    def broadcast_into_tensor(self, output, input, src: int, group: Group | None = None, algo: str = "auto",
-                              async_op: bool = False):
+    def broadcast_into_tensor(
+        self, output, input, src: int, group: Group | None = None, algo: str = "auto", async_op: bool = False
+    ):
         """``ncclBroadcast(sendbuff=input, recvbuff=output, ..., root=src)``: every ``output`` gets ``src``'s
         ``input`` (only the root's is read; the others may pass None)."""
         out, _ = self._pair(output, input, "broadcast_into_tensor", optional=self.rank != src)
@@ -243,8 +249,11 @@ class CommBase:
             return out, None
         inp = self._buf(input)
         if len(inp) != len(out) or inp.dtype != out.dtype:
-            raise UsageError(f"{name}: {{input}} must match the output's {len(out)} elements of {out.dtype}, got "
-                             f"{len(inp)} of {inp.dtype}", "input")
+            raise UsageError(
+                f"{name}: {{input}} must match the output's {len(out)} elements of {out.dtype}, got "
+                f"{len(inp)} of {inp.dtype}",
+                "input",
+            )
         return out, inp
 
     def _fill(self, out, input) -> None:
@@ -268,7 +277,7 @@ class CommBase:
         t = time.perf_counter()
         self.ledger.add(self.rank, dst, nbytes(a), seq, 0, self.current_phase, "send", "p2p", t, t)
         work = self.transport.isend(a, self.wire(dst), self._p2p_fp(self.sent, dst, a, (self.rank, dst)))
-        work.keep = tensor                    # the memory stays alive until the send completes
+        work.keep = tensor  # the memory stays alive until the send completes
         return work
 
     def irecv(self, tensor, src: int):
@@ -287,8 +296,9 @@ class CommBase:
         if self.peers is None:
             return self.transport.recv_any(a, srcs, lambda src: self._p2p_fp(self.received, src, a, (src, self.rank)))
         rank = {self.wire(r): r for r in srcs}
-        got = self.transport.recv_any(a, list(rank), lambda s: self._p2p_fp(self.received, rank[s], a,
-                                                                            (rank[s], self.rank)))
+        got = self.transport.recv_any(
+            a, list(rank), lambda s: self._p2p_fp(self.received, rank[s], a, (rank[s], self.rank))
+        )
         return rank[got]
 
     # ------------------------------------------------------------ internals

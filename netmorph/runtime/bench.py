@@ -34,17 +34,17 @@ from netmorph.runtime.launch import launch
 from netmorph.schedule import REDOPS
 from netmorph.units import numpy_dtype
 
-SPLIT = ("allgather", "reduce_scatter", "alltoall")       # a per-rank count, as nccl-tests sizes them
+SPLIT = ("allgather", "reduce_scatter", "alltoall")  # a per-rank count, as nccl-tests sizes them
 
 
 @dataclass
 class Case:
     op: str
-    algo: str          # an algorithm name, "auto", or "native" (torch.distributed's own)
+    algo: str  # an algorithm name, "auto", or "native" (torch.distributed's own)
     nbytes: int
     redop: str = "sum"  # nccl-tests' -o
-    root: int = 0       # nccl-tests' -r (broadcast, reduce)
-    check: int = 1      # nccl-tests' -c: checked runs after the timed ones (0: none)
+    root: int = 0  # nccl-tests' -r (broadcast, reduce)
+    check: int = 1  # nccl-tests' -c: checked runs after the timed ones (0: none)
     dtype: str = "float32"
 
 
@@ -85,7 +85,7 @@ def _inputs(op, p, rank, count, dtype, redop="sum", root=0):
         return _contribution(redop, rank, p, count, dtype), _reduced(redop, p, count, dtype)
     if op == "reduce_scatter":
         full = _reduced(redop, p, count * p, dtype)
-        return _contribution(redop, rank, p, count * p, dtype), full[rank * count:(rank + 1) * count]
+        return _contribution(redop, rank, p, count * p, dtype), full[rank * count : (rank + 1) * count]
     if op == "broadcast":
         want = _pattern(root, count, dtype)
         return (want.copy() if rank == root else np.zeros(count, dtype)), want
@@ -113,10 +113,10 @@ class _Buffers:
         self.c, self.in_place = c, in_place
         if c.op == "allgather":
             self.out = comm.alloc(n * p, x.dtype)
-            self.x = self.out[me * n:(me + 1) * n] if in_place else comm.alloc(n, x.dtype)
+            self.x = self.out[me * n : (me + 1) * n] if in_place else comm.alloc(n, x.dtype)
         elif c.op == "reduce_scatter":
             self.x = comm.alloc(n, x.dtype)
-            self.out = self.x[me * (n // p):(me + 1) * (n // p)] if in_place else comm.alloc(n // p, x.dtype)
+            self.out = self.x[me * (n // p) : (me + 1) * (n // p)] if in_place else comm.alloc(n // p, x.dtype)
         elif c.op == "alltoall":
             self.x = comm.alloc(n, x.dtype)
             self.out = self.x if in_place else comm.alloc(n, x.dtype)
@@ -132,7 +132,7 @@ class _Buffers:
     def run(self, comm) -> np.ndarray:
         c, x, out = self.c, self.x, self.out
         kw = {} if c.algo == "native" else {"algo": c.algo}
-        if c.op in ("allreduce", "reduce", "broadcast") and out is not x:     # out of place: NCCL's entries
+        if c.op in ("allreduce", "reduce", "broadcast") and out is not x:  # out of place: NCCL's entries
             if c.op == "allreduce":
                 comm.all_reduce_into_tensor(out, x, op=c.redop, **kw)
             elif c.op == "reduce":
@@ -149,7 +149,7 @@ class _Buffers:
             comm.all_gather_into_tensor(out, x, **kw)
         elif c.op == "reduce_scatter":
             comm.reduce_scatter_tensor(out, x, op=c.redop, **kw)
-        elif self.in_place:                     # all-to-all in place: through a scratch buffer
+        elif self.in_place:  # all-to-all in place: through a scratch buffer
             comm.all_to_all_single(self.scratch, x, **kw)
             x[:] = self.scratch
         else:
@@ -196,7 +196,7 @@ def _rank_fn(comm, cases, iters, warmup, places=(False, True)):
         length = count * comm.world if c.op in SPLIT and c.op != "allgather" else count
         row = []
         for in_place in places:
-            bufs = _Buffers(comm, c, np.zeros(length, dtype), in_place)    # timed on zeros: no overflow
+            bufs = _Buffers(comm, c, np.zeros(length, dtype), in_place)  # timed on zeros: no overflow
             t = _time(comm, bufs, iters, warmup)
             row += [t, _wrong(comm, c, bufs, count, dtype)]
             comm.free_all()
@@ -204,8 +204,16 @@ def _rank_fn(comm, cases, iters, warmup, places=(False, True)):
     return out
 
 
-def measure(cases, world: int, backend: str = "local", iters: int = 20, warmup: int = 1,
-            timeout: float = 30.0, fingerprints: bool = True, in_place_only: bool = False):
+def measure(
+    cases,
+    world: int,
+    backend: str = "local",
+    iters: int = 20,
+    warmup: int = 1,
+    timeout: float = 30.0,
+    fingerprints: bool = True,
+    in_place_only: bool = False,
+):
     """Run every case on ``world`` ranks; one dict per case: nccl-tests' columns for out of place (``time_s``,
     ``algbw_gbps``, ``busbw_gbps``, ``wrong``: the slowest rank's mean time; -1 wrong: not checked) and
     the same under ``in_place_``. ``in_place_only``: time the in-place call alone (what a trainer's
@@ -213,10 +221,19 @@ def measure(cases, world: int, backend: str = "local", iters: int = 20, warmup: 
     per-message call check."""
     # torch-native is the baseline netmorph is measured against: torch's collectives as production runs
     # them, without TORCH_DISTRIBUTED_DEBUG=DETAIL's extra check of every call
-    results = launch(_rank_fn, world, cases, iters, warmup, (True,) if in_place_only else (False, True),
-                     backend=backend, timeout=timeout, fingerprints=fingerprints and backend != "torch-native")
+    results = launch(
+        _rank_fn,
+        world,
+        cases,
+        iters,
+        warmup,
+        (True,) if in_place_only else (False, True),
+        backend=backend,
+        timeout=timeout,
+        fingerprints=fingerprints and backend != "torch-native",
+    )
     times = [[max(r[k][j] for r in results) for j in (0, 2)] for k in range(len(cases))]
-    wrongs = [[results[0][k][j] for j in (1, 3)] for k in range(len(cases))]     # summed over ranks already
+    wrongs = [[results[0][k][j] for j in (1, 3)] for k in range(len(cases))]  # summed over ranks already
     return _rows(cases, times, wrongs, world, backend)
 
 
@@ -238,12 +255,22 @@ def _rows(cases, times, wrongs, world, backend):
     for c, (t_out, t_in), (w_out, w_in) in zip(cases, times, wrongs):
         dtype = numpy_dtype(c.dtype)
         count, size = counts(c.op, c.nbytes, dtype.itemsize, world)
-        row = {"op": c.op, "algo": c.algo, "backend": backend if c.algo != "native" else "torch-native",
-               "world": world, "bytes": size, "count": count, "type": c.dtype, "redop": c.redop, "root": c.root}
+        row = {
+            "op": c.op,
+            "algo": c.algo,
+            "backend": backend if c.algo != "native" else "torch-native",
+            "world": world,
+            "bytes": size,
+            "count": count,
+            "type": c.dtype,
+            "redop": c.redop,
+            "root": c.root,
+        }
         for key, t, wrong in (("", t_out, w_out), ("in_place_", t_in, w_in)):
             algbw, busbw = bandwidths(c.op, size, t, world)
-            row.update({f"{key}time_s": t, f"{key}algbw_gbps": algbw, f"{key}busbw_gbps": busbw,
-                        f"{key}wrong": int(wrong)})
+            row.update(
+                {f"{key}time_s": t, f"{key}algbw_gbps": algbw, f"{key}busbw_gbps": busbw, f"{key}wrong": int(wrong)}
+            )
         rows.append(row)
     return rows
 

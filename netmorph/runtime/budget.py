@@ -15,10 +15,10 @@ import os
 
 from netmorph.errors import UsageError
 
-FLOPS_PER_CORE = 50e9            # float32 FLOP/s a rank's matmuls reach on one core here (measured 20-50 G)
+FLOPS_PER_CORE = 50e9  # float32 FLOP/s a rank's matmuls reach on one core here (measured 20-50 G)
 RANK_OVERHEAD_BYTES = 300 << 20  # a forked rank with torch imported: ~250 MB resident, measured
-STEP_OVERHEAD_S = 2e-3           # per microbatch and stage: Python, autograd and the fabric's calls
-MAX_SECONDS = 3600.0             # a laptop run, not a cluster job
+STEP_OVERHEAD_S = 2e-3  # per microbatch and stage: Python, autograd and the fabric's calls
+MAX_SECONDS = 3600.0  # a laptop run, not a cluster job
 # seconds a step or an update takes here, about half of what 2 cores measured (a generous estimate lets a run near
 # the limit through): netmorph elastic's GPT job 15 ms a step on 2 workers and its least squares 0.3 ms; an SGD
 # update of the MLP 0.9 ms, of the linear models 0.1 ms with 2 workers and 0.28 ms with 4 (netmorph sgd
@@ -26,7 +26,7 @@ MAX_SECONDS = 3600.0             # a laptop run, not a cluster job
 ELASTIC_STEP_S = {"gpt": 8e-3, "lsq": 1.5e-4}
 SGD_UPDATE_S = {"mlp": 4e-4}
 SGD_UPDATE_DEFAULT_S = 1e-4
-MEMORY_SHARE = 0.8               # of physical memory
+MEMORY_SHARE = 0.8  # of physical memory
 
 
 def cores() -> int:
@@ -49,21 +49,41 @@ def check(memory_bytes: float, seconds: float, what: str, memory_flags: str, tim
     :data:`MAX_SECONDS`."""
     limit = MEMORY_SHARE * physical_memory()
     if memory_bytes > limit:
-        raise UsageError(f"{what} needs about {memory_bytes / 2**30:,.1f} GiB, more than {limit / 2**30:.1f} GiB "
-                         f"({MEMORY_SHARE:.0%} of this machine's memory); lower {memory_flags}")
+        raise UsageError(
+            f"{what} needs about {memory_bytes / 2**30:,.1f} GiB, more than {limit / 2**30:.1f} GiB "
+            f"({MEMORY_SHARE:.0%} of this machine's memory); lower {memory_flags}"
+        )
     if seconds > MAX_SECONDS:
-        raise UsageError(f"{what} would take about {_fmt_s(seconds)} on this machine ({cores()} cores), more than "
-                         f"{_fmt_s(MAX_SECONDS)}; lower {time_flags}")
+        raise UsageError(
+            f"{what} would take about {_fmt_s(seconds)} on this machine ({cores()} cores), more than "
+            f"{_fmt_s(MAX_SECONDS)}; lower {time_flags}"
+        )
 
 
 def ranks(n: int) -> str:
     return f"{n} rank{'s' if n != 1 else ''}"
 
 
-def training(*, params_per_rank: float, active_params: float, layers: int, hidden: int, heads: int, seq: int,
-             vocab: int, micro_batch: int, microbatches: int, steps: int, world: int, tp: int = 1, pp: int = 1,
-             itemsize: int = 4, in_flight: int | None = None, extra_bytes_per_rank: float = 0.0,
-             data_bytes: float = 0.0) -> tuple[float, float]:
+def training(
+    *,
+    params_per_rank: float,
+    active_params: float,
+    layers: int,
+    hidden: int,
+    heads: int,
+    seq: int,
+    vocab: int,
+    micro_batch: int,
+    microbatches: int,
+    steps: int,
+    world: int,
+    tp: int = 1,
+    pp: int = 1,
+    itemsize: int = 4,
+    in_flight: int | None = None,
+    extra_bytes_per_rank: float = 0.0,
+    data_bytes: float = 0.0,
+) -> tuple[float, float]:
     """(bytes, seconds) of a model trained on ``world`` local ranks, each holding ``params_per_rank`` with
     Adam (weights, grads, m, v), the activations of the microbatches it holds, its data (``data_bytes``: what
     the data loader holds, :func:`netmorph.models.gpt.synthetic_data_bytes`) and itself; FLOPs
@@ -79,15 +99,23 @@ def training(*, params_per_rank: float, active_params: float, layers: int, hidde
     return memory, seconds
 
 
-def serving(*, params: float, layers: int, hidden: int, kv_slots: int, ranks: int, prompt_tokens: float,
-            output_tokens: float, max_seqs: int) -> tuple[float, float]:
+def serving(
+    *,
+    params: float,
+    layers: int,
+    hidden: int,
+    kv_slots: int,
+    ranks: int,
+    prompt_tokens: float,
+    output_tokens: float,
+    max_seqs: int,
+) -> tuple[float, float]:
     """(bytes, seconds) of serving a workload: float64 weights and the K/V cache of ``kv_slots`` token
     slots on each rank; each generated token 2·params FLOPs, prompts once, and one iteration per output
     token of the busiest batch (Python and the scheduler's per-iteration cost)."""
     memory = ranks * (8 * params + 2 * 8 * layers * hidden * kv_slots + RANK_OVERHEAD_BYTES)
     iterations = output_tokens / max(1, max_seqs) + 1
-    seconds = (2 * params * (prompt_tokens + output_tokens) / FLOPS_PER_CORE
-               + iterations * STEP_OVERHEAD_S * layers)
+    seconds = 2 * params * (prompt_tokens + output_tokens) / FLOPS_PER_CORE + iterations * STEP_OVERHEAD_S * layers
     return memory, seconds
 
 

@@ -21,6 +21,7 @@ from netmorph.units import numpy_dtype
 def _numpy_dtype(torch_dtype):
     """numpy's dtype for a torch dtype (bfloat16: ml_dtypes'), or None where there is none."""
     import torch
+
     if torch_dtype == torch.bfloat16:
         return numpy_dtype("bfloat16")
     try:
@@ -54,7 +55,7 @@ def same_memory(a, b) -> bool:
 
 def is_float(a) -> bool:
     if isinstance(a, np.ndarray):
-        return a.dtype.kind == "f" or a.dtype.name == "bfloat16"      # ml_dtypes' bfloat16 is kind V
+        return a.dtype.kind == "f" or a.dtype.name == "bfloat16"  # ml_dtypes' bfloat16 is kind V
     return a.is_floating_point()
 
 
@@ -64,8 +65,9 @@ def as_array(t) -> np.ndarray:
         arr = t
     elif hasattr(t, "numpy") and hasattr(t, "is_contiguous"):
         if t.device.type != "cpu":
-            raise UsageError("the local fabric works on CPU tensors; use backend='torch' (NCCL) for GPU tensors",
-                             "tensor")
+            raise UsageError(
+                "the local fabric works on CPU tensors; use backend='torch' (NCCL) for GPU tensors", "tensor"
+            )
         if not t.is_contiguous():
             raise UsageError("tensor must be contiguous (call .contiguous() first)", "tensor")
         arr = _view(t)
@@ -82,8 +84,11 @@ def _view(t) -> np.ndarray:
     as long as the view is in use (a collective's duration; an ``isend`` until its ``wait``)."""
     dtype = _numpy_dtype(t.dtype)
     if dtype is None:
-        raise UsageError(f"{t.dtype} has no numpy type to reduce with on the local fabric; use backend='torch' "
-                         f"(torch reduces it) or a float16/bfloat16/float32 tensor", "tensor")
+        raise UsageError(
+            f"{t.dtype} has no numpy type to reduce with on the local fabric; use backend='torch' "
+            f"(torch reduces it) or a float16/bfloat16/float32 tensor",
+            "tensor",
+        )
     n = t.numel() * dtype.itemsize
     if n == 0:
         return np.empty(0, dtype)

@@ -50,8 +50,15 @@ class Comm(CommBase):
     ``tuner_topology``: the :class:`~netmorph.cost.topology.Topology` ``algo="auto"`` tunes for.
     """
 
-    def __init__(self, transport, rank: int, world: int, faults=(), tuner_topology: Topology | None = None,
-                 fingerprints: bool = True):
+    def __init__(
+        self,
+        transport,
+        rank: int,
+        world: int,
+        faults=(),
+        tuner_topology: Topology | None = None,
+        fingerprints: bool = True,
+    ):
         super().__init__(transport, rank, world, faults, fingerprints)
         self.tuner_topology = tuner_topology or PRESETS["local-shm"]
 
@@ -60,20 +67,39 @@ class Comm(CommBase):
             return auto_algo(op, p, nbytes, itemsize, self.tuner_topology)
         return check_algo(op, algo, also=("auto",))
 
-    def _run(self, op, algo, g: Group, count, like, regions, redop="sum", root=0, splits=None,
-             uneven=False, in_place=True):
+    def _run(
+        self, op, algo, g: Group, count, like, regions, redop="sum", root=0, splits=None, uneven=False, in_place=True
+    ):
         """Run collective ``op`` on ``regions`` (arrays or tensors like ``like``: its dtype and itemsize);
         ``in_place=False``: the schedule's out-of-place case, its send buffer the region after the workspace."""
         seq = self._begin()
         itemsize, arr_dtype = like.itemsize, like.dtype
-        call = Call(op, self._algo(op, algo, g.size(), count * itemsize, itemsize), g.size(), count, itemsize,
-                    root, splits, in_place=in_place)
+        call = Call(
+            op,
+            self._algo(op, algo, g.size(), count * itemsize, itemsize),
+            g.size(),
+            count,
+            itemsize,
+            root,
+            splits,
+            in_place=in_place,
+        )
         # the fingerprint says avg (a rank dividing by p must not meet one that does not); the wire sums
-        fp = self._collective_fp(op, call.algo, g, fingerprint.UNEVEN if uneven else count, arr_dtype, root,
-                                 redop)
+        fp = self._collective_fp(op, call.algo, g, fingerprint.UNEVEN if uneven else count, arr_dtype, root, redop)
         ufunc = REDOPS["sum" if redop == "avg" else redop]
-        interpret(self.transport, self.ledger, call, g.ranks, g.index[self.rank], regions, ufunc, seq,
-                  self.current_phase, fp, self.peers)
+        interpret(
+            self.transport,
+            self.ledger,
+            call,
+            g.ranks,
+            g.index[self.rank],
+            regions,
+            ufunc,
+            seq,
+            self.current_phase,
+            fp,
+            self.peers,
+        )
         return call.algo
 
     # ------------------------------------------------------------ collectives
@@ -89,8 +115,9 @@ class Comm(CommBase):
                 a /= g.size()
         return CompletedWork() if async_op else tensor
 
-    def reduce(self, tensor, dst: int, op="sum", group: Group | None = None, algo: str = "auto",
-               async_op: bool = False):
+    def reduce(
+        self, tensor, dst: int, op="sum", group: Group | None = None, algo: str = "auto", async_op: bool = False
+    ):
         """Only ``dst`` (a global rank) gets the result; other ranks' tensors are left unchanged."""
         a = self._buf(tensor)
         g = self._group(group)
@@ -111,8 +138,9 @@ class Comm(CommBase):
         return CompletedWork() if async_op else tensor
 
     # ------------------------------------------------------------ out of place: the schedule's own case
-    def all_reduce_into_tensor(self, output, input, op="sum", group: Group | None = None, algo: str = "auto",
-                               async_op: bool = False):
+    def all_reduce_into_tensor(
+        self, output, input, op="sum", group: Group | None = None, algo: str = "auto", async_op: bool = False
+    ):
         """Out of place, as ``ncclAllReduce(sendbuff=input, recvbuff=output, ...)``: the schedule's first
         round reads ``input`` and writes ``output`` (:func:`netmorph.schedule.out_of_place`), so no copy
         runs in front of it; ``input`` is only read. (torch's ``all_reduce`` is in place, and so is ours.)"""
@@ -127,8 +155,9 @@ class Comm(CommBase):
             out /= g.size()
         return CompletedWork() if async_op else output
 
-    def reduce_into_tensor(self, output, input, dst: int, op="sum", group: Group | None = None,
-                           algo: str = "auto", async_op: bool = False):
+    def reduce_into_tensor(
+        self, output, input, dst: int, op="sum", group: Group | None = None, algo: str = "auto", async_op: bool = False
+    ):
         """Out of place, as ``ncclReduce(sendbuff=input, recvbuff=output, ..., root=dst)``: ``dst``'s output
         gets the reduction, the others' outputs stay as they were (NCCL uses recvbuff on the root only)."""
         out, inp = self._pair(output, input, "reduce_into_tensor")
@@ -136,15 +165,15 @@ class Comm(CommBase):
         op = _redop(op, out)
         if g.size() == 1 or same_memory(out, inp) or not len(out):
             return super().reduce_into_tensor(output, input, dst, op, group, algo, async_op)
-        work = out if self.rank == dst else empty_like(out, len(out))     # a non-root's partial sums
-        self._run("reduce", algo, g, len(out), out, [(0, work), (len(out), inp)], op, root=g.index[dst],
-                  in_place=False)
+        work = out if self.rank == dst else empty_like(out, len(out))  # a non-root's partial sums
+        self._run("reduce", algo, g, len(out), out, [(0, work), (len(out), inp)], op, root=g.index[dst], in_place=False)
         if op == "avg" and self.rank == dst:
             out /= g.size()
         return CompletedWork() if async_op else output
 
-    def broadcast_into_tensor(self, output, input, src: int, group: Group | None = None, algo: str = "auto",
-                              async_op: bool = False):
+    def broadcast_into_tensor(
+        self, output, input, src: int, group: Group | None = None, algo: str = "auto", async_op: bool = False
+    ):
         """Out of place, as ``ncclBroadcast(sendbuff=input, recvbuff=output, ..., root=src)``: the root
         sends from ``input`` (and copies it into its own output, as NCCL's root does); the others may pass
         None for ``input``."""
@@ -153,21 +182,31 @@ class Comm(CommBase):
         g = self._group(group)
         if g.size() == 1 or (root and same_memory(out, inp)) or not len(out):
             return super().broadcast_into_tensor(output, input, src, group, algo, async_op)
-        self._run("broadcast", algo, g, len(out), out, [(0, out)] + ([(len(out), inp)] if root else []),
-                  root=g.index[src], in_place=False)
+        self._run(
+            "broadcast",
+            algo,
+            g,
+            len(out),
+            out,
+            [(0, out)] + ([(len(out), inp)] if root else []),
+            root=g.index[src],
+            in_place=False,
+        )
         return CompletedWork() if async_op else output
 
-    def all_gather_into_tensor(self, output, input, group: Group | None = None, algo: str = "auto",
-                               async_op: bool = False):
+    def all_gather_into_tensor(
+        self, output, input, group: Group | None = None, algo: str = "auto", async_op: bool = False
+    ):
         """``output`` (p·n elements) gets every rank's ``input`` (n elements) in rank order."""
         out, inp = self._buf(output), self._buf(input)
         g = self._group(group)
         p, me = g.size(), g.index[self.rank]
         if len(out) != p * len(inp):
-            raise UsageError(f"all_gather: {{output}} has {len(out)} elements, need world*input = {p * len(inp)}",
-                             "output")
+            raise UsageError(
+                f"all_gather: {{output}} has {len(out)} elements, need world*input = {p * len(inp)}", "output"
+            )
         n = len(inp)
-        out[me * n:(me + 1) * n] = inp
+        out[me * n : (me + 1) * n] = inp
         if p > 1:
             self._run("allgather", algo, g, len(out), out, [(0, out)])
         return CompletedWork() if async_op else output
@@ -178,32 +217,42 @@ class Comm(CommBase):
         flat = empty_like(inp, len(tensor_list) * len(inp))
         self.all_gather_into_tensor(flat, inp, group, algo)
         for i, t in enumerate(tensor_list):
-            self._buf(t)[:] = flat[i * len(inp):(i + 1) * len(inp)]
+            self._buf(t)[:] = flat[i * len(inp) : (i + 1) * len(inp)]
         return tensor_list
 
-    def reduce_scatter_tensor(self, output, input, op="sum", group: Group | None = None,
-                              algo: str = "auto", async_op: bool = False):
+    def reduce_scatter_tensor(
+        self, output, input, op="sum", group: Group | None = None, algo: str = "auto", async_op: bool = False
+    ):
         """``output`` (n elements) gets block ``rank`` of the reduction of every ``input`` (p·n)."""
         out, inp = self._buf(output), self._buf(input)
         g = self._group(group)
         op = _redop(op, out)
         p, me = g.size(), g.index[self.rank]
         if len(inp) != p * len(out):
-            raise UsageError(f"reduce_scatter: {{input}} has {len(inp)} elements, need world*output = "
-                             f"{p * len(out)}", "input")
+            raise UsageError(
+                f"reduce_scatter: {{input}} has {len(inp)} elements, need world*output = {p * len(out)}", "input"
+            )
         if p == 1:
             out[:] = inp
             return CompletedWork() if async_op else output
-        work = copy_of(inp)        # the schedule reduces in place; the caller's input stays intact
+        work = copy_of(inp)  # the schedule reduces in place; the caller's input stays intact
         self._run("reduce_scatter", algo, g, len(work), work, [(0, work)], op)
         n = len(out)
-        out[:] = work[me * n:(me + 1) * n]
+        out[:] = work[me * n : (me + 1) * n]
         if op == "avg":
             out /= p
         return CompletedWork() if async_op else output
 
-    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None,
-                          group: Group | None = None, algo: str = "auto", async_op: bool = False):
+    def all_to_all_single(
+        self,
+        output,
+        input,
+        output_split_sizes=None,
+        input_split_sizes=None,
+        group: Group | None = None,
+        algo: str = "auto",
+        async_op: bool = False,
+    ):
         """``torch.distributed.all_to_all_single``: block i of ``input`` goes to rank i.
 
         Split sizes are element counts along the flat tensor; every rank must pass
@@ -224,14 +273,17 @@ class Comm(CommBase):
             # counts before the tokens). Direct algorithms need only this rank's row and column.
             self.all_gather_into_tensor(table.reshape(-1), ins.copy(), group=g, algo="bruck")
             if not np.array_equal(table[:, me], outs):
-                raise UsageError(f"all_to_all_single: rank {self.rank} expects {outs.tolist()} elements from "
-                                 f"each rank but they send {table[:, me].tolist()}", "output_split_sizes")
+                raise UsageError(
+                    f"all_to_all_single: rank {self.rank} expects {outs.tolist()} elements from "
+                    f"each rank but they send {table[:, me].tolist()}",
+                    "output_split_sizes",
+                )
         elif not uneven:
             table[:] = ins[0]
         send_total = int(table[me].sum())
         splits = tuple(table.reshape(-1).tolist())
         regions = [(0, inp), (send_total, out)]
-        if algo == "bruck":     # forwarded blocks rest in a scratch region sized by the schedule
+        if algo == "bruck":  # forwarded blocks rest in a scratch region sized by the schedule
             s, _ = program(Call("alltoall", "bruck", p, len(inp), out.itemsize, 0, splits), me)
             regions.append((send_total + len(out), empty_like(out, int(s.buf_len[me]) - send_total - len(out))))
         self._run("alltoall", algo, g, len(inp), out, regions, splits=splits, uneven=uneven)
@@ -252,11 +304,11 @@ def _redop(op, a: np.ndarray) -> str:
 def _splits(sizes, n, p, name):
     if sizes is None:
         if n % p:
-            raise UsageError(f"all_to_all_single: {n} elements do not split evenly over {p} ranks; pass {{{name}}}",
-                             name)
+            raise UsageError(
+                f"all_to_all_single: {n} elements do not split evenly over {p} ranks; pass {{{name}}}", name
+            )
         return np.full(p, n // p, dtype=np.int64)
     sizes = np.asarray(list(sizes), dtype=np.int64)
     if len(sizes) != p or (sizes < 0).any() or sizes.sum() != n:
         raise UsageError(f"all_to_all_single: {{{name}}} must be {p} non-negative counts summing to {n}", name)
     return sizes
-

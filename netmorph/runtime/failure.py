@@ -25,8 +25,8 @@ class RankFailure:
     message: str = ""
     traceback: str = ""
     when: float = 0.0
-    blames: int | None = None       # the peer a PeerLost / PeerTimeout named (-1: unknown)
-    hung: bool = False              # it stopped answering (alive, silent, or stopped) and the launcher ended it
+    blames: int | None = None  # the peer a PeerLost / PeerTimeout named (-1: unknown)
+    hung: bool = False  # it stopped answering (alive, silent, or stopped) and the launcher ended it
     detected_by: int | None = None  # the rank whose timeout found it silent (None: the launcher's own grace)
 
     @property
@@ -67,10 +67,12 @@ def root_cause_first(failures: list[RankFailure]) -> list[RankFailure]:
     """Root cause first: real failures and silent ranks by the time they were found (a rank its peers found
     silent before another diagnosis came in is that diagnosis' cause; one the launcher terminated after a
     real failure is found later), then those that only lost a peer."""
+
     def key(f):
         # a rank that only read a mismatch another rank published: after the one that detected it
         echo = f.exc_type == "CollectiveMismatch" and f"rank {f.rank} is in" not in f.message
         return (f.consequence, echo, f.when, f.rank)
+
     fs = sorted(failures, key=key)
     if fs and fs[0].consequence:
         # everyone only saw a lost peer: the most-blamed rank is the root cause
@@ -87,18 +89,26 @@ def root_cause_first(failures: list[RankFailure]) -> list[RankFailure]:
 def limit_error(e: OSError | MemoryError, world: int) -> UsageError | OSError:
     """A limit of this process that starting ``world`` ranks ran into, as one line naming it (the limit,
     its value, the shell command that raises it); any other OSError as it is."""
+
     def limit(which):
         soft = resource.getrlimit(which)[0]
         return "unlimited" if soft == resource.RLIM_INFINITY else f"{soft:,}"
+
     code = getattr(e, "errno", None)
     if isinstance(e, MemoryError) or code == errno.ENOMEM:
-        return UsageError(f"starting {world} ranks: the local fabric's shared mapping needs more address space than "
-                          f"this process may have (RLIMIT_AS {limit(resource.RLIMIT_AS)} B: raise ulimit -v, or run "
-                          f"fewer ranks)")
+        return UsageError(
+            f"starting {world} ranks: the local fabric's shared mapping needs more address space than "
+            f"this process may have (RLIMIT_AS {limit(resource.RLIMIT_AS)} B: raise ulimit -v, or run "
+            f"fewer ranks)"
+        )
     if code in (errno.EMFILE, errno.ENFILE):
-        return UsageError(f"starting {world} ranks: out of file descriptors (RLIMIT_NOFILE "
-                          f"{limit(resource.RLIMIT_NOFILE)}: raise ulimit -n, or run fewer ranks)")
+        return UsageError(
+            f"starting {world} ranks: out of file descriptors (RLIMIT_NOFILE "
+            f"{limit(resource.RLIMIT_NOFILE)}: raise ulimit -n, or run fewer ranks)"
+        )
     if code == errno.EAGAIN:
-        return UsageError(f"starting {world} ranks: the system refused another process (RLIMIT_NPROC "
-                          f"{limit(resource.RLIMIT_NPROC)}: raise ulimit -u, or run fewer ranks)")
+        return UsageError(
+            f"starting {world} ranks: the system refused another process (RLIMIT_NPROC "
+            f"{limit(resource.RLIMIT_NPROC)}: raise ulimit -u, or run fewer ranks)"
+        )
     return e

@@ -27,7 +27,7 @@ class Fault:
         if kind not in self.KINDS:
             raise UsageError(f"fault {{kind}} must be one of {', '.join(self.KINDS)}, got {kind!r}", "kind")
         self.kind, self.rank, self.at_op, self.seconds = kind, rank, at_op, seconds
-        self.before = before              # called as the fault fires (to stamp its time where others read it)
+        self.before = before  # called as the fault fires (to stamp its time where others read it)
 
     def trigger(self, op_number: int) -> None:
         if op_number != self.at_op:

@@ -32,9 +32,9 @@ class Call(NamedTuple):
     count: int
     itemsize: int
     root: int = 0
-    splits: tuple | None = None          # all-to-all: the flattened (world, world) element table
+    splits: tuple | None = None  # all-to-all: the flattened (world, world) element table
     options: tuple = ()
-    in_place: bool = True                # False: the out-of-place case (a send buffer after the workspace)
+    in_place: bool = True  # False: the out-of-place case (a send buffer after the workspace)
 
 
 @lru_cache(maxsize=256)
@@ -62,11 +62,12 @@ class Workspace:
         lo = off - self.starts[i]
         if lo + n > len(a):
             raise AssertionError("segment crosses a workspace region")
-        return a[lo:lo + n]
+        return a[lo : lo + n]
 
 
-def interpret(transport, ledger, call: Call, ranks, me: int, regions, ufunc, seq: int, phase: str,
-              fp=None, peers=None) -> None:
+def interpret(
+    transport, ledger, call: Call, ranks, me: int, regions, ufunc, seq: int, phase: str, fp=None, peers=None
+) -> None:
     """Run schedule rank ``me``'s program of ``call``; schedule rank i is global rank ``ranks[i]``, which the
     transport calls ``peers[ranks[i]]`` (a renumbered communicator: ``CommBase.reform``; None: the same).
     ``fp``: the call's fingerprint, carried by every message (None: no headers)."""
@@ -76,10 +77,15 @@ def interpret(transport, ledger, call: Call, ranks, me: int, regions, ufunc, seq
     isz = call.itemsize
     slot = ranks if peers is None else [peers[r] for r in ranks]
     for rr in prog:
-        sends = [(slot[m.peer], [ws.view(o, n) for o, n in zip(m.offs.tolist(), m.lens.tolist())])
-                 for m in rr.sends]
-        recvs = [(slot[m.peer], [ws.view(o, n) for o, n in zip(m.offs.tolist(), m.lens.tolist())],
-                  m.reduce.tolist() if m.acc is None else _flags(ws, m)) for m in rr.recvs]
+        sends = [(slot[m.peer], [ws.view(o, n) for o, n in zip(m.offs.tolist(), m.lens.tolist())]) for m in rr.sends]
+        recvs = [
+            (
+                slot[m.peer],
+                [ws.view(o, n) for o, n in zip(m.offs.tolist(), m.lens.tolist())],
+                m.reduce.tolist() if m.acc is None else _flags(ws, m),
+            )
+            for m in rr.recvs
+        ]
         t0 = time.perf_counter()
         transport.run_round(sends, recvs, ufunc, rr.overlap, fp)
         t1 = time.perf_counter()
@@ -92,5 +98,4 @@ def interpret(transport, ledger, call: Call, ranks, me: int, regions, ufunc, seq
 def _flags(ws: Workspace, m) -> list:
     """Per segment of a receive: False (copy), True (reduce into the destination) or the accumulator's
     view (reduce it with the incoming data into the destination: out of place)."""
-    return [ws.view(a, n) if a >= 0 else bool(r)
-            for a, n, r in zip(m.acc.tolist(), m.lens.tolist(), m.reduce.tolist())]
+    return [ws.view(a, n) if a >= 0 else bool(r) for a, n, r in zip(m.acc.tolist(), m.lens.tolist(), m.reduce.tolist())]

@@ -42,7 +42,7 @@ class Ledger:
     def __init__(self, rank: int = -1, records=None, header_bytes: int = 0):
         self.rank = rank
         self.records = list(records or [])
-        self.header_bytes = header_bytes      # per message on the wire, beside its payload
+        self.header_bytes = header_bytes  # per message on the wire, beside its payload
 
     def add(self, src, dst, nbytes, seq, rnd, phase, op, algo, t0, t1) -> None:
         self.records.append(Record(src, dst, int(nbytes), seq, rnd, phase, op, algo, t0, t1))
@@ -88,8 +88,10 @@ class Ledger:
         for ph, d in sorted(self.by_phase().items()):
             lines.append(f"{ph:<20} {d['messages']:>9} {d['bytes']:>15,}")
         if self.header_bytes:
-            lines.append(f"{'+ fingerprints':<20} {'':>9} {self.overhead_bytes:>15,}  "
-                         f"({self.header_bytes} B per message, not in the payload counts)")
+            lines.append(
+                f"{'+ fingerprints':<20} {'':>9} {self.overhead_bytes:>15,}  "
+                f"({self.header_bytes} B per message, not in the payload counts)"
+            )
         return "\n".join(lines)
 
     def chrome_trace(self) -> dict:
@@ -98,10 +100,26 @@ class Ledger:
         events = []
         for r in self.records:
             src, dst, nb, seq, rnd, phase, op, algo, t0, t1 = r
-            events.append({"name": f"{op} -> {dst}", "cat": phase or op, "ph": "X", "pid": 0, "tid": src,
-                           "ts": (t0 - t_min) * 1e6, "dur": max((t1 - t0) * 1e6, 0.01),
-                           "args": {"src": src, "dst": dst, "bytes": nb, "seq": seq, "round": rnd,
-                                    "phase": phase, "algo": algo}})
+            events.append(
+                {
+                    "name": f"{op} -> {dst}",
+                    "cat": phase or op,
+                    "ph": "X",
+                    "pid": 0,
+                    "tid": src,
+                    "ts": (t0 - t_min) * 1e6,
+                    "dur": max((t1 - t0) * 1e6, 0.01),
+                    "args": {
+                        "src": src,
+                        "dst": dst,
+                        "bytes": nb,
+                        "seq": seq,
+                        "round": rnd,
+                        "phase": phase,
+                        "algo": algo,
+                    },
+                }
+            )
         for rank in sorted({r.src for r in self.records}):
             events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": rank, "args": {"name": f"rank {rank}"}})
         return {"traceEvents": events, "displayTimeUnit": "ns"}

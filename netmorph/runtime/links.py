@@ -31,4 +31,5 @@ def link_cost(topology=None, slow_links=None):
         if topology.flat or node_of(s, topology.gpus_per_node) == node_of(d, topology.gpus_per_node):
             return topology.alpha, topology.beta
         return topology.alpha_inter, topology.beta_inter
+
     return cost

@@ -39,7 +39,7 @@ def _rank(name, p, r, n, iters, warmup, times, in_place):
     shm = shared_memory.SharedMemory(name=name)
     views = []
     try:
-        flat = np.ndarray((2 * p, n), np.float32, buffer=shm.buf)      # rows: p send buffers, p receive buffers
+        flat = np.ndarray((2 * p, n), np.float32, buffer=shm.buf)  # rows: p send buffers, p receive buffers
         flags = np.ndarray((p,), np.int64, buffer=shm.buf, offset=2 * p * n * 4)
         views += [flat, flags]
         send, recv = flat[:p], (flat[:p] if in_place else flat[p:])
@@ -53,33 +53,34 @@ def _rank(name, p, r, n, iters, warmup, times, in_place):
                 gen += 1
                 _barrier(flags, r, gen)
                 t0 = time.perf_counter()
-            for a in range(lo, hi, step):                               # reduce-scatter: block r of every send
+            for a in range(lo, hi, step):  # reduce-scatter: block r of every send
                 e = min(a + step, hi)
                 d = recv[r, a:e]
-                if in_place:                                            # x_r += every other rank's block
+                if in_place:  # x_r += every other rank's block
                     for q in range(p):
                         if q != r:
                             np.add(d, send[q, a:e], out=d)
-                else:                                                   # recv_r = send_0 + send_1 + ...
+                else:  # recv_r = send_0 + send_1 + ...
                     np.add(send[0, a:e], send[1, a:e], out=d)
                     for q in range(2, p):
                         np.add(d, send[q, a:e], out=d)
             gen += 1
             _barrier(flags, r, gen)
-            for q in range(p):                                          # all-gather: every other reduced block
+            for q in range(p):  # all-gather: every other reduced block
                 if q != r:
-                    recv[r, b[q]:b[q + 1]] = recv[q, b[q]:b[q + 1]]
+                    recv[r, b[q] : b[q + 1]] = recv[q, b[q] : b[q + 1]]
             gen += 1
             _barrier(flags, r, gen)
         times[r] = (time.perf_counter() - t0) / iters
     finally:
         del views[:]
-        send = recv = flat = flags = d = None          # no view of the mapping may outlive it
+        send = recv = flat = flags = d = None  # no view of the mapping may outlive it
         shm.close()
 
 
-def two_shot_bound(world: int, nbytes: int, iters: int = 10, warmup: int = 2, timeout: float = 120.0,
-                   in_place: bool = False) -> dict:
+def two_shot_bound(
+    world: int, nbytes: int, iters: int = 10, warmup: int = 2, timeout: float = 120.0, in_place: bool = False
+) -> dict:
     """``{"time_s", "algbw_gbps", "busbw_gbps"}`` of the two-shot all-reduce's memory work on ``world`` plain
     processes (``world`` >= 2, float32): out of place (a send and a receive buffer per rank), or with
     ``in_place`` in one buffer -- the same work without a third buffer to write, which on a CPU costs the
@@ -95,8 +96,10 @@ def two_shot_bound(world: int, nbytes: int, iters: int = 10, warmup: int = 2, ti
         np.ndarray((2 * world, n), np.float32, buffer=shm.buf)[:] = 1.0
         np.ndarray((world,), np.int64, buffer=shm.buf, offset=2 * world * n * 4)[:] = 0
         times = ctx.Array("d", world)
-        procs = [ctx.Process(target=_rank, args=(shm.name, world, r, n, iters, warmup, times, in_place))
-                 for r in range(world)]
+        procs = [
+            ctx.Process(target=_rank, args=(shm.name, world, r, n, iters, warmup, times, in_place))
+            for r in range(world)
+        ]
         for pr in procs:
             pr.start()
         for pr in procs:

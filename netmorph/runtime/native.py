@@ -19,7 +19,7 @@ from netmorph.runtime.buffers import copy_of
 from netmorph.runtime.transport import nbytes
 from netmorph.runtime.transport.tensors import dist_module, to_torch
 
-_NATIVE_OPS = {"sum": "SUM", "avg": "SUM", "prod": "PRODUCT", "max": "MAX", "min": "MIN"}   # gloo has no AVG
+_NATIVE_OPS = {"sum": "SUM", "avg": "SUM", "prod": "PRODUCT", "max": "MAX", "min": "MIN"}  # gloo has no AVG
 
 
 class NativeComm(CommBase):
@@ -28,8 +28,10 @@ class NativeComm(CommBase):
     def _native(self, name, nbytes, call):
         seq = self._begin()
         t0 = time.perf_counter()
-        self.transport.guard(-1, call)         # torch does not say which peer failed a collective
-        self.ledger.add(self.rank, -1, nbytes, seq, 0, self.current_phase, name, "torch-native", t0, time.perf_counter())
+        self.transport.guard(-1, call)  # torch does not say which peer failed a collective
+        self.ledger.add(
+            self.rank, -1, nbytes, seq, 0, self.current_phase, name, "torch-native", t0, time.perf_counter()
+        )
 
     def new_group(self, ranks):
         """``dist.new_group``: collective over the whole world -- every rank creates every group, in
@@ -52,9 +54,11 @@ class NativeComm(CommBase):
         if self._alone(group):
             return CompletedWork() if async_op else tensor
         dist = dist_module()
-        self._native("allreduce", nbytes(a),
-                     lambda: dist.all_reduce(to_torch(a), op=getattr(dist.ReduceOp, _NATIVE_OPS[op]),
-                                             group=self._pg(group)))
+        self._native(
+            "allreduce",
+            nbytes(a),
+            lambda: dist.all_reduce(to_torch(a), op=getattr(dist.ReduceOp, _NATIVE_OPS[op]), group=self._pg(group)),
+        )
         if op == "avg":
             a /= self.get_world_size(group)
         return CompletedWork() if async_op else tensor
@@ -76,9 +80,11 @@ class NativeComm(CommBase):
             return CompletedWork() if async_op else tensor
         work = a if self.rank == dst else copy_of(a)
         dist = dist_module()
-        self._native("reduce", nbytes(a), lambda: dist.reduce(to_torch(work), dst,
-                                                             op=getattr(dist.ReduceOp, _NATIVE_OPS[op]),
-                                                             group=self._pg(group)))
+        self._native(
+            "reduce",
+            nbytes(a),
+            lambda: dist.reduce(to_torch(work), dst, op=getattr(dist.ReduceOp, _NATIVE_OPS[op]), group=self._pg(group)),
+        )
         if op == "avg" and self.rank == dst:
             a /= self.get_world_size(group)
         return CompletedWork() if async_op else tensor
@@ -89,7 +95,7 @@ class NativeComm(CommBase):
             out[:] = inp
             return CompletedWork() if async_op else output
         dist = dist_module()
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor   # torch >= 2.13's name
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # torch >= 2.13's name
         self._native("allgather", nbytes(out), lambda: gather(to_torch(out), to_torch(inp), group=self._pg(group)))
         return CompletedWork() if async_op else output
 
@@ -106,20 +112,27 @@ class NativeComm(CommBase):
         def call():
             work = copy_of(inp)
             dist.all_reduce(to_torch(work), op=getattr(dist.ReduceOp, _NATIVE_OPS[op]), group=self._pg(group))
-            out[:] = work[me * len(out):(me + 1) * len(out)]
+            out[:] = work[me * len(out) : (me + 1) * len(out)]
             if op == "avg":
                 out[:] /= self.get_world_size(group)
+
         self._native("reduce_scatter", nbytes(inp), call)
         return CompletedWork() if async_op else output
 
-    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, group=None,
-                          algo="auto", async_op=False):
+    def all_to_all_single(
+        self, output, input, output_split_sizes=None, input_split_sizes=None, group=None, algo="auto", async_op=False
+    ):
         out, inp = self._buf(output), self._buf(input)
         if self._alone(group):
             out[:] = inp
             return CompletedWork() if async_op else output
-        self._native("alltoall", nbytes(inp), lambda: dist_module().all_to_all_single(
-            to_torch(out), to_torch(inp), output_split_sizes, input_split_sizes, group=self._pg(group)))
+        self._native(
+            "alltoall",
+            nbytes(inp),
+            lambda: dist_module().all_to_all_single(
+                to_torch(out), to_torch(inp), output_split_sizes, input_split_sizes, group=self._pg(group)
+            ),
+        )
         return CompletedWork() if async_op else output
 
     def barrier(self, group=None):

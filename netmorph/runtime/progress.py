@@ -38,9 +38,11 @@ class ProgressCounter:
         from a thread of the launcher (nothing when ``on_progress`` is None)."""
         stop = threading.Event()
         if on_progress is not None:
+
             def poll():
                 while not stop.wait(every):
                     on_progress(min(done(self), total), total)
+
             threading.Thread(target=poll, daemon=True).start()
         try:
             yield self

@@ -40,8 +40,16 @@ def gloo_on_loopback() -> None:
         os.environ["GLOO_SOCKET_IFNAME"] = lo
 
 
-def init_torch(rank: int, world: int, init_method: str | None, timeout: float, native: bool = False, faults=(),
-               fingerprints: bool = True, store=None):
+def init_torch(
+    rank: int,
+    world: int,
+    init_method: str | None,
+    timeout: float,
+    native: bool = False,
+    faults=(),
+    fingerprints: bool = True,
+    store=None,
+):
     """``init_process_group(init_method=...)`` and a Comm over it: gloo for CPU tensors, and NCCL for
     CUDA tensors where there is a GPU (torch's ``"cpu:gloo,cuda:nccl"``: one process group, the
     backend chosen by each tensor's device). ``store``: a store to rendezvous over instead of ``init_method``."""
@@ -52,8 +60,14 @@ def init_torch(rank: int, world: int, init_method: str | None, timeout: float, n
         # error, not a gloo abort (SIGABRT) mid-transfer. netmorph's fingerprints cover the rest.
         dist.set_debug_level(dist.DebugLevel.DETAIL)
     if not dist.is_initialized():
-        dist.init_process_group(process_group_backend(), init_method=None if store else init_method, store=store,
-                                rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout))
+        dist.init_process_group(
+            process_group_backend(),
+            init_method=None if store else init_method,
+            store=store,
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=timeout),
+        )
     t = TorchTransport(rank, world, timeout)
     if native:
         return NativeComm(t, rank, world, faults, fingerprints)
@@ -63,6 +77,7 @@ def init_torch(rank: int, world: int, init_method: str | None, timeout: float, n
 def process_group_backend() -> str:
     """``"cpu:gloo,cuda:nccl"`` where CUDA and NCCL are there, else ``"gloo"``."""
     import torch
+
     if torch.cuda.is_available() and dist_module().is_nccl_available():
         return "cpu:gloo,cuda:nccl"
     return "gloo"
@@ -74,20 +89,26 @@ def init_from_env(backend: str = "torch", timeout: float = 60.0):
     torchrun script does first); ``comm.local_rank`` and ``comm.device`` say which."""
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing:
-        raise UsageError(f"not started by torchrun: {', '.join(missing)} unset (use netmorph.runtime.launch "
-                         f"or netmorph.launch instead)")
+        raise UsageError(
+            f"not started by torchrun: {', '.join(missing)} unset (use netmorph.runtime.launch "
+            f"or netmorph.launch instead)"
+        )
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     import torch
+
     device = torch.device("cpu")
     if torch.cuda.is_available():
         if local_rank >= torch.cuda.device_count():
-            raise UsageError(f"LOCAL_RANK {local_rank} but this node has {torch.cuda.device_count()} GPU(s): "
-                             f"start at most that many processes per node (--nproc-per-node)")
+            raise UsageError(
+                f"LOCAL_RANK {local_rank} but this node has {torch.cuda.device_count()} GPU(s): "
+                f"start at most that many processes per node (--nproc-per-node)"
+            )
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
-    comm = init_torch(rank, world, None, timeout, native=(backend == "torch-native"),
-                      store=attempt_store(rank, world, timeout))
+    comm = init_torch(
+        rank, world, None, timeout, native=(backend == "torch-native"), store=attempt_store(rank, world, timeout)
+    )
     comm.local_rank, comm.device = local_rank, device
     freeze_heap()
     return comm
@@ -101,9 +122,14 @@ def attempt_store(rank: int, world: int, timeout: float):
     dist = dist_module()
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-    tcp = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-                        is_master=not agent and rank == 0,
-                        timeout=datetime.timedelta(seconds=timeout), multi_tenant=not agent)
+    tcp = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world,
+        is_master=not agent and rank == 0,
+        timeout=datetime.timedelta(seconds=timeout),
+        multi_tenant=not agent,
+    )
     return dist.PrefixStore(f"/netmorph/attempt_{attempt}", tcp)
 
 
@@ -112,22 +138,25 @@ def join_gloo(rank: int, world: int, init_method: str, timeout: float) -> None:
     netmorph's local fabric: for a baseline that runs torch's own collectives (DDP) in the same processes
     (``launch(..., torch_group=True)``)."""
     gloo_on_loopback()
-    dist_module().init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
-                                     timeout=datetime.timedelta(seconds=timeout))
+    dist_module().init_process_group(
+        "gloo", init_method=init_method, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout)
+    )
 
 
-def run_in_job(fn, world: int, *args, timeout: float = 60.0, ledger: bool = False, backend: str = "torch",
-               **kwargs):
+def run_in_job(fn, world: int, *args, timeout: float = 60.0, ledger: bool = False, backend: str = "torch", **kwargs):
     """``launch(fn, world, ..., backend="job")``: this process is one rank of the torchrun job; run ``fn(comm,
     *args, **kwargs)`` here and gather every rank's result (and ledger) to rank 0 (``all_gather_object``), as
     every torchrun script ends. Rank 0 gets what :func:`~netmorph.runtime.launch.launch` returns (results in rank
     order, a :class:`~netmorph.runtime.result.LaunchResult`, its ledger with ``ledger``); the other ranks get None. The job's WORLD_SIZE must be
     ``world``: the command's ranks are the job's."""
     from netmorph.runtime.ledger import Ledger
+
     job = int(os.environ["WORLD_SIZE"])
     if job != world:
-        raise UsageError(f"this run takes {world} rank(s) but torchrun's WORLD_SIZE is {job}: start it with "
-                         f"--nproc-per-node {world} (x nodes)")
+        raise UsageError(
+            f"this run takes {world} rank(s) but torchrun's WORLD_SIZE is {job}: start it with "
+            f"--nproc-per-node {world} (x nodes)"
+        )
     comm = init_from_env(backend, timeout)
     try:
         result = fn(comm, *args, **kwargs)

@@ -13,5 +13,19 @@ from netmorph.schedule.out_of_place import out_of_place
 from netmorph.schedule.program import Msg, RankRound, rank_program
 from netmorph.schedule.validate import ScheduleError, validate
 
-__all__ = ["COPY", "REDUCE", "REDOPS", "Counts", "Msg", "RankRound", "Round", "Schedule", "ScheduleError",
-           "count", "execute", "out_of_place", "rank_program", "validate"]
+__all__ = [
+    "COPY",
+    "REDUCE",
+    "REDOPS",
+    "Counts",
+    "Msg",
+    "RankRound",
+    "Round",
+    "Schedule",
+    "ScheduleError",
+    "count",
+    "execute",
+    "out_of_place",
+    "rank_program",
+    "validate",
+]

@@ -72,7 +72,7 @@ class Round:
         else:
             self.reduce = np.asarray(reduce, dtype=bool).reshape(-1)
         self.msg = None if msg is None else _i64(msg)
-        self.acc_off = None if acc_off is None else _i64(acc_off)     # -1: the destination itself
+        self.acc_off = None if acc_off is None else _i64(acc_off)  # -1: the destination itself
         self._msgs = None
         n = len(self.src)
         for name in ("dst", "src_off", "dst_off", "length") + (("acc_off",) if acc_off is not None else ()):
@@ -161,8 +161,9 @@ class Schedule:
             if rank_map is not None:
                 src, dst = rank_map[src], rank_map[dst]
             acc = None if r.acc_off is None else np.where(r.acc_off >= 0, r.acc_off + off_shift, -1)
-            self.rounds.append(Round(src, dst, r.src_off + off_shift, r.dst_off + off_shift,
-                                     r.length, r.reduce, r.msg, acc))
+            self.rounds.append(
+                Round(src, dst, r.src_off + off_shift, r.dst_off + off_shift, r.length, r.reduce, r.msg, acc)
+            )
 
     def validate(self) -> Schedule:
         """Check the schedule symbolically and return it; raise ``ValueError`` naming the round.

@@ -40,13 +40,13 @@ def execute(s: Schedule, inputs, op: str = "sum") -> list[np.ndarray]:
         x = np.asarray(x).reshape(-1)
         if len(x) != s.in_len[r]:
             raise ValueError(f"rank {r}: input has {len(x)} elements, the schedule expects {s.in_len[r]}")
-        buf[r, s.in_off[r]:s.in_off[r] + len(x)] = x
+        buf[r, s.in_off[r] : s.in_off[r] + len(x)] = x
     flat = buf.reshape(-1)
     for rd in s.rounds:
         sidx = np.repeat(rd.src * L, rd.length) + expand_ranges(rd.src_off, rd.length)
         didx = np.repeat(rd.dst * L, rd.length) + expand_ranges(rd.dst_off, rd.length)
-        data = flat[sidx]                          # every read sees the start-of-round state
-        if rd.acc_off is not None:                 # out of place: those destinations start from the input
+        data = flat[sidx]  # every read sees the start-of-round state
+        if rd.acc_off is not None:  # out of place: those destinations start from the input
             arow = np.repeat(rd.acc_off >= 0, rd.length)
             aidx = np.repeat(rd.dst * L, rd.length) + expand_ranges(np.maximum(rd.acc_off, 0), rd.length)
             flat[didx[arow]] = flat[aidx[arow]]
@@ -60,7 +60,7 @@ def execute(s: Schedule, inputs, op: str = "sum") -> list[np.ndarray]:
             red = np.repeat(rd.reduce, rd.length)
             flat[didx[~red]] = data[~red]
             ufunc.at(flat, didx[red], data[red])
-    return [buf[r, s.out_off[r]:s.out_off[r] + s.out_len[r]].copy() for r in range(p)]
+    return [buf[r, s.out_off[r] : s.out_off[r] + s.out_len[r]].copy() for r in range(p)]
 
 
 @dataclass
@@ -77,12 +77,12 @@ class Counts:
     rounds: int
     logical_rounds: int
     messages: int
-    bytes_sent: np.ndarray        # per rank
-    bytes_recv: np.ndarray        # per rank
-    bytes_reduced: np.ndarray     # per rank: bytes it combines into its buffer
+    bytes_sent: np.ndarray  # per rank
+    bytes_recv: np.ndarray  # per rank
+    bytes_reduced: np.ndarray  # per rank: bytes it combines into its buffer
     bytes_on_wire: int
-    local_bytes: int              # copies a rank makes inside its own workspace
-    link_src: np.ndarray          # sparse per-link traffic: (src, dst) -> bytes
+    local_bytes: int  # copies a rank makes inside its own workspace
+    link_src: np.ndarray  # sparse per-link traffic: (src, dst) -> bytes
     link_dst: np.ndarray
     link_bytes: np.ndarray
 
@@ -158,8 +158,16 @@ def count(s: Schedule) -> Counts:
     else:
         uniq, lb = np.zeros(0, np.int64), np.zeros(0, np.int64)
     return Counts(
-        world=p, rounds=rounds, logical_rounds=logical, messages=messages,
-        bytes_sent=sent * isz, bytes_recv=recv * isz, bytes_reduced=reduced * isz,
-        bytes_on_wire=int(sent.sum()) * isz, local_bytes=local * isz,
-        link_src=uniq // max(p, 1), link_dst=uniq % max(p, 1), link_bytes=lb * isz,
+        world=p,
+        rounds=rounds,
+        logical_rounds=logical,
+        messages=messages,
+        bytes_sent=sent * isz,
+        bytes_recv=recv * isz,
+        bytes_reduced=reduced * isz,
+        bytes_on_wire=int(sent.sum()) * isz,
+        local_bytes=local * isz,
+        link_src=uniq // max(p, 1),
+        link_dst=uniq % max(p, 1),
+        link_bytes=lb * isz,
     )

@@ -29,7 +29,7 @@ import numpy as np
 
 from netmorph.schedule.core import Schedule
 
-OPS = ("allreduce", "reduce", "broadcast")      # one buffer in place, a send and a receive buffer out of place
+OPS = ("allreduce", "reduce", "broadcast")  # one buffer in place, a send and a receive buffer out of place
 
 
 class _Written:
@@ -66,8 +66,8 @@ class _Written:
     def add(self, a: int, b: int) -> None:
         if a >= b:
             return
-        i = bisect.bisect_left(self.hi, a)           # first interval that ends at or after a
-        j = bisect.bisect_right(self.lo, b)          # intervals [i, j) touch [a, b)
+        i = bisect.bisect_left(self.hi, a)  # first interval that ends at or after a
+        j = bisect.bisect_right(self.lo, b)  # intervals [i, j) touch [a, b)
         if i < j:
             a, b = min(a, self.lo[i]), max(b, self.hi[j - 1])
         self.lo[i:j] = [a]
@@ -84,7 +84,7 @@ def _state(pieces, lo: int) -> bool:
     for a, b, w in pieces:
         if a <= lo < b:
             return w
-    return True                                       # empty row: nothing to read
+    return True  # empty row: nothing to read
 
 
 def out_of_place(s: Schedule) -> Schedule:
@@ -95,11 +95,24 @@ def out_of_place(s: Schedule) -> Schedule:
     p = s.world
     base = s.buf_len.astype(np.int64)
     in_lo, in_hi = s.in_off.astype(np.int64), (s.in_off + s.in_len).astype(np.int64)
-    t = Schedule(s.op, s.algo, p, s.count, s.itemsize, base + s.in_len, base.copy(), s.in_len.copy(),
-                 s.out_off.copy(), s.out_len.copy(), s.reduces, root=s.root, meta=dict(s.meta),
-                 in_key=s.in_off.copy())
+    t = Schedule(
+        s.op,
+        s.algo,
+        p,
+        s.count,
+        s.itemsize,
+        base + s.in_len,
+        base.copy(),
+        s.in_len.copy(),
+        s.out_off.copy(),
+        s.out_len.copy(),
+        s.reduces,
+        root=s.root,
+        meta=dict(s.meta),
+        in_key=s.in_off.copy(),
+    )
     written = [_Written() for _ in range(p)]
-    pending = np.ones(p, dtype=bool)                 # ranks with input elements no round has written yet
+    pending = np.ones(p, dtype=bool)  # ranks with input elements no round has written yet
     for r in range(p):
         pending[r] = in_hi[r] > in_lo[r]
 
@@ -111,19 +124,22 @@ def out_of_place(s: Schedule) -> Schedule:
 
     for rd in s.rounds:
         if not (pending[rd.src].any() or pending[rd.dst].any()):
-            t.rounds.append(rd)                       # every element it touches is in the output already
+            t.rounds.append(rd)  # every element it touches is in the output already
             continue
         red = rd.reduce_rows()
         rows = {k: [] for k in ("src", "dst", "src_off", "dst_off", "length", "reduce", "msg", "acc")}
         msg = rd.msg if rd.msg is not None else np.arange(len(rd), dtype=np.int64)
         split = False
         for i in range(len(rd)):
-            sr, dr, so, do, n = (int(rd.src[i]), int(rd.dst[i]), int(rd.src_off[i]), int(rd.dst_off[i]),
-                                 int(rd.length[i]))
-            rp = [(a - so, b - so, w) for a, b, w in written[sr].pieces(so, so + n)] if pending[sr] else \
-                [(0, n, True)]
-            wp = [(a - do, b - do, w) for a, b, w in written[dr].pieces(do, do + n)] if pending[dr] else \
-                [(0, n, True)]
+            sr, dr, so, do, n = (
+                int(rd.src[i]),
+                int(rd.dst[i]),
+                int(rd.src_off[i]),
+                int(rd.dst_off[i]),
+                int(rd.length[i]),
+            )
+            rp = [(a - so, b - so, w) for a, b, w in written[sr].pieces(so, so + n)] if pending[sr] else [(0, n, True)]
+            wp = [(a - do, b - do, w) for a, b, w in written[dr].pieces(do, do + n)] if pending[dr] else [(0, n, True)]
             cuts = _cuts(rp, wp) if n else [(0, 0)]
             split |= len(cuts) > 1
             for a, b in cuts:
@@ -131,18 +147,41 @@ def out_of_place(s: Schedule) -> Schedule:
                 if red[i] and not _state(wp, a):
                     acc = source(dr, do + a, False)
                     acc = -1 if acc == do + a else acc
-                for k, v in (("src", sr), ("dst", dr), ("src_off", source(sr, so + a, _state(rp, a))),
-                             ("dst_off", do + a), ("length", b - a), ("reduce", bool(red[i])),
-                             ("msg", int(msg[i])), ("acc", acc)):
+                for k, v in (
+                    ("src", sr),
+                    ("dst", dr),
+                    ("src_off", source(sr, so + a, _state(rp, a))),
+                    ("dst_off", do + a),
+                    ("length", b - a),
+                    ("reduce", bool(red[i])),
+                    ("msg", int(msg[i])),
+                    ("acc", acc),
+                ):
                     rows[k].append(v)
         acc = np.array(rows["acc"], dtype=np.int64)
-        if not split:                                 # same rows, same messages: keep the round's own arrays
-            t.add(rd.src, rd.dst, rows["src_off"], rd.dst_off, rd.length, rd.reduce, rd.msg,
-                  acc if (acc >= 0).any() else None)
+        if not split:  # same rows, same messages: keep the round's own arrays
+            t.add(
+                rd.src,
+                rd.dst,
+                rows["src_off"],
+                rd.dst_off,
+                rd.length,
+                rd.reduce,
+                rd.msg,
+                acc if (acc >= 0).any() else None,
+            )
         else:
-            t.add(rows["src"], rows["dst"], rows["src_off"], rows["dst_off"], rows["length"],
-                  np.array(rows["reduce"], dtype=bool), rows["msg"], acc if (acc >= 0).any() else None)
-        for dr, do, n in zip(rd.dst.tolist(), rd.dst_off.tolist(), rd.length.tolist()):   # writes land last
+            t.add(
+                rows["src"],
+                rows["dst"],
+                rows["src_off"],
+                rows["dst_off"],
+                rows["length"],
+                np.array(rows["reduce"], dtype=bool),
+                rows["msg"],
+                acc if (acc >= 0).any() else None,
+            )
+        for dr, do, n in zip(rd.dst.tolist(), rd.dst_off.tolist(), rd.length.tolist()):  # writes land last
             if pending[dr]:
                 written[dr].add(do, do + n)
         for r in np.unique(rd.dst[pending[rd.dst]]).tolist():
@@ -155,9 +194,11 @@ def _copy_untouched(t: Schedule, s: Schedule, written, pending, source) -> None:
     """One local round: every output element no round wrote gets the input (a broadcast root's data)."""
     src, off, to, ln = [], [], [], []
     for r in np.flatnonzero(pending).tolist():
-        lo, hi = max(int(s.out_off[r]), int(s.in_off[r])), min(int(s.out_off[r] + s.out_len[r]),
-                                                                int(s.in_off[r] + s.in_len[r]))
-        for a, b, w in (written[r].pieces(lo, hi) if hi > lo else []):
+        lo, hi = (
+            max(int(s.out_off[r]), int(s.in_off[r])),
+            min(int(s.out_off[r] + s.out_len[r]), int(s.in_off[r] + s.in_len[r])),
+        )
+        for a, b, w in written[r].pieces(lo, hi) if hi > lo else []:
             if not w:
                 src.append(r)
                 off.append(source(r, a, False))

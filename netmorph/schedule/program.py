@@ -22,10 +22,10 @@ from netmorph.schedule.core import Schedule
 @dataclass
 class Msg:
     peer: int
-    offs: np.ndarray          # element offsets in this rank's workspace, in stream order
-    lens: np.ndarray          # element counts
-    reduce: np.ndarray        # per segment (receives only)
-    acc: np.ndarray | None = None    # per segment: the accumulator's offset, -1 the destination (None: all -1)
+    offs: np.ndarray  # element offsets in this rank's workspace, in stream order
+    lens: np.ndarray  # element counts
+    reduce: np.ndarray  # per segment (receives only)
+    acc: np.ndarray | None = None  # per segment: the accumulator's offset, -1 the destination (None: all -1)
 
     @property
     def elems(self) -> int:
@@ -35,9 +35,9 @@ class Msg:
 @dataclass
 class RankRound:
     index: int
-    sends: list = field(default_factory=list)      # [Msg]
-    recvs: list = field(default_factory=list)      # [Msg]
-    local: list = field(default_factory=list)      # [(src_off, dst_off, len)]
+    sends: list = field(default_factory=list)  # [Msg]
+    recvs: list = field(default_factory=list)  # [Msg]
+    local: list = field(default_factory=list)  # [(src_off, dst_off, len)]
     overlap: bool = False
 
 
@@ -84,8 +84,13 @@ def rank_program(s: Schedule, rank: int) -> list[RankRound]:
             continue
         rr = RankRound(k)
         rr.sends = _group(rd.dst[mine_s], rd.src_off[mine_s], rd.length[mine_s], red[mine_s])
-        rr.recvs = _group(rd.src[mine_r], rd.dst_off[mine_r], rd.length[mine_r], red[mine_r],
-                          None if rd.acc_off is None else rd.acc_off[mine_r])
+        rr.recvs = _group(
+            rd.src[mine_r],
+            rd.dst_off[mine_r],
+            rd.length[mine_r],
+            red[mine_r],
+            None if rd.acc_off is None else rd.acc_off[mine_r],
+        )
         rr.local = list(zip(rd.src_off[loc].tolist(), rd.dst_off[loc].tolist(), rd.length[loc].tolist()))
         if rr.sends and rr.recvs:
             so = np.concatenate([m.offs for m in rr.sends])

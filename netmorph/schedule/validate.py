@@ -35,20 +35,21 @@ def expected_output(s, r: int) -> tuple[np.ndarray, np.ndarray]:
         key = np.arange(lo, lo + n, dtype=np.int64)
         return key, np.full(n, (1 << p) - 1, dtype=object)
     if s.op == "alltoall":
-        splits = s.meta["splits"]                          # (p, p): splits[src, dst] elements
-        send_off = np.cumsum(splits, axis=1) - splits       # where src keeps its block for dst
-        key = np.concatenate([np.arange(send_off[q, r], send_off[q, r] + splits[q, r]) for q in range(p)]
-                             + [np.zeros(0, np.int64)]).astype(np.int64)
+        splits = s.meta["splits"]  # (p, p): splits[src, dst] elements
+        send_off = np.cumsum(splits, axis=1) - splits  # where src keeps its block for dst
+        key = np.concatenate(
+            [np.arange(send_off[q, r], send_off[q, r] + splits[q, r]) for q in range(p)] + [np.zeros(0, np.int64)]
+        ).astype(np.int64)
         owner = np.repeat(np.arange(p), splits[:, r])
         return key, np.array([1 << int(q) for q in owner], dtype=object)
     # copy ops with same-offset semantics (all-gather, broadcast): owner holds it as input
     key = np.arange(lo, lo + n, dtype=np.int64)
     mask = np.zeros(n, dtype=object)
-    at = s.in_off if s.in_key is None else s.in_key      # where each input lies in the in-place layout
+    at = s.in_off if s.in_key is None else s.in_key  # where each input lies in the in-place layout
     for q in range(p):
         a, b = max(lo, int(at[q])), min(lo + n, int(at[q] + s.in_len[q]))
         if b > a:
-            mask[a - lo:b - lo] = 1 << q
+            mask[a - lo : b - lo] = 1 << q
     return key, mask
 
 
@@ -61,9 +62,9 @@ def validate(s) -> None:
         a, n = int(s.in_off[r]), int(s.in_len[r])
         if a < 0 or a + n > s.buf_len[r] or s.out_off[r] < 0 or s.out_off[r] + s.out_len[r] > s.buf_len[r]:
             raise ScheduleError(f"rank {r}: input or output span outside its {s.buf_len[r]}-element workspace")
-        k0 = a if s.in_key is None else int(s.in_key[r])      # out of place: named by its in-place offset
-        key[r, a:a + n] = np.arange(k0, k0 + n)
-        mask[r, a:a + n] = 1 << r
+        k0 = a if s.in_key is None else int(s.in_key[r])  # out of place: named by its in-place offset
+        key[r, a : a + n] = np.arange(k0, k0 + n)
+        mask[r, a : a + n] = 1 << r
     fkey, fmask = key.reshape(-1), mask.reshape(-1)
 
     for k, rd in enumerate(s.rounds):
@@ -79,7 +80,11 @@ def validate(s) -> None:
             remote = rd.src != rd.dst
             for m in np.unique(rd.msg[remote]):
                 rows = (rd.msg == m) & remote
-                if len(np.unique(rd.src[rows])) > 1 or len(np.unique(rd.dst[rows])) > 1 or len(np.unique(red[rows])) > 1:
+                if (
+                    len(np.unique(rd.src[rows])) > 1
+                    or len(np.unique(rd.dst[rows])) > 1
+                    or len(np.unique(red[rows])) > 1
+                ):
                     raise ScheduleError(f"{where}: message {m} mixes peers or copy/reduce")
         sidx = np.repeat(rd.src * L, rd.length) + expand_ranges(rd.src_off, rd.length)
         didx = np.repeat(rd.dst * L, rd.length) + expand_ranges(rd.dst_off, rd.length)
@@ -96,16 +101,18 @@ def validate(s) -> None:
                 raise ScheduleError(f"{where}: an accumulator runs past the end of a workspace")
             arow = np.repeat(rd.acc_off >= 0, rd.length)
             aidx = (np.repeat(rd.dst * L, rd.length) + expand_ranges(np.maximum(rd.acc_off, 0), rd.length))[arow]
-            acc = (didx[arow], fkey[aidx].copy(), fmask[aidx].copy())     # read at the start of the round
+            acc = (didx[arow], fkey[aidx].copy(), fmask[aidx].copy())  # read at the start of the round
             if (acc[1] < 0).any():
                 raise ScheduleError(f"{where}: an accumulator holds no data yet")
         bad = skey < 0
         if bad.any():
             i = int(np.argmax(bad))
             s_rank = int(sidx[i] // L)
-            raise ScheduleError(f"{where}: rank {s_rank} sends elements {_span(sidx[bad & (sidx // L == s_rank)] % L)} "
-                                f"it does not hold yet")
-        if acc is not None:                    # the destination starts from its accumulator, once
+            raise ScheduleError(
+                f"{where}: rank {s_rank} sends elements {_span(sidx[bad & (sidx // L == s_rank)] % L)} "
+                f"it does not hold yet"
+            )
+        if acc is not None:  # the destination starts from its accumulator, once
             fkey[acc[0]] = acc[1]
             fmask[acc[0]] = acc[2]
         if rrow.any():
@@ -115,8 +122,9 @@ def validate(s) -> None:
             # several children may reduce into one parent's slot in the same round: fold them in one by one
             for j in range(len(d)):
                 if fmask[d[j]] & m_in[j]:
-                    raise ScheduleError(f"{where}: a reduction counts a rank's contribution twice "
-                                        f"(into rank {int(d[j] // L)})")
+                    raise ScheduleError(
+                        f"{where}: a reduction counts a rank's contribution twice (into rank {int(d[j] // L)})"
+                    )
                 fmask[d[j]] |= m_in[j]
         fkey[didx[c]] = skey[c]
         fmask[didx[c]] = smask[c]
@@ -124,7 +132,7 @@ def validate(s) -> None:
     for r in range(p):
         want_key, want_mask = expected_output(s, r)
         lo, n = int(s.out_off[r]), int(s.out_len[r])
-        got_key, got_mask = key[r, lo:lo + n], mask[r, lo:lo + n]
+        got_key, got_mask = key[r, lo : lo + n], mask[r, lo : lo + n]
         wrong = (got_key != want_key) | np.array([a != b for a, b in zip(got_mask, want_mask)], dtype=bool)
         if wrong.any():
             idx = np.nonzero(wrong)[0] + lo

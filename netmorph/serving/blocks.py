@@ -34,23 +34,24 @@ class NoFreeBlocks(Exception):
 
 @dataclass
 class Table:
-    blocks: list = field(default_factory=list)       # physical block numbers, in logical order
-    tokens: int = 0                                  # slots filled
+    blocks: list = field(default_factory=list)  # physical block numbers, in logical order
+    tokens: int = 0  # slots filled
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, max_context: int, contiguous: bool = False,
-                 prefix_caching: bool = True):
+    def __init__(
+        self, num_blocks: int, block_size: int, max_context: int, contiguous: bool = False, prefix_caching: bool = True
+    ):
         self.num_blocks, self.block_size, self.max_context = num_blocks, block_size, max_context
         self.contiguous, self.prefix_caching = contiguous, prefix_caching and not contiguous
         # free blocks: pop() takes from the right; plain ones are pushed right (handed out first, block 0 first),
         # cached ones left (evicted last, the oldest-freed first)
         self.free = deque(range(num_blocks - 1, -1, -1))
         self.ref = [0] * num_blocks
-        self.tables: dict = {}                                       # seq id -> Table
-        self.by_hash: dict = {}                                      # chained hash -> block (full blocks only)
-        self.hash_of: dict = {}                                      # block -> its chained hash
-        self.copies = []                                             # (src, dst) copy-on-write copies to apply
+        self.tables: dict = {}  # seq id -> Table
+        self.by_hash: dict = {}  # chained hash -> block (full blocks only)
+        self.hash_of: dict = {}  # block -> its chained hash
+        self.copies = []  # (src, dst) copy-on-write copies to apply
         self.cow_copies = 0
 
     # -- accounting ---------------------------------------------------------------------------------------
@@ -80,7 +81,7 @@ class BlockManager:
         if not self.free:
             raise NoFreeBlocks
         b = self.free.pop()
-        h = self.hash_of.pop(b, None)                                # a cached block evicted: its prefix is gone
+        h = self.hash_of.pop(b, None)  # a cached block evicted: its prefix is gone
         if h is not None and self.by_hash.get(h) == b:
             del self.by_hash[h]
         self.ref[b] = 1
@@ -90,7 +91,7 @@ class BlockManager:
         self.ref[b] -= 1
         if self.ref[b] == 0:
             if b in self.hash_of:
-                self.free.appendleft(b)                              # evictable: its prefix can still be found
+                self.free.appendleft(b)  # evictable: its prefix can still be found
             else:
                 self.free.append(b)
 
@@ -117,7 +118,7 @@ class BlockManager:
 
     def can_allocate(self, tokens: int, token_ids=None) -> bool:
         shared = self.cached_prefix(token_ids or [])
-        idle = sum(1 for b in shared if self.ref[b] == 0)           # cached blocks that come out of the free pool
+        idle = sum(1 for b in shared if self.ref[b] == 0)  # cached blocks that come out of the free pool
         return self.blocks_needed(tokens) - len(shared) + idle <= len(self.free)
 
     def cached_prefix(self, token_ids) -> list:
@@ -127,7 +128,7 @@ class BlockManager:
             return []
         out, h, bs = [], None, self.block_size
         for k in range((len(token_ids) - 1) // bs):
-            h = self.chained_hash(h, token_ids[k * bs:(k + 1) * bs])
+            h = self.chained_hash(h, token_ids[k * bs : (k + 1) * bs])
             b = self.by_hash.get(h)
             if b is None:
                 break
@@ -154,17 +155,17 @@ class BlockManager:
         if k == len(t.blocks):
             t.blocks.append(self._take())
         b = t.blocks[k]
-        if self.ref[b] > 1:                                           # shared: copy before the first write
+        if self.ref[b] > 1:  # shared: copy before the first write
             new = self._take()
             self.copies.append((b, new))
             self.cow_copies += 1
             self.ref[b] -= 1
             t.blocks[k] = b = new
         t.tokens += 1
-        if self.prefix_caching and off == self.block_size - 1:       # the block just filled: cache it
+        if self.prefix_caching and off == self.block_size - 1:  # the block just filled: cache it
             h = None
-            for j in range(k + 1):                                    # the chain up to this block
-                h = self.chained_hash(h, token_ids[j * self.block_size:(j + 1) * self.block_size])
+            for j in range(k + 1):  # the chain up to this block
+                h = self.chained_hash(h, token_ids[j * self.block_size : (j + 1) * self.block_size])
             if h not in self.by_hash:
                 self.by_hash[h], self.hash_of[b] = b, h
         return b, off

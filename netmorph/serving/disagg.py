@@ -33,10 +33,10 @@ def _rank(comm, model_cfg, serve_cfg, requests, P: int, D: int, price, kv_second
     torch.set_num_threads(1)
     me = comm.rank
     order = sorted(requests, key=lambda r: (r.arrival, r.rid))
-    if me < P:                                                   # the prefill role: one request at a time
+    if me < P:  # the prefill role: one request at a time
         runner = Runner(model_cfg, serve_cfg.num_blocks, serve_cfg.block_size)
-        bm = Scheduler(serve_cfg, model_cfg.seq, runner.bytes_per_block()).bm   # the pool as the engine's
-                                                                                   # (contiguous KV too)
+        bm = Scheduler(serve_cfg, model_cfg.seq, runner.bytes_per_block()).bm  # the pool as the engine's
+        # (contiguous KV too)
         clock = 0.0
         for r in (q for q in order if q.rid % P == me):
             t0 = time.perf_counter()
@@ -47,8 +47,8 @@ def _rank(comm, model_cfg, serve_cfg, requests, P: int, D: int, price, kv_second
             (logits,) = runner.forward([(r.tokens, 0, slots, bm.tables[r.rid].blocks)])
             first = sample(logits, serve_cfg.temperature, r.rid * 1_000_003 + n)
             clock = max(clock, r.arrival) + (price([(n, 0)]) if price else time.perf_counter() - t0)
-            ready = clock + n * kv_seconds_per_token                # the KV crosses to the decode node
-            kv = runner.read_kv(bm.tables[r.rid].blocks, n)        # (layers, 2, n, heads, hd)
+            ready = clock + n * kv_seconds_per_token  # the KV crosses to the decode node
+            kv = runner.read_kv(bm.tables[r.rid].blocks, n)  # (layers, 2, n, heads, hd)
             dst = P + r.rid % D
             with comm.phase("kv.hdr"):
                 comm.send(np.array([r.rid, n, first, clock, ready], dtype=np.float64), dst)
@@ -56,10 +56,10 @@ def _rank(comm, model_cfg, serve_cfg, requests, P: int, D: int, price, kv_second
                 comm.send(np.ascontiguousarray(kv), dst)
             bm.free_seq(r.rid)
         return {"role": "prefill", "free_blocks_at_end": bm.num_free()}
-    engine = Engine(model_cfg, serve_cfg, price)                 # the decode role
+    engine = Engine(model_cfg, serve_cfg, price)  # the decode role
     arrivals = []
     heads, hd = model_cfg.heads, model_cfg.hidden // model_cfg.heads
-    for r in (q for q in order if q.rid % D == me - P):          # decode
+    for r in (q for q in order if q.rid % D == me - P):  # decode
         hdr = np.empty(5, dtype=np.float64)
         comm.recv(hdr, r.rid % P)
         kv = np.empty((model_cfg.layers, 2, int(hdr[1]), heads, hd))
@@ -74,17 +74,38 @@ def _rank(comm, model_cfg, serve_cfg, requests, P: int, D: int, price, kv_second
     return {"role": "decode", **out}
 
 
-def serve_disaggregated(model_cfg, serve_cfg, requests, P: int, D: int, timeout: float = 60.0,
-                        keep_ledger: bool = False, price=None, kv_seconds_per_token: float = 0.0,
-                        backend: str = "local") -> dict | None:
+def serve_disaggregated(
+    model_cfg,
+    serve_cfg,
+    requests,
+    P: int,
+    D: int,
+    timeout: float = 60.0,
+    keep_ledger: bool = False,
+    price=None,
+    kv_seconds_per_token: float = 0.0,
+    backend: str = "local",
+) -> dict | None:
     """Run the workload on P prefill + D decode ranks of the local fabric; outputs, the KV bytes moved, and
     latencies. ``price`` prices iterations (see :class:`~netmorph.serving.engine.Engine`);
     ``kv_seconds_per_token``: the priced transfer of one token's KV between the nodes (e.g. the real model's KV
     bytes per token over the NIC's bandwidth). ``backend="job"``: the P + D ranks are a torchrun job's, this
     process one of them (None on ranks other than 0)."""
     serve_cfg.check()
-    got = launch(_rank, P + D, model_cfg, serve_cfg, requests, P, D, price, kv_seconds_per_token, ledger=True,
-                 timeout=timeout, backend=backend)
+    got = launch(
+        _rank,
+        P + D,
+        model_cfg,
+        serve_cfg,
+        requests,
+        P,
+        D,
+        price,
+        kv_seconds_per_token,
+        ledger=True,
+        timeout=timeout,
+        backend=backend,
+    )
     if got is None:
         return None
     results, ledger = list(got), got.ledger
@@ -98,15 +119,26 @@ def serve_disaggregated(model_cfg, serve_cfg, requests, P: int, D: int, timeout:
             tpot += res["tpot_list"]
             ends.append(res["last_finish"])
     span = max(ends, default=0.0) - min((r.arrival for r in requests), default=0.0)
-    per_token = 2 * model_cfg.layers * model_cfg.hidden * 8                    # float64 K and V, every head
+    per_token = 2 * model_cfg.layers * model_cfg.hidden * 8  # float64 K and V, every head
     phases = ledger.by_phase()
+
     def pct(a):
         return {f"p{q}": float(np.percentile(a, q)) if len(a) else None for q in (50, 90, 99)}
-    return {"requests": len(requests), "completed": completed, "tokens_out": tokens, "prefill_ranks": P,
-            "ttft_s": pct(ttft), "tpot_s": pct(tpot), "duration_s": span,
-            "throughput_tok_s": tokens / span if span > 0 else 0.0,
-            "decode_ranks": D, "kv_transfer_bytes": phases.get("kv", {}).get("bytes", 0),
-            "kv_transfer_bytes_formula": sum(per_token * len(r.prompt) for r in requests),
-            "kv_header_bytes": phases.get("kv.hdr", {}).get("bytes", 0),
-            "free_blocks_at_end": [res["free_blocks_at_end"] for res in results], "outputs": outputs,
-            **({"ledger": ledger.records} if keep_ledger else {})}
+
+    return {
+        "requests": len(requests),
+        "completed": completed,
+        "tokens_out": tokens,
+        "prefill_ranks": P,
+        "ttft_s": pct(ttft),
+        "tpot_s": pct(tpot),
+        "duration_s": span,
+        "throughput_tok_s": tokens / span if span > 0 else 0.0,
+        "decode_ranks": D,
+        "kv_transfer_bytes": phases.get("kv", {}).get("bytes", 0),
+        "kv_transfer_bytes_formula": sum(per_token * len(r.prompt) for r in requests),
+        "kv_header_bytes": phases.get("kv.hdr", {}).get("bytes", 0),
+        "free_blocks_at_end": [res["free_blocks_at_end"] for res in results],
+        "outputs": outputs,
+        **({"ledger": ledger.records} if keep_ledger else {}),
+    }

@@ -30,8 +30,9 @@ def check_deployment(tp: int, disaggregate, samples: int, priced: bool) -> None:
     iterations must be priced, not timed on each rank's own clock), or ``disaggregate`` = (prefill, decode)
     ranks -- or the one line that says which field to change."""
     if tp > 1 and (not priced or disaggregate):
-        raise UsageError("{tp} > 1 needs a priced {time_model} (every rank must schedule alike) and no "
-                         "{disaggregate}", "tp")
+        raise UsageError(
+            "{tp} > 1 needs a priced {time_model} (every rank must schedule alike) and no {disaggregate}", "tp"
+        )
     if samples > 1 and disaggregate:
         raise UsageError("{n} > 1 is not supported with {disaggregate} yet", "n")
 
@@ -47,7 +48,7 @@ class Engine:
         self.scheduler = Scheduler(cfg, model_cfg.seq, self.runner.bytes_per_block())
         self.bm = self.scheduler.bm
         self.clock = 0.0
-        self.timeline = []               # (t, slots holding a token, slots reserved, running, tokens, seconds)
+        self.timeline = []  # (t, slots holding a token, slots reserved, running, tokens, seconds)
         self.iterations = 0
 
     def _price(self, out) -> float | None:
@@ -58,8 +59,10 @@ class Engine:
         if self.cfg.scheduler == "static":
             # HF generate: every row (finished ones too) padded to the batch's longest prompt
             P, k = sch.batch_prompt, sch.batch_step
-            rows = [(P, 0) if n > 1 and r.computed == 0 else (1, P + k) if n == 1 else (n, r.computed)
-                    for r, n, _ in out.items]
+            rows = [
+                (P, 0) if n > 1 and r.computed == 0 else (1, P + k) if n == 1 else (n, r.computed)
+                for r, n, _ in out.items
+            ]
             if all(n == 1 for _, n, _ in out.items):
                 sch.batch_step += 1
             return self.time_model(rows + [(1, P + k)] * out.padding)
@@ -74,13 +77,22 @@ class Engine:
         done, forks = [], []
         for (r, n, _), lg in zip(out.items, logits):
             r.computed += n
-            if r.computed < len(r.tokens):                    # a prefill chunk: no token yet
+            if r.computed < len(r.tokens):  # a prefill chunk: no token yet
                 continue
-            if r.n > 1 and r.generated == 0 and r.parent is None:   # parallel sampling: fork after the prefill
+            if r.n > 1 and r.generated == 0 and r.parent is None:  # parallel sampling: fork after the prefill
                 for k in range(1, r.n):
-                    child = Request(sample_id(r.rid, k), r.prompt, r.output_len, r.arrival, list(r.tokens),
-                                    r.computed, RequestStatus.RUNNING, parent=r.rid, priority=r.priority)
-                    self.bm.fork(r.rid, child.rid)        # every block shared, the last partial one too
+                    child = Request(
+                        sample_id(r.rid, k),
+                        r.prompt,
+                        r.output_len,
+                        r.arrival,
+                        list(r.tokens),
+                        r.computed,
+                        RequestStatus.RUNNING,
+                        parent=r.rid,
+                        priority=r.priority,
+                    )
+                    self.bm.fork(r.rid, child.rid)  # every block shared, the last partial one too
                     child.tokens.append(sample(lg, self.cfg.temperature, child.rid * 1_000_003 + len(child.tokens)))
                     forks.append(child)
             r.tokens.append(sample(lg, self.cfg.temperature, r.rid * 1_000_003 + len(r.tokens)))
@@ -103,8 +115,7 @@ class Engine:
             self.scheduler.finish(r)
         if not running:
             self.scheduler.release_padding()
-        self.timeline.append((self.clock, self.bm.used_slots(), self.bm.reserved_slots(), len(running),
-                              out.tokens, dt))
+        self.timeline.append((self.clock, self.bm.used_slots(), self.bm.reserved_slots(), len(running), out.tokens, dt))
         return done
 
     # -- disaggregation: requests whose prefill ran elsewhere ----------------------------------------------
@@ -128,7 +139,7 @@ class Engine:
         pending = sorted(arrivals, key=lambda a: (a[3], a[0].rid))
         running, waiting, swapped, finished = [], [], [], []
         while pending or running or waiting or swapped:
-            while (pending and pending[0][3] <= self.clock and len(running) < self.cfg.max_seqs and not waiting):
+            while pending and pending[0][3] <= self.clock and len(running) < self.cfg.max_seqs and not waiting:
                 r, kv, first, _ = pending[0]
                 t_first = r.first_token_at
                 if not self.admit_prefilled(r, kv, first):
@@ -143,7 +154,7 @@ class Engine:
                     running.append(r)
             if not (running or waiting or swapped):
                 if pending and pending[0][3] > self.clock:
-                    self.clock = pending[0][3]                  # idle until the next KV arrives
+                    self.clock = pending[0][3]  # idle until the next KV arrives
                     continue
                 raise RuntimeError("a prefilled request does not fit the decode pool")
             finished += self.step(running, waiting, swapped)
@@ -168,7 +179,7 @@ class Engine:
                 i += 1
             self.scheduler.policy.order(waiting)
             if not (waiting or running or swapped):
-                self.clock = pending[i].arrival                 # idle until the next arrival
+                self.clock = pending[i].arrival  # idle until the next arrival
                 continue
             done = self.step(running, waiting, swapped)
             finished += done
@@ -177,7 +188,7 @@ class Engine:
         return self.metrics(requests, finished, rejected)
 
     def metrics(self, requests, finished, rejected) -> dict:
-        samples, finished = finished, [r for r in finished if r.parent is None]     # requests; samples count tokens
+        samples, finished = finished, [r for r in finished if r.parent is None]  # requests; samples count tokens
 
         def pct(a):
             return {f"p{q}": float(np.percentile(a, q)) if len(a) else None for q in (50, 90, 99)}
@@ -186,8 +197,10 @@ class Engine:
             return pct(np.array([r.first_token_at - r.arrival for r in reqs]))
 
         def tpot(sams):
-            return pct(np.array([(r.finished_at - r.first_token_at) / (r.generated - 1) for r in sams
-                                 if r.generated > 1]))
+            return pct(
+                np.array([(r.finished_at - r.first_token_at) / (r.generated - 1) for r in sams if r.generated > 1])
+            )
+
         tl = np.array(self.timeline) if self.timeline else np.zeros((0, 6))
         dts = tl[:, 5] if len(tl) else np.zeros(0)
         util = float((tl[:, 1] * dts).sum() / max((tl[:, 2] * dts).sum(), 1e-30)) if len(tl) else 0.0
@@ -196,19 +209,34 @@ class Engine:
         by_priority = {}
         for prio in sorted({r.priority for r in finished}):
             mine = [r for r in finished if r.priority == prio]
-            by_priority[str(prio)] = {"count": len(mine), "ttft_s": ttft(mine),
-                                      "tpot_s": tpot([r for r in samples if r.priority == prio])}
-        return {"requests": len(requests), "completed": len(finished), "rejected": len(rejected),
-                "rejections": [{"request": r.rid, "reason": r.reason} for r in rejected],
-                "tokens_out": tokens_out, "duration_s": span,
-                "throughput_tok_s": tokens_out / span if span > 0 else 0.0,
-                "throughput_req_s": len(finished) / span if span > 0 else 0.0,
-                "ttft_s": ttft(finished), "tpot_s": tpot(samples), "by_priority": by_priority, "kv_utilization": util,
-                "preemptions": dict(self.scheduler.preemptions), "swap_bytes": self.scheduler.swap_bytes,
-                "cow_copies": self.bm.cow_copies, "iterations": self.iterations,
-                "prefix_cached_tokens": self.scheduler.prefix_cached_tokens,
-                "scheduler": self.cfg.scheduler + (f"+chunked({self.cfg.chunked_prefill})"
-                                                   if self.cfg.chunked_prefill else ""),
-                "scheduling_policy": self.cfg.scheduling_policy,
-                "kv": self.cfg.kv, "free_blocks_at_end": self.bm.num_free(), "num_blocks": self.cfg.num_blocks,
-                "outputs": {r.rid: r.tokens[len(r.prompt):] for r in samples}}
+            by_priority[str(prio)] = {
+                "count": len(mine),
+                "ttft_s": ttft(mine),
+                "tpot_s": tpot([r for r in samples if r.priority == prio]),
+            }
+        return {
+            "requests": len(requests),
+            "completed": len(finished),
+            "rejected": len(rejected),
+            "rejections": [{"request": r.rid, "reason": r.reason} for r in rejected],
+            "tokens_out": tokens_out,
+            "duration_s": span,
+            "throughput_tok_s": tokens_out / span if span > 0 else 0.0,
+            "throughput_req_s": len(finished) / span if span > 0 else 0.0,
+            "ttft_s": ttft(finished),
+            "tpot_s": tpot(samples),
+            "by_priority": by_priority,
+            "kv_utilization": util,
+            "preemptions": dict(self.scheduler.preemptions),
+            "swap_bytes": self.scheduler.swap_bytes,
+            "cow_copies": self.bm.cow_copies,
+            "iterations": self.iterations,
+            "prefix_cached_tokens": self.scheduler.prefix_cached_tokens,
+            "scheduler": self.cfg.scheduler
+            + (f"+chunked({self.cfg.chunked_prefill})" if self.cfg.chunked_prefill else ""),
+            "scheduling_policy": self.cfg.scheduling_policy,
+            "kv": self.cfg.kv,
+            "free_blocks_at_end": self.bm.num_free(),
+            "num_blocks": self.cfg.num_blocks,
+            "outputs": {r.rid: r.tokens[len(r.prompt) :] for r in samples},
+        }

@@ -19,7 +19,7 @@ from __future__ import annotations
 from netmorph.mesh.presets import preset
 from netmorph.mesh.shape import ModelShape
 
-DTYPE_BYTES = 2                      # fp16 / bf16 weights and KV cache, as vLLM serves by default
+DTYPE_BYTES = 2  # fp16 / bf16 weights and KV cache, as vLLM serves by default
 
 
 def get_model(name: str, config: str | None = None) -> ModelShape:
@@ -28,6 +28,7 @@ def get_model(name: str, config: str | None = None) -> ModelShape:
     if config is None:
         return preset(name)
     from netmorph.mesh.configs import from_hf_config
+
     return ModelShape(**from_hf_config(config)[0])
 
 
@@ -35,8 +36,18 @@ def kv_table(m: ModelShape, tokens: int, block_size: int, dtype_bytes: int = DTY
     per_token = m.kv_bytes_per_token(dtype_bytes)
     blocks = -(-tokens // block_size)
     mla = {"kv_lora_rank": m.kv_lora_rank, "qk_rope_head_dim": m.qk_rope_head_dim} if m.mla else {}
-    return {"model": m.name, "attention": "mla" if m.mla else "gqa" if m.kv < m.heads else "mha", **mla,
-            "layers": m.layers, "kv_heads": m.kv, "head_dim": m.head_dim,
-            "dtype_bytes": dtype_bytes, "bytes_per_token": per_token, "bytes_per_block": per_token * block_size,
-            "tokens": tokens, "blocks": blocks, "bytes_total": per_token * tokens,
-            "bytes_reserved": per_token * block_size * blocks}
+    return {
+        "model": m.name,
+        "attention": "mla" if m.mla else "gqa" if m.kv < m.heads else "mha",
+        **mla,
+        "layers": m.layers,
+        "kv_heads": m.kv,
+        "head_dim": m.head_dim,
+        "dtype_bytes": dtype_bytes,
+        "bytes_per_token": per_token,
+        "bytes_per_block": per_token * block_size,
+        "tokens": tokens,
+        "blocks": blocks,
+        "bytes_total": per_token * tokens,
+        "bytes_reserved": per_token * block_size * blocks,
+    }

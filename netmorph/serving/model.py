@@ -52,8 +52,7 @@ class PagedGPT:
     def __init__(self, cfg: ModelShape, num_blocks: int, block_size: int, dtype=torch.float64, layers=None):
         self.cfg, self.block_size = cfg, block_size
         w = full_weights(cfg, dtype)
-        self.blocks = [Block(w, i, cfg, layers or PlainLayers(), Router(dropless=True))
-                       for i in range(cfg.layers)]
+        self.blocks = [Block(w, i, cfg, layers or PlainLayers(), Router(dropless=True)) for i in range(cfg.layers)]
         self.wte, self.wpe = w["wte"], w["wpe"]
         self.ln_f = PlainLayers().layer_norm(w["ln_f.w"], w["ln_f.b"])
         self.nh, self.hd = self.blocks[0].nh, cfg.hidden // cfg.heads
@@ -106,14 +105,22 @@ class PagedGPT:
         """Layer ``layer``'s attention backend for one iteration: write every new token's key and value into
         its slot (block ``sb``, offset ``so``), then each sequence's queries over its keys and values gathered
         through its block table (positions 0 .. first + n of that sequence, wherever their blocks lie)."""
-        def attend(q, k, v):                                               # each (1, nh, N, hd)
+
+        def attend(q, k, v):  # each (1, nh, N, hd)
             kc, vc = self.k[layer], self.v[layer]
-            kc[sb, so] = k[0].transpose(0, 1)                              # (N, nh, hd)
+            kc[sb, so] = k[0].transpose(0, 1)  # (N, nh, hd)
             vc[sb, so] = v[0].transpose(0, 1)
-            out = [F.scaled_dot_product_attention(q[0, :, start:start + n], kc[blocks, off].transpose(0, 1),
-                                                  vc[blocks, off].transpose(0, 1), attn_mask=mask)
-                   for start, n, blocks, off, mask in reads]               # each (nh, n, hd)
-            return torch.cat(out, dim=1).unsqueeze(0)                      # (1, nh, N, hd)
+            out = [
+                F.scaled_dot_product_attention(
+                    q[0, :, start : start + n],
+                    kc[blocks, off].transpose(0, 1),
+                    vc[blocks, off].transpose(0, 1),
+                    attn_mask=mask,
+                )
+                for start, n, blocks, off, mask in reads
+            ]  # each (nh, n, hd)
+            return torch.cat(out, dim=1).unsqueeze(0)  # (1, nh, N, hd)
+
         return attend
 
     @torch.no_grad()
@@ -126,16 +133,16 @@ class PagedGPT:
         slots = [s for it in items for s in it[2]]
         sb = torch.tensor([b for b, _ in slots], dtype=torch.long)
         so = torch.tensor([o for _, o in slots], dtype=torch.long)
-        x = (self.wte[toks] + self.wpe[pos]).unsqueeze(1)                  # (N, 1, h): the batch is one sequence
+        x = (self.wte[toks] + self.wpe[pos]).unsqueeze(1)  # (N, 1, h): the batch is one sequence
         reads = self.reads(items)
         for i, blk in enumerate(self.blocks):
-            x = blk(x, self.attend(i, reads, sb, so))                      # (N, 1, h)
+            x = blk(x, self.attend(i, reads, sb, so))  # (N, 1, h)
             if blk.moe is not None:
-                blk.stats.clear()                                          # the router's log: training's, not ours
+                blk.stats.clear()  # the router's log: training's, not ours
                 blk.aux.clear()
         ends = torch.tensor(list(_ends(items)), dtype=torch.long)
-        last = self.ln_f(x[ends, 0])                                       # (items, h)
-        return list(last @ self.wte.t())                                   # each (V,)
+        last = self.ln_f(x[ends, 0])  # (items, h)
+        return list(last @ self.wte.t())  # each (V,)
 
 
 def _ends(items):
@@ -151,10 +158,10 @@ def generate_alone(cfg: ModelShape, prompt, n_out: int, temperature: float = 0.0
     model = GPTStage(cfg)
     seq = list(prompt)
     for _ in range(n_out):
-        x = torch.tensor(seq, dtype=torch.long).unsqueeze(1)                      # (T, 1)
+        x = torch.tensor(seq, dtype=torch.long).unsqueeze(1)  # (T, 1)
         h = model.L.embed(model.wte, x, model.wpe)
         for blk in model.blocks:
             h = blk(h)
-        logits = model.ln_f(h[-1, 0]) @ model.wte.t()                              # (V,)
+        logits = model.ln_f(h[-1, 0]) @ model.wte.t()  # (V,)
         seq.append(sample(logits, temperature, seed + len(seq)))
-    return seq[len(prompt):]
+    return seq[len(prompt) :]

@@ -81,6 +81,7 @@ register(PriorityPolicy)
 def policy(name: str) -> Policy:
     """The policy called ``name``, or the one line listing the known ones."""
     if name not in POLICIES:
-        raise UsageError(f"{{scheduling_policy}} must be one of {', '.join(POLICIES)}, got {name!r}",
-                         "scheduling_policy")
+        raise UsageError(
+            f"{{scheduling_policy}} must be one of {', '.join(POLICIES)}, got {name!r}", "scheduling_policy"
+        )
     return POLICIES[name]()

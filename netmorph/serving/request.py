@@ -25,16 +25,16 @@ class Request:
     prompt: list
     output_len: int
     arrival: float
-    tokens: list = field(default_factory=list)       # prompt + generated
-    computed: int = 0                                # tokens whose KV is in the cache
+    tokens: list = field(default_factory=list)  # prompt + generated
+    computed: int = 0  # tokens whose KV is in the cache
     status: RequestStatus = RequestStatus.WAITING
     first_token_at: float | None = None
     finished_at: float | None = None
-    swapped: int = 0                                 # blocks it holds in the host pool while swapped out
+    swapped: int = 0  # blocks it holds in the host pool while swapped out
     reason: str = ""
-    n: int = 1                                       # parallel samples (vLLM's SamplingParams.n)
-    parent: int | None = None                        # a sample forked from this request id
-    priority: int = 0                                # lower served first under the priority policy (vLLM's)
+    n: int = 1  # parallel samples (vLLM's SamplingParams.n)
+    parent: int | None = None  # a sample forked from this request id
+    priority: int = 0  # lower served first under the priority policy (vLLM's)
 
     @property
     def generated(self) -> int:

@@ -34,7 +34,7 @@ def flops_and_bytes(m: ModelShape, items) -> tuple[float, float]:
     kv = m.kv_bytes_per_token(DTYPE_BYTES)
     flops, nbytes = 0.0, (weights + m.vocab * h) * DTYPE_BYTES
     for new, ctx in items:
-        pairs = new * ctx + new * (new + 1) / 2                                 # causal (query, key) pairs
+        pairs = new * ctx + new * (new + 1) / 2  # causal (query, key) pairs
         flops += 2 * active * new + 2 * m.layers * (m.q_width + m.o_width) * pairs + 2 * m.vocab * h
         nbytes += ctx * kv + new * kv
     return flops, nbytes
@@ -44,15 +44,25 @@ def phase(m: ModelShape, hw, batch: int, new: int, context: int) -> dict:
     """FLOPs, bytes, intensity and roofline time of one forward pass of ``batch`` sequences."""
     flops, nbytes = flops_and_bytes(m, [(new, context)] * batch)
     intensity = flops / nbytes
-    return {"flops": flops, "bytes": nbytes, "intensity": intensity, "time_s": _roof(hw, flops, nbytes),
-            "bound": "compute" if intensity >= hw.peak_flops / hw.hbm_bandwidth else "memory"}
+    return {
+        "flops": flops,
+        "bytes": nbytes,
+        "intensity": intensity,
+        "time_s": _roof(hw, flops, nbytes),
+        "bound": "compute" if intensity >= hw.peak_flops / hw.hbm_bandwidth else "memory",
+    }
 
 
 def roofline(m: ModelShape, hw, batch: int = 1, prompt: int = 512, context: int = 512) -> dict:
     """Prefill of ``prompt`` tokens and one decode step at ``context`` cached tokens, both at ``batch``."""
-    return {"model": m.name, "hardware": hw.name, "batch": batch,
-            "ridge_flops_per_byte": hw.peak_flops / hw.hbm_bandwidth,
-            "prefill": phase(m, hw, batch, prompt, 0), "decode": phase(m, hw, batch, 1, context)}
+    return {
+        "model": m.name,
+        "hardware": hw.name,
+        "batch": batch,
+        "ridge_flops_per_byte": hw.peak_flops / hw.hbm_bandwidth,
+        "prefill": phase(m, hw, batch, prompt, 0),
+        "decode": phase(m, hw, batch, 1, context),
+    }
 
 
 def iteration_time(m: ModelShape, hw, items) -> float:

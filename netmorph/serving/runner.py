@@ -28,7 +28,7 @@ class Runner:
         torch.set_num_threads(1)
         self.model = PagedGPT(model_cfg, num_blocks, block_size, layers=layers)
         self.layers = model_cfg.layers
-        self.host = {}                   # request id -> its blocks' contents while swapped out
+        self.host = {}  # request id -> its blocks' contents while swapped out
         self.on_forward = on_forward
 
     def bytes_per_block(self) -> int:
@@ -50,8 +50,12 @@ class Runner:
                 self.model.write_blocks(blocks, self.host.pop(rid))
         for src, dst in out.copies:
             self.model.copy_block(src, dst)
-        return self.forward([(r.tokens[r.computed:r.computed + n], r.computed, slots, tables[r.rid].blocks)
-                             for r, n, slots in out.items])
+        return self.forward(
+            [
+                (r.tokens[r.computed : r.computed + n], r.computed, slots, tables[r.rid].blocks)
+                for r, n, slots in out.items
+            ]
+        )
 
     def read_kv(self, table, n: int):
         """A sequence's first ``n`` positions' keys and values: (layers, 2, n, heads, head_dim) on the host."""

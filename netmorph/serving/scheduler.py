@@ -49,15 +49,15 @@ __all__ = ["Request", "RequestStatus", "ScheduledItem", "Scheduler", "SchedulerO
 class ServeConfig:
     num_blocks: int = 512
     block_size: int = 16
-    scheduler: str = "continuous"     # continuous | static
-    kv: str = "paged"                 # paged | contiguous
-    chunked_prefill: int = 0          # > 0: chunk size (tokens) of Sarathi-style mixed batches
-    max_tokens: int = 2048            # tokens per iteration (vLLM's max_num_batched_tokens)
-    max_seqs: int = 64                # sequences per iteration (max_num_seqs)
-    preemption: str = "recompute"     # recompute | swap
+    scheduler: str = "continuous"  # continuous | static
+    kv: str = "paged"  # paged | contiguous
+    chunked_prefill: int = 0  # > 0: chunk size (tokens) of Sarathi-style mixed batches
+    max_tokens: int = 2048  # tokens per iteration (vLLM's max_num_batched_tokens)
+    max_seqs: int = 64  # sequences per iteration (max_num_seqs)
+    preemption: str = "recompute"  # recompute | swap
     prefix_caching: bool = True
     temperature: float = 0.0
-    scheduling_policy: str = "fcfs"   # a name in netmorph.serving.policy.POLICIES (vLLM's --scheduling-policy)
+    scheduling_policy: str = "fcfs"  # a name in netmorph.serving.policy.POLICIES (vLLM's --scheduling-policy)
 
     def check(self) -> None:
         if not 1 <= self.block_size <= 1024:
@@ -70,10 +70,9 @@ class ServeConfig:
             raise UsageError(f"{{kv}} must be paged or contiguous, got {self.kv!r}", "kv")
         if self.preemption not in ("recompute", "swap"):
             raise UsageError(f"{{preemption}} must be recompute or swap, got {self.preemption!r}", "preemption")
-        policy(self.scheduling_policy)               # a registered name, or the one line naming the known ones
+        policy(self.scheduling_policy)  # a registered name, or the one line naming the known ones
         if self.chunked_prefill < 0 or self.chunked_prefill and self.scheduler == "static":
-            raise UsageError("{chunked_prefill} needs a token count > 0 and --scheduler continuous",
-                             "chunked_prefill")
+            raise UsageError("{chunked_prefill} needs a token count > 0 and --scheduler continuous", "chunked_prefill")
         if not (1 <= self.max_tokens <= 1 << 20 and 1 <= self.max_seqs <= 4096):
             raise UsageError("{max_tokens} must be in 1..2**20 and {max_seqs} in 1..4096", "max_tokens")
 
@@ -82,19 +81,19 @@ class ScheduledItem(NamedTuple):
     """One request's part of an iteration."""
 
     request: Request
-    tokens: int             # its tokens to compute now (a whole prompt, a prefill chunk, one decode token)
-    slots: list             # each token's KV slot [(block, offset)], allocated
+    tokens: int  # its tokens to compute now (a whole prompt, a prefill chunk, one decode token)
+    slots: list  # each token's KV slot [(block, offset)], allocated
 
 
 @dataclass
 class SchedulerOutput:
     """What to run this iteration (vLLM's ``SchedulerOutputs``)."""
 
-    items: list = field(default_factory=list)       # [ScheduledItem]
-    block_ops: list = field(default_factory=list)   # [("out" | "in", request id, blocks)] in the order decided
-    copies: list = field(default_factory=list)      # [(src, dst)] copy-on-write, before anything is written
-    preempted: list = field(default_factory=list)   # requests preempted while forming this batch
-    padding: int = 0                                 # a static batch's finished rows still in it
+    items: list = field(default_factory=list)  # [ScheduledItem]
+    block_ops: list = field(default_factory=list)  # [("out" | "in", request id, blocks)] in the order decided
+    copies: list = field(default_factory=list)  # [(src, dst)] copy-on-write, before anything is written
+    preempted: list = field(default_factory=list)  # requests preempted while forming this batch
+    padding: int = 0  # a static batch's finished rows still in it
 
     @property
     def tokens(self) -> int:
@@ -108,15 +107,20 @@ class Scheduler:
         cfg.check()
         self.cfg = cfg
         self.policy = policy(cfg.scheduling_policy)
-        self.bm = BlockManager(cfg.num_blocks, cfg.block_size, max_context, contiguous=cfg.kv == "contiguous",
-                               prefix_caching=cfg.prefix_caching)
+        self.bm = BlockManager(
+            cfg.num_blocks,
+            cfg.block_size,
+            max_context,
+            contiguous=cfg.kv == "contiguous",
+            prefix_caching=cfg.prefix_caching,
+        )
         self.bytes_per_block = bytes_per_block
         self.preemptions = {"swap": 0, "recompute": 0}
         self.swap_bytes = 0
-        self.prefix_cached_tokens = 0    # prompt tokens found in cached blocks (not computed again)
+        self.prefix_cached_tokens = 0  # prompt tokens found in cached blocks (not computed again)
         self.frozen = False
-        self.padding = []                # static batches: finished rows kept until the batch ends (HF generate)
-        self.batch_prompt = self.batch_step = 0   # a static batch's longest prompt and decode steps so far
+        self.padding = []  # static batches: finished rows kept until the batch ends (HF generate)
+        self.batch_prompt = self.batch_step = 0  # a static batch's longest prompt and decode steps so far
 
     # -- admission ----------------------------------------------------------------------------------------
     def reject_reason(self, r: Request, vocab: int) -> str:
@@ -124,11 +128,15 @@ class Scheduler:
         if not r.prompt or r.output_len < 1:
             return "a request needs at least one prompt token and one output token"
         if total > self.bm.max_context:
-            return (f"prompt {len(r.prompt)} + output {r.output_len} tokens exceed the model's context "
-                    f"{self.bm.max_context}")
+            return (
+                f"prompt {len(r.prompt)} + output {r.output_len} tokens exceed the model's context "
+                f"{self.bm.max_context}"
+            )
         if self.bm.blocks_needed(total) * r.n > self.cfg.num_blocks:
-            return (f"needs {self.bm.blocks_needed(total) * r.n} blocks ({r.n} sample(s)), more than the whole pool "
-                    f"({self.cfg.num_blocks} x {self.cfg.block_size} tokens)")
+            return (
+                f"needs {self.bm.blocks_needed(total) * r.n} blocks ({r.n} sample(s)), more than the whole pool "
+                f"({self.cfg.num_blocks} x {self.cfg.block_size} tokens)"
+            )
         if max(r.prompt) >= vocab or min(r.prompt) < 0:
             return f"prompt token ids must be in 0..{vocab - 1}"
         return ""
@@ -159,7 +167,7 @@ class Scheduler:
         out.preempted.append(victim)
         if self.cfg.preemption == "swap":
             blocks = list(self.bm.tables[victim.rid].blocks)
-            out.block_ops.append(("out", victim.rid, blocks))           # the runner copies them to the host
+            out.block_ops.append(("out", victim.rid, blocks))  # the runner copies them to the host
             victim.swapped = len(blocks)
             self.swap_bytes += len(blocks) * self.bytes_per_block
             self.bm.swap_out(victim.rid)
@@ -201,9 +209,9 @@ class Scheduler:
         decodes = [r for r in running if len(r.tokens) - r.computed == 1]
         partial = [r for r in running if len(r.tokens) - r.computed > 1]
         if not cfg.chunked_prefill:
-            if not swapped and not self.frozen:                # vLLM v0: admit and prefill before decoding
+            if not swapped and not self.frozen:  # vLLM v0: admit and prefill before decoding
                 admitted = []
-                while len(running) < cfg.max_seqs:      # the first one whatever its length, as vLLM v0
+                while len(running) < cfg.max_seqs:  # the first one whatever its length, as vLLM v0
                     r = self._admit_next(waiting, running, budget if admitted else None)
                     if r is None:
                         break
@@ -234,13 +242,13 @@ class Scheduler:
         """This iteration's batch with every slot allocated; preempts (and releases a static batch's padding)
         until it fits the pool."""
         out = SchedulerOutput()
-        self.frozen = False                  # after a preemption nothing is admitted or swapped in this step
+        self.frozen = False  # after a preemption nothing is admitted or swapped in this step
         while True:
             batch = self._batch(out, running, waiting, swapped)
             need = sum(self.bm.blocks_to_grow(r.rid, n) for r, n in batch)
             if need <= self.bm.num_free():
                 break
-            if self.padding:                                  # a static batch's finished rows give way first
+            if self.padding:  # a static batch's finished rows give way first
                 self.release_padding()
                 continue
             if not running:

@@ -24,9 +24,9 @@ from netmorph.serving.engine import Engine
 
 
 def _rank(comm, model_cfg, serve_cfg, requests, tp: int, price):
-    layers = TensorParallel(comm, Group(range(tp)), phase="tp.decode")    # training's layers, Megatron's f and g
+    layers = TensorParallel(comm, Group(range(tp)), phase="tp.decode")  # training's layers, Megatron's f and g
 
-    def tag(items):                    # the ledger tells a prefill iteration's all-reduces from a decode one's
+    def tag(items):  # the ledger tells a prefill iteration's all-reduces from a decode one's
         layers.phase = "tp.prefill" if any(len(it[0]) > 1 for it in items) else "tp.decode"
 
     engine = Engine(model_cfg, serve_cfg, price, layers=layers, on_forward=tag)
@@ -36,8 +36,16 @@ def _rank(comm, model_cfg, serve_cfg, requests, tp: int, price):
     return out
 
 
-def serve_tensor_parallel(model_cfg, serve_cfg, requests, tp: int, price, timeout: float = 60.0,
-                          keep_ledger: bool = False, backend: str = "local") -> dict | None:
+def serve_tensor_parallel(
+    model_cfg,
+    serve_cfg,
+    requests,
+    tp: int,
+    price,
+    timeout: float = 60.0,
+    keep_ledger: bool = False,
+    backend: str = "local",
+) -> dict | None:
     """Serve on ``tp`` ranks; rank 0's metrics, plus the all-reduce bytes measured and from the formula
     (ledger phases ``tp.prefill`` and ``tp.decode``; ``keep_ledger``: every message, as ``ledger``).
     ``backend="job"``: the ranks are a torchrun job's, this process one of them (None on ranks other than 0)."""
@@ -51,11 +59,15 @@ def serve_tensor_parallel(model_cfg, serve_cfg, requests, tp: int, price, timeou
     tokens = sum(out.pop("tokens_per_iteration"))
     phases = ledger.by_phase()
     tp_phases = [v for k, v in phases.items() if k.startswith("tp.")]
-    out.update(tp=tp, tp_allreduce_bytes=sum(v["bytes"] for v in tp_phases),
-               tp_bytes_by_phase={k: v["bytes"] for k, v in phases.items() if k.startswith("tp.")},
-               tp_allreduce_bytes_formula=2 * model_cfg.layers * 2 * (tp - 1) * tokens * model_cfg.hidden * 8,
-               tp_allreduces=2 * model_cfg.layers * out["iterations"],
-               tp_messages=sum(v["messages"] for v in tp_phases), tokens_computed=tokens)
+    out.update(
+        tp=tp,
+        tp_allreduce_bytes=sum(v["bytes"] for v in tp_phases),
+        tp_bytes_by_phase={k: v["bytes"] for k, v in phases.items() if k.startswith("tp.")},
+        tp_allreduce_bytes_formula=2 * model_cfg.layers * 2 * (tp - 1) * tokens * model_cfg.hidden * 8,
+        tp_allreduces=2 * model_cfg.layers * out["iterations"],
+        tp_messages=sum(v["messages"] for v in tp_phases),
+        tokens_computed=tokens,
+    )
     if keep_ledger:
         out["ledger"] = ledger.records
     return out

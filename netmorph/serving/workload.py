@@ -27,15 +27,25 @@ from netmorph.errors import UsageError
 from netmorph.files import printable, read_text_limited
 from netmorph.serving.engine import Request
 
-SHAREGPT_MEAN = (161.31, 337.99)      # prompt, output tokens (vLLM paper, ShareGPT)
+SHAREGPT_MEAN = (161.31, 337.99)  # prompt, output tokens (vLLM paper, ShareGPT)
 
 
-def generate(n: int, rate: float, context: int, vocab: int, seed: int = 0, sigma: float = 1.0,
-             means=SHAREGPT_MEAN, shared_prefix: float = 0.0, prefix_len: int = 64, samples: int = 1) -> list:
+def generate(
+    n: int,
+    rate: float,
+    context: int,
+    vocab: int,
+    seed: int = 0,
+    sigma: float = 1.0,
+    means=SHAREGPT_MEAN,
+    shared_prefix: float = 0.0,
+    prefix_len: int = 64,
+    samples: int = 1,
+) -> list:
     rng = np.random.default_rng(seed)
     gaps = rng.exponential(1 / rate, n) if math.isfinite(rate) else np.zeros(n)
     arrivals = np.cumsum(gaps) - gaps[0]
-    mu = [math.log(m) - sigma ** 2 / 2 for m in means]                  # lognormal with the given mean
+    mu = [math.log(m) - sigma**2 / 2 for m in means]  # lognormal with the given mean
     p_len = np.maximum(1, np.round(rng.lognormal(mu[0], sigma, n))).astype(int)
     o_len = np.maximum(1, np.round(rng.lognormal(mu[1], sigma, n))).astype(int)
     system = [int(t) for t in rng.integers(0, vocab, prefix_len)]
@@ -45,14 +55,16 @@ def generate(n: int, rate: float, context: int, vocab: int, seed: int = 0, sigma
         p = int(min(p_len[i], context - o))
         prompt = [int(t) for t in rng.integers(0, vocab, p)]
         if rng.random() < shared_prefix:
-            prompt = (system + prompt)[:context - o]
+            prompt = (system + prompt)[: context - o]
         out.append(Request(i, prompt, o, float(arrivals[i]), n=samples))
     return out
 
 
 FIELDS = ("prompt_len", "output_len", "arrival_s")
-LINE = ('{"prompt_len": int >= 1, "output_len": int >= 1, "arrival_s": seconds >= 0[, "prompt": [token ids]]'
-        '[, "priority": int]}')
+LINE = (
+    '{"prompt_len": int >= 1, "output_len": int >= 1, "arrival_s": seconds >= 0[, "prompt": [token ids]]'
+    '[, "priority": int]}'
+)
 OPTIONAL = ("prompt", "priority")
 
 
@@ -70,8 +82,10 @@ def load(path: str, context: int, vocab: int, seed: int = 0) -> tuple[list, list
                 raise ValueError("not a JSON object")
             missing = [k for k in FIELDS if k not in d]
             if missing:
-                raise ValueError(f"the field{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
-                                 f"{'are' if len(missing) > 1 else 'is'} missing; a line is {LINE}")
+                raise ValueError(
+                    f"the field{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                    f"{'are' if len(missing) > 1 else 'is'} missing; a line is {LINE}"
+                )
             unknown = sorted(set(d) - set(FIELDS) - set(OPTIONAL))
             if unknown:
                 raise ValueError(f"unknown field {unknown[0]!r}; a line is {LINE}")
@@ -88,8 +102,11 @@ def load(path: str, context: int, vocab: int, seed: int = 0) -> tuple[list, list
             prompt = d.get("prompt")
             if prompt is None:
                 prompt = [int(x) for x in rng.integers(0, vocab, p)]
-            elif not (isinstance(prompt, list) and len(prompt) == p
-                      and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < vocab for x in prompt)):
+            elif not (
+                isinstance(prompt, list)
+                and len(prompt) == p
+                and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < vocab for x in prompt)
+            ):
                 raise ValueError(f"prompt must be a list of prompt_len token ids in 0..{vocab - 1}")
         except (ValueError, KeyError, TypeError, RecursionError) as e:
             bad.append((k, f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e)))
@@ -97,6 +114,7 @@ def load(path: str, context: int, vocab: int, seed: int = 0) -> tuple[list, list
         reqs.append(Request(len(reqs), prompt, o, float(t), priority=priority))
     if not reqs:
         first = f"; line {bad[0][0]}: {bad[0][1]}" if bad else ""
-        raise UsageError(f"{{workload}} {printable(path)}: no request could be read ({len(bad)} line(s) rejected"
-                         f"{first})", "workload")
+        raise UsageError(
+            f"{{workload}} {printable(path)}: no request could be read ({len(bad)} line(s) rejected{first})", "workload"
+        )
     return reqs, bad

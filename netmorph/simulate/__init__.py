@@ -26,7 +26,7 @@ __all__ = ["Costs", "StepResult", "check_simulated", "costs_for", "lend_bubble",
 def costs_for(model, c, hw) -> Costs:
     """Per-microbatch costs of one rank for configuration ``c``, from the same FLOP, memory-traffic and
     collective models the planner sums analytically (:func:`netmorph.planner.timing.step_time`)."""
-    t, d = c.tp, c.dp * c.cp                 # the gradients reduce over dp x cp (Megatron's group with cp)
+    t, d = c.tp, c.dp * c.cp  # the gradients reduce over dp x cp (Megatron's group with cp)
     lc = layer_costs(model, c, hw)
     act = lc["activation_bytes"]
     layer_grads = model.layer_params() / t * c.precision.grad_bytes
@@ -43,25 +43,44 @@ def costs_for(model, c, hw) -> Costs:
             layers = model.layers // c.pp
             after_exposed = bucketed(after / layers, layers, lc["matmul_fwd"] + lc["elementwise_fwd"], hw.overlap)
     return Costs(
-        fwd_layer=lc["matmul_fwd"] + lc["elementwise_fwd"], bwd_layer=lc["matmul_bwd"] + lc["elementwise_bwd"],
-        fwd_logits=lc["logits_fwd"], bwd_logits=2 * lc["logits_fwd"],
+        fwd_layer=lc["matmul_fwd"] + lc["elementwise_fwd"],
+        bwd_layer=lc["matmul_bwd"] + lc["elementwise_bwd"],
+        fwd_logits=lc["logits_fwd"],
+        bwd_logits=2 * lc["logits_fwd"],
         tp_allreduce=collective_time(hw, "allreduce", t, 1, act) if t > 1 else 0.0,
-        tp_per_fwd=lc["tp_per_fwd"], tp_per_bwd=lc["tp_per_bwd"], cp_fwd=lc["cp_fwd"], cp_bwd=lc["cp_bwd"],
+        tp_per_fwd=lc["tp_per_fwd"],
+        tp_per_bwd=lc["tp_per_bwd"],
+        cp_fwd=lc["cp_fwd"],
+        cp_bwd=lc["cp_bwd"],
         wgrad_layer=lc["matmul_wgrad"],
         cp_bytes=cp_layer_bytes(model, c),
-        **dict(zip(("tp_embedding", "tp_head_fwd", "tp_head_bwd"),
-                   tp_head_costs(model, hw, t, act, c.precision.activation_bytes, c.knobs.sequence_parallel))),
+        **dict(
+            zip(
+                ("tp_embedding", "tp_head_fwd", "tp_head_bwd"),
+                tp_head_costs(model, hw, t, act, c.precision.activation_bytes, c.knobs.sequence_parallel),
+            )
+        ),
         tp_head_bytes=tp_head_bytes(model, t, act, c.precision.activation_bytes, c.knobs.sequence_parallel),
         p2p_bytes=act / t,
-        dp_layer=collective_time(hw, op, d, t, layer_grads), dp_embedding=collective_time(hw, op, d, t, emb_grads),
-        dp_after=after, dp_after_exposed=after_exposed, dp_overlap=c.knobs.dp_overlap, optimizer=optimizer_time(n, c, hw),
+        dp_layer=collective_time(hw, op, d, t, layer_grads),
+        dp_embedding=collective_time(hw, op, d, t, emb_grads),
+        dp_after=after,
+        dp_after_exposed=after_exposed,
+        dp_overlap=c.knobs.dp_overlap,
+        optimizer=optimizer_time(n, c, hw),
         comm_slowdown=hw.comm_slowdown if c.knobs.dp_overlap else 0.0,
         dp_rounds=c.reduce_rounds,
-        alpha_intra=hw.alpha_intra, alpha_inter=hw.alpha_inter, pipeline_hop=hw.pipeline_hop_s,
+        alpha_intra=hw.alpha_intra,
+        alpha_inter=hw.alpha_inter,
+        pipeline_hop=hw.pipeline_hop_s,
         bw_intra=hw.nvlink_bandwidth,
-        bw_inter=hw.nic_bandwidth, gpus_per_node=hw.gpus_per_node,
-        tp_bytes_sent=2 * (t - 1) / t * act, dp_bytes_layer=ring * layer_grads, dp_bytes_embedding=ring * emb_grads,
-        dp_bytes_after=(d - 1) / d * c.precision.param_bytes * n if c.sharding else 0.0)
+        bw_inter=hw.nic_bandwidth,
+        gpus_per_node=hw.gpus_per_node,
+        tp_bytes_sent=2 * (t - 1) / t * act,
+        dp_bytes_layer=ring * layer_grads,
+        dp_bytes_embedding=ring * emb_grads,
+        dp_bytes_after=(d - 1) / d * c.precision.param_bytes * n if c.sharding else 0.0,
+    )
 
 
 def cp_layer_bytes(model, c) -> tuple:
@@ -93,13 +112,13 @@ def lend_bubble(step: float, breakdown: dict, sharing: float, m: int = 1, p: int
         return step, breakdown
     busy = breakdown["compute"] + breakdown["tp"] + breakdown.get("cp", 0.0) + breakdown["pp"]
     pipeline = busy + breakdown["bubble"]
-    ideal = m + (p - 1) / v                   # the slots the played schedule's bubble stands for
+    ideal = m + (p - 1) / v  # the slots the played schedule's bubble stands for
     lent = max(busy, pipeline * shared_slots(m, p, v, sharing) / ideal)
     return step - pipeline + lent, {**breakdown, "bubble": lent - busy}
 
 
-MAX_RANKS = 1 << 16              # every rank's events are kept: beyond this a step takes minutes and gigabytes
-MAX_LAYER_PASSES = 1_000_000    # forward and backward layer passes of one rank
+MAX_RANKS = 1 << 16  # every rank's events are kept: beyond this a step takes minutes and gigabytes
+MAX_LAYER_PASSES = 1_000_000  # forward and backward layer passes of one rank
 
 
 def check_simulated(model, c, schedule_name: str | None = None) -> None:
@@ -109,14 +128,19 @@ def check_simulated(model, c, schedule_name: str | None = None) -> None:
     if c.gpus > MAX_RANKS:
         raise UsageError(f"tp x pp x dp = {c.gpus:,} ranks: at most {MAX_RANKS:,} are simulated; lower {{dp}}", "dp")
     if 2 * c.microbatches * model.layers > MAX_LAYER_PASSES:
-        raise UsageError(f"{c.microbatches:,} microbatches x {model.layers} layers is more than a million layer passes "
-                         "per rank to simulate; lower {global_batch} (or raise {microbatch})", "global_batch")
+        raise UsageError(
+            f"{c.microbatches:,} microbatches x {model.layers} layers is more than a million layer passes "
+            "per rank to simulate; lower {global_batch} (or raise {microbatch})",
+            "global_batch",
+        )
     if schedule_name and schedule_name not in ("interleaved",) + V_SHAPED and c.interleave > 1:
         raise UsageError(f"{{interleave}} {c.interleave} needs {{schedule}} interleaved", "interleave")
     if c.batch.microbatch_group:
-        raise UsageError("{microbatch_group}: the simulator plays the trainer's interleaved schedule, whose group "
-                         "is pp (Megatron's default); the planner (plan estimate) prices other groups",
-                         "microbatch_group")
+        raise UsageError(
+            "{microbatch_group}: the simulator plays the trainer's interleaved schedule, whose group "
+            "is pp (Megatron's default); the planner (plan estimate) prices other groups",
+            "microbatch_group",
+        )
 
 
 def simulate_config(model, c, hw, schedule_name: str | None = None, trace_ranks=()) -> dict:
@@ -132,9 +156,25 @@ def simulate_config(model, c, hw, schedule_name: str | None = None, trace_ranks=
     plan = estimate(model, c, hw)
     st, part = plan.step, plan.step.parts
     step, breakdown = lend_bubble(res.step_time, res.breakdown, hw.core_sharing, c.microbatches, c.pp, c.interleave)
-    return {"ranks": res.ranks, "schedule": name, "step_time_s": step, "breakdown_s": breakdown,
-            "bytes_by_link_class": res.bytes_by_link_class, "planner_step_time_s": st.step_time_s,
-            "planner_breakdown_s": {"compute": st.compute_s, "tp": part.tensor_parallel, "cp": part.context_parallel,
-                                    "pp": part.pipeline_p2p, "dp": part.data_parallel, "bubble": part.bubble,
-                                    "optimizer": part.optimizer, "slowdown": part.overlap_slowdown},
-            "events": res.events, "sim_wall_s": wall, "fits": plan.fits, "spans": res.spans}
+    return {
+        "ranks": res.ranks,
+        "schedule": name,
+        "step_time_s": step,
+        "breakdown_s": breakdown,
+        "bytes_by_link_class": res.bytes_by_link_class,
+        "planner_step_time_s": st.step_time_s,
+        "planner_breakdown_s": {
+            "compute": st.compute_s,
+            "tp": part.tensor_parallel,
+            "cp": part.context_parallel,
+            "pp": part.pipeline_p2p,
+            "dp": part.data_parallel,
+            "bubble": part.bubble,
+            "optimizer": part.optimizer,
+            "slowdown": part.overlap_slowdown,
+        },
+        "events": res.events,
+        "sim_wall_s": wall,
+        "fits": plan.fits,
+        "spans": res.spans,
+    }

@@ -54,34 +54,34 @@ class Costs:
     fwd_logits: float = 0.0
     bwd_logits: float = 0.0
     tp_allreduce: float = 0.0
-    tp_per_fwd: int = 2              # TP all-reduces per layer forward (0 with tp = 1)
+    tp_per_fwd: int = 2  # TP all-reduces per layer forward (0 with tp = 1)
     tp_per_bwd: int = 2
-    cp_fwd: float = 0.0              # a layer's exposed context-parallel exchange, forward (ring hops past the core,
-    cp_bwd: float = 0.0              # an all-gather or Ulysses' all-to-alls) and backward
-    cp_bytes: tuple = (0.0, 0.0)     # what a rank sends for them per layer, forward and backward
-    wgrad_layer: float = 0.0         # of bwd_layer, the weight gradients' GEMMs: a zero-bubble schedule's W slot
-    tp_head_fwd: float = 0.0         # the vocabulary-parallel cross-entropy's all-reduces (last stage, forward)
-    tp_head_bwd: float = 0.0         # the logits' input gradient all-reduced (last stage, backward)
-    tp_embedding: float = 0.0        # VocabParallelEmbedding's output all-reduced (first stage, forward)
-    tp_head_bytes: tuple = (0.0, 0.0, 0.0)   # what a rank sends for those three (embedding, head fwd, head bwd)
-    p2p_bytes: float = 0.0           # one activation (or its gradient) crossing a stage boundary
-    dp_layer: float = 0.0            # one layer's gradient reduction on the DP group
-    dp_embedding: float = 0.0        # the embedding's, on the first and the last stage
-    dp_after: float = 0.0            # after the optimizer: ZeRO-1/2's all-gather of the weights
-    dp_after_exposed: float = -1.0   # what of it the next forward does not hide (--overlap-param-gather, by the
-                                     # planner's bucket mechanics: the next step is not played); < 0: all of it
+    cp_fwd: float = 0.0  # a layer's exposed context-parallel exchange, forward (ring hops past the core,
+    cp_bwd: float = 0.0  # an all-gather or Ulysses' all-to-alls) and backward
+    cp_bytes: tuple = (0.0, 0.0)  # what a rank sends for them per layer, forward and backward
+    wgrad_layer: float = 0.0  # of bwd_layer, the weight gradients' GEMMs: a zero-bubble schedule's W slot
+    tp_head_fwd: float = 0.0  # the vocabulary-parallel cross-entropy's all-reduces (last stage, forward)
+    tp_head_bwd: float = 0.0  # the logits' input gradient all-reduced (last stage, backward)
+    tp_embedding: float = 0.0  # VocabParallelEmbedding's output all-reduced (first stage, forward)
+    tp_head_bytes: tuple = (0.0, 0.0, 0.0)  # what a rank sends for those three (embedding, head fwd, head bwd)
+    p2p_bytes: float = 0.0  # one activation (or its gradient) crossing a stage boundary
+    dp_layer: float = 0.0  # one layer's gradient reduction on the DP group
+    dp_embedding: float = 0.0  # the embedding's, on the first and the last stage
+    dp_after: float = 0.0  # after the optimizer: ZeRO-1/2's all-gather of the weights
+    dp_after_exposed: float = -1.0  # what of it the next forward does not hide (--overlap-param-gather, by the
+    # planner's bucket mechanics: the next step is not played); < 0: all of it
     dp_overlap: bool = False
-    dp_rounds: int = 1               # gradient reductions a step: 1, or every microbatch's (Llama 3's ZeRO-2 + pp)
-    comm_slowdown: float = 0.0       # compute slows by this share of the DP time that ran beside it
+    dp_rounds: int = 1  # gradient reductions a step: 1, or every microbatch's (Llama 3's ZeRO-2 + pp)
+    comm_slowdown: float = 0.0  # compute slows by this share of the DP time that ran beside it
     optimizer: float = 0.0
     alpha_intra: float = 0.0
     alpha_inter: float = 0.0
-    pipeline_hop: float = 0.0        # a stage-to-stage send's cost beyond the link's (Hardware.pipeline_hop_s)
-    bw_intra: float = math.inf       # B/s
+    pipeline_hop: float = 0.0  # a stage-to-stage send's cost beyond the link's (Hardware.pipeline_hop_s)
+    bw_intra: float = math.inf  # B/s
     bw_inter: float = math.inf
     gpus_per_node: int = 8
-    tp_bytes_sent: float = 0.0       # per rank per all-reduce (ring), for the link-class ledger
-    dp_bytes_layer: float = 0.0      # per rank per layer bucket (ring)
+    tp_bytes_sent: float = 0.0  # per rank per all-reduce (ring), for the link-class ledger
+    dp_bytes_layer: float = 0.0  # per rank per layer bucket (ring)
     dp_bytes_embedding: float = 0.0
     dp_bytes_after: float = 0.0
 
@@ -89,34 +89,38 @@ class Costs:
 @dataclass
 class StepResult:
     step_time: float
-    finish: np.ndarray                       # (pp, dp, tp) seconds
-    breakdown: dict                          # of the rank that finishes last: compute, tp, cp, pp, dp, bubble, optimizer
+    finish: np.ndarray  # (pp, dp, tp) seconds
+    breakdown: dict  # of the rank that finishes last: compute, tp, cp, pp, dp, bubble, optimizer
     bytes_by_link_class: dict
     events: int
     ranks: int
-    spans: list = field(default_factory=list)   # (rank, name, category, start, end) for the traced ranks
+    spans: list = field(default_factory=list)  # (rank, name, category, start, end) for the traced ranks
 
 
-def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str | None = None,
-                  trace_ranks=()) -> StepResult:
+def simulate_step(
+    layout: Layout, layers: int, costs: Costs, schedule_name: str | None = None, trace_ranks=()
+) -> StepResult:
     """Play one iteration of ``layout`` (its tp, cp, pp, dp, microbatches and interleave; ``schedule_name``, or the
     layout's pipeline schedule) on all tp·cp·pp·dp ranks. ``trace_ranks``: global ranks whose spans to keep. The cp
     ranks of a (tp, pp, dp) coordinate run one program on the same clock (their exchanges are symmetric): the
     ranks of cp coordinate 0 are played, and stand for the others."""
     schedule_name = schedule_name or layout.pipeline_schedule
-    if schedule_name in V_SHAPED and not layout.v_shaped:         # the V's placement and its two chunks
+    if schedule_name in V_SHAPED and not layout.v_shaped:  # the V's placement and its two chunks
         layout = layout.replace(schedule=schedule_name)
     tp, pp, dp, v, m, cp = layout.tp, layout.pp, layout.dp, layout.interleave, layout.microbatches, layout.cp
     stages = pp * v
     if layers % stages:
-        raise UsageError(f"the step simulator plays equal stages: pp x interleave = {stages} does not divide the "
-                         f"{layers} layers; change {{pp}} or {{interleave}} (`netmorph plan estimate` prices uneven "
-                         f"stages)", "pp")
+        raise UsageError(
+            f"the step simulator plays equal stages: pp x interleave = {stages} does not divide the "
+            f"{layers} layers; change {{pp}} or {{interleave}} (`netmorph plan estimate` prices uneven "
+            f"stages)",
+            "pp",
+        )
     per_chunk = layers // stages
     slots = schedule(schedule_name, pp, m, v)
     shape = (dp, tp)
     mesh = Mesh(tp * cp * dp * pp, tp=tp, pp=pp, dp=dp, cp=cp)
-    grid = mesh.grid.reshape(pp, dp, cp, tp)                            # the mesh's order: tp innermost, cp, dp, pp
+    grid = mesh.grid.reshape(pp, dp, cp, tp)  # the mesh's order: tp innermost, cp, dp, pp
     device = list(grid[:, :, 0, :])
     node = [node_of(d, costs.gpus_per_node) for d in device]
     traced = {int(g): tuple(mesh.coords(int(g))[k] for k in ("pp", "dp", "tp")) for g in trace_ranks}
@@ -126,15 +130,15 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
     spans = []
 
     free = [np.zeros(shape) for _ in range(pp)]
-    nic = [np.zeros(shape) for _ in range(pp)]           # the pipeline send port: free from then on
-    dpq = [np.zeros(shape) for _ in range(pp)]           # the DP stream: when its last bucket finishes
+    nic = [np.zeros(shape) for _ in range(pp)]  # the pipeline send port: free from then on
+    dpq = [np.zeros(shape) for _ in range(pp)]  # the DP stream: when its last bucket finishes
     acc = {k: [np.zeros(shape) for _ in range(pp)] for k in ("compute", "tp", "cp", "pp", "dp")}
     inbox: dict = {}
     nvlink = nic_bytes = 0.0
     events = 0
     pos = [0] * pp
-    split = any(s.kind == "W" for row in slots for s in row)     # zero bubble: B and W apart, buckets after W
-    last_b = [{} for _ in range(pp)]                      # chunk -> index of its last slot that ends a backward
+    split = any(s.kind == "W" for row in slots for s in row)  # zero bubble: B and W apart, buckets after W
+    last_b = [{} for _ in range(pp)]  # chunk -> index of its last slot that ends a backward
     for r in range(pp):
         for k, s in enumerate(slots[r]):
             if s.kind == ("W" if split else "B"):
@@ -163,7 +167,7 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
     def cp_exchange(r, t, seconds, nbytes):
         """One layer's context-parallel exchange: the same seconds on every cp rank, nothing to wait for."""
         nonlocal nvlink, nic_bytes
-        if seconds > 0:                # ring hops wholly behind the attention core leave no span
+        if seconds > 0:  # ring hops wholly behind the attention core leave no span
             record(r, "cp exchange", "cp", t, t + seconds)
             acc["cp"][r] += seconds
         nic_bytes += nbytes * t.size * cp_nic
@@ -184,11 +188,11 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
                 record(r, name, "compute", t, t1)
                 acc["compute"][r] += part
                 events += t.size
-                if (cp_s or cp_bytes) and i % max(n_ar, 1) == 0:     # hidden or not, its bytes go
+                if (cp_s or cp_bytes) and i % max(n_ar, 1) == 0:  # hidden or not, its bytes go
                     t1 = cp_exchange(r, t1, cp_s, cp_bytes)
                 t = tp_collective(r, t1, costs.tp_allreduce, costs.tp_bytes_sent, "tp all-reduce") if n_ar else t1
             return t
-        if cp_s or cp_bytes:           # every lane the same: the exchanges shift the pass, waiting for no one
+        if cp_s or cp_bytes:  # every lane the same: the exchanges shift the pass, waiting for no one
             t = cp_exchange(r, t, cp_s * count, cp_bytes * count)
         acc["compute"][r] += part * parts
         events += t.size * parts
@@ -201,7 +205,7 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
         count_tp(costs.tp_bytes_sent * t.size * rest)
         return t + (part + costs.tp_allreduce) * rest
 
-    links = {}                                            # (stage, next stage) -> which lanes leave the node, ...
+    links = {}  # (stage, next stage) -> which lanes leave the node, ...
 
     def send(r, t_ready, dst_stage):
         """Stage r's lanes send one activation to ``dst_stage``: (arrival, transfer seconds). Sends queue
@@ -213,8 +217,12 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
         if link is None:
             inter = node[r] != node[dst_stage]
             x = np.where(inter, costs.p2p_bytes / costs.bw_inter, costs.p2p_bytes / costs.bw_intra)
-            link = links[r, dst_stage] = (inter, x, np.where(inter, costs.alpha_inter, costs.alpha_intra) + x
-                                          + costs.pipeline_hop, int(inter.sum()))
+            link = links[r, dst_stage] = (
+                inter,
+                x,
+                np.where(inter, costs.alpha_inter, costs.alpha_intra) + x + costs.pipeline_hop,
+                int(inter.sum()),
+            )
         inter, x, base, n_inter = link
         start = np.maximum(t_ready, nic[r])
         if n_inter:
@@ -240,7 +248,7 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
         if dp * cp == 1 or seconds <= 0:
             return
         events += t_ready.size
-        start = np.maximum(t_ready, dpq[r])               # buckets in order, on their own communicator
+        start = np.maximum(t_ready, dpq[r])  # buckets in order, on their own communicator
         dpq[r] = start + seconds
         acc["dp"][r] += seconds
         _count_dp(nbytes * t_ready.size)
@@ -271,22 +279,31 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
                 if not local:
                     arrival, dur = inbox.pop(key)
                     wait = np.maximum(arrival - t, 0.0)
-                    acc["pp"][r] += np.minimum(wait, dur)         # the rest of the wait is the bubble
+                    acc["pp"][r] += np.minimum(wait, dur)  # the rest of the wait is the bubble
                     t = np.maximum(t, arrival)
                 t_slot = t
                 if s.kind == "F":
                     if vs == 0 and costs.tp_embedding:
                         t = tp_collective(r, t, costs.tp_embedding, costs.tp_head_bytes[0], "tp embedding all-reduce")
-                    t = layer_pass(r, t, costs.fwd_layer, costs.tp_per_fwd if tp > 1 else 0, f"F{s.microbatch}",
-                                   per_chunk, costs.cp_fwd, costs.cp_bytes[0])
+                    t = layer_pass(
+                        r,
+                        t,
+                        costs.fwd_layer,
+                        costs.tp_per_fwd if tp > 1 else 0,
+                        f"F{s.microbatch}",
+                        per_chunk,
+                        costs.cp_fwd,
+                        costs.cp_bytes[0],
+                    )
                     if vs == stages - 1 and costs.fwd_logits:
                         t = layer_pass(r, t, costs.fwd_logits, 0, f"F{s.microbatch} logits")
                         if costs.tp_head_fwd:
-                            t = tp_collective(r, t, costs.tp_head_fwd, costs.tp_head_bytes[1],
-                                              "tp cross-entropy all-reduces")
+                            t = tp_collective(
+                                r, t, costs.tp_head_fwd, costs.tp_head_bytes[1], "tp cross-entropy all-reduces"
+                            )
                     if vs < stages - 1:
                         inbox[("F", vs + 1, s.microbatch)] = hand(r, t, vs + 1)
-                elif s.kind == "W":                                 # the weight gradients: no collective
+                elif s.kind == "W":  # the weight gradients: no collective
                     if (last_b[r][s.chunk] == pos[r] or costs.dp_rounds > 1) and costs.dp_overlap:
                         for _ in range(per_chunk):
                             t = layer_pass(r, t, costs.wgrad_layer, 0, f"W{s.microbatch}")
@@ -301,12 +318,11 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
                     n_bwd = costs.tp_per_bwd if tp > 1 else 0
                     bwd = costs.bwd_layer - (costs.wgrad_layer if split else 0.0)
                     if not split and (last_b[r][s.chunk] == pos[r] or costs.dp_rounds > 1) and costs.dp_overlap:
-                        for _ in range(per_chunk):                  # a bucket after each layer
+                        for _ in range(per_chunk):  # a bucket after each layer
                             t = layer_pass(r, t, bwd, n_bwd, f"B{s.microbatch}", 1, costs.cp_bwd, costs.cp_bytes[1])
                             dp_bucket(r, t, costs.dp_layer, costs.dp_bytes_layer)
                     else:
-                        t = layer_pass(r, t, bwd, n_bwd, f"B{s.microbatch}", per_chunk, costs.cp_bwd,
-                                       costs.cp_bytes[1])
+                        t = layer_pass(r, t, bwd, n_bwd, f"B{s.microbatch}", per_chunk, costs.cp_bwd, costs.cp_bytes[1])
                     if vs > 0:
                         inbox[("B", vs - 1, s.microbatch)] = hand(r, t, vs - 1)
                 record(r, f"{s.kind}{s.microbatch}" + (f".{s.chunk}" if v > 1 else ""), "slot", t_slot, t)
@@ -324,12 +340,12 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
         if not costs.dp_overlap:
             for _ in range(per_chunk * v * costs.dp_rounds):
                 dp_bucket(r, end, costs.dp_layer, costs.dp_bytes_layer)
-        first_or_last = r == 0 or (r == pp - 1 and not layout.v_shaped)     # a V: both ends on rank 0
+        first_or_last = r == 0 or (r == pp - 1 and not layout.v_shaped)  # a V: both ends on rank 0
         if first_or_last:
             dp_bucket(r, np.maximum(end, dpq[r]), costs.dp_embedding, costs.dp_bytes_embedding)
         t = np.maximum(end, dpq[r])
         dp_exposed = t - end
-        hidden = acc["dp"][r] - dp_exposed             # bucket time that ran beside the backward
+        hidden = acc["dp"][r] - dp_exposed  # bucket time that ran beside the backward
         t_opt = t + costs.optimizer
         record(r, "optimizer", "compute", t, t_opt)
         events += t.size
@@ -352,12 +368,20 @@ def simulate_step(layout: Layout, layers: int, costs: Costs, schedule_name: str 
     r, a, b = np.unravel_index(int(np.argmax(finish)), finish.shape)
     busy = {k: float(acc[k][r][a, b]) for k in acc}
     step = float(finish[r, a, b])
-    breakdown = {"compute": busy["compute"], "tp": busy["tp"], "cp": busy["cp"], "pp": busy["pp"],
-                 "dp": float(parts[r][a, b]), "optimizer": costs.optimizer, "slowdown": float(slowdown[r][a, b])}
-    breakdown["bubble"] = step - sum(breakdown.values())          # waiting for the pipeline: the rest
+    breakdown = {
+        "compute": busy["compute"],
+        "tp": busy["tp"],
+        "cp": busy["cp"],
+        "pp": busy["pp"],
+        "dp": float(parts[r][a, b]),
+        "optimizer": costs.optimizer,
+        "slowdown": float(slowdown[r][a, b]),
+    }
+    breakdown["bubble"] = step - sum(breakdown.values())  # waiting for the pipeline: the rest
     # the bytes of the played ranks, cp coordinate 0, stand for each of the cp coordinates'
-    return StepResult(step, finish, breakdown, {"nvlink": nvlink * cp, "nic": nic_bytes * cp}, events,
-                      tp * cp * pp * dp, spans)
+    return StepResult(
+        step, finish, breakdown, {"nvlink": nvlink * cp, "nic": nic_bytes * cp}, events, tp * cp * pp * dp, spans
+    )
 
 
 def _ring_inter_fraction(devices, gpus_per_node: int) -> float:

@@ -17,6 +17,7 @@ from netmorph.cost.tuner import predict
 def color(name: str, op: str = "allreduce") -> str:
     """The algorithm's colour in every figure (its registry record's)."""
     from netmorph.collectives import REGISTRY
+
     return REGISTRY[op][name].color
 
 
@@ -25,21 +26,23 @@ def algos() -> list:
     return list(ALGORITHMS["allreduce"])
 
 
-SIZES = [1 << e for e in range(10, 31)]          # 1 KiB .. 1 GiB
+SIZES = [1 << e for e in range(10, 31)]  # 1 KiB .. 1 GiB
 WORLDS = [2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256]
 MAP_SIZES = [1 << e for e in range(10, 31, 2)]
-GROUPS = {"TP group: 8 GPUs of one node (devices 0..7, NVLink)": list(range(8)),
-          "DP group: GPU 0 of 8 nodes (devices 0, 8, .., 56, InfiniBand)": list(range(0, 64, 8))}
+GROUPS = {
+    "TP group: 8 GPUs of one node (devices 0..7, NVLink)": list(range(8)),
+    "DP group: GPU 0 of 8 nodes (devices 0, 8, .., 56, InfiniBand)": list(range(0, 64, 8)),
+}
 MAP_CLUSTERS = ("dgx-a100-cluster", "pcie-ethernet-cluster")
 STEPS = len(GROUPS) + len(WORLDS) + 1
 
 
 @dataclass
 class Collectives:
-    algos: list         # the all-reduces compared, in the registry's order
-    curves: dict        # {placement label: {algorithm: predicted seconds per size of SIZES}} at p = 8
-    maps: dict          # {cluster: (WORLDS x MAP_SIZES) index into algos of the fastest}
-    flat: list          # each algorithm's Prediction for 8 MiB on 8 ranks of the flat topology
+    algos: list  # the all-reduces compared, in the registry's order
+    curves: dict  # {placement label: {algorithm: predicted seconds per size of SIZES}} at p = 8
+    maps: dict  # {cluster: (WORLDS x MAP_SIZES) index into algos of the fastest}
+    flat: list  # each algorithm's Prediction for 8 MiB on 8 ranks of the flat topology
 
 
 def winners(curves: dict) -> list:
@@ -55,13 +58,14 @@ def run(tick=lambda: None, quick: bool = False) -> Collectives:
     names = algos()
     curves = {}
     for label, pl in GROUPS.items():
-        curves[label] = {a: np.array([predict("allreduce", a, 8, n, cluster, 4, pl).time for n in SIZES])
-                         for a in names}
+        curves[label] = {
+            a: np.array([predict("allreduce", a, 8, n, cluster, 4, pl).time for n in SIZES]) for a in names
+        }
         tick()
     maps = {name: np.zeros((len(WORLDS), len(MAP_SIZES)), dtype=int) for name in MAP_CLUSTERS}
     for i, p in enumerate(WORLDS):
         for j, n in enumerate(MAP_SIZES):
-            schedules = [build("allreduce", a, p, n // 4, 4) for a in names]     # one schedule, both clusters
+            schedules = [build("allreduce", a, p, n // 4, 4) for a in names]  # one schedule, both clusters
             for name, grid in maps.items():
                 grid[i, j] = int(np.argmin([simulate(s, PRESETS[name]).time for s in schedules]))
         tick()

@@ -14,9 +14,9 @@ WORKERS = 4
 
 @dataclass
 class Consistency:
-    steps: int          # per worker
+    steps: int  # per worker
     workers: int
-    runs: dict          # {case: every mode's summary row}
+    runs: dict  # {case: every mode's summary row}
 
 
 def run(tick=lambda: None, quick: bool = False) -> Consistency:

@@ -16,9 +16,16 @@ SIZES = [4 << 10, 32 << 10, 256 << 10, 2 << 20, 16 << 20]
 LOCAL = ["ring", "rabenseifner", "two_shot"]
 WORLDS = (2, 4)
 # 2 "nodes" x 2 ranks, slow enough that the emulated links dominate Python's own costs
-LAB = Topology("lab-2x2", alpha=200e-6, beta=1 / 1e9, gamma=0.0, gpus_per_node=2, alpha_inter=1e-3,
-               beta_inter=1 / 100e6, description="emulated: 2 nodes x 2 ranks; 200 us, 1 GB/s inside; "
-                                                 "1 ms, 100 MB/s between")
+LAB = Topology(
+    "lab-2x2",
+    alpha=200e-6,
+    beta=1 / 1e9,
+    gamma=0.0,
+    gpus_per_node=2,
+    alpha_inter=1e-3,
+    beta_inter=1 / 100e6,
+    description="emulated: 2 nodes x 2 ranks; 200 us, 1 GB/s inside; 1 ms, 100 MB/s between",
+)
 EMU_ALGOS = ["ring", "recursive_doubling", "rabenseifner", "binomial", "double_binary_tree", "two_shot"]
 EMU_SIZES = [1 << 10, 64 << 10, 512 << 10]
 STEPS = 2 * len(WORLDS) + len(EMU_ALGOS)
@@ -26,11 +33,11 @@ STEPS = 2 * len(WORLDS) + len(EMU_ALGOS)
 
 @dataclass
 class Fabric:
-    busbw: dict                 # {world: nccl-tests rows of the local fabric's LOCAL algorithms and of gloo}
-    memcpy_gbps: float          # one core's copy bandwidth, out of cache: the bound drawn beside them
-    emulated: list              # (algorithm, bytes, measured s, predicted s) on LAB
-    cores: int                  # this machine's
-    sizes: list                 # of the busbw sweep: SIZES (``quick``: without the largest)
+    busbw: dict  # {world: nccl-tests rows of the local fabric's LOCAL algorithms and of gloo}
+    memcpy_gbps: float  # one core's copy bandwidth, out of cache: the bound drawn beside them
+    emulated: list  # (algorithm, bytes, measured s, predicted s) on LAB
+    cores: int  # this machine's
+    sizes: list  # of the busbw sweep: SIZES (``quick``: without the largest)
 
 
 def _emulated(comm, sizes, algo, reps):
@@ -61,11 +68,23 @@ def run(tick=lambda: None, quick: bool = False) -> Fabric:
 
     bw = {}
     for p in WORLDS:
-        rows = measure([Case("allreduce", a, n) for n in sizes for a in LOCAL], p, "local", iters=iters,
-                       warmup=warmup, in_place_only=True)
+        rows = measure(
+            [Case("allreduce", a, n) for n in sizes for a in LOCAL],
+            p,
+            "local",
+            iters=iters,
+            warmup=warmup,
+            in_place_only=True,
+        )
         tick()
-        rows += measure([Case("allreduce", "native", n) for n in sizes], p, "torch-native", iters=iters,
-                        warmup=warmup, in_place_only=True)
+        rows += measure(
+            [Case("allreduce", "native", n) for n in sizes],
+            p,
+            "torch-native",
+            iters=iters,
+            warmup=warmup,
+            in_place_only=True,
+        )
         tick()
         bw[p] = rows
     copy = memcpy_bandwidth()

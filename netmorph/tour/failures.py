@@ -9,16 +9,16 @@ from netmorph.failures import curve, daly, fleet, job_mtbf, monte_carlo
 
 STEPS = 1
 SIZES = (1024, 16384, 100_000)
-COSTS = (60.0, 600.0, 60.0, 10.0)    # checkpoint write, restart, in-place recovery, step (s): assumptions
+COSTS = (60.0, 600.0, 60.0, 10.0)  # checkpoint write, restart, in-place recovery, step (s): assumptions
 
 
 @dataclass
 class Failures:
-    run: dict               # Llama 3 405B's published failure record
+    run: dict  # Llama 3 405B's published failure record
     per_gpu_mtbf_s: float
-    costs: tuple            # COSTS
-    curves: list            # a netmorph.failures.Curve per size
-    monte_carlo: dict       # {gpus: [(Daly's interval, mean goodput, its standard error)]} over 54 days
+    costs: tuple  # COSTS
+    curves: list  # a netmorph.failures.Curve per size
+    monte_carlo: dict  # {gpus: [(Daly's interval, mean goodput, its standard error)]} over 54 days
 
 
 def run(tick=lambda: None, quick: bool = False) -> Failures:

@@ -23,11 +23,11 @@ FULL, QUICK = (24, 4, 40.0, 50.0), (16, 4, 10.0, 200.0)
 class Morph:
     scenario: Scenario
     segment: int
-    start: Layout           # the split the twin ranks first on the healthy cluster
-    predicted: dict         # {layout tag: the twin's step seconds on the healthy cluster}, fastest first
+    start: Layout  # the split the twin ranks first on the healthy cluster
+    predicted: dict  # {layout tag: the twin's step seconds on the healthy cluster}, fastest first
     adaptive: Run
-    statics: dict           # {layout tag: the same scenario on that split all along}: the start and one other
-    moved: Plan             # tp2·pp2·dp2 -> dp8·zero3 of the default GPT
+    statics: dict  # {layout tag: the same scenario on that split all along}: the start and one other
+    moved: Plan  # tp2·pp2·dp2 -> dp8·zero3 of the default GPT
 
 
 def run(tick=lambda: None, quick: bool = False) -> Morph:
@@ -47,5 +47,4 @@ def run(tick=lambda: None, quick: bool = False) -> Morph:
     tick()
     moved = plan(model, Layout(tp=2, pp=2, dp=2), Layout(dp=8, zero=3))
     tick()
-    return Morph(scenario, segment, start, {lay.tag(): twin.predict(lay) for lay in ranked}, adaptive, statics,
-                 moved)
+    return Morph(scenario, segment, start, {lay.tag(): twin.predict(lay) for lay in ranked}, adaptive, statics, moved)

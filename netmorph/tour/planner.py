@@ -18,12 +18,12 @@ MODEL, GPUS, BATCH = "gpt3-175b", 1024, 1536
 
 @dataclass
 class Planning:
-    result: SearchResult        # GPT-3 175B on GPUS a100-80g
-    seconds: float              # the search's wall time
-    memory_bytes: float         # of one a100-80g
-    splits: list                # (tp, pp, memory() at ZeRO-1 selective recompute, best MFU % or 0: nothing fits)
+    result: SearchResult  # GPT-3 175B on GPUS a100-80g
+    seconds: float  # the search's wall time
+    memory_bytes: float  # of one a100-80g
+    splits: list  # (tp, pp, memory() at ZeRO-1 selective recompute, best MFU % or 0: nothing fits)
     layers: int
-    big: SearchResult           # Llama 3 405B on 16,384 h100-80g, stages 7 layers short first and last
+    big: SearchResult  # Llama 3 405B on 16,384 h100-80g, stages 7 layers short first and last
     big_seconds: float
 
 
@@ -39,14 +39,27 @@ def run(tick=lambda: None, quick: bool = False) -> Planning:
         for p in (1, 2, 4, 8, 16, 32):
             if model.layers % p:
                 continue
-            c = Layout(tp=t, pp=p, dp=GPUS // (t * p), zero=1, batch=Batch(global_batch=BATCH),
-                       knobs=Knobs(recompute="selective", sequence_parallel=t > 1))
+            c = Layout(
+                tp=t,
+                pp=p,
+                dp=GPUS // (t * p),
+                zero=1,
+                batch=Batch(global_batch=BATCH),
+                knobs=Knobs(recompute="selective", sequence_parallel=t > 1),
+            )
             here = [e for e in result.by_split if (e.layout.tp, e.layout.pp) == (t, p)]
             splits.append((t, p, memory(model, c), 100 * here[0].rates.mfu if here else 0.0))
     # today's model on today's cluster: GQA, SwiGLU, FlashAttention, uneven stages, cp and precision searched
     t0 = time.perf_counter()
-    big = search(PRESETS["llama-3-405b"], 16384, HW["h100-80g"], 2048, top=1,
-                 base=Layout(knobs=Knobs(first_stage_layers=7, last_stage_layers=7)), fixed={"precision": "bf16"})
+    big = search(
+        PRESETS["llama-3-405b"],
+        16384,
+        HW["h100-80g"],
+        2048,
+        top=1,
+        base=Layout(knobs=Knobs(first_stage_layers=7, last_stage_layers=7)),
+        fixed={"precision": "bf16"},
+    )
     t_big = time.perf_counter() - t0
     tick()
     return Planning(result, elapsed, hw.memory_bytes, splits, model.layers, big, t_big)

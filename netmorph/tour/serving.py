@@ -20,19 +20,25 @@ from netmorph.serving.tp import serve_tensor_parallel
 
 STEPS = 3
 RATES = (4.0, 8.0, 16.0)
-SCHEDULERS = (("static", dict(scheduler="static")), ("continuous", {}),
-              ("continuous + chunked prefill 64", dict(chunked_prefill=64, max_tokens=128)))
-PHASES = {"kv": "KV transfer (prefill -> decode ranks)", "tp.prefill": "prefill: TP all-reduces",
-          "tp.decode": "decode: TP all-reduces"}
+SCHEDULERS = (
+    ("static", dict(scheduler="static")),
+    ("continuous", {}),
+    ("continuous + chunked prefill 64", dict(chunked_prefill=64, max_tokens=128)),
+)
+PHASES = {
+    "kv": "KV transfer (prefill -> decode ranks)",
+    "tp.prefill": "prefill: TP all-reduces",
+    "tp.decode": "decode: TP all-reduces",
+}
 TRAINING = "training: gradient all-reduce"
 
 
 @dataclass
 class Serving:
-    kv: dict            # {"paged" | "contiguous": (KV timeline [(t, slots holding a token, reserved)], metrics)}
-    curves: dict        # {scheduler: [metrics at each of RATES]}
-    requests: int       # of each load point
-    phases: dict        # {run: [(t, bytes, phase name)]}: every message of the three runs
+    kv: dict  # {"paged" | "contiguous": (KV timeline [(t, slots holding a token, reserved)], metrics)}
+    curves: dict  # {scheduler: [metrics at each of RATES]}
+    requests: int  # of each load point
+    phases: dict  # {run: [(t, bytes, phase name)]}: every message of the three runs
 
 
 def _price(items):
@@ -43,18 +49,23 @@ def _phase_traffic() -> dict:
     """One data-parallel training step, a disaggregated serve and a tensor-parallel serve on the fabric: every
     message (its time from the ledger, its bytes, its phase)."""
     t = train(TrainConfig.make(dp=4, steps=2, trace=True))
-    train_msgs = [(e["ts"] / 1e6, e["args"]["bytes"], TRAINING)
-                  for e in t.trace["traceEvents"] if e.get("ph") == "X" and e.get("cat", "").startswith("dp")]
+    train_msgs = [
+        (e["ts"] / 1e6, e["args"]["bytes"], TRAINING)
+        for e in t.trace["traceEvents"]
+        if e.get("ph") == "X" and e.get("cat", "").startswith("dp")
+    ]
     model = ModelShape(layers=2, hidden=64, heads=4, seq=512, vocab=256)
     reqs = workload.generate(16, 200.0, model.seq, model.vocab, seed=1, means=(161.31 / 2, 337.99 / 8))
     cfg = ServeConfig(num_blocks=256, block_size=16)
     d = serve_disaggregated(model, cfg, copy.deepcopy(reqs), 1, 2, keep_ledger=True)
     p = serve_tensor_parallel(model, cfg, copy.deepcopy(reqs), 2, _price, keep_ledger=True)
-    return {"one training step, dp 4": train_msgs,
-            "serving, prefill 1 rank : decode 2 ranks": [(r.t0, r.bytes, PHASES[r.phase]) for r in d["ledger"]
-                                                         if r.phase in PHASES],
-            "serving, tensor parallel 2": [(r.t0, r.bytes, PHASES[r.phase]) for r in p["ledger"]
-                                           if r.phase in PHASES]}
+    return {
+        "one training step, dp 4": train_msgs,
+        "serving, prefill 1 rank : decode 2 ranks": [
+            (r.t0, r.bytes, PHASES[r.phase]) for r in d["ledger"] if r.phase in PHASES
+        ],
+        "serving, tensor parallel 2": [(r.t0, r.bytes, PHASES[r.phase]) for r in p["ledger"] if r.phase in PHASES],
+    }
 
 
 def run(tick=lambda: None, quick: bool = False) -> Serving:
@@ -67,6 +78,7 @@ def run(tick=lambda: None, quick: bool = False) -> Serving:
         e = Engine(model, ServeConfig(block_size=16, **kw), _price)
         metrics = e.run(copy.deepcopy(reqs))
         return e.timeline, metrics
+
     kv = {name: serve(32, 40.0, num_blocks=64, kv=name) for name in ("paged", "contiguous")}
     tick()
     n = 12 if quick else 24

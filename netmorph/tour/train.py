@@ -16,10 +16,10 @@ SCHEDULES = (("afab", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1), ("zbv",
 
 @dataclass
 class Training:
-    schedules: list         # (schedule, interleave, TrainSummary): pp 4, 8 microbatches, 15 ms emulated forward
-    three_d: TrainSummary   # tp2 pp2 dp2 ZeRO-1, with the 1-rank reference
-    zero_memory: list       # (stage, measured memory_bytes, the planner's model-state bytes) on dp 4, ZeRO 0-3
-    params: int             # the default GPT's parameters
+    schedules: list  # (schedule, interleave, TrainSummary): pp 4, 8 microbatches, 15 ms emulated forward
+    three_d: TrainSummary  # tp2 pp2 dp2 ZeRO-1, with the 1-rank reference
+    zero_memory: list  # (stage, measured memory_bytes, the planner's model-state bytes) on dp 4, ZeRO 0-3
+    params: int  # the default GPT's parameters
 
 
 def run(tick=lambda: None, quick: bool = False) -> Training:
@@ -27,12 +27,12 @@ def run(tick=lambda: None, quick: bool = False) -> Training:
     small = ModelShape(layers=8, hidden=32, heads=4, seq=16, vocab=64)
     runs = []
     for name, v in SCHEDULES:
-        cfg = TrainConfig.make(model=small, pp=4, schedule=name, interleave=v, microbatches=8,
-                               steps=2 if quick else 4, compute_ms=15.0)
+        cfg = TrainConfig.make(
+            model=small, pp=4, schedule=name, interleave=v, microbatches=8, steps=2 if quick else 4, compute_ms=15.0
+        )
         runs.append((name, v, train(cfg)))
     tick()
-    three_d = train(TrainConfig.make(model=ModelShape(), tp=2, pp=2, dp=2, zero=1, microbatches=4, steps=2),
-                    check=True)
+    three_d = train(TrainConfig.make(model=ModelShape(), tp=2, pp=2, dp=2, zero=1, microbatches=4, steps=2), check=True)
     tick()
     mems = []
     for z in (0, 1, 2, 3):

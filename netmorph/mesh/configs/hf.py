@@ -15,10 +15,38 @@ from netmorph.mesh.presets import check_shape
 from netmorph.mesh.shape import ModelShape
 
 GATED = ("silu", "swish", "swiglu", "silu_and_mul")
-DROPOUTS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "emb_pdrop", "attn_pdrop",
-            "hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "activation_dropout")
-ROPE_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "gemma", "gemma2", "phi3", "olmo",
-                 "olmo2", "deepseek_v2", "deepseek_v3", "gpt_neox", "gptj", "falcon", "stablelm", "internlm2")
+DROPOUTS = (
+    "attention_dropout",
+    "hidden_dropout",
+    "resid_pdrop",
+    "embd_pdrop",
+    "emb_pdrop",
+    "attn_pdrop",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "dropout",
+    "activation_dropout",
+)
+ROPE_FAMILIES = (
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "gemma",
+    "gemma2",
+    "phi3",
+    "olmo",
+    "olmo2",
+    "deepseek_v2",
+    "deepseek_v3",
+    "gpt_neox",
+    "gptj",
+    "falcon",
+    "stablelm",
+    "internlm2",
+)
 
 
 def _whole(value, lo: int, hi: int) -> bool:
@@ -28,8 +56,9 @@ def _whole(value, lo: int, hi: int) -> bool:
 
 def _int(value, key: str, where: str, argument: str, lo: int = 1, hi: int = 1 << 30) -> int:
     if not _whole(value, lo, hi):
-        raise UsageError(f"{{{argument}}} {where}: {key} must be a whole number in {lo}..{hi:,}, got {value!r}",
-                         argument)
+        raise UsageError(
+            f"{{{argument}}} {where}: {key} must be a whole number in {lo}..{hi:,}, got {value!r}", argument
+        )
     return int(value)
 
 
@@ -40,11 +69,12 @@ class _Reader:
     def __init__(self, cfg: dict, where: str, argument: str):
         self.cfg, self.where, self.argument = cfg, where, argument
         self.used: set = set()
-        self.source: dict = {}                 # ModelShape field -> the key it came from
+        self.source: dict = {}  # ModelShape field -> the key it came from
 
     def bad(self, key, what, value):
-        return UsageError(f"{{{self.argument}}} {self.where}: {printable(key)} must be {what}, got {value!r}",
-                          self.argument)
+        return UsageError(
+            f"{{{self.argument}}} {self.where}: {printable(key)} must be {what}, got {value!r}", self.argument
+        )
 
     def key(self, *keys):
         return next((k for k in keys if k in self.cfg and self.cfg[k] is not None), None)
@@ -71,8 +101,13 @@ class _Reader:
 
     def number(self, *keys, lo=0.0, hi=float("inf"), default=None, open_lo=False, open_hi=False, use=True):
         def ok(v):
-            return (not isinstance(v, bool) and isinstance(v, (int, float)) and (lo < v if open_lo else lo <= v)
-                    and (v < hi if open_hi else v <= hi))
+            return (
+                not isinstance(v, bool)
+                and isinstance(v, (int, float))
+                and (lo < v if open_lo else lo <= v)
+                and (v < hi if open_hi else v <= hi)
+            )
+
         span = f"{'(' if open_lo else '['}{lo:g}, {hi:g}{')' if open_hi else ']'}"
         return self._take(keys, default, use, ok, f"a number in {span}")[1]
 
@@ -84,9 +119,32 @@ class _Reader:
 
 
 # transformers' activation names (ACT2FN): anything else in hidden_act is not a Hugging Face config's
-ACTIVATIONS = ("gelu", "gelu_10", "gelu_fast", "gelu_new", "gelu_python", "gelu_pytorch_tanh", "gelu_accurate",
-               "laplace", "leaky_relu", "linear", "mish", "quick_gelu", "relu", "relu2", "relu6", "sigmoid", "silu",
-               "swish", "tanh", "prelu", "xielu", "gegelu", "swiglu", "silu_and_mul")
+ACTIVATIONS = (
+    "gelu",
+    "gelu_10",
+    "gelu_fast",
+    "gelu_new",
+    "gelu_python",
+    "gelu_pytorch_tanh",
+    "gelu_accurate",
+    "laplace",
+    "leaky_relu",
+    "linear",
+    "mish",
+    "quick_gelu",
+    "relu",
+    "relu2",
+    "relu6",
+    "sigmoid",
+    "silu",
+    "swish",
+    "tanh",
+    "prelu",
+    "xielu",
+    "gegelu",
+    "swiglu",
+    "silu_and_mul",
+)
 
 
 TORCH_DTYPES = ("float32", "float16", "bfloat16", "float64", "float8_e4m3fn", "float8_e5m2", "int8", "auto")
@@ -114,8 +172,24 @@ def _check_common(r: _Reader) -> None:
 
 # model types whose MLP is gated (gate, up and down projections: SwiGLU, or Gemma's GeGLU -- the same three
 # matrices, counted and priced alike) whatever their hidden_act says
-GATED_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
-                  "gemma3_text", "deepseek_v2", "deepseek_v3", "olmo", "olmo2", "phi3", "internlm2")
+GATED_FAMILIES = (
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "deepseek_v2",
+    "deepseek_v3",
+    "olmo",
+    "olmo2",
+    "phi3",
+    "internlm2",
+)
 
 
 def _layer_indices(r: _Reader, key: str, layers: int) -> list:
@@ -134,12 +208,15 @@ def _architecture(r: _Reader, model_type: str, layers: int, hidden: int, heads: 
     Qwen2-MoE's shared expert, gate and sparse step, Qwen3's and Gemma 3's Q/K norms,
     Gemma 2's four norms per layer, head_dim where it is not hidden/heads, OPT's two extra position rows."""
     out: dict = {}
-    if "q_lora_rank" in r.cfg:                 # null: Q projected directly
+    if "q_lora_rank" in r.cfg:  # null: Q projected directly
         r.used.add("q_lora_rank")
     latent = r.int("kv_lora_rank", "kv_lora_rank", lo=0, default=0)
     if latent:
-        out.update(kv_lora_rank=latent, q_lora_rank=r.int(None, "q_lora_rank", lo=0, default=0),
-                   **{k: r.int(k, k) or 0 for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")})
+        out.update(
+            kv_lora_rank=latent,
+            q_lora_rank=r.int(None, "q_lora_rank", lo=0, default=0),
+            **{k: r.int(k, k) or 0 for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")},
+        )
     head_dim = r.int("head_width", "head_dim")
     if head_dim is not None and head_dim != hidden // heads and "kv_lora_rank" not in out:
         out["head_width"] = head_dim
@@ -151,11 +228,11 @@ def _architecture(r: _Reader, model_type: str, layers: int, hidden: int, heads: 
         shared_ffn = r.int("shared_ffn", "shared_expert_intermediate_size", lo=0, default=0)
         if shared:
             out["shared_experts"] = shared
-        elif shared_ffn:                       # Qwen2-MoE: one shared expert of its own width, behind a gate
+        elif shared_ffn:  # Qwen2-MoE: one shared expert of its own width, behind a gate
             out.update(shared_experts=1, shared_ffn=shared_ffn, shared_gate=True)
         first = r.int("dense_layers", "first_k_dense_replace", lo=0, default=0)
-        freq = r.int(None, "moe_layer_freq", default=1)              # DeepSeek: MoE where i >= k and i % freq == 0
-        step = r.int(None, "decoder_sparse_step", default=1)         # Qwen2/3-MoE: MoE where (i + 1) % step == 0
+        freq = r.int(None, "moe_layer_freq", default=1)  # DeepSeek: MoE where i >= k and i % freq == 0
+        step = r.int(None, "decoder_sparse_step", default=1)  # Qwen2/3-MoE: MoE where (i + 1) % step == 0
         dense = {i for i in range(layers) if i >= first and (i % freq or (i + 1) % step)}
         dense |= set(_layer_indices(r, "mlp_only_layers", layers))
         out.update(dense_layers=first, dense_at=tuple(sorted(i for i in dense if i >= first)))
@@ -167,13 +244,16 @@ def _architecture(r: _Reader, model_type: str, layers: int, hidden: int, heads: 
         out["qk_norm"] = True
     if model_type in ("gemma2", "gemma3_text"):
         out["layer_norms"] = 4
-    if model_type == "opt":                    # OPTLearnedPositionalEmbedding keeps 2 rows for its offset
+    if model_type == "opt":  # OPTLearnedPositionalEmbedding keeps 2 rows for its offset
         out["extra_positions"] = 2
         proj = r.int(None, "word_embed_proj_dim")
         if proj is not None and proj != hidden or r.bool("do_layer_norm_before", default=True) is False:
-            raise UsageError(f"{{model_config}} {r.where}: OPT with word_embed_proj_dim {proj} (project_in/out) or "
-                             f"without do_layer_norm_before is not modelled -- an estimate would be wrong, so none "
-                             f"is made", "model_config")
+            raise UsageError(
+                f"{{model_config}} {r.where}: OPT with word_embed_proj_dim {proj} (project_in/out) or "
+                f"without do_layer_norm_before is not modelled -- an estimate would be wrong, so none "
+                f"is made",
+                "model_config",
+            )
     return out
 
 
@@ -181,7 +261,7 @@ def from_hf_config(path) -> tuple[dict, list]:
     """(ModelShape fields, keys not used) from a Hugging Face ``config.json``."""
     path = Path(path)
     cfg = read_json_object(path, "model_config")
-    if isinstance(cfg.get("text_config"), dict):           # multimodal wrappers keep the LM in text_config
+    if isinstance(cfg.get("text_config"), dict):  # multimodal wrappers keep the LM in text_config
         cfg = {**cfg["text_config"], **{k: v for k, v in cfg.items() if k != "text_config"}}
     where = printable(path.name)
     r = _Reader(cfg, where, "model_config")
@@ -190,8 +270,10 @@ def from_hf_config(path) -> tuple[dict, list]:
     def need(field, *keys, lo=1):
         v = r.int(field, *keys, lo=lo)
         if v is None:
-            raise UsageError(f"{{model_config}} {where}: none of {', '.join(keys)} is set; is it a transformer "
-                             f"config.json?", "model_config")
+            raise UsageError(
+                f"{{model_config}} {where}: none of {', '.join(keys)} is set; is it a transformer config.json?",
+                "model_config",
+            )
         return v
 
     layers = need("layers", "num_hidden_layers", "n_layer", "num_layers", "n_layers")
@@ -202,11 +284,14 @@ def from_hf_config(path) -> tuple[dict, list]:
     _check_common(r)
     act = r.str("hidden_act", "activation_function", "hidden_activation", default="gelu").lower()
     if act not in ACTIVATIONS:
-        raise r.bad(r.key("hidden_act", "activation_function", "hidden_activation"),
-                    f"an activation transformers knows ({', '.join(ACTIVATIONS[:6])}, ...)", act)
+        raise r.bad(
+            r.key("hidden_act", "activation_function", "hidden_activation"),
+            f"an activation transformers knows ({', '.join(ACTIVATIONS[:6])}, ...)",
+            act,
+        )
     swiglu = act in GATED or model_type in GATED_FAMILIES
     ffn = r.int("ffn", "intermediate_size", "n_inner", "ffn_hidden_size", "ffn_dim")
-    if ffn is None and "expansion_ratio" in cfg:                # MPT
+    if ffn is None and "expansion_ratio" in cfg:  # MPT
         ffn = int(r.number("expansion_ratio", lo=0, open_lo=True, hi=1 << 10) * hidden)
         r.source["ffn"] = "expansion_ratio"
     kv = r.int("kv_heads", "num_key_value_heads", "n_head_kv", "num_kv_heads")
@@ -218,8 +303,13 @@ def from_hf_config(path) -> tuple[dict, list]:
     alibi = r.bool("alibi", default=False)
     if alibi or attn_cfg.get("alibi") is True or model_type == "bloom":
         position = "alibi"
-    elif (model_type in ROPE_FAMILIES or "rope_theta" in cfg or "rope_scaling" in cfg
-          or cfg.get("position_embedding_type") == "rotary" or "rotary_dim" in cfg):
+    elif (
+        model_type in ROPE_FAMILIES
+        or "rope_theta" in cfg
+        or "rope_scaling" in cfg
+        or cfg.get("position_embedding_type") == "rotary"
+        or "rotary_dim" in cfg
+    ):
         position = "rope"
     else:
         position = "learned"
@@ -229,11 +319,19 @@ def from_hf_config(path) -> tuple[dict, list]:
     r.number("rotary_pct", lo=0, hi=1, open_lo=True)
     if cfg.get("rope_scaling") is not None and not isinstance(cfg["rope_scaling"], dict):
         raise r.bad("rope_scaling", "an object of fields (or null)", cfg["rope_scaling"])
-    used.update(k for k in ("rope_theta", "rope_scaling", "position_embedding_type", "rotary_dim", "rotary_pct")
-                if k in cfg)
-    seq = r.int("seq", "max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
-                "max_sequence_length", default=2048)
-    if model_type in GATED_FAMILIES:           # RMSNorm, bias-free MLP: attention_bias biases attention only
+    used.update(
+        k for k in ("rope_theta", "rope_scaling", "position_embedding_type", "rotary_dim", "rotary_pct") if k in cfg
+    )
+    seq = r.int(
+        "seq",
+        "max_position_embeddings",
+        "n_positions",
+        "max_seq_len",
+        "seq_length",
+        "max_sequence_length",
+        default=2048,
+    )
+    if model_type in GATED_FAMILIES:  # RMSNorm, bias-free MLP: attention_bias biases attention only
         bias = False
         attention_bias = "all" if r.bool("attention_bias", default=False) else ""
         if model_type in ("qwen2", "qwen2_moe") and r.bool("qkv_bias", default=True):
@@ -264,16 +362,31 @@ def from_hf_config(path) -> tuple[dict, list]:
     arch = _architecture(r, model_type, layers, hidden, heads, experts)
     if kv is not None and kv == heads:
         kv = None
-    fields = dict(layers=layers, hidden=hidden, heads=heads, vocab=vocab, seq=seq, ffn=ffn or 0, kv_heads=kv or 0,
-                  ffn_type="swiglu" if swiglu else "relu" if act == "relu" else "gelu",
-                  position=position, tied=tied, bias=bias, attention="flash", dropout=any(p > 0 for p in drops),
-                  experts=experts, top_k=top_k, embedding_norm=model_type == "bloom", attention_bias=attention_bias,
-                  **arch)
+    fields = dict(
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        vocab=vocab,
+        seq=seq,
+        ffn=ffn or 0,
+        kv_heads=kv or 0,
+        ffn_type="swiglu" if swiglu else "relu" if act == "relu" else "gelu",
+        position=position,
+        tied=tied,
+        bias=bias,
+        attention="flash",
+        dropout=any(p > 0 for p in drops),
+        experts=experts,
+        top_k=top_k,
+        embedding_norm=model_type == "bloom",
+        attention_bias=attention_bias,
+        **arch,
+    )
     try:
         check_shape(ModelShape("config", **fields))
-    except UsageError as e:                    # the file's own numbers disagree: name its keys, not flags
+    except UsageError as e:  # the file's own numbers disagree: name its keys, not flags
         raise UsageError(f"{{model_config}} {where}: {e.render(r.source)}", "model_config") from None
-    stem = path.stem if path.stem != "config" else path.parent.name     # .../Meta-Llama-3-8B/config.json
+    stem = path.stem if path.stem != "config" else path.parent.name  # .../Meta-Llama-3-8B/config.json
     name = r.str("_name_or_path") or stem or model_type
     used.update({"architectures"} & set(cfg))
     return {"name": printable(name), **fields}, sorted(printable(k) for k in set(cfg) - used)

@@ -42,7 +42,7 @@ class Work:
 
     def __init__(self, transport, streams):
         self._t, self._streams = transport, streams
-        self.keep = None                      # the caller's tensor, alive until the operation completes
+        self.keep = None  # the caller's tensor, alive until the operation completes
 
     def is_completed(self) -> bool:
         self._t.progress()

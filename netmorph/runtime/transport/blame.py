@@ -52,7 +52,7 @@ class Deadlock(FabricError):
 
     def __init__(self, cycle: list[tuple[int, Waiting]]):
         self.cycle = [r for r, _ in cycle]
-        self.rank = cycle[0][1].peer                  # whom the reporting rank blames: the next on the cycle
+        self.rank = cycle[0][1].peer  # whom the reporting rank blames: the next on the cycle
         links = [f"rank {r} waits for rank {w.peer} in {_call(w)} ({WHAT[w.what]})" for r, w in cycle]
         super().__init__("deadlock: " + "; ".join(links) + " -- none can move until another does")
 
@@ -61,8 +61,8 @@ def _call(w: Waiting) -> str:
     if w.fp is None:
         return "an unfingerprinted call"
     text = describe(w.fp)
-    if text.startswith("send/recv("):                 # a point-to-point message: say which end this is
-        text = ("send" if w.what == 1 else "recv") + text[len("send/recv"):]
+    if text.startswith("send/recv("):  # a point-to-point message: say which end this is
+        text = ("send" if w.what == 1 else "recv") + text[len("send/recv") :]
     return text
 
 
@@ -130,8 +130,9 @@ def why_silent(state: str) -> str:
     return "it is in no communication call: hung, or far slower than its peers"
 
 
-def walk(me: int, mine: Waiting, seconds: float, wait_of, state_of=lambda r: "", settle: float = 0.0,
-         stopped=lambda: ()) -> FabricError:
+def walk(
+    me: int, mine: Waiting, seconds: float, wait_of, state_of=lambda r: "", settle: float = 0.0, stopped=lambda: ()
+) -> FabricError:
     """The error rank ``me`` raises when its wait ``mine`` timed out after ``seconds``.
 
     ``wait_of(rank)``: that rank's :class:`Waiting`, or None when it is in no communication call (or
@@ -145,7 +146,7 @@ def walk(me: int, mine: Waiting, seconds: float, wait_of, state_of=lambda r: "",
     peer = mine.peer
     deadline = time.monotonic() + settle
 
-    def silent(r):                                        # its posted wait (if any) no longer means anything
+    def silent(r):  # its posted wait (if any) no longer means anything
         return state_of(r) in SILENT
 
     while peer >= 0:
@@ -154,12 +155,12 @@ def walk(me: int, mine: Waiting, seconds: float, wait_of, state_of=lambda r: "",
             time.sleep(0.01)
             theirs = wait_of(peer)
         if theirs is None:
-            break                                         # the end of the chain: the silent rank
+            break  # the end of the chain: the silent rank
         prev_rank, prev = chain[-1]
         if prev.fp is not None and theirs.fp is not None and conflict(prev.fp, theirs.fp):
             return CollectiveMismatch(prev_rank, peer, prev.fp, theirs.fp, sent=False)
         chain.append((peer, theirs))
-        if theirs.peer in seen:                           # back on the chain: a cycle
+        if theirs.peer in seen:  # back on the chain: a cycle
             start = next(i for i, (r, _) in enumerate(chain) if r == theirs.peer)
             first_rank, first = chain[start]
             if theirs.fp is not None and first.fp is not None and conflict(theirs.fp, first.fp):
@@ -174,11 +175,17 @@ def walk(me: int, mine: Waiting, seconds: float, wait_of, state_of=lambda r: "",
         via = f"; {hops}"
     if root >= 0 and not silent(root):
         frozen = [r for r in stopped() if r != me]
-        if frozen:                                        # the chain ends at a rank still running: a stopped
-            via += f"; rank {root} is running, but rank {frozen[0]}'s process is stopped"    # one is the cause
+        if frozen:  # the chain ends at a rank still running: a stopped
+            via += f"; rank {root} is running, but rank {frozen[0]}'s process is stopped"  # one is the cause
             root = frozen[0]
-    return PeerTimeout(root, seconds, WHAT[mine.what], waited_for=mine.peer, via=via,
-                       why=why_silent(state_of(root)) if root >= 0 else "none of them sent anything")
+    return PeerTimeout(
+        root,
+        seconds,
+        WHAT[mine.what],
+        waited_for=mine.peer,
+        via=via,
+        why=why_silent(state_of(root)) if root >= 0 else "none of them sent anything",
+    )
 
 
 __all__ = ["Deadlock", "Waiting", "walk", "process_state", "child_pids", "stop_rank", "why_silent", "WHAT"]

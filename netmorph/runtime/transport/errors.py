@@ -24,8 +24,15 @@ class PeerTimeout(FabricError):
     (:mod:`netmorph.runtime.transport.blame`), which need not be ``waited_for``, the peer this
     rank itself waited on; ``via`` says how the chain led from one to the other."""
 
-    def __init__(self, rank: int, seconds: float, what: str, waited_for: int | None = None, via: str = "",
-                 why: str = "it is hung or far slower than its peers"):
+    def __init__(
+        self,
+        rank: int,
+        seconds: float,
+        what: str,
+        waited_for: int | None = None,
+        via: str = "",
+        why: str = "it is hung or far slower than its peers",
+    ):
         self.rank = rank
         self.waited_for = rank if waited_for is None else waited_for
         self.seconds = seconds

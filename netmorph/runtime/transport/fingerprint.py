@@ -49,7 +49,7 @@ def algos() -> tuple:
 
 
 REDOPS = ("sum", "prod", "max", "min", "none", "avg")
-UNEVEN = -1                      # all-to-all with per-rank split sizes: the count differs by rank
+UNEVEN = -1  # all-to-all with per-rank split sizes: the count differs by rank
 
 
 class CollectiveMismatch(FabricError):
@@ -58,19 +58,23 @@ class CollectiveMismatch(FabricError):
     None: the receiver never made a call at that index (it returned, or skipped one)."""
 
     def __init__(self, rank: int, peer: int, mine, theirs, sent: bool = True, text: str | None = None):
-        self.rank = peer                   # whom this rank blames: the peer whose message disagreed
+        self.rank = peer  # whom this rank blames: the peer whose message disagreed
         self.receiver, self.sender, self.sent = rank, peer, sent
         self.mine = None if mine is None else np.asarray(mine).copy()
         self.theirs = None if theirs is None else np.asarray(theirs).copy()
-        if text is not None:               # found by torch's own check (torch-native): its words
+        if text is not None:  # found by torch's own check (torch-native): its words
             text = f"collective mismatch: {text}"
         elif self.mine is None:
-            text = (f"collective mismatch: rank {peer} sent rank {rank} {describe(self.theirs)}, which rank {rank} "
-                    f"never received: it made no such call")
+            text = (
+                f"collective mismatch: rank {peer} sent rank {rank} {describe(self.theirs)}, which rank {rank} "
+                f"never received: it made no such call"
+            )
         else:
             verb = "sent it" if sent else "is in"
-            text = (f"collective mismatch: rank {rank} is in {describe(self.mine)} but rank {peer} {verb} "
-                    f"{describe(self.theirs)}")
+            text = (
+                f"collective mismatch: rank {rank} is in {describe(self.mine)} but rank {peer} {verb} "
+                f"{describe(self.theirs)}"
+            )
         super().__init__(text)
 
 
@@ -97,18 +101,28 @@ def dtype_code(dtype) -> int:
     """numpy's kind letter and the item size, for a numpy or a torch dtype (bfloat16: kind ``B``)."""
     try:
         dt = np.dtype(dtype)
-    except TypeError:                                  # a torch dtype: torch.float16 -> "float16"
+    except TypeError:  # a torch dtype: torch.float16 -> "float16"
         dt = numpy_dtype(str(dtype).replace("torch.", ""))
-    if dt.name == "bfloat16":                          # ml_dtypes' numpy type is kind V: name it apart
+    if dt.name == "bfloat16":  # ml_dtypes' numpy type is kind V: name it apart
         return ord("B") | 2 << 8
     return ord(dt.kind) | dt.itemsize << 8
 
 
 @lru_cache(maxsize=1024)
 def _template(op: str, algo: str, count: int, dtype, root: int, redop: str, ranks: tuple) -> np.ndarray:
-    return np.array([OPS.index(op) | algos().index(algo) << 8, 0, count, dtype_code(dtype),
-                     root | len(ranks) << 32, REDOPS.index(redop),
-                     zlib.crc32(np.asarray(ranks, dtype=np.int64).tobytes()), 0], dtype=np.int64)
+    return np.array(
+        [
+            OPS.index(op) | algos().index(algo) << 8,
+            0,
+            count,
+            dtype_code(dtype),
+            root | len(ranks) << 32,
+            REDOPS.index(redop),
+            zlib.crc32(np.asarray(ranks, dtype=np.int64).tobytes()),
+            0,
+        ],
+        dtype=np.int64,
+    )
 
 
 def stamp(op: str, algo: str, seq: int, count: int, dtype, root: int, redop: str, ranks) -> np.ndarray:

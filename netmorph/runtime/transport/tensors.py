@@ -14,6 +14,7 @@ from netmorph.runtime.transport import fingerprint as fpr
 
 def dist_module():
     import torch.distributed as dist
+
     return dist
 
 
@@ -23,6 +24,7 @@ def to_torch(a):
     if not isinstance(a, np.ndarray):
         return a
     import torch
+
     if a.dtype.name == "bfloat16":
         return torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
     return torch.from_numpy(a)
@@ -33,6 +35,7 @@ def head_like(a):
     if isinstance(a, np.ndarray):
         return np.empty(fpr.HEADER_BYTES, np.uint8)
     import torch
+
     return torch.empty(fpr.HEADER_BYTES, dtype=torch.uint8, device=a.device)
 
 
@@ -53,6 +56,7 @@ def reduce_into(v, part, ufunc, acc=None) -> None:
         ufunc(first, part, out=v)
         return
     import torch
+
     op = {np.add: torch.add, np.multiply: torch.mul, np.maximum: torch.maximum, np.minimum: torch.minimum}[ufunc]
     op(first, part, out=v)
 
@@ -61,6 +65,7 @@ def concat(views):
     if isinstance(views[0], np.ndarray):
         return np.concatenate([v.reshape(-1) for v in views])
     import torch
+
     return torch.cat([v.reshape(-1) for v in views])
 
 

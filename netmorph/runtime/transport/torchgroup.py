@@ -82,6 +82,7 @@ class DefaultGroup:
     def store(self):
         try:
             from torch.distributed import distributed_c10d
+
             return distributed_c10d._get_default_store()
         except (ImportError, AttributeError, RuntimeError, ValueError):
             return None
@@ -135,19 +136,21 @@ class EpochGroup:
 
     def __init__(self, store, epoch: int, members, slot: int, timeout: float):
         import torch
+
         dist = dist_module()
         self.epoch, self.members, self.slot = epoch, tuple(members), slot
         self.route = {s: i for i, s in enumerate(self.members)}
         self._store = store
-        prefix = dist.PrefixStore(f"netmorph/pg/{epoch}/", getattr(store, "raw", store))  # a LighthouseStore: its TCPStore
+        prefix = dist.PrefixStore(
+            f"netmorph/pg/{epoch}/", getattr(store, "raw", store)
+        )  # a LighthouseStore: its TCPStore
         wait = datetime.timedelta(seconds=timeout)
         before = socket_fds()
         self.pg = dist.ProcessGroupGloo(prefix, self.route[slot], len(self.members), wait)
         self.nccl = None
         if torch.cuda.is_available() and dist.is_nccl_available():
-            self.nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl/", prefix), self.route[slot],
-                                              len(self.members))
-        self.fds = connected(socket_fds() - before)       # the connections this group made (gloo's full mesh)
+            self.nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl/", prefix), self.route[slot], len(self.members))
+        self.fds = connected(socket_fds() - before)  # the connections this group made (gloo's full mesh)
         self.aborted = False
 
     def size(self) -> int:

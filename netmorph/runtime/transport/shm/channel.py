@@ -42,7 +42,7 @@ class OutStream:
         self.start = None
         self.desc = None
         self.ack_at = None
-        self.fp = self.hdr = fp                      # the call's fingerprint; hdr: still to lead the first piece
+        self.fp = self.hdr = fp  # the call's fingerprint; hdr: still to lead the first piece
         if arena_range is not None and self.segs:
             lo, hi = arena_range
             ptrs = [address(s) for s in self.segs]
@@ -58,15 +58,18 @@ class InStream:
     __slots__ = ("peer", "segs", "flags", "seg", "pos", "done", "total", "got", "fp")
 
     def __init__(self, peer, views, flags, fp=None):
-        keep = [(v.reshape(-1), f.reshape(-1) if isinstance(f, np.ndarray) else bool(f))
-                for v, f in zip(views, flags) if v.size]
+        keep = [
+            (v.reshape(-1), f.reshape(-1) if isinstance(f, np.ndarray) else bool(f))
+            for v, f in zip(views, flags)
+            if v.size
+        ]
         self.peer = peer
         self.segs = [v for v, _ in keep]
         self.flags = [f for _, f in keep]
-        self.seg = self.pos = self.got = 0           # pos in bytes within segment
+        self.seg = self.pos = self.got = 0  # pos in bytes within segment
         self.total = sum(v.nbytes for v in self.segs)
         self.done = self.total == 0
-        self.fp = fp                                 # the call we are in (None: fingerprints off)
+        self.fp = fp  # the call we are in (None: fingerprints off)
 
 
 class Channels:
@@ -74,7 +77,7 @@ class Channels:
 
     def __init__(self, fabric, rank: int, clock):
         self.f, self.rank, self.clock = fabric, rank, clock
-        self.ufunc = np.add                   # the reduction of the round in flight
+        self.ufunc = np.add  # the reduction of the round in flight
 
     # ------------------------------------------------------------ sender
     def push(self, st: OutStream) -> bool:
@@ -88,14 +91,14 @@ class Channels:
             k = int(f.posted[ch] % f.K)
             slot = f.slot(ch, k)
             fill = head = 0
-            if st.hdr is not None:               # the fingerprint leads the first piece
+            if st.hdr is not None:  # the fingerprint leads the first piece
                 fingerprint.write(st.hdr, st.total, slot[:H])
                 st.hdr = None
                 fill = head = H
             while fill < f.S and st.seg < len(st.segs):
                 src = st.segs[st.seg]
                 take = min(f.S - fill, len(src) - st.pos)
-                slot[fill:fill + take] = src[st.pos:st.pos + take]
+                slot[fill : fill + take] = src[st.pos : st.pos + take]
                 fill += take
                 st.pos += take
                 if st.pos == len(src):
@@ -105,7 +108,7 @@ class Channels:
             i = ch * f.K + k
             f.piece_bytes[i] = fill
             self.clock.stamp(f.not_before, i, st)
-            f.posted[ch] += 1                    # publish after the data
+            f.posted[ch] += 1  # publish after the data
             moved = True
             st.done = st.sent == st.total
         if moved:
@@ -125,15 +128,15 @@ class Channels:
             if st.hdr is not None:
                 fingerprint.write(st.hdr, st.total, slot[:H])
                 head = H
-            slot[head:head + len(raw)] = raw
-            f.piece_bytes[i] = -(head + len(raw))     # negative: a descriptor, not data
+            slot[head : head + len(raw)] = raw
+            f.piece_bytes[i] = -(head + len(raw))  # negative: a descriptor, not data
             st.sent = st.total
             self.clock.stamp(f.not_before, i, st)
             f.posted[ch] += 1
             st.ack_at = int(f.posted[ch])
             f.ring(st.peer)
             return True
-        if f.consumed[ch] >= st.ack_at:             # the receiver has read our buffer: it may change again
+        if f.consumed[ch] >= st.ack_at:  # the receiver has read our buffer: it may change again
             st.done = True
             return True
         return False
@@ -154,7 +157,7 @@ class Channels:
                 self._pull_desc(st, ch, k, -nb, self.ufunc)
             else:
                 land(st, self.open(st, f.slot(ch, k)[:nb]), self.ufunc)
-            f.consumed[ch] += 1                  # hand the slot back (for a descriptor: the ack)
+            f.consumed[ch] += 1  # hand the slot back (for a descriptor: the ack)
             moved = True
             st.done = st.got == st.total
         if moved:
@@ -166,7 +169,7 @@ class Channels:
         pairs = self.descriptor_pairs(st, ch, k, nb).copy()
         src_arena = self.f.arena(st.peer)
         for off, ln in pairs.tolist():
-            land(st, src_arena[off:off + ln], ufunc)
+            land(st, src_arena[off : off + ln], ufunc)
 
     def open(self, st: InStream, piece: np.ndarray) -> np.ndarray:
         """The payload of a piece: on the first piece of a fingerprinted message, the header is
@@ -223,15 +226,15 @@ def land(st: InStream, data: np.ndarray, ufunc) -> None:
     while at < n:
         dst = st.segs[st.seg]
         take = min(n - at, dst.nbytes - st.pos)
-        chunk = data[at:at + take]
+        chunk = data[at : at + take]
         flag = st.flags[st.seg]
         if flag is not False:
             isz = dst.itemsize
             a, b = st.pos // isz, (st.pos + take) // isz
-            acc = dst if flag is True else flag          # out of place: recvbuff = sendbuff + incoming
+            acc = dst if flag is True else flag  # out of place: recvbuff = sendbuff + incoming
             ufunc(acc[a:b], chunk.view(dst.dtype), out=dst[a:b])
         else:
-            dst.view(np.uint8)[st.pos:st.pos + take] = chunk
+            dst.view(np.uint8)[st.pos : st.pos + take] = chunk
         at += take
         st.pos += take
         if st.pos == dst.nbytes:

@@ -35,23 +35,23 @@ from netmorph.runtime.transport.fingerprint import CollectiveMismatch, same_call
 from netmorph.runtime.transport.shm.channel import InStream, OutStream
 from netmorph.runtime.transport.shm.mapping import FAILED, IDLE, RETURNED, WAITING, address
 
-TRAIL = 16                      # calls remembered per group, to name a call a peer's message was from
+TRAIL = 16  # calls remembered per group, to name a call a peer's message was from
 
 
 class ProgressEngine:
     def __init__(self, fabric, rank: int, timeout: float, channels, clock, arena_range):
         self.f, self.rank, self.timeout = fabric, rank, timeout
         self.channels, self.clock = channels, clock
-        self.arena_range = arena_range        # descriptors for sends from our registered arena
-        self.outq: dict[int, deque] = {}      # peer -> deque[OutStream]
-        self.inq: dict[int, deque] = {}       # peer -> deque[InStream]
+        self.arena_range = arena_range  # descriptors for sends from our registered arena
+        self.outq: dict[int, deque] = {}  # peer -> deque[OutStream]
+        self.inq: dict[int, deque] = {}  # peer -> deque[InStream]
         self.ppid = os.getppid()
         # more ranks than cores: a waiting rank must hand its core over at once, not spin
         self.spins = 64 if fabric.world <= (os.cpu_count() or 1) else 2
-        self.bell = address(fabric.doorbell[rank:rank + 1])
-        self.failed = None                    # the error that broke this rank's fabric: raised again on every call
-        self.acked_deaths = 0                 # elastic: deaths this rank has already re-formed around
-        self.trail: dict[tuple, dict] = {}    # fingerprint.slot -> {call index: fingerprint}, the last TRAIL
+        self.bell = address(fabric.doorbell[rank : rank + 1])
+        self.failed = None  # the error that broke this rank's fabric: raised again on every call
+        self.acked_deaths = 0  # elastic: deaths this rank has already re-formed around
+        self.trail: dict[tuple, dict] = {}  # fingerprint.slot -> {call index: fingerprint}, the last TRAIL
         self._last_fp = None
         fabric.set_state(rank, IDLE, os.getpid())
 
@@ -105,19 +105,19 @@ class ProgressEngine:
     def _wait(self, streams, ready, pull, blame_as) -> None:
         spins = 0
         last = time.perf_counter()
-        on_board = fresh = False              # our row on the wait board: written at all, and up to date
+        on_board = fresh = False  # our row on the wait board: written at all, and up to date
         try:
             while True:
                 if self.progress(pull):
                     spins = 0
                     last = time.perf_counter()
-                    fresh = False                 # what we wait for may have changed
+                    fresh = False  # what we wait for may have changed
                 if ready() if ready is not None else all(s.done for s in streams):
                     return
                 spins += 1
                 if spins < self.spins:
                     continue
-                if not fresh:                     # going to sleep: say on the board what we wait for
+                if not fresh:  # going to sleep: say on the board what we wait for
                     self.f.post_wait(self.rank, *self._waiting(streams, blame_as))
                     on_board = fresh = True
                     self._unreceived()
@@ -127,8 +127,8 @@ class ProgressEngine:
                     raise self._diagnose(streams, blame_as)
                 self._sleep(idle, pull)
         except BaseException:
-            if on_board:                          # failed while waiting: not silent, and whom it waited for
-                self.f.set_state(self.rank, FAILED)    # stays readable for the chain
+            if on_board:  # failed while waiting: not silent, and whom it waited for
+                self.f.set_state(self.rank, FAILED)  # stays readable for the chain
                 on_board = False
             raise
         finally:
@@ -164,8 +164,15 @@ class ProgressEngine:
         def stopped():
             return [r for r in range(f.world) if blame.process_state(f.wait_of(r)[4]) in ("T", "t")]
 
-        err = blame.walk(self.rank, Waiting(fp, peer, what), self.timeout, wait_of, state_of,
-                         settle=min(0.5, self.timeout / 4), stopped=stopped)
+        err = blame.walk(
+            self.rank,
+            Waiting(fp, peer, what),
+            self.timeout,
+            wait_of,
+            state_of,
+            settle=min(0.5, self.timeout / 4),
+            stopped=stopped,
+        )
         if isinstance(err, CollectiveMismatch):
             f.report_mismatch(err)
         return err
@@ -190,7 +197,7 @@ class ProgressEngine:
                 continue
             calls = self.trail.get(slot(head))
             if not calls or max(calls) <= head[1]:
-                continue                           # a call we have not reached yet: it will be received
+                continue  # a call we have not reached yet: it will be received
             mine = calls.get(int(head[1]))
             if mine is not None and same_call(mine, head):
                 continue
@@ -219,9 +226,10 @@ class ProgressEngine:
             raise CollectiveMismatch(*m)
         lost = self.f.aborted
         if lost is not None:
-            raise PeerLost(lost, "it stopped answering; the launcher ended it" if self.f.aborted_silent
-                           else "it exited or raised")
-        if self.f.deaths > self.acked_deaths:          # elastic: a member died; re-form to go on
+            raise PeerLost(
+                lost, "it stopped answering; the launcher ended it" if self.f.aborted_silent else "it exited or raised"
+            )
+        if self.f.deaths > self.acked_deaths:  # elastic: a member died; re-form to go on
             dead = [r for r in range(self.f.world) if self.f.dead[r]]
             raise PeerLost(dead[-1], f"it died; dead so far: {dead} (elastic: agree on a new view and re-form)")
         if os.getppid() != self.ppid:
@@ -252,7 +260,7 @@ class ProgressEngine:
         try:
             if self.progress(pull) or f.hdr[0] or f.deaths > self.acked_deaths:
                 return
-            nap = self.clock.nap(0.05)        # emulated links: the next piece shows by the clock, not a ring
+            nap = self.clock.nap(0.05)  # emulated links: the next piece shows by the clock, not a ring
             if nap > 0:
                 f.futex.wait(self.bell, seen, nap)
         finally:
@@ -269,5 +277,3 @@ def _drain(queues, step) -> bool:
                 break
             q.popleft()
     return moved
-
-

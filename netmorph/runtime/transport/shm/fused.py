@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from netmorph.runtime.transport.shm.mapping import address
 
-CHUNK = 256 << 10          # bytes of destination reduced against every source before moving on
+CHUNK = 256 << 10  # bytes of destination reduced against every source before moving on
 
 
 class _NotFusable(Exception):
@@ -28,8 +28,9 @@ def fusable(ins) -> bool:
     if len(first.segs) != 1 or first.flags[0] is False:
         return False
     key = (address(first.segs[0]), first.segs[0].nbytes)
-    return all(len(st.segs) == 1 and st.flags[0] is not False and (address(st.segs[0]), st.segs[0].nbytes) == key
-               for st in ins)
+    return all(
+        len(st.segs) == 1 and st.flags[0] is not False and (address(st.segs[0]), st.segs[0].nbytes) == key for st in ins
+    )
 
 
 def fused_reduce(engine, ins, streams) -> None:
@@ -61,15 +62,15 @@ def fused_reduce(engine, ins, streams) -> None:
         if len(pairs) != 1 or int(pairs[0, 1]) != dst.nbytes:
             return
         off = int(pairs[0, 0])
-        srcs.append(f.arena(st.peer)[off:off + dst.nbytes].view(dst.dtype))
+        srcs.append(f.arena(st.peer)[off : off + dst.nbytes].view(dst.dtype))
     step = max(1, CHUNK // dst.itemsize)
     ufunc = channels.ufunc
-    acc = next((st.flags[0] for st in ins if st.flags[0] is not True), None)   # out of place: the send buffer
+    acc = next((st.flags[0] for st in ins if st.flags[0] is not True), None)  # out of place: the send buffer
     for a in range(0, len(dst), step):
-        d = dst[a:a + step]
-        first = d if acc is None else acc[a:a + step]
+        d = dst[a : a + step]
+        first = d if acc is None else acc[a : a + step]
         for src in srcs:
-            ufunc(first, src[a:a + step], out=d)
+            ufunc(first, src[a : a + step], out=d)
             first = d
     for st in ins:
         ch = heads[st][0]

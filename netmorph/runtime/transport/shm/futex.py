@@ -16,7 +16,7 @@ FUTEX_WAIT, FUTEX_WAKE = 0, 1
 
 
 class Futex:
-    _NR = {"x86_64": 202, "aarch64": 98, "arm64": 98}       # the futex syscall number
+    _NR = {"x86_64": 202, "aarch64": 98, "arm64": 98}  # the futex syscall number
 
     def __init__(self):
         self.nr = self._NR.get(platform.machine())
@@ -35,8 +35,7 @@ class Futex:
     def wait(self, addr: int, expected: int, seconds: float) -> None:
         """Sleep while the int32 at ``addr`` still equals ``expected``, at most ``seconds``."""
         ts = (ctypes.c_long * 2)(int(seconds), int((seconds % 1) * 1e9))
-        self.libc.syscall(self.nr, ctypes.c_void_p(addr), FUTEX_WAIT, ctypes.c_int(expected), ctypes.byref(ts),
-                          None, 0)
+        self.libc.syscall(self.nr, ctypes.c_void_p(addr), FUTEX_WAIT, ctypes.c_int(expected), ctypes.byref(ts), None, 0)
 
     def wake(self, addr: int) -> None:
         """Wake every sleeper on ``addr``."""

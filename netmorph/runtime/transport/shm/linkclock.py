@@ -17,9 +17,9 @@ import time
 class LinkClock:
     def __init__(self, rank: int, link_cost=None):
         self.rank = rank
-        self.cost = link_cost                 # None: links are as fast as memory
-        self.port_free = 0.0                  # when this rank's send port is free again
-        self.next_visible = float("inf")      # when the earliest piece withheld from us shows
+        self.cost = link_cost  # None: links are as fast as memory
+        self.port_free = 0.0  # when this rank's send port is free again
+        self.next_visible = float("inf")  # when the earliest piece withheld from us shows
 
     def stamp(self, not_before, i: int, st) -> None:
         """Stamp piece ``i`` of out-stream ``st`` (``st.sent`` bytes pushed so far, this piece included)."""

@@ -36,8 +36,8 @@ from netmorph.runtime.transport.fingerprint import HEADER_BYTES
 from netmorph.runtime.transport.shm.futex import Futex
 
 _HDR = 32
-WAIT_WORDS = 12                 # the wait board's row: state, peer, what, fingerprint (8), pid
-IDLE, WAITING, RETURNED, FAILED = 0, 1, 2, 3      # FAILED: raised while waiting (the row says on what)
+WAIT_WORDS = 12  # the wait board's row: state, peer, what, fingerprint (8), pid
+IDLE, WAITING, RETURNED, FAILED = 0, 1, 2, 3  # FAILED: raised while waiting (the row says on what)
 _MAP_NORESERVE = 0x4000 if sys.platform.startswith("linux") else 0
 
 
@@ -55,8 +55,9 @@ def address(a: np.ndarray) -> int:
 class ShmFabric:
     """The shared mapping for ``world`` ranks; created once in the launcher before the ranks start."""
 
-    def __init__(self, world: int, slots: int = 4, slot_bytes: int | None = None, arena_bytes: int | None = None,
-                 epochs: int = 1):
+    def __init__(
+        self, world: int, slots: int = 4, slot_bytes: int | None = None, arena_bytes: int | None = None, epochs: int = 1
+    ):
         if slot_bytes is None:
             slot_bytes = 1 << 20 if world <= 8 else max(64 << 10, (8 << 20) // world)
         slot_bytes -= slot_bytes % 64
@@ -67,8 +68,16 @@ class ShmFabric:
         self.epochs, self.epoch = epochs, 0
         p2 = world * world
         e = epochs
-        sizes = [_HDR * 8, e * p2 * 8, e * p2 * 8, e * p2 * slots * 8, e * p2 * slots * 8, 2 * world * 4 + 8,
-                 world * WAIT_WORDS * 8, world * 8]
+        sizes = [
+            _HDR * 8,
+            e * p2 * 8,
+            e * p2 * 8,
+            e * p2 * slots * 8,
+            e * p2 * slots * 8,
+            2 * world * 4 + 8,
+            world * WAIT_WORDS * 8,
+            world * 8,
+        ]
         offs = np.cumsum([0] + sizes)
         data_off = int(-(-offs[-1] // 4096) * 4096)
         arena_off = data_off + e * p2 * slots * slot_bytes
@@ -86,7 +95,7 @@ class ShmFabric:
         self.doorbell = np.frombuffer(buf, np.int32, world, int(offs[5]))
         self.sleeping = np.frombuffer(buf, np.int32, world, int(offs[5]) + 4 * world)
         self.waits = np.frombuffer(buf, np.int64, world * WAIT_WORDS, int(offs[6])).reshape(world, WAIT_WORDS)
-        self.dead = np.frombuffer(buf, np.int64, world, int(offs[7]))     # elastic: ranks known dead
+        self.dead = np.frombuffer(buf, np.int64, world, int(offs[7]))  # elastic: ranks known dead
         self.futex = Futex.make()
         self.set_epoch(0)
         self.arenas = np.frombuffer(buf, np.uint8, world * arena_bytes, arena_off)
@@ -123,7 +132,7 @@ class ShmFabric:
 
     def arena(self, rank: int) -> np.ndarray:
         """Rank ``rank``'s registered memory: buffers here are read by peers in place (zero copy)."""
-        return self.arenas[rank * self.A:(rank + 1) * self.A]
+        return self.arenas[rank * self.A : (rank + 1) * self.A]
 
     def channel(self, src: int, dst: int) -> int:
         """The index of the directed channel ``src -> dst``."""
@@ -131,7 +140,7 @@ class ShmFabric:
 
     def slot(self, channel: int, k: int) -> np.ndarray:
         i = channel * self.K + k
-        return self.data[i * self.S:(i + 1) * self.S]
+        return self.data[i * self.S : (i + 1) * self.S]
 
     def leftovers(self):
         """Messages posted and never received, one per channel: ``[(src, dst, header words or None)]``
@@ -160,7 +169,7 @@ class ShmFabric:
         self.arenas = self.doorbell = self.sleeping = self.waits = None
         try:
             self.mem.close()
-        except BufferError:       # a view is still referenced somewhere: the GC will unmap it
+        except BufferError:  # a view is still referenced somewhere: the GC will unmap it
             pass
 
     def abort(self, rank: int, silent: bool = False) -> None:
@@ -177,14 +186,14 @@ class ShmFabric:
         """Wake ``rank`` if it sleeps: something it may wait for has changed."""
         self.doorbell[rank] += 1
         if self.futex is not None and self.sleeping[rank]:
-            self.futex.wake(address(self.doorbell[rank:rank + 1]))
+            self.futex.wake(address(self.doorbell[rank : rank + 1]))
 
     def report_mismatch(self, e) -> None:
         """Publish a :class:`~netmorph.runtime.transport.fingerprint.CollectiveMismatch` so every
         rank raises the same one (the first report wins), and wake them all."""
         if not self.hdr[5]:
             self.hdr[6:8] = (e.receiver, e.sender)
-            self.hdr[8:16] = -1 if e.mine is None else e.mine       # -1: no call at that index
+            self.hdr[8:16] = -1 if e.mine is None else e.mine  # -1: no call at that index
             self.hdr[16:24] = e.theirs
             self.hdr[24] = int(e.sent)
             self.hdr[5] = 1
@@ -207,7 +216,7 @@ class ShmFabric:
         if fp is not None:
             row[3:11] = fp
         else:
-            row[3] = -1                            # no fingerprint (op words are never negative)
+            row[3] = -1  # no fingerprint (op words are never negative)
         self.waits[rank, :11] = row
 
     def set_state(self, rank: int, state: int, pid: int | None = None) -> None:

@@ -30,9 +30,9 @@ class ShmTransport:
         self.timeout = timeout
         arena = fabric.arena(rank)
         self.arena_range = (address(arena), address(arena) + len(arena))
-        self.arena_top = 0                    # bump allocator over our registered arena
-        self.shared_top = fabric.A            # the shared region grows down from the top of rank 0's arena
-        self.any_next = 0                     # recv_any's round-robin position
+        self.arena_top = 0  # bump allocator over our registered arena
+        self.shared_top = fabric.A  # the shared region grows down from the top of rank 0's arena
+        self.any_next = 0  # recv_any's round-robin position
         self.clock = LinkClock(rank, link_cost)
         self.channels = Channels(fabric, rank, self.clock)
         self.engine = ProgressEngine(fabric, rank, timeout, self.channels, self.clock, self.arena_range)
@@ -43,12 +43,14 @@ class ShmTransport:
         if nbytes < 0:
             raise UsageError(f"alloc: {{nbytes}} must be >= 0, got {nbytes}", "nbytes")
         start = -(-self.arena_top // 64) * 64
-        limit = self.shared_top if self.rank == 0 else self.f.A      # rank 0's top holds shared() arrays
+        limit = self.shared_top if self.rank == 0 else self.f.A  # rank 0's top holds shared() arrays
         if start + nbytes > limit:
-            raise MemoryError(f"registered arena of rank {self.rank} is full ({limit - start:,} of {self.f.A:,} B "
-                              f"free, {nbytes:,} asked); pass a larger arena_bytes= to launch")
+            raise MemoryError(
+                f"registered arena of rank {self.rank} is full ({limit - start:,} of {self.f.A:,} B "
+                f"free, {nbytes:,} asked); pass a larger arena_bytes= to launch"
+            )
         self.arena_top = start + nbytes
-        return self.f.arena(self.rank)[start:start + nbytes]
+        return self.f.arena(self.rank)[start : start + nbytes]
 
     def free_all(self) -> None:
         """Release every registered buffer at once (the arena is a bump allocator)."""
@@ -61,7 +63,7 @@ class ShmTransport:
         if start < (self.arena_top if self.rank == 0 else 0):
             raise MemoryError("shared region exhausted; pass arena_bytes= to launch")
         self.shared_top = start
-        return self.f.arena(0)[start:start + nbytes]
+        return self.f.arena(0)[start : start + nbytes]
 
     # ------------------------------------------------------------ the transport interface
     @property
