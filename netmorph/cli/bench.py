@@ -15,11 +15,10 @@ cost model and gloo. Ranks: ``--world``, or nccl-tests' ``-t`` threads x ``-g`` 
 from __future__ import annotations
 
 import contextlib
-import csv
 import io
-import sys
 
-from netmorph.cli import add_timeout, int_in, print_json
+from netmorph.cli import add_timeout, int_in
+from netmorph.cli.bench_tables import tables
 from netmorph.collectives import ALGORITHMS, ROOTED, canonical_op, check_algo
 from netmorph.errors import MissingPackage, UsageError, require
 from netmorph.runtime.env import torchrun_rank, torchrun_world
@@ -29,46 +28,82 @@ from netmorph.units import NCCL_TYPES, parse_nccl_size, parse_size_range
 FLAGS = {"count": "--minbytes", "nbytes": "--minbytes"}
 # nccl-tests' -o names
 OPS = ("sum", "prod", "max", "min", "avg")
-NO_GLOO = ("uint32", "uint64")            # types gloo refuses ("Invalid scalar type"); the local fabric has them
-CSV_FIELDS = ("op", "algo", "backend", "world", "bytes", "count", "type", "redop", "root", "time_s", "algbw_gbps",
-              "busbw_gbps", "wrong", "in_place_time_s", "in_place_algbw_gbps", "in_place_busbw_gbps", "in_place_wrong",
-              "predicted_time_s", "of_memcpy")
+NO_GLOO = ("uint32", "uint64")  # types gloo refuses ("Invalid scalar type"); the local fabric has them
 MAX_SIZES = 1024
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("bench", help="measure collectives on real processes (nccl-tests' flags and table)",
-                       description="Run each algorithm on real processes and print nccl-tests' table (out-of-place "
-                                   "and in-place time, algbw, busbw, #wrong) and footers, then the best algorithm "
-                                   "per size beside the cost model and gloo. nccl-tests' flags, with its defaults.")
+    p = sub.add_parser(
+        "bench",
+        help="measure collectives on real processes (nccl-tests' flags and table)",
+        description="Run each algorithm on real processes and print nccl-tests' table (out-of-place "
+        "and in-place time, algbw, busbw, #wrong) and footers, then the best algorithm "
+        "per size beside the cost model and gloo. nccl-tests' flags, with its defaults.",
+    )
     p.add_argument("op", help="allreduce, allgather, reduce_scatter, broadcast, reduce or alltoall")
-    p.add_argument("--world", type=int, help="ranks to start (default: -t x -g, as nccl-tests counts them; under "
-                                              "torchrun, its WORLD_SIZE)")
-    p.add_argument("-t", "--nthreads", type=int_in(1, 64), default=1,
-                   help="nccl-tests' threads per process (ranks: -t x -g)")
+    p.add_argument(
+        "--world",
+        type=int,
+        help="ranks to start (default: -t x -g, as nccl-tests counts them; under torchrun, its WORLD_SIZE)",
+    )
+    p.add_argument(
+        "-t", "--nthreads", type=int_in(1, 64), default=1, help="nccl-tests' threads per process (ranks: -t x -g)"
+    )
     p.add_argument("-g", "--ngpus", type=int_in(1, 64), default=1, help="nccl-tests' GPUs per thread (ranks: -t x -g)")
-    p.add_argument("-b", "--minbytes", "--bytes", default="32M", help="smallest size (default 32M); K, M, G binary, as "
-                                                           "nccl-tests reads them")
+    p.add_argument(
+        "-b",
+        "--minbytes",
+        "--bytes",
+        default="32M",
+        help="smallest size (default 32M); K, M, G binary, as nccl-tests reads them",
+    )
     p.add_argument("-e", "--maxbytes", default="32M", help="largest size (default 32M)")
     p.add_argument("-i", "--stepbytes", default="1M", help="add this between sizes (default 1M) unless -f")
-    p.add_argument("-f", "--stepfactor", type=int, default=1,
-                   help="multiply the size by this between rows (default 1: off, -i steps)")
+    p.add_argument(
+        "-f",
+        "--stepfactor",
+        type=int,
+        default=1,
+        help="multiply the size by this between rows (default 1: off, -i steps)",
+    )
     p.add_argument("-n", "--iters", type=int_in(1, 100_000), default=20, help="timed iterations (default 20)")
-    p.add_argument("-w", "--warmup_iters", "--warmup", dest="warmup", type=int_in(0, 100_000), default=1,
-                   help="untimed iterations (default 1)")
-    p.add_argument("-c", "--check", type=int_in(0, 1000), default=1,
-                   help="checked runs on fresh data after the timed ones; 0: none (#wrong N/A) (default 1)")
+    p.add_argument(
+        "-w",
+        "--warmup_iters",
+        "--warmup",
+        dest="warmup",
+        type=int_in(0, 100_000),
+        default=1,
+        help="untimed iterations (default 1)",
+    )
+    p.add_argument(
+        "-c",
+        "--check",
+        type=int_in(0, 1000),
+        default=1,
+        help="checked runs on fresh data after the timed ones; 0: none (#wrong N/A) (default 1)",
+    )
     p.add_argument("-o", "--op", dest="redop", default="sum", help=f"reduction: {'/'.join(OPS)}/all (default sum)")
-    p.add_argument("-d", "--datatype", "--dtype", dest="dtype", default="float",
-                   help=f"{'/'.join(NCCL_TYPES)}/all (default float)")
+    p.add_argument(
+        "-d", "--datatype", "--dtype", dest="dtype", default="float", help=f"{'/'.join(NCCL_TYPES)}/all (default float)"
+    )
     p.add_argument("-r", "--root", default="0", help="root of broadcast and reduce, or all (default 0)")
-    p.add_argument("-p", "--parallel_init", type=int, default=0, choices=(0, 1),
-                   help="nccl-tests' parallel initialisation: accepted, changes nothing here")
+    p.add_argument(
+        "-p",
+        "--parallel_init",
+        type=int,
+        default=0,
+        choices=(0, 1),
+        help="nccl-tests' parallel initialisation: accepted, changes nothing here",
+    )
     p.add_argument("--sizes", help="netmorph's shorthand: MIN:MAX in powers of two (= -b MIN -e MAX -f 2)")
     p.add_argument("--algo", default="all", help="algorithm, auto, or all (default)")
-    p.add_argument("--backend", choices=("local", "torch", "torch-native"),
-                   help="local shared memory (default), torch.distributed point-to-point (default under torchrun), "
-                        "or torch's own collective")
+    p.add_argument(
+        "--backend",
+        choices=("local", "torch", "torch-native"),
+        help="local shared memory (default), torch.distributed point-to-point (default under torchrun), "
+        "or torch's own collective",
+    )
     p.add_argument("--topology", default="local-shm", help="cost model for the predictions (default local-shm)")
     p.add_argument("--no-compare", action="store_true", help="skip torch.distributed's own collective (gloo)")
     add_timeout(p, 30)
@@ -140,7 +175,7 @@ def run(args) -> int:
 
     op = canonical_op(args.op)
     job = torchrun_world()
-    if job is not None:                  # joined from torchrun's environment, as nccl-tests under mpirun
+    if job is not None:  # joined from torchrun's environment, as nccl-tests under mpirun
         args.backend = args.backend or "torch"
         if args.backend == "local":
             raise UsageError("--backend local forks its own ranks; under torchrun use --backend torch or torch-native")
@@ -155,19 +190,24 @@ def run(args) -> int:
     if args.world > 64 and job is None:
         raise UsageError(f"--world {args.world}: this launches one process per rank; keep it <= 64 on one machine")
     types, ops, roots = plan(args, op)
-    gloo_lacks = any(t in NO_GLOO for t in types)         # asked for: gloo's runs leave them out
+    gloo_lacks = tuple(t for t in NO_GLOO if t in types)  # asked for: gloo's runs leave them out
     if args.backend != "local":
         refused = [t for t in types if t in NO_GLOO]
         if refused and args.dtype != "all":
-            raise UsageError(f"-d {args.dtype}: gloo has no {refused[0]} (--backend {args.backend}); use --backend "
-                             f"local, or another type")
+            raise UsageError(
+                f"-d {args.dtype}: gloo has no {refused[0]} (--backend {args.backend}); use --backend "
+                f"local, or another type"
+            )
         types = [t for t in types if t not in NO_GLOO]
     sizes = sizes_from(args)
     from netmorph.runtime.transport.shm.mapping import default_arena_bytes
-    per_rank = default_arena_bytes(args.world) // 4                  # the registered arena holds ~3 buffers
+
+    per_rank = default_arena_bytes(args.world) // 4  # the registered arena holds ~3 buffers
     if max(sizes) > per_rank:
-        raise UsageError(f"-e {max(sizes):,} B is more than this machine's fabric holds per rank at world "
-                         f"{args.world} ({per_rank:,} B)")
+        raise UsageError(
+            f"-e {max(sizes):,} B is more than this machine's fabric holds per rank at world "
+            f"{args.world} ({per_rank:,} B)"
+        )
     if args.backend == "torch-native":
         algos = ["native"]
     elif args.algo.lower() == "all":
@@ -185,28 +225,50 @@ def run(args) -> int:
     if compare:
         try:
             require("torch", "the gloo comparison")
-        except MissingPackage as e:           # measure what can be measured; say what is missing
+        except MissingPackage as e:  # measure what can be measured; say what is missing
             compare, no_torch = False, str(e)
     from netmorph.runtime.bench import Case
-    cases = [Case(op, "", n, o, r, args.check, t) for t in types for o in ops for r in roots for n in sizes
-             if not (o == "avg" and not t.startswith(("float", "bfloat")))]
+
+    cases = [
+        Case(op, "", n, o, r, args.check, t)
+        for t in types
+        for o in ops
+        for r in roots
+        for n in sizes
+        if not (o == "avg" and not t.startswith(("float", "bfloat")))
+    ]
     comm = None
     if job is not None:
         from netmorph.runtime import init_from_env
+
         comm = init_from_env(args.backend, args.timeout)
 
     def measure_algo(algo, backend):
-        mine = [Case(c.op, algo, c.nbytes, c.redop, c.root, c.check, c.dtype) for c in cases
-                if backend == "local" or c.dtype not in NO_GLOO]
-        if comm is not None:                   # rank 0 gets the rows; the others measure and stay quiet
+        mine = [
+            Case(c.op, algo, c.nbytes, c.redop, c.root, c.check, c.dtype)
+            for c in cases
+            if backend == "local" or c.dtype not in NO_GLOO
+        ]
+        if comm is not None:  # rank 0 gets the rows; the others measure and stay quiet
             return measure_in_job(comm, mine, args.iters, args.warmup) or []
         return measure(mine, args.world, backend, args.iters, args.warmup, args.timeout)
 
     quiet = job is not None and torchrun_rank() != 0
     try:
         with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
-            return _tables(args, op, sizes, algos, compare, no_torch, topo, memcpy_bandwidth(max(sizes)),
-                           measure_algo, quiet, gloo_lacks)
+            return tables(
+                args,
+                op,
+                sizes,
+                algos,
+                compare,
+                no_torch,
+                topo,
+                memcpy_bandwidth(max(sizes)),
+                measure_algo,
+                quiet,
+                gloo_lacks,
+            )
     finally:
         if comm is not None:
             comm.close()
@@ -216,91 +278,13 @@ def _budget(args, cases: int, runs: int, largest: int) -> None:
     """Refuse a sweep that would run past the hour: every case timed (-w + -n) and checked (-c), out of
     place and in place, by every algorithm and gloo, at no better than 1 GB/s and 20 us a call here."""
     from netmorph.runtime import budget
+
     calls = cases * runs * 2 * (args.iters + args.warmup + args.check)
     seconds = calls * (20e-6 + largest / 1e9)
-    budget.check(0, seconds, f"this sweep ({cases} cases x {runs} runs)", "", "-e, -n, -w, -c, or the sizes (-b/-f/-i), "
-                 "types (-d) and ops (-o)")
-
-
-def _tables(args, op, sizes, algos, compare, no_torch, topo, copy_bw, measure_algo, quiet, gloo_lacks) -> int:
-    """One nccl-tests table per algorithm (and gloo's), as each completes; then per size the best
-    algorithm beside the cost model and gloo."""
-    from netmorph.cli.progress import Bar
-    from netmorph.report.table import PROGRAMS, nccl_footer, nccl_header, nccl_row, wrong_elements
-    text = not (args.json or args.csv)
-    step = f"{args.stepfactor}(factor)" if args.stepfactor > 1 else f"{parse_nccl_size(args.stepbytes)}(bytes)"
-    if text:
-        print(f"# netmorph bench {op}: {args.world} rank{'s' if args.world > 1 else ''}, backend {args.backend}; "
-              f"time: the slowest rank's mean")
-        top = sizes[-1] if args.sizes is not None else parse_nccl_size(args.maxbytes)
-        print(f"# nThread {args.nthreads} nGpus {args.ngpus} minBytes {sizes[0]} maxBytes {top} step: {step} "
-              f"warmup iters: {args.warmup} iters: {args.iters} agg iters: 1 validation: {args.check} graph: 0")
-        if no_torch:
-            print(f"# {no_torch}; add --no-compare to skip it")
-    writer = None
-    if args.csv:
-        writer = csv.DictWriter(sys.stdout, CSV_FIELDS, extrasaction="ignore")
-        writer.writeheader()
-    runs = [(a, args.backend) for a in algos] + ([("native", "torch-native")] if compare else [])
-    rows = []
-    with Bar("bench") if not quiet else contextlib.nullcontext() as bar:
-        for algo, backend in runs:
-            with bar.task(f"{algo} ({backend})") if bar else contextlib.nullcontext():
-                here = [_finish(r, op, topo, copy_bw, args.world) for r in measure_algo(algo, backend)]
-            if text:
-                label = "torch.distributed's own collective (gloo)" if algo == "native" else \
-                    f"algorithm {here[0]['algo'] if here else algo}, backend {backend}"
-                if backend != "local" and gloo_lacks:
-                    label += f" (gloo has no {', '.join(NO_GLOO)}: left out)"
-                print(f"#\n# {label}")
-                print("\n".join(nccl_header()))
-                for r in here:
-                    print(nccl_row(r))
-                print("\n".join(nccl_footer(here, PROGRAMS[op])), flush=True)
-            elif writer is not None:
-                writer.writerows(here)
-                sys.stdout.flush()
-            rows += here
-    if args.json:
-        print_json(rows, indent=1)
-    if text:
-        _summary(rows, sizes, args.backend, topo)
-    return 1 if wrong_elements(rows) else 0
-
-
-def _finish(r, op, topo, copy_bw, world):
-    """The prediction and the share of a memory copy beside one measured row."""
-    from netmorph.cost.topology import PRESETS
-    from netmorph.cost.tuner import auto_algo, predict
-    from netmorph.units import numpy_dtype
-    itemsize = numpy_dtype(r["type"]).itemsize
-    if r["algo"] == "auto":
-        r["algo"] = auto_algo(op, world, r["bytes"], itemsize, PRESETS["local-shm"]) + " (auto)"
-    base = r["algo"].split(" ")[0]
-    r["predicted_time_s"] = (predict(op, base, world, r["bytes"], topo, itemsize,
-                                     **({"root": r["root"]} if op in ROOTED else {})).time
-                             if base in ALGORITHMS[op] else None)
-    r["of_memcpy"] = r["busbw_gbps"] / copy_bw if copy_bw else None
-    return r
-
-
-def _summary(rows, sizes, backend, topo) -> None:
-    """Per size (of the first type and op): the fastest algorithm measured, its prediction, and gloo."""
-    first = rows[0] if rows else None
-    if first is None:
-        return
-    print(f"#\n# netmorph: the best algorithm per size (out of place), the cost model on {topo.name}, and gloo")
-    for n in dict.fromkeys(r["bytes"] for r in rows):
-        here = [r for r in rows if r["bytes"] == n and r["type"] == first["type"] and r["redop"] == first["redop"]
-                and r["root"] == first["root"]]
-        mine = [r for r in here if r["backend"] == backend]
-        gloo = [r for r in here if r["backend"] == "torch-native"]
-        if not mine:
-            continue
-        best = min(mine, key=lambda r: r["time_s"])
-        pred = f", predicted {best['predicted_time_s'] * 1e6:.1f} us" if best["predicted_time_s"] is not None else ""
-        vs = ""
-        if gloo and backend != "torch-native" and gloo[0]["time_s"] > 0:
-            vs = f"; gloo {gloo[0]['time_s'] * 1e6:.1f} us ({gloo[0]['time_s'] / best['time_s']:.1f}x the time)"
-        print(f"# {n:>12} B: {best['algo']} {best['time_s'] * 1e6:.1f} us, busbw {best['busbw_gbps']:.2f} GB/s "
-              f"({best['of_memcpy']:.0%} of a memcpy){pred}{vs}")
+    budget.check(
+        0,
+        seconds,
+        f"this sweep ({cases} cases x {runs} runs)",
+        "",
+        "-e, -n, -w, -c, or the sizes (-b/-f/-i), types (-d) and ops (-o)",
+    )
