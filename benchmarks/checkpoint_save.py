@@ -22,7 +22,7 @@ import time
 
 from netmorph.checkpoint import Checkpointing
 from netmorph.mesh.shape import ModelShape
-from netmorph.parallel.hybrid import TrainConfig
+from netmorph.parallel.config import TrainConfig
 from netmorph.parallel.run import train
 
 

@@ -35,7 +35,8 @@ import time
 
 from netmorph.calibrate.validate import MODELS, Row, layouts, planner_layout
 from netmorph.errors import UsageError
-from netmorph.parallel.hybrid import TrainConfig, train_rank
+from netmorph.parallel.config import TrainConfig
+from netmorph.parallel.hybrid import train_rank
 from netmorph.planner.hardware import load_hardware
 from netmorph.planner.timing import step_time
 from netmorph.runtime.base import CommBase

@@ -21,7 +21,7 @@ import argparse
 from netmorph.calibrate.run import calibrate
 from netmorph.calibrate.validate import planner_layout
 from netmorph.mesh.shape import ModelShape
-from netmorph.parallel.hybrid import TrainConfig
+from netmorph.parallel.config import TrainConfig
 from netmorph.parallel.run import train
 from netmorph.planner.hardware import hardware_from
 from netmorph.planner.timing import step_time

@@ -17,7 +17,7 @@ import argparse
 import sys
 
 from netmorph.mesh.shape import ModelShape
-from netmorph.parallel.hybrid import TrainConfig
+from netmorph.parallel.config import TrainConfig
 from netmorph.parallel.run import train
 from netmorph.planner.memory import wgrad_stash_elements
 

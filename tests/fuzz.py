@@ -44,7 +44,8 @@ import tempfile
 import threading
 import time
 
-from netmorph.cli import _subparsers, build_parser, exact_int, finite_float, main, seed_int, timeout_seconds
+from netmorph.cli import _subparsers, build_parser, main
+from netmorph.cli.flags import exact_int, finite_float, seed_int, timeout_seconds
 from netmorph.elastic.launcher import descendants
 
 LIMIT = 60.0  # seconds a case may run before it counts as unbounded
@@ -817,7 +818,8 @@ def run_mismatch(case: int, world: int, backend: str, timeout: float = 2.0) -> t
 def run_blame(rng: random.Random) -> tuple[str, str]:
     """A rank SIGSTOPped at a random call in a random layout: 'clean' when the error names it first."""
     from netmorph.mesh.shape import ModelShape
-    from netmorph.parallel.hybrid import TrainConfig, train_rank
+    from netmorph.parallel.config import TrainConfig
+    from netmorph.parallel.hybrid import train_rank
     from netmorph.runtime import Fault
     from netmorph.runtime.launch import LaunchError, launch
 

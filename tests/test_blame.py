@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from netmorph.mesh.shape import ModelShape
-from netmorph.parallel.hybrid import TrainConfig, train_rank
+from netmorph.parallel.config import TrainConfig
+from netmorph.parallel.hybrid import train_rank
 from netmorph.runtime import Fault
 from netmorph.runtime.launch import LaunchError, launch
 from netmorph.runtime.transport import blame

@@ -386,7 +386,7 @@ def test_the_planner_prices_the_tp_collectives_the_trainer_sends():
     """Per microbatch the trainer's TP ranks all-reduce four activations per layer, the embedding's output, the
     logits' input gradient and the vocabulary-parallel loss's three token vectors (its closed form,
     netmorph.parallel.traffic); over a link of 1 GB/s with no latency the planner's TP seconds are those bytes."""
-    from netmorph.parallel.hybrid import TrainConfig
+    from netmorph.parallel.config import TrainConfig
     from netmorph.parallel.traffic import predicted
     from netmorph.planner.hardware import Hardware
 

@@ -19,7 +19,7 @@ from netmorph.checkpoint.shards import owners, range_boxes, rank_boxes
 from netmorph.mesh.layout import Layout
 from netmorph.mesh.placement import parameters
 from netmorph.mesh.shape import ModelShape
-from netmorph.parallel.hybrid import TrainConfig
+from netmorph.parallel.config import TrainConfig
 from netmorph.parallel.run import reference, train
 
 pytestmark = pytest.mark.timeout(300)

@@ -9,8 +9,9 @@ from netmorph.cli import main
 from netmorph.mesh.kernels import cp_kernels
 from netmorph.mesh.shape import ModelShape
 from netmorph.parallel import limits
+from netmorph.parallel.config import TrainConfig
 from netmorph.parallel.context_parallel import COMM_TYPES, ContextParallel
-from netmorph.parallel.hybrid import TrainConfig, train_rank
+from netmorph.parallel.hybrid import train_rank
 from netmorph.parallel.run import reference, summarise
 from netmorph.parallel.traffic import cp_bytes
 from netmorph.planner.memory import trainer_memory

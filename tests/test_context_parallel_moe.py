@@ -10,7 +10,8 @@ from netmorph.cli import main
 from netmorph.mesh.shape import ModelShape
 from netmorph.models.moe import Router
 from netmorph.models.router import load_balancing_loss
-from netmorph.parallel.hybrid import TrainConfig, train_rank
+from netmorph.parallel.config import TrainConfig
+from netmorph.parallel.hybrid import train_rank
 from netmorph.parallel.run import reference, summarise
 from netmorph.planner.memory import trainer_memory
 from netmorph.runtime import launch

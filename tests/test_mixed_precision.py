@@ -8,7 +8,8 @@ import pytest
 
 from netmorph.cli import main
 from netmorph.mesh.shape import ModelShape
-from netmorph.parallel.hybrid import TrainConfig, train_rank
+from netmorph.parallel.config import TrainConfig
+from netmorph.parallel.hybrid import train_rank
 from netmorph.parallel.run import reference, summarise
 from netmorph.planner.memory import trainer_memory
 from netmorph.runtime import launch

@@ -19,7 +19,8 @@ from netmorph.mesh.shape import ModelShape
 from netmorph.models.gpt import TABLE_VOCAB, synthetic_batch
 from netmorph.parallel import limits
 from netmorph.parallel.baseline import compare
-from netmorph.parallel.hybrid import TrainConfig, train_rank
+from netmorph.parallel.config import TrainConfig
+from netmorph.parallel.hybrid import train_rank
 from netmorph.parallel.phases import PHASES, split_step
 from netmorph.parallel.pipeline import check, schedule
 from netmorph.parallel.run import reference, summarise, train

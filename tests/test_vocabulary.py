@@ -91,7 +91,7 @@ def test_one_layout_flows_from_the_planner_to_the_trainer_to_morph():
     """The same Layout value is priced by the planner, played by the step simulator, trained by the trainer
     and mapped by morph; its mesh is Megatron's."""
     from netmorph.mesh.elements import element_map
-    from netmorph.parallel.hybrid import TrainConfig
+    from netmorph.parallel.config import TrainConfig
     from netmorph.planner.hardware import PRESETS as HARDWARE
     from netmorph.planner.search import check, estimate
     from netmorph.simulate import simulate_config
@@ -119,7 +119,7 @@ def test_one_layout_flows_from_the_planner_to_the_trainer_to_morph():
 
 
 def test_one_rule_told_the_same_way_to_the_planner_and_the_trainer():
-    from netmorph.parallel.hybrid import TrainConfig
+    from netmorph.parallel.config import TrainConfig
     from netmorph.planner.hardware import PRESETS as HARDWARE
     from netmorph.planner.search import check
 

@@ -10,7 +10,8 @@ import torch
 from netmorph.mesh.shape import ModelShape
 from netmorph.models.gpt import GPTStage, synthetic_batch
 from netmorph.models.weight_grad import WeightGradStore
-from netmorph.parallel.hybrid import TrainConfig, train_rank
+from netmorph.parallel.config import TrainConfig
+from netmorph.parallel.hybrid import train_rank
 from netmorph.parallel.pipeline import Slot, bubble, check, peaks, schedule
 from netmorph.parallel.run import reference, summarise
 from netmorph.parallel.tensor_parallel import TensorParallel

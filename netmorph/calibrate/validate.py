@@ -29,8 +29,9 @@ from netmorph.calibrate.run import calibrate
 from netmorph.mesh.layout import CP_COMM, Layout
 from netmorph.mesh.shape import ModelShape
 from netmorph.parallel import limits
+from netmorph.parallel.config import BUCKET_MB, TrainConfig
 from netmorph.parallel.groups import overlaps_dp
-from netmorph.parallel.hybrid import BUCKET_MB, TrainConfig, train_rank
+from netmorph.parallel.hybrid import train_rank
 from netmorph.parallel.phases import PHASES, step_parts
 from netmorph.parallel.run import summarise
 from netmorph.planner.hardware import hardware_from

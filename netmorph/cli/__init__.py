@@ -23,6 +23,7 @@ import sys
 import tempfile
 from contextlib import contextmanager
 
+from netmorph.cli.flags import EMPTY, exact_int, finite_float, seed_int
 from netmorph.errors import INSTALL, MissingPackage, Terminated, UsageError
 from netmorph.runtime.launch import LaunchError
 
@@ -45,9 +46,10 @@ class Parser(argparse.ArgumentParser):
         first = extras[0]
         flags = [o for a in self._actions for o in a.option_strings if o not in ("-h", "--help")]
         guess = difflib.get_close_matches(first.split("=")[0], flags, n=1) if first.startswith("-") else []
-        self.error(f"unrecognized argument{'s' if len(extras) > 1 else ''}: {' '.join(extras)}"
-                   + (f"; did you mean {guess[0]}?" if guess else ""))
-
+        self.error(
+            f"unrecognized argument{'s' if len(extras) > 1 else ''}: {' '.join(extras)}"
+            + (f"; did you mean {guess[0]}?" if guess else "")
+        )
 
     def first_unknown_flag(self, tokens):
         """The first token that argparse will read as a flag this parser does not have (``--flag``,
@@ -59,12 +61,12 @@ class Parser(argparse.ArgumentParser):
             if tok == "--":
                 return None
             if not re.match(r"-{1,2}[A-Za-z]", tok) or (" " in tok and "=" not in tok.split(" ", 1)[0]):
-                continue                                     # a value, as argparse reads it ("--a 1" with a space)
+                continue  # a value, as argparse reads it ("--a 1" with a space)
             name = tok.split("=", 1)[0]
             if name in flags or (not tok.startswith("--") and tok[:2] in flags):
                 continue
             if tok.startswith("--") and sum(f.startswith(name) for f in flags if f.startswith("--")) == 1:
-                continue                                     # argparse's unambiguous abbreviation
+                continue  # argparse's unambiguous abbreviation
             return tok
         return None
 
@@ -97,140 +99,13 @@ def print_json(obj, indent: int | None = None) -> None:
 
 
 def _plain(o):
-    if hasattr(o, "tolist"):               # numpy scalars and arrays
+    if hasattr(o, "tolist"):  # numpy scalars and arrays
         return o.tolist()
     if isinstance(o, (set, frozenset)):
         return sorted(o)
     if hasattr(o, "__float__"):
         return float(o)
     raise TypeError(f"{type(o).__name__} is not JSON serialisable")
-
-
-def output_file(suffixes):
-    """An argparse type for a file the command writes (``--plot``, ``--trace``): checked at parse time,
-    before any work (:func:`netmorph.files.output_problem`). ``suffixes``: the extensions the writer
-    produces, or a function giving them (matplotlib's formats are only looked up when a plot is asked for)."""
-    def check(text: str) -> str:
-        from netmorph.files import output_problem
-        problem = output_problem(text, suffixes() if callable(suffixes) else suffixes)
-        if problem:
-            raise argparse.ArgumentTypeError(problem)
-        return text
-    check.__name__ = "output_file"
-    return check
-
-
-def plot_file(text: str) -> str:
-    """``--plot FILE``: any format matplotlib can save here, named by its extension."""
-    from netmorph.files import plot_suffixes
-    return output_file(plot_suffixes)(text)
-
-
-def trace_file(text: str) -> str:
-    """``--trace FILE.json``: a Trace Event Format file (Perfetto, chrome://tracing)."""
-    from netmorph.files import TRACE_SUFFIXES
-    return output_file(TRACE_SUFFIXES)(text)
-
-
-EMPTY = "an empty value; give one, or leave the flag out"
-
-
-def given(text: str) -> str:
-    """A typed flag's value, refused when empty as the post-parse check (:func:`_check_arity`) refuses an untyped
-    one: "" is not the flag left out."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError(EMPTY)
-    return text
-
-
-def finite_float(text: str) -> float:
-    """A float flag: finite (NaN would disable a comparison, inf a bound)."""
-    try:
-        x = float(given(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(x):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    return x
-
-
-def pipeline_schedule(text: str) -> str:
-    """``--schedule``: afab, 1f1b or interleaved; ``gpipe`` is afab by its paper's name (Huang et al. 2019)."""
-    return {"gpipe": "afab"}.get(text.lower(), text.lower())
-
-
-def schedule_list(text: str) -> tuple:
-    """``--schedules``: ``all``, or schedule names (``gpipe`` is afab); 1f1b stands for Megatron's default, 1F1B
-    and with v > 1 interleaved."""
-    names = ("1f1b", "zb-h1", "zbv", "dualpipev") if text.strip().lower() == "all" else \
-        tuple(pipeline_schedule(x.strip()) for x in text.split(",") if x.strip())
-    from netmorph.mesh.settings import SCHEDULES
-    bad = [x for x in names if x not in SCHEDULES]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"schedules are all or a list of {', '.join(SCHEDULES)}; got {text!r}")
-    return tuple(dict.fromkeys("" if x == "1f1b" else x for x in names))
-
-
-def timeout_seconds(text: str) -> float:
-    """A ``--timeout``: seconds a rank waits on a silent peer, the same bounds on every command that
-    starts ranks (:data:`netmorph.runtime.launch.TIMEOUT_RANGE`: 0.1 s .. one day)."""
-    from netmorph.runtime.launch import TIMEOUT_RANGE
-    x = finite_float(text)
-    lo, hi = TIMEOUT_RANGE
-    if not lo <= x <= hi:
-        raise argparse.ArgumentTypeError(f"a timeout is {lo:g}..{hi:g} seconds, got {text}")
-    return x
-
-
-def link_mbps(text: str) -> float:
-    """An ``--inter-node-mbps``: the emulated link between two nodes, the same bounds on every command that
-    emulates one (:data:`netmorph.cost.topology.INTER_MBPS_RANGE`)."""
-    from netmorph.cost.topology import INTER_MBPS_RANGE
-    x = finite_float(text)
-    lo, hi = INTER_MBPS_RANGE
-    if not lo <= x <= hi:
-        raise argparse.ArgumentTypeError(f"an emulated link is {lo:g}..{hi:g} MB/s, got {text}")
-    return x
-
-
-def add_timeout(p, default: float) -> None:
-    """The ``--timeout`` flag of a command that starts ranks."""
-    p.add_argument("--timeout", type=timeout_seconds, default=default,
-                   help=f"seconds a rank waits on a silent peer before naming it (0.1..86400, default {default:g})")
-
-
-def exact_int(text: str) -> int:
-    """An int flag: decimal digits, at most 2**53 in size (past that no count here is meaningful)."""
-    try:
-        x = int(given(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if abs(x) > 1 << 53:
-        raise argparse.ArgumentTypeError(f"{text} is out of range (at most 2**53)")
-    return x
-
-
-def int_in(lo: int, hi: int, shown: str | None = None):
-    """An argparse type: an int flag in lo..hi, refused at parse time with its range (``shown``: the range as
-    the help writes it, e.g. ``1..2**30``)."""
-    def check(text: str) -> int:
-        x = exact_int(text)
-        if not lo <= x <= hi:
-            raise argparse.ArgumentTypeError(f"must be in {shown or f'{lo}..{hi}'}, got {text}")
-        return x
-    check.__name__ = "int"
-    return check
-
-
-def float_in(lo: float, hi: float, open_low: bool = False):
-    """An argparse type: a finite float flag in [lo, hi] (``open_low``: (lo, hi]), refused at parse time."""
-    def check(text: str) -> float:
-        x = finite_float(text)
-        if not (lo < x if open_low else lo <= x) or x > hi:
-            raise argparse.ArgumentTypeError(f"must be in {'(' if open_low else '['}{lo:g}, {hi:g}], got {text}")
-        return x
-    check.__name__ = "float"
-    return check
 
 
 def job_split(args, inner: tuple, cap: int) -> int | None:
@@ -240,6 +115,7 @@ def job_split(args, inner: tuple, cap: int) -> int | None:
     outside it ``--dp`` defaults to 1, the backend to local, and at most ``cap`` processes run on this machine.
     Sets ``args.dp`` and ``args.backend``; returns torchrun's WORLD_SIZE, or None."""
     from netmorph.runtime.env import torchrun_world
+
     job = torchrun_world()
     names = " x ".join(f"--{k}" for k in inner)
     for k in inner:
@@ -263,29 +139,38 @@ def job_split(args, inner: tuple, cap: int) -> int | None:
     return job
 
 
-def seed_int(text: str) -> int:
-    """A --seed: what numpy's and torch's generators take, 0..2**32-1."""
-    x = exact_int(text)
-    if not 0 <= x < 1 << 32:
-        raise argparse.ArgumentTypeError(f"a seed is in 0..2**32-1, got {text}")
-    return x
-
-
 def _subparsers(p: argparse.ArgumentParser):
     return next((a for a in p._actions if isinstance(a, argparse._SubParsersAction)), None)
 
 
-COMMANDS = ("collective", "bench", "train", "moe", "elastic", "serve", "failures", "sgd", "plan", "simulate", "morph",
-            "calibrate", "validate", "tour", "mesh", "lighthouse", "launch")
+COMMANDS = (
+    "collective",
+    "bench",
+    "train",
+    "moe",
+    "elastic",
+    "serve",
+    "failures",
+    "sgd",
+    "plan",
+    "simulate",
+    "morph",
+    "calibrate",
+    "validate",
+    "tour",
+    "mesh",
+    "lighthouse",
+    "launch",
+)
 
 
 def build_parser() -> Parser:
     p = Parser(prog="netmorph", description="See, measure and run the distributed system under a large model.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
-    for name in COMMANDS:                      # each netmorph.cli.<name> adds its subcommand, in --help's order
+    for name in COMMANDS:  # each netmorph.cli.<name> adds its subcommand, in --help's order
         importlib.import_module(f"netmorph.cli.{name}").add_parser(sub)
-    for parser in sub.choices.values():        # every numeric flag: finite, bounded, one-line refusals
+    for parser in sub.choices.values():  # every numeric flag: finite, bounded, one-line refusals
         for action in parser._actions:
             if action.type is float:
                 action.type = finite_float
@@ -299,15 +184,14 @@ def _check_arity(parser: Parser, args) -> None:
     value (``--job-mtbf ''``) is an error too, not the flag left out: every reader of a flag here takes
     "" as absent."""
     sub = _subparsers(parser)
-    parser = sub.choices[args.command]              # its errors say which command: netmorph failures: error: ...
+    parser = sub.choices[args.command]  # its errors say which command: netmorph failures: error: ...
     for action in parser._actions:
         if not action.option_strings:
             continue
         flag, value = action.option_strings[0], getattr(args, action.dest, None)
-        values = value if isinstance(value, list) else [value]          # an append flag's, or the one
-        if (action.nargs is None and value == [] and action.default != []) or any(isinstance(v, list)
-                                                                                  for v in values):
-            parser.error(f"argument {flag}: expected one argument")     # --join=-- appends []
+        values = value if isinstance(value, list) else [value]  # an append flag's, or the one
+        if (action.nargs is None and value == [] and action.default != []) or any(isinstance(v, list) for v in values):
+            parser.error(f"argument {flag}: expected one argument")  # --join=-- appends []
         if value != action.default and any(isinstance(v, str) and not v.strip() for v in values):
             parser.error(f"argument {flag}: {EMPTY}")
 
@@ -339,12 +223,12 @@ def main(argv=None) -> int:
     """Run one command; SIGTERM unwinds it like Ctrl-C (every cleanup runs) and exits 143."""
     try:
         previous = signal.signal(signal.SIGTERM, _terminate)
-    except ValueError:               # not the main thread: leave signals to whoever runs us
+    except ValueError:  # not the main thread: leave signals to whoever runs us
         previous = None
     try:
         with _private_torch_cache():
             return _main(argv)
-    except KeyboardInterrupt as e:   # before a command started, or while its error was being printed
+    except KeyboardInterrupt as e:  # before a command started, or while its error was being printed
         sys.stderr.write("netmorph: terminated (SIGTERM)\n" if isinstance(e, Terminated) else "netmorph: interrupted\n")
         return 143 if isinstance(e, Terminated) else 130
     finally:
@@ -359,14 +243,14 @@ def _main(argv=None) -> int:
         command = next((t for t in tokens if not t.startswith("-")), None)
         commands = _subparsers(parser).choices
         if command in commands:
-            unknown = commands[command].first_unknown_flag(tokens[tokens.index(command) + 1:])
+            unknown = commands[command].first_unknown_flag(tokens[tokens.index(command) + 1 :])
             if unknown is not None:
                 commands[command].unrecognized([unknown])
         args, extras = parser.parse_known_args(argv)
         if extras:
             _subparsers(parser).choices[args.command].unrecognized(extras)
         _check_arity(parser, args)
-    except SystemExit as e:          # --help (0) and argparse's one-line refusals (2), as a return code
+    except SystemExit as e:  # --help (0) and argparse's one-line refusals (2), as a return code
         return e.code if isinstance(e.code, int) else 2
     try:
         return int(args.run(args) or 0)
@@ -381,7 +265,7 @@ def _main(argv=None) -> int:
             raise
         sys.stderr.write(f"netmorph {args.command}: {MissingPackage(e.name.split('.')[0], 'this command')}\n")
         return 3
-    except LaunchError as e:         # a rank failed: the launcher's root cause, as torchrun prints it
+    except LaunchError as e:  # a rank failed: the launcher's root cause, as torchrun prints it
         sys.stderr.write(f"netmorph {args.command}: {e}\n")
         return 1
     except Terminated:

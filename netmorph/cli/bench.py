@@ -17,8 +17,8 @@ from __future__ import annotations
 import contextlib
 import io
 
-from netmorph.cli import add_timeout, int_in
 from netmorph.cli.bench_tables import tables
+from netmorph.cli.flags import add_timeout, int_in
 from netmorph.collectives import ALGORITHMS, ROOTED, canonical_op, check_algo
 from netmorph.errors import MissingPackage, UsageError, require
 from netmorph.runtime.env import torchrun_rank, torchrun_world

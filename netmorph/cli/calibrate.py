@@ -4,7 +4,8 @@ torchrun it measures the job's ranks instead (their GPUs and NCCL where there ar
 
 from __future__ import annotations
 
-from netmorph.cli import add_timeout, link_mbps, output_file, print_json
+from netmorph.cli import print_json
+from netmorph.cli.flags import add_timeout, link_mbps, output_file
 from netmorph.errors import UsageError, require
 from netmorph.files import write_json
 from netmorph.units import fmt_bytes

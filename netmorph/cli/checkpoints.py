@@ -10,7 +10,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from netmorph.cli import int_in
+from netmorph.cli.flags import int_in
 from netmorph.errors import UsageError, require
 from netmorph.runtime.env import torchrun_rank
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from netmorph.cli import int_in
+from netmorph.cli.flags import int_in
 from netmorph.errors import UsageError
 
 

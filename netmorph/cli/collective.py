@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import sys
 
-from netmorph.cli import int_in, print_json
+from netmorph.cli import print_json
+from netmorph.cli.flags import int_in
 from netmorph.collectives import ROOTED, canonical_op, check_request
 from netmorph.cost.record import record
 from netmorph.cost.topology import PRESETS, load_topology

@@ -6,8 +6,9 @@ import argparse
 import os
 from dataclasses import replace
 
-from netmorph.cli import add_timeout, float_in, int_in, plot_file, print_json
+from netmorph.cli import print_json
 from netmorph.cli.cluster import add_cluster_flags, in_cluster
+from netmorph.cli.flags import add_timeout, float_in, int_in, plot_file
 from netmorph.errors import UsageError, require
 
 FLAGS = {"kills": "--kill", "joins": "--join", "hangs": "--hang"}

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from netmorph.cli import float_in, given, int_in, plot_file, print_json
+from netmorph.cli import print_json
+from netmorph.cli.flags import float_in, given, int_in, plot_file
 from netmorph.errors import UsageError
 
 FLAGS = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from netmorph.cli import int_in, timeout_seconds
+from netmorph.cli.flags import int_in, timeout_seconds
 from netmorph.errors import Terminated, UsageError, require
 
 RUNS = ("elastic", "morph")  # the subcommands that run as a cluster of torchrun jobs
@@ -83,7 +83,7 @@ def _preflight(sub: str, argv: list, nodes: int, nproc: int, late: list, max_res
         args.late_nodes = late
         cluster_config(args, nodes, nproc).check()
     if sub == "morph":
-        from netmorph.cli.morph import cluster_check
+        from netmorph.cli.morph_run import cluster_check
 
         if late:
             raise UsageError(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import sys
 
-from netmorph.cli import int_in
+from netmorph.cli.flags import int_in
 from netmorph.errors import UsageError, require
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from netmorph.cli import int_in, print_json
+from netmorph.cli import print_json
+from netmorph.cli.flags import int_in
 from netmorph.mesh import DIMS, Mesh
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from netmorph.cli import action_only, add_timeout, check_action, float_in, int_in, job_split, plot_file, print_json
+from netmorph.cli import action_only, check_action, job_split, print_json
 from netmorph.cli.checkpoints import AlreadyTrained, add_checkpoint_arguments, checkpoint_start
+from netmorph.cli.flags import add_timeout, float_in, int_in, plot_file
 from netmorph.cli.shape import add_shape_flags
 from netmorph.errors import require
 from netmorph.mesh.layout import Layout

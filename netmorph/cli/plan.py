@@ -11,7 +11,8 @@ import dataclasses
 import sys
 import time
 
-from netmorph.cli import int_in, print_json, schedule_list
+from netmorph.cli import print_json
+from netmorph.cli.flags import int_in, schedule_list
 from netmorph.cli.split import add_split_args, config_from, model_and_hardware, print_notes
 from netmorph.errors import UsageError, spell
 from netmorph.mesh.settings import SPLIT_BACKWARD

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from netmorph.cli import add_timeout, plot_file, print_json
+from netmorph.cli import print_json
+from netmorph.cli.flags import add_timeout, plot_file
 from netmorph.errors import UsageError, require
 from netmorph.runtime.env import torchrun_world
 

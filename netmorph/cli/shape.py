@@ -5,7 +5,7 @@ budget (:mod:`netmorph.runtime.budget`), not by a smaller range of its own."""
 
 from __future__ import annotations
 
-from netmorph.cli import int_in
+from netmorph.cli.flags import int_in
 
 # field: (flags, Megatron's name first where it has one; what it is)
 SHAPE = {

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from netmorph.cli import print_json, trace_file
+from netmorph.cli import print_json
+from netmorph.cli.flags import trace_file
 from netmorph.errors import UsageError
 
 FLAGS = {

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from netmorph.cli import int_in, pipeline_schedule
+from netmorph.cli.flags import int_in, pipeline_schedule
 from netmorph.cli.shape import add_shape_flags
 from netmorph.errors import UsageError
 from netmorph.mesh.settings import CP_COMM, SCHEDULES

@@ -3,7 +3,8 @@ for it from a profile of the same ranks measured first (``netmorph calibrate``).
 
 from __future__ import annotations
 
-from netmorph.cli import add_timeout, int_in, print_json
+from netmorph.cli import print_json
+from netmorph.cli.flags import add_timeout, int_in
 from netmorph.errors import UsageError, require
 
 FLAGS = {}

@@ -33,7 +33,8 @@ from netmorph.elastic.heartbeat import Heartbeat, publish_pid
 from netmorph.elastic.membership import Rendezvous
 from netmorph.mesh.placement import flat_offsets, stage_elements
 from netmorph.mesh.shape import ModelShape
-from netmorph.parallel.hybrid import TrainConfig, train_rank
+from netmorph.parallel.config import TrainConfig
+from netmorph.parallel.hybrid import train_rank
 from netmorph.parallel.run import reference as one_rank
 from netmorph.runtime.transport import PeerLost, PeerTimeout
 

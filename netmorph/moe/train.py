@@ -21,7 +21,7 @@ from netmorph.mesh.layout import Layout
 from netmorph.mesh.shape import ModelShape
 from netmorph.models.capacity import capacity
 from netmorph.models.moe import Router
-from netmorph.parallel.hybrid import TrainConfig
+from netmorph.parallel.config import TrainConfig
 from netmorph.parallel.run import TrainSummary
 from netmorph.parallel.run import train as run
 

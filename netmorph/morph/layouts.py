@@ -15,7 +15,7 @@ from netmorph.errors import UsageError
 from netmorph.mesh.elements import global_ids
 from netmorph.mesh.layout import Layout
 from netmorph.mesh.shape import ModelShape
-from netmorph.parallel.hybrid import TrainConfig
+from netmorph.parallel.config import TrainConfig
 
 MAX_RANKS = 16  # processes on one machine
 
@@ -61,7 +61,7 @@ def train_config(
     compute_ms: float = 0.0,
     device_flops: float = 0.0,
 ):
-    """The trainer's :class:`~netmorph.parallel.hybrid.TrainConfig` for ``layout``: ``global_batch`` sequences a
+    """The trainer's :class:`~netmorph.parallel.config.TrainConfig` for ``layout``: ``global_batch`` sequences a
     step as one-sequence microbatches over its dp ranks, from step ``start`` (a resumed or resharded run), on
     accelerators emulated as ``compute_ms`` a forward plus ``device_flops`` FLOP/s
     (:func:`~netmorph.parallel.slots.device_ms`)."""

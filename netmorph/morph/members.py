@@ -41,7 +41,7 @@ from netmorph.morph.decide import Decision
 from netmorph.morph.reshard import StateLost, plan, run_rank
 from netmorph.morph.scenario import LOSSES, Scenario
 from netmorph.morph.twin import candidates
-from netmorph.parallel.hybrid import TrainConfig
+from netmorph.parallel.config import TrainConfig
 
 __all__ = ["Members", "agreed_max", "membership_changes"]
 

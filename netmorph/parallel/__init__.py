@@ -2,12 +2,13 @@
 
 Rooms: ``flat`` (flat parameter/gradient buffers, Adam), ``data_parallel`` (naive and
 bucketed+overlap), ``zero`` (stages 1-3), ``tensor_parallel`` (Megatron's layers and
-regions), ``pipeline`` (schedules as data, the executor), ``hybrid`` (the SPMD rank
-function on the mesh), ``traffic`` (the closed forms), ``baseline`` (DDP and the
+regions), ``pipeline`` (schedules as data, the executor), ``config`` (TrainConfig),
+``hybrid`` (the SPMD rank function on the mesh), ``traffic`` (the closed forms), ``baseline`` (DDP and the
 no-communication bound), ``run`` (launch, summarise, the 1-rank reference).
 """
 
-from netmorph.parallel.hybrid import TrainConfig, train_rank
+from netmorph.parallel.config import TrainConfig
+from netmorph.parallel.hybrid import train_rank
 from netmorph.parallel.pipeline import SCHEDULES, Slot, schedule
 from netmorph.parallel.run import reference, train
 from netmorph.parallel.tensor_parallel import (

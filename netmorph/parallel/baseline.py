@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from netmorph.models.gpt import GPTStage, synthetic_batch
-from netmorph.parallel.hybrid import DTYPES, train_rank
+from netmorph.parallel.config import DTYPES
+from netmorph.parallel.hybrid import train_rank
 
 MODES = ("netmorph", "ddp", "no_comm")
 MIN_STEPS = 4  # counted steps below which no ratio is called: a quartile of fewer is one step

@@ -15,146 +15,20 @@ reduce-scatter + all-gather) -- and steps Adam.
 from __future__ import annotations
 
 import bisect
-import math
 import time
-from dataclasses import dataclass, field
 
 import torch
 
-from netmorph.checkpoint import Checkpointing
-from netmorph.errors import UsageError
-from netmorph.mesh.layout import Batch, Knobs, Layout
-from netmorph.mesh.presets import check_shape
-from netmorph.mesh.shape import ModelShape
-from netmorph.models.capacity import POLICIES
 from netmorph.models.gpt import synthetic_batch
-from netmorph.models.moe import Router
-from netmorph.parallel import limits
-from netmorph.parallel.algos import CollectiveAlgos
+from netmorph.parallel.config import DTYPES, TrainConfig
 from netmorph.parallel.groups import RankGroups, build_chunks, rank_groups, replicas, sync_replicated
 from netmorph.parallel.phases import split_step
-from netmorph.parallel.pipeline import Executor, check, schedule
+from netmorph.parallel.pipeline import Executor, schedule
 from netmorph.parallel.replica import rank_state
 from netmorph.parallel.results import RankReport, RankState
 from netmorph.parallel.slots import Hooks, device_ms
 from netmorph.parallel.state import named_pieces
 from netmorph.parallel.traffic import counted_reductions, expert_traffic, predicted
-
-# bfloat16: mixed precision (Megatron's --bf16): bf16 parameters, activations and matmuls, float32 main gradients,
-# master weights and Adam moments, the loss in float32
-DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
-REDUCE_DTYPES = ("bfloat16", "float32")
-
-
-# the trainer's own defaults where a Layout's differ: two microbatches of two sequences, DDP's overlapped buckets
-BUCKET_MB = 1.0      # the trainer's gradient bucket where the layout names none (DDP's bucket_cap_mb is 25)
-TRAIN_LAYOUT = Layout(batch=Batch(global_batch=4, micro_batch_size=2),
-                      knobs=Knobs(dp_overlap=True, dp_bucket_mb=BUCKET_MB))
-RUN_FIELDS = ("steps", "lr", "dtype", "grad_reduce_dtype", "dp_mode", "compute_ms", "device_flops", "trace",
-              "start_step",
-              "router", "checkpoint", "algos")
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """One training run: the model, its layout, and how long and how it runs (Megatron's arguments in three
-    groups: ``TransformerConfig``, the parallel sizes, the training options)."""
-
-    model: ModelShape = field(default_factory=ModelShape)
-    layout: Layout = TRAIN_LAYOUT
-    steps: int = 4
-    lr: float = 3e-3
-    dtype: str = "float64"
-    grad_reduce_dtype: str = ""      # mixed precision: the gradients' reduction on the wire, bfloat16 (the default,
-                                     # Megatron's --grad-reduce-in-bf16) or float32 (its accumulate-allreduce in fp32)
-    dp_mode: str = "bucket"          # "bucket" (DDP's reducer) or "naive" (one all-reduce per gradient)
-    compute_ms: float = 0.0          # emulated compute per microbatch forward on a stage, shared by its interleaved
-                                     # chunks (backward: twice)
-    device_flops: float = 0.0        # an emulated accelerator of this many FLOP/s: each microbatch's forward also
-                                     # sleeps the rank's share of its layers' and LM head's FLOPs (slots.device_ms)
-    trace: bool = False              # return every rank's ledger records too (for a Chrome trace)
-    start_step: int = 0              # the first step's index: the data a resumed (or resharded) run continues on
-    router: Router = Router()        # a mixture of experts' routing and auxiliary losses
-    checkpoint: Checkpointing = Checkpointing()   # --save / --load (netmorph.checkpoint)
-    algos: CollectiveAlgos = CollectiveAlgos()    # each collective's algorithm (--dp-algo, --tp-algo; ring)
-
-    @classmethod
-    def make(cls, model: ModelShape | None = None, microbatches: int = 2, micro_batch_size: int = 2,
-             overlap: bool = True, **kw) -> TrainConfig:
-        """Megatron's flat arguments: the run options by name, every other keyword a :class:`Layout` field
-        (``microbatches`` per step and data-parallel rank gives the global batch)."""
-        run = {k: kw.pop(k) for k in RUN_FIELDS if k in kw}
-        if "bucket_mb" in kw:                   # --bucket-mb: the layout's one field the planner prices too
-            kw["dp_bucket_mb"] = kw.pop("bucket_mb")
-        kw.setdefault("dp_bucket_mb", BUCKET_MB)
-        dp = kw.get("dp", 1)
-        kw.setdefault("expert_tp", 1)           # the trainer keeps each expert whole on every tp rank
-        layout = Layout.of(global_batch=dp * microbatches * micro_batch_size, micro_batch_size=micro_batch_size,
-                           dp_overlap=overlap, **kw)
-        return cls(model=model or ModelShape(), layout=layout, **run)
-
-    @property
-    def world(self) -> int:
-        return self.layout.world
-
-    @property
-    def mixed(self) -> bool:
-        """bf16 mixed precision: 16-bit parameters and activations beside float32 master state."""
-        return self.dtype == "bfloat16"
-
-    def state_sizes(self) -> tuple:
-        """Bytes per element of (the parameters, their gradients, the optimizer's state) as the trainer holds them:
-        2, 4 and 4 + 4 + 4 (master, Adam's two moments) under mixed precision, else 2 x one element for Adam."""
-        isz = DTYPES[self.dtype].itemsize
-        return (2, 4, 12) if self.mixed else (isz, isz, 2 * isz)
-
-    def wire_sizes(self) -> tuple:
-        """Bytes per element on the wire of (activations, the gradients' data-parallel reduction, the replicated
-        and tied gradients' all-reduces, the vocab-parallel loss): mixed precision sends bf16 activations, its
-        reduction in ``grad_reduce_dtype``, the float32 main gradients and a float32 loss (Megatron's)."""
-        isz = DTYPES[self.dtype].itemsize
-        if not self.mixed:
-            return isz, isz, isz, isz
-        return 2, DTYPES[self.grad_reduce_dtype or "bfloat16"].itemsize, 4, 4
-
-    @property
-    def bucket_mb(self) -> float:
-        """The gradient bucket the trainer fills: the layout's ``dp_bucket_mb`` (0, the planner's "a bucket per
-        layer": :data:`BUCKET_MB`)."""
-        return self.layout.knobs.dp_bucket_mb or BUCKET_MB
-
-    def check(self) -> None:
-        if not 1 <= self.steps <= 1 << 24:
-            raise UsageError(f"{{steps}} must be >= 1, got {self.steps}", "steps")
-        b = self.layout.knobs.dp_bucket_mb
-        if not (0 <= b < 1 << 20 and math.isfinite(b)):             # 0: the trainer's default bucket
-            raise UsageError(f"{{bucket_mb}} must be a size in MiB > 0, got {b}", "bucket_mb")
-        if not 0 <= self.compute_ms < 1e4:
-            raise UsageError(f"{{compute_ms}} must be in [0, 10000), got {self.compute_ms}", "compute_ms")
-        if not (0 <= self.device_flops < 1e20 and math.isfinite(self.device_flops)):
-            raise UsageError(f"{{device_flops}} must be in [0, 1e20), got {self.device_flops}", "device_flops")
-        if self.dtype not in DTYPES:
-            raise UsageError(f"{{dtype}} must be float64, float32 or bfloat16, got {self.dtype!r}", "dtype")
-        if self.grad_reduce_dtype and (not self.mixed or self.grad_reduce_dtype not in REDUCE_DTYPES):
-            raise UsageError(f"{{grad_reduce_dtype}} {self.grad_reduce_dtype!r}: bfloat16 or float32, with bf16 mixed "
-                             "precision only", "grad_reduce_dtype")
-        if self.dp_mode not in ("bucket", "naive"):
-            raise UsageError(f"{{dp_mode}} must be bucket or naive, got {self.dp_mode!r}", "dp_mode")
-        check_shape(self.model)
-        lay = limits.require(self.layout, self.model)
-        r = self.router
-        if r.drop_policy not in POLICIES:
-            raise UsageError(f"{{drop_policy}} must be one of {', '.join(POLICIES)}, got {r.drop_policy!r}",
-                             "drop_policy")
-        for k in ("aux_loss_coeff", "z_loss_coeff", "jitter_eps"):
-            v = getattr(r, k)
-            if not (0 <= v <= 100 and math.isfinite(v)) or k == "jitter_eps" and v >= 1:
-                raise UsageError(f"{{{k}}} must be in [0, {1 if k == 'jitter_eps' else 100}), got {v}", k)
-        check(schedule(lay.pipeline_schedule, lay.pp, lay.microbatches, lay.interleave), lay.interleave, lay.v_shaped)
-        self.algos.check(self.layout)
-        ck = self.checkpoint
-        if not 0 <= ck.every <= 1 << 24 or not 0 <= ck.keep <= 1 << 20:
-            raise UsageError(f"{{save_every}} and {{keep}} must be >= 0, got {ck.every} and {ck.keep}", "save_every")
 
 
 def _routing(moe: list, lay: RankGroups, records, a2a_s: float, world: int) -> dict:
@@ -175,11 +49,16 @@ def _routing(moe: list, lay: RankGroups, records, a2a_s: float, world: int) -> d
             for j, n in enumerate(st.send_rows):
                 row[lay.ep_group.ranks[j]] += n
         send.append(row)
-    return {"layers": [b.layer for b in moe],
-            "routed": [sum(st.routed for st in b.stats).tolist() for b in moe],
-            "kept": [sum(st.kept for st in b.stats).tolist() for b in moe],
-            "send": send, "aux": sum(a for b in moe for a, _ in b.aux) / m,
-            "z": sum(z for b in moe for _, z in b.aux) / m, "a2a_s": a2a_s, "links": links}
+    return {
+        "layers": [b.layer for b in moe],
+        "routed": [sum(st.routed for st in b.stats).tolist() for b in moe],
+        "kept": [sum(st.kept for st in b.stats).tolist() for b in moe],
+        "send": send,
+        "aux": sum(a for b in moe for a, _ in b.aux) / m,
+        "z": sum(z for b in moe for _, z in b.aux) / m,
+        "a2a_s": a2a_s,
+        "links": links,
+    }
 
 
 def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -> RankReport:
@@ -189,41 +68,51 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
     range, "t": Adam's step}, as ``flat_state`` returns it or :func:`netmorph.morph.reshard.run_rank`
     makes it for this layout. ``commit(steps done, state(), its loss or None)`` after each step, when given."""
     torch.manual_seed(0)
-    torch.set_num_threads(1)            # torchrun's OMP_NUM_THREADS=1: one process per core, no spinning pools
+    torch.set_num_threads(1)  # torchrun's OMP_NUM_THREADS=1: one process per core, no spinning pools
     split = cfg.layout
     lay = rank_groups(comm, cfg)
     dtype = DTYPES[cfg.dtype]
     chunks, tp = build_chunks(comm, cfg, lay, dtype)
-    device = torch.device(comm.device)     # cuda:LOCAL_RANK under torchrun with GPUs (NCCL), else the CPU
+    device = torch.device(comm.device)  # cuda:LOCAL_RANK under torchrun with GPUs (NCCL), else the CPU
     for c in chunks:
-        c.to(device)                       # the same initial weights on every device: drawn on the CPU
+        c.to(device)  # the same initial weights on every device: drawn on the CPU
     reps = replicas(comm, cfg, lay, chunks, device, dtype)
     dense = reps[0]
     isz, gsz = cfg.wire_sizes()[:2]
     ck = cfg.checkpoint
-    if ck.load and inits is None:                       # a resumed run: this rank's boxes, read under its layout
+    if ck.load and inits is None:  # a resumed run: this rank's boxes, read under its layout
         from netmorph.checkpoint.training import Resume
+
         inits = Resume(cfg)
     if inits is not None:
         init = inits[comm.rank]
         dense.load(init)
-        if len(reps) > 1:                               # a mixture of experts' expert buffer (a checkpoint's)
+        if len(reps) > 1:  # a mixture of experts' expert buffer (a checkpoint's)
             reps[1].load(init["experts"])
     saver = None
     if ck.save:
         from netmorph.checkpoint.training import Saver
+
         saver = Saver(comm, cfg)
     moe = [b for c in chunks for b in c.blocks if b.moe is not None]
     for b in moe:
-        b.aux_scale = 1.0 / split.microbatches             # each microbatch's load-balancing loss, averaged
+        b.aux_scale = 1.0 / split.microbatches  # each microbatch's load-balancing loss, averaged
     slots = schedule(split.pipeline_schedule, split.pp, split.microbatches, split.interleave)[lay.pp_rank]
     T = cfg.model.seq // split.cp // (split.tp if tp.sequence_parallel else 1)
     # under cp this rank's positions of every sequence (a head and a tail chunk), its tokens and targets alike
     mine = tp.cp.positions(cfg.model.seq) if tp.cp is not None else None
-    ex = Executor(comm, lay.pp_group, chunks, split.interleave, (T, split.batch.micro_batch_size, cfg.model.hidden),
-                  dtype, tp.weight_store, split.v_shaped)
+    ex = Executor(
+        comm,
+        lay.pp_group,
+        chunks,
+        split.interleave,
+        (T, split.batch.micro_batch_size, cfg.model.hidden),
+        dtype,
+        tp.weight_store,
+        split.v_shaped,
+    )
     last_backward = max(i for i, s in enumerate(slots) if s.kind == "B")
-    is_last_stage = any(c.is_last for c in chunks)          # pp rank p - 1, or 0 in a V (the loss)
+    is_last_stage = any(c.is_last for c in chunks)  # pp rank p - 1, or 0 in a V (the loss)
     reads_data = any(c.is_first or c.is_last for c in chunks)
     emulated = device_ms(cfg, sum(len(c.blocks) for c in chunks), any(c.is_last for c in chunks))
     losses, times, peaks, bounds, idle, busy, routed, experts_log, phases = [], [], [], [], [], [], [], [], []
@@ -237,28 +126,38 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
                 b.stats.clear()
                 b.aux.clear()
             at, a2a = len(comm.ledger.records), sum(b.moe.clock[0] for b in moe)
-            base = ((cfg.start_step + step) * split.dp + lay.dp_rank) * split.microbatches * split.batch.micro_batch_size
+            base = (
+                ((cfg.start_step + step) * split.dp + lay.dp_rank) * split.microbatches * split.batch.micro_batch_size
+            )
 
             # the step's samples, drawn once (a data loader's batch) and only where a stage reads them: tokens
             # on the first virtual stage, targets on the last -- Megatron's get_batch gives a middle stage none
             # (drawing a microbatch's walk costs more than a middle stage's layer here)
             mbs = split.batch.micro_batch_size
             samples = range(base, base + mbs * split.microbatches)
-            batch = tuple((t if mine is None else t[mine]).to(device) for t in synthetic_batch(cfg.model, samples)) \
-                if reads_data else None
+            batch = (
+                tuple((t if mine is None else t[mine]).to(device) for t in synthetic_batch(cfg.model, samples))
+                if reads_data
+                else None
+            )
 
             def inputs(i, step=step, batch=batch):
-                for b in moe:                 # the global microbatch index: seeds the router's jitter
+                for b in moe:  # the global microbatch index: seeds the router's jitter
                     b.key = ((cfg.start_step + step) * split.dp + lay.dp_rank) * split.microbatches + i
                 if batch is None:
                     return None, None
-                return tuple(t[:, i * mbs:(i + 1) * mbs].contiguous() for t in batch)
+                return tuple(t[:, i * mbs : (i + 1) * mbs].contiguous() for t in batch)
 
             # the emulated compute is a stage's per microbatch: its interleaved chunks share it
             # what autograd saves is measured on the first step (a router's varies: on every step with experts);
             # its hook costs a Python call per saved tensor, which the later steps' times are spared
-            hooks = Hooks(reps, last_backward, emulated / split.interleave, measure=step == 0 or bool(moe),
-                          split=tp.weight_store is not None)
+            hooks = Hooks(
+                reps,
+                last_backward,
+                emulated / split.interleave,
+                measure=step == 0 or bool(moe),
+                split=tp.weight_store is not None,
+            )
             t_pipe = time.perf_counter()
             mb_losses, peak = ex.run(slots, inputs, split.microbatches, hooks)
             t_pipe = time.perf_counter() - t_pipe
@@ -271,17 +170,19 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
             for r in reps:
                 r.step()
             t_opt = (t_opt, time.perf_counter())
-            if moe:                         # what the router sent this step: the all-to-alls' closed form
-                routed.append({ph: v[0] for ph, v in expert_traffic(cfg, 0, 1, isz, moe, lay.ep_rank, gsz,
-                                                                           lay.cp_rank).items()})
-                experts_log.append(_routing(moe, lay, comm.ledger.records[at:],
-                                            sum(b.moe.clock[0] for b in moe) - a2a, comm.world))
+            if moe:  # what the router sent this step: the all-to-alls' closed form
+                routed.append(
+                    {ph: v[0] for ph, v in expert_traffic(cfg, 0, 1, isz, moe, lay.ep_rank, gsz, lay.cp_rank).items()}
+                )
+                experts_log.append(
+                    _routing(moe, lay, comm.ledger.records[at:], sum(b.moe.clock[0] for b in moe) - a2a, comm.world)
+                )
             loss = torch.tensor([sum(mb_losses)], dtype=torch.float64, device=device)
             if is_last_stage and lay.tp_rank == 0:
                 with comm.phase("metrics"):
                     comm.all_reduce(loss, group=lay.dp_group)
-            losses.append(float(loss) / (split.dp * split.cp * split.microbatches))   # every token's mean
-            if saver is not None:           # a checkpoint when one is due, in the step's time (async: its staging)
+            losses.append(float(loss) / (split.dp * split.cp * split.microbatches))  # every token's mean
+            if saver is not None:  # a checkpoint when one is due, in the step's time (async: its staging)
                 saver.commit(cfg.start_step + step + 1, lambda: rank_state(reps))
             t1 = time.perf_counter()
             times.append(t1 - t0)
@@ -291,9 +192,10 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
             saved = max(saved, hooks.saved_per_microbatch)
             if progress is not None:
                 progress.bump(comm.rank)
-            if commit is not None:          # an in-memory commit (Horovod Elastic's): a loss redoes one step at most
-                commit(cfg.start_step + step + 1, dense.state, losses[-1] if is_last_stage and lay.tp_rank == 0
-                       else None)
+            if commit is not None:  # an in-memory commit (Horovod Elastic's): a loss redoes one step at most
+                commit(
+                    cfg.start_step + step + 1, dense.state, losses[-1] if is_last_stage and lay.tp_rank == 0 else None
+                )
         if saver is not None:
             saver.wait()
         for r in reps:
@@ -302,7 +204,7 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
         flat_state = dense.state()
     finally:
         if saver is not None and saver.thread is not None:
-            saver.thread.join()                 # a background save ends before its buffers go
+            saver.thread.join()  # a background save ends before its buffers go
         for r in reps:
             r.close()
     mem = {k: sum(r.bytes()[k] for r in reps) for k in ("params", "grads", "optimizer")}
@@ -311,21 +213,44 @@ def train_rank(comm, cfg: TrainConfig, progress=None, inits=None, commit=None) -
     # a zero-bubble schedule's weight-gradient stash: the most its store held at once (inputs, output gradients)
     mem["wgrad_stash_peak"] = tp.weight_store.peak_bytes if tp.weight_store is not None else 0
     flat = dense.flat
-    pred = predicted(cfg, lay.pp_rank, flat.padded, isz, any(c.is_first for c in chunks),
-                     any(c.is_last for c in chunks), sum(len(c.blocks) for c in chunks),
-                     sum(p.numel() for p in tp.replicated()), moe_layers=len(moe), tp_rank=lay.tp_rank)
+    pred = predicted(
+        cfg,
+        lay.pp_rank,
+        flat.padded,
+        isz,
+        any(c.is_first for c in chunks),
+        any(c.is_last for c in chunks),
+        sum(len(c.blocks) for c in chunks),
+        sum(p.numel() for p in tp.replicated()),
+        moe_layers=len(moe),
+        tp_rank=lay.tp_rank,
+    )
     if moe:
-        pred.update(expert_traffic(cfg, reps[1].flat.padded, lay.edp_group.size(), isz, moe, lay.ep_rank, gsz,
-                                   lay.cp_rank))
+        pred.update(
+            expert_traffic(cfg, reps[1].flat.padded, lay.edp_group.size(), isz, moe, lay.ep_rank, gsz, lay.cp_rank)
+        )
     pred.update(counted_reductions(cfg, reps, comm.rank, gsz))
-    return RankReport(comm.rank, split.coords(comm.rank),
-                      losses=losses if is_last_stage and lay.tp_rank == 0 else None, step_times=times,
-                      step_bounds=bounds, idle_fraction=idle, in_flight_peak=max(peaks), memory_bytes=mem,
-                      timeline=ex.spans, bytes_by_step=_bytes_by_step(comm.ledger, bounds), predicted=pred,
-                      params=flat.numel, state=RankState(state, flat_state, dense.index()),
-                      busy_s=busy, phases_s=phases, ledger=comm.ledger.records if cfg.trace else None,
-                      predicted_by_step=routed or None, experts=experts_log or None,
-                      checkpoints=saver.log if saver is not None and saver.log else None)
+    return RankReport(
+        comm.rank,
+        split.coords(comm.rank),
+        losses=losses if is_last_stage and lay.tp_rank == 0 else None,
+        step_times=times,
+        step_bounds=bounds,
+        idle_fraction=idle,
+        in_flight_peak=max(peaks),
+        memory_bytes=mem,
+        timeline=ex.spans,
+        bytes_by_step=_bytes_by_step(comm.ledger, bounds),
+        predicted=pred,
+        params=flat.numel,
+        state=RankState(state, flat_state, dense.index()),
+        busy_s=busy,
+        phases_s=phases,
+        ledger=comm.ledger.records if cfg.trace else None,
+        predicted_by_step=routed or None,
+        experts=experts_log or None,
+        checkpoints=saver.log if saver is not None and saver.log else None,
+    )
 
 
 def _bytes_by_step(ledger, bounds) -> list:

@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass, fields
 from netmorph.models.gpt import GPTStage, synthetic_batch
 from netmorph.parallel.baseline import abc_rank
 from netmorph.parallel.baseline import summarise as compare_baselines
+from netmorph.parallel.config import DTYPES, TrainConfig
 from netmorph.parallel.flat import Adam, FlatParams
-from netmorph.parallel.hybrid import DTYPES, TrainConfig, train_rank
+from netmorph.parallel.hybrid import train_rank
 from netmorph.parallel.phases import step_parts
 from netmorph.parallel.pipeline import theory
 from netmorph.parallel.results import RankReport

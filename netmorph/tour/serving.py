@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from netmorph.mesh.presets import PRESETS as MODELS
 from netmorph.mesh.shape import ModelShape
-from netmorph.parallel.hybrid import TrainConfig
+from netmorph.parallel.config import TrainConfig
 from netmorph.parallel.run import train
 from netmorph.planner.hardware import PRESETS as HARDWARE
 from netmorph.serving import workload

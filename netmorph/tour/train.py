@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from netmorph.mesh.shape import ModelShape
-from netmorph.parallel.hybrid import TrainConfig
+from netmorph.parallel.config import TrainConfig
 from netmorph.parallel.run import TrainSummary, train
 from netmorph.planner.memory import trainer_memory
 
