@@ -27,6 +27,7 @@ import json
 import pstats
 import statistics
 import sys
+import time
 
 import numpy as np
 
@@ -116,10 +117,16 @@ def main() -> int:
         f"{'world':>5} {'bytes':>11} {'algorithm':>12} {'out-of-place':>12} {'in-place':>9} {'oop/in':>7} "
         f"{'bound':>7} {'oop/bound':>9} {'bound(in)':>9} {'bound o/i':>9} {'gloo':>6} {'oop/gloo':>8}"
     )
+    t0 = time.monotonic()
     for p in worlds:
         fab, bound, bound_in, gloo = [], [], [], []
         for k in range(args.repeats):
-            print(f"out_of_place: world {p}, run {k + 1} of {args.repeats}", file=sys.stderr, flush=True)
+            # netmorph's progress line off a terminal (a transcript leaves it out)
+            print(
+                f"netmorph out_of_place: world {p}: run {k + 1} of {args.repeats} ({time.monotonic() - t0:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
             fab.append(measure([Case("allreduce", "auto", n) for n in sizes], p, "local", iters=args.iters, warmup=3))
             bound.append([two_shot_bound(p, n, iters=args.iters, warmup=3)["busbw_gbps"] for n in sizes])
             bound_in.append(
