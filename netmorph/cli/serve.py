@@ -8,7 +8,7 @@ import sys
 
 from netmorph.cli import print_json
 from netmorph.cli.flags import add_timeout, float_in, int_in
-from netmorph.cli.serve_print import print_check, print_kv, print_roofline, print_serve
+from netmorph.cli.serve_print import print_check, print_kv, print_roofline, print_serve, verdict
 from netmorph.cli.serve_ranks import check_alone, disaggregated, priced, tensor_parallel
 from netmorph.cli.shape import add_shape_flags
 from netmorph.errors import UsageError
@@ -300,7 +300,7 @@ def _serve(args) -> int:
         out["check"] = check_alone(args, model, reqs, outputs)
     if args.json:
         print_json(out)
-        return 0 if not args.check or out["check"]["identical"] == out["check"]["requests"] > 0 else 1
+        return verdict(out)
     for r in out["rejections"][:5]:
         if "request" in r:
             print(f"netmorph serve: request {r['request']} rejected: {r['reason']}", file=sys.stderr)

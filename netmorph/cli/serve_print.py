@@ -80,18 +80,25 @@ def print_disaggregated(args, out, requests: int) -> None:
         )
 
 
+def verdict(out) -> int:
+    """The exit code of a run: 1 where ``--check`` found a request decoded alone that differs, or had none to check
+    (every one rejected); 0 otherwise, or with no ``--check``."""
+    c = out.get("check")
+    return 0 if c is None or c["identical"] == c["requests"] > 0 else 1
+
+
 def print_check(out) -> int:
-    """``--check``'s line: the requests decoded alone give the same tokens (exit 1 where not, or none was checked)."""
+    """``--check``'s line: the requests decoded alone give the same tokens; its :func:`verdict`."""
     c = out["check"]
     if not c["requests"]:
         print("# check: nothing to check -- no request completed (every one was rejected) ✗")
-        return 1
-    ok = c["identical"] == c["requests"]
-    print(
-        f"# check: {c['identical']}/{c['requests']} requests decoded alone (no cache, the training model) give "
-        f"the same tokens {'✓' if ok else '✗'}"
-    )
-    return 0 if ok else 1
+    else:
+        ok = c["identical"] == c["requests"]
+        print(
+            f"# check: {c['identical']}/{c['requests']} requests decoded alone (no cache, the training model) give "
+            f"the same tokens {'✓' if ok else '✗'}"
+        )
+    return verdict(out)
 
 
 def print_serve(args, cfg, model, out) -> None:

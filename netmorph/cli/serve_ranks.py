@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 
 from netmorph.cli import print_json
-from netmorph.cli.serve_print import print_check, print_disaggregated, print_serve
+from netmorph.cli.serve_print import print_check, print_disaggregated, print_serve, verdict
 from netmorph.runtime.env import torchrun_world
 
 
@@ -49,10 +49,9 @@ def disaggregated(args, model, cfg, reqs, bad) -> int:
     out["scheduler"], out["kv"] = f"disaggregated {P}:{D}", cfg.kv
     if args.check:
         out["check"] = check_alone(args, model, ok, outputs)
-    good = not args.check or out["check"]["identical"] == out["check"]["requests"] > 0
     if args.json:
         print_json(out)
-        return 0 if good else 1
+        return verdict(out)
     print_disaggregated(args, out, len(ok))
     return print_check(out) if args.check else 0
 
@@ -71,10 +70,9 @@ def tensor_parallel(args, model, cfg, reqs, bad) -> int:
     out["rejected"] += len(bad)
     if args.check:
         out["check"] = check_alone(args, model, reqs, outputs)
-    good = not args.check or out["check"]["identical"] == out["check"]["requests"] > 0
     if args.json:
         print_json(out)
-        return 0 if good else 1
+        return verdict(out)
     print_serve(args, cfg, model, out)
     print(
         f"tensor parallel {args.tp} ranks: {out['tp_allreduces']:,} all-reduces (2 per layer per iteration), "

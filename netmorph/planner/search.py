@@ -26,7 +26,7 @@ tensor cores; and the most loaded device must fit in memory.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from functools import cache, lru_cache
+from functools import cache
 
 from netmorph.errors import UsageError
 from netmorph.mesh.layout import RECOMPUTE, SPLIT_BACKWARD, V_SHAPED, Layout, Rejection
@@ -95,24 +95,18 @@ def estimate(model: ModelShape, c: Layout, hw: Hardware) -> Estimate:
         model.causal_model_flops(c.batch.global_batch),
         model.model_flops(c.batch.global_batch),
     )
-    return Estimate(c, model, hw, mem, t, flops, rates(model, c, hw, t.step_time_s))
+    return Estimate(c, model, hw, mem, t, flops, rates(model, c, hw, flops, t.step_time_s))
 
 
-def rates(model: ModelShape, c: Layout, hw: Hardware, step: float) -> Rates:
+def rates(model: ModelShape, c: Layout, hw: Hardware, flops: Flops, step: float) -> Rates:
     """Throughput of a step of ``step`` seconds: executed TFLOP/s per GPU (eq. 3), MFU (Megatron's model
     FLOPs over the 16-bit peak), tokens/s."""
-    executed, useful = _flops(model, c.batch.global_batch, c.knobs.recompute)
     return Rates(
-        executed / step / c.gpus / 1e12,
-        useful / step / c.gpus / hw.peak_flops,
+        flops.executed / step / c.gpus / 1e12,
+        flops.megatron / step / c.gpus / hw.peak_flops,
         c.batch.global_batch * model.seq / step,
         c.batch.global_batch * model.seq / step / c.gpus,
     )
-
-
-@lru_cache(maxsize=1024)
-def _flops(model: ModelShape, batch: int, recompute: str) -> tuple[float, float]:
-    return model.flops_per_iteration(batch, recompute), model.model_flops(batch)
 
 
 def _divisors(n: int, cap: int | None = None):
@@ -292,11 +286,18 @@ def search(
                                             fits.append(make(tp, cp, pp, dp, ep, mb, v, zero, rc, sp, prec, sched))
     timed = sorted(((step_time(model, c, hw).step_time_s, i) for i, c in enumerate(fits)))
     n = len(timed) if not top else min(top, len(timed))
-    ranked = [estimate(model, fits[i], hw) for _, i in timed[:n]]
+    priced = {}  # fits' index -> its Estimate: a plan both ranked and the best of its split is priced once
+
+    def priced_at(i: int) -> Estimate:
+        if i not in priced:
+            priced[i] = estimate(model, fits[i], hw)
+        return priced[i]
+
+    ranked = [priced_at(i) for _, i in timed[:n]]
     seen, by_split = set(), []
     for _, i in timed:
         key = (fits[i].tp, fits[i].pp)
         if key not in seen:
             seen.add(key)
-            by_split.append(estimate(model, fits[i], hw))
+            by_split.append(priced_at(i))
     return SearchResult(ranked, rejected, len(fits), by_split)
