@@ -29,12 +29,14 @@ pytestmark = pytest.mark.timeout(240)
 
 def test_tensor_parallel_within_each_node_survives_a_worker_killed_and_the_node_back():
     """elastic --tp 2 on 2 nodes x 2: each node's two workers are one tensor-parallel group (consecutive ranks of
-    every view: tp innermost, a node's workers side by side), data parallel across the nodes. Rank 3 is killed
+    every view: tp innermost, a node's workers side by side), data parallel across the nodes. Rank 1 is killed
     mid-step: its node-mate is dead with it (the node goes whole), the survivors' tensor-parallel all-reduces,
-    caught in the aborted group, are the loss and not a deadlock; the node comes back as slots 6 and 7, each
-    handed the shard of its tensor-parallel rank -- and the whole model equals the 1-rank run's. (The issue's
-    must-hold: 2 nodes x 2 workers under launch, a worker SIGKILLed in step 5's first gradient bucket, its torchrun
-    tearing the node down and starting it again as incarnation 1, the node back; nothing left behind.)"""
+    caught in the aborted group, are the loss and not a deadlock; the node comes back as slots 4 and 5, each
+    handed the shard of its tensor-parallel rank -- and the whole model equals the 1-rank run's. The node lost is
+    node 0, the job's first rank 0: the summary is printed by the final view's rank 0 (slot 2, node 1) and launch
+    exits with the code it reports. (The issue's must-hold: 2 nodes x 2 workers under launch, a worker SIGKILLed
+    in step 5's first gradient bucket, its torchrun tearing the node down and starting it again as incarnation 1,
+    the node back; nothing left behind.)"""
     before = _tmp()
     r = _launch(
         [
@@ -53,7 +55,7 @@ def test_tensor_parallel_within_each_node_survives_a_worker_killed_and_the_node_
             "--steps",
             "80",
             "--kill",
-            "3@5",
+            "1@5",
             "--check",
             "--json",
             "--timeout",
@@ -62,10 +64,10 @@ def test_tensor_parallel_within_each_node_survives_a_worker_killed_and_the_node_
     )
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
-    # incarnation 1 of node 1 is slots 6 and 7: (1·2 + 1)·2 + local rank
-    assert [e["members"] for e in out["epochs"]] == [[0, 1, 2, 3], [0, 1], [0, 1, 6, 7]]
+    # incarnation 1 of node 0 is slots 4 and 5: (1·2 + 0)·2 + local rank
+    assert [e["members"] for e in out["epochs"]] == [[0, 1, 2, 3], [2, 3], [2, 3, 4, 5]]
     assert [e["kind"] for e in out["events"]] == ["kill", "join"] and out["events"][0]["steps_redone"] <= 1
-    assert out["events"][0]["ranks"] == [3] and sorted(out["events"][1]["rank"]) == [6, 7]
+    assert out["events"][0]["ranks"] == [1] and sorted(out["events"][1]["rank"]) == [4, 5]
     assert out["max_rel_loss_diff"] <= 1e-12 and out["max_rel_param_diff"] <= 1e-9
     assert "node 1: torchrun --nnodes 1 --nproc-per-node 2 --max-restarts 2 -m netmorph elastic" in r.stderr
     time.sleep(0.5)
@@ -291,6 +293,26 @@ def test_a_port_in_use_is_one_line(capsys):
         assert len(err) == 1 and "--port" in err[0] and "in use" in err[0], err
     finally:
         s.close()
+
+
+@pytest.mark.parametrize(
+    "argv,code,words",
+    [
+        (["--help"], 1, "every node exited and no worker reported the job's result"),
+        (["--steps", "0"], 1, "node 0 exited with 1"),
+    ],
+)
+def test_a_job_that_reports_no_result_is_not_a_success(argv, code, words):
+    """The job's code is the one its printer reports through the lighthouse. A job whose workers all exit 0
+    without one reporting it (here elastic's --help, inside each worker) exits 1 and says so. A job whose
+    workers fail exits with the first failed node's code."""
+    from netmorph.elastic.launcher import Cluster, Plan, free_port
+
+    plan = Plan(1, 1, ["elastic", *argv], 0, {}, free_port())
+    with tempfile.TemporaryFile("w+") as out, Cluster(plan, stdout=out) as cluster:
+        cluster.start()
+        assert cluster.wait(120) == code
+        assert words in cluster.reported
 
 
 def test_elastic_under_torchrun_without_a_lighthouse_names_what_to_add(capsys):

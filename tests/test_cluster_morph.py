@@ -63,13 +63,15 @@ def test_morph_on_two_torchrun_jobs_moves_when_the_link_between_them_degrades():
     assert leftovers(before) == [] and netmorph_processes() == []
 
 
-def test_morph_on_two_torchrun_jobs_goes_on_when_node_1_hangs_mid_step():
-    """Node 1's workers SIGSTOP themselves in step 12 on the cluster's clock; the survivors find it (φ accrual over
-    the heartbeats, then a fence: SIGKILL), agree on the view through the lighthouse, re-form on a fresh gloo group,
-    and the twin picks the survivors' layout: the step in flight redone, none from a checkpoint, and the losses
-    those of the run that lost nothing (one rank, the same global batches). Node 1's torchrun restarts the fenced
-    workers (--max-restarts 1); with no node-joins they say so and leave. (A node SIGKILLed mid-step, found by gloo's
-    closed connections, is the node-lost of the test below, which also takes it back.)"""
+def test_morph_on_two_torchrun_jobs_goes_on_when_node_0_hangs_mid_step():
+    """Node 0's workers -- the job's rank 0 among them -- SIGSTOP themselves in step 12 on the cluster's clock; the
+    survivors find it (φ accrual over the heartbeats, then a fence: SIGKILL), agree on the view through the
+    lighthouse, re-form on a fresh gloo group, and the twin picks the survivors' layout: the step in flight redone,
+    none from a checkpoint, and the losses those of the run that lost nothing (one rank, the same global batches).
+    Node 0's torchrun restarts the fenced workers (--max-restarts 1); with no node-joins they say so and leave, and
+    the result is printed by the survivors' rank 0 (node 1's first worker, the standby that decided as rank 0 did)
+    with the code launch exits with. (A node SIGKILLed mid-step, found by gloo's closed connections, is the
+    node-lost of the test below, which also takes it back.)"""
     kind = "node-hangs"
     from netmorph.mesh.layout import Layout
     from netmorph.mesh.shape import ModelShape
@@ -92,7 +94,7 @@ def test_morph_on_two_torchrun_jobs_goes_on_when_node_1_hangs_mid_step():
             "--segment",
             "5",
             "--scenario",
-            f"{kind}@12",
+            f"{kind}@12:0",
             "--timeout",
             "20",
             "--compute-ms",
@@ -107,6 +109,7 @@ def test_morph_on_two_torchrun_jobs_goes_on_when_node_1_hangs_mid_step():
         lost["from"] == "tp1·pp1·dp4"
         and lost["to"].endswith("dp2")
         and lost["reason"].startswith("node lost" if kind == "node-lost" else "node hung")
+        and "ranks [0, 1] stopped" in lost["reason"]  # node 0's: the job's first rank 0
     ), lost
     assert out["redone_steps"] == 1 and out["static_runs"] == {}
     losses, _, _ = reference(train_config(ModelShape(layers=4, hidden=32, heads=4, seq=16, vocab=64), Layout(), 24, 8))
@@ -149,7 +152,21 @@ def test_send_clock_holds_a_torch_message_to_its_emulated_link_as_the_fabric_doe
     [
         (["--nodes", "3", "--nproc-per-node", "2", "--", "morph"], "--nodes 2"),
         (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "--world", "8"], "--world 8"),
-        (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "--scenario", "node-lost@5:0"], "one box"),
+        (
+            [
+                "--nodes",
+                "2",
+                "--nproc-per-node",
+                "2",
+                "--max-restarts",
+                "0",
+                "--",
+                "morph",
+                "--scenario",
+                "node-lost@5:0,node-joins@9",
+            ],
+            "node 0 comes back as the workers its torchrun job restarts: --max-restarts 1",
+        ),
         (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "reshard"], "morph reshard runs on one box"),
         (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "--compare"], "--compare"),
         (["--nodes", "2", "--nproc-per-node", "2", "--join", "1@5", "--", "morph"], "--join"),

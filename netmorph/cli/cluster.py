@@ -57,3 +57,13 @@ def in_cluster(args) -> bool:
     if "LOCAL_WORLD_SIZE" not in os.environ:
         raise UsageError("--lighthouse joins a cluster from a torchrun job: run it under torchrun (or netmorph launch)")
     return True
+
+
+def report(args, code: int) -> int:
+    """``code``, told to the lighthouse as the job's (:data:`~netmorph.elastic.lighthouse.EXIT`) by the worker that
+    has just printed the job's result: what ``netmorph launch`` exits with, wherever that worker runs."""
+    from netmorph.elastic.lighthouse import EXIT, LighthouseStore, parse_address
+
+    host, port = parse_address(args.lighthouse)
+    LighthouseStore(host, port, args.timeout).set(EXIT, str(code))
+    return code

@@ -7,7 +7,7 @@ import os
 from dataclasses import replace
 
 from netmorph.cli import print_json
-from netmorph.cli.cluster import add_cluster_flags, in_cluster
+from netmorph.cli.cluster import add_cluster_flags, in_cluster, report
 from netmorph.cli.flags import add_timeout, float_in, int_in, plot_file
 from netmorph.errors import UsageError, require
 
@@ -162,7 +162,7 @@ def cluster_config(args, nodes: int, k: int):
 
 
 def _cluster(args):
-    """``--lighthouse``: this torchrun job is one node of a cluster; the summary from node 0's local rank 0."""
+    """``--lighthouse``: this torchrun job is one node of a cluster; the summary on the final view's rank 0."""
     cfg = cluster_config(args, args.nodes, int(os.environ["LOCAL_WORLD_SIZE"]))
     cfg.check()
     from netmorph.elastic.node import run as run_node
@@ -178,9 +178,9 @@ def run(args) -> int:
     cfg = config_from(args)
     if in_cluster(args):
         cfg, out = _cluster(args)
-        if out is None:  # not node 0's local rank 0: it prints for the job, as nccl-tests under mpirun
+        if out is None:  # not the final view's rank 0: it prints for the job, as nccl-tests under mpirun
             return 0
-        return _print(args, cfg, out, gpt)
+        return report(args, _print(args, cfg, out, gpt))
     cfg = replace(cfg, tp=args.tp)  # > 1 is refused on one box: a node is its failure domain
     cfg.check()
     if not 1 <= args.checkpoint_every <= (cfg.steps if args.compare else 100_000):  # vs --steps: --compare's

@@ -17,8 +17,9 @@ def add_parser(sub) -> None:
         help="run a subcommand as N torchrun jobs (emulated nodes) and a lighthouse",
         description="Start the lighthouse and N torchrun jobs on 127.0.0.1, each an emulated node of "
         "K workers, running SUBCOMMAND as one cluster (netmorph elastic --lighthouse ...). "
-        "Prints the per-node commands a cluster would run; node 0's output is the job's "
-        "(--json included); Ctrl-C and SIGTERM reach every job.",
+        "Prints the per-node commands a cluster would run; the job's output is its rank 0's "
+        "(--json included: node 0's, or a survivor's where the run lost node 0), and launch exits "
+        "with the code that rank reports; Ctrl-C and SIGTERM reach every job.",
         usage="netmorph launch --nodes N --nproc-per-node K [--max-restarts R] [--join NODE@STEP] "
         "[--port P] -- SUBCOMMAND ARGS",
     )
@@ -124,9 +125,8 @@ def run(args) -> int:
         except TimeoutError as e:
             raise UsageError(f"{e}; raise --wait") from None
         if code:
-            tail = cluster.tail(0)
-            print(
-                f"netmorph launch: node 0 exited with {code}" + (f"; its last lines:\n{tail}" if tail else ""),
-                file=sys.stderr,
-            )
+            node = next((n for n, p in sorted(cluster.jobs.items()) if p.returncode), 0)
+            tail = cluster.tail(node)
+            why = cluster.reported or f"the job reported {code}"
+            print(f"netmorph launch: {why}" + (f"; node {node}'s last lines:\n{tail}" if tail else ""), file=sys.stderr)
     return code

@@ -11,7 +11,7 @@ import sys
 from dataclasses import replace
 
 from netmorph.cli import print_json
-from netmorph.cli.cluster import in_cluster
+from netmorph.cli.cluster import in_cluster, report
 from netmorph.errors import UsageError
 
 
@@ -116,13 +116,17 @@ def control(args) -> int:
             cluster.close()
             return 0
     try:
-        return _control_on(args, cluster)
+        code = _control_on(args, cluster)
+        if cluster is not None and cluster.head:  # it printed the job's result: its code is the job's
+            report(args, code)
+        return code
     finally:
         if cluster is not None:
             cluster.close()
 
 
 def _control_on(args, cluster) -> int:
+    from netmorph.morph.cluster import lost
     from netmorph.morph.controller import (
         Trainer,
         check_run,
@@ -143,9 +147,15 @@ def _control_on(args, cluster) -> int:
     trainer = Trainer(
         model, args.global_batch, world, args.timeout, args.compute_ms, args.inter_node_mbps, args.checkpoint_every
     )
-    head = cluster is None or cluster.head
     workers = None if cluster is None else cluster.comm  # a cluster: the runs are on this communicator
-    say = (lambda *a, **k: None) if args.json or not head else print
+
+    def head() -> bool:  # whether this process prints: rank 0 now (a survivor's once a loss of node 0 renumbers)
+        return cluster is None or cluster.head
+
+    def say(*a, **k) -> None:
+        if not args.json and head():
+            print(*a, **k)
+
     where = (
         "two emulated nodes"
         if cluster is None
@@ -160,7 +170,7 @@ def _control_on(args, cluster) -> int:
     from netmorph.calibrate.run import measure_links
     from netmorph.cli.progress import Bar
 
-    quiet = {} if head else {"tty": False, "every": math.inf}  # one worker of a cluster shows progress
+    quiet = {} if head() else {"tty": False, "every": math.inf}  # one worker of a cluster shows progress
     with Bar("morph", **quiet) as bar:
         with bar.task("measuring the links (netmorph calibrate's link phase)"):
             links = (
@@ -196,13 +206,15 @@ def _control_on(args, cluster) -> int:
             flush=True,
         )
         with bar.task("the control loop's run"):
-            adaptive = run_adaptive(trainer, twin, start, steps, args.segment, scenario, log=say, comm=workers)
+            adaptive = run_adaptive(
+                trainer, twin, start, steps, args.segment, scenario, log=say, comm=workers, verbose=not args.json
+            )
         statics = {}
         # the best-ranked splits, and under memory pressure the best of those that fit the tightest memory: the
         # split a user who knew the scenario would have chosen
         tight = min(scenario.memory(s) for s in range(steps + 1))
         fits = [] if math.isinf(tight) else replace(twin, memory_share=tight).layouts(world, model.seq)[:1]
-        # a cluster that lost node 1 has no node 1 left for the static splits: the adaptive run alone
+        # a cluster that lost a node has not that node left for the static splits: the adaptive run alone
         alone = cluster is not None and membership_changes(scenario)
         for lay in [] if alone else list(dict.fromkeys(ranked[: args.static] + fits)):
             say(f"static {lay.tag()} ...", flush=True)
@@ -221,7 +233,7 @@ def _control_on(args, cluster) -> int:
                 restart = run_static(
                     trainer, start, steps, args.segment, scenario, log=say, twin=twin, restart_s=restart_s
                 )
-    if not head:  # a cluster's worker other than rank 0: it ran its part, rank 0 prints
+    if not head():  # a cluster's worker other than rank 0 (at the end): it ran its part, rank 0 prints
         return 0
     best_static = min(statics, key=lambda k: statics[k].total_s) if statics else None
     healthy = min(steps, scenario.at if scenario.events else steps)
@@ -306,7 +318,7 @@ def _control_on(args, cluster) -> int:
         f" against {total(statics[start.tag()], 'the start split ' + start.tag())} and "
         f"{total(statics[best_static], f'the best of the {len(statics)} static splits run, ' + best_static)}"
         if statics
-        else " (no static split beside it: across torchrun jobs this run's loss took node 1's workers)"
+        else f" (no static split beside it: across torchrun jobs this run's loss took node {lost(scenario)}'s workers)"
     )
     print(
         f"# adaptive {adaptive.total_s:.2f} s{against}; "

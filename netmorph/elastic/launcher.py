@@ -5,7 +5,9 @@ What a cluster runs -- ``netmorph lighthouse --port P`` on one host and on each 
 processes: each torchrun job its own session (its workers with it), its temporary files (torchrun's
 ``torchelastic_*`` logs) in a folder of the launch's, removed on every exit path. A node given a join step
 starts once the job has done that many steps (the members' progress in the lighthouse). SIGINT and SIGTERM reach
-every job; whatever is still running at the end is stopped. Node 0's output is the job's.
+every job; whatever is still running at the end is stopped. Every node's output is the launch's, as mpirun
+forwards every rank's: only the job's rank 0 prints (node 0's local rank 0, unless the run lost node 0), and
+the job's exit code is the one that rank reports through the lighthouse (:data:`EXIT`) once it has printed.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from netmorph.elastic.lighthouse import EXIT
 from netmorph.errors import UsageError
+
+NO_RESULT = 1  # the job's code when every node ended and no worker reported one
 
 
 def free_port(port: int = 0, host: str = "127.0.0.1") -> int:
@@ -129,7 +134,11 @@ class Cluster:
             **os.environ,
             "TMPDIR": self.tmp,
             "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
+            # the printer may move to a survivor mid-run: each line out as it is printed, so that the lines of a
+            # rank 0 SIGKILLed with its node are not lost in its buffer and the next rank 0's follow them in order
+            "PYTHONUNBUFFERED": "1",
         }
+        self.reported: str | None = None  # why wait() ended without a code reported, for the caller's line
 
     def __enter__(self) -> Cluster:
         return self
@@ -177,7 +186,7 @@ class Cluster:
             with open(log, "w") as err:
                 self.jobs[node] = subprocess.Popen(
                     cmd,
-                    stdout=self.stdout if node == 0 else subprocess.DEVNULL,
+                    stdout=self.stdout,  # only the job's rank 0 prints, wherever it runs
                     stderr=err,
                     env=self.env,
                     start_new_session=True,
@@ -210,18 +219,45 @@ class Cluster:
         kill_tree(self.jobs[node].pid, signal.SIGKILL)
 
     def wait(self, timeout: float) -> int:
-        """Node 0's exit code once it is done (the job's); the other nodes get ``timeout`` s more to finish."""
-        node0 = self.jobs[0] if 0 in self.jobs else None
+        """The job's exit code once it is done: the code its rank 0 reported through the lighthouse (:data:`EXIT`)
+        after printing the result -- node 0's local rank 0, or a survivor's where the run lost node 0 -- the other
+        nodes then given 30 s more to finish. A job that ends with no code reported (every node exited, or the
+        lighthouse is gone) is node 0's exit code if it failed, else the first failed node's, else
+        :data:`NO_RESULT`; :attr:`reported` then says which."""
+        from netmorph.elastic.lighthouse import LighthouseStore
+
         deadline = time.monotonic() + timeout
-        while node0 is None or node0.poll() is None:
+        store = LighthouseStore(self.plan.host, self.plan.port, 30.0)
+        code = None
+        while code is None:
+            try:
+                if store.check([EXIT]):
+                    code = int(store.get(EXIT))
+                    break
+            except (ConnectionError, RuntimeError):
+                pass  # the lighthouse went away: the nodes' exits say how the job ended
+            with self.lock:
+                jobs = dict(self.jobs)
+            if all(p.poll() is not None for p in jobs.values()):  # a late node not started yet: never, now
+                self.stopping.set()
+                code = self._fallback(jobs)
+                break
             if time.monotonic() > deadline:
-                raise TimeoutError(f"node 0 did not finish within {timeout:g} s")
+                raise TimeoutError(f"the job did not finish within {timeout:g} s")
             time.sleep(0.05)
-            node0 = node0 or self.jobs.get(0)
         rest = time.monotonic() + 30.0
         while any(p.poll() is None for p in self.jobs.values()) and time.monotonic() < rest:
             time.sleep(0.05)
-        return node0.returncode
+        return code
+
+    def _fallback(self, jobs: dict) -> int:
+        """The job's code when every node ended without one reported: the first failure, node 0's first."""
+        failed = [(n, p.returncode) for n, p in sorted(jobs.items()) if p.returncode]
+        if failed:
+            self.reported = f"node {failed[0][0]} exited with {failed[0][1]}"
+            return failed[0][1]
+        self.reported = "every node exited and no worker reported the job's result"
+        return NO_RESULT
 
     def tail(self, node: int, lines: int = 20) -> str:
         """The last lines a node's job wrote -- its workers', before torchrun's own traceback (ChildFailedError

@@ -32,6 +32,9 @@ OWNED = (
     "netmorph/hung/",
 )
 SHARED = ("netmorph/view/",)
+# the job's exit code, set by the worker that printed its result (the final view's rank 0) once it has: what
+# netmorph launch exits with, wherever that worker ran (re-published: under "netmorph/result/")
+EXIT = "netmorph/result/exit"
 _NETWORK_ERRORS = ("Connection", "connect", "recv", "send", "Broken pipe", "closed", "reset", "refused")
 
 

@@ -3,9 +3,9 @@
 What ``torchrun --nproc-per-node K -m netmorph elastic --lighthouse HOST:P --node-index I --nodes N`` runs in each
 worker (:func:`run`). The members train :func:`netmorph.elastic.gpt.gpt_rank` on the cluster's communicator
 (:func:`netmorph.elastic.cluster.join`); each publishes its record to the lighthouse when it is done; the final
-view's rank 0 waits for every final member's record and writes the job's summary -- the same one ``netmorph
-elastic`` prints on one box (:func:`netmorph.elastic.train.summary`) -- and node 0's local rank 0 returns it, so
-that one process prints for the job, as nccl-tests under mpirun.
+view's rank 0 waits for every final member's record and returns the job's summary -- the same one ``netmorph
+elastic`` prints on one box (:func:`netmorph.elastic.train.summary`) -- so that one process prints for the job,
+as nccl-tests under mpirun: node 0's local rank 0 unless the run lost it, a survivor's otherwise.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from netmorph.elastic.train import ElasticConfig, summary
 
 RESULT = "netmorph/result/{}"
 WEIGHTS = "netmorph/result/{}/w"
-SUMMARY = "netmorph/summary"
 STARTED = "netmorph/started"
 
 
@@ -69,7 +68,7 @@ def _deaths(store, slots) -> list:
 
 
 def run(cfg: ElasticConfig, lighthouse: str, node: int, check: bool = False) -> dict | None:
-    """This worker's part of the job; the summary on node 0's local rank 0, None elsewhere."""
+    """This worker's part of the job; the summary on the final view's rank 0, None elsewhere."""
     comm = join(lighthouse, node, cfg.nodes, cfg.timeout)
     comm.clock = time.time  # events timed across hosts (the wall clock)
     comm.started_at = process_start()  # a joiner's heal is timed from its process's start
@@ -81,7 +80,7 @@ def run(cfg: ElasticConfig, lighthouse: str, node: int, check: bool = False) -> 
         if rec is not None:
             _publish(store, comm.slot, rec)
             final = Rendezvous(store, cfg.min_workers).current()
-            if comm.slot == final.members[0]:  # the final view's rank 0 writes the job's summary
+            if comm.slot == final.members[0]:  # the final view's rank 0: the job's summary
                 deadline = time.monotonic() + cfg.timeout
                 while not all(store.check([RESULT.format(m)]) for m in final.members):
                     if time.monotonic() > deadline:
@@ -95,14 +94,7 @@ def run(cfg: ElasticConfig, lighthouse: str, node: int, check: bool = False) -> 
                 if healed:  # a node back: from its workers' asking to their first step
                     out["heal_s"] = max(h["first_step_at"] for h in healed) - min(h["asked_at"] for h in healed)
                 out["lighthouse_reconnects"] = store.reconnects
-                store.set(SUMMARY, json.dumps(out))
-        if place.node == 0 and place.local_rank == 0:
-            deadline = time.monotonic() + cfg.timeout * 3
-            while not store.check([SUMMARY]):
-                if time.monotonic() > deadline:
-                    raise TimeoutError("the job's summary was not written (the final view's rank 0 is gone)")
-                time.sleep(0.01)
-            return json.loads(store.get(SUMMARY))
+                return out
         return None
     finally:
         comm.transport.close()

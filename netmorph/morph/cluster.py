@@ -13,7 +13,9 @@ Every phase of ``netmorph morph`` runs on these same workers and none is started
 so that every worker builds the same twin and ranks the same layouts), the control loop
 (:func:`~netmorph.morph.live.live_rank`: the twin decides, the reshard plan runs between live ranks over
 torch.distributed), then each static split beside it, a fresh :class:`~netmorph.morph.live.LiveJob` on the same
-communicator. Rank 0 -- node 0's local rank 0 -- prints for the job, as nccl-tests under mpirun.
+communicator. Rank 0 prints for the job, as nccl-tests under mpirun: node 0's local rank 0, and where the
+scenario loses node 0, from the loss on the survivors' new rank 0 (the standby that kept the same log), which
+prints the result and removes the checkpoint folder.
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ NODES = 2  # morph's scenarios happen on two nodes
 
 
 def check_cluster(nodes: int, k: int, world, scenario: Scenario, max_restarts: int) -> int:
-    """The cluster's world (``nodes`` x ``k``), or the one line that says which flag to change. Node 1 may be lost
-    (or hang) and come back: its torchrun job restarts it (``max_restarts`` at least 1) and the restarted workers
-    join at the scenario's ``node-joins``."""
+    """The cluster's world (``nodes`` x ``k``), or the one line that says which flag to change. Either node may be
+    lost (or hang) and come back: its torchrun job restarts it (``max_restarts`` at least 1) and the restarted
+    workers join at the scenario's ``node-joins``."""
     if nodes != NODES:
         raise UsageError(f"morph's scenarios happen on two nodes: --nodes 2, got {nodes}", "nodes")
     from netmorph.morph.controller import WORLDS
@@ -49,22 +51,18 @@ def check_cluster(nodes: int, k: int, world, scenario: Scenario, max_restarts: i
             f"torchrun; leave it out",
             "world",
         )
-    from netmorph.morph.scenario import LOSSES
-
-    if any(e.kind in LOSSES and e.node != 1 for e in scenario.events):
-        raise UsageError(
-            f"{{scenario}} {scenario.label()}: across torchrun jobs morph loses (or hangs) node 1, whose "
-            f"torchrun job can restart it; node 0's loss runs on one box (netmorph morph without "
-            f"launch)",
-            "scenario",
-        )
     if rejoins(scenario) and max_restarts < 1:
         raise UsageError(
-            f"{{scenario}} {scenario.label()}: node 1 comes back as the workers its torchrun job "
+            f"{{scenario}} {scenario.label()}: node {lost(scenario)} comes back as the workers its torchrun job "
             f"restarts: --max-restarts 1 or more, got {max_restarts}",
             "max_restarts",
         )
     return nodes * k
+
+
+def lost(scenario: Scenario) -> int | None:
+    """The node the scenario loses (or hangs), None if none."""
+    return next((e.node for e in scenario.events if e.loss), None)
 
 
 def rejoins(scenario: Scenario) -> bool:
@@ -95,7 +93,6 @@ class Cluster:
         self.restarted = place.incarnation > 0  # torchrun restarted this node after the scenario lost it
         self.joiner = self.restarted and joins
         self.world = place.launched
-        self.scratch = None
         if self.restarted and not joins:
             return
         # the emulated links place a slot by its position in the launch: a restarted worker where its node was
@@ -105,15 +102,16 @@ class Cluster:
             self.comm.reform(range(self.world), 0, renumber=True)
         # where every rank writes the live loop's checkpoints (a node lost may take state no survivor holds): a
         # folder rank 0 makes in --checkpoint-dir, else on this host (in launch's own temporary folder under
-        # netmorph launch) -- on a real cluster it must be on a filesystem every node shares
+        # netmorph launch) -- on a real cluster it must be on a filesystem every node shares. Rank 0 at the end
+        # removes it (the maker's node may be the one lost)
         if self.comm.rank == 0 and not self.joiner:
-            self.scratch = tempfile.mkdtemp(prefix=".netmorph-ckpt-", dir=checkpoint_dir)
-            self.comm.store.set(SCRATCH, self.scratch)
+            self.comm.store.set(SCRATCH, tempfile.mkdtemp(prefix=".netmorph-ckpt-", dir=checkpoint_dir))
         self.comm.checkpoints = self.comm.store.get(SCRATCH).decode()
 
     @property
     def head(self) -> bool:
-        """Whether this worker prints for the job (rank 0: node 0's local rank 0)."""
+        """Whether this worker prints for the job now: rank 0 of the current view (node 0's local rank 0 until a
+        loss of node 0 renumbers the survivors; a joiner never, its ranks come after the members')."""
         return self.comm.rank == 0 and not self.joiner
 
     @property
@@ -138,8 +136,11 @@ class Cluster:
         return json.loads(comm.store.get(LINKS))
 
     def close(self) -> None:
-        if not self.leaves:
-            self.comm.barrier()  # nobody leaves while a peer still talks to it
+        if self.leaves:
+            self.comm.close()
+            return
+        self.comm.barrier()  # nobody leaves while a peer still talks to it, or reads a checkpoint
+        head = self.head
         self.comm.close()
-        if self.scratch is not None:
-            shutil.rmtree(self.scratch, ignore_errors=True)
+        if head:
+            shutil.rmtree(self.comm.checkpoints, ignore_errors=True)

@@ -345,10 +345,12 @@ def run_adaptive(
     confirm: int = 2,
     log=print,
     comm=None,
+    verbose: bool | None = None,
 ) -> Run | None:
     """The control loop (module docstring) deciding on ``twin``; ``log`` gets one line per segment and per
-    decision. The whole run is one launch whose ranks stay alive across moves, losses and joins
-    (:mod:`netmorph.morph.live`); with ``comm``, this process is one of a cluster's ranks (None off rank 0)."""
+    decision -- printed by rank 0 as they come where ``verbose`` (default: ``log`` is print), else at the end.
+    The whole run is one launch whose ranks stay alive across moves, losses and joins (:mod:`netmorph.morph.live`);
+    with ``comm``, this process is one of a cluster's ranks (None off rank 0)."""
     live = LiveJob(
         trainer.model,
         trainer.global_batch,
@@ -361,7 +363,7 @@ def run_adaptive(
         scenario,
         hysteresis,
         confirm,
-        verbose=log is print,
+        verbose=log is print if verbose is None else verbose,
         checkpoint_every=trainer.checkpoint_every,
     )
     return run_live(live, trainer.world, trainer.timeout, log, comm)

@@ -32,7 +32,7 @@ import numpy as np
 
 from netmorph.checkpoint import folder
 from netmorph.elastic.agent import dead_of
-from netmorph.elastic.cluster import on_suspect
+from netmorph.elastic.cluster import node_of, on_suspect
 from netmorph.elastic.detector import PhiAccrual
 from netmorph.elastic.heartbeat import Heartbeat, Watchdog, publish_pid
 from netmorph.elastic.membership import Rendezvous, agree_after_loss
@@ -260,10 +260,12 @@ class Members:
         self.moved(self.step, layout, target, spent)
         if self.ctl is not None:
             _, predicted, current, top = best
+            place = getattr(comm, "placement", None)
             what = (
                 f"a node joined ({len(view.members)} ranks: {new} started in the lost ranks' slots, one launch)"
-                if getattr(comm, "placement", None) is None
-                else f"a node joined ({len(view.members)} ranks: {new}, the workers node 1's torchrun job restarted)"
+                if place is None
+                else f"a node joined ({len(view.members)} ranks: {new}, the workers node "
+                f"{node_of(min(new), place.nodes, place.local_world)}'s torchrun job restarted)"
             )
             self.say(
                 f"  -> at step {self.step}, {what}: {layout.tag()} -> {target.tag()} (model "
