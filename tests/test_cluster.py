@@ -29,14 +29,12 @@ pytestmark = pytest.mark.timeout(240)
 
 def test_tensor_parallel_within_each_node_survives_a_worker_killed_and_the_node_back():
     """elastic --tp 2 on 2 nodes x 2: each node's two workers are one tensor-parallel group (consecutive ranks of
-    every view: tp innermost, a node's workers side by side), data parallel across the nodes. Rank 1 is killed
+    every view: tp innermost, a node's workers side by side), data parallel across the nodes. Rank 3 is killed
     mid-step: its node-mate is dead with it (the node goes whole), the survivors' tensor-parallel all-reduces,
-    caught in the aborted group, are the loss and not a deadlock; the node comes back as slots 4 and 5, each
-    handed the shard of its tensor-parallel rank -- and the whole model equals the 1-rank run's. The node lost is
-    node 0, the job's first rank 0: the summary is printed by the final view's rank 0 (slot 2, node 1) and launch
-    exits with the code it reports. (The issue's must-hold: 2 nodes x 2 workers under launch, a worker SIGKILLed
-    in step 5's first gradient bucket, its torchrun tearing the node down and starting it again as incarnation 1,
-    the node back; nothing left behind.)"""
+    caught in the aborted group, are the loss and not a deadlock; the node comes back as slots 6 and 7, each
+    handed the shard of its tensor-parallel rank -- and the whole model equals the 1-rank run's. (The issue's
+    must-hold: 2 nodes x 2 workers under launch, a worker SIGKILLed in step 5's first gradient bucket, its torchrun
+    tearing the node down and starting it again as incarnation 1, the node back; nothing left behind.)"""
     before = _tmp()
     r = _launch(
         [
@@ -55,6 +53,50 @@ def test_tensor_parallel_within_each_node_survives_a_worker_killed_and_the_node_
             "--steps",
             "80",
             "--kill",
+            "3@5",
+            "--check",
+            "--json",
+            "--timeout",
+            "20",
+        ]
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    # incarnation 1 of node 1 is slots 6 and 7: (1·2 + 1)·2 + local rank
+    assert [e["members"] for e in out["epochs"]] == [[0, 1, 2, 3], [0, 1], [0, 1, 6, 7]]
+    assert [e["kind"] for e in out["events"]] == ["kill", "join"] and out["events"][0]["steps_redone"] <= 1
+    assert out["events"][0]["ranks"] == [3] and sorted(out["events"][1]["rank"]) == [6, 7]
+    assert out["max_rel_loss_diff"] <= 1e-12 and out["max_rel_param_diff"] <= 1e-9
+    assert "node 1: torchrun --nnodes 1 --nproc-per-node 2 --max-restarts 2 -m netmorph elastic" in r.stderr
+    time.sleep(0.5)
+    assert _leftovers(before) == [] and _netmorph_processes() == []
+
+
+def test_pipeline_stages_within_each_node_survive_node_0_lost_and_back():
+    """elastic --pp 2 on 2 nodes x 2: each node's two workers are one pipeline (stage 0 and stage 1 of one
+    replica: Megatron numbers pp outermost, so the communicator's ranks interleave the nodes), data parallel
+    across. Rank 1 -- node 0, the job's first rank 0 -- is killed mid-step; the survivors are node 1's whole
+    pipeline and go on as one replica; node 0 comes back as slots 4 and 5, each handed its stage's parameters and
+    Adam moments by the survivor that holds the same stage, and the model equals the 1-rank run's. The summary is
+    printed by the final view's rank 0 (slot 2, on node 1), and launch exits with the code it reports."""
+    before = _tmp()
+    r = _launch(
+        [
+            "--nodes",
+            "2",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "2",
+            "--",
+            "elastic",
+            "--pp",
+            "2",
+            "--global-batch",
+            "4",
+            "--steps",
+            "120",
+            "--kill",
             "1@5",
             "--check",
             "--json",
@@ -69,9 +111,30 @@ def test_tensor_parallel_within_each_node_survives_a_worker_killed_and_the_node_
     assert [e["kind"] for e in out["events"]] == ["kill", "join"] and out["events"][0]["steps_redone"] <= 1
     assert out["events"][0]["ranks"] == [1] and sorted(out["events"][1]["rank"]) == [4, 5]
     assert out["max_rel_loss_diff"] <= 1e-12 and out["max_rel_param_diff"] <= 1e-9
-    assert "node 1: torchrun --nnodes 1 --nproc-per-node 2 --max-restarts 2 -m netmorph elastic" in r.stderr
     time.sleep(0.5)
     assert _leftovers(before) == [] and _netmorph_processes() == []
+
+
+@pytest.mark.parametrize("tp,pp,k", [(1, 2, 2), (2, 2, 4), (2, 1, 2), (1, 2, 4)])
+def test_each_node_holds_whole_replicas_in_the_trainers_numbering(tp, pp, k):
+    """megatron_order numbers a view so that the trainer's mesh (tp-dp-pp, pp outermost) finds each replica's
+    tp x pp ranks on one node, the first replica of every shard on the view's first node (a survivor, the
+    joiners after it); without stages it is the view's own order."""
+    from netmorph.elastic.gpt import megatron_order
+    from netmorph.mesh.grid import Mesh
+
+    members = [2 * k + i for i in range(k)] + [k + i for i in range(k)]  # node 0 (incarnation 1) after node 1
+    ranks = megatron_order(members, k, tp, pp)
+    assert sorted(ranks) == sorted(members)
+    mesh = Mesh(len(members), tp=tp, pp=pp, dp=len(members) // (tp * pp))
+    for r, slot in enumerate(ranks):
+        c = mesh.coords(r)
+        local = slot % k
+        assert (c["tp"], c["pp"]) == (local % tp, local // tp % pp)
+        replicas_per_node = k // (tp * pp)
+        assert c["dp"] // replicas_per_node == members.index(slot) // k  # the view's n-th node: replicas n·R..
+    if pp == 1:
+        assert ranks == tuple(members)
 
 
 @pytest.mark.parametrize(
@@ -79,6 +142,8 @@ def test_tensor_parallel_within_each_node_survives_a_worker_killed_and_the_node_
     [
         (["--tp", "3"], "must divide the workers of a node (2"),
         (["--tp", "2", "--global-batch", "3"], "must split evenly over every membership"),
+        (["--tp", "2", "--pp", "2"], "--tp x --pp = 4 must divide the workers of a node (2"),
+        (["--pp", "2", "--global-batch", "3"], "must split evenly over every membership"),
     ],
 )
 def test_bad_tensor_parallel_input_is_one_line(argv, words, capsys):
@@ -87,10 +152,12 @@ def test_bad_tensor_parallel_input_is_one_line(argv, words, capsys):
     assert words in err and len(err.splitlines()) == 1, err
 
 
-def test_tensor_parallel_on_one_box_names_launch(capsys):
-    assert main(["elastic", "--tp", "2"]) == 2
+@pytest.mark.parametrize("flag", ["--tp", "--pp"])
+def test_model_parallel_on_one_box_names_launch(flag, capsys):
+    assert main(["elastic", flag, "2"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "netmorph launch --nodes N --nproc-per-node K -- elastic --tp T" in err and len(err.splitlines()) == 1
+    want = f"netmorph launch --nodes N --nproc-per-node K -- elastic {flag} {flag[2].upper()}"
+    assert want in err and len(err.splitlines()) == 1, err
 
 
 def test_a_node_started_late_joins_and_is_healed():

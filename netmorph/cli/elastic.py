@@ -101,6 +101,14 @@ def add_parser(sub) -> None:
         "divides --nproc-per-node), data parallel across nodes: a node lost takes whole "
         "tensor-parallel groups with it (default 1)",
     )
+    c.add_argument(
+        "--pp",
+        type=int_in(1, 32),
+        default=1,
+        help="pipeline stages over P workers of each node (Megatron's --pipeline-model-parallel-size; T x P "
+        "divides --nproc-per-node): a replica is one node's T x P workers, data parallel across "
+        "nodes (default 1)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run, flags=FLAGS)
 
@@ -158,6 +166,7 @@ def cluster_config(args, nodes: int, k: int):
         late_nodes=tuple(args.late_nodes),
         min_workers=min(args.min_workers, nodes * k),
         tp=args.tp,
+        pp=args.pp,
     )
 
 
@@ -181,7 +190,7 @@ def run(args) -> int:
         if out is None:  # not the final view's rank 0: it prints for the job, as nccl-tests under mpirun
             return 0
         return report(args, _print(args, cfg, out, gpt))
-    cfg = replace(cfg, tp=args.tp)  # > 1 is refused on one box: a node is its failure domain
+    cfg = replace(cfg, tp=args.tp, pp=args.pp)  # > 1 is refused on one box: a node is its failure domain
     cfg.check()
     if not 1 <= args.checkpoint_every <= (cfg.steps if args.compare else 100_000):  # vs --steps: --compare's
         raise UsageError(
@@ -230,9 +239,10 @@ def _print(args, cfg, out, gpt: bool) -> int:
         if "nodes" in out
         else f"{cfg.workers} workers"
     )
-    if cfg.tp > 1:
-        where += f", tensor parallel {cfg.tp} within each node, data parallel across"
-    over = "replicas" if cfg.tp > 1 else "members"
+    inside = [f"tensor parallel {cfg.tp}"] * (cfg.tp > 1) + [f"{cfg.pp} pipeline stages"] * (cfg.pp > 1)
+    if inside:
+        where += f", {' x '.join(inside)} within each node, data parallel across"
+    over = "replicas" if inside else "members"
     print(
         f"# netmorph elastic: {what} on {where} (min {cfg.min_workers}), {cfg.steps} steps, global "
         f"batch {cfg.global_batch}{' sequences' if gpt else ''} re-split over the {over}; kills: "
@@ -240,9 +250,10 @@ def _print(args, cfg, out, gpt: bool) -> int:
         + ("; hangs: " + ", ".join(f"rank {r} in step {s}" for r, s in cfg.hangs) if cfg.hangs else "")
         + ("; joins: " + ", ".join(f"{n} at step {s}" for n, s in cfg.joins) if cfg.joins else "")
     )
-    print(f"{'epoch':>5} {'members':<20} {'from step':>9}")
+    wide = max(20, *(len(str(e["members"])) for e in out["epochs"]))
+    print(f"{'epoch':>5} {'members':<{wide}} {'from step':>9}")
     for e in out["epochs"]:
-        print(f"{e['epoch']:>5} {str(e['members']):<20} {e['first_step']:>9}")
+        print(f"{e['epoch']:>5} {str(e['members']):<{wide}} {e['first_step']:>9}")
     if out["events"]:
         width = max(14, *(len(",".join(map(str, e.get("ranks") or [e["rank"]]))) + 11 for e in out["events"]))
         print(f"{'event':<{width}} {'step':>5} {'detected':>10} {'agreed':>10} {'resumed':>10} {'steps redone':>12}")

@@ -82,9 +82,9 @@ def fence_hung(comm, view, cfg, among=None):
     return min(hung_at) if hung_at else None
 
 
-def admit(comm, rdzv, view, new, step, cfg, renumber=False):
+def admit(comm, rdzv, view, new, step, cfg, renumber=False, order=tuple):
     """Members at a join step: wait until the joiners are up, agree on the view with them and re-form (the
-    caller hands them the state)."""
+    caller hands them the state); ``order(members)`` numbers the new communicator (default: the view's order)."""
     deadline = time.monotonic() + cfg.timeout
     while not all(comm.store.check([f"netmorph/ready/{r}"]) for r in new):
         if time.monotonic() > deadline:
@@ -93,7 +93,7 @@ def admit(comm, rdzv, view, new, step, cfg, renumber=False):
     for r in new:
         rdzv.announce(r, view.epoch)
     agreed = rdzv.propose(view, candidates=new, first_step=step)
-    comm.reform(agreed.members, agreed.epoch, renumber)
+    comm.reform(order(agreed.members), agreed.epoch, renumber)
     return agreed
 
 
@@ -112,7 +112,7 @@ def admitted(comm, rdzv, cfg, join_step, renumber=False):
     return view
 
 
-def requested(comm, rdzv, cfg, view):
+def requested(comm, rdzv, cfg, view, order=tuple):
     """A worker nobody scheduled (a node torchrun restarted, a node started later): say it is up, ask to join after
     the current view -- again after each newer view that does not hold it -- and wait until one does, then re-form
     (the members hand it the state). Waits for as long as the run may last (the members admit at a step's end)."""
@@ -130,7 +130,7 @@ def requested(comm, rdzv, cfg, view):
             raise TimeoutError(f"slot {comm.slot} asked to join and was not admitted")
         time.sleep(0.01)
         view = rdzv.current() or view
-    comm.reform(view.members, view.epoch, renumber=True)
+    comm.reform(order(view.members), view.epoch, renumber=True)
     return view
 
 

@@ -31,7 +31,8 @@ from netmorph.elastic.agent import FINISHED, HEARTBEAT, admit, admitted, agree, 
 from netmorph.elastic.cluster import watch_members
 from netmorph.elastic.heartbeat import Heartbeat, publish_pid
 from netmorph.elastic.membership import Rendezvous
-from netmorph.mesh.placement import flat_offsets, stage_elements
+from netmorph.mesh.layout import Layout
+from netmorph.mesh.placement import Shard, flat_offsets, rank_parameters, stage_elements
 from netmorph.mesh.shape import ModelShape
 from netmorph.parallel.config import TrainConfig
 from netmorph.parallel.hybrid import train_rank
@@ -44,13 +45,15 @@ MODEL = ModelShape(layers=2, hidden=32, heads=2, seq=16, vocab=64)  # small: a s
 
 def train_config(cfg, world: int, steps: int, start: int) -> TrainConfig:
     """The trainer's config for ``steps`` steps from ``start`` on ``world`` members: ``cfg.tp``-way tensor parallel
-    (consecutive ranks: one node's workers, tp innermost as Megatron orders it) and data parallel over the rest,
-    one sequence per microbatch, the global batch re-split over the replicas."""
-    tp = getattr(cfg, "tp", 1)
-    dp = world // tp
+    and ``cfg.pp`` pipeline stages inside each node (a replica is tp x pp of one node's workers:
+    :func:`megatron_order` numbers them) and data parallel over the replicas, one sequence per microbatch, the
+    global batch re-split over the replicas."""
+    tp, pp = cfg_tp(cfg), cfg_pp(cfg)
+    dp = world // (tp * pp)
     return TrainConfig.make(
         cfg.model or MODEL,
         tp=tp,
+        pp=pp,
         dp=dp,
         microbatches=cfg.global_batch // dp,
         micro_batch_size=1,
@@ -101,17 +104,26 @@ def gpt_rank(comm, cfg):
         dies_at = hangs_at = None  # a restarted worker: the faults were its predecessor's
     spares = {} if cluster else cfg.spares()
     n_params = numel(cfg)
+    local = comm.placement.local_world if cluster else 1
+
+    def order(members):  # the communicator's numbering of a view: whole tp x pp replicas on each node
+        return megatron_order(members, local, cfg_tp(cfg), cfg_pp(cfg))
+
     pieces = None  # this rank's pieces of the model by name, after the last segment (for the whole)
     losses, events, timeline = {}, [], []
     state, step = None, 0
     if me in spares or (cluster and me not in view.members):  # a joiner: admitted, then handed the state
-        view = admitted(comm, rdzv, cfg, spares[me], renumber=True) if not cluster else requested(comm, rdzv, cfg, view)
+        view = (
+            admitted(comm, rdzv, cfg, spares[me], renumber=True)
+            if not cluster
+            else requested(comm, rdzv, cfg, view, order)
+        )
         if view is None:  # the job finished before it was admitted
             heart.stop()
             return None
-        state, step = _handed(comm, None, len(view.members), n_params, cfg_tp(cfg)), view.first_step
+        state, step = _handed(comm, None, len(view.members), cfg), view.first_step
     else:
-        comm.reform(view.members, view.epoch, renumber=True)
+        comm.reform(order(view.members), view.epoch, renumber=True)
     epochs = [(view.epoch, list(view.members), view.first_step)]
     dog = watch_members(comm, view.members, HEARTBEAT) if cluster else None
     joining = sorted({s for s in spares.values() if s > step})
@@ -151,8 +163,8 @@ def gpt_rank(comm, cfg):
 
     def grow(new, state, step, t_start):
         """Admit ``new`` after ``step`` (ncclCommGrow's numbering), hand them ``state``; the view and the state."""
-        new_view = reformed(admit(comm, rdzv, view, new, step, cfg, renumber=True))
-        state = _handed(comm, state, len(new_view.members), n_params, cfg_tp(cfg))
+        new_view = reformed(admit(comm, rdzv, view, new, step, cfg, renumber=True, order=order))
+        state = _handed(comm, state, len(new_view.members), cfg)
         saved.clear()
         saved[step] = state
         epochs.append((new_view.epoch, list(new_view.members), new_view.first_step))
@@ -179,11 +191,8 @@ def gpt_rank(comm, cfg):
         commits = {step: state}
         arm(step)
         try:
-            init = (
-                None
-                if state is None
-                else {comm.rank: repad(state, _padded(n_params, len(view.members) // cfg_tp(cfg)))}
-            )
+            padded = _padded(numel(cfg, stage(comm, cfg)), len(view.members) // cfg_mp(cfg))
+            init = None if state is None else {comm.rank: repad(state, padded)}
             out = train_rank(comm, tc, None, init, commit=commit)
             state, step, pieces = out.state.flat, end, out.state.pieces
         except _Join as j:  # asked to join: admit them after the step all finished
@@ -206,7 +215,7 @@ def gpt_rank(comm, cfg):
             if cfg.commit_every > 1:  # Horovod: back to the last commit at or before it (all members
                 first = max(k for k in saved if k <= agreed)  # hold the same: every K steps, at each join)
                 state = saved[first]
-            comm.reform(view.members, view.epoch, renumber=True)
+            comm.reform(order(view.members), view.epoch, renumber=True)
             epochs.append((view.epoch, list(view.members), agreed))
             lost = sorted(before - set(view.members))
             events.append(
@@ -231,7 +240,7 @@ def gpt_rank(comm, cfg):
         None
         if state is None
         else whole(comm, cfg, pieces)
-        if cfg_tp(cfg) > 1
+        if cfg_mp(cfg) > 1
         else np.asarray(state["params"])[:n_params]
     )
     rec = {"w": w, "losses": losses, "events": events, "epochs": epochs, "timeline": timeline}
@@ -263,53 +272,107 @@ def cfg_tp(cfg) -> int:
     return getattr(cfg, "tp", 1)
 
 
-def numel(cfg) -> int:
+def cfg_pp(cfg) -> int:
+    return getattr(cfg, "pp", 1)
+
+
+def cfg_mp(cfg) -> int:
+    """A replica's workers: tp x pp, all on one node."""
+    return cfg_tp(cfg) * cfg_pp(cfg)
+
+
+def megatron_order(members, local_world: int, tp: int, pp: int) -> tuple:
+    """The members (slots) in the numbering the trainer's mesh wants when each node's workers hold whole
+    replicas of tp x pp: Megatron orders ranks tp-dp-pp (pp outermost), so tensor rank t of stage p in replica d
+    is rank ``t + tp·(d + D·p)`` of D replicas. A node's local rank l is ``t = l % tp``, ``p = l // tp % pp``,
+    its replica ``l // (tp·pp)`` of the node's; the nodes in the view's order (the members before the joiners,
+    as ``ncclCommGrow`` appends them), so the first replica of every shard is a survivor's. Without pipeline
+    stages this is the view's own order (each node's workers side by side)."""
+    members = tuple(members)
+    if pp == 1:
+        return members
+    mp = tp * pp
+    replicas = []
+    for node in dict.fromkeys(s // local_world for s in members):  # a node's incarnation: its slots' block
+        mine = sorted(s for s in members if s // local_world == node)
+        replicas += [mine[i : i + mp] for i in range(0, len(mine), mp)]
+    out = [0] * len(members)
+    for d, rep in enumerate(replicas):
+        for i, slot in enumerate(rep):
+            p, t = divmod(i, tp)
+            out[t + tp * (d + len(replicas) * p)] = slot
+    return tuple(out)
+
+
+def stage(comm, cfg) -> int:
+    """This rank's pipeline stage in :func:`megatron_order`'s numbering."""
+    return comm.rank // (cfg_tp(cfg) * (comm.world // cfg_mp(cfg)))
+
+
+def numel(cfg, pp_rank: int = 0) -> int:
     """A rank's flat buffer's length before padding: the GPT's parameter count (a dense model: one replica), or
-    with tensor parallelism its shard's (every tp rank holds the same count: split weights in equal parts, the
-    replicated ones whole)."""
+    with tensor parallelism and pipeline stages its stage's shard's (every tp rank of a stage holds the same
+    count: split weights in equal parts, the replicated ones whole)."""
     model = cfg.model or MODEL
-    if cfg_tp(cfg) == 1:
+    if cfg_mp(cfg) == 1:
         return model.params()
-    return stage_elements(model, train_config(cfg, cfg_tp(cfg), 1, 0).layout, 0)[0]
+    return stage_elements(model, train_config(cfg, cfg_mp(cfg), 1, 0).layout, pp_rank)[0]
 
 
 def whole(comm, cfg, pieces: dict) -> np.ndarray:
-    """The whole model's flat parameters from this rank's tensor-parallel pieces: every piece all-gathered over
-    its tp group (one call: the pieces flattened side by side) and put back together along its split dimension,
-    in the 1-rank buffer's order -- what ``--check`` compares."""
-    t = cfg_tp(cfg)
-    mine = np.concatenate([p.numpy().reshape(-1) for p, _ in pieces.values()])
-    first = comm.rank - comm.rank % t
-    out = np.empty(t * len(mine))
+    """The whole model's flat parameters from this rank's pieces: every rank's pieces all-gathered over its
+    replica's tp x pp ranks (one call: each rank's pieces flattened side by side, padded to the longest stage's)
+    and put back together -- the tp shards along their split dimension, the stages' parameters by name (the tied
+    embedding, on the first and the last stage, from the first) -- in the 1-rank buffer's order: what
+    ``--check`` compares."""
+    tp, pp, mp = cfg_tp(cfg), cfg_pp(cfg), cfg_mp(cfg)
+    model, replicas = cfg.model or MODEL, comm.world // mp
+    layout = train_config(cfg, mp, 1, 0).layout
+    longest = max(numel(cfg, p) for p in range(pp))
+    mine = np.zeros(longest)
+    flat = np.concatenate([p.numpy().reshape(-1) for p, _ in pieces.values()])
+    mine[: len(flat)] = flat
+    d = comm.rank // tp % replicas
+    out = np.empty(mp * longest)
     with comm.phase("elastic.final"):
-        comm.all_gather_into_tensor(out, mine, comm.new_group(range(first, first + t)))
-    parts = out.reshape(t, -1)
-    flat, at = [], 0
-    for p, dim in pieces.values():
-        n = p.numel()
-        shards = [torch.from_numpy(parts[k, at : at + n].reshape(tuple(p.shape))) for k in range(t)]
-        flat.append((shards[0] if dim is None else torch.cat(shards, dim=dim)).reshape(-1).numpy())
-        at += n
-    return np.concatenate(flat)
+        group = comm.new_group([t + tp * (d + replicas * p) for p in range(pp) for t in range(tp)])
+        comm.all_gather_into_tensor(out, mine, group)
+    parts = out.reshape(pp, tp, longest)
+    full = {}
+    for p in range(pp):
+        at = 0
+        for row in rank_parameters(model, layout, p):
+            shape = row.local_shape(tp)
+            n = int(np.prod(shape))
+            shards = [torch.from_numpy(parts[p, k, at : at + n].reshape(shape)) for k in range(tp)]
+            dim = row.placement.dim if isinstance(row.placement, Shard) else None
+            full.setdefault(row.name, shards[0] if dim is None else torch.cat(shards, dim=dim))
+            at += n
+    one = rank_parameters(model, Layout(), 0)
+    return np.concatenate([full[row.name].reshape(-1).numpy() for row in one])
 
 
 def _padded(numel: int, dp: int) -> int:
     return flat_offsets([numel], dp)[1]
 
 
-def _handed(comm, state, world: int, numel: int, tp: int = 1) -> dict:
-    """Every member of a grown view: the first member of each tensor-parallel rank's replicas (rank 0 without
-    tensor parallelism; a survivor: the joiners are numbered after the members) broadcasts its parameters, Adam's
-    moments and step to the others holding the same shard (the joiners hold nothing: what they would otherwise
-    read from a checkpoint), re-padded for the ``world // tp`` replicas."""
-    n = _padded(numel, world // tp)
-    root = comm.rank % tp
+def _handed(comm, state, world: int, cfg) -> dict:
+    """Every member of a grown view: the first replica of each (tp, pp) shard (rank 0 without model parallelism;
+    a survivor: the joiners are numbered after the members) broadcasts its parameters, Adam's moments and step to
+    the others holding the same shard (the joiners hold nothing: what they would otherwise read from a
+    checkpoint), re-padded for the ``world // (tp·pp)`` replicas."""
+    tp, mp = cfg_tp(cfg), cfg_mp(cfg)
+    replicas = world // mp
+    t, p = comm.rank % tp, comm.rank // (tp * replicas)
+    n = _padded(numel(cfg, p), replicas)
+    root = t + tp * replicas * p
     buf = np.zeros(3 * n + 1)
     if state is not None and comm.rank == root:
         s = repad(state, n)
         buf[:] = np.concatenate([s["params"], s["m"], s["v"], [s["t"]]])
     with comm.phase("elastic.join"):
-        comm.broadcast(buf, root, comm.new_group(range(root, world, tp)) if tp > 1 else None)
+        group = [t + tp * (d + replicas * p) for d in range(replicas)]
+        comm.broadcast(buf, root, comm.new_group(group) if mp > 1 else None)
     if state is not None and comm.rank != root:
         return state
     return {"params": buf[:n], "m": buf[n : 2 * n], "v": buf[2 * n : 3 * n], "t": int(buf[-1])}
@@ -317,5 +380,5 @@ def _handed(comm, state, world: int, numel: int, tp: int = 1) -> dict:
 
 def reference(cfg) -> tuple[list, np.ndarray]:
     """The failure-free run on one process: per-step losses and the final flat parameters."""
-    losses, weights, _ = one_rank(train_config(replace(cfg, tp=1) if cfg_tp(cfg) > 1 else cfg, 1, cfg.steps, 0))
+    losses, weights, _ = one_rank(train_config(replace(cfg, tp=1, pp=1) if cfg_mp(cfg) > 1 else cfg, 1, cfg.steps, 0))
     return losses, np.concatenate([np.asarray(v).reshape(-1) for v in weights.values()])

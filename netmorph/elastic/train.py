@@ -63,6 +63,7 @@ class ElasticConfig:
     nodes: int = 0  # a cluster of torchrun jobs (elastic/cluster.py): its nodes; 0: the one-box launch
     late_nodes: tuple = ()  # nodes that start after the launch (launch --join NODE@STEP): not in the first view
     tp: int = 1  # tensor parallel inside each node (a cluster's): the node is the group's failure domain
+    pp: int = 1  # pipeline stages inside each node, likewise: a replica is tp x pp of one node's workers
 
     def check(self) -> None:
         if not 1 <= self.workers <= 32:
@@ -111,33 +112,31 @@ class ElasticConfig:
                 f"{{min_workers}} {self.min_workers}: lower it or start fewer nodes late",
                 "min_workers",
             )
-        if not 1 <= self.tp <= 32:
-            raise UsageError(f"{{tp}} must be in 1..32, got {self.tp}", "tp")
-        if self.tp > 1 and not self.nodes:
+        for name, n in (("tp", self.tp), ("pp", self.pp)):
+            if not 1 <= n <= 32:
+                raise UsageError(f"{{{name}}} must be in 1..32, got {n}", name)
+        mp, name = self.tp * self.pp, "pp" if self.pp > 1 else "tp"
+        if mp > 1 and not self.nodes:
             raise UsageError(
-                "{tp} splits each node's layers over its workers, and a node goes and comes back whole "
+                f"{{{name}}} splits each node's model over its workers, and a node goes and comes back whole "
                 "(its torchrun job): run it as a cluster, netmorph launch --nodes N --nproc-per-node K "
-                "-- elastic --tp T",
-                "tp",
+                f"-- elastic --{name} {name[0].upper()}",
+                name,
             )
-        if self.tp > 1 and (self.workers // self.nodes) % self.tp:
+        if mp > 1 and (self.workers // self.nodes) % mp:
             raise UsageError(
-                f"{{tp}} {self.tp} must divide the workers of a node ({self.workers // self.nodes}, "
-                f"--nproc-per-node): a tensor-parallel group never crosses nodes",
-                "tp",
+                f"{{tp}} x {{pp}} = {mp} must divide the workers of a node ({self.workers // self.nodes}, "
+                f"--nproc-per-node): a model-parallel group never crosses nodes",
+                name,
             )
-        if self.tp > 1:
+        if mp > 1:
             from netmorph.elastic.gpt import train_config
 
-            train_config(self, self.tp, 1, 0)  # the trainer's own limits (heads, hidden, vocab over tp)
+            train_config(self, mp, 1, 0)  # the trainer's own limits (heads, hidden, vocab over tp; layers over pp)
         if self.job == "gpt":
-            bad = sorted({n for n in self.sizes() if self.global_batch % (n // self.tp)})
+            bad = sorted({n for n in self.sizes() if self.global_batch % (n // mp)})
             if bad:
-                dp = (
-                    f" ({self.tp} ways tensor parallel: {', '.join(str(n // self.tp) for n in bad)} replicas)"
-                    if self.tp > 1
-                    else ""
-                )
+                dp = f" ({mp} workers a replica: {', '.join(str(n // mp) for n in bad)} replicas)" if mp > 1 else ""
                 raise UsageError(
                     f"{{global_batch}} {self.global_batch} sequences must split evenly over every "
                     f"membership the run reaches ({', '.join(map(str, self.sizes()))} members; not "
