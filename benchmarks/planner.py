@@ -18,7 +18,7 @@ import argparse
 import time
 
 from netmorph.mesh.presets import PRESETS as MODELS
-from netmorph.planner import comm, timing
+from netmorph.planner import comm, layers, timing
 from netmorph.planner.hardware import PRESETS as HARDWARE
 from netmorph.planner.search import search
 
@@ -27,7 +27,7 @@ CASES = (
     ("ptdp-1t", "a100-80g", 3072, 3072),
     ("llama-3-405b", "h100-80g", 16384, 2048),
 )
-PER_SEARCH = (timing._layer_costs, timing._microbatch, timing._after)
+PER_SEARCH = (layers._layer_costs, timing._microbatch, timing._after)
 
 
 def main() -> None:

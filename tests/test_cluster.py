@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from types import SimpleNamespace
 
 import pytest
 from clusters import ENV, ROOT
@@ -124,7 +125,7 @@ def test_each_node_holds_whole_replicas_in_the_trainers_numbering(tp, pp, k):
     from netmorph.mesh.grid import Mesh
 
     members = [2 * k + i for i in range(k)] + [k + i for i in range(k)]  # node 0 (incarnation 1) after node 1
-    ranks = megatron_order(members, k, tp, pp)
+    ranks = megatron_order(members, k, SimpleNamespace(tp=tp, pp=pp))
     assert sorted(ranks) == sorted(members)
     mesh = Mesh(len(members), tp=tp, pp=pp, dp=len(members) // (tp * pp))
     for r, slot in enumerate(ranks):

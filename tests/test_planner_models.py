@@ -11,7 +11,7 @@ from netmorph.mesh.configs import from_deepspeed_config, from_hf_config, from_me
 from netmorph.mesh.layout import Batch, Knobs, Layout, Precision
 from netmorph.mesh.presets import PRESETS
 from netmorph.mesh.shape import ModelShape
-from netmorph.planner import comm, timing
+from netmorph.planner import comm, layers, timing
 from netmorph.planner.hardware import PRESETS as HW
 from netmorph.planner.memory import activation_bytes_per_layer, memory, params_on_device, stage_activations
 from netmorph.planner.search import check, estimate, search
@@ -195,7 +195,7 @@ def test_uneven_stages_largest_sets_memory_and_time():
     assert check(m, even, H100) is None
     # with the embedding and output stages one layer short, the pace is a middle stage's 8 layers; 128 layers on
     # 16 even stages put the output layer on top of 8 layers on the last one
-    lc = timing.layer_costs(m, short, H100)
+    lc = layers.layer_costs(m, short, H100)
     per_layer, head = lc["matmul_fwd"] + lc["matmul_bwd"], 3 * lc["logits_fwd"]
     assert head < per_layer
     assert estimate(m, short, H100).step.matmul_s == pytest.approx(short.microbatches * 8 * per_layer)
@@ -470,19 +470,19 @@ def test_measured_gemm_table_prices_small_gemms_slower(tmp_path):
     c = Layout(tp=8, batch=Batch(micro_batch_size=1, global_batch=1))
     flat = replace(H100, gemm_table=((1e9, H100.gemm_efficiency),))
     for m in (small, big):
-        assert timing.layer_costs(m, c, flat)["matmul_fwd"] == pytest.approx(
-            timing.layer_costs(m, c, H100)["matmul_fwd"]
+        assert layers.layer_costs(m, c, flat)["matmul_fwd"] == pytest.approx(
+            layers.layer_costs(m, c, H100)["matmul_fwd"]
         )
     # the 8B model's per-rank GEMMs are under 400 GFLOP; the 405B's over it
     assert (
-        max(f for f, _ in timing.linear_gemms(small, small.seq, 8))
+        max(f for f, _ in layers.linear_gemms(small, small.seq, 8))
         < 4e11
-        < min(f for f, _ in timing.linear_gemms(big, big.seq, 8))
+        < min(f for f, _ in layers.linear_gemms(big, big.seq, 8))
     )
     binned = replace(H100, gemm_table=((400.0, 0.35), (1e9, H100.gemm_efficiency)))
-    assert timing.layer_costs(small, c, binned)["matmul_fwd"] > 1.5 * timing.layer_costs(small, c, H100)["matmul_fwd"]
-    assert timing.layer_costs(big, c, binned)["matmul_fwd"] == pytest.approx(
-        timing.layer_costs(big, c, H100)["matmul_fwd"]
+    assert layers.layer_costs(small, c, binned)["matmul_fwd"] > 1.5 * layers.layer_costs(small, c, H100)["matmul_fwd"]
+    assert layers.layer_costs(big, c, binned)["matmul_fwd"] == pytest.approx(
+        layers.layer_costs(big, c, H100)["matmul_fwd"]
     )
     path = tmp_path / "gpu.json"
     path.write_text(
@@ -525,7 +525,7 @@ def test_zero3_moves_three_model_copies_per_microbatch():
     # overlapped, layer by layer: per microbatch the first gather and the last reduce-scatter are exposed, and
     # a layer whose gather (and, in the backward, gather + reduce-scatter) outlasts its compute the difference
     over = timing.step_time(m, c.replace(dp_overlap=True), hw)
-    lc = timing.layer_costs(m, c, hw)
+    lc = layers.layer_costs(m, c, hw)
     f, b = lc["matmul_fwd"] + lc["elementwise_fwd"], lc["matmul_bwd"] + lc["elementwise_bwd"]
     g, r, L = ag / m.layers, rs / m.layers, m.layers
     per_mb = g + r + (L - 1) * (max(0.0, g - f) + max(0.0, g + r - b))
@@ -567,8 +567,8 @@ def test_matmul_efficiency_is_carried_by_the_measured_ceiling():
     c = Layout(batch=Batch(micro_batch_size=1), precision=Precision(name="fp8"))
     lin = m.layer_linear_flops_fwd(1)
     saved = (
-        timing.layer_costs(m, c.replace(precision="bf16"), h100)["matmul_fwd"]
-        - timing.layer_costs(m, c, h100)["matmul_fwd"]
+        layers.layer_costs(m, c.replace(precision="bf16"), h100)["matmul_fwd"]
+        - layers.layer_costs(m, c, h100)["matmul_fwd"]
     )
     assert saved == pytest.approx(lin / (989e12 * h100.gemm_efficiency) - lin / (1979e12 * h100.fp8_efficiency))
     from netmorph.planner.hardware import load_hardware
@@ -630,7 +630,7 @@ def test_buckets_of_a_size_and_the_trainers_overlap_rule():
     total = c.precision.grad_bytes * params_on_device(m, c)
     n = -(-int(total) // (25 * 2**20))
     bucket = timing.collective_time(hw, "allreduce", 16, 1, total / n)
-    lc = timing.layer_costs(m, c, hw)
+    lc = layers.layer_costs(m, c, hw)
     per = (lc["matmul_bwd"] + lc["elementwise_bwd"]) * m.layers / n
     assert timing.step_time(m, c, hw).parts.data_parallel == pytest.approx(timing.bucketed(bucket, n, per))
     small = ModelShape(layers=2, hidden=96, heads=4, seq=48, vocab=128)
@@ -683,11 +683,11 @@ def test_sequence_parallel_gathers_again_in_the_backward_where_megatron_does():
     m = PRESETS["mt-22b"]
     base = Layout(tp=8, batch=Batch(micro_batch_size=4, global_batch=4), knobs=Knobs(recompute="selective"))
     sp = base.replace(sequence_parallel=True)
-    assert timing.layer_costs(m, base, A100)["tp_per_bwd"] == 2
-    assert timing.layer_costs(m, sp, A100)["tp_per_bwd"] == 3
-    assert timing.layer_costs(m, sp.replace(sp_regather=False), A100)["tp_per_bwd"] == 2
-    assert timing.layer_costs(m, sp.replace(recompute="full"), A100)["tp_per_bwd"] == 4
-    ar = timing.collective_time(A100, "allreduce", 8, 1, timing.layer_costs(m, sp, A100)["activation_bytes"])
+    assert layers.layer_costs(m, base, A100)["tp_per_bwd"] == 2
+    assert layers.layer_costs(m, sp, A100)["tp_per_bwd"] == 3
+    assert layers.layer_costs(m, sp.replace(sp_regather=False), A100)["tp_per_bwd"] == 2
+    assert layers.layer_costs(m, sp.replace(recompute="full"), A100)["tp_per_bwd"] == 4
+    ar = timing.collective_time(A100, "allreduce", 8, 1, layers.layer_costs(m, sp, A100)["activation_bytes"])
     extra = (
         estimate(m, sp, A100).step.parts.tensor_parallel
         - estimate(m, sp.replace(sp_regather=False), A100).step.parts.tensor_parallel
@@ -704,12 +704,12 @@ def test_llama3_all_gather_context_parallelism_is_exposed():
     ring = Layout(tp=8, cp=8, batch=Batch(micro_batch_size=1, global_batch=1), knobs=Knobs(sequence_parallel=True))
     ag = ring.replace(cp_comm_type="all_gather")
     kv = 2 * m.seq * m.h_kv / 8 * 2
-    lc = timing.layer_costs(m, ag, H100)
+    lc = layers.layer_costs(m, ag, H100)
     assert lc["cp_fwd"] == pytest.approx(timing.collective_time(H100, "allgather", 8, 8, kv), rel=1e-12)
     assert lc["cp_bwd"] == pytest.approx(timing.collective_time(H100, "reduce_scatter", 8, 8, kv), rel=1e-12)
-    full = timing.layer_costs(m, ag.replace(recompute="full"), H100)
+    full = layers.layer_costs(m, ag.replace(recompute="full"), H100)
     assert full["cp_bwd"] == pytest.approx(lc["cp_bwd"] + lc["cp_fwd"], rel=1e-12)
-    assert timing.layer_costs(m, ring, H100)["cp_fwd"] < lc["cp_fwd"]
+    assert layers.layer_costs(m, ring, H100)["cp_fwd"] < lc["cp_fwd"]
     assert estimate(m, ag, H100).step.parts.context_parallel > estimate(m, ring, H100).step.parts.context_parallel
     (r,) = [r for r in ring.replace(cp_comm_type="ring").check(m, 64) if r.field == "cp_comm_type"]
     assert "p2p, all_gather, a2a" in r.text
@@ -727,9 +727,9 @@ def test_ulysses_a2a_prices_four_all_to_alls_each_way_on_the_critical_path():
         knobs=Knobs(sequence_parallel=True, cp_comm_type="a2a"),
     )
     one = [timing.collective_time(H100, "alltoall", 8, 8, m.seq / 8 * w / 8 * 2) for w in (m.hidden, m.h_kv)]
-    lc = timing.layer_costs(m, a2a, H100)
+    lc = layers.layer_costs(m, a2a, H100)
     assert lc["cp_fwd"] == pytest.approx(2 * one[0] + 2 * one[1], rel=1e-12)
     assert lc["cp_bwd"] == pytest.approx(lc["cp_fwd"], rel=1e-12)
-    full = timing.layer_costs(m, a2a.replace(recompute="full"), H100)
+    full = layers.layer_costs(m, a2a.replace(recompute="full"), H100)
     assert full["cp_bwd"] == pytest.approx(2 * lc["cp_fwd"], rel=1e-12)
     assert estimate(m, a2a, H100).step.parts.context_parallel > 0

@@ -197,7 +197,7 @@ def test_latent_attention_caches_the_latent_and_the_rotary_key():
 def test_the_planners_gemms_sum_to_the_layers_flops(name):
     """The GEMMs the planner times (QKV or MLA's projections, output, each routed expert, shared experts,
     router) add up to the layer's linear FLOPs, whatever the architecture."""
-    from netmorph.planner.timing import linear_gemms
+    from netmorph.planner.layers import linear_gemms
 
     m = PRESETS[name]
     assert sum(f * n for f, n in linear_gemms(m, m.seq, 1)) == pytest.approx(m.layer_linear_flops_fwd(1))

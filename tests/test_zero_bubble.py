@@ -101,8 +101,8 @@ def test_the_planner_and_the_simulator_price_zb_h1_by_the_same_weight_gradients(
     from netmorph.mesh.layout import Batch, Layout
     from netmorph.mesh.presets import PRESETS
     from netmorph.planner.hardware import PRESETS as HW
+    from netmorph.planner.layers import layer_costs
     from netmorph.planner.search import estimate
-    from netmorph.planner.timing import layer_costs
     from netmorph.simulate import simulate_config
 
     m, hw = PRESETS["gpt3-175b"], HW["a100-80g"]

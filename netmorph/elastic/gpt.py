@@ -107,7 +107,7 @@ def gpt_rank(comm, cfg):
     local = comm.placement.local_world if cluster else 1
 
     def order(members):  # the communicator's numbering of a view: whole tp x pp replicas on each node
-        return megatron_order(members, local, cfg_tp(cfg), cfg_pp(cfg))
+        return megatron_order(members, local, cfg)
 
     pieces = None  # this rank's pieces of the model by name, after the last segment (for the whole)
     losses, events, timeline = {}, [], []
@@ -281,13 +281,14 @@ def cfg_mp(cfg) -> int:
     return cfg_tp(cfg) * cfg_pp(cfg)
 
 
-def megatron_order(members, local_world: int, tp: int, pp: int) -> tuple:
+def megatron_order(members, local_world: int, cfg) -> tuple:
     """The members (slots) in the numbering the trainer's mesh wants when each node's workers hold whole
     replicas of tp x pp: Megatron orders ranks tp-dp-pp (pp outermost), so tensor rank t of stage p in replica d
     is rank ``t + tp·(d + D·p)`` of D replicas. A node's local rank l is ``t = l % tp``, ``p = l // tp % pp``,
     its replica ``l // (tp·pp)`` of the node's; the nodes in the view's order (the members before the joiners,
     as ``ncclCommGrow`` appends them), so the first replica of every shard is a survivor's. Without pipeline
-    stages this is the view's own order (each node's workers side by side)."""
+    stages this is the view's own order (each node's workers side by side). tp and pp are ``cfg``'s."""
+    tp, pp = cfg_tp(cfg), cfg_pp(cfg)
     members = tuple(members)
     if pp == 1:
         return members

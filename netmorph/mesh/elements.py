@@ -30,8 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from netmorph.errors import UsageError
-from netmorph.mesh.layout import KERNEL_RULES, Layout, Rejection
+from netmorph.mesh.layout import Layout, Rejection
 from netmorph.mesh.placement import flat_offsets, parameters, rank_parameters, shard_range
+from netmorph.mesh.rules import KERNEL_RULES
 from netmorph.mesh.shape import ModelShape
 
 

@@ -1,4 +1,4 @@
-"""How one training job is split over its ranks: the one layout type of netmorph, and every rule it must obey.
+"""How one training job is split over its ranks: the one layout type of netmorph.
 
 Stands in for Megatron-LM's parallel arguments (``--tensor-model-parallel-size``, ``--context-parallel-size``,
 ``--expert-model-parallel-size``, ``--pipeline-model-parallel-size``, ``--num-layers-per-virtual-pipeline-stage``,
@@ -10,10 +10,10 @@ size ``dp`` counts every model replica, ``ep`` folds the experts over ``ep`` of 
 data-parallel size is dp / ep), and ``world = tp · cp · dp · pp``. :meth:`Layout.mesh` gives the rank grid in
 Megatron's order, ``tp-cp-ep-dp-pp`` (tp innermost).
 
-:meth:`Layout.check` returns every :class:`Rejection` of the layout for a model: the single source of the
-divisibility rules (heads over tp, layers over stages, the batch over dp x micro-batch, experts over ep, ...).
-A rule that only netmorph's own torch trainer has (it builds even stages, ZeRO-1 at most beside pp) is the
-trainer's (:mod:`netmorph.parallel.limits`), not this vocabulary's.
+:meth:`Layout.check` returns every :class:`Rejection` of the layout for a model, from the single source of the
+divisibility rules, :mod:`netmorph.mesh.rules` (heads over tp, layers over stages, the batch over dp x
+micro-batch, experts over ep, ...). A rule that only netmorph's own torch trainer has (it builds even stages,
+ZeRO-1 at most beside pp) is the trainer's (:mod:`netmorph.parallel.limits`), not this vocabulary's.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from functools import lru_cache
 
 from netmorph.errors import UsageError
 from netmorph.mesh.grid import Mesh
-from netmorph.mesh.rejection import Rejection, in_range
+from netmorph.mesh.rejection import Rejection
 from netmorph.mesh.schedules import in_flight, rank_of, stage_of, w_stash
 from netmorph.mesh.settings import (
     CP_COMM,
@@ -39,8 +39,19 @@ from netmorph.mesh.settings import (
 )
 from netmorph.mesh.shape import ModelShape
 
-__all__ = ["CP_COMM", "PRECISION", "RECOMPUTE", "SCHEDULES", "SPLIT_BACKWARD", "V_SHAPED", "Batch", "Knobs", "Layout",
-           "Precision", "Rejection"]
+__all__ = [
+    "CP_COMM",
+    "PRECISION",
+    "RECOMPUTE",
+    "SCHEDULES",
+    "SPLIT_BACKWARD",
+    "V_SHAPED",
+    "Batch",
+    "Knobs",
+    "Layout",
+    "Precision",
+    "Rejection",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,20 +61,20 @@ class Layout:
     Megatron's mixed precision."""
 
     tp: int = 1
-    cp: int = 1                    # context parallel: the sequence split over cp ranks (ring attention)
-    ep: int = 1                    # expert parallel: the experts split over ep of the dp ranks
-    expert_tp: int = 0             # Megatron's --expert-tensor-parallel-size: experts split over this many tp ranks
-                                   # (0: = tp, Megatron's default; netmorph's trainer keeps them whole: 1)
+    cp: int = 1  # context parallel: the sequence split over cp ranks (ring attention)
+    ep: int = 1  # expert parallel: the experts split over ep of the dp ranks
+    expert_tp: int = 0  # Megatron's --expert-tensor-parallel-size: experts split over this many tp ranks
+    # (0: = tp, Megatron's default; netmorph's trainer keeps them whole: 1)
     dp: int = 1
     pp: int = 1
-    zero: int = 0                  # DeepSpeed ZeRO stage over the data-parallel group (3: FSDP)
-    interleave: int = 1            # v: model chunks per pipeline stage (Megatron's interleaved 1F1B)
+    zero: int = 0  # DeepSpeed ZeRO stage over the data-parallel group (3: FSDP)
+    interleave: int = 1  # v: model chunks per pipeline stage (Megatron's interleaved 1F1B)
     batch: Batch = Batch()
     precision: Precision = Precision()
     knobs: Knobs = Knobs()
 
     def __post_init__(self):
-        if self.batch.schedule in V_SHAPED and self.interleave == 1:     # torchtitan: a V schedule's two stages
+        if self.batch.schedule in V_SHAPED and self.interleave == 1:  # torchtitan: a V schedule's two stages
             object.__setattr__(self, "interleave", 2)
 
     @classmethod
@@ -90,8 +101,11 @@ class Layout:
     def get(self, name: str):
         """A field by the flat name :meth:`of` takes (``"recompute"``, ``"global_batch"``, ``"tp"``)."""
         home = _HOME.get(name)
-        return getattr(self, name) if home is None else getattr(getattr(self, home),
-                                                                 "name" if name == "precision" else name)
+        return (
+            getattr(self, name)
+            if home is None
+            else getattr(getattr(self, home), "name" if name == "precision" else name)
+        )
 
     # -- sizes ---------------------------------------------------------------------------------------
     @property
@@ -140,8 +154,7 @@ class Layout:
     def in_flight(self, stage: int) -> float:
         """Microbatches whose activations pipeline rank ``stage`` holds at its peak, in units of the stage's whole
         layers (:func:`netmorph.mesh.schedules.in_flight`)."""
-        return in_flight(self.pipeline_schedule, self.pp, max(self.microbatches, 1), self.interleave, self.group,
-                         stage)
+        return in_flight(self.pipeline_schedule, self.pp, max(self.microbatches, 1), self.interleave, self.group, stage)
 
     def w_stash(self, stage: int) -> float:
         """Microbatches whose weight gradients pipeline rank ``stage`` owes at its peak (B ran, W not yet), in
@@ -194,30 +207,39 @@ class Layout:
     # -- words ---------------------------------------------------------------------------------------
     def label(self) -> str:
         """The planner's rendering: ``tp8 pp8 dp16 mb1 zero1 rc=full``."""
-        extra = [f"cp{self.cp}" + (f" {self.knobs.cp_comm_type}" if self.knobs.cp_comm_type != "p2p" else "")] \
-            if self.cp > 1 else []
+        extra = (
+            [f"cp{self.cp}" + (f" {self.knobs.cp_comm_type}" if self.knobs.cp_comm_type != "p2p" else "")]
+            if self.cp > 1
+            else []
+        )
         extra += [f"ep{self.ep}"] if self.ep > 1 else []
         extra += [f"v={self.interleave}"] if self.interleave > 1 else []
         extra += [f"N={self.batch.microbatch_group}"] if self.batch.microbatch_group else []
-        extra += [self.pipeline_schedule] if self.pp > 1 and self.pipeline_schedule in ("afab",) + SPLIT_BACKWARD \
-            else []
+        extra += (
+            [self.pipeline_schedule] if self.pp > 1 and self.pipeline_schedule in ("afab",) + SPLIT_BACKWARD else []
+        )
         extra += [f"zero{self.zero}"] if self.zero else []
         extra += [f"rc={self.knobs.recompute}"] if self.knobs.recompute != "none" else []
         extra += ["sp"] if self.knobs.sequence_parallel else []
         extra += [self.precision.name] if self.precision.name != "bf16" else []
         if self.knobs.first_stage_layers or self.knobs.last_stage_layers:
             extra.append(f"stages {self.knobs.first_stage_layers or '-'}/{self.knobs.last_stage_layers or '-'}")
-        return f"tp{self.tp} pp{self.pp} dp{self.dp} mb{self.batch.micro_batch_size}" + (" " + " ".join(extra)
-                                                                                   if extra else "")
+        return f"tp{self.tp} pp{self.pp} dp{self.dp} mb{self.batch.micro_batch_size}" + (
+            " " + " ".join(extra) if extra else ""
+        )
 
     def tag(self) -> str:
         """The compact split, as morph prints and :meth:`parse` reads it: ``tp2·pp2·dp2·ep2·zero1·v2``, and
         under context parallelism ``tp2·cp2·pp1·dp1`` (its exchange named unless it is the ring: ``cp2·a2a``)."""
-        cp = f"·cp{self.cp}" + (f"·{self.knobs.cp_comm_type}" if self.knobs.cp_comm_type != "p2p" else "") \
-            if self.cp > 1 else ""
+        cp = (
+            f"·cp{self.cp}" + (f"·{self.knobs.cp_comm_type}" if self.knobs.cp_comm_type != "p2p" else "")
+            if self.cp > 1
+            else ""
+        )
         out = f"tp{self.tp}{cp}·pp{self.pp}·dp{self.dp}" + (f"·ep{self.ep}" if self.ep > 1 else "")
-        return out + (f"·zero{self.zero}" if self.zero else "") + (f"·v{self.interleave}" if self.interleave > 1
-                                                                    else "")
+        return (
+            out + (f"·zero{self.zero}" if self.zero else "") + (f"·v{self.interleave}" if self.interleave > 1 else "")
+        )
 
     @classmethod
     def parse(cls, text: str, world: int) -> Layout:
@@ -229,10 +251,13 @@ class Layout:
                 comm = part
                 continue
             key = part.rstrip("0123456789")
-            num = part[len(key):]
+            num = part[len(key) :]
             if key not in ("tp", "cp", "pp", "dp", "ep", "zero", "v") or not num:
-                raise UsageError(f"{text!r}: write it as tpN,cpN,ppN,dpN,epN,zeroN,vN (e.g. tp2,pp2 or dp4,zero3; "
-                                 f"a cp exchange by name: cp2,a2a)", "layout")
+                raise UsageError(
+                    f"{text!r}: write it as tpN,cpN,ppN,dpN,epN,zeroN,vN (e.g. tp2,pp2 or dp4,zero3; "
+                    f"a cp exchange by name: cp2,a2a)",
+                    "layout",
+                )
             name = "interleave" if key == "v" else key
             if name in fields:
                 raise UsageError(f"{text!r}: {key} is given twice", "layout")
@@ -244,50 +269,25 @@ class Layout:
         if tp * cp * pp * dp != world:
             raise UsageError(f"{text!r}: tp x cp x pp x dp = {tp * cp * pp * dp}, not the {world} ranks", "layout")
         v = fields.get("interleave", 1)
-        return cls(tp=tp, cp=cp, pp=pp, dp=dp, ep=fields.get("ep", 1), zero=fields.get("zero", 0), interleave=v,
-                   knobs=Knobs(cp_comm_type=comm))
+        return cls(
+            tp=tp,
+            cp=cp,
+            pp=pp,
+            dp=dp,
+            ep=fields.get("ep", 1),
+            zero=fields.get("zero", 0),
+            interleave=v,
+            knobs=Knobs(cp_comm_type=comm),
+        )
 
     # -- rules ---------------------------------------------------------------------------------------
     def check(self, model: ModelShape | None = None, world: int | None = None) -> list:
         """Every :class:`Rejection` of this layout for ``model`` on ``world`` ranks (empty: it runs), in the
-        order the planner reports them (the trainer's own limits are :func:`netmorph.parallel.limits.check`'s)."""
-        out = _ranges(self)
-        if out:
-            return out
-        if world is not None and world != self.world:
-            out.append(Rejection("world", "world", world, f"tp x cp x pp x dp = {self.tp}x{self.cp}x{self.pp}x"
-                                 f"{self.dp} = {self.world}, not the {world} ranks", "{tp}/{pp}/{dp}"))
-        if model is not None and not model.bare:
-            out += _model_rules(self, model)
-        if self.batch.global_batch % (self.dp * self.batch.micro_batch_size):
-            out.append(Rejection("batch", "global_batch", self.batch.global_batch,
-                                 f"global batch {self.batch.global_batch} does not split into dp {self.dp} x "
-                                 f"microbatch {self.batch.micro_batch_size}", "{global_batch} or {micro_batch_size}"))
-        m = self.microbatches
-        if self.v_shaped:
-            kind = self.pipeline_schedule
-            if self.pp == 1 or self.interleave != 2:
-                bad = f"pp {self.pp}" if self.pp == 1 else f"interleave {self.interleave}"
-                out.append(Rejection("v-shape", "schedule", kind, f"{kind} runs two model chunks on each of pp > 1 "
-                                     f"ranks (a V); got {bad}", "{pp}" if self.pp == 1 else "{interleave}"))
-            elif kind == "dualpipev" and m < 2 * self.pp:
-                out.append(Rejection("v-shape", "schedule", kind, f"dualpipev needs at least 2·pp = {2 * self.pp} "
-                                     f"microbatches (one a stage), got {m}", "{microbatches} or {pp}"))
-        elif self.interleave > 1 and (self.pp == 1 or m % self.group):
-            out.append(Rejection("interleave", "interleave", self.interleave,
-                                 f"interleaving needs pp > 1 and microbatches ({m}) a multiple of "
-                                 + (f"the microbatch group ({self.group})" if self.batch.microbatch_group else
-                                    f"pp ({self.pp})"),
-                                 "{microbatches} or {interleave}"))
-        group = self.batch.microbatch_group
-        if group and (group < self.pp or self.pipeline_schedule != "interleaved"):
-            out.append(Rejection("interleave", "microbatch_group", group, f"a microbatch group ({group}) goes with "
-                                 f"the interleaved schedule and at least pp ({self.pp}) microbatches (Megatron's "
-                                 "dependency check)", "{microbatch_group}"))
-        if self.knobs.sequence_parallel and self.tp == 1:
-            out.append(Rejection("sp-needs-tp", "sequence_parallel", True, "sequence parallelism needs tp > 1",
-                                 "{sequence_parallel} or {tp}"))
-        return out
+        order the planner reports them (:func:`netmorph.mesh.rules.rejections`; the trainer's own limits are
+        :func:`netmorph.parallel.limits.check`'s)."""
+        from netmorph.mesh.rules import rejections
+
+        return rejections(self, model, world)
 
     def require(self, model: ModelShape | None = None, world: int | None = None) -> Layout:
         """This layout, or the :class:`~netmorph.errors.UsageError` of its first rejection."""
@@ -295,55 +295,6 @@ class Layout:
         if bad:
             raise bad[0].error()
         return self
-
-
-def _ranges(c: Layout) -> list:
-    """The fields' own ranges: the degrees', then the batch's, the precision's and the knobs'."""
-    out = []
-    if c.expert_tp and c.tp % c.expert_tp:
-        out.append(Rejection("range", "expert_tp", c.expert_tp, f"expert_tp must divide tp {c.tp}, got "
-                             f"{c.expert_tp}"))
-    out += in_range(c, ("tp", "cp", "ep", "dp", "pp", "interleave"))
-    if c.zero not in (0, 1, 2, 3):
-        out.append(Rejection("range", "zero", c.zero, f"zero must be 0, 1, 2 or 3, got {c.zero}"))
-    return out + c.batch.check() + c.precision.check() + c.knobs.check()
-
-
-def _model_rules(c: Layout, model: ModelShape) -> list:
-    out = []
-    if model.heads % c.tp or model.kv % c.tp:
-        what = f"the {model.heads} heads" if model.heads % c.tp else f"the {model.kv} KV heads (query groups)"
-        out.append(Rejection("heads", "tp", c.tp, f"tp {c.tp} does not divide {what}",
-                             "{tp} or {heads}"))
-    stages = c.stage_layers(model.layers)
-    if sum(stages) != model.layers or min(stages) < 1:
-        out.append(Rejection("layers", "pp", c.pp, f"{model.layers} layers do not fill pp {c.pp} stages with at "
-                             f"least one each (first {c.knobs.first_stage_layers or 'even'}, last "
-                             f"{c.knobs.last_stage_layers or 'even'})",
-                             "{pp} or {first_stage_layers}/{last_stage_layers}"))
-    elif c.interleave > 1 and min(stages) < c.interleave:
-        out.append(Rejection("layers", "interleave", c.interleave, f"interleave {c.interleave} needs at least "
-                             f"{c.interleave} layers on every stage (the smallest of pp {c.pp} has {min(stages)})",
-                             "{pp} or {interleave}"))
-    if c.cp > 1 and model.attention != "flash":
-        out.append(Rejection("cp-flash", "cp", c.cp, "context parallelism runs ring attention in a fused (flash) kernel, "
-                             "as Megatron-Core's Transformer Engine path does; this model's attention is standard",
-                             "{cp} or {attention}"))
-    if c.cp > 1 and model.seq % (2 * c.cp):
-        out.append(Rejection("cp", "cp", c.cp, f"cp {c.cp}: the sequence {model.seq} does not split into 2 x cp "
-                             "chunks", "{cp}"))
-    if c.cp > 1 and c.knobs.cp_comm_type == "a2a" and model.heads % (c.tp * c.cp):
-        out.append(Rejection("cp", "cp", c.cp, f"cp {c.cp} a2a (Ulysses) splits the heads of each tp rank over cp: "
-                             f"heads {model.heads} must divide by tp x cp = {c.tp * c.cp}", "{cp} or {cp_comm_type}"))
-    if c.ep > 1 and (not model.experts or model.experts % c.ep or c.dp % c.ep):
-        out.append(Rejection("ep", "ep", c.ep, f"ep {c.ep} must divide the experts ({model.experts}) and dp "
-                             f"({c.dp})", "{ep}"))
-    return out
-
-
-# the rules of Megatron's kernels, not of every layout: netmorph's own trainer attends cp chunk pair by chunk pair
-# itself (the online softmax), so it and the maps of its buffers skip them
-KERNEL_RULES = ("cp-flash",)
 
 
 @lru_cache(maxsize=1 << 16)
@@ -365,16 +316,22 @@ def sharding_with(zero: int, pp: int) -> int:
 def _stage_layers(layers: int, p: int, first: int, last: int) -> tuple:
     if p == 1:
         return (layers,)
-    free = p - bool(first) - bool(last)                 # stages whose count is not fixed
+    free = p - bool(first) - bool(last)  # stages whose count is not fixed
     base, extra = divmod(layers - first - last, free) if free else (0, 0)
     counts = [base] * free
-    order = list(range(0 if first else 1, free - (0 if last else 1))) + ([0] if not first else []) + \
-        ([free - 1] if not last else [])
+    order = (
+        list(range(0 if first else 1, free - (0 if last else 1)))
+        + ([0] if not first else [])
+        + ([free - 1] if not last else [])
+    )
     for i in order[:extra]:
         counts[i] += 1
     return tuple(([first] if first else []) + counts + ([last] if last else []))
 
 
-_HOME = {**{f.name: "batch" for f in dataclasses.fields(Batch)}, "precision": "precision",
-         **{f.name: "precision" for f in dataclasses.fields(Precision) if f.name != "name"},
-         **{f.name: "knobs" for f in dataclasses.fields(Knobs)}}
+_HOME = {
+    **{f.name: "batch" for f in dataclasses.fields(Batch)},
+    "precision": "precision",
+    **{f.name: "precision" for f in dataclasses.fields(Precision) if f.name != "name"},
+    **{f.name: "knobs" for f in dataclasses.fields(Knobs)},
+}

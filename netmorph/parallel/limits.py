@@ -6,7 +6,8 @@ obeys. :func:`check` is both, the list the trainer, morph's twin and ``validate`
 
 from __future__ import annotations
 
-from netmorph.mesh.layout import KERNEL_RULES, Layout, Rejection
+from netmorph.mesh.layout import Layout, Rejection
+from netmorph.mesh.rules import KERNEL_RULES
 from netmorph.mesh.shape import ModelShape
 
 

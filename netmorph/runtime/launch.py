@@ -15,9 +15,8 @@ with the launcher (``PR_SET_PDEATHSIG``) and ignore Ctrl-C, which the launcher
 turns into a clean shutdown; the shared mapping is anonymous, so no
 ``/dev/shm`` name survives any exit path.
 
-Forking after torch is safe: every rank starts with one intra-op thread (torchrun's
-``OMP_NUM_THREADS=1``), so it never enters the OpenMP pool a parent that ran torch
-ops leaves behind in the fork -- a pool whose threads do not exist in the child.
+What each forked rank runs -- its fork guard, its communicator, its report back -- is
+:mod:`netmorph.runtime.rank`'s.
 
 ``backend="torch"`` runs the same schedules over torch.distributed (gloo on
 loopback); :func:`netmorph.runtime.torchrun.init_from_env` joins a job started
@@ -30,116 +29,44 @@ bound to the loopback interface (``GLOO_SOCKET_IFNAME``, unless the user set it)
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import multiprocessing as mp
 import os
 import pickle
 import shutil
-import signal
-import sys
 import tempfile
 import time
-import traceback
 from multiprocessing.connection import wait as mp_wait
 
 from netmorph.errors import UsageError
 from netmorph.runtime import links
 from netmorph.runtime.failure import LaunchError, RankFailure, limit_error, root_cause_first
-from netmorph.runtime.heap import freeze_heap
 from netmorph.runtime.ledger import Ledger
+from netmorph.runtime.rank import child, warm_imports
 from netmorph.runtime.result import LaunchResult
 from netmorph.runtime.transport import CollectiveMismatch, FabricError, PeerLost, PeerTimeout, blame, fingerprint
 
 BACKENDS = ("local", "torch", "torch-native")
-TIMEOUT_RANGE = (0.1, 86400.0)   # seconds a rank may wait on a silent peer: every command's --timeout
-MAX_EPOCHS = 16                  # membership views an elastic launch can go through (channel sets reserved)
+TIMEOUT_RANGE = (0.1, 86400.0)  # seconds a rank may wait on a silent peer: every command's --timeout
+MAX_EPOCHS = 16  # membership views an elastic launch can go through (channel sets reserved)
 
 
-def _die_with_parent() -> None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)          # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def _one_thread_per_rank() -> None:
-    """The at-fork guard that makes forking after torch safe. A parent that ran any torch op has started
-    OpenMP's thread pool; a forked child inherits its bookkeeping but not its threads, and its first
-    parallel region then waits forever on threads that do not exist (libgomp is not fork-safe). One
-    intra-op thread runs no parallel region, so the child never touches the dead pool. It is also what
-    torchrun sets (``OMP_NUM_THREADS=1``) when it starts several ranks on one host: one process per core."""
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch = sys.modules.get("torch")
-    if torch is not None and hasattr(torch, "set_num_threads"):
-        torch.set_num_threads(1)
-
-
-def _child(rank, world, fn, args, kwargs, conn, fabric, backend, timeout, faults, link_cost, store, want_ledger,
-           fingerprints, elastic, joined=False, torch_group=False):
-    freeze_heap()
-    _one_thread_per_rank()
-    _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)       # the launcher handles Ctrl-C for everyone
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)      # the launcher's terminate() ends a rank at once
-    comm = None
-    try:
-        if backend == "local":
-            from netmorph.runtime.comm import Comm
-            from netmorph.runtime.transport.shm import ShmTransport
-            comm = Comm(ShmTransport(fabric, rank, timeout, link_cost), rank, world, faults,
-                        fingerprints=fingerprints)
-            if elastic:
-                import torch.distributed as dist
-                comm.store = dist.FileStore(store, -1)
-                # a rank may ask the launcher to start new processes in dead ranks' slots (a node back); a rank so
-                # started is ``joined``: it holds nothing and must re-form before it communicates
-                comm.joined = joined
-                comm.respawn = lambda ranks: conn.send_bytes(pickle.dumps(("respawn", rank, list(ranks))))
-            if torch_group:
-                from netmorph.runtime.torchrun import join_gloo
-                join_gloo(rank, world, f"file://{store}", timeout)
-        else:
-            from netmorph.runtime.torchrun import gloo_on_loopback, init_torch
-            gloo_on_loopback()
-            comm = init_torch(rank, world, f"file://{store}", timeout, native=(backend == "torch-native"),
-                              faults=faults, fingerprints=fingerprints)
-        result = fn(comm, *args, **kwargs)
-        finish = getattr(comm.transport, "finish", None)
-        if finish is not None:                          # on the wait board: returned, not hung
-            finish()
-        # plain pickle: multiprocessing's would hand torch tensors over as shared-memory handles
-        conn.send_bytes(pickle.dumps(("ok", rank, result, comm.ledger if want_ledger else None,
-                                      getattr(comm.transport, "trail", None))))
-        if backend != "local":
-            comm.transport.close()
-        elif torch_group:
-            from netmorph.runtime.transport.tensors import dist_module
-            dist_module().destroy_process_group()
-    except BaseException as e:          # noqa: BLE001 - every failure is reported to the launcher
-        try:
-            culprit = e.rank if isinstance(e, FabricError) else None      # whom this rank blames
-            conn.send_bytes(pickle.dumps(("err", rank, type(e).__name__, str(e), traceback.format_exc(),
-                                          time.monotonic(), culprit)))
-        except Exception:               # the pipe itself is gone: the exit code will tell
-            pass
-        os._exit(1)
-    finally:
-        conn.close()
-
-
-def _warm_imports() -> None:
-    """Import once, before the fork, what torch imports lazily inside every rank: autograd's first backward
-    from a given gradient (a pipeline stage's ``out.backward(g)``) imports its symbolic-shape machinery and
-    sympy, 0.6 s of one core in each rank that would otherwise pay it (forkserver's ``preload``, by hand)."""
-    if sys.modules.get("torch") is not None:              # imported, and not blocked (None)
-        importlib.import_module("torch.fx.experimental.symbolic_shapes")
-
-
-def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0, faults=(),
-           topology=None, slow_links=None, ledger: bool = False, arena_bytes: int | None = None,
-           fingerprints: bool = True, elastic: bool = False, torch_group: bool = False, **kwargs):
+def launch(
+    fn,
+    world: int,
+    *args,
+    backend: str = "local",
+    timeout: float = 10.0,
+    faults=(),
+    topology=None,
+    slow_links=None,
+    ledger: bool = False,
+    arena_bytes: int | None = None,
+    fingerprints: bool = True,
+    elastic: bool = False,
+    torch_group: bool = False,
+    **kwargs,
+):
     """Run ``fn(comm, *args, **kwargs)`` on ``world`` processes and return their results in rank order.
 
     ``timeout``: seconds a rank waits on a silent peer before failing with PeerTimeout.
@@ -166,11 +93,14 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
     """
     if world < 1:
         raise UsageError(f"{{world}} must be >= 1, got {world}", "world")
-    if backend == "job":                # this process is a rank of a torchrun job: the job's ranks are the run's
+    if backend == "job":  # this process is a rank of a torchrun job: the job's ranks are the run's
         if faults or topology is not None or slow_links or elastic or torch_group:
-            raise UsageError("fault injection and link emulation need ranks of netmorph's own launch, not a "
-                             "torchrun job's", "backend")
+            raise UsageError(
+                "fault injection and link emulation need ranks of netmorph's own launch, not a torchrun job's",
+                "backend",
+            )
         from netmorph.runtime.torchrun import run_in_job
+
         return run_in_job(fn, world, *args, timeout=timeout, ledger=ledger, **kwargs)
     if backend not in BACKENDS:
         raise UsageError(f"{{backend}} must be one of {', '.join(BACKENDS)}, got {backend!r}", "backend")
@@ -181,16 +111,18 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
         raise UsageError(f"{{timeout}} must be {lo:g}..{hi:g} seconds, got {timeout}", "timeout")
     if isinstance(topology, str):
         from netmorph.cost.topology import load_topology
+
         topology = load_topology(topology)
     if elastic and backend != "local":
         raise UsageError("elastic launches re-form the local fabric; use {backend} 'local'", "backend")
     if (topology is not None or slow_links) and backend != "local":
         raise UsageError("link emulation (topology=, slow_links=) needs {backend} 'local'", "backend")
     ctx = mp.get_context("fork")
-    _warm_imports()
+    warm_imports()
     fabric = None
     if backend == "local":
         from netmorph.runtime.transport.shm import ShmFabric
+
         try:
             fabric = ShmFabric(world, arena_bytes=arena_bytes, epochs=MAX_EPOCHS if elastic else 1)
         except (OSError, MemoryError) as e:
@@ -201,23 +133,44 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
     try:
         if backend != "local" or elastic or torch_group:
             store_dir = tempfile.mkdtemp(prefix="netmorph-store-")
-        if elastic or torch_group:   # torch.distributed imported once here, not by every forked rank
+        if elastic or torch_group:  # torch.distributed imported once here, not by every forked rank
             importlib.import_module("torch.distributed")
         store = os.path.join(store_dir, "store") if store_dir else ""
 
         def start(r, joined=False):
             try:
                 rd, wr = ctx.Pipe(duplex=False)
-                p = ctx.Process(target=_child, name=f"netmorph-rank{r}", daemon=True,
-                                args=(r, world, fn, args, kwargs, wr, fabric, backend, timeout, list(faults),
-                                      link_cost, store, ledger, fingerprints, elastic, joined,
-                                      torch_group and backend == "local"))
+                p = ctx.Process(
+                    target=child,
+                    name=f"netmorph-rank{r}",
+                    daemon=True,
+                    args=(
+                        r,
+                        world,
+                        fn,
+                        args,
+                        kwargs,
+                        wr,
+                        fabric,
+                        backend,
+                        timeout,
+                        list(faults),
+                        link_cost,
+                        store,
+                        ledger,
+                        fingerprints,
+                        elastic,
+                        joined,
+                        torch_group and backend == "local",
+                    ),
+                )
                 p.start()
             except OSError as e:
                 raise limit_error(e, world) from None
             wr.close()
             conns[rd] = r
             return p
+
         for r in range(world):
             procs.append(start(r))
         try:
@@ -244,7 +197,7 @@ def launch(fn, world: int, *args, backend: str = "local", timeout: float = 10.0,
 
 def _monitor(procs, conns, fabric, timeout, elastic=False, start=None):
     world = len(procs)
-    deaths = []                          # elastic: ranks that died, not failures of the launch
+    deaths = []  # elastic: ranks that died, not failures of the launch
     results, ledgers, trails = [None] * world, [None] * world, [None] * world
     reported, exited = set(), set()
     failures: dict[int, RankFailure] = {}
@@ -257,7 +210,7 @@ def _monitor(procs, conns, fabric, timeout, elastic=False, start=None):
 
     def take(r, msg, now):
         nonlocal first_fail
-        if msg[0] == "respawn":           # elastic: new processes in dead ranks' slots, joining the job
+        if msg[0] == "respawn":  # elastic: new processes in dead ranks' slots, joining the job
             for j in msg[2]:
                 if j in exited and fabric.dead[j] and start is not None:
                     fabric.revive(j)
@@ -295,7 +248,7 @@ def _monitor(procs, conns, fabric, timeout, elastic=False, start=None):
                 take(r, msg, now)
             else:
                 r = sentinels[obj]
-                procs[r].join(2.0)        # the sentinel fires as the process exits; reap it for its exit code
+                procs[r].join(2.0)  # the sentinel fires as the process exits; reap it for its exit code
                 exited.add(r)
                 code = procs[r].exitcode
                 if elastic and code != 0 and r not in reported:
@@ -312,8 +265,19 @@ def _monitor(procs, conns, fabric, timeout, elastic=False, start=None):
         if first_fail is not None and now - first_fail > grace:
             for r, p in enumerate(procs):
                 if r not in exited and p.is_alive() and r not in reported:
-                    failures.setdefault(r, RankFailure(r, p.pid, None, "", "stopped answering; terminated by the "
-                                                       "launcher after its peers gave up on it", "", now, hung=True))
+                    failures.setdefault(
+                        r,
+                        RankFailure(
+                            r,
+                            p.pid,
+                            None,
+                            "",
+                            "stopped answering; terminated by the launcher after its peers gave up on it",
+                            "",
+                            now,
+                            hung=True,
+                        ),
+                    )
             _kill_all(procs)
             break
     # messages that arrived just before exit
@@ -325,7 +289,7 @@ def _monitor(procs, conns, fabric, timeout, elastic=False, start=None):
                 break
             take(r, msg, time.monotonic())
     dead = {r for r, _ in deaths}
-    for r, p in enumerate(procs):         # gone without a word: exit code 0 before fn returned is a failure too
+    for r, p in enumerate(procs):  # gone without a word: exit code 0 before fn returned is a failure too
         if r not in reported and r not in failures and r not in dead:
             failures[r] = RankFailure(r, p.pid, p.exitcode, "", "before returning a result", when=time.monotonic())
     return results, ledgers, list(failures.values()), deaths, trails
@@ -339,13 +303,22 @@ def _end_silent(procs, fabric, failures, culprit: int, reporter: int, timeout: f
     if culprit in failures and failures[culprit].exc_type:
         return
     if any(f.hung for f in failures.values()):
-        return                 # one silent rank found already: later timeouts saw its peers fail around it
+        return  # one silent rank found already: later timeouts saw its peers fail around it
     p = procs[culprit]
     state = blame.process_state(p.pid)
     why = blame.why_silent(state) if state else "it is hung or far slower than its peers"
-    failures[culprit] = RankFailure(culprit, p.pid, None, "", f"stopped answering ({why}): rank {reporter} timed "
-                                    f"out after {timeout:g} s waiting on it; the launcher killed it", "", now,
-                                    hung=True, detected_by=reporter)
+    failures[culprit] = RankFailure(
+        culprit,
+        p.pid,
+        None,
+        "",
+        f"stopped answering ({why}): rank {reporter} timed "
+        f"out after {timeout:g} s waiting on it; the launcher killed it",
+        "",
+        now,
+        hung=True,
+        detected_by=reporter,
+    )
     if p.is_alive():
         p.kill()
     if fabric is not None:
@@ -362,13 +335,15 @@ def _unreceived(fabric, trails, procs) -> list[RankFailure]:
             continue
         if head is None:
             text = f"rank {src} sent rank {dst} a message it never received (no fingerprint: run with fingerprints on)"
-            out[dst] = RankFailure(dst, procs[dst].pid, procs[dst].exitcode, "CollectiveMismatch", text,
-                                   when=time.monotonic(), blames=src)
+            out[dst] = RankFailure(
+                dst, procs[dst].pid, procs[dst].exitcode, "CollectiveMismatch", text, when=time.monotonic(), blames=src
+            )
             continue
         calls = (trails[dst] or {}).get(fingerprint.slot(head), {})
         err = CollectiveMismatch(dst, src, calls.get(int(head[1])), head, sent=True)
-        out[dst] = RankFailure(dst, procs[dst].pid, procs[dst].exitcode, "CollectiveMismatch", str(err),
-                               when=time.monotonic(), blames=src)
+        out[dst] = RankFailure(
+            dst, procs[dst].pid, procs[dst].exitcode, "CollectiveMismatch", str(err), when=time.monotonic(), blames=src
+        )
     return list(out.values())
 
 
@@ -381,7 +356,7 @@ def _kill_all(procs) -> None:
         p.join(max(0.0, deadline - time.monotonic()))
         if p.is_alive():
             p.kill()
-            p.join(10.0)          # SIGKILL always ends it; a big process on a busy machine takes a moment to go
+            p.join(10.0)  # SIGKILL always ends it; a big process on a busy machine takes a moment to go
 
 
 __all__ = ["launch", "LaunchError", "RankFailure", "PeerLost", "PeerTimeout", "FabricError"]

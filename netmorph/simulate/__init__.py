@@ -7,17 +7,10 @@ import time
 
 from netmorph.errors import UsageError
 from netmorph.mesh.settings import V_SHAPED
+from netmorph.planner.layers import layer_costs, tp_head_bytes, tp_head_costs
 from netmorph.planner.memory import params_on_device
 from netmorph.planner.search import check, estimate
-from netmorph.planner.timing import (
-    bucketed,
-    collective_time,
-    layer_costs,
-    optimizer_time,
-    shared_slots,
-    tp_head_bytes,
-    tp_head_costs,
-)
+from netmorph.planner.timing import bucketed, collective_time, optimizer_time, shared_slots
 from netmorph.simulate.step import Costs, StepResult, simulate_step
 
 __all__ = ["Costs", "StepResult", "check_simulated", "costs_for", "lend_bubble", "simulate_config", "simulate_step"]

@@ -13,26 +13,21 @@ message is longer than the posted buffer, so a count mismatch must be caught
 before the payload is received. Headers and payloads each keep their posting
 order per peer, as torch.distributed matches messages per (peer, tag) in order.
 
-Errors are classified from what gloo reports: a timeout is :class:`PeerTimeout`,
-a closed connection :class:`PeerLost` -- unless a peer published a
-:class:`CollectiveMismatch` in the job's store first, which every rank then
-raises. The first failure is final: every later call raises it again.
+Errors are classified from what gloo reports (:mod:`~netmorph.runtime.transport.torchdiagnose`):
+a timeout is :class:`PeerTimeout`, a closed connection :class:`PeerLost` -- unless a
+peer published a :class:`CollectiveMismatch` in the job's store first, which every
+rank then raises. The first failure is final: every later call raises it again.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import time
 from collections import deque
 
 import numpy as np
 
-from netmorph.runtime.transport import FabricError, PeerLost, PeerTimeout, blame, nbytes, settle
+from netmorph.runtime.transport import FabricError, nbytes, settle
 from netmorph.runtime.transport import fingerprint as fpr
-from netmorph.runtime.transport.errors import gloo_text as _text
-from netmorph.runtime.transport.errors import torch_mismatch_text as _torch_mismatch
 from netmorph.runtime.transport.sendclock import SendClock
 from netmorph.runtime.transport.tensors import concat as _concat
 from netmorph.runtime.transport.tensors import contiguous as _contiguous
@@ -41,22 +36,16 @@ from netmorph.runtime.transport.tensors import header_like as _header_like
 from netmorph.runtime.transport.tensors import host as _host
 from netmorph.runtime.transport.tensors import reduce_into as _reduce_into
 from netmorph.runtime.transport.tensors import to_torch
+from netmorph.runtime.transport.torchdiagnose import Diagnosis
 from netmorph.runtime.transport.torchgroup import DefaultGroup, EpochGroup
 
 HEADER_TAG, PAYLOAD_TAG = 1, 2
-_MISMATCH_KEY = "netmorph/collective-mismatch"
 # what gloo and NCCL say when the transport under a call failed (a peer gone, a call timed out, ranks that
 # disagree); any other RuntimeError is torch refusing the call itself, raised as it is
-_TRANSPORT_ERROR = re.compile(r"[Cc]onnection|[Tt]imed out|[Rr]ead error|[Ww]rite error|[Bb]roken pipe|[Ss]ocket|"
-                              r"[Pp]eer|EOF|[Cc]losed|mismatch|NCCL|ncclRemoteError|ncclSystemError")
-# how long a rank that timed out waits for each rank on its wait-for chain to post what it waits for
-WALK_WINDOW = 0.6
-
-
-def _same_host() -> bool:
-    """Every rank on this host (a local launch, or torchrun on one node): a peer's pid means something
-    in this host's /proc."""
-    return os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE")) == os.environ.get("WORLD_SIZE")
+_TRANSPORT_ERROR = re.compile(
+    r"[Cc]onnection|[Tt]imed out|[Rr]ead error|[Ww]rite error|[Bb]roken pipe|[Ss]ocket|"
+    r"[Pp]eer|EOF|[Cc]losed|mismatch|NCCL|ncclRemoteError|ncclSystemError"
+)
 
 
 class _P2PRecv:
@@ -88,7 +77,7 @@ class _TorchWork:
         return True
 
 
-class TorchTransport:
+class TorchTransport(Diagnosis):
     """One rank's end of torch.distributed point-to-point. Buffers are numpy views of CPU memory, or
     torch tensors on their device (``devices``): a CUDA tensor goes over NCCL as it is, its header
     beside it on the device, its reduction done by torch on the device -- no host round trip."""
@@ -98,75 +87,14 @@ class TorchTransport:
 
     def __init__(self, rank: int, world: int, timeout: float = 60.0, group=None):
         self.rank, self.world, self.timeout = rank, world, timeout
-        self.group = group or DefaultGroup()   # the process group it talks over (a membership epoch's: reform)
-        self.failed = None                     # the first failure: raised again on every later call
-        self.current = None                    # the fingerprint of the call in flight (compared at a timeout)
-        self.current_what = 0                  # what it waits for (blame.WHAT): 0 data, 1 a send's receive
-        self.pending: dict[int, deque] = {}    # src -> point-to-point receives whose payload is not posted yet
-        self.clock = SendClock(rank)           # links emulated by Comm.emulate (none until then)
+        self.group = group or DefaultGroup()  # the process group it talks over (a membership epoch's: reform)
+        self.failed = None  # the first failure: raised again on every later call
+        self.current = None  # the fingerprint of the call in flight (compared at a timeout)
+        self.current_what = 0  # what it waits for (blame.WHAT): 0 data, 1 a send's receive
+        self.pending: dict[int, deque] = {}  # src -> point-to-point receives whose payload is not posted yet
+        self.clock = SendClock(rank)  # links emulated by Comm.emulate (none until then)
 
     # ------------------------------------------------------------ failures
-    def failure(self, peer: int, e: BaseException):
-        """The netmorph error for a torch.distributed error while talking to ``peer`` (-1: unknown)."""
-        text = _text(e)
-        published = self._published_mismatch()
-        if published is not None:
-            err = published
-        elif getattr(self.group, "aborted", False):
-            # this epoch's group was aborted under us (a watchdog suspected a member, or a peer failed first):
-            # every connection is closed, so two healthy peers in one call see each other go -- not a deadlock
-            root = self._root_of(peer)
-            err = PeerLost(root, f"torch.distributed: {text}; the membership epoch's group was aborted"
-                           + (f" (rank {peer} failed because it lost rank {root})" if root != peer else ""))
-        elif "Detected mismatch between collectives" in text:       # TORCH_DISTRIBUTED_DEBUG=DETAIL
-            err = fpr.CollectiveMismatch(self.rank, -1, None, None, text=_torch_mismatch(str(e)))
-        elif "Timed out" in text or "timed out" in text:
-            err = self._walk(peer, WALK_WINDOW)
-        else:
-            # gloo closes the connection of an op that timed out: the peer that timed out may be
-            # posting the (different) call it was in right now
-            err = self._walk(peer, 0.5, only_mismatch=True)
-            if err is None:
-                root = self._root_of(peer)
-                via = f"; rank {peer} failed because it lost rank {root}" if root != peer else ""
-                err = PeerLost(root, f"torch.distributed: {text}{via}")
-        if err is None:
-            seconds = float(m.group(1)) / 1000 if (m := re.search(r"(\d+)ms", text)) else self.timeout
-            err = PeerTimeout(peer, seconds, f"torch.distributed: {text}" if peer >= 0 else
-                              f"torch.distributed: {text} (torch does not say which peer)")
-        self.failed = err
-        self._post_failure(err)
-        self.group.abort()                     # an epoch's group: every peer blocked on us fails now, not later
-        return err
-
-    def _post_failure(self, err) -> None:
-        """Say in the store whom this rank lost, so a rank that then loses *us* can name the root:
-        across nodes, the dead node's ranks rather than a healthy neighbour that gave up first."""
-        store = self._store()
-        try:
-            if store is not None:
-                store.set(f"netmorph/failed/{self.rank}", json.dumps([type(err).__name__, err.rank]))
-        except RuntimeError:
-            pass
-
-    def _root_of(self, peer: int) -> int:
-        """Follow the failure records from ``peer``: a rank that only lost a peer points at it; the end
-        of the chain is a rank that died without a word (killed, its node gone) -- the root cause."""
-        store = self._store()
-        seen = {self.rank}
-        try:
-            while store is not None and peer >= 0 and peer not in seen:
-                seen.add(peer)
-                if not store.check([f"netmorph/failed/{peer}"]):
-                    break
-                kind, blamed = json.loads(store.get(f"netmorph/failed/{peer}"))
-                if kind not in ("PeerLost", "PeerTimeout") or blamed < 0 or blamed in seen:
-                    break
-                peer = blamed
-        except (RuntimeError, ValueError):
-            pass
-        return peer
-
     def guard(self, peer: int, call):
         """Run ``call()``; a torch.distributed error becomes the classified netmorph error, kept."""
         if self.failed is not None:
@@ -188,90 +116,19 @@ class TorchTransport:
             raise e
         raise self.failure(peer, e) from None
 
-    def _store(self):
-        return self.group.store()
-
     # ------------------------------------------------------------ membership
     def reform(self, epoch: int, members=None, slot: int | None = None) -> None:
         """A new membership epoch: a fresh process group among ``members`` (slots, in the agreed view's order)
         over a prefix of the job's store, this process slot ``slot`` (:class:`~.torchgroup.EpochGroup`,
         ``ncclCommShrink``/``Grow``); the old group is aborted. Every member calls it for the same epoch."""
         if members is None:
-            raise FabricError("reform on torch.distributed needs the members: the new process group is built "
-                              "among them")
+            raise FabricError(
+                "reform on torch.distributed needs the members: the new process group is built among them"
+            )
         store = self.group.store()
         self.group.abort()
         self.group = EpochGroup(store, epoch, members, self.rank if slot is None else slot, self.timeout)
         self.failed, self.current, self.pending = None, None, {}
-
-    def _publish(self, e: fpr.CollectiveMismatch) -> None:
-        store = self._store()
-        if store is None:
-            return
-        try:
-            store.set(_MISMATCH_KEY, json.dumps([e.receiver, e.sender, None if e.mine is None else e.mine.tolist(),
-                                                 e.theirs.tolist(), e.sent]))
-        except RuntimeError:
-            pass
-
-    def _walk(self, peer: int, window: float, only_mismatch: bool = False):
-        """At a timeout: post what this rank waits for to the store and walk the wait-for chain from
-        ``peer`` (:mod:`netmorph.runtime.transport.blame`), giving each rank on it ``window`` seconds
-        to post its own (it times out too, a little later if it entered its call later). The error
-        to raise, or None (no store, nothing to walk; with ``only_mismatch``, anything but a mismatch
-        or a deadlock)."""
-        store = self._store()
-        if store is None or peer < 0:
-            return None
-        try:
-            fp = None if self.current is None else self.current.tolist()
-            store.set(f"netmorph/wait/{self.rank}", json.dumps([peer, fp, os.getpid(), self.current_what]))
-        except RuntimeError:
-            return None
-        deadline = time.monotonic() + window
-        posted = {}
-
-        def read(r):
-            if r not in posted:
-                try:
-                    while True:
-                        if store.check([f"netmorph/wait/{r}"]):
-                            posted[r] = json.loads(store.get(f"netmorph/wait/{r}"))
-                            break
-                        if time.monotonic() >= deadline:
-                            posted[r] = None
-                            break
-                        time.sleep(0.01)
-                except (RuntimeError, ValueError):
-                    posted[r] = None
-            return posted[r]
-
-        def wait_of(r):
-            row = read(r)
-            return None if row is None else blame.Waiting(row[1], row[0], row[3])
-
-        def state_of(r):
-            # a rank posts its wait only when its own call fails: one that exited after posting (it lost us
-            # when gloo closed our timed-out op) waited for what it posted, so only a stopped one is stale
-            row = read(r)
-            state = blame.process_state(row[2]) if row is not None and _same_host() else ""
-            return state if state in ("T", "t") else ""
-
-        err = blame.walk(self.rank, blame.Waiting(fp, peer, self.current_what), self.timeout, wait_of, state_of)
-        if isinstance(err, fpr.CollectiveMismatch):
-            self._publish(err)
-            return err
-        return None if only_mismatch and not isinstance(err, blame.Deadlock) else err
-
-    def _published_mismatch(self):
-        store = self._store()
-        try:
-            if store is None or not store.check([_MISMATCH_KEY]):
-                return None
-            receiver, sender, mine, theirs, sent = json.loads(store.get(_MISMATCH_KEY))
-        except (RuntimeError, ValueError):          # the store's host is gone too
-            return None
-        return fpr.CollectiveMismatch(receiver, sender, mine, theirs, sent)
 
     # ------------------------------------------------------------ rounds of a schedule
     def run_round(self, sends, recvs, ufunc, snapshot: bool = False, fp=None) -> None:
@@ -287,16 +144,19 @@ class TorchTransport:
                 if nbytes(payload):
                     self.clock.hold(peer, nbytes(payload))
                     if fp is not None:
-                        works.append((peer, g.isend(_header_like(fp, nbytes(payload), payload), peer,
-                                                    tag=HEADER_TAG)))
-                    works.append((peer, g.isend(to_torch(_contiguous(payload)), peer,
-                                                tag=PAYLOAD_TAG if fp is not None else 0)))
+                        works.append((peer, g.isend(_header_like(fp, nbytes(payload), payload), peer, tag=HEADER_TAG)))
+                    works.append(
+                        (peer, g.isend(to_torch(_contiguous(payload)), peer, tag=PAYLOAD_TAG if fp is not None else 0))
+                    )
             for peer, views, flags in recvs:
                 total = sum(len(v) for v in views)
                 if total:
                     self._flush(peer)
-                    buf = np.empty(total, dtype=views[0].dtype) if isinstance(views[0], np.ndarray) \
+                    buf = (
+                        np.empty(total, dtype=views[0].dtype)
+                        if isinstance(views[0], np.ndarray)
                         else views[0].new_empty(total)
+                    )
                     bufs.append((peer, buf, views, flags))
                     if fp is not None:
                         head = _head_like(buf)
@@ -305,7 +165,7 @@ class TorchTransport:
                         works.append((peer, g.irecv(to_torch(buf), peer)))
         except RuntimeError as e:
             self._raise(peer, e)
-        for peer, head, buf, w in heads:         # every header checked before any payload is received
+        for peer, head, buf, w in heads:  # every header checked before any payload is received
             self.guard(peer, w.wait)
             self.guard(peer, lambda: fpr.check(fp, nbytes(buf), _host(head), self.rank, peer))
         for peer, head, buf, w in heads:
@@ -313,10 +173,10 @@ class TorchTransport:
         for peer, w in works:
             self.guard(peer, w.wait)
         settled = settle([(views, flags) for _, _, views, flags in bufs])
-        for (_, buf, views, _), flags in zip(bufs, settled):   # land after every send left: start-of-round reads
+        for (_, buf, views, _), flags in zip(bufs, settled):  # land after every send left: start-of-round reads
             at = 0
             for v, red in zip(views, flags):
-                part = buf[at:at + len(v)]
+                part = buf[at : at + len(v)]
                 if red is False:
                     v[:] = part
                 else:
@@ -327,7 +187,7 @@ class TorchTransport:
     def isend(self, array, dst, fp=None):
         g = self.group
         self.current = fp
-        self.current_what = 1                  # a send that waits for its receive
+        self.current_what = 1  # a send that waits for its receive
 
         def post():
             self.clock.hold(dst, nbytes(array))
@@ -336,9 +196,11 @@ class TorchTransport:
                 ws.append(g.isend(_header_like(fp, nbytes(array), array), dst, tag=HEADER_TAG))
             ws.append(g.isend(to_torch(array), dst, tag=PAYLOAD_TAG if fp is not None else 0))
             return ws
+
         works = self.guard(dst, post)
-        return _TorchWork(self, lambda: [w.wait() for w in works], dst,
-                          test=lambda: all(w.is_completed() for w in works))
+        return _TorchWork(
+            self, lambda: [w.wait() for w in works], dst, test=lambda: all(w.is_completed() for w in works)
+        )
 
     def irecv(self, array, src, fp=None):
         g = self.group
@@ -358,11 +220,12 @@ class TorchTransport:
         def test():
             if r.pwork is None:
                 q = self.pending.get(src, ())
-                ahead = list(q)[:list(q).index(r) + 1] if r in q else []
+                ahead = list(q)[: list(q).index(r) + 1] if r in q else []
                 if not all(x.hwork.is_completed() for x in ahead):
-                    return False                  # a header still in flight: posting its payload would block
+                    return False  # a header still in flight: posting its payload would block
                 self.guard(src, lambda: self._flush(src, upto=r))
             return r.pwork.is_completed()
+
         return _TorchWork(self, finish, src, test=test)
 
     def _flush(self, src: int, upto: _P2PRecv | None = None) -> None:
