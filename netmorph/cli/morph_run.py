@@ -214,7 +214,7 @@ def _control_on(args, cluster) -> int:
         # split a user who knew the scenario would have chosen
         tight = min(scenario.memory(s) for s in range(steps + 1))
         fits = [] if math.isinf(tight) else replace(twin, memory_share=tight).layouts(world, model.seq)[:1]
-        # a cluster that lost a node has not that node left for the static splits: the adaptive run alone
+        # a cluster that lost a node has no second node left for the static splits: the adaptive run alone
         alone = cluster is not None and membership_changes(scenario)
         for lay in [] if alone else list(dict.fromkeys(ranked[: args.static] + fits)):
             say(f"static {lay.tag()} ...", flush=True)
