@@ -28,90 +28,37 @@ from netmorph.elastic.launcher import kill_tree
 pytestmark = pytest.mark.timeout(240)
 
 
-def test_tensor_parallel_within_each_node_survives_a_worker_killed_and_the_node_back():
-    """elastic --tp 2 on 2 nodes x 2: each node's two workers are one tensor-parallel group (consecutive ranks of
-    every view: tp innermost, a node's workers side by side), data parallel across the nodes. Rank 3 is killed
-    mid-step: its node-mate is dead with it (the node goes whole), the survivors' tensor-parallel all-reduces,
-    caught in the aborted group, are the loss and not a deadlock; the node comes back as slots 6 and 7, each
-    handed the shard of its tensor-parallel rank -- and the whole model equals the 1-rank run's. (The issue's
-    must-hold: 2 nodes x 2 workers under launch, a worker SIGKILLed in step 5's first gradient bucket, its torchrun
-    tearing the node down and starting it again as incarnation 1, the node back; nothing left behind.)"""
+@pytest.mark.parametrize(
+    "split,kill,steps,epochs",
+    [
+        # incarnation 1 of node 1 is slots 6 and 7: (1·2 + 1)·2 + local rank
+        ("--tp", 3, 80, [[0, 1, 2, 3], [0, 1], [0, 1, 6, 7]]),
+        # incarnation 1 of node 0 is slots 4 and 5: (1·2 + 0)·2 + local rank
+        ("--pp", 1, 200, [[0, 1, 2, 3], [2, 3], [2, 3, 4, 5]]),
+    ],
+)
+def test_a_model_split_within_each_node_survives_a_worker_killed_and_the_node_back(split, kill, steps, epochs):
+    """elastic --tp 2 or --pp 2 on 2 nodes x 2, data parallel across the nodes: each node's two workers are one
+    replica's tensor-parallel group (consecutive ranks: tp innermost) or its two pipeline stages (Megatron numbers
+    pp outermost, so the communicator's ranks interleave the nodes). A worker is killed mid-step: its node-mate is
+    dead with it (the node goes whole), the survivors' in-replica calls caught in the aborted group are the loss
+    and not a deadlock; the node comes back under new slots, each worker handed its shard (its tp rank's, or its
+    stage's) by the survivor holding the same one -- and the whole model equals the 1-rank run's. The pipeline
+    case loses node 0, the job's first rank 0: the summary comes from the final view's rank 0 (slot 2, node 1),
+    and launch exits with the code it reports. (The issue's must-hold: 2 nodes x 2 workers under launch, a worker
+    SIGKILLed in step 5, its torchrun tearing the node down and starting it again as incarnation 1, the node back;
+    nothing left behind.)"""
     before = _tmp()
-    r = _launch(
-        [
-            "--nodes",
-            "2",
-            "--nproc-per-node",
-            "2",
-            "--max-restarts",
-            "2",
-            "--",
-            "elastic",
-            "--tp",
-            "2",
-            "--global-batch",
-            "4",
-            "--steps",
-            "80",
-            "--kill",
-            "3@5",
-            "--check",
-            "--json",
-            "--timeout",
-            "20",
-        ]
-    )
+    argv = ["--nodes", "2", "--nproc-per-node", "2", "--max-restarts", "2", "--", "elastic", split, "2"]
+    argv += ["--global-batch", "4", "--steps", str(steps), "--kill", f"{kill}@5", "--check", "--json"]
+    r = _launch([*argv, "--timeout", "20"])
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
-    # incarnation 1 of node 1 is slots 6 and 7: (1·2 + 1)·2 + local rank
-    assert [e["members"] for e in out["epochs"]] == [[0, 1, 2, 3], [0, 1], [0, 1, 6, 7]]
+    assert [e["members"] for e in out["epochs"]] == epochs
     assert [e["kind"] for e in out["events"]] == ["kill", "join"] and out["events"][0]["steps_redone"] <= 1
-    assert out["events"][0]["ranks"] == [3] and sorted(out["events"][1]["rank"]) == [6, 7]
+    assert out["events"][0]["ranks"] == [kill] and sorted(out["events"][1]["rank"]) == epochs[2][2:]
     assert out["max_rel_loss_diff"] <= 1e-12 and out["max_rel_param_diff"] <= 1e-9
     assert "node 1: torchrun --nnodes 1 --nproc-per-node 2 --max-restarts 2 -m netmorph elastic" in r.stderr
-    time.sleep(0.5)
-    assert _leftovers(before) == [] and _netmorph_processes() == []
-
-
-def test_pipeline_stages_within_each_node_survive_node_0_lost_and_back():
-    """elastic --pp 2 on 2 nodes x 2: each node's two workers are one pipeline (stage 0 and stage 1 of one
-    replica: Megatron numbers pp outermost, so the communicator's ranks interleave the nodes), data parallel
-    across. Rank 1 -- node 0, the job's first rank 0 -- is killed mid-step; the survivors are node 1's whole
-    pipeline and go on as one replica; node 0 comes back as slots 4 and 5, each handed its stage's parameters and
-    Adam moments by the survivor that holds the same stage, and the model equals the 1-rank run's. The summary is
-    printed by the final view's rank 0 (slot 2, on node 1), and launch exits with the code it reports."""
-    before = _tmp()
-    r = _launch(
-        [
-            "--nodes",
-            "2",
-            "--nproc-per-node",
-            "2",
-            "--max-restarts",
-            "2",
-            "--",
-            "elastic",
-            "--pp",
-            "2",
-            "--global-batch",
-            "4",
-            "--steps",
-            "120",
-            "--kill",
-            "1@5",
-            "--check",
-            "--json",
-            "--timeout",
-            "20",
-        ]
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout)
-    # incarnation 1 of node 0 is slots 4 and 5: (1·2 + 0)·2 + local rank
-    assert [e["members"] for e in out["epochs"]] == [[0, 1, 2, 3], [2, 3], [2, 3, 4, 5]]
-    assert [e["kind"] for e in out["events"]] == ["kill", "join"] and out["events"][0]["steps_redone"] <= 1
-    assert out["events"][0]["ranks"] == [1] and sorted(out["events"][1]["rank"]) == [4, 5]
-    assert out["max_rel_loss_diff"] <= 1e-12 and out["max_rel_param_diff"] <= 1e-9
     time.sleep(0.5)
     assert _leftovers(before) == [] and _netmorph_processes() == []
 

@@ -152,21 +152,6 @@ def test_send_clock_holds_a_torch_message_to_its_emulated_link_as_the_fabric_doe
     [
         (["--nodes", "3", "--nproc-per-node", "2", "--", "morph"], "--nodes 2"),
         (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "--world", "8"], "--world 8"),
-        (
-            [
-                "--nodes",
-                "2",
-                "--nproc-per-node",
-                "2",
-                "--max-restarts",
-                "0",
-                "--",
-                "morph",
-                "--scenario",
-                "node-lost@5:0,node-joins@9",
-            ],
-            "node 0 comes back as the workers its torchrun job restarts: --max-restarts 1",
-        ),
         (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "reshard"], "morph reshard runs on one box"),
         (["--nodes", "2", "--nproc-per-node", "2", "--", "morph", "--compare"], "--compare"),
         (["--nodes", "2", "--nproc-per-node", "2", "--join", "1@5", "--", "morph"], "--join"),
