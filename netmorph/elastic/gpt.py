@@ -31,6 +31,7 @@ from netmorph.elastic.agent import FINISHED, HEARTBEAT, admit, admitted, agree, 
 from netmorph.elastic.cluster import watch_members
 from netmorph.elastic.heartbeat import Heartbeat, publish_pid
 from netmorph.elastic.membership import Rendezvous
+from netmorph.mesh.grid import Mesh
 from netmorph.mesh.layout import Layout
 from netmorph.mesh.placement import Shard, flat_offsets, rank_parameters, stage_elements
 from netmorph.mesh.shape import ModelShape
@@ -288,26 +289,30 @@ def megatron_order(members, local_world: int, cfg) -> tuple:
     its replica ``l // (tp·pp)`` of the node's; the nodes in the view's order (the members before the joiners,
     as ``ncclCommGrow`` appends them), so the first replica of every shard is a survivor's. Without pipeline
     stages this is the view's own order (each node's workers side by side). tp and pp are ``cfg``'s."""
-    tp, pp = cfg_tp(cfg), cfg_pp(cfg)
     members = tuple(members)
-    if pp == 1:
+    if cfg_pp(cfg) == 1:
         return members
-    mp = tp * pp
+    mp = cfg_mp(cfg)
     replicas = []
     for node in dict.fromkeys(s // local_world for s in members):  # a node's incarnation: its slots' block
         mine = sorted(s for s in members if s // local_world == node)
         replicas += [mine[i : i + mp] for i in range(0, len(mine), mp)]
     out = [0] * len(members)
-    for d, rep in enumerate(replicas):
-        for i, slot in enumerate(rep):
-            p, t = divmod(i, tp)
-            out[t + tp * (d + len(replicas) * p)] = slot
+    # replica d's ranks in ascending order are its (p, t) in the order of a node's local ranks: p·tp + t
+    for rep, ranks in zip(replicas, _mesh(len(members), cfg).groups_over(["tp", "pp"])):
+        for slot, r in zip(rep, ranks):
+            out[r] = slot
     return tuple(out)
+
+
+def _mesh(world: int, cfg) -> Mesh:
+    """The trainer's mesh of ``world`` ranks for ``cfg``'s tp and pp (dp: the replicas), Megatron's order."""
+    return Mesh(world, tp=cfg_tp(cfg), pp=cfg_pp(cfg))
 
 
 def stage(comm, cfg) -> int:
     """This rank's pipeline stage in :func:`megatron_order`'s numbering."""
-    return comm.rank // (cfg_tp(cfg) * (comm.world // cfg_mp(cfg)))
+    return _mesh(comm.world, cfg).coords(comm.rank)["pp"]
 
 
 def numel(cfg, pp_rank: int = 0) -> int:
@@ -327,17 +332,16 @@ def whole(comm, cfg, pieces: dict) -> np.ndarray:
     embedding, on the first and the last stage, from the first) -- in the 1-rank buffer's order: what
     ``--check`` compares."""
     tp, pp, mp = cfg_tp(cfg), cfg_pp(cfg), cfg_mp(cfg)
-    model, replicas = cfg.model or MODEL, comm.world // mp
+    model = cfg.model or MODEL
     layout = train_config(cfg, mp, 1, 0).layout
     longest = max(numel(cfg, p) for p in range(pp))
     mine = np.zeros(longest)
     flat = np.concatenate([p.numpy().reshape(-1) for p, _ in pieces.values()])
     mine[: len(flat)] = flat
-    d = comm.rank // tp % replicas
     out = np.empty(mp * longest)
-    with comm.phase("elastic.final"):
-        group = comm.new_group([t + tp * (d + replicas * p) for p in range(pp) for t in range(tp)])
-        comm.all_gather_into_tensor(out, mine, group)
+    with comm.phase("elastic.final"):  # the replica's ranks in ascending order: stage-major, tp rank within
+        replica = next(g for g in _mesh(comm.world, cfg).groups_over(["tp", "pp"]) if comm.rank in g)
+        comm.all_gather_into_tensor(out, mine, comm.new_group(replica))
     parts = out.reshape(pp, tp, longest)
     full = {}
     for p in range(pp):
@@ -362,18 +366,15 @@ def _handed(comm, state, world: int, cfg) -> dict:
     a survivor: the joiners are numbered after the members) broadcasts its parameters, Adam's moments and step to
     the others holding the same shard (the joiners hold nothing: what they would otherwise read from a
     checkpoint), re-padded for the ``world // (tp·pp)`` replicas."""
-    tp, mp = cfg_tp(cfg), cfg_mp(cfg)
-    replicas = world // mp
-    t, p = comm.rank % tp, comm.rank // (tp * replicas)
-    n = _padded(numel(cfg, p), replicas)
-    root = t + tp * replicas * p
+    mesh = _mesh(world, cfg)
+    holders = mesh.group("dp", comm.rank)  # this (tp, pp) shard's replicas, the first a survivor's
+    n, root = _padded(numel(cfg, mesh.coords(comm.rank)["pp"]), len(holders)), holders[0]
     buf = np.zeros(3 * n + 1)
     if state is not None and comm.rank == root:
         s = repad(state, n)
         buf[:] = np.concatenate([s["params"], s["m"], s["v"], [s["t"]]])
     with comm.phase("elastic.join"):
-        group = [t + tp * (d + replicas * p) for d in range(replicas)]
-        comm.broadcast(buf, root, comm.new_group(group) if mp > 1 else None)
+        comm.broadcast(buf, root, comm.new_group(holders) if cfg_mp(cfg) > 1 else None)
     if state is not None and comm.rank != root:
         return state
     return {"params": buf[:n], "m": buf[n : 2 * n], "v": buf[2 * n : 3 * n], "t": int(buf[-1])}
