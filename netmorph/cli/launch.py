@@ -125,7 +125,7 @@ def run(args) -> int:
         except TimeoutError as e:
             raise UsageError(f"{e}; raise --wait") from None
         if code:
-            node = next((n for n, p in sorted(cluster.jobs.items()) if p.returncode), 0)
+            node = next((n for n, _ in cluster.failed()), 0)
             tail = cluster.tail(node)
             why = cluster.reported or f"the job reported {code}"
             print(f"netmorph launch: {why}" + (f"; node {node}'s last lines:\n{tail}" if tail else ""), file=sys.stderr)

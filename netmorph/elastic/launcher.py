@@ -240,7 +240,7 @@ class Cluster:
                 jobs = dict(self.jobs)
             if all(p.poll() is not None for p in jobs.values()):  # a late node not started yet: never, now
                 self.stopping.set()
-                code = self._fallback(jobs)
+                code = self._fallback()
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the job did not finish within {timeout:g} s")
@@ -250,9 +250,15 @@ class Cluster:
             time.sleep(0.05)
         return code
 
-    def _fallback(self, jobs: dict) -> int:
+    def failed(self) -> list:
+        """(node, exit code) of every node that exited non-zero, node 0's first."""
+        with self.lock:
+            jobs = sorted(self.jobs.items())
+        return [(n, p.returncode) for n, p in jobs if p.returncode]
+
+    def _fallback(self) -> int:
         """The job's code when every node ended without one reported: the first failure, node 0's first."""
-        failed = [(n, p.returncode) for n, p in sorted(jobs.items()) if p.returncode]
+        failed = self.failed()
         if failed:
             self.reported = f"node {failed[0][0]} exited with {failed[0][1]}"
             return failed[0][1]
