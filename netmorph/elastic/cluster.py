@@ -21,6 +21,7 @@ What the one-box launcher gives its ranks, the cluster gives them here:
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from dataclasses import dataclass
@@ -29,6 +30,9 @@ from netmorph.elastic.detector import PhiAccrual
 from netmorph.elastic.heartbeat import Watchdog
 from netmorph.elastic.lighthouse import LighthouseStore, parse_address
 from netmorph.errors import UsageError
+
+# heartbeat intervals without a beat after which a member whose connection closed is gone (Liveness.stopped)
+STALE_BEATS = 5
 
 
 @dataclass(frozen=True)
@@ -80,11 +84,19 @@ def node_of(slot: int, nodes: int, local_world: int) -> int:
 
 class Liveness:
     """The members this worker knows to be gone (its watchdog suspected them, or they were fenced): the cluster's
-    counterpart of the local fabric's dead flags, read by the agreement after a loss."""
+    counterpart of the local fabric's dead flags, read by the agreement after a loss.
+
+    φ accrual suspects a member from its silence alone, so it waits out the jitter of a loaded host before it
+    fences a live one. A member whose connection closed *and* whose heartbeat counter has not moved for
+    ``stale`` seconds is gone on the two signals together (:meth:`stopped`, :func:`confirm_lost`), sooner: gloo
+    says which peer closed, the lighthouse says it stopped beating -- what works across hosts, where its pid
+    means nothing."""
 
     def __init__(self):
         self._dead: set = set()
         self._lock = threading.Lock()
+        self.silence = None  # slot -> seconds since its heartbeat counter last moved, or None (watch_members)
+        self.stale = math.inf  # seconds of silence that, with a closed connection, mean gone
 
     def mark(self, slot: int) -> None:
         with self._lock:
@@ -93,6 +105,24 @@ class Liveness:
     def dead(self, slot: int) -> bool:
         with self._lock:
             return slot in self._dead
+
+    def stopped(self, slot: int) -> bool:
+        """Its heartbeat counter has not moved for ``stale`` seconds (the watchdog's reading)."""
+        silent = None if self.silence is None else self.silence(slot)
+        return silent is not None and silent > self.stale
+
+
+def confirm_lost(comm, err) -> bool:
+    """After ``err`` on a cluster's worker: a :class:`PeerLost` whose root has stopped beating is gone -- marked
+    dead now rather than when φ accrual suspects it, so the agreement after the loss need not wait for that. A
+    root still beating is left to the agreement (it posts, or φ accrual decides). Whether it was marked."""
+    from netmorph.runtime.transport import PeerLost
+
+    live = getattr(comm, "liveness", None)
+    if live is None or not isinstance(err, PeerLost) or err.rank < 0 or not live.stopped(err.rank):
+        return False
+    live.mark(err.rank)
+    return True
 
 
 def join(lighthouse: str, node: int, nodes: int, timeout: float, fingerprints: bool = True):
@@ -145,4 +175,15 @@ def watch_members(comm, members, interval: float) -> Watchdog:
     dog = Watchdog(
         comm.store, [m for m in members if m != comm.slot], make, interval=interval / 2, on_suspect=on_suspect(comm)
     )
+    stopped_after(comm, dog, interval)
     return dog.start()
+
+
+def stopped_after(comm, dog: Watchdog, interval: float) -> None:
+    """Let ``comm`` tell a stopped member from ``dog``'s readings: its liveness (:meth:`Liveness.stopped`) and its
+    transport's failure diagnosis (a closed connection's wait for the peer to say what it waited for ends when
+    the peer has stopped beating: a dead peer never says). Stopped is :data:`STALE_BEATS` intervals of silence."""
+    if getattr(comm, "liveness", None) is None:
+        return
+    comm.liveness.silence, comm.liveness.stale = dog.silent_for, STALE_BEATS * interval
+    comm.transport.stopped = comm.liveness.stopped

@@ -71,22 +71,33 @@ class PhiAccrual:
         self.threshold, self.min_std = threshold, min_std_deviation
         self.pause = acceptable_heartbeat_pause
         self.intervals: deque = deque(maxlen=max_sample_size)
+        self._sum = self._squares = 0.0  # running sums of the kept intervals (Akka's HeartbeatHistory)
         # Akka's prior: two intervals of mean ± σ with σ = mean / 4
         std = first_heartbeat_estimate / 4
-        self.intervals.extend([first_heartbeat_estimate - std, first_heartbeat_estimate + std])
+        for x in (first_heartbeat_estimate - std, first_heartbeat_estimate + std):
+            self._keep(x)
         self.last: float | None = None
+
+    def _keep(self, x: float) -> None:
+        if len(self.intervals) == self.intervals.maxlen:
+            old = self.intervals[0]
+            self._sum -= old
+            self._squares -= old * old
+        self.intervals.append(x)
+        self._sum += x
+        self._squares += x * x
 
     def heartbeat(self, t: float) -> None:
         if self.last is not None:
-            self.intervals.append(t - self.last)
+            self._keep(t - self.last)
         self.last = t
 
     def mean_std(self) -> tuple[float, float]:
-        """μ and σ of the inter-arrival times seen (population σ, as Akka's running statistics)."""
+        """μ and σ of the inter-arrival times seen (population σ, from running sums as Akka's history keeps
+        them: a watchdog asks every poll, for every peer)."""
         n = len(self.intervals)
-        mean = sum(self.intervals) / n
-        var = sum((x - mean) ** 2 for x in self.intervals) / n
-        return mean, math.sqrt(var)
+        mean = self._sum / n
+        return mean, math.sqrt(max(self._squares / n - mean * mean, 0.0))
 
     def phi(self, t: float) -> float:
         """φ at time ``t``: −log10 of the normal model's probability that a beat is still to come."""

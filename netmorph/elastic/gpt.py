@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from netmorph.elastic.agent import FINISHED, HEARTBEAT, admit, admitted, agree, arm_faults, fence_hung, requested
-from netmorph.elastic.cluster import watch_members
+from netmorph.elastic.cluster import confirm_lost, watch_members
 from netmorph.elastic.heartbeat import Heartbeat, publish_pid
 from netmorph.elastic.membership import Rendezvous
 from netmorph.mesh.grid import Mesh
@@ -205,6 +205,7 @@ def gpt_rank(comm, cfg):
             t_detect = clock()
             comm.faults.clear()
             hung_at = fence_hung(comm, view, cfg) if isinstance(e, PeerTimeout) else None
+            confirm_lost(comm, e)  # a closed connection from a peer that stopped beating: gone, now
             before, done = set(view.members), max(commits)
             new_view, _ = agree(comm, rdzv, view, done, cfg)
             if me not in new_view.members:

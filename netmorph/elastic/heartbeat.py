@@ -109,19 +109,25 @@ class Monitor:
             self.detectors.pop(p, None)
 
     def poll(self) -> None:
-        """Read every peer's counter once; a changed counter is a heartbeat arriving now."""
+        """Read every peer's counter once; a changed counter is a heartbeat arriving now. One round trip for all
+        (``check`` then ``multi_get``) when every peer has beaten; key by key otherwise (a peer not up yet, a
+        restarted lighthouse not yet told again: ``multi_get`` would wait for a missing key)."""
         now = self.clock()
-        for p, det in list(self.detectors.items()):
-            key = KEY.format(p)
-            if not self.store.check([key]):
+        peers = list(self.detectors)
+        keys = [KEY.format(p) for p in peers]
+        if keys and self.store.check(keys):
+            values = self.store.multi_get(keys)
+        else:
+            values = [self.store.get(k) if self.store.check([k]) else None for k in keys]
+        for p, value in zip(peers, values):
+            if value is None:
                 continue
-            value = self.store.get(key)
             if value == DONE.encode():  # it finished: nothing more to watch
                 self.forget([p])
                 continue
             if value != self.seen[p]:
                 self.seen[p] = value
-                det.heartbeat(now)
+                self.detectors[p].heartbeat(now)
 
     def suspects(self) -> list:
         now = self.clock()
@@ -186,6 +192,14 @@ class Watchdog:
             elif self.store.check([FENCED.format(r)]):
                 out[r] = float(self.store.get(FENCED.format(r)))
         return out
+
+    def silent_for(self, rank: int) -> float | None:
+        """Seconds since ``rank``'s heartbeat counter last moved, as this watchdog read it; None if it does not
+        watch ``rank`` or has seen no beat from it yet."""
+        with self._lock:
+            det = self.monitor.detectors.get(rank)
+            last = None if det is None else det.last
+            return None if last is None else self.monitor.clock() - last
 
     def forget(self, ranks) -> None:
         """Stop watching ``ranks`` (they left the view)."""

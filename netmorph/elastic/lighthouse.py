@@ -132,6 +132,9 @@ class LighthouseStore:
     def check(self, keys):
         return self._call("check", keys)
 
+    def multi_get(self, keys):
+        return self._call("multi_get", keys)
+
     def add(self, key, n):
         return self._call("add", key, n)
 

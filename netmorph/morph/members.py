@@ -32,7 +32,7 @@ import numpy as np
 
 from netmorph.checkpoint import folder
 from netmorph.elastic.agent import dead_of
-from netmorph.elastic.cluster import node_of, on_suspect
+from netmorph.elastic.cluster import confirm_lost, node_of, on_suspect, stopped_after
 from netmorph.elastic.detector import PhiAccrual
 from netmorph.elastic.heartbeat import Heartbeat, Watchdog, publish_pid
 from netmorph.elastic.membership import Rendezvous, agree_after_loss
@@ -86,6 +86,7 @@ class Members:
             interval=HEARTBEAT / 2,
             on_suspect=on_suspect(comm),
         ).start()
+        stopped_after(comm, self.dog, HEARTBEAT)
 
     @property
     def launched(self) -> int:
@@ -110,6 +111,7 @@ class Members:
         def silent(ranks):  # neither posted nor died nor fenced by the watchdog in time
             raise err
 
+        confirm_lost(comm, err)  # a closed connection from a peer that stopped beating: gone, now
         before = list(self.view.members)  # old rank i is before[i] (the numbering the layout in hand uses)
         view = agree_after_loss(comm, self.rdzv, self.view, done, comm.transport.timeout, silent, dead_of(comm))
         dead = sorted(set(self.view.members) - set(view.members))

@@ -35,7 +35,10 @@ def _same_host() -> bool:
 class Diagnosis:
     """A torch transport's failure diagnosis: needs ``rank``, ``timeout``, ``group`` (its ``store()`` and
     ``abort()``), ``current`` and ``current_what`` (the call in flight), and keeps the first failure in
-    ``failed``."""
+    ``failed``. ``stopped(rank)``, where a cluster sets it, says a peer has stopped beating: the walk then stops
+    waiting for it to post what it waits for (a dead peer never does)."""
+
+    stopped = None
 
     def failure(self, peer: int, e: BaseException):
         """The netmorph error for a torch.distributed error while talking to ``peer`` (-1: unknown)."""
@@ -144,7 +147,7 @@ class Diagnosis:
                         if store.check([f"netmorph/wait/{r}"]):
                             posted[r] = json.loads(store.get(f"netmorph/wait/{r}"))
                             break
-                        if time.monotonic() >= deadline:
+                        if time.monotonic() >= deadline or (self.stopped is not None and self.stopped(r)):
                             posted[r] = None
                             break
                         time.sleep(0.01)
