@@ -16,6 +16,19 @@ from netmorph.cli import main
 pytestmark = pytest.mark.timeout(240)
 
 
+def _one_rank_loss(steps: int) -> float:
+    """The last loss of morph's default job trained on one rank for ``steps`` steps (the same global batches)."""
+    from netmorph.mesh.layout import Layout
+    from netmorph.mesh.shape import ModelShape
+    from netmorph.morph.layouts import train_config
+    from netmorph.parallel.run import reference
+
+    losses, _, _ = reference(
+        train_config(ModelShape(layers=4, hidden=32, heads=4, seq=16, vocab=64), Layout(), steps, 8)
+    )
+    return losses[-1]
+
+
 def test_morph_on_two_torchrun_jobs_moves_when_the_link_between_them_degrades():
     before = temporaries()
     r = launch_cli(
@@ -73,11 +86,6 @@ def test_morph_on_two_torchrun_jobs_goes_on_when_node_0_hangs_mid_step():
     with the code launch exits with. (A node SIGKILLed mid-step, found by gloo's closed connections, is the
     node-lost of the test below, which also takes it back.)"""
     kind = "node-hangs"
-    from netmorph.mesh.layout import Layout
-    from netmorph.mesh.shape import ModelShape
-    from netmorph.morph.layouts import train_config
-    from netmorph.parallel.run import reference
-
     before = temporaries()
     r = launch_cli(
         [
@@ -112,8 +120,7 @@ def test_morph_on_two_torchrun_jobs_goes_on_when_node_0_hangs_mid_step():
         and "ranks [0, 1] stopped" in lost["reason"]  # node 0's: the job's first rank 0
     ), lost
     assert out["redone_steps"] == 1 and out["static_runs"] == {}
-    losses, _, _ = reference(train_config(ModelShape(layers=4, hidden=32, heads=4, seq=16, vocab=64), Layout(), 24, 8))
-    assert out["final_loss"]["adaptive"] == pytest.approx(losses[-1], rel=1e-5)
+    assert out["final_loss"]["adaptive"] == pytest.approx(_one_rank_loss(24), rel=1e-5)
     time.sleep(0.5)
     assert leftovers(before) == [] and netmorph_processes() == []
 
@@ -170,11 +177,6 @@ def test_morph_on_two_torchrun_jobs_takes_node_1_back_when_its_torchrun_restarts
     the first boundary past step 15 the members admit them, the twin takes the four-rank layout again and the
     reshard sends them their parameters and Adam moments over the new gloo group -- the losses still those of the
     run that lost nothing."""
-    from netmorph.mesh.layout import Layout
-    from netmorph.mesh.shape import ModelShape
-    from netmorph.morph.layouts import train_config
-    from netmorph.parallel.run import reference
-
     before = temporaries()
     r = launch_cli(
         [
@@ -210,8 +212,7 @@ def test_morph_on_two_torchrun_jobs_takes_node_1_back_when_its_torchrun_restarts
     assert joined["reason"].startswith("a node joined (4 ranks: [6, 7]") and joined["to"] == "tp1·pp1·dp4", joined
     assert 15 <= joined["step"] <= 20 and joined["reshard_bytes"] > 1_000_000, joined
     assert out["redone_steps"] == 1 and out["static_runs"] == {}
-    losses, _, _ = reference(train_config(ModelShape(layers=4, hidden=32, heads=4, seq=16, vocab=64), Layout(), 30, 8))
-    assert out["final_loss"]["adaptive"] == pytest.approx(losses[-1], rel=1e-5)
+    assert out["final_loss"]["adaptive"] == pytest.approx(_one_rank_loss(30), rel=1e-5)
     time.sleep(0.5)
     # the checkpoints went to --checkpoint-dir (a shared filesystem's folder on a cluster), in a folder of their own
     # that rank 0 removed at the end

@@ -1,8 +1,10 @@
 """Emulated nodes on one box: the lighthouse and one torchrun job per node on 127.0.0.1 (``netmorph launch``).
 
 What a cluster runs -- ``netmorph lighthouse --port P`` on one host and on each node ``torchrun --nproc-per-node K
---max-restarts R -m netmorph SUBCOMMAND ... --lighthouse HOST:P --node-index I --nodes N`` -- started here as
-processes: each torchrun job its own session (its workers with it), its temporary files (torchrun's
+--max-restarts R -m netmorph SUBCOMMAND ... --lighthouse HOST:P --node-index I --nodes N`` -- started here: the
+lighthouse's store served by the launch itself (the same TCPStore server ``netmorph lighthouse`` runs, one
+interpreter fewer on a small box), and each torchrun job a process in its own session (its workers with it),
+its temporary files (torchrun's
 ``torchelastic_*`` logs) in a folder of the launch's, removed on every exit path. A node given a join step
 starts once the job has done that many steps (the members' progress in the lighthouse). SIGINT and SIGTERM reach
 every job; whatever is still running at the end is stopped. Every node's output is the launch's, as mpirun
@@ -23,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from netmorph.elastic.lighthouse import EXIT
+from netmorph.elastic.lighthouse import EXIT, listen
 from netmorph.errors import UsageError
 
 NO_RESULT = 1  # the job's code when every node ended and no worker reported one
@@ -125,7 +127,7 @@ class Cluster:
     def __init__(self, plan: Plan, stdout=None):
         self.plan, self.stdout = plan, stdout
         self.tmp = tempfile.mkdtemp(prefix="netmorph-launch-")
-        self.lighthouse: subprocess.Popen | None = None
+        self.lighthouse = None  # the lighthouse's TCPStore server, in this process (lighthouse.listen)
         self.jobs: dict[int, subprocess.Popen] = {}
         self.logs: dict[int, str] = {}
         self.lock = threading.Lock()
@@ -146,24 +148,9 @@ class Cluster:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def start(self, timeout: float = 60.0) -> None:
+    def start(self) -> None:
         p = self.plan
-        self.lighthouse = subprocess.Popen(
-            [sys.executable, "-m", "netmorph", "lighthouse", "--port", str(p.port), "--host", p.host],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=self.env,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + timeout
-        while True:  # until it listens
-            try:
-                socket.create_connection((p.host, p.port), timeout=1).close()
-                break
-            except OSError:
-                if self.lighthouse.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the lighthouse on port {p.port} did not start") from None
-                time.sleep(0.05)
+        self.lighthouse = listen(p.port, p.host)  # listening once it returns
         for n in range(p.nodes):
             if n not in p.joins:
                 self.start_node(n)
@@ -209,10 +196,9 @@ class Cluster:
 
     def signal_all(self, sig) -> None:
         """``sig`` to every job's whole process tree (torchrun starts its workers in sessions of their own, so a
-        signal to its group would miss them) and to the lighthouse."""
-        for proc in [*self.jobs.values(), self.lighthouse]:
-            if proc is not None:
-                kill_tree(proc.pid, sig)
+        signal to its group would miss them)."""
+        for proc in self.jobs.values():
+            kill_tree(proc.pid, sig)
 
     def kill_node(self, node: int) -> None:
         """SIGKILL node ``node``'s torchrun and all its workers at once: the node is gone, no agent restarts it."""
@@ -279,11 +265,11 @@ class Cluster:
         return "\n".join(text[-lines:])
 
     def stop(self) -> None:
-        """Every job and the lighthouse stopped (SIGTERM, then SIGKILL), the temporary folder removed."""
+        """Every job stopped (SIGTERM, then SIGKILL), then the lighthouse, the temporary folder removed."""
         self.stopping.set()
         self.signal_all(signal.SIGTERM)
         deadline = time.monotonic() + 10.0
-        procs = [p for p in [*self.jobs.values(), self.lighthouse] if p is not None]
+        procs = list(self.jobs.values())
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
             time.sleep(0.05)
         self.signal_all(signal.SIGKILL)
@@ -292,4 +278,5 @@ class Cluster:
                 p.wait(5)
             except subprocess.TimeoutExpired:
                 pass
+        self.lighthouse = None  # the server's last reference: it stops listening
         shutil.rmtree(self.tmp, ignore_errors=True)

@@ -46,15 +46,21 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def serve(port: int, host: str = "0.0.0.0", ready=None, stop: threading.Event | None = None) -> None:
-    """Run the lighthouse's store on ``port`` until SIGTERM or SIGINT (or ``stop``): torch's TCPStore server.
-    ``ready()`` is called once it listens."""
+def listen(port: int, host: str = "0.0.0.0"):
+    """The lighthouse's store listening on ``port``: torch's TCPStore server, served by its own thread in this
+    process for as long as the returned object lives. A port that cannot be listened on is a UsageError."""
     import torch.distributed as dist
 
     try:
-        server = dist.TCPStore(host, port, None, True, datetime.timedelta(seconds=30), False)
+        return dist.TCPStore(host, port, None, True, datetime.timedelta(seconds=30), False)
     except RuntimeError as e:  # the port is taken: one line, exit 2
         raise UsageError(f"{{port}} {port} cannot be listened on: {str(e).splitlines()[0][:160]}", "port") from None
+
+
+def serve(port: int, host: str = "0.0.0.0", ready=None, stop: threading.Event | None = None) -> None:
+    """Run the lighthouse's store on ``port`` until SIGTERM or SIGINT (or ``stop``) (:func:`listen`).
+    ``ready()`` is called once it listens."""
+    server = listen(port, host)
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
