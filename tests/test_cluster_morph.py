@@ -237,3 +237,21 @@ def test_morph_across_torchrun_jobs_refuses_a_node_back_that_torchrun_will_not_r
         timeout=60,
     )
     assert r.returncode == 2 and "--max-restarts 1 or more, got 0" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    "scenario,node,lost",
+    [
+        ("node-lost@8", 1, True),
+        ("node-hangs@12:0", 0, True),
+        ("node-lost@8:0", 1, False),
+        ("link-degrades@5x30,link-recovers@20", 1, False),
+    ],
+)
+def test_a_restarted_worker_knows_whether_the_scenario_lost_its_node(scenario, node, lost):
+    """A worker torchrun restarted where the scenario takes no node back leaves: quietly (exit 0) on the node the
+    scenario lost, with an error (exit 1) on one it did not -- that restart followed a failure of the node's own."""
+    from netmorph.morph.cluster import loses
+    from netmorph.morph.controller import parse_scenario
+
+    assert loses(parse_scenario(scenario), node) is lost

@@ -93,7 +93,7 @@ def control(args) -> int:
     if in_cluster(args):
         if args.late_nodes:
             raise UsageError("--late-node: morph's cluster starts every node at once", "late_node")
-        from netmorph.morph.cluster import Cluster, rejoins
+        from netmorph.morph.cluster import Cluster, loses, rejoins
         from netmorph.morph.controller import parse_scenario
 
         args.world = cluster_check(
@@ -107,14 +107,22 @@ def control(args) -> int:
             joins=rejoins(parse_scenario(args.scenario)),
             checkpoint_dir=args.checkpoint_dir,
         )
-        if cluster.leaves:  # the scenario lost this node for good; the run goes on without it
+        if cluster.leaves:  # restarted, and the scenario takes no node back
+            cluster.close()
+            if loses(parse_scenario(args.scenario), args.node):  # lost for good
+                print(
+                    f"# netmorph morph: node {args.node} restarted by torchrun after the scenario lost it; the run "
+                    "goes on without it (the scenario has no node-joins after the loss)",
+                    file=sys.stderr,
+                )
+                return 0
             print(
-                f"# netmorph morph: node {args.node} restarted by torchrun after the scenario lost it; the run "
-                "goes on without it (the scenario has no node-joins after the loss)",
+                f"netmorph morph: node {args.node} was restarted by torchrun after a worker of it failed, which the "
+                f"scenario did not do; morph takes a node back only at a node-joins step, so this one leaves "
+                f"(the first incarnation's log above says why it failed)",
                 file=sys.stderr,
             )
-            cluster.close()
-            return 0
+            return 1
     try:
         code = _control_on(args, cluster)
         if cluster is not None and cluster.head:  # it printed the job's result: its code is the job's
