@@ -42,7 +42,7 @@ def test_morph_on_two_torchrun_jobs_moves_when_the_link_between_them_degrades():
             "--",
             "morph",
             "--steps",
-            "40",
+            "30",
             "--segment",
             "5",
             "--compute-ms",
