@@ -251,7 +251,7 @@ def test_morph_across_torchrun_jobs_refuses_a_node_back_that_torchrun_will_not_r
 def test_a_restarted_worker_knows_whether_the_scenario_lost_its_node(scenario, node, lost):
     """A worker torchrun restarted where the scenario takes no node back leaves: quietly (exit 0) on the node the
     scenario lost, with an error (exit 1) on one it did not -- that restart followed a failure of the node's own."""
-    from netmorph.morph.cluster import loses
+    from netmorph.morph.cluster import lost as lost_node
     from netmorph.morph.controller import parse_scenario
 
-    assert loses(parse_scenario(scenario), node) is lost
+    assert (lost_node(parse_scenario(scenario)) == node) is lost

@@ -93,9 +93,10 @@ def control(args) -> int:
     if in_cluster(args):
         if args.late_nodes:
             raise UsageError("--late-node: morph's cluster starts every node at once", "late_node")
-        from netmorph.morph.cluster import Cluster, loses, rejoins
+        from netmorph.morph.cluster import Cluster, lost, rejoins
         from netmorph.morph.controller import parse_scenario
 
+        scenario = parse_scenario(args.scenario)
         args.world = cluster_check(
             args, args.nodes, int(os.environ["LOCAL_WORLD_SIZE"]), int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
         )
@@ -104,12 +105,12 @@ def control(args) -> int:
             args.node,
             args.nodes,
             args.timeout,
-            joins=rejoins(parse_scenario(args.scenario)),
+            joins=rejoins(scenario),
             checkpoint_dir=args.checkpoint_dir,
         )
         if cluster.leaves:  # restarted, and the scenario takes no node back
             cluster.close()
-            if loses(parse_scenario(args.scenario), args.node):  # lost for good
+            if lost(scenario) == args.node:  # lost for good (no node-joins: at most one loss)
                 print(
                     f"# netmorph morph: node {args.node} restarted by torchrun after the scenario lost it; the run "
                     "goes on without it (the scenario has no node-joins after the loss)",

@@ -25,7 +25,7 @@ import shutil
 import tempfile
 
 from netmorph.errors import UsageError
-from netmorph.morph.scenario import LOSSES, Scenario
+from netmorph.morph.scenario import Scenario
 
 LINKS = "netmorph/morph/links"  # rank 0's fitted links, for every worker's twin
 SCRATCH = "netmorph/morph/checkpoints"  # the folder the live loop's checkpoints go to
@@ -63,12 +63,6 @@ def check_cluster(nodes: int, k: int, world, scenario: Scenario, max_restarts: i
 def lost(scenario: Scenario) -> int | None:
     """The node the scenario loses (or hangs), None if none."""
     return next((e.node for e in scenario.events if e.loss), None)
-
-
-def loses(scenario: Scenario, node: int) -> bool:
-    """Whether the scenario takes ``node`` out of the job (killed or stopped): a worker torchrun restarted on a
-    node it did not lose was restarted after a failure of its own."""
-    return any(e.kind in LOSSES and e.node == node for e in scenario.events)
 
 
 def rejoins(scenario: Scenario) -> bool:
