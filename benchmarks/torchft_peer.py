@@ -14,7 +14,12 @@ global batch. Each system runs it its own way; one worker of the last node is SI
   (the gradients averaged inside a group over torchrun's own group, across groups by the Manager): the other
   groups go on, the killed group's torchrun restarts it and it heals from a live peer (torchft's checkpoint
   transport);
-- ``netmorph``: ``netmorph launch --nodes N --nproc-per-node K -- elastic --kill RANK@STEP``.
+- ``netmorph``: ``netmorph launch --nodes N --nproc-per-node K -- elastic --backend torch-native --kill
+  RANK@STEP``: netmorph's membership (heartbeats, the lighthouse's views, the survivors' agreement, a gloo group
+  per epoch) with the gradients averaged by the epoch group's own gloo all-reduce -- the collective torchft's
+  Manager calls on its quorum's group, so the two differ only in how they keep the membership;
+- ``netmorph_schedules``: the same with ``--backend torch`` (elastic's default), the gradients averaged by
+  netmorph's own schedules over the group's point-to-point, every message fingerprinted and counted.
 
 Per system: ``steady_step_s`` (median step, steps clear of the fault), ``recovery_s`` (the death to the next
 completed step), ``steps_redone`` (steps computed again after it), ``heal_s`` (a restarted node's workers' start
@@ -332,7 +337,7 @@ def run_torchft(nodes, k, tmp, kill_step) -> dict:
     return fig
 
 
-def run_netmorph(nodes, k, tmp, kill_step) -> dict:
+def run_netmorph(nodes, k, tmp, kill_step, backend) -> dict:
     victim = nodes * k - 1
     r = subprocess.run(
         [
@@ -352,6 +357,8 @@ def run_netmorph(nodes, k, tmp, kill_step) -> dict:
             str(STEPS),
             "--kill",
             f"{victim}@{kill_step}",
+            "--backend",
+            backend,
             "--json",
             "--timeout",
             "30",
@@ -378,7 +385,7 @@ def run_netmorph(nodes, k, tmp, kill_step) -> dict:
     }
 
 
-SYSTEMS = ("ddp", "torchft", "netmorph", "torchrun_restart")
+SYSTEMS = ("ddp", "torchft", "netmorph", "netmorph_schedules", "torchrun_restart")
 
 
 def main() -> int:
@@ -437,7 +444,8 @@ def main() -> int:
         for n in node_counts:
             table(by_nodes[n], systems)
     # a peer that broke is a figure of the comparison; netmorph breaking is a defect of ours
-    return 1 if any(v.get("netmorph", {}).get("failed_runs") for v in by_nodes.values()) else 0
+    mine = ("netmorph", "netmorph_schedules")
+    return 1 if any(v.get(s, {}).get("failed_runs") for v in by_nodes.values() for s in mine) else 0
 
 
 FIGURES = ("steady_step_s", "recovery_s", "steps_redone", "heal_s")
@@ -459,7 +467,7 @@ def measure(nodes: int, args, systems, tmp) -> dict:
                 elif s == "torchft":
                     results[s].append(run_torchft(nodes, k, tmp, ks))
                 else:
-                    results[s].append(run_netmorph(nodes, k, tmp, ks))
+                    results[s].append(run_netmorph(nodes, k, tmp, ks, "torch-native" if s == "netmorph" else "torch"))
             except (RuntimeError, subprocess.TimeoutExpired) as e:
                 reason = _reason(str(e))
                 print(f"torchft_peer: {nodes} nodes, {s} failed: {reason}", file=sys.stderr, flush=True)

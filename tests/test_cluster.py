@@ -150,14 +150,16 @@ def test_a_node_started_late_joins_and_is_healed():
 def test_a_whole_node_killed_is_found_and_the_others_go_on(monkeypatch):
     """Node 1's torchrun and its workers SIGKILLed from outside mid-run (no agent left to restart them): the
     survivors find it by the group's closed connections and the heartbeats, agree without it and finish, equal to
-    the failure-free run."""
+    the failure-free run. On gloo's own all-reduce (--backend torch-native), which names no peer when it fails:
+    the lost one is the member whose heartbeat stopped."""
     from netmorph.elastic.gpt import PROGRESS
     from netmorph.elastic.launcher import Cluster, Plan, free_port
     from netmorph.elastic.lighthouse import LighthouseStore
 
     monkeypatch.setattr(tempfile, "tempdir", ROOT)  # the launch's folder where the leftover check looks
     before = _tmp()
-    plan = Plan(2, 2, ["elastic", "--steps", "60", "--check", "--json", "--timeout", "20"], 0, {}, free_port())
+    argv = ["elastic", "--steps", "60", "--backend", "torch-native", "--check", "--json", "--timeout", "20"]
+    plan = Plan(2, 2, argv, 0, {}, free_port())
     with tempfile.TemporaryFile("w+") as out:
         with Cluster(plan, stdout=out) as cluster:
             cluster.start()

@@ -109,6 +109,14 @@ def add_parser(sub) -> None:
         "divides --nproc-per-node): a replica is one node's T x P workers, data parallel across "
         "nodes (default 1)",
     )
+    c.add_argument(
+        "--backend",
+        default="torch",
+        choices=("torch", "torch-native"),
+        help="the collectives across a cluster: torch (default), netmorph's schedules over each epoch "
+        "group's point-to-point, every message fingerprinted and counted; or torch-native, the epoch "
+        "group's own (gloo's, NCCL's), as torchft runs its quorum's process group",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run, flags=FLAGS)
 
@@ -176,7 +184,7 @@ def _cluster(args):
     cfg.check()
     from netmorph.elastic.node import run as run_node
 
-    return cfg, run_node(cfg, args.lighthouse, args.node, check=args.check)
+    return cfg, run_node(cfg, args.lighthouse, args.node, check=args.check, native=args.backend == "torch-native")
 
 
 def run(args) -> int:
@@ -192,6 +200,11 @@ def run(args) -> int:
         return report(args, _print(args, cfg, out, gpt))
     cfg = replace(cfg, tp=args.tp, pp=args.pp)  # > 1 is refused on one box: a node is its failure domain
     cfg.check()
+    if args.backend != "torch":
+        raise UsageError(
+            f"--backend {args.backend} picks the collectives across a cluster's nodes; on one box elastic "
+            "runs on netmorph's fabric: run it under netmorph launch"
+        )
     if not 1 <= args.checkpoint_every <= (cfg.steps if args.compare else 100_000):  # vs --steps: --compare's
         raise UsageError(
             f"--checkpoint-every must be in 1..{'--steps ' + str(cfg.steps) if args.compare else 100_000}"

@@ -125,10 +125,11 @@ def confirm_lost(comm, err) -> bool:
     return True
 
 
-def join(lighthouse: str, node: int, nodes: int, timeout: float, fingerprints: bool = True):
+def join(lighthouse: str, node: int, nodes: int, timeout: float, fingerprints: bool = True, native: bool = False):
     """This torchrun worker's communicator in the cluster: connected to the lighthouse, no group until its first
     view (``comm.reform``). ``comm.placement``, ``comm.liveness`` and ``comm.store`` say where it is, whom it
-    knows dead, and where the members meet."""
+    knows dead, and where the members meet. Its collectives are netmorph's schedules over the epoch group's
+    point-to-point, or with ``native`` the group's own (gloo's, NCCL's: ``--backend torch-native``)."""
     from netmorph.cost.topology import PRESETS
     from netmorph.runtime.comm import Comm
     from netmorph.runtime.heap import freeze_heap
@@ -143,7 +144,12 @@ def join(lighthouse: str, node: int, nodes: int, timeout: float, fingerprints: b
     store = LighthouseStore(host, port, timeout)
     world = max(place.launched, place.slot + 1)
     transport = TorchTransport(place.slot, world, timeout, group=StoreOnly(store))
-    comm = Comm(transport, place.slot, world, tuner_topology=PRESETS["flat"], fingerprints=fingerprints)
+    if native:
+        from netmorph.runtime.native import NativeComm
+
+        comm = NativeComm(transport, place.slot, world, fingerprints=fingerprints)
+    else:
+        comm = Comm(transport, place.slot, world, tuner_topology=PRESETS["flat"], fingerprints=fingerprints)
     comm.store, comm.placement, comm.liveness = store, place, Liveness()
     freeze_heap()
     return comm

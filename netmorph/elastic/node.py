@@ -67,9 +67,10 @@ def _deaths(store, slots) -> list:
     return out
 
 
-def run(cfg: ElasticConfig, lighthouse: str, node: int, check: bool = False) -> dict | None:
-    """This worker's part of the job; the summary on the final view's rank 0, None elsewhere."""
-    comm = join(lighthouse, node, cfg.nodes, cfg.timeout)
+def run(cfg: ElasticConfig, lighthouse: str, node: int, check: bool = False, native: bool = False) -> dict | None:
+    """This worker's part of the job (``native``: on the epoch groups' own collectives); the summary on the final
+    view's rank 0, None elsewhere."""
+    comm = join(lighthouse, node, cfg.nodes, cfg.timeout, native=native)
     comm.clock = time.time  # events timed across hosts (the wall clock)
     comm.started_at = process_start()  # a joiner's heal is timed from its process's start
     store, place = comm.store, comm.placement

@@ -24,6 +24,8 @@ from netmorph.runtime.transport.errors import torch_mismatch_text as _torch_mism
 _MISMATCH_KEY = "netmorph/collective-mismatch"
 # how long a rank that timed out waits for each rank on its wait-for chain to post what it waits for
 WALK_WINDOW = 0.6
+# how long a rank whose collective lost an unnamed peer waits for a member to stop beating (Diagnosis.stopped)
+STOP_WINDOW = 1.0
 
 
 def _same_host() -> bool:
@@ -64,7 +66,7 @@ class Diagnosis:
             # posting the (different) call it was in right now
             err = self._walk(peer, 0.5, only_mismatch=True)
             if err is None:
-                root = self._root_of(peer)
+                root = self._root_of(peer if peer >= 0 else self._stopped_member(STOP_WINDOW))
                 via = f"; rank {peer} failed because it lost rank {root}" if root != peer else ""
                 err = PeerLost(root, f"torch.distributed: {text}{via}")
         if err is None:
@@ -80,6 +82,22 @@ class Diagnosis:
         self._post_failure(err)
         self.group.abort()  # an epoch's group: every peer blocked on us fails now, not later
         return err
+
+    def _stopped_member(self, window: float) -> int:
+        """Which peer a collective lost when torch does not say (its own collectives name no peer): the member of
+        this epoch's group that has stopped beating, waited for up to ``window`` seconds (a dead peer's silence
+        reaches the threshold a moment after its connections close); -1 when none does, or nothing says."""
+        members = [m for m in getattr(self.group, "members", ()) if m != self.rank]
+        if self.stopped is None or not members:
+            return -1
+        deadline = time.monotonic() + window
+        while True:
+            for m in members:
+                if self.stopped(m):
+                    return m
+            if time.monotonic() >= deadline:
+                return -1
+            time.sleep(0.01)
 
     def _post_failure(self, err) -> None:
         """Say in the store whom this rank lost, so a rank that then loses *us* can name the root:

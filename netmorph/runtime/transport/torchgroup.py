@@ -141,17 +141,37 @@ class EpochGroup:
         self.epoch, self.members, self.slot = epoch, tuple(members), slot
         self.route = {s: i for i, s in enumerate(self.members)}
         self._store = store
-        prefix = dist.PrefixStore(
-            f"netmorph/pg/{epoch}/", getattr(store, "raw", store)
-        )  # a LighthouseStore: its TCPStore
-        wait = datetime.timedelta(seconds=timeout)
-        before = socket_fds()
-        self.pg = dist.ProcessGroupGloo(prefix, self.route[slot], len(self.members), wait)
-        self.nccl = None
-        if torch.cuda.is_available() and dist.is_nccl_available():
-            self.nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl/", prefix), self.route[slot], len(self.members))
-        self.fds = connected(socket_fds() - before)  # the connections this group made (gloo's full mesh)
+        self._raw = getattr(store, "raw", store)  # a LighthouseStore: its TCPStore
+        self._wait = datetime.timedelta(seconds=timeout)
+        self._cuda = torch.cuda.is_available() and dist.is_nccl_available()
+        self.fds: list = []  # the connections this group and its subgroups made (gloo's full mesh)
         self.aborted = False
+        self.pg, self.nccl = self._build(f"netmorph/pg/{epoch}/", self.route[slot], len(self.members))
+        self._subgroups = {tuple(range(len(self.members))): (self.pg, self.nccl)}
+
+    def _build(self, prefix: str, rank: int, size: int):
+        """A gloo group (and an NCCL one beside it where there are GPUs) of ``size`` over ``prefix`` of the store;
+        its connections join :attr:`fds`, for :meth:`abort`."""
+        dist = dist_module()
+        store = dist.PrefixStore(prefix, self._raw)
+        before = socket_fds()
+        gloo = dist.ProcessGroupGloo(store, rank, size, self._wait)
+        nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl/", store), rank, size) if self._cuda else None
+        self.fds += connected(socket_fds() - before)
+        return gloo, nccl
+
+    def process_group(self, ranks, cuda: bool = False):
+        """The process group among ``ranks`` (this epoch's numbering: member i is rank i), in their order -- the
+        whole epoch's, or a subgroup built the first time it is asked for, over its own prefix of the epoch's
+        store (only its members build it, together: the constructor meets them there), as
+        ``ncclCommSplit`` carves a tensor-parallel group out of the world's communicator; NCCL's for ``cuda``."""
+        ranks = tuple(ranks)
+        if ranks not in self._subgroups:
+            me = self.route[self.slot]
+            name = "-".join(map(str, ranks))
+            self._subgroups[ranks] = self._build(f"netmorph/pg/{self.epoch}/sub/{name}/", ranks.index(me), len(ranks))
+        gloo, nccl = self._subgroups[ranks]
+        return nccl if cuda and nccl is not None else gloo
 
     def size(self) -> int:
         return len(self.members)
@@ -178,8 +198,9 @@ class EpochGroup:
         if not self.aborted:
             self.aborted = True
             shut(self.fds)
-            if self.nccl is not None:
-                self.nccl.abort()
+            for _, nccl in self._subgroups.values():
+                if nccl is not None:
+                    nccl.abort()
 
     def close(self) -> None:
         self.abort()
