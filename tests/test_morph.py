@@ -269,6 +269,8 @@ def test_bad_morph_run_input_is_one_line(capsys):
         (["--world", "6"], "--world"),
         (["--segment", "1"], "--segment"),
         (["--steps", "5", "--segment", "9"], "--segment"),
+        (["--static", "0", "--compare"], "--static 1 or more"),
+        (["--static", "-1"], "--static"),
     ):
         assert main(["morph", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()

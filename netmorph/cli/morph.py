@@ -52,9 +52,10 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--static",
-        type=int_in(1, 64),
+        type=int_in(0, 64),
         default=4,
-        help="run: how many static layouts to run beside it: the start split, then the best-ranked (default 4)",
+        help="run: how many static layouts to run beside it: the start split, then the best-ranked (default 4; "
+        "0: the adaptive run alone, its time compared with nothing)",
     )
     p.add_argument(
         "--compute-ms",

@@ -157,6 +157,8 @@ def _control_on(args, cluster) -> int:
         model, args.global_batch, world, args.timeout, args.compute_ms, args.inter_node_mbps, args.checkpoint_every
     )
     workers = None if cluster is None else cluster.comm  # a cluster: the runs are on this communicator
+    if args.compare and args.static == 0:
+        raise UsageError("--compare restarts the start split beside its static run: --static 1 or more", "static")
 
     def head() -> bool:  # whether this process prints: rank 0 now (a survivor's once a loss of node 0 renumbers)
         return cluster is None or cluster.head
@@ -225,7 +227,7 @@ def _control_on(args, cluster) -> int:
         fits = [] if math.isinf(tight) else replace(twin, memory_share=tight).layouts(world, model.seq)[:1]
         # a cluster that lost a node has no second node left for the static splits: the adaptive run alone
         alone = cluster is not None and membership_changes(scenario)
-        for lay in [] if alone else list(dict.fromkeys(ranked[: args.static] + fits)):
+        for lay in [] if alone or args.static == 0 else list(dict.fromkeys(ranked[: args.static] + fits)):
             say(f"static {lay.tag()} ...", flush=True)
             with bar.task(f"static {lay.tag()}"):
                 statics[lay.tag()] = run_static(
@@ -327,6 +329,8 @@ def _control_on(args, cluster) -> int:
         f" against {total(statics[start.tag()], 'the start split ' + start.tag())} and "
         f"{total(statics[best_static], f'the best of the {len(statics)} static splits run, ' + best_static)}"
         if statics
+        else " (no static split beside it: --static 0)"
+        if args.static == 0
         else f" (no static split beside it: across torchrun jobs this run's loss took node {lost(scenario)}'s workers)"
     )
     print(
