@@ -61,3 +61,35 @@ def launch_cli(argv, timeout=200):
         _, err = p.communicate(timeout=60)
         pytest.fail(f"launch {' '.join(argv)} ran past {timeout} s:\n{err[-3000:]}")
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def spawn_ranks(target, world: int, results: int, timeout: float = 60) -> list:
+    """``target(rank, world, store_path, queue)`` in ``world`` spawned processes meeting at a FileStore in a
+    temporary folder: the first ``results`` items they put on the queue. Every process is reaped on any exit."""
+    import multiprocessing as mp
+    from multiprocessing import resource_tracker
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = []
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            procs = [ctx.Process(target=target, args=(r, world, os.path.join(d, "store"), q)) for r in range(world)]
+            for p in procs:
+                p.start()
+            got = [q.get(timeout=timeout) for _ in range(results)]
+            for p in procs:
+                p.join(30)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        q.close()
+        q.join_thread()
+        del q
+        # the spawn Queue's semaphore started multiprocessing's resource tracker, a child of this test process
+        # for the rest of its life: stopped here (as CPython's own tests do), so a later test's leak check that
+        # counts this process's children sees only its own
+        resource_tracker._resource_tracker._stop()
+    return got

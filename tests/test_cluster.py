@@ -16,7 +16,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from clusters import ENV, ROOT
+from clusters import ENV, ROOT, spawn_ranks
 from clusters import launch_cli as _launch
 from clusters import leftovers as _leftovers
 from clusters import netmorph_processes as _netmorph_processes
@@ -208,32 +208,7 @@ def test_an_aborted_epoch_group_fails_every_peer_at_once_and_the_survivors_form_
     """gloo's own abort leaves a peer blocked on us waiting out its whole timeout (30 s here); EpochGroup.abort
     closes the group's connections, so rank 2 -- blocked on rank 1, which only lost rank 0 -- fails in well under a
     second, and ranks 1 and 2 build epoch 1's group and all-reduce in it."""
-    import multiprocessing as mp
-    from multiprocessing import resource_tracker
-
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = []
-    try:
-        with tempfile.TemporaryDirectory() as d:
-            procs = [ctx.Process(target=_cascade, args=(r, 3, os.path.join(d, "store"), q)) for r in range(3)]
-            for p in procs:
-                p.start()
-            got = [q.get(timeout=60) for _ in range(4)]
-            for p in procs:
-                p.join(30)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-        q.close()
-        q.join_thread()
-        del q
-        # the spawn Queue's semaphore started multiprocessing's resource tracker, a child of this test process
-        # for the rest of its life: stopped here (as CPython's own tests do), so a later test's leak check that
-        # counts this process's children sees only its own
-        resource_tracker._resource_tracker._stop()
+    got = spawn_ranks(_cascade, 3, 4)
     failed = {r: v for r, v in got if isinstance(v, float)}
     summed = {r: v for r, v in got if isinstance(v, list)}
     assert set(failed) == {1, 2} and max(failed.values()) < 3.0, failed

@@ -9,13 +9,9 @@ out-of-order subgroup, before and after a reform that renumbers the survivors.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import tempfile
-from multiprocessing import resource_tracker
-
 import numpy as np
 import pytest
+from clusters import spawn_ranks
 
 from netmorph.cli import main
 
@@ -68,26 +64,7 @@ def test_native_collectives_on_epoch_groups_and_their_subgroups_equal_the_closed
     """Three processes, no default group: world all-reduce, a broadcast in the subgroup [2, 0] (rooted at global
     rank 2, its group rank 0), reduce, all-gather, reduce-scatter, all-to-all, barrier; then epoch 1 among slots
     (2, 0), renumbered 0 and 1, with an average and a broadcast from its rank 0."""
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = []
-    try:
-        with tempfile.TemporaryDirectory() as d:
-            procs = [ctx.Process(target=_collectives, args=(s, 3, os.path.join(d, "store"), q)) for s in range(3)]
-            for p in procs:
-                p.start()
-            got = dict(q.get(timeout=60) for _ in range(3))
-            for p in procs:
-                p.join(30)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-        q.close()
-        q.join_thread()
-        del q  # its semaphore unlinked before the tracker stops
-        resource_tracker._resource_tracker._stop()  # as test_cluster's cascade: no tracker left for leak checks
+    got = dict(spawn_ranks(_collectives, 3, 3))
     for slot, out in got.items():
         assert out["all_reduce"] == [6.0] * 4
         assert out["broadcast"] == ([20.0] * 3 if slot in (0, 2) else [10.0] * 3)
