@@ -58,7 +58,7 @@ def test_a_model_split_within_each_node_survives_a_worker_killed_and_the_node_ba
     assert [e["members"] for e in out["epochs"]] == epochs
     assert [e["kind"] for e in out["events"]] == ["kill", "join"] and out["events"][0]["steps_redone"] <= 1
     assert out["events"][0]["ranks"] == [kill] and sorted(out["events"][1]["rank"]) == epochs[2][2:]
-    assert out["max_rel_loss_diff"] <= 1e-12 and out["max_rel_param_diff"] <= 1e-9
+    assert out["max_rel_loss_diff"] <= 1e-12 and out["max_rel_param_diff"] <= 1e-9 and out["backend"] == "torch"
     assert "node 1: torchrun --nnodes 1 --nproc-per-node 2 --max-restarts 2 -m netmorph elastic" in r.stderr
     time.sleep(0.5)
     assert _leftovers(before) == [] and _netmorph_processes() == []
@@ -173,6 +173,7 @@ def test_a_whole_node_killed_is_found_and_the_others_go_on(monkeypatch):
         out.seek(0)
         doc = json.loads(out.read())
     assert doc["events"][0]["kind"] == "kill" and doc["epochs"][-1]["members"] == [0, 1]
+    assert doc["backend"] == "torch-native"
     assert doc["max_rel_loss_diff"] <= 1e-12 and doc["max_rel_param_diff"] <= 1e-9
     assert _leftovers(before) == [] and _netmorph_processes() == []
 

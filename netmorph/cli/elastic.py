@@ -256,12 +256,17 @@ def _print(args, cfg, out, gpt: bool) -> int:
     if inside:
         where += f", {' x '.join(inside)} within each node, data parallel across"
     over = "replicas" if inside else "members"
+    coll = {  # a cluster: whose collectives run on the membership epochs' gloo groups
+        "torch-native": "; collectives: gloo's own on each membership epoch's group",
+        "torch": "; collectives: netmorph's schedules over each membership epoch's gloo group",
+    }.get(out.get("backend"), "")
     print(
         f"# netmorph elastic: {what} on {where} (min {cfg.min_workers}), {cfg.steps} steps, global "
         f"batch {cfg.global_batch}{' sequences' if gpt else ''} re-split over the {over}; kills: "
         + (", ".join(f"rank {r} in step {s}" for r, s in cfg.kills) or "none")
         + ("; hangs: " + ", ".join(f"rank {r} in step {s}" for r, s in cfg.hangs) if cfg.hangs else "")
         + ("; joins: " + ", ".join(f"{n} at step {s}" for n, s in cfg.joins) if cfg.joins else "")
+        + coll
     )
     wide = max(20, *(len(str(e["members"])) for e in out["epochs"]))
     print(f"{'epoch':>5} {'members':<{wide}} {'from step':>9}")

@@ -91,6 +91,7 @@ def run(cfg: ElasticConfig, lighthouse: str, node: int, check: bool = False, nat
                 launched = range(max(m for e in results[0]["epochs"] for m in e[1]) + 1)
                 out = summary(cfg, results, _deaths(store, launched), t0, time.time() - t0, check)
                 out["nodes"], out["nproc_per_node"] = cfg.nodes, place.local_world
+                out["backend"] = "torch-native" if native else "torch"
                 healed = [r["healed"] for r in results if "healed" in r]
                 if healed:  # a node back: from its workers' asking to their first step
                     out["heal_s"] = max(h["first_step_at"] for h in healed) - min(h["asked_at"] for h in healed)
