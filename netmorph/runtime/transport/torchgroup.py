@@ -141,7 +141,6 @@ class EpochGroup:
         self.epoch, self.members, self.slot = epoch, tuple(members), slot
         self.route = {s: i for i, s in enumerate(self.members)}
         self._store = store
-        self._raw = getattr(store, "raw", store)  # a LighthouseStore: its TCPStore
         self._wait = datetime.timedelta(seconds=timeout)
         self._cuda = torch.cuda.is_available() and dist.is_nccl_available()
         self.fds: list = []  # the connections this group and its subgroups made (gloo's full mesh)
@@ -153,7 +152,8 @@ class EpochGroup:
         """A gloo group (and an NCCL one beside it where there are GPUs) of ``size`` over ``prefix`` of the store;
         its connections join :attr:`fds`, for :meth:`abort`."""
         dist = dist_module()
-        store = dist.PrefixStore(prefix, self._raw)
+        # a LighthouseStore's TCPStore as it is now: a subgroup built after a lighthouse restart meets on the new one
+        store = dist.PrefixStore(prefix, getattr(self._store, "raw", self._store))
         before = socket_fds()
         gloo = dist.ProcessGroupGloo(store, rank, size, self._wait)
         nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl/", store), rank, size) if self._cuda else None
