@@ -55,6 +55,11 @@ def _collectives(slot: int, world: int, path: str, q) -> None:
         z = np.full(2, float(slot))
         comm.broadcast(z, 0)
         out["epoch 1"] = (comm.rank, comm.world, y.tolist(), z.tolist())
+        comm.reform((2, 0), 2)  # not renumbered: ranks stay the launch's slots, the group is the view's order
+        w = np.full(2, 10.0 * slot)
+        comm.broadcast(w, 2)
+        comm.all_reduce(w, op="max")
+        out["epoch 2"] = (comm.rank, w.tolist())
     q.put((slot, out))
     comm.transport.close()
 
@@ -63,7 +68,8 @@ def _collectives(slot: int, world: int, path: str, q) -> None:
 def test_native_collectives_on_epoch_groups_and_their_subgroups_equal_the_closed_forms():
     """Three processes, no default group: world all-reduce, a broadcast in the subgroup [2, 0] (rooted at global
     rank 2, its group rank 0), reduce, all-gather, reduce-scatter, all-to-all, barrier; then epoch 1 among slots
-    (2, 0), renumbered 0 and 1, with an average and a broadcast from its rank 0."""
+    (2, 0), renumbered 0 and 1, with an average and a broadcast from its rank 0; then epoch 2 among the same
+    two without renumbering (ranks stay 2 and 0), a broadcast from rank 2."""
     got = dict(spawn_ranks(_collectives, 3, 3))
     for slot, out in got.items():
         assert out["all_reduce"] == [6.0] * 4
@@ -74,6 +80,7 @@ def test_native_collectives_on_epoch_groups_and_their_subgroups_equal_the_closed
         assert out["all_to_all"] == [slot + 0.0, slot + 10.0, slot + 20.0]
     assert got[2]["epoch 1"] == (0, 2, [0.5, 1.0], [2.0, 2.0])
     assert got[0]["epoch 1"] == (1, 2, [0.5, 1.0], [2.0, 2.0])
+    assert got[2]["epoch 2"] == (2, [20.0, 20.0]) and got[0]["epoch 2"] == (0, [20.0, 20.0])
     assert "epoch 1" not in got[1]
 
 

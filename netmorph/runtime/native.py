@@ -121,7 +121,8 @@ class NativeComm(CommBase):
         if epoch is None:
             return _Registered(None if group is None else group.pg)
         g = group or self.WORLD
-        return _Unregistered(epoch.process_group(g.ranks, cuda=tensor.device.type == "cuda"), g.index)
+        ranks = tuple(epoch.route[self.wire(r)] for r in g.ranks)  # the epoch's numbering (its view's order)
+        return _Unregistered(epoch.process_group(ranks, cuda=tensor.device.type == "cuda"), g.index)
 
     @staticmethod
     def _alone(group) -> bool:
