@@ -148,6 +148,8 @@ def _control_on(args, cluster) -> int:
     from netmorph.morph.members import membership_changes
     from netmorph.morph.scenario import LOSSES
 
+    if args.compare and args.static == 0:
+        raise UsageError("--compare restarts the start split beside its static run: --static 1 or more", "static")
     world = 8 if args.world is None else args.world
     steps = 100 if args.steps is None else args.steps
     scenario = parse_scenario(args.scenario)
@@ -157,8 +159,6 @@ def _control_on(args, cluster) -> int:
         model, args.global_batch, world, args.timeout, args.compute_ms, args.inter_node_mbps, args.checkpoint_every
     )
     workers = None if cluster is None else cluster.comm  # a cluster: the runs are on this communicator
-    if args.compare and args.static == 0:
-        raise UsageError("--compare restarts the start split beside its static run: --static 1 or more", "static")
 
     def head() -> bool:  # whether this process prints: rank 0 now (a survivor's once a loss of node 0 renumbers)
         return cluster is None or cluster.head

@@ -182,7 +182,8 @@ class NativeComm(CommBase):
 
         def call():
             work = copy_of(inp)
-            self._on(group, to_torch(work)).all_reduce(to_torch(work), op)
+            t = to_torch(work)
+            self._on(group, t).all_reduce(t, op)
             out[:] = work[me * len(out) : (me + 1) * len(out)]
             if op == "avg":
                 out[:] /= self.get_world_size(group)
