@@ -41,9 +41,10 @@ pytestmark = pytest.mark.timeout(240)
 def test_a_model_split_within_each_node_survives_a_worker_killed_and_the_node_back(split, kill, batch, steps, epochs):
     """elastic --tp 2 or --pp 2 on 2 nodes x 2, data parallel across the nodes: each node's two workers are one
     replica's tensor-parallel group (consecutive ranks: tp innermost) or its two pipeline stages (Megatron numbers
-    pp outermost, so the communicator's ranks interleave the nodes). A worker is killed mid-step: its node-mate is
-    dead with it (the node goes whole), the survivors' in-replica calls caught in the aborted group are the loss
-    and not a deadlock; the node comes back under new slots, each worker handed its shard (its tp rank's, or its
+    pp outermost, so the communicator's ranks interleave the nodes), on the node's own torchrun process group. A
+    worker is killed mid-step: its node-mate is dead with it (the node goes whole); a survivor's failed call
+    across the nodes is held to the step's vote, so both node-mates leave the step together and neither is left
+    blocked in the node's group, which nothing aborts; the node comes back under new slots, each worker handed its shard (its tp rank's, or its
     stage's) by the survivor holding the same one -- and the whole model equals the 1-rank run's. The pipeline
     case loses node 0, the job's first rank 0: the summary comes from the final view's rank 0 (slot 2, node 1),
     and launch exits with the code it reports. (The issue's must-hold: 2 nodes x 2 workers under launch, a worker
@@ -59,6 +60,7 @@ def test_a_model_split_within_each_node_survives_a_worker_killed_and_the_node_ba
     assert [e["kind"] for e in out["events"]] == ["kill", "join"] and out["events"][0]["steps_redone"] <= 1
     assert out["events"][0]["ranks"] == [kill] and sorted(out["events"][1]["rank"]) == epochs[2][2:]
     assert out["max_rel_loss_diff"] <= 1e-12 and out["max_rel_param_diff"] <= 1e-9 and out["backend"] == "torch"
+    assert out["node_group"]  # the node-mates' calls ran on their torchrun job's own group
     assert "node 1: torchrun --nnodes 1 --nproc-per-node 2 --max-restarts 2 -m netmorph elastic" in r.stderr
     time.sleep(0.5)
     assert _leftovers(before) == [] and _netmorph_processes() == []
@@ -173,7 +175,7 @@ def test_a_whole_node_killed_is_found_and_the_others_go_on(monkeypatch):
         out.seek(0)
         doc = json.loads(out.read())
     assert doc["events"][0]["kind"] == "kill" and doc["epochs"][-1]["members"] == [0, 1]
-    assert doc["backend"] == "torch-native"
+    assert doc["backend"] == "torch-native" and doc["node_group"] is False  # data parallel only
     assert doc["max_rel_loss_diff"] <= 1e-12 and doc["max_rel_param_diff"] <= 1e-9
     assert _leftovers(before) == [] and _netmorph_processes() == []
 

@@ -260,6 +260,8 @@ def _print(args, cfg, out, gpt: bool) -> int:
         "torch-native": "; collectives: gloo's own on each membership epoch's group",
         "torch": "; collectives: netmorph's schedules over each membership epoch's gloo group",
     }.get(out.get("backend"), "")
+    if out.get("node_group"):
+        coll += "; within a node: its torchrun job's own process group, kept across the epochs"
     print(
         f"# netmorph elastic: {what} on {where} (min {cfg.min_workers}), {cfg.steps} steps, global "
         f"batch {cfg.global_batch}{' sequences' if gpt else ''} re-split over the {over}; kills: "

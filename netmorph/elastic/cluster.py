@@ -125,11 +125,24 @@ def confirm_lost(comm, err) -> bool:
     return True
 
 
-def join(lighthouse: str, node: int, nodes: int, timeout: float, fingerprints: bool = True, native: bool = False):
+def join(
+    lighthouse: str,
+    node: int,
+    nodes: int,
+    timeout: float,
+    fingerprints: bool = True,
+    native: bool = False,
+    node_group: bool = False,
+):
     """This torchrun worker's communicator in the cluster: connected to the lighthouse, no group until its first
     view (``comm.reform``). ``comm.placement``, ``comm.liveness`` and ``comm.store`` say where it is, whom it
     knows dead, and where the members meet. Its collectives are netmorph's schedules over the epoch group's
-    point-to-point, or with ``native`` the group's own (gloo's, NCCL's: ``--backend torch-native``)."""
+    point-to-point, or with ``native`` the group's own (gloo's, NCCL's: ``--backend torch-native``).
+
+    ``node_group`` (tensor or pipeline parallelism inside each node): the calls among node-mates go over the
+    torchrun job's own process group (``comm.node_transport``, a
+    :class:`~netmorph.runtime.transport.torchgroup.NodeGroup` kept across the epochs), and a failure across the
+    nodes is held until the step's vote (``comm.should_commit``)."""
     from netmorph.cost.topology import PRESETS
     from netmorph.runtime.comm import Comm
     from netmorph.runtime.heap import freeze_heap
@@ -151,6 +164,12 @@ def join(lighthouse: str, node: int, nodes: int, timeout: float, fingerprints: b
     else:
         comm = Comm(transport, place.slot, world, tuner_topology=PRESETS["flat"], fingerprints=fingerprints)
     comm.store, comm.placement, comm.liveness = store, place, Liveness()
+    if node_group and place.local_world > 1:
+        from netmorph.runtime.transport.torchgroup import NodeGroup
+
+        comm.node_transport = TorchTransport(
+            place.slot, world, timeout, group=NodeGroup(place.slot, place.local_world, timeout)
+        )
     freeze_heap()
     return comm
 
@@ -192,4 +211,6 @@ def stopped_after(comm, dog: Watchdog, interval: float) -> None:
     if getattr(comm, "liveness", None) is None:
         return
     comm.liveness.silence, comm.liveness.stale = dog.silent_for, STALE_BEATS * interval
-    comm.transport.stopped = comm.liveness.stopped
+    for t in (comm.transport, comm.node_transport):
+        if t is not None:
+            t.stopped = comm.liveness.stopped

@@ -133,7 +133,21 @@ def gpt_rank(comm, cfg):
 
     arm = arm_faults(comm, dies_at, hangs_at)
 
+    def quorum(done):
+        """How many asked to join, agreed by every member (an all-reduce of the count each read); None after the
+        last step or off a cluster."""
+        if not cluster or done >= cfg.steps:
+            return None
+        asked = np.array([len(rdzv.requests(view.epoch))], dtype=np.int64)
+        with comm.phase("elastic.quorum"):
+            comm.all_reduce(asked, op="max")
+        return int(asked[0])
+
     def commit(done, snapshot, loss):
+        asked = None
+        if comm.node_transport is not None:  # a failed step is left here, by all node-mates together: none of it kept
+            asked = quorum(done)
+            comm.should_commit()
         commits[done] = snapshot()
         for k in [k for k in commits if k < done - 1]:
             del commits[k]
@@ -148,12 +162,10 @@ def gpt_rank(comm, cfg):
         timeline.append((clock(), done, len(view.members)))
         if cluster and comm.rank == 0:
             comm.store.set(PROGRESS, str(done))  # how far the job is (netmorph launch starts a late node by it)
-        if cluster and done < cfg.steps:
-            asked = np.array([len(rdzv.requests(view.epoch))], dtype=np.int64)
-            with comm.phase("elastic.quorum"):
-                comm.all_reduce(asked, op="max")
-            if whole_nodes(rdzv.requests(view.epoch, int(asked[0])), comm.placement.local_world):
-                raise _Join(done, int(asked[0]))
+        if asked is None:
+            asked = quorum(done)
+        if asked is not None and whole_nodes(rdzv.requests(view.epoch, asked), comm.placement.local_world):
+            raise _Join(done, asked)
         arm(done)
 
     def reformed(new_view):
@@ -376,6 +388,7 @@ def _handed(comm, state, world: int, cfg) -> dict:
         buf[:] = np.concatenate([s["params"], s["m"], s["v"], [s["t"]]])
     with comm.phase("elastic.join"):
         comm.broadcast(buf, root, comm.new_group(holders) if cfg_mp(cfg) > 1 else None)
+    comm.should_commit()  # a node's workers agree that every one of them was handed its shard
     if state is not None and comm.rank != root:
         return state
     return {"params": buf[:n], "m": buf[n : 2 * n], "v": buf[2 * n : 3 * n], "t": int(buf[-1])}

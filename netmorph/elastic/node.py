@@ -70,7 +70,7 @@ def _deaths(store, slots) -> list:
 def run(cfg: ElasticConfig, lighthouse: str, node: int, check: bool = False, native: bool = False) -> dict | None:
     """This worker's part of the job (``native``: on the epoch groups' own collectives); the summary on the final
     view's rank 0, None elsewhere."""
-    comm = join(lighthouse, node, cfg.nodes, cfg.timeout, native=native)
+    comm = join(lighthouse, node, cfg.nodes, cfg.timeout, native=native, node_group=gpt.cfg_mp(cfg) > 1)
     comm.clock = time.time  # events timed across hosts (the wall clock)
     comm.started_at = process_start()  # a joiner's heal is timed from its process's start
     store, place = comm.store, comm.placement
@@ -92,6 +92,7 @@ def run(cfg: ElasticConfig, lighthouse: str, node: int, check: bool = False, nat
                 out = summary(cfg, results, _deaths(store, launched), t0, time.time() - t0, check)
                 out["nodes"], out["nproc_per_node"] = cfg.nodes, place.local_world
                 out["backend"] = "torch-native" if native else "torch"
+                out["node_group"] = comm.node_transport is not None  # node-mates' calls on torchrun's own group
                 healed = [r["healed"] for r in results if "healed" in r]
                 if healed:  # a node back: from its workers' asking to their first step
                     out["heal_s"] = max(h["first_step_at"] for h in healed) - min(h["asked_at"] for h in healed)
@@ -99,4 +100,4 @@ def run(cfg: ElasticConfig, lighthouse: str, node: int, check: bool = False, nat
                 return out
         return None
     finally:
-        comm.transport.close()
+        comm.close()

@@ -71,8 +71,16 @@ class Comm(CommBase):
         self, op, algo, g: Group, count, like, regions, redop="sum", root=0, splits=None, uneven=False, in_place=True
     ):
         """Run collective ``op`` on ``regions`` (arrays or tensors like ``like``: its dtype and itemsize);
-        ``in_place=False``: the schedule's out-of-place case, its send buffer the region after the workspace."""
-        seq = self._begin()
+        ``in_place=False``: the schedule's out-of-place case, its send buffer the region after the workspace.
+        Over the node's own group where ``g`` is node-mates (a cluster's), its failure held otherwise
+        (:meth:`_held`)."""
+        over = self._over(g.ranks)
+        return self._held(
+            over, lambda: self._schedule(over, op, algo, g, count, like, regions, redop, root, splits, uneven, in_place)
+        )
+
+    def _schedule(self, over, op, algo, g: Group, count, like, regions, redop, root, splits, uneven, in_place):
+        seq = self._begin(over)
         itemsize, arr_dtype = like.itemsize, like.dtype
         call = Call(
             op,
@@ -88,7 +96,7 @@ class Comm(CommBase):
         fp = self._collective_fp(op, call.algo, g, fingerprint.UNEVEN if uneven else count, arr_dtype, root, redop)
         ufunc = REDOPS["sum" if redop == "avg" else redop]
         interpret(
-            self.transport,
+            over,
             self.ledger,
             call,
             g.ranks,

@@ -94,17 +94,25 @@ class _Unregistered(_Registered):
 class NativeComm(CommBase):
     """``torch.distributed``'s own collectives behind the same API (``backend="torch-native"``)."""
 
-    def _native(self, name, nbytes, call):
-        seq = self._begin()
-        t0 = time.perf_counter()
-        self.transport.guard(-1, call)  # torch does not say which peer failed a collective
-        self.ledger.add(
-            self.rank, -1, nbytes, seq, 0, self.current_phase, name, "torch-native", t0, time.perf_counter()
-        )
+    def _native(self, name, nbytes, call, group):
+        """``call()`` on ``group``: over the node's own group where it is node-mates (a cluster's), its failure
+        held otherwise (:meth:`_held`); one ledger entry."""
+        over = self._over((group or self.WORLD).ranks)
 
-    def _epoch(self):
-        """The membership epoch's group the transport talks over (a cluster's), or None (torch's default)."""
-        group = getattr(self.transport, "group", None)
+        def run():
+            seq = self._begin(over)
+            t0 = time.perf_counter()
+            over.guard(-1, call)  # torch does not say which peer failed a collective
+            self.ledger.add(
+                self.rank, -1, nbytes, seq, 0, self.current_phase, name, "torch-native", t0, time.perf_counter()
+            )
+
+        self._held(over, run)
+
+    def _epoch(self, over=None):
+        """The group a transport (``over``, default the epoch's) talks over where it is a membership epoch's or a
+        node's (a cluster's), or None (torch's default)."""
+        group = getattr(self.transport if over is None else over, "group", None)
         return group if hasattr(group, "process_group") else None
 
     def new_group(self, ranks):
@@ -117,11 +125,11 @@ class NativeComm(CommBase):
 
     def _on(self, group, tensor):
         """What runs a collective on ``group`` (None: the world) for ``tensor``."""
-        epoch = self._epoch()
+        g = group or self.WORLD
+        epoch = self._epoch(self._over(g.ranks))
         if epoch is None:
             return _Registered(None if group is None else group.pg)
-        g = group or self.WORLD
-        ranks = tuple(epoch.route[self.wire(r)] for r in g.ranks)  # the epoch's numbering (its view's order)
+        ranks = tuple(epoch.route[self.wire(r)] for r in g.ranks)  # the group's numbering (the view's, the node's)
         return _Unregistered(epoch.process_group(ranks, cuda=tensor.device.type == "cuda"), g.index)
 
     @staticmethod
@@ -135,7 +143,7 @@ class NativeComm(CommBase):
         if self._alone(group):
             return CompletedWork() if async_op else tensor
         t = to_torch(a)
-        self._native("allreduce", nbytes(a), lambda: self._on(group, t).all_reduce(t, op))
+        self._native("allreduce", nbytes(a), lambda: self._on(group, t).all_reduce(t, op), group)
         if op == "avg":
             a /= self.get_world_size(group)
         return CompletedWork() if async_op else tensor
@@ -145,7 +153,7 @@ class NativeComm(CommBase):
         if self._alone(group):
             return CompletedWork() if async_op else tensor
         t = to_torch(a)
-        self._native("broadcast", nbytes(a), lambda: self._on(group, t).broadcast(t, src))
+        self._native("broadcast", nbytes(a), lambda: self._on(group, t).broadcast(t, src), group)
         return CompletedWork() if async_op else tensor
 
     def reduce(self, tensor, dst, op="sum", group=None, algo="auto", async_op=False):
@@ -157,7 +165,7 @@ class NativeComm(CommBase):
         if self._alone(group):
             return CompletedWork() if async_op else tensor
         work = to_torch(a if self.rank == dst else copy_of(a))
-        self._native("reduce", nbytes(a), lambda: self._on(group, work).reduce(work, dst, op))
+        self._native("reduce", nbytes(a), lambda: self._on(group, work).reduce(work, dst, op), group)
         if op == "avg" and self.rank == dst:
             a /= self.get_world_size(group)
         return CompletedWork() if async_op else tensor
@@ -168,7 +176,7 @@ class NativeComm(CommBase):
             out[:] = inp
             return CompletedWork() if async_op else output
         o, i = to_torch(out), to_torch(inp)
-        self._native("allgather", nbytes(out), lambda: self._on(group, o).all_gather(o, i))
+        self._native("allgather", nbytes(out), lambda: self._on(group, o).all_gather(o, i), group)
         return CompletedWork() if async_op else output
 
     def reduce_scatter_tensor(self, output, input, op="sum", group=None, algo="auto", async_op=False):
@@ -188,7 +196,7 @@ class NativeComm(CommBase):
             if op == "avg":
                 out[:] /= self.get_world_size(group)
 
-        self._native("reduce_scatter", nbytes(inp), call)
+        self._native("reduce_scatter", nbytes(inp), call, group)
         return CompletedWork() if async_op else output
 
     def all_to_all_single(
@@ -200,7 +208,10 @@ class NativeComm(CommBase):
             return CompletedWork() if async_op else output
         o, i = to_torch(out), to_torch(inp)
         self._native(
-            "alltoall", nbytes(inp), lambda: self._on(group, o).all_to_all(o, i, output_split_sizes, input_split_sizes)
+            "alltoall",
+            nbytes(inp),
+            lambda: self._on(group, o).all_to_all(o, i, output_split_sizes, input_split_sizes),
+            group,
         )
         return CompletedWork() if async_op else output
 
@@ -209,4 +220,4 @@ class NativeComm(CommBase):
             return
         import torch
 
-        self._native("barrier", 0, lambda: self._on(group, torch.empty(0)).barrier())
+        self._native("barrier", 0, lambda: self._on(group, torch.empty(0)).barrier(), group)

@@ -12,6 +12,11 @@ and ``shutdown`` leave their connections open, and a peer blocked on us waits ou
 group shuts down the TCP connections it made -- never the listening socket gloo's accept thread needs -- and every
 peer's pending operation on them fails at once ("Connection closed by peer"); each of those peers aborts its own
 in turn, and the failure has crossed the whole group in milliseconds.
+
+:class:`NodeGroup` is the other kind a cluster's worker holds: its torchrun job's own process group among the
+node's workers, kept across every epoch. A node is one failure domain -- torchrun tears it down whole when one of
+its workers dies, and a hung one is fenced -- so a group inside it never loses a member while its members live,
+and nothing needs to abort it.
 """
 
 from __future__ import annotations
@@ -145,7 +150,8 @@ class EpochGroup:
         self._cuda = torch.cuda.is_available() and dist.is_nccl_available()
         self.fds: list = []  # the connections this group and its subgroups made (gloo's full mesh)
         self.aborted = False
-        self.pg, self.nccl = self._build(f"netmorph/pg/{epoch}/", self.route[slot], len(self.members))
+        self.prefix = f"netmorph/pg/{epoch}/"
+        self.pg, self.nccl = self._build(self.prefix, self.route[slot], len(self.members))
         self._subgroups = {tuple(range(len(self.members))): (self.pg, self.nccl)}
 
     def _build(self, prefix: str, rank: int, size: int):
@@ -169,7 +175,7 @@ class EpochGroup:
         if ranks not in self._subgroups:
             me = self.route[self.slot]
             name = "-".join(map(str, ranks))
-            self._subgroups[ranks] = self._build(f"netmorph/pg/{self.epoch}/sub/{name}/", ranks.index(me), len(ranks))
+            self._subgroups[ranks] = self._build(f"{self.prefix}sub/{name}/", ranks.index(me), len(ranks))
         gloo, nccl = self._subgroups[ranks]
         return nccl if cuda and nccl is not None else gloo
 
@@ -204,3 +210,52 @@ class EpochGroup:
 
     def close(self) -> None:
         self.abort()
+
+
+class NodeGroup(EpochGroup):
+    """This node's torchrun job's own process group: ``init_process_group`` over torchrun's store (its
+    ``MASTER_ADDR``/``MASTER_PORT``, ``RANK`` = the local rank), the node's ``local_world`` workers in local-rank
+    order, each addressed by its slot (its node's incarnation's slots are consecutive: local rank = slot - first).
+    Its subgroups (two tensor-parallel groups of a 4-worker node) are carved over its own prefix of torchrun's
+    store, as an epoch's are over the lighthouse's (``ncclCommSplit`` of the job's communicator).
+
+    Kept across membership epochs, never aborted: a node goes and comes back whole (its torchrun job), so its
+    group outlives every epoch its node is in and dies with the node. On GPUs the default group is
+    ``cpu:gloo,cuda:nccl``: NCCL over NVLink for a node's CUDA tensors, as a Megatron job's tensor-parallel
+    group."""
+
+    epoch = "node"
+
+    def __init__(self, slot: int, local_world: int, timeout: float):
+        import torch
+        from torch.distributed import distributed_c10d
+
+        dist = dist_module()
+        self._wait = datetime.timedelta(seconds=timeout)
+        self._cuda = torch.cuda.is_available() and dist.is_nccl_available()
+        first = slot - slot % local_world
+        if not dist.is_initialized():
+            # torchrun's store outlives a restart of the node's workers: the group meets under a prefix of this
+            # incarnation's (its first slot), or a restarted worker could read its predecessor's gloo address
+            store, rank, size = next(dist.rendezvous("env://", timeout=self._wait))
+            store = dist.PrefixStore(f"netmorph/node/{first}/", store)
+            backend = "cpu:gloo,cuda:nccl" if self._cuda else "gloo"
+            dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=self._wait)
+        self.slot, self.members = slot, tuple(range(first, first + local_world))
+        self.route = {s: i for i, s in enumerate(self.members)}
+        self._store = distributed_c10d._get_default_store()
+        self.fds, self.aborted, self.prefix = [], False, "netmorph/pg/node/"
+        self.pg, self.nccl = distributed_c10d._get_default_group(), None  # the default group dispatches by device
+        self._subgroups = {tuple(range(local_world)): (self.pg, None)}
+
+    def holds(self, slots) -> bool:
+        """Every one of ``slots`` is a worker of this node."""
+        return all(s in self.route for s in slots)
+
+    def abort(self) -> None:
+        """Nothing: the node's group dies with the node (an epoch's abort never reaches it)."""
+
+    def close(self) -> None:
+        dist = dist_module()
+        if dist.is_initialized():
+            dist.destroy_process_group()
