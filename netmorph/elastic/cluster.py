@@ -211,6 +211,6 @@ def stopped_after(comm, dog: Watchdog, interval: float) -> None:
     if getattr(comm, "liveness", None) is None:
         return
     comm.liveness.silence, comm.liveness.stale = dog.silent_for, STALE_BEATS * interval
-    for t in (comm.transport, comm.node_transport):
+    for t in (comm.transport, getattr(comm, "node_transport", None)):
         if t is not None:
             t.stopped = comm.liveness.stopped

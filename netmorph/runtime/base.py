@@ -19,8 +19,9 @@ import numpy as np
 
 from netmorph.errors import UsageError
 from netmorph.runtime.buffers import as_array, empty_like, is_tensor, same_memory
+from netmorph.runtime.held import NodeCalls
 from netmorph.runtime.ledger import Ledger
-from netmorph.runtime.transport import PeerLost, PeerTimeout, fingerprint, nbytes
+from netmorph.runtime.transport import fingerprint, nbytes
 
 
 class ReduceOp(str, Enum):
@@ -78,7 +79,7 @@ class Group:
         return f"Group({list(self.ranks)})"
 
 
-class CommBase:
+class CommBase(NodeCalls):
     """One rank's communicator over a transport, less the collectives."""
 
     def __init__(self, transport, rank: int, world: int, faults=(), fingerprints: bool = True):
@@ -105,7 +106,7 @@ class CommBase:
         # (a transport over a NodeGroup) beside ``transport``, the epoch's; a call whose ranks are all node-mates
         # goes over it, and a call across the nodes that fails is held until the step's vote (should_commit)
         self.node_transport = None
-        self.deferred: PeerLost | PeerTimeout | None = None
+        self.deferred = None  # the PeerLost or PeerTimeout held for the vote (runtime/held.py)
 
     def reform(self, members, epoch: int, renumber: bool = False) -> None:
         """Elastic: go on with ``members`` (launch slots: an agreed view) on the fresh channels of membership epoch
@@ -347,56 +348,6 @@ class CommBase:
         for f in self.faults:
             f.trigger(self.ops)
         return self.ops
-
-    # ------------------------------------------------------------ a node's own group beside the epoch's
-    def _over(self, ranks):
-        """The transport a call among ``ranks`` (this communicator's numbering) goes over: the node's own group's
-        where every one of them is a node-mate (and this rank with them), the epoch's otherwise."""
-        node = self.node_transport
-        if node is not None and node.group.holds([self.wire(r) for r in ranks]):
-            return node
-        return self.transport
-
-    def _held(self, over, run):
-        """``run()`` -- a collective over ``over`` -- with a failure across the nodes held back while the node's
-        own group is in use, as torchft's Manager holds a collective's error (``report_error``) until
-        ``should_commit``: a worker that left the step at once would leave its node-mates blocked in their next
-        call on the node's group, which nothing can abort. Held, it fails the epoch's group at once (every
-        peer's pending call on it fails: :meth:`~.transport.torchdiagnose.Diagnosis.failure`), skips the
-        step's later calls across the nodes and keeps making its in-node calls with its node-mates up to the
-        vote. What ``run`` returns, or None for a call held or skipped."""
-        if over is not self.transport or self.node_transport is None:
-            return run()
-        if self.deferred is not None:
-            return None
-        try:
-            return run()
-        except (PeerLost, PeerTimeout) as e:
-            self.deferred = e
-            return None
-
-    def should_commit(self) -> None:
-        """torchft's ``Manager.should_commit``, over this node's workers: every node-mate says whether a call of
-        its step across the nodes failed (an all-reduce of the flags, max, on the node's own group, which every
-        one of them reaches after the same in-node calls), and if one did every node-mate raises -- its own
-        failure, or a node-mate's as :class:`PeerLost` (or :class:`PeerTimeout`) naming no peer -- so that they
-        all leave the step together and redo it together. A no-op off a cluster's node group."""
-        node = self.node_transport
-        if node is None:
-            return
-        mine = self.deferred
-        flag = np.array([0 if mine is None else 2 if isinstance(mine, PeerTimeout) else 1], dtype=np.int64)
-        mates = Group(r for r in range(self.world) if self.wire(r) in node.group.route)
-        with self.phase("elastic.vote"):
-            self.all_reduce(flag, op="max", group=mates)
-        if flag[0] == 0:
-            return
-        self.deferred = None
-        if mine is not None:
-            raise mine
-        if flag[0] == 2:
-            raise PeerTimeout(-1, 0.0, "a node-mate's call across the nodes timed out")
-        raise PeerLost(-1, "a node-mate's call across the nodes failed")
 
     def _group(self, group) -> Group:
         g = group or self.WORLD
