@@ -25,14 +25,14 @@ def build_section(res: Training, out_dir) -> Section:
         t0 = min(s[3] for rank in spans.values() for s in rank)
         for rank, rows in spans.items():
             y = out.pp_rank[rank]
+            bars = {}  # one bar collection per kind and chunk on a rank: hundreds of spans, a few artists
             for kind, mb, chunk, a, b in rows:
+                bars.setdefault((kind, chunk), []).append(((a - t0) * 1e3, (b - a) * 1e3))
+            for (kind, chunk), xs in bars.items():
                 ax.broken_barh(
-                    [((a - t0) * 1e3, (b - a) * 1e3)],
-                    (y - 0.4, 0.8),
-                    color=COLORS[kind],
-                    alpha=0.55 + 0.45 * (chunk == 0),
-                    edgecolor="white",
+                    xs, (y - 0.4, 0.8), color=COLORS[kind], alpha=0.55 + 0.45 * (chunk == 0), edgecolor="white"
                 )
+            for kind, mb, chunk, a, b in rows:
                 ax.text(
                     (a - t0) * 1e3 + (b - a) * 5e2,
                     y,
