@@ -144,8 +144,8 @@ def gpt_rank(comm, cfg):
         return int(asked[0])
 
     def commit(done, snapshot, loss):
-        asked = None
-        if comm.node_transport is not None:  # a failed step is left here, by all node-mates together: none of it kept
+        voted = comm.node_transport is not None  # a failed step is left here, by all node-mates together: none kept
+        if voted:
             asked = quorum(done)
             comm.should_commit()
         commits[done] = snapshot()
@@ -162,7 +162,7 @@ def gpt_rank(comm, cfg):
         timeline.append((clock(), done, len(view.members)))
         if cluster and comm.rank == 0:
             comm.store.set(PROGRESS, str(done))  # how far the job is (netmorph launch starts a late node by it)
-        if asked is None:
+        if not voted:
             asked = quorum(done)
         if asked is not None and whole_nodes(rdzv.requests(view.epoch, asked), comm.placement.local_world):
             raise _Join(done, asked)
